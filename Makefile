@@ -1,0 +1,42 @@
+# Two commands do all set-up on a fresh machine:
+#   make run    the main job on the embedded defaults (twin workload, SQLite ledger, local executor)
+#   make test   installs what it needs, starts PostgreSQL and the local Slurm cluster, runs pytest
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
+
+.PHONY: install run test bench services services-down clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# CPU torch from the local wheel first: never let pip resolve an unpinned (CUDA) torch.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	# megatron-core 0.19.x declares Python>=3.12; its cp311 wheel works for the parser and RankGenerator.
+	$(PY) -m pip install -q --ignore-requires-python --no-deps megatron-core==0.19.2
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+install: $(STAMP)
+
+run: install
+	$(PY) -m orchestrator sweep +stage=1k cluster=local
+
+services: install
+	bash tests/cluster/services.sh up
+
+services-down:
+	bash tests/cluster/services.sh down
+
+test: install services
+	$(PY) -m pytest tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+
+bench: install
+	$(PY) tests/bench/run_all.py
+
+clean:
+	rm -rf $(VENV) runs reports ledger.sqlite* .pytest_cache .hypothesis

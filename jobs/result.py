@@ -1,0 +1,104 @@
+"""The structured evidence one job yields: what the ledger stores and the policy decides on.
+
+Stdlib-only: built on the compute node (or by the orchestrator from the job folder) and sent back
+as JSON. Field names follow the guide's closing table of evidence.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional
+
+# Failure classes, in the order the classifier tries them (see jobs/classify.py).
+FAILURE_CLASSES = (
+    "INVALID_CONFIG",  # Megatron assertion / validation error: deterministic, never retried
+    "OOM",  # CUDA out of memory: deterministic, retried only on request (--retry oom)
+    "NCCL_TIMEOUT",  # watchdog timeout; `nccl_group` names EP/DP/PP/CP when the log says so
+    "NODE_FAIL",
+    "PREEMPTED",
+    "TIMEOUT",  # Slurm time limit: retried once
+    "CANCELLED",
+    "CRASH",  # any other non-zero exit / traceback
+    "NO_OUTPUT",  # the job produced no parsable iteration line and no known signature
+)
+RETRYABLE = {"NODE_FAIL", "PREEMPTED", "NCCL_TIMEOUT", "TIMEOUT"}  # TIMEOUT: once (see policy)
+
+
+@dataclass
+class RankMemory:
+    rank: int
+    pp_stage: Optional[int]
+    allocated_mb: Optional[float]  # max allocated
+    reserved_mb: Optional[float]  # max reserved
+    source: str = "log"  # log | sidecar
+
+
+@dataclass
+class JobResult:
+    """One attempt's outcome. `ok` with `partial` means fewer measured iterations than asked."""
+
+    ok: bool
+    simulated: bool
+    failure_class: Optional[str] = None
+    retryable: bool = False
+    failure_detail: str = ""  # the evidence line (first matching signature)
+    nccl_group: Optional[str] = None
+    exit_code: Optional[int] = None
+    slurm_state: Optional[str] = None
+    # Windows
+    warmup_iters: int = 0
+    measure_iters_requested: int = 0
+    measure_iters: int = 0  # actually measured
+    partial: bool = False
+    # Step time over the measurement window (seconds)
+    step_times_s: List[float] = field(default_factory=list)
+    step_p50_s: Optional[float] = None
+    step_p95_s: Optional[float] = None
+    step_p99_s: Optional[float] = None
+    step_mean_s: Optional[float] = None
+    step_max_s: Optional[float] = None
+    # Throughput
+    tokens_per_s: Optional[float] = None  # GBS x seq / step p50
+    tokens_per_s_per_gpu: Optional[float] = None
+    tflops_per_gpu: Optional[float] = None  # ours: model FLOPs (activated experts, V4 attention)
+    mfu: Optional[float] = None  # ours / hardware peak (precision named in mfu_peak)
+    mfu_peak: str = ""  # e.g. "bf16 dense 989 TFLOP/s"
+    megatron_tflops_per_gpu: Optional[float] = None  # Megatron's own field, kept beside ours
+    recompute_tflops_per_gpu: Optional[float] = None
+    # Memory: the heaviest rank
+    heaviest_rank: Optional[int] = None
+    heaviest_pp_stage: Optional[int] = None
+    peak_allocated_gb: Optional[float] = None
+    peak_reserved_gb: Optional[float] = None
+    rank_memory: List[RankMemory] = field(default_factory=list)
+    # Slowest rank / stage (timers min/max, straggler lines)
+    slowest_rank: Optional[int] = None
+    slowest_stage: Optional[int] = None
+    timers_ms: Dict[str, List[float]] = field(default_factory=dict)  # name -> [min, max]
+    # MoE evidence (sidecar / router hook)
+    token_drop_fraction: Optional[float] = None
+    padding_fraction: Optional[float] = None
+    expert_load_p50: Optional[float] = None  # tokens per expert, percentiles across experts
+    expert_load_p95: Optional[float] = None
+    expert_load_p99: Optional[float] = None
+    hot_expert_ratio: Optional[float] = None  # max / mean tokens per expert
+    force_balanced_routing: bool = False
+    # Training quality (for parity checks)
+    lm_loss: List[float] = field(default_factory=list)  # per measured iteration
+    grad_norm: List[float] = field(default_factory=list)
+    # Long-run window (effective throughput)
+    ckpt_save_s: Optional[float] = None
+    ckpt_restore_s: Optional[float] = None
+    # Provenance
+    log_paths: List[str] = field(default_factory=list)
+    sidecar_paths: List[str] = field(default_factory=list)
+    versions: Dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "JobResult":
+        d = dict(d)
+        d["rank_memory"] = [RankMemory(**r) for r in d.get("rank_memory", [])]
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})

@@ -1,0 +1,66 @@
+"""`python -m orchestrator SUBCOMMAND [flags] [hydra overrides]`.
+
+Each subcommand lives in `orchestrator/commands/<name>.py` and exposes:
+    NAME: str, HELP: str, add_arguments(parser), run(args, overrides) -> int
+Flags are parsed by argparse; every remaining `key=value` token is a Hydra override.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import List, Optional
+
+from orchestrator.config import ConfigError
+
+# Order = order in --help. Add a module here when you add a subcommand.
+COMMANDS = ["plan", "run_one", "sweep", "resume", "status", "cancel", "compare", "best", "db", "ledger", "report"]
+
+
+def _load_commands():
+    mods = []
+    for name in COMMANDS:
+        try:
+            mods.append(importlib.import_module(f"orchestrator.commands.{name}"))
+        except ModuleNotFoundError as exc:
+            if exc.name != f"orchestrator.commands.{name}":
+                raise
+    return mods
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator",
+        description="Plan, launch, measure and compare Megatron-LM parallel layouts for DeepSeek-V4.",
+        epilog="Hydra overrides (key=value, +stage=1k, model=tiny, hardware=h200) may follow any subcommand.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
+    handlers = {}
+    for mod in _load_commands():
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
+        p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +stage=1k hardware=h200")
+        mod.add_arguments(p)
+        handlers[mod.NAME] = mod
+    return parser, handlers
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser, handlers = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    unknown = [e for e in extra if e.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    overrides = list(getattr(args, "overrides", [])) + extra
+    try:
+        return int(handlers[args.command].run(args, overrides) or 0)
+    except Exception as exc:  # noqa: BLE001 - only user-facing errors are swallowed
+        if isinstance(exc, ConfigError) or getattr(exc, "user_facing", False):
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        raise
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

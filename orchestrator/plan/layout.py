@@ -1,0 +1,125 @@
+"""A parallel layout (one point of the search space) and its group arithmetic.
+
+Group arithmetic follows the guide's MoE Parallel Folding identity (no GTP):
+
+    N / PP = TP x CP x D_a = ETP x EP x D_e
+
+D_a is the attention (dense) data-parallel size, D_e the expert data-parallel size. EP is never
+multiplied into the GPU count: it is a second way of grouping the same N / PP GPUs of a stage.
+m = B / (b x D_a) microbatches are accumulated per update.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Optional, Tuple
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """The knobs of one candidate. Frozen and hashable so the planner can dedupe and key it."""
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1  # virtual pipeline stages per PP rank (1 = no interleaving)
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    mbs: int = 1  # b
+    recompute: Tuple[str, ...] = ()  # --recompute-modules (selective); ("full",) = full recompute
+    offload: Tuple[str, ...] = ()  # --offload-modules (fine-grained activation offload)
+    dispatcher: str = "alltoall"  # --moe-token-dispatcher-type: alltoall | allgather | flex
+    flex_backend: Optional[str] = None  # --moe-flex-dispatcher-backend when dispatcher == flex
+    capacity_factor: Optional[float] = None  # None = dropless
+    use_tp_pp_dp_mapping: bool = False
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["recompute"] = list(self.recompute)
+        d["offload"] = list(self.offload)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Layout":
+        d = dict(d)
+        d["recompute"] = tuple(d.get("recompute") or ())
+        d["offload"] = tuple(d.get("offload") or ())
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @property
+    def dispatcher_label(self) -> str:
+        return f"flex:{self.flex_backend}" if self.dispatcher == "flex" else self.dispatcher
+
+    def short(self) -> str:
+        """A compact human label, e.g. TP1 PP8 VPP1 CP1 EP64 ETP1 MBS1."""
+        rc = "+".join(self.recompute) or "none"
+        return (
+            f"TP{self.tp} PP{self.pp} VPP{self.vpp} CP{self.cp} EP{self.ep} ETP{self.etp} "
+            f"MBS{self.mbs} rc={rc} {self.dispatcher_label}"
+        )
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Derived group sizes for a layout on N GPUs with global batch B (guide names)."""
+
+    n: int
+    per_stage: int  # N / PP
+    d_a: Optional[int]  # attention DP; None when N / PP is not divisible by TP x CP
+    d_e: Optional[int]  # expert DP; None when N / PP is not divisible by ETP x EP
+    m: Optional[int]  # microbatches per update; None when B is not divisible by b x D_a
+
+    @property
+    def legal(self) -> bool:
+        return self.d_a is not None and self.d_e is not None and self.m is not None
+
+
+def groups(layout: Layout, n_gpus: int, global_batch: int) -> Groups:
+    """Apply N/PP = TP*CP*D_a = ETP*EP*D_e and m = B/(b*D_a); None marks a non-integer result."""
+    per_stage = n_gpus // layout.pp if n_gpus % layout.pp == 0 else 0
+    d_a = per_stage // (layout.tp * layout.cp) if per_stage and per_stage % (layout.tp * layout.cp) == 0 else None
+    d_e = per_stage // (layout.etp * layout.ep) if per_stage and per_stage % (layout.etp * layout.ep) == 0 else None
+    m = None
+    if d_a:
+        denom = layout.mbs * d_a
+        m = global_batch // denom if global_batch % denom == 0 and global_batch >= denom else None
+    return Groups(n=n_gpus, per_stage=per_stage, d_a=d_a or None, d_e=d_e or None, m=m)
+
+
+def canonical_key(layout: Layout, *, model: str, stage: str, hardware: str, workload: str) -> str:
+    """Stable identity of a candidate: sha256 of the normalized layout + model + stage + hardware + workload.
+
+    Used by the ledger's unique constraint so re-running a sweep is idempotent.
+    """
+    payload = {"layout": layout.to_dict(), "model": model, "stage": stage, "hardware": hardware, "workload": workload}
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+@dataclass
+class Prediction:
+    """What the analytic models say about one legal layout. All times in seconds, memory in GB (1e9)."""
+
+    d_a: int
+    d_e: int
+    m: int
+    bubble: float  # (p-1)/(m+p-1), or its interleaved form (p-1)/(v*m+p-1)
+    t_group: int  # EP x b x S / CP unique tokens per dispatch
+    t_expert: float  # k x T_group / E
+    experts_per_rank: int  # E / EP per MoE layer
+    ep_nodes: int  # nodes one EP group spans
+    cp_nodes: int  # nodes one CP group spans
+    routed_weight_gb: float  # routed expert weights on the heaviest stage
+    heaviest_stage: int
+    memory_gb: float  # heaviest rank's predicted peak
+    memory_by_stage: Tuple[float, ...]
+    feasible: bool  # memory_gb + margin <= HBM
+    step_time_s: float
+    step_components: dict = field(default_factory=dict)  # compute, a2a, cp, bubble, grad_sync ... seconds
+    flops_per_step: float = 0.0  # model FLOPs (activated experts, V4 attention), recompute excluded
+    recompute_flops_per_step: float = 0.0
+    mfu: float = 0.0
+    tokens_per_s: float = 0.0
+    layer_pattern: str = ""  # HybridModel pattern with | stage boundaries

@@ -1,0 +1,240 @@
+"""Typed configuration schema: one dataclass per Hydra config group.
+
+Why here and why stdlib-only: Hydra composes YAML, then `orchestrator.config` merges it into these
+dataclasses so an unknown key or a wrong type fails at load with the key's path. The planner and the
+twin workload (which runs on compute nodes with a bare Python) import these same classes, so this
+module must never import omegaconf, hydra, sqlalchemy or anything outside the standard library.
+
+Names follow the tuning guide: N (gpus), B (global_batch), b (mbs), S (seq_length), E (num_experts),
+k (moe_router_topk), h (hidden_size), f (moe_ffn_hidden_size).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+
+@dataclass
+class ModelConfig:
+    """A V4-shaped MoE model, described with Megatron's own argument names."""
+
+    name: str = "dsv4_pro"
+    num_layers: int = 61  # Transformer blocks (the guide's 61)
+    hidden_size: int = 7168  # h
+    num_attention_heads: int = 128
+    kv_channels: int = 512
+    # MLA / V4 attention dimensions (Megatron dev recipe names)
+    q_lora_rank: int = 1536
+    kv_lora_rank: int = 512
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 512
+    o_groups: int = 16
+    o_lora_rank: int = 1024
+    attention_variant: str = "dsv4_hybrid"  # CSA/HCA hybrid attention
+    csa_window_size: int = 128  # D_window lower bound for CP boundary exchange
+    csa_compress_ratios: List[int] = field(default_factory=lambda: [128, 128, 4] + [128, 4] * 29 + [0])
+    dsa_indexer_heads: int = 64
+    dsa_indexer_head_dim: int = 128
+    dsa_indexer_topk: int = 1024
+    # Dense FFN (only used for layers that are not MoE)
+    ffn_hidden_size: int = 18432
+    num_dense_layers: int = 0  # leading dense blocks; V4-Pro: every block is MoE
+    # MoE
+    num_experts: int = 384  # E
+    moe_router_topk: int = 6  # k
+    moe_ffn_hidden_size: int = 3072  # f
+    moe_shared_expert_intermediate_size: int = 3072  # one shared expert
+    moe_n_hash_layers: int = 3
+    # Other structure
+    vocab_size: int = 129280
+    mtp_num_layers: int = 1
+    hyper_connection_streams: int = 4  # mHC residual streams
+    optimizer: str = "muon"  # muon | adam
+    # Reference totals from the guide, used as sanity checks of the parameter model
+    total_params_b: float = 1600.0
+    active_params_b: float = 49.0
+
+
+@dataclass
+class HardwareConfig:
+    """One accelerator type plus its node and network. Bandwidths are GB/s per GPU, one direction."""
+
+    name: str = "h100"
+    peak_bf16_tflops: float = 989.0  # dense, no sparsity
+    peak_fp8_tflops: float = 1979.0
+    hbm_gb: float = 80.0  # decimal GB
+    nvlink_gb_s: float = 450.0
+    nic_gb_s: float = 50.0  # 400 Gb/s NIC per GPU
+    gpus_per_nvlink_domain: int = 8
+    # Step-time model constants (calibrated later from the ledger; see orchestrator/plan/steptime.py)
+    gemm_efficiency: float = 0.55  # achieved / peak on large BF16 GEMMs
+    attention_efficiency: float = 0.40
+    a2a_efficiency: float = 0.60  # achieved / link bandwidth for MoE all-to-all
+    p2p_efficiency: float = 0.70
+    allreduce_efficiency: float = 0.70
+    grad_sync_overlap: float = 0.80  # fraction of DP grad sync hidden behind backward
+    a2a_overlap: float = 0.0  # fraction of EP all-to-all hidden (EP overlap off by default)
+    runtime_overhead_gb: float = 3.0  # CUDA context, NCCL, allocator fragmentation
+    workspace_gb: float = 2.0  # fused kernels, cuBLAS workspace
+
+
+@dataclass
+class SearchConfig:
+    """The knob ranges a stage searches. Each list is the set of values tried for that knob."""
+
+    tp: List[int] = field(default_factory=lambda: [1])
+    pp: List[int] = field(default_factory=lambda: [4, 8, 16])
+    vpp: List[int] = field(default_factory=lambda: [1, 2])
+    cp: List[int] = field(default_factory=lambda: [1, 2, 4])
+    ep: List[int] = field(default_factory=lambda: [32, 64, 128])
+    etp: List[int] = field(default_factory=lambda: [1])
+    mbs: List[int] = field(default_factory=lambda: [1, 2])
+    # Each entry is one recompute set: a list of --recompute-modules, [] = none, ["full"] = full.
+    recompute: List[List[str]] = field(default_factory=lambda: [[], ["mla_up_proj", "mhc"], ["moe_act"]])
+    # Each entry is one fine-grained offload set (--offload-modules), [] = none.
+    offload: List[List[str]] = field(default_factory=lambda: [[]])
+    # Dispatcher choices: "alltoall", "allgather", "flex:deepep", "flex:hybridep", "flex:ncclep".
+    dispatcher: List[str] = field(default_factory=lambda: ["alltoall", "flex:deepep", "flex:hybridep"])
+    # Optional MoE capacity factor choices (None = dropless).
+    capacity_factor: List[Optional[float]] = field(default_factory=lambda: [None])
+    use_tp_pp_dp_mapping: List[bool] = field(default_factory=lambda: [False])
+
+
+@dataclass
+class BudgetConfig:
+    max_runs: int = 24
+    max_gpu_hours: float = 2000.0
+    max_rounds: int = 6
+
+
+@dataclass
+class StageConfig:
+    """One scale stage (1k, 8k, 16k, smoke, slice)."""
+
+    name: str = "1k"
+    gpus: int = 1024  # N
+    gpus_per_node: int = 8
+    global_batch: int = 4096  # B, packed sequences
+    seq_length: int = 8192  # S
+    warmup_iters: int = 20
+    measure_iters: int = 30
+    promotes_from: Optional[str] = None
+    search: SearchConfig = field(default_factory=SearchConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    # Training semantics that the rules depend on
+    precision: str = "bf16"  # bf16 | fp8
+    use_distributed_optimizer: bool = True
+    packed_sequences: bool = True  # THD packed input (required for CP>1 on the V4 path)
+    attention_backend: str = "cudnn"  # the packed path needs cuDNN
+    cp_partition_mode: str = "contiguous"
+    deterministic_mode: bool = False
+    transformer_engine: bool = True
+    memory_margin_gb: float = 4.0  # feasible = heaviest rank + margin <= HBM
+    num_layers_override: Optional[int] = None  # slice stage: fewer blocks, same h and E
+
+
+@dataclass
+class ClusterConfig:
+    """Where jobs run. kind: auto (sbatch if it answers, else local), slurm or local."""
+
+    kind: str = "auto"
+    folder: str = "./runs"
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    exclusive: bool = False
+    time_margin_min: int = 10
+    min_time_min: int = 5
+    max_array_size: int = 1000
+    array_parallelism: int = 64
+    poll_interval_s: float = 5.0
+    signal_delay_s: int = 30
+    sbatch_extra: Dict[str, Any] = field(default_factory=dict)  # e.g. {"container-image": "..."}
+    srun_args: List[str] = field(default_factory=list)
+    setup: List[str] = field(default_factory=list)
+    env: Dict[str, str] = field(
+        default_factory=lambda: {
+            "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+            "NCCL_IB_TIMEOUT": "19",
+            "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
+        }
+    )
+    master_port: int = 29500
+    local_max_workers: int = 2
+
+
+@dataclass
+class LedgerConfig:
+    """url: SQLAlchemy URL. ${oc.env:VAR} works for secrets; passwords are never printed."""
+
+    url: str = "sqlite:///./ledger.sqlite"
+    echo: bool = False
+    lease_ttl_s: float = 60.0
+    busy_timeout_ms: int = 30000
+
+
+@dataclass
+class PolicyConfig:
+    name: str = "calibrated_neighbours"
+    round0_size: int = 6
+    round_size: int = 4
+    top_k_neighbours: int = 2
+    promote_top_k: int = 3
+    converge_gain: float = 0.01  # "no gain > 1% over the best ..."
+    converge_rounds: int = 2  # "... for 2 rounds"
+    max_attempts: int = 3
+    retry_classes: List[str] = field(default_factory=lambda: ["NODE_FAIL", "PREEMPTED", "NCCL_TIMEOUT"])
+
+
+@dataclass
+class TwinConfig:
+    """The simulated workload's hidden performance surface and fault injection (simulated only)."""
+
+    seed: int = 0
+    time_scale: float = 0.001  # sleep = simulated step time x time_scale
+    max_sleep_s: float = 0.05
+    noise_sigma: float = 0.03  # lognormal step-time noise
+    tail_prob: float = 0.03  # probability of a slow (straggler) step
+    tail_factor: float = 1.6
+    routing_skew: float = 0.25  # lognormal sigma of per-expert load
+    # Hidden truth: multipliers on the planner's components that the planner does not know
+    truth_compute: float = 1.18
+    truth_a2a: float = 1.35
+    truth_bubble: float = 1.10
+    truth_memory: float = 1.06
+    nccl_timeout_rate: float = 0.0
+    crash_rate: float = 0.0
+    force_oom: bool = False
+
+
+@dataclass
+class WorkloadConfig:
+    """The command a job runs; the candidate's Megatron flags are appended to it (the contract)."""
+
+    name: str = "twin"
+    command: List[str] = field(default_factory=lambda: ["python", "-m", "jobs.twin"])
+    simulated: bool = True
+    extra_args: List[str] = field(default_factory=list)  # appended after the candidate's flags
+    env: Dict[str, str] = field(default_factory=dict)
+    mock_data: bool = True
+    in_process: bool = False  # runpy the entry script inside the job to instrument it (real Megatron)
+    twin: TwinConfig = field(default_factory=TwinConfig)
+
+
+@dataclass
+class SweepConfig:
+    name: Optional[str] = None
+
+
+@dataclass
+class RootConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    ledger: LedgerConfig = field(default_factory=LedgerConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    stage: Optional[StageConfig] = None
