@@ -224,6 +224,35 @@ class WorkloadConfig:
 
 
 @dataclass
+class EffectiveConfig:
+    """Effective-throughput inputs (guide: Q = tokens that advanced and were not rolled back / wall time).
+
+    Default interruption rate from Llama 3 405B: 419 unexpected interruptions in 54 days on 16,384 GPUs
+    = 419 / (54 x 24 x 16384) per GPU-hour.
+    """
+
+    checkpoint_interval_s: float = 3600.0  # training time between checkpoint saves
+    interruption_rate_per_gpu_hour: float = 419.0 / (54 * 24 * 16384)
+    restart_overhead_s: float = 600.0  # detect + reschedule + re-initialise, before the restore itself
+    default_save_s: float = 60.0  # used when no long-run window measured the save
+    default_restore_s: float = 120.0
+    long_run: bool = False  # run a save/restart/restore window per finalist
+    long_run_save_at: int = 10  # iteration at which the long-run window saves and ends the first job
+    long_run_after_iters: int = 10  # iterations measured after the restart
+
+
+@dataclass
+class ParityConfig:
+    """Correctness gate: a candidate must match a reference layout's loss / grad norm per step."""
+
+    enabled: bool = False
+    steps: int = 20
+    loss_rtol: float = 2e-3  # the packed path has no deterministic mode: tolerance is explicit
+    grad_norm_rtol: float = 2e-2
+    reference: Dict[str, int] = field(default_factory=lambda: {"cp": 1})  # knobs overridden for the reference
+
+
+@dataclass
 class SweepConfig:
     name: Optional[str] = None
 
@@ -237,4 +266,6 @@ class RootConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    effective: EffectiveConfig = field(default_factory=EffectiveConfig)
+    parity: ParityConfig = field(default_factory=ParityConfig)
     stage: Optional[StageConfig] = None
