@@ -1,0 +1,25 @@
+"""Errors the ledger raises. Each carries `user_facing = True` so the CLI prints one line and exits 2.
+
+db/ must not import orchestrator/, so these do not subclass orchestrator.errors.UserError; the CLI
+recognises them by the attribute instead.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+
+
+class LedgerError(Exception):
+    """A ledger problem the user can fix (bad URL, unreachable server, schema mismatch, bad filter)."""
+
+    user_facing = True
+
+
+class LeaseHeld(LedgerError):
+    """Another orchestrator drives this sweep; raised by `Ledger.acquire_lease`."""
+
+    def __init__(self, sweep: str, holder: str, expires_at: datetime):
+        self.sweep, self.holder, self.expires_at = sweep, holder, expires_at
+        super().__init__(
+            f"sweep '{sweep}' is driven by {holder} (lease expires {expires_at:%Y-%m-%d %H:%M:%S} UTC); "
+            "stop that orchestrator or wait for its lease to expire"
+        )

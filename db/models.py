@@ -1,0 +1,278 @@
+"""The ledger schema (SQLAlchemy 2 typed ORM). Alembic revisions in db/migrations/versions build it.
+
+Why these shapes:
+- Every knob is its own column so `compare --where ep=64` is an indexed SQL filter, not JSON parsing;
+  the full `Layout.to_dict()` is also kept (layout) as the source of truth for round-tripping.
+- Unique (sweep_id, key) and (candidate_id, attempt_no) make re-running a sweep idempotent.
+- candidate.latest_attempt_id / latest_result_id are pointers the ledger maintains in the same
+  transaction as the attempt / result, so `compare` over 100k runs is a join on primary keys.
+  They carry no foreign key (that would make candidate <-> attempt a cycle).
+- Times are stored as naive UTC and handed back timezone-aware (SQLite has no time zones).
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UTCDateTime(TypeDecorator):
+    """Naive UTC in the database, aware UTC in Python."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: Optional[datetime], dialect) -> Optional[datetime]:
+        if value is None:
+            return None
+        if value.tzinfo is not None:
+            value = value.astimezone(timezone.utc).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: Optional[datetime], dialect) -> Optional[datetime]:
+        return None if value is None else value.replace(tzinfo=timezone.utc)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UTCDateTime(), dict: JSON, list: JSON, Any: JSON}
+
+
+class Sweep(Base):
+    __tablename__ = "sweep"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    stage: Mapped[str] = mapped_column(String(50))
+    model: Mapped[str] = mapped_column(String(100))
+    hardware: Mapped[str] = mapped_column(String(100))
+    workload: Mapped[str] = mapped_column(String(100))
+    config_yaml: Mapped[str] = mapped_column(Text)  # the resolved config snapshot
+    status: Mapped[str] = mapped_column(String(30), default="planned")
+    # project version, Megatron commit / container image, submitit/torch/TE versions, perf env vars
+    provenance: Mapped[dict] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Lease(Base):
+    """One row per driven sweep: who drives it and until when (see Ledger.acquire_lease)."""
+
+    __tablename__ = "lease"
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweep.id", ondelete="CASCADE"), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    acquired_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+
+
+class Candidate(Base):
+    __tablename__ = "candidate"
+    __table_args__ = (
+        UniqueConstraint("sweep_id", "key"),
+        Index("ix_candidate_sweep_status", "sweep_id", "status"),
+    )
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweep.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(64))  # canonical_key(layout, model, stage, hardware, workload)
+    # knobs (Layout fields); recompute/offload are "+"-joined module lists, "none" when empty
+    tp: Mapped[int]
+    pp: Mapped[int]
+    vpp: Mapped[int]
+    cp: Mapped[int]
+    ep: Mapped[int]
+    etp: Mapped[int]
+    mbs: Mapped[int]
+    recompute: Mapped[str] = mapped_column(String(200))
+    offload: Mapped[str] = mapped_column(String(200))
+    dispatcher: Mapped[str] = mapped_column(String(30))
+    backend: Mapped[Optional[str]] = mapped_column(String(30))  # flex dispatcher backend
+    capacity_factor: Mapped[Optional[float]]
+    use_tp_pp_dp_mapping: Mapped[bool] = mapped_column(default=False)
+    layer_pattern: Mapped[str] = mapped_column(Text, default="")
+    layout: Mapped[dict]  # Layout.to_dict()
+    # predictions (Prediction fields); the headline ones as columns for sorting
+    pred_step_time_s: Mapped[Optional[float]]
+    pred_memory_gb: Mapped[Optional[float]]
+    pred_mfu: Mapped[Optional[float]]
+    pred_tokens_per_s: Mapped[Optional[float]]
+    pred_bubble: Mapped[Optional[float]]
+    d_a: Mapped[Optional[int]]
+    d_e: Mapped[Optional[int]]
+    m: Mapped[Optional[int]]
+    feasible: Mapped[Optional[bool]]
+    predicted: Mapped[dict] = mapped_column(default=dict)
+    verdict: Mapped[str] = mapped_column(String(500), default="legal")  # "legal" or comma-joined rule ids
+    round: Mapped[int] = mapped_column(default=0)
+    parent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("candidate.id", ondelete="SET NULL"))
+    edge_kind: Mapped[Optional[str]] = mapped_column(String(30))  # neighbour-of | promoted-from
+    status: Mapped[str] = mapped_column(String(20), default="planned")
+    reason: Mapped[Optional[str]] = mapped_column(Text)  # why the last status change happened
+    claimed_by: Mapped[Optional[str]] = mapped_column(String(200))
+    latest_attempt_id: Mapped[Optional[int]]
+    latest_result_id: Mapped[Optional[int]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Attempt(Base):
+    __tablename__ = "attempt"
+    __table_args__ = (UniqueConstraint("candidate_id", "attempt_no"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    candidate_id: Mapped[int] = mapped_column(ForeignKey("candidate.id", ondelete="CASCADE"))
+    attempt_no: Mapped[int]
+    job_id: Mapped[Optional[str]] = mapped_column(String(64))
+    array_index: Mapped[Optional[int]]
+    job_dir: Mapped[str] = mapped_column(Text)
+    submit_time: Mapped[Optional[datetime]]
+    start_time: Mapped[Optional[datetime]]
+    end_time: Mapped[Optional[datetime]]
+    node_list: Mapped[Optional[str]] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(30), default="PENDING")  # Slurm-like, free text
+    failure_class: Mapped[Optional[str]] = mapped_column(String(30))
+    failure_detail: Mapped[Optional[str]] = mapped_column(Text)
+    exit_code: Mapped[Optional[int]]
+    log_paths: Mapped[list] = mapped_column(default=list)
+    sidecar_paths: Mapped[list] = mapped_column(default=list)
+    simulated: Mapped[bool]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Result(Base):
+    """One row per successful attempt: the JobResult metrics, one column each."""
+
+    __tablename__ = "result"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempt.id", ondelete="CASCADE"), unique=True)
+    candidate_id: Mapped[int] = mapped_column(ForeignKey("candidate.id", ondelete="CASCADE"), index=True)
+    simulated: Mapped[bool]
+    partial: Mapped[bool] = mapped_column(default=False)
+    warmup_iters: Mapped[int] = mapped_column(default=0)
+    measure_iters_requested: Mapped[int] = mapped_column(default=0)
+    measure_iters: Mapped[int] = mapped_column(default=0)
+    step_p50_s: Mapped[Optional[float]]
+    step_p95_s: Mapped[Optional[float]]
+    step_p99_s: Mapped[Optional[float]]
+    step_mean_s: Mapped[Optional[float]]
+    step_max_s: Mapped[Optional[float]]
+    tokens_per_s: Mapped[Optional[float]]
+    tokens_per_s_per_gpu: Mapped[Optional[float]]
+    tflops_per_gpu: Mapped[Optional[float]]
+    mfu: Mapped[Optional[float]]
+    mfu_peak: Mapped[str] = mapped_column(String(100), default="")
+    megatron_tflops_per_gpu: Mapped[Optional[float]]
+    recompute_tflops_per_gpu: Mapped[Optional[float]]
+    heaviest_rank: Mapped[Optional[int]]
+    heaviest_pp_stage: Mapped[Optional[int]]
+    peak_allocated_gb: Mapped[Optional[float]]
+    peak_reserved_gb: Mapped[Optional[float]]
+    slowest_rank: Mapped[Optional[int]]
+    slowest_stage: Mapped[Optional[int]]
+    token_drop_fraction: Mapped[Optional[float]]
+    padding_fraction: Mapped[Optional[float]]
+    expert_load_p50: Mapped[Optional[float]]
+    expert_load_p95: Mapped[Optional[float]]
+    expert_load_p99: Mapped[Optional[float]]
+    hot_expert_ratio: Mapped[Optional[float]]
+    force_balanced_routing: Mapped[bool] = mapped_column(default=False)
+    ckpt_save_s: Mapped[Optional[float]]  # q_effective inputs (long-run window)
+    ckpt_restore_s: Mapped[Optional[float]]
+    timers_ms: Mapped[dict] = mapped_column(default=dict)
+    versions: Mapped[dict] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class StepSample(Base):
+    """Per-iteration time (and loss / grad norm for parity) of an attempt's measured window."""
+
+    __tablename__ = "step_sample"
+    __table_args__ = (UniqueConstraint("attempt_id", "iteration"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempt.id", ondelete="CASCADE"))
+    iteration: Mapped[int]  # index within the measured window
+    step_time_s: Mapped[Optional[float]]
+    lm_loss: Mapped[Optional[float]]
+    grad_norm: Mapped[Optional[float]]
+
+
+class RankMemory(Base):
+    """Per-rank peaks; kept for failed attempts too (an OOM's last peaks are evidence)."""
+
+    __tablename__ = "rank_memory"
+    __table_args__ = (UniqueConstraint("attempt_id", "rank"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempt.id", ondelete="CASCADE"))
+    rank: Mapped[int]
+    pp_stage: Mapped[Optional[int]]
+    allocated_mb: Mapped[Optional[float]]
+    reserved_mb: Mapped[Optional[float]]
+    source: Mapped[str] = mapped_column(String(20), default="log")
+
+
+class Event(Base):
+    """Audit log of decisions: planned, claimed, submitted, retried, promoted, cancelled, lease ..."""
+
+    __tablename__ = "event"
+    __table_args__ = (Index("ix_event_sweep_id_id", "sweep_id", "id"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweep.id", ondelete="CASCADE"))
+    candidate_id: Mapped[Optional[int]] = mapped_column(ForeignKey("candidate.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(30))
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[Optional[dict]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Calibration(Base):
+    """One fit of the planner's constants against measured results (revision 0002)."""
+
+    __tablename__ = "calibration"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweep.id", ondelete="CASCADE"), index=True)
+    round: Mapped[int]
+    fit: Mapped[dict]
+    error: Mapped[dict]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Parity(Base):
+    """A numerical parity check of a candidate against a reference layout (revision 0002)."""
+
+    __tablename__ = "parity"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    candidate_id: Mapped[int] = mapped_column(ForeignKey("candidate.id", ondelete="CASCADE"), index=True)
+    reference_key: Mapped[str] = mapped_column(String(64))
+    steps: Mapped[int]
+    max_loss_diff: Mapped[Optional[float]]
+    max_grad_norm_diff: Mapped[Optional[float]]
+    tolerance: Mapped[float]
+    passed: Mapped[bool]
+    detail: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
