@@ -1,0 +1,166 @@
+"""Calibrate the planner's step-time and memory models on measurements from the ledger.
+
+Step time: measured ~= sum_c f_c x component_c (the planner's components, uncalibrated). The factors
+f_c >= 0 are fitted by non-negative least squares on *relative* residuals (layouts differ by several x
+in step time; a 10% miss matters equally on each), regularized toward 1 so a component the
+measurements cannot separate keeps its analytic value. With few rows, or when leave-one-out says the
+per-component fit generalizes worse, a single ratio (median measured / predicted) is used instead.
+
+Memory: factor = median(measured heaviest-rank peak / predicted), raised so every layout that OOMed
+would be predicted over capacity (its neighbours get pruned), but never so far that a layout that ran
+would be predicted infeasible.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from orchestrator.policy.types import Observation
+
+REG = 0.01  # pull toward 1 per component, in units of squared relative error
+MIN_ROWS_COMPONENTS = 3
+MEMORY_CLAMP = (0.5, 3.0)
+
+
+@dataclass
+class Fit:
+    """One round's calibration: what was fitted, on how much evidence, and how wrong the model was."""
+
+    method: str  # none | ratio | components
+    factors: Dict[str, float] = field(default_factory=dict)  # component -> multiplier
+    memory_factor: float = 1.0
+    n_step: int = 0
+    n_memory: int = 0
+    n_oom: int = 0
+    mape_before: Optional[float] = None  # step time, raw planner vs measured (fraction)
+    mape_after: Optional[float] = None  # step time, calibrated vs measured (in sample)
+    loo_mape: Optional[float] = None  # leave-one-out MAPE of the chosen method
+    memory_mape_before: Optional[float] = None
+    memory_mape_after: Optional[float] = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def predict(self, components: Dict[str, float]) -> float:
+        return sum(self.factors.get(c, 1.0) * v for c, v in components.items())
+
+
+def nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-10) -> np.ndarray:
+    """Lawson-Hanson non-negative least squares: argmin ||a x - b|| subject to x >= 0."""
+    _, n = a.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = a.T @ (b - a @ x)
+    for _ in range(3 * n + 10):
+        if passive.all() or w[~passive].max() <= tol:
+            break
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > tol).all():
+                x = z
+                break
+            bad = passive & (z <= tol)
+            alpha = np.min(x[bad] / np.maximum(x[bad] - z[bad], 1e-300))
+            x = x + alpha * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+        w = a.T @ (b - a @ x)
+    return x
+
+
+def _mape(pred: Sequence[float], meas: Sequence[float]) -> Optional[float]:
+    pairs = [(p, m) for p, m in zip(pred, meas) if m]
+    return sum(abs(p - m) / m for p, m in pairs) / len(pairs) if pairs else None
+
+
+def _fit_components(rows: List[Observation], names: List[str]) -> Dict[str, float]:
+    """Regularized NNLS on relative residuals over the components that vary in these rows."""
+    y = np.array([r.step_s for r in rows], dtype=float)
+    a = np.array([[r.raw_components.get(c, 0.0) for c in names] for r in rows], dtype=float) / y[:, None]
+    live = [i for i, c in enumerate(names) if a[:, i].max() > 1e-6]
+    factors = {c: 1.0 for c in names}
+    if not live:
+        return factors
+    a_live = a[:, live]
+    reg = np.sqrt(REG) * np.eye(len(live))
+    a_aug = np.vstack([a_live, reg])
+    b_aug = np.concatenate([np.ones(len(rows)), np.sqrt(REG) * np.ones(len(live))])
+    x = nnls(a_aug, b_aug)
+    for i, j in enumerate(live):
+        factors[names[j]] = float(x[i])
+    return factors
+
+
+def _ratio(rows: List[Observation]) -> float:
+    return float(statistics.median(r.step_s / r.raw_step_s for r in rows if r.raw_step_s > 0))
+
+
+def _component_names(rows: List[Observation]) -> List[str]:
+    names: List[str] = []
+    for r in rows:
+        for c in r.raw_components:
+            if c not in names:
+                names.append(c)
+    return names
+
+
+def _predict(factors: Dict[str, float], row: Observation) -> float:
+    return sum(factors.get(c, 1.0) * v for c, v in row.raw_components.items())
+
+
+def _loo(rows: List[Observation], names: List[str], method: str) -> Optional[float]:
+    if len(rows) < 2:
+        return None
+    errs = []
+    for i, held in enumerate(rows):
+        rest = rows[:i] + rows[i + 1:]
+        if method == "ratio":
+            pred = _ratio(rest) * held.raw_step_s
+        else:
+            pred = _predict(_fit_components(rest, names), held)
+        errs.append(abs(pred - held.step_s) / held.step_s)
+    return sum(errs) / len(errs)
+
+
+def memory_factor(rows: Sequence[Observation], *, hbm_gb: float, margin_gb: float) -> float:
+    """Robust ratio of measured to predicted peak, pushed up by OOMs, capped by layouts that ran."""
+    ok = [r for r in rows if r.peak_gb and r.raw_memory_gb > 0]
+    factor = statistics.median(r.peak_gb / r.raw_memory_gb for r in ok) if ok else 1.0
+    usable = max(hbm_gb - margin_gb, 1e-9)
+    ooms = [r for r in rows if r.failure_class == "OOM" and r.raw_memory_gb > 0]
+    if ooms:
+        need = max(usable / r.raw_memory_gb for r in ooms) * 1.02  # OOMed: predicted must exceed capacity
+        ran = [r for r in rows if r.ok and r.raw_memory_gb > 0]
+        cap = min((usable / r.raw_memory_gb for r in ran), default=float("inf"))
+        factor = max(factor, min(need, cap) if need > cap >= factor else need)
+    return float(min(max(factor, MEMORY_CLAMP[0]), MEMORY_CLAMP[1]))
+
+
+def calibrate(rows: Sequence[Observation], *, hbm_gb: float, margin_gb: float) -> Fit:
+    """Fit step-time factors and the memory factor on every measured row; report errors before/after."""
+    ok = [r for r in rows if r.ok and r.raw_step_s > 0]
+    names = _component_names(ok)
+    fit = Fit(method="none", factors={c: 1.0 for c in names}, n_step=len(ok),
+              n_memory=sum(1 for r in rows if r.peak_gb), n_oom=sum(1 for r in rows if r.failure_class == "OOM"))
+    fit.memory_factor = memory_factor(rows, hbm_gb=hbm_gb, margin_gb=margin_gb)
+    mem_rows = [r for r in rows if r.peak_gb and r.raw_memory_gb > 0]
+    fit.memory_mape_before = _mape([r.raw_memory_gb for r in mem_rows], [r.peak_gb for r in mem_rows])
+    fit.memory_mape_after = _mape([r.raw_memory_gb * fit.memory_factor for r in mem_rows], [r.peak_gb for r in mem_rows])
+    if not ok:
+        return fit
+    fit.mape_before = _mape([r.raw_step_s for r in ok], [r.step_s for r in ok])
+    ratio = _ratio(ok)
+    fit.method, fit.factors = "ratio", {c: ratio for c in names}
+    fit.loo_mape = _loo(ok, names, "ratio")
+    if len(ok) >= MIN_ROWS_COMPONENTS and names:
+        loo_c = _loo(ok, names, "components")
+        if loo_c is not None and (fit.loo_mape is None or loo_c < fit.loo_mape):
+            fit.method, fit.factors, fit.loo_mape = "components", _fit_components(ok, names), loo_c
+    fit.mape_after = _mape([_predict(fit.factors, r) for r in ok], [r.step_s for r in ok])
+    return fit

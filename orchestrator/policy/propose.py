@@ -1,0 +1,167 @@
+"""The policies: what to measure next, decided only from ledger observations.
+
+`calibrated_neighbours` (default): round 0 takes the best predicted layouts with diversity across EP, PP
+and CP; later rounds calibrate the planner on every measurement, re-rank, and spend the round on
+one-factor neighbours of the best k *measured* layouts (local search trusts measurements over the model)
+plus the calibrated model's top pick when it predicts a real gain.
+
+`predicted_topk`: the baseline. Walks down the uncalibrated planner ranking, never looks at a measurement.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+from orchestrator.policy.calibrate import Fit, calibrate
+from orchestrator.policy.env import PlanEnv
+from orchestrator.policy.promote import promoted_layouts
+from orchestrator.policy.select import (KNOBS, best_measured, changed_knob, diverse_top, measured_rank,
+                                        round_robin)
+from orchestrator.policy.types import Observation, Proposal, RoundInput, RoundPlan
+from orchestrator.schema import PolicyConfig, StageConfig
+
+DIVERSITY_SLACK = 1.5  # round 0 covers knob values only among layouts predicted within 1.5x of the best
+
+
+class Policy:
+    """Base: budget trimming and convergence; subclasses implement `propose`."""
+
+    name = "base"
+    calibrates = False
+
+    def __init__(self, cfg: PolicyConfig):
+        self.cfg = cfg
+
+    def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: Optional[StageConfig] = None) -> RoundPlan:
+        raise NotImplementedError
+
+    def round_size(self, inp: RoundInput) -> int:
+        return max(0, min(self.cfg.round0_size if inp.round == 0 else self.cfg.round_size, inp.slots))
+
+    @staticmethod
+    def within_budget(props: List[Proposal], slots: int, gpu_hours_left: float) -> List[Proposal]:
+        """Keep proposals in order while runs and (estimated) GPU-hours last."""
+        out, spent = [], 0.0
+        for p in props:
+            if len(out) >= slots:
+                break
+            if spent + p.est_gpu_hours > gpu_hours_left:
+                continue
+            out.append(p)
+            spent += p.est_gpu_hours
+        return out
+
+    def converged(self, rows: List[Observation]) -> bool:
+        """No gain > converge_gain over the best so far for converge_rounds consecutive rounds (round >= 1)."""
+        rounds = sorted({r.round for r in rows})
+        if len(rounds) <= self.cfg.converge_rounds:
+            return False
+        best_by_round = []
+        for rnd in rounds:
+            b = best_measured([r for r in rows if r.round <= rnd])
+            best_by_round.append(b.step_s if b else float("inf"))
+        streak = 0
+        for prev, cur in zip(best_by_round, best_by_round[1:]):
+            gained = prev != float("inf") and cur < prev * (1.0 - self.cfg.converge_gain)
+            streak = 0 if gained or prev == float("inf") else streak + 1
+        return streak >= self.cfg.converge_rounds
+
+    def _promotions(self, env: PlanEnv, inp: RoundInput, source_stage: StageConfig, fit: Optional[Fit],
+                    limit: int) -> List[Proposal]:
+        """The source stage's measured top-K, each mapped to this stage (CP restores m, EP kept/widened)."""
+        factors, mem = (fit.factors, fit.memory_factor) if fit else (None, 1.0)
+        per_source: List[List[Proposal]] = []
+        for src in measured_rank(inp.source)[: self.cfg.promote_top_k]:
+            props = []
+            for lay in promoted_layouts(src.layout, source_stage, env.stage):
+                planned = env.evaluate(lay, factors, mem)
+                if planned is not None and planned.key not in inp.known_keys:
+                    props.append(env.proposal(planned, reason="promoted", factors=factors, memory_factor=mem,
+                                              parent_key=src.key, edge_kind="promoted-from"))
+            per_source.append(props)
+        return round_robin(per_source, limit, key=lambda p: p.key)
+
+
+class CalibratedNeighbours(Policy):
+    name = "calibrated_neighbours"
+    calibrates = True
+
+    def fit(self, env: PlanEnv, inp: RoundInput) -> Optional[Fit]:
+        """Calibrate on this stage's rows; borrow the source stage's when this stage has too few."""
+        rows = list(inp.observations)
+        if sum(r.ok for r in rows) < 3 and inp.source:
+            rows += inp.source
+        if not any(r.ok or r.failure_class == "OOM" for r in rows):
+            return None
+        return calibrate(rows, hbm_gb=env.hardware.hbm_gb, margin_gb=env.stage.memory_margin_gb)
+
+    def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: Optional[StageConfig] = None) -> RoundPlan:
+        size = self.round_size(inp)
+        fit = self.fit(env, inp)
+        factors, mem = (fit.factors, fit.memory_factor) if fit else (None, 1.0)
+        cands = [c for c in env.plan(factors, mem) if c.key not in inp.known_keys]
+        mk = lambda c, reason, **kw: env.proposal(c, reason=reason, factors=factors, memory_factor=mem, **kw)  # noqa: E731
+        props: List[Proposal] = []
+        best = best_measured(inp.observations)
+        if inp.round == 0 and inp.source and source_stage is not None:
+            n_new = max(1, size // 3)
+            props = self._promotions(env, inp, source_stage, fit, size - n_new)
+            taken = {p.key for p in props}
+            props += [mk(c, "model-top") for c in self._diverse(cands, size, taken)]
+        elif best is None:
+            props = [mk(c, "round0" if inp.round == 0 else "model-top") for c in self._diverse(cands, size, set())]
+        else:
+            props = self._local(env, inp, cands, best.step_s, mk, size)
+        props = self.within_budget(props, size, inp.gpu_hours_left)
+        return RoundPlan(proposals=props, fit=fit, reason=f"{len(props)} proposals ({self.name})")
+
+    def _diverse(self, cands: List, size: int, taken: set) -> List:
+        pool = [c for c in cands if c.key not in taken]
+        if not pool:
+            return []
+        cut = pool[0].prediction.step_time_s * DIVERSITY_SLACK
+        near = [c for c in pool if c.prediction.step_time_s <= cut]
+        if len(near) < size:
+            near = pool[: max(size, len(near))]
+        return diverse_top(near, max(0, size - len(taken)), layout_of=lambda c: c.layout)
+
+    def _local(self, env, inp: RoundInput, cands: List, best_step: float, mk, size: int) -> List[Proposal]:
+        """Neighbours of the best k measured (best predicted per knob first), plus the model's top pick."""
+        lists: List[List[Proposal]] = []
+        top = [c for c in cands if c.prediction.step_time_s < best_step * (1.0 - self.cfg.converge_gain)]
+        if top:
+            lists.append([mk(top[0], "model-top")])
+        for b in measured_rank(inp.observations)[: self.cfg.top_k_neighbours]:
+            nbrs: Dict[str, List] = {k: [] for k in KNOBS}
+            for c in cands:
+                knob = changed_knob(b.layout, c.layout)
+                if knob:
+                    nbrs[knob].append(c)
+            firsts = sorted((v[0] for v in nbrs.values() if v), key=lambda c: c.prediction.step_time_s)
+            rest = sorted((c for v in nbrs.values() for c in v[1:]), key=lambda c: c.prediction.step_time_s)
+            lists.append([mk(c, f"neighbour:{changed_knob(b.layout, c.layout)}", parent_key=b.key,
+                             edge_kind="neighbour") for c in firsts + rest])
+        props = round_robin(lists, size, key=lambda p: p.key)
+        if len(props) < size:  # neighbourhood exhausted: fall back to the calibrated ranking
+            taken = {p.key for p in props}
+            props += [mk(c, "model-top") for c in cands if c.key not in taken][: size - len(props)]
+        return props
+
+
+class PredictedTopK(Policy):
+    """Baseline: the planner's own ranking, no calibration, no measurement feedback."""
+
+    name = "predicted_topk"
+
+    def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: Optional[StageConfig] = None) -> RoundPlan:
+        size = self.round_size(inp)
+        props: List[Proposal] = []
+        if inp.round == 0 and inp.source and source_stage is not None:
+            props = self._promotions(env, inp, source_stage, None, size)
+        taken = {p.key for p in props}
+        for c in env.plan():
+            if len(props) >= size:
+                break
+            if c.key not in inp.known_keys and c.key not in taken:
+                props.append(env.proposal(c, reason="predicted-topk"))
+        props = self.within_budget(props, size, inp.gpu_hours_left)
+        return RoundPlan(proposals=props, fit=None, reason=f"{len(props)} proposals ({self.name})")

@@ -1,0 +1,84 @@
+"""Choosing among candidates: one-factor neighbours, diverse top-k, budget, and the measured best.
+
+Knobs are grouped the way a person changes them: PP and VPP move together (VPP must divide the layers
+per PP stage), dispatcher and its flex backend move together. A one-factor neighbour differs in exactly
+one group and in nothing else.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from orchestrator.plan.layout import Layout
+from orchestrator.policy.types import Observation
+
+KNOBS: Dict[str, Tuple[str, ...]] = {
+    "ep": ("ep",),
+    "pp": ("pp", "vpp"),
+    "cp": ("cp",),
+    "mbs": ("mbs",),
+    "recompute": ("recompute",),
+    "dispatcher": ("dispatcher", "flex_backend"),
+}
+_GROUPED = {f for fields in KNOBS.values() for f in fields}
+
+
+def knob_value(layout: Layout, knob: str) -> tuple:
+    return tuple(getattr(layout, f) for f in KNOBS[knob])
+
+
+def changed_knob(a: Layout, b: Layout) -> Optional[str]:
+    """The one knob group in which a and b differ, or None (equal, several knobs, or another field)."""
+    if any(getattr(a, f) != getattr(b, f) for f in a.__dataclass_fields__ if f not in _GROUPED):
+        return None
+    diff = [k for k in KNOBS if knob_value(a, k) != knob_value(b, k)]
+    return diff[0] if len(diff) == 1 else None
+
+
+def diverse_top(items: Sequence, size: int, *, layout_of: Callable[[object], Layout],
+                knobs: Sequence[str] = ("ep", "pp", "cp")) -> List:
+    """Greedy: take items in the given (ranked) order, preferring one that covers knob values not yet seen.
+
+    Each pick maximizes the number of uncovered (knob, value) pairs it adds; ties go to the better rank.
+    Once every value is covered the rest follow rank order. The calibration then sees each knob vary.
+    """
+    chosen: List = []
+    covered = set()
+    pool = list(items)
+    while pool and len(chosen) < size:
+        def gain(item) -> int:
+            lay = layout_of(item)
+            return sum((k, knob_value(lay, k)) not in covered for k in knobs)
+        best_i = max(range(len(pool)), key=lambda i: (gain(pool[i]), -i))
+        pick = pool.pop(best_i)
+        chosen.append(pick)
+        lay = layout_of(pick)
+        covered.update((k, knob_value(lay, k)) for k in knobs)
+    return chosen
+
+
+def measured_rank(rows: Iterable[Observation]) -> List[Observation]:
+    """Measured rows, best first: step time p50, then p99, then more memory headroom. Never predictions."""
+    ok = [r for r in rows if r.ok]
+    return sorted(ok, key=lambda r: (r.step_s, r.p99_s if r.p99_s is not None else float("inf"), -r.headroom_gb))
+
+
+def best_measured(rows: Iterable[Observation]) -> Optional[Observation]:
+    ranked = measured_rank(rows)
+    return ranked[0] if ranked else None
+
+
+def round_robin(lists: Sequence[Sequence], limit: int, *, key: Callable[[object], str]) -> List:
+    """Merge ranked lists taking one from each in turn, skipping duplicates, up to limit items."""
+    out, seen = [], set()
+    iters = [list(x) for x in lists]
+    while len(out) < limit and any(iters):
+        for lst in iters:
+            while lst:
+                item = lst.pop(0)
+                if key(item) not in seen:
+                    seen.add(key(item))
+                    out.append(item)
+                    break
+            if len(out) >= limit:
+                break
+    return out

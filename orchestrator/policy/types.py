@@ -1,0 +1,88 @@
+"""Typed inputs and outputs of a policy. Pure data: the sweep loop builds them from ledger rows only.
+
+Why the policy sees only these: the loop decides from the ledger (never from a previous process's memory),
+so a resumed orchestrator proposes exactly what a never-killed one would have.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Set
+
+from orchestrator.plan.layout import Layout
+
+# Failure classes that say the layout itself does not run (deterministic): they teach, never retry.
+DETERMINISTIC = ("OOM", "INVALID_CONFIG")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One candidate of this stage as the ledger knows it: predicted (raw, factors = 1) and measured."""
+
+    key: str
+    layout: Layout
+    raw_components: Dict[str, float]  # planner components with no calibration (seconds)
+    raw_step_s: float  # planner step time with no calibration
+    raw_memory_gb: float  # planner heaviest-rank peak with no calibration
+    step_s: Optional[float] = None  # measured step p50 (None = no measurement)
+    p99_s: Optional[float] = None
+    peak_gb: Optional[float] = None  # measured heaviest-rank peak (reserved, else allocated)
+    failure_class: Optional[str] = None  # latest attempt's class when it did not succeed
+    round: int = 0
+    hbm_gb: float = 0.0  # capacity the job ran on, for headroom tie-breaks
+
+    @property
+    def ok(self) -> bool:
+        return self.step_s is not None and self.step_s > 0
+
+    @property
+    def headroom_gb(self) -> float:
+        return (self.hbm_gb - self.peak_gb) if self.peak_gb is not None and self.hbm_gb else 0.0
+
+
+@dataclass
+class Proposal:
+    """A layout the policy wants measured, with why (edge_kind) and from what (parent_key)."""
+
+    key: str
+    layout: Layout
+    predicted: dict  # calibrated prediction (Prediction fields) + raw_components / factors used
+    reason: str  # round0 | neighbour:<knob> | model-top | promoted | predicted-topk
+    parent_key: Optional[str] = None
+    edge_kind: Optional[str] = None  # neighbour | promoted-from
+    est_gpu_hours: float = 0.0
+
+    @property
+    def predicted_step_s(self) -> float:
+        return float(self.predicted.get("step_time_s") or 0.0)
+
+
+@dataclass
+class RoundInput:
+    """What a policy needs to propose one round, all read from the ledger by the loop."""
+
+    round: int
+    observations: List[Observation]  # every candidate of this stage and model with its latest outcome
+    known_keys: Set[str]  # every key already in the ledger for this stage: never launched again
+    slots: int  # runs the budget still allows this round
+    gpu_hours_left: float
+    source: List[Observation] = field(default_factory=list)  # promotion source stage (round 0 only)
+
+
+@dataclass
+class RoundPlan:
+    proposals: List[Proposal]
+    fit: Optional["Fit"] = None  # noqa: F821 - orchestrator.policy.calibrate.Fit
+    reason: str = ""
+
+
+def prediction_dict(prediction, *, raw_components: Dict[str, float], raw_step_s: float, raw_memory_gb: float,
+                    factors: Optional[Dict[str, float]] = None, memory_factor: float = 1.0) -> dict:
+    """Serialize a Prediction for the ledger, keeping the raw (uncalibrated) numbers calibration needs."""
+    d = asdict(prediction) if hasattr(prediction, "__dataclass_fields__") else dict(prediction)
+    d["memory_by_stage"] = list(d.get("memory_by_stage") or ())
+    d["raw_components"] = dict(raw_components)
+    d["raw_step_time_s"] = raw_step_s
+    d["raw_memory_gb"] = raw_memory_gb
+    d["factors"] = dict(factors or {})
+    d["memory_factor"] = memory_factor
+    return d
