@@ -1,0 +1,122 @@
+"""Which global ranks form each parallel group, exactly as Megatron's RankGenerator builds them.
+
+Why: whether an EP or CP group stays inside one NVLink node (ep_nodes, cp_nodes) decides if expert
+all-to-all and CP exchange cross the network. Megatron lays ranks out on two grids over the same N GPUs
+(megatron/core/parallel_state.py, initialize_model_parallel + RankGenerator):
+
+- dense grid, order "tp-cp-ep-dp-pp" with ep=1: sizes TP, CP, D_a, PP;
+- expert grid, the same order string with cp=1: sizes ETP, EP, D_e, PP (CP folded into D_e).
+
+`--use-tp-pp-dp-mapping` swaps the last two axes ("tp-cp-ep-pp-dp"). The leftmost axis has stride 1.
+A group for a set of axes holds the ranks that differ only along those axes. No GTP (gtp_remat = 1).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from itertools import product
+from math import gcd
+from typing import Dict, List, Sequence, Tuple
+
+from orchestrator.plan.layout import Layout
+
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+TP_PP_DP_ORDER = "tp-cp-ep-pp-dp"  # --use-tp-pp-dp-mapping
+ORDERS = (DEFAULT_ORDER, TP_PP_DP_ORDER)
+
+# Our group name -> (grid, axes in Megatron's token spelling). Dense groups use the names Megatron's
+# parallel_state gives them; expert groups are prefixed e (etp, edp) as in Megatron's getters.
+DENSE_GROUPS = {
+    "tp": "tp", "cp": "cp", "dp": "dp", "pp": "pp",
+    "dp-cp": "dp-cp", "tp-cp": "tp-cp", "tp-pp": "tp-pp", "tp-dp": "tp-dp", "tp-dp-cp": "tp-dp-cp",
+}
+EXPERT_GROUPS = {"etp": "tp", "ep": "ep", "edp": "dp", "etp-ep": "tp-ep", "etp-ep-pp": "tp-ep-pp", "epp": "pp"}
+
+
+def order_for(layout: Layout) -> str:
+    return TP_PP_DP_ORDER if layout.use_tp_pp_dp_mapping else DEFAULT_ORDER
+
+
+def _grid_sizes(layout: Layout, world_size: int, order: str) -> Tuple[Dict[str, int], Dict[str, int]]:
+    """Axis sizes of the dense and the expert grid; ValueError when N does not divide."""
+    if order not in ORDERS:
+        raise ValueError(f"unknown rank order {order!r}; expected one of {ORDERS}")
+    dense_model = layout.tp * layout.cp * layout.pp
+    expert_model = layout.etp * layout.ep * layout.pp
+    if world_size % dense_model or world_size % expert_model:
+        raise ValueError(
+            f"world size {world_size} is not divisible by TPxCPxPP={dense_model} and ETPxEPxPP={expert_model}"
+        )
+    dense = {"tp": layout.tp, "cp": layout.cp, "ep": 1, "dp": world_size // dense_model, "pp": layout.pp}
+    expert = {"tp": layout.etp, "cp": 1, "ep": layout.ep, "dp": world_size // expert_model, "pp": layout.pp}
+    return dense, expert
+
+
+def _groups(sizes: Dict[str, int], order: str, axes: str) -> List[List[int]]:
+    """Groups along `axes` on a grid whose axis strides follow `order` (leftmost = stride 1).
+
+    Groups are listed with the remaining axes' index varying leftmost-fastest, and ranks in a group
+    with the chosen axes varying leftmost-fastest: the same enumeration as Megatron's
+    generate_masked_orthogonal_rank_groups.
+    """
+    names = order.split("-")
+    chosen = set(axes.split("-"))
+    stride, strides = 1, {}
+    for n in names:
+        strides[n] = stride
+        stride *= sizes[n]
+    inner = [n for n in names if n in chosen]
+    outer = [n for n in names if n not in chosen]
+
+    def offsets(axis_names: Sequence[str]) -> List[int]:
+        # product() varies its last argument fastest; reverse so the leftmost axis is fastest.
+        ranges = [range(0, sizes[n] * strides[n], strides[n]) for n in reversed(axis_names)]
+        return [sum(p) for p in product(*ranges)]
+
+    members = offsets(inner)
+    return [[base + m for m in members] for base in offsets(outer)]
+
+
+def rank_groups(layout: Layout, world_size: int, order: str | None = None) -> Dict[str, List[List[int]]]:
+    """Every dense (tp, cp, dp, pp, dp-cp, tp-cp, tp-pp, ...) and expert (etp, ep, edp, etp-ep, etp-ep-pp,
+    epp) group. `order` defaults to the layout's mapping (DEFAULT_ORDER or TP_PP_DP_ORDER)."""
+    order = order or order_for(layout)
+    dense, expert = _grid_sizes(layout, world_size, order)
+    out = {name: _groups(dense, order, axes) for name, axes in DENSE_GROUPS.items()}
+    out.update({name: _groups(expert, order, axes) for name, axes in EXPERT_GROUPS.items()})
+    return out
+
+
+@lru_cache(maxsize=65536)
+def _span(stride: int, size: int, world_size: int, gpus_per_node: int) -> int:
+    """Most nodes one group {o + j*stride : j < size} covers, over all groups of that kind.
+
+    In both orders TP/ETP, CP and EP sit left of DP and PP, so a CP (EP) group is an arithmetic
+    progression with stride TP (ETP) and its start is o = a + c*stride*size, a < stride. If stride >= g
+    (GPUs per node) every member is on its own node. Otherwise consecutive members never skip a node,
+    so the group covers floor((o mod g + (size-1)*stride) / g) + 1 nodes: largest for the largest
+    reachable o mod g. Residues of c*stride*size repeat with period <= g, so at most g*g starts are
+    tried, independent of N.
+    """
+    if size == 1:
+        return 1
+    if stride >= gpus_per_node:
+        return size
+    block = stride * size
+    n_blocks = world_size // block
+    period = gpus_per_node // gcd(block, gpus_per_node)
+    r_max = max((a + c * block) % gpus_per_node for a in range(stride) for c in range(min(n_blocks, period)))
+    return (r_max + (size - 1) * stride) // gpus_per_node + 1
+
+
+def node_spans(layout: Layout, n_gpus: int, gpus_per_node: int) -> Tuple[int, int]:
+    """(ep_nodes, cp_nodes): the most nodes one EP group and one CP group span. Same for both orders."""
+    _grid_sizes(layout, n_gpus, DEFAULT_ORDER)  # raises on an illegal layout
+    return (
+        _span(layout.etp, layout.ep, n_gpus, gpus_per_node),
+        _span(layout.tp, layout.cp, n_gpus, gpus_per_node),
+    )
+
+
+def nodes_of(group: Sequence[int], gpus_per_node: int) -> int:
+    """Distinct nodes holding the ranks of one group (rank r lives on node r // gpus_per_node)."""
+    return len({r // gpus_per_node for r in group})
