@@ -1,0 +1,235 @@
+"""The function submitit runs on each task: set the rank env, run the workload, keep its output.
+
+Why a subprocess: the workload is whatever `workload.command` names (Megatron's pretrain_hybrid.py in
+the container, the twin, or a user's script), so the job only promises the contract: torchrun-style
+rank env + the candidate's Megatron flags, stdout/stderr kept per rank. A non-zero exit is raised
+after the files are written, so submitit marks the task failed and Slurm records FAILED.
+
+Imports stay light (stdlib; submitit lazily) because this runs inside the cluster's container.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, Optional, Union
+
+from jobs.spec import SPEC_NAME, JobSpec
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class TaskFailed(RuntimeError):
+    """A rank's workload exited non-zero (or was killed by a signal)."""
+
+
+@dataclass
+class RankEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    single_process: bool  # local executor: one process stands for the whole job
+
+    def as_env(self) -> Dict[str, str]:
+        env = {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }
+        if self.single_process:
+            env["ORCH_SINGLE_PROCESS"] = "1"
+        return env
+
+
+@dataclass
+class TaskOutcome:
+    rank: int
+    returncode: int
+    stdout: str
+    stderr: str
+    job_dir: str
+    single_process: bool
+
+
+def rank_env(spec: JobSpec, job_env=None) -> RankEnv:
+    """torchrun-equivalent rank variables.
+
+    Under Slurm submitit's JobEnvironment gives one task per GPU; MASTER_ADDR is the first hostname.
+    Anywhere else (submitit's local executor, or called directly) one process stands for the job:
+    WORLD_SIZE = N and RANK = N - 1, the rank that prints Megatron's iteration lines.
+    """
+    if job_env is None:
+        job_env = _submitit_env()
+    if job_env is not None and job_env.cluster == "slurm":
+        hosts = list(job_env.hostnames) or [job_env.hostname]
+        return RankEnv(
+            rank=job_env.global_rank,
+            world_size=job_env.num_tasks,
+            local_rank=job_env.local_rank,
+            master_addr=hosts[0],
+            master_port=spec.master_port,
+            single_process=False,
+        )
+    n = max(1, int(spec.n_gpus))
+    return RankEnv(rank=n - 1, world_size=n, local_rank=0, master_addr="127.0.0.1",
+                   master_port=spec.master_port, single_process=True)
+
+
+def _submitit_env():
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
+        return None
+    try:
+        import submitit
+
+        return submitit.JobEnvironment()
+    except Exception:  # noqa: BLE001 - not inside a submitit job
+        return None
+
+
+def task_env(spec: JobSpec, renv: RankEnv, job_dir: Path) -> Dict[str, str]:
+    """os.environ + cluster.env/workload.env (spec.env) + rank env + ORCH_* pointers."""
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in spec.env.items()})
+    env.update(renv.as_env())
+    if not renv.single_process:
+        env.pop("ORCH_SINGLE_PROCESS", None)
+    env["ORCH_JOB_DIR"] = str(job_dir)
+    env["ORCH_JOB_SPEC"] = str(job_dir / SPEC_NAME)
+    # `python -m jobs.twin` must import this project wherever the job's cwd is.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def resolve_command(spec: JobSpec) -> list:
+    """workload.command + flags + extra_args; a bare `python` means the interpreter running this job
+    (the container's Python under Slurm, the orchestrator's venv locally)."""
+    cmd = spec.command
+    if cmd and cmd[0] in ("python", "python3"):
+        cmd[0] = sys.executable
+    return cmd
+
+
+def run_task(spec: Union[JobSpec, str, os.PathLike]) -> dict:
+    """Run this rank's workload; return TaskOutcome as a dict, or raise TaskFailed on non-zero exit."""
+    if not isinstance(spec, JobSpec):
+        spec = JobSpec.load(spec)
+    job_dir = Path(spec.job_dir)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    if not (job_dir / SPEC_NAME).exists():
+        spec.save(job_dir / SPEC_NAME)
+    renv = rank_env(spec)
+    env = task_env(spec, renv, job_dir)
+    out_path = job_dir / f"rank-{renv.rank}.out"
+    err_path = job_dir / f"rank-{renv.rank}.err"
+    if spec.workload.in_process:
+        code = _run_in_process(spec, renv, env, out_path, err_path)
+    else:
+        code = _run_subprocess(resolve_command(spec), env, job_dir, out_path, err_path)
+    outcome = TaskOutcome(rank=renv.rank, returncode=code, stdout=str(out_path), stderr=str(err_path),
+                          job_dir=str(job_dir), single_process=renv.single_process)
+    if code != 0:
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        raise TaskFailed(f"rank {renv.rank} {how}; see {err_path}")
+    return asdict(outcome)
+
+
+def _run_subprocess(cmd: list, env: dict, cwd: Path, out_path: Path, err_path: Path) -> int:
+    """Popen with output to the rank files; signals sent to this task are forwarded to the workload
+    (then to the previous handler, so submitit's preemption/timeout handling still runs)."""
+    with open(out_path, "ab") as out, open(err_path, "ab") as err:
+        try:
+            proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        except OSError as exc:  # command not found: record it where collect will look
+            err.write(f"failed to start workload {cmd[:3]}: {exc}\n".encode())
+            return 127
+        previous = {}
+
+        def forward(signum, frame):
+            if proc.poll() is None:
+                proc.send_signal(signum)
+            prev = previous.get(signum)
+            if callable(prev) and prev not in (signal.default_int_handler,):
+                prev(signum, frame)
+
+        in_main = _in_main_thread()
+        if in_main:
+            for sig in FORWARDED_SIGNALS:
+                previous[sig] = signal.signal(sig, forward)
+        try:
+            return proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if in_main:
+                for sig, prev in previous.items():
+                    signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+
+
+def _run_in_process(spec: JobSpec, renv: RankEnv, env: dict, out_path: Path, err_path: Path) -> int:
+    """Real Megatron, instrumented: runpy the entry script here with the router hook (jobs.megatron_run).
+    fd 1/2 are redirected so native (NCCL, CUDA) output lands in the rank files too."""
+    from jobs import megatron_run  # imports torch/megatron: only on this path
+
+    entry = next((c for c in reversed(spec.workload.command) if c.endswith(".py")), spec.workload.command[-1])
+    argv = list(spec.argv) + list(spec.workload.extra_args)
+    window = (spec.stage.warmup_iters, spec.stage.measure_iters)
+    saved_env = dict(os.environ)
+    os.environ.update(env)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(out_path, "ab") as out, open(err_path, "ab") as err:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            code = megatron_run.main(entry, argv, window, spec.job_dir, renv.rank)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:  # noqa: BLE001 - the traceback goes to the rank's .err for classify
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+            os.environ.clear()
+            os.environ.update(saved_env)
+    return int(code or 0)
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def main(argv: Optional[list] = None) -> int:
+    """`python -m jobs.entry <job.json>`: run one task by hand (debugging a job folder)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m jobs.entry <job_dir>/job.json", file=sys.stderr)
+        return 2
+    try:
+        run_task(args[0])
+    except TaskFailed as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
