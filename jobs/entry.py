@@ -98,6 +98,7 @@ def task_env(spec: JobSpec, renv: RankEnv, job_dir: Path) -> Dict[str, str]:
     """os.environ + cluster.env/workload.env (spec.env) + rank env + ORCH_* pointers."""
     env = dict(os.environ)
     env.update({k: str(v) for k, v in spec.env.items()})
+    env.update({k: str(v) for k, v in spec.workload.env.items()})  # workload.env wins over cluster.env
     env.update(renv.as_env())
     if not renv.single_process:
         env.pop("ORCH_SINGLE_PROCESS", None)
