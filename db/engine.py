@@ -19,6 +19,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
@@ -196,9 +197,12 @@ def upgrade(engine: Engine, revision: str = "head") -> SchemaState:
                 raise LedgerError(
                     f"{mask(engine.url)} has tables but no ledger schema revision; use an empty database"
                 )
-            with connect(engine) as conn:
-                command.upgrade(alembic_config(engine, conn), revision)
-                conn.commit()
+            try:
+                with connect(engine) as conn:
+                    command.upgrade(alembic_config(engine, conn), revision)
+                    conn.commit()
+            except CommandError as exc:
+                raise LedgerError(f"cannot upgrade {mask(engine.url)} to {revision}: {exc}") from None
             log.info("ledger %s upgraded to %s", mask(engine.url), revision)
         return schema_state(engine)
 

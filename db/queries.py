@@ -1,0 +1,194 @@
+"""The one query module behind `compare`, `best` and exports. Filters, sorts and limits are built
+from a fixed registry of columns (COLUMNS); user values are always bound parameters, and a key that
+is not in the registry is refused with the list of valid keys. No SQL text is ever built by hand.
+
+The joined row: sweep + candidate + its latest attempt + its latest successful result.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+from sqlalchemy import Boolean, Float, Integer, and_, exists, func, not_, select
+from sqlalchemy.sql.elements import ColumnElement
+
+from db import models as m
+from db.errors import LedgerError
+from db.ledger import RESULT_METRICS
+
+# The flex dispatcher is stored as dispatcher + backend; shown and filtered as "flex:deepep".
+_DISPATCHER = func.coalesce(m.Candidate.dispatcher + ":" + m.Candidate.backend, m.Candidate.dispatcher)
+
+COLUMNS: Dict[str, ColumnElement] = {
+    "sweep": m.Sweep.name, "stage": m.Sweep.stage, "model": m.Sweep.model, "hardware": m.Sweep.hardware,
+    "workload": m.Sweep.workload,
+    "candidate_id": m.Candidate.id, "round": m.Candidate.round, "key": m.Candidate.key,
+    "tp": m.Candidate.tp, "pp": m.Candidate.pp, "vpp": m.Candidate.vpp, "cp": m.Candidate.cp,
+    "ep": m.Candidate.ep, "etp": m.Candidate.etp, "mbs": m.Candidate.mbs, "recompute": m.Candidate.recompute,
+    "offload": m.Candidate.offload, "dispatcher": _DISPATCHER, "backend": m.Candidate.backend,
+    "capacity_factor": m.Candidate.capacity_factor, "layer_pattern": m.Candidate.layer_pattern,
+    "status": m.Candidate.status, "verdict": m.Candidate.verdict, "edge_kind": m.Candidate.edge_kind,
+    "pred_step_time_s": m.Candidate.pred_step_time_s, "pred_memory_gb": m.Candidate.pred_memory_gb,
+    "pred_mfu": m.Candidate.pred_mfu, "pred_tokens_per_s": m.Candidate.pred_tokens_per_s,
+    "pred_bubble": m.Candidate.pred_bubble, "d_a": m.Candidate.d_a, "d_e": m.Candidate.d_e, "m": m.Candidate.m,
+    "feasible": m.Candidate.feasible,
+    "attempt_no": m.Attempt.attempt_no, "job_id": m.Attempt.job_id, "array_index": m.Attempt.array_index,
+    "state": m.Attempt.state, "failure_class": m.Attempt.failure_class, "exit_code": m.Attempt.exit_code,
+    "node_list": m.Attempt.node_list, "simulated": m.Attempt.simulated,
+    **{k: getattr(m.Result, k) for k in RESULT_METRICS if k not in ("simulated", "timers_ms", "versions")},
+}
+ALIASES = {"tokens_per_gpu": "tokens_per_s_per_gpu", "token_drop": "token_drop_fraction",
+           "padding": "padding_fraction", "b": "mbs", "step_s": "step_p50_s"}
+DEFAULT_COLUMNS = ("sweep", "round", "key", "tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "dispatcher",
+                   "status", "step_p50_s", "step_p99_s", "tokens_per_gpu", "mfu", "peak_allocated_gb", "token_drop",
+                   "simulated")
+# Sorting a metric without a sign puts the best first: high throughput, low time and memory.
+HIGHER_IS_BETTER = {"tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "megatron_tflops_per_gpu",
+                    "pred_mfu", "pred_tokens_per_s"}
+OPERATORS = ("!=", "<=", ">=", "=", "<", ">")
+_WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(!=|<=|>=|=|<|>)\s*(.*?)\s*$", re.S)
+
+
+@dataclass(frozen=True)
+class Filter:
+    key: str
+    op: str
+    value: Any
+
+
+def resolve(key: str) -> str:
+    """Canonical column name for a user key (aliases allowed); LedgerError listing valid keys."""
+    name = ALIASES.get(key, key)
+    if name not in COLUMNS:
+        raise LedgerError(f"unknown column '{key}'; valid keys: {', '.join(sorted(set(COLUMNS) | set(ALIASES)))}")
+    return name
+
+
+def parse_where(tokens: Sequence[str]) -> List[Filter]:
+    """`ep=64`, `tokens_per_gpu>=1000`, `recompute=moe_act` -> typed filters (values not yet SQL)."""
+    out = []
+    for tok in tokens:
+        hit = _WHERE.match(tok)
+        if not hit:
+            raise LedgerError(f"cannot read --where '{tok}': expected KEY OP VALUE with OP one of {' '.join(OPERATORS)}")
+        key, op, raw = hit.groups()
+        name = resolve(key)
+        out.append(Filter(name, op, _coerce(name, raw)))
+    return out
+
+
+def _coerce(name: str, raw: str) -> Any:
+    """Type the value by its column, so `ep=1; DROP TABLE result` is refused and a string stays data."""
+    col_type = COLUMNS[name].type
+    if raw.lower() == "null":  # "none" stays text: recompute=none means no recompute
+        return None
+    try:
+        if isinstance(col_type, Boolean):
+            if raw.lower() in ("1", "true", "yes", "y"):
+                return True
+            if raw.lower() in ("0", "false", "no", "n"):
+                return False
+            raise ValueError
+        if isinstance(col_type, Integer):
+            return int(raw)
+        if isinstance(col_type, Float):
+            return float(raw)
+    except ValueError:
+        kind = "true/false" if isinstance(col_type, Boolean) else type(col_type).__name__.lower()
+        raise LedgerError(f"--where {name}: '{raw}' is not a valid {kind} value") from None
+    return raw
+
+
+def _condition(f: Filter) -> ColumnElement:
+    col = COLUMNS[f.key]
+    if f.value is None:
+        return col.is_(None) if f.op == "=" else col.is_not(None) if f.op == "!=" else _bad_null(f)
+    return {"=": col == f.value, "!=": col != f.value, "<": col < f.value, "<=": col <= f.value,
+            ">": col > f.value, ">=": col >= f.value}[f.op]
+
+
+def _bad_null(f: Filter):
+    raise LedgerError(f"--where {f.key}{f.op}null: only = and != compare with null")
+
+
+def _order(sort: Optional[str]) -> List[ColumnElement]:
+    if not sort:
+        return [m.Sweep.id, m.Candidate.round, m.Candidate.id]
+    desc = None
+    if sort[0] in "+-":
+        desc, sort = sort[0] == "-", sort[1:]
+    name = resolve(sort)
+    if desc is None:
+        desc = name in HIGHER_IS_BETTER
+    col = COLUMNS[name]
+    return [(col.desc() if desc else col.asc()).nulls_last(), m.Candidate.id]
+
+
+def joined(columns: Sequence[str]):
+    """SELECT the named columns over sweep + candidate + latest attempt + latest result."""
+    return (select(*[COLUMNS[c].label(c) for c in columns])
+            .select_from(m.Candidate)
+            .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
+            .outerjoin(m.Attempt, m.Attempt.id == m.Candidate.latest_attempt_id)
+            .outerjoin(m.Result, m.Result.id == m.Candidate.latest_result_id))
+
+
+def compare(ledger, *, sweep: Optional[str] = None, stage: Optional[str] = None, round: Optional[int] = None,
+            status: Optional[str] = None, where: Sequence[str | Filter] = (), sort: Optional[str] = None,
+            limit: Optional[int] = None, columns: Optional[Sequence[str]] = None) -> List[dict]:
+    """Rows (dicts keyed by column name) for `python -m orchestrator compare`."""
+    cols = [resolve(c) for c in (columns or DEFAULT_COLUMNS)]
+    names = [c for c in (columns or DEFAULT_COLUMNS)]
+    filters = [f if isinstance(f, Filter) else parse_where([f])[0] for f in where]
+    for key, value in (("sweep", sweep), ("stage", stage), ("round", round), ("status", status)):
+        if value is not None:
+            filters.append(Filter(key, "=", value))
+    q = joined(cols)
+    if filters:
+        q = q.where(and_(*[_condition(f) for f in filters]))
+    q = q.order_by(*_order(sort))
+    if limit is not None:
+        if limit < 1:
+            raise LedgerError("--limit must be at least 1")
+        q = q.limit(limit)
+    with ledger.read() as s:
+        return [dict(zip(names, row)) for row in s.execute(q)]
+
+
+def best(ledger, *, sweep: Optional[str] = None, stage: Optional[str] = None) -> Optional[dict]:
+    """The fastest MEASURED layout: lowest step p50, tie-break p99, then lower peak_reserved_gb.
+
+    Only non-partial successful results count, never predictions; candidates with a failing parity
+    check are excluded. Returns the evidence: layout, every metric, job id, logs.
+    """
+    failing_parity = exists().where(m.Parity.candidate_id == m.Candidate.id, not_(m.Parity.passed))
+    q = (select(m.Sweep, m.Candidate, m.Attempt, m.Result)
+         .join(m.Candidate, m.Candidate.id == m.Result.candidate_id)
+         .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
+         .join(m.Attempt, m.Attempt.id == m.Result.attempt_id)
+         .where(not_(m.Result.partial), m.Result.step_p50_s.is_not(None), not_(failing_parity)))
+    if sweep is not None:
+        q = q.where(m.Sweep.name == sweep)
+    if stage is not None:
+        q = q.where(m.Sweep.stage == stage)
+    q = q.order_by(m.Result.step_p50_s, m.Result.step_p99_s.asc().nulls_last(),
+                   m.Result.peak_reserved_gb.asc().nulls_last(), m.Result.id).limit(1)
+    with ledger.read() as s:
+        hit = s.execute(q).tuples().first()
+        if hit is None:
+            return None
+        sw, c, a, r = hit
+        return {
+            "sweep": sw.name, "stage": sw.stage, "model": sw.model, "hardware": sw.hardware, "workload": sw.workload,
+            "candidate_id": c.id, "key": c.key, "round": c.round, "status": c.status, "layout": c.layout,
+            "layer_pattern": c.layer_pattern, "verdict": c.verdict, "predicted": c.predicted,
+            "chosen_on": "measured step_p50_s; tie-break step_p99_s, then lower peak_reserved_gb",
+            "simulated": r.simulated,
+            "attempt": {"id": a.id, "attempt_no": a.attempt_no, "job_id": a.job_id, "array_index": a.array_index,
+                        "job_dir": a.job_dir, "node_list": a.node_list, "state": a.state,
+                        "start_time": a.start_time.isoformat() if a.start_time else None,
+                        "end_time": a.end_time.isoformat() if a.end_time else None,
+                        "log_paths": a.log_paths, "sidecar_paths": a.sidecar_paths},
+            "metrics": {k: getattr(r, k) for k in RESULT_METRICS},
+        }

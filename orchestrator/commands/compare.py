@@ -1,0 +1,81 @@
+"""`compare`: measured layouts side by side, from the ledger (candidate + latest attempt + result).
+
+Filters are `--where KEY OP VALUE` (ep=64, tokens_per_gpu>=1000, recompute=moe_act, status=done);
+keys come from db.queries.COLUMNS and values are bound as parameters, never pasted into SQL.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+from orchestrator.commands.ledger import open_ledger
+
+NAME = "compare"
+HELP = "Compare measured layouts in the ledger: filter (--where ep=64), sort (--sort tokens_per_gpu), table/json/csv."
+TABLE_LIMIT = 50
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--sweep", default=None, help="only this sweep")
+    parser.add_argument("--stage", default=None, help="only sweeps of this stage (1k, 8k, 16k, ...)")
+    parser.add_argument("--round", type=int, default=None)
+    parser.add_argument("--status", default=None, help="candidate status: planned|claimed|...|done|failed")
+    parser.add_argument("--where", action="append", default=[], metavar="KEY OP VALUE",
+                        help="filter, repeatable: ep=64, 'tokens_per_gpu>=1000', recompute=moe_act")
+    parser.add_argument("--sort", default=None, help="column; best first by default, -col/+col to force order")
+    parser.add_argument("--limit", type=int, default=None, help=f"rows (table default {TABLE_LIMIT})")
+    parser.add_argument("--columns", default=None, help="comma-separated columns (default: the headline set)")
+    parser.add_argument("--format", choices=["table", "json", "csv"], default="table")
+
+
+def _cell(value: Any, key: str = "") -> str:
+    if value is None:
+        return "-"
+    if key == "key":
+        return str(value)[:10]
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def print_table(rows: Sequence[Dict[str, Any]], *, title: str = "", columns: Optional[List[str]] = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    cols = columns or (list(rows[0]) if rows else [])
+    table = Table(title=title or None, title_justify="left")
+    for c in cols:
+        table.add_column(c, overflow="fold")
+    for r in rows:
+        table.add_row(*[_cell(r.get(c), c) for c in cols])
+    Console(width=max(120, 12 * len(cols))).print(table)
+
+
+def emit(rows: List[Dict[str, Any]], fmt: str, columns: List[str], title: str) -> None:
+    if fmt == "json":
+        json.dump(rows, sys.stdout, indent=1, default=str)
+        print()
+    elif fmt == "csv":
+        w = csv.DictWriter(sys.stdout, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+    else:
+        print_table(rows, title=title, columns=columns)
+
+
+def run(args, overrides) -> int:
+    from db import queries
+
+    columns = [c.strip() for c in args.columns.split(",")] if args.columns else list(queries.DEFAULT_COLUMNS)
+    limit = args.limit if args.limit is not None else (TABLE_LIMIT if args.format == "table" else None)
+    with open_ledger(overrides) as ledger:
+        rows = queries.compare(ledger, sweep=args.sweep, stage=args.stage, round=args.round, status=args.status,
+                               where=args.where, sort=args.sort, limit=limit, columns=columns)
+        title = (f"ledger {ledger.url}: {len(rows)} rows (measured values; simulated=yes marks twin runs)"
+                 + (f", sorted by {args.sort}" if args.sort else ""))
+    emit(rows, args.format, columns, title)
+    return 0

@@ -1,0 +1,49 @@
+"""`db upgrade|current|history`: the ledger's schema revisions (Alembic, db/migrations).
+
+A fresh SQLite file is upgraded on first use anyway; a PostgreSQL ledger changes only here.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.commands.ledger import split_verb
+from orchestrator.config import compose
+
+NAME = "db"
+HELP = "Ledger schema: `db upgrade` (to head or --revision), `db current`, `db history`."
+VERBS = ("upgrade", "current", "history")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--revision", default="head", help="upgrade: target revision (default head)")
+
+
+def run(args, overrides) -> int:
+    from db import engine as E
+
+    verb, overrides = split_verb(overrides, VERBS, NAME)
+    if verb == "history":
+        for line in E.history():
+            print(line)
+        return 0
+    cfg = compose(overrides).cfg.ledger
+    url = E.parse_url(cfg.url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        path = Path(url.database)
+        if verb == "current" and not path.exists():
+            print(f"ledger {E.mask(url)}: no file yet (created and upgraded on first use)")
+            return 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+    eng = E.make_engine(cfg.url, busy_timeout_ms=cfg.busy_timeout_ms)
+    try:
+        before = E.schema_state(eng)
+        if verb == "current":
+            where = "head" if before.up_to_date else f"behind head {before.head}: run `db upgrade`"
+            print(f"ledger {E.mask(cfg.url)}: revision {before.current or 'none (empty database)'} ({where})")
+            return 0
+        after = E.upgrade(eng, args.revision)
+        change = "already at" if after.current == before.current else f"upgraded from {before.current or 'empty'} to"
+        print(f"ledger {E.mask(cfg.url)}: {change} {after.current}")
+        return 0
+    finally:
+        eng.dispose()

@@ -1,0 +1,75 @@
+"""`ledger export|sweeps|events`: read the ledger outside a sweep (exports for notebooks, audit log).
+
+Also home of `open_ledger`, which the db/compare/best commands share: the URL comes from the
+composed config (`ledger.url=...`, `ledger=postgres` reading ORCH_LEDGER_URL), never printed
+with its password.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import List, Sequence, Tuple
+
+from orchestrator.config import compose
+from orchestrator.errors import UserError
+
+NAME = "ledger"
+HELP = "Ledger utilities: `ledger export --out FILE.csv|.parquet`, `ledger sweeps`, `ledger events --sweep NAME`."
+VERBS = ("export", "sweeps", "events")
+
+
+def split_verb(overrides: Sequence[str], verbs: Sequence[str], command: str) -> Tuple[str, List[str]]:
+    """The verb is the one positional without '='; the rest are Hydra overrides."""
+    words = [o for o in overrides if "=" not in o]
+    if len(words) != 1 or words[0] not in verbs:
+        raise UserError(f"usage: python -m orchestrator {command} {'|'.join(verbs)} [flags] [overrides]")
+    return words[0], [o for o in overrides if "=" in o]
+
+
+def open_ledger(overrides: Sequence[str], *, create: bool = False):
+    from db.ledger import Ledger
+
+    cfg = compose(overrides).cfg.ledger
+    return Ledger.open(cfg.url, create=create, echo=cfg.echo, busy_timeout_ms=cfg.busy_timeout_ms)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--out", help="export: output file (.csv or .parquet)")
+    parser.add_argument("--format", choices=["csv", "parquet", "table", "json"], default=None,
+                        help="export: csv|parquet (default from --out); sweeps/events: table|json")
+    parser.add_argument("--table", default=None, help="export one raw table instead of the joined view")
+    parser.add_argument("--sweep", default=None)
+    parser.add_argument("--stage", default=None)
+    parser.add_argument("--where", action="append", default=[], metavar="KEY OP VALUE")
+
+
+def run(args, overrides) -> int:
+    verb, overrides = split_verb(overrides, VERBS, NAME)
+    with open_ledger(overrides) as ledger:
+        if verb == "export":
+            from db.export import export
+
+            if not args.out:
+                raise UserError("ledger export needs --out FILE.csv or FILE.parquet")
+            fmt = args.format if args.format in ("csv", "parquet") else None
+            kw = {} if args.table else {"sweep": args.sweep, "stage": args.stage, "where": args.where}
+            n = export(ledger, args.out, fmt, table=args.table, **kw)
+            print(f"wrote {n} rows to {args.out} (ledger {ledger.url})")
+            return 0
+        if verb == "sweeps":
+            rows = [{"name": s.name, "stage": s.stage, "model": s.model, "hardware": s.hardware,
+                     "workload": s.workload, "status": s.status, "created_at": s.created_at.isoformat()}
+                    for s in ledger.list_sweeps()]
+        else:
+            if not args.sweep:
+                raise UserError("ledger events needs --sweep NAME")
+            rows = [{"id": e.id, "time": e.created_at.isoformat(timespec="seconds"), "kind": e.kind,
+                     "candidate_id": e.candidate_id, "message": e.message} for e in ledger.events(args.sweep)]
+        if args.format == "json":
+            json.dump(rows, sys.stdout, indent=1, default=str)
+            print()
+        else:
+            from orchestrator.commands.compare import print_table
+
+            print_table(rows, title=f"ledger {ledger.url}: {verb}")
+    return 0
