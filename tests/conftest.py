@@ -1,0 +1,49 @@
+"""Shared pytest fixtures.
+
+`ledger_url`: every ledger test runs twice, against a SQLite file and against the real PostgreSQL on
+127.0.0.1:5432 (user postgres, trust). One database per test session (orch_test_<pid>), emptied
+before each test and dropped at the end. PostgreSQL unreachable: the test fails when CI is set
+(CI must prove both engines), otherwise it is skipped.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+PG_DSN = "host=127.0.0.1 port=5432 user=postgres connect_timeout=5"
+
+
+@pytest.fixture(scope="session")
+def _pg_ledger_db():
+    try:
+        import psycopg
+
+        admin = psycopg.connect(PG_DSN + " dbname=postgres", autocommit=True)
+    except Exception as exc:  # noqa: BLE001 - any failure means "no PostgreSQL here"
+        msg = f"PostgreSQL on 127.0.0.1:5432 is unreachable ({type(exc).__name__}: {str(exc).strip()[:200]})"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    name = f"orch_test_{os.getpid()}"
+    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield name
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def ledger_url(request, tmp_path) -> str:
+    """A SQLAlchemy URL of an empty ledger database (no schema yet)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    import psycopg
+
+    name = request.getfixturevalue("_pg_ledger_db")
+    with psycopg.connect(PG_DSN + f" dbname={name}", autocommit=True) as conn:
+        conn.execute("DROP SCHEMA public CASCADE")
+        conn.execute("CREATE SCHEMA public")
+    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
