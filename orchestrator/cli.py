@@ -38,8 +38,8 @@ def build_parser():
     handlers = {}
     for mod in _load_commands():
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)  # a command's own positionals (e.g. a sweep NAME) come before the overrides
         p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +stage=1k hardware=h200")
-        mod.add_arguments(p)
         handlers[mod.NAME] = mod
     return parser, handlers
 
