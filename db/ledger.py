@@ -464,7 +464,7 @@ class Ledger:
         out = {}
         for chunk in _chunks(list(dict.fromkeys(keys))):
             q = select(m.Candidate.key, m.Candidate.id).where(m.Candidate.sweep_id == sweep_id, m.Candidate.key.in_(chunk))
-            out.update(dict(s.execute(q).tuples().all()))
+            out.update(dict(s.execute(q).all()))
         return out
 
     @staticmethod
@@ -670,7 +670,7 @@ class Ledger:
             if model is not None:
                 q = q.where(m.Sweep.model == model)
             out = []
-            for sw, c, a, r in s.execute(q.order_by(m.Candidate.id)).tuples():
+            for sw, c, a, r in s.execute(q.order_by(m.Candidate.id)):
                 out.append(MeasuredRow(
                     sweep=sw.name, stage=sw.stage, model=sw.model, hardware=sw.hardware, candidate_id=c.id, key=c.key,
                     round=c.round, status=c.status, layout=c.layout, layer_pattern=c.layer_pattern,

@@ -175,7 +175,7 @@ def best(ledger, *, sweep: Optional[str] = None, stage: Optional[str] = None) ->
     q = q.order_by(m.Result.step_p50_s, m.Result.step_p99_s.asc().nulls_last(),
                    m.Result.peak_reserved_gb.asc().nulls_last(), m.Result.id).limit(1)
     with ledger.read() as s:
-        hit = s.execute(q).tuples().first()
+        hit = s.execute(q).first()
         if hit is None:
             return None
         sw, c, a, r = hit
