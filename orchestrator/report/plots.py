@@ -1,0 +1,180 @@
+"""The report's figures (matplotlib, Agg backend). Each function takes ReportData and returns PNG bytes,
+or None when the sweep has nothing to show for that figure (the page then says so instead)."""
+from __future__ import annotations
+
+import io
+from typing import List, Optional
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from orchestrator.report.data import ReportData  # noqa: E402
+
+TOP = 5
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _label(r: dict) -> str:
+    return f"#{r['candidate_id']} PP{r['pp']} VPP{r['vpp']} CP{r['cp']} EP{r['ep']} b{r['mbs']}"
+
+
+def _pct(values: List[float], q: float) -> float:
+    s = sorted(values)
+    pos = (len(s) - 1) * q
+    lo, hi = int(pos), min(int(pos) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def step_cdf(d: ReportData) -> Optional[bytes]:
+    """Step-time CDF of the top candidates, p50/p95/p99 marked: tails decide at scale, not means."""
+    top = [r for r in d.measured[:TOP] if d.samples.get(r["candidate_id"])]
+    if not top:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    for r in top:
+        xs = sorted(d.samples[r["candidate_id"]])
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        line, = ax.step(xs, ys, where="post", label=_label(r))
+        for q, mk in ((0.5, "o"), (0.95, "s"), (0.99, "^")):
+            ax.plot(_pct(xs, q), q, mk, color=line.get_color())
+    ax.set_xlabel("step time (s), measurement window")
+    ax.set_ylabel("CDF")
+    ax.set_title("Step-time distribution (o p50, s p95, ^ p99)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def pareto(d: ReportData) -> Optional[bytes]:
+    """tokens/s/GPU against heaviest-rank memory; the Pareto front (more throughput, less memory) highlighted."""
+    pts = [r for r in d.measured if r.get("tokens_per_s_per_gpu") and r.get("peak_allocated_gb")
+           and r.get("parity") is not False]  # a layout that failed parity is out of the race
+    if not pts:
+        return None
+    front, best_tps = [], -1.0
+    for r in sorted(pts, key=lambda r: (r["peak_allocated_gb"], -r["tokens_per_s_per_gpu"])):
+        if r["tokens_per_s_per_gpu"] > best_tps:
+            front.append(r)
+            best_tps = r["tokens_per_s_per_gpu"]
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    ax.scatter([r["peak_allocated_gb"] for r in pts], [r["tokens_per_s_per_gpu"] for r in pts], c="#9aa5b1",
+               label="measured")
+    ax.plot([r["peak_allocated_gb"] for r in front], [r["tokens_per_s_per_gpu"] for r in front], "-o", c="#d1495b",
+            label="Pareto front")
+    for r in front:
+        ax.annotate(f"#{r['candidate_id']}", (r["peak_allocated_gb"], r["tokens_per_s_per_gpu"]), fontsize=7)
+    ax.set_xlabel("heaviest rank peak allocated (GB)")
+    ax.set_ylabel("tokens/s/GPU")
+    ax.set_title("Throughput vs memory")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def calibration(d: ReportData) -> Optional[bytes]:
+    """Predicted against measured step time and memory, coloured by round: is the model learning?"""
+    pts = [r for r in d.measured if r.get("pred_step_time_s")]
+    if not pts:
+        return None
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    rounds = sorted({r["round"] for r in pts})
+    cmap = plt.get_cmap("viridis", max(len(rounds), 2))
+    for i, rnd in enumerate(rounds):
+        rr = [r for r in pts if r["round"] == rnd]
+        a1.scatter([r["pred_step_time_s"] for r in rr], [r["step_p50_s"] for r in rr], color=cmap(i),
+                   label=f"round {rnd}")
+        mm = [r for r in rr if r.get("pred_memory_gb") and r.get("peak_allocated_gb")]
+        a2.scatter([r["pred_memory_gb"] for r in mm], [r["peak_allocated_gb"] for r in mm], color=cmap(i),
+                   label=f"round {rnd}")
+    for ax, what in ((a1, "step time (s)"), (a2, "heaviest-rank memory (GB)")):
+        lim = [min(ax.get_xlim()[0], ax.get_ylim()[0]), max(ax.get_xlim()[1], ax.get_ylim()[1])]
+        ax.plot(lim, lim, "--", c="grey", lw=1)
+        ax.set_xlabel(f"predicted {what} (at planning time)")
+        ax.set_ylabel(f"measured {what}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    a1.set_title("Step time: predicted vs measured")
+    a2.set_title("Memory: predicted vs measured")
+    return _png(fig)
+
+
+def rounds(d: ReportData) -> Optional[bytes]:
+    """Best measured step so far per round, and cumulative GPU-hours spent."""
+    if not d.rounds:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    xs = [r["round"] for r in d.rounds]
+    ax.plot(xs, [r["best_step_s"] for r in d.rounds], "-o", c="#00798c", label="best step p50 so far")
+    ax.set_xlabel("round")
+    ax.set_ylabel("best step time (s)")
+    ax2 = ax.twinx()
+    ax2.bar(xs, [r["gpu_hours"] for r in d.rounds], alpha=0.25, color="#edae49", label="GPU-hours (cumulative)")
+    ax2.set_ylabel("GPU-hours" + (" (simulated)" if d.simulated else ""))
+    ax.set_xticks(xs)
+    ax.set_title("Progress per round")
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def scaling(d: ReportData) -> Optional[bytes]:
+    """Strong-scaling efficiency of promoted lineages, with m and bubble before/after."""
+    rows = [l for l in d.lineage if l.efficiency is not None]
+    if not rows:
+        return None
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    labels = [l.label for l in rows]
+    a1.bar(range(len(rows)), [l.efficiency for l in rows], color="#30638e")
+    a1.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=7)
+    a1.set_ylabel("strong-scaling efficiency")
+    a1.set_title(f"{rows[0].parent_gpus} -> {rows[0].child_gpus} GPUs, same B")
+    a2.plot([l.parent_m or 0 for l in rows], [l.parent_bubble or 0 for l in rows], "o", label="earlier stage")
+    a2.plot([l.child_m or 0 for l in rows], [l.child_bubble or 0 for l in rows], "s", label="this stage")
+    a2.set_xlabel("m (microbatches per update)")
+    a2.set_ylabel("bubble (p-1)/(m+p-1)")
+    a2.legend(fontsize=7)
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+    return _png(fig)
+
+
+def expert_load(d: ReportData) -> Optional[bytes]:
+    """Tokens per expert (p50/p95/p99 across experts), hot-expert ratio and token drop per finalist."""
+    top = [r for r in d.measured[:TOP] if r.get("expert_load_p50") is not None]
+    if not top:
+        return None
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    xs = range(len(top))
+    w = 0.27
+    for i, (k, lab) in enumerate((("expert_load_p50", "p50"), ("expert_load_p95", "p95"), ("expert_load_p99", "p99"))):
+        a1.bar([x + (i - 1) * w for x in xs], [r.get(k) or 0 for r in top], w, label=lab)
+    a1.set_xticks(list(xs), [f"#{r['candidate_id']}" for r in top])
+    a1.set_ylabel("tokens per expert")
+    a1.set_title("Expert load across experts")
+    a1.legend(fontsize=7)
+    a2.bar([x - 0.2 for x in xs], [r.get("hot_expert_ratio") or 0 for r in top], 0.4, label="hot-expert ratio (max/mean)")
+    a2b = a2.twinx()
+    a2b.bar([x + 0.2 for x in xs], [100 * (r.get("token_drop_fraction") or 0) for r in top], 0.4, color="#d1495b",
+            label="token drop (%)")
+    a2.set_xticks(list(xs), [f"#{r['candidate_id']}" for r in top])
+    a2.set_ylabel("max / mean")
+    a2b.set_ylabel("token drop (%)")
+    a2.set_title("Hot experts and token drop")
+    return _png(fig)
+
+
+FIGURES = (
+    ("step-cdf", "Step-time distribution of the top candidates", step_cdf),
+    ("pareto", "Throughput against heaviest-rank memory", pareto),
+    ("calibration", "Predicted against measured, per round", calibration),
+    ("rounds", "Best so far and GPU-hours per round", rounds),
+    ("scaling", "Across stages: strong scaling of promoted lineages", scaling),
+    ("expert-load", "Expert load and token drop per finalist", expert_load),
+)
