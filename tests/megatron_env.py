@@ -6,13 +6,15 @@ Why each step:
   stand-in for that one module goes into sys.modules (its kernels raise if anything calls them).
 - `megatron.training` uses `typing.override` (Python 3.12); 3.11 gets typing_extensions' version.
 - validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 when TP>1 or CP>1 on pre-Blackwell GPUs and asks
-  the GPU for its architecture; on CPU the arch query is patched to Hopper (9), the real H100 case.
+  the GPU for its architecture (get_device_arch_version; torch.cuda.get_device_capability for grouped
+  GEMM); `as_hopper()` answers both as an H100 (sm_90) would while validate_args runs.
 
 Use `import_megatron()` (returns the `megatron` package) or `pytest.importorskip`-style via
 `megatron_available()`.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -45,14 +47,33 @@ def import_megatron():
 
     if not hasattr(typing, "override"):
         typing.override = typing_extensions.override
-    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     _stub_paged_stash()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "TE/Apex not installed" noise
         importlib.import_module("megatron.core")
         arguments = importlib.import_module("megatron.training.arguments")
-    arguments.get_device_arch_version = lambda: HOPPER_ARCH
     return sys.modules["megatron"]
+
+
+@contextlib.contextmanager
+def as_hopper():
+    """While active, Megatron's GPU queries answer as an H100 (sm_90) with CUDA_DEVICE_MAX_CONNECTIONS=1."""
+    import torch
+
+    arguments = sys.modules["megatron.training.arguments"]
+    saved = (arguments.get_device_arch_version, torch.cuda.get_device_capability,
+             os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"))
+    arguments.get_device_arch_version = lambda: HOPPER_ARCH
+    torch.cuda.get_device_capability = lambda device=None: (HOPPER_ARCH, 0)
+    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    try:
+        yield
+    finally:
+        arguments.get_device_arch_version, torch.cuda.get_device_capability = saved[0], saved[1]
+        if saved[2] is None:
+            os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+        else:
+            os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = saved[2]
 
 
 def megatron_available() -> bool:
