@@ -1,0 +1,241 @@
+"""Model FLOPs of a V4-shaped MoE step, and MFU with a named peak.
+
+Why: the guide warns that 6 x 1.6T x tokens overstates the work of a MoE; MFU must count activated
+experts (k routed + shared) and the real V4 attention (CSA/HCA compressed attention + sliding window
++ indexer, not a dense S^2 term in every layer), and report recompute FLOPs separately.
+
+Per token, forward (a multiply-add = 2 FLOPs; S = seq_length; n_h heads of width d = v_head_dim):
+  linear      2 x (attention + router + shared + mHC [+ dense MLP]) parameters of the block
+  experts     2 x k x P_expert
+  window      4 n_h d W_eff            W_eff = mean over positions of min(W, pos+1), W = csa_window_size
+  compressed  4 n_h d C_eff            ratio r > 0: C_eff = mean over positions of min(K, pos / r),
+                                       K = dsa_indexer_topk for CSA (r = 4), all entries for HCA (r = 128)
+  indexer     2 H_i d_i (S / 2r)       CSA only: scores every earlier compressed entry
+  head        2 h V per use, used 1 + mtp_num_layers times (main logits + each MTP depth)
+  MTP depth   one block + eh_proj 2 x 2h x h
+Per step: model FLOPs = 3 x forward (backward = 2 x forward) x B x S tokens, recompute excluded.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Dict, Optional, Sequence, Tuple
+
+from orchestrator.plan.params import (
+    _Frozen, attention_params, block_ratios, effective_layers, is_moe_block, mhc_params, model_key,
+    mtp_ratio, p_expert,
+)
+
+# The embedding lookup and its sparse gradient are memory-bound; counted as this fraction of a mean
+# block when the pipeline split balances segment 0 (a guess, calibrated by measurements later).
+EMBEDDING_COST_BLOCKS = 0.1
+
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mhc", "moe_act", "layernorm", "shared_experts", "moe",
+                     "mlp", "full")
+
+
+@dataclass(frozen=True)
+class BlockFlops:
+    """Forward FLOPs per token of one block, split by the efficiency class that runs them."""
+
+    gemm: float  # dense projections: attention linears, router, shared expert, mHC, dense MLP
+    expert: float  # routed expert GEMMs (k experts)
+    attn: float  # core attention: window + compressed + indexer scores
+    # pieces that selective recompute repeats
+    q_up: float
+    mhc: float
+    shared: float
+    moe: float  # everything of the MoE layer (router + routed + shared)
+    mlp: float  # dense MLP (dense blocks only)
+    act: float  # SwiGLU elementwise of routed + shared experts
+    norm: float
+
+    @property
+    def total(self) -> float:
+        return self.gemm + self.expert + self.attn
+
+
+@dataclass(frozen=True)
+class FlopProfile:
+    """Per-token forward FLOPs of every block and of the extras, for one model, S and block count."""
+
+    blocks: Tuple[BlockFlops, ...]
+    head: float  # one output-head use (2 h V)
+    mtp_block: Optional[BlockFlops]
+    mtp_extra: float  # eh_proj of one MTP depth
+    mtp_layers: int
+
+    @property
+    def last_extra(self) -> float:
+        """Work the last segment carries beyond its blocks: logits of main + MTP heads, MTP blocks."""
+        mtp = (self.mtp_block.total + self.mtp_extra) if self.mtp_block else 0.0
+        return self.head * (1 + self.mtp_layers) + self.mtp_layers * mtp
+
+    @property
+    def forward(self) -> float:
+        return sum(b.total for b in self.blocks) + self.last_extra
+
+
+def _mean_min(cap: float, slope: float, seq: int) -> float:
+    """Mean over positions p in [0, seq) of min(cap, p * slope): the causal average of a capped count."""
+    top = seq * slope
+    if top <= 0:
+        return 0.0
+    if top <= cap:
+        return top / 2
+    frac = cap / top  # share of positions still on the ramp
+    return frac * cap / 2 + (1 - frac) * cap
+
+
+def block_flops(model, ratio: int, moe: bool, seq_length: int) -> BlockFlops:
+    h, nh, d = model.hidden_size, model.num_attention_heads, model.v_head_dim
+    k, pe = model.moe_router_topk, p_expert(model)
+    win = _mean_min(model.csa_window_size, 1.0, seq_length)
+    attn = 4 * nh * d * win
+    if ratio:
+        cap = model.dsa_indexer_topk if ratio == 4 else float("inf")
+        attn += 4 * nh * d * _mean_min(cap, 1.0 / ratio, seq_length)
+    if ratio == 4:
+        attn += 2 * model.dsa_indexer_heads * model.dsa_indexer_head_dim * (seq_length / (2 * ratio))
+    n = model.hyper_connection_streams
+    mhc = 2 * mhc_params(model) + (8 * n * h if n > 1 else 0)
+    fs = model.moe_shared_expert_intermediate_size
+    shared = 2 * 3 * h * fs if moe else 0.0
+    router = 2 * model.num_experts * h if moe else 0.0
+    mlp = 0.0 if moe else 2 * 3 * h * model.ffn_hidden_size
+    expert = 2 * k * pe if moe else 0.0
+    return BlockFlops(
+        gemm=2 * attention_params(model, ratio) + mhc + shared + router + mlp,
+        expert=expert,
+        attn=attn,
+        q_up=2 * model.q_lora_rank * nh * d,
+        mhc=mhc,
+        shared=shared,
+        moe=shared + router + expert,
+        mlp=mlp,
+        act=(4 * (k * model.moe_ffn_hidden_size + fs)) if moe else 4 * model.ffn_hidden_size,
+        norm=2 * 4 * h,
+    )
+
+
+def profile(model, seq_length: int, num_blocks: Optional[int] = None) -> FlopProfile:
+    """Per-token forward FLOPs of each block (cached per model, S and block count)."""
+    n = model.num_layers if num_blocks is None else num_blocks
+    return _profile(model_key(model), int(seq_length), int(n))
+
+
+@lru_cache(maxsize=256)
+def _profile(key, seq: int, n: int) -> FlopProfile:
+    m = _Frozen(key)
+    blocks = tuple(block_flops(m, r, is_moe_block(m, i), seq) for i, r in enumerate(block_ratios(m, n)))
+    depth = int(m.mtp_num_layers or 0)
+    return FlopProfile(
+        blocks=blocks,
+        head=2.0 * m.hidden_size * m.vocab_size,
+        mtp_block=block_flops(m, mtp_ratio(m), True, seq) if depth else None,
+        mtp_extra=2.0 * 2 * m.hidden_size * m.hidden_size,
+        mtp_layers=depth,
+    )
+
+
+def recompute_block(b: BlockFlops, modules: Sequence[str]) -> float:
+    """Extra forward FLOPs per token that a --recompute-modules set repeats in one block."""
+    mods = set(modules)
+    if "full" in mods:
+        return b.total
+    extra = 0.0
+    if "core_attn" in mods:
+        extra += b.attn
+    if "mla_up_proj" in mods:
+        extra += b.q_up
+    if "mhc" in mods:
+        extra += b.mhc
+    if "moe" in mods:
+        extra += b.moe
+    else:
+        if "shared_experts" in mods:
+            extra += b.shared
+        if "moe_act" in mods:
+            extra += b.act
+    if "mlp" in mods:
+        extra += b.mlp
+    if "layernorm" in mods:
+        extra += b.norm
+    return extra
+
+
+def block_costs(model, seq_length: int, num_blocks: Optional[int] = None) -> Tuple[Tuple[float, ...], float, float]:
+    """Per-block forward FLOPs and the first/last segment extras, for pipeline.split_blocks."""
+    n = model.num_layers if num_blocks is None else num_blocks
+    return _block_costs(model_key(model), int(seq_length), int(n))
+
+
+@lru_cache(maxsize=256)
+def _block_costs(key, seq: int, n: int) -> Tuple[Tuple[float, ...], float, float]:
+    prof = _profile(key, seq, n)
+    costs = tuple(b.total for b in prof.blocks)
+    first = EMBEDDING_COST_BLOCKS * (sum(costs) / len(costs) if costs else 0.0)
+    return costs, first, prof.last_extra
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs of one optimizer step of the whole job (all GPUs)."""
+
+    model_flops: float  # 3 x forward x tokens, activated experts only, V4 attention, logits incl. MTP
+    recompute_flops: float  # extra forwards of recomputed modules (not in model_flops)
+    per_token: float  # model FLOPs per token (3 x forward)
+    tokens: int  # B x S
+    breakdown: Dict[str, float]  # model FLOPs per step by class: gemm, expert, attn, head, mtp
+
+
+def step_flops(model, stage, layout) -> StepFlops:
+    """Model and recompute FLOPs per step: tokens = B x S (packed positions; padding not modelled)."""
+    n = effective_layers(model, stage)
+    fwd, rc, parts = _per_token(model_key(model), stage.seq_length, n, tuple(layout.recompute))
+    tokens = stage.global_batch * stage.seq_length
+    return StepFlops(
+        model_flops=3 * fwd * tokens,
+        recompute_flops=rc * tokens,
+        per_token=3 * fwd,
+        tokens=tokens,
+        breakdown={k: 3 * v * tokens for k, v in parts},
+    )
+
+
+@lru_cache(maxsize=1024)
+def _per_token(key, seq: int, n: int, recompute: Tuple[str, ...]):
+    """(forward, recompute forward, ((class, forward), ...)) FLOPs per token."""
+    prof = _profile(key, seq, n)
+    gemm = sum(b.gemm for b in prof.blocks)
+    expert = sum(b.expert for b in prof.blocks)
+    attn = sum(b.attn for b in prof.blocks)
+    head = prof.head * (1 + prof.mtp_layers)
+    mtp = prof.mtp_layers * ((prof.mtp_block.total + prof.mtp_extra) if prof.mtp_block else 0.0)
+    rc = sum(recompute_block(b, recompute) for b in prof.blocks)
+    if prof.mtp_block:
+        rc += prof.mtp_layers * recompute_block(prof.mtp_block, recompute)
+    parts = (("gemm", gemm), ("expert", expert), ("attn", attn), ("head", head), ("mtp", mtp))
+    return gemm + expert + attn + head + mtp, rc, parts
+
+
+def peak_tflops(hw, precision: str = "bf16") -> float:
+    """Dense (no structured sparsity) peak of one GPU at `precision`."""
+    if precision == "fp8":
+        return hw.peak_fp8_tflops
+    if precision in ("bf16", "fp16"):
+        return hw.peak_bf16_tflops
+    raise ValueError(f"no peak for precision {precision!r} (bf16 or fp8)")
+
+
+def peak_label(hw, precision: str = "bf16") -> str:
+    """The denominator named, as the guide asks: hardware, precision, dense (no sparsity)."""
+    return f"{hw.name} {precision.upper()} dense peak {peak_tflops(hw, precision):g} TFLOP/s/GPU (no sparsity)"
+
+
+def mfu(flops, step_time_s: float, n_gpus: int, hw, precision: str = "bf16") -> float:
+    """Model FLOPs utilization = model FLOPs per step / (step time x N x peak); recompute excluded."""
+    f = flops.model_flops if isinstance(flops, StepFlops) else float(flops)
+    if step_time_s <= 0 or n_gpus <= 0:
+        raise ValueError("step time and GPU count must be positive")
+    return f / (step_time_s * n_gpus * peak_tflops(hw, precision) * 1e12)

@@ -1,0 +1,312 @@
+"""Peak memory of every pipeline rank, in decimal GB, from the guide's decomposition
+
+    M_peak = M_weight + M_grad + M_optimizer + M_activation + M_communication + M_workspace + M_runtime.
+
+Why per rank: 61 blocks split unevenly, embedding sits on rank 0, output head + MTP (+ an embedding
+copy for MTP) on the last rank, and 1F1B keeps more microbatches alive on early ranks, so the heaviest
+rank decides feasibility: heaviest.total + stage.memory_margin_gb <= hw.hbm_gb.
+
+Per GPU of PP rank r (blocks from its segments r, r+PP, ...):
+  weights     BF16, 2 B/param: routed experts / (EP x ETP); everything else / TP
+  grads       FP32 main grads, 4 B/param, not sharded (the distributed optimizer is ZeRO-1)
+  optimizer   FP32 master + moments: Adam 12 B/param; Muon 8 B/param for matrices (embedding and head
+              use Adam, Megatron's scalar optimizer). With --use-distributed-optimizer dense state is
+              sharded over D_a x CP (Megatron's data-parallel-with-CP group: CP ranks hold the same
+              dense weights) and expert state over D_e.
+  activations per token per block (elements, BF16): block input n h (n = mHC streams), mHC mid streams,
+              norms, MLA/V4 projections (q up n_h d dominates), compressor/indexer, core attention
+              output, MoE dispatch/expert/combine tensors (x hot-rank routing skew), shared expert.
+              A --recompute-modules set drops its modules' tensors, "full" keeps only the block input
+              (plus one block's working set); --offload-modules drops the offloaded tensors.
+              Tokens per microbatch and GPU: b S / CP, divided by TP (sequence parallel).
+              In flight on rank r: 1F1B min(m, PP - r) microbatches; interleaved (VPP v)
+              min(m v, 2 (PP - r - 1) + (v - 1) PP + 1) chunks of ~1/v of the rank's blocks.
+              The last rank also holds one microbatch of logits: b S / CP x V / TP x 4 B x (1 + mtp).
+  communication  dispatch + combine receive buffers of one MoE layer, sized for the hottest rank
+              (moe.hot_rank_factor), or the whole group's tokens for the allgather dispatcher;
+              flex dispatchers add registered (NVSHMEM/RDMA) buffers.
+  workspace, runtime  from HardwareConfig.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import List, Sequence, Tuple
+
+from orchestrator.plan import moe as moe_model
+from orchestrator.plan.params import _Frozen, block_ratios, effective_layers, is_moe_block, model_key, param_counts
+
+GB = 1e9
+WEIGHT_BYTES = 2
+GRAD_BYTES = 4
+ADAM_BYTES = 12
+MUON_BYTES = 8
+ACT_BYTES = 2
+LOGIT_BYTES = 4
+FLEX_BUFFER_GB = 1.0  # DeepEP / HybridEP / NCCL-EP registered buffers (order of magnitude)
+DEFAULT_ROUTING_SIGMA = 0.25  # lognormal sigma of per-expert load once the router settles (a prior)
+
+# Which activation tensors (see block_activation_elems) each recompute / offload module removes.
+RECOMPUTE_DROPS = {
+    "mla_up_proj": ("q_up",),
+    "mhc": ("mhc",),
+    "layernorm": ("attn_norm", "mlp_norm"),
+    "moe_act": ("moe_act",),
+    "shared_experts": ("shared",),
+    "moe": ("router", "moe_input", "expert_fc1", "moe_act", "expert_fc2", "shared"),
+    "mlp": ("mlp",),
+    "core_attn": ("core_attn",),
+}
+OFFLOAD_DROPS = {
+    "attn_norm": ("attn_norm",),
+    "qkv_linear": ("q_up", "kv"),
+    "core_attn": ("core_attn",),
+    "attn_proj": ("attn_proj",),
+    "mlp_norm": ("mlp_norm",),
+    "expert_fc1": ("expert_fc1",),
+    "moe_act": ("moe_act",),
+    "fused_group_mlp": ("expert_fc1", "moe_act", "expert_fc2"),
+}
+EXPERT_TENSORS = frozenset(("moe_input", "expert_fc1", "moe_act", "expert_fc2"))
+
+
+@dataclass(slots=True)
+class StageMemory:
+    """Peak memory of one GPU on PP rank `stage`, decimal GB."""
+
+    stage: int
+    blocks: int
+    moe_blocks: int
+    routed_weights: float
+    dense_weights: float  # attention + shared + norms + router + mHC (+ dense MLP)
+    embedding: float
+    head: float
+    mtp: float  # MTP block + eh_proj weights (routed part included)
+    grads: float
+    optimizer: float
+    activations: float
+    dispatch_buffers: float
+    workspace: float
+    runtime: float
+
+    @property
+    def weights(self) -> float:
+        return self.routed_weights + self.dense_weights + self.embedding + self.head + self.mtp
+
+    @property
+    def total(self) -> float:
+        return (self.weights + self.grads + self.optimizer + self.activations + self.dispatch_buffers
+                + self.workspace + self.runtime)
+
+    def breakdown(self) -> dict:
+        return {
+            "routed_weights": self.routed_weights, "dense_weights": self.dense_weights,
+            "embedding": self.embedding, "head": self.head, "mtp": self.mtp, "grads": self.grads,
+            "optimizer": self.optimizer, "activations": self.activations,
+            "dispatch_buffers": self.dispatch_buffers, "workspace": self.workspace, "runtime": self.runtime,
+        }
+
+
+def block_activation_elems(model, ratio: int, moe: bool) -> dict:
+    """Activation elements stored per token for backward in one block, by tensor (no recompute)."""
+    h, nh, d = model.hidden_size, model.num_attention_heads, model.v_head_dim
+    n = max(1, model.hyper_connection_streams)
+    rq, rkv = model.q_lora_rank, model.kv_lora_rank
+    comp = (2 * rkv * (2 if ratio == 4 else 1)) if ratio else 0
+    t = {
+        "input": n * h,
+        "mhc": (n * h + 2 * h) if n > 1 else 0,
+        "attn_norm": h,
+        "q_down": 2 * rq,
+        "q_up": nh * d,
+        "kv": 2 * rkv + comp,
+        "indexer": (model.dsa_indexer_heads * (model.dsa_indexer_head_dim + 1) + 4 * model.dsa_indexer_head_dim)
+        if ratio == 4 else 0,
+        "core_attn": nh * d + 2 * nh,  # output + fp32 log-sum-exp
+        "attn_proj": model.o_groups * model.o_lora_rank,
+        "mlp_norm": h,
+    }
+    if moe:
+        k, f, fs = model.moe_router_topk, model.moe_ffn_hidden_size, model.moe_shared_expert_intermediate_size
+        t.update(router=2 * model.num_experts, moe_input=k * h, expert_fc1=2 * k * f, moe_act=k * f,
+                 expert_fc2=k * h, shared=3 * fs)
+    else:
+        t["mlp"] = 3 * model.ffn_hidden_size
+    return t
+
+
+def _kept(tensors: dict, recompute: Tuple[str, ...], offload: Tuple[str, ...]) -> Tuple[float, float, float]:
+    """(dense elems, expert elems, full working elems) per token after recompute and offload."""
+    full = float(sum(tensors.values()))
+    if "full" in recompute:
+        return float(tensors["input"]), 0.0, full
+    drop = set()
+    for mod in recompute:
+        drop.update(RECOMPUTE_DROPS.get(mod, ()))
+    for mod in offload:
+        drop.update(OFFLOAD_DROPS.get(mod, ()))
+    dense = sum(v for k, v in tensors.items() if k not in drop and k not in EXPERT_TENSORS)
+    expert = sum(v for k, v in tensors.items() if k not in drop and k in EXPERT_TENSORS)
+    return float(dense), float(expert), 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class _Prefix:
+    """Prefix sums over decoder blocks, so per-rank sums cost O(segments) per candidate."""
+
+    dense_params: Tuple[float, ...]
+    routed_params: Tuple[float, ...]
+    moe: Tuple[int, ...]
+    act_dense: Tuple[float, ...]
+    act_expert: Tuple[float, ...]
+    working: float  # largest block's full activation elements per token (full recompute)
+    mtp_act: Tuple[float, float]  # (dense, expert) of one MTP depth
+
+
+def _cum(xs) -> tuple:
+    out, s = [0], 0
+    for x in xs:
+        s += x
+        out.append(s)
+    return tuple(out)
+
+
+@lru_cache(maxsize=512)
+def _prefix(key, n: int, recompute: Tuple[str, ...], offload: Tuple[str, ...]) -> _Prefix:
+    m = _Frozen(key)
+    pc = param_counts(m, n)
+    kept, working = [], 0.0
+    for i, r in enumerate(block_ratios(m, n)):
+        t = block_activation_elems(m, r, is_moe_block(m, i))
+        kept.append(_kept(t, recompute, offload))
+        working = max(working, float(sum(t.values())) if "full" in recompute else 0.0)
+    mtp = (0.0, 0.0)
+    if pc.mtp_block is not None:
+        kd, ke, _ = _kept(block_activation_elems(m, pc.mtp_block.ratio, True), recompute, offload)
+        mtp = (kd, ke)
+    return _Prefix(
+        dense_params=_cum(b.dense for b in pc.blocks),
+        routed_params=_cum(b.routed_experts for b in pc.blocks),
+        moe=_cum(1 if b.routed_experts else 0 for b in pc.blocks),
+        act_dense=_cum(k[0] for k in kept),
+        act_expert=_cum(k[1] for k in kept),
+        working=working,
+        mtp_act=mtp,
+    )
+
+
+@lru_cache(maxsize=4096)
+def _rank_sums(px: _Prefix, bps: Tuple[int, ...], pp: int, vpp: int) -> Tuple[tuple, ...]:
+    """Per PP rank: (dense params, routed params, dense act elems, expert act elems, blocks, MoE blocks)
+    over its segments. Cached: a planner sees few distinct splits."""
+    starts = _cum(bps)
+    out = []
+    for r in range(pp):
+        acc = [0.0, 0.0, 0.0, 0.0, 0, 0]
+        for s in range(r, pp * vpp, pp):
+            a, z = starts[s], starts[s + 1]
+            for j, arr in enumerate((px.dense_params, px.routed_params, px.act_dense, px.act_expert)):
+                acc[j] += arr[z] - arr[a]
+            acc[4] += z - a
+            acc[5] += px.moe[z] - px.moe[a]
+        out.append(tuple(acc))
+    return tuple(out)
+
+
+def in_flight(rank: int, pp: int, vpp: int, m: int) -> float:
+    """Microbatch-equivalents of activations alive on PP rank `rank` at its peak (see module doc)."""
+    if pp <= 1:
+        return 1.0
+    if vpp <= 1:
+        return float(min(m, pp - rank))
+    chunks = min(m * vpp, 2 * (pp - rank - 1) + (vpp - 1) * pp + 1)
+    return chunks / vpp
+
+
+def _opt_bytes(model) -> int:
+    return MUON_BYTES if str(model.optimizer).lower().endswith("muon") else ADAM_BYTES
+
+
+def stage_memory(model, hw, stage, layout, groups, blocks_per_segment: Sequence[int],
+                 routing_sigma: float = DEFAULT_ROUTING_SIGMA) -> List[StageMemory]:
+    """Peak memory of one GPU on each PP rank (summing its virtual segments), decimal GB."""
+    pp, vpp, tp, cp, ep, etp = layout.pp, layout.vpp, layout.tp, layout.cp, layout.ep, layout.etp
+    bps = tuple(blocks_per_segment)
+    if len(bps) != pp * vpp:
+        raise ValueError(f"{len(bps)} segments for PP{pp} x VPP{vpp}")
+    n = sum(bps)
+    if n != effective_layers(model, stage):
+        raise ValueError(f"split has {n} blocks, model has {effective_layers(model, stage)}")
+    key = model_key(model)
+    pc = param_counts(model, n)
+    px = _prefix(key, n, tuple(layout.recompute), tuple(layout.offload))
+    d_a, d_e = groups.d_a or 1, groups.d_e or 1
+    m = groups.m or 1
+    dist = bool(stage.use_distributed_optimizer)
+    dense_shard = d_a * cp if dist else 1
+    expert_shard = d_e if dist else 1
+    ob, adam = _opt_bytes(model), ADAM_BYTES
+    h, v = model.hidden_size, model.vocab_size
+    e_rank = model.num_experts / ep
+    skew = moe_model.hot_rank_factor(routing_sigma, int(e_rank), ep)
+    if layout.capacity_factor is not None and layout.capacity_factor > 0:
+        skew = min(skew, layout.capacity_factor)
+    tokens = layout.mbs * stage.seq_length / cp / tp  # per GPU per microbatch
+    mtp_depth = pc.mtp_layers
+    tg = moe_model.t_group(ep, layout.mbs, stage.seq_length, cp)
+    if layout.dispatcher == "allgather":
+        comm = 2 * tg * h * ACT_BYTES / GB
+    else:
+        comm = moe_model.dispatch_buffer_gb(tg, model.moe_router_topk, ep, h, skew, ACT_BYTES, layout.capacity_factor)
+        if layout.dispatcher == "flex":
+            comm += FLEX_BUFFER_GB
+    out: List[StageMemory] = []
+    for r, (dense_p, routed_p, act_d, act_e, blocks, moe_blocks) in enumerate(_rank_sums(px, bps, pp, vpp)):
+        first, last = r == 0, r == pp - 1
+        emb_p = pc.embedding if (first or (last and mtp_depth)) else 0
+        head_p = pc.output_head if last else 0
+        mtp_routed = mtp_dense = 0.0
+        if last and pc.mtp_block is not None:
+            mtp_routed = mtp_depth * pc.mtp_block.routed_experts
+            mtp_dense = mtp_depth * pc.mtp - mtp_routed
+            act_d += mtp_depth * px.mtp_act[0]
+            act_e += mtp_depth * px.mtp_act[1]
+        # per-GPU parameter counts
+        routed_g = (routed_p + mtp_routed) / (ep * etp)
+        dense_g = (dense_p + mtp_dense) / tp
+        extra_g = (emb_p + head_p) / tp
+        weights_gb = WEIGHT_BYTES / GB
+        live = in_flight(r, pp, vpp, m)
+        act = live * tokens * (act_d + act_e * skew) * ACT_BYTES
+        act += tokens * px.working * ACT_BYTES  # full recompute: one block rebuilt at a time
+        if last:
+            act += tokens * v * LOGIT_BYTES * (1 + mtp_depth)  # b S/CP x V/TP
+        out.append(StageMemory(
+            stage=r,
+            blocks=blocks,
+            moe_blocks=moe_blocks,
+            routed_weights=routed_p / (ep * etp) * weights_gb,
+            dense_weights=dense_p / tp * weights_gb,
+            embedding=emb_p / tp * weights_gb,
+            head=head_p / tp * weights_gb,
+            mtp=((mtp_routed / (ep * etp)) + mtp_dense / tp) * weights_gb,
+            grads=(routed_g + dense_g + extra_g) * GRAD_BYTES / GB,
+            optimizer=(routed_g * ob / expert_shard + dense_g * ob / dense_shard
+                       + extra_g * adam / dense_shard) / GB,
+            activations=act / GB,
+            dispatch_buffers=comm if (moe_blocks or (last and mtp_depth)) else 0.0,
+            workspace=hw.workspace_gb,
+            runtime=hw.runtime_overhead_gb,
+        ))
+    return out
+
+
+def heaviest(stages: Sequence[StageMemory]) -> StageMemory:
+    """The rank with the largest total (the first on ties): it decides feasibility."""
+    return max(stages, key=lambda s: (s.total, -s.stage))
+
+
+def is_feasible(stages, stage, hw) -> bool:
+    """heaviest.total + stage.memory_margin_gb <= hw.hbm_gb (accepts one StageMemory or a list)."""
+    top = stages if isinstance(stages, StageMemory) else heaviest(stages)
+    return top.total + stage.memory_margin_gb <= hw.hbm_gb

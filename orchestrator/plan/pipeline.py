@@ -1,0 +1,191 @@
+"""Pipeline arithmetic: microbatches m, the bubble, the 61-block split and Megatron's hybrid pattern.
+
+Why: B = b x D_a x m fixes m, and m decides the bubble (guide: p=8, m=32/4/16 -> 17.9%/63.6%/30.4%).
+61 blocks do not divide by 8, and the first/last segments carry embedding, output head, loss and MTP,
+so the split is balanced on estimated time, then written as Megatron dev's hybrid layer pattern with
+'|' between pipeline segments (segment i runs on PP rank i % PP, virtual chunk i // PP) and '/' before
+each MTP depth. That path forbids --pipeline-model-parallel-layout and the old VPP flags.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import List, Optional, Sequence, Tuple
+
+from orchestrator.plan.params import RATIO_SYMBOL, block_ratios, model_key, mtp_ratio
+
+ATTENTION_SYMBOLS = frozenset("CHWD*+")  # one per block in an attention+MLP pattern
+MOE_SYMBOL, MLP_SYMBOL, PIPE, MTP_SEPARATOR = "E", "-", "|", "/"
+
+
+def microbatches(global_batch: int, mbs: int, d_a: int) -> int:
+    """m = B / (b D_a): microbatches each pipeline accumulates per update."""
+    denom = mbs * d_a
+    if denom <= 0 or global_batch % denom or global_batch < denom:
+        raise ValueError(f"B={global_batch} is not a positive multiple of b x D_a = {mbs} x {d_a}")
+    return global_batch // denom
+
+
+def bubble(pp: int, m: int, vpp: int = 1) -> float:
+    """Idle fraction of a balanced 1F1B pipeline: (p-1)/(m+p-1); interleaved: (p-1)/(v m + p-1)."""
+    if pp <= 1:
+        return 0.0
+    return (pp - 1) / (vpp * m + pp - 1)
+
+
+def segments_of_rank(rank: int, pp: int, vpp: int) -> Tuple[int, ...]:
+    """Pattern segments that PP rank `rank` runs: rank, rank + PP, ... (one per virtual chunk)."""
+    return tuple(rank + v * pp for v in range(vpp))
+
+
+def split_blocks(num_blocks: int, segments: int, costs: Optional[Sequence[float]] = None,
+                 first_extra: float = 0.0, last_extra: float = 0.0, min_first: int = 1) -> List[int]:
+    """Split num_blocks contiguous blocks into `segments` pieces minimizing the slowest piece.
+
+    costs: per-block estimated time (default 1 each); first_extra: embedding work on segment 0;
+    last_extra: output head, loss and MTP work on the last segment. Every segment gets >= 1 block
+    (the first >= min_first) and the counts sum to num_blocks. Deterministic: the smallest feasible
+    cap is found by bisection, then blocks are packed left to right under it.
+    """
+    c = tuple(float(x) for x in costs) if costs is not None else (1.0,) * num_blocks
+    if len(c) != num_blocks:
+        raise ValueError(f"{len(c)} costs for {num_blocks} blocks")
+    return list(_split(c, segments, float(first_extra), float(last_extra), max(1, min_first)))
+
+
+@lru_cache(maxsize=1024)
+def _split(costs: Tuple[float, ...], k: int, first: float, last: float, min_first: int) -> Tuple[int, ...]:
+    n = len(costs)
+    if k < 1 or n < k or n - min_first < k - 1:
+        raise ValueError(f"cannot split {n} blocks into {k} segments of >= 1 block (first >= {min_first})")
+    if k == 1:
+        return (n,)
+
+    def pack(cap: float) -> Optional[Tuple[int, ...]]:
+        """Greedy left-to-right packing under cap into exactly k segments, or None if it cannot."""
+        out: List[int] = []
+        cur, cnt = first, 0
+        for i, x in enumerate(costs):
+            later = k - len(out) - 1  # segments still to open after the current one
+            if cnt and later and cnt >= (1 if out else min_first):
+                if cur + x > cap or n - i == later:  # full, or the rest must be one block each
+                    out.append(cnt)
+                    cur, cnt = 0.0, 0
+            cur += x
+            cnt += 1
+            if cur > cap:
+                return None
+        out.append(cnt)
+        if len(out) != k or cur + last > cap:
+            return None
+        return tuple(out)
+
+    lo, hi = max(costs), sum(costs) + first + last
+    greedy = pack(hi)
+    if greedy is None:
+        raise ValueError(f"cannot split {n} blocks into {k} segments")
+    for _ in range(60):  # bisection for the smallest cap that packs
+        mid = (lo + hi) / 2
+        got = pack(mid)
+        if got is None:
+            lo = mid
+        else:
+            hi, greedy = mid, got
+        if hi - lo <= 1e-9 * hi:
+            break
+    cap = hi * (1 + 1e-9)
+    # Among splits that meet the cap, prefer the evenest: fix the last segment's size, cut the rest
+    # at equal shares of their cumulative cost, keep the split with the smallest sum of squares.
+    best, best_score = greedy, _score(costs, greedy, first, last)
+    tail = last
+    for n_last in range(1, n - (k - 1) + 1):
+        tail += costs[n - n_last]
+        if tail > cap:
+            break
+        head = _equal_shares(costs[: n - n_last], k - 1, first, min_first)
+        if head is None:
+            continue
+        cand = head + (n_last,)
+        sc = _score(costs, cand, first, last)
+        if sc[0] <= cap and sc < best_score:
+            best, best_score = cand, sc
+    return best
+
+
+def _loads(costs: Sequence[float], counts: Sequence[int], first: float, last: float) -> List[float]:
+    out, i = [], 0
+    for c in counts:
+        out.append(sum(costs[i:i + c]))
+        i += c
+    out[0] += first
+    out[-1] += last
+    return out
+
+
+def _score(costs, counts, first, last) -> Tuple[float, float]:
+    loads = _loads(costs, counts, first, last)
+    return (max(loads), sum(x * x for x in loads))
+
+
+def _equal_shares(costs: Sequence[float], k: int, first: float, min_first: int) -> Optional[Tuple[int, ...]]:
+    """Cut `costs` into k segments at the block boundaries nearest to equal shares of the cumulative cost."""
+    n = len(costs)
+    if n < k or n - min_first < k - 1:
+        return None
+    cum = [first]
+    for x in costs:
+        cum.append(cum[-1] + x)
+    cuts, prev = [], 0
+    for j in range(1, k):
+        lo_i = prev + (min_first if j == 1 else 1)
+        hi_i = n - (k - j)
+        if lo_i > hi_i:
+            return None
+        target = cum[n] * j / k
+        b = min(range(lo_i, hi_i + 1), key=lambda i: (abs(cum[i] - target), i))
+        cuts.append(b)
+        prev = b
+    bounds = [0] + cuts + [n]
+    return tuple(bounds[i + 1] - bounds[i] for i in range(k))
+
+
+def layer_pattern(model, blocks_per_segment: Sequence[int]) -> str:
+    """Megatron dev hybrid layer pattern: per block the attention symbol of its CSA ratio
+    (4 -> C, 128 -> H, 0 -> W) then E (MoE) or - (dense MLP for the first num_dense_layers blocks);
+    '|' between segments; then '/' + the MTP block once per MTP depth (ratio entry after num_layers)."""
+    return _pattern(model_key(model), tuple(blocks_per_segment))
+
+
+@lru_cache(maxsize=4096)
+def _pattern(key, bps: Tuple[int, ...]) -> str:
+    d = dict(key)
+    n = sum(bps)
+    model = _View(d)
+    syms = [RATIO_SYMBOL[r] + (MOE_SYMBOL if i >= d["num_dense_layers"] else MLP_SYMBOL)
+            for i, r in enumerate(block_ratios(model, n))]
+    segs, i = [], 0
+    for b in bps:
+        if b < 1:
+            raise ValueError("every segment needs >= 1 block")
+        segs.append("".join(syms[i:i + b]))
+        i += b
+    out = PIPE.join(segs)
+    depths = int(d.get("mtp_num_layers") or 0)
+    if depths:
+        out += (MTP_SEPARATOR + RATIO_SYMBOL[mtp_ratio(model)] + MOE_SYMBOL) * depths
+    return out
+
+
+class _View:
+    def __init__(self, d: dict):
+        self.__dict__.update(d)
+
+
+def count_blocks(pattern: str) -> List[int]:
+    """Blocks per pipeline segment of a hybrid pattern (attention symbols between '|'; MTP excluded)."""
+    main = pattern.split(MTP_SEPARATOR)[0]
+    return [sum(ch in ATTENTION_SYMBOLS for ch in seg) for seg in main.split(PIPE)]
+
+
+def mtp_depths(pattern: str) -> int:
+    """MTP depths in a hybrid pattern (one '/' each)."""
+    return pattern.count(MTP_SEPARATOR)

@@ -1,0 +1,279 @@
+"""Step time of one layout: a sum of named components the policy can calibrate one by one.
+
+    total = sum over c in COMPONENTS of factor_c x base_c
+
+Why linear in per-component factors: the policy fits the factors from measured steps (and the twin
+workload hides "truth" multipliers on the same components), so each factor scales its own component
+and nothing else.
+
+Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's segments):
+  compute      3 x forward FLOPs (+ recompute forwards) / TP, at peak(precision) x efficiency:
+               dense GEMMs at gemm_efficiency; core attention at attention_efficiency (BF16 peak);
+               routed experts at gemm_efficiency x T_expert / (T_expert + EXPERT_GEMM_HALF_TOKENS)
+               (small expert batches run grouped GEMMs less efficiently), and x the hot-rank skew.
+  a2a          per MoE layer 4 x t x k x h x 2 B (dispatch + combine, fwd + bwd), over NVLink when
+               ep_nodes == 1 (or one MNNVL domain with HybridEP), else the remote share
+               (1 - 1/ep_nodes) over the NIC; flex dispatchers send a token once per remote node;
+               allgather moves the whole group's tokens; x skew, / a2a_efficiency, x (1 - a2a_overlap).
+  cp_exchange  CP > 1: each block gathers the other CP ranks' compressed KV (and CSA indexer keys)
+               plus a window of boundary rows, fwd + bwd, over NVLink if cp_nodes == 1 else the NIC.
+  pp_p2p       PP > 1: 2 x VPP boundary transfers of t x h x mHC streams x 2 B per microbatch;
+               exposed fully without VPP (Megatron turns p2p overlap off), half with VPP.
+Per step (slowest rank r*, m microbatches):
+  compute, a2a, cp_exchange, pp_p2p = m x (rank r*'s per-microbatch value)
+  bubble     = m x T(r*) x f / (1 - f), f = pipeline.bubble(PP, m, VPP)  (= T (PP-1) / VPP)
+  grad_sync  = ring reduce-scatter of FP32 grads + all-gather of BF16 params (all-reduce without the
+               distributed optimizer), dense over D_a x CP, expert over D_e, sharing the NIC when the
+               stage's N/PP GPUs span nodes; x (1 - grad_sync_overlap), / allreduce_efficiency
+  optimizer  = Muon Newton-Schulz FLOPs on the local shard + one memory pass over master, moments,
+               grads and weights at HBM bandwidth.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+from orchestrator.plan import moe as moe_model
+from orchestrator.plan.flops import peak_tflops, profile, recompute_block
+from orchestrator.plan.memory import DEFAULT_ROUTING_SIGMA, GRAD_BYTES, WEIGHT_BYTES, _cum
+from orchestrator.plan.params import _Frozen, block_ratios, effective_layers, model_key, param_counts
+from orchestrator.plan.pipeline import bubble as bubble_fraction
+
+COMPONENTS = ("compute", "a2a", "cp_exchange", "pp_p2p", "bubble", "grad_sync", "optimizer")
+
+EXPERT_GEMM_HALF_TOKENS = 256.0  # tokens per expert at which grouped GEMM reaches half its efficiency
+P2P_EXPOSED_WITH_VPP = 0.5  # share of PP p2p left on the critical path with interleaving (overlap on)
+NS_STEPS = 5  # Muon Newton-Schulz iterations (--muon-num-ns-steps default)
+OPTIMIZER_PASS_BYTES = 24  # per local param: read grad, read+write master and moment(s), write weight
+DEFAULT_HBM_GB_S = 3350.0  # H100 SXM; HardwareConfig.hbm_gb_s overrides when present
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Predicted seconds per optimizer step: total and the COMPONENTS that sum to it."""
+
+    total_s: float
+    components: Dict[str, float] = field(default_factory=dict)
+    slowest_stage: int = 0
+    stage_times_s: Tuple[float, ...] = ()  # per-microbatch time of each PP rank (compute + exposed comm)
+
+    def tokens_per_s(self, tokens_per_step: int) -> float:
+        return tokens_per_step / self.total_s if self.total_s > 0 else 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class _TimePrefix:
+    gemm: Tuple[float, ...]  # forward FLOPs per token, cumulative over blocks
+    expert: Tuple[float, ...]
+    attn: Tuple[float, ...]
+    recompute: Tuple[float, ...]
+    moe: Tuple[int, ...]
+    cp_seq: Tuple[float, ...]  # CP gather bytes per sequence token (compressed KV + indexer keys)
+    cp_fixed: Tuple[float, ...]  # CP window boundary bytes per block
+    dense_params: Tuple[float, ...]
+    routed_params: Tuple[float, ...]
+    last_gemm: float  # head(s) + MTP blocks' non-expert work per token
+    last_expert: float
+    last_attn: float
+    last_recompute: float
+    last_cp_seq: float
+    last_cp_fixed: float
+    last_moe: int
+    embedding: float  # rank 0
+    mtp_embedding: float  # the last rank's embedding copy for MTP (PP > 1)
+    last_dense: float  # output head, MTP non-expert params
+    last_routed: float  # MTP routed experts
+
+
+@lru_cache(maxsize=512)
+def _time_prefix(key, n: int, seq: int, recompute: Tuple[str, ...]) -> _TimePrefix:
+    m = _Frozen(key)
+    prof = profile(m, seq, n)
+    pc = param_counts(m, n)
+    rkv, di = m.kv_lora_rank, m.dsa_indexer_head_dim
+
+    def cp_bytes(ratio: int) -> Tuple[float, float]:
+        seq_b = 0.0
+        if ratio:
+            seq_b = rkv * (2 if ratio == 4 else 1) * 2.0 / ratio
+        if ratio == 4:
+            seq_b += di * 2.0 / ratio
+        return seq_b, float(m.csa_window_size * rkv * 2)
+
+    cps = [cp_bytes(r) for r in block_ratios(m, n)]
+    mb = prof.mtp_block
+    depth = prof.mtp_layers
+    mtp_cp = cp_bytes(pc.mtp_block.ratio) if pc.mtp_block is not None else (0.0, 0.0)
+    return _TimePrefix(
+        gemm=_cum(b.gemm for b in prof.blocks),
+        expert=_cum(b.expert for b in prof.blocks),
+        attn=_cum(b.attn for b in prof.blocks),
+        recompute=_cum(recompute_block(b, recompute) for b in prof.blocks),
+        moe=_cum(1 if b.expert else 0 for b in prof.blocks),
+        cp_seq=_cum(c[0] for c in cps),
+        cp_fixed=_cum(c[1] for c in cps),
+        dense_params=_cum(b.dense for b in pc.blocks),
+        routed_params=_cum(b.routed_experts for b in pc.blocks),
+        last_gemm=prof.head * (1 + depth) + depth * ((mb.gemm if mb else 0.0) + prof.mtp_extra),
+        last_expert=depth * (mb.expert if mb else 0.0),
+        last_attn=depth * (mb.attn if mb else 0.0),
+        last_recompute=depth * (recompute_block(mb, recompute) if mb else 0.0),
+        last_cp_seq=depth * mtp_cp[0],
+        last_cp_fixed=depth * mtp_cp[1],
+        last_moe=depth if mb is not None and mb.expert else 0,
+        embedding=float(pc.embedding),
+        mtp_embedding=float(pc.embedding if depth else 0),
+        last_dense=float(pc.output_head + depth * pc.mtp - depth * (pc.mtp_block.routed_experts if pc.mtp_block else 0)),
+        last_routed=float(depth * (pc.mtp_block.routed_experts if pc.mtp_block else 0)),
+    )
+
+
+def expert_efficiency(t_expert: float) -> float:
+    """Relative grouped-GEMM efficiency at T_expert tokens per expert (1 for large batches)."""
+    return t_expert / (t_expert + EXPERT_GEMM_HALF_TOKENS) if t_expert > 0 else 0.0
+
+
+def _remote_copies(dispatcher: str, k: int, ep: int, ep_nodes: int) -> Tuple[float, float]:
+    """(copies of a token crossing the network, copies staying on NVLink) per dispatch."""
+    if dispatcher == "allgather":
+        remote_share = 1 - 1 / ep_nodes if ep_nodes > 1 else 0.0
+        return (ep - 1) * remote_share, (ep - 1) * (1 - remote_share)
+    if ep_nodes <= 1:
+        return 0.0, float(k)
+    if dispatcher == "flex":  # DeepEP/HybridEP: one copy per distinct remote node, fan-out on NVLink
+        q = 1 - 1 / ep_nodes
+        remote = (ep_nodes - 1) * (1 - q ** k)
+        return remote, float(k) / ep_nodes
+    return k * (1 - 1 / ep_nodes), k / ep_nodes
+
+
+def step_time(model, hw, stage, layout, groups, blocks_per_segment: Sequence[int], ep_nodes: int,
+              cp_nodes: int, factors: Optional[Mapping[str, float]] = None, *,
+              routing_sigma: float = DEFAULT_ROUTING_SIGMA) -> StepTime:
+    """Predicted step time of `layout` (see the module docstring for every formula)."""
+    if factors:
+        unknown = set(factors) - set(COMPONENTS)
+        if unknown:
+            raise ValueError(f"unknown step-time components {sorted(unknown)}; known: {', '.join(COMPONENTS)}")
+    pp, vpp, tp, cp, ep, etp, b = layout.pp, layout.vpp, layout.tp, layout.cp, layout.ep, layout.etp, layout.mbs
+    bps = tuple(blocks_per_segment)
+    if len(bps) != pp * vpp:
+        raise ValueError(f"{len(bps)} segments for PP{pp} x VPP{vpp}")
+    n = sum(bps)
+    if n != effective_layers(model, stage):
+        raise ValueError(f"split has {n} blocks, model has {effective_layers(model, stage)}")
+    S = stage.seq_length
+    px = _time_prefix(model_key(model), n, S, tuple(layout.recompute))
+    m = groups.m or 1
+    d_a, d_e = groups.d_a or 1, groups.d_e or 1
+    k, h, E = model.moe_router_topk, model.hidden_size, model.num_experts
+    t = b * S / cp  # tokens per GPU per microbatch
+    peak = peak_tflops(hw, stage.precision) * 1e12
+    peak_attn = peak_tflops(hw, "bf16") * 1e12
+    tg = moe_model.t_group(ep, b, S, cp)
+    skew = moe_model.hot_rank_factor(routing_sigma, E // ep if E % ep == 0 else max(1, E // ep), ep)
+    if layout.capacity_factor is not None and layout.capacity_factor > 0:
+        skew = min(skew, layout.capacity_factor)
+    eff_expert = hw.gemm_efficiency * expert_efficiency(moe_model.t_expert(k, tg, E))
+    # all-to-all seconds per MoE layer per microbatch
+    nvl = hw.nvlink_gb_s * 1e9
+    nic = hw.nic_gb_s * 1e9
+    domain_gpus = max(1, ep_nodes) * stage.gpus_per_node
+    one_domain = ep_nodes <= 1 or (layout.dispatcher == "flex" and layout.flex_backend == "hybridep"
+                                   and domain_gpus <= hw.gpus_per_nvlink_domain)
+    remote, local = _remote_copies(layout.dispatcher, k, ep, 1 if one_domain else ep_nodes)
+    passes = 4.0 * (1.5 if ("moe" in layout.recompute or "full" in layout.recompute) else 1.0)
+    tok_bytes = t * h * 2.0 * passes / max(1, etp) * skew
+    a2a_layer = max(remote * tok_bytes / nic, local * tok_bytes / nvl) / hw.a2a_efficiency if ep > 1 else 0.0
+    a2a_layer *= (1.0 - hw.a2a_overlap)
+    # CP boundary exchange bandwidth, PP p2p seconds per boundary transfer
+    cp_bw = (nvl if cp_nodes <= 1 else nic) * hw.p2p_efficiency
+    stage_spans_nodes = stage.gpus // pp > stage.gpus_per_node
+    p2p_bw = (nic if stage_spans_nodes else nvl) * hw.p2p_efficiency
+    n_streams = max(1, model.hyper_connection_streams)
+    p2p = 0.0
+    if pp > 1:
+        exposed = 1.0 if vpp <= 1 else P2P_EXPOSED_WITH_VPP
+        p2p = 2 * vpp * (t * h * n_streams * 2.0 / tp) / p2p_bw * exposed
+    sums = _rank_sums(px, bps, pp, vpp)
+    per_rank = []
+    for g, ex, at, rc, cps, cpf, moe_layers, _, _ in sums:
+        compute = t / tp * ((3 * g + rc) / (peak * hw.gemm_efficiency)
+                            + 3 * at / (peak_attn * hw.attention_efficiency)
+                            + (3 * ex * skew / etp) / (peak * eff_expert if eff_expert else peak))
+        a2a = moe_layers * a2a_layer
+        cpx = 2 * ((cp - 1) / cp * b * S * cps + cpf) / cp_bw if cp > 1 else 0.0
+        per_rank.append((compute, a2a, cpx, p2p))
+    totals = [sum(x) for x in per_rank]
+    slow = max(range(pp), key=lambda i: (totals[i], -i))
+    c_compute, c_a2a, c_cp, c_p2p = per_rank[slow]
+    f = bubble_fraction(pp, m, vpp)
+    # parameters per GPU on the rank holding the most: what grad sync and the optimizer step wait on
+    dense, routed = max(((d / tp, e / (ep * etp)) for *_, d, e in sums), key=sum)
+    comp = {
+        "compute": m * c_compute,
+        "a2a": m * c_a2a,
+        "cp_exchange": m * c_cp,
+        "pp_p2p": m * c_p2p,
+        "bubble": m * totals[slow] * f / (1 - f) if f < 1 else 0.0,
+        "grad_sync": _grad_sync(hw, stage, layout, dense, routed, d_a, d_e),
+        "optimizer": _optimizer(model, hw, stage, layout, dense, routed, d_a, d_e),
+    }
+    if factors:
+        for c, x in factors.items():
+            comp[c] *= float(x)
+    return StepTime(total_s=sum(comp.values()), components=comp, slowest_stage=slow,
+                    stage_times_s=tuple(totals))
+
+
+@lru_cache(maxsize=4096)
+def _rank_sums(px: _TimePrefix, bps: Tuple[int, ...], pp: int, vpp: int) -> Tuple[tuple, ...]:
+    """Per PP rank: (gemm, expert, attn, recompute, cp_seq, cp_fixed, moe layers, dense params,
+    routed params) summed over its segments, with the last rank's head/MTP extras. Cached: a planner
+    sees few distinct splits, so the per-candidate work is scalar arithmetic over PP ranks."""
+    starts = _cum(bps)
+    out = []
+    for r in range(pp):
+        acc = [0.0] * 9
+        for s in range(r, pp * vpp, pp):
+            a, z = starts[s], starts[s + 1]
+            for j, arr in enumerate((px.gemm, px.expert, px.attn, px.recompute, px.cp_seq, px.cp_fixed,
+                                     px.moe, px.dense_params, px.routed_params)):
+                acc[j] += arr[z] - arr[a]
+        if r == 0:
+            acc[7] += px.embedding
+        if r == pp - 1:
+            for j, x in enumerate((px.last_gemm, px.last_expert, px.last_attn, px.last_recompute,
+                                   px.last_cp_seq, px.last_cp_fixed, px.last_moe, px.last_dense,
+                                   px.last_routed)):
+                acc[j] += x
+            if pp > 1:
+                acc[7] += px.mtp_embedding
+        out.append(tuple(acc))
+    return tuple(out)
+
+
+def _grad_sync(hw, stage, layout, dense: float, routed: float, d_a: int, d_e: int) -> float:
+    per_byte = 1.0 / (hw.nic_gb_s * 1e9 if stage.gpus // layout.pp > stage.gpus_per_node else hw.nvlink_gb_s * 1e9)
+    bytes_per_param = GRAD_BYTES + WEIGHT_BYTES if stage.use_distributed_optimizer else 2 * GRAD_BYTES
+    g_d, g_e = d_a * layout.cp, d_e
+    moved = 0.0
+    if g_d > 1:
+        moved += dense * bytes_per_param * (g_d - 1) / g_d
+    if g_e > 1:
+        moved += routed * bytes_per_param * (g_e - 1) / g_e
+    return moved * per_byte / hw.allreduce_efficiency * (1.0 - hw.grad_sync_overlap)
+
+
+def _optimizer(model, hw, stage, layout, dense: float, routed: float, d_a: int, d_e: int) -> float:
+    if stage.use_distributed_optimizer:
+        dense, routed = dense / (d_a * layout.cp), routed / d_e
+    local = dense + routed
+    hbm = getattr(hw, "hbm_gb_s", None) or DEFAULT_HBM_GB_S
+    seconds = local * OPTIMIZER_PASS_BYTES / (hbm * 1e9)
+    if str(model.optimizer).lower().endswith("muon"):
+        m_min = min(model.hidden_size, model.moe_ffn_hidden_size)
+        ns_flops = NS_STEPS * 6.0 * m_min * local  # per NS step ~ 4 m + 2 m^2/n <= 6 m FLOPs per param
+        seconds += ns_flops / (peak_tflops(hw, "bf16") * 1e12 * hw.gemm_efficiency)
+    return seconds
