@@ -27,6 +27,8 @@ run: install
 
 services: install
 	bash tests/cluster/services.sh up
+	# Debian's chromium renders the HTML report in tests/test_report.py.
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium)
 
 services-down:
 	bash tests/cluster/services.sh down
