@@ -1,0 +1,203 @@
+"""The twin workload: real Megatron flags in, Megatron-format (SIMULATED) evidence out."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs.parse import SIMULATED_MARKER, parse_bytes
+from jobs.twin import NCCL_GROUPS, perturbation
+from orchestrator.config import compose
+from orchestrator.plan import planner
+from orchestrator.plan.argv import megatron_argv
+from orchestrator.plan.layout import Layout
+from orchestrator.runspec import build_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    cfg = compose(["+stage=smoke"]).cfg
+    cfg.workload.twin.time_scale = 1e-6
+    cfg.workload.twin.max_sleep_s = 0.001
+    plan = planner.plan(cfg.model, cfg.hardware, cfg.stage, workload=cfg.workload.name)
+    assert plan.candidates, "smoke stage must have feasible candidates"
+    return cfg, plan.candidates
+
+
+def write_spec(cfg, planned, tmp_path, **twin):
+    cfg = dataclasses.replace(cfg, workload=dataclasses.replace(
+        cfg.workload, twin=dataclasses.replace(cfg.workload.twin, **twin)))
+    spec = build_spec(cfg, planned, sweep="t", attempt=1, job_dir=tmp_path / "job")
+    spec.save(Path(spec.job_dir) / "job.json")
+    return spec
+
+
+def run_twin(spec, *, rank=None, single=True, argv=None, timeout=60, spec_env=True):
+    n = spec.n_gpus
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "RANK", "WORLD_SIZE"))}
+    env.update(PYTHONPATH=str(ROOT), WORLD_SIZE=str(n), RANK=str(n - 1 if rank is None else rank), LOCAL_RANK="0")
+    if single:
+        env["ORCH_SINGLE_PROCESS"] = "1"
+    if spec_env:
+        env.update(ORCH_JOB_DIR=spec.job_dir, ORCH_JOB_SPEC=str(Path(spec.job_dir) / "job.json"))
+    return subprocess.run([sys.executable, "-m", "jobs.twin", *(spec.argv if argv is None else argv)],
+                          env=env, cwd=spec.job_dir, capture_output=True, timeout=timeout)
+
+
+def test_healthy_run_prints_megatron_lines_that_parse(smoke, tmp_path):
+    cfg, cands = smoke
+    planned = cands[0]
+    spec = write_spec(cfg, planned, tmp_path)
+    proc = run_twin(spec)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert proc.stdout.decode().splitlines()[0].startswith(SIMULATED_MARKER + " twin workload")
+    out, err = parse_bytes(proc.stdout), parse_bytes(proc.stderr)
+    assert out.simulated and out.garbage_lines == 0
+    train_iters = cfg.stage.warmup_iters + cfg.stage.measure_iters
+    assert [r.iteration for r in out.iterations] == list(range(1, train_iters + 1))
+    it = out.iterations[-1]
+    assert it.train_iters == train_iters and it.global_batch_size == cfg.stage.global_batch
+    assert it.consumed_samples == train_iters * cfg.stage.global_batch
+    assert "lm loss" in it.losses and it.tflops_per_gpu > 0
+    assert any(k.endswith("load_balancing_loss") for k in it.losses)  # key follows the balancing type
+    losses = [r.losses["lm loss"] for r in out.iterations]
+    assert losses[-1] < losses[0]
+    # The first iterations are slower (warm-up); the measured window is not the planner's number.
+    times = [r.elapsed_ms / 1000 for r in out.iterations]
+    assert times[0] > 1.5 * statistics.median(times)
+    measured = statistics.median(times[cfg.stage.warmup_iters:])
+    assert abs(measured / planned.prediction.step_time_s - 1) > 0.05
+    # Memory lines: one per TP x CP x PP position (DP-rank 0), after the first iteration.
+    lay = planned.layout
+    assert len(out.memory) == lay.tp * lay.cp * lay.pp and {m.after_iterations for m in out.memory} == {1}
+    assert max(m.max_reserved for m in out.memory) * 2**20 / 1e9 == pytest.approx(
+        planned.prediction.memory_gb * cfg.workload.twin.truth_memory, rel=0.01)
+    # Timers go to stderr (logger.info), one minmax block per logged iteration.
+    assert len(err.timers) == train_iters and "forward-backward" in err.timers[-1].timers
+    lo, hi = err.timers[-1].timers["forward-backward"]
+    assert lo <= hi
+    # Sidecars: one per pipeline stage (the DP-rank-0, TP-0, CP-0 rank), simulated, routing evidence.
+    sidecars = sorted(Path(spec.job_dir).glob("sidecar-rank-*.json"))
+    assert len(sidecars) == lay.pp
+    doc = json.loads(sidecars[-1].read_text())
+    assert doc["simulated"] is True and len(doc["tokens_per_expert"]) == cfg.model.num_experts
+    assert doc["dropped_tokens"] == 0 and doc["padded_tokens"] == 0  # dropless
+    assert max(doc["tokens_per_expert"]) > 1.2 * statistics.mean(doc["tokens_per_expert"])  # routing skew
+
+
+def test_noise_is_deterministic_per_seed(smoke, tmp_path):
+    cfg, cands = smoke
+
+    def elapsed(seed, sub):
+        spec = write_spec(cfg, cands[0], tmp_path / sub, seed=seed)
+        proc = run_twin(spec)
+        assert proc.returncode == 0
+        return [r.elapsed_ms for r in parse_bytes(proc.stdout).iterations]
+
+    a, b, c = elapsed(1, "a"), elapsed(1, "b"), elapsed(2, "c")
+    assert a == b and a != c
+
+
+def test_truth_surface_is_not_the_model_times_a_constant():
+    base = Layout(pp=2, ep=8)
+    values = {perturbation(dataclasses.replace(base, ep=ep), seed=0) for ep in (4, 8, 16, 32)}
+    assert len(values) == 4 and all(0.85 < v < 1.15 for v in values)
+    assert perturbation(base, seed=0) != perturbation(base, seed=1)
+
+
+def test_oom_when_truth_memory_exceeds_hbm(smoke, tmp_path):
+    """Feasible for the planner (prediction + margin <= HBM) yet over HBM under the hidden truth."""
+    cfg, cands = smoke
+    planned = cands[0]
+    hbm = planned.prediction.memory_gb * 1.02  # truth_memory 1.06 > 1.02
+    cfg2 = dataclasses.replace(cfg, hardware=dataclasses.replace(cfg.hardware, hbm_gb=hbm))
+    spec = write_spec(cfg2, planned, tmp_path)
+    proc = run_twin(spec)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate " in err
+    assert "If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF" in err
+    assert parse_bytes(proc.stderr).ooms and not parse_bytes(proc.stdout).iterations
+
+
+def test_forced_oom(smoke, tmp_path):
+    cfg, cands = smoke
+    proc = run_twin(write_spec(cfg, cands[0], tmp_path, force_oom=True))
+    assert proc.returncode == 1 and parse_bytes(proc.stderr).ooms[0].kind == "cuda"
+
+
+def test_illegal_layout_is_a_megatron_assertion(smoke, tmp_path):
+    cfg, cands = smoke
+    spec = write_spec(cfg, cands[0], tmp_path)
+    argv = megatron_argv(cfg.model, cfg.stage, dataclasses.replace(cands[0].layout, ep=3),
+                         layer_pattern=cands[0].prediction.layer_pattern, train_iters=5)
+    proc = run_twin(spec, argv=argv)
+    assert proc.returncode == 1
+    errors = parse_bytes(proc.stderr).validation_errors
+    assert errors and errors[0].exc_type == "AssertionError"
+    # The first violated rule (expert grid: 32 % (ETP x EP x PP) != 0), worded as Megatron words it.
+    assert errors[0].message.startswith("world size (32) is not divisible by expert_tensor_model_pipeline")
+
+
+def test_injected_nccl_timeout_names_the_group(smoke, tmp_path):
+    cfg, cands = smoke
+    proc = run_twin(write_spec(cfg, cands[0], tmp_path, nccl_timeout_rate=1.0))
+    assert proc.returncode != 0
+    nccl = parse_bytes(proc.stderr).nccl
+    assert nccl and nccl[0].kind == "caught" and nccl[0].process_group in NCCL_GROUPS.values()
+    done = parse_bytes(proc.stdout).iterations
+    assert cfg.stage.warmup_iters <= len(done) < cfg.stage.warmup_iters + cfg.stage.measure_iters
+
+
+def test_injected_crash_is_a_traceback(smoke, tmp_path):
+    cfg, cands = smoke
+    proc = run_twin(write_spec(cfg, cands[0], tmp_path, crash_rate=1.0))
+    assert proc.returncode != 0
+    assert any(t.exc_type == "RuntimeError" for t in parse_bytes(proc.stderr).tracebacks)
+
+
+def test_one_rank_of_a_multi_rank_job(smoke, tmp_path):
+    """Rank 0 (not last): no iteration lines; memory line for itself (DP-rank 0); its own sidecar."""
+    cfg, cands = smoke
+    spec = write_spec(cfg, cands[0], tmp_path)
+    proc = run_twin(spec, rank=0, single=False)
+    assert proc.returncode == 0
+    out = parse_bytes(proc.stdout)
+    assert out.simulated and not out.iterations and [m.rank for m in out.memory] == [0]
+    assert [p.name for p in Path(spec.job_dir).glob("sidecar-*.json")] == ["sidecar-rank-0.json"]
+
+
+def test_runs_from_flags_alone(smoke, tmp_path):
+    """Without ORCH_JOB_SPEC the twin reads the model from the flags and uses default hardware."""
+    cfg, cands = smoke
+    spec = write_spec(cfg, cands[0], tmp_path)
+    proc = run_twin(spec, spec_env=False)
+    assert proc.returncode == 0, proc.stderr.decode()[-1000:]
+    assert len(parse_bytes(proc.stdout).iterations) == cfg.stage.warmup_iters + cfg.stage.measure_iters
+
+
+def test_sigterm_exits_non_zero(smoke, tmp_path):
+    cfg, cands = smoke
+    spec = write_spec(cfg, cands[0], tmp_path, time_scale=10.0, max_sleep_s=5.0)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    env.update(PYTHONPATH=str(ROOT), WORLD_SIZE=str(spec.n_gpus), RANK=str(spec.n_gpus - 1),
+               ORCH_SINGLE_PROCESS="1", ORCH_JOB_SPEC=str(Path(spec.job_dir) / "job.json"))
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.twin", *spec.argv], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline().decode()
+    assert first.startswith(SIMULATED_MARKER)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert b"SIGTERM" in err
