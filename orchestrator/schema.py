@@ -185,6 +185,9 @@ class PolicyConfig:
     converge_gain: float = 0.01  # "no gain > 1% over the best ..."
     converge_rounds: int = 2  # "... for 2 rounds"
     max_attempts: int = 3
+    # The calibrated model's own top pick joins a round only when it predicts measurements this well
+    # (leave-one-out MAPE); a worse model is used to rank neighbours, not to pick far-away layouts.
+    model_trust_mape: float = 0.10
     retry_classes: List[str] = field(default_factory=lambda: ["NODE_FAIL", "PREEMPTED", "NCCL_TIMEOUT"])
 
 

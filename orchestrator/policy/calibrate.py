@@ -22,7 +22,7 @@ from orchestrator.policy.types import Observation
 
 REG = 0.01  # pull toward 1 per component, in units of squared relative error
 MIN_ROWS_COMPONENTS = 3
-MEMORY_CLAMP = (0.5, 3.0)
+MEMORY_CLAMP = (0.1, 100.0)  # sanity bounds only: the data decides
 
 
 @dataclass
@@ -129,16 +129,21 @@ def _loo(rows: List[Observation], names: List[str], method: str) -> Optional[flo
 
 
 def memory_factor(rows: Sequence[Observation], *, hbm_gb: float, margin_gb: float) -> float:
-    """Robust ratio of measured to predicted peak, pushed up by OOMs, capped by layouts that ran."""
+    """Robust ratio of measured to predicted peak, pushed up by OOMs, capped by layouts that ran.
+
+    Measured truth wins both ways: an OOMed layout must come out over capacity, a layout that ran must
+    stay feasible. When the two disagree (the model orders their memory wrongly) the layouts that ran win
+    and the OOM is left to `select.oom_dominated`, which prunes by knob order instead.
+    """
     ok = [r for r in rows if r.peak_gb and r.raw_memory_gb > 0]
     factor = statistics.median(r.peak_gb / r.raw_memory_gb for r in ok) if ok else 1.0
     usable = max(hbm_gb - margin_gb, 1e-9)
     ooms = [r for r in rows if r.failure_class == "OOM" and r.raw_memory_gb > 0]
     if ooms:
-        need = max(usable / r.raw_memory_gb for r in ooms) * 1.02  # OOMed: predicted must exceed capacity
-        ran = [r for r in rows if r.ok and r.raw_memory_gb > 0]
-        cap = min((usable / r.raw_memory_gb for r in ran), default=float("inf"))
-        factor = max(factor, min(need, cap) if need > cap >= factor else need)
+        factor = max(factor, max(usable / r.raw_memory_gb for r in ooms) * 1.02)
+    ran = [r for r in rows if r.ok and r.raw_memory_gb > 0]
+    cap = min((usable / r.raw_memory_gb for r in ran), default=float("inf"))
+    factor = min(factor, cap)
     return float(min(max(factor, MEMORY_CLAMP[0]), MEMORY_CLAMP[1]))
 
 

@@ -14,8 +14,8 @@ from typing import Dict, List, Optional
 from orchestrator.policy.calibrate import Fit, calibrate
 from orchestrator.policy.env import PlanEnv
 from orchestrator.policy.promote import promoted_layouts
-from orchestrator.policy.select import (KNOBS, best_measured, changed_knob, diverse_top, measured_rank,
-                                        round_robin)
+from orchestrator.policy.select import (KNOBS, best_measured, changed_knob, diverse_top, knob_value, measured_rank,
+                                        oom_dominated, round_robin)
 from orchestrator.policy.types import Observation, Proposal, RoundInput, RoundPlan
 from orchestrator.schema import PolicyConfig, StageConfig
 
@@ -81,6 +81,18 @@ class Policy:
         return round_robin(per_source, limit, key=lambda p: p.key)
 
 
+def anchors(rows: List[Observation], k: int, knobs=("ep", "pp", "cp")) -> List[Observation]:
+    """The best k measured layouts that differ from each other in EP, PP or CP: local search around
+    distinct regions, not around two copies of the best that differ only in dispatcher or recompute."""
+    out: List[Observation] = []
+    for r in measured_rank(rows):
+        if all(any(knob_value(r.layout, kn) != knob_value(a.layout, kn) for kn in knobs) for a in out):
+            out.append(r)
+        if len(out) >= k:
+            break
+    return out
+
+
 class CalibratedNeighbours(Policy):
     name = "calibrated_neighbours"
     calibrates = True
@@ -98,7 +110,9 @@ class CalibratedNeighbours(Policy):
         size = self.round_size(inp)
         fit = self.fit(env, inp)
         factors, mem = (fit.factors, fit.memory_factor) if fit else (None, 1.0)
-        cands = [c for c in env.plan(factors, mem) if c.key not in inp.known_keys]
+        seen = list(inp.observations) + list(inp.source)
+        cands = [c for c in env.plan(factors, mem) if c.key not in inp.known_keys
+                 and not oom_dominated(c.layout, seen)]
         mk = lambda c, reason, **kw: env.proposal(c, reason=reason, factors=factors, memory_factor=mem, **kw)  # noqa: E731
         props: List[Proposal] = []
         best = best_measured(inp.observations)
@@ -110,7 +124,8 @@ class CalibratedNeighbours(Policy):
         elif best is None:
             props = [mk(c, "round0" if inp.round == 0 else "model-top") for c in self._diverse(cands, size, set())]
         else:
-            props = self._local(env, inp, cands, best.step_s, mk, size)
+            trusted = fit is not None and fit.loo_mape is not None and fit.loo_mape <= self.cfg.model_trust_mape
+            props = self._local(env, inp, cands, best.step_s, mk, size, trust_model=trusted)
         props = self.within_budget(props, size, inp.gpu_hours_left)
         return RoundPlan(proposals=props, fit=fit, reason=f"{len(props)} proposals ({self.name})")
 
@@ -124,13 +139,15 @@ class CalibratedNeighbours(Policy):
             near = pool[: max(size, len(near))]
         return diverse_top(near, max(0, size - len(taken)), layout_of=lambda c: c.layout)
 
-    def _local(self, env, inp: RoundInput, cands: List, best_step: float, mk, size: int) -> List[Proposal]:
-        """Neighbours of the best k measured (best predicted per knob first), plus the model's top pick."""
+    def _local(self, env, inp: RoundInput, cands: List, best_step: float, mk, size: int, *,
+               trust_model: bool) -> List[Proposal]:
+        """Neighbours of the best k measured (best predicted per knob first), plus the model's top pick
+        when the calibrated model has earned trust (LOO MAPE <= model_trust_mape)."""
         lists: List[List[Proposal]] = []
         top = [c for c in cands if c.prediction.step_time_s < best_step * (1.0 - self.cfg.converge_gain)]
-        if top:
+        if top and trust_model:
             lists.append([mk(top[0], "model-top")])
-        for b in measured_rank(inp.observations)[: self.cfg.top_k_neighbours]:
+        for b in anchors(inp.observations, self.cfg.top_k_neighbours):
             nbrs: Dict[str, List] = {k: [] for k in KNOBS}
             for c in cands:
                 knob = changed_knob(b.layout, c.layout)

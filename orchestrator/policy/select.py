@@ -82,3 +82,28 @@ def round_robin(lists: Sequence[Sequence], limit: int, *, key: Callable[[object]
             if len(out) >= limit:
                 break
     return out
+
+
+def _recompute_level(layout: Layout) -> Optional[int]:
+    if not layout.recompute:
+        return 0
+    return 2 if "full" in layout.recompute else None  # selective sets are not ordered among themselves
+
+
+def needs_more_memory(a: Layout, b: Layout) -> bool:
+    """True when `a` keeps at least as much per GPU as `b` on every memory knob (and differs nowhere else
+    that matters): fewer or equal PP / TP / CP / EP shards, equal or larger micro-batch, no more recompute
+    and no more offload. Dispatcher and VPP are ignored (second-order for memory)."""
+    if not (a.pp <= b.pp and a.tp <= b.tp and a.cp <= b.cp and a.ep <= b.ep and a.etp <= b.etp and a.mbs >= b.mbs):
+        return False
+    if set(a.offload) - set(b.offload):
+        return False
+    ra, rb = _recompute_level(a), _recompute_level(b)
+    if ra is None or rb is None:
+        return a.recompute == b.recompute or (rb is None and ra == 0)
+    return ra <= rb
+
+
+def oom_dominated(layout: Layout, rows: Iterable[Observation]) -> bool:
+    """A layout that needs at least as much memory as one that measured OOM will OOM too: skip it."""
+    return any(r.failure_class == "OOM" and needs_more_memory(layout, r.layout) for r in rows)

@@ -1,0 +1,38 @@
+"""`cancel NAME`: scancel every live job of a sweep and record it in the ledger."""
+from __future__ import annotations
+
+from orchestrator.config import compose
+from orchestrator.sweep import open_ledger, stored_config
+from orchestrator.sweep.view import View
+
+NAME = "cancel"
+HELP = "Cancel every live job of a sweep (scancel on Slurm) and record the cancellation in the ledger."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("name", help="sweep name")
+
+
+def run(args, overrides) -> int:
+    from orchestrator.launch import make_launcher
+
+    current = compose(overrides).cfg
+    with open_ledger(current) as ledger:
+        cfg = stored_config(ledger, args.name, current)
+        if any(o.lstrip("+").startswith("cluster") for o in overrides):
+            cfg.cluster = current.cluster
+        live = ledger.live_attempts(args.name)
+        ids = [a.job_id for a in live if a.job_id]
+        if ids:
+            launcher, reason = make_launcher(cfg.cluster)
+            launcher.cancel(ids)
+        for a in live:
+            ledger.update_attempt(a.id, state="CANCELLED", failure_class="CANCELLED",
+                                  failure_detail="cancelled by `orchestrator cancel`")
+        for c in ledger.candidates(args.name, status=["planned", "claimed", "submitted", "running"]):
+            ledger.set_candidate_status(c.id, "cancelled", "cancelled by `orchestrator cancel`")
+        ledger.log_event(args.name, "cancelled", f"cancelled {len(ids)} live job(s): {', '.join(ids) or 'none'}",
+                         data={"job_ids": ids})
+        ledger.set_sweep_status(args.name, "cancelled")
+    View(live=False).event(f"sweep {args.name}: cancelled {len(ids)} live job(s)" + (f": {', '.join(ids)}" if ids else ""))
+    return 0

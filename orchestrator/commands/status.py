@@ -1,0 +1,80 @@
+"""`status NAME`: a sweep's candidates, their jobs and the measured best, from the ledger only."""
+from __future__ import annotations
+
+import json
+
+from orchestrator.config import compose
+from orchestrator.plan.layout import Layout
+from orchestrator.errors import UserError
+from orchestrator.sweep import observe, open_ledger
+from orchestrator.sweep.setup import root_from_yaml
+
+NAME = "status"
+HELP = "Show a sweep's state from the ledger: counts, jobs, calibration, best so far, who holds the lease."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("name", nargs="?", help="sweep name (omit to list sweeps)")
+    parser.add_argument("--json", action="store_true")
+
+
+def gather(ledger, name: str) -> dict:
+    sweep = ledger.get_sweep(name)
+    if sweep is None:
+        raise UserError(f"no sweep named '{name}' in {ledger.url}")
+    cfg = root_from_yaml(sweep.config_yaml)
+    iters = cfg.stage.warmup_iters + cfg.stage.measure_iters
+    cands = ledger.candidates(name)
+    spent = observe.spent(ledger, name, n_gpus=cfg.stage.gpus, iters=iters)
+    rows = []
+    for c in cands:
+        atts = ledger.attempts(c.id)
+        a = atts[-1] if atts else None
+        res = ledger.result(a.id) if a else None
+        rows.append({"round": c.round, "key": c.key, "layout": Layout.from_dict(c.layout).short(), "status": c.status,
+                     "attempts": len(atts), "job_id": a.job_id if a else None, "state": a.state if a else None,
+                     "failure_class": a.failure_class if a else None, "edge": c.edge_kind,
+                     "pred_step_s": c.predicted.get("step_time_s"),
+                     "step_p50_s": res.get("step_p50_s") if res else None})
+    leases = [e for e in ledger.events(name, kind="lease")]
+    return {"sweep": name, "stage": sweep.stage, "model": sweep.model, "status": sweep.status,
+            "counts": observe.status_counts(cands), "runs": spent.runs, "attempts": spent.attempts,
+            "gpu_hours": spent.gpu_hours, "simulated": spent.simulated, "best": observe.best_of(ledger, name),
+            "last_lease_event": leases[-1].message if leases else None,
+            "calibrations": [{"round": c.round, **c.error, "method": c.fit.get("method")}
+                             for c in ledger.calibrations(name)],
+            "candidates": rows}
+
+
+def run(args, overrides) -> int:
+    cfg = compose(overrides).cfg
+    with open_ledger(cfg) as ledger:
+        if not args.name:
+            sweeps = ledger.list_sweeps()
+            for s in sweeps:
+                print(f"{s.name:40s} stage {s.stage:6s} {s.status:12s} {s.updated_at:%Y-%m-%d %H:%M}")
+            if not sweeps:
+                print(f"no sweeps in {ledger.url}")
+            return 0
+        info = gather(ledger, args.name)
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    sim = " (simulated)" if info["simulated"] else ""
+    c = info["counts"]
+    print(f"sweep {info['sweep']}  stage {info['stage']}  model {info['model']}  status {info['status']}")
+    print(f"  queued {c['queued']}  running {c['running']}  done {c['done']}  failed {c['failed']}  "
+          f"runs {info['runs']}  attempts {info['attempts']}  {info['gpu_hours']:.1f} GPU-hours{sim}")
+    if info["last_lease_event"]:
+        print(f"  lease: {info['last_lease_event']}")
+    for cal in info["calibrations"]:
+        b, a = cal.get("step_mape_before"), cal.get("step_mape_after")
+        print(f"  calibration round {cal['round']} ({cal['method']}): step MAPE "
+              f"{'-' if b is None else f'{b:.1%}'} -> {'-' if a is None else f'{a:.1%}'}")
+    for r in info["candidates"]:
+        meas = f"{r['step_p50_s']:.3f}s" if r["step_p50_s"] else "-"
+        print(f"  r{r['round']} {r['status']:9s} job {r['job_id'] or '-':>10} {r['state'] or '-':10s} "
+              f"{r['failure_class'] or '':14s} {meas:>9} {r['layout']}")
+    if info["best"]:
+        print(f"  best (measured{sim}): {info['best']['layout']}  step p50 {info['best']['step_p50_s']:.3f}s")
+    return 0

@@ -1,0 +1,51 @@
+"""`sweep +stage=STAGE [cluster=auto|slurm|local] [sweep.name=NAME]`: run (or continue) a ledger-driven sweep.
+
+Rounds of plan -> select within budget -> submit -> poll -> ingest -> decide until the budget (runs,
+GPU-hours, rounds) is spent or the policy converges. A sweep with an existing name is continued.
+"""
+from __future__ import annotations
+
+import json
+
+from orchestrator.config import compose
+from orchestrator.sweep import Options, run_sweep
+from orchestrator.sweep.view import View
+
+NAME = "sweep"
+HELP = "Run (or continue) a ledger-driven sweep of parallel layouts: +stage=1k cluster=auto|slurm|local."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--retry", action="append", default=[], metavar="CLASS",
+                        help="also resubmit this deterministic failure class, e.g. --retry oom (repeatable)")
+    parser.add_argument("--plain", action="store_true", help="plain lines even on a terminal (no live table)")
+    parser.add_argument("--max-wall", type=float, default=None, metavar="SECONDS",
+                        help="stop driving after SECONDS (jobs keep running; `resume` continues)")
+    parser.add_argument("--json", action="store_true", help="print the outcome as JSON at the end")
+
+
+def options(args) -> Options:
+    return Options(retry={c.upper() for c in args.retry}, max_wall_s=args.max_wall)
+
+
+def report(outcome, args) -> int:
+    if args.json:
+        print(json.dumps({"sweep": outcome.sweep, "reason": outcome.reason, "rounds": outcome.rounds,
+                          "best": outcome.best, "runs": outcome.spent.runs, "attempts": outcome.spent.attempts,
+                          "gpu_hours": outcome.spent.gpu_hours, "simulated": outcome.spent.simulated}, indent=2))
+        return 0
+    sim = " (simulated)" if outcome.spent.simulated else ""
+    print(f"sweep {outcome.sweep} stopped: {outcome.reason}")
+    print(f"  rounds {outcome.rounds}, runs {outcome.spent.runs}, attempts {outcome.spent.attempts}, "
+          f"{outcome.spent.gpu_hours:.1f} GPU-hours{sim}")
+    if outcome.best:
+        b = outcome.best
+        print(f"  best (measured{sim}): {b['layout']}  step p50 {b['step_p50_s']:.3f}s  key {b['key']}")
+    return 0
+
+
+def run(args, overrides) -> int:
+    composed = compose(overrides, require_stage=True)
+    view = View(live=False) if args.plain else View()
+    outcome = run_sweep(composed.cfg, composed.to_yaml(), options=options(args), view=view)
+    return report(outcome, args)

@@ -1,0 +1,72 @@
+"""`sweep`, `resume`: open the ledger, create or find the sweep, pick a cluster, drive the loop.
+
+Modules: loop (the Driver), observe (ledger -> observations, budget), view (live table / plain lines),
+setup (names, stored config, promotion source).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from db.ledger import Ledger
+from orchestrator.errors import UserError
+from orchestrator.schema import RootConfig
+from orchestrator.sweep.loop import Driver, Options, Outcome
+from orchestrator.sweep.setup import default_name, provenance, root_from_yaml
+from orchestrator.sweep.view import View
+
+__all__ = ["run_sweep", "resume_sweep", "Options", "Outcome", "open_ledger", "pick_launcher"]
+
+
+def open_ledger(cfg: RootConfig) -> Ledger:
+    return Ledger.open(cfg.ledger.url, echo=cfg.ledger.echo, busy_timeout_ms=cfg.ledger.busy_timeout_ms)
+
+
+def pick_launcher(cfg: RootConfig, view: View):
+    """cluster=auto picks Slurm when sbatch answers, else the local executor; says which and why."""
+    from orchestrator.launch import make_launcher
+
+    launcher, reason = make_launcher(cfg.cluster)
+    view.event(f"cluster: {launcher.kind} ({reason})")
+    return launcher
+
+
+def run_sweep(cfg: RootConfig, config_yaml: str, *, options: Optional[Options] = None,
+              view: Optional[View] = None, launcher=None) -> Outcome:
+    """Create the sweep (or continue the one with this name) and drive it to its end."""
+    if cfg.stage is None:
+        raise UserError("no stage given: add +stage=NAME (e.g. +stage=1k)")
+    view = view or View()
+    name = default_name(cfg)
+    with open_ledger(cfg) as ledger, view:
+        sweep = ledger.create_or_get_sweep(name, stage=cfg.stage.name, config_yaml=config_yaml, model=cfg.model.name,
+                                           hardware=cfg.hardware.name, workload=cfg.workload.name,
+                                           provenance=provenance(cfg))
+        view.event(f"sweep {name} (stage {cfg.stage.name}, N={cfg.stage.gpus}, model {cfg.model.name}, "
+                   f"workload {cfg.workload.name}{' SIMULATED' if cfg.workload.simulated else ''}) "
+                   f"ledger {ledger.url}")
+        launcher = launcher or pick_launcher(cfg, view)
+        return Driver(ledger, cfg, sweep, launcher, view, options).run()
+
+
+def stored_config(ledger: Ledger, name: str, current: RootConfig) -> RootConfig:
+    """The config a sweep was created with; the ledger (and cluster, if given now) come from the caller."""
+    sweep = ledger.get_sweep(name)
+    if sweep is None:
+        known = [s.name for s in ledger.list_sweeps()][-10:]
+        raise UserError(f"no sweep named '{name}' in {ledger.url}" + (f"; known: {', '.join(known)}" if known else ""))
+    cfg = root_from_yaml(sweep.config_yaml)
+    cfg.ledger = current.ledger
+    return cfg
+
+
+def resume_sweep(name: str, current: RootConfig, *, cluster_given: bool, options: Optional[Options] = None,
+                 view: Optional[View] = None, launcher=None) -> Outcome:
+    """Take the lease and continue a sweep from its stored config and ledger rows."""
+    view = view or View()
+    with open_ledger(current) as ledger:
+        cfg = stored_config(ledger, name, current)
+        sweep = ledger.get_sweep(name)
+    if cluster_given:
+        cfg.cluster = current.cluster
+    cfg.sweep.name = name
+    return run_sweep(cfg, sweep.config_yaml, options=options, view=view, launcher=launcher)

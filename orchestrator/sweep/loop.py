@@ -1,0 +1,305 @@
+"""The sweep loop: plan -> select within budget -> submit -> poll -> ingest -> decide, until done.
+
+Every decision reads the ledger (never memory carried from a previous process), and every side effect
+is written to the ledger right after it happens: the Slurm job id of an attempt is stored as soon as
+sbatch returns, before anything waits on it; a result is recorded (idempotently, per attempt) before
+the candidate's status moves. So `kill -9` at any point, then `resume`, loses no result and submits
+nothing twice.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Set
+
+from db.ledger import AttemptRow, CandidateIn, CandidateRow, Ledger, SweepRow
+from orchestrator.plan.layout import Layout, Prediction
+from orchestrator.plan.planner import Planned
+from orchestrator.policy import make_policy
+from orchestrator.policy.env import PlanEnv
+from orchestrator.policy.types import RoundInput
+from orchestrator.schema import RootConfig
+from orchestrator.sweep import observe
+from orchestrator.sweep.setup import holder_id, promotion_source
+from orchestrator.sweep.view import Snapshot, View
+
+LIVE = ("claimed", "submitted", "running")
+_PRED_FIELDS = {f.name for f in dataclasses.fields(Prediction)}
+
+
+@dataclass
+class Options:
+    retry: Set[str] = field(default_factory=set)  # extra failure classes to retry (--retry oom)
+    max_wall_s: Optional[float] = None  # stop driving (not the jobs) after this long: tests, demos
+
+
+@dataclass
+class Outcome:
+    sweep: str
+    reason: str  # why the loop stopped
+    rounds: int
+    best: Optional[dict]
+    spent: observe.Spent
+
+
+def planned_from_row(c: CandidateRow) -> Planned:
+    """Rebuild the planner's Planned from a ledger row (its stored prediction), for build_spec."""
+    pred = {k: v for k, v in (c.predicted or {}).items() if k in _PRED_FIELDS}
+    pred["memory_by_stage"] = tuple(pred.get("memory_by_stage") or ())
+    return Planned(layout=Layout.from_dict(c.layout), prediction=Prediction(**pred), key=c.key)
+
+
+class Driver:
+    """Drives one sweep while holding its lease."""
+
+    def __init__(self, ledger: Ledger, cfg: RootConfig, sweep: SweepRow, launcher, view: View,
+                 options: Optional[Options] = None):
+        self.ledger, self.cfg, self.sweep, self.launcher, self.view = ledger, cfg, sweep, launcher, view
+        self.opts = options or Options()
+        self.name = sweep.name
+        self.holder = holder_id()
+        self.policy = make_policy(cfg.policy)
+        self.env = PlanEnv(cfg.model, cfg.hardware, cfg.stage, cfg.workload.name)
+        self.iters = cfg.stage.warmup_iters + cfg.stage.measure_iters
+        self.poll_s = float(cfg.cluster.poll_interval_s)
+        self.ttl = float(cfg.ledger.lease_ttl_s)
+        self._beat = 0.0
+        self._t0 = time.monotonic()
+        self._polls = 0
+
+    # ---- lease ------------------------------------------------------------------------------------
+    def run(self) -> Outcome:
+        self.ledger.acquire_lease(self.name, self.holder, self.ttl)  # LeaseHeld names the holder
+        self._beat = time.monotonic()
+        try:
+            self.ledger.set_sweep_status(self.name, "running")
+            self.ledger.log_event(self.name, "driver", f"{self.holder} drives the sweep on {self.launcher.kind}")
+            reason = self._drive()
+            self.ledger.log_event(self.name, "stop", reason)
+            final = "interrupted" if reason.startswith("wall") else "cancelled" if reason.startswith("cancel") else "done"
+            self.ledger.set_sweep_status(self.name, final)
+            return self._outcome(reason)
+        finally:
+            self.ledger.release_lease(self.name, self.holder)
+
+    def _heartbeat(self) -> None:
+        if time.monotonic() - self._beat >= self.ttl / 3:
+            self.ledger.heartbeat(self.name, self.holder, self.ttl)  # LeaseHeld if taken over: stop
+            self._beat = time.monotonic()
+
+    # ---- the loop ---------------------------------------------------------------------------------
+    def _drive(self) -> str:
+        self._reconcile()
+        while True:
+            self._submit_planned()
+            stopped = self._wait()
+            if stopped:
+                return stopped
+            reason = self._decide()
+            if reason:
+                return reason
+
+    def _cancelled(self) -> bool:
+        sweep = self.ledger.get_sweep(self.name)
+        return sweep is not None and sweep.status == "cancelled"
+
+    def _cands(self) -> List[CandidateRow]:
+        return self.ledger.candidates(self.name)
+
+    def _reconcile(self) -> None:
+        """After a restart: settle attempts that ended while nobody watched; release orphan claims."""
+        for c in self._cands():
+            if c.status not in LIVE:
+                continue
+            atts = self.ledger.attempts(c.id)
+            last = atts[-1] if atts else None
+            if c.status == "claimed" and (last is None or last.terminal or last.job_id is None):
+                # claimed, then killed before sbatch returned: nothing of this claim is on the cluster
+                self.ledger.set_candidate_status(c.id, "planned", "orphan claim released on resume")
+            elif last is not None and last.terminal:
+                self._settle(c, last)
+            elif last is not None:
+                self.view.event(f"re-attached to job {last.job_id} ({Layout.from_dict(c.layout).short()})")
+
+    def _submit_planned(self) -> int:
+        """Claim every planned candidate and submit them as one array; store each job id at once."""
+        from jobs.entry import run_task
+        from orchestrator.launch import LaunchTask
+        from orchestrator.runspec import build_spec, job_dir, time_limit_min
+
+        claimed = self.ledger.claim_for_submission(self.name, 10_000, self.holder)
+        if not claimed:
+            return 0
+        tasks, dirs = [], []
+        for c in claimed:
+            attempt = len(self.ledger.attempts(c.id)) + 1
+            folder = job_dir(self.cfg, self.name, c.key, attempt)
+            spec = build_spec(self.cfg, planned_from_row(c), sweep=self.name, attempt=attempt, job_dir=folder)
+            spec.save(folder / "job.json")
+            tasks.append(LaunchTask(fn=run_task, args=(spec,), n_gpus=spec.n_gpus, gpus_per_node=spec.gpus_per_node,
+                                    name=f"{self.name}:{c.key[:8]}:{attempt}", folder=str(folder),
+                                    time_min=time_limit_min(spec, self.cfg.cluster)))
+            dirs.append(folder)
+        subs = self.launcher.submit(tasks)
+        for c, sub, folder in zip(claimed, subs, dirs):  # job ids into the ledger before any waiting
+            self.ledger.new_attempt(c.id, job_id=str(sub.job_id), array_index=sub.array_index, job_dir=str(folder),
+                                    simulated=self.cfg.workload.simulated)
+            self.ledger.set_candidate_status(c.id, "submitted", f"job {sub.job_id}")
+        self.view.event(f"submitted {len(subs)} job(s): {', '.join(str(s.job_id) for s in subs[:8])}"
+                        + (" ..." if len(subs) > 8 else ""))
+        return len(subs)
+
+    def _wait(self) -> Optional[str]:
+        """Poll (one launcher.poll for every live job) and ingest until nothing of this round is live."""
+        while True:
+            self._heartbeat()
+            if self._cancelled():
+                return "cancelled (orchestrator cancel)"
+            live = self.ledger.live_attempts(self.name)
+            if live:
+                self._poll(live)
+            if self._submit_planned():  # retries go out as soon as they are decided
+                continue
+            self._show()
+            if not self.ledger.live_attempts(self.name):
+                return None
+            if self.opts.max_wall_s is not None and time.monotonic() - self._t0 > self.opts.max_wall_s:
+                return f"wall limit {self.opts.max_wall_s:.0f}s reached; jobs left running, resume to continue"
+            time.sleep(self.poll_s)
+
+    def _poll(self, live: Sequence[AttemptRow]) -> None:
+        states = self.launcher.poll([a.job_id for a in live if a.job_id])
+        self._polls += 1
+        for a in live:
+            st = states.get(a.job_id) if a.job_id else None
+            if st is None:
+                continue
+            changes = {}
+            if st.state and st.state != a.state and not st.terminal:
+                changes["state"] = st.state
+            for attr, col in (("start", "start_time"), ("end", "end_time"), ("node_list", "node_list")):
+                v = getattr(st, attr, None)
+                if v and getattr(a, col) is None:
+                    changes[col] = v
+            if changes:
+                a = self.ledger.update_attempt(a.id, **changes)
+            if st.terminal:
+                self._ingest(a, st)
+            elif st.state == "RUNNING":
+                c = self._candidate(a.candidate_id)
+                if c.status == "submitted":
+                    self.ledger.set_candidate_status(c.id, "running", f"job {a.job_id} on {st.node_list or '?'}")
+
+    def _candidate(self, cid: int) -> CandidateRow:
+        return next(c for c in self._cands() if c.id == cid)
+
+    def _ingest(self, a: AttemptRow, st) -> None:
+        """Collect the job folder into a JobResult, store it (idempotent per attempt), settle the candidate."""
+        from jobs.collect import collect
+
+        res = collect(Path(a.job_dir), slurm_state=st.state, exit_code=st.exit_code)
+        self.ledger.record_result(a.id, res.to_dict())
+        atts = self.ledger.attempts(a.candidate_id)
+        self._settle(self._candidate(a.candidate_id), next(x for x in atts if x.id == a.id))
+
+    def _settle(self, c: CandidateRow, a: AttemptRow) -> None:
+        """A terminal attempt decides its candidate: done, retried (new attempt later) or failed."""
+        lay = Layout.from_dict(c.layout).short()
+        if self.ledger.result(a.id) is not None:
+            self.ledger.set_candidate_status(c.id, "done", f"job {a.job_id} measured")
+            return
+        fc = a.failure_class or a.state
+        retry, why = self._retry(fc, self.ledger.attempts(c.id))
+        if retry:
+            self.ledger.set_candidate_status(c.id, "planned", f"retry after {fc} ({why})")
+            self.ledger.log_event(self.name, "retry", f"{fc}: resubmitting {lay}", candidate_id=c.id,
+                                  data={"job_id": a.job_id, "failure_class": fc})
+            self.view.event(f"job {a.job_id} {fc}: retrying ({why})")
+        else:
+            status = "cancelled" if fc == "CANCELLED" else "failed"
+            self.ledger.set_candidate_status(c.id, status, f"{fc}: {why}")
+            self.view.event(f"job {a.job_id} {fc}: not retried ({why}) {lay}")
+
+    def _retry(self, fc: str, atts: List[AttemptRow]) -> tuple:
+        """Retryable classes up to max_attempts; TIMEOUT once; OOM / INVALID_CONFIG only when asked."""
+        allowed = {c.upper() for c in self.cfg.policy.retry_classes} | {c.upper() for c in self.opts.retry}
+        if len(atts) >= self.cfg.policy.max_attempts:
+            return False, f"{len(atts)} attempts = max_attempts"
+        if fc == "TIMEOUT" and "TIMEOUT" not in {c.upper() for c in self.opts.retry}:
+            earlier = sum(1 for x in atts if (x.failure_class or x.state) == "TIMEOUT")
+            return (earlier <= 1, "TIMEOUT is retried once" if earlier <= 1 else "TIMEOUT already retried once")
+        if fc in allowed:
+            return True, f"attempt {len(atts) + 1} of {self.cfg.policy.max_attempts}"
+        return False, "deterministic" if fc in ("OOM", "INVALID_CONFIG") else "not a retryable class"
+
+    # ---- deciding the next round ------------------------------------------------------------------
+    def _decide(self) -> Optional[str]:
+        cands = self._cands()
+        if any(c.status in ("planned",) + LIVE for c in cands):
+            return None  # something is still queued (e.g. a retry): keep waiting
+        budget = self.cfg.stage.budget
+        spent = observe.spent(self.ledger, self.name, n_gpus=self.cfg.stage.gpus, iters=self.iters)
+        rnd = max((c.round for c in cands), default=-1) + 1
+        sims = " simulated" if spent.simulated else ""
+        if rnd >= budget.max_rounds:
+            return f"max_rounds {budget.max_rounds} reached"
+        if spent.runs >= budget.max_runs:
+            return f"budget spent: {spent.runs}/{budget.max_runs} runs"
+        if spent.gpu_hours >= budget.max_gpu_hours:
+            return f"budget spent: {spent.gpu_hours:.1f}/{budget.max_gpu_hours:.0f}{sims} GPU-hours"
+        sweeps = observe.same_stage_sweeps(self.ledger, self.sweep)
+        obs = observe.observations(self.ledger, sweeps, self.env)
+        own = [o for o in obs if o.key in {c.key for c in cands}]
+        if self.policy.converged(own):
+            return (f"converged: no gain > {self.cfg.policy.converge_gain:.0%} over the best for "
+                    f"{self.cfg.policy.converge_rounds} rounds")
+        source, source_stage = [], None
+        if rnd == 0 and self.cfg.stage.promotes_from:
+            src = promotion_source(self.ledger, self.cfg)
+            src_sweep, src_cfg = src
+            src_env = PlanEnv(src_cfg.model, src_cfg.hardware, src_cfg.stage, src_cfg.workload.name)
+            source, source_stage = observe.observations(self.ledger, [src_sweep], src_env), src_cfg.stage
+            self.view.event(f"promoting from sweep {src_sweep.name} ({len([s for s in source if s.ok])} measured)")
+        inp = RoundInput(round=rnd, observations=obs, known_keys=observe.known_keys(self.ledger, self.sweep),
+                         slots=budget.max_runs - spent.runs, gpu_hours_left=budget.max_gpu_hours - spent.gpu_hours,
+                         source=source)
+        plan = self.policy.propose(self.env, inp, source_stage=source_stage)
+        if plan.fit is not None and not any(cal.round == rnd for cal in self.ledger.calibrations(self.name)):
+            f = plan.fit
+            self.ledger.record_calibration(self.name, rnd, f.to_dict(), {
+                "step_mape_before": f.mape_before, "step_mape_after": f.mape_after, "step_loo_mape": f.loo_mape,
+                "memory_mape_before": f.memory_mape_before, "memory_mape_after": f.memory_mape_after})
+            self.view.event(f"round {rnd} calibration ({f.method}, {f.n_step} runs): step MAPE "
+                            f"{_pct(f.mape_before)} -> {_pct(f.mape_after)}, memory factor {f.memory_factor:.3f}")
+        if not plan.proposals:
+            return "search exhausted: the policy has nothing new to measure within the budget"
+        self.ledger.add_candidates(self.name, [
+            CandidateIn(key=p.key, layout=p.layout.to_dict(), layer_pattern=p.predicted.get("layer_pattern", ""),
+                        predicted=p.predicted, round=rnd, parent_key=p.parent_key, edge_kind=p.edge_kind)
+            for p in plan.proposals])
+        self.ledger.log_event(self.name, "round", f"round {rnd}: {plan.reason}",
+                              data={"keys": [p.key for p in plan.proposals],
+                                    "reasons": [p.reason for p in plan.proposals]})
+        self.view.event(f"round {rnd}: " + "; ".join(
+            f"{p.layout.short()} [{p.reason}] pred {p.predicted_step_s:.3f}s" for p in plan.proposals))
+        return None
+
+    # ---- output -----------------------------------------------------------------------------------
+    def _show(self) -> None:
+        cands = self._cands()
+        spent = observe.spent(self.ledger, self.name, n_gpus=self.cfg.stage.gpus, iters=self.iters)
+        self.view.update(Snapshot(sweep=self.name, round=max((c.round for c in cands), default=0),
+                                  counts=observe.status_counts(cands), best=observe.best_of(self.ledger, self.name),
+                                  gpu_hours=spent.gpu_hours, simulated=spent.simulated))
+
+    def _outcome(self, reason: str) -> Outcome:
+        cands = self._cands()
+        return Outcome(sweep=self.name, reason=reason, rounds=max((c.round for c in cands), default=-1) + 1,
+                       best=observe.best_of(self.ledger, self.name),
+                       spent=observe.spent(self.ledger, self.name, n_gpus=self.cfg.stage.gpus, iters=self.iters))
+
+
+def _pct(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.1%}"

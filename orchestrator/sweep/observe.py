@@ -1,0 +1,122 @@
+"""Ledger rows -> what the policy and the view need: observations, known keys, budget spent.
+
+Everything is recomputed from the ledger on each call (never cached across rounds) so that a resumed
+orchestrator sees exactly what the killed one had written, and nothing it had only in memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Set
+
+from db.ledger import CandidateRow, Ledger, SweepRow
+from orchestrator.plan.layout import Layout
+from orchestrator.policy.env import PlanEnv
+from orchestrator.policy.types import Observation
+
+QUEUED = ("planned", "claimed", "submitted")
+
+
+def same_stage_sweeps(ledger: Ledger, sweep: SweepRow) -> List[SweepRow]:
+    """Sweeps whose candidates share this sweep's key space (stage, model, hardware, workload)."""
+    return [s for s in ledger.list_sweeps() if (s.stage, s.model, s.hardware, s.workload)
+            == (sweep.stage, sweep.model, sweep.hardware, sweep.workload)]
+
+
+def known_keys(ledger: Ledger, sweep: SweepRow) -> Set[str]:
+    """Every candidate key in the ledger for this stage: a key here is never launched again."""
+    return {c.key for s in same_stage_sweeps(ledger, sweep) for c in ledger.candidates(s.name)}
+
+
+def _raw(env: PlanEnv, cand: CandidateRow, layout: Layout):
+    p = cand.predicted or {}
+    if "raw_components" in p and p.get("raw_step_time_s") and p.get("raw_memory_gb"):
+        return p["raw_components"], float(p["raw_step_time_s"]), float(p["raw_memory_gb"])
+    return env.raw(layout)  # candidates added by other tools (run-one, plan --save) carry no raw numbers
+
+
+def observations(ledger: Ledger, sweeps: List[SweepRow], env: PlanEnv) -> List[Observation]:
+    """Each candidate with its latest outcome: measured metrics, or the failure class of its last attempt."""
+    measured: Dict[int, dict] = {}
+    for s in sweeps:
+        for row in ledger.measured(sweep=s.name):
+            measured[row.candidate_id] = row.metrics
+    out: List[Observation] = []
+    for s in sweeps:
+        for c in ledger.candidates(s.name):
+            layout = Layout.from_dict(c.layout)
+            raw = _raw(env, c, layout)
+            if raw is None:
+                continue
+            comps, step, mem = raw
+            met = measured.get(c.id)
+            fc = None
+            if met is None:
+                if c.status not in ("failed", "cancelled"):
+                    continue  # not measured yet: nothing to learn
+                atts = ledger.attempts(c.id)
+                fc = (atts[-1].failure_class if atts else None) or c.reason or "FAILED"
+            peak = None
+            if met:
+                peak = met.get("peak_reserved_gb") or met.get("peak_allocated_gb")
+            out.append(Observation(
+                key=c.key, layout=layout, raw_components=dict(comps), raw_step_s=step, raw_memory_gb=mem,
+                step_s=met.get("step_p50_s") if met else None, p99_s=met.get("step_p99_s") if met else None,
+                peak_gb=peak, failure_class=fc, round=c.round, hbm_gb=env.hardware.hbm_gb))
+    return out
+
+
+@dataclass
+class Spent:
+    """Budget consumed by one sweep. GPU-hours are simulated when the workload is (the twin)."""
+
+    runs: int  # candidates launched at least once
+    attempts: int
+    gpu_hours: float
+    simulated: bool
+
+
+def spent(ledger: Ledger, sweep: str, *, n_gpus: int, iters: int) -> Spent:
+    """runs = candidates with an attempt; GPU-hours = N x (mean step x iterations, else wall) / 3600."""
+    runs = attempts = 0
+    gpu_s = 0.0
+    simulated = False
+    results = {r.attempt_id: r.metrics for r in ledger.measured(sweep=sweep)}
+    for c in ledger.candidates(sweep):
+        atts = ledger.attempts(c.id)
+        runs += bool(atts)
+        attempts += len(atts)
+        for a in atts:
+            simulated |= a.simulated
+            met = results.get(a.id) or (ledger.result(a.id) if a.terminal else None)
+            if met and met.get("step_mean_s"):
+                gpu_s += n_gpus * met["step_mean_s"] * iters
+            elif a.start_time and a.end_time:
+                gpu_s += n_gpus * max(0.0, (a.end_time - a.start_time).total_seconds())
+    return Spent(runs=runs, attempts=attempts, gpu_hours=gpu_s / 3600.0, simulated=simulated)
+
+
+def status_counts(cands: List[CandidateRow]) -> Dict[str, int]:
+    counts = {"queued": 0, "running": 0, "done": 0, "failed": 0}
+    for c in cands:
+        if c.status in QUEUED:
+            counts["queued"] += 1
+        elif c.status in counts:
+            counts[c.status] += 1
+        elif c.status == "cancelled":
+            counts["failed"] += 1
+    return counts
+
+
+def best_of(ledger: Ledger, sweep: str) -> Optional[dict]:
+    """Measured best of one sweep (p50, then p99, then headroom): for the live view and the summary."""
+    rows = ledger.measured(sweep=sweep)
+    if not rows:
+        return None
+
+    def rank(r):
+        m = r.metrics
+        return (m.get("step_p50_s") or float("inf"), m.get("step_p99_s") or float("inf"),
+                m.get("peak_reserved_gb") or m.get("peak_allocated_gb") or 0.0)
+    r = min(rows, key=rank)
+    return {"key": r.key, "layout": Layout.from_dict(r.layout).short(), "step_p50_s": r.metrics.get("step_p50_s"),
+            "step_p99_s": r.metrics.get("step_p99_s"), "simulated": r.simulated, "candidate_id": r.candidate_id}

@@ -1,0 +1,61 @@
+"""Sweep set-up: names, the stored config, the promotion source, the holder id, provenance."""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from importlib import metadata
+from typing import Optional, Tuple
+
+from omegaconf import OmegaConf
+
+from db.ledger import Ledger, SweepRow
+from orchestrator.errors import UserError
+from orchestrator.schema import RootConfig
+
+
+def default_name(cfg: RootConfig) -> str:
+    """`<stage>-<model>-<hardware>`, unless sweep.name is given."""
+    return cfg.sweep.name or f"{cfg.stage.name}-{cfg.model.name}-{cfg.hardware.name}"
+
+
+def root_from_yaml(text: str) -> RootConfig:
+    """The typed config a sweep was created with (its stored snapshot), e.g. for resume or promotion."""
+    merged = OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.create(text))
+    return OmegaConf.to_object(merged)  # type: ignore[return-value]
+
+
+def holder_id() -> str:
+    """Who drives a sweep: host:pid, shown to a second orchestrator that is refused."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def provenance(cfg: RootConfig) -> dict:
+    versions = {}
+    for pkg in ("dsv4-orchestrator", "submitit", "sqlalchemy", "hydra-core", "megatron-core", "torch"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return {"versions": versions, "python": platform.python_version(), "host": socket.gethostname(),
+            "workload": {"name": cfg.workload.name, "command": list(cfg.workload.command),
+                         "simulated": cfg.workload.simulated},
+            "env": dict(cfg.cluster.env)}
+
+
+def promotion_source(ledger: Ledger, cfg: RootConfig) -> Optional[Tuple[SweepRow, RootConfig]]:
+    """The most recent sweep of the stage this stage promotes from, same model; None if it promotes from none."""
+    src_stage = cfg.stage.promotes_from
+    if not src_stage:
+        return None
+    cands = [s for s in ledger.list_sweeps() if s.stage == src_stage and s.model == cfg.model.name]
+    if not cands:
+        raise UserError(
+            f"stage {cfg.stage.name} promotes from stage {src_stage}, but the ledger {ledger.url} has no "
+            f"{src_stage} sweep of model {cfg.model.name}: run `python -m orchestrator sweep +stage={src_stage}` first"
+        )
+    src = max(cands, key=lambda s: s.id)
+    if not ledger.measured(sweep=src.name):
+        raise UserError(f"sweep {src.name} (stage {src_stage}) has no measured candidate to promote; "
+                        f"resume it first: python -m orchestrator resume {src.name}")
+    return src, root_from_yaml(src.config_yaml)

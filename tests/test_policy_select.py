@@ -1,0 +1,92 @@
+"""One-factor neighbours, diversity, measured best, convergence and promotion mapping (pure)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from orchestrator.plan.layout import Layout, groups
+from orchestrator.policy import make_policy, policy_names
+from orchestrator.policy.promote import promoted_layouts
+from orchestrator.policy.select import best_measured, changed_knob, diverse_top, measured_rank, round_robin
+from orchestrator.policy.types import Observation
+from orchestrator.schema import PolicyConfig, SearchConfig, StageConfig
+
+BASE = Layout(tp=1, pp=8, vpp=1, cp=1, ep=64, mbs=1)
+
+
+def obs(key, step, *, p99=None, peak=None, rnd=0, lay=BASE, fc=None):
+    return Observation(key=key, layout=lay, raw_components={"compute": 1.0}, raw_step_s=1.0, raw_memory_gb=10.0,
+                       step_s=step, p99_s=p99, peak_gb=peak, failure_class=fc, round=rnd, hbm_gb=80.0)
+
+
+def test_changed_knob_is_exactly_one_group():
+    assert changed_knob(BASE, replace(BASE, ep=32)) == "ep"
+    assert changed_knob(BASE, replace(BASE, pp=4, vpp=2)) == "pp"  # PP/VPP move together
+    assert changed_knob(BASE, replace(BASE, dispatcher="flex", flex_backend="deepep")) == "dispatcher"
+    assert changed_knob(BASE, replace(BASE, ep=32, cp=2)) is None
+    assert changed_knob(BASE, BASE) is None
+    assert changed_knob(BASE, replace(BASE, tp=2)) is None  # not a searched knob group
+
+
+def test_diverse_top_covers_each_value_before_repeating():
+    ranked = [replace(BASE, ep=64, cp=1), replace(BASE, ep=64, cp=1, mbs=2), replace(BASE, ep=64, cp=2),
+              replace(BASE, ep=32, cp=1), replace(BASE, ep=128, pp=4)]
+    got = diverse_top(ranked, 4, layout_of=lambda x: x)
+    assert got[0] == ranked[0]
+    assert {lay.ep for lay in got} == {32, 64, 128} and {lay.cp for lay in got} == {1, 2}
+    assert ranked[1] not in got  # the duplicate of the best adds no new knob value
+
+
+def test_measured_best_uses_measurements_and_tie_breaks():
+    rows = [obs("a", 1.00, p99=1.3, peak=60), obs("b", 1.00, p99=1.2, peak=70), obs("c", 1.00, p99=1.2, peak=50),
+            obs("d", None, fc="OOM"), obs("e", 1.5)]
+    assert [r.key for r in measured_rank(rows)] == ["c", "b", "a", "e"]
+    assert best_measured(rows).key == "c"
+    assert best_measured([obs("x", None, fc="CRASH")]) is None
+
+
+def test_round_robin_interleaves_and_dedupes():
+    assert round_robin([["a", "b", "c"], ["a", "d"], ["e"]], 4, key=str) == ["a", "d", "e", "b"]
+
+
+def test_convergence_needs_two_rounds_without_gain():
+    pol = make_policy(PolicyConfig(converge_gain=0.01, converge_rounds=2))
+    assert not pol.converged([obs("a", 10, rnd=0), obs("b", 9, rnd=1), obs("c", 8.5, rnd=2)])
+    assert not pol.converged([obs("a", 10, rnd=0), obs("b", 9.95, rnd=1)])
+    assert pol.converged([obs("a", 10, rnd=0), obs("b", 9.95, rnd=1), obs("c", 10.5, rnd=2)])
+    assert not pol.converged([obs("a", 10, rnd=0), obs("b", 9.95, rnd=1), obs("c", 9.0, rnd=2)])
+
+
+def test_registry_names_both_policies():
+    assert {"calibrated_neighbours", "predicted_topk"} <= set(policy_names())
+
+
+def _stage(name, gpus):
+    return StageConfig(name=name, gpus=gpus, global_batch=4096, seq_length=8192,
+                       search=SearchConfig(cp=[1, 2, 4, 8], ep=[32, 64, 128]))
+
+
+def test_promotion_keeps_b_restores_m_with_cp_and_widens_ep():
+    src, dst = _stage("1k", 1024), _stage("8k", 8192)
+    a = Layout(tp=1, pp=8, cp=1, ep=64, mbs=1)  # the guide's config A: D_a = 128, m = 32
+    out = promoted_layouts(a, src, dst)
+    assert out[0] == a  # config B: D_a = 1024, m = 4
+    assert groups(out[0], 8192, 4096).m == 4
+    cp_variant = out[1]
+    assert cp_variant.cp == 8 and groups(cp_variant, 8192, 4096).m == 32  # m restored
+    assert out[2].ep == 128 and out[2].cp == 8  # EP widened
+    assert all(groups(lay, 8192, 4096).legal for lay in out)
+
+
+def test_oom_dominance_prunes_layouts_needing_more_memory():
+    from orchestrator.policy.select import needs_more_memory, oom_dominated
+
+    oom = replace(BASE, pp=4, ep=32, mbs=1, recompute=("moe_act",))
+    assert needs_more_memory(replace(oom, mbs=2), oom)
+    assert needs_more_memory(replace(oom, pp=2, recompute=()), oom)
+    assert needs_more_memory(replace(oom, dispatcher="flex", flex_backend="deepep"), oom)
+    assert not needs_more_memory(replace(oom, ep=64), oom)  # more EP shards: less memory per GPU
+    assert not needs_more_memory(replace(oom, recompute=("full",)), oom)
+    assert not needs_more_memory(replace(oom, recompute=("mla_up_proj",)), oom)  # selective sets: unordered
+    rows = [obs("o", None, lay=oom, fc="OOM"), obs("c", None, lay=replace(oom, pp=1), fc="CRASH")]
+    assert oom_dominated(replace(oom, mbs=2), rows)
+    assert not oom_dominated(replace(oom, pp=8), rows)
