@@ -47,3 +47,27 @@ def ledger_url(request, tmp_path) -> str:
         conn.execute("DROP SCHEMA public CASCADE")
         conn.execute("CREATE SCHEMA public")
     return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+
+
+SLURM_LOCAL = os.path.join(os.path.dirname(__file__), "cluster", "slurm_local.sh")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> dict:
+    """The local 4-node Slurm cluster (tests/cluster/slurm_local.sh), started if it is not up.
+
+    Cannot start: the test fails when CI is set (CI must run the Slurm tests), otherwise it is skipped.
+    """
+    import subprocess
+
+    def script(action: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", SLURM_LOCAL, action], capture_output=True, text=True, timeout=600)
+
+    if script("status").returncode != 0:
+        up = script("up")
+        if up.returncode != 0:
+            msg = f"local Slurm cluster cannot start: {(up.stderr or up.stdout).strip()[-400:]}"
+            if os.environ.get("CI"):
+                pytest.fail(msg)
+            pytest.skip(msg)
+    return {"nodes": ["n1", "n2", "n3", "n4"], "gpus_per_node": 8, "conf": "/etc/slurm/slurm.conf"}
