@@ -21,7 +21,7 @@ import random
 import signal
 import sys
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -71,14 +71,12 @@ class TwinJob:
     log_interval: int
     model_flops: float = 0.0  # per step; 0 = take the planner's
     entry: str = f"{MEGATRON}/pretrain_hybrid.py"
-    extra: Dict[str, object] = field(default_factory=dict)
 
 
 def _flag(flags: Dict[str, object], name: str, default=None):
-    for k in (name, name.replace("_", "-"), "--" + name.replace("_", "-")):
-        if flags.get(k) is not None:
-            return flags[k]
-    return default
+    """A parsed flag by argparse dest (`moe_router_topk`); absent or None -> default."""
+    value = flags.get(name)
+    return default if value is None else value
 
 
 def _from_flags(cls, base, flags: Dict[str, object]):
