@@ -63,3 +63,11 @@ def dispatch_buffer_gb(t_group: int, k: int, ep: int, hidden: int, skew: float =
     if capacity_factor is not None and capacity_factor > 0:
         skew = min(skew, capacity_factor)
     return 2 * dispatch_receive_tokens(t_group, k, ep, skew) * hidden * bytes_per_elem / 1e9
+
+
+def min_nodes(group_size: int, gpus_per_node: int) -> int:
+    """Fewest nodes a group of `group_size` GPUs can span: ceil(size / GPUs per node).
+
+    Guide: with 8 GPUs per node EP64 spans at least 8 nodes, so expert traffic crosses the network.
+    """
+    return -(-group_size // gpus_per_node)
