@@ -57,7 +57,7 @@ class JobSpec:
         """Write atomically (tmp + rename): a reader never sees half a spec."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # every rank may save at once
         tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
         os.replace(tmp, path)
         return path
