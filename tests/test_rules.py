@@ -151,3 +151,34 @@ def test_rules_read_only_the_fields_they_declare(a, b):
             continue
         mixed = replace(b, **{f: getattr(a, f) for f in r.needs})
         assert r.violated(ctx(a)) == r.violated(ctx(mixed)), r.id
+
+
+_legal = st.builds(
+    Layout, tp=st.just(1), pp=st.sampled_from([1, 2, 4, 8]), vpp=st.sampled_from([1, 2]),
+    cp=st.sampled_from([1, 2, 4]), ep=st.sampled_from([8, 32, 64]), mbs=st.sampled_from([1, 2]),
+    recompute=st.sampled_from([(), ("moe_act",), ("mhc", "mla_up_proj"), ("full",)]),
+    offload=st.sampled_from([(), ("expert_fc1",)]),
+    dispatcher=st.sampled_from(["alltoall", "allgather", "flex"]),
+    capacity_factor=st.sampled_from([None, 1.5]),
+)
+
+
+def _fix(lay: Layout) -> Layout:
+    backend = "hybridep" if lay.dispatcher == "flex" else None
+    return replace(lay, flex_backend=backend, vpp=1 if lay.pp == 1 else lay.vpp)
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=_legal, b=_legal)
+def test_argv_rules_read_only_the_knobs_they_declare(a, b):
+    """plan() checks each argv rule once per value of its `needs`: argv.py must agree."""
+    pytest.importorskip("orchestrator.plan.argv")
+    from orchestrator.plan.planner import _Env
+
+    env = _Env(MODEL, HW, STAGE, None, 1.0, "")
+    a = _fix(a)
+    for r in R.by_phase("argv"):
+        mixed = _fix(replace(b, **{f: getattr(a, f) for f in r.needs if f != "flex_backend"}))
+        ca, cm = ctx(a, argv=env.argv(a)), ctx(mixed, argv=env.argv(mixed))
+        assert ca.argv and cm.argv
+        assert r.violated(ca) == r.violated(cm), r.id

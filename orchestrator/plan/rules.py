@@ -9,6 +9,8 @@ which `phase` it belongs to:
 - "layout":  reads only the knobs, the groups (D_a, D_e, m) and the stage/model/hardware.
 - "pattern": also reads the pipeline split (blocks per segment) and the HybridModel layer pattern.
 - "argv":    reads the generated Megatron flags (we never emit the forbidden ones; this proves it).
+             `needs` here names the knobs that decide whether argv.py emits the flag in question;
+             tests/test_rules.py checks that claim against argv.py itself.
 - "memory":  reads the predicted heaviest-rank memory; checked last, only for survivors.
 
 A predicate returns True when the rule is VIOLATED. Predicates of later phases return False while
@@ -68,6 +70,11 @@ class Ctx:
     def groups(self) -> Groups:
         return groups(self.layout, self.stage.gpus, self.stage.global_batch)
 
+    @cached_property
+    def flags(self) -> frozenset:
+        """Names of the flags in argv ('--x=1' counts as '--x'); empty without argv."""
+        return frozenset(a.split("=", 1)[0] for a in (self.argv or ()) if a.startswith("--"))
+
     @property
     def d_a(self) -> Optional[int]:
         return self.groups.d_a
@@ -107,7 +114,7 @@ def _flex(lay: Layout, *backends: str) -> bool:
 
 
 def _has_flag(ctx: Ctx, flags: Sequence[str]) -> bool:
-    return ctx.argv is not None and any(a.split("=", 1)[0] in flags for a in ctx.argv)
+    return ctx.argv is not None and not ctx.flags.isdisjoint(flags)
 
 
 def _mnnvl(ctx: Ctx) -> bool:
@@ -138,7 +145,7 @@ RULES: Tuple[Rule, ...] = (
          f"{V4}; guide 长上下文边界",
          lambda c: c.stage.packed_sequences and c.stage.deterministic_mode),
     Rule("v4.static_cp_only", "the V4 path supports only static CP (no dynamic/hybrid CP flags)",
-         f"{V4}; guide 长上下文边界", lambda c: _has_flag(c, DYNAMIC_CP_FLAGS), phase="argv"),
+         f"{V4}; guide 长上下文边界", lambda c: _has_flag(c, DYNAMIC_CP_FLAGS), ("cp",), "argv"),
     Rule("v4.no_core_attn_recompute", "core_attn recompute is not supported on the V4 path",
          V4, lambda c: "core_attn" in c.layout.recompute, ("recompute",)),
     Rule("v4.no_qkv_linear_offload", "qkv_linear offload is not supported on the V4 path",
@@ -155,9 +162,10 @@ RULES: Tuple[Rule, ...] = (
          ("pp", "vpp"), "pattern"),
     Rule("v4.pattern_excludes_layout_flags",
          "the hybrid '|' pattern forbids --pipeline-model-parallel-layout, VPP layer flags and account-for flags",
-         f"{V4}; A:741-921", lambda c: _has_flag(c, PATTERN_FORBIDDEN_FLAGS), phase="argv"),
+         f"{V4}; A:741-921", lambda c: _has_flag(c, PATTERN_FORBIDDEN_FLAGS), ("pp", "vpp"), "argv"),
     Rule("v4.no_moe_enable_deepep", "--moe-enable-deepep is deprecated: use flex + --moe-flex-dispatcher-backend",
-         f"{V4}; TC:1743", lambda c: _has_flag(c, ("--moe-enable-deepep",)), phase="argv"),
+         f"{V4}; TC:1743", lambda c: _has_flag(c, ("--moe-enable-deepep",)), ("dispatcher", "flex_backend"),
+         "argv"),
     Rule("v4.mnnvl_needs_hybridep",
          "on a multi-node NVLink (MNNVL) system the flex dispatcher must use hybridep, the only MNNVL backend",
          "megatron-facts §1 MoE --moe-flex-dispatcher-backend",
@@ -240,7 +248,7 @@ RULES: Tuple[Rule, ...] = (
          ("recompute", "offload")),
     Rule("mcore.offload_without_cpu_offloading", "fine-grained offload cannot be combined with cpu_offloading",
          "TC:2127-2195", lambda c: bool(c.layout.offload) and _has_flag(c, ("--cpu-offloading-num-layers",)),
-         ("offload",), "argv"),
+         ("offload", "recompute"), "argv"),
     # ---- Memory (last) ----
     Rule("mem.exceeds_hbm", "heaviest rank's predicted memory + margin exceeds HBM",
          "guide 显存 (M_peak = weight + grad + optimizer + activation + comm + workspace + runtime)",

@@ -1,0 +1,347 @@
+"""The planner: (model, hardware, stage) -> legal candidates ranked by predicted step time, and the
+rejected ones with the rules they break.
+
+Why a knob-by-knob walk and not "enumerate, then check": a stage has tens of thousands of raw
+layouts and most are illegal for reasons that read one or two knobs (TP=1 on the V4 path, E % EP).
+Each rule is checked at the first level of the walk where every knob it reads is bound, so it runs
+once per combination of those knobs, and an illegal subtree is cut there. Only survivors reach the
+analytic models (pipeline split, memory, step time), which are memoised on the knobs they read.
+Rejected subtrees are expanded lazily, when someone asks for `PlanResult.rejected`, so every
+rejection still lists all the rules it violates.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+from orchestrator.plan import flops, memory, moe, params, pipeline, ranks
+from orchestrator.plan import rules as R
+from orchestrator.plan import space, steptime
+from orchestrator.plan.layout import Layout, Prediction, canonical_key
+from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
+
+try:  # argv.py is optional for planning: without it the argv-phase rules are not checked
+    from orchestrator.plan import argv as argv_mod
+except ImportError:  # pragma: no cover - only while the module is missing
+    argv_mod = None  # type: ignore[assignment]
+
+CHEAP_PHASES = ("layout", "pattern")
+# memory.stage_memory does not read these fields (the flex backend's buffers are sized alike, the
+# rank order changes no group size); tests/test_planner.py checks it, so its result is shared.
+MEMORY_IGNORES = ("flex_backend", "use_tp_pp_dp_mapping")
+MEMORY_READS = tuple(f for f in Layout.__dataclass_fields__ if f not in MEMORY_IGNORES)
+
+
+@dataclass
+class Planned:
+    """A legal, feasible layout and what the models predict for it.
+
+    `key` (the ledger's canonical_key) is computed on first use: hashing every survivor of a large
+    stage costs more than planning it, and most are never shown or stored.
+    """
+
+    layout: Layout
+    prediction: Prediction
+    ident: Tuple[str, str, str, str] = field(default=("", "", "", ""), repr=False)  # model, stage, hw, workload
+
+    @cached_property
+    def key(self) -> str:
+        model, stage, hardware, workload = self.ident
+        return canonical_key(self.layout, model=model, stage=stage, hardware=hardware, workload=workload)
+
+
+@dataclass
+class Rejected:
+    layout: Layout
+    rules: List[R.Rule]
+    memory_gb: Optional[float] = None  # set when the memory model ran (mem.exceeds_hbm)
+
+    @property
+    def rule_ids(self) -> List[str]:
+        return [r.id for r in self.rules]
+
+
+@dataclass
+class PlanResult:
+    candidates: List[Planned]  # feasible, by predicted step_time_s then memory_gb
+    raw_count: int
+    elapsed_s: float
+    _late: List[Rejected] = field(default_factory=list, repr=False)  # argv/memory rejections
+    _expand: Optional[Callable[[], List[Rejected]]] = field(default=None, repr=False)
+    _rejected: Optional[List[Rejected]] = field(default=None, repr=False)
+
+    @property
+    def rejected(self) -> List[Rejected]:
+        """Every rejected layout with all the rules it violates (expanded on first access)."""
+        if self._rejected is None:
+            early = self._expand() if self._expand else []
+            self._rejected = early + self._late
+        return self._rejected
+
+
+class _Env:
+    """One planning problem plus memo tables for the models' inputs that repeat across layouts."""
+
+    def __init__(self, model: ModelConfig, hw: HardwareConfig, stage: StageConfig, factors, memory_factor: float,
+                 workload: str):
+        self.model, self.hw, self.stage = model, hw, stage
+        self.factors, self.memory_factor, self.workload = factors, memory_factor, workload
+        self.blocks = params.effective_layers(model, stage)
+        self._split: Dict[Tuple[int, int], Optional[Tuple[Tuple[int, ...], str]]] = {}
+        self._spans: Dict[tuple, Tuple[int, int]] = {}
+        self._moe: Dict[Tuple[int, int, int], Tuple[int, float, int]] = {}
+        self._argv_memo: Dict[tuple, bool] = {}
+        self._flops: Dict[Tuple[str, ...], Any] = {}
+        self._mem: Dict[tuple, Any] = {}
+        self._groups: Dict[tuple, Any] = {}
+        self.tokens = stage.global_batch * stage.seq_length
+        self.ident = (model.name, stage.name, hw.name, workload)
+
+    def split(self, pp: int, vpp: int) -> Optional[Tuple[Tuple[int, ...], str]]:
+        """(blocks per segment, layer pattern) for PP x VPP segments; None if a segment would be empty."""
+        key = (pp, vpp)
+        if key not in self._split:
+            segs = pp * vpp
+            if self.blocks < segs:
+                self._split[key] = None
+            else:
+                split = self._balanced_split(pp, segs)
+                self._split[key] = (split, pipeline.layer_pattern(self.model, list(split)))
+        return self._split[key]
+
+    def _balanced_split(self, pp: int, segs: int) -> Tuple[int, ...]:
+        """Blocks per segment, balanced on per-block FLOPs (embedding on the first, head/loss/MTP on the
+        last). With PP>1 the hash-routed layers stay in the first segment when possible (else
+        mcore.hash_layers_first_segment reports the split that could not)."""
+        costs, first, last = flops.block_costs(self.model, self.stage.seq_length, self.blocks)
+        n_hash = self.model.moe_n_hash_layers if pp > 1 else 1
+        try:
+            return tuple(pipeline.split_blocks(self.blocks, segs, costs, first, last, min_first=max(1, n_hash)))
+        except ValueError:
+            return tuple(pipeline.split_blocks(self.blocks, segs, costs, first, last))
+
+    def ctx(self, layout: Layout) -> R.Ctx:
+        sp = self.split(layout.pp, layout.vpp)
+        ctx = R.Ctx(self.model, self.stage, self.hw, layout, self.blocks,
+                    split=sp[0] if sp else None, pattern=sp[1] if sp else None)
+        gkey = (layout.tp, layout.pp, layout.cp, layout.ep, layout.etp, layout.mbs)
+        g = self._groups.get(gkey)
+        if g is None:
+            g = self._groups[gkey] = ctx.groups
+        else:
+            ctx.__dict__["groups"] = g  # fills the cached_property: groups read only these six knobs
+        return ctx
+
+    def spans(self, lay: Layout) -> Tuple[int, int]:
+        key = (lay.tp, lay.cp, lay.ep, lay.etp, lay.pp, lay.use_tp_pp_dp_mapping)
+        if key not in self._spans:
+            self._spans[key] = tuple(ranks.node_spans(lay, self.stage.gpus, self.stage.gpus_per_node))
+        return self._spans[key]
+
+    def moe_shape(self, lay: Layout) -> Tuple[int, float, int]:
+        """(T_group, T_expert, experts per rank) for this EP, b, CP."""
+        key = (lay.ep, lay.mbs, lay.cp)
+        if key not in self._moe:
+            tg = moe.t_group(lay.ep, lay.mbs, self.stage.seq_length, lay.cp)
+            te = moe.t_expert(self.model.moe_router_topk, tg, self.model.num_experts)
+            self._moe[key] = (tg, te, moe.experts_per_rank(self.model.num_experts, lay.ep))
+        return self._moe[key]
+
+    def argv(self, lay: Layout) -> Optional[Tuple[str, ...]]:
+        sp = self.split(lay.pp, lay.vpp)
+        if argv_mod is None or sp is None:
+            return None
+        return tuple(argv_mod.megatron_argv(self.model, self.stage, lay, layer_pattern=sp[1],
+                                            train_iters=self.stage.warmup_iters + self.stage.measure_iters))
+
+    def argv_violations(self, ctx: R.Ctx, rules: Sequence[R.Rule]) -> List[R.Rule]:
+        """Argv rules, each checked once per combination of the knobs it declares (memoised): the
+        flags argv.py emits for those knobs do not depend on the others (tests/test_rules.py)."""
+        bad = []
+        for rule in rules:
+            key = (rule.id, tuple(getattr(ctx.layout, f) for f in rule.needs))
+            hit = self._argv_memo.get(key)
+            if hit is None:
+                if ctx.argv is None:
+                    ctx.argv = self.argv(ctx.layout)
+                    ctx.__dict__.pop("flags", None)
+                hit = self._argv_memo[key] = rule.violated(ctx)
+            if hit:
+                bad.append(rule)
+        return bad
+
+    def memory(self, lay: Layout, g, split: Tuple[int, ...]):
+        """(per-rank StageMemory list, heaviest), memoised on every knob but MEMORY_IGNORES."""
+        key = tuple(getattr(lay, f) for f in MEMORY_READS)
+        hit = self._mem.get(key)
+        if hit is None:
+            mems = memory.stage_memory(self.model, self.hw, self.stage, lay, g, list(split))
+            hit = self._mem[key] = (mems, memory.heaviest(mems))
+        return hit
+
+    def step_flops(self, lay: Layout):
+        """flops.step_flops reads only the recompute set of the layout (model and stage are fixed)."""
+        hit = self._flops.get(lay.recompute)
+        if hit is None:
+            hit = self._flops[lay.recompute] = flops.step_flops(self.model, self.stage, lay)
+        return hit
+
+    def finish(self, ctx: R.Ctx, late_rules: Sequence[R.Rule], mem_rules: Sequence[R.Rule], *,
+               memo_argv: bool = True) -> Union[Planned, Rejected]:
+        """Argv and memory phases, then every prediction, for a layout that passed the cheap rules."""
+        lay, g = ctx.layout, ctx.groups
+        if late_rules:
+            if memo_argv:
+                bad = self.argv_violations(ctx, late_rules)
+            else:
+                ctx.argv = self.argv(lay)
+                bad = R.violations(ctx, late_rules)
+            if bad:
+                return Rejected(lay, bad)
+        split, pattern = ctx.split, ctx.pattern
+        mems, heavy = self.memory(lay, g, split)
+        ctx.memory_gb = heavy.total * self.memory_factor
+        bad = R.violations(ctx, mem_rules)
+        if bad:
+            return Rejected(lay, bad, memory_gb=ctx.memory_gb)
+        ep_nodes, cp_nodes = self.spans(lay)
+        st = steptime.step_time(self.model, self.hw, self.stage, lay, g, list(split), ep_nodes, cp_nodes,
+                                factors=self.factors)
+        fl = self.step_flops(lay)
+        t_group, t_expert, per_rank = self.moe_shape(lay)
+        pred = Prediction(
+            d_a=g.d_a, d_e=g.d_e, m=g.m,
+            bubble=pipeline.bubble(lay.pp, g.m, lay.vpp),
+            t_group=t_group, t_expert=t_expert, experts_per_rank=per_rank,
+            ep_nodes=ep_nodes, cp_nodes=cp_nodes,
+            routed_weight_gb=heavy.routed_weights, heaviest_stage=heavy.stage,
+            memory_gb=ctx.memory_gb,
+            memory_by_stage=tuple(s.total * self.memory_factor for s in mems),
+            feasible=True,
+            step_time_s=st.total_s, step_components=dict(st.components),
+            flops_per_step=fl.model_flops, recompute_flops_per_step=fl.recompute_flops,
+            mfu=flops.mfu(fl.model_flops, st.total_s, self.stage.gpus, self.hw, self.stage.precision),
+            tokens_per_s=self.tokens / st.total_s if st.total_s > 0 else 0.0,
+            layer_pattern=pattern or "",
+        )
+        return Planned(lay, pred, self.ident)
+
+
+def _late_rules() -> Tuple[Tuple[R.Rule, ...], Tuple[R.Rule, ...]]:
+    late = R.by_phase("argv") if argv_mod is not None else ()
+    return late, R.by_phase("memory")
+
+
+def evaluate(model: ModelConfig, hw: HardwareConfig, stage: StageConfig, layout: Layout, *, factors=None,
+             memory_factor: float = 1.0, workload: str = "") -> Union[Planned, Rejected]:
+    """Check one layout against every rule and, if legal, predict it. Used by the policy and the twin."""
+    env = _Env(model, hw, stage, factors, memory_factor, workload)
+    ctx = env.ctx(layout)
+    bad = R.violations(ctx, [r for r in R.RULES if r.phase in CHEAP_PHASES])
+    if bad:
+        return Rejected(layout, bad)
+    return env.finish(ctx, *_late_rules(), memo_argv=False)
+
+
+class _Walk:
+    """The knob-by-knob walk over a stage's search space (see the module docstring).
+
+    Each cheap rule sits at the level of the deepest knob it reads. Its verdicts are tabulated once
+    over the product of the values of the knobs it reads (a few hundred entries at most), so the
+    walk itself only builds tuples and looks them up; a Layout is built only for legal leaves.
+    """
+
+    def __init__(self, env: _Env, values: Dict[str, list]):
+        self.env, self.values = env, values
+        self.knobs = space.KNOBS
+        level = {k: i for i, k in enumerate(self.knobs)}
+        self.order = {r.id: i for i, r in enumerate(R.RULES)}
+        by_level: Dict[int, List[R.Rule]] = {}
+        for rule in R.RULES:
+            if rule.phase in CHEAP_PHASES:
+                lv = max((level[space.FIELD_KNOB[f]] for f in rule.needs), default=-1)
+                by_level.setdefault(lv, []).append(rule)
+        root = by_level.pop(-1, [])
+        self.root_bad = R.violations(env.ctx(Layout()), root)
+        # level -> (knobs read, {their values: violated rules})
+        self.tables: List[Optional[Tuple[Tuple[str, ...], Dict[tuple, List[R.Rule]]]]] = [None] * len(self.knobs)
+        for lv, rules in by_level.items():
+            read = {space.FIELD_KNOB[f] for r in rules for f in r.needs}
+            knobs = tuple(k for k in self.knobs if k in read)
+            table = {}
+            for combo in itertools.product(*(values[k] for k in knobs)):
+                ctx = env.ctx(space.make_layout(dict(zip(knobs, combo))))
+                table[combo] = R.violations(ctx, rules)
+            self.tables[lv] = (knobs, table)
+
+    def run(self, on_leaf: Callable[[Layout], None]) -> List[Tuple[Dict[str, Any], List[R.Rule], int]]:
+        """Walk with pruning: call on_leaf for each legal leaf; return the cut subtrees."""
+        if self.root_bad:
+            return [({}, list(self.root_bad), -1)]
+        cut: List[Tuple[Dict[str, Any], List[R.Rule], int]] = []
+        last = len(self.knobs) - 1
+        knobs, values, tables = self.knobs, self.values, self.tables
+
+        def go(level: int, assign: Dict[str, Any]) -> None:
+            knob, tab = knobs[level], tables[level]
+            for v in values[knob]:
+                assign[knob] = v
+                bad = tab[1][tuple([assign[k] for k in tab[0]])] if tab else None
+                if bad:
+                    cut.append((dict(assign), bad, level))
+                elif level == last:
+                    on_leaf(space.make_layout(assign))
+                else:
+                    go(level + 1, assign)
+            del assign[knob]
+
+        go(0, {})
+        return cut
+
+    def cheap_violations(self, assign: Dict[str, Any]) -> List[R.Rule]:
+        """All cheap rules a full assignment violates, in RULES order (table lookups only)."""
+        bad = list(self.root_bad)
+        for tab in self.tables:
+            if tab:
+                bad.extend(tab[1][tuple(assign[k] for k in tab[0])])
+        return sorted(bad, key=lambda r: self.order[r.id])
+
+    def expand(self, cut: Sequence[Tuple[Dict[str, Any], List[R.Rule], int]]) -> List[Rejected]:
+        """Every leaf under the cut subtrees, with all the rules it violates (no pruning)."""
+        out: List[Rejected] = []
+        for assign, _bad, level in cut:
+            rest = self.knobs[level + 1:]
+            for combo in itertools.product(*(self.values[k] for k in rest)):
+                full = dict(assign, **dict(zip(rest, combo)))
+                out.append(Rejected(space.make_layout(full), self.cheap_violations(full)))
+        return out
+
+
+def plan(model: ModelConfig, hw: HardwareConfig, stage: StageConfig, *, factors=None,
+         memory_factor: float = 1.0, workload: str = "") -> PlanResult:
+    """Every layout of stage.search: the feasible ones ranked, the rest rejected with rule ids."""
+    t0 = time.perf_counter()
+    env = _Env(model, hw, stage, factors, memory_factor, workload)
+    values = space.knob_values(stage.search)
+    walk = _Walk(env, values)
+    late_rules, mem_rules = _late_rules()
+    planned: List[Planned] = []
+    late: List[Rejected] = []
+
+    def on_leaf(layout: Layout) -> None:
+        res = env.finish(env.ctx(layout), late_rules, mem_rules)
+        (planned if isinstance(res, Planned) else late).append(res)  # type: ignore[arg-type]
+
+    cut = walk.run(on_leaf)
+    planned.sort(key=lambda p: (p.prediction.step_time_s, p.prediction.memory_gb))  # stable: walk order on ties
+    raw = space.raw_count(stage.search)
+    return PlanResult(candidates=planned, raw_count=raw, elapsed_s=time.perf_counter() - t0,
+                      _late=late, _expand=lambda: walk.expand(cut))
+
+
+def iter_rules() -> Iterator[R.Rule]:
+    """All rules, for `plan --show-rejected` legends and docs."""
+    return iter(R.RULES)
