@@ -95,9 +95,9 @@ def _time_prefix(key, n: int, seq: int, recompute: Tuple[str, ...]) -> _TimePref
 
     def cp_bytes(ratio: int) -> Tuple[float, float]:
         seq_b = 0.0
-        if ratio:
-            seq_b = rkv * (2 if ratio == 4 else 1) * 2.0 / ratio
-        if ratio == 4:
+        if ratio:  # one compressed KV entry (r_kv wide) per `ratio` tokens, BF16
+            seq_b = rkv * 2.0 / ratio
+        if ratio == 4:  # plus the indexer's compressed keys
             seq_b += di * 2.0 / ratio
         return seq_b, float(m.csa_window_size * rkv * 2)
 
@@ -184,7 +184,7 @@ def step_time(model, hw, stage, layout, groups, blocks_per_segment: Sequence[int
                                    and domain_gpus <= hw.gpus_per_nvlink_domain)
     remote, local = _remote_copies(layout.dispatcher, k, ep, 1 if one_domain else ep_nodes)
     passes = 4.0 * (1.5 if ("moe" in layout.recompute or "full" in layout.recompute) else 1.0)
-    tok_bytes = t * h * 2.0 * passes / max(1, etp) * skew
+    tok_bytes = t / tp * h * 2.0 * passes * skew  # ETP regroups the same GPUs: no change per GPU
     a2a_layer = max(remote * tok_bytes / nic, local * tok_bytes / nvl) / hw.a2a_efficiency if ep > 1 else 0.0
     a2a_layer *= (1.0 - hw.a2a_overlap)
     # CP boundary exchange bandwidth, PP p2p seconds per boundary transfer
@@ -201,7 +201,7 @@ def step_time(model, hw, stage, layout, groups, blocks_per_segment: Sequence[int
     for g, ex, at, rc, cps, cpf, moe_layers, _, _ in sums:
         compute = t / tp * ((3 * g + rc) / (peak * hw.gemm_efficiency)
                             + 3 * at / (peak_attn * hw.attention_efficiency)
-                            + (3 * ex * skew / etp) / (peak * eff_expert if eff_expert else peak))
+                            + 3 * ex * skew / (peak * eff_expert if eff_expert else peak))
         a2a = moe_layers * a2a_layer
         cpx = 2 * ((cp - 1) / cp * b * S * cps + cpf) / cp_bw if cp > 1 else 0.0
         per_rank.append((compute, a2a, cpx, p2p))
