@@ -301,6 +301,10 @@ _MEM_KEYS = {"allocated": "allocated", "max allocated": "max_allocated", "reserv
              "max reserved": "max_reserved", "total device memory used": "total_device_used"}
 
 
+def _opt_float(b: Optional[bytes]) -> Optional[float]:
+    return None if b is None else float(b)
+
+
 def _dec(b: bytes) -> str:
     return b.decode("utf-8", "replace")
 
@@ -316,9 +320,42 @@ def _is_validation(exc_type: str, message: str, last_frame: Optional[str]) -> bo
 
 
 # --------------------------------------------------------------------------- parser
+# A line is looked at only if it contains one of these (found with bytes.find over whole chunks,
+# so the ~all of a log that is noise or timer rows costs one C scan per keyword).
+_KEYWORDS = (
+    b"consumed samples:",
+    b"memory",  # memory (MB) line, CUDA out of memory, [OOM] snapshot, cgroup out-of-memory kill
+    b"across ranks (ms):", b"MnRtt/Rnk: ", b"^^^^ ", b"] datetime: ", _SIM_B, b"CANCELLED",
+    b"atchdog", b"Traceback", b"rror",  # rror: XError lines and argparse `: error:`
+)
+_TRACEBACK_KEYWORDS = (b'File "', b"Exception")  # only while a traceback can be open
+_CHUNK = 32 << 20
+# Row: 4 spaces, `name + ' '` padded with dots to 48 chars, `: (min, max)` or `: max`. The padded
+# name is captured raw and cleaned once per distinct name (cache), which keeps the regex trivial.
+_ROW_MINMAX = re.compile(rb"    ([^:\n]+): \(([^,\n]+), ([^)\n]+)\)")
+_ROW_NAME = re.compile(rb"(?:^|\n)    ([^ \n]+)")  # Megatron timer names have no spaces
+_ROW_VALUES = re.compile(rb": \(([^,\n]+), ([^)\n]+)\)")
+_ROW_MAX = re.compile(rb"    ([^:\n]+): ([-+0-9.eE]+|nan|inf)[ \t\r]*$", re.M)
+_ITER_STRICT = re.compile(
+    rb"(?:\[([0-9-]+ [0-9:.]+)\] )?iteration\s+(\d+)/\s*(\d+) \| consumed samples:\s+(\d+) \|"
+    rb"(?: skipped samples:\s+(\d+) \|)?"
+    rb" elapsed time per iteration \(ms\): ([^ |]+) \|"
+    rb"(?: throughput per GPU \(TFLOP/s/GPU\): ([^ |]+) \|)?"
+    rb"(?: energy per GPU \(J/iter/GPU\): ([^ |]+) \| power per GPU \(W/GPU\): ([^ |]+) \|)?"
+    rb"(?: learning rate: ([^ |]+) \|)?"
+    rb" global batch size:\s+(\d+) \|"
+    rb"((?: [^|:]+: [^ |]+ \|)*?)"  # losses and MoE metrics: any `name: value`
+    rb" loss scale: ([^ |]+) \|"
+    rb"(?: grad norm: ([^ |]+) \|)?(?: num zeros: ([^ |]+) \|)?(?: params norm: ([^ |]+) \|)?"
+    rb" number of skipped iterations:\s+(\d+) \| number of nan iterations:\s+(\d+) \|")
+_ITER_LOSS = re.compile(rb" ([^|:]+): ([^ |]+) \|")
+_ITER_FIELD = re.compile(r" ([^|:]+): ([^|]+?) (?=\|)")
+_NON_ASCII = re.compile(rb"[\x80-\xff\x00]")
+
+
 class _Parser:
-    """Line-at-a-time state machine. Per-source state (timer block, traceback) is keyed by the
-    rank prefix, so interleaved `srun -l` output from many ranks does not mix blocks."""
+    """Chunked scanner plus a small per-source state machine (open traceback), keyed by the rank
+    prefix so interleaved `srun -l` output from many ranks does not mix tracebacks or timer rows."""
 
     def __init__(self, source_rank: Optional[int] = None) -> None:
         self.source_rank = source_rank
@@ -327,109 +364,157 @@ class _Parser:
         self.garbage = 0
         self.truncated = False
         self.last_iteration: Optional[int] = None
-        self._timer: Dict[Optional[int], TimerBlock] = {}
-        self._timer_name: Dict[Optional[int], str] = {}  # current name in an "all" block
         self._tb: Dict[Optional[int], List[str]] = {}  # open traceback frames per source
+        self._row_re: Dict[bytes, "re.Pattern[bytes]"] = {}
+        self._names: Dict[bytes, str] = {}  # timer name cache (bytes -> str)
 
-    # ---- entry points
-    def feed(self, raw: bytes, complete: bool = True) -> List[Record]:
-        self.lines += 1
-        self.bytes += len(raw)
-        if raw.endswith(b"\n"):
-            raw = raw[:-1]
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
-        if not raw.isascii() or b"\x00" in raw:
+    # ---- chunks
+    def chunk(self, buf: bytes, final: bool) -> Tuple[List[Record], bytes]:
+        """Parse the complete part of `buf`; return (records, unparsed rest to prepend next time)."""
+        if not final:
+            cut = self._safe_cut(buf)
+            work, rest = buf[:cut], buf[cut:]
+        else:
+            work, rest = buf, b""
+        tail = b""
+        if final and work and not work.endswith(b"\n"):
+            i = work.rfind(b"\n") + 1
+            work, tail = work[:i], work[i:]
+        out: List[Record] = []
+        if work:
+            self.lines += work.count(b"\n")
+            self.bytes += len(work)
+            self._count_garbage(work)
+            for ls in self._candidates(work):
+                le = work.find(b"\n", ls)
+                if le < 0:
+                    le = len(work)
+                out.extend(self._candidate(work, ls, le))
+        if tail:
+            self.truncated = True
+            self.lines += 1
+            self.bytes += len(tail)
+            self._count_garbage(tail)
+            for seg in tail.replace(b"\x00", b"").split(b"\r"):
+                if seg:
+                    seg_src, seg_s, _ = self._prefix(seg)
+                    out.extend(self._line(seg_s, seg_src, complete=False))
+        if final:
+            self._tb.clear()  # a traceback with no exception line (killed): nothing to report
+        return out, rest
+
+    @staticmethod
+    def _safe_cut(buf: bytes) -> int:
+        """Cut before the last iteration line: timer blocks follow iteration lines, so no block
+        (or its interleaved rows) is split between chunks."""
+        i = buf.rfind(b"consumed samples:")
+        if i > 0:
+            ls = buf.rfind(b"\n", 0, i) + 1
+            if ls > 0:
+                return ls
+        return buf.rfind(b"\n") + 1
+
+    def _count_garbage(self, work: bytes) -> None:
+        if work.isascii() and b"\x00" not in work:
+            return
+        seen = set()
+        for m in _NON_ASCII.finditer(work):
+            ls = work.rfind(b"\n", 0, m.start()) + 1
+            if ls in seen:
+                continue
+            seen.add(ls)
+            le = work.find(b"\n", ls)
+            line = work[ls:le if le >= 0 else len(work)]
+            if b"\x00" in line:
+                self.garbage += 1
+                continue
             try:
-                raw.decode("utf-8")
-                if b"\x00" in raw:
-                    raise UnicodeDecodeError("utf-8", raw, 0, 1, "NUL")
+                line.decode("utf-8")
             except UnicodeDecodeError:
                 self.garbage += 1
-                raw = raw.replace(b"\x00", b"")
-        if b"\r" in raw:  # progress bars: each \r-separated segment is its own line
-            out: List[Record] = []
-            for seg in raw.split(b"\r"):
-                if seg:
-                    out.extend(self._line(seg, complete))
-            return out
-        return self._line(raw, complete)
 
-    def finish(self) -> List[Record]:
-        out: List[Record] = []
-        for src in list(self._timer):
-            out.append(self._close_timer(src))
-        for src in list(self._tb):
-            self._tb.pop(src)  # a traceback with no exception line (killed): nothing to report
-        return out
+    def _candidates(self, work: bytes) -> List[int]:
+        starts = set()
+        find, rfind = work.find, work.rfind
+        keywords = _KEYWORDS
+        if self._tb or b"Traceback" in work:
+            keywords = keywords + _TRACEBACK_KEYWORDS
+        for kw in keywords:
+            i = find(kw)
+            while i >= 0:
+                ls = rfind(b"\n", 0, i) + 1
+                starts.add(ls)
+                le = find(b"\n", i)
+                if le < 0:
+                    break
+                i = find(kw, le)
+        return sorted(starts)
 
-    # ---- one logical line
-    def _line(self, s: bytes, complete: bool) -> List[Record]:
+    def _prefix(self, s: bytes) -> Tuple[Optional[int], bytes, bytes]:
+        """(source rank, content, raw rank prefix) with srun/torchrun/logging prefixes removed."""
         src = self.source_rank
+        pre = b""
         if s[:1] == b"[" and (s.startswith(b"[rank") or s.startswith(b"[default")):
             m = _TORCHRUN_PREFIX.match(s)
             if m:
-                src = int(m.group(1))
-                s = s[m.end():]
-        else:
-            first = s.lstrip()[:1]
-            if first.isdigit():
-                m = _SRUN_PREFIX.match(s)
+                src, pre, s = int(m.group(1)), s[:m.end()], s[m.end():]
+        elif s.lstrip()[:1].isdigit():
+            m = _SRUN_PREFIX.match(s)
+            if m:
+                src, pre, s = int(m.group(1)), s[:m.end()], s[m.end():]
+                m = _TORCHRUN_PREFIX.match(s)
                 if m:
-                    src = int(m.group(1))
-                    s = s[m.end():]
-                    m = _TORCHRUN_PREFIX.match(s)
-                    if m:
-                        src = int(m.group(1))
-                        s = s[m.end():]
+                    src, pre, s = int(m.group(1)), pre + s[:m.end()], s[m.end():]
         if s[:4] in (b"INFO", b"WARN", b"ERRO", b"DEBU", b"CRIT"):
             m = _LOGGING_PREFIX.match(s)
             if m:
                 s = s[m.end():]
+        return src, s, pre
 
+    def _candidate(self, work: bytes, ls: int, le: int) -> List[Record]:
+        raw = work[ls:le]
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        if b"\x00" in raw:
+            raw = raw.replace(b"\x00", b"")
+        src, s, pre = self._prefix(raw)
+        if b"across ranks (ms):" in s and src not in self._tb:
+            for header, kind in _TIMER_HEADERS:
+                if header in s:
+                    return [self._timer_block(work, le, kind, src, pre)]
+        if b"\r" in s:  # progress bars: each \r-separated segment is its own line
+            out: List[Record] = []
+            for seg in s.split(b"\r"):
+                if seg:
+                    out.extend(self._line(seg, src, True))
+            return out
+        return self._line(s, src, True)
+
+    # ---- one logical line (prefixes removed)
+    def _line(self, s: bytes, src: Optional[int], complete: bool = True) -> List[Record]:
         out: List[Record] = []
-        if src in self._timer:
-            if complete and self._timer_row(src, s):
-                return out
-            out.append(self._close_timer(src))
         if src in self._tb:
             if s.startswith(b" ") or not s.strip():
                 if s.lstrip().startswith(b'File "'):
                     self._tb[src].append(_dec(s))
                 return out
-            frames = self._tb.pop(src)
-            out.extend(self._exception(s, src, frames))
-            # fall through: the exception line may also be an OOM / NCCL signature
-            out.extend(self._signatures(s, src, complete, exception_done=True))
-            return out
-
+            exc = self._exception(s, src, self._tb.pop(src))
+            if exc:  # the exception line may also be an OOM / NCCL signature
+                return exc + self._signatures(s, src, exception_done=True)
+            # not an exception line: the traceback was cut short; read the line normally
         if complete:
-            if b"iteration" in s and b"consumed samples:" in s:
+            if b"consumed samples:" in s and b"iteration" in s:
                 rec = self._iteration(s, src)
-                if rec is not None:
-                    out.append(rec)
-                return out
+                return [rec] if rec is not None else out
             if b"memory (MB)" in s and b"[Rank " in s:
                 rec = self._memory(s)
-                if rec is not None:
-                    out.append(rec)
-                return out
-            if b"across ranks (ms):" in s:
-                for header, kind in _TIMER_HEADERS:
-                    if header in s:
-                        self._timer[src] = TimerBlock(kind=kind, after_iteration=self.last_iteration,
-                                                      rank=src)
-                        return out
-            if b"/Rnk: " in s:
+                return [rec] if rec is not None else out
+            if b"MnRtt/Rnk: " in s:
                 rec = self._straggler(s, src)
-                if rec is not None:
-                    out.append(rec)
-                return out
+                return [rec] if rec is not None else out
             if s.startswith(b"^^^^ "):
                 rec = self._straggler_ranks(s, src)
-                if rec is not None:
-                    out.append(rec)
-                return out
+                return [rec] if rec is not None else out
             if b"] datetime: " in s:
                 m = _EVENT.search(_dec(s))
                 if m:
@@ -438,11 +523,10 @@ class _Parser:
         if s.startswith(_SIM_B):
             out.append(SimulatedMarker(_dec(s[len(_SIM_B):]).strip(), rank=src))
             return out
-        out.extend(self._signatures(s, src, complete, exception_done=False))
+        out.extend(self._signatures(s, src, exception_done=False))
         return out
 
-    def _signatures(self, s: bytes, src: Optional[int], complete: bool,
-                    exception_done: bool) -> List[Record]:
+    def _signatures(self, s: bytes, src: Optional[int], exception_done: bool) -> List[Record]:
         out: List[Record] = []
         if b"*** " in s and b"CANCELLED" in s:
             t = _dec(s)
@@ -454,7 +538,7 @@ class _Parser:
                 out.append(SlurmCancelRecord(m.group(1), m.group(2), m.group(3), m.group(4), reason,
                                              t.strip()))
             return out
-        if b"oom-kill" in s or b"oom_kill" in s:
+        if b"oom-kill" in s or b"oom_kill" in s or b"xceeded job memory limit" in s:
             out.append(OOMRecord("host", _dec(s).strip(), rank=src))
             return out
         if b"out of memory" in s:
@@ -475,21 +559,44 @@ class _Parser:
         if b"Traceback (most recent call last)" in s:
             self._tb[src] = []
             return out
-        if not exception_done and (b"Error" in s or b"Exception" in s or b"Interrupt" in s):
-            if b": error: " in s:
-                m = _ARGPARSE.match(_dec(s).strip())
-                if m:
-                    out.append(ValidationError("argparse", m.group(1), m.group(0), rank=src))
-                    return out
-            out.extend(self._exception(s, src, None))
-        elif b": error: " in s and not exception_done:
+        if exception_done:
+            return out
+        if b": error: " in s:
             m = _ARGPARSE.match(_dec(s).strip())
             if m:
                 out.append(ValidationError("argparse", m.group(1), m.group(0), rank=src))
+                return out
+        if b"Error" in s or b"Exception" in s or b"Interrupt" in s:
+            out.extend(self._exception(s, src, None))
         return out
 
     # ---- record builders
     def _iteration(self, s: bytes, src: Optional[int]) -> Optional[IterationRecord]:
+        m = _ITER_STRICT.search(s)
+        if m is not None:  # fast path: Megatron's own field order, one regex, no decode
+            g = m.groups()
+            losses = {}
+            names = self._names
+            for k, v in _ITER_LOSS.findall(g[11]):
+                key = names.get(k)
+                if key is None:
+                    key = names[k] = _dec(k)
+                try:
+                    losses[key] = float(v)
+                except ValueError:
+                    pass
+            f = _opt_float
+            rec = IterationRecord(
+                int(g[1]), int(g[2]), int(g[3]), float(g[5]), int(g[10]), losses,
+                None if g[4] is None else int(g[4]), f(g[6]), f(g[7]), f(g[8]), f(g[9]),
+                float(g[12]), f(g[13]), f(g[14]), f(g[15]), int(g[16]), int(g[17]),
+                None if g[0] is None else g[0].decode(), src)
+            self.last_iteration = rec.iteration
+            return rec
+        return self._iteration_generic(s, src)
+
+    def _iteration_generic(self, s: bytes, src: Optional[int]) -> Optional[IterationRecord]:
+        """Any field order / unknown extra fields (e.g. RL packing info)."""
         t = _dec(s)
         m = _ITER_HEAD.search(t)
         if m is None or "number of nan iterations" not in t:
@@ -498,12 +605,7 @@ class _Parser:
         vals: Dict[str, object] = {}
         losses: Dict[str, float] = {}
         try:
-            for part in t[m.end():].split("|"):
-                key, sep, val = part.partition(":")
-                if not sep:
-                    continue
-                key = key.strip()
-                val = val.strip()
+            for key, val in _ITER_FIELD.findall(t, m.end()):
                 spec = _ITER_KEYS.get(key)
                 if spec is not None:
                     vals[spec[0]] = spec[1](val)
@@ -542,51 +644,96 @@ class _Parser:
             self.garbage += 1
             return None
 
-    def _timer_row(self, src: Optional[int], s: bytes) -> bool:
-        """Add a row to the open block of `src`; False when `s` is not a row (block ends)."""
-        blk = self._timer[src]
-        if blk.kind == "all":
-            st = s.strip()
-            if s.startswith(b"     rank ") and b": " in s:
-                r, _, v = st[5:].partition(b":")
-                name = self._timer_name.get(src)
-                if name is None:
-                    return False
-                try:
-                    blk.per_rank[name][int(r)] = float(v)
-                except ValueError:
-                    return False
-                return True
-            if s.startswith(b"  ") and st.endswith(b":") and b" " not in st:
-                name = _dec(st[:-1])
-                self._timer_name[src] = name
-                blk.per_rank[name] = {}
-                return True
-            return False
-        if not s.startswith(b"    "):
-            return False
-        i = s.rfind(b": ")
-        if i < 0:
-            return False
-        name = _dec(s[:i].rstrip(b".").strip())
-        val = s[i + 2:].strip()
-        try:
-            if val[:1] == b"(":
-                lo, _, hi = val[1:-1].partition(b",")
-                blk.timers[name] = (float(lo), float(hi))
-            else:
-                blk.timers[name] = (None, float(val))
-        except ValueError:
-            return False
-        return True
-
-    def _close_timer(self, src: Optional[int]) -> TimerBlock:
-        blk = self._timer.pop(src)
-        self._timer_name.pop(src, None)
-        for name, ranks in blk.per_rank.items():
-            if ranks:
-                blk.timers[name] = (min(ranks.values()), max(ranks.values()))
+    def _timer_block(self, work: bytes, pos: int, kind: str, src: Optional[int],
+                     pre: bytes) -> TimerBlock:
+        """Rows follow the header (`pos` = its newline). Fast path: one regex over the run of
+        consecutive rows with the header's own prefix; if another rank's line interrupts the run,
+        walk on line by line, taking only this source's rows, until this source prints a non-row."""
+        blk = TimerBlock(kind=kind, after_iteration=self.last_iteration, rank=src)
+        if kind != "all":
+            run = self._row_re.get(pre)
+            if run is None:
+                run = self._row_re[pre] = re.compile(
+                    rb"(?:\n" + re.escape(pre) + rb"    [^\n]*)*")
+            m = run.match(work, pos)
+            region = m.group(0)
+            self._rows(blk, region.replace(b"\n" + pre, b"\n") if pre else region)
+            pos = m.end()
+            if not pre or not work.startswith(b"\n", pos) or work.startswith(b"\n" + pre, pos):
+                return blk  # not interleaved: the block ended at a non-row line of its own source
+            nxt = work.find(b"\n" + pre, pos)
+            if nxt < 0 or not work.startswith(b"    ", nxt + 1 + len(pre)):
+                return blk  # this source's next line is not a row: the block is complete
+        self._walk_rows(blk, work, pos, src)
         return blk
+
+    def _rows(self, blk: TimerBlock, region: bytes) -> None:
+        names = self._names
+        if blk.kind == "minmax":
+            ns = _ROW_NAME.findall(region)
+            vals = _ROW_VALUES.findall(region)
+            if len(ns) == len(vals):  # fast path: two literal-led scans instead of one row regex
+                for n in ns:
+                    if n not in names:
+                        names[n] = _dec(n)
+                try:
+                    blk.timers.update({names[n]: (float(v[0]), float(v[1])) for n, v in zip(ns, vals)})
+                    return
+                except ValueError:
+                    pass
+            rows = [(n.rstrip(b". "), lo, hi) for n, lo, hi in _ROW_MINMAX.findall(region)]
+            for name, _, _ in rows:
+                if name not in names:
+                    names[name] = _dec(name)
+            try:
+                blk.timers.update({names[n]: (float(lo), float(hi)) for n, lo, hi in rows})
+            except ValueError:
+                for name, lo, hi in rows:
+                    try:
+                        blk.timers[names[name]] = (float(lo), float(hi))
+                    except ValueError:
+                        self.garbage += 1
+        else:
+            for name, hi in _ROW_MAX.findall(region):
+                blk.timers[_dec(name.rstrip(b". "))] = (None, float(hi))
+
+    def _walk_rows(self, blk: TimerBlock, work: bytes, pos: int, src: Optional[int]) -> None:
+        name: Optional[str] = None
+        foreign = 0
+        n = len(work)
+        while pos < n and foreign < 10000:
+            ls = pos + 1
+            le = work.find(b"\n", ls)
+            if le < 0:
+                le = n
+            pos = le
+            s_src, s, _ = self._prefix(work[ls:le].rstrip(b"\r"))
+            if s_src != src:
+                foreign += 1
+                continue
+            if blk.kind == "all":
+                st = s.strip()
+                if s.startswith(b"     rank ") and b": " in s and name is not None:
+                    r, _, v = st[5:].partition(b":")
+                    try:
+                        blk.per_rank[name][int(r)] = float(v)
+                        continue
+                    except ValueError:
+                        break
+                if s.startswith(b"  ") and st.endswith(b":") and b" " not in st:
+                    name = _dec(st[:-1])
+                    blk.per_rank[name] = {}
+                    continue
+                break
+            if not s.startswith(b"    "):
+                break
+            before = len(blk.timers)
+            self._rows(blk, s)
+            if len(blk.timers) == before:
+                break
+        for nm, ranks in blk.per_rank.items():
+            if ranks:
+                blk.timers[nm] = (min(ranks.values()), max(ranks.values()))
 
     def _straggler(self, s: bytes, src: Optional[int]) -> Optional[StragglerRecord]:
         t = _dec(s)
@@ -639,16 +786,11 @@ class _Parser:
         t = _dec(s).strip()
         m = _EXC_LINE.match(t)
         if m is None:
-            if frames is not None:  # a traceback that ended on an unexpected line
-                return [TracebackRecord("", t, t, _last_frame(frames), src)]
-            return []
+            return []  # not an exception line (a traceback cut short by a kill): nothing to claim
         exc_type, message = m.group(1), (m.group(2) or "").strip()
         last = _last_frame(frames) if frames else None
-        if frames is None and exc_type.rsplit(".", 1)[-1] not in ("AssertionError", "ValueError") \
-                and "OutOfMemoryError" not in exc_type:
-            # a bare `XError: ...` line with no traceback is too weak unless it is a known kind
-            if not exc_type.endswith("Error") or ":" not in t:
-                return []
+        if frames is None and (not exc_type.endswith("Error") or m.group(2) is None):
+            return []  # a bare `Foo: ...` line without traceback is too weak unless it is an XError
         out: List[Record] = [TracebackRecord(exc_type, message, t, last, src)]
         if _is_validation(exc_type, message, last):
             out.append(ValidationError(exc_type.rsplit(".", 1)[-1], message, t, last, src))
@@ -665,25 +807,43 @@ def _last_frame(frames: Optional[List[str]]) -> Optional[str]:
 
 
 # --------------------------------------------------------------------------- public API
-def _lookahead(lines: Iterable[bytes]) -> Iterator[Tuple[bytes, bool]]:
-    """(line, is_complete): only the last line may be incomplete (no trailing newline)."""
+def _chunks(src: Union[Iterable[bytes], "object"]) -> Iterator[bytes]:
+    """Byte chunks from a binary file object (read()) or an iterable of lines. A line without a
+    trailing newline gets one unless it is the last (which then counts as truncated)."""
+    read = getattr(src, "read", None)
+    if read is not None:
+        while True:
+            data = read(_CHUNK)
+            if not data:
+                return
+            yield data
+        return
+    buf: List[bytes] = []
+    size = 0
     prev: Optional[bytes] = None
-    for line in lines:
+    for line in src:  # type: ignore[union-attr]
         if isinstance(line, str):
             line = line.encode("utf-8", "replace")
         if prev is not None:
-            yield prev, True
+            buf.append(prev if prev.endswith(b"\n") else prev + b"\n")
+            size += len(prev)
+            if size >= _CHUNK:
+                yield b"".join(buf)
+                buf, size = [], 0
         prev = line
     if prev is not None:
-        yield prev, prev.endswith(b"\n")
+        buf.append(prev)
+    if buf:
+        yield b"".join(buf)
 
 
-def _run(parser: _Parser, lines: Iterable[bytes]) -> Iterator[Record]:
-    for line, complete in _lookahead(lines):
-        if not complete:
-            parser.truncated = True
-        yield from parser.feed(line, complete)
-    yield from parser.finish()
+def _run(parser: _Parser, src: Iterable[bytes]) -> Iterator[Record]:
+    rest = b""
+    for data in _chunks(src):
+        recs, rest = parser.chunk(rest + data if rest else data, final=False)
+        yield from recs
+    recs, _ = parser.chunk(rest, final=True)
+    yield from recs
 
 
 def parse_stream(src: Iterable[bytes], source_rank: Optional[int] = None) -> Iterator[Record]:
@@ -698,27 +858,23 @@ def rank_from_path(path: Union[str, Path]) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+def _collect(parser: _Parser, src: Iterable[bytes], log: ParsedLog) -> ParsedLog:
+    buckets = {cls: getattr(log, name) for cls, name in _BUCKET.items()}
+    for rec in _run(parser, src):
+        buckets[type(rec)].append(rec)
+    log.lines, log.bytes = parser.lines, parser.bytes
+    log.garbage_lines, log.truncated = parser.garbage, parser.truncated
+    return log
+
+
 def parse_file(path: Union[str, Path], source_rank: Optional[int] = None) -> ParsedLog:
     """Parse one output file into a ParsedLog. The rank defaults to the file name's `rank-<r>`."""
     if source_rank is None:
         source_rank = rank_from_path(path)
-    parser = _Parser(source_rank)
-    log = ParsedLog(path=str(path), source_rank=source_rank)
-    buckets = {cls: getattr(log, name) for cls, name in _BUCKET.items()}
-    with open(path, "rb", buffering=1 << 20) as f:
-        for rec in _run(parser, f):
-            buckets[type(rec)].append(rec)
-    log.lines, log.bytes = parser.lines, parser.bytes
-    log.garbage_lines, log.truncated = parser.garbage, parser.truncated
-    return log
+    with open(path, "rb", buffering=0) as f:
+        return _collect(_Parser(source_rank), f, ParsedLog(path=str(path), source_rank=source_rank))
 
 
 def parse_bytes(data: bytes, source_rank: Optional[int] = None) -> ParsedLog:
     """Parse an in-memory blob (e.g. a stderr tail) the same way as a file."""
-    parser = _Parser(source_rank)
-    log = ParsedLog(source_rank=source_rank)
-    for rec in _run(parser, data.splitlines(keepends=True)):
-        log.add(rec)
-    log.lines, log.bytes = parser.lines, parser.bytes
-    log.garbage_lines, log.truncated = parser.garbage, parser.truncated
-    return log
+    return _collect(_Parser(source_rank), [data] if data else [], ParsedLog(source_rank=source_rank))
