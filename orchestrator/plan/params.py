@@ -189,7 +189,7 @@ def _param_counts(key: ModelKey, num_blocks: int) -> ParamCounts:
     mtp = (mtp_block.total + 2 * h * h + 3 * h) if mtp_block else 0
     total = embedding + head + sum(b.total for b in blocks) + n_mtp * mtp
     mtp_active = (mtp_block.active + 2 * h * h + 3 * h) if mtp_block else 0
-    # Model cards count the whole embedding table as "activated" (V3: 37B); so do we.
+    # Like the model cards (V3's 37B adds up only with them), count embedding and head as activated.
     active = embedding + head + sum(b.active for b in blocks) + n_mtp * mtp_active
     return ParamCounts(
         p_expert=p_expert(model), blocks=blocks, mtp_block=mtp_block, embedding=embedding,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import List, Optional, Sequence, Tuple
 
-from orchestrator.plan.params import RATIO_SYMBOL, block_ratios, model_key, mtp_ratio
+from orchestrator.plan.params import RATIO_SYMBOL, _Frozen, block_ratios, model_key, mtp_ratio
 
 ATTENTION_SYMBOLS = frozenset("CHWD*+")  # one per block in an attention+MLP pattern
 MOE_SYMBOL, MLP_SYMBOL, PIPE, MTP_SEPARATOR = "E", "-", "|", "/"
@@ -44,7 +44,8 @@ def split_blocks(num_blocks: int, segments: int, costs: Optional[Sequence[float]
     costs: per-block estimated time (default 1 each); first_extra: embedding work on segment 0;
     last_extra: output head, loss and MTP work on the last segment. Every segment gets >= 1 block
     (the first >= min_first) and the counts sum to num_blocks. Deterministic: the smallest feasible
-    cap is found by bisection, then blocks are packed left to right under it.
+    cap on the slowest segment is found by bisection over greedy packings; among splits meeting it,
+    the evenest (cuts at equal shares of the cumulative cost, least sum of squared loads) wins.
     """
     c = tuple(float(x) for x in costs) if costs is not None else (1.0,) * num_blocks
     if len(c) != num_blocks:
@@ -159,7 +160,7 @@ def layer_pattern(model, blocks_per_segment: Sequence[int]) -> str:
 def _pattern(key, bps: Tuple[int, ...]) -> str:
     d = dict(key)
     n = sum(bps)
-    model = _View(d)
+    model = _Frozen(key)
     syms = [RATIO_SYMBOL[r] + (MOE_SYMBOL if i >= d["num_dense_layers"] else MLP_SYMBOL)
             for i, r in enumerate(block_ratios(model, n))]
     segs, i = [], 0
@@ -173,11 +174,6 @@ def _pattern(key, bps: Tuple[int, ...]) -> str:
     if depths:
         out += (MTP_SEPARATOR + RATIO_SYMBOL[mtp_ratio(model)] + MOE_SYMBOL) * depths
     return out
-
-
-class _View:
-    def __init__(self, d: dict):
-        self.__dict__.update(d)
 
 
 def count_blocks(pattern: str) -> List[int]:
