@@ -16,7 +16,7 @@ from orchestrator.plan.layout import Layout, Prediction, canonical_key
 def make_items(n: int, *, round: int = 0, stage: str = "1k") -> list[CandidateIn]:
     out = []
     for i in range(n):
-        lay = Layout(tp=1, pp=8, vpp=1 + i % 2, cp=1, ep=(32, 64, 128)[i % 3], mbs=1 + i % 2,
+        lay = Layout(tp=1, pp=8, vpp=1 + i % 2, cp=1, ep=(32, 64, 128)[i % 3], mbs=1 + i,
                      recompute=("moe_act",) if i % 4 == 0 else (), dispatcher="flex" if i % 2 else "alltoall",
                      flex_backend="deepep" if i % 2 else None)
         pred = Prediction(d_a=128, d_e=2, m=32, bubble=0.1, t_group=4096, t_expert=64.0, experts_per_rank=6,
