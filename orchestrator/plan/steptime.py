@@ -11,7 +11,8 @@ Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's
                dense GEMMs at gemm_efficiency; core attention at attention_efficiency (BF16 peak);
                routed experts at gemm_efficiency x T_expert / (T_expert + EXPERT_GEMM_HALF_TOKENS)
                (small expert batches run grouped GEMMs less efficiently), and x the hot-rank skew.
-  a2a          per MoE layer 4 x t x k x h x 2 B (dispatch + combine, fwd + bwd), over NVLink when
+  a2a          per MoE layer 4 x t/TP x k x h x 2 B (dispatch + combine, fwd + bwd; x 1.5 when the
+               MoE layer is recomputed, which dispatches again), over NVLink when
                ep_nodes == 1 (or one MNNVL domain with HybridEP), else the remote share
                (1 - 1/ep_nodes) over the NIC; flex dispatchers send a token once per remote node;
                allgather moves the whole group's tokens; x skew, / a2a_efficiency, x (1 - a2a_overlap).
