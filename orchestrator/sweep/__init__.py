@@ -14,7 +14,7 @@ from orchestrator.sweep.loop import Driver, Options, Outcome
 from orchestrator.sweep.setup import default_name, provenance, root_from_yaml
 from orchestrator.sweep.view import View
 
-__all__ = ["run_sweep", "resume_sweep", "Options", "Outcome", "open_ledger", "pick_launcher"]
+__all__ = ["run_sweep", "resume_sweep", "Driver", "Options", "Outcome", "open_ledger", "pick_launcher"]
 
 
 def open_ledger(cfg: RootConfig) -> Ledger:

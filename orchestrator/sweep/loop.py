@@ -44,11 +44,32 @@ class Outcome:
     spent: observe.Spent
 
 
+def retry_decision(fc: str, history: Sequence[str], *, max_attempts: int, retry_classes: Sequence[str],
+                   asked: Set[str] = frozenset()) -> tuple:
+    """(retry?, why) for an attempt that failed with `fc`; `history` = failure classes of every attempt so far.
+
+    Retryable classes (NODE_FAIL, PREEMPTED, NCCL_TIMEOUT by default) up to max_attempts; TIMEOUT once;
+    deterministic failures (OOM, INVALID_CONFIG) and anything else only when asked (--retry oom).
+    """
+    asked = {c.upper() for c in asked}
+    allowed = {c.upper() for c in retry_classes} | asked
+    if len(history) >= max_attempts:
+        return False, f"{len(history)} attempt(s) = max_attempts"
+    if fc == "TIMEOUT" and "TIMEOUT" not in asked:
+        timeouts = sum(1 for x in history if x == "TIMEOUT")
+        return (True, "TIMEOUT is retried once") if timeouts <= 1 else (False, "TIMEOUT already retried once")
+    if fc in allowed:
+        return True, f"attempt {len(history) + 1} of {max_attempts}"
+    return False, "deterministic" if fc in ("OOM", "INVALID_CONFIG") else "not a retryable class"
+
+
 def planned_from_row(c: CandidateRow) -> Planned:
     """Rebuild the planner's Planned from a ledger row (its stored prediction), for build_spec."""
     pred = {k: v for k, v in (c.predicted or {}).items() if k in _PRED_FIELDS}
     pred["memory_by_stage"] = tuple(pred.get("memory_by_stage") or ())
-    return Planned(layout=Layout.from_dict(c.layout), prediction=Prediction(**pred), key=c.key)
+    planned = Planned(layout=Layout.from_dict(c.layout), prediction=Prediction(**pred))
+    planned.__dict__["key"] = c.key  # the ledger's key wins over a recomputed one (cached_property slot)
+    return planned
 
 
 class Driver:
@@ -67,7 +88,7 @@ class Driver:
         self.ttl = float(cfg.ledger.lease_ttl_s)
         self._beat = 0.0
         self._t0 = time.monotonic()
-        self._polls = 0
+        self.stats = {"polls": 0, "sleep_s": 0.0, "submitted": 0}  # for `make bench`: control-plane time
 
     # ---- lease ------------------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -109,7 +130,13 @@ class Driver:
         return self.ledger.candidates(self.name)
 
     def _reconcile(self) -> None:
-        """After a restart: settle attempts that ended while nobody watched; release orphan claims."""
+        """After a restart: re-attach to live jobs by stored id, settle attempts that ended while nobody
+        watched, release claims that never reached the cluster."""
+        from orchestrator.launch import Submitted
+
+        live = self.ledger.live_attempts(self.name)
+        self.launcher.attach([Submitted(job_id=a.job_id, array_index=a.array_index, folder=a.job_dir)
+                              for a in live if a.job_id])
         for c in self._cands():
             if c.status not in LIVE:
                 continue
@@ -142,11 +169,20 @@ class Driver:
                                     name=f"{self.name}:{c.key[:8]}:{attempt}", folder=str(folder),
                                     time_min=time_limit_min(spec, self.cfg.cluster)))
             dirs.append(folder)
-        subs = self.launcher.submit(tasks)
-        for c, sub, folder in zip(claimed, subs, dirs):  # job ids into the ledger before any waiting
-            self.ledger.new_attempt(c.id, job_id=str(sub.job_id), array_index=sub.array_index, job_dir=str(folder),
-                                    simulated=self.cfg.workload.simulated)
-            self.ledger.set_candidate_status(c.id, "submitted", f"job {sub.job_id}")
+        # Slurm: the round is one array (one sbatch). Local: submit() starts processes and waits for a free
+        # slot, so each job goes alone and is recorded before the next starts (kill -9 loses no job id).
+        batches = [list(range(len(tasks)))] if self.launcher.kind != "local" else [[i] for i in range(len(tasks))]
+        subs = []
+        for batch in batches:
+            self._heartbeat()
+            got = self.launcher.submit([tasks[i] for i in batch])
+            for i, sub in zip(batch, got):  # job ids into the ledger before any waiting
+                c = claimed[i]
+                self.ledger.new_attempt(c.id, job_id=str(sub.job_id), array_index=sub.array_index,
+                                        job_dir=str(dirs[i]), simulated=self.cfg.workload.simulated)
+                self.ledger.set_candidate_status(c.id, "submitted", f"job {sub.job_id}")
+            subs += got
+        self.stats["submitted"] += len(subs)
         self.view.event(f"submitted {len(subs)} job(s): {', '.join(str(s.job_id) for s in subs[:8])}"
                         + (" ..." if len(subs) > 8 else ""))
         return len(subs)
@@ -168,10 +204,11 @@ class Driver:
             if self.opts.max_wall_s is not None and time.monotonic() - self._t0 > self.opts.max_wall_s:
                 return f"wall limit {self.opts.max_wall_s:.0f}s reached; jobs left running, resume to continue"
             time.sleep(self.poll_s)
+            self.stats["sleep_s"] += self.poll_s
 
     def _poll(self, live: Sequence[AttemptRow]) -> None:
         states = self.launcher.poll([a.job_id for a in live if a.job_id])
-        self._polls += 1
+        self.stats["polls"] += 1
         for a in live:
             st = states.get(a.job_id) if a.job_id else None
             if st is None:
@@ -199,7 +236,8 @@ class Driver:
         """Collect the job folder into a JobResult, store it (idempotent per attempt), settle the candidate."""
         from jobs.collect import collect
 
-        res = collect(Path(a.job_dir), slurm_state=st.state, exit_code=st.exit_code)
+        lost = bool(st.reason and "lost" in st.reason)  # re-attached, outcome unknown: the folder decides
+        res = collect(Path(a.job_dir), slurm_state=None if lost else st.state, exit_code=None if lost else st.exit_code)
         self.ledger.record_result(a.id, res.to_dict())
         atts = self.ledger.attempts(a.candidate_id)
         self._settle(self._candidate(a.candidate_id), next(x for x in atts if x.id == a.id))
@@ -223,16 +261,8 @@ class Driver:
             self.view.event(f"job {a.job_id} {fc}: not retried ({why}) {lay}")
 
     def _retry(self, fc: str, atts: List[AttemptRow]) -> tuple:
-        """Retryable classes up to max_attempts; TIMEOUT once; OOM / INVALID_CONFIG only when asked."""
-        allowed = {c.upper() for c in self.cfg.policy.retry_classes} | {c.upper() for c in self.opts.retry}
-        if len(atts) >= self.cfg.policy.max_attempts:
-            return False, f"{len(atts)} attempts = max_attempts"
-        if fc == "TIMEOUT" and "TIMEOUT" not in {c.upper() for c in self.opts.retry}:
-            earlier = sum(1 for x in atts if (x.failure_class or x.state) == "TIMEOUT")
-            return (earlier <= 1, "TIMEOUT is retried once" if earlier <= 1 else "TIMEOUT already retried once")
-        if fc in allowed:
-            return True, f"attempt {len(atts) + 1} of {self.cfg.policy.max_attempts}"
-        return False, "deterministic" if fc in ("OOM", "INVALID_CONFIG") else "not a retryable class"
+        return retry_decision(fc, [x.failure_class or x.state for x in atts], max_attempts=self.cfg.policy.max_attempts,
+                              retry_classes=self.cfg.policy.retry_classes, asked=self.opts.retry)
 
     # ---- deciding the next round ------------------------------------------------------------------
     def _decide(self) -> Optional[str]:

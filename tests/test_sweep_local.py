@@ -1,0 +1,139 @@
+"""The sweep loop end to end on the local executor (submitit LocalExecutor) with the twin and SQLite."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from db.ledger import Ledger
+from tests.sweeplib import all_attempts, assert_accounted, cli, ledger_url, popen, sweep_args, wait_for
+
+SMALL = ["policy.round0_size=3", "policy.round_size=2", "stage.budget.max_rounds=2", "stage.budget.max_runs=6"]
+
+
+def test_smoke_sweep_runs_two_rounds_and_fills_the_ledger(tmp_path):
+    proc = cli("sweep", *sweep_args(tmp_path, "smoke-e2e", *SMALL), "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    out = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert out["rounds"] == 2 and out["simulated"] is True and out["best"]["key"]
+    assert "cluster: local" in proc.stdout or "cluster: local" in proc.stderr
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        cands = led.candidates("smoke-e2e")
+        assert {c.round for c in cands} == {0, 1}
+        assert len([c for c in cands if c.round == 0]) == 3
+        assert_accounted(led, "smoke-e2e")
+        measured = led.measured(sweep="smoke-e2e")
+        assert measured and all(m.simulated for m in measured)
+        assert all(a.simulated and a.job_id for a in all_attempts(led, "smoke-e2e"))
+        cal = led.calibrations("smoke-e2e")
+        assert [c.round for c in cal] == [1]
+        assert cal[0].error["step_mape_before"] is not None and cal[0].error["step_mape_after"] is not None
+        # round 1 explores one-factor neighbours of a measured layout
+        assert any(c.edge_kind == "neighbour" and c.parent_id for c in cands if c.round == 1)
+        best = min(measured, key=lambda m: m.metrics["step_p50_s"])
+        assert out["best"]["key"] == best.key  # chosen on measured step time
+        kinds = {e.kind for e in led.events("smoke-e2e")}
+        assert {"round", "stop", "lease"} <= kinds
+    # re-running the same sweep continues it: nothing is launched again
+    again = cli("sweep", *sweep_args(tmp_path, "smoke-e2e", *SMALL), "--json", timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        assert len(all_attempts(led, "smoke-e2e")) == len(led.candidates("smoke-e2e"))
+    st = cli("status", "smoke-e2e", f"ledger.url={ledger_url(tmp_path)}", "--json")
+    assert st.returncode == 0, st.stderr
+    info = json.loads(st.stdout)
+    assert info["counts"]["done"] + info["counts"]["failed"] == len(info["candidates"])
+
+
+def test_promotion_records_promoted_from_edges(tmp_path):
+    small = cli("sweep", *sweep_args(tmp_path, "p-src", *SMALL), timeout=300)
+    assert small.returncode == 0, small.stderr[-3000:]
+    big = ["stage.name=smoke64", "stage.gpus=64", "stage.promotes_from=smoke", "policy.promote_top_k=2",
+           "stage.budget.max_rounds=1", "policy.round0_size=4"]
+    proc = cli("sweep", *sweep_args(tmp_path, "p-dst", *big), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        src_ids = {c.id: c for c in led.candidates("p-src")}
+        promoted = [c for c in led.candidates("p-dst") if c.edge_kind == "promoted-from"]
+        assert promoted and all(c.parent_id in src_ids for c in promoted)
+        measured_src = {m.candidate_id for m in led.measured(sweep="p-src")}
+        assert all(c.parent_id in measured_src for c in promoted)  # only measured layouts are promoted
+        for c in promoted:  # same global batch on twice the GPUs: D_a grows or CP restores m
+            parent = src_ids[c.parent_id]
+            assert c.predicted["d_a"] * c.layout["cp"] >= parent.predicted["d_a"] * parent.layout["cp"]
+
+
+def test_promotion_without_source_is_a_clear_error(tmp_path):
+    proc = cli("sweep", *sweep_args(tmp_path, "orphan", "stage.name=big", "stage.promotes_from=smoke"), timeout=120)
+    assert proc.returncode == 2
+    assert "run `python -m orchestrator sweep +stage=smoke` first" in proc.stderr
+
+
+def test_second_orchestrator_is_refused_naming_the_holder(tmp_path):
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        led.create_or_get_sweep("held", stage="smoke", config_yaml="{}", model="tiny", hardware="h100",
+                                workload="twin", provenance={})
+        led.acquire_lease("held", "otherhost:4242", 60)
+    proc = cli("sweep", *sweep_args(tmp_path, "held"), timeout=120)
+    assert proc.returncode == 2
+    assert "otherhost:4242" in proc.stderr and proc.stderr.startswith("error:")
+
+
+def test_oom_is_not_retried_unless_asked(tmp_path):
+    args = sweep_args(tmp_path, "oom", "++workload.twin.force_oom=true", "policy.round0_size=2",
+                      "stage.budget.max_rounds=1")
+    proc = cli("sweep", *args, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        for c in led.candidates("oom"):
+            atts = led.attempts(c.id)
+            assert c.status == "failed" and len(atts) == 1 and atts[0].failure_class == "OOM"
+    args2 = sweep_args(tmp_path, "oom2", "++workload.twin.force_oom=true", "policy.round0_size=1",
+                       "stage.budget.max_rounds=1", "policy.max_attempts=2")
+    proc = cli("sweep", *args2, "--retry", "oom", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        (c,) = led.candidates("oom2")
+        assert [a.failure_class for a in led.attempts(c.id)] == ["OOM", "OOM"]
+
+
+def test_external_workload_script_is_honoured(tmp_path):
+    script = Path(__file__).resolve().parent / "workloads" / "surface.py"
+    args = sweep_args(tmp_path, "ext", f"workload.command=[python,{script}]", "workload.name=surface",
+                      "policy.round0_size=2", "stage.budget.max_rounds=1", "++workload.env={SURFACE_HBM_GB: '200'}")
+    proc = cli("sweep", *args, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        measured = led.measured(sweep="ext")
+        assert measured
+        for m in measured:
+            out = "".join(Path(p).read_text() for p in Path(led.attempts(m.candidate_id)[-1].job_dir).glob("rank-*.out"))
+            assert "synthetic surface workload" in out  # the external script ran, not the twin
+
+
+def test_kill_9_then_resume_loses_nothing_and_submits_nothing_twice(tmp_path):
+    slow = ["++workload.twin.time_scale=0.0005", "++workload.twin.max_sleep_s=0.2"]
+    args = sweep_args(tmp_path, "killme", *SMALL) + slow
+    p = popen("sweep", *args, "--plain", log=tmp_path / "first.log")
+    try:
+        with Ledger.open(ledger_url(tmp_path)) as led:
+            wait_for(lambda: led.get_sweep("killme") and all_attempts(led, "killme"), 120, "first submissions")
+            before = {a.id: a.job_id for a in all_attempts(led, "killme")}
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    proc = cli("resume", "killme", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        assert_accounted(led, "killme")
+        after = all_attempts(led, "killme")
+        for aid, job in before.items():  # every job submitted before the kill was re-attached, not resubmitted
+            assert next(a for a in after if a.id == aid).job_id == job
+        per_cand = {}
+        for a in after:
+            per_cand.setdefault(a.candidate_id, []).append(a)
+        assert all(len(v) == 1 for v in per_cand.values()), "a candidate was submitted twice"
+        assert len(led.measured(sweep="killme")) == sum(1 for c in led.candidates("killme") if c.status == "done")

@@ -1,0 +1,173 @@
+"""The sweep loop on a REAL local Slurm cluster (tests/cluster, 4 nodes x 8 fake GPUs): sbatch arrays,
+one sacct per poll, kill -9 + resume without duplicate sbatch calls, and Slurm's failure states.
+
+Jobs use 8 GPUs (one node, one task per fake GPU running the twin) so four run at once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from db.ledger import Ledger
+from tests.sweeplib import all_attempts, assert_accounted, cli, ledger_url, popen, sweep_args, wait_for
+
+pytestmark = pytest.mark.slurm
+NODE8 = ["stage.gpus=8", "cluster.poll_interval_s=1.0", "cluster.min_time_min=5", "cluster.signal_delay_s=30"]
+SMALL = ["policy.round0_size=3", "policy.round_size=2", "stage.budget.max_rounds=2", "stage.budget.max_runs=6"]
+SLOW = ["++workload.twin.time_scale=0.5", "++workload.twin.max_sleep_s=2.0"]  # ~2 s per iteration: jobs stay RUNNING
+
+
+def counting_sbatch(tmp_path: Path) -> dict:
+    """A PATH entry whose `sbatch` logs each call and runs the real one: counts submissions across processes."""
+    real = subprocess.run(["bash", "-lc", "command -v sbatch"], capture_output=True, text=True).stdout.strip()
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "sbatch.calls"
+    shim = bindir / "sbatch"
+    shim.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {real} "$@"\n')
+    shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
+    return {"PATH": f"{bindir}:{os.environ['PATH']}", "_log": str(log)}
+
+
+def sbatch_calls(env: dict) -> int:
+    p = Path(env["_log"])
+    return len(p.read_text().splitlines()) if p.exists() else 0
+
+
+def base_ids(atts) -> set:
+    return {str(a.job_id).split("_")[0] for a in atts}
+
+
+def test_slurm_sweep_two_rounds_end_to_end(tmp_path, slurm_cluster):
+    env = counting_sbatch(tmp_path)
+    proc = cli("sweep", *sweep_args(tmp_path, "s-e2e", *SMALL, *NODE8, cluster="slurm"), "--json", "--plain",
+               timeout=600, env={"PATH": env["PATH"]})
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    assert "cluster: slurm" in proc.stdout
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        cands = led.candidates("s-e2e")
+        assert {c.round for c in cands} == {0, 1}
+        assert_accounted(led, "s-e2e")
+        atts = all_attempts(led, "s-e2e")
+        assert all(a.job_id and a.job_id.split("_")[0].isdigit() for a in atts)
+        assert all(a.state == "COMPLETED" and a.node_list for a in atts if led.result(a.id))
+        # each round went out as one array: one sbatch call per round
+        assert sbatch_calls(env) == len(base_ids(atts)) == 2
+        assert led.measured(sweep="s-e2e") and led.calibrations("s-e2e")
+
+
+def test_slurm_kill_9_then_resume(tmp_path, slurm_cluster):
+    env = counting_sbatch(tmp_path)
+    args = sweep_args(tmp_path, "s-kill", *SMALL, *NODE8, *SLOW, "stage.warmup_iters=3", "stage.measure_iters=4",
+                      cluster="slurm")
+    p = popen("sweep", *args, "--plain", log=tmp_path / "first.log", env={"PATH": env["PATH"]})
+    try:
+        with Ledger.open(ledger_url(tmp_path)) as led:
+            wait_for(lambda: led.get_sweep("s-kill") and all_attempts(led, "s-kill"), 180, "first submissions")
+            before = {a.id: a.job_id for a in all_attempts(led, "s-kill")}
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    calls_before = sbatch_calls(env)
+    proc = cli("resume", "s-kill", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=600,
+               env={"PATH": env["PATH"]})
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        assert_accounted(led, "s-kill")
+        after = all_attempts(led, "s-kill")
+        for aid, job in before.items():
+            assert next(a for a in after if a.id == aid).job_id == job  # re-attached by stored id
+        assert all(len(led.attempts(c.id)) == 1 for c in led.candidates("s-kill")), "a candidate was resubmitted"
+        # the resumed process submitted only the later round(s): one sbatch per new array
+        new_arrays = base_ids(after) - base_ids([a for a in after if a.id in before])
+        assert sbatch_calls(env) - calls_before == len(new_arrays)
+        assert calls_before == len(base_ids([a for a in after if a.id in before]))
+
+
+def _first_running(led, sweep):
+    for a in all_attempts(led, sweep):
+        if a.state == "RUNNING" and a.node_list:
+            return a
+    return None
+
+
+def test_scancel_is_cancelled_and_not_retried(tmp_path, slurm_cluster):
+    args = sweep_args(tmp_path, "s-cancel", "policy.round0_size=1", "stage.budget.max_rounds=1", *NODE8, *SLOW,
+                      cluster="slurm")
+    p = popen("sweep", *args, "--plain", log=tmp_path / "run.log")
+    try:
+        with Ledger.open(ledger_url(tmp_path)) as led:
+            a = wait_for(lambda: _first_running(led, "s-cancel"), 180, "a RUNNING job")
+            subprocess.run(["scancel", a.job_id], check=True)
+        assert p.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        (c,) = led.candidates("s-cancel")
+        atts = led.attempts(c.id)
+        assert c.status == "cancelled" and len(atts) == 1
+        assert atts[0].state == "CANCELLED" and atts[0].failure_class == "CANCELLED"
+
+
+def test_node_down_is_node_fail_and_retried_on_a_healthy_node(tmp_path, slurm_cluster):
+    args = sweep_args(tmp_path, "s-node", "policy.round0_size=1", "stage.budget.max_rounds=1", *NODE8, *SLOW,
+                      "stage.warmup_iters=3", "stage.measure_iters=4", cluster="slurm")
+    p = popen("sweep", *args, "--plain", log=tmp_path / "run.log")
+    node = None
+    try:
+        with Ledger.open(ledger_url(tmp_path)) as led:
+            a = wait_for(lambda: _first_running(led, "s-node"), 180, "a RUNNING job")
+            node = a.node_list.split(",")[0]
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=sweep-test"], check=True)
+        assert p.wait(timeout=400) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        if node:
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        (c,) = led.candidates("s-node")
+        atts = led.attempts(c.id)
+        assert atts[0].failure_class == "NODE_FAIL", [(x.state, x.failure_class) for x in atts]
+        assert len(atts) == 2 and c.status == "done"
+        assert node not in (atts[1].node_list or "")
+
+
+def test_time_limit_is_timeout(tmp_path, slurm_cluster):
+    args = sweep_args(tmp_path, "s-time", "policy.round0_size=1", "stage.budget.max_rounds=1", "policy.max_attempts=1",
+                      "stage.gpus=8", "cluster.poll_interval_s=2", "cluster.min_time_min=1", "cluster.time_margin_min=0",
+                      "cluster.signal_delay_s=10", "++workload.twin.time_scale=1.0", "++workload.twin.max_sleep_s=30",
+                      cluster="slurm")
+    proc = cli("sweep", *args, "--plain", timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        (c,) = led.candidates("s-time")
+        (a,) = led.attempts(c.id)
+        assert a.failure_class == "TIMEOUT" and c.status == "failed"
+
+
+def test_slurm_oom_and_external_workload(tmp_path, slurm_cluster):
+    oom = cli("sweep", *sweep_args(tmp_path, "s-oom", "++workload.twin.force_oom=true", "policy.round0_size=2",
+                                   "stage.budget.max_rounds=1", *NODE8, cluster="slurm"), "--plain", timeout=400)
+    assert oom.returncode == 0, oom.stderr[-3000:]
+    script = Path(__file__).resolve().parent / "workloads" / "surface.py"
+    ext = cli("sweep", *sweep_args(tmp_path, "s-ext", f"workload.command=[python,{script}]", "workload.name=surface",
+                                   "policy.round0_size=2", "stage.budget.max_rounds=1", *NODE8,
+                                   "++workload.env={SURFACE_HBM_GB: '200'}", cluster="slurm"), "--plain", timeout=400)
+    assert ext.returncode == 0, ext.stderr[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        for c in led.candidates("s-oom"):
+            atts = led.attempts(c.id)
+            assert c.status == "failed" and [a.failure_class for a in atts] == ["OOM"]
+        measured = led.measured(sweep="s-ext")
+        assert measured
+        job = Path(led.attempts(measured[0].candidate_id)[-1].job_dir)
+        assert len(list(job.glob("rank-*.out"))) == 8  # one task per fake GPU
+        assert "synthetic surface workload" in "".join(p.read_text() for p in job.glob("rank-*.out"))
