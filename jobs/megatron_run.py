@@ -1,0 +1,105 @@
+"""Run a Megatron entry script in this process with instrumentation, then leave a per-rank sidecar.
+
+Why in-process: a forward hook on the router and a wrapper on train_step need the same interpreter
+as the model (a subprocess would hide both). The entry script (pretrain_hybrid.py from a Megatron-LM
+checkout) runs via runpy as __main__ with sys.argv = [script, *argv], its folder first on sys.path
+(it imports model_provider / hybrid_builders from the repo root).
+
+The sidecar `sidecar-rank-<r>.json` is written in `finally` and, for exits that skip it, at atexit
+(once): CUDA allocator peaks of this rank (Megatron's memory line covers only DP-rank-0 GPUs), the
+router evidence from jobs.instrument, and "simulated": false.
+
+Imports stay stdlib at module level: torch and megatron are imported only inside main().
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+from jobs import instrument
+
+SIDECAR = "sidecar-rank-{rank}.json"
+
+
+def _megatron_facts() -> Dict[str, Any]:
+    """PP stage, capacity factor, force-balanced routing and versions, when Megatron got that far."""
+    facts: Dict[str, Any] = {"pp_stage": None, "capacity_factor": None, "force_balanced_routing": None,
+                             "versions": {}}
+    try:
+        import torch
+
+        facts["versions"]["torch"] = torch.__version__
+        from megatron.core import package_info, parallel_state
+
+        facts["versions"]["megatron_core"] = package_info.__version__
+        if parallel_state.model_parallel_is_initialized():
+            facts["pp_stage"] = parallel_state.get_pipeline_model_parallel_rank()
+        from megatron.training.global_vars import get_args
+
+        args = get_args()
+        facts["capacity_factor"] = getattr(args, "moe_expert_capacity_factor", None)
+        facts["force_balanced_routing"] = bool(getattr(args, "moe_router_force_load_balancing", False))
+    except Exception:  # noqa: BLE001 - best effort: a crash before init still gets memory + counts
+        pass
+    return facts
+
+
+def write_sidecar(out_dir: os.PathLike, rank: int, counter: Optional[instrument.RouterCounter],
+                  error: Optional[str] = None) -> Path:
+    """Atomically write this rank's sidecar."""
+    doc: Dict[str, Any] = {"simulated": False, "source": "megatron_run", "rank": rank}
+    doc.update(_megatron_facts())
+    doc.update(instrument.peak_memory_mb())
+    if counter is not None:
+        doc.update(counter.report())
+    if error:
+        doc["instrument_error"] = error
+    path = Path(out_dir) / SIDECAR.format(rank=rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+    return path
+
+
+def main(entry_script: str, argv: Sequence[str], window: Tuple[int, int], out_dir: os.PathLike,
+         rank: int) -> int:
+    """Run entry_script as __main__ with argv, counting routers in the (warmup, measure) window.
+    Returns the script's exit code (SystemExit is caught); other exceptions propagate after the
+    sidecar is written."""
+    counter: Optional[instrument.RouterCounter] = instrument.RouterCounter.for_window(*window)
+    error: Optional[str] = None
+    try:
+        counter.install()
+    except Exception as exc:  # noqa: BLE001 - no megatron-core here: run uninstrumented, say why
+        counter, error = None, f"router hook not installed: {exc!r}"
+    written = []
+
+    def finish() -> None:
+        if not written:
+            written.append(write_sidecar(out_dir, rank, counter, error))
+
+    atexit.register(finish)
+    saved_argv, saved_path = list(sys.argv), list(sys.path)
+    script = str(Path(entry_script).resolve())
+    sys.argv = [script, *argv]
+    sys.path.insert(0, str(Path(script).parent))
+    try:
+        runpy.run_path(script, run_name="__main__")
+        return 0
+    except SystemExit as exc:
+        if isinstance(exc.code, int) or exc.code is None:
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)  # sys.exit("message"): what the interpreter would print
+        return 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        finish()
+        atexit.unregister(finish)
+        if counter is not None:
+            counter.uninstall()
