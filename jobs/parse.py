@@ -406,12 +406,16 @@ class _Parser:
     @staticmethod
     def _safe_cut(buf: bytes) -> int:
         """Cut before the last iteration line: timer blocks follow iteration lines, so no block
-        (or its interleaved rows) is split between chunks."""
+        (or its interleaved rows) is split between chunks. Without one, cut before the last
+        timer header, else at the last newline."""
         i = buf.rfind(b"consumed samples:")
         if i > 0:
             ls = buf.rfind(b"\n", 0, i) + 1
             if ls > 0:
                 return ls
+        h = buf.rfind(b"across ranks (ms):")
+        if h >= 0:  # no later iteration line: keep the last timer block whole (0 = wait for more)
+            return buf.rfind(b"\n", 0, h) + 1
         return buf.rfind(b"\n") + 1
 
     def _count_garbage(self, work: bytes) -> None:
