@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from orchestrator.plan import flops, memory, moe, params, pipeline, ranks
@@ -35,22 +34,29 @@ MEMORY_IGNORES = ("flex_backend", "use_tp_pp_dp_mapping")
 MEMORY_READS = tuple(f for f in Layout.__dataclass_fields__ if f not in MEMORY_IGNORES)
 
 
-@dataclass
+@dataclass(init=False)
 class Planned:
-    """A legal, feasible layout and what the models predict for it.
+    """A legal, feasible layout, what the models predict for it, and its ledger key.
 
-    `key` (the ledger's canonical_key) is computed on first use: hashing every survivor of a large
-    stage costs more than planning it, and most are never shown or stored.
+    Planned(layout, prediction, key). The planner leaves `key` (canonical_key) to be computed on first
+    use: hashing every survivor of a large stage costs more than planning it, and most are never
+    shown or stored.
     """
 
     layout: Layout
     prediction: Prediction
-    ident: Tuple[str, str, str, str] = field(default=("", "", "", ""), repr=False)  # model, stage, hw, workload
 
-    @cached_property
+    def __init__(self, layout: Layout, prediction: Prediction, key: Optional[str] = None, *,
+                 ident: Tuple[str, str, str, str] = ("", "", "", "")):
+        self.layout, self.prediction = layout, prediction
+        self._key, self._ident = key, ident  # ident: model, stage, hardware, workload names
+
+    @property
     def key(self) -> str:
-        model, stage, hardware, workload = self.ident
-        return canonical_key(self.layout, model=model, stage=stage, hardware=hardware, workload=workload)
+        if self._key is None:
+            model, stage, hardware, workload = self._ident
+            self._key = canonical_key(self.layout, model=model, stage=stage, hardware=hardware, workload=workload)
+        return self._key
 
 
 @dataclass
@@ -227,7 +233,7 @@ class _Env:
             tokens_per_s=self.tokens / st.total_s if st.total_s > 0 else 0.0,
             layer_pattern=pattern or "",
         )
-        return Planned(lay, pred, self.ident)
+        return Planned(lay, pred, ident=self.ident)
 
 
 def _late_rules() -> Tuple[Tuple[R.Rule, ...], Tuple[R.Rule, ...]]:

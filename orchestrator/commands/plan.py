@@ -1,0 +1,177 @@
+"""`plan`: list a stage's legal layouts ranked by predicted step time, or the flags of one of them.
+
+The numbers are the analytic models' estimates (orchestrator/plan), not measurements; the header
+says so. `--show-rejected` explains every rejection with the rule ids of orchestrator/plan/rules.py.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shlex
+import sys
+from collections import Counter
+from typing import Any, Dict, List, Optional
+
+from orchestrator.config import compose
+from orchestrator.errors import UserError
+from orchestrator.plan import rules as R
+from orchestrator.plan.planner import PlanResult, Planned, Rejected, plan
+
+NAME = "plan"
+HELP = "Rank a stage's legal parallel layouts by predicted step time (analytic estimates)."
+NOTE = "predictions are analytic estimates (orchestrator/plan models), not measurements"
+TABLE_COLUMNS = [
+    "rank", "tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "dispatcher", "D_a", "D_e", "m", "bubble",
+    "T_group", "T_expert", "ep_nodes", "routed_weight_gb", "heaviest_stage", "memory_gb", "step_time_s", "mfu",
+    "layer_pattern",
+]
+PATTERN_WIDTH = 28
+TEXT = {"recompute", "dispatcher", "layer_pattern"}
+FLOAT_FORMATS = {"bubble": ".3f", "routed_weight_gb": ".2f", "memory_gb": ".1f", "step_time_s": ".3f", "mfu": ".3f"}
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    parser.add_argument("--show-rejected", action="store_true", help="also list rejected layouts and the rules")
+    parser.add_argument("--top", type=int, default=None, metavar="N",
+                        help="show the N best candidates (table default 20, json/csv default all)")
+    parser.add_argument("--argv", type=int, default=None, metavar="RANK",
+                        help="print the exact Megatron flags of candidate RANK (1 = best) and exit")
+
+
+def row(rank: int, p: Planned) -> Dict[str, Any]:
+    """One candidate as a flat record with the guide's names (json/csv/table share it)."""
+    lay, pr = p.layout, p.prediction
+    return {
+        "rank": rank, "key": p.key, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "cp": lay.cp, "ep": lay.ep,
+        "etp": lay.etp, "mbs": lay.mbs, "recompute": list(lay.recompute), "offload": list(lay.offload),
+        "dispatcher": lay.dispatcher_label, "capacity_factor": lay.capacity_factor,
+        "use_tp_pp_dp_mapping": lay.use_tp_pp_dp_mapping,
+        "D_a": pr.d_a, "D_e": pr.d_e, "m": pr.m, "bubble": round(pr.bubble, 4), "T_group": pr.t_group,
+        "T_expert": pr.t_expert, "experts_per_rank": pr.experts_per_rank, "ep_nodes": pr.ep_nodes,
+        "cp_nodes": pr.cp_nodes, "routed_weight_gb": round(pr.routed_weight_gb, 3),
+        "heaviest_stage": pr.heaviest_stage, "memory_gb": round(pr.memory_gb, 2),
+        "memory_by_stage": [round(x, 2) for x in pr.memory_by_stage], "feasible": pr.feasible,
+        "step_time_s": round(pr.step_time_s, 4),
+        "step_components": {k: round(v, 4) for k, v in pr.step_components.items()},
+        "mfu": round(pr.mfu, 4), "tokens_per_s": round(pr.tokens_per_s, 1),
+        "flops_per_step": pr.flops_per_step, "recompute_flops_per_step": pr.recompute_flops_per_step,
+        "layer_pattern": pr.layer_pattern,
+    }
+
+
+def rejected_row(r: Rejected) -> Dict[str, Any]:
+    return {"layout": r.layout.to_dict(), "label": r.layout.short(), "rules": r.rule_ids,
+            "reasons": [f"{x.id}: {x.reason} [{x.source}]" for x in r.rules], "memory_gb": r.memory_gb}
+
+
+def megatron_flags(cfg, stage, p: Planned) -> List[str]:
+    """The candidate's Megatron flags (orchestrator.plan.argv), as a job of this stage would get them."""
+    from orchestrator.plan import argv as argv_mod
+
+    return list(argv_mod.megatron_argv(cfg.model, stage, p.layout, layer_pattern=p.prediction.layer_pattern,
+                                       train_iters=stage.warmup_iters + stage.measure_iters,
+                                       mock_data=cfg.workload.mock_data, extra=cfg.workload.extra_args))
+
+
+def format_argv(tokens: List[str]) -> str:
+    """One flag (with its values) per line, shell-quoted, joined by trailing backslashes."""
+    lines: List[List[str]] = []
+    for tok in tokens:
+        if tok.startswith("--") or not lines:
+            lines.append([tok])
+        else:
+            lines[-1].append(tok)
+    text = [" ".join(shlex.quote(t) for t in line) for line in lines]
+    return " \\\n".join(text)
+
+
+def _header(cfg, stage, res: PlanResult) -> str:
+    return (f"# plan {stage.name}: N={stage.gpus} B={stage.global_batch} S={stage.seq_length} model={cfg.model.name} "
+            f"hardware={cfg.hardware.name}; {res.raw_count} raw layouts, {len(res.candidates)} legal and feasible "
+            f"({res.elapsed_s:.2f} s). Note: {NOTE}.")
+
+
+def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(260, Console().width))  # a wide table: never squeeze the guide's names
+    console.print(_header(cfg, stage, res), markup=False, highlight=False)
+    table = Table(show_lines=False)
+    for col in TABLE_COLUMNS:
+        table.add_column(col, no_wrap=True, min_width=len(col), justify="left" if col in TEXT else "right")
+    for i, p in enumerate(res.candidates[:top], 1):
+        d = row(i, p)
+        d["recompute"] = "+".join(d["recompute"]) or "none"
+        pat = d["layer_pattern"]
+        d["layer_pattern"] = pat if len(pat) <= PATTERN_WIDTH else pat[:PATTERN_WIDTH - 1] + "…"
+        d["T_expert"] = f"{d['T_expert']:g}"
+        for col, fmt in FLOAT_FORMATS.items():
+            d[col] = format(d[col], fmt)
+        table.add_row(*(str(d[c]) for c in TABLE_COLUMNS))
+    console.print(table)
+    if show_rejected:
+        counts = Counter(rid for r in res.rejected for rid in r.rule_ids)
+        legend = Table(title=f"{len(res.rejected)} rejected layouts, by rule (a layout may break several)")
+        for col in ("rule", "layouts", "reason", "source"):
+            legend.add_column(col, overflow="fold")
+        for rid, n in counts.most_common():
+            rule = R.BY_ID[rid]
+            legend.add_row(rid, str(n), rule.reason, rule.source)
+        console.print(legend)
+        detail = Table(title=f"first {min(top, len(res.rejected))} rejected layouts")
+        detail.add_column("layout")
+        detail.add_column("rules", overflow="fold")
+        for r in res.rejected[:top]:
+            detail.add_row(r.layout.short(), ", ".join(r.rule_ids))
+        console.print(detail)
+
+
+def _csv(res: PlanResult, top: Optional[int]) -> str:
+    buf = io.StringIO()
+    rows = [row(i, p) for i, p in enumerate(res.candidates[:top], 1)]
+    fields = list(rows[0]) if rows else TABLE_COLUMNS  # a header even when nothing is legal
+    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for d in rows:
+        for k, v in d.items():
+            if isinstance(v, list):
+                d[k] = "+".join(map(str, v))
+            elif isinstance(v, dict):
+                d[k] = json.dumps(v, sort_keys=True)
+        writer.writerow(d)
+    return buf.getvalue()
+
+
+def run(args, overrides) -> int:
+    composed = compose(overrides, require_stage=True)
+    cfg = composed.cfg
+    stage = cfg.stage
+    res = plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name)
+    if args.top is not None and args.top < 0:
+        raise UserError(f"--top {args.top}: must be >= 0")
+    if args.argv is not None:
+        n = len(res.candidates)
+        if not 1 <= args.argv <= n:
+            raise UserError(f"--argv {args.argv}: no such candidate; stage {stage.name} has {n} legal candidates "
+                            f"(ranks 1..{n}; see `python -m orchestrator plan +stage={stage.name}`)")
+        print(format_argv(megatron_flags(cfg, stage, res.candidates[args.argv - 1])))
+        return 0
+    if args.format == "table":
+        _table(cfg, stage, res, 20 if args.top is None else args.top, args.show_rejected)
+    elif args.format == "csv":
+        sys.stdout.write(_csv(res, args.top))
+    else:
+        out: Dict[str, Any] = {
+            "note": NOTE, "stage": stage.name, "model": cfg.model.name, "hardware": cfg.hardware.name,
+            "gpus": stage.gpus, "global_batch": stage.global_batch, "seq_length": stage.seq_length,
+            "raw_count": res.raw_count, "legal_count": len(res.candidates), "elapsed_s": round(res.elapsed_s, 4),
+            "candidates": [row(i, p) for i, p in enumerate(res.candidates[:args.top], 1)],
+        }
+        if args.show_rejected:
+            out["rejected"] = [rejected_row(r) for r in res.rejected]
+        json.dump(out, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    return 0
