@@ -392,3 +392,27 @@ def test_fast_enough_for_the_planner():
         flops.step_flops(MODEL, STAGE, x)
     per = (time.perf_counter() - t0) / len(prepared)
     assert per < 1e-3, f"{per * 1e6:.0f} us per layout"
+
+
+@pytest.mark.megatron
+@pytest.mark.parametrize("pp,vpp", [(8, 1), (16, 1), (4, 4), (8, 2)])
+def test_layer_pattern_parses_with_megatrons_own_parser(pp, vpp):
+    """megatron-core 0.19.2 knows no C/H/W (dev symbols), so they are mapped to its DSA symbol D;
+    the '|' segments and '/' MTP depths are what its parser must read back."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("megatron") is None:
+        pytest.skip("megatron-core is not installed (make install)")
+    from tests.megatron_env import import_megatron
+
+    import_megatron()
+
+    hla = importlib.import_module("megatron.core.models.hybrid.hybrid_layer_allocation")
+    split = pipeline.split_blocks(61, pp * vpp, COSTS, FIRST, LAST)
+    pat = pipeline.layer_pattern(MODEL, split).translate(str.maketrans("CHW", "DDD"))
+    assert hla.get_hybrid_total_layer_count(pat) == 2 * 61  # attention + MoE layer per block
+    assert hla.get_hybrid_total_pipeline_segment_count(pat) == pp * vpp
+    parsed = hla.parse_hybrid_pattern(pat)
+    assert parsed.mtp_pattern == "DE" and parsed.mtp_num_depths == MODEL.mtp_num_layers
+    assert [len(s) // 2 for s in parsed.main_pattern.split("|")] == split
