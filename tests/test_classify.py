@@ -1,0 +1,134 @@
+"""jobs/classify.py: every failure class from real-format evidence, and the order of evidence."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobs.classify import classify, nccl_group_of, normalize_state, retry_limit
+from jobs.parse import parse_bytes, parse_file
+from jobs.result import FAILURE_CLASSES, JobResult
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+
+def logs(*names):
+    return [parse_file(LOGS / n) for n in names]
+
+
+@pytest.mark.parametrize("name,cls,retryable,text", [
+    ("slurm_timeout.log", "TIMEOUT", True, "DUE TO TIME LIMIT"),
+    ("slurm_preempt.log", "PREEMPTED", True, "DUE TO PREEMPTION"),
+    ("slurm_nodefail_new.log", "NODE_FAIL", True, "SEE SLURMCTLD LOG"),
+    ("slurm_nodefail_old.log", "NODE_FAIL", True, "DUE TO NODE FAILURE ***"),
+    ("slurm_cancel.log", "CANCELLED", False, "CANCELLED AT"),
+    ("oom.log", "OOM", False, "torch.OutOfMemoryError: CUDA out of memory"),
+    ("host_oom.log", "OOM", False, "oom-kill"),
+    ("validation_world.log", "INVALID_CONFIG", False, "is not divisible by total_model_size"),
+    ("validation_layers.log", "INVALID_CONFIG", False, "Number of layers should be divisible"),
+    ("validation_argparse.log", "INVALID_CONFIG", False, "unrecognized arguments"),
+    ("crash.log", "CRASH", False, "RuntimeError: index file is corrupt"),
+])
+def test_class_from_log_evidence(name, cls, retryable, text):
+    c = classify(logs(name), slurm_state="FAILED", exit_code=1)
+    assert (c.failure_class, c.retryable) == (cls, retryable)
+    assert text in c.detail
+
+
+def test_nccl_timeout_expert_group_is_ep():
+    c = classify(logs("nccl_ep.log"), exit_code=1)
+    assert (c.failure_class, c.retryable, c.nccl_group, c.rank) == ("NCCL_TIMEOUT", True, "EP", 12)
+    assert "OpType=ALLTOALL_BASE" in c.detail and "EXPERT_MODEL_PARALLEL_GROUP" in c.detail
+
+
+def test_nccl_timeout_data_parallel_group_is_dp():
+    c = classify(logs("nccl_dp.log"), slurm_state="FAILED", exit_code=134)
+    assert (c.failure_class, c.nccl_group) == ("NCCL_TIMEOUT", "DP")
+    assert "_REDUCE_SCATTER_BASE" in c.detail
+
+
+def test_nccl_without_group_name_falls_back_to_optype_for_alltoall():
+    line = (b"[rank3]:[E1129 12:30:01.1 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective "
+            b"operation timeout: WorkNCCL(SeqNum=5, OpType=ALLTOALL_BASE, NumelIn=1, NumelOut=1, "
+            b"Timeout(ms)=600000) ran for 600010 milliseconds before timing out.\n")
+    c = classify([parse_bytes(line)], exit_code=1)
+    assert c.nccl_group == "EP" and "inferred from OpType" in c.detail
+    c = classify([parse_bytes(line.replace(b"ALLTOALL_BASE", b"ALLREDUCE"))], exit_code=1)
+    assert c.failure_class == "NCCL_TIMEOUT" and c.nccl_group is None
+
+
+@pytest.mark.parametrize("name,group", [
+    ("EXPERT_MODEL_PARALLEL_GROUP", "EP"), ("EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", "EP"),
+    ("EXPERT_DATA_PARALLEL_GROUP", "DP"), ("EXPERT_TENSOR_PARALLEL_GROUP", "TP"),
+    ("DATA_PARALLEL_GROUP", "DP"), ("DATA_PARALLEL_GROUP_WITH_CP", "DP"),
+    ("INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP", "DP"), ("PIPELINE_MODEL_PARALLEL_GROUP", "PP"),
+    ("EMBEDDING_GROUP", "PP"), ("CONTEXT_PARALLEL_GROUP", "CP"), ("TENSOR_AND_CONTEXT_PARALLEL_GROUP", "CP"),
+    ("TENSOR_MODEL_PARALLEL_GROUP", "TP"), ("default_pg", None), ("MODEL_PARALLEL_GROUP", None), (None, None),
+])
+def test_process_group_mapping(name, group):
+    assert nccl_group_of(name) == group
+
+
+@pytest.mark.parametrize("state,cls", [
+    ("TIMEOUT", "TIMEOUT"), ("PREEMPTED", "PREEMPTED"), ("NODE_FAIL", "NODE_FAIL"),
+    ("OUT_OF_MEMORY", "OOM"), ("CANCELLED", "CANCELLED"), ("CANCELLED by 1000", "CANCELLED"),
+    ("CANCELLED+", "CANCELLED"), ("REQUEUED", "PREEMPTED"), ("BOOT_FAIL", "NODE_FAIL"),
+    ("FAILED", "CRASH"),
+])
+def test_class_from_sacct_state(state, cls):
+    c = classify([], slurm_state=state, exit_code=None)
+    assert c.failure_class == cls and state.split()[0].rstrip("+") in c.detail
+
+
+def test_success_no_output_and_exit_code_crash():
+    ok = classify(logs("megatron_full.log"), slurm_state="COMPLETED", exit_code=0)
+    assert ok.failure_class is None and not ok.retryable
+    assert classify(logs("megatron_full.log"), slurm_state="COMPLETED").failure_class is None
+    none = classify([parse_bytes(b"just noise\n")], slurm_state="COMPLETED", exit_code=0)
+    assert none.failure_class == "NO_OUTPUT"
+    crash = classify(logs("megatron_full.log"), exit_code=139)
+    assert crash.failure_class == "CRASH" and "exit code 139" in crash.detail
+
+
+def test_epilogue_beats_sacct_and_log_signatures():
+    c = classify(logs("oom.log", "slurm_timeout.log"), slurm_state="NODE_FAIL", exit_code=1)
+    assert c.failure_class == "TIMEOUT" and c.source == "slurm-line"
+
+
+def test_sacct_state_beats_log_signatures():
+    c = classify(logs("nccl_ep.log"), slurm_state="PREEMPTED", exit_code=1)
+    assert c.failure_class == "PREEMPTED" and c.source == "sacct"
+
+
+def test_log_signature_order_oom_then_nccl_then_validation_then_crash():
+    assert classify(logs("crash.log", "validation_world.log", "nccl_dp.log", "oom.log"),
+                    exit_code=1).failure_class == "OOM"
+    assert classify(logs("crash.log", "validation_world.log", "nccl_dp.log"),
+                    exit_code=1).failure_class == "NCCL_TIMEOUT"
+    assert classify(logs("crash.log", "validation_world.log"), exit_code=1).failure_class == "INVALID_CONFIG"
+
+
+def test_plain_cancel_yields_to_the_oom_that_caused_it():
+    assert classify(logs("oom.log"), slurm_state="CANCELLED by 0").failure_class == "OOM"
+    assert classify(logs("oom.log", "slurm_cancel.log")).failure_class == "OOM"
+
+
+def test_stderr_tail_is_read_too():
+    tail = "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nValueError: num_moe_experts must be divisible by expert_model_parallel_size"
+    c = classify([], exit_code=1, stderr_tail=tail)
+    assert c.failure_class == "INVALID_CONFIG" and "must be divisible" in c.detail
+
+
+def test_retry_limits():
+    assert retry_limit("TIMEOUT") == 1
+    assert retry_limit("NODE_FAIL") == retry_limit("PREEMPTED") == retry_limit("NCCL_TIMEOUT") == 2
+    for cls in ("INVALID_CONFIG", "OOM", "CANCELLED", "CRASH", "NO_OUTPUT", None):
+        assert retry_limit(cls) == 0
+    assert set(FAILURE_CLASSES) >= {"TIMEOUT", "NODE_FAIL"}
+
+
+def test_apply_fills_job_result_and_normalize_state():
+    res = classify(logs("nccl_ep.log"), exit_code=1).apply(JobResult(ok=True, simulated=False))
+    assert (res.ok, res.failure_class, res.nccl_group, res.retryable) == (False, "NCCL_TIMEOUT", "EP", True)
+    assert res.failure_detail.startswith("[E1129")
+    assert normalize_state(" cancelled by 12 ") == "CANCELLED" and normalize_state(None) == ""
