@@ -27,11 +27,8 @@ from orchestrator.plan.params import (
 )
 
 # The embedding lookup and its sparse gradient are memory-bound; counted as this fraction of a mean
-# block when the pipeline split balances segment 0 (a guess, calibrated by measurements later).
+# block when the pipeline split balances segment 0 (a prior; the measured stage times refine splits).
 EMBEDDING_COST_BLOCKS = 0.1
-
-RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mhc", "moe_act", "layernorm", "shared_experts", "moe",
-                     "mlp", "full")
 
 
 @dataclass(frozen=True)
