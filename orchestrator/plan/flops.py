@@ -27,7 +27,7 @@ from orchestrator.plan.params import (
 )
 
 # The embedding lookup and its sparse gradient are memory-bound; counted as this fraction of a mean
-# block when the pipeline split balances segment 0 (a prior; the measured stage times refine splits).
+# block when the pipeline split balances segment 0 (a prior, not a measurement).
 EMBEDDING_COST_BLOCKS = 0.1
 
 
