@@ -121,10 +121,12 @@ def test_kill_9_then_resume_loses_nothing_and_submits_nothing_twice(tmp_path):
     try:
         with Ledger.open(ledger_url(tmp_path)) as led:
             wait_for(lambda: led.get_sweep("killme") and all_attempts(led, "killme"), 120, "first submissions")
-            before = {a.id: a.job_id for a in all_attempts(led, "killme")}
     finally:
-        os.killpg(p.pid, signal.SIGKILL)
+        os.kill(p.pid, signal.SIGKILL)  # the orchestrator only: its jobs live on
         p.wait()
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        before = {a.id: a.job_id for a in all_attempts(led, "killme")}
+        assert before and led.get_sweep("killme").status == "running"
     proc = cli("resume", "killme", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     with Ledger.open(ledger_url(tmp_path)) as led:

@@ -70,10 +70,11 @@ def test_slurm_kill_9_then_resume(tmp_path, slurm_cluster):
     try:
         with Ledger.open(ledger_url(tmp_path)) as led:
             wait_for(lambda: led.get_sweep("s-kill") and all_attempts(led, "s-kill"), 180, "first submissions")
-            before = {a.id: a.job_id for a in all_attempts(led, "s-kill")}
     finally:
-        os.killpg(p.pid, signal.SIGKILL)
+        os.kill(p.pid, signal.SIGKILL)  # the orchestrator only
         p.wait()
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        before = {a.id: a.job_id for a in all_attempts(led, "s-kill")}
     calls_before = sbatch_calls(env)
     proc = cli("resume", "s-kill", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=600,
                env={"PATH": env["PATH"]})

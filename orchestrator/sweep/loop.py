@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set
@@ -22,7 +23,7 @@ from orchestrator.policy.env import PlanEnv
 from orchestrator.policy.types import RoundInput
 from orchestrator.schema import RootConfig
 from orchestrator.sweep import observe
-from orchestrator.sweep.setup import holder_id, promotion_source
+from orchestrator.sweep.setup import holder_dead, holder_id, promotion_source
 from orchestrator.sweep.view import Snapshot, View
 
 LIVE = ("claimed", "submitted", "running")
@@ -92,7 +93,7 @@ class Driver:
 
     # ---- lease ------------------------------------------------------------------------------------
     def run(self) -> Outcome:
-        self.ledger.acquire_lease(self.name, self.holder, self.ttl)  # LeaseHeld names the holder
+        self._take_lease()
         self._beat = time.monotonic()
         try:
             self.ledger.set_sweep_status(self.name, "running")
@@ -104,6 +105,22 @@ class Driver:
             return self._outcome(reason)
         finally:
             self.ledger.release_lease(self.name, self.holder)
+
+    def _take_lease(self) -> None:
+        """Take the sweep's lease. A live holder is refused (LeaseHeld names it); a holder that is a dead
+        process on this host (an orchestrator killed with -9) cannot renew, so wait out its TTL."""
+        from db.errors import LeaseHeld
+
+        try:
+            self.ledger.acquire_lease(self.name, self.holder, self.ttl)
+            return
+        except LeaseHeld as held:
+            if not holder_dead(held.holder):
+                raise
+            wait = max(0.0, (held.expires_at - datetime.now(timezone.utc)).total_seconds()) + 0.2
+            self.view.event(f"lease of {held.holder} (process gone) expires in {wait:.1f}s: waiting to take over")
+            time.sleep(wait)
+        self.ledger.acquire_lease(self.name, self.holder, self.ttl)
 
     def _heartbeat(self) -> None:
         if time.monotonic() - self._beat >= self.ttl / 3:

@@ -30,6 +30,20 @@ def holder_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def holder_dead(holder: str) -> bool:
+    """True when `holder` (host:pid) is a process of this host that no longer exists."""
+    host, _, pid = holder.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def provenance(cfg: RootConfig) -> dict:
     versions = {}
     for pkg in ("dsv4-orchestrator", "submitit", "sqlalchemy", "hydra-core", "megatron-core", "torch"):
