@@ -539,8 +539,9 @@ def write_sidecars(job: TwinJob, pred: Prediction, measured: int) -> List[Path]:
             "peak_allocated_mb": round(max_alloc, 2), "peak_reserved_mb": round(max_reserved, 2),
             "capacity_factor": job.layout.capacity_factor,
             "force_balanced_routing": bool(_flag(job.flags, "moe_router_force_load_balancing", False)),
-            **routing(job, pred, r, measured),
         }
+        if coords(job, r)["tp"] == 0:  # TP replicas see the same tokens: only TP rank 0 counts them
+            doc.update(routing(job, pred, r, measured))
         path = job.job_dir / f"sidecar-rank-{r}.json"
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(doc))
