@@ -1,0 +1,117 @@
+"""What every launcher hands the sweep loop: submitted job ids, job states, results.
+
+Why a thin layer over submitit: the loop must survive a restart (kill -9) with nothing but the job ids
+and folders it stored in the ledger, so states come from ids alone (sacct on Slurm) and results from
+files the jobs write into their folder (`result.json`), never from in-memory submitit objects.
+"""
+from __future__ import annotations
+
+import json
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+RESULT_FILE = "result.json"
+
+# Slurm job states (sacct's first word: "CANCELLED by 0" is CANCELLED). PREEMPTED and REQUEUED are not
+# final: with PreemptMode=REQUEUE the same job id comes back, so the loop keeps polling it.
+TERMINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+     "REVOKED"}
+)
+LIVE_STATES = frozenset(
+    {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "PREEMPTED", "RESIZING", "SUSPENDED",
+     "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING", "UNKNOWN"}
+)
+
+
+class LaunchError(RuntimeError):
+    """A submission or a result read failed; the message says which job and why."""
+
+
+@dataclass
+class LaunchTask:
+    """One candidate attempt: `fn(*args)` runs once per rank (one task per GPU) in `folder`."""
+
+    fn: Callable[..., Any]
+    args: Tuple[Any, ...]
+    n_gpus: int
+    gpus_per_node: int
+    name: str
+    folder: str  # this attempt's job folder; the job writes result.json and rank logs here
+    time_min: int  # wall limit the caller computed (windows + margin)
+
+
+@dataclass
+class Submitted:
+    job_id: str  # "123" or, inside an array, "123_4"
+    array_index: Optional[int]
+    folder: str
+
+
+@dataclass
+class JobState:
+    state: str
+    exit_code: Optional[int] = None
+    node_list: Optional[str] = None
+    start: Optional[datetime] = None  # timezone-aware
+    end: Optional[datetime] = None
+    reason: Optional[str] = None
+    terminal: bool = False
+    signal: Optional[int] = None  # the signal part of Slurm's "code:signal"
+
+
+def state_of(state: str, **kw: Any) -> JobState:
+    """A JobState whose `terminal` follows from the state word."""
+    word = (state or "UNKNOWN").split()[0].rstrip("+").upper()
+    return JobState(state=word, terminal=word in TERMINAL_STATES, **kw)
+
+
+def shape(task: LaunchTask) -> Tuple[int, int, int]:
+    """(nodes, tasks_per_node, gpus_per_node): one task per GPU, whole nodes beyond one node."""
+    if task.n_gpus <= 0:
+        return 1, 1, 0
+    per_node = task.gpus_per_node if task.gpus_per_node > 0 else task.n_gpus
+    if task.n_gpus <= per_node:
+        return 1, task.n_gpus, task.n_gpus
+    if task.n_gpus % per_node:
+        raise LaunchError(f"{task.name}: N={task.n_gpus} GPUs is not a multiple of {per_node} GPUs per node")
+    return task.n_gpus // per_node, per_node, per_node
+
+
+def read_result(folder: str) -> Any:
+    """The job's own result.json (written by the jobs side), parsed."""
+    path = os.path.join(folder, RESULT_FILE)
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        raise LaunchError(f"no {RESULT_FILE} in {folder}: the job did not finish its work") from None
+
+
+class Launcher(ABC):
+    """Submit a round, poll it with one call, cancel, read results."""
+
+    kind: str = ""
+
+    def __init__(self) -> None:
+        self._folders: Dict[str, str] = {}
+
+    def attach(self, submitted: Iterable[Submitted]) -> None:
+        """Re-attach after a restart: remember where stored job ids keep their files."""
+        for s in submitted:
+            self._folders[str(s.job_id)] = s.folder
+
+    @abstractmethod
+    def submit(self, tasks: List[LaunchTask]) -> List[Submitted]: ...
+
+    @abstractmethod
+    def poll(self, job_ids: List[str]) -> Dict[str, JobState]: ...
+
+    @abstractmethod
+    def cancel(self, job_ids: List[str]) -> None: ...
+
+    @abstractmethod
+    def result(self, job_id: str) -> Any: ...

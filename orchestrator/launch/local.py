@@ -1,0 +1,116 @@
+"""The local executor: submitit LocalExecutor, one process per job standing for all its ranks.
+
+Why a slot limit: the laptop/CI box has few cores, so at most `cluster.local_max_workers` jobs run at
+once; submit() waits for a free slot, so every job id it returns is a real, started process.
+"""
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime, timezone
+from typing import Any, Dict, List, Set
+
+from orchestrator.launch.base import JobState, LaunchError, Launcher, LaunchTask, Submitted, read_result, state_of
+from orchestrator.launch.task import RunInFolder
+from orchestrator.schema import ClusterConfig
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _pid_alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+class LocalLauncher(Launcher):
+    kind = "local"
+
+    def __init__(self, cluster: ClusterConfig, slot_poll_s: float = 0.1) -> None:
+        super().__init__()
+        self.cluster = cluster
+        self.slot_poll_s = slot_poll_s
+        self._jobs: Dict[str, Any] = {}  # job id -> submitit LocalJob
+        self._timeout_s: Dict[str, float] = {}
+        self._start: Dict[str, datetime] = {}
+        self._end: Dict[str, datetime] = {}
+        self._cancelled: Set[str] = set()
+
+    def _running(self) -> int:
+        running = 0
+        for jid, job in self._jobs.items():
+            if job.done():
+                self._end.setdefault(jid, _now())  # first time seen ended: its end time
+            else:
+                running += 1
+        return running
+
+    def submit(self, tasks: List[LaunchTask]) -> List[Submitted]:
+        import submitit
+
+        out = []
+        for t in tasks:
+            while self._running() >= max(1, self.cluster.local_max_workers):
+                time.sleep(self.slot_poll_s)
+            time_min = max(self.cluster.min_time_min, int(t.time_min))
+            executor = submitit.LocalExecutor(folder=os.path.join(os.path.abspath(t.folder), ".submitit", "%j"))
+            executor.update_parameters(timeout_min=time_min, nodes=1, tasks_per_node=1, gpus_per_node=0,
+                                       signal_delay_s=self.cluster.signal_delay_s)
+            # cluster.env is set inside the job, not by shell setup lines: without a shell in between,
+            # cancel()'s SIGINT reaches submitit's controller, which stops the tasks.
+            job = executor.submit(RunInFolder(t.fn, t.args, t.folder, env=dict(self.cluster.env)))
+            jid = str(job.job_id)
+            self._jobs[jid], self._folders[jid] = job, t.folder
+            self._timeout_s[jid], self._start[jid] = 60.0 * time_min, _now()
+            out.append(Submitted(job_id=jid, array_index=None, folder=t.folder))
+        return out
+
+    def _state(self, jid: str) -> JobState:
+        job = self._jobs.get(jid)
+        if job is None:  # re-attached after a restart: only the folder and the pid are left
+            folder = self._folders.get(jid)
+            if folder and os.path.exists(os.path.join(folder, "result.json")):
+                return state_of("COMPLETED", node_list="localhost")
+            if _pid_alive(jid):
+                return state_of("RUNNING", node_list="localhost")
+            return state_of("FAILED", reason="local job lost (no process, no result.json)")
+        times = {"node_list": "localhost", "start": self._start.get(jid)}
+        if not job.done():
+            return state_of("RUNNING", **times)
+        end = self._end.setdefault(jid, _now())
+        proc = getattr(job, "_process", None)
+        code = proc.returncode if proc is not None else None
+        times.update(end=end, exit_code=code)
+        if jid in self._cancelled:
+            return state_of("CANCELLED", reason="cancelled", **times)
+        if job.paths.result_pickle.exists():
+            import submitit
+
+            outcome, _ = submitit.core.utils.pickle_load(job.paths.result_pickle)
+            return state_of("COMPLETED" if outcome == "success" else "FAILED", **times)
+        if (end - self._start[jid]).total_seconds() >= self._timeout_s[jid]:
+            return state_of("TIMEOUT", reason="local time limit", **times)
+        return state_of("FAILED", reason=f"no result (exit code {code})", **times)
+
+    def poll(self, job_ids: List[str]) -> Dict[str, JobState]:
+        return {str(j): self._state(str(j)) for j in job_ids}
+
+    def cancel(self, job_ids: List[str]) -> None:
+        for jid in map(str, job_ids):
+            job = self._jobs.get(jid)
+            if job is not None and not job.done():
+                self._cancelled.add(jid)
+                job.cancel()
+
+    def result(self, job_id: str) -> Any:
+        job = self._jobs.get(str(job_id))
+        if job is None:
+            folder = self._folders.get(str(job_id))
+            if folder is None:
+                raise LaunchError(f"local job {job_id}: unknown (after a restart, call attach())")
+            return read_result(folder)
+        return job.result()

@@ -1,0 +1,111 @@
+"""LocalLauncher: real submitit local processes, polled from their job objects (no Slurm needed)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from orchestrator.launch import LaunchError, LaunchTask, LocalLauncher, Submitted, make_launcher
+from orchestrator.schema import ClusterConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def square_and_record(folder: str, x: int) -> int:
+    """Stands for the jobs side: writes result.json into its folder, returns a value."""
+    with open(os.path.join(folder, "result.json"), "w") as fh:
+        json.dump({"x": x, "square": x * x, "env": os.environ.get("ORCH_TEST_ENV")}, fh)
+    return x * x
+
+
+def boom(folder: str) -> None:
+    raise ValueError("deliberate failure")
+
+
+def sleep_for(folder: str, seconds: float) -> None:
+    time.sleep(seconds)
+
+
+@pytest.fixture(autouse=True)
+def _importable_tests(monkeypatch):
+    """Jobs unpickle these test functions by module name, whatever the cwd."""
+    monkeypatch.setenv("PYTHONPATH", REPO)
+
+
+def local_cluster(**kw) -> ClusterConfig:
+    env = {"ORCH_TEST_ENV": "from-cluster-env"}
+    return ClusterConfig(kind="local", min_time_min=1, local_max_workers=2, env=env, **kw)
+
+
+def task(fn, folder, *args, time_min=1) -> LaunchTask:
+    return LaunchTask(fn=fn, args=(str(folder), *args), n_gpus=1, gpus_per_node=1, name="t", folder=str(folder),
+                      time_min=time_min)
+
+
+def wait_terminal(launcher, ids, timeout_s=120.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = launcher.poll(ids)
+        if all(s.terminal for s in states.values()):
+            return states
+        time.sleep(0.2)
+    raise AssertionError(f"not terminal after {timeout_s}s: {states}")
+
+
+def test_local_runs_function_and_returns_value(tmp_path):
+    launcher, reason = make_launcher(local_cluster())
+    assert isinstance(launcher, LocalLauncher) and launcher.kind == "local" and "local" in reason
+    subs = launcher.submit([task(square_and_record, tmp_path / "a", 7), task(boom, tmp_path / "b")])
+    assert [s.folder for s in subs] == [str(tmp_path / "a"), str(tmp_path / "b")]
+    assert all(s.array_index is None and s.job_id.isdigit() for s in subs)
+    states = wait_terminal(launcher, [s.job_id for s in subs])
+    ok, bad = states[subs[0].job_id], states[subs[1].job_id]
+    assert (ok.state, ok.exit_code, ok.terminal) == ("COMPLETED", 0, True)
+    assert ok.start is not None and ok.end is not None and ok.end >= ok.start
+    assert bad.state == "FAILED" and bad.terminal
+    assert launcher.result(subs[0].job_id) == 49
+    with pytest.raises(Exception, match="deliberate failure"):
+        launcher.result(subs[1].job_id)
+    # The cluster's env reached the job; the job wrote its own result.json.
+    assert json.loads((tmp_path / "a" / "result.json").read_text())["env"] == "from-cluster-env"
+
+
+def test_local_cancel_and_reattach(tmp_path):
+    launcher = LocalLauncher(local_cluster())
+    done, slow = launcher.submit([task(square_and_record, tmp_path / "a", 3), task(sleep_for, tmp_path / "b", 300)])
+    time.sleep(1.0)
+    launcher.cancel([slow.job_id])
+    states = wait_terminal(launcher, [done.job_id, slow.job_id])
+    assert states[slow.job_id].state == "CANCELLED"
+    assert states[done.job_id].state == "COMPLETED"
+    # A restarted orchestrator has only the stored ids and folders.
+    fresh = LocalLauncher(local_cluster())
+    fresh.attach([done, slow])
+    again = fresh.poll([done.job_id, slow.job_id])
+    assert again[done.job_id].state == "COMPLETED"
+    assert again[slow.job_id].terminal and again[slow.job_id].state == "FAILED"
+    assert fresh.result(done.job_id)["square"] == 9
+    with pytest.raises(LaunchError, match="no result.json"):
+        fresh.result(slow.job_id)
+    with pytest.raises(LaunchError, match="attach"):
+        LocalLauncher(local_cluster()).result(done.job_id)
+
+
+def test_local_slots_limit_concurrency(tmp_path):
+    """local_max_workers=1: the second job starts only after the first ended."""
+    launcher = LocalLauncher(local_cluster(), slot_poll_s=0.05)
+    launcher.cluster.local_max_workers = 1
+    t0 = time.monotonic()
+    a, b = launcher.submit([task(sleep_for, tmp_path / "a", 2.0), task(sleep_for, tmp_path / "b", 0.1)])
+    assert time.monotonic() - t0 >= 2.0
+    states = wait_terminal(launcher, [a.job_id, b.job_id])
+    assert states[a.job_id].end <= states[b.job_id].start
+
+
+def test_attach_records_folders():
+    launcher = LocalLauncher(local_cluster())
+    launcher.attach([Submitted(job_id="999999999", array_index=None, folder="/nonexistent")])
+    st = launcher.poll(["999999999"])["999999999"]
+    assert st.terminal and "lost" in st.reason
