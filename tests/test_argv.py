@@ -166,11 +166,37 @@ def legal_layouts(draw):
     return layout, stage
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(legal_layouts())
 def test_many_candidates_pass_megatron_validation(megatron_args, case):
     layout, stage = case
     check_with_megatron(megatron_args, layout, stage, build(layout, stage))
+
+
+@pytest.mark.parametrize("changes", [
+    {"precision": "fp8"}, {"transformer_engine": False}, {"deterministic_mode": True},
+    {"attention_backend": "flash"}, {"packed_sequences": False}, {"cp_partition_mode": "contiguous"},
+])
+def test_stage_variants_parse_in_megatron(megatron_args, changes):
+    """Stage knobs map to flags/values main's parser accepts (parse only: TE-version checks need a GPU)."""
+    import dataclasses
+
+    layout = Layout(tp=2, pp=4, cp=2, ep=32, mbs=1)
+    stage = dataclasses.replace(STAGE_1K, **changes)
+    keep, _ = main_argv(build(layout, stage))
+    saved = sys.argv
+    sys.argv = ["pretrain_hybrid.py", *keep]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            args = megatron_args.parse_args()
+    finally:
+        sys.argv = saved
+    assert args.fp8 == ("e4m3" if stage.precision == "fp8" else None)
+    assert args.transformer_impl == ("transformer_engine" if stage.transformer_engine else "local")
+    assert args.deterministic_mode == stage.deterministic_mode
+    assert str(args.attention_backend).endswith("fused" if stage.attention_backend == "cudnn" else "flash")
+    assert args.calculate_per_token_loss == stage.packed_sequences
+    assert args.cp_comm_type == ["p2p"] and args.bf16
 
 
 def test_megatron_rejects_broken_argv(megatron_args):
@@ -192,7 +218,7 @@ def test_megatron_rejects_broken_argv(megatron_args):
 
 # --- pure properties (no Megatron) -----------------------------------------------------------
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(legal_layouts())
 def test_round_trip_and_flag_rules(case):
     layout, stage = case
@@ -213,9 +239,12 @@ def test_round_trip_and_flag_rules(case):
 
 def test_parse_flags_types_and_extra_wins():
     layout, stage = CONFIGS["C"]
-    argv = build(layout, stage) + ["--train-iters", "7", "--not-ours", "x"]
+    argv = build(layout, stage) + ["--train-iters", "7", "--not-ours", "x", "--moe-router-force-load-balancing",
+                                   "--lr=1e-4", "--many", "a", "b"]
     f = A.parse_flags(argv)
     assert f["context_parallel_size"] == 4 and f["train_iters"] == 7
+    assert f["not_ours"] == "x" and f["moe_router_force_load_balancing"] is True
+    assert f["lr"] == "1e-4" and f["many"] == ["a", "b"]
     assert f["max_seqlen_per_dp_cp_rank"] == 8192 // 4
     assert f["mock_data"] is True and f["use_tp_pp_dp_mapping"] is False
     assert f["cp_comm_type"] == ["p2p"]

@@ -61,7 +61,7 @@ def _megatron_groups(RankGenerator, layout: Layout, world: int, order: str) -> d
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(layouts_and_worlds())
 def test_rank_groups_match_megatron_rank_generator(rank_generator, case):
     layout, world = case
@@ -132,7 +132,8 @@ def test_node_spans_fast_for_a_plan():
                 Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs, recompute=rc, offload=off, dispatcher=disp)
             )
     assert len(candidates) >= 20000
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: other jobs on a shared machine do not count against it
     spans = [node_spans(c, 16384, 8) for c in candidates]
-    assert time.perf_counter() - t0 < 1.0
+    elapsed = time.process_time() - t0
+    assert elapsed < 1.0, f"{len(candidates)} node_spans calls took {elapsed:.2f} s"
     assert all(ep >= 1 and cp >= 1 for ep, cp in spans)

@@ -359,10 +359,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def parse_flags(argv: Sequence[str]) -> Dict[str, object]:
-    """The flags of FLAGS found in argv, typed, keyed by argparse dest (tensor_model_parallel_size ...).
-    Unknown flags are ignored; absent ones are None (False for switches)."""
-    ns, _ = _parser().parse_known_args(list(argv))
-    return vars(ns)
+    """Flags keyed by argparse dest (tensor_model_parallel_size ...). Those in FLAGS are typed, and
+    absent ones are None (False for switches). Others (e.g. extra_args such as
+    --moe-router-force-load-balancing) are kept untyped: no value -> True, one -> str, more -> list."""
+    ns, rest = _parser().parse_known_args(list(argv))
+    out = vars(ns)
+    name, values = None, []
+    for tok in [*rest, "--"]:
+        if tok.startswith("--"):
+            if name:
+                out[name] = True if not values else values[0] if len(values) == 1 else list(values)
+            name, _, value = tok[2:].partition("=")
+            name, values = name.replace("-", "_"), [value] if value else []
+        elif name:
+            values.append(tok)
+    return out
 
 
 def layout_from_argv(argv: Sequence[str]) -> Layout:
