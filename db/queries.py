@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from sqlalchemy import Boolean, Float, Integer, and_, exists, func, not_, select
+from sqlalchemy import Boolean, Float, Integer, and_, exists, func, not_, select, true
 from sqlalchemy.sql.elements import ColumnElement
 
 from db import models as m
@@ -125,33 +125,43 @@ def _order(sort: Optional[str]) -> List[ColumnElement]:
     return [(col.desc() if desc else col.asc()).nulls_last(), m.Candidate.id]
 
 
-def joined(columns: Sequence[str]):
-    """SELECT the named columns over sweep + candidate + latest attempt + latest result."""
-    return (select(*[COLUMNS[c].label(c) for c in columns])
-            .select_from(m.Candidate)
-            .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
+def _joins(q):
+    """FROM candidate + sweep + latest attempt + latest result. All LEFT JOINs on primary keys (sweep_id
+    is NOT NULL, so the rows are those of an inner join): the planner can drop the unused ones."""
+    return (q.select_from(m.Candidate)
+            .outerjoin(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
             .outerjoin(m.Attempt, m.Attempt.id == m.Candidate.latest_attempt_id)
             .outerjoin(m.Result, m.Result.id == m.Candidate.latest_result_id))
+
+
+def joined(columns: Sequence[str]):
+    """SELECT the named columns over the joined row."""
+    return _joins(select(*[COLUMNS[c].label(c) for c in columns]))
 
 
 def compare(ledger, *, sweep: Optional[str] = None, stage: Optional[str] = None, round: Optional[int] = None,
             status: Optional[str] = None, where: Sequence[str | Filter] = (), sort: Optional[str] = None,
             limit: Optional[int] = None, columns: Optional[Sequence[str]] = None) -> List[dict]:
-    """Rows (dicts keyed by column name) for `python -m orchestrator compare`."""
-    cols = [resolve(c) for c in (columns or DEFAULT_COLUMNS)]
-    names = [c for c in (columns or DEFAULT_COLUMNS)]
+    """Rows (dicts keyed by column name) for `python -m orchestrator compare`.
+
+    With a limit, the filter + sort first pick candidate ids over narrow rows; only those `limit`
+    rows are then widened to every column (100k runs: the sort never carries the wide columns).
+    """
+    names = list(columns or DEFAULT_COLUMNS)
+    cols = [resolve(c) for c in names]
     filters = [f if isinstance(f, Filter) else parse_where([f])[0] for f in where]
     for key, value in (("sweep", sweep), ("stage", stage), ("round", round), ("status", status)):
         if value is not None:
             filters.append(Filter(key, "=", value))
-    q = joined(cols)
-    if filters:
-        q = q.where(and_(*[_condition(f) for f in filters]))
-    q = q.order_by(*_order(sort))
-    if limit is not None:
+    cond = and_(true(), *[_condition(f) for f in filters])
+    order = _order(sort)
+    if limit is None:
+        q = joined(cols).where(cond).order_by(*order)
+    else:
         if limit < 1:
             raise LedgerError("--limit must be at least 1")
-        q = q.limit(limit)
+        top = _joins(select(m.Candidate.id)).where(cond).order_by(*order).limit(limit).subquery()
+        q = joined(cols).join(top, top.c.id == m.Candidate.id).order_by(*order)
     with ledger.read() as s:
         return [dict(zip(names, row)) for row in s.execute(q)]
 
