@@ -19,7 +19,9 @@ from typing import Dict, Optional, Union
 
 from jobs.spec import SPEC_NAME, JobSpec
 
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+# Slurm's stop (time limit, scancel) and Ctrl-C reach the workload. USR2 is not forwarded: it is
+# submitit's early time-limit warning, which orchestrator.launch only records so Slurm's verdict stays TIMEOUT.
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -143,8 +145,8 @@ def run_task(spec: Union[JobSpec, str, os.PathLike]) -> dict:
 
 
 def _run_subprocess(cmd: list, env: dict, cwd: Path, out_path: Path, err_path: Path) -> int:
-    """Popen with output to the rank files; signals sent to this task are forwarded to the workload
-    (then to the previous handler, so submitit's preemption/timeout handling still runs)."""
+    """Popen with output to the rank files; SIGTERM/SIGINT sent to this task are forwarded to the
+    workload (then to the previous handler, so submitit's own handling still runs)."""
     with open(out_path, "ab") as out, open(err_path, "ab") as err:
         try:
             proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=err, stdin=subprocess.DEVNULL)

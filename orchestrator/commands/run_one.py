@@ -1,0 +1,169 @@
+"""`run-one`: plan a stage, launch ONE candidate, wait, collect, print its structured result.
+
+Why a command of its own: it is the smallest end-to-end check of a cluster + workload pairing
+(does the job start, do its logs parse, do the numbers look sane) before a sweep spends budget.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from orchestrator.config import compose, stage_or_error
+from orchestrator.errors import UserError
+
+NAME = "run-one"
+GIB = 2 ** 30
+HELP = "Launch one planned candidate (by index), wait for it, and print its measured result."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--candidate", type=int, default=0, metavar="INDEX",
+                        help="index into the planner's ranking (0 = predicted fastest)")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--folder", default=None, metavar="DIR",
+                        help="root of the job folders (default: cluster.folder)")
+    parser.add_argument("--attempt", type=int, default=None, help="attempt number (default: next free)")
+    parser.add_argument("--timeout-s", type=float, default=None,
+                        help="stop waiting after this long (the job keeps running; collect later)")
+
+
+def run(args, overrides) -> int:
+    from orchestrator.plan import planner
+    from orchestrator.runspec import build_spec, job_dir as job_dir_for, time_limit_min
+
+    overrides = list(overrides)
+    if args.folder:
+        overrides.append(f"cluster.folder={Path(args.folder).resolve()}")
+    composed = compose(overrides, require_stage=True)
+    cfg, stage = composed.cfg, stage_or_error(composed)
+    planned_all = planner.plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name).candidates
+    if not planned_all:
+        raise UserError(f"stage {stage.name} has no feasible candidate: see `python -m orchestrator plan "
+                        f"+stage={stage.name} --show-rejected`")
+    if not 0 <= args.candidate < len(planned_all):
+        raise UserError(f"--candidate {args.candidate} is out of range: stage {stage.name} has "
+                        f"{len(planned_all)} feasible candidates (0..{len(planned_all) - 1})")
+    planned = planned_all[args.candidate]
+    sweep = cfg.sweep.name or f"run-one-{stage.name}"
+    attempt = args.attempt or _next_attempt(job_dir_for(cfg, sweep, planned.key, 1).parent)
+    folder = job_dir_for(cfg, sweep, planned.key, attempt)
+    spec = build_spec(cfg, planned, sweep=sweep, attempt=attempt, job_dir=folder)
+    spec.save(folder / "job.json")
+    state, job_id, kind = _launch_and_wait(cfg, spec, time_limit_min(spec, cfg.cluster), args.timeout_s)
+    from jobs.collect import collect
+
+    result = collect(folder, slurm_state=getattr(state, "state", None), exit_code=getattr(state, "exit_code", None))
+    summary = summarize(args.candidate, planned, spec, result, job_id=job_id, cluster=kind)
+    if args.format == "json":
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        print_table(summary)
+    return 0 if result.ok else 1
+
+
+def _next_attempt(candidate_dir: Path) -> int:
+    taken = [int(p.name.split("-", 1)[1]) for p in candidate_dir.glob("attempt-*") if p.name.split("-", 1)[1].isdigit()]
+    return max(taken, default=0) + 1
+
+
+def _launch_and_wait(cfg, spec, time_min: int, timeout_s: Optional[float]):
+    """Submit through orchestrator.launch and poll until the job is terminal."""
+    from jobs.entry import run_task
+    from orchestrator.launch import LaunchTask, make_launcher
+
+    launcher, reason = make_launcher(cfg.cluster)
+    if launcher is None:
+        raise UserError(f"cannot launch: {reason}")
+    print(f"launching candidate {spec.candidate_key} on {getattr(launcher, 'kind', cfg.cluster.kind)}"
+          f" ({reason}); job folder {spec.job_dir}", file=sys.stderr)
+    task = LaunchTask(fn=run_task, args=(spec,), n_gpus=spec.n_gpus, gpus_per_node=spec.gpus_per_node,
+                      name=f"{spec.sweep}-{spec.candidate_key[:8]}-a{spec.attempt}", folder=spec.job_dir,
+                      time_min=time_min)
+    sub = launcher.submit([task])[0]
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    interval = min(1.0, cfg.cluster.poll_interval_s)
+    while True:
+        state = launcher.poll([sub.job_id]).get(sub.job_id)
+        if state is not None and state.terminal:
+            return state, sub.job_id, getattr(launcher, "kind", cfg.cluster.kind)
+        if deadline and time.monotonic() > deadline:
+            return state, sub.job_id, getattr(launcher, "kind", cfg.cluster.kind)
+        time.sleep(interval)
+        interval = min(cfg.cluster.poll_interval_s, interval * 1.5)
+
+
+def summarize(index: int, planned, spec, result, *, job_id=None, cluster=None) -> dict:
+    """The fields a user checks first, plus the full JobResult under "result"."""
+    pred = planned.prediction
+    peak_gib = result.peak_reserved_gb if result.peak_reserved_gb is not None else result.peak_allocated_gb
+    peak = peak_gib * GIB / 1e9 if peak_gib is not None else None  # same unit as the prediction (1e9 B)
+    return {
+        "simulated": bool(result.simulated),
+        "ok": bool(result.ok),
+        "failure_class": result.failure_class,
+        "failure_detail": result.failure_detail,
+        "candidate": index,
+        "candidate_key": planned.key,
+        "layout": planned.layout.short(),
+        "job_id": job_id,
+        "cluster": cluster,
+        "job_dir": spec.job_dir,
+        "N": spec.n_gpus,
+        "D_a": pred.d_a, "D_e": pred.d_e, "m": pred.m, "bubble": pred.bubble,
+        "predicted_step_s": pred.step_time_s,
+        "predicted_memory_gb": pred.memory_gb,
+        "measure_iters": result.measure_iters,
+        "partial": result.partial,
+        "step_p50_s": result.step_p50_s,
+        "step_p95_s": result.step_p95_s,
+        "step_p99_s": result.step_p99_s,
+        "tokens_per_s_per_gpu": result.tokens_per_s_per_gpu,
+        "tflops_per_gpu": result.tflops_per_gpu,
+        "mfu": result.mfu,
+        "mfu_peak": result.mfu_peak,
+        "heaviest_rank": result.heaviest_rank,
+        "heaviest_pp_stage": result.heaviest_pp_stage,
+        "peak_memory_gb": peak,  # decimal GB, comparable to predicted_memory_gb
+        "peak_memory_gib": peak_gib,  # as JobResult stores it (Megatron's MB are MiB)
+        "token_drop_fraction": result.token_drop_fraction,
+        "hot_expert_ratio": result.hot_expert_ratio,
+        "result": result.to_dict(),
+    }
+
+
+def _fmt(v, spec: str = "") -> str:
+    if v is None:
+        return "-"
+    return format(v, spec) if spec else str(v)
+
+
+def print_table(s: dict) -> None:
+    from rich.console import Console
+    from rich.panel import Panel
+    from rich.table import Table
+
+    console = Console()
+    if s["simulated"]:
+        console.print(Panel("[bold yellow]SIMULATED[/] - twin workload: every number below is simulated, "
+                            "not measured on GPUs", style="yellow"))
+    t = Table(title=f"run-one: candidate {s['candidate']} ({s['layout']})", show_header=True)
+    t.add_column("field")
+    t.add_column("predicted", justify="right")
+    t.add_column("measured" + (" (SIMULATED)" if s["simulated"] else ""), justify="right")
+    t.add_row("status", "", "ok" if s["ok"] else f"[red]{s['failure_class']}[/]")
+    t.add_row("step time p50 (s)", _fmt(s["predicted_step_s"], ".3f"), _fmt(s["step_p50_s"], ".3f"))
+    t.add_row("step time p95 / p99 (s)", "", f"{_fmt(s['step_p95_s'], '.3f')} / {_fmt(s['step_p99_s'], '.3f')}")
+    t.add_row("tokens/s/GPU", "", _fmt(s["tokens_per_s_per_gpu"], ",.0f"))
+    t.add_row("MFU", "", _fmt(s["mfu"], ".1%"))
+    t.add_row("heaviest rank (PP stage)", "", f"{_fmt(s['heaviest_rank'])} ({_fmt(s['heaviest_pp_stage'])})")
+    t.add_row("peak memory (GB)", _fmt(s["predicted_memory_gb"], ".1f"), _fmt(s["peak_memory_gb"], ".1f"))
+    t.add_row("token drop", "", _fmt(s["token_drop_fraction"], ".2%"))
+    t.add_row("measured iterations", "", f"{s['measure_iters']}{' (partial)' if s['partial'] else ''}")
+    t.add_row("D_a / D_e / m / bubble", f"{s['D_a']} / {s['D_e']} / {s['m']} / {s['bubble']:.3f}", "")
+    console.print(t)
+    if s["failure_detail"]:
+        console.print(f"[red]evidence:[/] {s['failure_detail']}")
+    console.print(f"job folder: {s['job_dir']}  (job {s['job_id']} on {s['cluster']})")
