@@ -16,7 +16,7 @@ FAST_TWIN = ["++workload.twin.time_scale=0.000001", "++workload.twin.max_sleep_s
 
 def sweep_args(tmp_path: Path, name: str, *extra: str, stage: str = "smoke", cluster: str = "local") -> List[str]:
     return [f"+stage={stage}", f"cluster={cluster}", f"sweep.name={name}", f"ledger.url={ledger_url(tmp_path)}",
-            f"cluster.folder={tmp_path / 'runs'}", "cluster.poll_interval_s=0.3", "ledger.lease_ttl_s=4",
+            f"cluster.folder={tmp_path / 'runs'}", "++cluster.poll_interval_s=0.3", "++ledger.lease_ttl_s=4",
             *FAST_TWIN, *extra]
 
 

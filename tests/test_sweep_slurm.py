@@ -18,7 +18,7 @@ from db.ledger import Ledger
 from tests.sweeplib import all_attempts, assert_accounted, cli, ledger_url, popen, sweep_args, wait_for
 
 pytestmark = pytest.mark.slurm
-NODE8 = ["stage.gpus=8", "cluster.poll_interval_s=1.0", "cluster.min_time_min=5", "cluster.signal_delay_s=30"]
+NODE8 = ["stage.gpus=8", "++cluster.poll_interval_s=1.0", "++cluster.min_time_min=5", "++cluster.signal_delay_s=30"]
 SMALL = ["policy.round0_size=3", "policy.round_size=2", "stage.budget.max_rounds=2", "stage.budget.max_runs=6"]
 SLOW = ["++workload.twin.time_scale=0.5", "++workload.twin.max_sleep_s=2.0"]  # ~2 s per iteration: jobs stay RUNNING
 
@@ -143,8 +143,8 @@ def test_node_down_is_node_fail_and_retried_on_a_healthy_node(tmp_path, slurm_cl
 
 def test_time_limit_is_timeout(tmp_path, slurm_cluster):
     args = sweep_args(tmp_path, "s-time", "policy.round0_size=1", "stage.budget.max_rounds=1", "policy.max_attempts=1",
-                      "stage.gpus=8", "cluster.poll_interval_s=2", "cluster.min_time_min=1", "cluster.time_margin_min=0",
-                      "cluster.signal_delay_s=10", "++workload.twin.time_scale=1.0", "++workload.twin.max_sleep_s=30",
+                      "stage.gpus=8", "++cluster.poll_interval_s=2", "++cluster.min_time_min=1", "++cluster.time_margin_min=0",
+                      "++cluster.signal_delay_s=10", "++workload.twin.time_scale=1.0", "++workload.twin.max_sleep_s=30",
                       cluster="slurm")
     proc = cli("sweep", *args, "--plain", timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]

@@ -37,7 +37,7 @@ def main() -> bool:
         kind = "slurm" if shutil.which("sbatch") else "local"
         composed = compose(STAGE + [f"cluster={kind}", f"ledger.url=sqlite:///{tmp / 'ledger.sqlite'}",
                                     f"cluster.folder={tmp / 'runs'}", "sweep.name=bench",
-                                    f"cluster.poll_interval_s={2.0 if kind == 'slurm' else 0.5}"])
+                                    f"++cluster.poll_interval_s={2.0 if kind == 'slurm' else 0.5}"])
         cfg = composed.cfg
         launcher, reason = make_launcher(cfg.cluster)
         view = View(live=False, stream=open("/dev/null", "w"))
