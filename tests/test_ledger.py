@@ -243,3 +243,16 @@ def test_url_from_environment_variable(tmp_path, monkeypatch):
         assert led.url.endswith("env.sqlite")
     with pytest.raises(LedgerError, match="ORCH_TEST_UNSET is not set"):
         Ledger.open("env:ORCH_TEST_UNSET")
+
+
+def test_db_package_imports_neither_orchestrator_nor_jobs():
+    """Data flows one way: db/ knows Megatron and Slurm only through column names."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "db"
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not [n for n in names if n.split(".")[0] in ("orchestrator", "jobs")], path
