@@ -19,6 +19,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--sweep", default=None, help="sweep name (default: all sweeps)")
     parser.add_argument("--stage", default=None)
     parser.add_argument("--format", choices=["json", "table"], default="json")
+    parser.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
 
 
 def run(args, overrides) -> int:
