@@ -77,13 +77,38 @@ class TimerBlock:
 
     timers maps name -> (min, max); min is None for kind "max". For kind "all", per_rank holds
     name -> {rank: ms} and timers holds the min/max over those ranks.
+
+    Why lazy: a long run prints one block per iteration (~20 rows each, most of a log's bytes) and
+    metrics read only the blocks inside the measurement window. The parser keeps the block's rows
+    as raw bytes (`raw`) and `timers` converts them on first access (then caches).
     """
 
     kind: str
-    timers: Dict[str, Tuple[Optional[float], float]] = field(default_factory=dict)
     per_rank: Dict[str, Dict[int, float]] = field(default_factory=dict)
     after_iteration: Optional[int] = None  # last iteration line seen before the block, same stream
     rank: Optional[int] = None
+    raw: bytes = field(default=b"", repr=False, compare=False)  # undecoded rows, "\n    name...: v"
+    _timers: Optional[Dict[str, Tuple[Optional[float], float]]] = field(
+        default=None, repr=False, compare=False)
+
+    @property
+    def timers(self) -> Dict[str, Tuple[Optional[float], float]]:
+        if self._timers is None:
+            self._timers = _decode_rows(self.kind, self.raw)
+            for name, ranks in self.per_rank.items():
+                if ranks:
+                    self._timers[name] = (min(ranks.values()), max(ranks.values()))
+        return self._timers
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TimerBlock):
+            return NotImplemented
+        return (self.kind, self.per_rank, self.after_iteration, self.rank, self.timers) == (
+            other.kind, other.per_rank, other.after_iteration, other.rank, other.timers)
+
+    def __repr__(self) -> str:
+        return (f"TimerBlock(kind={self.kind!r}, timers={self.timers!r}, "
+                f"after_iteration={self.after_iteration!r}, rank={self.rank!r})")
 
 
 @dataclass(slots=True)
@@ -301,6 +326,13 @@ _MEM_KEYS = {"allocated": "allocated", "max allocated": "max_allocated", "reserv
              "max reserved": "max_reserved", "total device memory used": "total_device_used"}
 
 
+def _timestamp(s: bytes, end: int) -> Optional[str]:
+    """The `[YYYY-MM-DD HH:MM:SS.ffffff]` just before `iteration`, if any."""
+    i = s.rfind(b"[", 0, end)
+    j = s.find(b"]", i, end)
+    return s[i + 1:j].decode("ascii", "replace") if i >= 0 and j > i else None
+
+
 def _opt_float(b: Optional[bytes]) -> Optional[float]:
     return None if b is None else float(b)
 
@@ -333,11 +365,11 @@ _CHUNK = 32 << 20
 # Row: 4 spaces, `name + ' '` padded with dots to 48 chars, `: (min, max)` or `: max`. The padded
 # name is captured raw and cleaned once per distinct name (cache), which keeps the regex trivial.
 _ROW_MINMAX = re.compile(rb"    ([^:\n]+): \(([^,\n]+), ([^)\n]+)\)")
-_ROW_NAME = re.compile(rb"(?:^|\n)    ([^ \n]+)")  # Megatron timer names have no spaces
+_ROW_NAME = re.compile(rb"\n    ([^ \n]+)")  # Megatron timer names have no spaces
 _ROW_VALUES = re.compile(rb": \(([^,\n]+), ([^)\n]+)\)")
 _ROW_MAX = re.compile(rb"    ([^:\n]+): ([-+0-9.eE]+|nan|inf)[ \t\r]*$", re.M)
 _ITER_STRICT = re.compile(
-    rb"(?:\[([0-9-]+ [0-9:.]+)\] )?iteration\s+(\d+)/\s*(\d+) \| consumed samples:\s+(\d+) \|"
+    rb"()iteration\s+(\d+)/\s*(\d+) \| consumed samples:\s+(\d+) \|"  # literal-led: fast search
     rb"(?: skipped samples:\s+(\d+) \|)?"
     rb" elapsed time per iteration \(ms\): ([^ |]+) \|"
     rb"(?: throughput per GPU \(TFLOP/s/GPU\): ([^ |]+) \|)?"
@@ -366,7 +398,6 @@ class _Parser:
         self.last_iteration: Optional[int] = None
         self._tb: Dict[Optional[int], List[str]] = {}  # open traceback frames per source
         self._row_re: Dict[bytes, "re.Pattern[bytes]"] = {}
-        self._names: Dict[bytes, str] = {}  # timer name cache (bytes -> str)
 
     # ---- chunks
     def chunk(self, buf: bytes, final: bool) -> Tuple[List[Record], bytes]:
@@ -438,13 +469,15 @@ class _Parser:
                 self.garbage += 1
 
     def _candidates(self, work: bytes) -> List[int]:
-        starts = set()
+        starts: set = set()
         find, rfind = work.find, work.rfind
-        keywords = _KEYWORDS
-        if self._tb or b"Traceback" in work:
-            keywords = keywords + _TRACEBACK_KEYWORDS
-        for kw in keywords:
+        traceback = bool(self._tb)
+        for kw in _KEYWORDS + _TRACEBACK_KEYWORDS:
+            if kw is _TRACEBACK_KEYWORDS[0] and not traceback:
+                break  # frames and `...Exception:` lines matter only inside a traceback
             i = find(kw)
+            if i >= 0 and kw == b"Traceback":
+                traceback = True
             while i >= 0:
                 ls = rfind(b"\n", 0, i) + 1
                 starts.add(ls)
@@ -580,13 +613,9 @@ class _Parser:
         if m is not None:  # fast path: Megatron's own field order, one regex, no decode
             g = m.groups()
             losses = {}
-            names = self._names
             for k, v in _ITER_LOSS.findall(g[11]):
-                key = names.get(k)
-                if key is None:
-                    key = names[k] = _dec(k)
                 try:
-                    losses[key] = float(v)
+                    losses[_name(k)] = float(v)
                 except ValueError:
                     pass
             f = _opt_float
@@ -594,7 +623,7 @@ class _Parser:
                 int(g[1]), int(g[2]), int(g[3]), float(g[5]), int(g[10]), losses,
                 None if g[4] is None else int(g[4]), f(g[6]), f(g[7]), f(g[8]), f(g[9]),
                 float(g[12]), f(g[13]), f(g[14]), f(g[15]), int(g[16]), int(g[17]),
-                None if g[0] is None else g[0].decode(), src)
+                _timestamp(s, m.start()), src)
             self.last_iteration = rec.iteration
             return rec
         return self._iteration_generic(s, src)
@@ -661,7 +690,7 @@ class _Parser:
                     rb"(?:\n" + re.escape(pre) + rb"    [^\n]*)*")
             m = run.match(work, pos)
             region = m.group(0)
-            self._rows(blk, region.replace(b"\n" + pre, b"\n") if pre else region)
+            blk.raw = region.replace(b"\n" + pre, b"\n") if pre else region
             pos = m.end()
             if not pre or not work.startswith(b"\n", pos) or work.startswith(b"\n" + pre, pos):
                 return blk  # not interleaved: the block ended at a non-row line of its own source
@@ -670,36 +699,6 @@ class _Parser:
                 return blk  # this source's next line is not a row: the block is complete
         self._walk_rows(blk, work, pos, src)
         return blk
-
-    def _rows(self, blk: TimerBlock, region: bytes) -> None:
-        names = self._names
-        if blk.kind == "minmax":
-            ns = _ROW_NAME.findall(region)
-            vals = _ROW_VALUES.findall(region)
-            if len(ns) == len(vals):  # fast path: two literal-led scans instead of one row regex
-                for n in ns:
-                    if n not in names:
-                        names[n] = _dec(n)
-                try:
-                    blk.timers.update({names[n]: (float(v[0]), float(v[1])) for n, v in zip(ns, vals)})
-                    return
-                except ValueError:
-                    pass
-            rows = [(n.rstrip(b". "), lo, hi) for n, lo, hi in _ROW_MINMAX.findall(region)]
-            for name, _, _ in rows:
-                if name not in names:
-                    names[name] = _dec(name)
-            try:
-                blk.timers.update({names[n]: (float(lo), float(hi)) for n, lo, hi in rows})
-            except ValueError:
-                for name, lo, hi in rows:
-                    try:
-                        blk.timers[names[name]] = (float(lo), float(hi))
-                    except ValueError:
-                        self.garbage += 1
-        else:
-            for name, hi in _ROW_MAX.findall(region):
-                blk.timers[_dec(name.rstrip(b". "))] = (None, float(hi))
 
     def _walk_rows(self, blk: TimerBlock, work: bytes, pos: int, src: Optional[int]) -> None:
         name: Optional[str] = None
@@ -729,15 +728,9 @@ class _Parser:
                     blk.per_rank[name] = {}
                     continue
                 break
-            if not s.startswith(b"    "):
+            if not s.startswith(b"    ") or not _decode_rows(blk.kind, b"\n" + s):
                 break
-            before = len(blk.timers)
-            self._rows(blk, s)
-            if len(blk.timers) == before:
-                break
-        for nm, ranks in blk.per_rank.items():
-            if ranks:
-                blk.timers[nm] = (min(ranks.values()), max(ranks.values()))
+            blk.raw += b"\n" + s
 
     def _straggler(self, s: bytes, src: Optional[int]) -> Optional[StragglerRecord]:
         t = _dec(s)
@@ -799,6 +792,43 @@ class _Parser:
         if _is_validation(exc_type, message, last):
             out.append(ValidationError(exc_type.rsplit(".", 1)[-1], message, t, last, src))
         return out
+
+
+_NAMES: Dict[bytes, str] = {}  # timer name cache (a run has a few dozen distinct names)
+
+
+def _name(raw: bytes) -> str:
+    name = _NAMES.get(raw)
+    if name is None:
+        name = _dec(raw.rstrip(b". "))
+        if len(_NAMES) < 4096:
+            _NAMES[raw] = name
+    return name
+
+
+def _decode_rows(kind: str, raw: bytes) -> Dict[str, Tuple[Optional[float], float]]:
+    """Rows `\n    name ....: (min, max)` (minmax) or `\n    name ....: max` (max) -> dict.
+    Rows whose numbers do not parse are skipped."""
+    out: Dict[str, Tuple[Optional[float], float]] = {}
+    if not raw or kind == "all":
+        return out
+    if kind == "minmax":
+        ns = _ROW_NAME.findall(raw)
+        vals = _ROW_VALUES.findall(raw)
+        if len(ns) == len(vals):  # fast path: two literal-led scans instead of one row regex
+            try:
+                return {_name(n): (float(lo), float(hi)) for n, (lo, hi) in zip(ns, vals)}
+            except ValueError:
+                pass
+        for n, lo, hi in _ROW_MINMAX.findall(raw):
+            try:
+                out[_name(n)] = (float(lo), float(hi))
+            except ValueError:
+                continue
+        return out
+    for n, hi in _ROW_MAX.findall(raw):
+        out[_name(n)] = (None, float(hi))
+    return out
 
 
 def _last_frame(frames: Optional[List[str]]) -> Optional[str]:

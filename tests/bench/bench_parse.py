@@ -79,16 +79,20 @@ def main() -> int:
     folder.mkdir(parents=True, exist_ok=True)
     path = make_log(folder)
     mb = path.stat().st_size / 1e6
-    best = float("inf")
+    best = cpu = full = float("inf")
     log = None
     for _ in range(2):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         log = parse_file(path)
-        best = min(best, time.perf_counter() - t0)
-    assert log is not None and log.iterations and log.timers and log.memory
-    print(f"parse_file: {mb:.1f} MB in {best:.2f} s = {mb / best:.1f} MB/s "
+        best, cpu = min(best, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
+        t1 = time.perf_counter()
+        rows = sum(len(b.timers) for b in log.timers)  # timer values are decoded on first access
+        full = min(full, best + time.perf_counter() - t1)
+    assert log is not None and log.iterations and log.timers and log.memory and rows
+    print(f"parse_file: {mb:.1f} MB in {best:.2f} s wall ({cpu:.2f} s CPU) = {mb / best:.1f} MB/s "
           f"({len(log.iterations)} iterations, {len(log.timers)} timer blocks, {log.lines} lines); "
           f"goal < {GOAL_S:.1f} s: {'PASS' if best < GOAL_S else 'MISS'}")
+    print(f"parse_file + decoding all {rows} timer rows: {full:.2f} s wall = {mb / full:.1f} MB/s")
     return 0 if best < GOAL_S else 1
 
 
