@@ -48,6 +48,9 @@ def _grid_sizes(layout: Layout, world_size: int, order: str) -> Tuple[Dict[str, 
         )
     dense = {"tp": layout.tp, "cp": layout.cp, "ep": 1, "dp": world_size // dense_model, "pp": layout.pp}
     expert = {"tp": layout.etp, "cp": 1, "ep": layout.ep, "dp": world_size // expert_model, "pp": layout.pp}
+    if not order.endswith("pp") and layout.pp > 1 and dense["dp"] != expert["dp"]:
+        # initialize_model_parallel asserts this: otherwise the two grids' PP groups differ.
+        raise ValueError(f"order {order} with PP>1 needs expert DP ({expert['dp']}) == DP ({dense['dp']})")
     return dense, expert
 
 
