@@ -6,6 +6,7 @@ The joined row: sweep + candidate + its latest attempt + its latest successful r
 """
 from __future__ import annotations
 
+import operator
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
@@ -47,6 +48,7 @@ DEFAULT_COLUMNS = ("sweep", "round", "key", "tp", "pp", "vpp", "cp", "ep", "etp"
 HIGHER_IS_BETTER = {"tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "megatron_tflops_per_gpu",
                     "pred_mfu", "pred_tokens_per_s"}
 OPERATORS = ("!=", "<=", ">=", "=", "<", ">")
+_OPS = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 _WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(!=|<=|>=|=|<|>)\s*(.*?)\s*$", re.S)
 
 
@@ -81,6 +83,8 @@ def parse_where(tokens: Sequence[str]) -> List[Filter]:
 def _coerce(name: str, raw: str) -> Any:
     """Type the value by its column, so `ep=1; DROP TABLE result` is refused and a string stays data."""
     col_type = COLUMNS[name].type
+    if "\x00" in raw:  # PostgreSQL text cannot hold NUL; refuse it the same way on both engines
+        raise LedgerError(f"--where {name}: values cannot contain NUL characters")
     if raw.lower() == "null":  # "none" stays text: recompute=none means no recompute
         return None
     try:
@@ -104,8 +108,9 @@ def _condition(f: Filter) -> ColumnElement:
     col = COLUMNS[f.key]
     if f.value is None:
         return col.is_(None) if f.op == "=" else col.is_not(None) if f.op == "!=" else _bad_null(f)
-    return {"=": col == f.value, "!=": col != f.value, "<": col < f.value, "<=": col <= f.value,
-            ">": col > f.value, ">=": col >= f.value}[f.op]
+    if isinstance(f.value, bool) and f.op not in ("=", "!="):
+        raise LedgerError(f"--where {f.key}{f.op}...: only = and != apply to true/false columns")
+    return _OPS[f.op](col, f.value)
 
 
 def _bad_null(f: Filter):

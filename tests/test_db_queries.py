@@ -5,6 +5,8 @@ import csv
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import inspect
 
 from db import queries
@@ -142,3 +144,18 @@ def test_cli_compare_best_ledger(filled, ledger_url, capsys, tmp_path):
     assert rc == 0 and "revision 0002 (head)" in out
     rc, _, err = run_cli(["db", "sideways", url], capsys)
     assert rc == 2 and "upgrade|current|history" in err
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(["recompute", "ep", "tokens_per_gpu", "sweep", "simulated"]),
+       op=st.sampled_from(queries.OPERATORS), value=st.text(max_size=30))
+def test_any_filter_value_is_refused_or_bound_as_data(filled, key, op, value):
+    led, _ = filled
+    try:
+        rows = queries.compare(led, where=[f"{key}{op}{value}"], columns=["key", key])
+    except LedgerError:
+        rows = None
+    if rows is not None and op == "=" and key in ("recompute", "sweep") and value.strip().lower() != "null":
+        assert all(r[key] == value.strip() for r in rows)
+    with led.read() as s:
+        assert TABLES <= set(inspect(s.connection()).get_table_names())
