@@ -141,9 +141,8 @@ def test_node_spans_fast_for_a_plan():
         ["alltoall", "flex"],
     ):
         if (16384 // pp) % (etp * ep) == 0:
-            candidates.append(
-                Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs, recompute=rc, offload=off, dispatcher=disp)
-            )
+            candidates.append(Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs,
+                                     recompute=rc, offload=off, dispatcher=disp))
     assert len(candidates) >= 20000
     t0 = time.process_time()  # CPU time: other jobs on a shared machine do not count against it
     spans = [node_spans(c, 16384, 8) for c in candidates]
