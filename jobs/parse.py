@@ -516,9 +516,13 @@ class _Parser:
             raw = raw.replace(b"\x00", b"")
         src, s, pre = self._prefix(raw)
         if b"across ranks (ms):" in s and src not in self._tb:
+            out_h: List[Record] = []
+            if s.startswith(_SIM_B):
+                out_h.append(SimulatedMarker(_dec(s[len(_SIM_B):]).strip(), rank=src))
             for header, kind in _TIMER_HEADERS:
                 if header in s:
-                    return [self._timer_block(work, le, kind, src, pre)]
+                    out_h.append(self._timer_block(work, le, kind, src, pre))
+                    return out_h
         if b"\r" in s:  # progress bars: each \r-separated segment is its own line
             out: List[Record] = []
             for seg in s.split(b"\r"):
@@ -530,6 +534,11 @@ class _Parser:
     # ---- one logical line (prefixes removed)
     def _line(self, s: bytes, src: Optional[int], complete: bool = True) -> List[Record]:
         out: List[Record] = []
+        if s.startswith(_SIM_B):  # a marker line; whatever follows the marker is read as usual
+            out.append(SimulatedMarker(_dec(s[len(_SIM_B):]).strip(), rank=src))
+            s = s[len(_SIM_B):].lstrip(b" ")
+            if not s:
+                return out
         if src in self._tb:
             if s.startswith(b" ") or not s.strip():
                 if s.lstrip().startswith(b'File "'):
@@ -537,29 +546,29 @@ class _Parser:
                 return out
             exc = self._exception(s, src, self._tb.pop(src))
             if exc:  # the exception line may also be an OOM / NCCL signature
-                return exc + self._signatures(s, src, exception_done=True)
+                return out + exc + self._signatures(s, src, exception_done=True)
             # not an exception line: the traceback was cut short; read the line normally
         if complete:
+            rec: Optional[Record] = None
             if b"consumed samples:" in s and b"iteration" in s:
                 rec = self._iteration(s, src)
-                return [rec] if rec is not None else out
-            if b"memory (MB)" in s and b"[Rank " in s:
+            elif b"memory (MB)" in s and b"[Rank " in s:
                 rec = self._memory(s)
-                return [rec] if rec is not None else out
-            if b"MnRtt/Rnk: " in s:
+            elif b"MnRtt/Rnk: " in s:
                 rec = self._straggler(s, src)
-                return [rec] if rec is not None else out
-            if s.startswith(b"^^^^ "):
+            elif s.startswith(b"^^^^ "):
                 rec = self._straggler_ranks(s, src)
-                return [rec] if rec is not None else out
+            else:
+                rec = False  # type: ignore[assignment]
+            if rec is not False:
+                if rec is not None:
+                    out.append(rec)
+                return out
             if b"] datetime: " in s:
                 m = _EVENT.search(_dec(s))
                 if m:
                     out.append(EventRecord(m.group(1), m.group(2), rank=src))
                 return out
-        if s.startswith(_SIM_B):
-            out.append(SimulatedMarker(_dec(s[len(_SIM_B):]).strip(), rank=src))
-            return out
         out.extend(self._signatures(s, src, exception_done=False))
         return out
 

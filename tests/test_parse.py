@@ -242,3 +242,16 @@ def test_arbitrary_bytes_never_raise(chunks):
     assert p.lines >= 0 and p.garbage_lines >= 0
     for r in p.iterations:  # anything that parsed as an iteration is internally consistent
         assert r.elapsed_ms >= 0 or r.elapsed_ms != r.elapsed_ms
+
+
+def test_marker_prefixing_a_record_keeps_both():
+    data = (b"[SIMULATED]  [2026-11-29 10:00:00.000000] iteration        1/       2 | consumed samples:"
+            b"            8 | elapsed time per iteration (ms): 5.0 | global batch size:     8 |"
+            b" lm loss: 1.000000E+00 | loss scale: 1.0 | number of skipped iterations:   0 |"
+            b" number of nan iterations:   0 |\n"
+            b"3: [SIMULATED] INFO:megatron.core.timers:(min, max) time across ranks (ms):\n"
+            b"3:     forward-backward ...............................: (1.00, 2.00)\n")
+    p = parse_bytes(data)
+    assert p.simulated and len(p.simulated_markers) == 2
+    assert [r.elapsed_ms for r in p.iterations] == [5.0]
+    assert p.timers[0].timers == {"forward-backward": (1.0, 2.0)}
