@@ -148,7 +148,7 @@ nodes_usable() {
     # Every node responds and is not down/drained (idle, mixed, allocated or completing).
     local states
     states=$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u) || return 1
-    [ "$(grep -cE '^n[1-4] (idle|mix|alloc|comp)$' <<<"$states")" -eq ${#NODES[@]} ]
+    [ "$(grep -cE '^n[1-4] (idle|mix|alloc|comp|plnd|resv)$' <<<"$states")" -eq ${#NODES[@]} ]
 }
 
 sacct_answers() { sacct -n -X -j 1 -o JobID >/dev/null 2>&1; }

@@ -1,0 +1,100 @@
+"""sacct parsing and sbatch parameters: pure functions, no cluster needed."""
+from __future__ import annotations
+
+from datetime import timezone
+
+import pytest
+from submitit.slurm.slurm import _make_sbatch_string
+
+from orchestrator.launch import TERMINAL_STATES, LaunchTask
+from orchestrator.launch.base import LaunchError, shape, state_of
+from orchestrator.launch.sacct import command, expand_job_id, parse
+from orchestrator.launch.slurm import SlurmLauncher
+from orchestrator.schema import ClusterConfig
+
+SACCT = """\
+43801313_0|COMPLETED|0:0|n1|2026-11-29T11:08:43|2026-11-29T11:08:46|None
+43801313_1|CANCELLED by 0|0:15|n2|2026-11-29T11:08:43|2026-11-29T11:08:50|None
+43801313_[2-4,7%2]|PENDING|0:0|None assigned|Unknown|Unknown|JobArrayTaskLimit
+43801320|TIMEOUT|0:0|n[1-2]|2026-11-29T11:00:00|2026-11-29T11:01:30|TimeLimit
+43801320.batch|CANCELLED|0:15|n1|2026-11-29T11:00:00|2026-11-29T11:01:30|None
+43801321|FAILED|3:0|n3|2026-11-29T11:00:00|2026-11-29T11:00:05|NonZeroExitCode
+43801322|REQUEUED|0:0|n4|2026-11-29T11:00:00|2026-11-29T11:00:05|None
+43801323|PREEMPTED|0:0|n4|2026-11-29T11:00:00|2026-11-29T11:00:05|None
+"""
+
+
+def test_expand_array_ids():
+    assert expand_job_id("12") == ["12"]
+    assert expand_job_id("12_3") == ["12_3"]
+    assert expand_job_id("12_[1-3,7%2]") == ["12_1", "12_2", "12_3", "12_7"]
+
+
+def test_parse_rows():
+    st = parse(SACCT)
+    assert set(st) == {"43801313_0", "43801313_1", "43801313_2", "43801313_3", "43801313_4", "43801313_7",
+                       "43801320", "43801321", "43801322", "43801323"}
+    done = st["43801313_0"]
+    assert (done.state, done.terminal, done.exit_code, done.node_list) == ("COMPLETED", True, 0, "n1")
+    assert done.start.tzinfo is not None and (done.end - done.start).total_seconds() == 3
+    assert done.end.astimezone(timezone.utc) == done.end
+    cancelled = st["43801313_1"]
+    assert (cancelled.state, cancelled.terminal, cancelled.signal) == ("CANCELLED", True, 15)
+    pending = st["43801313_4"]
+    assert (pending.state, pending.terminal, pending.node_list, pending.start) == ("PENDING", False, None, None)
+    assert pending.reason == "JobArrayTaskLimit"
+    # The batch step row does not override the allocation's TIMEOUT.
+    assert (st["43801320"].state, st["43801320"].node_list, st["43801320"].reason) == ("TIMEOUT", "n[1-2]", "TimeLimit")
+    assert (st["43801321"].state, st["43801321"].exit_code) == ("FAILED", 3)
+    assert not st["43801322"].terminal and not st["43801323"].terminal
+
+
+@pytest.mark.parametrize("word", ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                                  "BOOT_FAIL", "DEADLINE"])
+def test_terminal_states(word):
+    assert state_of(word).terminal and word in TERMINAL_STATES
+
+
+@pytest.mark.parametrize("word", ["PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PREEMPTED",
+                                  "RESIZING", "SUSPENDED", "UNKNOWN"])
+def test_live_states(word):
+    assert not state_of(word).terminal
+
+
+def test_command_queries_base_ids_once():
+    cmd = command(["101_3", "101_4", "99", "1000_0"])
+    assert cmd[cmd.index("-j") + 1] == "99,101,1000"
+    assert "--parsable2" in cmd and "-X" in cmd
+
+
+def lt(n_gpus, per_node, name="sw:abc:1", time_min=7):
+    return LaunchTask(fn=print, args=(), n_gpus=n_gpus, gpus_per_node=per_node, name=name, folder="/tmp/x",
+                      time_min=time_min)
+
+
+def test_shape_one_task_per_gpu():
+    assert shape(lt(32, 8)) == (4, 8, 8)
+    assert shape(lt(4, 8)) == (1, 4, 4)
+    with pytest.raises(LaunchError, match="multiple"):
+        shape(lt(12, 8))
+
+
+def test_sbatch_parameters_from_cluster():
+    cluster = ClusterConfig(kind="slurm", partition="batch", account="acct", qos="high", constraint="h100",
+                            exclusive=True, min_time_min=5, signal_delay_s=30, array_parallelism=16,
+                            sbatch_extra={"container-image": "nvcr.io/nvidia/pytorch:25.01-py3",
+                                          "container-mounts": "/data:/data"},
+                            srun_args=["--mpi=pmix"], setup=["module load cuda"], env={"NCCL_IB_TIMEOUT": "19"})
+    params = SlurmLauncher(cluster).parameters([lt(1024, 8, "sw:a:1", 3), lt(1024, 8, "sw:b:1", 40)])
+    assert (params["nodes"], params["ntasks_per_node"], params["gpus_per_node"]) == (128, 8, 8)
+    assert params["time"] == 40  # longest in the array
+    assert SlurmLauncher(cluster).parameters([lt(8, 8, time_min=2)])["time"] == 5  # cluster minimum
+    script = _make_sbatch_string(command="python -m x", folder="/tmp/f/%j", map_count=2, **params)
+    for line in ["#SBATCH --partition=batch", "#SBATCH --account=acct", "#SBATCH --qos=high",
+                 "#SBATCH --constraint=h100", "#SBATCH --exclusive", "#SBATCH --signal=USR2@30",
+                 "#SBATCH --container-image=nvcr.io/nvidia/pytorch:25.01-py3",
+                 "#SBATCH --container-mounts=/data:/data", "#SBATCH --array=0-1%2", "#SBATCH --nodes=128",
+                 "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8", "module load cuda",
+                 "export NCCL_IB_TIMEOUT=19"]:
+        assert line in script
+    assert "--mpi=pmix" in script.split("srun", 1)[1]
