@@ -1,5 +1,6 @@
 """Eight processes drive the same sweep at once (SQLite WAL and PostgreSQL): 0 errors, 0 lost rows,
-0 duplicate candidates, no candidate claimed twice, attempt numbers unique (optuna#820, #4002)."""
+0 duplicate candidates, no candidate claimed twice, attempt numbers unique, one lease holder
+(optuna#820, #4002)."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -9,6 +10,7 @@ import traceback
 from sqlalchemy import func, select
 
 from db import models as m
+from db.errors import LeaseHeld
 from db.ledger import CandidateIn, Ledger
 
 WORKERS = 8
@@ -27,6 +29,11 @@ def _worker(url: str, idx: int, barrier, out) -> None:
         led = Ledger.open(url)
         led.create_or_get_sweep("race", stage="1k", config_yaml="", model="dsv4_pro", hardware="h100",
                                 workload="twin", provenance={"worker": idx})
+        try:
+            led.acquire_lease("race", f"w{idx}", ttl_s=600)
+            lease = True
+        except LeaseHeld:
+            lease = False
         led.add_candidates("race", items + [hot])
         hot_id = led.candidate_by_key("race", hot.key).id
         mine = []
@@ -45,7 +52,7 @@ def _worker(url: str, idx: int, barrier, out) -> None:
         led.record_result(att.id, job_result(5.0, n=SAMPLES))
         led.log_event("race", "worker", f"w{idx} done", data={"claimed": len(mine)})
         led.close()
-        out.put(("ok", idx, mine, time.perf_counter() - t0))
+        out.put(("ok", idx, mine, time.perf_counter() - t0, lease))
     except Exception:  # noqa: BLE001 - reported to the parent, which fails the test
         out.put(("error", idx, traceback.format_exc()))
 
@@ -57,13 +64,14 @@ def test_eight_processes_same_sweep(ledger_url):
     procs = [ctx.Process(target=_worker, args=(ledger_url, i, barrier, out)) for i in range(WORKERS)]
     for p in procs:
         p.start()
-    reports = [out.get(timeout=300) for _ in procs]
+    reports = [out.get(timeout=600) for _ in procs]
     for p in procs:
         p.join(timeout=60)
     errors = [r[2] for r in reports if r[0] == "error"]
     assert errors == [], errors[0] if errors else ""
 
     print(f"{ledger_url.split(':')[0]}: slowest of {WORKERS} writers {max(r[3] for r in reports):.2f} s")
+    assert sum(r[4] for r in reports) == 1  # one lease holder: two orchestrators cannot drive one sweep
     claimed = [cid for r in reports for cid in r[2]]
     assert len(claimed) == SHARED and len(set(claimed)) == SHARED  # every candidate launched exactly once
     with Ledger.open(ledger_url) as led, led.read() as s:
