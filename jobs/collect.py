@@ -24,7 +24,9 @@ from orchestrator.plan.layout import Layout
 
 RESULT_NAME = "result.json"
 RANK_GLOBS = ("rank-*.out", "rank-*.err")
-SUBMITIT_GLOBS = ("*_log.out", "*_log.err")  # submitit's task logs: slurmstepd's CANCELLED lines land here
+# submitit's task logs (the job's own stdout/stderr): slurmstepd's `*** JOB ... CANCELLED ... ***` lands here.
+SUBMITIT_GLOBS = ("*_log.out", "*_log.err", ".submitit/*/*_log.out", ".submitit/*/*_log.err")
+SUBMITIT_LOOKUP_DEPTH = 4  # an array's .submitit/<job id>/ sits at the common parent of its job folders
 
 
 @dataclass
@@ -46,15 +48,18 @@ class JobFolder:
         )
 
 
-def read_folder(job_dir: str | os.PathLike) -> JobFolder:
+def read_folder(job_dir: str | os.PathLike, job_id: Optional[str] = None) -> JobFolder:
     path = Path(job_dir)
     spec_path = path / SPEC_NAME
     spec = JobSpec.load(spec_path) if spec_path.exists() else None
     files: List[Path] = []
     for pattern in RANK_GLOBS + SUBMITIT_GLOBS:
         files += sorted(path.glob(pattern), key=_rank_order)
+    if job_id:
+        for parent in list(path.parents)[:SUBMITIT_LOOKUP_DEPTH]:
+            files += sorted((parent / ".submitit" / str(job_id)).glob("*_log.*"), key=_rank_order)
     sidecars, used = metrics_mod.load_sidecars(sorted(path.glob("sidecar-rank-*.json"), key=_rank_order))
-    return JobFolder(path=path, spec=spec, logs=[parse_file(p) for p in files if p.is_file()],
+    return JobFolder(path=path, spec=spec, logs=[parse_file(p) for p in dict.fromkeys(files) if p.is_file()],
                      sidecars=sidecars, sidecar_paths=used)
 
 
@@ -80,9 +85,10 @@ def pp_of_rank(spec: JobSpec) -> Callable[[int], Optional[int]]:
 
 
 def collect(job_dir: str | os.PathLike, *, slurm_state: Optional[str] = None,
-            exit_code: Optional[int] = None) -> JobResult:
-    """Build the JobResult of one attempt from its folder and write result.json (tmp + rename)."""
-    folder = read_folder(job_dir)
+            exit_code: Optional[int] = None, job_id: Optional[str] = None) -> JobResult:
+    """Build the JobResult of one attempt from its folder and write result.json (tmp + rename).
+    `job_id` also finds submitit's logs of an array job under a parent folder's .submitit/."""
+    folder = read_folder(job_dir, job_id)
     spec = folder.spec
     result = JobResult(ok=False, simulated=folder.simulated, slurm_state=slurm_state, exit_code=exit_code)
     if spec is not None:

@@ -529,6 +529,7 @@ def write_sidecars(job: TwinJob, pred: Prediction, measured: int) -> List[Path]:
         return []
     ranks = [job.rank] if not job.single_process else [r for r in dp0_ranks(job)
                                                        if coords(job, r)["tp"] == 0 and coords(job, r)["cp"] == 0]
+    job.job_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for r in ranks:
         stage_idx = coords(job, r)["pp"]

@@ -102,3 +102,19 @@ def test_job_that_never_started(smoke, tmp_path):
     res2 = collect(tmp_path / "empty")  # no spec, no files, no Slurm state at all
     assert res2.failure_class == "NO_OUTPUT" and not res2.ok and not res2.simulated
     assert (tmp_path / "empty" / "result.json").exists()
+
+
+def test_slurm_epilogue_in_an_arrays_submitit_log(smoke, tmp_path):
+    """An array's submitit logs sit at the common parent (.submitit/<job id>/): the time-limit line
+    slurmstepd writes there classifies the attempt even before sacct answers."""
+    cfg, planned = smoke
+    job = tmp_path / "sweep" / "key" / "attempt-1"
+    make_spec(cfg, planned, job)
+    logs = tmp_path / "sweep" / ".submitit" / "123_4"
+    logs.mkdir(parents=True)
+    (logs / "123_4_0_log.err").write_text(
+        "slurmstepd: error: *** JOB 123 ON n1 CANCELLED AT 2026-11-29T11:00:00 DUE TO TIME LIMIT ***\n")
+    assert collect(job).failure_class == "NO_OUTPUT"  # without the id the line is not found
+    res = collect(job, job_id="123_4")
+    assert res.failure_class == "TIMEOUT" and res.retryable and "TIME LIMIT" in res.failure_detail
+    assert any(p.endswith("123_4_0_log.err") for p in res.log_paths)

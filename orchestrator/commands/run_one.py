@@ -55,7 +55,8 @@ def run(args, overrides) -> int:
     state, job_id, kind = _launch_and_wait(cfg, spec, time_limit_min(spec, cfg.cluster), args.timeout_s)
     from jobs.collect import collect
 
-    result = collect(folder, slurm_state=getattr(state, "state", None), exit_code=getattr(state, "exit_code", None))
+    result = collect(folder, slurm_state=getattr(state, "state", None), exit_code=getattr(state, "exit_code", None),
+                     job_id=job_id)
     summary = summarize(args.candidate, planned, spec, result, job_id=job_id, cluster=kind)
     if args.format == "json":
         print(json.dumps(summary, indent=2, default=str))
