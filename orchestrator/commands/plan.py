@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 from orchestrator.config import compose
 from orchestrator.errors import UserError
 from orchestrator.plan import rules as R
+from orchestrator.plan.layout import Layout
 from orchestrator.plan.planner import PlanResult, Planned, Rejected, plan
 
 NAME = "plan"
@@ -33,7 +34,7 @@ FLOAT_FORMATS = {"bubble": ".3f", "routed_weight_gb": ".2f", "memory_gb": ".1f",
 
 def add_arguments(parser) -> None:
     parser.add_argument("--format", choices=["table", "json", "csv"], default="table")
-    parser.add_argument("--show-rejected", action="store_true", help="also list rejected layouts and the rules")
+    parser.add_argument("--show-rejected", action="store_true", help="also list rejected layouts with the rule ids and reasons (json: compact)")
     parser.add_argument("--top", type=int, default=None, metavar="N",
                         help="show the N best candidates (table default 20, json/csv default all)")
     parser.add_argument("--argv", type=int, default=None, metavar="RANK",
@@ -61,9 +62,25 @@ def row(rank: int, p: Planned) -> Dict[str, Any]:
     }
 
 
+LAYOUT_FIELDS = tuple(Layout.__dataclass_fields__)
+
+
+def layout_dict(lay: Layout) -> Dict[str, Any]:
+    """Layout.to_dict() without dataclasses.asdict's deep copy (16k stages reject ~85k layouts)."""
+    d = {f: getattr(lay, f) for f in LAYOUT_FIELDS}
+    d["recompute"], d["offload"] = list(lay.recompute), list(lay.offload)
+    return d
+
+
 def rejected_row(r: Rejected) -> Dict[str, Any]:
-    return {"layout": r.layout.to_dict(), "label": r.layout.short(), "rules": r.rule_ids,
-            "reasons": [f"{x.id}: {x.reason} [{x.source}]" for x in r.rules], "memory_gb": r.memory_gb}
+    return {"layout": layout_dict(r.layout), "rules": r.rule_ids,
+            "reasons": [_reason(x) for x in r.rules], "memory_gb": r.memory_gb}
+
+
+def _reason(rule: R.Rule, _cache: Dict[str, str] = {}) -> str:  # noqa: B006 - a deliberate memo
+    if rule.id not in _cache:
+        _cache[rule.id] = f"{rule.id}: {rule.reason} [{rule.source}]"
+    return _cache[rule.id]
 
 
 def megatron_flags(cfg, stage, p: Planned) -> List[str]:
@@ -149,9 +166,9 @@ def run(args, overrides) -> int:
     composed = compose(overrides, require_stage=True)
     cfg = composed.cfg
     stage = cfg.stage
-    res = plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name)
     if args.top is not None and args.top < 0:
         raise UserError(f"--top {args.top}: must be >= 0")
+    res = plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name)
     if args.argv is not None:
         n = len(res.candidates)
         if not 1 <= args.argv <= n:
@@ -172,6 +189,6 @@ def run(args, overrides) -> int:
         }
         if args.show_rejected:
             out["rejected"] = [rejected_row(r) for r in res.rejected]
-        json.dump(out, sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        # with every rejected layout the output is large: compact (pipe it through jq to read it)
+        sys.stdout.write(json.dumps(out, indent=None if args.show_rejected else 1) + "\n")
     return 0

@@ -12,8 +12,10 @@ rejection still lists all the rules it violates.
 from __future__ import annotations
 
 import itertools
+import operator
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from orchestrator.plan import flops, memory, moe, params, pipeline, ranks
@@ -32,6 +34,15 @@ CHEAP_PHASES = ("layout", "pattern")
 # rank order changes no group size); tests/test_planner.py checks it, so its result is shared.
 MEMORY_IGNORES = ("flex_backend", "use_tp_pp_dp_mapping")
 MEMORY_READS = tuple(f for f in Layout.__dataclass_fields__ if f not in MEMORY_IGNORES)
+
+
+@lru_cache(maxsize=None)
+def _getter(fields: Tuple[str, ...]) -> Callable[[Layout], tuple]:
+    """A fast projection of a Layout onto `fields` (a tuple, also for one or no field)."""
+    if not fields:
+        return lambda _lay: ()
+    get = operator.attrgetter(*fields)
+    return (lambda lay: (get(lay),)) if len(fields) == 1 else get
 
 
 @dataclass(init=False)
@@ -168,7 +179,7 @@ class _Env:
         flags argv.py emits for those knobs do not depend on the others (tests/test_rules.py)."""
         bad = []
         for rule in rules:
-            key = (rule.id, tuple(getattr(ctx.layout, f) for f in rule.needs))
+            key = (rule.id, _getter(rule.needs)(ctx.layout))
             hit = self._argv_memo.get(key)
             if hit is None:
                 if ctx.argv is None:
@@ -181,7 +192,7 @@ class _Env:
 
     def memory(self, lay: Layout, g, split: Tuple[int, ...]):
         """(per-rank StageMemory list, heaviest), memoised on every knob but MEMORY_IGNORES."""
-        key = tuple(getattr(lay, f) for f in MEMORY_READS)
+        key = _getter(MEMORY_READS)(lay)
         hit = self._mem.get(key)
         if hit is None:
             mems = memory.stage_memory(self.model, self.hw, self.stage, lay, g, list(split))
@@ -307,22 +318,29 @@ class _Walk:
         go(0, {})
         return cut
 
-    def cheap_violations(self, assign: Dict[str, Any]) -> List[R.Rule]:
-        """All cheap rules a full assignment violates, in RULES order (table lookups only)."""
-        bad = list(self.root_bad)
-        for tab in self.tables:
-            if tab:
-                bad.extend(tab[1][tuple(assign[k] for k in tab[0])])
-        return sorted(bad, key=lambda r: self.order[r.id])
-
     def expand(self, cut: Sequence[Tuple[Dict[str, Any], List[R.Rule], int]]) -> List[Rejected]:
-        """Every leaf under the cut subtrees, with all the rules it violates (no pruning)."""
+        """Every leaf under the cut subtrees, with all the rules it violates (no pruning).
+
+        Levels above a cut broke no rule (else the walk had cut there), so a leaf's rules are the
+        cut's plus those of the levels below it, gathered on the way down.
+        """
         out: List[Rejected] = []
-        for assign, _bad, level in cut:
-            rest = self.knobs[level + 1:]
-            for combo in itertools.product(*(self.values[k] for k in rest)):
-                full = dict(assign, **dict(zip(rest, combo)))
-                out.append(Rejected(space.make_layout(full), self.cheap_violations(full)))
+        knobs, values, tables, order = self.knobs, self.values, self.tables, self.order
+        last = len(knobs) - 1
+
+        def down(level: int, assign: Dict[str, Any], acc: List[R.Rule]) -> None:
+            if level > last:
+                rules = sorted(acc, key=lambda r: order[r.id]) if len(acc) > 1 else list(acc)
+                out.append(Rejected(space.make_layout(assign), rules))
+                return
+            knob, tab = knobs[level], tables[level]
+            for v in values[knob]:
+                assign[knob] = v
+                down(level + 1, assign, acc + tab[1][tuple([assign[k] for k in tab[0]])] if tab else acc)
+            del assign[knob]
+
+        for assign, bad, level in cut:
+            down(level + 1, dict(assign), list(self.root_bad) + (bad if level >= 0 else []))
         return out
 
 
