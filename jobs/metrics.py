@@ -34,6 +34,7 @@ tokens_per_expert; hot_expert_ratio = max / mean of that vector.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import statistics
@@ -161,11 +162,29 @@ def timers_summary(blocks: Sequence[TimerBlock]) -> Dict[str, List[Optional[floa
             for n, (lo, hi) in acc.items()}
 
 
+def _iteration_clock(logs: Sequence[ParsedLog]) -> Callable[[Optional[str]], Optional[int]]:
+    """Timestamp -> the last iteration logged at or before it. Rank 0 prints straggler lines, the
+    last rank prints iteration lines (another file), so a straggler line is placed by its clock."""
+    marks = sorted((r.timestamp[:19], r.iteration) for log in logs for r in log.iterations
+                   if r.timestamp)
+    keys = [m[0] for m in marks]
+
+    def at(ts: Optional[str]) -> Optional[int]:
+        if not ts or not marks:
+            return None
+        i = bisect.bisect_right(keys, ts[:19]) - 1
+        return marks[i][1] if i >= 0 else None
+
+    return at
+
+
 def slowest_rank(logs: Sequence[ParsedLog], lo: int, hi: int) -> Optional[int]:
     """Most frequent max-iteration-time rank in straggler lines (ties: larger summed MxRtt); else
     the rank with the largest forward-backward in per-rank ("all") timer blocks."""
     strag = [s for log in logs for s in log.stragglers if s.max_rtt_rank is not None]
-    in_win = [s for s in strag if _in_window(s.after_iteration, lo, hi)] or strag
+    at = _iteration_clock(logs)
+    in_win = [s for s in strag if _in_window(s.after_iteration if s.after_iteration is not None
+                                             else at(s.timestamp), lo, hi)] or strag
     if in_win:
         count = Counter(s.max_rtt_rank for s in in_win)
         total: Dict[int, float] = {}

@@ -176,3 +176,16 @@ def test_sidecars_from_disk_and_simulated_flag(tmp_path):
     assert res.peak_allocated_gb == pytest.approx(1.0)
     assert compute([parse_file(LOGS / "simulated.log")], warmup_iters=0, measure_iters=1,
                    seq_length=8, n_gpus=1).simulated
+
+
+def test_straggler_lines_from_rank0_file_are_placed_by_timestamp():
+    """Rank 0 prints straggler lines, the last rank prints iteration lines: window by clock."""
+    last = synthetic_log([9000, 9000, 5000, 5000])  # iterations 1..4 at 10:00:01 .. 10:00:04
+    rank0 = parse_bytes(
+        b"INFO:megatron.core.utils:[2026-11-29 10:00:01] | MnRtt/Rnk: 1.00ms/0 | MxRtt/Rnk: 9.00ms/7\n"
+        b"INFO:megatron.core.utils:[2026-11-29 10:00:02] | MnRtt/Rnk: 1.00ms/0 | MxRtt/Rnk: 9.00ms/7\n"
+        b"INFO:megatron.core.utils:[2026-11-29 10:00:03] | MnRtt/Rnk: 1.00ms/0 | MxRtt/Rnk: 5.00ms/3\n"
+        b"INFO:megatron.core.utils:[2026-11-29 10:00:04] | MnRtt/Rnk: 1.00ms/0 | MxRtt/Rnk: 5.00ms/3\n")
+    assert all(s.after_iteration is None for s in rank0.stragglers)
+    res = compute([rank0, last], warmup_iters=2, measure_iters=2, seq_length=8, n_gpus=8)
+    assert res.slowest_rank == 3  # rank 7 was slowest only during warmup
