@@ -184,7 +184,7 @@ def _parallel(a: _Argv, layout: Layout) -> None:
         a.add("--use-tp-pp-dp-mapping")
 
 
-def _model(a: _Argv, model, stage, layer_pattern: str) -> None:
+def _model(a: _Argv, model, layer_pattern: str) -> None:
     dsv4 = model.attention_variant == "dsv4_hybrid"
     a.add("--num-layers", pattern_layers(layer_pattern))
     a.add("--hidden-size", model.hidden_size)
@@ -292,7 +292,7 @@ def megatron_argv(model, stage, layout: Layout, *, layer_pattern: str, train_ite
     a.add("--global-batch-size", stage.global_batch)
     a.add("--seq-length", stage.seq_length)
     a.add("--max-position-embeddings", stage.seq_length)
-    _model(a, model, stage, layer_pattern)
+    _model(a, model, layer_pattern)
     _moe(a, model, layout)
     _memory(a, layout)
     a.add("--optimizer", model.optimizer)
