@@ -304,7 +304,9 @@ class Ledger:
             if fresh:
                 stmt = self._insert(m.Candidate).on_conflict_do_nothing(index_elements=["sweep_id", "key"])
                 inserted = {}
-                for chunk in _chunks([_candidate_values(sw.id, i) for i in fresh.values()], 1000):
+                # the caller's order becomes id order, which claim_for_submission follows within a round
+                values = [_candidate_values(sw.id, i) for i in fresh.values()]
+                for chunk in _chunks(values, 1000):
                     for cid, key in s.execute(stmt.returning(m.Candidate.id, m.Candidate.key), list(chunk)):
                         inserted[key] = cid
                 ids.update(inserted)
