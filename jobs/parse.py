@@ -452,14 +452,13 @@ class _Parser:
     def _count_garbage(self, work: bytes) -> None:
         if work.isascii() and b"\x00" not in work:
             return
-        seen = set()
-        for m in _NON_ASCII.finditer(work):
+        pos = 0
+        while (m := _NON_ASCII.search(work, pos)) is not None:  # one check per line, not per byte
             ls = work.rfind(b"\n", 0, m.start()) + 1
-            if ls in seen:
-                continue
-            seen.add(ls)
-            le = work.find(b"\n", ls)
-            line = work[ls:le if le >= 0 else len(work)]
+            le = work.find(b"\n", m.start())
+            le = len(work) if le < 0 else le
+            pos = le + 1
+            line = work[ls:le]
             if b"\x00" in line:
                 self.garbage += 1
                 continue
