@@ -23,6 +23,8 @@ PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd)
 # Test-only storage account on the local MariaDB (root, no password, 127.0.0.1 only).
 DB_USER=orch_slurm
 DB_PASS=orch_slurm_local
+# A node set down/drained less than this long ago belongs to a running fault-injection test: leave it.
+FAULT_GRACE_S=${ORCH_SLURM_FAULT_GRACE_S:-300}
 export SLURM_CONF=$DIR/etc/slurm.conf
 
 T0=$(date +%s%N)
@@ -144,21 +146,42 @@ start_daemon() {  # start_daemon PIDFILE NAME CMD...
 cluster_registered() { sacctmgr -n -P list cluster format=cluster 2>/dev/null | grep -qx orch; }
 dbd_answers() { sacctmgr -n -P list cluster format=cluster; }
 
+node_rows() { sinfo -h -N -o '%N %t %H' 2>/dev/null | sort -u; }  # name, state, reason timestamp
+
+fresh_fault() {  # fresh_fault STATE REASON_TIME: set down/drained on purpose less than FAULT_GRACE_S ago
+    case "$1" in down|drain|drng|fail|failg) ;; *) return 1 ;; esac
+    local t
+    t=$(date -d "$2" +%s 2>/dev/null) || return 1
+    [ $(( $(date +%s) - t )) -lt "$FAULT_GRACE_S" ]
+}
+
 nodes_usable() {
-    # Every node responds and is not down/drained (idle, mixed, allocated or completing).
-    local states
-    states=$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u) || return 1
-    [ "$(grep -cE '^n[1-4] (idle|mix|alloc|comp|plnd|resv)$' <<<"$states")" -eq ${#NODES[@]} ]
+    # Every node answers and is idle/mixed/allocated/completing/planned, or was set down moments ago
+    # (a fault-injection test is using it; another test session must not resume it under its feet).
+    local rows n st ts good=0
+    rows=$(node_rows) || return 1
+    while read -r n st ts; do
+        case "$st" in
+            idle|mix|alloc|comp|plnd|resv) good=$((good + 1)) ;;
+            *) fresh_fault "$st" "$ts" && good=$((good + 1)) ;;
+        esac
+    done <<<"$rows"
+    [ "$good" -eq ${#NODES[@]} ]
 }
 
 sacct_answers() { sacct -n -X -j 1 -o JobID >/dev/null 2>&1; }
 
 resume_nodes() {
-    local bad
-    bad=$(sinfo -h -N -t down,drain,fail -o '%N' 2>/dev/null | sort -u | paste -sd, -) || return 0
-    if [ -n "$bad" ]; then
-        log "resuming nodes left down/drained: $bad"
-        scontrol update nodename="$bad" state=resume >/dev/null 2>&1 || true
+    # Nodes left down/drained (a crashed test, an old state dir) for longer than FAULT_GRACE_S.
+    local n st ts bad=()
+    while read -r n st ts; do
+        case "$st" in
+            down*|drain*|drng*|fail*) fresh_fault "$st" "$ts" || bad+=("$n") ;;
+        esac
+    done <<<"$(node_rows)"
+    if [ ${#bad[@]} -gt 0 ]; then
+        log "resuming nodes left down/drained: ${bad[*]}"
+        scontrol update nodename="$(IFS=,; echo "${bad[*]}")" state=resume >/dev/null 2>&1 || true
     fi
 }
 
