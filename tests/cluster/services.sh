@@ -30,7 +30,7 @@ start_postgres() {
     version=$(ls /etc/postgresql 2>/dev/null | sort -V | tail -n 1)
     if [ -z "$version" ]; then FAILED+=("PostgreSQL (not installed: no /etc/postgresql)"); return; fi
     pg_ctlcluster --skip-systemctl-redirect "$version" main start >/dev/null 2>&1 || true
-    if wait_ok 30 pg_ok; then log "PostgreSQL $version started"
+    if wait_ok "${SERVICES_WAIT_S:-30}" pg_ok; then log "PostgreSQL $version started"
     else FAILED+=("PostgreSQL (pg_ctlcluster $version main start did not bring up 127.0.0.1:5432)"); fi
 }
 
@@ -39,7 +39,7 @@ start_mariadb() {
     if [ ! -x /usr/sbin/mariadbd ]; then FAILED+=("MariaDB (not installed: no /usr/sbin/mariadbd)"); return; fi
     mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null
     start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd >/dev/null 2>&1 || true
-    if wait_ok 30 maria_ok; then log "MariaDB started"
+    if wait_ok "${SERVICES_WAIT_S:-30}" maria_ok; then log "MariaDB started"
     else FAILED+=("MariaDB (mariadbd did not answer on 127.0.0.1:3306)"); fi
 }
 
