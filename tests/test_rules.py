@@ -34,6 +34,8 @@ CASES = {
     "v4.tp1_with_te": (ctx(lay(tp=2)), ctx()),
     "v4.cp_needs_packed_thd": (ctx(lay(cp=4), stage={"packed_sequences": False}), ctx(lay(cp=4))),
     "v4.packed_needs_cudnn": (ctx(stage={"attention_backend": "flash"}), ctx()),
+    "mcore.attention_backend_known": (ctx(stage={"attention_backend": "cudnn9"}),
+                                      ctx(stage={"attention_backend": "flash", "packed_sequences": False})),
     "v4.cp_contiguous": (ctx(lay(cp=2), stage={"cp_partition_mode": "striped"}),
                          ctx(lay(cp=1), stage={"cp_partition_mode": "striped"})),
     "v4.no_deterministic_packed": (ctx(stage={"deterministic_mode": True}), ctx()),

@@ -36,6 +36,7 @@ OFFLOAD_MODULES = frozenset(
     {"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act", "fused_group_mlp"}
 )
 DISPATCHERS = frozenset({"alltoall", "allgather", "flex"})
+ATTENTION_BACKENDS = frozenset({"cudnn", "fused", "flash", "unfused", "auto"})  # what argv.py can emit
 FLEX_BACKENDS = frozenset({"deepep", "hybridep", "ncclep"})
 # Flags the hybrid '|' pattern path forbids (A:741-921) and flags we must never emit.
 PATTERN_FORBIDDEN_FLAGS = (
@@ -138,6 +139,10 @@ RULES: Tuple[Rule, ...] = (
     Rule("v4.packed_needs_cudnn", "the packed THD path needs the cuDNN attention backend",
          f"{V4}; dev TC:3796-3808",
          lambda c: c.stage.packed_sequences and c.stage.attention_backend != "cudnn"),
+    Rule("mcore.attention_backend_known",
+         "stage.attention_backend must be cudnn (the packed V4 path), fused, flash, unfused or auto",
+         "megatron-facts §1 Other --attention-backend; language_module.py:108-146",
+         lambda c: c.stage.attention_backend not in ATTENTION_BACKENDS),
     Rule("v4.cp_contiguous", "dsv4_hybrid with CP>1 needs --cp-partition-mode contiguous",
          f"{V4}; dev TC:1612",
          lambda c: c.layout.cp > 1 and c.stage.cp_partition_mode != "contiguous", ("cp",)),
