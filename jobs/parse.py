@@ -357,7 +357,7 @@ def _is_validation(exc_type: str, message: str, last_frame: Optional[str]) -> bo
 _KEYWORDS = (
     b"consumed samples:",
     b"memory",  # memory (MB) line, CUDA out of memory, [OOM] snapshot, cgroup out-of-memory kill
-    b"across ranks (ms):", b"MnRtt/Rnk: ", b"^^^^ ", b"] datetime: ", _SIM_B, b"CANCELLED",
+    b"across ranks (ms):", b"MnRtt/Rnk: ", b"^^^^", b"] datetime: ", _SIM_B, b"CANCELLED",
     b"atchdog", b"Traceback", b"rror",  # rror: XError lines and argparse `: error:`
 )
 _TRACEBACK_KEYWORDS = (b'File "', b"Exception")  # only while a traceback can be open
