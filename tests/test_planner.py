@@ -174,3 +174,18 @@ def test_h200_keeps_at_least_what_h100_keeps():
     a = {p.layout for p in planned("1k").candidates}
     b = {p.layout for p in planned("1k", "h200").candidates}
     assert a <= b
+
+
+def test_a_stage_level_violation_rejects_everything_with_its_rule():
+    c = cfg("smoke")
+    stage = replace(c.stage, deterministic_mode=True)
+    res = plan(c.model, c.hardware, stage)
+    assert res.candidates == [] and len(res.rejected) == res.raw_count
+    assert all("v4.no_deterministic_packed" in r.rule_ids for r in res.rejected)
+    assert any(len(r.rules) > 1 for r in res.rejected)  # the other rules are still listed
+
+
+def test_memory_rejections_carry_the_predicted_memory():
+    c = cfg("1k")
+    mem = [r for r in planned("1k").rejected if r.rule_ids == ["mem.exceeds_hbm"]]
+    assert mem and all(r.memory_gb + c.stage.memory_margin_gb > c.hardware.hbm_gb for r in mem)

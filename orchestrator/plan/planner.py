@@ -3,9 +3,10 @@ rejected ones with the rules they break.
 
 Why a knob-by-knob walk and not "enumerate, then check": a stage has tens of thousands of raw
 layouts and most are illegal for reasons that read one or two knobs (TP=1 on the V4 path, E % EP).
-Each rule is checked at the first level of the walk where every knob it reads is bound, so it runs
-once per combination of those knobs, and an illegal subtree is cut there. Only survivors reach the
-analytic models (pipeline split, memory, step time), which are memoised on the knobs they read.
+Each rule sits at the first level of the walk where every knob it reads is bound; its verdicts are
+tabulated once over the values of those knobs, and an illegal subtree is cut at that level. Only
+survivors reach the argv checks and the analytic models (pipeline split, memory, step time), which
+are memoised on the knobs they read.
 Rejected subtrees are expanded lazily, when someone asks for `PlanResult.rejected`, so every
 rejection still lists all the rules it violates.
 """
@@ -16,7 +17,7 @@ import operator
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from orchestrator.plan import flops, memory, moe, params, pipeline, ranks
 from orchestrator.plan import rules as R
@@ -364,8 +365,3 @@ def plan(model: ModelConfig, hw: HardwareConfig, stage: StageConfig, *, factors=
     raw = space.raw_count(stage.search)
     return PlanResult(candidates=planned, raw_count=raw, elapsed_s=time.perf_counter() - t0,
                       _late=late, _expand=lambda: walk.expand(cut))
-
-
-def iter_rules() -> Iterator[R.Rule]:
-    """All rules, for `plan --show-rejected` legends and docs."""
-    return iter(R.RULES)
