@@ -190,9 +190,13 @@ def _run_in_process(spec: JobSpec, renv: RankEnv, env: dict, out_path: Path, err
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
+    saved_streams = sys.stdout, sys.stderr
     with open(out_path, "ab") as out, open(err_path, "ab") as err:
         os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
+        # Python-level streams may not be fd 1/2 (a test runner's capture): point them at the files too.
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
         try:
             code = megatron_run.main(entry, argv, window, spec.job_dir, renv.rank)
         except SystemExit as exc:
@@ -203,8 +207,11 @@ def _run_in_process(spec: JobSpec, renv: RankEnv, env: dict, out_path: Path, err
             traceback.print_exc()
             code = 1
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+                if stream not in saved_streams:
+                    stream.close()  # closefd=False: fds 1/2 stay open
+            sys.stdout, sys.stderr = saved_streams
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)
             os.close(saved[0])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -97,3 +98,20 @@ def test_failure_surfaces_through_submitit_local_executor(tmp_path):
     with pytest.raises(Exception, match="exited with code 5"):
         bad.result()
     assert "to stderr" in (tmp_path / "b" / "job" / "rank-3.err").read_text()
+
+
+def test_in_process_workload_keeps_files_and_exit_code(tmp_path):
+    """workload.in_process: the entry script runs inside the task (jobs.megatron_run) with the same
+    rank env; its fd-level output still lands in the rank files and its exit code fails the task."""
+    spec = make_spec(tmp_path, exit_with=4, n_gpus=8)
+    spec.workload.in_process = True
+    with pytest.raises(TaskFailed, match="rank 7 exited with code 4"):
+        run_task(spec)
+    job = Path(spec.job_dir)
+    seen = json.loads((job / "rank-7.out").read_text())
+    assert seen["env"]["RANK"] == "7" and seen["env"]["ORCH_SINGLE_PROCESS"] == "1"
+    assert seen["argv"] == spec.argv + ["--extra", "1"]
+    assert "to stderr" in (job / "rank-7.err").read_text()
+    sidecar = json.loads((job / "sidecar-rank-7.json").read_text())
+    assert sidecar["rank"] == 7 and sidecar["simulated"] is False
+    assert os.environ.get("ORCH_JOB_DIR") is None  # the task's env is restored afterwards
