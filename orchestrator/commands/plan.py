@@ -28,13 +28,14 @@ TABLE_COLUMNS = [
     "layer_pattern",
 ]
 PATTERN_WIDTH = 28
-TEXT = {"recompute", "dispatcher", "layer_pattern"}
+TEXT = {"recompute", "offload", "dispatcher", "layer_pattern"}
 FLOAT_FORMATS = {"bubble": ".3f", "routed_weight_gb": ".2f", "memory_gb": ".1f", "step_time_s": ".3f", "mfu": ".3f"}
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--format", choices=["table", "json", "csv"], default="table")
-    parser.add_argument("--show-rejected", action="store_true", help="also list rejected layouts with the rule ids and reasons (json: compact)")
+    parser.add_argument("--show-rejected", action="store_true",
+                        help="also list rejected layouts with their rule ids and reasons (json: compact)")
     parser.add_argument("--top", type=int, default=None, metavar="N",
                         help="show the N best candidates (table default 20, json/csv default all)")
     parser.add_argument("--argv", type=int, default=None, metavar="RANK",
@@ -116,18 +117,22 @@ def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
 
     console = Console(width=max(260, Console().width))  # a wide table: never squeeze the guide's names
     console.print(_header(cfg, stage, res), markup=False, highlight=False)
+    columns = list(TABLE_COLUMNS)
+    if len(stage.search.offload) > 1:  # else rows differing only in offload would look identical
+        columns.insert(columns.index("recompute") + 1, "offload")
     table = Table(show_lines=False)
-    for col in TABLE_COLUMNS:
+    for col in columns:
         table.add_column(col, no_wrap=True, min_width=len(col), justify="left" if col in TEXT else "right")
     for i, p in enumerate(res.candidates[:top], 1):
         d = row(i, p)
         d["recompute"] = "+".join(d["recompute"]) or "none"
+        d["offload"] = "+".join(d["offload"]) or "none"
         pat = d["layer_pattern"]
         d["layer_pattern"] = pat if len(pat) <= PATTERN_WIDTH else pat[:PATTERN_WIDTH - 1] + "…"
         d["T_expert"] = f"{d['T_expert']:g}"
         for col, fmt in FLOAT_FORMATS.items():
             d[col] = format(d[col], fmt)
-        table.add_row(*(str(d[c]) for c in TABLE_COLUMNS))
+        table.add_row(*(str(d[c]) for c in columns))
     console.print(table)
     if show_rejected:
         counts = Counter(rid for r in res.rejected for rid in r.rule_ids)
