@@ -44,6 +44,9 @@ def ledger_url(request, tmp_path) -> str:
 
     name = request.getfixturevalue("_pg_ledger_db")
     with psycopg.connect(PG_DSN + f" dbname={name}", autocommit=True) as conn:
+        # a previous test's leaked connection must not block the reset
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE datname = current_database() AND pid <> pg_backend_pid()")
         conn.execute("DROP SCHEMA public CASCADE")
         conn.execute("CREATE SCHEMA public")
     return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
