@@ -154,11 +154,11 @@ def perturbation(layout: Layout, seed: int, amplitude: float = 0.06) -> float:
     return math.exp(log_mult)
 
 
-def truth(job: TwinJob):
+def truth(job: TwinJob, hbm_gb: Optional[float] = None):
     """planner.evaluate under the hidden truth factors, with no memory margin (OOM means > HBM)."""
-    factors = planner_factors(job.twin)
+    hw = job.hw if hbm_gb is None else replace(job.hw, hbm_gb=hbm_gb)
     stage = replace(job.stage, memory_margin_gb=0.0)
-    return planner.evaluate(job.model, job.hw, stage, job.layout, factors=factors,
+    return planner.evaluate(job.model, hw, stage, job.layout, factors=planner_factors(job.twin),
                             memory_factor=job.twin.truth_memory)
 
 
@@ -438,21 +438,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def run(job: TwinJob) -> int:
-    t = job.twin
     out(f"[after megatron is initialized] datetime: {stamp()[:-7]} ")
     result = truth(job)
-    pred = getattr(result, "prediction", None)
-    if pred is None:  # Rejected
+    if isinstance(result, planner.Rejected):
         if not memory_rejected(result):
             err(assertion_traceback(job.entry, megatron_message(job, result.rules[0])))
             return 1
-        pred = getattr(result, "memory_prediction", None)
-    if pred is None or t.force_oom or any(_stage_gb(pred, s) > job.hw.hbm_gb for s in range(job.layout.pp)):
+        # Legal, but over HBM under the truth: predict it on unbounded HBM to know each stage's memory.
+        result = truth(job, hbm_gb=math.inf)
+    pred = result.prediction
+    over = [s for s in range(job.layout.pp) if _stage_gb(pred, s) > job.hw.hbm_gb]
+    if over or job.twin.force_oom:
         # The whole job dies; ranks of an over-HBM stage print torch's OOM (every rank when forced).
-        mine = [r for r in reported_ranks(job)
-                if pred is None or t.force_oom or _stage_gb(pred, coords(job, r)["pp"]) > job.hw.hbm_gb]
+        mine = [r for r in reported_ranks(job) if job.twin.force_oom or coords(job, r)["pp"] in over]
         if mine:
-            want = _stage_gb(pred, coords(job, mine[0])["pp"]) if pred else 0.0
+            want = _stage_gb(pred, coords(job, mine[0])["pp"])
             err(oom_traceback(job.entry, max(want, job.hw.hbm_gb * 1.01), job.hw.hbm_gb, mine[0]))
         return 1
     out(f"[before the start of training step] datetime: {stamp()[:-7]} ")

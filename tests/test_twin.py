@@ -116,10 +116,11 @@ def test_truth_surface_is_not_the_model_times_a_constant():
 
 
 def test_oom_when_truth_memory_exceeds_hbm(smoke, tmp_path):
-    """Feasible for the planner (prediction + margin <= HBM) yet over HBM under the hidden truth."""
+    """The prediction fits in HBM, the hidden truth (x truth_memory = 1.06) does not."""
     cfg, cands = smoke
     planned = cands[0]
-    hbm = planned.prediction.memory_gb * 1.02  # truth_memory 1.06 > 1.02
+    hbm = planned.prediction.memory_gb * 1.02
+    assert planned.prediction.memory_gb < hbm < planned.prediction.memory_gb * cfg.workload.twin.truth_memory
     cfg2 = dataclasses.replace(cfg, hardware=dataclasses.replace(cfg.hardware, hbm_gb=hbm))
     spec = write_spec(cfg2, planned, tmp_path)
     proc = run_twin(spec)
