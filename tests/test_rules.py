@@ -73,6 +73,15 @@ CASES = {
                                ctx(lay(ep=1, dispatcher="flex", flex_backend="hybridep"))),
     "mcore.ncclep_no_capacity": (ctx(lay(dispatcher="flex", flex_backend="ncclep", capacity_factor=1.0)),
                                  ctx(lay(dispatcher="flex", flex_backend="deepep", capacity_factor=1.0))),
+    "mcore.capacity_needs_aux_loss": (
+        ctx(lay(capacity_factor=1.0), argv=("--moe-router-load-balancing-type", "sinkhorn")),
+        ctx(lay(capacity_factor=1.0), argv=("--moe-router-load-balancing-type", "seq_aux_loss"))),
+    "mcore.padding_needs_capacity": (ctx(argv=("--moe-pad-expert-input-to-capacity",)),
+                                     ctx(lay(capacity_factor=1.0), argv=("--moe-pad-expert-input-to-capacity",
+                                                                         "--moe-expert-capacity-factor", "1.0"))),
+    "mcore.deepep_no_padding": (
+        ctx(lay(dispatcher="flex", flex_backend="deepep"), argv=("--moe-pad-expert-input-to-capacity",)),
+        ctx(lay(dispatcher="flex", flex_backend="hybridep"), argv=("--moe-pad-expert-input-to-capacity",))),
     "mcore.recompute_known": (ctx(lay(recompute=("attention",))), ctx(lay(recompute=("moe_act", "mhc")))),
     "mcore.full_vs_selective": (ctx(lay(recompute=("full", "moe_act"))), ctx(lay(recompute=("full",)))),
     "mcore.moe_act_needs_grouped_gemm": (ctx(lay(recompute=("moe_act",)), moe_grouped_gemm=False),

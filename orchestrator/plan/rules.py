@@ -118,6 +118,21 @@ def _has_flag(ctx: Ctx, flags: Sequence[str]) -> bool:
     return ctx.argv is not None and not ctx.flags.isdisjoint(flags)
 
 
+def _flag_value(ctx: Ctx, flag: str) -> Optional[str]:
+    """The token after `flag` in argv (or after '=' in '--flag=value'); None if absent."""
+    argv = ctx.argv or ()
+    for i, tok in enumerate(argv):
+        if tok == flag:
+            return argv[i + 1] if i + 1 < len(argv) else ""
+        if tok.startswith(flag + "="):
+            return tok.split("=", 1)[1]
+    return None
+
+
+CAPACITY_LB_TYPES = frozenset({"aux_loss", "seq_aux_loss", "global_aux_loss", "none"})
+PAD_FLAG = "--moe-pad-expert-input-to-capacity"
+
+
 def _mnnvl(ctx: Ctx) -> bool:
     return ctx.hw.gpus_per_nvlink_domain > ctx.stage.gpus_per_node
 
@@ -231,6 +246,18 @@ RULES: Tuple[Rule, ...] = (
          "token_dispatcher.py:1556",
          lambda c: _flex(c.layout, "ncclep") and c.layout.capacity_factor is not None,
          ("dispatcher", "flex_backend", "capacity_factor")),
+    Rule("mcore.capacity_needs_aux_loss",
+         "a capacity factor works only with aux_loss, seq_aux_loss, global_aux_loss or none load balancing",
+         "TC:1848",
+         lambda c: c.argv is not None and c.layout.capacity_factor is not None
+         and (_flag_value(c, "--moe-router-load-balancing-type") or "aux_loss") not in CAPACITY_LB_TYPES,
+         ("capacity_factor",), "argv"),
+    Rule("mcore.padding_needs_capacity", "--moe-pad-expert-input-to-capacity needs a capacity factor", "TC:1865",
+         lambda c: _has_flag(c, (PAD_FLAG,)) and not _has_flag(c, ("--moe-expert-capacity-factor",)),
+         ("capacity_factor",), "argv"),
+    Rule("mcore.deepep_no_padding", "flex + deepep cannot pad expert input to capacity", "TC:1759",
+         lambda c: _flex(c.layout, "deepep") and _has_flag(c, (PAD_FLAG,)),
+         ("dispatcher", "flex_backend"), "argv"),
     # ---- Recompute and offload ----
     Rule("mcore.recompute_known", "unknown --recompute-modules entry", "dev TC:2197",
          lambda c: not set(c.layout.recompute) <= RECOMPUTE_MODULES, ("recompute",)),
