@@ -7,9 +7,10 @@ Order (first hit wins), strongest evidence first:
     NODE_FAIL, BOOT_FAIL -> NODE_FAIL; OUT_OF_MEMORY (host cgroup) -> OOM.
     (FAILED, COMPLETED and running states decide nothing by themselves.)
  3. a successful run (exit 0 / COMPLETED with iteration lines) -> no failure.
- 4. log signatures, in this order: CUDA or host OOM; NCCL watchdog (group mapped to EP/DP/PP/CP/TP
-    from Megatron's process-group names); Megatron/argparse validation error -> INVALID_CONFIG;
-    any other traceback -> CRASH.
+ 4. log signatures, in FAILURE_CLASSES order: Megatron/argparse validation error -> INVALID_CONFIG;
+    CUDA or host OOM; NCCL watchdog (group mapped to EP/DP/PP/CP/TP from Megatron's process-group
+    names); any other traceback -> CRASH. Root causes before symptoms: when one rank dies of a bad
+    config or an OOM, its peers wait in a collective until the NCCL watchdog fires.
  5. plain cancellation (epilogue without reason, or sacct CANCELLED / "CANCELLED by N") -> CANCELLED.
     It comes after the log signatures on purpose: the orchestrator cancels a job that hangs after one
     rank OOMed or timed out in NCCL, and that signature is the real cause.
@@ -140,6 +141,10 @@ def classify(logs: Sequence[ParsedLog], slurm_state: Optional[str] = None,
     if has_iters and (exit_code == 0 or (exit_code is None and state == "COMPLETED")):
         return _make(None, "", "none")
 
+    invalid = [v for log in logs for v in log.validation_errors]
+    if invalid:
+        v = invalid[0]
+        return _make("INVALID_CONFIG", v.line, "log", rank=v.rank)
     ooms = [o for log in logs for o in log.ooms]
     if ooms:
         o = next((o for o in ooms if o.kind == "cuda"), ooms[0])
@@ -147,10 +152,6 @@ def classify(logs: Sequence[ParsedLog], slurm_state: Optional[str] = None,
     nccl = [n for log in logs for n in log.nccl]
     if nccl:
         return _nccl(nccl)
-    invalid = [v for log in logs for v in log.validation_errors]
-    if invalid:
-        v = invalid[0]
-        return _make("INVALID_CONFIG", v.line, "log", rank=v.rank)
     tracebacks = [t for log in logs for t in log.tracebacks]
     if tracebacks:
         t = tracebacks[0]

@@ -100,12 +100,13 @@ def test_sacct_state_beats_log_signatures():
     assert c.failure_class == "PREEMPTED" and c.source == "sacct"
 
 
-def test_log_signature_order_oom_then_nccl_then_validation_then_crash():
-    assert classify(logs("crash.log", "validation_world.log", "nccl_dp.log", "oom.log"),
-                    exit_code=1).failure_class == "OOM"
-    assert classify(logs("crash.log", "validation_world.log", "nccl_dp.log"),
-                    exit_code=1).failure_class == "NCCL_TIMEOUT"
-    assert classify(logs("crash.log", "validation_world.log"), exit_code=1).failure_class == "INVALID_CONFIG"
+def test_log_signature_order_validation_then_oom_then_nccl_then_crash():
+    """Root causes before symptoms: peers of a rank that died wait until the NCCL watchdog fires."""
+    assert classify(logs("crash.log", "nccl_dp.log", "oom.log", "validation_world.log"),
+                    exit_code=1).failure_class == "INVALID_CONFIG"
+    assert classify(logs("crash.log", "nccl_dp.log", "oom.log"), exit_code=1).failure_class == "OOM"
+    assert classify(logs("crash.log", "nccl_dp.log"), exit_code=1).failure_class == "NCCL_TIMEOUT"
+    assert classify(logs("crash.log"), exit_code=1).failure_class == "CRASH"
 
 
 def test_plain_cancel_yields_to_the_oom_that_caused_it():
