@@ -17,7 +17,7 @@ from orchestrator.plan import flops as plan_flops
 from orchestrator.plan.planner import Planned
 from orchestrator.schema import ClusterConfig, RootConfig
 
-TIME_SAFETY = 3.0  # the planner's step time can be off by this much before Slurm kills a good run
+TIME_SAFETY = 2.0  # the measured step may be this much slower than predicted before Slurm cuts a good run
 
 
 def job_dir(cfg: RootConfig, sweep: str, candidate_key: str, attempt: int) -> Path:

@@ -77,3 +77,29 @@ def test_run_one_on_slurm(tmp_path, slurm_cluster):
     job = Path(s["job_dir"])
     assert len(list(job.glob("rank-*.out"))) == 32  # every rank's stdout kept
     assert s["result"]["slurm_state"] == "COMPLETED"
+
+
+def test_build_spec_and_time_limit():
+    """The spec a job gets: flags for warmup + measure iterations, merged env, FLOPs, predicted step."""
+    import dataclasses
+
+    from orchestrator.config import compose
+    from orchestrator.plan import planner
+    from orchestrator.plan.argv import layout_from_argv, parse_flags
+    from orchestrator.runspec import TIME_SAFETY, build_spec, time_limit_min
+
+    cfg = compose(["+stage=smoke", "++workload.env.FOO=bar"]).cfg
+    planned = planner.plan(cfg.model, cfg.hardware, cfg.stage).candidates[0]
+    spec = build_spec(cfg, planned, sweep="s", attempt=2, job_dir="/tmp/x")
+    flags = parse_flags(spec.argv)
+    assert flags["train_iters"] == cfg.stage.warmup_iters + cfg.stage.measure_iters
+    assert layout_from_argv(spec.argv) == planned.layout and spec.layout == planned.layout.to_dict()
+    assert spec.env["FOO"] == "bar" and spec.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert spec.model_flops_per_step == pytest.approx(planned.prediction.flops_per_step)
+    assert spec.predicted["step_time_s"] == planned.prediction.step_time_s and spec.n_gpus == 32
+    # Short steps: the floor; long steps: iterations x step x safety + margin, rounded up.
+    assert time_limit_min(spec, cfg.cluster) == max(cfg.cluster.min_time_min, cfg.cluster.time_margin_min + 1)
+    spec.predicted["step_time_s"] = 60.0
+    iters = cfg.stage.warmup_iters + cfg.stage.measure_iters
+    assert time_limit_min(spec, cfg.cluster) == int(iters * TIME_SAFETY) + cfg.cluster.time_margin_min
+    assert time_limit_min(spec, dataclasses.replace(cfg.cluster, min_time_min=10_000)) == 10_000
