@@ -97,9 +97,13 @@ def test_local_slots_limit_concurrency(tmp_path):
     """local_max_workers=1: the second job starts only after the first ended."""
     launcher = LocalLauncher(local_cluster(), slot_poll_s=0.05)
     launcher.cluster.local_max_workers = 1
-    t0 = time.monotonic()
-    a, b = launcher.submit([task(sleep_for, tmp_path / "a", 2.0), task(sleep_for, tmp_path / "b", 0.1)])
+    t0, seen = time.monotonic(), []
+    a, b = launcher.submit([task(sleep_for, tmp_path / "a", 2.0), task(sleep_for, tmp_path / "b", 0.1)],
+                           on_submitted=lambda i, sub: seen.append((i, sub.job_id, time.monotonic() - t0)))
     assert time.monotonic() - t0 >= 2.0
+    # Each id reaches the caller as soon as its job started, not when the whole round is out.
+    assert [(i, jid) for i, jid, _ in seen] == [(0, a.job_id), (1, b.job_id)]
+    assert seen[0][2] < 1.5 <= seen[1][2]
     states = wait_terminal(launcher, [a.job_id, b.job_id])
     assert states[a.job_id].end <= states[b.job_id].start
 

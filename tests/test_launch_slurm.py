@@ -159,8 +159,10 @@ def test_multi_node_task_and_array_split(slurm_cluster, tmp_path, counted, launc
     launcher = launchers(cluster(max_array_size=2))
     small = [task(tmp_path / f"s{i}", i) for i in range(5)]
     wide = task(tmp_path / "wide", 10, n_gpus=4, gpus_per_node=2)
-    subs = launcher.submit(small + [wide])
+    seen = {}
+    subs = launcher.submit(small + [wide], on_submitted=lambda i, sub: seen.setdefault(i, sub.job_id))
     assert launcher.sbatch_calls == 4 == counted("sbatch")
+    assert seen == {i: s.job_id for i, s in enumerate(subs)}
     bases = [s.job_id.split("_")[0] for s in subs[:5]]
     assert bases[0] == bases[1] != bases[2] == bases[3] != bases[4]
     assert [s.array_index for s in subs[:5]] == [0, 1, 0, 1, None]

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 RESULT_FILE = "result.json"
+OnSubmitted = Callable[[int, "Submitted"], None]
 
 # Slurm job states (sacct's first word: "CANCELLED by 0" is CANCELLED). PREEMPTED and REQUEUED are not
 # final: with PreemptMode=REQUEUE the same job id comes back, so the loop keeps polling it.
@@ -105,7 +106,9 @@ class Launcher(ABC):
             self._folders[str(s.job_id)] = s.folder
 
     @abstractmethod
-    def submit(self, tasks: List[LaunchTask]) -> List[Submitted]: ...
+    def submit(self, tasks: List[LaunchTask], on_submitted: Optional[OnSubmitted] = None) -> List[Submitted]:
+        """Submit; `on_submitted(index, submitted)` is called as soon as each job id is known, so the
+        caller can store it before the rest of the round goes out."""
 
     @abstractmethod
     def poll(self, job_ids: List[str]) -> Dict[str, JobState]: ...

@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 import time
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Set
+from typing import Any, Dict, List, Optional, Set
 
-from orchestrator.launch.base import JobState, LaunchError, Launcher, LaunchTask, Submitted, read_result, state_of
+from orchestrator.launch.base import (
+    JobState, LaunchError, Launcher, LaunchTask, OnSubmitted, Submitted, read_result, state_of,
+)
 from orchestrator.launch.task import RunInFolder
 from orchestrator.schema import ClusterConfig
 
@@ -49,11 +51,11 @@ class LocalLauncher(Launcher):
                 running += 1
         return running
 
-    def submit(self, tasks: List[LaunchTask]) -> List[Submitted]:
+    def submit(self, tasks: List[LaunchTask], on_submitted: Optional[OnSubmitted] = None) -> List[Submitted]:
         import submitit
 
         out = []
-        for t in tasks:
+        for i, t in enumerate(tasks):
             while self._running() >= max(1, self.cluster.local_max_workers):
                 time.sleep(self.slot_poll_s)
             time_min = max(self.cluster.min_time_min, int(t.time_min))
@@ -67,6 +69,8 @@ class LocalLauncher(Launcher):
             self._jobs[jid], self._folders[jid] = job, t.folder
             self._timeout_s[jid], self._start[jid] = 60.0 * time_min, _now()
             out.append(Submitted(job_id=jid, array_index=None, folder=t.folder))
+            if on_submitted is not None:
+                on_submitted(i, out[-1])
         return out
 
     def _state(self, jid: str) -> JobState:

@@ -10,10 +10,12 @@ import os
 import shlex
 import subprocess
 from collections import defaultdict
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from orchestrator.launch import sacct
-from orchestrator.launch.base import JobState, LaunchError, Launcher, LaunchTask, Submitted, read_result, shape
+from orchestrator.launch.base import (
+    JobState, LaunchError, Launcher, LaunchTask, OnSubmitted, Submitted, read_result, shape,
+)
 from orchestrator.launch.task import RunInFolder
 from orchestrator.schema import ClusterConfig
 
@@ -71,7 +73,7 @@ class SlurmLauncher(Launcher):
             params["srun_args"] = list(c.srun_args)
         return params
 
-    def submit(self, tasks: List[LaunchTask]) -> List[Submitted]:
+    def submit(self, tasks: List[LaunchTask], on_submitted: Optional[OnSubmitted] = None) -> List[Submitted]:
         groups: Dict[Tuple[int, int, int], List[int]] = defaultdict(list)
         for i, t in enumerate(tasks):
             groups[shape(t)].append(i)
@@ -85,6 +87,8 @@ class SlurmLauncher(Launcher):
                     for i, sub in zip(chunk, self._submit_array([tasks[i] for i in chunk])):
                         out[i] = sub
                         done.append(sub.job_id)
+                        if on_submitted is not None:
+                            on_submitted(i, sub)
         except Exception:
             if done:  # never leave jobs running that the caller has no id for
                 self.cancel(done)
