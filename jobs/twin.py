@@ -380,6 +380,14 @@ def timer_rows(pred: Prediction, step_s: float, rng: random.Random) -> List[Tupl
             ("optimizer-copy-main-to-model-params", opt * 0.1, opt * 0.12), ("optimizer", opt * 0.95, opt)]
 
 
+def moe_layers_on_stage(pattern: str, pp: int, stage: int) -> int:
+    """MoE layers ('E') of one PP rank in the hybrid pattern: segment i runs on PP rank i % PP;
+    the MTP depths (after '/') run on the last rank."""
+    main, *mtp = pattern.split("/")
+    count = sum(seg.count("E") for seg in main.split("|")[stage::pp])
+    return count + (sum(d.count("E") for d in mtp) if stage == pp - 1 else 0)
+
+
 def routing(job: TwinJob, pred: Prediction, rank: int, iters: int) -> dict:
     """Per-expert token counts as the router on `rank` sees them over `iters` measured iterations,
     with lognormal expert popularity (routing_skew) and capacity-factor drops/padding."""
@@ -391,9 +399,9 @@ def routing(job: TwinJob, pred: Prediction, rank: int, iters: int) -> dict:
     g = groups(lay, job.world, job.stage.global_batch)
     mb_tokens = lay.mbs * job.stage.seq_length // max(1, lay.cp)  # per microbatch on this rank
     micro = (g.m or 1) * iters
-    layers = max(1, math.ceil(m.num_layers / max(1, lay.pp)))
+    layers = max(1, moe_layers_on_stage(pred.layer_pattern, lay.pp, coords(job, rank)["pp"]))
     rng = rng_for(job, "routing", rank)
-    counts, dropped, padded = [0] * e, 0, 0
+    counts, routed, dropped, padded = [0] * e, 0, 0, 0
     pad = bool(_flag(job.flags, "moe_pad_expert_input_to_capacity", False))
     cap = math.ceil(lay.capacity_factor * mb_tokens * k / e) if lay.capacity_factor else None
     for i in range(e):
@@ -401,12 +409,13 @@ def routing(job: TwinJob, pred: Prediction, rank: int, iters: int) -> dict:
         c = max(0, round(rng.gauss(mean, math.sqrt(mean))))  # one microbatch-layer sample
         kept = min(c, cap) if cap is not None else c
         counts[i] = kept * micro * layers
+        routed += c * micro * layers
         if cap is not None:
             dropped += (c - kept) * micro * layers
             if pad:
                 padded += (cap - kept) * micro * layers
     return {"tokens_per_expert": counts, "dropped_tokens": dropped, "padded_tokens": padded,
-            "routed_tokens": mb_tokens * k * micro * layers, "moe_layers": layers, "microbatches": micro}
+            "routed_tokens": routed, "moe_layers": layers, "microbatches": micro}
 
 
 # ---------------------------------------------------------------------------------------------- run

@@ -202,3 +202,26 @@ def test_sigterm_exits_non_zero(smoke, tmp_path):
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGTERM
     assert b"SIGTERM" in err
+
+
+def test_capacity_factor_drops_tokens(smoke, tmp_path):
+    """Dropless routes everything; a capacity factor of 1.0 with skewed routing drops tokens."""
+    cfg, cands = smoke
+    spec = write_spec(cfg, cands[0], tmp_path)
+    lay = dataclasses.replace(cands[0].layout, capacity_factor=1.0)
+    argv = megatron_argv(cfg.model, cfg.stage, lay, layer_pattern=cands[0].prediction.layer_pattern,
+                         train_iters=cfg.stage.warmup_iters + cfg.stage.measure_iters)
+    proc = run_twin(spec, argv=argv)
+    assert proc.returncode == 0, proc.stderr.decode()[-1000:]
+    doc = json.loads(sorted(Path(spec.job_dir).glob("sidecar-rank-*.json"))[0].read_text())
+    assert doc["capacity_factor"] == 1.0
+    assert 0 < doc["dropped_tokens"] < 0.5 * doc["routed_tokens"]
+    assert sum(doc["tokens_per_expert"]) == doc["routed_tokens"] - doc["dropped_tokens"]
+
+
+def test_moe_layers_per_pipeline_stage():
+    from jobs.twin import moe_layers_on_stage
+
+    pattern = "HEHECE|HECE|HECEHE|CE/WE"  # PP2 x VPP2: rank 0 runs segments 0 and 2, rank 1 runs 1, 3 and MTP
+    assert [moe_layers_on_stage(pattern, 2, s) for s in (0, 1)] == [6, 4]
+    assert moe_layers_on_stage("HEHECEHECEHECEHECE/WE", 1, 0) == 10
