@@ -42,6 +42,7 @@ NCCL_GROUPS = {  # Megatron's process-group descriptions, as torch's watchdog pr
 LB_LOSS_KEYS = {"aux_loss": "load_balancing_loss", "seq_aux_loss": "seq_load_balancing_loss",
                 "global_aux_loss": "global_load_balancing_loss"}
 MIB = 1024 * 1024
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 
 
 class Interrupted(Exception):
@@ -428,6 +429,8 @@ def err(line: str) -> None:
 
 
 def _on_signal(signum, frame):
+    for sig in STOP_SIGNALS:  # Slurm signals every process and the task forwards: act on the first only
+        signal.signal(sig, signal.SIG_IGN)
     raise Interrupted(signum)
 
 
@@ -436,7 +439,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     out(f"{SIMULATED_MARKER} twin workload: numbers are simulated")
-    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, _on_signal)
     try:
         job = load_job(argv)
