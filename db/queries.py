@@ -95,7 +95,10 @@ def _coerce(name: str, raw: str) -> Any:
                 return False
             raise ValueError
         if isinstance(col_type, Integer):
-            return int(raw)
+            value = int(raw)
+            if abs(value) >= 2**63:  # beyond every engine's integer
+                raise ValueError
+            return value
         if isinstance(col_type, Float):
             return float(raw)
     except ValueError:

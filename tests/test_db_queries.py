@@ -69,6 +69,10 @@ def test_bad_filters_are_rejected_or_bound_as_data(filled):
         queries.compare(led, where=["colour=red"])
     with pytest.raises(LedgerError, match="not a valid integer"):
         queries.compare(led, where=["ep=1; DROP TABLE result"])
+    with pytest.raises(LedgerError, match="not a valid integer"):
+        queries.compare(led, where=["ep=" + "9" * 30])
+    with pytest.raises(LedgerError, match="only = and != apply"):
+        queries.compare(led, where=["simulated>true"])
     with pytest.raises(LedgerError, match="unknown column"):
         queries.compare(led, sort="step_p50_s; DROP TABLE result")
     with pytest.raises(LedgerError, match="unknown column"):
@@ -148,7 +152,7 @@ def test_cli_compare_best_ledger(filled, ledger_url, capsys, tmp_path):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.sampled_from(["recompute", "ep", "tokens_per_gpu", "sweep", "simulated"]),
-       op=st.sampled_from(queries.OPERATORS), value=st.text(max_size=30))
+       op=st.sampled_from(queries.OPERATORS), value=st.one_of(st.text(max_size=30), st.integers().map(str)))
 def test_any_filter_value_is_refused_or_bound_as_data(filled, key, op, value):
     led, _ = filled
     try:
