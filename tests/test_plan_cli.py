@@ -53,6 +53,8 @@ def test_bad_argv_index():
     assert r.returncode == 2 and "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "--argv 100000" in lines[0] and "no such candidate" in lines[0]
+    neg = cli("+stage=1k", "--argv", "-1")
+    assert neg.returncode == 2 and "no such candidate" in neg.stderr and "Traceback" not in neg.stderr
 
 
 def test_json_1k_contains_config_a():
@@ -68,7 +70,7 @@ def test_json_1k_contains_config_a():
     assert (a["D_a"], a["D_e"], a["m"], round(a["bubble"], 3)) == (128, 2, 32, 0.179)
     assert (a["T_group"], a["T_expert"]) == (524288, 8192)
     assert a["layer_pattern"].count("|") == 7 and len(a["key"]) == 32
-    assert [c["rank"] for c in out["candidates"]] == list(range(1, len(out["candidates"]) + 1))
+    assert [c["rank"] for c in out["candidates"]] == list(range(len(out["candidates"])))  # 0 = best
 
 
 def test_json_8k_contains_configs_b_and_c_and_rejects_b_with_vpp():
@@ -109,7 +111,7 @@ def test_csv_has_the_guide_columns():
 
 def test_argv_prints_one_flag_per_line():
     pytest.importorskip("orchestrator.plan.argv")
-    r = cli("+stage=1k", "--argv", "1")
+    r = cli("+stage=1k", "--argv", "0")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.rstrip("\n").splitlines()
     assert len(lines) > 5 and all(line.endswith(" \\") for line in lines[:-1]) and not lines[-1].endswith("\\")

@@ -38,12 +38,15 @@ def add_arguments(parser) -> None:
                         help="also list rejected layouts with their rule ids and reasons (json: compact)")
     parser.add_argument("--top", type=int, default=None, metavar="N",
                         help="show the N best candidates (table default 20, json/csv default all)")
-    parser.add_argument("--argv", type=int, default=None, metavar="RANK",
-                        help="print the exact Megatron flags of candidate RANK (1 = best) and exit")
+    parser.add_argument("--argv", type=int, default=None, metavar="INDEX",
+                        help="print the exact Megatron flags of candidate INDEX (the rank column, 0 = best; "
+                             "the same index as `run-one --candidate`) and exit")
 
 
 def row(rank: int, p: Planned) -> Dict[str, Any]:
-    """One candidate as a flat record with the guide's names (json/csv/table share it)."""
+    """One candidate as a flat record with the guide's names (json/csv/table share it).
+
+    rank is the candidate's index in the ranking, 0 = best predicted, as `run-one --candidate` counts."""
     lay, pr = p.layout, p.prediction
     return {
         "rank": rank, "key": p.key, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "cp": lay.cp, "ep": lay.ep,
@@ -123,7 +126,7 @@ def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
     table = Table(show_lines=False)
     for col in columns:
         table.add_column(col, no_wrap=True, min_width=len(col), justify="left" if col in TEXT else "right")
-    for i, p in enumerate(res.candidates[:top], 1):
+    for i, p in enumerate(res.candidates[:top]):
         d = row(i, p)
         d["recompute"] = "+".join(d["recompute"]) or "none"
         d["offload"] = "+".join(d["offload"]) or "none"
@@ -153,7 +156,7 @@ def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
 
 def _csv(res: PlanResult, top: Optional[int]) -> str:
     buf = io.StringIO()
-    rows = [row(i, p) for i, p in enumerate(res.candidates[:top], 1)]
+    rows = [row(i, p) for i, p in enumerate(res.candidates[:top])]
     fields = list(rows[0]) if rows else TABLE_COLUMNS  # a header even when nothing is legal
     writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
@@ -176,10 +179,10 @@ def run(args, overrides) -> int:
     res = plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name)
     if args.argv is not None:
         n = len(res.candidates)
-        if not 1 <= args.argv <= n:
+        if not 0 <= args.argv < n:
             raise UserError(f"--argv {args.argv}: no such candidate; stage {stage.name} has {n} legal candidates "
-                            f"(ranks 1..{n}; see `python -m orchestrator plan +stage={stage.name}`)")
-        print(format_argv(megatron_flags(cfg, stage, res.candidates[args.argv - 1])))
+                            f"(indices 0..{n - 1}; see `python -m orchestrator plan +stage={stage.name}`)")
+        print(format_argv(megatron_flags(cfg, stage, res.candidates[args.argv])))
         return 0
     if args.format == "table":
         _table(cfg, stage, res, 20 if args.top is None else args.top, args.show_rejected)
@@ -190,7 +193,7 @@ def run(args, overrides) -> int:
             "note": NOTE, "stage": stage.name, "model": cfg.model.name, "hardware": cfg.hardware.name,
             "gpus": stage.gpus, "global_batch": stage.global_batch, "seq_length": stage.seq_length,
             "raw_count": res.raw_count, "legal_count": len(res.candidates), "elapsed_s": round(res.elapsed_s, 4),
-            "candidates": [row(i, p) for i, p in enumerate(res.candidates[:args.top], 1)],
+            "candidates": [row(i, p) for i, p in enumerate(res.candidates[:args.top])],
         }
         if args.show_rejected:
             out["rejected"] = [rejected_row(r) for r in res.rejected]
