@@ -224,14 +224,19 @@ cmd_up() {
     log "cluster up"
 }
 
-stop_pidfile() {  # stop_pidfile PIDFILE: SIGTERM, wait up to 10 s, then SIGKILL
-    local pidfile=$1 pid i
-    pid_alive "$pidfile" || { rm -f "$pidfile"; return 0; }
-    pid=$(cat "$pidfile")
-    kill "$pid" 2>/dev/null || true
-    for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
-    rm -f "$pidfile"
+any_alive() { local p; for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+
+stop_pidfiles() {  # stop_pidfiles PIDFILE...: SIGTERM to all at once, wait up to 10 s, then SIGKILL
+    local f pids=() i
+    for f in "$@"; do
+        pid_alive "$f" && pids+=("$(cat "$f")")
+        rm -f "$f"
+    done
+    [ ${#pids[@]} -gt 0 ] || return 0
+    kill "${pids[@]}" 2>/dev/null || true
+    for i in $(seq 1 50); do any_alive "${pids[@]}" || break; sleep 0.2; done
+    for i in "${pids[@]}"; do kill -0 "$i" 2>/dev/null && kill -9 "$i" 2>/dev/null; done
+    return 0
 }
 
 cmd_down() {
@@ -247,11 +252,12 @@ cmd_down() {
         fi
     fi
     local n
-    for n in "${NODES[@]}"; do stop_pidfile "$DIR/run/slurmd-$n.pid"; done
+    local slurmds=()
+    for n in "${NODES[@]}"; do slurmds+=("$DIR/run/slurmd-$n.pid"); done
+    stop_pidfiles "${slurmds[@]}"
     log "slurmd n1..n4 stopped"
-    stop_pidfile "$DIR/run/slurmctld.pid"
-    stop_pidfile "$DIR/run/slurmdbd.pid"
-    log "daemons stopped"
+    stop_pidfiles "$DIR/run/slurmctld.pid" "$DIR/run/slurmdbd.pid"
+    log "slurmctld and slurmdbd stopped"
     if [ -f "$DIR/run/munged.ours" ]; then
         munged --stop >/dev/null 2>&1 || true
         rm -f "$DIR/run/munged.ours"
