@@ -103,9 +103,10 @@ def test_memory_factor_only_removes_candidates():
     assert len(mem) >= len(base.candidates) - len(tight.candidates)
 
 
-def test_walk_agrees_with_evaluate_on_every_layout():
+@pytest.mark.parametrize("stage", ["smoke", "8k"])
+def test_walk_agrees_with_evaluate_on_every_layout(stage):
     """The pruned knob-by-knob walk and the one-layout check give the same verdict and rule ids."""
-    c = cfg("smoke")
+    c = cfg(stage)
     res = plan(c.model, c.hardware, c.stage)
     verdict = {p.layout: ("ok", p.key) for p in res.candidates}
     verdict.update({r.layout: ("bad", tuple(r.rule_ids)) for r in res.rejected})
