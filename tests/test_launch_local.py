@@ -113,3 +113,25 @@ def test_attach_records_folders():
     launcher.attach([Submitted(job_id="999999999", array_index=None, folder="/nonexistent")])
     st = launcher.poll(["999999999"])["999999999"]
     assert st.terminal and "lost" in st.reason
+
+
+def test_auto_falls_back_to_local(monkeypatch, tmp_path):
+    from orchestrator.errors import UserError
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    launcher, reason = make_launcher(ClusterConfig(kind="auto"))
+    assert isinstance(launcher, LocalLauncher) and reason == "no sbatch on PATH; using the local executor"
+    with pytest.raises(UserError, match="cluster.kind=slurm but Slurm is not usable here"):
+        make_launcher(ClusterConfig(kind="slurm"))
+    with pytest.raises(UserError, match="unknown"):
+        make_launcher(ClusterConfig(kind="pbs"))
+    # A client that answers with no controller behind it (sinfo fails) is not a cluster.
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "sbatch").write_text("#!/bin/sh\necho slurm 22.05.8\n")
+    (shims / "sinfo").write_text("#!/bin/sh\necho 'sinfo: error: Unable to contact slurm controller' >&2\nexit 1\n")
+    for f in shims.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", str(shims))
+    launcher, reason = make_launcher(ClusterConfig(kind="auto"))
+    assert launcher.kind == "local" and "Unable to contact slurm controller" in reason
