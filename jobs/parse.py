@@ -705,23 +705,27 @@ class _Parser:
             nxt = work.find(b"\n" + pre, pos)
             if nxt < 0 or not work.startswith(b"    ", nxt + 1 + len(pre)):
                 return blk  # this source's next line is not a row: the block is complete
-        self._walk_rows(blk, work, pos, src)
+        self._walk_rows(blk, work, pos, pre)
         return blk
 
-    def _walk_rows(self, blk: TimerBlock, work: bytes, pos: int, src: Optional[int]) -> None:
+    def _walk_rows(self, blk: TimerBlock, work: bytes, pos: int, pre: bytes) -> None:
+        """Rows of this source (lines starting with its own prefix `pre`), skipping other ranks'
+        lines, until this source prints a non-row (or 10,000 foreign lines pass)."""
         name: Optional[str] = None
         foreign = 0
-        n = len(work)
+        n, k = len(work), len(pre)
+        rows: List[bytes] = [blk.raw] if blk.raw else []
+        mark = b"    " if blk.kind == "max" else b": ("
         while pos < n and foreign < 10000:
             ls = pos + 1
             le = work.find(b"\n", ls)
             if le < 0:
                 le = n
             pos = le
-            s_src, s, _ = self._prefix(work[ls:le].rstrip(b"\r"))
-            if s_src != src:
+            if not work.startswith(pre, ls):
                 foreign += 1
                 continue
+            s = work[ls + k:le].rstrip(b"\r")
             if blk.kind == "all":
                 st = s.strip()
                 if s.startswith(b"     rank ") and b": " in s and name is not None:
@@ -736,9 +740,10 @@ class _Parser:
                     blk.per_rank[name] = {}
                     continue
                 break
-            if not s.startswith(b"    ") or not _decode_rows(blk.kind, b"\n" + s):
+            if not s.startswith(b"    ") or mark not in s or b": " not in s:
                 break
-            blk.raw += b"\n" + s
+            rows.append(b"\n" + s)
+        blk.raw = b"".join(rows)
 
     def _straggler(self, s: bytes, src: Optional[int]) -> Optional[StragglerRecord]:
         t = _dec(s)

@@ -255,3 +255,23 @@ def test_marker_prefixing_a_record_keeps_both():
     assert p.simulated and len(p.simulated_markers) == 2
     assert [r.elapsed_ms for r in p.iterations] == [5.0]
     assert p.timers[0].timers == {"forward-backward": (1.0, 2.0)}
+
+
+def test_heavily_interleaved_timer_rows_stay_with_their_rank():
+    """Other ranks' lines between every row (srun -l): each block still gets all its rows."""
+    lines, names = [], ["forward-backward", "all-grads-sync", "optimizer"]
+    for it in range(1, 41):
+        lines.append(f"15:  [2026-11-29 10:00:00.000000] iteration {it:8d}/      40 | consumed samples:"
+                     f" {it * 8:12d} | elapsed time per iteration (ms): 100.0 | global batch size:     8 |"
+                     f" lm loss: 1.0E+00 | loss scale: 1.0 | number of skipped iterations:   0 |"
+                     f" number of nan iterations:   0 |")
+        lines.append("15: INFO:megatron.core.timers:(min, max) time across ranks (ms):")
+        for j, n in enumerate(names):
+            lines.append(f"15:     {(n + ' ').ljust(48, '.')}: ({it}.00, {it + j}.50)")
+            lines.append(f"{(it + j) % 15}: n0:1:1 [{j}] NCCL INFO Channel 00 : 5[5] -> 6[6] via P2P")
+            lines.append(f" 5:     {(n + ' ').ljust(48, '.')}: (0.00, 0.00)")  # another rank's look-alike row
+    p = parse_bytes(("\n".join(lines) + "\n").encode())
+    assert len(p.timers) == 40 and all(b.rank == 15 for b in p.timers)
+    assert [b.after_iteration for b in p.timers] == list(range(1, 41))
+    for it, b in enumerate(p.timers, start=1):
+        assert b.timers == {n: (float(it), it + j + 0.5) for j, n in enumerate(names)}
