@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from sqlalchemy import Boolean, Float, Integer, and_, exists, func, not_, select, true
+from sqlalchemy import BigInteger, Boolean, Float, Integer, and_, exists, func, not_, select, true
 from sqlalchemy.sql.elements import ColumnElement
 
 from db import models as m
@@ -96,7 +96,7 @@ def _coerce(name: str, raw: str) -> Any:
             raise ValueError
         if isinstance(col_type, Integer):
             value = int(raw)
-            if abs(value) >= 2**63:  # beyond every engine's integer
+            if abs(value) >= 2 ** (63 if isinstance(col_type, BigInteger) else 31):  # PostgreSQL's int4/int8
                 raise ValueError
             return value
         if isinstance(col_type, Float):
