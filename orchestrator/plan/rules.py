@@ -141,7 +141,7 @@ def _vpp_group(ctx: Ctx) -> int:
     return ctx.layout.pp  # --microbatch-group-size-per-virtual-pipeline-stage defaults to PP (MPC L431)
 
 
-V4 = "guide §实现约束 / seed-facts 'Implementation constraints of the V4 path'"
+V4 = "guide §模型与实现 (当前实现中的限制)"
 
 RULES: Tuple[Rule, ...] = (
     # ---- V4 path (the guide) ----
@@ -162,29 +162,31 @@ RULES: Tuple[Rule, ...] = (
          f"{V4}; dev TC:1612",
          lambda c: c.layout.cp > 1 and c.stage.cp_partition_mode != "contiguous", ("cp",)),
     Rule("v4.no_deterministic_packed", "the packed path has no deterministic mode",
-         f"{V4}; guide 长上下文边界",
+         f"{V4}; guide §长上下文边界",
          lambda c: c.stage.packed_sequences and c.stage.deterministic_mode),
     Rule("v4.static_cp_only", "the V4 path supports only static CP (no dynamic/hybrid CP flags)",
-         f"{V4}; guide 长上下文边界", lambda c: _has_flag(c, DYNAMIC_CP_FLAGS), ("cp",), "argv"),
+         f"{V4}; guide §长上下文边界", lambda c: _has_flag(c, DYNAMIC_CP_FLAGS), ("cp",), "argv"),
     Rule("v4.no_core_attn_recompute", "core_attn recompute is not supported on the V4 path",
          V4, lambda c: "core_attn" in c.layout.recompute, ("recompute",)),
     Rule("v4.no_qkv_linear_offload", "qkv_linear offload is not supported on the V4 path",
          V4, lambda c: "qkv_linear" in c.layout.offload, ("offload",)),
     Rule("v4.cp_d_window", "each CP rank needs local rows S/CP >= D_window for the CSA boundary exchange",
-         f"{V4}; dev csa_utils/cp_utils.py:136,191-202",
+         "guide §长上下文边界 (CP 边界交换校验); dev csa_utils/cp_utils.py:136,191-202",
          lambda c: c.model.attention_variant == "dsv4_hybrid" and c.layout.cp > 1
          and c.stage.seq_length // c.layout.cp < d_window(c.model), ("cp",)),
     Rule("v4.pattern_segments", "the '|' layer pattern must hold every block in exactly PP x VPP segments",
-         f"{V4} (61 blocks); A:849 segments % PP == 0, VPP = segments / PP",
+         "guide §61 层怎么切; A:849 (segments % PP == 0, VPP = segments / PP)",
          lambda c: c.split is not None and (
              len(c.split) != c.layout.pp * c.layout.vpp or sum(c.split) != c.blocks
              or (c.pattern is not None and c.pattern.count("|") + 1 != c.layout.pp * c.layout.vpp)),
          ("pp", "vpp"), "pattern"),
     Rule("v4.pattern_excludes_layout_flags",
          "the hybrid '|' pattern forbids --pipeline-model-parallel-layout, VPP layer flags and account-for flags",
-         f"{V4}; A:741-921", lambda c: _has_flag(c, PATTERN_FORBIDDEN_FLAGS), ("pp", "vpp"), "argv"),
+         "guide §61 层怎么切 (参数互斥检查); A:741-921",
+         lambda c: _has_flag(c, PATTERN_FORBIDDEN_FLAGS), ("pp", "vpp"), "argv"),
     Rule("v4.no_moe_enable_deepep", "--moe-enable-deepep is deprecated: use flex + --moe-flex-dispatcher-backend",
-         f"{V4}; TC:1743", lambda c: _has_flag(c, ("--moe-enable-deepep",)), ("dispatcher", "flex_backend"),
+         "guide §正确性与显存 (Megatron 配置校验); TC:1743",
+         lambda c: _has_flag(c, ("--moe-enable-deepep",)), ("dispatcher", "flex_backend"),
          "argv"),
     Rule("v4.mnnvl_needs_hybridep",
          "on a multi-node NVLink (MNNVL) system the flex dispatcher must use hybridep, the only MNNVL backend",
@@ -214,7 +216,7 @@ RULES: Tuple[Rule, ...] = (
          lambda c: c.layout.vpp > 1 and c.layout.pp == 1, ("pp", "vpp")),
     Rule("mcore.vpp_group_bounds",
          "interleaved VPP needs PP <= microbatch_group_size (= PP) <= m (config B: m=4 < PP=8)",
-         "guide §61 层/VPP (schedule 校验); SCH:1160-1180",
+         "guide §PP 与 microbatch (schedule 校验); SCH:1160-1180",
          lambda c: c.layout.vpp > 1 and c.m is not None and not (c.layout.pp <= _vpp_group(c) <= c.m),
          ("vpp",) + _GROUPS_M),
     Rule("mcore.vpp_group_remainder",
@@ -283,7 +285,7 @@ RULES: Tuple[Rule, ...] = (
          ("offload", "recompute"), "argv"),
     # ---- Memory (last) ----
     Rule("mem.exceeds_hbm", "heaviest rank's predicted memory + margin exceeds HBM",
-         "guide 显存 (M_peak = weight + grad + optimizer + activation + comm + workspace + runtime)",
+         "guide §显存估算 (M_peak = weight + grad + optimizer + activation + comm + workspace + runtime)",
          lambda c: c.memory_gb is not None and c.memory_gb + c.stage.memory_margin_gb > c.hw.hbm_gb,
          (), "memory"),
 )
