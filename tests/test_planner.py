@@ -137,6 +137,17 @@ _search = st.builds(
 @settings(max_examples=30, deadline=None)
 @given(search=_search, gpus=st.sampled_from([256, 1024, 2048, 8192]), batch=st.sampled_from([1024, 4096, 6144]))
 def test_legal_candidates_obey_the_arithmetic(search, gpus, batch):
+    check_arithmetic(search, gpus, batch)
+
+
+def test_the_arithmetic_check_is_not_vacuous():
+    search = SearchConfig(tp=[1], pp=[4, 8, 16], vpp=[1, 2], cp=[1, 4], ep=[32, 64, 96], etp=[1, 2], mbs=[1, 2],
+                          recompute=[[], ["moe_act"]], offload=[[]], dispatcher=["alltoall"])
+    assert check_arithmetic(search, 1024, 4096) > 50
+
+
+def check_arithmetic(search: SearchConfig, gpus: int, batch: int) -> int:
+    """Every legal candidate's group arithmetic and pattern; returns how many there were."""
     model = ModelConfig()
     hw = HardwareConfig(hbm_gb=1e6)  # memory is not what this property is about
     stage = StageConfig(name="prop", gpus=gpus, global_batch=batch, search=search)
@@ -153,6 +164,7 @@ def test_legal_candidates_obey_the_arithmetic(search, gpus, batch):
         assert len(blocks) == lay.pp * lay.vpp and sum(blocks) == 61 and min(blocks) >= 1
         if lay.vpp > 1:
             assert lay.pp <= pr.m and pr.m % lay.pp == 0
+    return len(res.candidates)
 
 
 def test_memory_model_ignores_what_the_memo_ignores():
