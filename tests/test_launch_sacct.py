@@ -21,6 +21,8 @@ SACCT = """\
 43801321|FAILED|3:0|n3|2026-11-29T11:00:00|2026-11-29T11:00:05|NonZeroExitCode
 43801322|REQUEUED|0:0|n4|2026-11-29T11:00:00|2026-11-29T11:00:05|None
 43801323|PREEMPTED|0:0|n4|2026-11-29T11:00:00|2026-11-29T11:00:05|None
+43801794|NODE_FAIL|0:0|n4|2026-11-29T11:25:25|2026-11-29T11:25:28|None
+43801794|PENDING|0:0|None assigned|Unknown|Unknown|BeginTime
 """
 
 
@@ -33,7 +35,7 @@ def test_expand_array_ids():
 def test_parse_rows():
     st = parse(SACCT)
     assert set(st) == {"43801313_0", "43801313_1", "43801313_2", "43801313_3", "43801313_4", "43801313_7",
-                       "43801320", "43801321", "43801322", "43801323"}
+                       "43801320", "43801321", "43801322", "43801323", "43801794"}
     done = st["43801313_0"]
     assert (done.state, done.terminal, done.exit_code, done.node_list) == ("COMPLETED", True, 0, "n1")
     assert done.start.tzinfo is not None and (done.end - done.start).total_seconds() == 3
@@ -47,6 +49,11 @@ def test_parse_rows():
     assert (st["43801320"].state, st["43801320"].node_list, st["43801320"].reason) == ("TIMEOUT", "n[1-2]", "TimeLimit")
     assert (st["43801321"].state, st["43801321"].exit_code) == ("FAILED", 3)
     assert not st["43801322"].terminal and not st["43801323"].terminal
+    # Slurm requeued a NODE_FAIL itself (same id): the latest run counts, the failure is kept.
+    requeued = st["43801794"]
+    assert (requeued.state, requeued.terminal, requeued.previous, requeued.reason) == (
+        "PENDING", False, ("NODE_FAIL",), "BeginTime")
+    assert done.previous == ()
 
 
 @pytest.mark.parametrize("word", ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -64,7 +71,7 @@ def test_live_states(word):
 def test_command_queries_base_ids_once():
     cmd = command(["101_3", "101_4", "99", "1000_0"])
     assert cmd[cmd.index("-j") + 1] == "99,101,1000"
-    assert "--parsable2" in cmd and "-X" in cmd
+    assert "--parsable2" in cmd and "--allocations" in cmd and "--duplicates" in cmd
 
 
 def lt(n_gpus, per_node, name="sw:abc:1", time_min=7):

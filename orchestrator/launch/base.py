@@ -62,6 +62,7 @@ class JobState:
     reason: Optional[str] = None
     terminal: bool = False
     signal: Optional[int] = None  # the signal part of Slurm's "code:signal"
+    previous: Tuple[str, ...] = ()  # states of earlier runs of this job id (Slurm requeued it: NODE_FAIL, ...)
 
 
 def state_of(state: str, **kw: Any) -> JobState:

@@ -3,11 +3,14 @@
 Why not submitit's job.state: every submitit watcher issues its own sacct calls; a sweep with
 thousands of jobs must cost the controller one query per poll, whatever the job count.
 Array jobs are queried by their base id: a pending array is a single accounting row
-("123_[2-4%2]") that `sacct -j 123_4` does not find.
+("123_[2-4%2]") that `sacct -j 123_4` does not find. `--duplicates` keeps the records of earlier runs
+of a job Slurm requeued itself (a NODE_FAIL is requeued under the same id): the state is the latest
+run's, `previous` lists the earlier ones.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Dict, Iterable, List, Optional
 
@@ -19,7 +22,8 @@ _ARRAY = re.compile(r"^(?P<base>\d+)_\[(?P<ranges>[0-9,\-]+)(?:%\d+)?\]$")
 
 def command(job_ids: Iterable[str], sacct: str = "sacct") -> List[str]:
     bases = sorted({str(j).split("_")[0].split(".")[0] for j in job_ids}, key=lambda b: (len(b), b))
-    return [sacct, "--parsable2", "--noheader", "-X", "-j", ",".join(bases), "-o", ",".join(FIELDS)]
+    return [sacct, "--parsable2", "--noheader", "--allocations", "--duplicates", "-j", ",".join(bases),
+            "-o", ",".join(FIELDS)]
 
 
 def expand_job_id(job_id: str) -> List[str]:
@@ -60,7 +64,7 @@ def _row_state(fields: Dict[str, str]) -> JobState:
 
 
 def parse(text: str) -> Dict[str, JobState]:
-    """Map every job id (array tasks expanded) to its state; later rows win (sacct lists in order)."""
+    """Map every job id (array tasks expanded) to its latest run's state (sacct lists runs in order)."""
     states: Dict[str, JobState] = {}
     for line in text.splitlines():
         parts = line.split("|")
@@ -71,5 +75,6 @@ def parse(text: str) -> Dict[str, JobState]:
             continue  # job steps and heterogeneous components: the allocation row speaks for the job
         st = _row_state(fields)
         for jid in expand_job_id(fields["JobID"]):
-            states[jid] = st
+            earlier = states.get(jid)
+            states[jid] = replace(st, previous=(*earlier.previous, earlier.state)) if earlier else st
     return states
