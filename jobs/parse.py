@@ -333,10 +333,6 @@ def _timestamp(s: bytes, end: int) -> Optional[str]:
     return s[i + 1:j].decode("ascii", "replace") if i >= 0 and j > i else None
 
 
-def _opt_float(b: Optional[bytes]) -> Optional[float]:
-    return None if b is None else float(b)
-
-
 def _dec(b: bytes) -> str:
     return b.decode("utf-8", "replace")
 
@@ -494,7 +490,7 @@ class _Parser:
             m = _TORCHRUN_PREFIX.match(s)
             if m:
                 src, pre, s = int(m.group(1)), s[:m.end()], s[m.end():]
-        elif s.lstrip()[:1].isdigit():
+        elif s[:1].isdigit() or (s[:1] == b" " and s.lstrip(b" ")[:1].isdigit()):
             m = _SRUN_PREFIX.match(s)
             if m:
                 src, pre, s = int(m.group(1)), s[:m.end()], s[m.end():]
@@ -626,12 +622,14 @@ class _Parser:
                     losses[_name(k)] = float(v)
                 except ValueError:
                     pass
-            f = _opt_float
             rec = IterationRecord(
                 int(g[1]), int(g[2]), int(g[3]), float(g[5]), int(g[10]), losses,
-                None if g[4] is None else int(g[4]), f(g[6]), f(g[7]), f(g[8]), f(g[9]),
-                float(g[12]), f(g[13]), f(g[14]), f(g[15]), int(g[16]), int(g[17]),
-                _timestamp(s, m.start()), src)
+                None if g[4] is None else int(g[4]),
+                None if g[6] is None else float(g[6]), None if g[7] is None else float(g[7]),
+                None if g[8] is None else float(g[8]), None if g[9] is None else float(g[9]),
+                float(g[12]), None if g[13] is None else float(g[13]),
+                None if g[14] is None else float(g[14]), None if g[15] is None else float(g[15]),
+                int(g[16]), int(g[17]), _timestamp(s, m.start()), src)
             self.last_iteration = rec.iteration
             return rec
         return self._iteration_generic(s, src)
