@@ -1,10 +1,12 @@
 """Streaming parser for Megatron-LM / torch / Slurm job output -> typed records.
 
-Why streaming and bytes-level: a 16k-GPU job writes hundreds of MB per rank file. Each raw line is
-checked with cheap `bytes in` tests first and decoded/regex-matched only when it can be a record,
-so noise costs a few substring scans. Formats are the ones Megatron prints (training.py iteration
-line, common_utils.report_memory, core/timers.py, core/utils.py straggler, training/utils [OOM]),
-torch's ProcessGroupNCCL watchdog, and slurmstepd's `*** JOB ... CANCELLED AT ... ***` epilogue.
+Why streaming and bytes-level: a long job writes hundreds of MB per rank file, mostly noise and timer
+rows. The file is read in 32 MB chunks (cut before the last iteration line, so no timer block is
+split); a dozen keywords are found with `bytes.find` over the whole chunk (C speed), and only lines
+holding one are decoded and regex-matched. Timer rows are kept as bytes and converted to floats when
+first read (`TimerBlock.timers`). Formats are the ones Megatron prints (training.py iteration line,
+common_utils.report_memory, core/timers.py, core/utils.py straggler, training/utils [OOM]), torch's
+ProcessGroupNCCL watchdog, and slurmstepd's `*** JOB ... CANCELLED AT ... ***` epilogue.
 
 Robust to: `srun -l` prefixes (`12: `), torchrun prefixes (`[rank3]:`, `[default3]:`), logging
 prefixes (`INFO:megatron.core.timers:`), carriage returns, missing optional fields, non-UTF-8 bytes
@@ -544,28 +546,29 @@ class _Parser:
                 return out + exc + self._signatures(s, src, exception_done=True)
             # not an exception line: the traceback was cut short; read the line normally
         if complete:
-            rec: Optional[Record] = None
-            if b"consumed samples:" in s and b"iteration" in s:
-                rec = self._iteration(s, src)
-            elif b"memory (MB)" in s and b"[Rank " in s:
-                rec = self._memory(s)
-            elif b"MnRtt/Rnk: " in s:
-                rec = self._straggler(s, src)
-            elif s.startswith(b"^^^^ "):
-                rec = self._straggler_ranks(s, src)
-            else:
-                rec = False  # type: ignore[assignment]
-            if rec is not False:
-                if rec is not None:
-                    out.append(rec)
-                return out
-            if b"] datetime: " in s:
-                m = _EVENT.search(_dec(s))
-                if m:
-                    out.append(EventRecord(m.group(1), m.group(2), rank=src))
-                return out
+            metric = self._metric(s, src)
+            if metric is not None:  # a metric line (a record, or nothing if it was mangled)
+                return out + metric
         out.extend(self._signatures(s, src, exception_done=False))
         return out
+
+    def _metric(self, s: bytes, src: Optional[int]) -> Optional[List[Record]]:
+        """Records of a metric line; None if `s` is not one. Only complete lines get here."""
+        rec: Optional[Record]
+        if b"consumed samples:" in s and b"iteration" in s:
+            rec = self._iteration(s, src)
+        elif b"memory (MB)" in s and b"[Rank " in s:
+            rec = self._memory(s)
+        elif b"MnRtt/Rnk: " in s:
+            rec = self._straggler(s, src)
+        elif s.startswith(b"^^^^ "):
+            rec = self._straggler_ranks(s, src)
+        elif b"] datetime: " in s:
+            m = _EVENT.search(_dec(s))
+            rec = EventRecord(m.group(1), m.group(2), rank=src) if m else None
+        else:
+            return None
+        return [rec] if rec is not None else []
 
     def _signatures(self, s: bytes, src: Optional[int], exception_done: bool) -> List[Record]:
         out: List[Record] = []
