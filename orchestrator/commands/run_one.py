@@ -9,7 +9,6 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 from orchestrator.config import compose, stage_or_error
 from orchestrator.errors import UserError
@@ -26,8 +25,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--folder", default=None, metavar="DIR",
                         help="root of the job folders (default: cluster.folder)")
     parser.add_argument("--attempt", type=int, default=None, help="attempt number (default: next free)")
-    parser.add_argument("--timeout-s", type=float, default=None,
-                        help="stop waiting after this long (the job keeps running; collect later)")
 
 
 def run(args, overrides) -> int:
@@ -52,7 +49,7 @@ def run(args, overrides) -> int:
     folder = job_dir_for(cfg, sweep, planned.key, attempt)
     spec = build_spec(cfg, planned, sweep=sweep, attempt=attempt, job_dir=folder)
     spec.save(folder / "job.json")
-    state, job_id, kind = _launch_and_wait(cfg, spec, time_limit_min(spec, cfg.cluster), args.timeout_s)
+    state, job_id, kind = _launch_and_wait(cfg, spec, time_limit_min(spec, cfg.cluster))
     from jobs.collect import collect
 
     result = collect(folder, slurm_state=getattr(state, "state", None), exit_code=getattr(state, "exit_code", None),
@@ -70,30 +67,30 @@ def _next_attempt(candidate_dir: Path) -> int:
     return max(taken, default=0) + 1
 
 
-def _launch_and_wait(cfg, spec, time_min: int, timeout_s: Optional[float]):
-    """Submit through orchestrator.launch and poll until the job is terminal."""
+def _launch_and_wait(cfg, spec, time_min: int):
+    """Submit through orchestrator.launch and poll until the job is terminal; Ctrl-C cancels it."""
     from jobs.entry import run_task
     from orchestrator.launch import LaunchTask, make_launcher
 
     launcher, reason = make_launcher(cfg.cluster)
-    if launcher is None:
-        raise UserError(f"cannot launch: {reason}")
-    print(f"launching candidate {spec.candidate_key} on {getattr(launcher, 'kind', cfg.cluster.kind)}"
-          f" ({reason}); job folder {spec.job_dir}", file=sys.stderr)
+    print(f"launching candidate {spec.candidate_key} on {launcher.kind} ({reason}); job folder {spec.job_dir}",
+          file=sys.stderr)
     task = LaunchTask(fn=run_task, args=(spec,), n_gpus=spec.n_gpus, gpus_per_node=spec.gpus_per_node,
-                      name=f"{spec.sweep}-{spec.candidate_key[:8]}-a{spec.attempt}", folder=spec.job_dir,
+                      name=f"{spec.sweep}:{spec.candidate_key[:8]}:{spec.attempt}", folder=spec.job_dir,
                       time_min=time_min)
     sub = launcher.submit([task])[0]
-    deadline = time.monotonic() + timeout_s if timeout_s else None
     interval = min(1.0, cfg.cluster.poll_interval_s)
-    while True:
-        state = launcher.poll([sub.job_id]).get(sub.job_id)
-        if state is not None and state.terminal:
-            return state, sub.job_id, getattr(launcher, "kind", cfg.cluster.kind)
-        if deadline and time.monotonic() > deadline:
-            return state, sub.job_id, getattr(launcher, "kind", cfg.cluster.kind)
-        time.sleep(interval)
-        interval = min(cfg.cluster.poll_interval_s, interval * 1.5)
+    try:
+        while True:
+            state = launcher.poll([sub.job_id]).get(sub.job_id)
+            if state is not None and state.terminal:
+                return state, sub.job_id, launcher.kind
+            time.sleep(interval)
+            interval = min(cfg.cluster.poll_interval_s, interval * 1.5)
+    except KeyboardInterrupt:
+        launcher.cancel([sub.job_id])
+        print(f"cancelled job {sub.job_id}; its folder stays at {spec.job_dir}", file=sys.stderr)
+        raise
 
 
 def summarize(index: int, planned, spec, result, *, job_id=None, cluster=None) -> dict:
