@@ -30,6 +30,7 @@ __all__ = [
     "SIMULATED_MARKER", "IterationRecord", "MemoryRecord", "TimerBlock", "StragglerRecord",
     "StragglerRanksRecord", "OOMRecord", "NcclTimeoutRecord", "TracebackRecord", "ValidationError",
     "SlurmCancelRecord", "SimulatedMarker", "EventRecord", "ParsedLog", "parse_stream", "parse_file",
+    "parse_bytes",
     "rank_from_path",
 ]
 
