@@ -28,6 +28,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args, overrides) -> int:
+    from jobs.collect import collect
     from orchestrator.plan import planner
     from orchestrator.runspec import build_spec, job_dir as job_dir_for, time_limit_min
 
@@ -50,10 +51,7 @@ def run(args, overrides) -> int:
     spec = build_spec(cfg, planned, sweep=sweep, attempt=attempt, job_dir=folder)
     spec.save(folder / "job.json")
     state, job_id, kind = _launch_and_wait(cfg, spec, time_limit_min(spec, cfg.cluster))
-    from jobs.collect import collect
-
-    result = collect(folder, slurm_state=getattr(state, "state", None), exit_code=getattr(state, "exit_code", None),
-                     job_id=job_id)
+    result = collect(folder, slurm_state=state.state, exit_code=state.exit_code, job_id=job_id)
     summary = summarize(args.candidate, planned, spec, result, job_id=job_id, cluster=kind)
     if args.format == "json":
         print(json.dumps(summary, indent=2, default=str))
