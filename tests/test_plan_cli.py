@@ -58,9 +58,9 @@ def test_bad_argv_index():
 
 
 def test_json_1k_contains_config_a():
-    """On h200: the memory model puts A at ~100 GB per GPU even with full recompute (see
-    tests/test_planner.py::test_config_a_on_1k), so on h100 A is rejected by mem.exceeds_hbm only."""
-    r = cli("+stage=1k", "hardware=h200", "--format", "json")
+    """The default hardware is h200: the memory model puts A at ~100 GB per GPU even with full recompute
+    (see tests/test_planner.py::test_config_a_on_1k), so on h100 A is rejected by mem.exceeds_hbm only."""
+    r = cli("+stage=1k", "--format", "json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert "analytic estimates" in out["note"]
