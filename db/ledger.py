@@ -474,9 +474,9 @@ class Ledger:
                 return
             ok = bool(result.get("ok"))
             a.simulated = bool(result.get("simulated", a.simulated))
-            a.failure_class = result.get("failure_class")
-            a.failure_detail = result.get("failure_detail") or None
-            a.exit_code = result.get("exit_code", a.exit_code)
+            for k in ("failure_class", "failure_detail", "exit_code"):  # keep what sacct already told us
+                if result.get(k) not in (None, ""):
+                    setattr(a, k, result[k])
             if a.state not in TERMINAL_STATES:
                 a.state = result.get("slurm_state") or ("COMPLETED" if ok else "FAILED")
             if result.get("log_paths"):

@@ -131,8 +131,10 @@ def test_attempt_numbers_updates_and_live_attempts(ledger):
 def test_record_result_stores_everything_once(ledger):
     cand = ledger.add_candidates("s1", make_items(1))[0]
     att = ledger.new_attempt(cand.id, job_dir="/runs/x", simulated=True)
+    ledger.update_attempt(att.id, exit_code=0, state="COMPLETED")
     res = job_result(2.0)
     ledger.record_result(att.id, res)
+    assert ledger.attempts(cand.id)[0].exit_code == 0  # a JobResult without an exit code keeps sacct's
     ledger.record_result(att.id, job_result(9.0))  # idempotent: the first result stays
     stored = ledger.result(att.id)
     assert stored["step_p50_s"] == 2.0 and stored["ckpt_save_s"] == 12.5 and stored["versions"] == {"torch": "2.13"}
