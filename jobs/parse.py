@@ -308,6 +308,13 @@ VALIDATION_SOURCES = (
 )
 VALIDATION_WORDS = ("divisible", "must be", "should be", "not supported", "is not compatible",
                     "cannot be", "requires", "only supported", "must have", "not allowed")
+# Layout errors Megatron raises only once training starts (schedules.py, moe_layer.py): still the
+# configuration's fault, whatever the exception type.
+RUNTIME_CONFIG_ERRORS = (
+    "dependency bubbles",  # M % microbatch group not 0 and < PP (interleaved schedule)
+    "contiguous micro-batches in a virtual pipeline stage",  # group outside [PP, M]
+    "without also enabling sequence parallelism",  # MoE with TP > 1 and no SP
+)
 
 _ITER_KEYS = {
     "consumed samples": ("consumed_samples", int),
@@ -342,6 +349,9 @@ def _dec(b: bytes) -> str:
 
 def _is_validation(exc_type: str, message: str, last_frame: Optional[str]) -> bool:
     short = exc_type.rsplit(".", 1)[-1]
+    if short in ("AssertionError", "ValueError", "RuntimeError") and any(
+            p in message for p in RUNTIME_CONFIG_ERRORS):
+        return True
     if short not in ("AssertionError", "ValueError"):
         return False
     if "is not divisible" in message or "should be divisible" in message:

@@ -27,6 +27,7 @@ def logs(*names):
     ("validation_world.log", "INVALID_CONFIG", False, "is not divisible by total_model_size"),
     ("validation_layers.log", "INVALID_CONFIG", False, "Number of layers should be divisible"),
     ("validation_argparse.log", "INVALID_CONFIG", False, "unrecognized arguments"),
+    ("validation_runtime_schedule.log", "INVALID_CONFIG", False, "dependency bubbles"),
     ("crash.log", "CRASH", False, "RuntimeError: index file is corrupt"),
 ])
 def test_class_from_log_evidence(name, cls, retryable, text):
