@@ -65,7 +65,7 @@ def test_partial_window_after_nccl_timeout(smoke, tmp_path):
     assert res.nccl_group and res.nccl_group.upper() in ("EP", "DP", "PP", "CP", "EXPERT_MODEL_PARALLEL_GROUP",
                                                          "DATA_PARALLEL_GROUP", "PIPELINE_MODEL_PARALLEL_GROUP",
                                                          "CONTEXT_PARALLEL_GROUP")
-    assert res.measure_iters < cfg.stage.measure_iters and res.partial == (res.measure_iters > 0)
+    assert res.measure_iters < cfg.stage.measure_iters and res.partial  # stopped before the window ended
 
 
 def test_killed_job_keeps_its_measured_iterations(smoke, tmp_path):
