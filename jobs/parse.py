@@ -406,6 +406,7 @@ class _Parser:
         self.truncated = False
         self.last_iteration: Optional[int] = None
         self._tb: Dict[Optional[int], List[str]] = {}  # open traceback frames per source
+        self._iteration_lines: set = set()
         self._row_re: Dict[bytes, "re.Pattern[bytes]"] = {}
 
     # ---- chunks
@@ -425,10 +426,21 @@ class _Parser:
             self.lines += work.count(b"\n")
             self.bytes += len(work)
             self._count_garbage(work)
-            for ls in self._candidates(work):
+            candidates = self._candidates(work)
+            iteration_lines = self._iteration_lines
+            for ls in candidates:
                 le = work.find(b"\n", ls)
                 if le < 0:
                     le = len(work)
+                if ls in iteration_lines:  # hot path: most candidates are iteration lines
+                    raw = work[ls:le]
+                    src, s, _ = self._prefix(raw)
+                    if src not in self._tb and b"\r" not in raw and not s.startswith(_SIM_B) \
+                            and b"\x00" not in raw:
+                        rec = self._iteration(s, src)
+                        if rec is not None:
+                            out.append(rec)
+                        continue
                 out.extend(self._candidate(work, ls, le))
         if tail:
             self.truncated = True
@@ -477,6 +489,8 @@ class _Parser:
                 self.garbage += 1
 
     def _candidates(self, work: bytes) -> List[int]:
+        """Sorted starts of lines holding a keyword; `_iteration_lines` gets those found by the
+        iteration keyword (checked first, so a line is in it only if it is an iteration line)."""
         starts: set = set()
         find, rfind = work.find, work.rfind
         traceback = bool(self._tb)
@@ -486,6 +500,15 @@ class _Parser:
             i = find(kw)
             if i >= 0 and kw == b"Traceback":
                 traceback = True
+            if kw is _KEYWORDS[0]:
+                first = i
+                while i >= 0:
+                    ls = rfind(b"\n", 0, i) + 1
+                    starts.add(ls)
+                    le = find(b"\n", i)
+                    i = find(kw, le) if le >= 0 else -1
+                self._iteration_lines = set(starts) if first >= 0 else set()
+                continue
             while i >= 0:
                 ls = rfind(b"\n", 0, i) + 1
                 starts.add(ls)
