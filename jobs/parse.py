@@ -371,6 +371,7 @@ _KEYWORDS = (
 )
 _TRACEBACK_KEYWORDS = (b'File "', b"Exception")  # only while a traceback can be open
 _CHUNK = 32 << 20
+_BLOCK_MAX = 1 << 20  # a (min, max) block is a few KB; only a huge per-rank "all" block can be split
 # Row: 4 spaces, `name + ' '` padded with dots to 48 chars, `: (min, max)` or `: max`. The padded
 # name is captured raw and cleaned once per distinct name (cache), which keeps the regex trivial.
 _ROW_MINMAX = re.compile(rb"    ([^:\n]+): \(([^,\n]+), ([^)\n]+)\)")
@@ -466,7 +467,7 @@ class _Parser:
             if ls > 0:
                 return ls
         h = buf.rfind(b"across ranks (ms):")
-        if h >= 0:  # no later iteration line: keep the last timer block whole (0 = wait for more)
+        if h >= 0 and len(buf) - h < _BLOCK_MAX:  # keep a block that may go on whole (0 = wait)
             return buf.rfind(b"\n", 0, h) + 1
         return buf.rfind(b"\n") + 1
 
