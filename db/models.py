@@ -204,6 +204,10 @@ class Result(Base):
     force_balanced_routing: Mapped[bool] = mapped_column(default=False)
     ckpt_save_s: Mapped[Optional[float]]  # q_effective inputs (long-run window)
     ckpt_restore_s: Mapped[Optional[float]]
+    # Effective throughput (revision 0003): Q = tokens advanced and not rolled back / wall time
+    tokens_per_s_after_restart: Mapped[Optional[float]]
+    effective_fraction: Mapped[Optional[float]]
+    q_effective: Mapped[Optional[float]]
     timers_ms: Mapped[dict] = mapped_column(default=dict)
     versions: Mapped[dict] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

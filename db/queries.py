@@ -46,7 +46,8 @@ DEFAULT_COLUMNS = ("sweep", "round", "key", "tp", "pp", "vpp", "cp", "ep", "etp"
                    "simulated")
 # Sorting a metric without a sign puts the best first: high throughput, low time and memory.
 HIGHER_IS_BETTER = {"tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "megatron_tflops_per_gpu",
-                    "pred_mfu", "pred_tokens_per_s"}
+                    "pred_mfu", "pred_tokens_per_s", "q_effective", "effective_fraction",
+                    "tokens_per_s_after_restart"}
 OPERATORS = ("!=", "<=", ">=", "=", "<", ">")
 _OPS = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 _WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(!=|<=|>=|=|<|>)\s*(.*?)\s*$", re.S)

@@ -88,6 +88,9 @@ class JobResult:
     # Long-run window (effective throughput)
     ckpt_save_s: Optional[float] = None
     ckpt_restore_s: Optional[float] = None
+    tokens_per_s_after_restart: Optional[float] = None  # steady throughput after restoring the checkpoint
+    effective_fraction: Optional[float] = None  # jobs.effective: advancing share of wall time
+    q_effective: Optional[float] = None  # tokens/s that advanced and were not rolled back
     # Provenance
     log_paths: List[str] = field(default_factory=list)
     sidecar_paths: List[str] = field(default_factory=list)
