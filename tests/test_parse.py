@@ -275,3 +275,21 @@ def test_heavily_interleaved_timer_rows_stay_with_their_rank():
     assert [b.after_iteration for b in p.timers] == list(range(1, 41))
     for it, b in enumerate(p.timers, start=1):
         assert b.timers == {n: (float(it), it + j + 0.5) for j, n in enumerate(names)}
+
+
+def test_long_noise_after_the_last_timer_block_is_read_in_bounded_chunks(monkeypatch):
+    raw = (LOGS / "megatron_full.log").read_bytes() + b"noise line\n" * 3000 + \
+        b"slurmstepd: error: *** JOB 1 ON n1 CANCELLED AT 2026-11-29T12:00:00 DUE TO TIME LIMIT ***\n"
+    whole = list(parse_stream(io.BytesIO(raw)))
+    monkeypatch.setattr(parse, "_CHUNK", 256)
+    monkeypatch.setattr(parse, "_BLOCK_MAX", 512)
+    sizes = []
+    real_chunk = parse._Parser.chunk
+
+    def spy(self, buf, final):
+        sizes.append(len(buf))
+        return real_chunk(self, buf, final)
+
+    monkeypatch.setattr(parse._Parser, "chunk", spy)
+    assert list(parse_stream(io.BytesIO(raw))) == whole
+    assert max(sizes) < 2048  # the buffer does not grow with the noise after the last block
