@@ -73,9 +73,12 @@ def test_promotion_without_source_is_a_clear_error(tmp_path):
 
 
 def test_second_orchestrator_is_refused_naming_the_holder(tmp_path):
+    from orchestrator.config import compose
+
+    cfg = compose(["+stage=smoke"]).cfg
     with Ledger.open(ledger_url(tmp_path)) as led:
-        led.create_or_get_sweep("held", stage="smoke", config_yaml="{}", model="tiny", hardware="h100",
-                                workload="twin", provenance={})
+        led.create_or_get_sweep("held", stage="smoke", config_yaml="{}", model=cfg.model.name,
+                                hardware=cfg.hardware.name, workload=cfg.workload.name, provenance={})
         led.acquire_lease("held", "otherhost:4242", 60)
     proc = cli("sweep", *sweep_args(tmp_path, "held"), timeout=120)
     assert proc.returncode == 2

@@ -90,6 +90,7 @@ class Driver:
         self._beat = 0.0
         self._t0 = time.monotonic()
         self.stats = {"polls": 0, "sleep_s": 0.0, "submitted": 0}  # for `make bench`: control-plane time
+        self._dirty = True  # something changed since the view was last drawn
 
     # ---- lease ------------------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -200,6 +201,7 @@ class Driver:
                 self.ledger.set_candidate_status(c.id, "submitted", f"job {sub.job_id}")
             subs += got
         self.stats["submitted"] += len(subs)
+        self._dirty = True
         self.view.event(f"submitted {len(subs)} job(s): {', '.join(str(s.job_id) for s in subs[:8])}"
                         + (" ..." if len(subs) > 8 else ""))
         return len(subs)
@@ -226,6 +228,7 @@ class Driver:
     def _poll(self, live: Sequence[AttemptRow]) -> None:
         states = self.launcher.poll([a.job_id for a in live if a.job_id])
         self.stats["polls"] += 1
+        cands = {c.id: c for c in self._cands()}  # one read per poll, not one per job
         for a in live:
             st = states.get(a.job_id) if a.job_id else None
             if st is None:
@@ -239,34 +242,33 @@ class Driver:
                     changes[col] = v
             if changes:
                 a = self.ledger.update_attempt(a.id, **changes)
+                self._dirty = True
             if st.terminal:
-                self._ingest(a, st)
+                self._ingest(a, st, cands[a.candidate_id])
             elif st.state == "RUNNING":
-                c = self._candidate(a.candidate_id)
+                c = cands[a.candidate_id]
                 if c.status == "submitted":
                     self.ledger.set_candidate_status(c.id, "running", f"job {a.job_id} on {st.node_list or '?'}")
 
-    def _candidate(self, cid: int) -> CandidateRow:
-        return next(c for c in self._cands() if c.id == cid)
-
-    def _ingest(self, a: AttemptRow, st) -> None:
+    def _ingest(self, a: AttemptRow, st, c: CandidateRow) -> None:
         """Collect the job folder into a JobResult, store it (idempotent per attempt), settle the candidate."""
         from jobs.collect import collect
 
         lost = bool(st.reason and "lost" in st.reason)  # re-attached, outcome unknown: the folder decides
         res = collect(Path(a.job_dir), slurm_state=None if lost else st.state, exit_code=None if lost else st.exit_code)
         self.ledger.record_result(a.id, res.to_dict())
+        self._dirty = True
         atts = self.ledger.attempts(a.candidate_id)
-        self._settle(self._candidate(a.candidate_id), next(x for x in atts if x.id == a.id))
+        self._settle(c, next(x for x in atts if x.id == a.id), atts)
 
-    def _settle(self, c: CandidateRow, a: AttemptRow) -> None:
+    def _settle(self, c: CandidateRow, a: AttemptRow, atts: Optional[List[AttemptRow]] = None) -> None:
         """A terminal attempt decides its candidate: done, retried (new attempt later) or failed."""
         lay = Layout.from_dict(c.layout).short()
         if self.ledger.result(a.id) is not None:
             self.ledger.set_candidate_status(c.id, "done", f"job {a.job_id} measured")
             return
         fc = a.failure_class or a.state
-        retry, why = self._retry(fc, self.ledger.attempts(c.id))
+        retry, why = self._retry(fc, atts if atts is not None else self.ledger.attempts(c.id))
         if retry:
             self.ledger.set_candidate_status(c.id, "planned", f"retry after {fc} ({why})")
             self.ledger.log_event(self.name, "retry", f"{fc}: resubmitting {lay}", candidate_id=c.id,
@@ -335,6 +337,9 @@ class Driver:
 
     # ---- output -----------------------------------------------------------------------------------
     def _show(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
         cands = self._cands()
         spent = observe.spent(self.ledger, self.name, n_gpus=self.cfg.stage.gpus, iters=self.iters)
         self.view.update(Snapshot(sweep=self.name, round=max((c.round for c in cands), default=0),

@@ -76,23 +76,31 @@ class Spent:
 
 
 def spent(ledger: Ledger, sweep: str, *, n_gpus: int, iters: int) -> Spent:
-    """runs = candidates with an attempt; GPU-hours = N x (mean step x iterations, else wall) / 3600."""
-    runs = attempts = 0
+    """runs = candidates with an attempt; GPU-hours = N x (mean step x iterations, else wall) / 3600.
+
+    One joined query (attempts of the sweep, left-joined with their results): the live view calls this
+    on every change, so it must not cost a query per candidate.
+    """
+    from sqlalchemy import select
+
+    from db import models as m
+
+    with ledger.read() as s:
+        q = (select(m.Attempt.candidate_id, m.Attempt.simulated, m.Attempt.start_time, m.Attempt.end_time,
+                    m.Result.step_mean_s)
+             .join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
+             .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
+             .outerjoin(m.Result, m.Result.attempt_id == m.Attempt.id)
+             .where(m.Sweep.name == sweep))
+        rows = s.execute(q).all()
     gpu_s = 0.0
-    simulated = False
-    results = {r.attempt_id: r.metrics for r in ledger.measured(sweep=sweep)}
-    for c in ledger.candidates(sweep):
-        atts = ledger.attempts(c.id)
-        runs += bool(atts)
-        attempts += len(atts)
-        for a in atts:
-            simulated |= a.simulated
-            met = results.get(a.id) or (ledger.result(a.id) if a.terminal else None)
-            if met and met.get("step_mean_s"):
-                gpu_s += n_gpus * met["step_mean_s"] * iters
-            elif a.start_time and a.end_time:
-                gpu_s += n_gpus * max(0.0, (a.end_time - a.start_time).total_seconds())
-    return Spent(runs=runs, attempts=attempts, gpu_hours=gpu_s / 3600.0, simulated=simulated)
+    for _, _, start, end, mean in rows:
+        if mean:
+            gpu_s += n_gpus * mean * iters
+        elif start and end:
+            gpu_s += n_gpus * max(0.0, (end - start).total_seconds())
+    return Spent(runs=len({r[0] for r in rows}), attempts=len(rows), gpu_hours=gpu_s / 3600.0,
+                 simulated=any(r[1] for r in rows))
 
 
 def status_counts(cands: List[CandidateRow]) -> Dict[str, int]:

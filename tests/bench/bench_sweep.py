@@ -7,6 +7,7 @@ workload itself stays small; the figure is about the orchestrator.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-JOBS = 200
+JOBS = int(os.environ.get("BENCH_SWEEP_JOBS", "200"))
 STAGE = ["+stage=smoke", "stage.name=bench2", "stage.gpus=2", "stage.gpus_per_node=2", "stage.global_batch=16",
          "stage.search.pp=[1,2]", "stage.search.ep=[1,2]", "stage.search.mbs=[1,2,4,8]",
          "stage.search.dispatcher=[alltoall,allgather,flex:deepep,flex:hybridep]",
