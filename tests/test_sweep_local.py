@@ -142,3 +142,37 @@ def test_kill_9_then_resume_loses_nothing_and_submits_nothing_twice(tmp_path):
             per_cand.setdefault(a.candidate_id, []).append(a)
         assert all(len(v) == 1 for v in per_cand.values()), "a candidate was submitted twice"
         assert len(led.measured(sweep="killme")) == sum(1 for c in led.candidates("killme") if c.status == "done")
+
+
+def test_cancel_stops_every_live_job_and_records_it(tmp_path):
+    slow = ["++workload.twin.time_scale=50", "++workload.twin.max_sleep_s=1.0", "policy.round0_size=2",
+            "stage.budget.max_rounds=2"]
+    p = popen("sweep", *sweep_args(tmp_path, "stopme", *slow), "--plain", log=tmp_path / "run.log")
+    try:
+        with Ledger.open(ledger_url(tmp_path)) as led:
+            wait_for(lambda: led.get_sweep("stopme") and len(all_attempts(led, "stopme")) == 2, 120, "two jobs")
+        proc = cli("cancel", "stopme", f"ledger.url={ledger_url(tmp_path)}", timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert p.wait(timeout=60) == 0, (tmp_path / "run.log").read_text()[-2000:]
+    finally:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
+    log = (tmp_path / "run.log").read_text()
+    assert "cancelled" in log
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        assert led.get_sweep("stopme").status == "cancelled"
+        assert {c.status for c in led.candidates("stopme")} == {"cancelled"}
+        assert all(a.state == "CANCELLED" for a in all_attempts(led, "stopme"))
+        assert {c.round for c in led.candidates("stopme")} == {0}  # no further round after the cancel
+        assert led.events("stopme", kind="cancelled")
+
+
+def test_sweep_on_each_ledger_engine(ledger_url, tmp_path):
+    """The same loop on SQLite and on the real PostgreSQL (the `ledger_url` fixture runs both)."""
+    args = [a if not a.startswith("ledger.url=") else f"ledger.url={ledger_url}"
+            for a in sweep_args(tmp_path, "engines", "policy.round0_size=2", "stage.budget.max_rounds=1")]
+    proc = cli("sweep", *args, "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with Ledger.open(ledger_url) as led:
+        assert_accounted(led, "engines")
+        assert len(led.measured(sweep="engines")) == 2

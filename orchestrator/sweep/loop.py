@@ -144,6 +144,15 @@ class Driver:
         sweep = self.ledger.get_sweep(self.name)
         return sweep is not None and sweep.status == "cancelled"
 
+    def _cancel_own_jobs(self) -> None:
+        """`cancel NAME` ran in another process: stop the jobs this process started (local jobs can only be
+        stopped by their parent; on Slurm a second scancel is harmless)."""
+        ids = [a.job_id for c in self._cands() if c.status == "cancelled"
+               for a in self.ledger.attempts(c.id) if a.job_id and a.end_time is None]
+        if ids:
+            self.launcher.cancel(ids)
+            self.view.event(f"sweep cancelled: stopped {len(ids)} job(s)")
+
     def _cands(self) -> List[CandidateRow]:
         return self.ledger.candidates(self.name)
 
@@ -211,6 +220,7 @@ class Driver:
         while True:
             self._heartbeat()
             if self._cancelled():
+                self._cancel_own_jobs()
                 return "cancelled (orchestrator cancel)"
             live = self.ledger.live_attempts(self.name)
             if live:
