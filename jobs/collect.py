@@ -5,6 +5,12 @@ preemption, scancel, node failure) returns nothing, yet its rank files hold the 
 finish and the evidence of why it stopped. Collect works the same for a finished job, a partial one
 and one that never started (NO_OUTPUT), and can be re-run at any time (result.json is replaced
 atomically).
+
+Effective throughput: every measured job gets Q_effective (jobs.effective) from its steady tokens/s,
+its N and the spec's EffectiveConfig, with save / restore seconds from the `save-checkpoint` /
+`load-checkpoint` timers when the job logged them, else the config's defaults. Those timers are read
+from every timer block, not only the measured window's: Megatron logs `load-checkpoint` before the
+first iteration. A restore job (role long-run-restore) that loaded nothing is not a measurement.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from typing import Callable, List, Optional
 
 from jobs import metrics as metrics_mod
 from jobs.classify import classify
+from jobs.effective import effective_throughput
 from jobs.parse import ParsedLog, parse_file
 from jobs.result import JobResult
 from jobs.spec import SPEC_NAME, JobSpec
@@ -23,6 +30,8 @@ from orchestrator.plan.flops import peak_label, peak_tflops
 from orchestrator.plan.layout import Layout
 
 RESULT_NAME = "result.json"
+SAVE_TIMER, LOAD_TIMER = "save-checkpoint", "load-checkpoint"  # Megatron's names (log level 0)
+MISSING_CKPT = b"could not find the metadata file"  # checkpointing.py's warning for an empty --load dir
 RANK_GLOBS = ("rank-*.out", "rank-*.err")
 # submitit's task logs (the job's own stdout/stderr): slurmstepd's `*** JOB ... CANCELLED ... ***` lands here.
 SUBMITIT_GLOBS = ("*_log.out", "*_log.err", ".submitit/*/*_log.out", ".submitit/*/*_log.err")
@@ -105,8 +114,67 @@ def collect(job_dir: str | os.PathLike, *, slurm_state: Optional[str] = None,
         result.sidecar_paths = list(folder.sidecar_paths)
     classify(folder.logs, slurm_state=slurm_state, exit_code=exit_code).apply(result)
     result.ok = result.ok and result.measure_iters > 0
+    if spec is not None:
+        checkpoint_metrics(folder, spec, result)
     write_result(folder.path, result)
     return result
+
+
+def checkpoint_timers(logs) -> dict:
+    """name -> [min, max] ms of the checkpoint timers over every block of every rank file."""
+    out: dict = {}
+    for log in logs:
+        for block in log.timers:
+            for name in (SAVE_TIMER, LOAD_TIMER):
+                if name in block.timers:
+                    lo, hi = block.timers[name]
+                    los, his = out.setdefault(name, ([], []))
+                    if lo is not None:
+                        los.append(lo)
+                    his.append(hi)
+    return {name: [min(los) if los else None, max(his)] for name, (los, his) in out.items()}
+
+
+def checkpoint_metrics(folder: JobFolder, spec: JobSpec, result: JobResult) -> None:
+    """ckpt_save_s / ckpt_restore_s (slowest rank), tokens_per_s_after_restart, Q_effective."""
+    timers = checkpoint_timers(folder.logs)
+    result.timers_ms.update(timers)
+    if SAVE_TIMER in timers:
+        result.ckpt_save_s = timers[SAVE_TIMER][1] / 1000.0
+    if LOAD_TIMER in timers:
+        result.ckpt_restore_s = timers[LOAD_TIMER][1] / 1000.0
+    if spec.role == "long-run-restore":
+        if LOAD_TIMER not in timers:
+            result.ok = False
+            why = _missing_checkpoint_line(folder) or "no load-checkpoint timer in the log"
+            result.failure_class = result.failure_class or "CRASH"
+            result.failure_detail = f"restore job loaded no checkpoint: {why}"
+            return
+        result.tokens_per_s_after_restart = result.tokens_per_s
+    if result.ok and result.tokens_per_s:
+        eff = spec.effective
+        e = effective_throughput(
+            result.tokens_per_s, n_gpus=spec.n_gpus,
+            save_s=result.ckpt_save_s if result.ckpt_save_s is not None else eff.default_save_s,
+            restore_s=result.ckpt_restore_s if result.ckpt_restore_s is not None else eff.default_restore_s,
+            checkpoint_interval_s=eff.checkpoint_interval_s,
+            interruption_rate_per_gpu_hour=eff.interruption_rate_per_gpu_hour,
+            restart_overhead_s=eff.restart_overhead_s)
+        result.effective_fraction, result.q_effective = e.effective_fraction, e.q_effective
+
+
+def _missing_checkpoint_line(folder: JobFolder) -> str:
+    """Megatron's 'could not find the metadata file ...' warning, if a rank file has it (first 1 MB read)."""
+    for pattern in ("rank-*.out", "rank-*.err"):
+        for path in sorted(folder.path.glob(pattern)):
+            with open(path, "rb") as fh:
+                head = fh.read(1 << 20)
+            at = head.find(MISSING_CKPT)
+            if at >= 0:
+                start = head.rfind(b"\n", 0, at) + 1
+                end = head.find(b"\n", at)
+                return head[start:end if end >= 0 else None].decode("utf-8", "replace").strip()
+    return ""
 
 
 def write_result(job_dir: Path, result: JobResult) -> Path:

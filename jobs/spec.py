@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List
 
-from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig, WorkloadConfig
+from orchestrator.schema import EffectiveConfig, HardwareConfig, ModelConfig, StageConfig, WorkloadConfig
 
 SPEC_NAME = "job.json"
 
@@ -40,6 +40,8 @@ class JobSpec:
     model_flops_per_step: float = 0.0  # ours: activated experts, V4 attention, recompute excluded
     recompute_flops_per_step: float = 0.0
     predicted: Dict[str, Any] = field(default_factory=dict)  # Prediction as a dict
+    effective: EffectiveConfig = field(default_factory=EffectiveConfig)  # Q_effective inputs (collect)
+    role: str = "measure"  # measure | parity | long-run-save | long-run-restore
 
     @property
     def command(self) -> List[str]:

@@ -9,7 +9,15 @@ format plus a per-rank sidecar with MoE routing evidence. Everything it prints s
 SIMULATED marker and every sidecar says "simulated": true.
 
 Randomness is seeded from (twin.seed, candidate key or argv hash, attempt, rank), so a rerun of the
-same attempt prints the same numbers.
+same attempt prints the same numbers. The lm loss / grad norm curves depend only on (seed, iteration)
+plus 1e-4 layout noise, so two layouts agree within the parity tolerance unless TwinConfig.diverge_when
+names one of them (the injected numerical bug the correctness gate must catch).
+
+Checkpoints follow Megatron's semantics: --save DIR with --save-interval / --exit-interval saves at those
+iterations (timer `save-checkpoint`, the tracker file `latest_checkpointed_iteration.txt`, `iter_0000010/`)
+and exits 0 at the exit interval; --load DIR resumes numbering from the saved iteration (timer
+`load-checkpoint`). Save / load time = the rank's weights + optimizer state / TwinConfig.ckpt_gb_s.
+SIGUSR2 (Slurm's time-limit warning, sent to every process of the step) is ignored, as Megatron does.
 """
 from __future__ import annotations
 
@@ -27,7 +35,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.plan import argv as plan_argv
-from orchestrator.plan import planner
+from orchestrator.plan import memory as plan_memory
+from orchestrator.plan import pipeline, planner
 from orchestrator.plan.layout import Layout, Prediction, groups
 from orchestrator.plan.ranks import order_for
 from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig, TwinConfig
@@ -42,7 +51,10 @@ NCCL_GROUPS = {  # Megatron's process-group descriptions, as torch's watchdog pr
 LB_LOSS_KEYS = {"aux_loss": "load_balancing_loss", "seq_aux_loss": "seq_load_balancing_loss",
                 "global_aux_loss": "global_load_balancing_loss"}
 MIB = 1024 * 1024
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+IGNORED_SIGNALS = (signal.SIGUSR2,)  # Slurm's --signal warning: submitit's wrapper owns it, never the workload
+TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's checkpoint tracker file
+CKPT_MARKER = "twin-checkpoint.json"  # what the twin "saves" in iter_NNNNNNN/ (simulated)
 
 
 class Interrupted(Exception):
@@ -95,6 +107,16 @@ def _from_flags(cls, base, flags: Dict[str, object]):
     return replace(base, **updates)
 
 
+def _model_from_flags(flags: Dict[str, object]) -> ModelConfig:
+    """Without a spec: the model from the flags. --num-layers is the pattern's symbol count (2 per block),
+    so the block count comes from the hybrid pattern."""
+    model = _from_flags(ModelConfig, ModelConfig(), flags)
+    pattern = _flag(flags, "hybrid_layer_pattern")
+    if pattern:
+        model = replace(model, num_layers=sum(pipeline.count_blocks(str(pattern))))
+    return model
+
+
 def load_job(argv: Sequence[str], environ=os.environ) -> TwinJob:
     """Flags first (what Megatron would see), then ORCH_JOB_SPEC for hardware, twin knobs and the key."""
     flags = plan_argv.parse_flags(list(argv))
@@ -105,7 +127,7 @@ def load_job(argv: Sequence[str], environ=os.environ) -> TwinJob:
         from jobs.spec import JobSpec
 
         spec = JobSpec.load(spec_path)
-    model = spec.model if spec else _from_flags(ModelConfig, ModelConfig(), flags)
+    model = spec.model if spec else _model_from_flags(flags)
     stage = spec.stage if spec else StageConfig()
     hw = spec.hardware if spec else HardwareConfig()
     twin = spec.workload.twin if spec else TwinConfig()
@@ -325,14 +347,15 @@ def crash_traceback(entry: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ numbers
-def step_times(job: TwinJob, pred: Prediction) -> List[float]:
-    """Per-iteration seconds: truth x perturbation x lognormal noise, x tail_factor with tail_prob,
-    and a warm-up effect that fades over the first iterations (compile, NCCL setup, allocator)."""
+def step_times(job: TwinJob, pred: Prediction, n: Optional[int] = None, start: int = 0) -> List[float]:
+    """Per-iteration seconds for the `n` iterations this process runs: truth x perturbation x lognormal
+    noise, x tail_factor with tail_prob, and a warm-up effect that fades over the first iterations after
+    the process starts (compile, NCCL setup, allocator), after a restart too."""
     t = job.twin
     base = pred.step_time_s * perturbation(job.layout, t.seed)
-    rng = job_rng(job, "steps")
+    rng = job_rng(job, "steps") if not start else job_rng(job, "steps", start)  # a restored run draws anew
     out = []
-    for i in range(job.train_iters):
+    for i in range(job.train_iters if n is None else n):
         s = base * math.exp(rng.gauss(0.0, t.noise_sigma)) * (1.0 + 2.0 * math.exp(-i / 1.0))
         if rng.random() < t.tail_prob:
             s *= t.tail_factor
@@ -340,19 +363,50 @@ def step_times(job: TwinJob, pred: Prediction) -> List[float]:
     return out
 
 
-def lm_loss(job: TwinJob, it: int) -> float:
-    """A deterministic decreasing curve (same for every layout: parity checks compare it) plus tiny
-    layout noise (relative 1e-4, well inside the parity tolerance)."""
-    start = math.log(max(2, job.model.vocab_size))
+LAYOUT_NOISE = 1e-4  # relative, per layout and iteration: the packed path is not bit-deterministic
+DIVERGE_TAU = 10.0  # iterations over which an injected divergence grows to its full scale
+
+
+def diverges(layout: Layout, when: Dict[str, int]) -> bool:
+    """True when every knob named in `when` has that value in `layout` (an empty `when` never matches)."""
+    return bool(when) and all(getattr(layout, k, None) == v for k, v in when.items())
+
+
+def drift(it: int, scale: float) -> float:
+    """Relative error of a diverging layout at iteration `it`: 0 at the start, growing towards `scale`."""
+    return scale * (1.0 - math.exp(-it / DIVERGE_TAU))
+
+
+def _layout_noise(tag: str, it: int, what: str) -> float:
+    h = int(hashlib.sha256(f"{what}:{tag}:{it}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return LAYOUT_NOISE * (h - 0.5)
+
+
+def loss_curve(seed: int, it: int, *, vocab_size: int, layout_tag: str = "", drift_scale: float = 0.0) -> Tuple[float, float]:
+    """(lm loss, grad norm) at iteration `it`: a decreasing curve fixed by (seed, it), the same for every
+    layout up to LAYOUT_NOISE, times (1 + drift) for a diverging layout (grad norm drifts twice as much)."""
+    start = math.log(max(2, vocab_size))
     floor = 2.2
-    shared = random.Random(f"twin-loss-{job.twin.seed}-{it}").gauss(0, 0.01)
-    base = floor + (start - floor) * math.exp(-it / 60.0) + shared
-    h = int(hashlib.sha256(f"{job.layout.short()}:{it}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    return base * (1.0 + 1e-4 * (h - 0.5))
+    shared = random.Random(f"twin-loss-{seed}-{it}").gauss(0, 0.01)
+    loss = (floor + (start - floor) * math.exp(-it / 60.0) + shared) * (1.0 + _layout_noise(layout_tag, it, "loss"))
+    gn = (0.8 + 6.0 * math.exp(-it / 25.0) + random.Random(f"twin-gn-{seed}-{it}").gauss(0, 0.02)) \
+        * (1.0 + _layout_noise(layout_tag, it, "gn"))
+    d = drift(it, drift_scale)
+    return loss * (1.0 + d), gn * (1.0 + 2.0 * d)
+
+
+def _curve(job: TwinJob, it: int) -> Tuple[float, float]:
+    scale = job.twin.diverge_scale if diverges(job.layout, job.twin.diverge_when) else 0.0
+    return loss_curve(job.twin.seed, it, vocab_size=job.model.vocab_size, layout_tag=job.layout.short(),
+                      drift_scale=scale)
+
+
+def lm_loss(job: TwinJob, it: int) -> float:
+    return _curve(job, it)[0]
 
 
 def grad_norm(job: TwinJob, it: int) -> float:
-    return 0.8 + 6.0 * math.exp(-it / 25.0) + random.Random(f"twin-gn-{job.twin.seed}-{it}").gauss(0, 0.02)
+    return _curve(job, it)[1]
 
 
 def stage_memory(job: TwinJob, pred: Prediction, stage_idx: int, rank: int) -> Tuple[float, float, float, float]:
@@ -441,6 +495,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out(f"{SIMULATED_MARKER} twin workload: numbers are simulated")
     for sig in STOP_SIGNALS:
         signal.signal(sig, _on_signal)
+    for sig in IGNORED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     try:
         job = load_job(argv)
         return run(job)
@@ -477,10 +533,17 @@ def _stage_gb(pred: Prediction, stage_idx: int) -> float:
 
 
 def train(job: TwinJob, pred: Prediction) -> int:
-    t, lay = job.twin, job.layout
-    times = step_times(job, pred)
+    t = job.twin
+    ck = Checkpointing.of(job)
+    start = 0
+    if ck.load_dir:
+        try:
+            start = load_checkpoint(job, pred, ck)
+        except LoadFailed as exc:
+            return exc.code
+    times = step_times(job, pred, max(0, job.train_iters - start), start)
     fault_rng = job_rng(job, "faults")
-    lo = min(job.train_iters, job.stage.warmup_iters + 1)
+    lo = min(job.train_iters, max(start + 1, job.stage.warmup_iters + 1))
     nccl_at = fault_rng.randint(lo, job.train_iters) if fault_rng.random() < t.nccl_timeout_rate else None
     crash_at = fault_rng.randint(lo, job.train_iters) if fault_rng.random() < t.crash_rate else None
     group = _nccl_group(job, fault_rng)
@@ -492,8 +555,8 @@ def train(job: TwinJob, pred: Prediction) -> int:
     timer_rng = job_rng(job, "timers")
     window: List[float] = []
     measured = 0
-    for it in range(1, job.train_iters + 1):
-        step = times[it - 1]
+    for it in range(start + 1, job.train_iters + 1):
+        step = times[it - start - 1]
         time.sleep(min(step * t.time_scale, t.max_sleep_s))
         if it == nccl_at:
             for r in reported_ranks(job):
@@ -505,27 +568,155 @@ def train(job: TwinJob, pred: Prediction) -> int:
         window.append(step)
         if it > job.stage.warmup_iters:
             measured += 1
-        if it % job.log_interval and it != 1:
+        if it % job.log_interval and it != start + 1:
             continue
         avg = sum(window) / len(window)
         window = []
         if last:
-            losses = [("lm loss", lm_loss(job, it))]
+            loss, gn = _curve(job, it)
+            losses = [("lm loss", loss)]
             if lb_key:
                 losses.append((lb_key, 1.0 + 0.5 * t.routing_skew ** 2 * (1 + math.exp(-it / 30.0))))
-            losses += [(f"mtp_{i + 1} loss", lm_loss(job, it) + 0.3) for i in range(mtp)]
+            losses += [(f"mtp_{i + 1} loss", loss + 0.3) for i in range(mtp)]
             tflops = flops / (avg * 1e12 * job.world)
             out(iteration_line(it, job.train_iters, it * job.stage.global_batch, avg * 1000.0, tflops, lr,
-                               job.stage.global_batch, losses, grad_norm(job, it)))
-        if it == 1:
+                               job.stage.global_batch, losses, gn))
+        if it == start + 1:
             for r in reported_ranks(job):
                 if coords(job, r)["dp"] == 0:
                     out(memory_line(r, it, *stage_memory(job, pred, coords(job, r)["pp"], r)))
         if last:
             err(timers_block(timer_rows(pred, avg, timer_rng)))
+        exiting = ck.exit_interval and it % ck.exit_interval == 0
+        if ck.save_dir and ((ck.save_interval and it % ck.save_interval == 0) or exiting):
+            save_checkpoint(job, pred, ck, it)
+        if exiting:
+            write_sidecars(job, pred, measured)
+            out(f"[exiting program at iteration {it}] datetime: {stamp()[:-7]} ")
+            return 0
     write_sidecars(job, pred, measured)
     out(f"[after training is done] datetime: {stamp()[:-7]} ")
     return 0
+
+
+# ----------------------------------------------------------------------------------------- checkpoints
+@dataclass
+class Checkpointing:
+    """Megatron's checkpoint flags, as the twin reads them."""
+
+    save_dir: Optional[Path]
+    load_dir: Optional[Path]
+    save_interval: int
+    exit_interval: int
+    exit_on_missing: bool
+
+    @classmethod
+    def of(cls, job: TwinJob) -> "Checkpointing":
+        f = job.flags
+
+        def path(name):
+            v = _flag(f, name)
+            return Path(str(v)) if v not in (None, True) else None
+
+        return cls(save_dir=path("save"), load_dir=path("load"),
+                   save_interval=int(_flag(f, "save_interval", 0) or 0),
+                   exit_interval=int(_flag(f, "exit_interval", 0) or 0),
+                   exit_on_missing=bool(_flag(f, "exit_on_missing_checkpoint", False)))
+
+
+def checkpoint_gb(job: TwinJob, pred: Prediction) -> List[float]:
+    """Per PP stage: the GB one rank writes (its weights + optimizer state, the memory model's parts)."""
+    lay = job.layout
+    mems = plan_memory.stage_memory(job.model, job.hw, job.stage, lay, groups(lay, job.world, job.stage.global_batch),
+                                    pipeline.count_blocks(pred.layer_pattern))
+    return [m.weights + m.optimizer for m in mems]
+
+
+def checkpoint_ms(job: TwinJob, pred: Prediction, what: str, factor: float = 1.0) -> Tuple[float, float]:
+    """(min, max) ms across ranks to write (or read, factor > 1) each rank's share at ckpt_gb_s."""
+    rng = job_rng(job, "ckpt", what)
+    times = [gb / max(job.twin.ckpt_gb_s, 1e-9) * factor * math.exp(rng.gauss(0.0, job.twin.noise_sigma)) * 1000.0
+             for gb in checkpoint_gb(job, pred)]
+    return min(times), max(times)
+
+
+def _speaks_rank0(job: TwinJob) -> bool:
+    return job.rank == 0 or job.single_process
+
+
+def save_checkpoint(job: TwinJob, pred: Prediction, ck: Checkpointing, it: int) -> None:
+    """Megatron's save_checkpoint_and_time: the lines rank 0 prints, the `save-checkpoint` timer (log level 0)
+    on the last rank, the tracker file and a marker standing for the checkpoint's shards."""
+    lo, hi = checkpoint_ms(job, pred, f"save-{it}")
+    time.sleep(min(hi / 1000.0 * job.twin.time_scale, 0.05))
+    save = ck.save_dir
+    if _speaks_rank0(job):
+        out(f"[{stamp()}] saving checkpoint at iteration {it:7d} to {save} in torch_dist format")
+        folder = save / f"iter_{it:07d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        marker = {"simulated": True, "iteration": it, "key": job.key, "layout": job.layout.short(),
+                  "consumed_samples": it * job.stage.global_batch, "save_ms": [lo, hi]}
+        _atomic_write(folder / CKPT_MARKER, json.dumps(marker))
+        _atomic_write(save / TRACKER, str(it))
+        pp = job.layout.pp
+        out(f"  [{stamp()}] successfully saved checkpoint from iteration {it:7d} to {save} "
+            f"[ t {job.layout.tp}/{job.layout.tp}, gtp_remat 1/1, p {pp}/{pp} ]")
+    if job.rank == job.world - 1:
+        err(timers_block([("save-checkpoint", lo, hi)]))
+
+
+class LoadFailed(Exception):
+    """Nothing was loaded; `code` is the process exit status Megatron ends with."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+def load_checkpoint(job: TwinJob, pred: Prediction, ck: Checkpointing) -> int:
+    """The iteration to resume from (0: none found, start from random), after the lines Megatron prints.
+
+    No tracker file: Megatron warns and starts from random; with --exit-on-missing-checkpoint it exits
+    (sys.exit(), status 0: LoadFailed(0)). A tracker naming an iteration whose files are gone: the load
+    raises FileNotFoundError (LoadFailed(1))."""
+    load = ck.load_dir
+    tracker = load / TRACKER
+    if not tracker.is_file():
+        if _speaks_rank0(job):
+            out(f"WARNING: could not find the metadata file {tracker}")
+            out("    will not load any checkpoints and will start from random")
+        if ck.exit_on_missing:
+            out(">> '--exit-on-missing-checkpoint' set ... exiting. <<")
+            raise LoadFailed(0)
+        return 0
+    it = int(tracker.read_text().strip())
+    marker = load / f"iter_{it:07d}" / CKPT_MARKER
+    if _speaks_rank0(job):
+        out(f" loading distributed checkpoint from {load} at iteration {it}")
+    if not marker.is_file():
+        err(_frames(
+            (job.entry, 220, "<module>", "pretrain("),
+            (f"{MEGATRON}/megatron/training/training.py", 2199, "setup_model_and_optimizer",
+             "args.iteration, args.num_floating_point_operations_so_far = load_checkpoint("),
+            (f"{MEGATRON}/megatron/training/checkpointing.py", 1734, "_load_base_checkpoint",
+             "return _load_global_dist_base_checkpoint("),
+        ) + f"\nFileNotFoundError: [Errno 2] No such file or directory: '{marker.parent}'")
+        raise LoadFailed(1)
+    lo, hi = checkpoint_ms(job, pred, f"load-{it}", factor=1.2)  # read + reshard is a little slower
+    time.sleep(min(hi / 1000.0 * job.twin.time_scale, 0.05))
+    if _speaks_rank0(job):
+        pp = job.layout.pp
+        out(f"  successfully loaded checkpoint from {load} [ t 1/{job.layout.tp}, gtp_remat 1/1, p 1/{pp} ] "
+            f"at iteration {it}")
+    if job.rank == job.world - 1:
+        err(timers_block([("load-checkpoint", lo, hi)]))
+    return it
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _nccl_group(job: TwinJob, rng: random.Random) -> str:

@@ -3,13 +3,18 @@
 Why separate from the launcher: the spec is the contract between the orchestrator and the job
 (`jobs/spec.py`); building it needs the planner's argv and FLOP models, the launcher only needs
 the result. Pure apart from reading the config: no submitit, no files.
+
+Besides the measurement job: a parity job (warm-up 0, `parity.steps` measured, same seed) and the
+long-run pair (`long_run_specs`): a job that saves a checkpoint at iteration X and exits (Megatron's
+--save / --save-interval / --exit-interval), then one that restores it (--load) and trains on. Both
+keep the same --train-iters, so the learning-rate schedule of the restored run is the one saved.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional, Sequence, Tuple
 
 from jobs.spec import JobSpec
 from orchestrator.plan import argv as plan_argv
@@ -26,16 +31,24 @@ def job_dir(cfg: RootConfig, sweep: str, candidate_key: str, attempt: int) -> Pa
 
 
 def build_spec(cfg: RootConfig, planned: Planned, *, sweep: str, attempt: int,
-               job_dir: Optional[Path | str] = None) -> JobSpec:
-    """The JobSpec for one attempt: Megatron flags for warmup + measure iterations, env, FLOPs."""
+               job_dir: Optional[Path | str] = None, window: Optional[Tuple[int, int]] = None,
+               train_iters: Optional[int] = None, extra_argv: Sequence[str] = (), role: str = "measure") -> JobSpec:
+    """The JobSpec for one attempt: Megatron flags for warmup + measure iterations, env, FLOPs.
+
+    `window` = (warmup, measure) overrides the stage's (absolute iteration numbers: a restored run's
+    warm-up counts the iterations before the checkpoint); `train_iters` overrides warmup + measure;
+    `extra_argv` is appended to the candidate's flags (argparse: a later flag wins)."""
     stage = cfg.stage
     if stage is None:
         raise ValueError("build_spec needs a stage")
+    if window is not None:
+        stage = dataclasses.replace(stage, warmup_iters=int(window[0]), measure_iters=int(window[1]))
     layout = planned.layout
     pred = planned.prediction
-    train_iters = stage.warmup_iters + stage.measure_iters
+    train_iters = int(train_iters) if train_iters is not None else stage.warmup_iters + stage.measure_iters
     argv = plan_argv.megatron_argv(cfg.model, stage, layout, layer_pattern=pred.layer_pattern,
-                                   train_iters=train_iters, mock_data=cfg.workload.mock_data)
+                                   train_iters=train_iters, mock_data=cfg.workload.mock_data,
+                                   extra=[str(a) for a in extra_argv])
     fl = plan_flops.step_flops(cfg.model, stage, layout)
     env = {**{k: str(v) for k, v in cfg.cluster.env.items()}, **{k: str(v) for k, v in cfg.workload.env.items()}}
     folder = Path(job_dir) if job_dir is not None else globals()["job_dir"](cfg, sweep, planned.key, attempt)
@@ -57,7 +70,50 @@ def build_spec(cfg: RootConfig, planned: Planned, *, sweep: str, attempt: int,
         model_flops_per_step=float(fl.model_flops),
         recompute_flops_per_step=float(fl.recompute_flops),
         predicted=_prediction_dict(pred),
+        effective=cfg.effective,
+        role=role,
     )
+
+
+def parity_spec(cfg: RootConfig, planned: Planned, *, sweep: str, attempt: int, job_dir: Path | str) -> JobSpec:
+    """A correctness-gate run: no warm-up, `parity.steps` measured iterations, the sweep's seed and data."""
+    return build_spec(cfg, planned, sweep=sweep, attempt=attempt, job_dir=job_dir,
+                      window=(0, int(cfg.parity.steps)), role="parity")
+
+
+def checkpoint_save_flags(ckpt_dir: Path | str, at: int) -> List[str]:
+    """Save at iteration `at`, then exit 0 (Megatron saves at an exit interval when --save is set)."""
+    return ["--save", str(ckpt_dir), "--save-interval", str(at), "--exit-interval", str(at)]
+
+
+def checkpoint_load_flags(ckpt_dir: Path | str) -> List[str]:
+    """Restore; a missing checkpoint must stop the job, not silently train from random weights."""
+    return ["--load", str(ckpt_dir), "--exit-on-missing-checkpoint"]
+
+
+def long_run_specs(cfg: RootConfig, planned: Planned, *, sweep: str, attempt: int, ckpt_dir: Path | str,
+                   folder: Optional[Path | str] = None) -> Tuple[JobSpec, JobSpec]:
+    """(save job, restore job) of one long-run window (cfg.effective.long_run_save_at = X,
+    long_run_after_iters = A): job 1 trains X iterations, saves and exits; job 2 loads and trains A more.
+
+    Windows: job 1 measures X - w1 iterations after w1 = min(stage warm-up, X // 2); job 2 measures
+    A - w2 after the restore plus w2 = min(stage warm-up, A // 2) warm-up iterations (it restarts cold).
+    Folders: `<folder>/save` and `<folder>/restore`, folder defaulting to
+    `<cluster.folder>/<sweep>/<key>/long-run-<attempt>/`."""
+    if cfg.stage is None:
+        raise ValueError("long_run_specs needs a stage")
+    x, a = int(cfg.effective.long_run_save_at), int(cfg.effective.long_run_after_iters)
+    if x < 2 or a < 2:
+        raise ValueError(f"long-run window needs save_at >= 2 and after_iters >= 2 (got {x}, {a})")
+    base = Path(folder) if folder is not None else job_dir(cfg, sweep, planned.key, attempt).parent / f"long-run-{attempt}"
+    w1 = min(cfg.stage.warmup_iters, x // 2)
+    w2 = min(cfg.stage.warmup_iters, a // 2)
+    save = build_spec(cfg, planned, sweep=sweep, attempt=attempt, job_dir=base / "save", window=(w1, x - w1),
+                      train_iters=x + a, extra_argv=checkpoint_save_flags(ckpt_dir, x), role="long-run-save")
+    restore = build_spec(cfg, planned, sweep=sweep, attempt=attempt, job_dir=base / "restore",
+                         window=(x + w2, a - w2), train_iters=x + a, extra_argv=checkpoint_load_flags(ckpt_dir),
+                         role="long-run-restore")
+    return save, restore
 
 
 def _prediction_dict(pred) -> dict:

@@ -210,6 +210,12 @@ class TwinConfig:
     nccl_timeout_rate: float = 0.0
     crash_rate: float = 0.0
     force_oom: bool = False
+    # Checkpoint storage: a save writes the rank's weights + optimizer state at this rate (GB/s per GPU).
+    ckpt_gb_s: float = 5.0
+    # Injected numerical divergence (correctness gate): layouts whose knobs match every entry (e.g.
+    # {"cp": 4}) drift away from the shared loss / grad-norm curve, by up to diverge_scale relative.
+    diverge_when: Dict[str, int] = field(default_factory=dict)
+    diverge_scale: float = 0.05
 
 
 @dataclass
