@@ -436,8 +436,8 @@ class _Parser:
                 if ls in iteration_lines:  # hot path: most candidates are iteration lines
                     raw = work[ls:le]
                     src, s, _ = self._prefix(raw)
-                    if src not in self._tb and b"\r" not in raw and not s.startswith(_SIM_B) \
-                            and b"\x00" not in raw:
+                    if src not in self._tb and b"iteration" in s and b"\r" not in raw \
+                            and b"\x00" not in raw and not s.startswith(_SIM_B):
                         rec = self._iteration(s, src)
                         if rec is not None:
                             out.append(rec)
@@ -490,8 +490,8 @@ class _Parser:
                 self.garbage += 1
 
     def _candidates(self, work: bytes) -> List[int]:
-        """Sorted starts of lines holding a keyword; `_iteration_lines` gets those found by the
-        iteration keyword (checked first, so a line is in it only if it is an iteration line)."""
+        """Sorted starts of lines holding a keyword; `_iteration_lines` gets those holding the
+        iteration line's keyword (the chunk loop sends them straight to `_iteration`)."""
         starts: set = set()
         find, rfind = work.find, work.rfind
         traceback = bool(self._tb)
