@@ -1,7 +1,7 @@
 """Retry rules: retryable classes up to max_attempts, TIMEOUT once, deterministic failures only on request."""
 from __future__ import annotations
 
-from orchestrator.sweep.loop import retry_decision
+from orchestrator.sweep.retry import retry_decision
 
 R = ["NODE_FAIL", "PREEMPTED", "NCCL_TIMEOUT"]
 

@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from datetime import datetime, timezone
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Set
+from typing import List, Optional, Sequence, Set
 
-from db.ledger import AttemptRow, CandidateIn, CandidateRow, Ledger, SweepRow
+from db.ledger import AttemptRow, CandidateRow, Ledger, SweepRow
 from orchestrator.plan.layout import Layout, Prediction
 from orchestrator.plan.planner import Planned
 from orchestrator.policy import make_policy
 from orchestrator.policy.env import PlanEnv
-from orchestrator.policy.types import RoundInput
 from orchestrator.schema import RootConfig
 from orchestrator.sweep import observe
-from orchestrator.sweep.setup import holder_dead, holder_id, promotion_source
+from orchestrator.sweep.decide import next_round
+from orchestrator.sweep.retry import retry_decision
+from orchestrator.sweep.setup import holder_dead, holder_id
 from orchestrator.sweep.view import Snapshot, View
 
 LIVE = ("claimed", "submitted", "running")
@@ -43,25 +44,6 @@ class Outcome:
     rounds: int
     best: Optional[dict]
     spent: observe.Spent
-
-
-def retry_decision(fc: str, history: Sequence[str], *, max_attempts: int, retry_classes: Sequence[str],
-                   asked: Set[str] = frozenset()) -> tuple:
-    """(retry?, why) for an attempt that failed with `fc`; `history` = failure classes of every attempt so far.
-
-    Retryable classes (NODE_FAIL, PREEMPTED, NCCL_TIMEOUT by default) up to max_attempts; TIMEOUT once;
-    deterministic failures (OOM, INVALID_CONFIG) and anything else only when asked (--retry oom).
-    """
-    asked = {c.upper() for c in asked}
-    allowed = {c.upper() for c in retry_classes} | asked
-    if len(history) >= max_attempts:
-        return False, f"{len(history)} attempt(s) = max_attempts"
-    if fc == "TIMEOUT" and "TIMEOUT" not in asked:
-        timeouts = sum(1 for x in history if x == "TIMEOUT")
-        return (True, "TIMEOUT is retried once") if timeouts <= 1 else (False, "TIMEOUT already retried once")
-    if fc in allowed:
-        return True, f"attempt {len(history) + 1} of {max_attempts}"
-    return False, "deterministic" if fc in ("OOM", "INVALID_CONFIG") else "not a retryable class"
 
 
 def planned_from_row(c: CandidateRow) -> Planned:
@@ -295,55 +277,7 @@ class Driver:
 
     # ---- deciding the next round ------------------------------------------------------------------
     def _decide(self) -> Optional[str]:
-        cands = self._cands()
-        if any(c.status in ("planned",) + LIVE for c in cands):
-            return None  # something is still queued (e.g. a retry): keep waiting
-        budget = self.cfg.stage.budget
-        spent = observe.spent(self.ledger, self.name, n_gpus=self.cfg.stage.gpus, iters=self.iters)
-        rnd = max((c.round for c in cands), default=-1) + 1
-        sims = " simulated" if spent.simulated else ""
-        if rnd >= budget.max_rounds:
-            return f"max_rounds {budget.max_rounds} reached"
-        if spent.runs >= budget.max_runs:
-            return f"budget spent: {spent.runs}/{budget.max_runs} runs"
-        if spent.gpu_hours >= budget.max_gpu_hours:
-            return f"budget spent: {spent.gpu_hours:.1f}/{budget.max_gpu_hours:.0f}{sims} GPU-hours"
-        sweeps = observe.same_stage_sweeps(self.ledger, self.sweep)
-        obs = observe.observations(self.ledger, sweeps, self.env)
-        own = [o for o in obs if o.key in {c.key for c in cands}]
-        if self.policy.converged(own):
-            return (f"converged: no gain > {self.cfg.policy.converge_gain:.0%} over the best for "
-                    f"{self.cfg.policy.converge_rounds} rounds")
-        source, source_stage = [], None
-        if rnd == 0 and self.cfg.stage.promotes_from:
-            src = promotion_source(self.ledger, self.cfg)
-            src_sweep, src_cfg = src
-            src_env = PlanEnv(src_cfg.model, src_cfg.hardware, src_cfg.stage, src_cfg.workload.name)
-            source, source_stage = observe.observations(self.ledger, [src_sweep], src_env), src_cfg.stage
-            self.view.event(f"promoting from sweep {src_sweep.name} ({len([s for s in source if s.ok])} measured)")
-        inp = RoundInput(round=rnd, observations=obs, known_keys=observe.known_keys(self.ledger, self.sweep),
-                         slots=budget.max_runs - spent.runs, gpu_hours_left=budget.max_gpu_hours - spent.gpu_hours,
-                         source=source)
-        plan = self.policy.propose(self.env, inp, source_stage=source_stage)
-        if plan.fit is not None and not any(cal.round == rnd for cal in self.ledger.calibrations(self.name)):
-            f = plan.fit
-            self.ledger.record_calibration(self.name, rnd, f.to_dict(), {
-                "step_mape_before": f.mape_before, "step_mape_after": f.mape_after, "step_loo_mape": f.loo_mape,
-                "memory_mape_before": f.memory_mape_before, "memory_mape_after": f.memory_mape_after})
-            self.view.event(f"round {rnd} calibration ({f.method}, {f.n_step} runs): step MAPE "
-                            f"{_pct(f.mape_before)} -> {_pct(f.mape_after)}, memory factor {f.memory_factor:.3f}")
-        if not plan.proposals:
-            return "search exhausted: the policy has nothing new to measure within the budget"
-        self.ledger.add_candidates(self.name, [
-            CandidateIn(key=p.key, layout=p.layout.to_dict(), layer_pattern=p.predicted.get("layer_pattern", ""),
-                        predicted=p.predicted, round=rnd, parent_key=p.parent_key, edge_kind=p.edge_kind)
-            for p in plan.proposals])
-        self.ledger.log_event(self.name, "round", f"round {rnd}: {plan.reason}",
-                              data={"keys": [p.key for p in plan.proposals],
-                                    "reasons": [p.reason for p in plan.proposals]})
-        self.view.event(f"round {rnd}: " + "; ".join(
-            f"{p.layout.short()} [{p.reason}] pred {p.predicted_step_s:.3f}s" for p in plan.proposals))
-        return None
+        return next_round(self.ledger, self.cfg, self.sweep, self.policy, self.env, self.view, iters=self.iters)
 
     # ---- output -----------------------------------------------------------------------------------
     def _show(self) -> None:
@@ -362,6 +296,3 @@ class Driver:
                        best=observe.best_of(self.ledger, self.name),
                        spent=observe.spent(self.ledger, self.name, n_gpus=self.cfg.stage.gpus, iters=self.iters))
 
-
-def _pct(x: Optional[float]) -> str:
-    return "-" if x is None else f"{x:.1%}"
