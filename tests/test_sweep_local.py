@@ -113,7 +113,8 @@ def test_external_workload_script_is_honoured(tmp_path):
         measured = led.measured(sweep="ext")
         assert measured
         for m in measured:
-            out = "".join(Path(p).read_text() for p in Path(led.attempts(m.candidate_id)[-1].job_dir).glob("rank-*.out"))
+            job = Path(led.attempts(m.candidate_id)[-1].job_dir)
+            out = "".join(p.read_text() for p in job.glob("rank-*.out"))
             assert "synthetic surface workload" in out  # the external script ran, not the twin
 
 
@@ -176,3 +177,13 @@ def test_sweep_on_each_ledger_engine(ledger_url, tmp_path):
     with Ledger.open(ledger_url) as led:
         assert_accounted(led, "engines")
         assert len(led.measured(sweep="engines")) == 2
+
+
+def test_cluster_auto_falls_back_to_local_and_says_why(tmp_path):
+    empty = tmp_path / "nobin"
+    empty.mkdir()
+    args = [a if a != "cluster=local" else "cluster=auto"
+            for a in sweep_args(tmp_path, "auto", "policy.round0_size=1", "stage.budget.max_rounds=1")]
+    proc = cli("sweep", *args, "--plain", timeout=300, env={"PATH": str(empty)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "cluster: local (no sbatch on PATH; using the local executor)" in proc.stdout

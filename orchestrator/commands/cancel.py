@@ -34,5 +34,6 @@ def run(args, overrides) -> int:
         ledger.log_event(args.name, "cancelled", f"cancelled {len(ids)} live job(s): {', '.join(ids) or 'none'}",
                          data={"job_ids": ids})
         ledger.set_sweep_status(args.name, "cancelled")
-    View(live=False).event(f"sweep {args.name}: cancelled {len(ids)} live job(s)" + (f": {', '.join(ids)}" if ids else ""))
+    listed = f": {', '.join(ids)}" if ids else ""
+    View(live=False).event(f"sweep {args.name}: cancelled {len(ids)} live job(s){listed}")
     return 0

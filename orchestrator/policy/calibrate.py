@@ -21,7 +21,7 @@ import numpy as np
 from orchestrator.policy.types import Observation
 
 REG = 0.01  # pull toward 1 per component, in units of squared relative error
-MIN_ROWS_COMPONENTS = 3
+MIN_ROWS_COMPONENTS = 4  # fewer rows: a single ratio (LOO on 3 points cannot tell the two apart)
 MEMORY_CLAMP = (0.1, 100.0)  # sanity bounds only: the data decides
 
 
@@ -156,7 +156,8 @@ def calibrate(rows: Sequence[Observation], *, hbm_gb: float, margin_gb: float) -
     fit.memory_factor = memory_factor(rows, hbm_gb=hbm_gb, margin_gb=margin_gb)
     mem_rows = [r for r in rows if r.peak_gb and r.raw_memory_gb > 0]
     fit.memory_mape_before = _mape([r.raw_memory_gb for r in mem_rows], [r.peak_gb for r in mem_rows])
-    fit.memory_mape_after = _mape([r.raw_memory_gb * fit.memory_factor for r in mem_rows], [r.peak_gb for r in mem_rows])
+    fit.memory_mape_after = _mape([r.raw_memory_gb * fit.memory_factor for r in mem_rows],
+                                  [r.peak_gb for r in mem_rows])
     if not ok:
         return fit
     fit.mape_before = _mape([r.raw_step_s for r in ok], [r.step_s for r in ok])

@@ -113,7 +113,8 @@ class CalibratedNeighbours(Policy):
         seen = list(inp.observations) + list(inp.source)
         cands = [c for c in env.plan(factors, mem) if c.key not in inp.known_keys
                  and not oom_dominated(c.layout, seen)]
-        mk = lambda c, reason, **kw: env.proposal(c, reason=reason, factors=factors, memory_factor=mem, **kw)  # noqa: E731
+        def mk(c, reason, **kw) -> Proposal:
+            return env.proposal(c, reason=reason, factors=factors, memory_factor=mem, **kw)
         props: List[Proposal] = []
         best = best_measured(inp.observations)
         if inp.round == 0 and inp.source and source_stage is not None:

@@ -83,7 +83,8 @@ class Driver:
             self.ledger.log_event(self.name, "driver", f"{self.holder} drives the sweep on {self.launcher.kind}")
             reason = self._drive()
             self.ledger.log_event(self.name, "stop", reason)
-            final = "interrupted" if reason.startswith("wall") else "cancelled" if reason.startswith("cancel") else "done"
+            final = ("interrupted" if reason.startswith("wall") else
+                     "cancelled" if reason.startswith("cancel") else "done")
             self.ledger.set_sweep_status(self.name, final)
             return self._outcome(reason)
         finally:

@@ -5,7 +5,8 @@ Follows the workload contract: it is started as `<command> <Megatron flags>` wit
 (RANK, WORLD_SIZE) and ORCH_JOB_SPEC; it prints Megatron's iteration and memory lines (rank WORLD_SIZE-1
 prints the iteration lines), or torch's CUDA OOM text and exit 1. Its surface deliberately disagrees with
 the planner's analytic model (all-to-all far costlier across nodes, recompute cheaper, a CP penalty, a
-sweet spot at EP 8, an exposed gradient sync that punishes PP 1), so the planner's ranking is wrong and only measurements reveal the best layout.
+sweet spot at EP 8, an exposed gradient sync that punishes PP 1), so the planner's ranking is wrong
+and only measurements reveal the best layout.
 Every line is marked SIMULATED: these are synthetic numbers.
 
 `step_time(...)` is importable so policy tests can query the same surface in-process.
@@ -74,7 +75,9 @@ def main(argv=None) -> int:
     if spec_path and os.path.exists(spec_path):  # VPP is written in the layer pattern; the spec says it plainly
         vpp = int(json.load(open(spec_path)).get("layout", {}).get("vpp", 1))
     recompute = "full" if a.recompute_granularity == "full" else ("+".join(a.recompute_modules) or "none")
-    disp = a.moe_token_dispatcher_type + (f":{a.moe_flex_dispatcher_backend}" if a.moe_token_dispatcher_type == "flex" else "")
+    disp = a.moe_token_dispatcher_type
+    if disp == "flex":
+        disp += f":{a.moe_flex_dispatcher_backend}"
     print("[SIMULATED] synthetic surface workload (tests/workloads/surface.py)", flush=True)
     mem = memory_gb(pp=a.pipeline_model_parallel_size, ep=a.expert_model_parallel_size, mbs=a.micro_batch_size,
                     cp=a.context_parallel_size, recompute=recompute, seq=a.seq_length)
