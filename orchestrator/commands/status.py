@@ -47,6 +47,8 @@ def gather(ledger, name: str) -> dict:
 
 
 def run(args, overrides) -> int:
+    if args.name and "=" in args.name:  # `status ledger.url=...`: an override, not a sweep name
+        overrides, args.name = [args.name] + list(overrides), None
     cfg = compose(overrides).cfg
     with open_ledger(cfg) as ledger:
         if not args.name:

@@ -54,7 +54,7 @@ def observations(ledger: Ledger, sweeps: List[SweepRow], env: PlanEnv) -> List[O
                 if c.status not in ("failed", "cancelled"):
                     continue  # not measured yet: nothing to learn
                 atts = ledger.attempts(c.id)
-                fc = (atts[-1].failure_class if atts else None) or c.reason or "FAILED"
+                fc = (atts[-1].failure_class or atts[-1].state) if atts else "FAILED"
             peak = None
             if met:
                 peak = met.get("peak_reserved_gb") or met.get("peak_allocated_gb")
