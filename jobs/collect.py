@@ -146,7 +146,8 @@ def checkpoint_metrics(folder: JobFolder, spec: JobSpec, result: JobResult) -> N
     if spec.role == "long-run-restore":
         if LOAD_TIMER not in timers:
             result.ok = False
-            why = _missing_checkpoint_line(folder) or "no load-checkpoint timer in the log"
+            why = (_missing_checkpoint_line(folder) or result.failure_detail
+                   or "no load-checkpoint timer in the log")
             result.failure_class = result.failure_class or "CRASH"
             result.failure_detail = f"restore job loaded no checkpoint: {why}"
             return
