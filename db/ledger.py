@@ -511,6 +511,22 @@ class Ledger:
             r = s.scalars(select(m.Result).where(m.Result.attempt_id == attempt_id)).one_or_none()
             return None if r is None else {k: getattr(r, k) for k in RESULT_METRICS}
 
+    def update_result_metrics(self, attempt_id: int, **metrics: Any) -> dict:
+        """Set result columns of one attempt's stored result (a later measurement about the same run, e.g.
+        a finalist's long-run window: ckpt_save_s, q_effective ...). Unknown names and a missing result row
+        are LedgerErrors. Returns the row's metrics after the update."""
+        unknown = set(metrics) - set(RESULT_METRICS) or set(metrics) & {"simulated", "timers_ms", "versions"}
+        if unknown:
+            raise LedgerError(f"update_result_metrics: not updatable {sorted(unknown)}")
+        with self._write() as s:
+            r = s.scalars(select(m.Result).where(m.Result.attempt_id == attempt_id).with_for_update()).one_or_none()
+            if r is None:
+                raise LedgerError(f"attempt {attempt_id} has no stored result to update")
+            for k, v in metrics.items():
+                setattr(r, k, _clean(v))
+            s.flush()
+            return {k: getattr(r, k) for k in RESULT_METRICS}
+
     def step_samples(self, attempt_id: int) -> List[tuple]:
         """(iteration, step_time_s, lm_loss, grad_norm) of the measured window, in order."""
         with self.read() as s:

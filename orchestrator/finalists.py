@@ -1,0 +1,226 @@
+"""Finalists: the correctness gate (parity vs a reference layout) and the long-run window (Q_effective).
+
+Why separate from the sweep loop: both run extra jobs for a few measured candidates, outside the
+search budget's rounds, and record their verdicts in the ledger; the loop decides WHEN (see
+DESIGN/README), this module only knows HOW. Jobs go through the same launcher, job folders and
+`collect` as any attempt, but are not ledger attempts: they must not become a candidate's latest
+result. Their job ids and folders are logged as events as soon as they are submitted.
+
+- run_parity: candidate and reference (the candidate's layout with `parity.reference` overrides, CP1 by
+  default) run `parity.steps` iterations from the same seed; lm loss and grad norm must agree within
+  the explicit tolerance. A failing candidate is `excluded` (db.queries.best skips failing parity).
+- run_long_run: save at X then exit, restore and train on (runspec.long_run_specs); the measured save /
+  restore seconds and post-restart tokens/s give Q_effective, stored on the candidate's result row.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from db.ledger import CandidateRow, Ledger, ParityRow
+from jobs import parity as parity_mod
+from jobs.collect import collect
+from jobs.effective import effective_throughput
+from jobs.entry import run_task
+from jobs.result import JobResult
+from jobs.spec import JobSpec
+from orchestrator import runspec
+from orchestrator.launch import LaunchTask
+from orchestrator.plan import planner
+from orchestrator.plan.layout import Layout
+from orchestrator.schema import RootConfig
+
+RETRY_ONCE = True  # a parity / long-run job lost to a retryable failure (NODE_FAIL ...) is resubmitted once
+
+
+# ------------------------------------------------------------------------------------------- jobs
+def run_jobs(cfg: RootConfig, ledger: Ledger, launcher, sweep: str, specs: Sequence[JobSpec], *,
+             kind: str, candidate_id: Optional[int] = None) -> List[JobResult]:
+    """Submit every spec at once, poll until all are terminal, collect each folder (in order).
+    A retryable failure is resubmitted once."""
+    results: List[Optional[JobResult]] = [None] * len(specs)
+    todo = list(range(len(specs)))
+    for round_no in range(2 if RETRY_ONCE else 1):
+        if not todo:
+            break
+        tasks = []
+        for i in todo:
+            spec = specs[i]
+            spec.save(Path(spec.job_dir) / "job.json")
+            tasks.append(LaunchTask(fn=run_task, args=(spec,), n_gpus=spec.n_gpus, gpus_per_node=spec.gpus_per_node,
+                                    name=f"{sweep}:{kind}:{spec.candidate_key[:8]}", folder=spec.job_dir,
+                                    time_min=runspec.time_limit_min(spec, cfg.cluster)))
+        subs = launcher.submit(tasks)
+        ids = {i: str(s.job_id) for i, s in zip(todo, subs)}
+        ledger.log_event(sweep, f"{kind}-submitted", f"{kind}: {len(subs)} job(s) " + ", ".join(ids.values()),
+                         candidate_id=candidate_id,
+                         data={"jobs": [{"job_id": ids[i], "job_dir": specs[i].job_dir, "role": specs[i].role}
+                                        for i in todo]})
+        states = _wait(launcher, list(ids.values()), float(cfg.cluster.poll_interval_s))
+        retry = []
+        for i in todo:
+            st = states[ids[i]]
+            res = collect(specs[i].job_dir, slurm_state=st.state, exit_code=st.exit_code, job_id=ids[i])
+            results[i] = res
+            if not res.ok and res.retryable and round_no == 0:
+                retry.append(i)
+        todo = retry
+    return [r for r in results if r is not None]
+
+
+def _wait(launcher, job_ids: List[str], poll_s: float) -> Dict[str, object]:
+    """Poll (one call for all) until every job is terminal."""
+    while True:
+        states = launcher.poll(job_ids)
+        if all(states[j].terminal for j in job_ids):
+            return states
+        time.sleep(poll_s)
+
+
+def _planned(cfg: RootConfig, layout: Layout, key: Optional[str] = None):
+    """The planner's verdict on `layout` in this stage: (Planned, "") or (None, why not)."""
+    out = planner.evaluate(cfg.model, cfg.hardware, cfg.stage, layout, workload=cfg.workload.name)
+    if not isinstance(out, planner.Planned):
+        return None, "breaks " + ", ".join(out.rule_ids)
+    if not out.prediction.feasible:
+        return None, f"predicted {out.prediction.memory_gb:.1f} GB does not fit {cfg.hardware.hbm_gb:g} GB"
+    return (planner.Planned(out.layout, out.prediction, key=key) if key else out), ""
+
+
+def _folder(cfg: RootConfig, sweep: str, key: str, name: str) -> Path:
+    """`<cluster.folder>/<sweep>/<key>/<name>/` beside the candidate's attempt folders."""
+    return runspec.job_dir(cfg, sweep, key, 0).parent / name
+
+
+# ----------------------------------------------------------------------------------------- parity
+def reference_layout(cfg: RootConfig, layout: Layout) -> Layout:
+    """The candidate's layout with `parity.reference` knobs overridden (CP1 by default)."""
+    return Layout.from_dict({**layout.to_dict(), **dict(cfg.parity.reference)})
+
+
+def run_parity(cfg: RootConfig, ledger: Ledger, launcher, sweep: str,
+               candidates: Sequence[CandidateRow]) -> List[ParityRow]:
+    """The correctness gate for `candidates`: one parity row each (in order). Candidates and their
+    references run together (one reference per distinct reference layout); a failing candidate is set to
+    `excluded` with the reason."""
+    p = cfg.parity
+    rows: Dict[int, ParityRow] = {}
+    cand_specs: Dict[int, JobSpec] = {}
+    ref_specs: Dict[str, JobSpec] = {}
+    ref_of: Dict[int, str] = {}
+    for c in candidates:
+        lay = Layout.from_dict(c.layout)
+        ref = reference_layout(cfg, lay)
+        if ref == lay:
+            rows[c.id] = ledger.record_parity(c.id, reference_key=c.key, steps=0, max_loss_diff=0.0,
+                                              max_grad_norm_diff=0.0, tolerance=p.loss_rtol, passed=True,
+                                              detail=f"{lay.short()} is the reference layout itself")
+            continue
+        mine, why = _planned(cfg, lay, key=c.key)
+        ref_planned, ref_why = _planned(cfg, ref)
+        if mine is None or ref_planned is None:
+            detail = (f"candidate {lay.short()} {why}" if mine is None
+                      else f"reference {ref.short()} {ref_why}: no reference to compare with")
+            rows[c.id] = _verdict(ledger, sweep, c, ref_planned.key if ref_planned else "", None, detail, p.loss_rtol)
+            continue
+        n = len(ledger.parity(c.id)) + 1
+        cand_specs[c.id] = runspec.parity_spec(cfg, mine, sweep=sweep, attempt=n,
+                                               job_dir=_folder(cfg, sweep, c.key, f"parity-{n}"))
+        ref_of[c.id] = ref_planned.key
+        if ref_planned.key not in ref_specs:
+            ref_specs[ref_planned.key] = runspec.parity_spec(
+                cfg, ref_planned, sweep=sweep, attempt=n,
+                job_dir=_folder(cfg, sweep, ref_planned.key, f"parity-reference-{c.key[:10]}-{n}"))
+    specs = list(cand_specs.values()) + list(ref_specs.values())
+    if specs:
+        results = run_jobs(cfg, ledger, launcher, sweep, specs, kind="parity")
+        by_dir = {s.job_dir: r for s, r in zip(specs, results)}
+        for cid, spec in cand_specs.items():
+            c = next(x for x in candidates if x.id == cid)
+            ref_spec = ref_specs[ref_of[cid]]
+            rows[cid] = _compare(ledger, sweep, c, ref_of[cid], by_dir[spec.job_dir], by_dir[ref_spec.job_dir], cfg)
+    return [rows[c.id] for c in candidates]
+
+
+def _compare(ledger: Ledger, sweep: str, c: CandidateRow, ref_key: str, mine: JobResult, ref: JobResult,
+             cfg: RootConfig) -> ParityRow:
+    p = cfg.parity
+    for who, r in (("candidate", mine), ("reference", ref)):
+        if not r.ok:
+            return _verdict(ledger, sweep, c, ref_key, None,
+                            f"{who} run failed: {r.failure_class or '?'} {r.failure_detail}".strip(), p.loss_rtol)
+    verdict = parity_mod.compare(mine.lm_loss, ref.lm_loss, mine.grad_norm, ref.grad_norm, steps=p.steps,
+                                 loss_rtol=p.loss_rtol, grad_norm_rtol=p.grad_norm_rtol)
+    return _verdict(ledger, sweep, c, ref_key, verdict, verdict.detail, p.loss_rtol)
+
+
+def _verdict(ledger: Ledger, sweep: str, c: CandidateRow, ref_key: str, verdict: Optional[parity_mod.Parity],
+             detail: str, tolerance: float) -> ParityRow:
+    """Record the parity row (no verdict = failed: no promotion without evidence) and exclude on failure."""
+    passed = bool(verdict and verdict.passed)
+    row = ledger.record_parity(c.id, reference_key=ref_key, steps=verdict.steps if verdict else 0,
+                               max_loss_diff=verdict.max_loss_diff if verdict else None,
+                               max_grad_norm_diff=verdict.max_grad_norm_diff if verdict else None,
+                               tolerance=tolerance, passed=passed, detail=detail)
+    lay = Layout.from_dict(c.layout).short()
+    ledger.log_event(sweep, "parity", f"{lay}: {'passed' if passed else 'FAILED'}: {detail}", candidate_id=c.id,
+                     data={"reference_key": ref_key, "passed": passed, "max_loss_diff": row.max_loss_diff,
+                           "max_grad_norm_diff": row.max_grad_norm_diff})
+    if not passed:
+        ledger.set_candidate_status(c.id, "excluded", f"parity failed: {detail}")
+    return row
+
+
+# --------------------------------------------------------------------------------------- long run
+def run_long_run(cfg: RootConfig, ledger: Ledger, launcher, sweep: str, candidate: CandidateRow) -> dict:
+    """Save at X, restart, restore, train on; store the measured figures on the candidate's latest result.
+
+    Q_effective = steady tokens/s (the candidate's measured result) x effective fraction, with the save
+    and restore seconds this window measured. Returns what was stored plus `ok` / `reason`."""
+    c = candidate
+    lay = Layout.from_dict(c.layout)
+    measured = next((m for m in ledger.measured(sweep=sweep) if m.candidate_id == c.id), None)
+    if measured is None:
+        return _long_run_done(ledger, sweep, c, {"ok": False, "reason": "no measured result to attach the window to"})
+    planned, why = _planned(cfg, lay, key=c.key)
+    if planned is None:
+        return _long_run_done(ledger, sweep, c, {"ok": False, "reason": f"{lay.short()} {why}"})
+    n = sum(1 for e in ledger.events(sweep, kind="long-run", candidate_id=c.id)) + 1
+    folder = _folder(cfg, sweep, c.key, f"long-run-{n}")
+    save_spec, restore_spec = runspec.long_run_specs(cfg, planned, sweep=sweep, attempt=n, ckpt_dir=folder / "ckpt",
+                                                     folder=folder)
+    (save,) = run_jobs(cfg, ledger, launcher, sweep, [save_spec], kind="long-run", candidate_id=c.id)
+    if not save.ok or save.ckpt_save_s is None:
+        return _long_run_done(ledger, sweep, c, {"ok": False, "reason": f"save job failed: {save.failure_class} "
+                                                 f"{save.failure_detail}".strip(), "folder": str(folder)})
+    (restore,) = run_jobs(cfg, ledger, launcher, sweep, [restore_spec], kind="long-run", candidate_id=c.id)
+    if not restore.ok:
+        return _long_run_done(ledger, sweep, c, {"ok": False, "reason": f"restore job failed: {restore.failure_class} "
+                                                 f"{restore.failure_detail}".strip(), "folder": str(folder)})
+    steady = measured.metrics.get("tokens_per_s") or save.tokens_per_s
+    eff = cfg.effective
+    e = effective_throughput(steady, n_gpus=cfg.stage.gpus, save_s=save.ckpt_save_s, restore_s=restore.ckpt_restore_s,
+                             checkpoint_interval_s=eff.checkpoint_interval_s,
+                             interruption_rate_per_gpu_hour=eff.interruption_rate_per_gpu_hour,
+                             restart_overhead_s=eff.restart_overhead_s)
+    values = {"ckpt_save_s": save.ckpt_save_s, "ckpt_restore_s": restore.ckpt_restore_s,
+              "tokens_per_s_after_restart": restore.tokens_per_s_after_restart,
+              "effective_fraction": e.effective_fraction, "q_effective": e.q_effective}
+    ledger.update_result_metrics(measured.attempt_id, **values)
+    return _long_run_done(ledger, sweep, c, {"ok": True, "reason": "", "attempt_id": measured.attempt_id,
+                                              "tokens_per_s": steady, **values, "folder": str(folder),
+                                              "interruptions_per_day": e.interruptions_per_day})
+
+
+def _long_run_done(ledger: Ledger, sweep: str, c: CandidateRow, info: dict) -> dict:
+    lay = Layout.from_dict(c.layout).short()
+    if info["ok"]:
+        msg = (f"{lay}: save {info['ckpt_save_s']:.2f}s, restore {info['ckpt_restore_s']:.2f}s, "
+               f"{info['tokens_per_s_after_restart'] or 0:,.0f} tok/s after restart, "
+               f"Q_effective {info['q_effective']:,.0f} tok/s ({info['effective_fraction']:.1%})")
+    else:
+        msg = f"{lay}: no long-run figures: {info['reason']}"
+    ledger.log_event(sweep, "long-run", msg, candidate_id=c.id, data=info)
+    return info
