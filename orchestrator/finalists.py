@@ -14,10 +14,9 @@ result. Their job ids and folders are logged as events as soon as they are submi
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 from db.ledger import CandidateRow, Ledger, ParityRow
 from jobs import parity as parity_mod
