@@ -223,3 +223,34 @@ def _long_run_done(ledger: Ledger, sweep: str, c: CandidateRow, info: dict) -> d
         msg = f"{lay}: no long-run figures: {info['reason']}"
     ledger.log_event(sweep, "long-run", msg, candidate_id=c.id, data=info)
     return info
+
+
+# --------------------------------------------------------------------------------------- together
+def pick(ledger: Ledger, sweep: str, k: int) -> List[CandidateRow]:
+    """The k fastest measured candidates (non-partial step p50, never excluded): the finalists."""
+    rows = [m for m in ledger.measured(sweep=sweep)
+            if m.status != "excluded" and not m.partial and m.metrics.get("step_p50_s") is not None]
+    rows.sort(key=lambda m: (m.metrics["step_p50_s"], m.metrics.get("step_p99_s") or 0.0, m.candidate_id))
+    by_id = {c.id: c for c in ledger.candidates(sweep)}
+    return [by_id[m.candidate_id] for m in rows[:max(0, k)]]
+
+
+def run_finalists(cfg: RootConfig, ledger: Ledger, launcher, sweep: str, k: Optional[int] = None) -> dict:
+    """What the sweep loop calls once its search has stopped: the top k (policy.promote_top_k) measured
+    candidates go through the correctness gate (parity.enabled), and those that pass through the long-run
+    window (effective.long_run). Idempotent: a candidate with a parity row, or a result that already has
+    ckpt_save_s, is not run again (a resumed sweep does not repeat them)."""
+    k = cfg.policy.promote_top_k if k is None else k
+    chosen = pick(ledger, sweep, k)
+    out: dict = {"finalists": [c.key for c in chosen], "parity": {}, "long_run": {}}
+    if cfg.parity.enabled:
+        fresh = [c for c in chosen if not ledger.parity(c.id)]
+        for row in run_parity(cfg, ledger, launcher, sweep, fresh):
+            out["parity"][row.candidate_id] = row.passed
+        chosen = [c for c in chosen if all(p.passed for p in ledger.parity(c.id))]
+    if cfg.effective.long_run:
+        measured = {m.candidate_id: m for m in ledger.measured(sweep=sweep)}
+        for c in chosen:
+            if measured[c.id].metrics.get("ckpt_save_s") is None:
+                out["long_run"][c.id] = run_long_run(cfg, ledger, launcher, sweep, c)
+    return out

@@ -129,3 +129,22 @@ def test_update_result_metrics(ledger_url):
         failed = led.new_attempt(c.id, job_dir="/tmp/a2", simulated=True)
         with pytest.raises(LedgerError, match="no stored result"):
             led.update_result_metrics(failed.id, q_effective=1.0)
+
+
+def test_run_finalists_gates_then_runs_long_windows_once(tmp_path):
+    cfg = _cfg(tmp_path)
+    cfg = dataclasses.replace(cfg, effective=dataclasses.replace(cfg.effective, long_run=True),
+                              policy=dataclasses.replace(cfg.policy, promote_top_k=3))
+    launcher, _ = make_launcher(cfg.cluster)
+    with Ledger.open(cfg.ledger.url) as led:
+        cands, _ = _sweep(led, cfg, LAYOUTS)
+        _measure(cfg, led, launcher, cands)
+        by_cp = {c.layout["cp"]: c for c in cands}
+        out = finalists.run_finalists(cfg, led, launcher, SWEEP)
+        assert set(out["finalists"]) == {c.key for c in cands}
+        assert out["parity"] == {by_cp[1].id: True, by_cp[2].id: True, by_cp[4].id: False}
+        assert set(out["long_run"]) == {by_cp[1].id, by_cp[2].id}  # the excluded candidate gets no window
+        assert all(v["ok"] for v in out["long_run"].values())
+        again = finalists.run_finalists(cfg, led, launcher, SWEEP)  # resumed: nothing runs twice
+        assert again["parity"] == {} and again["long_run"] == {}
+        assert by_cp[4].key not in again["finalists"]
