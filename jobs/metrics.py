@@ -14,7 +14,9 @@ Why these definitions:
   the window. Recompute FLOPs are reported on their own, never inside MFU.
 - Memory: Megatron prints `[Rank r] ... memory (MB)` only on DP-rank-0 GPUs; sidecars (one per
   rank, written by the router/memory hook) see every GPU, so a sidecar's peak overrides the log's
-  for that rank and adds ranks the log never mentions. "GB" here is GiB (Megatron's MB is MiB).
+  for that rank and adds ranks the log never mentions. Megatron's "MB" is MiB (2**20 bytes); the
+  result's "GB" is decimal (1e9 bytes), the unit of the guide and of the planner's memory model, so
+  predicted and measured memory compare directly.
 
 Sidecar JSON schema (`sidecar-rank-<r>.json`, one object per rank; every key but "rank" optional):
     {"rank": int, "simulated": bool, "pp_stage": int,
@@ -47,7 +49,7 @@ from jobs.parse import IterationRecord, ParsedLog, TimerBlock
 from jobs.result import JobResult, RankMemory
 
 PpOfRank = Union[Callable[[int], Optional[int]], Mapping[int, int], None]
-MIB_PER_GIB = 1024.0
+GB_PER_MIB = 2**20 / 1e9  # Megatron's MB (MiB) -> decimal GB
 
 
 @dataclass(frozen=True)
@@ -270,8 +272,8 @@ def compute(logs: Sequence[ParsedLog], sidecars: Sequence[Mapping] = (), *, warm
     top = heaviest(res.rank_memory)
     if top is not None:
         res.heaviest_rank, res.heaviest_pp_stage = top.rank, top.pp_stage
-        res.peak_allocated_gb = top.allocated_mb / MIB_PER_GIB if top.allocated_mb else None
-        res.peak_reserved_gb = top.reserved_mb / MIB_PER_GIB if top.reserved_mb else None
+        res.peak_allocated_gb = top.allocated_mb * GB_PER_MIB if top.allocated_mb else None
+        res.peak_reserved_gb = top.reserved_mb * GB_PER_MIB if top.reserved_mb else None
 
     lo, hi = warmup_iters, warmup_iters + measure_iters
     blocks = [b for log in logs for b in log.timers if _in_window(b.after_iteration, lo, hi)]

@@ -112,7 +112,8 @@ def test_heaviest_rank_from_memory_lines_and_sidecars():
     res = compute([log], sidecars, warmup_iters=0, measure_iters=2, seq_length=8, n_gpus=8,
                   pp_of_rank=pp.get)
     assert (res.heaviest_rank, res.heaviest_pp_stage) == (5, 2)
-    assert res.peak_allocated_gb == pytest.approx(60.0) and res.peak_reserved_gb == pytest.approx(64.0)
+    # Megatron's MB are MiB; results are decimal GB like the planner's predictions
+    assert res.peak_allocated_gb == pytest.approx(61440 * 2**20 / 1e9) and res.peak_reserved_gb == pytest.approx(65536 * 2**20 / 1e9)
     by_rank = {r.rank: r for r in res.rank_memory}
     assert by_rank[2].allocated_mb == 50000.0 and by_rank[2].pp_stage == 7 and by_rank[2].source == "sidecar"
 
@@ -173,7 +174,7 @@ def test_sidecars_from_disk_and_simulated_flag(tmp_path):
                   sidecar_paths=paths)
     assert res.simulated and res.force_balanced_routing and res.sidecar_paths == paths
     assert res.lm_loss == [9.0, 8.5]  # no lm loss on the log line: the sidecar's own record
-    assert res.peak_allocated_gb == pytest.approx(1.0)
+    assert res.peak_allocated_gb == pytest.approx(1.073741824)  # 1024 MiB = 1.07 decimal GB
     assert compute([parse_file(LOGS / "simulated.log")], warmup_iters=0, measure_iters=1,
                    seq_length=8, n_gpus=1).simulated
 

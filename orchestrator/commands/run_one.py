@@ -14,7 +14,6 @@ from orchestrator.config import compose, stage_or_error
 from orchestrator.errors import UserError
 
 NAME = "run-one"
-GIB = 2 ** 30
 HELP = "Launch one planned candidate (by index), wait for it, and print its measured result."
 
 
@@ -94,8 +93,7 @@ def _launch_and_wait(cfg, spec, time_min: int):
 def summarize(index: int, planned, spec, result, *, job_id=None, cluster=None) -> dict:
     """The fields a user checks first, plus the full JobResult under "result"."""
     pred = planned.prediction
-    peak_gib = result.peak_reserved_gb if result.peak_reserved_gb is not None else result.peak_allocated_gb
-    peak = peak_gib * GIB / 1e9 if peak_gib is not None else None  # same unit as the prediction (1e9 B)
+    peak = result.peak_reserved_gb if result.peak_reserved_gb is not None else result.peak_allocated_gb
     return {
         "simulated": bool(result.simulated),
         "ok": bool(result.ok),
@@ -123,7 +121,6 @@ def summarize(index: int, planned, spec, result, *, job_id=None, cluster=None) -
         "heaviest_rank": result.heaviest_rank,
         "heaviest_pp_stage": result.heaviest_pp_stage,
         "peak_memory_gb": peak,  # decimal GB, comparable to predicted_memory_gb
-        "peak_memory_gib": peak_gib,  # as JobResult stores it (Megatron's MB are MiB)
         "token_drop_fraction": result.token_drop_fraction,
         "hot_expert_ratio": result.hot_expert_ratio,
         "result": result.to_dict(),

@@ -26,6 +26,11 @@ def _label(r: dict) -> str:
     return f"#{r['candidate_id']} PP{r['pp']} VPP{r['vpp']} CP{r['cp']} EP{r['ep']} b{r['mbs']}"
 
 
+def _peak(r: dict) -> Optional[float]:
+    """Heaviest-rank peak: reserved (what the allocator holds and what OOMs) else allocated, decimal GB."""
+    return r.get("peak_reserved_gb") or r.get("peak_allocated_gb")
+
+
 def _pct(values: List[float], q: float) -> float:
     s = sorted(values)
     pos = (len(s) - 1) * q
@@ -55,23 +60,22 @@ def step_cdf(d: ReportData) -> Optional[bytes]:
 
 def pareto(d: ReportData) -> Optional[bytes]:
     """tokens/s/GPU against heaviest-rank memory; the Pareto front (more throughput, less memory) highlighted."""
-    pts = [r for r in d.measured if r.get("tokens_per_s_per_gpu") and r.get("peak_allocated_gb")
-           and r.get("parity") is not False]  # a layout that failed parity is out of the race
+    pts = [r for r in d.measured if r.get("tokens_per_s_per_gpu") and _peak(r) and r.get("parity") is not False]  # a layout that failed parity is out of the race
     if not pts:
         return None
     front, best_tps = [], -1.0
-    for r in sorted(pts, key=lambda r: (r["peak_allocated_gb"], -r["tokens_per_s_per_gpu"])):
+    for r in sorted(pts, key=lambda r: (_peak(r), -r["tokens_per_s_per_gpu"])):
         if r["tokens_per_s_per_gpu"] > best_tps:
             front.append(r)
             best_tps = r["tokens_per_s_per_gpu"]
     fig, ax = plt.subplots(figsize=(7.5, 4))
-    ax.scatter([r["peak_allocated_gb"] for r in pts], [r["tokens_per_s_per_gpu"] for r in pts], c="#9aa5b1",
+    ax.scatter([_peak(r) for r in pts], [r["tokens_per_s_per_gpu"] for r in pts], c="#9aa5b1",
                label="measured")
-    ax.plot([r["peak_allocated_gb"] for r in front], [r["tokens_per_s_per_gpu"] for r in front], "-o", c="#d1495b",
+    ax.plot([_peak(r) for r in front], [r["tokens_per_s_per_gpu"] for r in front], "-o", c="#d1495b",
             label="Pareto front")
     for r in front:
-        ax.annotate(f"#{r['candidate_id']}", (r["peak_allocated_gb"], r["tokens_per_s_per_gpu"]), fontsize=7)
-    ax.set_xlabel("heaviest rank peak allocated (GB)")
+        ax.annotate(f"#{r['candidate_id']}", (_peak(r), r["tokens_per_s_per_gpu"]), fontsize=7)
+    ax.set_xlabel("heaviest-rank peak memory, reserved (GB)")
     ax.set_ylabel("tokens/s/GPU")
     ax.set_title("Throughput vs memory")
     ax.legend(fontsize=8)
@@ -91,8 +95,8 @@ def calibration(d: ReportData) -> Optional[bytes]:
         rr = [r for r in pts if r["round"] == rnd]
         a1.scatter([r["pred_step_time_s"] for r in rr], [r["step_p50_s"] for r in rr], color=cmap(i),
                    label=f"round {rnd}")
-        mm = [r for r in rr if r.get("pred_memory_gb") and r.get("peak_allocated_gb")]
-        a2.scatter([r["pred_memory_gb"] for r in mm], [r["peak_allocated_gb"] for r in mm], color=cmap(i),
+        mm = [r for r in rr if r.get("pred_memory_gb") and _peak(r)]
+        a2.scatter([r["pred_memory_gb"] for r in mm], [_peak(r) for r in mm], color=cmap(i),
                    label=f"round {rnd}")
     for ax, what in ((a1, "step time (s)"), (a2, "heaviest-rank memory (GB)")):
         lim = [min(ax.get_xlim()[0], ax.get_ylim()[0]), max(ax.get_xlim()[1], ax.get_ylim()[1])]
