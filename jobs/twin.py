@@ -658,9 +658,8 @@ def save_checkpoint(job: TwinJob, pred: Prediction, ck: Checkpointing, it: int) 
                   "consumed_samples": it * job.stage.global_batch, "save_ms": [lo, hi]}
         _atomic_write(folder / CKPT_MARKER, json.dumps(marker))
         _atomic_write(save / TRACKER, str(it))
-        pp = job.layout.pp
         out(f"  [{stamp()}] successfully saved checkpoint from iteration {it:7d} to {save} "
-            f"[ t {job.layout.tp}/{job.layout.tp}, gtp_remat 1/1, p {pp}/{pp} ]")
+            f"[ t 1/{job.layout.tp}, gtp_remat 1/1, p 1/{job.layout.pp} ]")  # rank 0's own coordinates
     if job.rank == job.world - 1:
         err(timers_block([("save-checkpoint", lo, hi)]))
 
