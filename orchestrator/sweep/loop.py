@@ -179,19 +179,15 @@ class Driver:
                                     name=f"{self.name}:{c.key[:8]}:{attempt}", folder=str(folder),
                                     time_min=time_limit_min(spec, self.cfg.cluster)))
             dirs.append(folder)
-        # Slurm: the round is one array (one sbatch). Local: submit() starts processes and waits for a free
-        # slot, so each job goes alone and is recorded before the next starts (kill -9 loses no job id).
-        batches = [list(range(len(tasks)))] if self.launcher.kind != "local" else [[i] for i in range(len(tasks))]
-        subs = []
-        for batch in batches:
-            self._heartbeat()
-            got = self.launcher.submit([tasks[i] for i in batch])
-            for i, sub in zip(batch, got):  # job ids into the ledger before any waiting
-                c = claimed[i]
-                self.ledger.new_attempt(c.id, job_id=str(sub.job_id), array_index=sub.array_index,
-                                        job_dir=str(dirs[i]), simulated=self.cfg.workload.simulated)
-                self.ledger.set_candidate_status(c.id, "submitted", f"job {sub.job_id}")
-            subs += got
+
+        def record(i: int, sub) -> None:  # called as each job id exists: into the ledger before any waiting
+            c = claimed[i]
+            self.ledger.new_attempt(c.id, job_id=str(sub.job_id), array_index=sub.array_index, job_dir=str(dirs[i]),
+                                    simulated=self.cfg.workload.simulated)
+            self.ledger.set_candidate_status(c.id, "submitted", f"job {sub.job_id}")
+            self._heartbeat()  # the local executor waits for free slots inside submit()
+
+        subs = self.launcher.submit(tasks, on_submitted=record)  # Slurm: one array, one sbatch
         self.stats["submitted"] += len(subs)
         self._dirty = True
         self.view.event(f"submitted {len(subs)} job(s): {', '.join(str(s.job_id) for s in subs[:8])}"
