@@ -22,6 +22,10 @@ from jobs.spec import SPEC_NAME, JobSpec
 # Slurm's stop (time limit, scancel) and Ctrl-C reach the workload. USR2 is not forwarded: it is
 # submitit's early time-limit warning, which orchestrator.launch only records so Slurm's verdict stays TIMEOUT.
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Slurm sends that warning to EVERY process of the step, the workload included, whose default action
+# for USR2 is to die (exit 140, a FAILED job instead of TIMEOUT). The workload starts with it ignored
+# (SIG_IGN survives exec); a workload that wants it (Megatron --exit-signal SIGUSR2) installs its handler.
+IGNORED_IN_WORKLOAD = (signal.SIGUSR2,)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -149,7 +153,8 @@ def _run_subprocess(cmd: list, env: dict, cwd: Path, out_path: Path, err_path: P
     workload (then to the previous handler, so submitit's own handling still runs)."""
     with open(out_path, "ab") as out, open(err_path, "ab") as err:
         try:
-            proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                    preexec_fn=_ignore_warning_signal)
         except OSError as exc:  # command not found: record it where collect will look
             err.write(f"failed to start workload {cmd[:3]}: {exc}\n".encode())
             return 127
@@ -175,6 +180,12 @@ def _run_subprocess(cmd: list, env: dict, cwd: Path, out_path: Path, err_path: P
             if in_main:
                 for sig, prev in previous.items():
                     signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+
+
+def _ignore_warning_signal() -> None:
+    """In the forked child, before exec: ignore Slurm's time-limit warning (see IGNORED_IN_WORKLOAD)."""
+    for sig in IGNORED_IN_WORKLOAD:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _run_in_process(spec: JobSpec, renv: RankEnv, env: dict, out_path: Path, err_path: Path) -> int:

@@ -17,7 +17,8 @@ Checkpoints follow Megatron's semantics: --save DIR with --save-interval / --exi
 iterations (timer `save-checkpoint`, the tracker file `latest_checkpointed_iteration.txt`, `iter_0000010/`)
 and exits 0 at the exit interval; --load DIR resumes numbering from the saved iteration (timer
 `load-checkpoint`). Save / load time = the rank's weights + optimizer state / TwinConfig.ckpt_gb_s.
-SIGUSR2 (Slurm's time-limit warning, sent to every process of the step) is ignored, as Megatron does.
+SIGUSR2 (Slurm's time-limit warning, sent to every process of the step) is ignored: submitit's wrapper
+owns it (jobs.entry also starts every workload with it ignored).
 """
 from __future__ import annotations
 

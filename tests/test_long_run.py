@@ -152,3 +152,13 @@ def test_twin_without_spec_counts_blocks_from_the_pattern(tmp_path):
     job = twin.load_job(argv, {"WORLD_SIZE": "64", "RANK": "63"})  # torchrun's env, no ORCH_JOB_SPEC
     assert num_layers > 4 and job.model.num_layers == 4  # --num-layers counts symbols, blocks are 4
     assert not isinstance(twin.truth(job), planner.Rejected)
+
+
+def test_entry_starts_workloads_with_sigusr2_ignored(tmp_path):
+    """A workload that installs no handler (a real Megatron) must survive Slurm's USR2 warning too."""
+    from jobs import entry
+
+    script = "import os, signal, time; os.kill(os.getpid(), signal.SIGUSR2); time.sleep(0.2); print('alive')"
+    out, err = tmp_path / "o", tmp_path / "e"
+    code = entry._run_subprocess([sys.executable, "-c", script], dict(os.environ), tmp_path, out, err)
+    assert code == 0 and out.read_text().strip() == "alive", err.read_text()
