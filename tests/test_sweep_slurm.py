@@ -20,7 +20,7 @@ from tests.sweeplib import all_attempts, assert_accounted, cli, ledger_url, pope
 pytestmark = pytest.mark.slurm
 NODE8 = ["stage.gpus=8", "++cluster.poll_interval_s=1.0", "++cluster.min_time_min=5", "++cluster.signal_delay_s=30"]
 SMALL = ["policy.round0_size=3", "policy.round_size=2", "stage.budget.max_rounds=2", "stage.budget.max_runs=6"]
-SLOW = ["++workload.twin.time_scale=0.5", "++workload.twin.max_sleep_s=2.0"]  # ~2 s per iteration: jobs stay RUNNING
+SLOW = ["++workload.twin.time_scale=50", "++workload.twin.max_sleep_s=2.0"]  # ~2 s per iteration: jobs stay RUNNING
 
 
 def counting_sbatch(tmp_path: Path) -> dict:
