@@ -113,6 +113,7 @@ class CalibratedNeighbours(Policy):
         seen = list(inp.observations) + list(inp.source)
         cands = [c for c in env.plan(factors, mem) if c.key not in inp.known_keys
                  and not oom_dominated(c.layout, seen)]
+
         def mk(c, reason, **kw) -> Proposal:
             return env.proposal(c, reason=reason, factors=factors, memory_factor=mem, **kw)
         props: List[Proposal] = []
@@ -144,10 +145,10 @@ class CalibratedNeighbours(Policy):
                trust_model: bool) -> List[Proposal]:
         """Neighbours of the best k measured (best predicted per knob first), plus the model's top pick
         when the calibrated model has earned trust (LOO MAPE <= model_trust_mape)."""
-        lists: List[List[Proposal]] = []
+        lists: List[List[tuple]] = []  # (planned, reason, parent_key): Proposals are built only for picks
         top = [c for c in cands if c.prediction.step_time_s < best_step * (1.0 - self.cfg.converge_gain)]
         if top and trust_model:
-            lists.append([mk(top[0], "model-top")])
+            lists.append([(top[0], "model-top", None)])
         for b in anchors(inp.observations, self.cfg.top_k_neighbours):
             nbrs: Dict[str, List] = {k: [] for k in KNOBS}
             for c in cands:
@@ -156,13 +157,13 @@ class CalibratedNeighbours(Policy):
                     nbrs[knob].append(c)
             firsts = sorted((v[0] for v in nbrs.values() if v), key=lambda c: c.prediction.step_time_s)
             rest = sorted((c for v in nbrs.values() for c in v[1:]), key=lambda c: c.prediction.step_time_s)
-            lists.append([mk(c, f"neighbour:{changed_knob(b.layout, c.layout)}", parent_key=b.key,
-                             edge_kind="neighbour") for c in firsts + rest])
-        props = round_robin(lists, size, key=lambda p: p.key)
-        if len(props) < size:  # neighbourhood exhausted: fall back to the calibrated ranking
-            taken = {p.key for p in props}
-            props += [mk(c, "model-top") for c in cands if c.key not in taken][: size - len(props)]
-        return props
+            lists.append([(c, f"neighbour:{changed_knob(b.layout, c.layout)}", b.key) for c in firsts + rest])
+        picks = round_robin(lists, size, key=lambda t: t[0].key)
+        if len(picks) < size:  # neighbourhood exhausted: fall back to the calibrated ranking
+            taken = {t[0].key for t in picks}
+            picks += [(c, "model-top", None) for c in cands if c.key not in taken][: size - len(picks)]
+        return [mk(c, reason, parent_key=parent, edge_kind="neighbour" if parent else None)
+                for c, reason, parent in picks]
 
 
 class PredictedTopK(Policy):
