@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from db.ledger import CandidateRow, Ledger, ParityRow
 from jobs import parity as parity_mod
@@ -32,13 +32,15 @@ from orchestrator.plan.layout import Layout
 from orchestrator.schema import RootConfig
 
 RETRY_ONCE = True  # a parity / long-run job lost to a retryable failure (NODE_FAIL ...) is resubmitted once
+OnPoll = Optional[Callable[[], None]]  # called before every poll: the sweep loop's lease heartbeat
 
 
 # ------------------------------------------------------------------------------------------- jobs
 def run_jobs(cfg: RootConfig, ledger: Ledger, launcher, sweep: str, specs: Sequence[JobSpec], *,
-             kind: str, candidate_id: Optional[int] = None) -> List[JobResult]:
+             kind: str, candidate_id: Optional[int] = None, on_poll: OnPoll = None) -> List[JobResult]:
     """Submit every spec at once, poll until all are terminal, collect each folder (in order).
-    A retryable failure is resubmitted once."""
+    A retryable failure is resubmitted once. `on_poll` runs before each poll (a heartbeat; it may raise
+    to stop waiting)."""
     results: List[Optional[JobResult]] = [None] * len(specs)
     todo = list(range(len(specs)))
     for round_no in range(2 if RETRY_ONCE else 1):
@@ -57,7 +59,7 @@ def run_jobs(cfg: RootConfig, ledger: Ledger, launcher, sweep: str, specs: Seque
                          candidate_id=candidate_id,
                          data={"jobs": [{"job_id": ids[i], "job_dir": specs[i].job_dir, "role": specs[i].role}
                                         for i in todo]})
-        states = _wait(launcher, list(ids.values()), float(cfg.cluster.poll_interval_s))
+        states = _wait(launcher, list(ids.values()), float(cfg.cluster.poll_interval_s), on_poll)
         retry = []
         for i in todo:
             st = states[ids[i]]
@@ -69,9 +71,11 @@ def run_jobs(cfg: RootConfig, ledger: Ledger, launcher, sweep: str, specs: Seque
     return [r for r in results if r is not None]
 
 
-def _wait(launcher, job_ids: List[str], poll_s: float) -> Dict[str, object]:
+def _wait(launcher, job_ids: List[str], poll_s: float, on_poll: OnPoll = None) -> Dict[str, object]:
     """Poll (one call for all) until every job is terminal."""
     while True:
+        if on_poll is not None:
+            on_poll()
         states = launcher.poll(job_ids)
         if all(states[j].terminal for j in job_ids):
             return states
@@ -100,7 +104,7 @@ def reference_layout(cfg: RootConfig, layout: Layout) -> Layout:
 
 
 def run_parity(cfg: RootConfig, ledger: Ledger, launcher, sweep: str,
-               candidates: Sequence[CandidateRow]) -> List[ParityRow]:
+               candidates: Sequence[CandidateRow], *, on_poll: OnPoll = None) -> List[ParityRow]:
     """The correctness gate for `candidates`: one parity row each (in order). Candidates and their
     references run together (one reference per distinct reference layout); a failing candidate is set to
     `excluded` with the reason."""
@@ -134,7 +138,7 @@ def run_parity(cfg: RootConfig, ledger: Ledger, launcher, sweep: str,
                 job_dir=_folder(cfg, sweep, ref_planned.key, f"parity-reference-{c.key[:10]}-{n}"))
     specs = list(cand_specs.values()) + list(ref_specs.values())
     if specs:
-        results = run_jobs(cfg, ledger, launcher, sweep, specs, kind="parity")
+        results = run_jobs(cfg, ledger, launcher, sweep, specs, kind="parity", on_poll=on_poll)
         by_dir = {s.job_dir: r for s, r in zip(specs, results)}
         for cid, spec in cand_specs.items():
             c = next(x for x in candidates if x.id == cid)
@@ -173,7 +177,8 @@ def _verdict(ledger: Ledger, sweep: str, c: CandidateRow, ref_key: str, verdict:
 
 
 # --------------------------------------------------------------------------------------- long run
-def run_long_run(cfg: RootConfig, ledger: Ledger, launcher, sweep: str, candidate: CandidateRow) -> dict:
+def run_long_run(cfg: RootConfig, ledger: Ledger, launcher, sweep: str, candidate: CandidateRow, *,
+                 on_poll: OnPoll = None) -> dict:
     """Save at X, restart, restore, train on; store the measured figures on the candidate's latest result.
 
     Q_effective = steady tokens/s (the candidate's measured result) x effective fraction, with the save
@@ -190,11 +195,12 @@ def run_long_run(cfg: RootConfig, ledger: Ledger, launcher, sweep: str, candidat
     folder = _folder(cfg, sweep, c.key, f"long-run-{n}")
     save_spec, restore_spec = runspec.long_run_specs(cfg, planned, sweep=sweep, attempt=n, ckpt_dir=folder / "ckpt",
                                                      folder=folder)
-    (save,) = run_jobs(cfg, ledger, launcher, sweep, [save_spec], kind="long-run", candidate_id=c.id)
+    (save,) = run_jobs(cfg, ledger, launcher, sweep, [save_spec], kind="long-run", candidate_id=c.id, on_poll=on_poll)
     if not save.ok or save.ckpt_save_s is None:
         return _long_run_done(ledger, sweep, c, {"ok": False, "reason": f"save job failed: {save.failure_class} "
                                                  f"{save.failure_detail}".strip(), "folder": str(folder)})
-    (restore,) = run_jobs(cfg, ledger, launcher, sweep, [restore_spec], kind="long-run", candidate_id=c.id)
+    (restore,) = run_jobs(cfg, ledger, launcher, sweep, [restore_spec], kind="long-run", candidate_id=c.id,
+                          on_poll=on_poll)
     if not restore.ok:
         return _long_run_done(ledger, sweep, c, {"ok": False, "reason": f"restore job failed: {restore.failure_class} "
                                                  f"{restore.failure_detail}".strip(), "folder": str(folder)})
@@ -235,7 +241,8 @@ def pick(ledger: Ledger, sweep: str, k: int) -> List[CandidateRow]:
     return [by_id[m.candidate_id] for m in rows[:max(0, k)]]
 
 
-def run_finalists(cfg: RootConfig, ledger: Ledger, launcher, sweep: str, k: Optional[int] = None) -> dict:
+def run_finalists(cfg: RootConfig, ledger: Ledger, launcher, sweep: str, k: Optional[int] = None, *,
+                  on_poll: OnPoll = None) -> dict:
     """What the sweep loop calls once its search has stopped: the top k (policy.promote_top_k) measured
     candidates go through the correctness gate (parity.enabled), and those that pass through the long-run
     window (effective.long_run). Idempotent: a candidate with a parity row, or a result that already has
@@ -245,12 +252,12 @@ def run_finalists(cfg: RootConfig, ledger: Ledger, launcher, sweep: str, k: Opti
     out: dict = {"finalists": [c.key for c in chosen], "parity": {}, "long_run": {}}
     if cfg.parity.enabled:
         fresh = [c for c in chosen if not ledger.parity(c.id)]
-        for row in run_parity(cfg, ledger, launcher, sweep, fresh):
+        for row in run_parity(cfg, ledger, launcher, sweep, fresh, on_poll=on_poll):
             out["parity"][row.candidate_id] = row.passed
         chosen = [c for c in chosen if all(p.passed for p in ledger.parity(c.id))]
     if cfg.effective.long_run:
         measured = {m.candidate_id: m for m in ledger.measured(sweep=sweep)}
         for c in chosen:
             if measured[c.id].metrics.get("ckpt_save_s") is None:
-                out["long_run"][c.id] = run_long_run(cfg, ledger, launcher, sweep, c)
+                out["long_run"][c.id] = run_long_run(cfg, ledger, launcher, sweep, c, on_poll=on_poll)
     return out

@@ -140,7 +140,9 @@ def test_run_finalists_gates_then_runs_long_windows_once(tmp_path):
         cands, _ = _sweep(led, cfg, LAYOUTS)
         _measure(cfg, led, launcher, cands)
         by_cp = {c.layout["cp"]: c for c in cands}
-        out = finalists.run_finalists(cfg, led, launcher, SWEEP)
+        beats = []
+        out = finalists.run_finalists(cfg, led, launcher, SWEEP, on_poll=lambda: beats.append(1))
+        assert len(beats) >= 3  # the loop's heartbeat runs while parity and both long-run jobs are awaited
         assert set(out["finalists"]) == {c.key for c in cands}
         assert out["parity"] == {by_cp[1].id: True, by_cp[2].id: True, by_cp[4].id: False}
         assert set(out["long_run"]) == {by_cp[1].id, by_cp[2].id}  # the excluded candidate gets no window
