@@ -126,7 +126,7 @@ def run_parity(cfg: RootConfig, ledger: Ledger, launcher, sweep: str,
         if mine is None or ref_planned is None:
             detail = (f"candidate {lay.short()} {why}" if mine is None
                       else f"reference {ref.short()} {ref_why}: no reference to compare with")
-            rows[c.id] = _verdict(ledger, sweep, c, ref_planned.key if ref_planned else "", None, detail, p.loss_rtol)
+            rows[c.id] = _verdict(ledger, c, ref_planned.key if ref_planned else "", None, detail, p.loss_rtol)
             continue
         n = len(ledger.parity(c.id)) + 1
         cand_specs[c.id] = runspec.parity_spec(cfg, mine, sweep=sweep, attempt=n,
@@ -143,23 +143,23 @@ def run_parity(cfg: RootConfig, ledger: Ledger, launcher, sweep: str,
         for cid, spec in cand_specs.items():
             c = next(x for x in candidates if x.id == cid)
             ref_spec = ref_specs[ref_of[cid]]
-            rows[cid] = _compare(ledger, sweep, c, ref_of[cid], by_dir[spec.job_dir], by_dir[ref_spec.job_dir], cfg)
+            rows[cid] = _compare(ledger, c, ref_of[cid], by_dir[spec.job_dir], by_dir[ref_spec.job_dir], cfg)
     return [rows[c.id] for c in candidates]
 
 
-def _compare(ledger: Ledger, sweep: str, c: CandidateRow, ref_key: str, mine: JobResult, ref: JobResult,
+def _compare(ledger: Ledger, c: CandidateRow, ref_key: str, mine: JobResult, ref: JobResult,
              cfg: RootConfig) -> ParityRow:
     p = cfg.parity
     for who, r in (("candidate", mine), ("reference", ref)):
         if not r.ok:
-            return _verdict(ledger, sweep, c, ref_key, None,
+            return _verdict(ledger, c, ref_key, None,
                             f"{who} run failed: {r.failure_class or '?'} {r.failure_detail}".strip(), p.loss_rtol)
     verdict = parity_mod.compare(mine.lm_loss, ref.lm_loss, mine.grad_norm, ref.grad_norm, steps=p.steps,
                                  loss_rtol=p.loss_rtol, grad_norm_rtol=p.grad_norm_rtol)
-    return _verdict(ledger, sweep, c, ref_key, verdict, verdict.detail, p.loss_rtol)
+    return _verdict(ledger, c, ref_key, verdict, verdict.detail, p.loss_rtol)
 
 
-def _verdict(ledger: Ledger, sweep: str, c: CandidateRow, ref_key: str, verdict: Optional[parity_mod.Parity],
+def _verdict(ledger: Ledger, c: CandidateRow, ref_key: str, verdict: Optional[parity_mod.Parity],
              detail: str, tolerance: float) -> ParityRow:
     """Record the parity row (no verdict = failed: no promotion without evidence) and exclude on failure."""
     passed = bool(verdict and verdict.passed)
@@ -167,10 +167,7 @@ def _verdict(ledger: Ledger, sweep: str, c: CandidateRow, ref_key: str, verdict:
                                max_loss_diff=verdict.max_loss_diff if verdict else None,
                                max_grad_norm_diff=verdict.max_grad_norm_diff if verdict else None,
                                tolerance=tolerance, passed=passed, detail=detail)
-    lay = Layout.from_dict(c.layout).short()
-    ledger.log_event(sweep, "parity", f"{lay}: {'passed' if passed else 'FAILED'}: {detail}", candidate_id=c.id,
-                     data={"reference_key": ref_key, "passed": passed, "max_loss_diff": row.max_loss_diff,
-                           "max_grad_norm_diff": row.max_grad_norm_diff})
+    # record_parity already logged the "parity" event (verdict and detail) in the same transaction
     if not passed:
         ledger.set_candidate_status(c.id, "excluded", f"parity failed: {detail}")
     return row
