@@ -383,7 +383,8 @@ def _layout_noise(tag: str, it: int, what: str) -> float:
     return LAYOUT_NOISE * (h - 0.5)
 
 
-def loss_curve(seed: int, it: int, *, vocab_size: int, layout_tag: str = "", drift_scale: float = 0.0) -> Tuple[float, float]:
+def loss_curve(seed: int, it: int, *, vocab_size: int, layout_tag: str = "",
+               drift_scale: float = 0.0) -> Tuple[float, float]:
     """(lm loss, grad norm) at iteration `it`: a decreasing curve fixed by (seed, it), the same for every
     layout up to LAYOUT_NOISE, times (1 + drift) for a diverging layout (grad norm drifts twice as much)."""
     start = math.log(max(2, vocab_size))

@@ -105,7 +105,8 @@ def long_run_specs(cfg: RootConfig, planned: Planned, *, sweep: str, attempt: in
     x, a = int(cfg.effective.long_run_save_at), int(cfg.effective.long_run_after_iters)
     if x < 2 or a < 2:
         raise ValueError(f"long-run window needs save_at >= 2 and after_iters >= 2 (got {x}, {a})")
-    base = Path(folder) if folder is not None else job_dir(cfg, sweep, planned.key, attempt).parent / f"long-run-{attempt}"
+    base = Path(folder) if folder is not None else \
+        job_dir(cfg, sweep, planned.key, attempt).parent / f"long-run-{attempt}"
     w1 = min(cfg.stage.warmup_iters, x // 2)
     w2 = min(cfg.stage.warmup_iters, a // 2)
     save = build_spec(cfg, planned, sweep=sweep, attempt=attempt, job_dir=base / "save", window=(w1, x - w1),
