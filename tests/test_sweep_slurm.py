@@ -179,3 +179,30 @@ def test_slurm_oom_and_external_workload(tmp_path, slurm_cluster):
         job = Path(led.attempts(measured[0].candidate_id)[-1].job_dir)
         assert len(list(job.glob("rank-*.out"))) == 8  # one task per fake GPU
         assert "synthetic surface workload" in "".join(p.read_text() for p in job.glob("rank-*.out"))
+
+
+def test_cancel_scancels_every_live_job(tmp_path, slurm_cluster):
+    args = sweep_args(tmp_path, "s-stop", "policy.round0_size=2", "stage.budget.max_rounds=2", *NODE8, *SLOW,
+                      cluster="slurm")
+    p = popen("sweep", *args, "--plain", log=tmp_path / "run.log")
+    try:
+        with Ledger.open(ledger_url(tmp_path)) as led:
+            wait_for(lambda: led.get_sweep("s-stop") and len(all_attempts(led, "s-stop")) == 2, 180, "two jobs")
+        proc = cli("cancel", "s-stop", f"ledger.url={ledger_url(tmp_path)}", timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert p.wait(timeout=120) == 0, (tmp_path / "run.log").read_text()[-2000:]
+    finally:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        ids = [a.job_id for a in all_attempts(led, "s-stop")]
+        assert led.get_sweep("s-stop").status == "cancelled" and led.events("s-stop", kind="cancelled")
+    states = wait_for(lambda: _sacct_states(ids) if all(s.startswith("CANCELLED") for s in _sacct_states(ids))
+                      else None, 60, "sacct to show CANCELLED")
+    assert len(states) == len(ids)
+
+
+def _sacct_states(ids):
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(ids)],
+                         capture_output=True, text=True).stdout
+    return [line.split("|")[1] for line in out.splitlines() if line.strip()]
