@@ -206,3 +206,25 @@ def _sacct_states(ids):
     out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(ids)],
                          capture_output=True, text=True).stdout
     return [line.split("|")[1] for line in out.splitlines() if line.strip()]
+
+
+def test_one_sacct_call_per_poll_for_the_whole_sweep(tmp_path, slurm_cluster):
+    """In-process driver: the launcher's own counters against the loop's polls."""
+    from orchestrator.config import compose
+    from orchestrator.launch import SlurmLauncher
+    from orchestrator.sweep import Driver, open_ledger
+    from orchestrator.sweep.view import View
+
+    composed = compose(sweep_args(tmp_path, "s-count", "policy.round0_size=4", "stage.budget.max_rounds=1", *NODE8,
+                                  cluster="slurm"))
+    cfg = composed.cfg
+    launcher = SlurmLauncher(cfg.cluster)
+    with open_ledger(cfg) as led:
+        sweep = led.create_or_get_sweep("s-count", stage=cfg.stage.name, config_yaml=composed.to_yaml(),
+                                        model=cfg.model.name, hardware=cfg.hardware.name,
+                                        workload=cfg.workload.name, provenance={})
+        driver = Driver(led, cfg, sweep, launcher, View(live=False, stream=open(os.devnull, "w")))
+        out = driver.run()
+        assert out.spent.runs == 4 and len(led.measured(sweep="s-count")) == 4
+    assert launcher.sbatch_calls == 1  # four candidates, one array
+    assert driver.stats["polls"] >= 2 and launcher.sacct_calls == driver.stats["polls"]
