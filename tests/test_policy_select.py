@@ -90,3 +90,16 @@ def test_oom_dominance_prunes_layouts_needing_more_memory():
     rows = [obs("o", None, lay=oom, fc="OOM"), obs("c", None, lay=replace(oom, pp=1), fc="CRASH")]
     assert oom_dominated(replace(oom, mbs=2), rows)
     assert not oom_dominated(replace(oom, pp=8), rows)
+
+
+def test_knob_effects_are_measured_one_factor_ratios():
+    from orchestrator.policy.propose import knob_effects
+
+    a = obs("a", 10.0, lay=BASE)
+    b = obs("b", 12.0, lay=replace(BASE, ep=32))
+    c = obs("c", 9.0, lay=replace(BASE, ep=32, cp=2))  # two knobs from a: no pair with a
+    eff = knob_effects([a, b, c, obs("d", None, lay=replace(BASE, mbs=2), fc="OOM")])
+    assert eff[("ep", (64,), (32,))] == [1.2]
+    assert eff[("ep", (32,), (64,))] == [10.0 / 12.0]
+    assert eff[("cp", (1,), (2,))] == [0.75]
+    assert not any(k[0] == "mbs" for k in eff)

@@ -9,6 +9,7 @@ plus the calibrated model's top pick when it predicts a real gain.
 """
 from __future__ import annotations
 
+import statistics
 from typing import Dict, List, Optional
 
 from orchestrator.policy.calibrate import Fit, calibrate
@@ -20,6 +21,7 @@ from orchestrator.policy.types import Observation, Proposal, RoundInput, RoundPl
 from orchestrator.schema import PolicyConfig, StageConfig
 
 DIVERSITY_SLACK = 1.5  # round 0 covers knob values only among layouts predicted within 1.5x of the best
+DEFAULT_DOUBT = 0.10  # assumed model error before any leave-one-out estimate exists
 
 
 class Policy:
@@ -93,6 +95,23 @@ def anchors(rows: List[Observation], k: int, knobs=("ep", "pp", "cp")) -> List[O
     return out
 
 
+def knob_effects(rows: List[Observation]) -> Dict[tuple, List[float]]:
+    """(knob, from, to) -> measured step ratios of every pair of measured layouts differing only in that knob.
+
+    A knob change that was measured once (anywhere in the stage) predicts the same change elsewhere better
+    than any analytic model: e.g. a dispatcher swap that changed nothing is not worth a run again.
+    """
+    ok = [r for r in rows if r.ok]
+    out: Dict[tuple, List[float]] = {}
+    for a in ok:
+        for b in ok:
+            knob = changed_knob(a.layout, b.layout) if a is not b else None
+            if knob:
+                out.setdefault((knob, knob_value(a.layout, knob), knob_value(b.layout, knob)), []).append(
+                    b.step_s / a.step_s)
+    return out
+
+
 class CalibratedNeighbours(Policy):
     name = "calibrated_neighbours"
     calibrates = True
@@ -127,7 +146,7 @@ class CalibratedNeighbours(Policy):
             props = [mk(c, "round0" if inp.round == 0 else "model-top") for c in self._diverse(cands, size, set())]
         else:
             trusted = fit is not None and fit.loo_mape is not None and fit.loo_mape <= self.cfg.model_trust_mape
-            props = self._local(env, inp, cands, best.step_s, mk, size, trust_model=trusted)
+            props = self._local(inp, cands, best.step_s, mk, size, trust_model=trusted, fit=fit)
         props = self.within_budget(props, size, inp.gpu_hours_left)
         return RoundPlan(proposals=props, fit=fit, reason=f"{len(props)} proposals ({self.name})")
 
@@ -141,22 +160,37 @@ class CalibratedNeighbours(Policy):
             near = pool[: max(size, len(near))]
         return diverse_top(near, max(0, size - len(taken)), layout_of=lambda c: c.layout)
 
-    def _local(self, env, inp: RoundInput, cands: List, best_step: float, mk, size: int, *,
-               trust_model: bool) -> List[Proposal]:
+    def _local(self, inp: RoundInput, cands: List, best_step: float, mk, size: int, *,
+               trust_model: bool, fit: Optional[Fit]) -> List[Proposal]:
         """Neighbours of the best k measured (best predicted per knob first), plus the model's top pick
         when the calibrated model has earned trust (LOO MAPE <= model_trust_mape)."""
         lists: List[List[tuple]] = []  # (planned, reason, parent_key): Proposals are built only for picks
         top = [c for c in cands if c.prediction.step_time_s < best_step * (1.0 - self.cfg.converge_gain)]
         if top and trust_model:
             lists.append([(top[0], "model-top", None)])
+        effects = knob_effects(inp.observations)
+        doubt = min(0.5, fit.loo_mape if fit is not None and fit.loo_mape is not None else DEFAULT_DOUBT)
         for b in anchors(inp.observations, self.cfg.top_k_neighbours):
+            b_pred = fit.predict(b.raw_components) if fit else b.raw_step_s
             nbrs: Dict[str, List] = {k: [] for k in KNOBS}
             for c in cands:
                 knob = changed_knob(b.layout, c.layout)
                 if knob:
                     nbrs[knob].append(c)
-            firsts = sorted((v[0] for v in nbrs.values() if v), key=lambda c: c.prediction.step_time_s)
-            rest = sorted((c for v in nbrs.values() for c in v[1:]), key=lambda c: c.prediction.step_time_s)
+
+            def est(c, b=b, b_pred=b_pred) -> float:
+                """Optimistic step of neighbour c, relative to b's measurement: the measured effect of the same
+                knob change elsewhere in the ledger when there is one (known, so taken as is), else the
+                calibrated model's ratio less its typical error (unknown: it may be better than predicted)."""
+                knob = changed_knob(b.layout, c.layout)
+                seen = effects.get((knob, knob_value(b.layout, knob), knob_value(c.layout, knob)))
+                if seen:
+                    return b.step_s * statistics.median(seen)
+                return b.step_s * c.prediction.step_time_s / max(b_pred, 1e-12) * (1.0 - doubt)
+
+            ranked = {k: sorted(v, key=est) for k, v in nbrs.items() if v}
+            firsts = sorted((v[0] for v in ranked.values()), key=est)
+            rest = sorted((c for v in ranked.values() for c in v[1:]), key=est)
             lists.append([(c, f"neighbour:{changed_knob(b.layout, c.layout)}", b.key) for c in firsts + rest])
         picks = round_robin(lists, size, key=lambda t: t[0].key)
         if len(picks) < size:  # neighbourhood exhausted: fall back to the calibrated ranking
