@@ -187,3 +187,24 @@ def test_cluster_auto_falls_back_to_local_and_says_why(tmp_path):
     proc = cli("sweep", *args, "--plain", timeout=300, env={"PATH": str(empty)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cluster: local (no sbatch on PATH; using the local executor)" in proc.stdout
+
+
+def test_ctrl_c_marks_the_sweep_interrupted_and_releases_the_lease(tmp_path):
+    slow = ["++workload.twin.time_scale=50", "++workload.twin.max_sleep_s=1.0", "policy.round0_size=1",
+            "stage.budget.max_rounds=1"]
+    p = popen("sweep", *sweep_args(tmp_path, "ctrlc", *slow), "--plain", log=tmp_path / "run.log")
+    try:
+        with Ledger.open(ledger_url(tmp_path)) as led:
+            wait_for(lambda: led.get_sweep("ctrlc") and all_attempts(led, "ctrlc"), 120, "a job")
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=60) == 130
+    finally:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        assert led.get_sweep("ctrlc").status == "interrupted"
+        assert led.events("ctrlc", kind="lease")[-1].message.startswith("lease released")
+    proc = cli("resume", "ctrlc", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]  # no wait for a lease: it was released
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        assert_accounted(led, "ctrlc")

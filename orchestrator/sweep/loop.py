@@ -87,8 +87,20 @@ class Driver:
                      "cancelled" if reason.startswith("cancel") else "done")
             self.ledger.set_sweep_status(self.name, final)
             return self._outcome(reason)
+        except BaseException as exc:  # Ctrl-C or an error: jobs keep running, `resume NAME` continues
+            self._safely(lambda: self.ledger.log_event(self.name, "stop", f"driver stopped: {type(exc).__name__}"))
+            self._safely(lambda: self.ledger.set_sweep_status(self.name, "interrupted"))
+            raise
         finally:
-            self.ledger.release_lease(self.name, self.holder)
+            self._safely(lambda: self.ledger.release_lease(self.name, self.holder))
+
+    @staticmethod
+    def _safely(fn) -> None:
+        """Best-effort bookkeeping on the way out; the original error is what the user must see."""
+        try:
+            fn()
+        except Exception:  # noqa: BLE001
+            pass
 
     def _take_lease(self) -> None:
         """Take the sweep's lease. A live holder is refused (LeaseHeld names it); a holder that is a dead
