@@ -5,7 +5,6 @@ Jobs use 8 GPUs (one node, one task per fake GPU running the twin) so four run a
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import stat
