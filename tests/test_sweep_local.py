@@ -206,3 +206,19 @@ def test_ctrl_c_marks_the_sweep_interrupted_and_releases_the_lease(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]  # no wait for a lease: it was released
     with Ledger.open(ledger_url(tmp_path)) as led:
         assert_accounted(led, "ctrlc")
+
+
+def test_two_live_orchestrators_the_second_is_refused(tmp_path):
+    slow = ["++workload.twin.time_scale=50", "++workload.twin.max_sleep_s=1.0", "policy.round0_size=1",
+            "stage.budget.max_rounds=1"]
+    first = popen("sweep", *sweep_args(tmp_path, "twice", *slow), "--plain", log=tmp_path / "first.log")
+    try:
+        with Ledger.open(ledger_url(tmp_path)) as led:
+            wait_for(lambda: led.get_sweep("twice") and all_attempts(led, "twice"), 120, "the first driver's job")
+        second = cli("sweep", *sweep_args(tmp_path, "twice", *slow), "--plain", timeout=120)
+        assert second.returncode == 2
+        assert f":{first.pid}" in second.stderr and "is driven by" in second.stderr
+        assert first.wait(timeout=120) == 0
+    finally:
+        if first.poll() is None:
+            os.kill(first.pid, signal.SIGKILL)
