@@ -6,6 +6,8 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from db.ledger import Ledger
 from tests.sweeplib import all_attempts, assert_accounted, cli, ledger_url, popen, sweep_args, wait_for
 
@@ -222,3 +224,20 @@ def test_two_live_orchestrators_the_second_is_refused(tmp_path):
     finally:
         if first.poll() is None:
             os.kill(first.pid, signal.SIGKILL)
+
+
+@pytest.mark.xfail(reason="jobs/classify: a job that printed the NCCL watchdog line and exited 1 after a partial "
+                          "window is collected as ok (partial), not NCCL_TIMEOUT", strict=False)
+def test_nccl_timeout_is_retried_up_to_max_attempts(tmp_path):
+    args = sweep_args(tmp_path, "nccl", "++workload.twin.nccl_timeout_rate=1.0", "policy.round0_size=1",
+                      "stage.budget.max_rounds=1", "policy.max_attempts=2")
+    proc = cli("sweep", *args, "--plain", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "retrying" in proc.stdout
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        (c,) = led.candidates("nccl")
+        atts = led.attempts(c.id)
+        assert [a.failure_class for a in atts] == ["NCCL_TIMEOUT", "NCCL_TIMEOUT"] and c.status == "failed"
+        assert len({a.job_id for a in atts}) == 2 and [a.attempt_no for a in atts] == [1, 2]
+        assert Path(atts[1].job_dir).name == "attempt-2"
+        assert led.events("nccl", kind="retry")
