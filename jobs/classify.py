@@ -138,7 +138,9 @@ def classify(logs: Sequence[ParsedLog], slurm_state: Optional[str] = None,
         return _make(_SACCT[state], f"sacct state {slurm_state.strip()}", "sacct")  # type: ignore[union-attr]
 
     has_iters = any(log.iterations for log in logs)
-    if has_iters and (exit_code == 0 or (exit_code is None and state == "COMPLETED")):
+    # A run with iteration lines is healthy only if nothing says it failed: a FAILED sacct state wins over
+    # an exit code of 0 (a wrapper that caught the task's exception exits 0).
+    if has_iters and state != "FAILED" and (exit_code == 0 or (exit_code is None and state == "COMPLETED")):
         return _make(None, "", "none")
 
     invalid = [v for log in logs for v in log.validation_errors]

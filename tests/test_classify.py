@@ -134,3 +134,16 @@ def test_apply_fills_job_result_and_normalize_state():
     assert (res.ok, res.failure_class, res.nccl_group, res.retryable) == (False, "NCCL_TIMEOUT", "EP", True)
     assert res.failure_detail.startswith("[E1129")
     assert normalize_state(" cancelled by 12 ") == "CANCELLED" and normalize_state(None) == ""
+
+
+def test_failed_state_wins_over_exit_code_zero_with_iterations():
+    """A wrapper that caught the task's exception exits 0; sacct/local state FAILED still means failed."""
+    log = parse_bytes(
+        b" [2026-11-29 12:13:53.801628] iteration        9/      15 | consumed samples:          576 |"
+        b" elapsed time per iteration (ms): 26.9 | global batch size:    64 | lm loss: 9.24E+00 |"
+        b" loss scale: 1.0 | number of skipped iterations:   0 | number of nan iterations:   0 |\n"
+        b"[rank0]:[E1129 12:13:53.801886000 ProcessGroupNCCL.cpp:632] [PG ID 7 PG GUID 7(EXPERT_MODEL_PARALLEL_GROUP)"
+        b" Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1970, OpType=ALLTOALL_BASE,"
+        b" NumelIn=4194304, NumelOut=4194304, Timeout(ms)=600000) ran for 600013 milliseconds before timing out.\n")
+    c = classify([log], slurm_state="FAILED", exit_code=0)
+    assert (c.failure_class, c.nccl_group, c.retryable) == ("NCCL_TIMEOUT", "EP", True)

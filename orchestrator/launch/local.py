@@ -95,6 +95,9 @@ class LocalLauncher(Launcher):
             import submitit
 
             outcome, _ = submitit.core.utils.pickle_load(job.paths.result_pickle)
+            if outcome != "success" and not code:
+                # submitit's controller exits 0 after pickling the task's exception: the task failed.
+                times["exit_code"] = 1
             return state_of("COMPLETED" if outcome == "success" else "FAILED", **times)
         if (end - self._start[jid]).total_seconds() >= self._timeout_s[jid]:
             return state_of("TIMEOUT", reason="local time limit", **times)
