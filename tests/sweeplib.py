@@ -55,7 +55,7 @@ def assert_accounted(ledger: Ledger, sweep: str) -> None:
     cands = ledger.candidates(sweep)
     assert cands
     for c in cands:
-        assert c.status in ("done", "failed", "cancelled"), (c.key, c.status)
+        assert c.status in ("done", "failed", "cancelled", "excluded"), (c.key, c.status)
     atts = all_attempts(ledger, sweep)
     ids = [a.job_id for a in atts]
     assert all(ids) and len(ids) == len(set(ids)), ids

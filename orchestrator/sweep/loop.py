@@ -133,7 +133,29 @@ class Driver:
                 return stopped
             reason = self._decide()
             if reason:
+                self._finalists()
                 return reason
+
+    def _finalists(self) -> None:
+        """Once the search stops: the correctness gate and the long-run window for the top measured
+        candidates (orchestrator/finalists.py; idempotent, so a resumed sweep does not repeat them)."""
+        if not (self.cfg.parity.enabled or self.cfg.effective.long_run):
+            return
+        from orchestrator.finalists import run_finalists
+
+        self.view.event("finalists: " + " + ".join(
+            w for w, on in (("parity gate", self.cfg.parity.enabled), ("long-run window", self.cfg.effective.long_run))
+            if on))
+        out = run_finalists(self.cfg, self.ledger, self.launcher, self.name, on_poll=self._heartbeat)
+        for cid, passed in out["parity"].items():
+            self.view.event(f"parity candidate {cid}: {'passed' if passed else 'FAILED, excluded from promotion'}")
+        for cid, lr in out["long_run"].items():
+            if lr.get("ok"):
+                self.view.event(f"long-run candidate {cid}: save {lr['ckpt_save_s']:.2f}s restore "
+                                f"{lr['ckpt_restore_s']:.2f}s Q_effective {lr['q_effective']:,.0f} tok/s")
+            else:
+                self.view.event(f"long-run candidate {cid}: {lr.get('reason')}")
+        self._dirty = True
 
     def _cancelled(self) -> bool:
         sweep = self.ledger.get_sweep(self.name)

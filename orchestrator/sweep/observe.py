@@ -50,7 +50,9 @@ def observations(ledger: Ledger, sweeps: List[SweepRow], env: PlanEnv) -> List[O
             comps, step, mem = raw
             met = measured.get(c.id)
             fc = None
-            if met is None:
+            if c.status == "excluded":  # failed the correctness gate: never a best, a parent or promoted
+                met, fc = None, "EXCLUDED"
+            elif met is None:
                 if c.status not in ("failed", "cancelled"):
                     continue  # not measured yet: nothing to learn
                 atts = ledger.attempts(c.id)
