@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import signal
 import sys
 from typing import List, Optional
 
@@ -46,8 +45,6 @@ def build_parser():
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    if hasattr(signal, "SIGPIPE"):  # `... | head` ends quietly, like any Unix tool
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     parser, handlers = build_parser()
     args, extra = parser.parse_known_args(argv)
     if not args.command:
