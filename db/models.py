@@ -16,12 +16,9 @@ from typing import Any, Optional
 
 from sqlalchemy import (
     JSON,
-    Boolean,
     DateTime,
-    Float,
     ForeignKey,
     Index,
-    Integer,
     MetaData,
     String,
     Text,

@@ -6,7 +6,6 @@ import os
 import signal
 from pathlib import Path
 
-import pytest
 
 from db.ledger import Ledger
 from tests.sweeplib import all_attempts, assert_accounted, cli, ledger_url, popen, sweep_args, wait_for

@@ -34,7 +34,8 @@ from functools import lru_cache
 from typing import List, Sequence, Tuple
 
 from orchestrator.plan import moe as moe_model
-from orchestrator.plan.params import _Frozen, block_ratios, effective_layers, is_moe_block, model_key, param_counts
+from orchestrator.plan.pipeline import checked_split
+from orchestrator.plan.params import _Frozen, block_ratios, is_moe_block, model_key, param_counts
 
 GB = 1e9
 WEIGHT_BYTES = 2
@@ -231,12 +232,7 @@ def stage_memory(model, hw, stage, layout, groups, blocks_per_segment: Sequence[
                  routing_sigma: float = DEFAULT_ROUTING_SIGMA) -> List[StageMemory]:
     """Peak memory of one GPU on each PP rank (summing its virtual segments), decimal GB."""
     pp, vpp, tp, cp, ep, etp = layout.pp, layout.vpp, layout.tp, layout.cp, layout.ep, layout.etp
-    bps = tuple(blocks_per_segment)
-    if len(bps) != pp * vpp:
-        raise ValueError(f"{len(bps)} segments for PP{pp} x VPP{vpp}")
-    n = sum(bps)
-    if n != effective_layers(model, stage):
-        raise ValueError(f"split has {n} blocks, model has {effective_layers(model, stage)}")
+    bps, n = checked_split(model, stage, layout, blocks_per_segment)
     key = model_key(model)
     pc = param_counts(model, n)
     px = _prefix(key, n, tuple(layout.recompute), tuple(layout.offload))

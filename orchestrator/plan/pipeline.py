@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import List, Optional, Sequence, Tuple
 
-from orchestrator.plan.params import RATIO_SYMBOL, _Frozen, block_ratios, model_key, mtp_ratio
+from orchestrator.plan.params import RATIO_SYMBOL, _Frozen, block_ratios, effective_layers, model_key, mtp_ratio
 
 ATTENTION_SYMBOLS = frozenset("CHWD*+")  # one per block in an attention+MLP pattern
 MOE_SYMBOL, MLP_SYMBOL, PIPE, MTP_SEPARATOR = "E", "-", "|", "/"
@@ -185,3 +185,15 @@ def count_blocks(pattern: str) -> List[int]:
 def mtp_depths(pattern: str) -> int:
     """MTP depths in a hybrid pattern (one '/' each)."""
     return pattern.count(MTP_SEPARATOR)
+
+
+def checked_split(model, stage, layout, blocks_per_segment: Sequence[int]) -> Tuple[Tuple[int, ...], int]:
+    """(blocks per segment, total blocks) after checking the split fits the layout (PP x VPP segments)
+    and the model (every block placed once); the memory and step-time models both start from it."""
+    bps = tuple(blocks_per_segment)
+    if len(bps) != layout.pp * layout.vpp:
+        raise ValueError(f"{len(bps)} segments for PP{layout.pp} x VPP{layout.vpp}")
+    n = sum(bps)
+    if n != effective_layers(model, stage):
+        raise ValueError(f"split has {n} blocks, model has {effective_layers(model, stage)}")
+    return bps, n

@@ -38,8 +38,8 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 from orchestrator.plan import moe as moe_model
 from orchestrator.plan.flops import peak_tflops, profile, recompute_block
 from orchestrator.plan.memory import DEFAULT_ROUTING_SIGMA, GRAD_BYTES, WEIGHT_BYTES, _cum
-from orchestrator.plan.params import _Frozen, block_ratios, effective_layers, model_key, param_counts
-from orchestrator.plan.pipeline import bubble as bubble_fraction
+from orchestrator.plan.params import _Frozen, block_ratios, model_key, param_counts
+from orchestrator.plan.pipeline import bubble as bubble_fraction, checked_split
 
 COMPONENTS = ("compute", "a2a", "cp_exchange", "pp_p2p", "bubble", "grad_sync", "optimizer")
 
@@ -158,12 +158,7 @@ def step_time(model, hw, stage, layout, groups, blocks_per_segment: Sequence[int
         if unknown:
             raise ValueError(f"unknown step-time components {sorted(unknown)}; known: {', '.join(COMPONENTS)}")
     pp, vpp, tp, cp, ep, etp, b = layout.pp, layout.vpp, layout.tp, layout.cp, layout.ep, layout.etp, layout.mbs
-    bps = tuple(blocks_per_segment)
-    if len(bps) != pp * vpp:
-        raise ValueError(f"{len(bps)} segments for PP{pp} x VPP{vpp}")
-    n = sum(bps)
-    if n != effective_layers(model, stage):
-        raise ValueError(f"split has {n} blocks, model has {effective_layers(model, stage)}")
+    bps, n = checked_split(model, stage, layout, blocks_per_segment)
     S = stage.seq_length
     px = _time_prefix(model_key(model), n, S, tuple(layout.recompute))
     m = groups.m or 1
