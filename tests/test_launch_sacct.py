@@ -105,3 +105,14 @@ def test_sbatch_parameters_from_cluster():
                  "export NCCL_IB_TIMEOUT=19"]:
         assert line in script
     assert "--mpi=pmix" in script.split("srun", 1)[1]
+    assert "#SBATCH --exclude" not in script
+
+
+def test_node_fail_retry_excludes_the_failed_nodes():
+    """A task carrying `exclude` (the sweep sets it for a NODE_FAIL retry) gets `#SBATCH --exclude`."""
+    import dataclasses
+
+    task = dataclasses.replace(lt(16, 8), exclude="n[2-3]")
+    params = SlurmLauncher(ClusterConfig(kind="slurm")).parameters([task])
+    script = _make_sbatch_string(command="python -m x", folder="/tmp/f/%j", map_count=1, **params)
+    assert "#SBATCH --exclude='n[2-3]'" in script  # submitit shell-quotes the value

@@ -101,11 +101,13 @@ def poll_until(launcher, ids, done, timeout_s=240.0, counted=None):
 
 @pytest.fixture(scope="module")
 def timeout_job(slurm_cluster, tmp_path_factory):
-    """Submitted first, checked last: a 1-minute job that sleeps 10 minutes (Slurm checks limits every 30 s)."""
+    """Submitted first, checked last: a 2-minute job that sleeps 10 minutes. Slurm checks limits every 30 s, so
+    with a 1-minute limit the USR2 warning (30 s before it) could land while the task is still starting up,
+    before its handler exists, and kill it (FAILED): 2 minutes puts the warning at least 60 s in."""
     os.environ.setdefault("PYTHONPATH", REPO)
     folder = tmp_path_factory.mktemp("timeout") / "job"
     launcher = SlurmLauncher(cluster())
-    [sub] = launcher.submit([task(folder, 1, sleep_s=600, time_min=1, name="timeout")])
+    [sub] = launcher.submit([task(folder, 1, sleep_s=600, time_min=2, name="timeout")])
     yield launcher, sub
     launcher.cancel([sub.job_id])
 
@@ -178,10 +180,10 @@ def test_multi_node_task_and_array_split(slurm_cluster, tmp_path, counted, launc
 
 def test_time_limit_gives_timeout(slurm_cluster, timeout_job):
     launcher, sub = timeout_job
-    states = poll_until(launcher, [sub.job_id], lambda st: st[sub.job_id].terminal, timeout_s=240)
+    states = poll_until(launcher, [sub.job_id], lambda st: st[sub.job_id].terminal, timeout_s=300)
     st = states[sub.job_id]
     assert (st.state, st.terminal) == ("TIMEOUT", True)
-    assert (st.end - st.start).total_seconds() >= 60
+    assert (st.end - st.start).total_seconds() >= 120
     # submitit's warning signal (USR2, 30 s before the limit) was recorded, not turned into a FAILED job.
     assert os.path.exists(os.path.join(sub.folder, f"{TIME_LIMIT_MARK}-rank-0"))
     assert not os.path.exists(os.path.join(sub.folder, "result.json"))

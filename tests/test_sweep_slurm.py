@@ -140,16 +140,17 @@ def test_node_down_is_node_fail_and_retried_on_a_healthy_node(tmp_path, slurm_cl
         atts = led.attempts(c.id)
         assert atts[0].failure_class == "NODE_FAIL", [(x.state, x.failure_class) for x in atts]
         assert len(atts) == 2 and c.status == "done"
-        # the retry ran to completion on nodes Slurm considered healthy (with ReturnToService=2 the downed node
-        # may already be back, so it is not necessarily excluded)
+        # the retry ran to completion on healthy nodes: the sweep excluded the node(s) the first attempt failed on
         assert atts[1].state == "COMPLETED" and atts[1].node_list and led.result(atts[1].id) is not None
+        assert node not in _expand(atts[1].node_list), (node, atts[1].node_list)
 
 
 def test_time_limit_is_timeout(tmp_path, slurm_cluster):
-    # A workload that ignores the early warning signal and outlives the 1-minute limit: Slurm kills it.
+    # A workload that ignores the early warning signal and outlives the 2-minute limit: Slurm kills it. (With a
+    # 1-minute limit the USR2 warning can land before the task has installed its handler: FAILED, not TIMEOUT.)
     hang = "import signal, time; signal.signal(signal.SIGUSR2, signal.SIG_IGN); time.sleep(600)"
     args = sweep_args(tmp_path, "s-time", "policy.round0_size=1", "stage.budget.max_rounds=1", "policy.max_attempts=1",
-                      "stage.gpus=8", "++cluster.poll_interval_s=2", "++cluster.min_time_min=1",
+                      "stage.gpus=8", "++cluster.poll_interval_s=2", "++cluster.min_time_min=2",
                       "++cluster.time_margin_min=0", f"workload.command=[python,-c,'{hang}']", "workload.name=hang",
                       cluster="slurm")
     proc = cli("sweep", *args, "--plain", timeout=400)
@@ -227,3 +228,9 @@ def test_one_sacct_call_per_poll_for_the_whole_sweep(tmp_path, slurm_cluster):
         assert out.spent.runs == 4 and len(led.measured(sweep="s-count")) == 4
     assert launcher.sbatch_calls == 1  # four candidates, one array
     assert driver.stats["polls"] >= 2 and launcher.sacct_calls == driver.stats["polls"]
+
+
+def _expand(node_list: str) -> set:
+    """Slurm's compressed node list ("n[1-2],n4") as a set of names, via scontrol."""
+    out = subprocess.run(["scontrol", "show", "hostnames", node_list], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())

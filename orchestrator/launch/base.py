@@ -43,6 +43,7 @@ class LaunchTask:
     name: str
     folder: str  # this attempt's job folder; the job writes result.json and rank logs here
     time_min: int  # wall limit the caller computed (windows + margin)
+    exclude: str = ""  # Slurm node list to avoid (a NODE_FAIL retry keeps off the node that failed)
 
 
 @dataclass

@@ -67,6 +67,8 @@ class SlurmLauncher(Launcher):
                 params[key] = getattr(c, key)
         if c.exclusive:
             params["exclusive"] = True
+        if tasks[0].exclude:
+            params["exclude"] = tasks[0].exclude
         if c.sbatch_extra:
             params["additional_parameters"] = dict(c.sbatch_extra)
         if c.srun_args:
@@ -74,9 +76,10 @@ class SlurmLauncher(Launcher):
         return params
 
     def submit(self, tasks: List[LaunchTask], on_submitted: Optional[OnSubmitted] = None) -> List[Submitted]:
-        groups: Dict[Tuple[int, int, int], List[int]] = defaultdict(list)
+        # One array per (shape, excluded nodes): sbatch options hold for a whole array.
+        groups: Dict[Tuple[Tuple[int, int, int], str], List[int]] = defaultdict(list)
         for i, t in enumerate(tasks):
-            groups[shape(t)].append(i)
+            groups[(shape(t), t.exclude)].append(i)
         size = max(1, int(self.cluster.max_array_size))
         out: List[Submitted] = [None] * len(tasks)  # type: ignore[list-item]
         done: List[str] = []

@@ -205,13 +205,16 @@ class Driver:
             return 0
         tasks, dirs = [], []
         for c in claimed:
-            attempt = len(self.ledger.attempts(c.id)) + 1
+            atts = self.ledger.attempts(c.id)
+            attempt = len(atts) + 1
+            # A retry after NODE_FAIL keeps off the node(s) it failed on ("retried on healthy nodes").
+            exclude = (atts[-1].node_list or "") if atts and atts[-1].failure_class == "NODE_FAIL" else ""
             folder = job_dir(self.cfg, self.name, c.key, attempt)
             spec = build_spec(self.cfg, planned_from_row(c), sweep=self.name, attempt=attempt, job_dir=folder)
             spec.save(folder / "job.json")
             tasks.append(LaunchTask(fn=run_task, args=(spec,), n_gpus=spec.n_gpus, gpus_per_node=spec.gpus_per_node,
                                     name=f"{self.name}:{c.key[:8]}:{attempt}", folder=str(folder),
-                                    time_min=time_limit_min(spec, self.cfg.cluster)))
+                                    time_min=time_limit_min(spec, self.cfg.cluster), exclude=exclude))
             dirs.append(folder)
 
         def record(i: int, sub) -> None:  # called as each job id exists: into the ledger before any waiting
