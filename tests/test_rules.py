@@ -183,7 +183,6 @@ def _fix(lay: Layout) -> Layout:
 @given(a=_legal, b=_legal)
 def test_argv_rules_read_only_the_knobs_they_declare(a, b):
     """plan() checks each argv rule once per value of its `needs`: argv.py must agree."""
-    pytest.importorskip("orchestrator.plan.argv")
     from orchestrator.plan.planner import _Env
 
     env = _Env(MODEL, HW, STAGE, None, 1.0, "")
