@@ -116,3 +116,22 @@ def test_argv_prints_one_flag_per_line():
     assert all(line.startswith("--") for line in lines)
     assert any(line.startswith("--hybrid-layer-pattern ") for line in lines)
     assert not any(line.startswith("--moe-enable-deepep") for line in lines)
+
+
+def test_impossible_stage_is_one_clear_error():
+    """N=1000 GPUs: no EP in the search divides it, so every layout breaks the expert grid."""
+    r = cli("+stage=1k", "stage.gpus=1000")
+    assert r.returncode == 2 and r.stdout == ""
+    (line,) = r.stderr.strip().splitlines()
+    assert "no legal layout that fits" in line and "mcore.expert_grid rejects 1,944" in line and "--show-rejected" in line
+    shown = cli("+stage=1k", "stage.gpus=1000", "--format", "json", "--show-rejected")
+    assert shown.returncode == 2 and json.loads(shown.stdout)["legal_count"] == 0
+
+
+def test_impossible_stage_writes_no_ledger(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    r = subprocess.run([PY, "-m", "orchestrator", "sweep", "+stage=1k", "stage.gpus=1000", "cluster=local",
+                        f"ledger.url={url}", f"cluster.folder={tmp_path / 'runs'}", "--plain"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "no legal layout that fits" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "ledger.sqlite").exists() and not (tmp_path / "runs").exists()

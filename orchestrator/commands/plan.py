@@ -177,6 +177,8 @@ def run(args, overrides) -> int:
     if args.top is not None and args.top < 0:
         raise UserError(f"--top {args.top}: must be >= 0")
     res = plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name)
+    if not res.candidates and not args.show_rejected:
+        raise UserError(res.why_empty(stage))
     if args.argv is not None:
         n = len(res.candidates)
         if not 0 <= args.argv < n:
@@ -199,4 +201,7 @@ def run(args, overrides) -> int:
             out["rejected"] = [rejected_row(r) for r in res.rejected]
         # with every rejected layout the output is large: compact (pipe it through jq to read it)
         sys.stdout.write(json.dumps(out, indent=None if args.show_rejected else 1) + "\n")
+    if not res.candidates:  # --show-rejected printed the reasons; still a failure
+        print(f"error: {res.why_empty(stage)}", file=sys.stderr)
+        return 2
     return 0

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 
 from orchestrator.config import compose
+from orchestrator.errors import UserError
+from orchestrator.plan.planner import plan
 from orchestrator.sweep import Options, run_sweep
 from orchestrator.sweep.view import View
 
@@ -46,6 +48,11 @@ def report(outcome, args) -> int:
 
 def run(args, overrides) -> int:
     composed = compose(overrides, require_stage=True)
+    cfg = composed.cfg
+    # An impossible stage is refused before anything is written to the ledger.
+    res = plan(cfg.model, cfg.hardware, cfg.stage, workload=cfg.workload.name)
+    if not res.candidates:
+        raise UserError(res.why_empty(cfg.stage))
     view = View(live=False) if args.plain else View()
     outcome = run_sweep(composed.cfg, composed.to_yaml(), options=options(args), view=view)
     return report(outcome, args)

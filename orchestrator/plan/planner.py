@@ -99,6 +99,20 @@ class PlanResult:
             self._rejected = early + self._late
         return self._rejected
 
+    def why_empty(self, stage: StageConfig, top: int = 3) -> str:
+        """For a stage with no legal, feasible layout: one line naming the rules that rejected most layouts."""
+        counts: Dict[str, int] = {}
+        reasons: Dict[str, str] = {}
+        for r in self.rejected:
+            for rule in r.rules:
+                counts[rule.id] = counts.get(rule.id, 0) + 1
+                reasons[rule.id] = rule.reason
+        worst = "; ".join(f"{k} rejects {counts[k]:,} ({reasons[k]})"
+                          for k in sorted(counts, key=lambda k: (-counts[k], k))[:top])
+        return (f"stage {stage.name} has no legal layout that fits: all {self.raw_count:,} layouts of N={stage.gpus} "
+                f"B={stage.global_batch} S={stage.seq_length} are rejected. Most often: {worst}. Fix the stage "
+                f"(gpus, global_batch, search ranges) or the hardware; `plan --show-rejected` lists every rejection.")
+
 
 class _Env:
     """One planning problem plus memo tables for the models' inputs that repeat across layouts."""
