@@ -4,6 +4,7 @@ Public entry point: `db.ledger.Ledger.open(url)`. Queries for `compare`/`best` l
 `db.queries`, exports in `db.export`. Nothing here imports orchestrator/ or jobs/: the ledger
 knows Megatron and Slurm only through column names.
 """
+
 from db.errors import LeaseHeld, LedgerError
 
-__all__ = ["LedgerError", "LeaseHeld"]
+__all__ = ["LeaseHeld", "LedgerError"]

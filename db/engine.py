@@ -5,15 +5,16 @@ Why BEGIN IMMEDIATE: pysqlite opens transactions lazily and a reader that later 
 ask for `sqlite_begin="IMMEDIATE"`, which takes the write lock up front and waits `busy_timeout`
 for it; read sessions keep a deferred BEGIN so readers never block writers under WAL.
 """
+
 from __future__ import annotations
 
 import fcntl
 import logging
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional
 
 from alembic import command
 from alembic.config import Config
@@ -37,7 +38,7 @@ def parse_url(url: str | URL) -> URL:
     if isinstance(url, URL):
         return url
     if url.startswith(ENV_PREFIX):
-        var = url[len(ENV_PREFIX):]
+        var = url[len(ENV_PREFIX) :]
         if not os.environ.get(var):
             raise LedgerError(f"ledger URL variable {var} is not set; export {var}=postgresql+psycopg://...")
         url = os.environ[var]
@@ -103,7 +104,7 @@ def write_engine(engine: Engine) -> Engine:
 # ---- Alembic ---------------------------------------------------------------------------------
 
 
-def alembic_config(engine: Optional[Engine] = None, connection=None) -> Config:
+def alembic_config(engine: Engine | None = None, connection=None) -> Config:
     """Config for db/alembic.ini; the engine travels in attributes so no URL goes through ini parsing."""
     cfg = Config(str(HERE / "alembic.ini"))
     cfg.set_main_option("script_location", str(HERE / "migrations"))
@@ -122,7 +123,7 @@ def head_revision() -> str:
 
 @dataclass
 class SchemaState:
-    current: Optional[str]  # None: no alembic_version (fresh database)
+    current: str | None  # None: no alembic_version (fresh database)
     head: str
     has_tables: bool
 
@@ -194,9 +195,7 @@ def upgrade(engine: Engine, revision: str = "head") -> SchemaState:
         state = schema_state(engine)
         if state.current != revision and not (revision == "head" and state.up_to_date):
             if state.fresh and state.has_tables:
-                raise LedgerError(
-                    f"{mask(engine.url)} has tables but no ledger schema revision; use an empty database"
-                )
+                raise LedgerError(f"{mask(engine.url)} has tables but no ledger schema revision; use an empty database")
             try:
                 with connect(engine) as conn:
                     command.upgrade(alembic_config(engine, conn), revision)
@@ -207,7 +206,7 @@ def upgrade(engine: Engine, revision: str = "head") -> SchemaState:
         return schema_state(engine)
 
 
-def history() -> List[str]:
+def history() -> list[str]:
     """One line per revision, oldest first: 'rev <- down: message'."""
     out = []
     for rev in reversed(list(script_directory().walk_revisions())):

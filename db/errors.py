@@ -3,6 +3,7 @@
 db/ must not import orchestrator/, so these do not subclass orchestrator.errors.UserError; the CLI
 recognises them by the attribute instead.
 """
+
 from __future__ import annotations
 
 from datetime import datetime

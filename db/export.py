@@ -2,12 +2,14 @@
 
 pandas/pyarrow are an optional extra (`pip install 'dsv4-orchestrator[pandas]'`); CSV needs neither.
 """
+
 from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any
 
 from sqlalchemy import select
 
@@ -19,8 +21,9 @@ ALL_COLUMNS = tuple(queries.COLUMNS)
 TABLES = tuple(sorted(m.Base.metadata.tables))
 
 
-def rows(ledger, *, table: Optional[str] = None, columns: Optional[Sequence[str]] = None,
-         **filters: Any) -> Tuple[List[str], List[dict]]:
+def rows(
+    ledger, *, table: str | None = None, columns: Sequence[str] | None = None, **filters: Any
+) -> tuple[list[str], list[dict]]:
     """(column names, rows): the joined view with every column by default, or one raw table."""
     if table is None:
         cols = list(columns or ALL_COLUMNS)
@@ -43,7 +46,7 @@ def to_dataframe(ledger, **kwargs: Any):
     return pd.DataFrame.from_records(data, columns=cols)
 
 
-def export(ledger, path: str | Path, fmt: Optional[str] = None, **kwargs: Any) -> int:
+def export(ledger, path: str | Path, fmt: str | None = None, **kwargs: Any) -> int:
     """Write CSV or Parquet (format from `fmt` or the file suffix); returns the number of rows."""
     path = Path(path)
     fmt = (fmt or path.suffix.lstrip(".") or "csv").lower()

@@ -10,16 +10,18 @@ Concurrency model:
 - Claims use SELECT ... FOR UPDATE SKIP LOCKED on PostgreSQL; on SQLite BEGIN IMMEDIATE already
   serialises them.
 """
+
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from itertools import zip_longest
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Sequence, Type, TypeVar, Union
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, delete, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -46,8 +48,22 @@ log = logging.getLogger("db")
 
 CANDIDATE_STATUSES = ("planned", "claimed", "submitted", "running", "done", "failed", "cancelled", "excluded")
 ATTEMPT_FIELDS = frozenset(
-    {"job_id", "array_index", "state", "submit_time", "start_time", "end_time", "node_list", "failure_class",
-     "failure_detail", "exit_code", "log_paths", "sidecar_paths", "job_dir", "simulated"}
+    {
+        "job_id",
+        "array_index",
+        "state",
+        "submit_time",
+        "start_time",
+        "end_time",
+        "node_list",
+        "failure_class",
+        "failure_detail",
+        "exit_code",
+        "log_paths",
+        "sidecar_paths",
+        "job_dir",
+        "simulated",
+    }
 )
 RESULT_METRICS = tuple(
     c.name for c in m.Result.__table__.columns if c.name not in ("id", "attempt_id", "candidate_id", "created_at")
@@ -57,12 +73,12 @@ _CHUNK = 5000  # keys per IN (...) list: below SQLite's variable limit
 T = TypeVar("T")
 
 
-def _row(cls: Type[T], obj: Any) -> T:
+def _row(cls: type[T], obj: Any) -> T:
     return cls(**{f.name: getattr(obj, f.name) for f in fields(cls)})  # type: ignore[arg-type]
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _clean(value: Any) -> Any:
@@ -76,17 +92,17 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def _dt(value: Any) -> Optional[datetime]:
+def _dt(value: Any) -> datetime | None:
     """Accept datetime, ISO text or epoch seconds (sacct and submitit give all three)."""
     if value is None or isinstance(value, datetime):
         return value
     if isinstance(value, (int, float)):
-        return datetime.fromtimestamp(value, timezone.utc)
+        return datetime.fromtimestamp(value, UTC)
     parsed = datetime.fromisoformat(str(value))
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def _join(modules: Optional[Sequence[str]]) -> str:
+def _join(modules: Sequence[str] | None) -> str:
     return "+".join(modules or ()) or "none"
 
 
@@ -96,24 +112,45 @@ def _candidate_values(sweep_id: int, item: CandidateIn) -> dict:
     if item.status not in CANDIDATE_STATUSES:
         raise LedgerError(f"candidate status '{item.status}' is not one of {', '.join(CANDIDATE_STATUSES)}")
     return dict(
-        sweep_id=sweep_id, key=item.key,
-        tp=int(lay.get("tp", 1)), pp=int(lay.get("pp", 1)), vpp=int(lay.get("vpp", 1)), cp=int(lay.get("cp", 1)),
-        ep=int(lay.get("ep", 1)), etp=int(lay.get("etp", 1)), mbs=int(lay.get("mbs", 1)),
-        recompute=_join(lay.get("recompute")), offload=_join(lay.get("offload")),
-        dispatcher=str(lay.get("dispatcher", "alltoall")), backend=lay.get("flex_backend"),
-        capacity_factor=lay.get("capacity_factor"), use_tp_pp_dp_mapping=bool(lay.get("use_tp_pp_dp_mapping", False)),
-        layer_pattern=item.layer_pattern or pred.get("layer_pattern", "") or "", layout=_clean(lay),
-        pred_step_time_s=pred.get("step_time_s"), pred_memory_gb=pred.get("memory_gb"), pred_mfu=pred.get("mfu"),
-        pred_tokens_per_s=pred.get("tokens_per_s"), pred_bubble=pred.get("bubble"),
-        d_a=pred.get("d_a"), d_e=pred.get("d_e"), m=pred.get("m"), feasible=pred.get("feasible"),
-        predicted=_clean(pred), verdict=verdict, round=int(item.round), edge_kind=item.edge_kind,
-        status=item.status, created_at=_now(), updated_at=_now(),
+        sweep_id=sweep_id,
+        key=item.key,
+        tp=int(lay.get("tp", 1)),
+        pp=int(lay.get("pp", 1)),
+        vpp=int(lay.get("vpp", 1)),
+        cp=int(lay.get("cp", 1)),
+        ep=int(lay.get("ep", 1)),
+        etp=int(lay.get("etp", 1)),
+        mbs=int(lay.get("mbs", 1)),
+        recompute=_join(lay.get("recompute")),
+        offload=_join(lay.get("offload")),
+        dispatcher=str(lay.get("dispatcher", "alltoall")),
+        backend=lay.get("flex_backend"),
+        capacity_factor=lay.get("capacity_factor"),
+        use_tp_pp_dp_mapping=bool(lay.get("use_tp_pp_dp_mapping", False)),
+        layer_pattern=item.layer_pattern or pred.get("layer_pattern", "") or "",
+        layout=_clean(lay),
+        pred_step_time_s=pred.get("step_time_s"),
+        pred_memory_gb=pred.get("memory_gb"),
+        pred_mfu=pred.get("mfu"),
+        pred_tokens_per_s=pred.get("tokens_per_s"),
+        pred_bubble=pred.get("bubble"),
+        d_a=pred.get("d_a"),
+        d_e=pred.get("d_e"),
+        m=pred.get("m"),
+        feasible=pred.get("feasible"),
+        predicted=_clean(pred),
+        verdict=verdict,
+        round=int(item.round),
+        edge_kind=item.edge_kind,
+        status=item.status,
+        created_at=_now(),
+        updated_at=_now(),
     )
 
 
 def _chunks(seq: Sequence[T], n: int = _CHUNK) -> Iterator[Sequence[T]]:
     for i in range(0, len(seq), n):
-        yield seq[i:i + n]
+        yield seq[i : i + n]
 
 
 class Ledger:
@@ -127,7 +164,7 @@ class Ledger:
     # ---- opening ------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, url: Any, *, create: bool = True, echo: bool = False, busy_timeout_ms: int = 30000) -> "Ledger":
+    def open(cls, url: Any, *, create: bool = True, echo: bool = False, busy_timeout_ms: int = 30000) -> Ledger:
         """Connect, check the schema revision, upgrade a fresh database (or an older SQLite file).
 
         A PostgreSQL ledger behind the code is not upgraded silently: a team database changes
@@ -167,7 +204,7 @@ class Ledger:
     def close(self) -> None:
         self.engine.dispose()
 
-    def __enter__(self) -> "Ledger":
+    def __enter__(self) -> Ledger:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -202,17 +239,33 @@ class Ledger:
         sweep = s.scalars(select(m.Sweep).where(m.Sweep.name == name)).one_or_none()
         if sweep is None:
             known = s.scalars(select(m.Sweep.name).order_by(m.Sweep.id.desc()).limit(10)).all()
-            raise LedgerError(f"no sweep named '{name}' in the ledger" + (f"; recent: {', '.join(known)}" if known else ""))
+            raise LedgerError(
+                f"no sweep named '{name}' in the ledger" + (f"; recent: {', '.join(known)}" if known else "")
+            )
         return sweep
 
-    def create_or_get_sweep(self, name: str, *, stage: str, config_yaml: str, model: str, hardware: str,
-                            workload: str, provenance: dict) -> SweepRow:
+    def create_or_get_sweep(
+        self, name: str, *, stage: str, config_yaml: str, model: str, hardware: str, workload: str, provenance: dict
+    ) -> SweepRow:
         """Idempotent: a second call returns the existing sweep; a different stage/model/... is refused."""
         with self._write() as s:
-            stmt = self._insert(m.Sweep).values(
-                name=name, stage=stage, config_yaml=config_yaml, model=model, hardware=hardware, workload=workload,
-                status="planned", provenance=_clean(provenance), created_at=_now(), updated_at=_now(),
-            ).on_conflict_do_nothing(index_elements=["name"]).returning(m.Sweep.id)
+            stmt = (
+                self._insert(m.Sweep)
+                .values(
+                    name=name,
+                    stage=stage,
+                    config_yaml=config_yaml,
+                    model=model,
+                    hardware=hardware,
+                    workload=workload,
+                    status="planned",
+                    provenance=_clean(provenance),
+                    created_at=_now(),
+                    updated_at=_now(),
+                )
+                .on_conflict_do_nothing(index_elements=["name"])
+                .returning(m.Sweep.id)
+            )
             new_id = s.execute(stmt).scalar_one_or_none()
             sweep = self._sweep(s, name)
             if new_id is not None:
@@ -222,15 +275,17 @@ class Ledger:
                 ours = dict(stage=stage, model=model, hardware=hardware, workload=workload)
                 diff = [f"{k}={theirs[k]} (asked {ours[k]})" for k in ours if theirs[k] != ours[k]]
                 if diff:
-                    raise LedgerError(f"sweep '{name}' already exists with {', '.join(diff)}; choose another sweep.name")
+                    raise LedgerError(
+                        f"sweep '{name}' already exists with {', '.join(diff)}; choose another sweep.name"
+                    )
             return _row(SweepRow, sweep)
 
-    def get_sweep(self, name: str) -> Optional[SweepRow]:
+    def get_sweep(self, name: str) -> SweepRow | None:
         with self.read() as s:
             sweep = s.scalars(select(m.Sweep).where(m.Sweep.name == name)).one_or_none()
             return None if sweep is None else _row(SweepRow, sweep)
 
-    def list_sweeps(self) -> List[SweepRow]:
+    def list_sweeps(self) -> list[SweepRow]:
         with self.read() as s:
             return [_row(SweepRow, x) for x in s.scalars(select(m.Sweep).order_by(m.Sweep.id))]
 
@@ -252,16 +307,27 @@ class Ledger:
                     now = _now()
                     lease = s.scalars(select(m.Lease).where(m.Lease.sweep_id == sw.id).with_for_update()).one_or_none()
                     if lease is None:
-                        s.add(m.Lease(sweep_id=sw.id, holder=holder, acquired_at=now, heartbeat_at=now,
-                                      expires_at=now + timedelta(seconds=ttl_s)))
+                        s.add(
+                            m.Lease(
+                                sweep_id=sw.id,
+                                holder=holder,
+                                acquired_at=now,
+                                heartbeat_at=now,
+                                expires_at=now + timedelta(seconds=ttl_s),
+                            )
+                        )
                         s.add(m.Event(sweep_id=sw.id, kind="lease", message=f"lease taken by {holder}"))
                     elif lease.holder == holder:
                         lease.heartbeat_at, lease.expires_at = now, now + timedelta(seconds=ttl_s)
                     elif lease.expires_at <= now:
-                        msg = f"stale lease of {lease.holder} (expired {lease.expires_at:%H:%M:%S}) taken over by {holder}"
+                        msg = (
+                            f"stale lease of {lease.holder} (expired {lease.expires_at:%H:%M:%S}) "
+                            f"taken over by {holder}"
+                        )
                         log.warning("sweep %s: %s", sweep, msg)
-                        s.add(m.Event(sweep_id=sw.id, kind="lease", message=msg,
-                                      data={"previous_holder": lease.holder}))
+                        s.add(
+                            m.Event(sweep_id=sw.id, kind="lease", message=msg, data={"previous_holder": lease.holder})
+                        )
                         lease.holder, lease.acquired_at, lease.heartbeat_at = holder, now, now
                         lease.expires_at = now + timedelta(seconds=ttl_s)
                     else:
@@ -271,7 +337,7 @@ class Ledger:
                 continue
         raise LedgerError(f"could not take the lease of sweep '{sweep}' (contention)")
 
-    def heartbeat(self, sweep: str, holder: str, ttl_s: Optional[float] = None) -> None:
+    def heartbeat(self, sweep: str, holder: str, ttl_s: float | None = None) -> None:
         """Extend our lease by its TTL; LeaseHeld if someone took it over (we must stop driving)."""
         with self._write() as s:
             sw = self._sweep(s, sweep)
@@ -293,7 +359,7 @@ class Ledger:
 
     # ---- candidates ---------------------------------------------------------------------------
 
-    def add_candidates(self, sweep: str, items: Sequence[CandidateIn]) -> List[CandidateRow]:
+    def add_candidates(self, sweep: str, items: Sequence[CandidateIn]) -> list[CandidateRow]:
         """Insert new keys, return every item's row (existing rows are returned, not duplicated)."""
         if not items:
             return []
@@ -315,9 +381,14 @@ class Ledger:
                 if parents:
                     s.execute(update(m.Candidate), [{"id": inserted[k], "parent_id": p} for k, p in parents.items()])
                 events = [
-                    {"sweep_id": sw.id, "candidate_id": cid, "kind": "planned", "created_at": _now(),
-                     "message": f"round {fresh[k].round}: {fresh[k].status}"
-                                + (f" ({fresh[k].edge_kind} {fresh[k].parent_key[:10]})" if fresh[k].parent_key else "")}
+                    {
+                        "sweep_id": sw.id,
+                        "candidate_id": cid,
+                        "kind": "planned",
+                        "created_at": _now(),
+                        "message": f"round {fresh[k].round}: {fresh[k].status}"
+                        + (f" ({fresh[k].edge_kind} {fresh[k].parent_key[:10]})" if fresh[k].parent_key else ""),
+                    }
                     for k, cid in inserted.items()
                 ]
                 if events:
@@ -332,7 +403,9 @@ class Ledger:
     def _ids_by_key(s: Session, sweep_id: int, keys: Sequence[str]) -> dict:
         out = {}
         for chunk in _chunks(list(dict.fromkeys(keys))):
-            q = select(m.Candidate.key, m.Candidate.id).where(m.Candidate.sweep_id == sweep_id, m.Candidate.key.in_(chunk))
+            q = select(m.Candidate.key, m.Candidate.id).where(
+                m.Candidate.sweep_id == sweep_id, m.Candidate.key.in_(chunk)
+            )
             out.update(dict(s.execute(q).all()))
         return out
 
@@ -343,16 +416,23 @@ class Ledger:
         for item in items:
             if not item.parent_key:
                 continue
-            pid = ids.get(item.parent_key) or s.scalars(
-                select(m.Candidate.id).where(m.Candidate.key == item.parent_key).order_by(m.Candidate.id.desc()).limit(1)
-            ).first()
+            pid = (
+                ids.get(item.parent_key)
+                or s.scalars(
+                    select(m.Candidate.id)
+                    .where(m.Candidate.key == item.parent_key)
+                    .order_by(m.Candidate.id.desc())
+                    .limit(1)
+                ).first()
+            )
             if pid is None:
                 raise LedgerError(f"candidate {item.key[:10]}: parent {item.parent_key[:10]} is not in the ledger")
             out[item.key] = pid
         return out
 
-    def candidates(self, sweep: str, *, status: Optional[Union[str, Sequence[str]]] = None,
-                   round: Optional[int] = None) -> List[CandidateRow]:
+    def candidates(
+        self, sweep: str, *, status: str | Sequence[str] | None = None, round: int | None = None
+    ) -> list[CandidateRow]:
         with self.read() as s:
             sw = self._sweep(s, sweep)
             q = select(m.Candidate).where(m.Candidate.sweep_id == sw.id)
@@ -362,36 +442,59 @@ class Ledger:
                 q = q.where(m.Candidate.round == round)
             return [_row(CandidateRow, c) for c in s.scalars(q.order_by(m.Candidate.id))]
 
-    def candidate_by_key(self, sweep: str, key: str) -> Optional[CandidateRow]:
+    def candidate_by_key(self, sweep: str, key: str) -> CandidateRow | None:
         with self.read() as s:
             sw = self._sweep(s, sweep)
-            c = s.scalars(select(m.Candidate).where(m.Candidate.sweep_id == sw.id, m.Candidate.key == key)).one_or_none()
+            c = s.scalars(
+                select(m.Candidate).where(m.Candidate.sweep_id == sw.id, m.Candidate.key == key)
+            ).one_or_none()
             return None if c is None else _row(CandidateRow, c)
 
-    def claim_for_submission(self, sweep: str, limit: int, holder: str) -> List[CandidateRow]:
+    def claim_for_submission(self, sweep: str, limit: int, holder: str) -> list[CandidateRow]:
         """Atomically move up to `limit` planned candidates (lowest round first) to claimed."""
         with self._write() as s:
             sw = self._sweep(s, sweep)
-            q = (select(m.Candidate).where(m.Candidate.sweep_id == sw.id, m.Candidate.status == "planned")
-                 .order_by(m.Candidate.round, m.Candidate.id).limit(limit).with_for_update(skip_locked=True))
+            q = (
+                select(m.Candidate)
+                .where(m.Candidate.sweep_id == sw.id, m.Candidate.status == "planned")
+                .order_by(m.Candidate.round, m.Candidate.id)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
             claimed = list(s.scalars(q))
             now = _now()
             for c in claimed:
                 c.status, c.claimed_by, c.updated_at = "claimed", holder, now
             if claimed:
-                s.execute(insert(m.Event), [
-                    {"sweep_id": sw.id, "candidate_id": c.id, "kind": "claimed", "message": f"claimed by {holder}",
-                     "created_at": now} for c in claimed])
+                s.execute(
+                    insert(m.Event),
+                    [
+                        {
+                            "sweep_id": sw.id,
+                            "candidate_id": c.id,
+                            "kind": "claimed",
+                            "message": f"claimed by {holder}",
+                            "created_at": now,
+                        }
+                        for c in claimed
+                    ],
+                )
             s.flush()
             return [_row(CandidateRow, c) for c in claimed]
 
-    def set_candidate_status(self, candidate_id: int, status: str, reason: Optional[str] = None) -> None:
+    def set_candidate_status(self, candidate_id: int, status: str, reason: str | None = None) -> None:
         if status not in CANDIDATE_STATUSES:
             raise LedgerError(f"candidate status '{status}' is not one of {', '.join(CANDIDATE_STATUSES)}")
         with self._write() as s:
             c = self._candidate(s, candidate_id, lock=True)
-            s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind=status,
-                          message=f"{c.status} -> {status}" + (f": {reason}" if reason else "")))
+            s.add(
+                m.Event(
+                    sweep_id=c.sweep_id,
+                    candidate_id=c.id,
+                    kind=status,
+                    message=f"{c.status} -> {status}" + (f": {reason}" if reason else ""),
+                )
+            )
             c.status, c.reason, c.updated_at = status, reason, _now()
 
     @staticmethod
@@ -404,15 +507,32 @@ class Ledger:
 
     # ---- attempts -----------------------------------------------------------------------------
 
-    def new_attempt(self, candidate_id: int, *, job_id: Optional[str] = None, array_index: Optional[int] = None,
-                    job_dir: str, simulated: bool) -> AttemptRow:
+    def new_attempt(
+        self,
+        candidate_id: int,
+        *,
+        job_id: str | None = None,
+        array_index: int | None = None,
+        job_dir: str,
+        simulated: bool,
+    ) -> AttemptRow:
         """attempt_no = previous + 1, decided under the candidate's row lock."""
         with self._write() as s:
             c = self._candidate(s, candidate_id, lock=True)
             n = s.scalar(select(func.max(m.Attempt.attempt_no)).where(m.Attempt.candidate_id == candidate_id)) or 0
-            a = m.Attempt(candidate_id=candidate_id, attempt_no=n + 1, job_id=None if job_id is None else str(job_id),
-                          array_index=array_index, job_dir=str(job_dir), simulated=bool(simulated), state="PENDING",
-                          log_paths=[], sidecar_paths=[], created_at=_now(), updated_at=_now())
+            a = m.Attempt(
+                candidate_id=candidate_id,
+                attempt_no=n + 1,
+                job_id=None if job_id is None else str(job_id),
+                array_index=array_index,
+                job_dir=str(job_dir),
+                simulated=bool(simulated),
+                state="PENDING",
+                log_paths=[],
+                sidecar_paths=[],
+                created_at=_now(),
+                updated_at=_now(),
+            )
             s.add(a)
             s.flush()
             c.latest_attempt_id = a.id
@@ -444,17 +564,21 @@ class Ledger:
             raise LedgerError(f"no attempt with id {attempt_id}")
         return a
 
-    def attempts(self, candidate_id: int) -> List[AttemptRow]:
+    def attempts(self, candidate_id: int) -> list[AttemptRow]:
         with self.read() as s:
             q = select(m.Attempt).where(m.Attempt.candidate_id == candidate_id).order_by(m.Attempt.attempt_no)
             return [_row(AttemptRow, a) for a in s.scalars(q)]
 
-    def live_attempts(self, sweep: str) -> List[AttemptRow]:
+    def live_attempts(self, sweep: str) -> list[AttemptRow]:
         """Attempts not yet in a terminal Slurm state: what a resumed orchestrator must poll."""
         with self.read() as s:
             sw = self._sweep(s, sweep)
-            q = (select(m.Attempt).join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
-                 .where(m.Candidate.sweep_id == sw.id, m.Attempt.state.not_in(TERMINAL_STATES)).order_by(m.Attempt.id))
+            q = (
+                select(m.Attempt)
+                .join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
+                .where(m.Candidate.sweep_id == sw.id, m.Attempt.state.not_in(TERMINAL_STATES))
+                .order_by(m.Attempt.id)
+            )
             return [_row(AttemptRow, a) for a in s.scalars(q)]
 
     # ---- results ------------------------------------------------------------------------------
@@ -469,7 +593,9 @@ class Ledger:
             c = self._candidate(s, cand_id, lock=True)  # lock order: candidate, then attempt
             a = self._attempt(s, attempt_id, lock=True)
             seen = s.scalar(select(func.count()).select_from(m.StepSample).where(m.StepSample.attempt_id == attempt_id))
-            seen = seen or s.scalar(select(func.count()).select_from(m.RankMemory).where(m.RankMemory.attempt_id == attempt_id))
+            seen = seen or s.scalar(
+                select(func.count()).select_from(m.RankMemory).where(m.RankMemory.attempt_id == attempt_id)
+            )
             if seen or s.scalar(select(m.Result.id).where(m.Result.attempt_id == attempt_id)) is not None:
                 return
             ok = bool(result.get("ok"))
@@ -486,26 +612,43 @@ class Ledger:
             a.updated_at = _now()
             if ok:
                 values = {k: result[k] for k in RESULT_METRICS if k in result and result[k] is not None}
-                values.update(timers_ms=_clean(result.get("timers_ms") or {}), versions=_clean(result.get("versions") or {}))
-                r = m.Result(attempt_id=attempt_id, candidate_id=cand_id, simulated=a.simulated, **{
-                    k: v for k, v in values.items() if k != "simulated"})
+                values.update(
+                    timers_ms=_clean(result.get("timers_ms") or {}), versions=_clean(result.get("versions") or {})
+                )
+                r = m.Result(
+                    attempt_id=attempt_id,
+                    candidate_id=cand_id,
+                    simulated=a.simulated,
+                    **{k: v for k, v in values.items() if k != "simulated"},
+                )
                 s.add(r)
                 s.flush()
                 c.latest_result_id = r.id
             samples = [
                 {"attempt_id": attempt_id, "iteration": i, "step_time_s": t, "lm_loss": loss, "grad_norm": g}
-                for i, (t, loss, g) in enumerate(zip_longest(
-                    result.get("step_times_s") or [], result.get("lm_loss") or [], result.get("grad_norm") or []))
+                for i, (t, loss, g) in enumerate(
+                    zip_longest(
+                        result.get("step_times_s") or [], result.get("lm_loss") or [], result.get("grad_norm") or []
+                    )
+                )
             ]
             if samples:
                 s.execute(insert(m.StepSample), samples)
-            ranks = [{"attempt_id": attempt_id, "rank": r["rank"], "pp_stage": r.get("pp_stage"),
-                      "allocated_mb": r.get("allocated_mb"), "reserved_mb": r.get("reserved_mb"),
-                      "source": r.get("source", "log")} for r in result.get("rank_memory") or []]
+            ranks = [
+                {
+                    "attempt_id": attempt_id,
+                    "rank": r["rank"],
+                    "pp_stage": r.get("pp_stage"),
+                    "allocated_mb": r.get("allocated_mb"),
+                    "reserved_mb": r.get("reserved_mb"),
+                    "source": r.get("source", "log"),
+                }
+                for r in result.get("rank_memory") or []
+            ]
             if ranks:
                 s.execute(insert(m.RankMemory), ranks)
 
-    def result(self, attempt_id: int) -> Optional[dict]:
+    def result(self, attempt_id: int) -> dict | None:
         """The stored metrics of one attempt (RESULT_METRICS), or None when it did not succeed."""
         with self.read() as s:
             r = s.scalars(select(m.Result).where(m.Result.attempt_id == attempt_id)).one_or_none()
@@ -527,27 +670,41 @@ class Ledger:
             s.flush()
             return {k: getattr(r, k) for k in RESULT_METRICS}
 
-    def step_samples(self, attempt_id: int) -> List[tuple]:
+    def step_samples(self, attempt_id: int) -> list[tuple]:
         """(iteration, step_time_s, lm_loss, grad_norm) of the measured window, in order."""
         with self.read() as s:
-            q = (select(m.StepSample.iteration, m.StepSample.step_time_s, m.StepSample.lm_loss, m.StepSample.grad_norm)
-                 .where(m.StepSample.attempt_id == attempt_id).order_by(m.StepSample.iteration))
+            q = (
+                select(m.StepSample.iteration, m.StepSample.step_time_s, m.StepSample.lm_loss, m.StepSample.grad_norm)
+                .where(m.StepSample.attempt_id == attempt_id)
+                .order_by(m.StepSample.iteration)
+            )
             return [tuple(r) for r in s.execute(q)]
 
-    def rank_memory(self, attempt_id: int) -> List[dict]:
+    def rank_memory(self, attempt_id: int) -> list[dict]:
         with self.read() as s:
             q = select(m.RankMemory).where(m.RankMemory.attempt_id == attempt_id).order_by(m.RankMemory.rank)
-            return [{"rank": r.rank, "pp_stage": r.pp_stage, "allocated_mb": r.allocated_mb,
-                     "reserved_mb": r.reserved_mb, "source": r.source} for r in s.scalars(q)]
+            return [
+                {
+                    "rank": r.rank,
+                    "pp_stage": r.pp_stage,
+                    "allocated_mb": r.allocated_mb,
+                    "reserved_mb": r.reserved_mb,
+                    "source": r.source,
+                }
+                for r in s.scalars(q)
+            ]
 
-    def measured(self, sweep: Optional[str] = None, stage: Optional[str] = None,
-                 model: Optional[str] = None) -> List[MeasuredRow]:
+    def measured(
+        self, sweep: str | None = None, stage: str | None = None, model: str | None = None
+    ) -> list[MeasuredRow]:
         """Every candidate with a successful result, joined with its layout and predictions."""
         with self.read() as s:
-            q = (select(m.Sweep, m.Candidate, m.Attempt, m.Result)
-                 .join(m.Candidate, m.Candidate.sweep_id == m.Sweep.id)
-                 .join(m.Result, m.Result.id == m.Candidate.latest_result_id)
-                 .join(m.Attempt, m.Attempt.id == m.Result.attempt_id))
+            q = (
+                select(m.Sweep, m.Candidate, m.Attempt, m.Result)
+                .join(m.Candidate, m.Candidate.sweep_id == m.Sweep.id)
+                .join(m.Result, m.Result.id == m.Candidate.latest_result_id)
+                .join(m.Attempt, m.Attempt.id == m.Result.attempt_id)
+            )
             if sweep is not None:
                 q = q.where(m.Sweep.name == sweep)
             if stage is not None:
@@ -556,24 +713,48 @@ class Ledger:
                 q = q.where(m.Sweep.model == model)
             out = []
             for sw, c, a, r in s.execute(q.order_by(m.Candidate.id)):
-                out.append(MeasuredRow(
-                    sweep=sw.name, stage=sw.stage, model=sw.model, hardware=sw.hardware, candidate_id=c.id, key=c.key,
-                    round=c.round, status=c.status, layout=c.layout, layer_pattern=c.layer_pattern,
-                    predicted=c.predicted, verdict=c.verdict, attempt_id=a.id, attempt_no=a.attempt_no,
-                    job_id=a.job_id, simulated=r.simulated, partial=r.partial,
-                    metrics={k: getattr(r, k) for k in RESULT_METRICS}))
+                out.append(
+                    MeasuredRow(
+                        sweep=sw.name,
+                        stage=sw.stage,
+                        model=sw.model,
+                        hardware=sw.hardware,
+                        candidate_id=c.id,
+                        key=c.key,
+                        round=c.round,
+                        status=c.status,
+                        layout=c.layout,
+                        layer_pattern=c.layer_pattern,
+                        predicted=c.predicted,
+                        verdict=c.verdict,
+                        attempt_id=a.id,
+                        attempt_no=a.attempt_no,
+                        job_id=a.job_id,
+                        simulated=r.simulated,
+                        partial=r.partial,
+                        metrics={k: getattr(r, k) for k in RESULT_METRICS},
+                    )
+                )
             return out
 
     # ---- events, calibration, parity ----------------------------------------------------------
 
-    def log_event(self, sweep: str, kind: str, message: str, *, candidate_id: Optional[int] = None,
-                  data: Optional[dict] = None) -> None:
+    def log_event(
+        self, sweep: str, kind: str, message: str, *, candidate_id: int | None = None, data: dict | None = None
+    ) -> None:
         with self._write() as s:
             sw = self._sweep(s, sweep)
-            s.add(m.Event(sweep_id=sw.id, candidate_id=candidate_id, kind=kind, message=message,
-                          data=None if data is None else _clean(data)))
+            s.add(
+                m.Event(
+                    sweep_id=sw.id,
+                    candidate_id=candidate_id,
+                    kind=kind,
+                    message=message,
+                    data=None if data is None else _clean(data),
+                )
+            )
 
-    def events(self, sweep: str, *, kind: Optional[str] = None, candidate_id: Optional[int] = None) -> List[EventRow]:
+    def events(self, sweep: str, *, kind: str | None = None, candidate_id: int | None = None) -> list[EventRow]:
         with self.read() as s:
             sw = self._sweep(s, sweep)
             q = select(m.Event).where(m.Event.sweep_id == sw.id)
@@ -591,27 +772,51 @@ class Ledger:
             s.flush()
             return _row(CalibrationRow, cal)
 
-    def calibrations(self, sweep: str) -> List[CalibrationRow]:
+    def calibrations(self, sweep: str) -> list[CalibrationRow]:
         with self.read() as s:
             sw = self._sweep(s, sweep)
             q = select(m.Calibration).where(m.Calibration.sweep_id == sw.id).order_by(m.Calibration.id)
             return [_row(CalibrationRow, c) for c in s.scalars(q)]
 
-    def record_parity(self, candidate_id: int, *, reference_key: str, steps: int, max_loss_diff: Optional[float],
-                      max_grad_norm_diff: Optional[float], tolerance: float, passed: bool, detail: str = "") -> ParityRow:
+    def record_parity(
+        self,
+        candidate_id: int,
+        *,
+        reference_key: str,
+        steps: int,
+        max_loss_diff: float | None,
+        max_grad_norm_diff: float | None,
+        tolerance: float,
+        passed: bool,
+        detail: str = "",
+    ) -> ParityRow:
         """A failing parity row excludes the candidate from `best`."""
         with self._write() as s:
             c = self._candidate(s, candidate_id)
-            p = m.Parity(candidate_id=candidate_id, reference_key=reference_key, steps=steps, max_loss_diff=max_loss_diff,
-                         max_grad_norm_diff=max_grad_norm_diff, tolerance=tolerance, passed=bool(passed), detail=detail,
-                         created_at=_now())
+            p = m.Parity(
+                candidate_id=candidate_id,
+                reference_key=reference_key,
+                steps=steps,
+                max_loss_diff=max_loss_diff,
+                max_grad_norm_diff=max_grad_norm_diff,
+                tolerance=tolerance,
+                passed=bool(passed),
+                detail=detail,
+                created_at=_now(),
+            )
             s.add(p)
-            s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind="parity",
-                          message=f"parity vs {reference_key[:10]}: {'passed' if passed else 'FAILED'} {detail}".strip()))
+            s.add(
+                m.Event(
+                    sweep_id=c.sweep_id,
+                    candidate_id=c.id,
+                    kind="parity",
+                    message=f"parity vs {reference_key[:10]}: {'passed' if passed else 'FAILED'} {detail}".strip(),
+                )
+            )
             s.flush()
             return _row(ParityRow, p)
 
-    def parity(self, candidate_id: int) -> List[ParityRow]:
+    def parity(self, candidate_id: int) -> list[ParityRow]:
         with self.read() as s:
             q = select(m.Parity).where(m.Parity.candidate_id == candidate_id).order_by(m.Parity.id)
             return [_row(ParityRow, p) for p in s.scalars(q)]

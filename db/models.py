@@ -9,10 +9,11 @@ Why these shapes:
   They carry no foreign key (that would make candidate <-> attempt a cycle).
 - Times are stored as naive UTC and handed back timezone-aware (SQLite has no time zones).
 """
+
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Optional
+from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -34,19 +35,19 @@ class UTCDateTime(TypeDecorator):
     impl = DateTime
     cache_ok = True
 
-    def process_bind_param(self, value: Optional[datetime], dialect) -> Optional[datetime]:
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is not None:
-            value = value.astimezone(timezone.utc).replace(tzinfo=None)
+            value = value.astimezone(UTC).replace(tzinfo=None)
         return value
 
-    def process_result_value(self, value: Optional[datetime], dialect) -> Optional[datetime]:
-        return None if value is None else value.replace(tzinfo=timezone.utc)
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 NAMING = {
@@ -109,31 +110,31 @@ class Candidate(Base):
     recompute: Mapped[str] = mapped_column(String(200))
     offload: Mapped[str] = mapped_column(String(200))
     dispatcher: Mapped[str] = mapped_column(String(30))
-    backend: Mapped[Optional[str]] = mapped_column(String(30))  # flex dispatcher backend
-    capacity_factor: Mapped[Optional[float]]
+    backend: Mapped[str | None] = mapped_column(String(30))  # flex dispatcher backend
+    capacity_factor: Mapped[float | None]
     use_tp_pp_dp_mapping: Mapped[bool] = mapped_column(default=False)
     layer_pattern: Mapped[str] = mapped_column(Text, default="")
     layout: Mapped[dict]  # Layout.to_dict()
     # predictions (Prediction fields); the headline ones as columns for sorting
-    pred_step_time_s: Mapped[Optional[float]]
-    pred_memory_gb: Mapped[Optional[float]]
-    pred_mfu: Mapped[Optional[float]]
-    pred_tokens_per_s: Mapped[Optional[float]]
-    pred_bubble: Mapped[Optional[float]]
-    d_a: Mapped[Optional[int]]
-    d_e: Mapped[Optional[int]]
-    m: Mapped[Optional[int]]
-    feasible: Mapped[Optional[bool]]
+    pred_step_time_s: Mapped[float | None]
+    pred_memory_gb: Mapped[float | None]
+    pred_mfu: Mapped[float | None]
+    pred_tokens_per_s: Mapped[float | None]
+    pred_bubble: Mapped[float | None]
+    d_a: Mapped[int | None]
+    d_e: Mapped[int | None]
+    m: Mapped[int | None]
+    feasible: Mapped[bool | None]
     predicted: Mapped[dict] = mapped_column(default=dict)
     verdict: Mapped[str] = mapped_column(String(500), default="legal")  # "legal" or comma-joined rule ids
     round: Mapped[int] = mapped_column(default=0)
-    parent_id: Mapped[Optional[int]] = mapped_column(ForeignKey("candidate.id", ondelete="SET NULL"))
-    edge_kind: Mapped[Optional[str]] = mapped_column(String(30))  # neighbour-of | promoted-from
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("candidate.id", ondelete="SET NULL"))
+    edge_kind: Mapped[str | None] = mapped_column(String(30))  # neighbour-of | promoted-from
     status: Mapped[str] = mapped_column(String(20), default="planned")
-    reason: Mapped[Optional[str]] = mapped_column(Text)  # why the last status change happened
-    claimed_by: Mapped[Optional[str]] = mapped_column(String(200))
-    latest_attempt_id: Mapped[Optional[int]]
-    latest_result_id: Mapped[Optional[int]]
+    reason: Mapped[str | None] = mapped_column(Text)  # why the last status change happened
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    latest_attempt_id: Mapped[int | None]
+    latest_result_id: Mapped[int | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
@@ -144,17 +145,17 @@ class Attempt(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     candidate_id: Mapped[int] = mapped_column(ForeignKey("candidate.id", ondelete="CASCADE"))
     attempt_no: Mapped[int]
-    job_id: Mapped[Optional[str]] = mapped_column(String(64))
-    array_index: Mapped[Optional[int]]
+    job_id: Mapped[str | None] = mapped_column(String(64))
+    array_index: Mapped[int | None]
     job_dir: Mapped[str] = mapped_column(Text)
-    submit_time: Mapped[Optional[datetime]]
-    start_time: Mapped[Optional[datetime]]
-    end_time: Mapped[Optional[datetime]]
-    node_list: Mapped[Optional[str]] = mapped_column(Text)
+    submit_time: Mapped[datetime | None]
+    start_time: Mapped[datetime | None]
+    end_time: Mapped[datetime | None]
+    node_list: Mapped[str | None] = mapped_column(Text)
     state: Mapped[str] = mapped_column(String(30), default="PENDING")  # Slurm-like, free text
-    failure_class: Mapped[Optional[str]] = mapped_column(String(30))
-    failure_detail: Mapped[Optional[str]] = mapped_column(Text)
-    exit_code: Mapped[Optional[int]]
+    failure_class: Mapped[str | None] = mapped_column(String(30))
+    failure_detail: Mapped[str | None] = mapped_column(Text)
+    exit_code: Mapped[int | None]
     log_paths: Mapped[list] = mapped_column(default=list)
     sidecar_paths: Mapped[list] = mapped_column(default=list)
     simulated: Mapped[bool]
@@ -174,37 +175,37 @@ class Result(Base):
     warmup_iters: Mapped[int] = mapped_column(default=0)
     measure_iters_requested: Mapped[int] = mapped_column(default=0)
     measure_iters: Mapped[int] = mapped_column(default=0)
-    step_p50_s: Mapped[Optional[float]]
-    step_p95_s: Mapped[Optional[float]]
-    step_p99_s: Mapped[Optional[float]]
-    step_mean_s: Mapped[Optional[float]]
-    step_max_s: Mapped[Optional[float]]
-    tokens_per_s: Mapped[Optional[float]]
-    tokens_per_s_per_gpu: Mapped[Optional[float]]
-    tflops_per_gpu: Mapped[Optional[float]]
-    mfu: Mapped[Optional[float]]
+    step_p50_s: Mapped[float | None]
+    step_p95_s: Mapped[float | None]
+    step_p99_s: Mapped[float | None]
+    step_mean_s: Mapped[float | None]
+    step_max_s: Mapped[float | None]
+    tokens_per_s: Mapped[float | None]
+    tokens_per_s_per_gpu: Mapped[float | None]
+    tflops_per_gpu: Mapped[float | None]
+    mfu: Mapped[float | None]
     mfu_peak: Mapped[str] = mapped_column(String(100), default="")
-    megatron_tflops_per_gpu: Mapped[Optional[float]]
-    recompute_tflops_per_gpu: Mapped[Optional[float]]
-    heaviest_rank: Mapped[Optional[int]]
-    heaviest_pp_stage: Mapped[Optional[int]]
-    peak_allocated_gb: Mapped[Optional[float]]
-    peak_reserved_gb: Mapped[Optional[float]]
-    slowest_rank: Mapped[Optional[int]]
-    slowest_stage: Mapped[Optional[int]]
-    token_drop_fraction: Mapped[Optional[float]]
-    padding_fraction: Mapped[Optional[float]]
-    expert_load_p50: Mapped[Optional[float]]
-    expert_load_p95: Mapped[Optional[float]]
-    expert_load_p99: Mapped[Optional[float]]
-    hot_expert_ratio: Mapped[Optional[float]]
+    megatron_tflops_per_gpu: Mapped[float | None]
+    recompute_tflops_per_gpu: Mapped[float | None]
+    heaviest_rank: Mapped[int | None]
+    heaviest_pp_stage: Mapped[int | None]
+    peak_allocated_gb: Mapped[float | None]
+    peak_reserved_gb: Mapped[float | None]
+    slowest_rank: Mapped[int | None]
+    slowest_stage: Mapped[int | None]
+    token_drop_fraction: Mapped[float | None]
+    padding_fraction: Mapped[float | None]
+    expert_load_p50: Mapped[float | None]
+    expert_load_p95: Mapped[float | None]
+    expert_load_p99: Mapped[float | None]
+    hot_expert_ratio: Mapped[float | None]
     force_balanced_routing: Mapped[bool] = mapped_column(default=False)
-    ckpt_save_s: Mapped[Optional[float]]  # q_effective inputs (long-run window)
-    ckpt_restore_s: Mapped[Optional[float]]
+    ckpt_save_s: Mapped[float | None]  # q_effective inputs (long-run window)
+    ckpt_restore_s: Mapped[float | None]
     # Effective throughput (revision 0003): Q = tokens advanced and not rolled back / wall time
-    tokens_per_s_after_restart: Mapped[Optional[float]]
-    effective_fraction: Mapped[Optional[float]]
-    q_effective: Mapped[Optional[float]]
+    tokens_per_s_after_restart: Mapped[float | None]
+    effective_fraction: Mapped[float | None]
+    q_effective: Mapped[float | None]
     timers_ms: Mapped[dict] = mapped_column(default=dict)
     versions: Mapped[dict] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -218,9 +219,9 @@ class StepSample(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     attempt_id: Mapped[int] = mapped_column(ForeignKey("attempt.id", ondelete="CASCADE"))
     iteration: Mapped[int]  # index within the measured window
-    step_time_s: Mapped[Optional[float]]
-    lm_loss: Mapped[Optional[float]]
-    grad_norm: Mapped[Optional[float]]
+    step_time_s: Mapped[float | None]
+    lm_loss: Mapped[float | None]
+    grad_norm: Mapped[float | None]
 
 
 class RankMemory(Base):
@@ -231,9 +232,9 @@ class RankMemory(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     attempt_id: Mapped[int] = mapped_column(ForeignKey("attempt.id", ondelete="CASCADE"))
     rank: Mapped[int]
-    pp_stage: Mapped[Optional[int]]
-    allocated_mb: Mapped[Optional[float]]
-    reserved_mb: Mapped[Optional[float]]
+    pp_stage: Mapped[int | None]
+    allocated_mb: Mapped[float | None]
+    reserved_mb: Mapped[float | None]
     source: Mapped[str] = mapped_column(String(20), default="log")
 
 
@@ -244,10 +245,10 @@ class Event(Base):
     __table_args__ = (Index("ix_event_sweep_id_id", "sweep_id", "id"),)
     id: Mapped[int] = mapped_column(primary_key=True)
     sweep_id: Mapped[int] = mapped_column(ForeignKey("sweep.id", ondelete="CASCADE"))
-    candidate_id: Mapped[Optional[int]] = mapped_column(ForeignKey("candidate.id", ondelete="CASCADE"))
+    candidate_id: Mapped[int | None] = mapped_column(ForeignKey("candidate.id", ondelete="CASCADE"))
     kind: Mapped[str] = mapped_column(String(30))
     message: Mapped[str] = mapped_column(Text)
-    data: Mapped[Optional[dict]]
+    data: Mapped[dict | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -271,8 +272,8 @@ class Parity(Base):
     candidate_id: Mapped[int] = mapped_column(ForeignKey("candidate.id", ondelete="CASCADE"), index=True)
     reference_key: Mapped[str] = mapped_column(String(64))
     steps: Mapped[int]
-    max_loss_diff: Mapped[Optional[float]]
-    max_grad_norm_diff: Mapped[Optional[float]]
+    max_loss_diff: Mapped[float | None]
+    max_grad_norm_diff: Mapped[float | None]
     tolerance: Mapped[float]
     passed: Mapped[bool]
     detail: Mapped[str] = mapped_column(Text, default="")

@@ -4,12 +4,14 @@ is not in the registry is refused with the list of valid keys. No SQL text is ev
 
 The joined row: sweep + candidate + its latest attempt + its latest successful result.
 """
+
 from __future__ import annotations
 
 import operator
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 from sqlalchemy import BigInteger, Boolean, Float, Integer, and_, exists, func, not_, select, true
 from sqlalchemy.sql.elements import ColumnElement
@@ -21,33 +23,92 @@ from db.ledger import RESULT_METRICS
 # The flex dispatcher is stored as dispatcher + backend; shown and filtered as "flex:deepep".
 _DISPATCHER = func.coalesce(m.Candidate.dispatcher + ":" + m.Candidate.backend, m.Candidate.dispatcher)
 
-COLUMNS: Dict[str, ColumnElement] = {
-    "sweep": m.Sweep.name, "stage": m.Sweep.stage, "model": m.Sweep.model, "hardware": m.Sweep.hardware,
+COLUMNS: dict[str, ColumnElement] = {
+    "sweep": m.Sweep.name,
+    "stage": m.Sweep.stage,
+    "model": m.Sweep.model,
+    "hardware": m.Sweep.hardware,
     "workload": m.Sweep.workload,
-    "candidate_id": m.Candidate.id, "round": m.Candidate.round, "key": m.Candidate.key,
-    "tp": m.Candidate.tp, "pp": m.Candidate.pp, "vpp": m.Candidate.vpp, "cp": m.Candidate.cp,
-    "ep": m.Candidate.ep, "etp": m.Candidate.etp, "mbs": m.Candidate.mbs, "recompute": m.Candidate.recompute,
-    "offload": m.Candidate.offload, "dispatcher": _DISPATCHER, "backend": m.Candidate.backend,
-    "capacity_factor": m.Candidate.capacity_factor, "layer_pattern": m.Candidate.layer_pattern,
-    "status": m.Candidate.status, "verdict": m.Candidate.verdict, "edge_kind": m.Candidate.edge_kind,
-    "pred_step_time_s": m.Candidate.pred_step_time_s, "pred_memory_gb": m.Candidate.pred_memory_gb,
-    "pred_mfu": m.Candidate.pred_mfu, "pred_tokens_per_s": m.Candidate.pred_tokens_per_s,
-    "pred_bubble": m.Candidate.pred_bubble, "d_a": m.Candidate.d_a, "d_e": m.Candidate.d_e, "m": m.Candidate.m,
+    "candidate_id": m.Candidate.id,
+    "round": m.Candidate.round,
+    "key": m.Candidate.key,
+    "tp": m.Candidate.tp,
+    "pp": m.Candidate.pp,
+    "vpp": m.Candidate.vpp,
+    "cp": m.Candidate.cp,
+    "ep": m.Candidate.ep,
+    "etp": m.Candidate.etp,
+    "mbs": m.Candidate.mbs,
+    "recompute": m.Candidate.recompute,
+    "offload": m.Candidate.offload,
+    "dispatcher": _DISPATCHER,
+    "backend": m.Candidate.backend,
+    "capacity_factor": m.Candidate.capacity_factor,
+    "layer_pattern": m.Candidate.layer_pattern,
+    "status": m.Candidate.status,
+    "verdict": m.Candidate.verdict,
+    "edge_kind": m.Candidate.edge_kind,
+    "pred_step_time_s": m.Candidate.pred_step_time_s,
+    "pred_memory_gb": m.Candidate.pred_memory_gb,
+    "pred_mfu": m.Candidate.pred_mfu,
+    "pred_tokens_per_s": m.Candidate.pred_tokens_per_s,
+    "pred_bubble": m.Candidate.pred_bubble,
+    "d_a": m.Candidate.d_a,
+    "d_e": m.Candidate.d_e,
+    "m": m.Candidate.m,
     "feasible": m.Candidate.feasible,
-    "attempt_no": m.Attempt.attempt_no, "job_id": m.Attempt.job_id, "array_index": m.Attempt.array_index,
-    "state": m.Attempt.state, "failure_class": m.Attempt.failure_class, "exit_code": m.Attempt.exit_code,
-    "node_list": m.Attempt.node_list, "simulated": m.Attempt.simulated,
+    "attempt_no": m.Attempt.attempt_no,
+    "job_id": m.Attempt.job_id,
+    "array_index": m.Attempt.array_index,
+    "state": m.Attempt.state,
+    "failure_class": m.Attempt.failure_class,
+    "exit_code": m.Attempt.exit_code,
+    "node_list": m.Attempt.node_list,
+    "simulated": m.Attempt.simulated,
     **{k: getattr(m.Result, k) for k in RESULT_METRICS if k not in ("simulated", "timers_ms", "versions")},
 }
-ALIASES = {"tokens_per_gpu": "tokens_per_s_per_gpu", "token_drop": "token_drop_fraction",
-           "padding": "padding_fraction", "b": "mbs", "step_s": "step_p50_s"}
-DEFAULT_COLUMNS = ("sweep", "round", "key", "tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "dispatcher",
-                   "status", "step_p50_s", "step_p99_s", "tokens_per_gpu", "mfu", "peak_allocated_gb", "token_drop",
-                   "simulated")
+ALIASES = {
+    "tokens_per_gpu": "tokens_per_s_per_gpu",
+    "token_drop": "token_drop_fraction",
+    "padding": "padding_fraction",
+    "b": "mbs",
+    "step_s": "step_p50_s",
+}
+DEFAULT_COLUMNS = (
+    "sweep",
+    "round",
+    "key",
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "etp",
+    "mbs",
+    "recompute",
+    "dispatcher",
+    "status",
+    "step_p50_s",
+    "step_p99_s",
+    "tokens_per_gpu",
+    "mfu",
+    "peak_allocated_gb",
+    "token_drop",
+    "simulated",
+)
 # Sorting a metric without a sign puts the best first: high throughput, low time and memory.
-HIGHER_IS_BETTER = {"tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "megatron_tflops_per_gpu",
-                    "pred_mfu", "pred_tokens_per_s", "q_effective", "effective_fraction",
-                    "tokens_per_s_after_restart"}
+HIGHER_IS_BETTER = {
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "tflops_per_gpu",
+    "mfu",
+    "megatron_tflops_per_gpu",
+    "pred_mfu",
+    "pred_tokens_per_s",
+    "q_effective",
+    "effective_fraction",
+    "tokens_per_s_after_restart",
+}
 OPERATORS = ("!=", "<=", ">=", "=", "<", ">")
 _OPS = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 _WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(!=|<=|>=|=|<|>)\s*(.*?)\s*$", re.S)
@@ -68,13 +129,15 @@ def resolve(key: str) -> str:
     return name
 
 
-def parse_where(tokens: Sequence[str]) -> List[Filter]:
+def parse_where(tokens: Sequence[str]) -> list[Filter]:
     """`ep=64`, `tokens_per_gpu>=1000`, `recompute=moe_act` -> typed filters (values not yet SQL)."""
     out = []
     for tok in tokens:
         hit = _WHERE.match(tok)
         if not hit:
-            raise LedgerError(f"cannot read --where '{tok}': expected KEY OP VALUE with OP one of {' '.join(OPERATORS)}")
+            raise LedgerError(
+                f"cannot read --where '{tok}': expected KEY OP VALUE with OP one of {' '.join(OPERATORS)}"
+            )
         key, op, raw = hit.groups()
         name = resolve(key)
         out.append(Filter(name, op, _coerce(name, raw)))
@@ -121,7 +184,7 @@ def _bad_null(f: Filter):
     raise LedgerError(f"--where {f.key}{f.op}null: only = and != compare with null")
 
 
-def _order(sort: Optional[str]) -> List[ColumnElement]:
+def _order(sort: str | None) -> list[ColumnElement]:
     if not sort:
         return [m.Sweep.id, m.Candidate.round, m.Candidate.id]
     desc = None
@@ -137,10 +200,12 @@ def _order(sort: Optional[str]) -> List[ColumnElement]:
 def _joins(q):
     """FROM candidate + sweep + latest attempt + latest result. All LEFT JOINs on primary keys (sweep_id
     is NOT NULL, so the rows are those of an inner join): the planner can drop the unused ones."""
-    return (q.select_from(m.Candidate)
-            .outerjoin(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
-            .outerjoin(m.Attempt, m.Attempt.id == m.Candidate.latest_attempt_id)
-            .outerjoin(m.Result, m.Result.id == m.Candidate.latest_result_id))
+    return (
+        q.select_from(m.Candidate)
+        .outerjoin(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
+        .outerjoin(m.Attempt, m.Attempt.id == m.Candidate.latest_attempt_id)
+        .outerjoin(m.Result, m.Result.id == m.Candidate.latest_result_id)
+    )
 
 
 def joined(columns: Sequence[str]):
@@ -148,9 +213,18 @@ def joined(columns: Sequence[str]):
     return _joins(select(*[COLUMNS[c].label(c) for c in columns]))
 
 
-def compare(ledger, *, sweep: Optional[str] = None, stage: Optional[str] = None, round: Optional[int] = None,
-            status: Optional[str] = None, where: Sequence[str | Filter] = (), sort: Optional[str] = None,
-            limit: Optional[int] = None, columns: Optional[Sequence[str]] = None) -> List[dict]:
+def compare(
+    ledger,
+    *,
+    sweep: str | None = None,
+    stage: str | None = None,
+    round: int | None = None,
+    status: str | None = None,
+    where: Sequence[str | Filter] = (),
+    sort: str | None = None,
+    limit: int | None = None,
+    columns: Sequence[str] | None = None,
+) -> list[dict]:
     """Rows (dicts keyed by column name) for `python -m orchestrator compare`.
 
     With a limit, the filter + sort first pick candidate ids over narrow rows; only those `limit`
@@ -175,39 +249,63 @@ def compare(ledger, *, sweep: Optional[str] = None, stage: Optional[str] = None,
         return [dict(zip(names, row)) for row in s.execute(q)]
 
 
-def best(ledger, *, sweep: Optional[str] = None, stage: Optional[str] = None) -> Optional[dict]:
+def best(ledger, *, sweep: str | None = None, stage: str | None = None) -> dict | None:
     """The fastest MEASURED layout: lowest step p50, tie-break p99, then lower peak_reserved_gb.
 
     Only non-partial successful results count, never predictions; candidates with a failing parity
     check are excluded. Returns the evidence: layout, every metric, job id, logs.
     """
     failing_parity = exists().where(m.Parity.candidate_id == m.Candidate.id, not_(m.Parity.passed))
-    q = (select(m.Sweep, m.Candidate, m.Attempt, m.Result)
-         .join(m.Candidate, m.Candidate.id == m.Result.candidate_id)
-         .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
-         .join(m.Attempt, m.Attempt.id == m.Result.attempt_id)
-         .where(not_(m.Result.partial), m.Result.step_p50_s.is_not(None), not_(failing_parity)))
+    q = (
+        select(m.Sweep, m.Candidate, m.Attempt, m.Result)
+        .join(m.Candidate, m.Candidate.id == m.Result.candidate_id)
+        .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
+        .join(m.Attempt, m.Attempt.id == m.Result.attempt_id)
+        .where(not_(m.Result.partial), m.Result.step_p50_s.is_not(None), not_(failing_parity))
+    )
     if sweep is not None:
         q = q.where(m.Sweep.name == sweep)
     if stage is not None:
         q = q.where(m.Sweep.stage == stage)
-    q = q.order_by(m.Result.step_p50_s, m.Result.step_p99_s.asc().nulls_last(),
-                   m.Result.peak_reserved_gb.asc().nulls_last(), m.Result.id).limit(1)
+    q = q.order_by(
+        m.Result.step_p50_s,
+        m.Result.step_p99_s.asc().nulls_last(),
+        m.Result.peak_reserved_gb.asc().nulls_last(),
+        m.Result.id,
+    ).limit(1)
     with ledger.read() as s:
         hit = s.execute(q).first()
         if hit is None:
             return None
         sw, c, a, r = hit
         return {
-            "sweep": sw.name, "stage": sw.stage, "model": sw.model, "hardware": sw.hardware, "workload": sw.workload,
-            "candidate_id": c.id, "key": c.key, "round": c.round, "status": c.status, "layout": c.layout,
-            "layer_pattern": c.layer_pattern, "verdict": c.verdict, "predicted": c.predicted,
+            "sweep": sw.name,
+            "stage": sw.stage,
+            "model": sw.model,
+            "hardware": sw.hardware,
+            "workload": sw.workload,
+            "candidate_id": c.id,
+            "key": c.key,
+            "round": c.round,
+            "status": c.status,
+            "layout": c.layout,
+            "layer_pattern": c.layer_pattern,
+            "verdict": c.verdict,
+            "predicted": c.predicted,
             "chosen_on": "measured step_p50_s; tie-break step_p99_s, then lower peak_reserved_gb",
             "simulated": r.simulated,
-            "attempt": {"id": a.id, "attempt_no": a.attempt_no, "job_id": a.job_id, "array_index": a.array_index,
-                        "job_dir": a.job_dir, "node_list": a.node_list, "state": a.state,
-                        "start_time": a.start_time.isoformat() if a.start_time else None,
-                        "end_time": a.end_time.isoformat() if a.end_time else None,
-                        "log_paths": a.log_paths, "sidecar_paths": a.sidecar_paths},
+            "attempt": {
+                "id": a.id,
+                "attempt_no": a.attempt_no,
+                "job_id": a.job_id,
+                "array_index": a.array_index,
+                "job_dir": a.job_dir,
+                "node_list": a.node_list,
+                "state": a.state,
+                "start_time": a.start_time.isoformat() if a.start_time else None,
+                "end_time": a.end_time.isoformat() if a.end_time else None,
+                "log_paths": a.log_paths,
+                "sidecar_paths": a.sidecar_paths,
+            },
             "metrics": {k: getattr(r, k) for k in RESULT_METRICS},
         }

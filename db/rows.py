@@ -1,11 +1,12 @@
 """Typed rows the Ledger hands out (and CandidateIn, what it takes): plain dataclasses, so nothing
 tied to a database session escapes db/.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Optional, Sequence, Union
 
 # Slurm states after which an attempt will not change by itself (PREEMPTED may be requeued: live).
 TERMINAL_STATES = frozenset(
@@ -36,10 +37,10 @@ class CandidateIn:
     layout: dict
     layer_pattern: str = ""
     predicted: dict = field(default_factory=dict)
-    verdict: Union[str, Sequence[str]] = "legal"  # "legal" or the ids of the rules it breaks
+    verdict: str | Sequence[str] = "legal"  # "legal" or the ids of the rules it breaks
     round: int = 0
-    parent_key: Optional[str] = None
-    edge_kind: Optional[str] = None  # neighbour-of | promoted-from
+    parent_key: str | None = None
+    edge_kind: str | None = None  # neighbour-of | promoted-from
     status: str = "planned"
 
 
@@ -53,13 +54,13 @@ class CandidateRow:
     predicted: dict
     verdict: str
     round: int
-    parent_id: Optional[int]
-    edge_kind: Optional[str]
+    parent_id: int | None
+    edge_kind: str | None
     status: str
-    reason: Optional[str]
-    claimed_by: Optional[str]
-    latest_attempt_id: Optional[int]
-    latest_result_id: Optional[int]
+    reason: str | None
+    claimed_by: str | None
+    latest_attempt_id: int | None
+    latest_result_id: int | None
     created_at: datetime
     updated_at: datetime
 
@@ -69,17 +70,17 @@ class AttemptRow:
     id: int
     candidate_id: int
     attempt_no: int
-    job_id: Optional[str]
-    array_index: Optional[int]
+    job_id: str | None
+    array_index: int | None
     job_dir: str
-    submit_time: Optional[datetime]
-    start_time: Optional[datetime]
-    end_time: Optional[datetime]
-    node_list: Optional[str]
+    submit_time: datetime | None
+    start_time: datetime | None
+    end_time: datetime | None
+    node_list: str | None
     state: str
-    failure_class: Optional[str]
-    failure_detail: Optional[str]
-    exit_code: Optional[int]
+    failure_class: str | None
+    failure_detail: str | None
+    exit_code: int | None
     log_paths: list
     sidecar_paths: list
     simulated: bool
@@ -95,10 +96,10 @@ class AttemptRow:
 class EventRow:
     id: int
     sweep_id: int
-    candidate_id: Optional[int]
+    candidate_id: int | None
     kind: str
     message: str
-    data: Optional[dict]
+    data: dict | None
     created_at: datetime
 
 
@@ -118,8 +119,8 @@ class ParityRow:
     candidate_id: int
     reference_key: str
     steps: int
-    max_loss_diff: Optional[float]
-    max_grad_norm_diff: Optional[float]
+    max_loss_diff: float | None
+    max_grad_norm_diff: float | None
     tolerance: float
     passed: bool
     detail: str
@@ -144,7 +145,7 @@ class MeasuredRow:
     verdict: str
     attempt_id: int
     attempt_no: int
-    job_id: Optional[str]
+    job_id: str | None
     simulated: bool
     partial: bool
     metrics: dict  # every result column (RESULT_METRICS)

@@ -19,31 +19,42 @@ Order (first hit wins), strongest evidence first:
 Retry: NODE_FAIL, PREEMPTED and NCCL_TIMEOUT are infrastructure, retried; TIMEOUT is retried once
 (a second time limit means the layout is too slow for the window); the rest are deterministic.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Sequence, Union
 
 from jobs.parse import NcclTimeoutRecord, ParsedLog, parse_bytes
 from jobs.result import FAILURE_CLASSES, RETRYABLE, JobResult
 
 DEFAULT_RETRIES = 2
-_EPILOGUE = {"TIME LIMIT": "TIMEOUT", "PREEMPTION": "PREEMPTED", "JOB REQUEUE": "PREEMPTED",
-             "NODE FAILURE": "NODE_FAIL"}
-_SACCT = {"TIMEOUT": "TIMEOUT", "DEADLINE": "TIMEOUT", "PREEMPTED": "PREEMPTED",
-          "REQUEUED": "PREEMPTED", "NODE_FAIL": "NODE_FAIL", "BOOT_FAIL": "NODE_FAIL",
-          "OUT_OF_MEMORY": "OOM"}
+_EPILOGUE = {
+    "TIME LIMIT": "TIMEOUT",
+    "PREEMPTION": "PREEMPTED",
+    "JOB REQUEUE": "PREEMPTED",
+    "NODE FAILURE": "NODE_FAIL",
+}
+_SACCT = {
+    "TIMEOUT": "TIMEOUT",
+    "DEADLINE": "TIMEOUT",
+    "PREEMPTED": "PREEMPTED",
+    "REQUEUED": "PREEMPTED",
+    "NODE_FAIL": "NODE_FAIL",
+    "BOOT_FAIL": "NODE_FAIL",
+    "OUT_OF_MEMORY": "OOM",
+}
 _DETAIL_MAX = 500
 
 
 @dataclass(frozen=True)
 class Classification:
-    failure_class: Optional[str]  # one of FAILURE_CLASSES, None = success
+    failure_class: str | None  # one of FAILURE_CLASSES, None = success
     retryable: bool
     detail: str  # the evidence line
-    nccl_group: Optional[str] = None  # EP | DP | PP | CP | TP when the log names the group
+    nccl_group: str | None = None  # EP | DP | PP | CP | TP when the log names the group
     source: str = ""  # slurm-line | sacct | log | exit-code | none
-    rank: Optional[int] = None
+    rank: int | None = None
 
     def apply(self, result: JobResult) -> JobResult:
         result.failure_class, result.retryable = self.failure_class, self.retryable
@@ -52,21 +63,21 @@ class Classification:
         return result
 
 
-def retry_limit(failure_class: Optional[str], default: int = DEFAULT_RETRIES) -> int:
+def retry_limit(failure_class: str | None, default: int = DEFAULT_RETRIES) -> int:
     """Extra attempts allowed for a class: TIMEOUT once, other retryable classes `default`."""
     if failure_class == "TIMEOUT":
         return 1
     return default if failure_class in RETRYABLE else 0
 
 
-def normalize_state(state: Optional[str]) -> str:
+def normalize_state(state: str | None) -> str:
     """'CANCELLED by 1000' -> CANCELLED, 'CANCELLED+' -> CANCELLED, ' timeout ' -> TIMEOUT."""
     if not state:
         return ""
     return state.strip().split()[0].rstrip("+").upper() if state.strip() else ""
 
 
-def nccl_group_of(process_group: Optional[str]) -> Optional[str]:
+def nccl_group_of(process_group: str | None) -> str | None:
     """Megatron's group_desc (parallel_state.py) -> EP/DP/PP/CP/TP. Expert-data-parallel groups
     count as DP (their collectives are gradient reductions); default_pg and MODEL_PARALLEL -> None."""
     if not process_group:
@@ -93,18 +104,18 @@ def _cut(line: str) -> str:
     return line if len(line) <= _DETAIL_MAX else line[:_DETAIL_MAX] + "..."
 
 
-def _make(cls: Optional[str], detail: str, source: str, *, group: Optional[str] = None,
-          rank: Optional[int] = None) -> Classification:
+def _make(
+    cls: str | None, detail: str, source: str, *, group: str | None = None, rank: int | None = None
+) -> Classification:
     assert cls is None or cls in FAILURE_CLASSES
     return Classification(cls, cls in RETRYABLE, _cut(detail), group, source, rank)
 
 
-def _nccl(records: List[NcclTimeoutRecord]) -> Classification:
+def _nccl(records: list[NcclTimeoutRecord]) -> Classification:
     caught = [r for r in records if r.kind == "caught"]
     first = caught[0] if caught else records[0]
     named = [r for r in records if r.process_group and r.process_group != "default_pg"]
-    same = [r for r in named if r.rank == first.rank and
-            (first.seq_num is None or r.seq_num in (None, first.seq_num))]
+    same = [r for r in named if r.rank == first.rank and (first.seq_num is None or r.seq_num in (None, first.seq_num))]
     pick = (same or named or [None])[0]
     group = nccl_group_of(pick.process_group) if pick else None
     detail = first.line
@@ -116,9 +127,12 @@ def _nccl(records: List[NcclTimeoutRecord]) -> Classification:
     return _make("NCCL_TIMEOUT", detail, "log", group=group, rank=first.rank)
 
 
-def classify(logs: Sequence[ParsedLog], slurm_state: Optional[str] = None,
-             exit_code: Optional[int] = None,
-             stderr_tail: Union[bytes, str, Iterable[str], None] = None) -> Classification:
+def classify(
+    logs: Sequence[ParsedLog],
+    slurm_state: str | None = None,
+    exit_code: int | None = None,
+    stderr_tail: bytes | str | Iterable[str] | None = None,
+) -> Classification:
     """Classify one attempt from every rank's parsed output plus Slurm's view of it."""
     logs = list(logs)
     if stderr_tail:
@@ -165,8 +179,7 @@ def classify(logs: Sequence[ParsedLog], slurm_state: Optional[str] = None,
     if state == "CANCELLED":
         return _make("CANCELLED", f"sacct state {slurm_state.strip()}", "sacct")  # type: ignore[union-attr]
     if exit_code not in (None, 0):
-        return _make("CRASH", f"exit code {exit_code}" + (f", sacct state {state}" if state else ""),
-                     "exit-code")
+        return _make("CRASH", f"exit code {exit_code}" + (f", sacct state {state}" if state else ""), "exit-code")
     if state == "FAILED":
         return _make("CRASH", "sacct state FAILED", "sacct")
     if not has_iters:

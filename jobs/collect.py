@@ -12,13 +12,14 @@ its N and the spec's EffectiveConfig, with save / restore seconds from the `save
 from every timer block, not only the measured window's: Megatron logs `load-checkpoint` before the
 first iteration. A restore job (role long-run-restore) that loaded nothing is not a measurement.
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional
 
 from jobs import metrics as metrics_mod
 from jobs.classify import classify
@@ -43,10 +44,10 @@ class JobFolder:
     """What a job folder holds, parsed."""
 
     path: Path
-    spec: Optional[JobSpec]
-    logs: List[ParsedLog] = field(default_factory=list)
-    sidecars: List[dict] = field(default_factory=list)
-    sidecar_paths: List[str] = field(default_factory=list)
+    spec: JobSpec | None
+    logs: list[ParsedLog] = field(default_factory=list)
+    sidecars: list[dict] = field(default_factory=list)
+    sidecar_paths: list[str] = field(default_factory=list)
 
     @property
     def simulated(self) -> bool:
@@ -57,19 +58,24 @@ class JobFolder:
         )
 
 
-def read_folder(job_dir: str | os.PathLike, job_id: Optional[str] = None) -> JobFolder:
+def read_folder(job_dir: str | os.PathLike, job_id: str | None = None) -> JobFolder:
     path = Path(job_dir)
     spec_path = path / SPEC_NAME
     spec = JobSpec.load(spec_path) if spec_path.exists() else None
-    files: List[Path] = []
+    files: list[Path] = []
     for pattern in RANK_GLOBS + SUBMITIT_GLOBS:
         files += sorted(path.glob(pattern), key=_rank_order)
     if job_id:
         for parent in list(path.parents)[:SUBMITIT_LOOKUP_DEPTH]:
             files += sorted((parent / ".submitit" / str(job_id)).glob("*_log.*"), key=_rank_order)
     sidecars, used = metrics_mod.load_sidecars(sorted(path.glob("sidecar-rank-*.json"), key=_rank_order))
-    return JobFolder(path=path, spec=spec, logs=[parse_file(p) for p in dict.fromkeys(files) if p.is_file()],
-                     sidecars=sidecars, sidecar_paths=used)
+    return JobFolder(
+        path=path,
+        spec=spec,
+        logs=[parse_file(p) for p in dict.fromkeys(files) if p.is_file()],
+        sidecars=sidecars,
+        sidecar_paths=used,
+    )
 
 
 def _rank_order(p: Path):
@@ -77,13 +83,13 @@ def _rank_order(p: Path):
     return (int(digits[0]) if digits else -1, p.name)
 
 
-def pp_of_rank(spec: JobSpec) -> Callable[[int], Optional[int]]:
+def pp_of_rank(spec: JobSpec) -> Callable[[int], int | None]:
     """Rank -> pipeline stage in Megatron's rank order (PP is the outermost dense axis by default,
     between TP-CP and DP with --use-tp-pp-dp-mapping)."""
     lay = Layout.from_dict(spec.layout)
     n = max(1, spec.n_gpus)
 
-    def stage(rank: int) -> Optional[int]:
+    def stage(rank: int) -> int | None:
         if rank >= n or n % (lay.tp * lay.cp * lay.pp):
             return None
         if lay.use_tp_pp_dp_mapping:
@@ -93,8 +99,13 @@ def pp_of_rank(spec: JobSpec) -> Callable[[int], Optional[int]]:
     return stage
 
 
-def collect(job_dir: str | os.PathLike, *, slurm_state: Optional[str] = None,
-            exit_code: Optional[int] = None, job_id: Optional[str] = None) -> JobResult:
+def collect(
+    job_dir: str | os.PathLike,
+    *,
+    slurm_state: str | None = None,
+    exit_code: int | None = None,
+    job_id: str | None = None,
+) -> JobResult:
     """Build the JobResult of one attempt from its folder and write result.json (tmp + rename).
     `job_id` also finds submitit's logs of an array job under a parent folder's .submitit/."""
     folder = read_folder(job_dir, job_id)
@@ -103,12 +114,21 @@ def collect(job_dir: str | os.PathLike, *, slurm_state: Optional[str] = None,
     if spec is not None:
         stage, hw = spec.stage, spec.hardware
         metrics_mod.compute(
-            folder.logs, folder.sidecars, warmup_iters=stage.warmup_iters, measure_iters=stage.measure_iters,
-            seq_length=stage.seq_length, n_gpus=spec.n_gpus, global_batch=stage.global_batch,
+            folder.logs,
+            folder.sidecars,
+            warmup_iters=stage.warmup_iters,
+            measure_iters=stage.measure_iters,
+            seq_length=stage.seq_length,
+            n_gpus=spec.n_gpus,
+            global_batch=stage.global_batch,
             model_flops_per_step=spec.model_flops_per_step or None,
             recompute_flops_per_step=spec.recompute_flops_per_step or None,
-            peak_tflops=peak_tflops(hw, stage.precision), peak_label=peak_label(hw, stage.precision),
-            pp_of_rank=pp_of_rank(spec), result=result, sidecar_paths=folder.sidecar_paths)
+            peak_tflops=peak_tflops(hw, stage.precision),
+            peak_label=peak_label(hw, stage.precision),
+            pp_of_rank=pp_of_rank(spec),
+            result=result,
+            sidecar_paths=folder.sidecar_paths,
+        )
     else:  # no job.json: nothing to measure against; still classify what the folder holds
         result.log_paths = [log.path for log in folder.logs if log.path]
         result.sidecar_paths = list(folder.sidecar_paths)
@@ -146,8 +166,7 @@ def checkpoint_metrics(folder: JobFolder, spec: JobSpec, result: JobResult) -> N
     if spec.role == "long-run-restore":
         if LOAD_TIMER not in timers:
             result.ok = False
-            why = (_missing_checkpoint_line(folder) or result.failure_detail
-                   or "no load-checkpoint timer in the log")
+            why = _missing_checkpoint_line(folder) or result.failure_detail or "no load-checkpoint timer in the log"
             result.failure_class = result.failure_class or "CRASH"
             result.failure_detail = f"restore job loaded no checkpoint: {why}"
             return
@@ -155,12 +174,14 @@ def checkpoint_metrics(folder: JobFolder, spec: JobSpec, result: JobResult) -> N
     if result.ok and result.tokens_per_s:
         eff = spec.effective
         e = effective_throughput(
-            result.tokens_per_s, n_gpus=spec.n_gpus,
+            result.tokens_per_s,
+            n_gpus=spec.n_gpus,
             save_s=result.ckpt_save_s if result.ckpt_save_s is not None else eff.default_save_s,
             restore_s=result.ckpt_restore_s if result.ckpt_restore_s is not None else eff.default_restore_s,
             checkpoint_interval_s=eff.checkpoint_interval_s,
             interruption_rate_per_gpu_hour=eff.interruption_rate_per_gpu_hour,
-            restart_overhead_s=eff.restart_overhead_s)
+            restart_overhead_s=eff.restart_overhead_s,
+        )
         result.effective_fraction, result.q_effective = e.effective_fraction, e.q_effective
 
 
@@ -174,7 +195,7 @@ def _missing_checkpoint_line(folder: JobFolder) -> str:
             if at >= 0:
                 start = head.rfind(b"\n", 0, at) + 1
                 end = head.find(b"\n", at)
-                return head[start:end if end >= 0 else None].decode("utf-8", "replace").strip()
+                return head[start : end if end >= 0 else None].decode("utf-8", "replace").strip()
     return ""
 
 
@@ -187,6 +208,6 @@ def write_result(job_dir: Path, result: JobResult) -> Path:
     return path
 
 
-def load_result(job_dir: str | os.PathLike) -> Optional[JobResult]:
+def load_result(job_dir: str | os.PathLike) -> JobResult | None:
     path = Path(job_dir) / RESULT_NAME
     return JobResult.from_dict(json.loads(path.read_text())) if path.exists() else None

@@ -13,6 +13,7 @@ cycle of I seconds of training followed by a blocking save of s_save seconds:
 With an effective fraction given directly (the guide's example), Q = tokens_per_s x f:
 1.0M tok/s at 90% -> 0.90M; 1.1M tok/s at 80% -> 0.88M.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -7,6 +7,7 @@ after the files are written, so submitit marks the task failed and Slurm records
 
 Imports stay light (stdlib; submitit lazily) because this runs inside the cluster's container.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,6 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, Optional, Union
 
 from jobs.spec import SPEC_NAME, JobSpec
 
@@ -42,7 +42,7 @@ class RankEnv:
     master_port: int
     single_process: bool  # local executor: one process stands for the whole job
 
-    def as_env(self) -> Dict[str, str]:
+    def as_env(self) -> dict[str, str]:
         env = {
             "RANK": str(self.rank),
             "WORLD_SIZE": str(self.world_size),
@@ -85,8 +85,14 @@ def rank_env(spec: JobSpec, job_env=None) -> RankEnv:
             single_process=False,
         )
     n = max(1, int(spec.n_gpus))
-    return RankEnv(rank=n - 1, world_size=n, local_rank=0, master_addr="127.0.0.1",
-                   master_port=spec.master_port, single_process=True)
+    return RankEnv(
+        rank=n - 1,
+        world_size=n,
+        local_rank=0,
+        master_addr="127.0.0.1",
+        master_port=spec.master_port,
+        single_process=True,
+    )
 
 
 def _submitit_env():
@@ -100,7 +106,7 @@ def _submitit_env():
         return None
 
 
-def task_env(spec: JobSpec, renv: RankEnv, job_dir: Path) -> Dict[str, str]:
+def task_env(spec: JobSpec, renv: RankEnv, job_dir: Path) -> dict[str, str]:
     """os.environ + cluster.env/workload.env (spec.env) + rank env + ORCH_* pointers."""
     env = dict(os.environ)
     env.update({k: str(v) for k, v in spec.env.items()})
@@ -124,7 +130,7 @@ def resolve_command(spec: JobSpec) -> list:
     return cmd
 
 
-def run_task(spec: Union[JobSpec, str, os.PathLike]) -> dict:
+def run_task(spec: JobSpec | str | os.PathLike) -> dict:
     """Run this rank's workload; return TaskOutcome as a dict, or raise TaskFailed on non-zero exit."""
     if not isinstance(spec, JobSpec):
         spec = JobSpec.load(spec)
@@ -140,8 +146,14 @@ def run_task(spec: Union[JobSpec, str, os.PathLike]) -> dict:
         code = _run_in_process(spec, renv, env, out_path, err_path)
     else:
         code = _run_subprocess(resolve_command(spec), env, job_dir, out_path, err_path)
-    outcome = TaskOutcome(rank=renv.rank, returncode=code, stdout=str(out_path), stderr=str(err_path),
-                          job_dir=str(job_dir), single_process=renv.single_process)
+    outcome = TaskOutcome(
+        rank=renv.rank,
+        returncode=code,
+        stdout=str(out_path),
+        stderr=str(err_path),
+        job_dir=str(job_dir),
+        single_process=renv.single_process,
+    )
     if code != 0:
         how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
         raise TaskFailed(f"rank {renv.rank} {how}; see {err_path}")
@@ -153,8 +165,15 @@ def _run_subprocess(cmd: list, env: dict, cwd: Path, out_path: Path, err_path: P
     workload (then to the previous handler, so submitit's own handling still runs)."""
     with open(out_path, "ab") as out, open(err_path, "ab") as err:
         try:
-            proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                    preexec_fn=_ignore_warning_signal)
+            proc = subprocess.Popen(
+                cmd,
+                env=env,
+                cwd=str(cwd),
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_ignore_warning_signal,
+            )
         except OSError as exc:  # command not found: record it where collect will look
             err.write(f"failed to start workload {cmd[:3]}: {exc}\n".encode())
             return 127
@@ -206,8 +225,8 @@ def _run_in_process(spec: JobSpec, renv: RankEnv, env: dict, out_path: Path, err
         os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
         # Python-level streams may not be fd 1/2 (a test runner's capture): point them at the files too.
-        sys.stdout = open(1, "w", buffering=1, closefd=False)
-        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the task
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the task
         try:
             code = megatron_run.main(entry, argv, window, spec.job_dir, renv.rank)
         except SystemExit as exc:
@@ -238,7 +257,7 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     """`python -m jobs.entry <job.json>`: run one task by hand (debugging a job folder)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:

@@ -21,14 +21,16 @@ How it counts (choices):
 
 This module imports torch and megatron only inside functions: jobs/ must import on a bare Python.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 
-def percentile(values: Sequence[float], q: float) -> Optional[float]:
+def percentile(values: Sequence[float], q: float) -> float | None:
     """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
     if not values:
         return None
@@ -38,7 +40,7 @@ def percentile(values: Sequence[float], q: float) -> Optional[float]:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def router_summary(tokens_per_expert: Sequence[int], routed: int, dropped: int, padded: int) -> Dict[str, Any]:
+def router_summary(tokens_per_expert: Sequence[int], routed: int, dropped: int, padded: int) -> dict[str, Any]:
     """JobResult's MoE evidence from raw counts. Padding fraction = padded slots / expert input slots."""
     kept = sum(tokens_per_expert)
     mean = kept / len(tokens_per_expert) if tokens_per_expert else 0.0
@@ -57,8 +59,8 @@ class Window:
     """Iterations [warmup, warmup + measure) of this process are measured. Until begin() is first
     called (nobody drives the window) or with warmup/measure None, every call is measured."""
 
-    warmup: Optional[int] = None
-    measure: Optional[int] = None
+    warmup: int | None = None
+    measure: int | None = None
     iteration: int = -1  # index of the train_step running now (-1: none started)
     in_step: bool = False
 
@@ -80,7 +82,7 @@ class Window:
         return self.in_step and self.warmup <= self.iteration < self.warmup + self.measure
 
     @property
-    def measured(self) -> Optional[int]:
+    def measured(self) -> int | None:
         """Measured iterations so far; None when nothing drives the window (count unknown)."""
         if not self.driven:
             return None
@@ -95,15 +97,15 @@ class RouterCounter:
     hooks one existing router (tests)."""
 
     window: Window = field(default_factory=Window)
-    _kept: Dict[int, Any] = field(default_factory=dict)  # router id -> device tensor [E]
-    _padded: Dict[int, Any] = field(default_factory=dict)
+    _kept: dict[int, Any] = field(default_factory=dict)  # router id -> device tensor [E]
+    _padded: dict[int, Any] = field(default_factory=dict)
     _routed: int = 0
-    _calls: Dict[int, int] = field(default_factory=dict)
-    _handles: List[Any] = field(default_factory=list)
-    _undo: List[Tuple[Any, str, Any]] = field(default_factory=list)
+    _calls: dict[int, int] = field(default_factory=dict)
+    _handles: list[Any] = field(default_factory=list)
+    _undo: list[tuple[Any, str, Any]] = field(default_factory=list)
 
     @classmethod
-    def for_window(cls, warmup: int, measure: int) -> "RouterCounter":
+    def for_window(cls, warmup: int, measure: int) -> RouterCounter:
         return cls(window=Window(warmup=warmup, measure=measure))
 
     # -- hooks ------------------------------------------------------------------------------
@@ -130,7 +132,7 @@ class RouterCounter:
     def attach(self, router) -> None:
         self._handles.append(router.register_forward_hook(self.hook))
 
-    def install(self) -> "RouterCounter":
+    def install(self) -> RouterCounter:
         """Hook every TopKRouter built from now on, and wrap train_step for the window."""
         from megatron.core.transformer.moe import router as router_mod
 
@@ -172,7 +174,7 @@ class RouterCounter:
         self._undo.clear()
 
     # -- results ------------------------------------------------------------------------------
-    def totals(self) -> Dict[str, Any]:
+    def totals(self) -> dict[str, Any]:
         """Counts summed over routers (MoE layers incl. MTP) and measured microbatches; one host sync."""
         per_router = [t.tolist() for t in self._kept.values()]
         experts = max((len(c) for c in per_router), default=0)
@@ -189,17 +191,24 @@ class RouterCounter:
             "microbatches": microbatches,
         }
 
-    def report(self) -> Dict[str, Any]:
+    def report(self) -> dict[str, Any]:
         t = self.totals()
-        summary = router_summary(t["tokens_per_expert"], t["routed_tokens"], t["dropped_tokens"],
-                                 t["padded_tokens"]) if t["tokens_per_expert"] else {}
-        window = {"warmup_iters": self.window.warmup, "measure_iters": self.window.measured,
-                  "measure_iters_requested": self.window.measure, "iterations_seen": self.window.iteration + 1,
-                  "counting": "window" if self.window.driven else "all"}
+        summary = (
+            router_summary(t["tokens_per_expert"], t["routed_tokens"], t["dropped_tokens"], t["padded_tokens"])
+            if t["tokens_per_expert"]
+            else {}
+        )
+        window = {
+            "warmup_iters": self.window.warmup,
+            "measure_iters": self.window.measured,
+            "measure_iters_requested": self.window.measure,
+            "iterations_seen": self.window.iteration + 1,
+            "counting": "window" if self.window.driven else "all",
+        }
         return {"window": window, **t, **summary}
 
 
-def peak_memory_mb() -> Dict[str, Optional[float]]:
+def peak_memory_mb() -> dict[str, float | None]:
     """This process's CUDA allocator peaks (MB = 2**20 bytes, as Megatron's memory line); None on CPU."""
     try:
         import torch

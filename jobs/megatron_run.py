@@ -11,6 +11,7 @@ router evidence from jobs.instrument, and "simulated": false.
 
 Imports stay stdlib at module level: torch and megatron are imported only inside main().
 """
+
 from __future__ import annotations
 
 import atexit
@@ -18,18 +19,18 @@ import json
 import os
 import runpy
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any
 
 from jobs import instrument
 
 SIDECAR = "sidecar-rank-{rank}.json"
 
 
-def _megatron_facts() -> Dict[str, Any]:
+def _megatron_facts() -> dict[str, Any]:
     """PP stage, capacity factor, force-balanced routing and versions, when Megatron got that far."""
-    facts: Dict[str, Any] = {"pp_stage": None, "capacity_factor": None, "force_balanced_routing": None,
-                             "versions": {}}
+    facts: dict[str, Any] = {"pp_stage": None, "capacity_factor": None, "force_balanced_routing": None, "versions": {}}
     try:
         import torch
 
@@ -49,10 +50,11 @@ def _megatron_facts() -> Dict[str, Any]:
     return facts
 
 
-def write_sidecar(out_dir: os.PathLike, rank: int, counter: Optional[instrument.RouterCounter],
-                  error: Optional[str] = None) -> Path:
+def write_sidecar(
+    out_dir: os.PathLike, rank: int, counter: instrument.RouterCounter | None, error: str | None = None
+) -> Path:
     """Atomically write this rank's sidecar."""
-    doc: Dict[str, Any] = {"simulated": False, "source": "megatron_run", "rank": rank}
+    doc: dict[str, Any] = {"simulated": False, "source": "megatron_run", "rank": rank}
     doc.update(_megatron_facts())
     doc.update(instrument.peak_memory_mb())
     if counter is not None:
@@ -67,13 +69,12 @@ def write_sidecar(out_dir: os.PathLike, rank: int, counter: Optional[instrument.
     return path
 
 
-def main(entry_script: str, argv: Sequence[str], window: Tuple[int, int], out_dir: os.PathLike,
-         rank: int) -> int:
+def main(entry_script: str, argv: Sequence[str], window: tuple[int, int], out_dir: os.PathLike, rank: int) -> int:
     """Run entry_script as __main__ with argv, counting routers in the (warmup, measure) window.
     Returns the script's exit code (SystemExit is caught); other exceptions propagate after the
     sidecar is written."""
-    counter: Optional[instrument.RouterCounter] = instrument.RouterCounter.for_window(*window)
-    error: Optional[str] = None
+    counter: instrument.RouterCounter | None = instrument.RouterCounter.for_window(*window)
+    error: str | None = None
     try:
         counter.install()
     except Exception as exc:  # noqa: BLE001 - no megatron-core here: run uninstrumented, say why

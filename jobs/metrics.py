@@ -34,6 +34,7 @@ padding_fraction = sum(padded) / (sum(routed) - sum(dropped) + sum(padded)) (sha
 slots that are padding); expert-load p50/p95/p99 are percentiles over experts of the summed
 tokens_per_expert; hot_expert_ratio = max / mean of that vector.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -41,27 +42,27 @@ import json
 import math
 import statistics
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from jobs.parse import IterationRecord, ParsedLog, TimerBlock
 from jobs.result import JobResult, RankMemory
 
-PpOfRank = Union[Callable[[int], Optional[int]], Mapping[int, int], None]
+PpOfRank = Callable[[int], int | None] | Mapping[int, int] | None
 GB_PER_MIB = 2**20 / 1e9  # Megatron's MB (MiB) -> decimal GB
 
 
 @dataclass(frozen=True)
 class Summary:
-    p50: Optional[float]
-    p95: Optional[float]
-    p99: Optional[float]
-    mean: Optional[float]
-    max: Optional[float]
+    p50: float | None
+    p95: float | None
+    p99: float | None
+    mean: float | None
+    max: float | None
 
 
-def percentile(values: Sequence[float], q: float) -> Optional[float]:
+def percentile(values: Sequence[float], q: float) -> float | None:
     """Linear-interpolation percentile (type 7). q in [0, 100]. None for no values."""
     xs = sorted(values)
     if not xs:
@@ -75,15 +76,17 @@ def percentile(values: Sequence[float], q: float) -> Optional[float]:
 def summarize(values: Sequence[float]) -> Summary:
     if not values:
         return Summary(None, None, None, None, None)
-    return Summary(percentile(values, 50), percentile(values, 95), percentile(values, 99),
-                   statistics.fmean(values), max(values))
+    return Summary(
+        percentile(values, 50), percentile(values, 95), percentile(values, 99), statistics.fmean(values), max(values)
+    )
 
 
-def window(iterations: Iterable[IterationRecord], warmup_iters: int,
-           measure_iters: int) -> Tuple[List[IterationRecord], bool]:
+def window(
+    iterations: Iterable[IterationRecord], warmup_iters: int, measure_iters: int
+) -> tuple[list[IterationRecord], bool]:
     """(measured records, partial). Iterations warmup+1 .. warmup+measure; duplicates (the same
     iteration seen in several files) keep the last. partial: the job never reached the end."""
-    by_it: Dict[int, IterationRecord] = {}
+    by_it: dict[int, IterationRecord] = {}
     for r in iterations:
         by_it[r.iteration] = r
     end = warmup_iters + measure_iters
@@ -92,7 +95,7 @@ def window(iterations: Iterable[IterationRecord], warmup_iters: int,
     return measured, last < end
 
 
-def _pp(pp_of_rank: PpOfRank, rank: Optional[int]) -> Optional[int]:
+def _pp(pp_of_rank: PpOfRank, rank: int | None) -> int | None:
     if rank is None or pp_of_rank is None:
         return None
     if callable(pp_of_rank):
@@ -100,7 +103,7 @@ def _pp(pp_of_rank: PpOfRank, rank: Optional[int]) -> Optional[int]:
     return pp_of_rank.get(rank)
 
 
-def load_sidecars(paths: Iterable[Union[str, Path]]) -> Tuple[List[dict], List[str]]:
+def load_sidecars(paths: Iterable[str | Path]) -> tuple[list[dict], list[str]]:
     """Read sidecar JSON files; unreadable ones are skipped (a killed rank may leave half a file)."""
     out, used = [], []
     for p in paths:
@@ -114,10 +117,11 @@ def load_sidecars(paths: Iterable[Union[str, Path]]) -> Tuple[List[dict], List[s
     return out, used
 
 
-def rank_memory(logs: Sequence[ParsedLog], sidecars: Sequence[Mapping],
-                pp_of_rank: PpOfRank = None) -> List[RankMemory]:
+def rank_memory(
+    logs: Sequence[ParsedLog], sidecars: Sequence[Mapping], pp_of_rank: PpOfRank = None
+) -> list[RankMemory]:
     """Per-rank peak memory: max over a rank's log lines, then a sidecar's peak overrides it."""
-    mem: Dict[int, RankMemory] = {}
+    mem: dict[int, RankMemory] = {}
     for log in logs:
         for m in log.memory:
             cur = mem.get(m.rank)
@@ -132,46 +136,49 @@ def rank_memory(logs: Sequence[ParsedLog], sidecars: Sequence[Mapping],
         if alloc is None and resv is None:
             continue
         cur = mem.get(r)
-        mem[r] = RankMemory(r, None, alloc if alloc is not None else (cur and cur.allocated_mb),
-                            resv if resv is not None else (cur and cur.reserved_mb), "sidecar")
+        mem[r] = RankMemory(
+            r,
+            None,
+            alloc if alloc is not None else (cur and cur.allocated_mb),
+            resv if resv is not None else (cur and cur.reserved_mb),
+            "sidecar",
+        )
     stage_of = {sc["rank"]: sc["pp_stage"] for sc in sidecars if sc.get("pp_stage") is not None}
     for r, rm in mem.items():
         rm.pp_stage = stage_of.get(r, _pp(pp_of_rank, r))
     return [mem[r] for r in sorted(mem)]
 
 
-def heaviest(ranks: Sequence[RankMemory]) -> Optional[RankMemory]:
+def heaviest(ranks: Sequence[RankMemory]) -> RankMemory | None:
     """The rank with the largest max-allocated (ties: larger max-reserved, then lower rank)."""
     if not ranks:
         return None
     return max(ranks, key=lambda m: (m.allocated_mb or 0.0, m.reserved_mb or 0.0, -m.rank))
 
 
-def _in_window(after: Optional[int], lo: int, hi: int) -> bool:
+def _in_window(after: int | None, lo: int, hi: int) -> bool:
     return after is not None and lo < after <= hi
 
 
-def timers_summary(blocks: Sequence[TimerBlock]) -> Dict[str, List[Optional[float]]]:
+def timers_summary(blocks: Sequence[TimerBlock]) -> dict[str, list[float | None]]:
     """name -> [median min, median max] over the blocks (min is None for max-only blocks)."""
-    acc: Dict[str, Tuple[List[float], List[float]]] = {}
+    acc: dict[str, tuple[list[float], list[float]]] = {}
     for b in blocks:
         for name, (lo, hi) in b.timers.items():
             los, his = acc.setdefault(name, ([], []))
             if lo is not None:
                 los.append(lo)
             his.append(hi)
-    return {n: [statistics.median(lo) if lo else None, statistics.median(hi)]
-            for n, (lo, hi) in acc.items()}
+    return {n: [statistics.median(lo) if lo else None, statistics.median(hi)] for n, (lo, hi) in acc.items()}
 
 
-def _iteration_clock(logs: Sequence[ParsedLog]) -> Callable[[Optional[str]], Optional[int]]:
+def _iteration_clock(logs: Sequence[ParsedLog]) -> Callable[[str | None], int | None]:
     """Timestamp -> the last iteration logged at or before it. Rank 0 prints straggler lines, the
     last rank prints iteration lines (another file), so a straggler line is placed by its clock."""
-    marks = sorted((r.timestamp[:19], r.iteration) for log in logs for r in log.iterations
-                   if r.timestamp)
+    marks = sorted((r.timestamp[:19], r.iteration) for log in logs for r in log.iterations if r.timestamp)
     keys = [m[0] for m in marks]
 
-    def at(ts: Optional[str]) -> Optional[int]:
+    def at(ts: str | None) -> int | None:
         if not ts or not marks:
             return None
         i = bisect.bisect_right(keys, ts[:19]) - 1
@@ -180,22 +187,23 @@ def _iteration_clock(logs: Sequence[ParsedLog]) -> Callable[[Optional[str]], Opt
     return at
 
 
-def slowest_rank(logs: Sequence[ParsedLog], lo: int, hi: int) -> Optional[int]:
+def slowest_rank(logs: Sequence[ParsedLog], lo: int, hi: int) -> int | None:
     """Most frequent max-iteration-time rank in straggler lines (ties: larger summed MxRtt); else
     the rank with the largest forward-backward in per-rank ("all") timer blocks."""
     strag = [s for log in logs for s in log.stragglers if s.max_rtt_rank is not None]
     at = _iteration_clock(logs)
-    in_win = [s for s in strag if _in_window(s.after_iteration if s.after_iteration is not None
-                                             else at(s.timestamp), lo, hi)] or strag
+    in_win = [
+        s for s in strag if _in_window(s.after_iteration if s.after_iteration is not None else at(s.timestamp), lo, hi)
+    ] or strag
     if in_win:
         count = Counter(s.max_rtt_rank for s in in_win)
-        total: Dict[int, float] = {}
+        total: dict[int, float] = {}
         for s in in_win:
             total[s.max_rtt_rank] = total.get(s.max_rtt_rank, 0.0) + (s.max_rtt_ms or 0.0)
         return max(count, key=lambda r: (count[r], total[r], -r))
     blocks = [b for log in logs for b in log.timers if b.per_rank]
     in_blk = [b for b in blocks if _in_window(b.after_iteration, lo, hi)] or blocks
-    per_rank: Dict[int, float] = {}
+    per_rank: dict[int, float] = {}
     for b in in_blk:
         ranks = b.per_rank.get("forward-backward") or next(iter(b.per_rank.values()), {})
         for r, ms in ranks.items():
@@ -203,41 +211,53 @@ def slowest_rank(logs: Sequence[ParsedLog], lo: int, hi: int) -> Optional[int]:
     return max(per_rank, key=lambda r: (per_rank[r], -r)) if per_rank else None
 
 
-def moe_evidence(sidecars: Sequence[Mapping]) -> Dict[str, Optional[float]]:
+def moe_evidence(sidecars: Sequence[Mapping]) -> dict[str, float | None]:
     routed = sum(sc.get("routed_tokens") or 0 for sc in sidecars)
     dropped = sum(sc.get("dropped_tokens") or 0 for sc in sidecars)
     padded = sum(sc.get("padded_tokens") or 0 for sc in sidecars)
-    load: List[float] = []
+    load: list[float] = []
     for sc in sidecars:
         tpe = sc.get("tokens_per_expert") or []
         if len(tpe) > len(load):
             load.extend([0.0] * (len(tpe) - len(load)))
         for i, v in enumerate(tpe):
             load[i] += v
-    out: Dict[str, Optional[float]] = {
+    out: dict[str, float | None] = {
         "token_drop_fraction": dropped / routed if routed > 0 else None,
-        "padding_fraction": (padded / (routed - dropped + padded)
-                             if routed - dropped + padded > 0 and (routed or padded) else None),
-        "expert_load_p50": percentile(load, 50), "expert_load_p95": percentile(load, 95),
-        "expert_load_p99": percentile(load, 99), "hot_expert_ratio": None,
+        "padding_fraction": (
+            padded / (routed - dropped + padded) if routed - dropped + padded > 0 and (routed or padded) else None
+        ),
+        "expert_load_p50": percentile(load, 50),
+        "expert_load_p95": percentile(load, 95),
+        "expert_load_p99": percentile(load, 99),
+        "hot_expert_ratio": None,
     }
     if load and statistics.fmean(load) > 0:
         out["hot_expert_ratio"] = max(load) / statistics.fmean(load)
     return out
 
 
-def compute(logs: Sequence[ParsedLog], sidecars: Sequence[Mapping] = (), *, warmup_iters: int,
-            measure_iters: int, seq_length: int, n_gpus: int, global_batch: Optional[int] = None,
-            model_flops_per_step: Optional[float] = None,
-            recompute_flops_per_step: Optional[float] = None, peak_tflops: Optional[float] = None,
-            peak_label: str = "", pp_of_rank: PpOfRank = None,
-            result: Optional[JobResult] = None,
-            sidecar_paths: Sequence[str] = ()) -> JobResult:
+def compute(
+    logs: Sequence[ParsedLog],
+    sidecars: Sequence[Mapping] = (),
+    *,
+    warmup_iters: int,
+    measure_iters: int,
+    seq_length: int,
+    n_gpus: int,
+    global_batch: int | None = None,
+    model_flops_per_step: float | None = None,
+    recompute_flops_per_step: float | None = None,
+    peak_tflops: float | None = None,
+    peak_label: str = "",
+    pp_of_rank: PpOfRank = None,
+    result: JobResult | None = None,
+    sidecar_paths: Sequence[str] = (),
+) -> JobResult:
     """Fill (or create) a JobResult's metric fields. Leaves ok/failure fields to the caller
     (jobs/classify.py), except that a new result is ok only if something was measured."""
     logs = list(logs)
-    measured, partial = window((r for log in logs for r in log.iterations), warmup_iters,
-                               measure_iters)
+    measured, partial = window((r for log in logs for r in log.iterations), warmup_iters, measure_iters)
     simulated = any(log.simulated for log in logs) or any(sc.get("simulated") for sc in sidecars)
     res = result if result is not None else JobResult(ok=bool(measured), simulated=simulated)
     res.simulated = res.simulated or simulated
@@ -252,9 +272,11 @@ def compute(logs: Sequence[ParsedLog], sidecars: Sequence[Mapping] = (), *, warm
     res.step_p50_s, res.step_p95_s, res.step_p99_s = s.p50, s.p95, s.p99
     res.step_mean_s, res.step_max_s = s.mean, s.max
     if s.p50:
-        gbs = global_batch or (statistics.median(r.global_batch_size for r in measured
-                                                 if r.global_batch_size)
-                               if any(r.global_batch_size for r in measured) else None)
+        gbs = global_batch or (
+            statistics.median(r.global_batch_size for r in measured if r.global_batch_size)
+            if any(r.global_batch_size for r in measured)
+            else None
+        )
         if gbs:
             res.tokens_per_s = gbs * seq_length / s.p50
             res.tokens_per_s_per_gpu = res.tokens_per_s / n_gpus

@@ -5,35 +5,45 @@ use the same seed, data, masks and loss normalisation; we compare lm loss and gr
 step. The packed THD path has no deterministic mode, so equality is judged within an explicit
 relative tolerance from config, never exactly.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 
 @dataclass(frozen=True)
 class Parity:
     passed: bool
     steps: int  # steps compared
-    max_loss_diff: Optional[float]  # max relative |loss_c - loss_r| / |loss_r|
-    max_grad_norm_diff: Optional[float]
+    max_loss_diff: float | None  # max relative |loss_c - loss_r| / |loss_r|
+    max_grad_norm_diff: float | None
     detail: str
 
 
-def _max_rel(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
+def _max_rel(a: Sequence[float], b: Sequence[float]) -> float | None:
     pairs = list(zip(a, b))
     if not pairs:
         return None
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in pairs)
 
 
-def compare(loss: Sequence[float], ref_loss: Sequence[float], grad: Sequence[float], ref_grad: Sequence[float], *,
-            steps: int, loss_rtol: float, grad_norm_rtol: float) -> Parity:
+def compare(
+    loss: Sequence[float],
+    ref_loss: Sequence[float],
+    grad: Sequence[float],
+    ref_grad: Sequence[float],
+    *,
+    steps: int,
+    loss_rtol: float,
+    grad_norm_rtol: float,
+) -> Parity:
     """Compare the first `steps` steps. Fewer steps than asked on either side fails: no verdict without evidence."""
     n = min(len(loss), len(ref_loss), steps)
     if n < steps:
-        return Parity(False, n, None, None, f"only {n} of {steps} steps to compare (loss {len(loss)}, "
-                                            f"reference {len(ref_loss)})")
+        return Parity(
+            False, n, None, None, f"only {n} of {steps} steps to compare (loss {len(loss)}, reference {len(ref_loss)})"
+        )
     dl = _max_rel(loss[:n], ref_loss[:n])
     dg = _max_rel(grad[:n], ref_grad[:n]) if grad and ref_grad else None
     bad = []
@@ -42,5 +52,7 @@ def compare(loss: Sequence[float], ref_loss: Sequence[float], grad: Sequence[flo
         bad.append(f"lm loss differs by {dl:.2e} (> {loss_rtol:.0e}) first worst at step {step + 1}")
     if dg is not None and dg > grad_norm_rtol:
         bad.append(f"grad norm differs by {dg:.2e} (> {grad_norm_rtol:.0e})")
-    detail = "; ".join(bad) if bad else f"{n} steps within loss rtol {loss_rtol:.0e}, grad-norm rtol {grad_norm_rtol:.0e}"
+    detail = (
+        "; ".join(bad) if bad else f"{n} steps within loss rtol {loss_rtol:.0e}, grad-norm rtol {grad_norm_rtol:.0e}"
+    )
     return Parity(not bad, n, dl, dg, detail)

@@ -16,21 +16,36 @@ line is only searched for failure signatures, never for metrics, and `ParsedLog.
 The twin (simulated workload) prints ordinary Megatron-format lines plus note lines that start with
 SIMULATED_MARKER; any such line makes `ParsedLog.simulated` true.
 """
+
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 SIMULATED_MARKER = "[SIMULATED]"
 _SIM_B = SIMULATED_MARKER.encode()
 
 __all__ = [
-    "SIMULATED_MARKER", "IterationRecord", "MemoryRecord", "TimerBlock", "StragglerRecord",
-    "StragglerRanksRecord", "OOMRecord", "NcclTimeoutRecord", "TracebackRecord", "ValidationError",
-    "SlurmCancelRecord", "SimulatedMarker", "EventRecord", "ParsedLog", "parse_stream", "parse_file",
+    "SIMULATED_MARKER",
+    "EventRecord",
+    "IterationRecord",
+    "MemoryRecord",
+    "NcclTimeoutRecord",
+    "OOMRecord",
+    "ParsedLog",
+    "SimulatedMarker",
+    "SlurmCancelRecord",
+    "StragglerRanksRecord",
+    "StragglerRecord",
+    "TimerBlock",
+    "TracebackRecord",
+    "ValidationError",
     "parse_bytes",
+    "parse_file",
+    "parse_stream",
     "rank_from_path",
 ]
 
@@ -44,21 +59,21 @@ class IterationRecord:
     train_iters: int
     consumed_samples: int
     elapsed_ms: float  # mean over the log interval
-    global_batch_size: Optional[int] = None
-    losses: Dict[str, float] = field(default_factory=dict)  # lm loss, mtp_1 loss, load_balancing_loss...
-    skipped_samples: Optional[int] = None
-    tflops_per_gpu: Optional[float] = None  # Megatron's own (needs --log-throughput)
-    energy_j_per_gpu: Optional[float] = None
-    power_w_per_gpu: Optional[float] = None
-    learning_rate: Optional[float] = None
-    loss_scale: Optional[float] = None
-    grad_norm: Optional[float] = None
-    num_zeros: Optional[float] = None
-    params_norm: Optional[float] = None
-    skipped_iterations: Optional[int] = None
-    nan_iterations: Optional[int] = None
-    timestamp: Optional[str] = None
-    rank: Optional[int] = None  # source rank (srun/torchrun prefix or file name)
+    global_batch_size: int | None = None
+    losses: dict[str, float] = field(default_factory=dict)  # lm loss, mtp_1 loss, load_balancing_loss...
+    skipped_samples: int | None = None
+    tflops_per_gpu: float | None = None  # Megatron's own (needs --log-throughput)
+    energy_j_per_gpu: float | None = None
+    power_w_per_gpu: float | None = None
+    learning_rate: float | None = None
+    loss_scale: float | None = None
+    grad_norm: float | None = None
+    num_zeros: float | None = None
+    params_norm: float | None = None
+    skipped_iterations: int | None = None
+    nan_iterations: int | None = None
+    timestamp: str | None = None
+    rank: int | None = None  # source rank (srun/torchrun prefix or file name)
 
 
 @dataclass(slots=True)
@@ -66,12 +81,12 @@ class MemoryRecord:
     """`[Rank r] (after k iterations) memory (MB) | ...` (DP-rank-0 GPUs only). Values in MiB."""
 
     rank: int
-    after_iterations: Optional[int]
+    after_iterations: int | None
     allocated: float
     max_allocated: float
     reserved: float
     max_reserved: float
-    total_device_used: Optional[float] = None
+    total_device_used: float | None = None
 
 
 @dataclass(slots=True)
@@ -87,15 +102,14 @@ class TimerBlock:
     """
 
     kind: str
-    per_rank: Dict[str, Dict[int, float]] = field(default_factory=dict)
-    after_iteration: Optional[int] = None  # last iteration line seen before the block, same stream
-    rank: Optional[int] = None
+    per_rank: dict[str, dict[int, float]] = field(default_factory=dict)
+    after_iteration: int | None = None  # last iteration line seen before the block, same stream
+    rank: int | None = None
     raw: bytes = field(default=b"", repr=False, compare=False)  # undecoded rows, "\n    name...: v"
-    _timers: Optional[Dict[str, Tuple[Optional[float], float]]] = field(
-        default=None, repr=False, compare=False)
+    _timers: dict[str, tuple[float | None, float]] | None = field(default=None, repr=False, compare=False)
 
     @property
-    def timers(self) -> Dict[str, Tuple[Optional[float], float]]:
+    def timers(self) -> dict[str, tuple[float | None, float]]:
         if self._timers is None:
             self._timers = _decode_rows(self.kind, self.raw)
             for name, ranks in self.per_rank.items():
@@ -107,29 +121,36 @@ class TimerBlock:
         if not isinstance(other, TimerBlock):
             return NotImplemented
         return (self.kind, self.per_rank, self.after_iteration, self.rank, self.timers) == (
-            other.kind, other.per_rank, other.after_iteration, other.rank, other.timers)
+            other.kind,
+            other.per_rank,
+            other.after_iteration,
+            other.rank,
+            other.timers,
+        )
 
     def __repr__(self) -> str:
-        return (f"TimerBlock(kind={self.kind!r}, timers={self.timers!r}, "
-                f"after_iteration={self.after_iteration!r}, rank={self.rank!r})")
+        return (
+            f"TimerBlock(kind={self.kind!r}, timers={self.timers!r}, "
+            f"after_iteration={self.after_iteration!r}, rank={self.rank!r})"
+        )
 
 
 @dataclass(slots=True)
 class StragglerRecord:
     """`--log-straggler` line from rank 0: min/max of each metric with the rank holding it."""
 
-    min_rtt_ms: Optional[float]
-    min_rtt_rank: Optional[int]
-    max_rtt_ms: Optional[float]
-    max_rtt_rank: Optional[int]
-    min_etpt_tf: Optional[float] = None
-    min_etpt_rank: Optional[int] = None
-    max_etpt_tf: Optional[float] = None
-    max_etpt_rank: Optional[int] = None
-    fields: Dict[str, Tuple[float, str, int]] = field(default_factory=dict)  # MnPwr -> (v, unit, rank)
-    timestamp: Optional[str] = None
-    after_iteration: Optional[int] = None
-    rank: Optional[int] = None
+    min_rtt_ms: float | None
+    min_rtt_rank: int | None
+    max_rtt_ms: float | None
+    max_rtt_rank: int | None
+    min_etpt_tf: float | None = None
+    min_etpt_rank: int | None = None
+    max_etpt_tf: float | None = None
+    max_etpt_rank: int | None = None
+    fields: dict[str, tuple[float, str, int]] = field(default_factory=dict)  # MnPwr -> (v, unit, rank)
+    timestamp: str | None = None
+    after_iteration: int | None = None
+    rank: int | None = None
 
 
 @dataclass(slots=True)
@@ -137,8 +158,8 @@ class StragglerRanksRecord:
     """`^^^^ Bottom/Top k Ranks with lowest/highest Etpt(TF): v/r, ...`."""
 
     which: str  # bottom | top
-    entries: List[Tuple[float, int]] = field(default_factory=list)  # (TFLOP/s, rank)
-    rank: Optional[int] = None
+    entries: list[tuple[float, int]] = field(default_factory=list)  # (TFLOP/s, rank)
+    rank: int | None = None
 
 
 @dataclass(slots=True)
@@ -148,9 +169,9 @@ class OOMRecord:
 
     kind: str
     line: str
-    rank: Optional[int] = None
-    tried_to_allocate: Optional[str] = None  # e.g. "2.00 GiB"
-    snapshot_path: Optional[str] = None
+    rank: int | None = None
+    tried_to_allocate: str | None = None  # e.g. "2.00 GiB"
+    snapshot_path: str | None = None
 
 
 @dataclass(slots=True)
@@ -164,16 +185,16 @@ class NcclTimeoutRecord:
 
     kind: str
     line: str
-    rank: Optional[int] = None  # source (global) rank
-    op_type: Optional[str] = None
-    seq_num: Optional[int] = None
-    timeout_ms: Optional[int] = None
-    ran_ms: Optional[int] = None
-    pg_id: Optional[int] = None
-    process_group: Optional[str] = None
-    group_rank: Optional[int] = None
-    last_enqueued: Optional[int] = None
-    last_completed: Optional[int] = None
+    rank: int | None = None  # source (global) rank
+    op_type: str | None = None
+    seq_num: int | None = None
+    timeout_ms: int | None = None
+    ran_ms: int | None = None
+    pg_id: int | None = None
+    process_group: str | None = None
+    group_rank: int | None = None
+    last_enqueued: int | None = None
+    last_completed: int | None = None
 
 
 @dataclass(slots=True)
@@ -183,8 +204,8 @@ class TracebackRecord:
     exc_type: str
     message: str
     line: str
-    last_frame: Optional[str] = None  # 'path:line in func'
-    rank: Optional[int] = None
+    last_frame: str | None = None  # 'path:line in func'
+    rank: int | None = None
 
 
 @dataclass(slots=True)
@@ -194,8 +215,8 @@ class ValidationError:
     exc_type: str  # AssertionError | ValueError | argparse
     message: str
     line: str
-    last_frame: Optional[str] = None
-    rank: Optional[int] = None
+    last_frame: str | None = None
+    rank: int | None = None
 
 
 @dataclass(slots=True)
@@ -204,7 +225,7 @@ class SlurmCancelRecord:
 
     entity: str  # JOB | STEP
     job_id: str
-    node: Optional[str]
+    node: str | None
     time: str
     reason: str  # TIME LIMIT | PREEMPTION | NODE FAILURE | JOB REQUEUE | "" (scancel) | other
     line: str
@@ -213,7 +234,7 @@ class SlurmCancelRecord:
 @dataclass(slots=True)
 class SimulatedMarker:
     text: str
-    rank: Optional[int] = None
+    rank: int | None = None
 
 
 @dataclass(slots=True)
@@ -222,32 +243,43 @@ class EventRecord:
 
     name: str
     timestamp: str
-    rank: Optional[int] = None
+    rank: int | None = None
 
 
-Record = Union[IterationRecord, MemoryRecord, TimerBlock, StragglerRecord, StragglerRanksRecord,
-               OOMRecord, NcclTimeoutRecord, TracebackRecord, ValidationError, SlurmCancelRecord,
-               SimulatedMarker, EventRecord]
+Record = (
+    IterationRecord
+    | MemoryRecord
+    | TimerBlock
+    | StragglerRecord
+    | StragglerRanksRecord
+    | OOMRecord
+    | NcclTimeoutRecord
+    | TracebackRecord
+    | ValidationError
+    | SlurmCancelRecord
+    | SimulatedMarker
+    | EventRecord
+)
 
 
 @dataclass
 class ParsedLog:
     """Everything one output file said, by record type, plus parse-health counters."""
 
-    path: Optional[str] = None
-    source_rank: Optional[int] = None
-    iterations: List[IterationRecord] = field(default_factory=list)
-    memory: List[MemoryRecord] = field(default_factory=list)
-    timers: List[TimerBlock] = field(default_factory=list)
-    stragglers: List[StragglerRecord] = field(default_factory=list)
-    straggler_ranks: List[StragglerRanksRecord] = field(default_factory=list)
-    ooms: List[OOMRecord] = field(default_factory=list)
-    nccl: List[NcclTimeoutRecord] = field(default_factory=list)
-    tracebacks: List[TracebackRecord] = field(default_factory=list)
-    validation_errors: List[ValidationError] = field(default_factory=list)
-    slurm_cancels: List[SlurmCancelRecord] = field(default_factory=list)
-    simulated_markers: List[SimulatedMarker] = field(default_factory=list)
-    events: List[EventRecord] = field(default_factory=list)
+    path: str | None = None
+    source_rank: int | None = None
+    iterations: list[IterationRecord] = field(default_factory=list)
+    memory: list[MemoryRecord] = field(default_factory=list)
+    timers: list[TimerBlock] = field(default_factory=list)
+    stragglers: list[StragglerRecord] = field(default_factory=list)
+    straggler_ranks: list[StragglerRanksRecord] = field(default_factory=list)
+    ooms: list[OOMRecord] = field(default_factory=list)
+    nccl: list[NcclTimeoutRecord] = field(default_factory=list)
+    tracebacks: list[TracebackRecord] = field(default_factory=list)
+    validation_errors: list[ValidationError] = field(default_factory=list)
+    slurm_cancels: list[SlurmCancelRecord] = field(default_factory=list)
+    simulated_markers: list[SimulatedMarker] = field(default_factory=list)
+    events: list[EventRecord] = field(default_factory=list)
     lines: int = 0
     bytes: int = 0
     garbage_lines: int = 0  # undecodable bytes, NULs, or a line that looked like a record but was not
@@ -262,10 +294,18 @@ class ParsedLog:
 
 
 _BUCKET = {
-    IterationRecord: "iterations", MemoryRecord: "memory", TimerBlock: "timers",
-    StragglerRecord: "stragglers", StragglerRanksRecord: "straggler_ranks", OOMRecord: "ooms",
-    NcclTimeoutRecord: "nccl", TracebackRecord: "tracebacks", ValidationError: "validation_errors",
-    SlurmCancelRecord: "slurm_cancels", SimulatedMarker: "simulated_markers", EventRecord: "events",
+    IterationRecord: "iterations",
+    MemoryRecord: "memory",
+    TimerBlock: "timers",
+    StragglerRecord: "stragglers",
+    StragglerRanksRecord: "straggler_ranks",
+    OOMRecord: "ooms",
+    NcclTimeoutRecord: "nccl",
+    TracebackRecord: "tracebacks",
+    ValidationError: "validation_errors",
+    SlurmCancelRecord: "slurm_cancels",
+    SimulatedMarker: "simulated_markers",
+    EventRecord: "events",
 }
 
 # --------------------------------------------------------------------------- regexes
@@ -279,14 +319,13 @@ _STRAG_FIELD = re.compile(r"(\w+)/Rnk: ([-0-9.]+|nan|inf)([A-Za-z%]*)/(\d+)")
 _STRAG_TS = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]")
 _STRAG_RANKS = re.compile(r"\^\^\^\^ (Bottom|Top)\s+\d+ Ranks")
 _STRAG_ENTRY = re.compile(r"([-0-9.]+)TF/(\d+)")
-_SLURM = re.compile(
-    r"\*\*\* (JOB|STEP) (\S+)(?: ON (\S+))? CANCELLED AT (\S+)(?: DUE TO ([^*]*?))?\s*\*\*\*")
-_NCCL_CAUGHT = re.compile(
-    r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)[^)]*?Timeout\(ms\)=(\d+)\) ran for (\d+) milliseconds")
+_SLURM = re.compile(r"\*\*\* (JOB|STEP) (\S+)(?: ON (\S+))? CANCELLED AT (\S+)(?: DUE TO ([^*]*?))?\s*\*\*\*")
+_NCCL_CAUGHT = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)[^)]*?Timeout\(ms\)=(\d+)\) ran for (\d+) milliseconds")
 _NCCL_PG = re.compile(r"\[PG (?:ID )?(\d+)(?: PG GUID ([^\s(\]]+))?\s*(?:\(([^)]*)\))? Rank (\d+)\]")
 _NCCL_DETECTED = re.compile(
     r"detected by watchdog at work(?: sequence id)?: (\d+),?(?: PG status:)? last enqueued "
-    r"(?:NCCL )?work: (-?\d+), last completed (?:NCCL )?work: (-?\d+)")
+    r"(?:NCCL )?work: (-?\d+), last completed (?:NCCL )?work: (-?\d+)"
+)
 _NCCL_STUCK = re.compile(r"watchdog got stuck for (\d+) seconds")
 _TRIED = re.compile(r"Tried to allocate ([0-9.]+ ?[KMGT]i?B)")
 _OOM_SNAPSHOT = re.compile(r"\[OOM\] rank (\d+) saved memory snapshot to (\S+)")
@@ -303,11 +342,27 @@ _TIMER_HEADERS = (
 )
 # Where Megatron validates a configuration: an AssertionError/ValueError raised here is INVALID_CONFIG.
 VALIDATION_SOURCES = (
-    "arguments.py", "transformer_config.py", "model_parallel_config.py", "parallel_state.py",
-    "num_microbatches_calculator.py", "yaml_arguments.py", "initialize.py", "config.py",
+    "arguments.py",
+    "transformer_config.py",
+    "model_parallel_config.py",
+    "parallel_state.py",
+    "num_microbatches_calculator.py",
+    "yaml_arguments.py",
+    "initialize.py",
+    "config.py",
 )
-VALIDATION_WORDS = ("divisible", "must be", "should be", "not supported", "is not compatible",
-                    "cannot be", "requires", "only supported", "must have", "not allowed")
+VALIDATION_WORDS = (
+    "divisible",
+    "must be",
+    "should be",
+    "not supported",
+    "is not compatible",
+    "cannot be",
+    "requires",
+    "only supported",
+    "must have",
+    "not allowed",
+)
 # Layout errors Megatron raises only once training starts (schedules.py, moe_layer.py): still the
 # configuration's fault, whatever the exception type.
 RUNTIME_CONFIG_ERRORS = (
@@ -332,25 +387,29 @@ _ITER_KEYS = {
     "number of skipped iterations": ("skipped_iterations", int),
     "number of nan iterations": ("nan_iterations", int),
 }
-_MEM_KEYS = {"allocated": "allocated", "max allocated": "max_allocated", "reserved": "reserved",
-             "max reserved": "max_reserved", "total device memory used": "total_device_used"}
+_MEM_KEYS = {
+    "allocated": "allocated",
+    "max allocated": "max_allocated",
+    "reserved": "reserved",
+    "max reserved": "max_reserved",
+    "total device memory used": "total_device_used",
+}
 
 
-def _timestamp(s: bytes, end: int) -> Optional[str]:
+def _timestamp(s: bytes, end: int) -> str | None:
     """The `[YYYY-MM-DD HH:MM:SS.ffffff]` just before `iteration`, if any."""
     i = s.rfind(b"[", 0, end)
     j = s.find(b"]", i, end)
-    return s[i + 1:j].decode("ascii", "replace") if i >= 0 and j > i else None
+    return s[i + 1 : j].decode("ascii", "replace") if i >= 0 and j > i else None
 
 
 def _dec(b: bytes) -> str:
     return b.decode("utf-8", "replace")
 
 
-def _is_validation(exc_type: str, message: str, last_frame: Optional[str]) -> bool:
+def _is_validation(exc_type: str, message: str, last_frame: str | None) -> bool:
     short = exc_type.rsplit(".", 1)[-1]
-    if short in ("AssertionError", "ValueError", "RuntimeError") and any(
-            p in message for p in RUNTIME_CONFIG_ERRORS):
+    if short in ("AssertionError", "ValueError", "RuntimeError") and any(p in message for p in RUNTIME_CONFIG_ERRORS):
         return True
     if short not in ("AssertionError", "ValueError"):
         return False
@@ -366,8 +425,15 @@ def _is_validation(exc_type: str, message: str, last_frame: Optional[str]) -> bo
 _KEYWORDS = (
     b"consumed samples:",
     b"memory",  # memory (MB) line, CUDA out of memory, [OOM] snapshot, cgroup out-of-memory kill
-    b"across ranks (ms):", b"MnRtt/Rnk: ", b"^^^^", b"] datetime: ", _SIM_B, b"CANCELLED",
-    b"atchdog", b"Traceback", b"rror",  # rror: XError lines and argparse `: error:`
+    b"across ranks (ms):",
+    b"MnRtt/Rnk: ",
+    b"^^^^",
+    b"] datetime: ",
+    _SIM_B,
+    b"CANCELLED",
+    b"atchdog",
+    b"Traceback",
+    b"rror",  # rror: XError lines and argparse `: error:`
 )
 _TRACEBACK_KEYWORDS = (b'File "', b"Exception")  # only while a traceback can be open
 _CHUNK = 32 << 20
@@ -389,7 +455,8 @@ _ITER_STRICT = re.compile(
     rb"((?: [^|:]+: [^ |]+ \|)*?)"  # losses and MoE metrics: any `name: value`
     rb" loss scale: ([^ |]+) \|"
     rb"(?: grad norm: ([^ |]+) \|)?(?: num zeros: ([^ |]+) \|)?(?: params norm: ([^ |]+) \|)?"
-    rb" number of skipped iterations:\s+(\d+) \| number of nan iterations:\s+(\d+) \|")
+    rb" number of skipped iterations:\s+(\d+) \| number of nan iterations:\s+(\d+) \|"
+)
 _ITER_LOSS = re.compile(rb" ([^|:]+): ([^ |]+) \|")
 _ITER_FIELD = re.compile(r" ([^|:]+): ([^|]+?) (?=\|)")
 _NON_ASCII = re.compile(rb"[\x80-\xff\x00]")
@@ -399,19 +466,19 @@ class _Parser:
     """Chunked scanner plus a small per-source state machine (open traceback), keyed by the rank
     prefix so interleaved `srun -l` output from many ranks does not mix tracebacks or timer rows."""
 
-    def __init__(self, source_rank: Optional[int] = None) -> None:
+    def __init__(self, source_rank: int | None = None) -> None:
         self.source_rank = source_rank
         self.lines = 0
         self.bytes = 0
         self.garbage = 0
         self.truncated = False
-        self.last_iteration: Optional[int] = None
-        self._tb: Dict[Optional[int], List[str]] = {}  # open traceback frames per source
+        self.last_iteration: int | None = None
+        self._tb: dict[int | None, list[str]] = {}  # open traceback frames per source
         self._iteration_lines: set = set()
-        self._row_re: Dict[bytes, "re.Pattern[bytes]"] = {}
+        self._row_re: dict[bytes, re.Pattern[bytes]] = {}
 
     # ---- chunks
-    def chunk(self, buf: bytes, final: bool) -> Tuple[List[Record], bytes]:
+    def chunk(self, buf: bytes, final: bool) -> tuple[list[Record], bytes]:
         """Parse the complete part of `buf`; return (records, unparsed rest to prepend next time)."""
         if not final:
             cut = self._safe_cut(buf)
@@ -422,7 +489,7 @@ class _Parser:
         if final and work and not work.endswith(b"\n"):
             i = work.rfind(b"\n") + 1
             work, tail = work[:i], work[i:]
-        out: List[Record] = []
+        out: list[Record] = []
         if work:
             self.lines += work.count(b"\n")
             self.bytes += len(work)
@@ -436,8 +503,13 @@ class _Parser:
                 if ls in iteration_lines:  # hot path: most candidates are iteration lines
                     raw = work[ls:le]
                     src, s, _ = self._prefix(raw)
-                    if src not in self._tb and b"iteration" in s and b"\r" not in raw \
-                            and b"\x00" not in raw and not s.startswith(_SIM_B):
+                    if (
+                        src not in self._tb
+                        and b"iteration" in s
+                        and b"\r" not in raw
+                        and b"\x00" not in raw
+                        and not s.startswith(_SIM_B)
+                    ):
                         rec = self._iteration(s, src)
                         if rec is not None:
                             out.append(rec)
@@ -489,7 +561,7 @@ class _Parser:
             except UnicodeDecodeError:
                 self.garbage += 1
 
-    def _candidates(self, work: bytes) -> List[int]:
+    def _candidates(self, work: bytes) -> list[int]:
         """Sorted starts of lines holding a keyword; `_iteration_lines` gets those holding the
         iteration line's keyword (the chunk loop sends them straight to `_iteration`)."""
         starts: set = set()
@@ -519,28 +591,28 @@ class _Parser:
                 i = find(kw, le)
         return sorted(starts)
 
-    def _prefix(self, s: bytes) -> Tuple[Optional[int], bytes, bytes]:
+    def _prefix(self, s: bytes) -> tuple[int | None, bytes, bytes]:
         """(source rank, content, raw rank prefix) with srun/torchrun/logging prefixes removed."""
         src = self.source_rank
         pre = b""
         if s[:1] == b"[" and (s.startswith(b"[rank") or s.startswith(b"[default")):
             m = _TORCHRUN_PREFIX.match(s)
             if m:
-                src, pre, s = int(m.group(1)), s[:m.end()], s[m.end():]
+                src, pre, s = int(m.group(1)), s[: m.end()], s[m.end() :]
         elif s[:1].isdigit() or (s[:1] == b" " and s.lstrip(b" ")[:1].isdigit()):
             m = _SRUN_PREFIX.match(s)
             if m:
-                src, pre, s = int(m.group(1)), s[:m.end()], s[m.end():]
+                src, pre, s = int(m.group(1)), s[: m.end()], s[m.end() :]
                 m = _TORCHRUN_PREFIX.match(s)
                 if m:
-                    src, pre, s = int(m.group(1)), pre + s[:m.end()], s[m.end():]
+                    src, pre, s = int(m.group(1)), pre + s[: m.end()], s[m.end() :]
         if s[:4] in (b"INFO", b"WARN", b"ERRO", b"DEBU", b"CRIT"):
             m = _LOGGING_PREFIX.match(s)
             if m:
-                s = s[m.end():]
+                s = s[m.end() :]
         return src, s, pre
 
-    def _candidate(self, work: bytes, ls: int, le: int) -> List[Record]:
+    def _candidate(self, work: bytes, ls: int, le: int) -> list[Record]:
         raw = work[ls:le]
         if raw.endswith(b"\r"):
             raw = raw[:-1]
@@ -548,15 +620,15 @@ class _Parser:
             raw = raw.replace(b"\x00", b"")
         src, s, pre = self._prefix(raw)
         if b"across ranks (ms):" in s and src not in self._tb:
-            out_h: List[Record] = []
+            out_h: list[Record] = []
             if s.startswith(_SIM_B):
-                out_h.append(SimulatedMarker(_dec(s[len(_SIM_B):]).strip(), rank=src))
+                out_h.append(SimulatedMarker(_dec(s[len(_SIM_B) :]).strip(), rank=src))
             for header, kind in _TIMER_HEADERS:
                 if header in s:
                     out_h.append(self._timer_block(work, le, kind, src, pre))
                     return out_h
         if b"\r" in s:  # progress bars: each \r-separated segment is its own line
-            out: List[Record] = []
+            out: list[Record] = []
             for seg in s.split(b"\r"):
                 if seg:
                     out.extend(self._line(seg, src, True))
@@ -564,11 +636,11 @@ class _Parser:
         return self._line(s, src, True)
 
     # ---- one logical line (prefixes removed)
-    def _line(self, s: bytes, src: Optional[int], complete: bool = True) -> List[Record]:
-        out: List[Record] = []
+    def _line(self, s: bytes, src: int | None, complete: bool = True) -> list[Record]:
+        out: list[Record] = []
         if s.startswith(_SIM_B):  # a marker line; whatever follows the marker is read as usual
-            out.append(SimulatedMarker(_dec(s[len(_SIM_B):]).strip(), rank=src))
-            s = s[len(_SIM_B):].lstrip(b" ")
+            out.append(SimulatedMarker(_dec(s[len(_SIM_B) :]).strip(), rank=src))
+            s = s[len(_SIM_B) :].lstrip(b" ")
             if not s:
                 return out
         if src in self._tb:
@@ -587,9 +659,9 @@ class _Parser:
         out.extend(self._signatures(s, src, exception_done=False))
         return out
 
-    def _metric(self, s: bytes, src: Optional[int]) -> Optional[List[Record]]:
+    def _metric(self, s: bytes, src: int | None) -> list[Record] | None:
         """Records of a metric line; None if `s` is not one. Only complete lines get here."""
-        rec: Optional[Record]
+        rec: Record | None
         if b"consumed samples:" in s and b"iteration" in s:
             rec = self._iteration(s, src)
         elif b"memory (MB)" in s and b"[Rank " in s:
@@ -605,8 +677,8 @@ class _Parser:
             return None
         return [rec] if rec is not None else []
 
-    def _signatures(self, s: bytes, src: Optional[int], exception_done: bool) -> List[Record]:
-        out: List[Record] = []
+    def _signatures(self, s: bytes, src: int | None, exception_done: bool) -> list[Record]:
+        out: list[Record] = []
         if b"*** " in s and b"CANCELLED" in s:
             t = _dec(s)
             m = _SLURM.search(t)
@@ -614,8 +686,7 @@ class _Parser:
                 reason = (m.group(5) or "").strip()
                 if reason.startswith("NODE FAILURE"):
                     reason = "NODE FAILURE"
-                out.append(SlurmCancelRecord(m.group(1), m.group(2), m.group(3), m.group(4), reason,
-                                             t.strip()))
+                out.append(SlurmCancelRecord(m.group(1), m.group(2), m.group(3), m.group(4), reason, t.strip()))
             return out
         if b"oom-kill" in s or b"oom_kill" in s or b"xceeded job memory limit" in s:
             out.append(OOMRecord("host", _dec(s).strip(), rank=src))
@@ -650,37 +721,48 @@ class _Parser:
         return out
 
     # ---- record builders
-    def _iteration(self, s: bytes, src: Optional[int]) -> Optional[IterationRecord]:
+    def _iteration(self, s: bytes, src: int | None) -> IterationRecord | None:
         m = _ITER_STRICT.search(s)
         if m is not None:  # fast path: Megatron's own field order, one regex, no decode
             g = m.groups()
             losses = {}
             for k, v in _ITER_LOSS.findall(g[11]):
-                try:
+                with contextlib.suppress(ValueError):
                     losses[_name(k)] = float(v)
-                except ValueError:
-                    pass
             rec = IterationRecord(
-                int(g[1]), int(g[2]), int(g[3]), float(g[5]), int(g[10]), losses,
+                int(g[1]),
+                int(g[2]),
+                int(g[3]),
+                float(g[5]),
+                int(g[10]),
+                losses,
                 None if g[4] is None else int(g[4]),
-                None if g[6] is None else float(g[6]), None if g[7] is None else float(g[7]),
-                None if g[8] is None else float(g[8]), None if g[9] is None else float(g[9]),
-                float(g[12]), None if g[13] is None else float(g[13]),
-                None if g[14] is None else float(g[14]), None if g[15] is None else float(g[15]),
-                int(g[16]), int(g[17]), _timestamp(s, m.start()), src)
+                None if g[6] is None else float(g[6]),
+                None if g[7] is None else float(g[7]),
+                None if g[8] is None else float(g[8]),
+                None if g[9] is None else float(g[9]),
+                float(g[12]),
+                None if g[13] is None else float(g[13]),
+                None if g[14] is None else float(g[14]),
+                None if g[15] is None else float(g[15]),
+                int(g[16]),
+                int(g[17]),
+                _timestamp(s, m.start()),
+                src,
+            )
             self.last_iteration = rec.iteration
             return rec
         return self._iteration_generic(s, src)
 
-    def _iteration_generic(self, s: bytes, src: Optional[int]) -> Optional[IterationRecord]:
+    def _iteration_generic(self, s: bytes, src: int | None) -> IterationRecord | None:
         """Any field order / unknown extra fields (e.g. RL packing info)."""
         t = _dec(s)
         m = _ITER_HEAD.search(t)
         if m is None or "number of nan iterations" not in t:
             self.garbage += 1
             return None
-        vals: Dict[str, object] = {}
-        losses: Dict[str, float] = {}
+        vals: dict[str, object] = {}
+        losses: dict[str, float] = {}
         try:
             for key, val in _ITER_FIELD.findall(t, m.end()):
                 spec = _ITER_KEYS.get(key)
@@ -692,22 +774,28 @@ class _Parser:
                     except ValueError:
                         pass  # non-numeric extras (e.g. RL packing info) are not metrics
             rec = IterationRecord(
-                iteration=int(m.group(2)), train_iters=int(m.group(3)),
-                consumed_samples=vals.pop("consumed_samples"), elapsed_ms=vals.pop("elapsed_ms"),
-                losses=losses, timestamp=m.group(1), rank=src, **vals)
+                iteration=int(m.group(2)),
+                train_iters=int(m.group(3)),
+                consumed_samples=vals.pop("consumed_samples"),
+                elapsed_ms=vals.pop("elapsed_ms"),
+                losses=losses,
+                timestamp=m.group(1),
+                rank=src,
+                **vals,
+            )
         except (KeyError, ValueError, TypeError):
             self.garbage += 1
             return None
         self.last_iteration = rec.iteration
         return rec
 
-    def _memory(self, s: bytes) -> Optional[MemoryRecord]:
+    def _memory(self, s: bytes) -> MemoryRecord | None:
         t = _dec(s)
         m = _MEMORY.search(t)
         if m is None:
             self.garbage += 1
             return None
-        vals: Dict[str, float] = {}
+        vals: dict[str, float] = {}
         for part in m.group(3).split("|"):
             key, sep, val = part.partition(":")
             name = _MEM_KEYS.get(key.strip())
@@ -715,14 +803,12 @@ class _Parser:
                 vals[name] = float(val)
         a = _AFTER_ITERS.search(m.group(2))
         try:
-            return MemoryRecord(rank=int(m.group(1)), after_iterations=int(a.group(1)) if a else None,
-                                **vals)
+            return MemoryRecord(rank=int(m.group(1)), after_iterations=int(a.group(1)) if a else None, **vals)
         except TypeError:
             self.garbage += 1
             return None
 
-    def _timer_block(self, work: bytes, pos: int, kind: str, src: Optional[int],
-                     pre: bytes) -> TimerBlock:
+    def _timer_block(self, work: bytes, pos: int, kind: str, src: int | None, pre: bytes) -> TimerBlock:
         """Rows follow the header (`pos` = its newline). Fast path: one regex over the run of
         consecutive rows with the header's own prefix; if another rank's line interrupts the run,
         walk on line by line, taking only this source's rows, until this source prints a non-row."""
@@ -730,8 +816,7 @@ class _Parser:
         if kind != "all":
             run = self._row_re.get(pre)
             if run is None:
-                run = self._row_re[pre] = re.compile(
-                    rb"(?:\n" + re.escape(pre) + rb"    [^\n]*)*")
+                run = self._row_re[pre] = re.compile(rb"(?:\n" + re.escape(pre) + rb"    [^\n]*)*")
             m = run.match(work, pos)
             region = m.group(0)
             blk.raw = region.replace(b"\n" + pre, b"\n") if pre else region
@@ -747,10 +832,10 @@ class _Parser:
     def _walk_rows(self, blk: TimerBlock, work: bytes, pos: int, pre: bytes) -> None:
         """Rows of this source (lines starting with its own prefix `pre`), skipping other ranks'
         lines, until this source prints a non-row (or 10,000 foreign lines pass)."""
-        name: Optional[str] = None
+        name: str | None = None
         foreign = 0
         n, k = len(work), len(pre)
-        rows: List[bytes] = [blk.raw] if blk.raw else []
+        rows: list[bytes] = [blk.raw] if blk.raw else []
         mark = b"    " if blk.kind == "max" else b": ("
         while pos < n and foreign < 10000:
             ls = pos + 1
@@ -761,7 +846,7 @@ class _Parser:
             if not work.startswith(pre, ls):
                 foreign += 1
                 continue
-            s = work[ls + k:le].rstrip(b"\r")
+            s = work[ls + k : le].rstrip(b"\r")
             if blk.kind == "all":
                 st = s.strip()
                 if s.startswith(b"     rank ") and b": " in s and name is not None:
@@ -781,16 +866,15 @@ class _Parser:
             rows.append(b"\n" + s)
         blk.raw = b"".join(rows)
 
-    def _straggler(self, s: bytes, src: Optional[int]) -> Optional[StragglerRecord]:
+    def _straggler(self, s: bytes, src: int | None) -> StragglerRecord | None:
         t = _dec(s)
-        fields = {m.group(1): (float(m.group(2)), m.group(3), int(m.group(4)))
-                  for m in _STRAG_FIELD.finditer(t)}
+        fields = {m.group(1): (float(m.group(2)), m.group(3), int(m.group(4))) for m in _STRAG_FIELD.finditer(t)}
         if "MnRtt" not in fields and "MxRtt" not in fields:
             self.garbage += 1
             return None
         ts = _STRAG_TS.search(t)
 
-        def get(k: str) -> Tuple[Optional[float], Optional[int]]:
+        def get(k: str) -> tuple[float | None, int | None]:
             v = fields.get(k)
             return (v[0], v[2]) if v else (None, None)
 
@@ -798,10 +882,11 @@ class _Parser:
         mx, mxr = get("MxRtt")
         emn, emnr = get("MnEtpt")
         emx, emxr = get("MxEtpt")
-        return StragglerRecord(mn, mnr, mx, mxr, emn, emnr, emx, emxr, fields,
-                               ts.group(1) if ts else None, self.last_iteration, src)
+        return StragglerRecord(
+            mn, mnr, mx, mxr, emn, emnr, emx, emxr, fields, ts.group(1) if ts else None, self.last_iteration, src
+        )
 
-    def _straggler_ranks(self, s: bytes, src: Optional[int]) -> Optional[StragglerRanksRecord]:
+    def _straggler_ranks(self, s: bytes, src: int | None) -> StragglerRanksRecord | None:
         t = _dec(s)
         m = _STRAG_RANKS.search(t)
         if m is None:
@@ -810,16 +895,29 @@ class _Parser:
         entries = [(float(v), int(r)) for v, r in _STRAG_ENTRY.findall(tail)]
         return StragglerRanksRecord(m.group(1).lower(), entries, src)
 
-    def _nccl(self, t: str, src: Optional[int]) -> Optional[NcclTimeoutRecord]:
+    def _nccl(self, t: str, src: int | None) -> NcclTimeoutRecord | None:
         pg = _NCCL_PG.search(t)
-        rec: Optional[NcclTimeoutRecord] = None
+        rec: NcclTimeoutRecord | None = None
         m = _NCCL_CAUGHT.search(t)
         if m:
-            rec = NcclTimeoutRecord("caught", t, src, op_type=m.group(2), seq_num=int(m.group(1)),
-                                    timeout_ms=int(m.group(3)), ran_ms=int(m.group(4)))
+            rec = NcclTimeoutRecord(
+                "caught",
+                t,
+                src,
+                op_type=m.group(2),
+                seq_num=int(m.group(1)),
+                timeout_ms=int(m.group(3)),
+                ran_ms=int(m.group(4)),
+            )
         elif (m := _NCCL_DETECTED.search(t)) is not None:
-            rec = NcclTimeoutRecord("detected", t, src, seq_num=int(m.group(1)),
-                                    last_enqueued=int(m.group(2)), last_completed=int(m.group(3)))
+            rec = NcclTimeoutRecord(
+                "detected",
+                t,
+                src,
+                seq_num=int(m.group(1)),
+                last_enqueued=int(m.group(2)),
+                last_completed=int(m.group(3)),
+            )
         elif (m := _NCCL_STUCK.search(t)) is not None:
             rec = NcclTimeoutRecord("stuck", t, src, timeout_ms=int(m.group(1)) * 1000)
         if rec is not None and pg is not None:
@@ -828,7 +926,7 @@ class _Parser:
             rec.group_rank = int(pg.group(4))
         return rec
 
-    def _exception(self, s: bytes, src: Optional[int], frames: Optional[List[str]]) -> List[Record]:
+    def _exception(self, s: bytes, src: int | None, frames: list[str] | None) -> list[Record]:
         t = _dec(s).strip()
         m = _EXC_LINE.match(t)
         if m is None:
@@ -837,13 +935,13 @@ class _Parser:
         last = _last_frame(frames) if frames else None
         if frames is None and (not exc_type.endswith("Error") or m.group(2) is None):
             return []  # a bare `Foo: ...` line without traceback is too weak unless it is an XError
-        out: List[Record] = [TracebackRecord(exc_type, message, t, last, src)]
+        out: list[Record] = [TracebackRecord(exc_type, message, t, last, src)]
         if _is_validation(exc_type, message, last):
             out.append(ValidationError(exc_type.rsplit(".", 1)[-1], message, t, last, src))
         return out
 
 
-_NAMES: Dict[bytes, str] = {}  # timer name cache (a run has a few dozen distinct names)
+_NAMES: dict[bytes, str] = {}  # timer name cache (a run has a few dozen distinct names)
 
 
 def _name(raw: bytes) -> str:
@@ -855,10 +953,10 @@ def _name(raw: bytes) -> str:
     return name
 
 
-def _decode_rows(kind: str, raw: bytes) -> Dict[str, Tuple[Optional[float], float]]:
+def _decode_rows(kind: str, raw: bytes) -> dict[str, tuple[float | None, float]]:
     """Rows `\n    name ....: (min, max)` (minmax) or `\n    name ....: max` (max) -> dict.
     Rows whose numbers do not parse are skipped."""
-    out: Dict[str, Tuple[Optional[float], float]] = {}
+    out: dict[str, tuple[float | None, float]] = {}
     if not raw or kind == "all":
         return out
     if kind == "minmax":
@@ -880,7 +978,7 @@ def _decode_rows(kind: str, raw: bytes) -> Dict[str, Tuple[Optional[float], floa
     return out
 
 
-def _last_frame(frames: Optional[List[str]]) -> Optional[str]:
+def _last_frame(frames: list[str] | None) -> str | None:
     if not frames:
         return None
     m = _FRAME.match(frames[-1])
@@ -890,7 +988,7 @@ def _last_frame(frames: Optional[List[str]]) -> Optional[str]:
 
 
 # --------------------------------------------------------------------------- public API
-def _chunks(src: Union[Iterable[bytes], "object"]) -> Iterator[bytes]:
+def _chunks(src: Iterable[bytes] | object) -> Iterator[bytes]:
     """Byte chunks from a binary file object (read()) or an iterable of lines. A line without a
     trailing newline gets one unless it is the last (which then counts as truncated)."""
     read = getattr(src, "read", None)
@@ -901,9 +999,9 @@ def _chunks(src: Union[Iterable[bytes], "object"]) -> Iterator[bytes]:
                 return
             yield data
         return
-    buf: List[bytes] = []
+    buf: list[bytes] = []
     size = 0
-    prev: Optional[bytes] = None
+    prev: bytes | None = None
     for line in src:  # type: ignore[union-attr]
         if isinstance(line, str):
             line = line.encode("utf-8", "replace")
@@ -929,13 +1027,13 @@ def _run(parser: _Parser, src: Iterable[bytes]) -> Iterator[Record]:
     yield from recs
 
 
-def parse_stream(src: Iterable[bytes], source_rank: Optional[int] = None) -> Iterator[Record]:
+def parse_stream(src: Iterable[bytes], source_rank: int | None = None) -> Iterator[Record]:
     """Yield records from a binary file object or an iterable of bytes lines (keep the newlines:
     a last line without one is treated as truncated)."""
     return _run(_Parser(source_rank), src)
 
 
-def rank_from_path(path: Union[str, Path]) -> Optional[int]:
+def rank_from_path(path: str | Path) -> int | None:
     """`rank-12.out` -> 12 (the job folder's naming, see DESIGN.md)."""
     m = _RANK_IN_PATH.search(Path(path).name)
     return int(m.group(1)) if m else None
@@ -950,7 +1048,7 @@ def _collect(parser: _Parser, src: Iterable[bytes], log: ParsedLog) -> ParsedLog
     return log
 
 
-def parse_file(path: Union[str, Path], source_rank: Optional[int] = None) -> ParsedLog:
+def parse_file(path: str | Path, source_rank: int | None = None) -> ParsedLog:
     """Parse one output file into a ParsedLog. The rank defaults to the file name's `rank-<r>`."""
     if source_rank is None:
         source_rank = rank_from_path(path)
@@ -958,6 +1056,6 @@ def parse_file(path: Union[str, Path], source_rank: Optional[int] = None) -> Par
         return _collect(_Parser(source_rank), f, ParsedLog(path=str(path), source_rank=source_rank))
 
 
-def parse_bytes(data: bytes, source_rank: Optional[int] = None) -> ParsedLog:
+def parse_bytes(data: bytes, source_rank: int | None = None) -> ParsedLog:
     """Parse an in-memory blob (e.g. a stderr tail) the same way as a file."""
     return _collect(_Parser(source_rank), [data] if data else [], ParsedLog(source_rank=source_rank))

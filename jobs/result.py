@@ -3,10 +3,10 @@
 Stdlib-only: built on the compute node (or by the orchestrator from the job folder) and sent back
 as JSON. Field names follow the guide's closing table of evidence.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
 
 # Failure classes, in the order the classifier tries them (see jobs/classify.py).
 FAILURE_CLASSES = (
@@ -26,9 +26,9 @@ RETRYABLE = {"NODE_FAIL", "PREEMPTED", "NCCL_TIMEOUT", "TIMEOUT"}  # TIMEOUT: on
 @dataclass
 class RankMemory:
     rank: int
-    pp_stage: Optional[int]
-    allocated_mb: Optional[float]  # max allocated
-    reserved_mb: Optional[float]  # max reserved
+    pp_stage: int | None
+    allocated_mb: float | None  # max allocated
+    reserved_mb: float | None  # max reserved
     source: str = "log"  # log | sidecar
 
 
@@ -38,69 +38,69 @@ class JobResult:
 
     ok: bool
     simulated: bool
-    failure_class: Optional[str] = None
+    failure_class: str | None = None
     retryable: bool = False
     failure_detail: str = ""  # the evidence line (first matching signature)
-    nccl_group: Optional[str] = None
-    exit_code: Optional[int] = None
-    slurm_state: Optional[str] = None
+    nccl_group: str | None = None
+    exit_code: int | None = None
+    slurm_state: str | None = None
     # Windows
     warmup_iters: int = 0
     measure_iters_requested: int = 0
     measure_iters: int = 0  # actually measured
     partial: bool = False
     # Step time over the measurement window (seconds)
-    step_times_s: List[float] = field(default_factory=list)
-    step_p50_s: Optional[float] = None
-    step_p95_s: Optional[float] = None
-    step_p99_s: Optional[float] = None
-    step_mean_s: Optional[float] = None
-    step_max_s: Optional[float] = None
+    step_times_s: list[float] = field(default_factory=list)
+    step_p50_s: float | None = None
+    step_p95_s: float | None = None
+    step_p99_s: float | None = None
+    step_mean_s: float | None = None
+    step_max_s: float | None = None
     # Throughput
-    tokens_per_s: Optional[float] = None  # GBS x seq / step p50
-    tokens_per_s_per_gpu: Optional[float] = None
-    tflops_per_gpu: Optional[float] = None  # ours: model FLOPs (activated experts, V4 attention)
-    mfu: Optional[float] = None  # ours / hardware peak (precision named in mfu_peak)
+    tokens_per_s: float | None = None  # GBS x seq / step p50
+    tokens_per_s_per_gpu: float | None = None
+    tflops_per_gpu: float | None = None  # ours: model FLOPs (activated experts, V4 attention)
+    mfu: float | None = None  # ours / hardware peak (precision named in mfu_peak)
     mfu_peak: str = ""  # e.g. "bf16 dense 989 TFLOP/s"
-    megatron_tflops_per_gpu: Optional[float] = None  # Megatron's own field, kept beside ours
-    recompute_tflops_per_gpu: Optional[float] = None
+    megatron_tflops_per_gpu: float | None = None  # Megatron's own field, kept beside ours
+    recompute_tflops_per_gpu: float | None = None
     # Memory: the heaviest rank
-    heaviest_rank: Optional[int] = None
-    heaviest_pp_stage: Optional[int] = None
-    peak_allocated_gb: Optional[float] = None
-    peak_reserved_gb: Optional[float] = None
-    rank_memory: List[RankMemory] = field(default_factory=list)
+    heaviest_rank: int | None = None
+    heaviest_pp_stage: int | None = None
+    peak_allocated_gb: float | None = None
+    peak_reserved_gb: float | None = None
+    rank_memory: list[RankMemory] = field(default_factory=list)
     # Slowest rank / stage (timers min/max, straggler lines)
-    slowest_rank: Optional[int] = None
-    slowest_stage: Optional[int] = None
-    timers_ms: Dict[str, List[float]] = field(default_factory=dict)  # name -> [min, max]
+    slowest_rank: int | None = None
+    slowest_stage: int | None = None
+    timers_ms: dict[str, list[float]] = field(default_factory=dict)  # name -> [min, max]
     # MoE evidence (sidecar / router hook)
-    token_drop_fraction: Optional[float] = None
-    padding_fraction: Optional[float] = None
-    expert_load_p50: Optional[float] = None  # tokens per expert, percentiles across experts
-    expert_load_p95: Optional[float] = None
-    expert_load_p99: Optional[float] = None
-    hot_expert_ratio: Optional[float] = None  # max / mean tokens per expert
+    token_drop_fraction: float | None = None
+    padding_fraction: float | None = None
+    expert_load_p50: float | None = None  # tokens per expert, percentiles across experts
+    expert_load_p95: float | None = None
+    expert_load_p99: float | None = None
+    hot_expert_ratio: float | None = None  # max / mean tokens per expert
     force_balanced_routing: bool = False
     # Training quality (for parity checks)
-    lm_loss: List[float] = field(default_factory=list)  # per measured iteration
-    grad_norm: List[float] = field(default_factory=list)
+    lm_loss: list[float] = field(default_factory=list)  # per measured iteration
+    grad_norm: list[float] = field(default_factory=list)
     # Long-run window (effective throughput)
-    ckpt_save_s: Optional[float] = None
-    ckpt_restore_s: Optional[float] = None
-    tokens_per_s_after_restart: Optional[float] = None  # steady throughput after restoring the checkpoint
-    effective_fraction: Optional[float] = None  # jobs.effective: advancing share of wall time
-    q_effective: Optional[float] = None  # tokens/s that advanced and were not rolled back
+    ckpt_save_s: float | None = None
+    ckpt_restore_s: float | None = None
+    tokens_per_s_after_restart: float | None = None  # steady throughput after restoring the checkpoint
+    effective_fraction: float | None = None  # jobs.effective: advancing share of wall time
+    q_effective: float | None = None  # tokens/s that advanced and were not rolled back
     # Provenance
-    log_paths: List[str] = field(default_factory=list)
-    sidecar_paths: List[str] = field(default_factory=list)
-    versions: Dict[str, str] = field(default_factory=dict)
+    log_paths: list[str] = field(default_factory=list)
+    sidecar_paths: list[str] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "JobResult":
+    def from_dict(cls, d: dict) -> JobResult:
         d = dict(d)
         d["rank_memory"] = [RankMemory(**r) for r in d.get("rank_memory", [])]
         known = set(cls.__dataclass_fields__)

@@ -4,6 +4,7 @@ Why a file and not only the pickled submitit argument: the workload itself (the 
 instrumented Megatron) reads it through ORCH_JOB_SPEC, and `collect` re-reads it after the job is gone
 (killed, requeued, or run by an older orchestrator). Stdlib only: it is loaded on compute nodes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,7 @@ import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 from orchestrator.schema import EffectiveConfig, HardwareConfig, ModelConfig, StageConfig, WorkloadConfig
 
@@ -26,25 +27,25 @@ class JobSpec:
     sweep: str
     candidate_key: str
     attempt: int
-    layout: Dict[str, Any]  # Layout.to_dict()
+    layout: dict[str, Any]  # Layout.to_dict()
     model: ModelConfig
     stage: StageConfig
     hardware: HardwareConfig
     workload: WorkloadConfig
-    env: Dict[str, str] = field(default_factory=dict)  # cluster.env + workload.env
-    argv: List[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # cluster.env + workload.env
+    argv: list[str] = field(default_factory=list)
     job_dir: str = ""
     master_port: int = 29500
     n_gpus: int = 1  # N, the job's world size
     gpus_per_node: int = 8
     model_flops_per_step: float = 0.0  # ours: activated experts, V4 attention, recompute excluded
     recompute_flops_per_step: float = 0.0
-    predicted: Dict[str, Any] = field(default_factory=dict)  # Prediction as a dict
+    predicted: dict[str, Any] = field(default_factory=dict)  # Prediction as a dict
     effective: EffectiveConfig = field(default_factory=EffectiveConfig)  # Q_effective inputs (collect)
     role: str = "measure"  # measure | parity | long-run-save | long-run-restore
 
     @property
-    def command(self) -> List[str]:
+    def command(self) -> list[str]:
         """The full command line: workload.command + candidate flags + workload.extra_args."""
         return list(self.workload.command) + list(self.argv) + list(self.workload.extra_args)
 
@@ -52,7 +53,7 @@ class JobSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "JobSpec":
+    def from_dict(cls, data: dict) -> JobSpec:
         return _build(cls, data)
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -65,7 +66,7 @@ class JobSpec:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "JobSpec":
+    def load(cls, path: str | os.PathLike) -> JobSpec:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 

@@ -4,12 +4,12 @@ Each subcommand lives in `orchestrator/commands/<name>.py` and exposes:
     NAME: str, HELP: str, add_arguments(parser), run(args, overrides) -> int
 Flags are parsed by argparse; every remaining `key=value` token is a Hydra override.
 """
+
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
-from typing import List, Optional
 
 from orchestrator.config import ConfigError
 
@@ -44,7 +44,7 @@ def build_parser():
     return parser, handlers
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser, handlers = build_parser()
     args, extra = parser.parse_known_args(argv)
     if not args.command:

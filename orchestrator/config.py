@@ -5,11 +5,12 @@ Why the Compose API and not @hydra.main: the CLI has subcommands with their own 
 overrides to Hydra. The result is merged into the typed `RootConfig`, so an unknown key or a
 wrong type fails here, once, with the key's path and the fix.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -24,7 +25,7 @@ class ConfigError(UserError):
     """A configuration problem: one message naming the problem and the fix."""
 
 
-def available(group: str) -> List[str]:
+def available(group: str) -> list[str]:
     """Names of the options of one config group (the YAML files in conf/<group>/)."""
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
@@ -48,7 +49,8 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False) -> Co
     overrides = list(overrides)
     if require_stage and not any(o.lstrip("+~").startswith("stage=") for o in overrides):
         raise ConfigError(
-            "no stage given: add +stage=NAME, one of: " + ", ".join(available("stage"))
+            "no stage given: add +stage=NAME, one of: "
+            + ", ".join(available("stage"))
             + " (e.g. `python -m orchestrator plan +stage=1k`)"
         )
     GlobalHydra.instance().clear()
@@ -83,5 +85,5 @@ def stage_or_error(composed: Composed):
     return composed.cfg.stage
 
 
-def maybe(value: Optional[str]) -> Optional[str]:
+def maybe(value: str | None) -> str | None:
     return value if value not in (None, "", "null", "None") else None

@@ -9,12 +9,13 @@ long-run pair (`long_run_specs`): a job that saves a checkpoint at iteration X a
 --save / --save-interval / --exit-interval), then one that restores it (--load) and trains on. Both
 keep the same --train-iters, so the learning-rate schedule of the restored run is the one saved.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
 
 from jobs.spec import JobSpec
 from orchestrator.plan import argv as plan_argv
@@ -30,9 +31,18 @@ def job_dir(cfg: RootConfig, sweep: str, candidate_key: str, attempt: int) -> Pa
     return Path(cfg.cluster.folder).expanduser().resolve() / sweep / candidate_key / f"attempt-{attempt}"
 
 
-def build_spec(cfg: RootConfig, planned: Planned, *, sweep: str, attempt: int,
-               job_dir: Optional[Path | str] = None, window: Optional[Tuple[int, int]] = None,
-               train_iters: Optional[int] = None, extra_argv: Sequence[str] = (), role: str = "measure") -> JobSpec:
+def build_spec(
+    cfg: RootConfig,
+    planned: Planned,
+    *,
+    sweep: str,
+    attempt: int,
+    job_dir: Path | str | None = None,
+    window: tuple[int, int] | None = None,
+    train_iters: int | None = None,
+    extra_argv: Sequence[str] = (),
+    role: str = "measure",
+) -> JobSpec:
     """The JobSpec for one attempt: Megatron flags for warmup + measure iterations, env, FLOPs.
 
     `window` = (warmup, measure) overrides the stage's (absolute iteration numbers: a restored run's
@@ -46,9 +56,15 @@ def build_spec(cfg: RootConfig, planned: Planned, *, sweep: str, attempt: int,
     layout = planned.layout
     pred = planned.prediction
     train_iters = int(train_iters) if train_iters is not None else stage.warmup_iters + stage.measure_iters
-    argv = plan_argv.megatron_argv(cfg.model, stage, layout, layer_pattern=pred.layer_pattern,
-                                   train_iters=train_iters, mock_data=cfg.workload.mock_data,
-                                   extra=[str(a) for a in extra_argv])
+    argv = plan_argv.megatron_argv(
+        cfg.model,
+        stage,
+        layout,
+        layer_pattern=pred.layer_pattern,
+        train_iters=train_iters,
+        mock_data=cfg.workload.mock_data,
+        extra=[str(a) for a in extra_argv],
+    )
     fl = plan_flops.step_flops(cfg.model, stage, layout)
     env = {**{k: str(v) for k, v in cfg.cluster.env.items()}, **{k: str(v) for k, v in cfg.workload.env.items()}}
     folder = Path(job_dir) if job_dir is not None else globals()["job_dir"](cfg, sweep, planned.key, attempt)
@@ -77,22 +93,30 @@ def build_spec(cfg: RootConfig, planned: Planned, *, sweep: str, attempt: int,
 
 def parity_spec(cfg: RootConfig, planned: Planned, *, sweep: str, attempt: int, job_dir: Path | str) -> JobSpec:
     """A correctness-gate run: no warm-up, `parity.steps` measured iterations, the sweep's seed and data."""
-    return build_spec(cfg, planned, sweep=sweep, attempt=attempt, job_dir=job_dir,
-                      window=(0, int(cfg.parity.steps)), role="parity")
+    return build_spec(
+        cfg, planned, sweep=sweep, attempt=attempt, job_dir=job_dir, window=(0, int(cfg.parity.steps)), role="parity"
+    )
 
 
-def checkpoint_save_flags(ckpt_dir: Path | str, at: int) -> List[str]:
+def checkpoint_save_flags(ckpt_dir: Path | str, at: int) -> list[str]:
     """Save at iteration `at`, then exit 0 (Megatron saves at an exit interval when --save is set)."""
     return ["--save", str(ckpt_dir), "--save-interval", str(at), "--exit-interval", str(at)]
 
 
-def checkpoint_load_flags(ckpt_dir: Path | str) -> List[str]:
+def checkpoint_load_flags(ckpt_dir: Path | str) -> list[str]:
     """Restore; a missing checkpoint must stop the job, not silently train from random weights."""
     return ["--load", str(ckpt_dir), "--exit-on-missing-checkpoint"]
 
 
-def long_run_specs(cfg: RootConfig, planned: Planned, *, sweep: str, attempt: int, ckpt_dir: Path | str,
-                   folder: Optional[Path | str] = None) -> Tuple[JobSpec, JobSpec]:
+def long_run_specs(
+    cfg: RootConfig,
+    planned: Planned,
+    *,
+    sweep: str,
+    attempt: int,
+    ckpt_dir: Path | str,
+    folder: Path | str | None = None,
+) -> tuple[JobSpec, JobSpec]:
     """(save job, restore job) of one long-run window (cfg.effective.long_run_save_at = X,
     long_run_after_iters = A): job 1 trains X iterations, saves and exits; job 2 loads and trains A more.
 
@@ -105,15 +129,33 @@ def long_run_specs(cfg: RootConfig, planned: Planned, *, sweep: str, attempt: in
     x, a = int(cfg.effective.long_run_save_at), int(cfg.effective.long_run_after_iters)
     if x < 2 or a < 2:
         raise ValueError(f"long-run window needs save_at >= 2 and after_iters >= 2 (got {x}, {a})")
-    base = Path(folder) if folder is not None else \
-        job_dir(cfg, sweep, planned.key, attempt).parent / f"long-run-{attempt}"
+    base = (
+        Path(folder) if folder is not None else job_dir(cfg, sweep, planned.key, attempt).parent / f"long-run-{attempt}"
+    )
     w1 = min(cfg.stage.warmup_iters, x // 2)
     w2 = min(cfg.stage.warmup_iters, a // 2)
-    save = build_spec(cfg, planned, sweep=sweep, attempt=attempt, job_dir=base / "save", window=(w1, x - w1),
-                      train_iters=x + a, extra_argv=checkpoint_save_flags(ckpt_dir, x), role="long-run-save")
-    restore = build_spec(cfg, planned, sweep=sweep, attempt=attempt, job_dir=base / "restore",
-                         window=(x + w2, a - w2), train_iters=x + a, extra_argv=checkpoint_load_flags(ckpt_dir),
-                         role="long-run-restore")
+    save = build_spec(
+        cfg,
+        planned,
+        sweep=sweep,
+        attempt=attempt,
+        job_dir=base / "save",
+        window=(w1, x - w1),
+        train_iters=x + a,
+        extra_argv=checkpoint_save_flags(ckpt_dir, x),
+        role="long-run-save",
+    )
+    restore = build_spec(
+        cfg,
+        planned,
+        sweep=sweep,
+        attempt=attempt,
+        job_dir=base / "restore",
+        window=(x + w2, a - w2),
+        train_iters=x + a,
+        extra_argv=checkpoint_load_flags(ckpt_dir),
+        role="long-run-restore",
+    )
     return save, restore
 
 
@@ -129,4 +171,4 @@ def time_limit_min(spec: JobSpec, cluster: ClusterConfig, *, safety: float = TIM
     iters = spec.stage.warmup_iters + spec.stage.measure_iters
     step_s = float(spec.predicted.get("step_time_s") or 0.0)
     minutes = iters * step_s * safety / 60.0 + cluster.time_margin_min
-    return max(int(cluster.min_time_min), int(math.ceil(minutes)))
+    return max(int(cluster.min_time_min), math.ceil(minutes))

@@ -8,10 +8,11 @@ module must never import omegaconf, hydra, sqlalchemy or anything outside the st
 Names follow the tuning guide: N (gpus), B (global_batch), b (mbs), S (seq_length), E (num_experts),
 k (moe_router_topk), h (hidden_size), f (moe_ffn_hidden_size).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 
 @dataclass
@@ -32,7 +33,7 @@ class ModelConfig:
     o_lora_rank: int = 1024
     attention_variant: str = "dsv4_hybrid"  # CSA/HCA hybrid attention
     csa_window_size: int = 128  # D_window lower bound for CP boundary exchange
-    csa_compress_ratios: List[int] = field(default_factory=lambda: [128, 128, 4] + [128, 4] * 29 + [0])
+    csa_compress_ratios: list[int] = field(default_factory=lambda: [128, 128, 4] + [128, 4] * 29 + [0])
     dsa_indexer_heads: int = 64
     dsa_indexer_head_dim: int = 128
     dsa_indexer_topk: int = 1024
@@ -82,22 +83,22 @@ class HardwareConfig:
 class SearchConfig:
     """The knob ranges a stage searches. Each list is the set of values tried for that knob."""
 
-    tp: List[int] = field(default_factory=lambda: [1])
-    pp: List[int] = field(default_factory=lambda: [4, 8, 16])
-    vpp: List[int] = field(default_factory=lambda: [1, 2])
-    cp: List[int] = field(default_factory=lambda: [1, 2, 4])
-    ep: List[int] = field(default_factory=lambda: [32, 64, 128])
-    etp: List[int] = field(default_factory=lambda: [1])
-    mbs: List[int] = field(default_factory=lambda: [1, 2])
+    tp: list[int] = field(default_factory=lambda: [1])
+    pp: list[int] = field(default_factory=lambda: [4, 8, 16])
+    vpp: list[int] = field(default_factory=lambda: [1, 2])
+    cp: list[int] = field(default_factory=lambda: [1, 2, 4])
+    ep: list[int] = field(default_factory=lambda: [32, 64, 128])
+    etp: list[int] = field(default_factory=lambda: [1])
+    mbs: list[int] = field(default_factory=lambda: [1, 2])
     # Each entry is one recompute set: a list of --recompute-modules, [] = none, ["full"] = full.
-    recompute: List[List[str]] = field(default_factory=lambda: [[], ["mla_up_proj", "mhc"], ["moe_act"]])
+    recompute: list[list[str]] = field(default_factory=lambda: [[], ["mla_up_proj", "mhc"], ["moe_act"]])
     # Each entry is one fine-grained offload set (--offload-modules), [] = none.
-    offload: List[List[str]] = field(default_factory=lambda: [[]])
+    offload: list[list[str]] = field(default_factory=lambda: [[]])
     # Dispatcher choices: "alltoall", "allgather", "flex:deepep", "flex:hybridep", "flex:ncclep".
-    dispatcher: List[str] = field(default_factory=lambda: ["alltoall", "flex:deepep", "flex:hybridep"])
+    dispatcher: list[str] = field(default_factory=lambda: ["alltoall", "flex:deepep", "flex:hybridep"])
     # Optional MoE capacity factor choices (None = dropless).
-    capacity_factor: List[Optional[float]] = field(default_factory=lambda: [None])
-    use_tp_pp_dp_mapping: List[bool] = field(default_factory=lambda: [False])
+    capacity_factor: list[float | None] = field(default_factory=lambda: [None])
+    use_tp_pp_dp_mapping: list[bool] = field(default_factory=lambda: [False])
 
 
 @dataclass
@@ -118,7 +119,7 @@ class StageConfig:
     seq_length: int = 8192  # S
     warmup_iters: int = 20
     measure_iters: int = 30
-    promotes_from: Optional[str] = None
+    promotes_from: str | None = None
     search: SearchConfig = field(default_factory=SearchConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     # Training semantics that the rules depend on
@@ -130,7 +131,7 @@ class StageConfig:
     deterministic_mode: bool = False
     transformer_engine: bool = True
     memory_margin_gb: float = 4.0  # feasible = heaviest rank + margin <= HBM
-    num_layers_override: Optional[int] = None  # slice stage: fewer blocks, same h and E
+    num_layers_override: int | None = None  # slice stage: fewer blocks, same h and E
 
 
 @dataclass
@@ -139,10 +140,10 @@ class ClusterConfig:
 
     kind: str = "auto"
     folder: str = "./runs"
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    constraint: Optional[str] = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
     exclusive: bool = False
     time_margin_min: int = 10
     min_time_min: int = 5
@@ -150,10 +151,10 @@ class ClusterConfig:
     array_parallelism: int = 64
     poll_interval_s: float = 5.0
     signal_delay_s: int = 30
-    sbatch_extra: Dict[str, Any] = field(default_factory=dict)  # e.g. {"container-image": "..."}
-    srun_args: List[str] = field(default_factory=list)
-    setup: List[str] = field(default_factory=list)
-    env: Dict[str, str] = field(
+    sbatch_extra: dict[str, Any] = field(default_factory=dict)  # e.g. {"container-image": "..."}
+    srun_args: list[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(
         default_factory=lambda: {
             "CUDA_DEVICE_MAX_CONNECTIONS": "1",
             "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
@@ -188,7 +189,7 @@ class PolicyConfig:
     # The calibrated model's own top pick joins a round only when it predicts measurements this well
     # (leave-one-out MAPE); a worse model is used to rank neighbours, not to pick far-away layouts.
     model_trust_mape: float = 0.10
-    retry_classes: List[str] = field(default_factory=lambda: ["NODE_FAIL", "PREEMPTED", "NCCL_TIMEOUT"])
+    retry_classes: list[str] = field(default_factory=lambda: ["NODE_FAIL", "PREEMPTED", "NCCL_TIMEOUT"])
 
 
 @dataclass
@@ -214,7 +215,7 @@ class TwinConfig:
     ckpt_gb_s: float = 5.0
     # Injected numerical divergence (correctness gate): layouts whose knobs match every entry (e.g.
     # {"cp": 4}) drift away from the shared loss / grad-norm curve, by up to diverge_scale relative.
-    diverge_when: Dict[str, int] = field(default_factory=dict)
+    diverge_when: dict[str, int] = field(default_factory=dict)
     diverge_scale: float = 0.05
 
 
@@ -223,10 +224,10 @@ class WorkloadConfig:
     """The command a job runs; the candidate's Megatron flags are appended to it (the contract)."""
 
     name: str = "twin"
-    command: List[str] = field(default_factory=lambda: ["python", "-m", "jobs.twin"])
+    command: list[str] = field(default_factory=lambda: ["python", "-m", "jobs.twin"])
     simulated: bool = True
-    extra_args: List[str] = field(default_factory=list)  # appended after the candidate's flags
-    env: Dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)  # appended after the candidate's flags
+    env: dict[str, str] = field(default_factory=dict)
     mock_data: bool = True
     in_process: bool = False  # runpy the entry script inside the job to instrument it (real Megatron)
     twin: TwinConfig = field(default_factory=TwinConfig)
@@ -258,12 +259,12 @@ class ParityConfig:
     steps: int = 20
     loss_rtol: float = 2e-3  # the packed path has no deterministic mode: tolerance is explicit
     grad_norm_rtol: float = 2e-2
-    reference: Dict[str, int] = field(default_factory=lambda: {"cp": 1})  # knobs overridden for the reference
+    reference: dict[str, int] = field(default_factory=lambda: {"cp": 1})  # knobs overridden for the reference
 
 
 @dataclass
 class SweepConfig:
-    name: Optional[str] = None
+    name: str | None = None
 
 
 @dataclass
@@ -277,4 +278,4 @@ class RootConfig:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     effective: EffectiveConfig = field(default_factory=EffectiveConfig)
     parity: ParityConfig = field(default_factory=ParityConfig)
-    stage: Optional[StageConfig] = None
+    stage: StageConfig | None = None

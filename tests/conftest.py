@@ -5,6 +5,7 @@
 before each test and dropped at the end. PostgreSQL unreachable: the test fails when CI is set
 (CI must prove both engines), otherwise it is skipped.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,10 @@ def ledger_url(request, tmp_path) -> str:
     name = request.getfixturevalue("_pg_ledger_db")
     with psycopg.connect(PG_DSN + f" dbname={name}", autocommit=True) as conn:
         # a previous test's leaked connection must not block the reset
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                     "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
         conn.execute("DROP SCHEMA public CASCADE")
         conn.execute("CREATE SCHEMA public")
     return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"

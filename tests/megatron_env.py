@@ -12,6 +12,7 @@ Why each step:
 Use `import_megatron()` (returns the `megatron` package) or `pytest.importorskip`-style via
 `megatron_available()`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,7 +52,7 @@ def import_megatron():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "TE/Apex not installed" noise
         importlib.import_module("megatron.core")
-        arguments = importlib.import_module("megatron.training.arguments")
+        importlib.import_module("megatron.training.arguments")
     return sys.modules["megatron"]
 
 
@@ -61,8 +62,11 @@ def as_hopper():
     import torch
 
     arguments = sys.modules["megatron.training.arguments"]
-    saved = (arguments.get_device_arch_version, torch.cuda.get_device_capability,
-             os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"))
+    saved = (
+        arguments.get_device_arch_version,
+        torch.cuda.get_device_capability,
+        os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+    )
     arguments.get_device_arch_version = lambda: HOPPER_ARCH
     torch.cuda.get_device_capability = lambda device=None: (HOPPER_ARCH, 0)
     os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"

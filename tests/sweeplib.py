@@ -1,4 +1,5 @@
 """Helpers for the sweep tests: run the real CLI in a subprocess and read the ledger it wrote."""
+
 from __future__ import annotations
 
 import os
@@ -6,7 +7,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List
 
 from db.ledger import Ledger
 
@@ -14,10 +14,18 @@ ROOT = Path(__file__).resolve().parent.parent
 FAST_TWIN = ["++workload.twin.time_scale=0.000001", "++workload.twin.max_sleep_s=0.001"]
 
 
-def sweep_args(tmp_path: Path, name: str, *extra: str, stage: str = "smoke", cluster: str = "local") -> List[str]:
-    return [f"+stage={stage}", f"cluster={cluster}", f"sweep.name={name}", f"ledger.url={ledger_url(tmp_path)}",
-            f"cluster.folder={tmp_path / 'runs'}", "++cluster.poll_interval_s=0.3", "++ledger.lease_ttl_s=4",
-            *FAST_TWIN, *extra]
+def sweep_args(tmp_path: Path, name: str, *extra: str, stage: str = "smoke", cluster: str = "local") -> list[str]:
+    return [
+        f"+stage={stage}",
+        f"cluster={cluster}",
+        f"sweep.name={name}",
+        f"ledger.url={ledger_url(tmp_path)}",
+        f"cluster.folder={tmp_path / 'runs'}",
+        "++cluster.poll_interval_s=0.3",
+        "++ledger.lease_ttl_s=4",
+        *FAST_TWIN,
+        *extra,
+    ]
 
 
 def ledger_url(tmp_path: Path) -> str:
@@ -26,14 +34,21 @@ def ledger_url(tmp_path: Path) -> str:
 
 def cli(*args: str, timeout: float = 600, env=None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "orchestrator", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 def popen(*args: str, log: Path, env=None) -> subprocess.Popen:
     out = open(log, "w")
-    return subprocess.Popen([sys.executable, "-m", "orchestrator", *args], cwd=ROOT, stdout=out,
-                            stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=ROOT,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def wait_for(pred, timeout: float, what: str, every: float = 0.3):

@@ -1,4 +1,5 @@
 """jobs/classify.py: every failure class from real-format evidence, and the order of evidence."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,20 +17,23 @@ def logs(*names):
     return [parse_file(LOGS / n) for n in names]
 
 
-@pytest.mark.parametrize("name,cls,retryable,text", [
-    ("slurm_timeout.log", "TIMEOUT", True, "DUE TO TIME LIMIT"),
-    ("slurm_preempt.log", "PREEMPTED", True, "DUE TO PREEMPTION"),
-    ("slurm_nodefail_new.log", "NODE_FAIL", True, "SEE SLURMCTLD LOG"),
-    ("slurm_nodefail_old.log", "NODE_FAIL", True, "DUE TO NODE FAILURE ***"),
-    ("slurm_cancel.log", "CANCELLED", False, "CANCELLED AT"),
-    ("oom.log", "OOM", False, "torch.OutOfMemoryError: CUDA out of memory"),
-    ("host_oom.log", "OOM", False, "oom-kill"),
-    ("validation_world.log", "INVALID_CONFIG", False, "is not divisible by total_model_size"),
-    ("validation_layers.log", "INVALID_CONFIG", False, "Number of layers should be divisible"),
-    ("validation_argparse.log", "INVALID_CONFIG", False, "unrecognized arguments"),
-    ("validation_runtime_schedule.log", "INVALID_CONFIG", False, "dependency bubbles"),
-    ("crash.log", "CRASH", False, "RuntimeError: index file is corrupt"),
-])
+@pytest.mark.parametrize(
+    "name,cls,retryable,text",
+    [
+        ("slurm_timeout.log", "TIMEOUT", True, "DUE TO TIME LIMIT"),
+        ("slurm_preempt.log", "PREEMPTED", True, "DUE TO PREEMPTION"),
+        ("slurm_nodefail_new.log", "NODE_FAIL", True, "SEE SLURMCTLD LOG"),
+        ("slurm_nodefail_old.log", "NODE_FAIL", True, "DUE TO NODE FAILURE ***"),
+        ("slurm_cancel.log", "CANCELLED", False, "CANCELLED AT"),
+        ("oom.log", "OOM", False, "torch.OutOfMemoryError: CUDA out of memory"),
+        ("host_oom.log", "OOM", False, "oom-kill"),
+        ("validation_world.log", "INVALID_CONFIG", False, "is not divisible by total_model_size"),
+        ("validation_layers.log", "INVALID_CONFIG", False, "Number of layers should be divisible"),
+        ("validation_argparse.log", "INVALID_CONFIG", False, "unrecognized arguments"),
+        ("validation_runtime_schedule.log", "INVALID_CONFIG", False, "dependency bubbles"),
+        ("crash.log", "CRASH", False, "RuntimeError: index file is corrupt"),
+    ],
+)
 def test_class_from_log_evidence(name, cls, retryable, text):
     c = classify(logs(name), slurm_state="FAILED", exit_code=1)
     assert (c.failure_class, c.retryable) == (cls, retryable)
@@ -49,33 +53,56 @@ def test_nccl_timeout_data_parallel_group_is_dp():
 
 
 def test_nccl_without_group_name_falls_back_to_optype_for_alltoall():
-    line = (b"[rank3]:[E1129 12:30:01.1 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective "
-            b"operation timeout: WorkNCCL(SeqNum=5, OpType=ALLTOALL_BASE, NumelIn=1, NumelOut=1, "
-            b"Timeout(ms)=600000) ran for 600010 milliseconds before timing out.\n")
+    line = (
+        b"[rank3]:[E1129 12:30:01.1 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective "
+        b"operation timeout: WorkNCCL(SeqNum=5, OpType=ALLTOALL_BASE, NumelIn=1, NumelOut=1, "
+        b"Timeout(ms)=600000) ran for 600010 milliseconds before timing out.\n"
+    )
     c = classify([parse_bytes(line)], exit_code=1)
     assert c.nccl_group == "EP" and "inferred from OpType" in c.detail
     c = classify([parse_bytes(line.replace(b"ALLTOALL_BASE", b"ALLREDUCE"))], exit_code=1)
     assert c.failure_class == "NCCL_TIMEOUT" and c.nccl_group is None
 
 
-@pytest.mark.parametrize("name,group", [
-    ("EXPERT_MODEL_PARALLEL_GROUP", "EP"), ("EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", "EP"),
-    ("EXPERT_DATA_PARALLEL_GROUP", "DP"), ("EXPERT_TENSOR_PARALLEL_GROUP", "TP"),
-    ("DATA_PARALLEL_GROUP", "DP"), ("DATA_PARALLEL_GROUP_WITH_CP", "DP"),
-    ("INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP", "DP"), ("PIPELINE_MODEL_PARALLEL_GROUP", "PP"),
-    ("EMBEDDING_GROUP", "PP"), ("CONTEXT_PARALLEL_GROUP", "CP"), ("TENSOR_AND_CONTEXT_PARALLEL_GROUP", "CP"),
-    ("TENSOR_MODEL_PARALLEL_GROUP", "TP"), ("default_pg", None), ("MODEL_PARALLEL_GROUP", None), (None, None),
-])
+@pytest.mark.parametrize(
+    "name,group",
+    [
+        ("EXPERT_MODEL_PARALLEL_GROUP", "EP"),
+        ("EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", "EP"),
+        ("EXPERT_DATA_PARALLEL_GROUP", "DP"),
+        ("EXPERT_TENSOR_PARALLEL_GROUP", "TP"),
+        ("DATA_PARALLEL_GROUP", "DP"),
+        ("DATA_PARALLEL_GROUP_WITH_CP", "DP"),
+        ("INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP", "DP"),
+        ("PIPELINE_MODEL_PARALLEL_GROUP", "PP"),
+        ("EMBEDDING_GROUP", "PP"),
+        ("CONTEXT_PARALLEL_GROUP", "CP"),
+        ("TENSOR_AND_CONTEXT_PARALLEL_GROUP", "CP"),
+        ("TENSOR_MODEL_PARALLEL_GROUP", "TP"),
+        ("default_pg", None),
+        ("MODEL_PARALLEL_GROUP", None),
+        (None, None),
+    ],
+)
 def test_process_group_mapping(name, group):
     assert nccl_group_of(name) == group
 
 
-@pytest.mark.parametrize("state,cls", [
-    ("TIMEOUT", "TIMEOUT"), ("PREEMPTED", "PREEMPTED"), ("NODE_FAIL", "NODE_FAIL"),
-    ("OUT_OF_MEMORY", "OOM"), ("CANCELLED", "CANCELLED"), ("CANCELLED by 1000", "CANCELLED"),
-    ("CANCELLED+", "CANCELLED"), ("REQUEUED", "PREEMPTED"), ("BOOT_FAIL", "NODE_FAIL"),
-    ("FAILED", "CRASH"),
-])
+@pytest.mark.parametrize(
+    "state,cls",
+    [
+        ("TIMEOUT", "TIMEOUT"),
+        ("PREEMPTED", "PREEMPTED"),
+        ("NODE_FAIL", "NODE_FAIL"),
+        ("OUT_OF_MEMORY", "OOM"),
+        ("CANCELLED", "CANCELLED"),
+        ("CANCELLED by 1000", "CANCELLED"),
+        ("CANCELLED+", "CANCELLED"),
+        ("REQUEUED", "PREEMPTED"),
+        ("BOOT_FAIL", "NODE_FAIL"),
+        ("FAILED", "CRASH"),
+    ],
+)
 def test_class_from_sacct_state(state, cls):
     c = classify([], slurm_state=state, exit_code=None)
     assert c.failure_class == cls and state.split()[0].rstrip("+") in c.detail
@@ -103,8 +130,10 @@ def test_sacct_state_beats_log_signatures():
 
 def test_log_signature_order_validation_then_oom_then_nccl_then_crash():
     """Root causes before symptoms: peers of a rank that died wait until the NCCL watchdog fires."""
-    assert classify(logs("crash.log", "nccl_dp.log", "oom.log", "validation_world.log"),
-                    exit_code=1).failure_class == "INVALID_CONFIG"
+    assert (
+        classify(logs("crash.log", "nccl_dp.log", "oom.log", "validation_world.log"), exit_code=1).failure_class
+        == "INVALID_CONFIG"
+    )
     assert classify(logs("crash.log", "nccl_dp.log", "oom.log"), exit_code=1).failure_class == "OOM"
     assert classify(logs("crash.log", "nccl_dp.log"), exit_code=1).failure_class == "NCCL_TIMEOUT"
     assert classify(logs("crash.log"), exit_code=1).failure_class == "CRASH"
@@ -116,7 +145,10 @@ def test_plain_cancel_yields_to_the_oom_that_caused_it():
 
 
 def test_stderr_tail_is_read_too():
-    tail = "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nValueError: num_moe_experts must be divisible by expert_model_parallel_size"
+    tail = (
+        'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
+        "ValueError: num_moe_experts must be divisible by expert_model_parallel_size"
+    )
     c = classify([], exit_code=1, stderr_tail=tail)
     assert c.failure_class == "INVALID_CONFIG" and "must be divisible" in c.detail
 
@@ -144,6 +176,7 @@ def test_failed_state_wins_over_exit_code_zero_with_iterations():
         b" loss scale: 1.0 | number of skipped iterations:   0 | number of nan iterations:   0 |\n"
         b"[rank0]:[E1129 12:13:53.801886000 ProcessGroupNCCL.cpp:632] [PG ID 7 PG GUID 7(EXPERT_MODEL_PARALLEL_GROUP)"
         b" Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1970, OpType=ALLTOALL_BASE,"
-        b" NumelIn=4194304, NumelOut=4194304, Timeout(ms)=600000) ran for 600013 milliseconds before timing out.\n")
+        b" NumelIn=4194304, NumelOut=4194304, Timeout(ms)=600000) ran for 600013 milliseconds before timing out.\n"
+    )
     c = classify([log], slurm_state="FAILED", exit_code=0)
     assert (c.failure_class, c.nccl_group, c.retryable) == ("NCCL_TIMEOUT", "EP", True)

@@ -1,5 +1,6 @@
 """The local Slurm cluster behaves like a real multi-node GPU cluster for what the orchestrator uses:
 multi-node sbatch, submitit jobs with one task per (fake) GPU, distributed env vars and sacct."""
+
 from __future__ import annotations
 
 import os
@@ -30,11 +31,22 @@ def sacct_state(job_id: str, timeout_s: float = 30.0) -> str:
 
 def test_two_node_sbatch_job(slurm_cluster, tmp_path):
     out = tmp_path / "job.out"
-    script = 'srun bash -c \'echo "$SLURM_PROCID $SLURM_NODEID $SLURMD_NODENAME $SLURM_NTASKS $CUDA_VISIBLE_DEVICES"\''
+    script = "srun bash -c 'echo \"$SLURM_PROCID $SLURM_NODEID $SLURMD_NODENAME $SLURM_NTASKS $CUDA_VISIBLE_DEVICES\"'"
     sub = subprocess.run(
-        ["sbatch", "--wait", "--parsable", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2",
-         "--time=2", f"--output={out}", f"--wrap={script}"],
-        capture_output=True, text=True, timeout=300,
+        [
+            "sbatch",
+            "--wait",
+            "--parsable",
+            "--nodes=2",
+            "--ntasks-per-node=2",
+            "--gpus-per-node=2",
+            "--time=2",
+            f"--output={out}",
+            f"--wrap={script}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert sub.returncode == 0, sub.stderr
     job_id = sub.stdout.strip().split(";")[0]
@@ -71,7 +83,11 @@ def test_submitit_four_nodes_eight_gpus(slurm_cluster, tmp_path):
 
     ex = submitit.SlurmExecutor(folder=tmp_path / "%j")
     ex.update_parameters(
-        nodes=4, ntasks_per_node=8, gpus_per_node=8, time=5, signal_delay_s=30,
+        nodes=4,
+        ntasks_per_node=8,
+        gpus_per_node=8,
+        time=5,
+        signal_delay_s=30,
         setup=[f"export PYTHONPATH={REPO}:${{PYTHONPATH:-}}"],
     )
     job = ex.submit(_dist_env)
@@ -92,7 +108,9 @@ def test_submitit_four_nodes_eight_gpus(slurm_cluster, tmp_path):
 def test_gpu_request_beyond_node_is_refused(slurm_cluster):
     sub = subprocess.run(
         ["sbatch", "--nodes=1", "--gpus-per-node=9", "--time=1", "--wrap=true", "--output=/dev/null"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert sub.returncode != 0
     assert "Requested node configuration is not available" in sub.stderr

@@ -1,4 +1,5 @@
 """jobs.collect: a job folder -> JobResult, for finished, partial, killed and never-started jobs."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,9 @@ def smoke():
 
 
 def make_spec(cfg, planned, job_dir: Path, **twin):
-    cfg = dataclasses.replace(cfg, workload=dataclasses.replace(
-        cfg.workload, twin=dataclasses.replace(cfg.workload.twin, **twin)))
+    cfg = dataclasses.replace(
+        cfg, workload=dataclasses.replace(cfg.workload, twin=dataclasses.replace(cfg.workload.twin, **twin))
+    )
     spec = build_spec(cfg, planned, sweep="t", attempt=1, job_dir=job_dir)
     spec.save(job_dir / "job.json")
     return spec
@@ -47,7 +49,8 @@ def test_finished_job(smoke, tmp_path):
     assert res.measure_iters == res.measure_iters_requested == cfg.stage.measure_iters and not res.partial
     assert res.step_p50_s > 0 and res.step_p50_s <= res.step_p95_s <= res.step_p99_s
     assert res.tokens_per_s_per_gpu == pytest.approx(
-        cfg.stage.global_batch * cfg.stage.seq_length / res.step_p50_s / cfg.stage.gpus, rel=1e-6)
+        cfg.stage.global_batch * cfg.stage.seq_length / res.step_p50_s / cfg.stage.gpus, rel=1e-6
+    )
     assert 0 < res.mfu < 1 and res.peak_reserved_gb > 0 and res.heaviest_rank is not None
     assert res.token_drop_fraction == 0.0  # dropless
     assert any(p.endswith("rank-31.out") for p in res.log_paths) and res.sidecar_paths
@@ -62,9 +65,16 @@ def test_partial_window_after_nccl_timeout(smoke, tmp_path):
         run_task(spec)
     res = collect(spec.job_dir, slurm_state="FAILED", exit_code=1)
     assert not res.ok and res.failure_class == "NCCL_TIMEOUT" and res.retryable
-    assert res.nccl_group and res.nccl_group.upper() in ("EP", "DP", "PP", "CP", "EXPERT_MODEL_PARALLEL_GROUP",
-                                                         "DATA_PARALLEL_GROUP", "PIPELINE_MODEL_PARALLEL_GROUP",
-                                                         "CONTEXT_PARALLEL_GROUP")
+    assert res.nccl_group and res.nccl_group.upper() in (
+        "EP",
+        "DP",
+        "PP",
+        "CP",
+        "EXPERT_MODEL_PARALLEL_GROUP",
+        "DATA_PARALLEL_GROUP",
+        "PIPELINE_MODEL_PARALLEL_GROUP",
+        "CONTEXT_PARALLEL_GROUP",
+    )
     assert res.measure_iters < cfg.stage.measure_iters and res.partial  # stopped before the window ended
 
 
@@ -75,8 +85,15 @@ def test_killed_job_keeps_its_measured_iterations(smoke, tmp_path):
     job = tmp_path / "job"
     spec = make_spec(cfg, planned, job, time_scale=10.0, max_sleep_s=0.2)
     n = spec.n_gpus
-    env = dict(os.environ, PYTHONPATH=str(ROOT), WORLD_SIZE=str(n), RANK=str(n - 1), ORCH_SINGLE_PROCESS="1",
-               ORCH_JOB_DIR=str(job), ORCH_JOB_SPEC=str(job / "job.json"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        WORLD_SIZE=str(n),
+        RANK=str(n - 1),
+        ORCH_SINGLE_PROCESS="1",
+        ORCH_JOB_DIR=str(job),
+        ORCH_JOB_SPEC=str(job / "job.json"),
+    )
     out = job / f"rank-{n - 1}.out"
     with open(out, "wb") as fo, open(job / f"rank-{n - 1}.err", "wb") as fe:
         proc = subprocess.Popen([sys.executable, "-m", "jobs.twin", *spec.argv], env=env, stdout=fo, stderr=fe)
@@ -113,7 +130,8 @@ def test_slurm_epilogue_in_an_arrays_submitit_log(smoke, tmp_path):
     logs = tmp_path / "sweep" / ".submitit" / "123_4"
     logs.mkdir(parents=True)
     (logs / "123_4_0_log.err").write_text(
-        "slurmstepd: error: *** JOB 123 ON n1 CANCELLED AT 2026-11-29T11:00:00 DUE TO TIME LIMIT ***\n")
+        "slurmstepd: error: *** JOB 123 ON n1 CANCELLED AT 2026-11-29T11:00:00 DUE TO TIME LIMIT ***\n"
+    )
     assert collect(job).failure_class == "NO_OUTPUT"  # without the id the line is not found
     res = collect(job, job_id="123_4")
     assert res.failure_class == "TIMEOUT" and res.retryable and "TIME LIMIT" in res.failure_detail

@@ -1,6 +1,7 @@
 """Eight processes drive the same sweep at once (SQLite WAL and PostgreSQL): 0 errors, 0 lost rows,
 0 duplicate candidates, no candidate claimed twice, attempt numbers unique, one lease holder
 (optuna#820, #4002)."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -27,8 +28,15 @@ def _worker(url: str, idx: int, barrier, out) -> None:
         barrier.wait(timeout=120)
         t0 = time.perf_counter()
         led = Ledger.open(url)
-        led.create_or_get_sweep("race", stage="1k", config_yaml="", model="dsv4_pro", hardware="h100",
-                                workload="twin", provenance={"worker": idx})
+        led.create_or_get_sweep(
+            "race",
+            stage="1k",
+            config_yaml="",
+            model="dsv4_pro",
+            hardware="h100",
+            workload="twin",
+            provenance={"worker": idx},
+        )
         try:
             led.acquire_lease("race", f"w{idx}", ttl_s=600)
             lease = True
@@ -75,6 +83,7 @@ def test_eight_processes_same_sweep(ledger_url):
     claimed = [cid for r in reports for cid in r[2]]
     assert len(claimed) == SHARED and len(set(claimed)) == SHARED  # every candidate launched exactly once
     with Ledger.open(ledger_url) as led, led.read() as s:
+
         def count(model, *where):
             return s.scalar(select(func.count()).select_from(model).where(*where))
 

@@ -1,4 +1,5 @@
 """Alembic revisions: N-1 with data upgrades intact, a too-new database is refused, models == migrations."""
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -6,7 +7,7 @@ from datetime import datetime
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, insert, select, text
+from sqlalchemy import insert, inspect, select, text
 
 from db import engine as E
 from db import models as m
@@ -31,14 +32,47 @@ def test_upgrade_from_previous_revision_keeps_data(ledger_url):
         assert E.upgrade(eng, previous).current == previous
         now = datetime(2026, 1, 1)
         with eng.begin() as conn:
-            sweep_id = conn.execute(insert(m.Sweep.__table__).values(
-                name="old", stage="1k", model="dsv4_pro", hardware="h100", workload="twin", config_yaml="a: 1",
-                status="running", provenance={"project": "0.0.9"}, created_at=now, updated_at=now)
-                .returning(m.Sweep.__table__.c.id)).scalar_one()
-            conn.execute(insert(m.Candidate.__table__).values(
-                sweep_id=sweep_id, key="k" * 32, tp=1, pp=8, vpp=1, cp=1, ep=64, etp=1, mbs=1, recompute="none",
-                offload="none", dispatcher="alltoall", use_tp_pp_dp_mapping=False, layer_pattern="", layout={"ep": 64},
-                predicted={}, verdict="legal", round=0, status="planned", created_at=now, updated_at=now))
+            sweep_id = conn.execute(
+                insert(m.Sweep.__table__)
+                .values(
+                    name="old",
+                    stage="1k",
+                    model="dsv4_pro",
+                    hardware="h100",
+                    workload="twin",
+                    config_yaml="a: 1",
+                    status="running",
+                    provenance={"project": "0.0.9"},
+                    created_at=now,
+                    updated_at=now,
+                )
+                .returning(m.Sweep.__table__.c.id)
+            ).scalar_one()
+            conn.execute(
+                insert(m.Candidate.__table__).values(
+                    sweep_id=sweep_id,
+                    key="k" * 32,
+                    tp=1,
+                    pp=8,
+                    vpp=1,
+                    cp=1,
+                    ep=64,
+                    etp=1,
+                    mbs=1,
+                    recompute="none",
+                    offload="none",
+                    dispatcher="alltoall",
+                    use_tp_pp_dp_mapping=False,
+                    layer_pattern="",
+                    layout={"ep": 64},
+                    predicted={},
+                    verdict="legal",
+                    round=0,
+                    status="planned",
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
         # what the head revision (0003) adds is not there yet at N-1
         assert "q_effective" not in {c["name"] for c in inspect(eng).get_columns("result")}
         if eng.dialect.name != "sqlite":  # a team database is never upgraded behind the user's back

@@ -1,4 +1,5 @@
 """Effective throughput (guide: Q = tokens that advanced and were not rolled back / wall time)."""
+
 import math
 
 import pytest
@@ -21,8 +22,15 @@ def test_default_rate_is_llama3_unexpected_interruptions():
 
 
 def test_no_failures_and_free_saves_give_steady_throughput():
-    e = effective_throughput(1e6, n_gpus=1024, save_s=0, restore_s=0, checkpoint_interval_s=600,
-                             interruption_rate_per_gpu_hour=0, restart_overhead_s=0)
+    e = effective_throughput(
+        1e6,
+        n_gpus=1024,
+        save_s=0,
+        restore_s=0,
+        checkpoint_interval_s=600,
+        interruption_rate_per_gpu_hour=0,
+        restart_overhead_s=0,
+    )
     assert e.q_effective == pytest.approx(1e6)
 
 

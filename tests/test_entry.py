@@ -1,4 +1,5 @@
 """jobs.entry: the workload contract on the compute node (rank env, files kept, failures surface)."""
+
 from __future__ import annotations
 
 import json
@@ -29,13 +30,28 @@ def make_spec(tmp_path: Path, *, exit_with: int = 0, n_gpus: int = 16) -> JobSpe
     tmp_path.mkdir(parents=True, exist_ok=True)
     script = tmp_path / "echo_env.py"
     script.write_text(ECHO)
-    workload = WorkloadConfig(name="echo", command=["python", str(script)], simulated=False,
-                              extra_args=["--extra", "1"], env={"FROM_WORKLOAD": "w", "EXIT_WITH": str(exit_with)})
+    workload = WorkloadConfig(
+        name="echo",
+        command=["python", str(script)],
+        simulated=False,
+        extra_args=["--extra", "1"],
+        env={"FROM_WORKLOAD": "w", "EXIT_WITH": str(exit_with)},
+    )
     return JobSpec(
-        sweep="t", candidate_key="abc", attempt=1, layout={"tp": 1}, model=ModelConfig(), stage=StageConfig(),
-        hardware=HardwareConfig(), workload=workload, env={"FROM_CLUSTER": "c", "FROM_WORKLOAD": "cluster-loses"},
+        sweep="t",
+        candidate_key="abc",
+        attempt=1,
+        layout={"tp": 1},
+        model=ModelConfig(),
+        stage=StageConfig(),
+        hardware=HardwareConfig(),
+        workload=workload,
+        env={"FROM_CLUSTER": "c", "FROM_WORKLOAD": "cluster-loses"},
         argv=["--tensor-model-parallel-size", "1", "--micro-batch-size", "2"],
-        job_dir=str(tmp_path / "job"), master_port=29611, n_gpus=n_gpus, gpus_per_node=8,
+        job_dir=str(tmp_path / "job"),
+        master_port=29611,
+        n_gpus=n_gpus,
+        gpus_per_node=8,
     )
 
 
@@ -78,9 +94,16 @@ def test_missing_command_is_a_failed_task(tmp_path):
 
 def test_slurm_rank_env_from_submitit_job_environment(tmp_path, monkeypatch):
     """Under Slurm: one task per GPU, ranks from submitit's JobEnvironment, MASTER_ADDR = first host."""
-    for k, v in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "42", "SLURM_NTASKS": "16", "SLURM_PROCID": "9",
-                 "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "2",
-                 "SLURM_JOB_NODELIST": "n[3-4]"}.items():
+    for k, v in {
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_JOB_ID": "42",
+        "SLURM_NTASKS": "16",
+        "SLURM_PROCID": "9",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_NODELIST": "n[3-4]",
+    }.items():
         monkeypatch.setenv(k, v)
     renv = rank_env(make_spec(tmp_path), submitit.JobEnvironment())
     assert (renv.rank, renv.world_size, renv.local_rank, renv.master_addr) == (9, 16, 1, "n3")

@@ -2,6 +2,7 @@
 the correctness gate runs (CP4 carries an injected numerical bug), a failing candidate is excluded and
 never `best`, and a long-run window stores Q_effective that `compare --sort q_effective` ranks.
 Ledger.update_result_metrics runs on both engines."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,22 +25,44 @@ LAYOUTS = [Layout(cp=cp, ep=32) for cp in (1, 2, 4)]  # slice stage, PP1: the re
 
 
 def _cfg(tmp_path):
-    return compose(["+stage=slice", "cluster=local", f"cluster.folder={tmp_path / 'runs'}",
-                    f"ledger.url=sqlite:///{tmp_path / 'ledger.sqlite'}", "++cluster.poll_interval_s=0.2",
-                    "++workload.twin.time_scale=0.00001", "++workload.twin.max_sleep_s=0.001",
-                    "++workload.twin.diverge_when={cp: 4}", "++effective.long_run_save_at=4",
-                    "++effective.long_run_after_iters=6"]).cfg
+    return compose(
+        [
+            "+stage=slice",
+            "cluster=local",
+            f"cluster.folder={tmp_path / 'runs'}",
+            f"ledger.url=sqlite:///{tmp_path / 'ledger.sqlite'}",
+            "++cluster.poll_interval_s=0.2",
+            "++workload.twin.time_scale=0.00001",
+            "++workload.twin.max_sleep_s=0.001",
+            "++workload.twin.diverge_when={cp: 4}",
+            "++effective.long_run_save_at=4",
+            "++effective.long_run_after_iters=6",
+        ]
+    ).cfg
 
 
 def _sweep(led: Ledger, cfg, layouts):
-    led.create_or_get_sweep(SWEEP, stage=cfg.stage.name, config_yaml="", model=cfg.model.name,
-                            hardware=cfg.hardware.name, workload=cfg.workload.name, provenance={})
+    led.create_or_get_sweep(
+        SWEEP,
+        stage=cfg.stage.name,
+        config_yaml="",
+        model=cfg.model.name,
+        hardware=cfg.hardware.name,
+        workload=cfg.workload.name,
+        provenance={},
+    )
     items = []
     for lay in layouts:
         pl = planner.evaluate(cfg.model, cfg.hardware, cfg.stage, lay, workload=cfg.workload.name)
         assert isinstance(pl, planner.Planned), pl
-        items.append(CandidateIn(key=pl.key, layout=pl.layout.to_dict(), layer_pattern=pl.prediction.layer_pattern,
-                                 predicted=dataclasses.asdict(pl.prediction)))
+        items.append(
+            CandidateIn(
+                key=pl.key,
+                layout=pl.layout.to_dict(),
+                layer_pattern=pl.prediction.layer_pattern,
+                predicted=dataclasses.asdict(pl.prediction),
+            )
+        )
     return led.add_candidates(SWEEP, items), items
 
 
@@ -93,8 +116,18 @@ def test_parity_and_long_run_end_to_end(tmp_path):
         ev = led.events(SWEEP, kind="long-run", candidate_id=by_cp[2].id)
         assert len(ev) == 1 and "Q_effective" in ev[0].message
 
-    proc = cli("compare", "--sweep", SWEEP, "--sort", "q_effective", "--format", "json",
-               "--columns", "key,cp,status,q_effective,ckpt_save_s,ckpt_restore_s", f"ledger.url={cfg.ledger.url}")
+    proc = cli(
+        "compare",
+        "--sweep",
+        SWEEP,
+        "--sort",
+        "q_effective",
+        "--format",
+        "json",
+        "--columns",
+        "key,cp,status,q_effective,ckpt_save_s,ckpt_restore_s",
+        f"ledger.url={cfg.ledger.url}",
+    )
     assert proc.returncode == 0, proc.stderr
     table = json.loads(proc.stdout)
     q = [r["q_effective"] for r in table]
@@ -114,8 +147,9 @@ def test_parity_with_an_illegal_reference_fails_without_running(tmp_path):
 
 def test_update_result_metrics(ledger_url):
     with Ledger.open(ledger_url) as led:
-        led.create_or_get_sweep("u", stage="smoke", config_yaml="", model="tiny", hardware="h200", workload="twin",
-                                provenance={})
+        led.create_or_get_sweep(
+            "u", stage="smoke", config_yaml="", model="tiny", hardware="h200", workload="twin", provenance={}
+        )
         (c,) = led.add_candidates("u", [CandidateIn(key="k1", layout=Layout(ep=8).to_dict())])
         ok = led.new_attempt(c.id, job_dir="/tmp/a1", simulated=True)
         led.record_result(ok.id, {"ok": True, "simulated": True, "step_p50_s": 1.5, "tokens_per_s": 1000.0})
@@ -133,8 +167,11 @@ def test_update_result_metrics(ledger_url):
 
 def test_run_finalists_gates_then_runs_long_windows_once(tmp_path):
     cfg = _cfg(tmp_path)
-    cfg = dataclasses.replace(cfg, effective=dataclasses.replace(cfg.effective, long_run=True),
-                              policy=dataclasses.replace(cfg.policy, promote_top_k=3))
+    cfg = dataclasses.replace(
+        cfg,
+        effective=dataclasses.replace(cfg.effective, long_run=True),
+        policy=dataclasses.replace(cfg.policy, promote_top_k=3),
+    )
     launcher, _ = make_launcher(cfg.cluster)
     with Ledger.open(cfg.ledger.url) as led:
         cands, _ = _sweep(led, cfg, LAYOUTS)

@@ -1,4 +1,5 @@
 """LocalLauncher: real submitit local processes, polled from their job objects (no Slurm needed)."""
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,9 @@ def local_cluster(**kw) -> ClusterConfig:
 
 
 def task(fn, folder, *args, time_min=1) -> LaunchTask:
-    return LaunchTask(fn=fn, args=(str(folder), *args), n_gpus=1, gpus_per_node=1, name="t", folder=str(folder),
-                      time_min=time_min)
+    return LaunchTask(
+        fn=fn, args=(str(folder), *args), n_gpus=1, gpus_per_node=1, name="t", folder=str(folder), time_min=time_min
+    )
 
 
 def wait_terminal(launcher, ids, timeout_s=120.0):
@@ -98,8 +100,10 @@ def test_local_slots_limit_concurrency(tmp_path):
     launcher = LocalLauncher(local_cluster(), slot_poll_s=0.05)
     launcher.cluster.local_max_workers = 1
     t0, seen = time.monotonic(), []
-    a, b = launcher.submit([task(sleep_for, tmp_path / "a", 2.0), task(sleep_for, tmp_path / "b", 0.1)],
-                           on_submitted=lambda i, sub: seen.append((i, sub.job_id, time.monotonic() - t0)))
+    a, b = launcher.submit(
+        [task(sleep_for, tmp_path / "a", 2.0), task(sleep_for, tmp_path / "b", 0.1)],
+        on_submitted=lambda i, sub: seen.append((i, sub.job_id, time.monotonic() - t0)),
+    )
     assert time.monotonic() - t0 >= 2.0
     # Each id reaches the caller as soon as its job started, not when the whole round is out.
     assert [(i, jid) for i, jid, _ in seen] == [(0, a.job_id), (1, b.job_id)]

@@ -1,7 +1,8 @@
 """sacct parsing and sbatch parameters: pure functions, no cluster needed."""
+
 from __future__ import annotations
 
-from datetime import timezone
+from datetime import UTC
 
 import pytest
 from submitit.slurm.slurm import _make_sbatch_string
@@ -34,12 +35,23 @@ def test_expand_array_ids():
 
 def test_parse_rows():
     st = parse(SACCT)
-    assert set(st) == {"43801313_0", "43801313_1", "43801313_2", "43801313_3", "43801313_4", "43801313_7",
-                       "43801320", "43801321", "43801322", "43801323", "43801794"}
+    assert set(st) == {
+        "43801313_0",
+        "43801313_1",
+        "43801313_2",
+        "43801313_3",
+        "43801313_4",
+        "43801313_7",
+        "43801320",
+        "43801321",
+        "43801322",
+        "43801323",
+        "43801794",
+    }
     done = st["43801313_0"]
     assert (done.state, done.terminal, done.exit_code, done.node_list) == ("COMPLETED", True, 0, "n1")
     assert done.start.tzinfo is not None and (done.end - done.start).total_seconds() == 3
-    assert done.end.astimezone(timezone.utc) == done.end
+    assert done.end.astimezone(UTC) == done.end
     cancelled = st["43801313_1"]
     assert (cancelled.state, cancelled.terminal, cancelled.signal) == ("CANCELLED", True, 15)
     pending = st["43801313_4"]
@@ -52,18 +64,25 @@ def test_parse_rows():
     # Slurm requeued a NODE_FAIL itself (same id): the latest run counts, the failure is kept.
     requeued = st["43801794"]
     assert (requeued.state, requeued.terminal, requeued.previous, requeued.reason) == (
-        "PENDING", False, ("NODE_FAIL",), "BeginTime")
+        "PENDING",
+        False,
+        ("NODE_FAIL",),
+        "BeginTime",
+    )
     assert done.previous == ()
 
 
-@pytest.mark.parametrize("word", ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                                  "BOOT_FAIL", "DEADLINE"])
+@pytest.mark.parametrize(
+    "word", ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"]
+)
 def test_terminal_states(word):
     assert state_of(word).terminal and word in TERMINAL_STATES
 
 
-@pytest.mark.parametrize("word", ["PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PREEMPTED",
-                                  "RESIZING", "SUSPENDED", "UNKNOWN"])
+@pytest.mark.parametrize(
+    "word",
+    ["PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PREEMPTED", "RESIZING", "SUSPENDED", "UNKNOWN"],
+)
 def test_live_states(word):
     assert not state_of(word).terminal
 
@@ -75,8 +94,9 @@ def test_command_queries_base_ids_once():
 
 
 def lt(n_gpus, per_node, name="sw:abc:1", time_min=7):
-    return LaunchTask(fn=print, args=(), n_gpus=n_gpus, gpus_per_node=per_node, name=name, folder="/tmp/x",
-                      time_min=time_min)
+    return LaunchTask(
+        fn=print, args=(), n_gpus=n_gpus, gpus_per_node=per_node, name=name, folder="/tmp/x", time_min=time_min
+    )
 
 
 def test_shape_one_task_per_gpu():
@@ -87,22 +107,42 @@ def test_shape_one_task_per_gpu():
 
 
 def test_sbatch_parameters_from_cluster():
-    cluster = ClusterConfig(kind="slurm", partition="batch", account="acct", qos="high", constraint="h100",
-                            exclusive=True, min_time_min=5, signal_delay_s=30, array_parallelism=16,
-                            sbatch_extra={"container-image": "nvcr.io/nvidia/pytorch:25.01-py3",
-                                          "container-mounts": "/data:/data"},
-                            srun_args=["--mpi=pmix"], setup=["module load cuda"], env={"NCCL_IB_TIMEOUT": "19"})
+    cluster = ClusterConfig(
+        kind="slurm",
+        partition="batch",
+        account="acct",
+        qos="high",
+        constraint="h100",
+        exclusive=True,
+        min_time_min=5,
+        signal_delay_s=30,
+        array_parallelism=16,
+        sbatch_extra={"container-image": "nvcr.io/nvidia/pytorch:25.01-py3", "container-mounts": "/data:/data"},
+        srun_args=["--mpi=pmix"],
+        setup=["module load cuda"],
+        env={"NCCL_IB_TIMEOUT": "19"},
+    )
     params = SlurmLauncher(cluster).parameters([lt(1024, 8, "sw:a:1", 3), lt(1024, 8, "sw:b:1", 40)])
     assert (params["nodes"], params["ntasks_per_node"], params["gpus_per_node"]) == (128, 8, 8)
     assert params["time"] == 40  # longest in the array
     assert SlurmLauncher(cluster).parameters([lt(8, 8, time_min=2)])["time"] == 5  # cluster minimum
     script = _make_sbatch_string(command="python -m x", folder="/tmp/f/%j", map_count=2, **params)
-    for line in ["#SBATCH --partition=batch", "#SBATCH --account=acct", "#SBATCH --qos=high",
-                 "#SBATCH --constraint=h100", "#SBATCH --exclusive", "#SBATCH --signal=USR2@30",
-                 "#SBATCH --container-image=nvcr.io/nvidia/pytorch:25.01-py3",
-                 "#SBATCH --container-mounts=/data:/data", "#SBATCH --array=0-1%2", "#SBATCH --nodes=128",
-                 "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8", "module load cuda",
-                 "export NCCL_IB_TIMEOUT=19"]:
+    for line in [
+        "#SBATCH --partition=batch",
+        "#SBATCH --account=acct",
+        "#SBATCH --qos=high",
+        "#SBATCH --constraint=h100",
+        "#SBATCH --exclusive",
+        "#SBATCH --signal=USR2@30",
+        "#SBATCH --container-image=nvcr.io/nvidia/pytorch:25.01-py3",
+        "#SBATCH --container-mounts=/data:/data",
+        "#SBATCH --array=0-1%2",
+        "#SBATCH --nodes=128",
+        "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --gpus-per-node=8",
+        "module load cuda",
+        "export NCCL_IB_TIMEOUT=19",
+    ]:
         assert line in script
     assert "--mpi=pmix" in script.split("srun", 1)[1]
     assert "#SBATCH --exclude" not in script

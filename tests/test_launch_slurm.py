@@ -3,6 +3,7 @@
 `sbatch` and `sacct` are counted by shims on PATH that log each call and exec the real command: the
 counters the launcher exposes must match what really ran (submitit must not poll on its own).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,16 @@ def record(folder: str, value: int, sleep_s: float = 0.0) -> int:
 
     env = submitit.JobEnvironment()
     with open(os.path.join(folder, f"rank-{env.global_rank}.json"), "w") as fh:
-        json.dump({"rank": env.global_rank, "node": os.environ.get("SLURMD_NODENAME"),
-                   "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "ntasks": env.num_tasks,
-                   "env": os.environ.get("ORCH_TEST_ENV")}, fh)
+        json.dump(
+            {
+                "rank": env.global_rank,
+                "node": os.environ.get("SLURMD_NODENAME"),
+                "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "ntasks": env.num_tasks,
+                "env": os.environ.get("ORCH_TEST_ENV"),
+            },
+            fh,
+        )
     time.sleep(sleep_s)
     if env.global_rank == 0:
         with open(os.path.join(folder, "result.json"), "w") as fh:
@@ -73,16 +81,24 @@ def launchers():
 
 
 def cluster(**kw) -> ClusterConfig:
-    base = dict(kind="slurm", min_time_min=1, signal_delay_s=30, array_parallelism=4,
-                env={"ORCH_TEST_ENV": "from-cluster-env"})
+    base = dict(
+        kind="slurm", min_time_min=1, signal_delay_s=30, array_parallelism=4, env={"ORCH_TEST_ENV": "from-cluster-env"}
+    )
     base.update(kw)
     return ClusterConfig(**base)
 
 
 def task(folder, value, sleep_s=0.0, n_gpus=1, gpus_per_node=8, time_min=2, name="t") -> LaunchTask:
     os.makedirs(folder, exist_ok=True)
-    return LaunchTask(fn=record, args=(str(folder), value, sleep_s), n_gpus=n_gpus, gpus_per_node=gpus_per_node,
-                      name=name, folder=str(folder), time_min=time_min)
+    return LaunchTask(
+        fn=record,
+        args=(str(folder), value, sleep_s),
+        n_gpus=n_gpus,
+        gpus_per_node=gpus_per_node,
+        name=name,
+        folder=str(folder),
+        time_min=time_min,
+    )
 
 
 def poll_until(launcher, ids, done, timeout_s=240.0, counted=None):
@@ -128,8 +144,12 @@ def test_array_poll_cancel(slurm_cluster, timeout_job, tmp_path, counted, launch
     assert [s.folder for s in subs] == [t.folder for t in tasks]
     ids = [s.job_id for s in subs]
 
-    states = poll_until(launcher, ids, lambda st: st[ids[0]].terminal and st[ids[1]].terminal
-                        and st[ids[2]].state == "RUNNING", counted=counted)
+    states = poll_until(
+        launcher,
+        ids,
+        lambda st: st[ids[0]].terminal and st[ids[1]].terminal and st[ids[2]].state == "RUNNING",
+        counted=counted,
+    )
     for jid in ids[:2]:
         assert (states[jid].state, states[jid].exit_code, states[jid].terminal) == ("COMPLETED", 0, True)
         assert states[jid].node_list in {"n1", "n2", "n3", "n4"} and states[jid].end >= states[jid].start

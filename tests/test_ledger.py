@@ -1,4 +1,5 @@
 """Ledger API against SQLite and the real PostgreSQL (fixture `ledger_url` runs each test on both)."""
+
 from __future__ import annotations
 
 import time
@@ -16,49 +17,102 @@ from orchestrator.plan.layout import Layout, Prediction, canonical_key
 def make_items(n: int, *, round: int = 0, stage: str = "1k") -> list[CandidateIn]:
     out = []
     for i in range(n):
-        lay = Layout(tp=1, pp=8, vpp=1 + i % 2, cp=1, ep=(32, 64, 128)[i % 3], mbs=1 + i,
-                     recompute=("moe_act",) if i % 4 == 0 else (), dispatcher="flex" if i % 2 else "alltoall",
-                     flex_backend="deepep" if i % 2 else None)
-        pred = Prediction(d_a=128, d_e=2, m=32, bubble=0.1, t_group=4096, t_expert=64.0, experts_per_rank=6,
-                          ep_nodes=8, cp_nodes=1, routed_weight_gb=40.0, heaviest_stage=0, memory_gb=60.0 + i,
-                          memory_by_stage=(60.0 + i, 55.0), feasible=True, step_time_s=10.0 + i, mfu=0.3,
-                          tokens_per_s=1e6, layer_pattern="E" * 8)
+        lay = Layout(
+            tp=1,
+            pp=8,
+            vpp=1 + i % 2,
+            cp=1,
+            ep=(32, 64, 128)[i % 3],
+            mbs=1 + i,
+            recompute=("moe_act",) if i % 4 == 0 else (),
+            dispatcher="flex" if i % 2 else "alltoall",
+            flex_backend="deepep" if i % 2 else None,
+        )
+        pred = Prediction(
+            d_a=128,
+            d_e=2,
+            m=32,
+            bubble=0.1,
+            t_group=4096,
+            t_expert=64.0,
+            experts_per_rank=6,
+            ep_nodes=8,
+            cp_nodes=1,
+            routed_weight_gb=40.0,
+            heaviest_stage=0,
+            memory_gb=60.0 + i,
+            memory_by_stage=(60.0 + i, 55.0),
+            feasible=True,
+            step_time_s=10.0 + i,
+            mfu=0.3,
+            tokens_per_s=1e6,
+            layer_pattern="E" * 8,
+        )
         key = canonical_key(lay, model="dsv4_pro", stage=stage, hardware="h100", workload="twin")
-        out.append(CandidateIn(key=key, layout=lay.to_dict(), layer_pattern=pred.layer_pattern,
-                               predicted=asdict(pred), round=round))
+        out.append(
+            CandidateIn(
+                key=key, layout=lay.to_dict(), layer_pattern=pred.layer_pattern, predicted=asdict(pred), round=round
+            )
+        )
     return out
 
 
 def job_result(step_s: float, *, n: int = 5, partial: bool = False, ok: bool = True, **kw) -> dict:
     times = [step_s * (1 + 0.01 * i) for i in range(n)]
     return JobResult(
-        ok=ok, simulated=True, warmup_iters=2, measure_iters_requested=n, measure_iters=n, partial=partial,
-        step_times_s=times, step_p50_s=step_s, step_p95_s=step_s * 1.04, step_p99_s=kw.pop("p99", step_s * 1.05),
-        tokens_per_s_per_gpu=4096 * 8192 / step_s / 1024, mfu=0.31, peak_allocated_gb=70.0,
-        peak_reserved_gb=kw.pop("reserved", 75.0), token_drop_fraction=0.0,
-        rank_memory=[RankMemory(rank=r, pp_stage=r // 2, allocated_mb=1000.0 + r, reserved_mb=1200.0) for r in range(4)],
-        lm_loss=[2.0 - 0.01 * i for i in range(n)], grad_norm=[1.0] * n, ckpt_save_s=12.5,
-        log_paths=["/runs/a/rank-0.out"], versions={"torch": "2.13"}, **kw,
+        ok=ok,
+        simulated=True,
+        warmup_iters=2,
+        measure_iters_requested=n,
+        measure_iters=n,
+        partial=partial,
+        step_times_s=times,
+        step_p50_s=step_s,
+        step_p95_s=step_s * 1.04,
+        step_p99_s=kw.pop("p99", step_s * 1.05),
+        tokens_per_s_per_gpu=4096 * 8192 / step_s / 1024,
+        mfu=0.31,
+        peak_allocated_gb=70.0,
+        peak_reserved_gb=kw.pop("reserved", 75.0),
+        token_drop_fraction=0.0,
+        rank_memory=[
+            RankMemory(rank=r, pp_stage=r // 2, allocated_mb=1000.0 + r, reserved_mb=1200.0) for r in range(4)
+        ],
+        lm_loss=[2.0 - 0.01 * i for i in range(n)],
+        grad_norm=[1.0] * n,
+        ckpt_save_s=12.5,
+        log_paths=["/runs/a/rank-0.out"],
+        versions={"torch": "2.13"},
+        **kw,
     ).to_dict()
 
 
 @pytest.fixture
 def ledger(ledger_url):
     led = Ledger.open(ledger_url)
-    led.create_or_get_sweep("s1", stage="1k", config_yaml="stage: 1k\n", model="dsv4_pro", hardware="h100",
-                            workload="twin", provenance={"project": "0.1.0", "torch": "2.13"})
+    led.create_or_get_sweep(
+        "s1",
+        stage="1k",
+        config_yaml="stage: 1k\n",
+        model="dsv4_pro",
+        hardware="h100",
+        workload="twin",
+        provenance={"project": "0.1.0", "torch": "2.13"},
+    )
     yield led
     led.close()
 
 
 def test_fresh_database_is_upgraded_and_sweep_is_idempotent(ledger):
-    again = ledger.create_or_get_sweep("s1", stage="1k", config_yaml="other", model="dsv4_pro", hardware="h100",
-                                       workload="twin", provenance={})
+    again = ledger.create_or_get_sweep(
+        "s1", stage="1k", config_yaml="other", model="dsv4_pro", hardware="h100", workload="twin", provenance={}
+    )
     assert again.id == ledger.get_sweep("s1").id
     assert again.provenance["project"] == "0.1.0" and again.created_at.tzinfo is not None
     with pytest.raises(LedgerError, match="already exists with stage=1k"):
-        ledger.create_or_get_sweep("s1", stage="8k", config_yaml="", model="dsv4_pro", hardware="h100",
-                                   workload="twin", provenance={})
+        ledger.create_or_get_sweep(
+            "s1", stage="8k", config_yaml="", model="dsv4_pro", hardware="h100", workload="twin", provenance={}
+        )
     assert [s.name for s in ledger.list_sweeps()] == ["s1"]
     ledger.set_sweep_status("s1", "running")
     assert ledger.get_sweep("s1").status == "running"
@@ -78,8 +132,9 @@ def test_add_candidates_is_idempotent_and_keeps_knobs(ledger):
     assert Layout.from_dict(rows[1].layout) == Layout.from_dict(items[1].layout)
     assert rows[0].predicted["memory_by_stage"] == [60.0, 55.0]
     with ledger.read() as s:
-        knobs = s.execute(text("SELECT ep, recompute, dispatcher, backend, pred_step_time_s FROM candidate "
-                               "ORDER BY id")).all()
+        knobs = s.execute(
+            text("SELECT ep, recompute, dispatcher, backend, pred_step_time_s FROM candidate ORDER BY id")
+        ).all()
     assert knobs[0] == (32, "moe_act", "alltoall", None, 10.0)
     assert knobs[1] == (64, "none", "flex", "deepep", 11.0)
 
@@ -90,8 +145,9 @@ def test_parent_edges_same_sweep_and_promotion_across_sweeps(ledger):
     child.parent_key, child.edge_kind, child.round = parent.key, "neighbour-of", 1
     row = ledger.add_candidates("s1", [child])[0]
     assert (row.parent_id, row.edge_kind, row.round) == (parent.id, "neighbour-of", 1)
-    ledger.create_or_get_sweep("s8k", stage="8k", config_yaml="", model="dsv4_pro", hardware="h100",
-                               workload="twin", provenance={})
+    ledger.create_or_get_sweep(
+        "s8k", stage="8k", config_yaml="", model="dsv4_pro", hardware="h100", workload="twin", provenance={}
+    )
     promoted = make_items(1, stage="8k")[0]
     promoted.parent_key, promoted.edge_kind = parent.key, "promoted-from"
     assert ledger.add_candidates("s8k", [promoted])[0].parent_id == parent.id
@@ -119,8 +175,16 @@ def test_attempt_numbers_updates_and_live_attempts(ledger):
     a2 = ledger.new_attempt(cand.id, job_id="1234_0", array_index=0, job_dir="/runs/s1/k/attempt-2", simulated=True)
     assert (a1.attempt_no, a2.attempt_no) == (1, 2)
     assert ledger.candidate_by_key("s1", cand.key).latest_attempt_id == a2.id
-    up = ledger.update_attempt(a1.id, state="FAILED", failure_class="NODE_FAIL", exit_code=1, node_list="n[1-4]",
-                               start_time="2026-01-01T10:00:00", end_time=1767261600.0, log_paths=["/x/rank-0.out"])
+    up = ledger.update_attempt(
+        a1.id,
+        state="FAILED",
+        failure_class="NODE_FAIL",
+        exit_code=1,
+        node_list="n[1-4]",
+        start_time="2026-01-01T10:00:00",
+        end_time=1767261600.0,
+        log_paths=["/x/rank-0.out"],
+    )
     assert up.terminal and up.start_time.hour == 10 and up.end_time.tzinfo is not None
     assert [a.id for a in ledger.live_attempts("s1")] == [a2.id]
     with pytest.raises(ValueError, match="unknown fields"):
@@ -152,8 +216,14 @@ def test_record_result_stores_everything_once(ledger):
 def test_failed_result_updates_attempt_without_result_row(ledger):
     cand = ledger.add_candidates("s1", make_items(1))[0]
     att = ledger.new_attempt(cand.id, job_dir="/runs/x", simulated=True)
-    bad = JobResult(ok=False, simulated=True, failure_class="OOM", failure_detail="CUDA out of memory", exit_code=1,
-                    rank_memory=[RankMemory(rank=0, pp_stage=0, allocated_mb=79000.0, reserved_mb=80000.0)]).to_dict()
+    bad = JobResult(
+        ok=False,
+        simulated=True,
+        failure_class="OOM",
+        failure_detail="CUDA out of memory",
+        exit_code=1,
+        rank_memory=[RankMemory(rank=0, pp_stage=0, allocated_mb=79000.0, reserved_mb=80000.0)],
+    ).to_dict()
     ledger.record_result(att.id, bad)
     ledger.record_result(att.id, bad)
     assert ledger.result(att.id) is None and ledger.measured() == []
@@ -207,8 +277,16 @@ def test_calibration_and_parity_exclusion_data(ledger):
     cand = ledger.add_candidates("s1", make_items(1))[0]
     cal = ledger.record_calibration("s1", 1, {"truth_a2a": 1.3}, {"mape_step": 0.04})
     assert ledger.calibrations("s1") == [cal]
-    p = ledger.record_parity(cand.id, reference_key="a" * 32, steps=20, max_loss_diff=0.2, max_grad_norm_diff=0.1,
-                             tolerance=0.01, passed=False, detail="loss diverges at step 7")
+    p = ledger.record_parity(
+        cand.id,
+        reference_key="a" * 32,
+        steps=20,
+        max_loss_diff=0.2,
+        max_grad_norm_diff=0.1,
+        tolerance=0.01,
+        passed=False,
+        detail="loss diverges at step 7",
+    )
     assert ledger.parity(cand.id) == [p] and not p.passed
 
 
@@ -255,6 +333,11 @@ def test_db_package_imports_neither_orchestrator_nor_jobs():
     root = Path(__file__).resolve().parent.parent / "db"
     for path in root.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             assert not [n for n in names if n.split(".")[0] in ("orchestrator", "jobs")], path

@@ -1,6 +1,7 @@
 """The long-run window on the twin: save at X and exit (Megatron's --save/--save-interval/--exit-interval),
 restore (--load) and train on; collect turns the checkpoint timers into ckpt_save_s / ckpt_restore_s and
 Q_effective. Also: the twin ignores SIGUSR2 and, without a job spec, counts blocks from the pattern."""
+
 from __future__ import annotations
 
 import os
@@ -117,10 +118,15 @@ def test_measurement_job_gets_q_effective_from_default_checkpoint_times(tmp_path
     from jobs.effective import effective_throughput
 
     e = cfg.effective
-    want = effective_throughput(res.tokens_per_s, n_gpus=spec.n_gpus, save_s=e.default_save_s,
-                                restore_s=e.default_restore_s, checkpoint_interval_s=e.checkpoint_interval_s,
-                                interruption_rate_per_gpu_hour=e.interruption_rate_per_gpu_hour,
-                                restart_overhead_s=e.restart_overhead_s)
+    want = effective_throughput(
+        res.tokens_per_s,
+        n_gpus=spec.n_gpus,
+        save_s=e.default_save_s,
+        restore_s=e.default_restore_s,
+        checkpoint_interval_s=e.checkpoint_interval_s,
+        interruption_rate_per_gpu_hour=e.interruption_rate_per_gpu_hour,
+        restart_overhead_s=e.restart_overhead_s,
+    )
     assert res.q_effective == pytest.approx(want.q_effective) and res.q_effective < res.tokens_per_s
 
 
@@ -129,10 +135,19 @@ def test_twin_ignores_sigusr2_and_finishes(tmp_path):
     cfg = _cfg(tmp_path, "++workload.twin.time_scale=0.05", "++workload.twin.max_sleep_s=0.1")
     spec = runspec.build_spec(cfg, _planned(cfg), sweep="sig", attempt=1)
     spec.save(Path(spec.job_dir) / "job.json")
-    env = {**os.environ, "ORCH_JOB_SPEC": str(Path(spec.job_dir) / "job.json"), "ORCH_SINGLE_PROCESS": "1",
-           "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    proc = subprocess.Popen([sys.executable, "-m", "jobs.twin", *spec.argv], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "ORCH_JOB_SPEC": str(Path(spec.job_dir) / "job.json"),
+        "ORCH_SINGLE_PROCESS": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobs.twin", *spec.argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     line = ""
     while "iteration" not in line and time.monotonic() < deadline:  # training has started

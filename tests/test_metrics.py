@@ -1,4 +1,5 @@
 """jobs/metrics.py: windows, percentiles, throughput arithmetic, heaviest/slowest rank, MoE evidence."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.metrics import (compute, heaviest, load_sidecars, moe_evidence, percentile, rank_memory,
-                          summarize, window)
+from jobs.metrics import compute, heaviest, load_sidecars, moe_evidence, percentile, rank_memory, summarize, window
 from jobs.parse import IterationRecord, parse_bytes, parse_file
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
@@ -29,7 +29,8 @@ def synthetic_log(step_ms, gbs=512, tflops=None):
             f" [2026-11-29 10:00:{i % 60:02d}.000000] iteration {i:8d}/{100:8d} | consumed samples:"
             f" {i * gbs:12d} | elapsed time per iteration (ms): {ms:.1f} |{tp} global batch size:"
             f" {gbs:5d} | lm loss: {10 - i * 0.1:.6E} | loss scale: 1.0 | grad norm: {i:.3f} |"
-            f" number of skipped iterations:   0 | number of nan iterations:   0 |")
+            f" number of skipped iterations:   0 | number of nan iterations:   0 |"
+        )
     return parse_bytes(("\n".join(lines) + "\n").encode())
 
 
@@ -62,8 +63,10 @@ def test_percentiles_linear_interpolation():
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=1, max_size=50),
-       st.sampled_from([50, 95, 99]))
+@given(
+    st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=1, max_size=50),
+    st.sampled_from([50, 95, 99]),
+)
 def test_percentile_matches_numpy_linear(xs, q):
     assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q, method="linear")), rel=1e-9, abs=1e-9)
 
@@ -71,9 +74,17 @@ def test_percentile_matches_numpy_linear(xs, q):
 def test_tokens_per_s_tflops_and_mfu_arithmetic():
     # steps 1..2 warmup; measured: 4.0, 5.0, 6.0 s -> p50 = 5.0 s
     log = synthetic_log([9000, 9000, 4000, 5000, 6000, 7000], gbs=512, tflops=[1, 2, 300, 310, 320, 9])
-    res = compute([log], warmup_iters=2, measure_iters=3, seq_length=4096, n_gpus=64,
-                  model_flops_per_step=3.2e16, recompute_flops_per_step=6.4e15, peak_tflops=989.0,
-                  peak_label="bf16 dense 989 TFLOP/s")
+    res = compute(
+        [log],
+        warmup_iters=2,
+        measure_iters=3,
+        seq_length=4096,
+        n_gpus=64,
+        model_flops_per_step=3.2e16,
+        recompute_flops_per_step=6.4e15,
+        peak_tflops=989.0,
+        peak_label="bf16 dense 989 TFLOP/s",
+    )
     assert res.step_times_s == [4.0, 5.0, 6.0] and res.measure_iters == 3 and not res.partial
     assert res.step_p50_s == 5.0 and res.step_mean_s == 5.0 and res.step_max_s == 6.0
     assert res.step_p95_s == pytest.approx(5.9)
@@ -107,29 +118,33 @@ def test_heaviest_rank_from_memory_lines_and_sidecars():
     top = heaviest(ranks)
     assert (top.rank, top.pp_stage, top.allocated_mb, top.source) == (2, 1, 52000.0, "log")
     # a sidecar sees a GPU the log never printed (DP-rank != 0) and lowers rank 2's peak
-    sidecars = [{"rank": 5, "peak_allocated_mb": 61440.0, "peak_reserved_mb": 65536.0},
-                {"rank": 2, "peak_allocated_mb": 50000.0, "peak_reserved_mb": 53000.0, "pp_stage": 7}]
-    res = compute([log], sidecars, warmup_iters=0, measure_iters=2, seq_length=8, n_gpus=8,
-                  pp_of_rank=pp.get)
+    sidecars = [
+        {"rank": 5, "peak_allocated_mb": 61440.0, "peak_reserved_mb": 65536.0},
+        {"rank": 2, "peak_allocated_mb": 50000.0, "peak_reserved_mb": 53000.0, "pp_stage": 7},
+    ]
+    res = compute([log], sidecars, warmup_iters=0, measure_iters=2, seq_length=8, n_gpus=8, pp_of_rank=pp.get)
     assert (res.heaviest_rank, res.heaviest_pp_stage) == (5, 2)
     # Megatron's MB are MiB; results are decimal GB like the planner's predictions
-    assert res.peak_allocated_gb == pytest.approx(61440 * 2**20 / 1e9) and res.peak_reserved_gb == pytest.approx(65536 * 2**20 / 1e9)
+    assert res.peak_allocated_gb == pytest.approx(61440 * 2**20 / 1e9) and res.peak_reserved_gb == pytest.approx(
+        65536 * 2**20 / 1e9
+    )
     by_rank = {r.rank: r for r in res.rank_memory}
     assert by_rank[2].allocated_mb == 50000.0 and by_rank[2].pp_stage == 7 and by_rank[2].source == "sidecar"
 
 
 def test_heaviest_tie_breaks_on_reserved():
-    log = parse_bytes(b"[Rank 1] (after 1 iterations) memory (MB) | allocated: 1.00 | max allocated: 10.00 |"
-                      b" reserved: 1.00 | max reserved: 11.00\n"
-                      b"[Rank 3] (after 1 iterations) memory (MB) | allocated: 1.00 | max allocated: 10.00 |"
-                      b" reserved: 1.00 | max reserved: 12.00\n")
+    log = parse_bytes(
+        b"[Rank 1] (after 1 iterations) memory (MB) | allocated: 1.00 | max allocated: 10.00 |"
+        b" reserved: 1.00 | max reserved: 11.00\n"
+        b"[Rank 3] (after 1 iterations) memory (MB) | allocated: 1.00 | max allocated: 10.00 |"
+        b" reserved: 1.00 | max reserved: 12.00\n"
+    )
     assert heaviest(rank_memory([log], [])).rank == 3
 
 
 def test_slowest_rank_from_straggler_lines_and_timers_summary():
     log = parse_file(LOGS / "megatron_full.log")
-    res = compute([log], warmup_iters=1, measure_iters=2, seq_length=4096, n_gpus=64,
-                  pp_of_rank=lambda r: r // 16)
+    res = compute([log], warmup_iters=1, measure_iters=2, seq_length=4096, n_gpus=64, pp_of_rank=lambda r: r // 16)
     assert (res.slowest_rank, res.slowest_stage) == (61, 3)
     # timer blocks after iterations 2 and 3 are in the window: medians of min and max
     assert res.timers_ms["forward-backward"] == [pytest.approx(40000.5), pytest.approx(40600.0)]
@@ -145,10 +160,20 @@ def test_slowest_rank_from_per_rank_timers():
 
 def test_moe_evidence_from_sidecars():
     sidecars = [
-        {"rank": 0, "tokens_per_expert": [100, 100, 400, 0], "routed_tokens": 600,
-         "dropped_tokens": 60, "padded_tokens": 20},
-        {"rank": 1, "tokens_per_expert": [100, 100, 0, 0], "routed_tokens": 200,
-         "dropped_tokens": 20, "padded_tokens": 0},
+        {
+            "rank": 0,
+            "tokens_per_expert": [100, 100, 400, 0],
+            "routed_tokens": 600,
+            "dropped_tokens": 60,
+            "padded_tokens": 20,
+        },
+        {
+            "rank": 1,
+            "tokens_per_expert": [100, 100, 0, 0],
+            "routed_tokens": 200,
+            "dropped_tokens": 20,
+            "padded_tokens": 0,
+        },
     ]
     ev = moe_evidence(sidecars)
     assert ev["token_drop_fraction"] == pytest.approx(80 / 800)
@@ -162,21 +187,32 @@ def test_moe_evidence_from_sidecars():
 
 def test_sidecars_from_disk_and_simulated_flag(tmp_path):
     good = tmp_path / "sidecar-rank-0.json"
-    good.write_text(json.dumps({"rank": 0, "simulated": True, "peak_allocated_mb": 1024.0,
-                                "force_balanced_routing": True, "lm_loss": [[2, 9.0], [3, 8.5]]}))
+    good.write_text(
+        json.dumps(
+            {
+                "rank": 0,
+                "simulated": True,
+                "peak_allocated_mb": 1024.0,
+                "force_balanced_routing": True,
+                "lm_loss": [[2, 9.0], [3, 8.5]],
+            }
+        )
+    )
     (tmp_path / "sidecar-rank-1.json").write_text('{"rank": 1, "peak_')  # killed mid-write
     sidecars, paths = load_sidecars(sorted(tmp_path.glob("sidecar-rank-*.json")))
     assert paths == [str(good)]
-    log = parse_bytes(b" [2026-11-29 10:00:00.000000] iteration        2/       3 | consumed samples:"
-                      b"            2 | elapsed time per iteration (ms): 10.0 | global batch size:     1 |"
-                      b" loss scale: 1.0 | number of skipped iterations:   0 | number of nan iterations:   0 |\n")
-    res = compute([log], sidecars, warmup_iters=1, measure_iters=2, seq_length=8, n_gpus=1,
-                  sidecar_paths=paths)
+    log = parse_bytes(
+        b" [2026-11-29 10:00:00.000000] iteration        2/       3 | consumed samples:"
+        b"            2 | elapsed time per iteration (ms): 10.0 | global batch size:     1 |"
+        b" loss scale: 1.0 | number of skipped iterations:   0 | number of nan iterations:   0 |\n"
+    )
+    res = compute([log], sidecars, warmup_iters=1, measure_iters=2, seq_length=8, n_gpus=1, sidecar_paths=paths)
     assert res.simulated and res.force_balanced_routing and res.sidecar_paths == paths
     assert res.lm_loss == [9.0, 8.5]  # no lm loss on the log line: the sidecar's own record
     assert res.peak_allocated_gb == pytest.approx(1.073741824)  # 1024 MiB = 1.07 decimal GB
-    assert compute([parse_file(LOGS / "simulated.log")], warmup_iters=0, measure_iters=1,
-                   seq_length=8, n_gpus=1).simulated
+    assert compute(
+        [parse_file(LOGS / "simulated.log")], warmup_iters=0, measure_iters=1, seq_length=8, n_gpus=1
+    ).simulated
 
 
 def test_straggler_lines_from_rank0_file_are_placed_by_timestamp():
@@ -186,7 +222,8 @@ def test_straggler_lines_from_rank0_file_are_placed_by_timestamp():
         b"INFO:megatron.core.utils:[2026-11-29 10:00:01] | MnRtt/Rnk: 1.00ms/0 | MxRtt/Rnk: 9.00ms/7\n"
         b"INFO:megatron.core.utils:[2026-11-29 10:00:02] | MnRtt/Rnk: 1.00ms/0 | MxRtt/Rnk: 9.00ms/7\n"
         b"INFO:megatron.core.utils:[2026-11-29 10:00:03] | MnRtt/Rnk: 1.00ms/0 | MxRtt/Rnk: 5.00ms/3\n"
-        b"INFO:megatron.core.utils:[2026-11-29 10:00:04] | MnRtt/Rnk: 1.00ms/0 | MxRtt/Rnk: 5.00ms/3\n")
+        b"INFO:megatron.core.utils:[2026-11-29 10:00:04] | MnRtt/Rnk: 1.00ms/0 | MxRtt/Rnk: 5.00ms/3\n"
+    )
     assert all(s.after_iteration is None for s in rank0.stragglers)
     res = compute([rank0, last], warmup_iters=2, measure_iters=2, seq_length=8, n_gpus=8)
     assert res.slowest_rank == 3  # rank 7 was slowest only during warmup

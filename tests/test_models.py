@@ -1,4 +1,5 @@
 """Properties of the analytic models (hypothesis) and their cross-checks against each other."""
+
 import dataclasses
 import itertools
 import os
@@ -40,8 +41,14 @@ def legal_layouts(draw):
     pp = draw(st.sampled_from([1, 2, 4, 8, 16]))
     vpp = draw(st.sampled_from([1, 2, 4])) if pp > 1 else 1
     lay = Layout(
-        tp=1, pp=pp, vpp=vpp, cp=draw(st.sampled_from([1, 2, 4, 8])), ep=draw(st.sampled_from([8, 16, 32, 64, 128])),
-        etp=1, mbs=draw(st.sampled_from([1, 2])), recompute=draw(st.sampled_from(RECOMPUTE)),
+        tp=1,
+        pp=pp,
+        vpp=vpp,
+        cp=draw(st.sampled_from([1, 2, 4, 8])),
+        ep=draw(st.sampled_from([8, 16, 32, 64, 128])),
+        etp=1,
+        mbs=draw(st.sampled_from([1, 2])),
+        recompute=draw(st.sampled_from(RECOMPUTE)),
         dispatcher=draw(st.sampled_from(["alltoall", "flex", "allgather"])),
     )
     if lay.dispatcher == "flex":
@@ -125,7 +132,7 @@ def _optimal_max(costs, k, first, last):
     n, best = len(costs), float("inf")
     for cuts in itertools.combinations(range(1, n), k - 1):
         b = (0,) + cuts + (n,)
-        loads = [sum(costs[b[i]:b[i + 1]]) for i in range(k)]
+        loads = [sum(costs[b[i] : b[i + 1]]) for i in range(k)]
         loads[0] += first
         loads[-1] += last
         best = min(best, max(loads))
@@ -357,8 +364,9 @@ def test_step_time_reacts_to_the_guides_levers():
     g = groups(base, 1024, 4096)
     per_mb = t.stage_times_s[t.slowest_stage]
     assert t.components["bubble"] == pytest.approx(per_mb * 7)
-    assert t.components["compute"] + t.components["a2a"] + t.components["cp_exchange"] + \
-        t.components["pp_p2p"] == pytest.approx(g.m * per_mb)
+    assert t.components["compute"] + t.components["a2a"] + t.components["cp_exchange"] + t.components[
+        "pp_p2p"
+    ] == pytest.approx(g.m * per_mb)
 
 
 def test_smaller_expert_batches_run_less_efficiently():
@@ -366,21 +374,38 @@ def test_smaller_expert_batches_run_less_efficiently():
 
 
 def test_tiny_model_smoke_stage_predicts():
-    tiny = ModelConfig(name="tiny", num_layers=9, hidden_size=512, num_attention_heads=8, kv_channels=64,
-                       q_lora_rank=128, kv_lora_rank=64, qk_pos_emb_head_dim=16, v_head_dim=64, o_groups=2,
-                       o_lora_rank=64, csa_compress_ratios=[128, 128, 4, 128, 4, 128, 4, 128, 4, 0],
-                       ffn_hidden_size=1024, num_experts=64, moe_ffn_hidden_size=256,
-                       moe_shared_expert_intermediate_size=256, moe_n_hash_layers=1, vocab_size=32000)
+    tiny = ModelConfig(
+        name="tiny",
+        num_layers=9,
+        hidden_size=512,
+        num_attention_heads=8,
+        kv_channels=64,
+        q_lora_rank=128,
+        kv_lora_rank=64,
+        qk_pos_emb_head_dim=16,
+        v_head_dim=64,
+        o_groups=2,
+        o_lora_rank=64,
+        csa_compress_ratios=[128, 128, 4, 128, 4, 128, 4, 128, 4, 0],
+        ffn_hidden_size=1024,
+        num_experts=64,
+        moe_ffn_hidden_size=256,
+        moe_shared_expert_intermediate_size=256,
+        moe_n_hash_layers=1,
+        vocab_size=32000,
+    )
     smoke = StageConfig(name="smoke", gpus=32, global_batch=64, seq_length=4096)
     lay = Layout(pp=2, ep=8)
-    g, bps, mem, t = predict(lay, model=tiny, stage=smoke)
+    _g, bps, mem, t = predict(lay, model=tiny, stage=smoke)
     assert sum(bps) == 9 and t.total_s > 0 and memory.heaviest(mem).total < HW.hbm_gb
 
 
 def test_fast_enough_for_the_planner():
     """The planner evaluates >= 20k layouts; the models must cost well under a millisecond each."""
-    lays = [Layout(pp=pp, vpp=v, cp=cp, ep=ep, recompute=rc)
-            for pp, v, cp, ep, rc in itertools.product([4, 8, 16], [1, 2], [1, 2, 4], [32, 64, 128], RECOMPUTE)]
+    lays = [
+        Layout(pp=pp, vpp=v, cp=cp, ep=ep, recompute=rc)
+        for pp, v, cp, ep, rc in itertools.product([4, 8, 16], [1, 2], [1, 2, 4], [32, 64, 128], RECOMPUTE)
+    ]
     lays = [x for x in lays if groups(x, 1024, 4096).legal]
     prepared = [(x, groups(x, 1024, 4096), split_for(x)) for x in lays]
     for x, g, bps in prepared:  # warm the caches, as the planner's first layouts do

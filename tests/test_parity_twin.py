@@ -1,8 +1,10 @@
 """The correctness gate on the twin, slice stage (4-block V4-Pro, 64 GPUs): a CP2 candidate against its CP1
 reference agrees within the declared tolerance; with an injected numerical divergence for CP2
 (twin.diverge_when) it fails, and the verdict names the step."""
+
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -40,8 +42,15 @@ def _pair(tmp_path: Path, *extra: str):
 
 def _verdict(cfg, mine, ref) -> parity.Parity:
     p = cfg.parity
-    return parity.compare(mine.lm_loss, ref.lm_loss, mine.grad_norm, ref.grad_norm, steps=p.steps,
-                          loss_rtol=p.loss_rtol, grad_norm_rtol=p.grad_norm_rtol)
+    return parity.compare(
+        mine.lm_loss,
+        ref.lm_loss,
+        mine.grad_norm,
+        ref.grad_norm,
+        steps=p.steps,
+        loss_rtol=p.loss_rtol,
+        grad_norm_rtol=p.grad_norm_rtol,
+    )
 
 
 def test_cp2_matches_its_cp1_reference(tmp_path):
@@ -73,6 +82,6 @@ def test_loss_curve_is_shared_across_layouts_and_drifts_only_when_asked():
     assert other_seed != a[4]
     d = [twin.loss_curve(3, it, vocab_size=129280, layout_tag="A", drift_scale=0.05) for it in range(1, 41)]
     rel = [x[0] / y[0] - 1 for x, y in zip(d, a)]
-    assert all(r2 > r1 > 0 for r1, r2 in zip(rel, rel[1:])) and rel[-1] < 0.05
+    assert all(r2 > r1 > 0 for r1, r2 in itertools.pairwise(rel)) and rel[-1] < 0.05
     assert twin.diverges(Layout(cp=4, ep=8), {"cp": 4}) and not twin.diverges(Layout(cp=2), {"cp": 4})
     assert not twin.diverges(Layout(cp=4), {})

@@ -1,4 +1,5 @@
 """jobs/parse.py against real-format log excerpts (tests/fixtures/logs)."""
+
 from __future__ import annotations
 
 import io
@@ -9,8 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jobs.parse as parse
-from jobs.parse import (SIMULATED_MARKER, IterationRecord, NcclTimeoutRecord, SlurmCancelRecord,
-                        TimerBlock, parse_bytes, parse_file, parse_stream, rank_from_path)
+from jobs.parse import (
+    SIMULATED_MARKER,
+    IterationRecord,
+    NcclTimeoutRecord,
+    SlurmCancelRecord,
+    TimerBlock,
+    parse_bytes,
+    parse_file,
+    parse_stream,
+    rank_from_path,
+)
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 
@@ -27,8 +37,11 @@ def test_iteration_line_with_every_optional_field():
     assert r.elapsed_ms == 45123.4 and r.tflops_per_gpu == 112.5
     assert (r.energy_j_per_gpu, r.power_w_per_gpu) == (30123.4, 667.6)
     assert r.learning_rate == pytest.approx(1e-5) and r.global_batch_size == 512
-    assert r.losses == {"lm loss": pytest.approx(11.73438), "mtp_1 loss": pytest.approx(11.80012),
-                        "load_balancing_loss": 1.02}
+    assert r.losses == {
+        "lm loss": pytest.approx(11.73438),
+        "mtp_1 loss": pytest.approx(11.80012),
+        "load_balancing_loss": 1.02,
+    }
     assert (r.loss_scale, r.grad_norm, r.num_zeros, r.params_norm) == (1.0, 12.345, 0, 1234.567)
     assert (r.skipped_iterations, r.nan_iterations) == (0, 0)
     assert r.timestamp == "2026-11-29 10:01:59.123456"
@@ -37,17 +50,27 @@ def test_iteration_line_with_every_optional_field():
 def test_iteration_line_without_optional_fields():
     a, b = log("megatron_minimal.log").iterations
     assert (a.iteration, a.elapsed_ms, a.global_batch_size, a.losses) == (1, 2000.0, 64, {"lm loss": 10.5})
-    for name in ("skipped_samples", "tflops_per_gpu", "energy_j_per_gpu", "power_w_per_gpu",
-                 "learning_rate", "grad_norm", "num_zeros", "params_norm"):
+    for name in (
+        "skipped_samples",
+        "tflops_per_gpu",
+        "energy_j_per_gpu",
+        "power_w_per_gpu",
+        "learning_rate",
+        "grad_norm",
+        "num_zeros",
+        "params_norm",
+    ):
         assert getattr(a, name) is None, name
     assert (b.skipped_iterations, b.nan_iterations) == (1, 1)
 
 
 def test_generic_path_reads_unknown_field_order():
-    line = (b" [2026-11-29 10:00:00.000000] iteration        7/      10 | consumed samples:          7 |"
-            b" packed seqs: many | elapsed time per iteration (ms): 12.5 | global batch size:     1 |"
-            b" lm loss: 2.000000E+00 | loss scale: 1.0 | number of skipped iterations:   0 |"
-            b" number of nan iterations:   0 |\n")
+    line = (
+        b" [2026-11-29 10:00:00.000000] iteration        7/      10 | consumed samples:          7 |"
+        b" packed seqs: many | elapsed time per iteration (ms): 12.5 | global batch size:     1 |"
+        b" lm loss: 2.000000E+00 | loss scale: 1.0 | number of skipped iterations:   0 |"
+        b" number of nan iterations:   0 |\n"
+    )
     (r,) = parse_bytes(line).iterations
     assert (r.iteration, r.elapsed_ms, r.losses) == (7, 12.5, {"lm loss": 2.0})
 
@@ -80,7 +103,9 @@ def test_straggler_and_bottom_top_lines():
     assert (s.min_etpt_tf, s.min_etpt_rank, s.max_etpt_tf, s.max_etpt_rank) == (108.4, 61, 114.9, 5)
     assert s.fields["MxPwr"] == (700.0, "W", 61) and s.fields["MnClk"] == (1755.0, "MHz", 61)
     assert [(r.which, r.entries) for r in p.straggler_ranks] == [
-        ("bottom", [(108.4, 61), (109.1, 60)]), ("top", [(114.1, 4), (114.9, 5)])]
+        ("bottom", [(108.4, 61), (109.1, 60)]),
+        ("top", [(114.1, 4), (114.9, 5)]),
+    ]
 
 
 def test_event_markers():
@@ -94,8 +119,7 @@ def test_cuda_oom_traceback_and_snapshot_under_srun_prefix():
     cuda, snap = p.ooms
     assert (cuda.kind, cuda.rank, cuda.tried_to_allocate) == ("cuda", 3, "3.50 GiB")
     assert cuda.line.startswith("torch.OutOfMemoryError: CUDA out of memory")
-    assert (snap.kind, snap.rank, snap.snapshot_path) == (
-        "snapshot", 3, "/scratch/snap/snapshot_oom_rank_3.pickle")
+    assert (snap.kind, snap.rank, snap.snapshot_path) == ("snapshot", 3, "/scratch/snap/snapshot_oom_rank_3.pickle")
     (tb,) = p.tracebacks
     assert tb.exc_type == "torch.OutOfMemoryError" and tb.rank == 3
     assert tb.last_frame == "/opt/megatron-lm/megatron/core/transformer/moe/experts.py:245 in forward"
@@ -109,7 +133,8 @@ def test_nccl_watchdog_expert_group():
     assert (caught.timeout_ms, caught.ran_ms) == (600000, 600013)
     assert {d.kind for d in detected} == {"detected"}
     assert {(d.process_group, d.pg_id, d.group_rank, d.seq_num) for d in detected} == {
-        ("EXPERT_MODEL_PARALLEL_GROUP", 9, 4, 2231)}
+        ("EXPERT_MODEL_PARALLEL_GROUP", 9, 4, 2231)
+    }
     assert detected[-1].last_enqueued == 2233 and detected[-1].last_completed == 2230
 
 
@@ -143,13 +168,16 @@ def test_generic_traceback_is_not_a_validation_error():
     assert (tb.exc_type, tb.message) == ("RuntimeError", "index file is corrupt: /data/idx/train_text_document.idx")
 
 
-@pytest.mark.parametrize("name,entity,job,node,reason", [
-    ("slurm_timeout.log", "JOB", "4242", "n3", "TIME LIMIT"),
-    ("slurm_preempt.log", "STEP", "4243.0", "n1", "PREEMPTION"),
-    ("slurm_nodefail_new.log", "JOB", "4244", "n2", "NODE FAILURE"),
-    ("slurm_nodefail_old.log", "JOB", "4245", None, "NODE FAILURE"),
-    ("slurm_cancel.log", "JOB", "4246", "n1", ""),
-])
+@pytest.mark.parametrize(
+    "name,entity,job,node,reason",
+    [
+        ("slurm_timeout.log", "JOB", "4242", "n3", "TIME LIMIT"),
+        ("slurm_preempt.log", "STEP", "4243.0", "n1", "PREEMPTION"),
+        ("slurm_nodefail_new.log", "JOB", "4244", "n2", "NODE FAILURE"),
+        ("slurm_nodefail_old.log", "JOB", "4245", None, "NODE FAILURE"),
+        ("slurm_cancel.log", "JOB", "4246", "n1", ""),
+    ],
+)
 def test_slurm_cancel_lines(name, entity, job, node, reason):
     (c,) = log(name).slurm_cancels
     assert isinstance(c, SlurmCancelRecord)
@@ -174,8 +202,11 @@ def test_interleaved_srun_ranks_and_timer_rows():
     assert [r.rank for r in p.iterations] == [7, 7]
     assert sorted(m.rank for m in p.memory) == [0, 2, 4, 6]
     b1, b2 = p.timers
-    assert b1.rank == 7 and b1.timers == {"forward-backward": (4800.0, 4990.0),
-                                          "all-grads-sync": (20.0, 60.0), "optimizer": (10.0, 12.0)}
+    assert b1.rank == 7 and b1.timers == {
+        "forward-backward": (4800.0, 4990.0),
+        "all-grads-sync": (20.0, 60.0),
+        "optimizer": (10.0, 12.0),
+    }
     assert b2.timers == {"forward-backward": (4700.0, 4790.0), "optimizer": (9.0, 11.0)}
     assert p.garbage_lines == 0
 
@@ -184,8 +215,11 @@ def test_truncated_last_line_gives_no_bogus_record():
     p = log("truncated.log")
     assert p.truncated and [r.iteration for r in p.iterations] == [1]
     # a failure signature on an unterminated last line still counts
-    recs = list(parse_stream([b"noise\n", b"slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT "
-                                          b"2026-11-29T12:00:00 DUE TO TIME LIMIT ***"]))
+    recs = list(
+        parse_stream(
+            [b"noise\n", b"slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2026-11-29T12:00:00 DUE TO TIME LIMIT ***"]
+        )
+    )
     assert [type(r) for r in recs] == [SlurmCancelRecord]
 
 
@@ -197,10 +231,12 @@ def test_garbage_and_non_utf8_bytes():
 
 
 def test_carriage_returns_split_progress_bars():
-    data = (b"Loading 10%\r [2026-11-29 10:00:00.000000] iteration        1/       2 |"
-            b" consumed samples:            8 | elapsed time per iteration (ms): 5.0 |"
-            b" global batch size:     8 | lm loss: 1.000000E+00 | loss scale: 1.0 |"
-            b" number of skipped iterations:   0 | number of nan iterations:   0 |\r\n")
+    data = (
+        b"Loading 10%\r [2026-11-29 10:00:00.000000] iteration        1/       2 |"
+        b" consumed samples:            8 | elapsed time per iteration (ms): 5.0 |"
+        b" global batch size:     8 | lm loss: 1.000000E+00 | loss scale: 1.0 |"
+        b" number of skipped iterations:   0 | number of nan iterations:   0 |\r\n"
+    )
     assert [r.elapsed_ms for r in parse_bytes(data).iterations] == [5.0]
 
 
@@ -217,8 +253,10 @@ def test_stream_and_file_agree(tmp_path):
 @pytest.mark.parametrize("chunk", [97, 700, 1500, 4096])
 def test_small_chunks_give_the_same_records(monkeypatch, chunk):
     """Chunk boundaries (cut before the last iteration line) must not split timer blocks."""
-    raw = b"".join((LOGS / n).read_bytes() for n in
-                   ("megatron_full.log", "interleaved_srun.log", "oom.log", "megatron_minimal.log"))
+    raw = b"".join(
+        (LOGS / n).read_bytes()
+        for n in ("megatron_full.log", "interleaved_srun.log", "oom.log", "megatron_minimal.log")
+    )
     whole = list(parse_stream(io.BytesIO(raw)))
     monkeypatch.setattr(parse, "_CHUNK", chunk)
     assert list(parse_stream(io.BytesIO(raw))) == whole
@@ -231,12 +269,26 @@ def test_rank_from_path():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.one_of(
-    st.binary(max_size=80),
-    st.sampled_from([(LOGS / "megatron_full.log").read_bytes()[:n] for n in (200, 900, 1500, 2600)]),
-    st.sampled_from([b"\r", b"\n", b"\x00", b"    x ....: (1, 2)\n", b"Traceback (most recent call last)\n",
-                     b'  File "a.py", line 1, in f\n', b"ValueError: must be divisible\n"]),
-), max_size=12))
+@given(
+    st.lists(
+        st.one_of(
+            st.binary(max_size=80),
+            st.sampled_from([(LOGS / "megatron_full.log").read_bytes()[:n] for n in (200, 900, 1500, 2600)]),
+            st.sampled_from(
+                [
+                    b"\r",
+                    b"\n",
+                    b"\x00",
+                    b"    x ....: (1, 2)\n",
+                    b"Traceback (most recent call last)\n",
+                    b'  File "a.py", line 1, in f\n',
+                    b"ValueError: must be divisible\n",
+                ]
+            ),
+        ),
+        max_size=12,
+    )
+)
 def test_arbitrary_bytes_never_raise(chunks):
     p = parse_bytes(b"".join(chunks))
     assert p.lines >= 0 and p.garbage_lines >= 0
@@ -245,12 +297,14 @@ def test_arbitrary_bytes_never_raise(chunks):
 
 
 def test_marker_prefixing_a_record_keeps_both():
-    data = (b"[SIMULATED]  [2026-11-29 10:00:00.000000] iteration        1/       2 | consumed samples:"
-            b"            8 | elapsed time per iteration (ms): 5.0 | global batch size:     8 |"
-            b" lm loss: 1.000000E+00 | loss scale: 1.0 | number of skipped iterations:   0 |"
-            b" number of nan iterations:   0 |\n"
-            b"3: [SIMULATED] INFO:megatron.core.timers:(min, max) time across ranks (ms):\n"
-            b"3:     forward-backward ...............................: (1.00, 2.00)\n")
+    data = (
+        b"[SIMULATED]  [2026-11-29 10:00:00.000000] iteration        1/       2 | consumed samples:"
+        b"            8 | elapsed time per iteration (ms): 5.0 | global batch size:     8 |"
+        b" lm loss: 1.000000E+00 | loss scale: 1.0 | number of skipped iterations:   0 |"
+        b" number of nan iterations:   0 |\n"
+        b"3: [SIMULATED] INFO:megatron.core.timers:(min, max) time across ranks (ms):\n"
+        b"3:     forward-backward ...............................: (1.00, 2.00)\n"
+    )
     p = parse_bytes(data)
     assert p.simulated and len(p.simulated_markers) == 2
     assert [r.elapsed_ms for r in p.iterations] == [5.0]
@@ -261,10 +315,12 @@ def test_heavily_interleaved_timer_rows_stay_with_their_rank():
     """Other ranks' lines between every row (srun -l): each block still gets all its rows."""
     lines, names = [], ["forward-backward", "all-grads-sync", "optimizer"]
     for it in range(1, 41):
-        lines.append(f"15:  [2026-11-29 10:00:00.000000] iteration {it:8d}/      40 | consumed samples:"
-                     f" {it * 8:12d} | elapsed time per iteration (ms): 100.0 | global batch size:     8 |"
-                     f" lm loss: 1.0E+00 | loss scale: 1.0 | number of skipped iterations:   0 |"
-                     f" number of nan iterations:   0 |")
+        lines.append(
+            f"15:  [2026-11-29 10:00:00.000000] iteration {it:8d}/      40 | consumed samples:"
+            f" {it * 8:12d} | elapsed time per iteration (ms): 100.0 | global batch size:     8 |"
+            f" lm loss: 1.0E+00 | loss scale: 1.0 | number of skipped iterations:   0 |"
+            f" number of nan iterations:   0 |"
+        )
         lines.append("15: INFO:megatron.core.timers:(min, max) time across ranks (ms):")
         for j, n in enumerate(names):
             lines.append(f"15:     {(n + ' ').ljust(48, '.')}: ({it}.00, {it + j}.50)")
@@ -278,8 +334,11 @@ def test_heavily_interleaved_timer_rows_stay_with_their_rank():
 
 
 def test_long_noise_after_the_last_timer_block_is_read_in_bounded_chunks(monkeypatch):
-    raw = (LOGS / "megatron_full.log").read_bytes() + b"noise line\n" * 3000 + \
-        b"slurmstepd: error: *** JOB 1 ON n1 CANCELLED AT 2026-11-29T12:00:00 DUE TO TIME LIMIT ***\n"
+    raw = (
+        (LOGS / "megatron_full.log").read_bytes()
+        + b"noise line\n" * 3000
+        + b"slurmstepd: error: *** JOB 1 ON n1 CANCELLED AT 2026-11-29T12:00:00 DUE TO TIME LIMIT ***\n"
+    )
     whole = list(parse_stream(io.BytesIO(raw)))
     monkeypatch.setattr(parse, "_CHUNK", 256)
     monkeypatch.setattr(parse, "_BLOCK_MAX", 512)

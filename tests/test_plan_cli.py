@@ -1,4 +1,5 @@
 """`python -m orchestrator plan`, run as a user runs it: in a subprocess, checking exit codes and output."""
+
 from __future__ import annotations
 
 import csv
@@ -6,18 +7,18 @@ import io
 import json
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
 
 
-@lru_cache(maxsize=None)
+@cache
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "orchestrator", "plan", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [PY, "-m", "orchestrator", "plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def pick(cands, **knobs):
@@ -81,9 +82,12 @@ def test_json_8k_contains_configs_b_and_c_and_rejects_b_with_vpp():
     assert (b["D_a"], b["D_e"], b["m"], round(b["bubble"], 3)) == (1024, 16, 4, 0.636)
     assert (c["D_a"], c["D_e"], c["m"], round(c["bubble"], 3)) == (256, 16, 16, 0.304)
     assert (c["T_group"], c["T_expert"]) == (131072, 2048)
-    b_vpp = [x for x in out["rejected"]
-             if {k: x["layout"][k] for k in ("tp", "pp", "vpp", "cp", "ep", "mbs")}
-             == dict(tp=1, pp=8, vpp=2, cp=1, ep=64, mbs=1)]
+    b_vpp = [
+        x
+        for x in out["rejected"]
+        if {k: x["layout"][k] for k in ("tp", "pp", "vpp", "cp", "ep", "mbs")}
+        == dict(tp=1, pp=8, vpp=2, cp=1, ep=64, mbs=1)
+    ]
     assert b_vpp and all("mcore.vpp_group_bounds" in x["rules"] for x in b_vpp)
     assert all(x["reasons"] and x["reasons"][0].startswith(x["rules"][0] + ": ") for x in out["rejected"])
     assert out["raw_count"] == len(out["candidates"]) + len(out["rejected"])
@@ -94,9 +98,30 @@ def test_table_header_columns_and_rejections():
     assert r.returncode == 0, r.stderr
     assert "analytic estimates" in r.stdout.splitlines()[0]
     header = next(line for line in r.stdout.splitlines() if "rank" in line and "D_a" in line)
-    for col in ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "dispatcher", "D_a", "D_e", " m ", "bubble",
-                "T_group", "T_expert", "ep_nodes", "routed_weight_gb", "heaviest_stage", "memory_gb", "step_time_s",
-                "mfu", "layer_pattern"):
+    for col in (
+        "tp",
+        "pp",
+        "vpp",
+        "cp",
+        "ep",
+        "etp",
+        "mbs",
+        "recompute",
+        "dispatcher",
+        "D_a",
+        "D_e",
+        " m ",
+        "bubble",
+        "T_group",
+        "T_expert",
+        "ep_nodes",
+        "routed_weight_gb",
+        "heaviest_stage",
+        "memory_gb",
+        "step_time_s",
+        "mfu",
+        "layer_pattern",
+    ):
         assert col in header, col
     assert "mcore.vpp_group_bounds" in r.stdout and "interleaved VPP needs PP" in r.stdout
 
@@ -123,15 +148,32 @@ def test_impossible_stage_is_one_clear_error():
     r = cli("+stage=1k", "stage.gpus=1000")
     assert r.returncode == 2 and r.stdout == ""
     (line,) = r.stderr.strip().splitlines()
-    assert "no legal layout that fits" in line and "mcore.expert_grid rejects 1,944" in line and "--show-rejected" in line
+    assert (
+        "no legal layout that fits" in line and "mcore.expert_grid rejects 1,944" in line and "--show-rejected" in line
+    )
     shown = cli("+stage=1k", "stage.gpus=1000", "--format", "json", "--show-rejected")
     assert shown.returncode == 2 and json.loads(shown.stdout)["legal_count"] == 0
 
 
 def test_impossible_stage_writes_no_ledger(tmp_path):
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    r = subprocess.run([PY, "-m", "orchestrator", "sweep", "+stage=1k", "stage.gpus=1000", "cluster=local",
-                        f"ledger.url={url}", f"cluster.folder={tmp_path / 'runs'}", "--plain"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            PY,
+            "-m",
+            "orchestrator",
+            "sweep",
+            "+stage=1k",
+            "stage.gpus=1000",
+            "cluster=local",
+            f"ledger.url={url}",
+            f"cluster.folder={tmp_path / 'runs'}",
+            "--plain",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and "no legal layout that fits" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "ledger.sqlite").exists() and not (tmp_path / "runs").exists()

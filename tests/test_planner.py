@@ -1,9 +1,10 @@
 """The planner: the guide's configs A, B, C come out with the guide's numbers; every legal candidate
 obeys the folding identity and the Megatron arithmetic; the pruned walk agrees with evaluate()."""
+
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import lru_cache
+from functools import cache
 
 import pytest
 from hypothesis import given, settings
@@ -16,12 +17,12 @@ from orchestrator.plan.planner import Planned, Rejected, evaluate, plan
 from orchestrator.schema import HardwareConfig, ModelConfig, SearchConfig, StageConfig
 
 
-@lru_cache(maxsize=None)
+@cache
 def cfg(stage: str, hardware: str = "h100"):
     return compose([f"+stage={stage}", f"hardware={hardware}"]).cfg
 
 
-@lru_cache(maxsize=None)
+@cache
 def planned(stage: str, hardware: str = "h100"):
     c = cfg(stage, hardware)
     return plan(c.model, c.hardware, c.stage)
@@ -141,8 +142,18 @@ def test_legal_candidates_obey_the_arithmetic(search, gpus, batch):
 
 
 def test_the_arithmetic_check_is_not_vacuous():
-    search = SearchConfig(tp=[1], pp=[4, 8, 16], vpp=[1, 2], cp=[1, 4], ep=[32, 64, 96], etp=[1, 2], mbs=[1, 2],
-                          recompute=[[], ["moe_act"]], offload=[[]], dispatcher=["alltoall"])
+    search = SearchConfig(
+        tp=[1],
+        pp=[4, 8, 16],
+        vpp=[1, 2],
+        cp=[1, 4],
+        ep=[32, 64, 96],
+        etp=[1, 2],
+        mbs=[1, 2],
+        recompute=[[], ["moe_act"]],
+        offload=[[]],
+        dispatcher=["alltoall"],
+    )
     assert check_arithmetic(search, 1024, 4096) > 50
 
 

@@ -1,4 +1,5 @@
 """Calibration on synthetic measured rows: recovers hidden factors, falls back, learns from OOMs."""
+
 from __future__ import annotations
 
 import random
@@ -19,14 +20,29 @@ def _rows(truth, n, *, seed=0, noise=0.0, mem_truth=1.0):
     rng = random.Random(seed)
     rows = []
     for i in range(n):
-        comps = {"compute": rng.uniform(5, 10), "a2a": rng.uniform(0.5, 4), "bubble": rng.uniform(0.2, 3),
-                 "grad_sync": rng.uniform(0.1, 1)}
+        comps = {
+            "compute": rng.uniform(5, 10),
+            "a2a": rng.uniform(0.5, 4),
+            "bubble": rng.uniform(0.2, 3),
+            "grad_sync": rng.uniform(0.1, 1),
+        }
         raw = sum(comps.values())
         meas = sum(truth[c] * v for c, v in comps.items()) * (1 + rng.gauss(0, noise))
         mem = rng.uniform(20, 60)
-        rows.append(Observation(key=f"k{i}", layout=Layout(ep=2 ** (i % 4)), raw_components=comps, raw_step_s=raw,
-                                raw_memory_gb=mem, step_s=meas, p99_s=meas * 1.1, peak_gb=mem * mem_truth,
-                                round=i // 4, hbm_gb=80.0))
+        rows.append(
+            Observation(
+                key=f"k{i}",
+                layout=Layout(ep=2 ** (i % 4)),
+                raw_components=comps,
+                raw_step_s=raw,
+                raw_memory_gb=mem,
+                step_s=meas,
+                p99_s=meas * 1.1,
+                peak_gb=mem * mem_truth,
+                round=i // 4,
+                hbm_gb=80.0,
+            )
+        )
     return rows
 
 
@@ -73,8 +89,16 @@ def test_uniform_scaling_prefers_ratio_or_matches_it():
 
 
 def test_no_measurements_is_identity():
-    rows = [Observation(key="a", layout=Layout(), raw_components={"compute": 1.0}, raw_step_s=1.0, raw_memory_gb=10,
-                        failure_class="CRASH")]
+    rows = [
+        Observation(
+            key="a",
+            layout=Layout(),
+            raw_components={"compute": 1.0},
+            raw_step_s=1.0,
+            raw_memory_gb=10,
+            failure_class="CRASH",
+        )
+    ]
     fit = calibrate(rows, hbm_gb=80, margin_gb=4)
     assert fit.method == "none" and fit.predict({"compute": 2.0}) == 2.0 and fit.memory_factor == 1.0
 
@@ -85,19 +109,45 @@ def test_memory_factor_is_median_ratio():
 
 
 def test_oom_raises_memory_factor_until_the_oomed_layout_is_over_capacity():
-    ok = Observation(key="ok", layout=Layout(), raw_components={"compute": 1}, raw_step_s=1, raw_memory_gb=40,
-                     step_s=1.0, peak_gb=40.0)
-    oom = Observation(key="oom", layout=Layout(ep=2), raw_components={"compute": 1}, raw_step_s=1, raw_memory_gb=70,
-                      failure_class="OOM")
+    ok = Observation(
+        key="ok",
+        layout=Layout(),
+        raw_components={"compute": 1},
+        raw_step_s=1,
+        raw_memory_gb=40,
+        step_s=1.0,
+        peak_gb=40.0,
+    )
+    oom = Observation(
+        key="oom",
+        layout=Layout(ep=2),
+        raw_components={"compute": 1},
+        raw_step_s=1,
+        raw_memory_gb=70,
+        failure_class="OOM",
+    )
     f = memory_factor([ok, oom], hbm_gb=80, margin_gb=4)
     assert 70 * f + 4 > 80  # the OOMed layout is now predicted infeasible
     assert 40 * f + 4 <= 80  # the one that ran stays feasible
 
 
 def test_oom_never_makes_a_layout_that_ran_infeasible():
-    ran = Observation(key="ok", layout=Layout(), raw_components={"compute": 1}, raw_step_s=1, raw_memory_gb=70,
-                      step_s=1.0, peak_gb=70.0)
-    oom = Observation(key="oom", layout=Layout(ep=2), raw_components={"compute": 1}, raw_step_s=1, raw_memory_gb=50,
-                      failure_class="OOM")
+    ran = Observation(
+        key="ok",
+        layout=Layout(),
+        raw_components={"compute": 1},
+        raw_step_s=1,
+        raw_memory_gb=70,
+        step_s=1.0,
+        peak_gb=70.0,
+    )
+    oom = Observation(
+        key="oom",
+        layout=Layout(ep=2),
+        raw_components={"compute": 1},
+        raw_step_s=1,
+        raw_memory_gb=50,
+        failure_class="OOM",
+    )
     f = memory_factor([ran, oom], hbm_gb=80, margin_gb=4)
     assert 70 * f + 4 <= 80 + 1e-9

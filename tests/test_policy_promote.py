@@ -1,4 +1,5 @@
 """Promotion 1k -> 8k through the policy: measured top-K mapped at the same B, edges recorded, new fill."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,10 +23,19 @@ def _measured(env, n=5, slow=1.25):
     out = []
     for i, c in enumerate(env.plan()[:n]):
         p = env.proposal(c, reason="x")
-        out.append(Observation(key=c.key, layout=c.layout, raw_components=p.predicted["raw_components"],
-                               raw_step_s=p.predicted["raw_step_time_s"], raw_memory_gb=p.predicted["raw_memory_gb"],
-                               step_s=c.prediction.step_time_s * slow * (1 + 0.01 * i), p99_s=None,
-                               peak_gb=p.predicted["raw_memory_gb"], hbm_gb=80.0))
+        out.append(
+            Observation(
+                key=c.key,
+                layout=c.layout,
+                raw_components=p.predicted["raw_components"],
+                raw_step_s=p.predicted["raw_step_time_s"],
+                raw_memory_gb=p.predicted["raw_memory_gb"],
+                step_s=c.prediction.step_time_s * slow * (1 + 0.01 * i),
+                p99_s=None,
+                peak_gb=p.predicted["raw_memory_gb"],
+                hbm_gb=80.0,
+            )
+        )
     return out
 
 
@@ -34,8 +44,11 @@ def test_promotion_maps_measured_top_k_with_edges(envs, name):
     src_env, dst_env = envs
     source = _measured(src_env)
     pol = make_policy(PolicyConfig(name=name, round0_size=6, promote_top_k=3))
-    plan = pol.propose(dst_env, RoundInput(round=0, observations=[], known_keys=set(), slots=16,
-                                           gpu_hours_left=float("inf"), source=source), source_stage=src_env.stage)
+    plan = pol.propose(
+        dst_env,
+        RoundInput(round=0, observations=[], known_keys=set(), slots=16, gpu_hours_left=float("inf"), source=source),
+        source_stage=src_env.stage,
+    )
     promoted = [p for p in plan.proposals if p.edge_kind == "promoted-from"]
     assert promoted and len(plan.proposals) <= 6
     top3 = {o.key for o in sorted(source, key=lambda o: o.step_s)[:3]}

@@ -1,4 +1,5 @@
 """One-factor neighbours, diversity, measured best, convergence and promotion mapping (pure)."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -14,8 +15,19 @@ BASE = Layout(tp=1, pp=8, vpp=1, cp=1, ep=64, mbs=1)
 
 
 def obs(key, step, *, p99=None, peak=None, rnd=0, lay=BASE, fc=None):
-    return Observation(key=key, layout=lay, raw_components={"compute": 1.0}, raw_step_s=1.0, raw_memory_gb=10.0,
-                       step_s=step, p99_s=p99, peak_gb=peak, failure_class=fc, round=rnd, hbm_gb=80.0)
+    return Observation(
+        key=key,
+        layout=lay,
+        raw_components={"compute": 1.0},
+        raw_step_s=1.0,
+        raw_memory_gb=10.0,
+        step_s=step,
+        p99_s=p99,
+        peak_gb=peak,
+        failure_class=fc,
+        round=rnd,
+        hbm_gb=80.0,
+    )
 
 
 def test_changed_knob_is_exactly_one_group():
@@ -28,8 +40,13 @@ def test_changed_knob_is_exactly_one_group():
 
 
 def test_diverse_top_covers_each_value_before_repeating():
-    ranked = [replace(BASE, ep=64, cp=1), replace(BASE, ep=64, cp=1, mbs=2), replace(BASE, ep=64, cp=2),
-              replace(BASE, ep=32, cp=1), replace(BASE, ep=128, pp=4)]
+    ranked = [
+        replace(BASE, ep=64, cp=1),
+        replace(BASE, ep=64, cp=1, mbs=2),
+        replace(BASE, ep=64, cp=2),
+        replace(BASE, ep=32, cp=1),
+        replace(BASE, ep=128, pp=4),
+    ]
     got = diverse_top(ranked, 4, layout_of=lambda x: x)
     assert got[0] == ranked[0]
     assert {lay.ep for lay in got} == {32, 64, 128} and {lay.cp for lay in got} == {1, 2}
@@ -37,8 +54,13 @@ def test_diverse_top_covers_each_value_before_repeating():
 
 
 def test_measured_best_uses_measurements_and_tie_breaks():
-    rows = [obs("a", 1.00, p99=1.3, peak=60), obs("b", 1.00, p99=1.2, peak=70), obs("c", 1.00, p99=1.2, peak=50),
-            obs("d", None, fc="OOM"), obs("e", 1.5)]
+    rows = [
+        obs("a", 1.00, p99=1.3, peak=60),
+        obs("b", 1.00, p99=1.2, peak=70),
+        obs("c", 1.00, p99=1.2, peak=50),
+        obs("d", None, fc="OOM"),
+        obs("e", 1.5),
+    ]
     assert [r.key for r in measured_rank(rows)] == ["c", "b", "a", "e"]
     assert best_measured(rows).key == "c"
     assert best_measured([obs("x", None, fc="CRASH")]) is None
@@ -61,8 +83,9 @@ def test_registry_names_both_policies():
 
 
 def _stage(name, gpus):
-    return StageConfig(name=name, gpus=gpus, global_batch=4096, seq_length=8192,
-                       search=SearchConfig(cp=[1, 2, 4, 8], ep=[32, 64, 128]))
+    return StageConfig(
+        name=name, gpus=gpus, global_batch=4096, seq_length=8192, search=SearchConfig(cp=[1, 2, 4, 8], ep=[32, 64, 128])
+    )
 
 
 def test_promotion_keeps_b_restores_m_with_cp_and_widens_ep():

@@ -4,6 +4,7 @@ The calibrated policy, given the same run budget, must find a better *measured* 
 baseline that trusts the planner's ranking; calibration must shrink the model's error; OOMs must
 raise the memory factor so the OOMed layout's kind is pruned.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -40,12 +41,28 @@ def measure(surface, env, p, *, hbm=HBM) -> Observation:
     rc = "full" if lay.recompute == ("full",) else ("+".join(lay.recompute) or "none")
     mem = surface.memory_gb(pp=lay.pp, ep=lay.ep, mbs=lay.mbs, cp=lay.cp, recompute=rc, seq=st.seq_length)
     pr = p.predicted
-    base = dict(key=p.key, layout=lay, raw_components=pr["raw_components"], raw_step_s=pr["raw_step_time_s"],
-                raw_memory_gb=pr["raw_memory_gb"], hbm_gb=hbm)
+    base = dict(
+        key=p.key,
+        layout=lay,
+        raw_components=pr["raw_components"],
+        raw_step_s=pr["raw_step_time_s"],
+        raw_memory_gb=pr["raw_memory_gb"],
+        hbm_gb=hbm,
+    )
     if mem > hbm:
         return Observation(**base, failure_class="OOM")
-    step = surface.step_time(n=st.gpus, pp=lay.pp, vpp=lay.vpp, cp=lay.cp, ep=lay.ep, mbs=lay.mbs,
-                             gbs=st.global_batch, seq=st.seq_length, recompute=rc, dispatcher=lay.dispatcher_label)
+    step = surface.step_time(
+        n=st.gpus,
+        pp=lay.pp,
+        vpp=lay.vpp,
+        cp=lay.cp,
+        ep=lay.ep,
+        mbs=lay.mbs,
+        gbs=st.global_batch,
+        seq=st.seq_length,
+        recompute=rc,
+        dispatcher=lay.dispatcher_label,
+    )
     return Observation(**base, step_s=step, p99_s=step * 1.02, peak_gb=mem)
 
 
@@ -54,8 +71,16 @@ def simulate(name: str, env, *, runs: int = 14, rounds: int = 4):
     policy = make_policy(PolicyConfig(name=name, round0_size=6, round_size=4))
     obs, fits = [], []
     for rnd in range(rounds):
-        plan = policy.propose(env, RoundInput(round=rnd, observations=list(obs), known_keys={o.key for o in obs},
-                                              slots=runs - len(obs), gpu_hours_left=float("inf")))
+        plan = policy.propose(
+            env,
+            RoundInput(
+                round=rnd,
+                observations=list(obs),
+                known_keys={o.key for o in obs},
+                slots=runs - len(obs),
+                gpu_hours_left=float("inf"),
+            ),
+        )
         if plan.fit:
             fits.append(plan.fit)
         assert not {p.key for p in plan.proposals} & {o.key for o in obs}, "a measured key was proposed again"
@@ -80,8 +105,9 @@ def test_calibrated_policy_beats_predicted_topk_on_a_surface_the_model_gets_wron
 
 def test_round0_is_diverse_across_ep_pp_cp(env):
     policy = make_policy(PolicyConfig(round0_size=6))
-    plan = policy.propose(env, RoundInput(round=0, observations=[], known_keys=set(), slots=6,
-                                          gpu_hours_left=float("inf")))
+    plan = policy.propose(
+        env, RoundInput(round=0, observations=[], known_keys=set(), slots=6, gpu_hours_left=float("inf"))
+    )
     lays = [p.layout for p in plan.proposals]
     assert len(lays) == 6
     assert len({x.ep for x in lays}) >= 2 and len({x.pp for x in lays}) >= 2
@@ -92,11 +118,14 @@ def test_round0_is_diverse_across_ep_pp_cp(env):
 def test_later_rounds_are_one_factor_neighbours_of_the_measured_best(env):
     surface = _surface()
     policy = make_policy(PolicyConfig(round0_size=6, round_size=4, top_k_neighbours=1))
-    r0 = policy.propose(env, RoundInput(round=0, observations=[], known_keys=set(), slots=20,
-                                        gpu_hours_left=float("inf")))
+    r0 = policy.propose(
+        env, RoundInput(round=0, observations=[], known_keys=set(), slots=20, gpu_hours_left=float("inf"))
+    )
     obs = [measure(surface, env, p) for p in r0.proposals]
-    r1 = policy.propose(env, RoundInput(round=1, observations=obs, known_keys={o.key for o in obs}, slots=20,
-                                        gpu_hours_left=float("inf")))
+    r1 = policy.propose(
+        env,
+        RoundInput(round=1, observations=obs, known_keys={o.key for o in obs}, slots=20, gpu_hours_left=float("inf")),
+    )
     best = best_measured(obs)
     nbrs = [p for p in r1.proposals if p.edge_kind == "neighbour"]
     assert nbrs and all(p.parent_key == best.key for p in nbrs)
@@ -105,8 +134,9 @@ def test_later_rounds_are_one_factor_neighbours_of_the_measured_best(env):
 
 def test_budget_limits_proposals(env):
     policy = make_policy(PolicyConfig(round0_size=6))
-    plan = policy.propose(env, RoundInput(round=0, observations=[], known_keys=set(), slots=2,
-                                          gpu_hours_left=float("inf")))
+    plan = policy.propose(
+        env, RoundInput(round=0, observations=[], known_keys=set(), slots=2, gpu_hours_left=float("inf"))
+    )
     assert len(plan.proposals) == 2
     cheap = policy.propose(env, RoundInput(round=0, observations=[], known_keys=set(), slots=6, gpu_hours_left=0.0))
     assert cheap.proposals == []

@@ -1,4 +1,5 @@
 """orchestrator.plan.ranks against megatron-core's own RankGenerator, and node_spans against brute force."""
+
 from __future__ import annotations
 
 import itertools
@@ -135,14 +136,23 @@ def test_node_spans_fast_for_a_plan():
     """>= 20k candidates per plan (the 16k stage's search space): node_spans well under a second in total."""
     candidates = []
     for tp, pp, vpp, cp, ep, etp, mbs, rc, off, disp in itertools.product(
-        [1, 2], [4, 8, 16], [1, 2, 4], [1, 2, 4, 8], [32, 64, 128, 192, 384], [1, 2], [1, 2],
+        [1, 2],
+        [4, 8, 16],
+        [1, 2, 4],
+        [1, 2, 4, 8],
+        [32, 64, 128, 192, 384],
+        [1, 2],
+        [1, 2],
         [(), ("mla_up_proj", "mhc"), ("moe_act",), ("full",), ("core_attn",)],
         [(), ("expert_fc1",), ("qkv_linear",)],
         ["alltoall", "flex"],
     ):
         if (16384 // pp) % (etp * ep) == 0:
-            candidates.append(Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs,
-                                     recompute=rc, offload=off, dispatcher=disp))
+            candidates.append(
+                Layout(
+                    tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, mbs=mbs, recompute=rc, offload=off, dispatcher=disp
+                )
+            )
     assert len(candidates) >= 20000
     t0 = time.process_time()  # CPU time: other jobs on a shared machine do not count against it
     spans = [node_spans(c, 16384, 8) for c in candidates]

@@ -4,6 +4,7 @@ The router alone runs on CPU once torch.cuda.current_device() answers "cpu" (its
 weight to the current CUDA device, and expert-bias buffers are created there) and a one-process gloo
 group stands in for its TP/CP/DP groups (the seq aux loss all-reduces over them).
 """
+
 from __future__ import annotations
 
 import json
@@ -52,12 +53,22 @@ def make_router(capacity_factor=None, pad=False, policy="probs", seed=0):
     torch.manual_seed(seed)  # the gate weight's init draws from torch's RNG
     world = dist.group.WORLD
     cfg = TransformerConfig(
-        num_layers=1, hidden_size=HIDDEN, num_attention_heads=2, num_moe_experts=EXPERTS, moe_router_topk=TOPK,
+        num_layers=1,
+        hidden_size=HIDDEN,
+        num_attention_heads=2,
+        num_moe_experts=EXPERTS,
+        moe_router_topk=TOPK,
         moe_ffn_hidden_size=HIDDEN,
-        moe_expert_capacity_factor=capacity_factor, moe_token_drop_policy=policy,
-        moe_pad_expert_input_to_capacity=pad, moe_router_load_balancing_type="seq_aux_loss",
-        moe_aux_loss_coeff=1e-4, moe_router_score_function="sqrtsoftplus", moe_router_enable_expert_bias=True,
-        moe_router_dtype="fp32", add_bias_linear=False, use_cpu_initialization=True,
+        moe_expert_capacity_factor=capacity_factor,
+        moe_token_drop_policy=policy,
+        moe_pad_expert_input_to_capacity=pad,
+        moe_router_load_balancing_type="seq_aux_loss",
+        moe_aux_loss_coeff=1e-4,
+        moe_router_score_function="sqrtsoftplus",
+        moe_router_enable_expert_bias=True,
+        moe_router_dtype="fp32",
+        add_bias_linear=False,
+        use_cpu_initialization=True,
     )
     router = TopKRouter(cfg, pg_collection=ProcessGroupCollection(tp=world, cp=world, tp_cp=world, tp_dp_cp=world))
     router.set_layer_number(1)
@@ -70,7 +81,11 @@ def pre_drop_map(router, x):
 
     logits = router.gating(x).view(-1, EXPERTS)
     _, routing_map = topk_routing_with_score_function(
-        logits, TOPK, use_pre_softmax=False, score_function="sqrtsoftplus", expert_bias=router.expert_bias,
+        logits,
+        TOPK,
+        use_pre_softmax=False,
+        score_function="sqrtsoftplus",
+        expert_bias=router.expert_bias,
     )
     return routing_map
 
@@ -86,7 +101,7 @@ def test_capacity_factor_drops_are_counted(cpu_megatron):
     counter.attach(router)
     x = tokens(torch)
     before = pre_drop_map(router, x)
-    probs, routing_map = router(x)
+    _probs, routing_map = router(x)
     t = counter.totals()
     n = TOKENS * BATCH
     assert int(before.sum()) == n * TOPK == t["routed_tokens"]  # top-k always picks k experts
@@ -151,8 +166,13 @@ def test_window_counts_only_measured_iterations(cpu_megatron):
     r = counter.report()
     assert r["routed_tokens"] == 3 * 2 * TOKENS * BATCH * TOPK
     assert r["microbatches"] == 6
-    assert r["window"] == {"warmup_iters": 2, "measure_iters": 3, "measure_iters_requested": 3,
-                           "iterations_seen": 7, "counting": "window"}
+    assert r["window"] == {
+        "warmup_iters": 2,
+        "measure_iters": 3,
+        "measure_iters_requested": 3,
+        "iterations_seen": 7,
+        "counting": "window",
+    }
 
 
 def test_recompute_in_backward_is_not_counted_twice(cpu_megatron):
@@ -192,16 +212,18 @@ def test_install_hooks_new_routers_and_train_step(cpu_megatron):
 def test_megatron_run_writes_sidecar(cpu_megatron, tmp_path):
     """runpy an entry script with patched argv; the sidecar carries the router counts of its run."""
     entry = tmp_path / "entry_script.py"
-    entry.write_text(textwrap.dedent(f"""
+    entry.write_text(
+        textwrap.dedent(f"""
         import json, sys
         import torch
         from tests.test_router_hook import make_router
-        json.dump(sys.argv, open({str(tmp_path / 'argv.json')!r}, "w"))
+        json.dump(sys.argv, open({str(tmp_path / "argv.json")!r}, "w"))
         router = make_router(capacity_factor=0.5)
         for i in range(4):
             router(torch.randn({TOKENS}, {BATCH}, {HIDDEN}))
         sys.exit(3)
-    """))
+    """)
+    )
     code = megatron_run.main(str(entry), ["--micro-batch-size", "1"], (1, 2), tmp_path, 5)
     assert code == 3
     assert json.loads((tmp_path / "argv.json").read_text())[1:] == ["--micro-batch-size", "1"]
@@ -226,7 +248,9 @@ def test_summary_percentiles_match_numpy():
 
 
 def test_jobs_modules_import_without_torch():
-    code = ("import sys, jobs.instrument, jobs.megatron_run; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, jobs.instrument, jobs.megatron_run; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)

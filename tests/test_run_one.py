@@ -1,4 +1,5 @@
 """`python -m orchestrator run-one`: plan -> spec -> launch -> wait -> collect -> print, end to end."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,17 @@ FAST = ["++workload.twin.time_scale=0.000001", "++workload.twin.max_sleep_s=0.00
 
 
 def run_one(tmp_path, *args, timeout=300):
-    cmd = [sys.executable, "-m", "orchestrator", "run-one", "+stage=smoke", "--folder", str(tmp_path / "runs"),
-           *FAST, *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "run-one",
+        "+stage=smoke",
+        "--folder",
+        str(tmp_path / "runs"),
+        *FAST,
+        *args,
+    ]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
@@ -58,8 +68,7 @@ def test_run_one_bad_index_is_a_user_error(tmp_path):
 
 
 def test_run_one_reports_oom(tmp_path):
-    proc = run_one(tmp_path, "--candidate", "0", "cluster=local", "--format", "json",
-                   "++workload.twin.force_oom=true")
+    proc = run_one(tmp_path, "--candidate", "0", "cluster=local", "--format", "json", "++workload.twin.force_oom=true")
     assert proc.returncode == 1
     s = json.loads(proc.stdout)
     assert s["failure_class"] == "OOM" and s["simulated"] is True and not s["ok"]

@@ -3,6 +3,7 @@
 The model and stage values come from conf/ through orchestrator.config.compose, so a wrong YAML value
 fails here too.
 """
+
 import math
 
 import pytest
@@ -32,7 +33,12 @@ def guide_layout(cp=1, ep=64):
 def test_model_shape_from_conf(k1):
     m = k1.model
     assert (m.num_layers, m.num_experts, m.moe_router_topk, m.hidden_size, m.moe_ffn_hidden_size) == (
-        61, 384, 6, 7168, 3072)
+        61,
+        384,
+        6,
+        7168,
+        3072,
+    )
     assert m.moe_shared_expert_intermediate_size == m.moe_ffn_hidden_size  # 1 shared expert
     assert effective_layers(m, k1.stage) == 61
 

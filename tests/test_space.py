@@ -1,4 +1,5 @@
 """The candidate space: cartesian product, normalisation, raw count."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,18 @@ from orchestrator.schema import SearchConfig
 
 
 def test_product_matches_raw_count_and_is_unique():
-    s = SearchConfig(tp=[1], pp=[4, 8], vpp=[1, 2], cp=[1, 2], ep=[32, 64], etp=[1], mbs=[1],
-                     recompute=[[], ["mhc", "mla_up_proj"]], offload=[[]], dispatcher=["alltoall", "flex:hybridep"])
+    s = SearchConfig(
+        tp=[1],
+        pp=[4, 8],
+        vpp=[1, 2],
+        cp=[1, 2],
+        ep=[32, 64],
+        etp=[1],
+        mbs=[1],
+        recompute=[[], ["mhc", "mla_up_proj"]],
+        offload=[[]],
+        dispatcher=["alltoall", "flex:hybridep"],
+    )
     layouts = list(space.enumerate_layouts(s))
     assert len(layouts) == space.raw_count(s) == 2 * 2 * 2 * 2 * 2 * 2
     assert len(set(layouts)) == len(layouts)
@@ -31,8 +42,16 @@ def test_dispatcher_labels_are_parsed():
 
 
 def test_recompute_sets_are_sorted_and_deduplicated():
-    s = SearchConfig(pp=[8], vpp=[1], cp=[1], ep=[64], mbs=[1], dispatcher=["alltoall"],
-                     recompute=[["mla_up_proj", "mhc"], ["mhc", "mla_up_proj"], []], offload=[["expert_fc1"]])
+    s = SearchConfig(
+        pp=[8],
+        vpp=[1],
+        cp=[1],
+        ep=[64],
+        mbs=[1],
+        dispatcher=["alltoall"],
+        recompute=[["mla_up_proj", "mhc"], ["mhc", "mla_up_proj"], []],
+        offload=[["expert_fc1"]],
+    )
     layouts = list(space.enumerate_layouts(s))
     assert [x.recompute for x in layouts] == [("mhc", "mla_up_proj"), ()]
     assert space.raw_count(s) == 2

@@ -1,11 +1,11 @@
 """The sweep loop end to end on the local executor (submitit LocalExecutor) with the twin and SQLite."""
+
 from __future__ import annotations
 
 import json
 import os
 import signal
 from pathlib import Path
-
 
 from db.ledger import Ledger
 from tests.sweeplib import all_attempts, assert_accounted, cli, ledger_url, popen, sweep_args, wait_for
@@ -16,7 +16,7 @@ SMALL = ["policy.round0_size=3", "policy.round_size=2", "stage.budget.max_rounds
 def test_smoke_sweep_runs_two_rounds_and_fills_the_ledger(tmp_path):
     proc = cli("sweep", *sweep_args(tmp_path, "smoke-e2e", *SMALL), "--json", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
-    out = json.loads(proc.stdout[proc.stdout.index("{"):])
+    out = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert out["rounds"] == 2 and out["simulated"] is True and out["best"]["key"]
     assert "cluster: local" in proc.stdout or "cluster: local" in proc.stderr
     with Ledger.open(ledger_url(tmp_path)) as led:
@@ -50,8 +50,14 @@ def test_smoke_sweep_runs_two_rounds_and_fills_the_ledger(tmp_path):
 def test_promotion_records_promoted_from_edges(tmp_path):
     small = cli("sweep", *sweep_args(tmp_path, "p-src", *SMALL), timeout=300)
     assert small.returncode == 0, small.stderr[-3000:]
-    big = ["stage.name=smoke64", "stage.gpus=64", "stage.promotes_from=smoke", "policy.promote_top_k=2",
-           "stage.budget.max_rounds=1", "policy.round0_size=4"]
+    big = [
+        "stage.name=smoke64",
+        "stage.gpus=64",
+        "stage.promotes_from=smoke",
+        "policy.promote_top_k=2",
+        "stage.budget.max_rounds=1",
+        "policy.round0_size=4",
+    ]
     proc = cli("sweep", *sweep_args(tmp_path, "p-dst", *big), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
@@ -76,8 +82,15 @@ def test_second_orchestrator_is_refused_naming_the_holder(tmp_path):
 
     cfg = compose(["+stage=smoke"]).cfg
     with Ledger.open(ledger_url(tmp_path)) as led:
-        led.create_or_get_sweep("held", stage="smoke", config_yaml="{}", model=cfg.model.name,
-                                hardware=cfg.hardware.name, workload=cfg.workload.name, provenance={})
+        led.create_or_get_sweep(
+            "held",
+            stage="smoke",
+            config_yaml="{}",
+            model=cfg.model.name,
+            hardware=cfg.hardware.name,
+            workload=cfg.workload.name,
+            provenance={},
+        )
         led.acquire_lease("held", "otherhost:4242", 60)
     proc = cli("sweep", *sweep_args(tmp_path, "held"), timeout=120)
     assert proc.returncode == 2
@@ -85,16 +98,23 @@ def test_second_orchestrator_is_refused_naming_the_holder(tmp_path):
 
 
 def test_oom_is_not_retried_unless_asked(tmp_path):
-    args = sweep_args(tmp_path, "oom", "++workload.twin.force_oom=true", "policy.round0_size=2",
-                      "stage.budget.max_rounds=1")
+    args = sweep_args(
+        tmp_path, "oom", "++workload.twin.force_oom=true", "policy.round0_size=2", "stage.budget.max_rounds=1"
+    )
     proc = cli("sweep", *args, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
         for c in led.candidates("oom"):
             atts = led.attempts(c.id)
             assert c.status == "failed" and len(atts) == 1 and atts[0].failure_class == "OOM"
-    args2 = sweep_args(tmp_path, "oom2", "++workload.twin.force_oom=true", "policy.round0_size=1",
-                       "stage.budget.max_rounds=1", "policy.max_attempts=2")
+    args2 = sweep_args(
+        tmp_path,
+        "oom2",
+        "++workload.twin.force_oom=true",
+        "policy.round0_size=1",
+        "stage.budget.max_rounds=1",
+        "policy.max_attempts=2",
+    )
     proc = cli("sweep", *args2, "--retry", "oom", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
@@ -104,8 +124,15 @@ def test_oom_is_not_retried_unless_asked(tmp_path):
 
 def test_external_workload_script_is_honoured(tmp_path):
     script = Path(__file__).resolve().parent / "workloads" / "surface.py"
-    args = sweep_args(tmp_path, "ext", f"workload.command=[python,{script}]", "workload.name=surface",
-                      "policy.round0_size=2", "stage.budget.max_rounds=1", "++workload.env={SURFACE_HBM_GB: '200'}")
+    args = sweep_args(
+        tmp_path,
+        "ext",
+        f"workload.command=[python,{script}]",
+        "workload.name=surface",
+        "policy.round0_size=2",
+        "stage.budget.max_rounds=1",
+        "++workload.env={SURFACE_HBM_GB: '200'}",
+    )
     proc = cli("sweep", *args, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
@@ -145,8 +172,12 @@ def test_kill_9_then_resume_loses_nothing_and_submits_nothing_twice(tmp_path):
 
 
 def test_cancel_stops_every_live_job_and_records_it(tmp_path):
-    slow = ["++workload.twin.time_scale=50", "++workload.twin.max_sleep_s=1.0", "policy.round0_size=2",
-            "stage.budget.max_rounds=2"]
+    slow = [
+        "++workload.twin.time_scale=50",
+        "++workload.twin.max_sleep_s=1.0",
+        "policy.round0_size=2",
+        "stage.budget.max_rounds=2",
+    ]
     p = popen("sweep", *sweep_args(tmp_path, "stopme", *slow), "--plain", log=tmp_path / "run.log")
     try:
         with Ledger.open(ledger_url(tmp_path)) as led:
@@ -169,8 +200,10 @@ def test_cancel_stops_every_live_job_and_records_it(tmp_path):
 
 def test_sweep_on_each_ledger_engine(ledger_url, tmp_path):
     """The same loop on SQLite and on the real PostgreSQL (the `ledger_url` fixture runs both)."""
-    args = [a if not a.startswith("ledger.url=") else f"ledger.url={ledger_url}"
-            for a in sweep_args(tmp_path, "engines", "policy.round0_size=2", "stage.budget.max_rounds=1")]
+    args = [
+        a if not a.startswith("ledger.url=") else f"ledger.url={ledger_url}"
+        for a in sweep_args(tmp_path, "engines", "policy.round0_size=2", "stage.budget.max_rounds=1")
+    ]
     proc = cli("sweep", *args, "--json", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with Ledger.open(ledger_url) as led:
@@ -181,16 +214,22 @@ def test_sweep_on_each_ledger_engine(ledger_url, tmp_path):
 def test_cluster_auto_falls_back_to_local_and_says_why(tmp_path):
     empty = tmp_path / "nobin"
     empty.mkdir()
-    args = [a if a != "cluster=local" else "cluster=auto"
-            for a in sweep_args(tmp_path, "auto", "policy.round0_size=1", "stage.budget.max_rounds=1")]
+    args = [
+        a if a != "cluster=local" else "cluster=auto"
+        for a in sweep_args(tmp_path, "auto", "policy.round0_size=1", "stage.budget.max_rounds=1")
+    ]
     proc = cli("sweep", *args, "--plain", timeout=300, env={"PATH": str(empty)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cluster: local (no sbatch on PATH; using the local executor)" in proc.stdout
 
 
 def test_ctrl_c_marks_the_sweep_interrupted_and_releases_the_lease(tmp_path):
-    slow = ["++workload.twin.time_scale=50", "++workload.twin.max_sleep_s=1.0", "policy.round0_size=1",
-            "stage.budget.max_rounds=1"]
+    slow = [
+        "++workload.twin.time_scale=50",
+        "++workload.twin.max_sleep_s=1.0",
+        "policy.round0_size=1",
+        "stage.budget.max_rounds=1",
+    ]
     p = popen("sweep", *sweep_args(tmp_path, "ctrlc", *slow), "--plain", log=tmp_path / "run.log")
     try:
         with Ledger.open(ledger_url(tmp_path)) as led:
@@ -210,8 +249,12 @@ def test_ctrl_c_marks_the_sweep_interrupted_and_releases_the_lease(tmp_path):
 
 
 def test_two_live_orchestrators_the_second_is_refused(tmp_path):
-    slow = ["++workload.twin.time_scale=50", "++workload.twin.max_sleep_s=1.0", "policy.round0_size=1",
-            "stage.budget.max_rounds=1"]
+    slow = [
+        "++workload.twin.time_scale=50",
+        "++workload.twin.max_sleep_s=1.0",
+        "policy.round0_size=1",
+        "stage.budget.max_rounds=1",
+    ]
     first = popen("sweep", *sweep_args(tmp_path, "twice", *slow), "--plain", log=tmp_path / "first.log")
     try:
         with Ledger.open(ledger_url(tmp_path)) as led:
@@ -226,8 +269,14 @@ def test_two_live_orchestrators_the_second_is_refused(tmp_path):
 
 
 def test_nccl_timeout_is_retried_up_to_max_attempts(tmp_path):
-    args = sweep_args(tmp_path, "nccl", "++workload.twin.nccl_timeout_rate=1.0", "policy.round0_size=1",
-                      "stage.budget.max_rounds=1", "policy.max_attempts=2")
+    args = sweep_args(
+        tmp_path,
+        "nccl",
+        "++workload.twin.nccl_timeout_rate=1.0",
+        "policy.round0_size=1",
+        "stage.budget.max_rounds=1",
+        "policy.max_attempts=2",
+    )
     proc = cli("sweep", *args, "--plain", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "retrying" in proc.stdout

@@ -1,4 +1,5 @@
 """Retry rules: retryable classes up to max_attempts, TIMEOUT once, deterministic failures only on request."""
+
 from __future__ import annotations
 
 from orchestrator.sweep.retry import retry_decision

@@ -1,8 +1,8 @@
 """The correctness gate inside a sweep: a slice-stage sweep on the twin runs every finalist beside its
 reference layout (CP1), records parity in the ledger, and a layout with an injected numerical divergence
 is excluded: `best` skips it and a later stage never promotes it."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 from db import queries
 from db.ledger import Ledger
@@ -13,8 +13,15 @@ DIVERGE = "++workload.twin.diverge_when={cp: 4}"
 
 
 def test_slice_sweep_gates_finalists_and_never_promotes_a_divergent_layout(tmp_path):
-    args = sweep_args(tmp_path, "slice-a", DIVERGE, "policy.promote_top_k=8", "stage.budget.max_runs=6",
-                      "policy.round0_size=6", stage="slice")
+    args = sweep_args(
+        tmp_path,
+        "slice-a",
+        DIVERGE,
+        "policy.promote_top_k=8",
+        "stage.budget.max_runs=6",
+        "policy.round0_size=6",
+        stage="slice",
+    )
     proc = cli("sweep", *args, "--plain", timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "parity candidate" in proc.stdout
@@ -36,9 +43,19 @@ def test_slice_sweep_gates_finalists_and_never_promotes_a_divergent_layout(tmp_p
         assert best is not None and best["layout"]["cp"] != 4
 
     # A larger stage promoting from the slice never picks the excluded layouts as parents.
-    bigger = sweep_args(tmp_path, "slice-b", DIVERGE, "stage.name=slice2x", "stage.gpus=128",
-                        "stage.promotes_from=slice", "stage.budget.max_runs=4", "stage.budget.max_rounds=1",
-                        "policy.round0_size=4", "parity.enabled=false", stage="slice")
+    bigger = sweep_args(
+        tmp_path,
+        "slice-b",
+        DIVERGE,
+        "stage.name=slice2x",
+        "stage.gpus=128",
+        "stage.promotes_from=slice",
+        "stage.budget.max_runs=4",
+        "stage.budget.max_rounds=1",
+        "policy.round0_size=4",
+        "parity.enabled=false",
+        stage="slice",
+    )
     proc = cli("sweep", *bigger, "--plain", timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     with Ledger.open(ledger_url(tmp_path)) as led:

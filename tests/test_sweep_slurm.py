@@ -3,6 +3,7 @@ one sacct per poll, kill -9 + resume without duplicate sbatch calls, and Slurm's
 
 Jobs use 8 GPUs (one node, one task per fake GPU running the twin) so four run at once.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,14 @@ def base_ids(atts) -> set:
 
 def test_slurm_sweep_two_rounds_end_to_end(tmp_path, slurm_cluster):
     env = counting_sbatch(tmp_path)
-    proc = cli("sweep", *sweep_args(tmp_path, "s-e2e", *SMALL, *NODE8, cluster="slurm"), "--json", "--plain",
-               timeout=600, env={"PATH": env["PATH"]})
+    proc = cli(
+        "sweep",
+        *sweep_args(tmp_path, "s-e2e", *SMALL, *NODE8, cluster="slurm"),
+        "--json",
+        "--plain",
+        timeout=600,
+        env={"PATH": env["PATH"]},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     assert "cluster: slurm" in proc.stdout
     with Ledger.open(ledger_url(tmp_path)) as led:
@@ -64,8 +71,9 @@ def test_slurm_sweep_two_rounds_end_to_end(tmp_path, slurm_cluster):
 
 def test_slurm_kill_9_then_resume(tmp_path, slurm_cluster):
     env = counting_sbatch(tmp_path)
-    args = sweep_args(tmp_path, "s-kill", *SMALL, *NODE8, *SLOW, "stage.warmup_iters=3", "stage.measure_iters=4",
-                      cluster="slurm")
+    args = sweep_args(
+        tmp_path, "s-kill", *SMALL, *NODE8, *SLOW, "stage.warmup_iters=3", "stage.measure_iters=4", cluster="slurm"
+    )
     p = popen("sweep", *args, "--plain", log=tmp_path / "first.log", env={"PATH": env["PATH"]})
     try:
         with Ledger.open(ledger_url(tmp_path)) as led:
@@ -76,8 +84,9 @@ def test_slurm_kill_9_then_resume(tmp_path, slurm_cluster):
     with Ledger.open(ledger_url(tmp_path)) as led:
         before = {a.id: a.job_id for a in all_attempts(led, "s-kill")}
     calls_before = sbatch_calls(env)
-    proc = cli("resume", "s-kill", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=600,
-               env={"PATH": env["PATH"]})
+    proc = cli(
+        "resume", "s-kill", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=600, env={"PATH": env["PATH"]}
+    )
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
         assert_accounted(led, "s-kill")
@@ -101,8 +110,9 @@ def _first_running(led, sweep):
 
 
 def test_scancel_is_cancelled_and_not_retried(tmp_path, slurm_cluster):
-    args = sweep_args(tmp_path, "s-cancel", "policy.round0_size=1", "stage.budget.max_rounds=1", *NODE8, *SLOW,
-                      cluster="slurm")
+    args = sweep_args(
+        tmp_path, "s-cancel", "policy.round0_size=1", "stage.budget.max_rounds=1", *NODE8, *SLOW, cluster="slurm"
+    )
     p = popen("sweep", *args, "--plain", log=tmp_path / "run.log")
     try:
         with Ledger.open(ledger_url(tmp_path)) as led:
@@ -120,8 +130,17 @@ def test_scancel_is_cancelled_and_not_retried(tmp_path, slurm_cluster):
 
 
 def test_node_down_is_node_fail_and_retried_on_a_healthy_node(tmp_path, slurm_cluster):
-    args = sweep_args(tmp_path, "s-node", "policy.round0_size=1", "stage.budget.max_rounds=1", *NODE8, *SLOW,
-                      "stage.warmup_iters=3", "stage.measure_iters=4", cluster="slurm")
+    args = sweep_args(
+        tmp_path,
+        "s-node",
+        "policy.round0_size=1",
+        "stage.budget.max_rounds=1",
+        *NODE8,
+        *SLOW,
+        "stage.warmup_iters=3",
+        "stage.measure_iters=4",
+        cluster="slurm",
+    )
     p = popen("sweep", *args, "--plain", log=tmp_path / "run.log")
     node = None
     try:
@@ -149,10 +168,20 @@ def test_time_limit_is_timeout(tmp_path, slurm_cluster):
     # A workload that ignores the early warning signal and outlives the 2-minute limit: Slurm kills it. (With a
     # 1-minute limit the USR2 warning can land before the task has installed its handler: FAILED, not TIMEOUT.)
     hang = "import signal, time; signal.signal(signal.SIGUSR2, signal.SIG_IGN); time.sleep(600)"
-    args = sweep_args(tmp_path, "s-time", "policy.round0_size=1", "stage.budget.max_rounds=1", "policy.max_attempts=1",
-                      "stage.gpus=8", "++cluster.poll_interval_s=2", "++cluster.min_time_min=2",
-                      "++cluster.time_margin_min=0", f"workload.command=[python,-c,'{hang}']", "workload.name=hang",
-                      cluster="slurm")
+    args = sweep_args(
+        tmp_path,
+        "s-time",
+        "policy.round0_size=1",
+        "stage.budget.max_rounds=1",
+        "policy.max_attempts=1",
+        "stage.gpus=8",
+        "++cluster.poll_interval_s=2",
+        "++cluster.min_time_min=2",
+        "++cluster.time_margin_min=0",
+        f"workload.command=[python,-c,'{hang}']",
+        "workload.name=hang",
+        cluster="slurm",
+    )
     proc = cli("sweep", *args, "--plain", timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
@@ -162,13 +191,38 @@ def test_time_limit_is_timeout(tmp_path, slurm_cluster):
 
 
 def test_slurm_oom_and_external_workload(tmp_path, slurm_cluster):
-    oom = cli("sweep", *sweep_args(tmp_path, "s-oom", "++workload.twin.force_oom=true", "policy.round0_size=2",
-                                   "stage.budget.max_rounds=1", *NODE8, cluster="slurm"), "--plain", timeout=400)
+    oom = cli(
+        "sweep",
+        *sweep_args(
+            tmp_path,
+            "s-oom",
+            "++workload.twin.force_oom=true",
+            "policy.round0_size=2",
+            "stage.budget.max_rounds=1",
+            *NODE8,
+            cluster="slurm",
+        ),
+        "--plain",
+        timeout=400,
+    )
     assert oom.returncode == 0, oom.stderr[-3000:]
     script = Path(__file__).resolve().parent / "workloads" / "surface.py"
-    ext = cli("sweep", *sweep_args(tmp_path, "s-ext", f"workload.command=[python,{script}]", "workload.name=surface",
-                                   "policy.round0_size=2", "stage.budget.max_rounds=1", *NODE8,
-                                   "++workload.env={SURFACE_HBM_GB: '200'}", cluster="slurm"), "--plain", timeout=400)
+    ext = cli(
+        "sweep",
+        *sweep_args(
+            tmp_path,
+            "s-ext",
+            f"workload.command=[python,{script}]",
+            "workload.name=surface",
+            "policy.round0_size=2",
+            "stage.budget.max_rounds=1",
+            *NODE8,
+            "++workload.env={SURFACE_HBM_GB: '200'}",
+            cluster="slurm",
+        ),
+        "--plain",
+        timeout=400,
+    )
     assert ext.returncode == 0, ext.stderr[-3000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
         for c in led.candidates("s-oom"):
@@ -182,8 +236,9 @@ def test_slurm_oom_and_external_workload(tmp_path, slurm_cluster):
 
 
 def test_cancel_scancels_every_live_job(tmp_path, slurm_cluster):
-    args = sweep_args(tmp_path, "s-stop", "policy.round0_size=2", "stage.budget.max_rounds=2", *NODE8, *SLOW,
-                      cluster="slurm")
+    args = sweep_args(
+        tmp_path, "s-stop", "policy.round0_size=2", "stage.budget.max_rounds=2", *NODE8, *SLOW, cluster="slurm"
+    )
     p = popen("sweep", *args, "--plain", log=tmp_path / "run.log")
     try:
         with Ledger.open(ledger_url(tmp_path)) as led:
@@ -197,14 +252,18 @@ def test_cancel_scancels_every_live_job(tmp_path, slurm_cluster):
     with Ledger.open(ledger_url(tmp_path)) as led:
         ids = [a.job_id for a in all_attempts(led, "s-stop")]
         assert led.get_sweep("s-stop").status == "cancelled" and led.events("s-stop", kind="cancelled")
-    states = wait_for(lambda: _sacct_states(ids) if all(s.startswith("CANCELLED") for s in _sacct_states(ids))
-                      else None, 60, "sacct to show CANCELLED")
+    states = wait_for(
+        lambda: _sacct_states(ids) if all(s.startswith("CANCELLED") for s in _sacct_states(ids)) else None,
+        60,
+        "sacct to show CANCELLED",
+    )
     assert len(states) == len(ids)
 
 
 def _sacct_states(ids):
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(ids)],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(ids)], capture_output=True, text=True
+    ).stdout
     return [line.split("|")[1] for line in out.splitlines() if line.strip()]
 
 
@@ -215,14 +274,21 @@ def test_one_sacct_call_per_poll_for_the_whole_sweep(tmp_path, slurm_cluster):
     from orchestrator.sweep import Driver, open_ledger
     from orchestrator.sweep.view import View
 
-    composed = compose(sweep_args(tmp_path, "s-count", "policy.round0_size=4", "stage.budget.max_rounds=1", *NODE8,
-                                  cluster="slurm"))
+    composed = compose(
+        sweep_args(tmp_path, "s-count", "policy.round0_size=4", "stage.budget.max_rounds=1", *NODE8, cluster="slurm")
+    )
     cfg = composed.cfg
     launcher = SlurmLauncher(cfg.cluster)
     with open_ledger(cfg) as led:
-        sweep = led.create_or_get_sweep("s-count", stage=cfg.stage.name, config_yaml=composed.to_yaml(),
-                                        model=cfg.model.name, hardware=cfg.hardware.name,
-                                        workload=cfg.workload.name, provenance={})
+        sweep = led.create_or_get_sweep(
+            "s-count",
+            stage=cfg.stage.name,
+            config_yaml=composed.to_yaml(),
+            model=cfg.model.name,
+            hardware=cfg.hardware.name,
+            workload=cfg.workload.name,
+            provenance={},
+        )
         driver = Driver(led, cfg, sweep, launcher, View(live=False, stream=open(os.devnull, "w")))
         out = driver.run()
         assert out.spent.runs == 4 and len(led.measured(sweep="s-count")) == 4

@@ -1,4 +1,5 @@
 """The live view: plain lines (one per change) off a terminal, a rich table on one."""
+
 from __future__ import annotations
 
 import io
@@ -7,8 +8,14 @@ from orchestrator.sweep.view import Snapshot, View
 
 
 def snap(done: int, best=None) -> Snapshot:
-    return Snapshot(sweep="s", round=1, counts={"queued": 1, "running": 2, "done": done, "failed": 0}, best=best,
-                    gpu_hours=12.5, simulated=True)
+    return Snapshot(
+        sweep="s",
+        round=1,
+        counts={"queued": 1, "running": 2, "done": done, "failed": 0},
+        best=best,
+        gpu_hours=12.5,
+        simulated=True,
+    )
 
 
 def test_plain_mode_prints_one_line_per_change():

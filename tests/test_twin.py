@@ -1,4 +1,5 @@
 """The twin workload: real Megatron flags in, Megatron-format (SIMULATED) evidence out."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,9 @@ def smoke():
 
 
 def write_spec(cfg, planned, tmp_path, **twin):
-    cfg = dataclasses.replace(cfg, workload=dataclasses.replace(
-        cfg.workload, twin=dataclasses.replace(cfg.workload.twin, **twin)))
+    cfg = dataclasses.replace(
+        cfg, workload=dataclasses.replace(cfg.workload, twin=dataclasses.replace(cfg.workload.twin, **twin))
+    )
     spec = build_spec(cfg, planned, sweep="t", attempt=1, job_dir=tmp_path / "job")
     spec.save(Path(spec.job_dir) / "job.json")
     return spec
@@ -50,8 +52,13 @@ def run_twin(spec, *, rank=None, single=True, argv=None, timeout=60, spec_env=Tr
         env["ORCH_SINGLE_PROCESS"] = "1"
     if spec_env:
         env.update(ORCH_JOB_DIR=spec.job_dir, ORCH_JOB_SPEC=str(Path(spec.job_dir) / "job.json"))
-    return subprocess.run([sys.executable, "-m", "jobs.twin", *(spec.argv if argv is None else argv)],
-                          env=env, cwd=spec.job_dir, capture_output=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "jobs.twin", *(spec.argv if argv is None else argv)],
+        env=env,
+        cwd=spec.job_dir,
+        capture_output=True,
+        timeout=timeout,
+    )
 
 
 def test_healthy_run_prints_megatron_lines_that_parse(smoke, tmp_path):
@@ -75,13 +82,14 @@ def test_healthy_run_prints_megatron_lines_that_parse(smoke, tmp_path):
     # The first iterations are slower (warm-up); the measured window is not the planner's number.
     times = [r.elapsed_ms / 1000 for r in out.iterations]
     assert times[0] > 1.5 * statistics.median(times)
-    measured = statistics.median(times[cfg.stage.warmup_iters:])
+    measured = statistics.median(times[cfg.stage.warmup_iters :])
     assert abs(measured / planned.prediction.step_time_s - 1) > 0.05
     # Memory lines: one per TP x CP x PP position (DP-rank 0), after the first iteration.
     lay = planned.layout
     assert len(out.memory) == lay.tp * lay.cp * lay.pp and {m.after_iterations for m in out.memory} == {1}
     assert max(m.max_reserved for m in out.memory) * 2**20 / 1e9 == pytest.approx(
-        planned.prediction.memory_gb * cfg.workload.twin.truth_memory, rel=0.01)
+        planned.prediction.memory_gb * cfg.workload.twin.truth_memory, rel=0.01
+    )
     # Timers go to stderr (logger.info), one minmax block per logged iteration.
     assert len(err.timers) == train_iters and "forward-backward" in err.timers[-1].timers
     lo, hi = err.timers[-1].timers["forward-backward"]
@@ -140,8 +148,13 @@ def test_forced_oom(smoke, tmp_path):
 def test_illegal_layout_is_a_megatron_assertion(smoke, tmp_path):
     cfg, cands = smoke
     spec = write_spec(cfg, cands[0], tmp_path)
-    argv = megatron_argv(cfg.model, cfg.stage, dataclasses.replace(cands[0].layout, ep=3),
-                         layer_pattern=cands[0].prediction.layer_pattern, train_iters=5)
+    argv = megatron_argv(
+        cfg.model,
+        cfg.stage,
+        dataclasses.replace(cands[0].layout, ep=3),
+        layer_pattern=cands[0].prediction.layer_pattern,
+        train_iters=5,
+    )
     proc = run_twin(spec, argv=argv)
     assert proc.returncode == 1
     errors = parse_bytes(proc.stderr).validation_errors
@@ -191,10 +204,16 @@ def test_sigterm_exits_non_zero(smoke, tmp_path):
     cfg, cands = smoke
     spec = write_spec(cfg, cands[0], tmp_path, time_scale=10.0, max_sleep_s=5.0)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
-    env.update(PYTHONPATH=str(ROOT), WORLD_SIZE=str(spec.n_gpus), RANK=str(spec.n_gpus - 1),
-               ORCH_SINGLE_PROCESS="1", ORCH_JOB_SPEC=str(Path(spec.job_dir) / "job.json"))
-    proc = subprocess.Popen([sys.executable, "-m", "jobs.twin", *spec.argv], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env.update(
+        PYTHONPATH=str(ROOT),
+        WORLD_SIZE=str(spec.n_gpus),
+        RANK=str(spec.n_gpus - 1),
+        ORCH_SINGLE_PROCESS="1",
+        ORCH_JOB_SPEC=str(Path(spec.job_dir) / "job.json"),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobs.twin", *spec.argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     first = proc.stdout.readline().decode()
     assert first.startswith(SIMULATED_MARKER)
     time.sleep(0.5)
@@ -209,8 +228,13 @@ def test_capacity_factor_drops_tokens(smoke, tmp_path):
     cfg, cands = smoke
     spec = write_spec(cfg, cands[0], tmp_path)
     lay = dataclasses.replace(cands[0].layout, capacity_factor=1.0)
-    argv = megatron_argv(cfg.model, cfg.stage, lay, layer_pattern=cands[0].prediction.layer_pattern,
-                         train_iters=cfg.stage.warmup_iters + cfg.stage.measure_iters)
+    argv = megatron_argv(
+        cfg.model,
+        cfg.stage,
+        lay,
+        layer_pattern=cands[0].prediction.layer_pattern,
+        train_iters=cfg.stage.warmup_iters + cfg.stage.measure_iters,
+    )
     proc = run_twin(spec, argv=argv)
     assert proc.returncode == 0, proc.stderr.decode()[-1000:]
     doc = json.loads(sorted(Path(spec.job_dir).glob("sidecar-rank-*.json"))[0].read_text())

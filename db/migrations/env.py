@@ -2,6 +2,7 @@
 
 `alembic -c db/alembic.ini ...` from a shell also works: it then reads ORCH_LEDGER_URL.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,9 @@ def run_migrations_online() -> None:
     if connection is not None:
         _run(connection)
         return
-    engine = config.attributes.get("engine") or make_engine(os.environ.get("ORCH_LEDGER_URL", "sqlite:///./ledger.sqlite"))
+    engine = config.attributes.get("engine") or make_engine(
+        os.environ.get("ORCH_LEDGER_URL", "sqlite:///./ledger.sqlite")
+    )
     with engine.begin() as conn:
         _run(conn)
 

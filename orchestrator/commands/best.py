@@ -3,6 +3,7 @@
 Never chosen on predictions; only non-partial successful results count, and a candidate that
 failed a parity check is excluded. JSON carries the evidence: every metric, job id, log paths.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,6 +41,8 @@ def run(args, overrides) -> int:
     flat = {k: v for k, v in hit.items() if not isinstance(v, dict)}
     flat.update({f"attempt.{k}": v for k, v in hit["attempt"].items()})
     flat.update({k: v for k, v in hit["metrics"].items() if not isinstance(v, dict)})
-    print_table([{"field": k, "value": json.dumps(v, default=str) if isinstance(v, list) else v}
-                 for k, v in flat.items()], title=f"best of {args.sweep or 'all sweeps'} ({hit['chosen_on']})")
+    print_table(
+        [{"field": k, "value": json.dumps(v, default=str) if isinstance(v, list) else v} for k, v in flat.items()],
+        title=f"best of {args.sweep or 'all sweeps'} ({hit['chosen_on']})",
+    )
     return 0

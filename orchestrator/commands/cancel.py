@@ -1,4 +1,5 @@
 """`cancel NAME`: scancel every live job of a sweep and record it in the ledger."""
+
 from __future__ import annotations
 
 from orchestrator.config import compose
@@ -24,15 +25,20 @@ def run(args, overrides) -> int:
         live = ledger.live_attempts(args.name)
         ids = [a.job_id for a in live if a.job_id]
         if ids:
-            launcher, reason = make_launcher(cfg.cluster)
+            launcher, _reason = make_launcher(cfg.cluster)
             launcher.cancel(ids)
         for a in live:
-            ledger.update_attempt(a.id, state="CANCELLED", failure_class="CANCELLED",
-                                  failure_detail="cancelled by `orchestrator cancel`")
+            ledger.update_attempt(
+                a.id, state="CANCELLED", failure_class="CANCELLED", failure_detail="cancelled by `orchestrator cancel`"
+            )
         for c in ledger.candidates(args.name, status=["planned", "claimed", "submitted", "running"]):
             ledger.set_candidate_status(c.id, "cancelled", "cancelled by `orchestrator cancel`")
-        ledger.log_event(args.name, "cancelled", f"cancelled {len(ids)} live job(s): {', '.join(ids) or 'none'}",
-                         data={"job_ids": ids})
+        ledger.log_event(
+            args.name,
+            "cancelled",
+            f"cancelled {len(ids)} live job(s): {', '.join(ids) or 'none'}",
+            data={"job_ids": ids},
+        )
         ledger.set_sweep_status(args.name, "cancelled")
     listed = f": {', '.join(ids)}" if ids else ""
     View(live=False).event(f"sweep {args.name}: cancelled {len(ids)} live job(s){listed}")

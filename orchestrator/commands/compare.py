@@ -3,12 +3,14 @@
 Filters are `--where KEY OP VALUE` (ep=64, tokens_per_gpu>=1000, recompute=moe_act, status=done);
 keys come from db.queries.COLUMNS and values are bound as parameters, never pasted into SQL.
 """
+
 from __future__ import annotations
 
 import csv
 import json
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from orchestrator.commands.ledger import open_ledger
 
@@ -22,8 +24,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--stage", default=None, help="only sweeps of this stage (1k, 8k, 16k, ...)")
     parser.add_argument("--round", type=int, default=None)
     parser.add_argument("--status", default=None, help="candidate status: planned|claimed|...|done|failed")
-    parser.add_argument("--where", action="append", default=[], metavar="KEY OP VALUE",
-                        help="filter, repeatable: ep=64, 'tokens_per_gpu>=1000', recompute=moe_act")
+    parser.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY OP VALUE",
+        help="filter, repeatable: ep=64, 'tokens_per_gpu>=1000', recompute=moe_act",
+    )
     parser.add_argument("--sort", default=None, help="column; best first by default, -col/+col to force order")
     parser.add_argument("--limit", type=int, default=None, help=f"rows (table default {TABLE_LIMIT})")
     parser.add_argument("--columns", default=None, help="comma-separated columns (default: the headline set)")
@@ -42,7 +49,7 @@ def _cell(value: Any, key: str = "") -> str:
     return str(value)
 
 
-def print_table(rows: Sequence[Dict[str, Any]], *, title: str = "", columns: Optional[List[str]] = None) -> None:
+def print_table(rows: Sequence[dict[str, Any]], *, title: str = "", columns: list[str] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -55,7 +62,7 @@ def print_table(rows: Sequence[Dict[str, Any]], *, title: str = "", columns: Opt
     Console(width=max(120, 12 * len(cols))).print(table)
 
 
-def emit(rows: List[Dict[str, Any]], fmt: str, columns: List[str], title: str) -> None:
+def emit(rows: list[dict[str, Any]], fmt: str, columns: list[str], title: str) -> None:
     if fmt == "json":
         json.dump(rows, sys.stdout, indent=1, default=str)
         print()
@@ -73,9 +80,19 @@ def run(args, overrides) -> int:
     columns = [c.strip() for c in args.columns.split(",")] if args.columns else list(queries.DEFAULT_COLUMNS)
     limit = args.limit if args.limit is not None else (TABLE_LIMIT if args.format == "table" else None)
     with open_ledger(overrides) as ledger:
-        rows = queries.compare(ledger, sweep=args.sweep, stage=args.stage, round=args.round, status=args.status,
-                               where=args.where, sort=args.sort, limit=limit, columns=columns)
-        title = (f"ledger {ledger.url}: {len(rows)} rows (measured values; simulated=yes marks twin runs)"
-                 + (f", sorted by {args.sort}" if args.sort else ""))
+        rows = queries.compare(
+            ledger,
+            sweep=args.sweep,
+            stage=args.stage,
+            round=args.round,
+            status=args.status,
+            where=args.where,
+            sort=args.sort,
+            limit=limit,
+            columns=columns,
+        )
+        title = f"ledger {ledger.url}: {len(rows)} rows (measured values; simulated=yes marks twin runs)" + (
+            f", sorted by {args.sort}" if args.sort else ""
+        )
     emit(rows, args.format, columns, title)
     return 0

@@ -2,6 +2,7 @@
 
 A fresh SQLite file is upgraded on first use anyway; a PostgreSQL ledger changes only here.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

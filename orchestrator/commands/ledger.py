@@ -4,11 +4,12 @@ Also home of `open_ledger`, which the db/compare/best commands share: the URL co
 composed config (`ledger.url=...`, `ledger=postgres` reading ORCH_LEDGER_URL), never printed
 with its password.
 """
+
 from __future__ import annotations
 
 import json
 import sys
-from typing import List, Sequence, Tuple
+from collections.abc import Sequence
 
 from orchestrator.config import compose
 from orchestrator.errors import UserError
@@ -18,7 +19,7 @@ HELP = "Ledger utilities: `ledger export --out FILE.csv|.parquet`, `ledger sweep
 VERBS = ("export", "sweeps", "events")
 
 
-def split_verb(overrides: Sequence[str], verbs: Sequence[str], command: str) -> Tuple[str, List[str]]:
+def split_verb(overrides: Sequence[str], verbs: Sequence[str], command: str) -> tuple[str, list[str]]:
     """The verb is the one positional without '='; the rest are Hydra overrides."""
     words = [o for o in overrides if "=" not in o]
     if len(words) != 1 or words[0] not in verbs:
@@ -35,8 +36,12 @@ def open_ledger(overrides: Sequence[str], *, create: bool = False):
 
 def add_arguments(parser) -> None:
     parser.add_argument("--out", help="export: output file (.csv or .parquet)")
-    parser.add_argument("--format", choices=["csv", "parquet", "table", "json"], default=None,
-                        help="export: csv|parquet (default from --out); sweeps/events: table|json")
+    parser.add_argument(
+        "--format",
+        choices=["csv", "parquet", "table", "json"],
+        default=None,
+        help="export: csv|parquet (default from --out); sweeps/events: table|json",
+    )
     parser.add_argument("--table", default=None, help="export one raw table instead of the joined view")
     parser.add_argument("--sweep", default=None)
     parser.add_argument("--stage", default=None)
@@ -57,14 +62,31 @@ def run(args, overrides) -> int:
             print(f"wrote {n} rows to {args.out} (ledger {ledger.url})")
             return 0
         if verb == "sweeps":
-            rows = [{"name": s.name, "stage": s.stage, "model": s.model, "hardware": s.hardware,
-                     "workload": s.workload, "status": s.status, "created_at": s.created_at.isoformat()}
-                    for s in ledger.list_sweeps()]
+            rows = [
+                {
+                    "name": s.name,
+                    "stage": s.stage,
+                    "model": s.model,
+                    "hardware": s.hardware,
+                    "workload": s.workload,
+                    "status": s.status,
+                    "created_at": s.created_at.isoformat(),
+                }
+                for s in ledger.list_sweeps()
+            ]
         else:
             if not args.sweep:
                 raise UserError("ledger events needs --sweep NAME")
-            rows = [{"id": e.id, "time": e.created_at.isoformat(timespec="seconds"), "kind": e.kind,
-                     "candidate_id": e.candidate_id, "message": e.message} for e in ledger.events(args.sweep)]
+            rows = [
+                {
+                    "id": e.id,
+                    "time": e.created_at.isoformat(timespec="seconds"),
+                    "kind": e.kind,
+                    "candidate_id": e.candidate_id,
+                    "message": e.message,
+                }
+                for e in ledger.events(args.sweep)
+            ]
         if args.format == "json":
             json.dump(rows, sys.stdout, indent=1, default=str)
             print()

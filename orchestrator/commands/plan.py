@@ -3,6 +3,7 @@
 The numbers are the analytic models' estimates (orchestrator/plan), not measurements; the header
 says so. `--show-rejected` explains every rejection with the rule ids of orchestrator/plan/rules.py.
 """
+
 from __future__ import annotations
 
 import csv
@@ -11,20 +12,40 @@ import json
 import shlex
 import sys
 from collections import Counter
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from orchestrator.config import compose
 from orchestrator.errors import UserError
 from orchestrator.plan import rules as R
 from orchestrator.plan.layout import Layout
-from orchestrator.plan.planner import PlanResult, Planned, Rejected, plan
+from orchestrator.plan.planner import Planned, PlanResult, Rejected, plan
 
 NAME = "plan"
 HELP = "Rank a stage's legal parallel layouts by predicted step time (analytic estimates)."
 NOTE = "predictions are analytic estimates (orchestrator/plan models), not measurements"
 TABLE_COLUMNS = [
-    "rank", "tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "dispatcher", "D_a", "D_e", "m", "bubble",
-    "T_group", "T_expert", "ep_nodes", "routed_weight_gb", "heaviest_stage", "memory_gb", "step_time_s", "mfu",
+    "rank",
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "etp",
+    "mbs",
+    "recompute",
+    "dispatcher",
+    "D_a",
+    "D_e",
+    "m",
+    "bubble",
+    "T_group",
+    "T_expert",
+    "ep_nodes",
+    "routed_weight_gb",
+    "heaviest_stage",
+    "memory_gb",
+    "step_time_s",
+    "mfu",
     "layer_pattern",
 ]
 PATTERN_WIDTH = 28
@@ -34,34 +55,68 @@ FLOAT_FORMATS = {"bubble": ".3f", "routed_weight_gb": ".2f", "memory_gb": ".1f",
 
 def add_arguments(parser) -> None:
     parser.add_argument("--format", choices=["table", "json", "csv"], default="table")
-    parser.add_argument("--show-rejected", action="store_true",
-                        help="also list rejected layouts with their rule ids and reasons (json: compact)")
-    parser.add_argument("--top", type=int, default=None, metavar="N",
-                        help="show the N best candidates (table default 20, json/csv default all)")
-    parser.add_argument("--argv", type=int, default=None, metavar="INDEX",
-                        help="print the exact Megatron flags of candidate INDEX (the rank column, 0 = best; "
-                             "the same index as `run-one --candidate`) and exit")
+    parser.add_argument(
+        "--show-rejected",
+        action="store_true",
+        help="also list rejected layouts with their rule ids and reasons (json: compact)",
+    )
+    parser.add_argument(
+        "--top",
+        type=int,
+        default=None,
+        metavar="N",
+        help="show the N best candidates (table default 20, json/csv default all)",
+    )
+    parser.add_argument(
+        "--argv",
+        type=int,
+        default=None,
+        metavar="INDEX",
+        help="print the exact Megatron flags of candidate INDEX (the rank column, 0 = best; "
+        "the same index as `run-one --candidate`) and exit",
+    )
 
 
-def row(rank: int, p: Planned) -> Dict[str, Any]:
+def row(rank: int, p: Planned) -> dict[str, Any]:
     """One candidate as a flat record with the guide's names (json/csv/table share it).
 
     rank is the candidate's index in the ranking, 0 = best predicted, as `run-one --candidate` counts."""
     lay, pr = p.layout, p.prediction
     return {
-        "rank": rank, "key": p.key, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "cp": lay.cp, "ep": lay.ep,
-        "etp": lay.etp, "mbs": lay.mbs, "recompute": list(lay.recompute), "offload": list(lay.offload),
-        "dispatcher": lay.dispatcher_label, "capacity_factor": lay.capacity_factor,
+        "rank": rank,
+        "key": p.key,
+        "tp": lay.tp,
+        "pp": lay.pp,
+        "vpp": lay.vpp,
+        "cp": lay.cp,
+        "ep": lay.ep,
+        "etp": lay.etp,
+        "mbs": lay.mbs,
+        "recompute": list(lay.recompute),
+        "offload": list(lay.offload),
+        "dispatcher": lay.dispatcher_label,
+        "capacity_factor": lay.capacity_factor,
         "use_tp_pp_dp_mapping": lay.use_tp_pp_dp_mapping,
-        "D_a": pr.d_a, "D_e": pr.d_e, "m": pr.m, "bubble": round(pr.bubble, 4), "T_group": pr.t_group,
-        "T_expert": pr.t_expert, "experts_per_rank": pr.experts_per_rank, "ep_nodes": pr.ep_nodes,
-        "cp_nodes": pr.cp_nodes, "routed_weight_gb": round(pr.routed_weight_gb, 3),
-        "heaviest_stage": pr.heaviest_stage, "memory_gb": round(pr.memory_gb, 2),
-        "memory_by_stage": [round(x, 2) for x in pr.memory_by_stage], "feasible": pr.feasible,
+        "D_a": pr.d_a,
+        "D_e": pr.d_e,
+        "m": pr.m,
+        "bubble": round(pr.bubble, 4),
+        "T_group": pr.t_group,
+        "T_expert": pr.t_expert,
+        "experts_per_rank": pr.experts_per_rank,
+        "ep_nodes": pr.ep_nodes,
+        "cp_nodes": pr.cp_nodes,
+        "routed_weight_gb": round(pr.routed_weight_gb, 3),
+        "heaviest_stage": pr.heaviest_stage,
+        "memory_gb": round(pr.memory_gb, 2),
+        "memory_by_stage": [round(x, 2) for x in pr.memory_by_stage],
+        "feasible": pr.feasible,
         "step_time_s": round(pr.step_time_s, 4),
         "step_components": {k: round(v, 4) for k, v in pr.step_components.items()},
-        "mfu": round(pr.mfu, 4), "tokens_per_s": round(pr.tokens_per_s, 1),
-        "flops_per_step": pr.flops_per_step, "recompute_flops_per_step": pr.recompute_flops_per_step,
+        "mfu": round(pr.mfu, 4),
+        "tokens_per_s": round(pr.tokens_per_s, 1),
+        "flops_per_step": pr.flops_per_step,
+        "recompute_flops_per_step": pr.recompute_flops_per_step,
         "layer_pattern": pr.layer_pattern,
     }
 
@@ -69,36 +124,48 @@ def row(rank: int, p: Planned) -> Dict[str, Any]:
 LAYOUT_FIELDS = tuple(Layout.__dataclass_fields__)
 
 
-def layout_dict(lay: Layout) -> Dict[str, Any]:
+def layout_dict(lay: Layout) -> dict[str, Any]:
     """Layout.to_dict() without dataclasses.asdict's deep copy (16k stages reject ~85k layouts)."""
     d = {f: getattr(lay, f) for f in LAYOUT_FIELDS}
     d["recompute"], d["offload"] = list(lay.recompute), list(lay.offload)
     return d
 
 
-def rejected_row(r: Rejected) -> Dict[str, Any]:
-    return {"layout": layout_dict(r.layout), "rules": r.rule_ids,
-            "reasons": [_reason(x) for x in r.rules], "memory_gb": r.memory_gb}
+def rejected_row(r: Rejected) -> dict[str, Any]:
+    return {
+        "layout": layout_dict(r.layout),
+        "rules": r.rule_ids,
+        "reasons": [_reason(x) for x in r.rules],
+        "memory_gb": r.memory_gb,
+    }
 
 
-def _reason(rule: R.Rule, _cache: Dict[str, str] = {}) -> str:  # noqa: B006 - a deliberate memo
+def _reason(rule: R.Rule, _cache: dict[str, str] = {}) -> str:  # noqa: B006 - a deliberate memo
     if rule.id not in _cache:
         _cache[rule.id] = f"{rule.id}: {rule.reason} [{rule.source}]"
     return _cache[rule.id]
 
 
-def megatron_flags(cfg, stage, p: Planned) -> List[str]:
+def megatron_flags(cfg, stage, p: Planned) -> list[str]:
     """The candidate's Megatron flags (orchestrator.plan.argv), as a job of this stage would get them."""
     from orchestrator.plan import argv as argv_mod
 
-    return list(argv_mod.megatron_argv(cfg.model, stage, p.layout, layer_pattern=p.prediction.layer_pattern,
-                                       train_iters=stage.warmup_iters + stage.measure_iters,
-                                       mock_data=cfg.workload.mock_data, extra=cfg.workload.extra_args))
+    return list(
+        argv_mod.megatron_argv(
+            cfg.model,
+            stage,
+            p.layout,
+            layer_pattern=p.prediction.layer_pattern,
+            train_iters=stage.warmup_iters + stage.measure_iters,
+            mock_data=cfg.workload.mock_data,
+            extra=cfg.workload.extra_args,
+        )
+    )
 
 
-def format_argv(tokens: List[str]) -> str:
+def format_argv(tokens: list[str]) -> str:
     """One flag (with its values) per line, shell-quoted, joined by trailing backslashes."""
-    lines: List[List[str]] = []
+    lines: list[list[str]] = []
     for tok in tokens:
         if tok.startswith("--") or not lines:
             lines.append([tok])
@@ -109,9 +176,11 @@ def format_argv(tokens: List[str]) -> str:
 
 
 def _header(cfg, stage, res: PlanResult) -> str:
-    return (f"# plan {stage.name}: N={stage.gpus} B={stage.global_batch} S={stage.seq_length} model={cfg.model.name} "
-            f"hardware={cfg.hardware.name}; {res.raw_count} raw layouts, {len(res.candidates)} legal and feasible "
-            f"({res.elapsed_s:.2f} s). Note: {NOTE}.")
+    return (
+        f"# plan {stage.name}: N={stage.gpus} B={stage.global_batch} S={stage.seq_length} model={cfg.model.name} "
+        f"hardware={cfg.hardware.name}; {res.raw_count} raw layouts, {len(res.candidates)} legal and feasible "
+        f"({res.elapsed_s:.2f} s). Note: {NOTE}."
+    )
 
 
 def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
@@ -131,7 +200,7 @@ def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
         d["recompute"] = "+".join(d["recompute"]) or "none"
         d["offload"] = "+".join(d["offload"]) or "none"
         pat = d["layer_pattern"]
-        d["layer_pattern"] = pat if len(pat) <= PATTERN_WIDTH else pat[:PATTERN_WIDTH - 1] + "…"
+        d["layer_pattern"] = pat if len(pat) <= PATTERN_WIDTH else pat[: PATTERN_WIDTH - 1] + "…"
         d["T_expert"] = f"{d['T_expert']:g}"
         for col, fmt in FLOAT_FORMATS.items():
             d[col] = format(d[col], fmt)
@@ -154,7 +223,7 @@ def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
         console.print(detail)
 
 
-def _csv(res: PlanResult, top: Optional[int]) -> str:
+def _csv(res: PlanResult, top: int | None) -> str:
     buf = io.StringIO()
     rows = [row(i, p) for i, p in enumerate(res.candidates[:top])]
     fields = list(rows[0]) if rows else TABLE_COLUMNS  # a header even when nothing is legal
@@ -182,8 +251,10 @@ def run(args, overrides) -> int:
     if args.argv is not None:
         n = len(res.candidates)
         if not 0 <= args.argv < n:
-            raise UserError(f"--argv {args.argv}: no such candidate; stage {stage.name} has {n} legal candidates "
-                            f"(indices 0..{n - 1}; see `python -m orchestrator plan +stage={stage.name}`)")
+            raise UserError(
+                f"--argv {args.argv}: no such candidate; stage {stage.name} has {n} legal candidates "
+                f"(indices 0..{n - 1}; see `python -m orchestrator plan +stage={stage.name}`)"
+            )
         print(format_argv(megatron_flags(cfg, stage, res.candidates[args.argv])))
         return 0
     if args.format == "table":
@@ -191,11 +262,18 @@ def run(args, overrides) -> int:
     elif args.format == "csv":
         sys.stdout.write(_csv(res, args.top))
     else:
-        out: Dict[str, Any] = {
-            "note": NOTE, "stage": stage.name, "model": cfg.model.name, "hardware": cfg.hardware.name,
-            "gpus": stage.gpus, "global_batch": stage.global_batch, "seq_length": stage.seq_length,
-            "raw_count": res.raw_count, "legal_count": len(res.candidates), "elapsed_s": round(res.elapsed_s, 4),
-            "candidates": [row(i, p) for i, p in enumerate(res.candidates[:args.top])],
+        out: dict[str, Any] = {
+            "note": NOTE,
+            "stage": stage.name,
+            "model": cfg.model.name,
+            "hardware": cfg.hardware.name,
+            "gpus": stage.gpus,
+            "global_batch": stage.global_batch,
+            "seq_length": stage.seq_length,
+            "raw_count": res.raw_count,
+            "legal_count": len(res.candidates),
+            "elapsed_s": round(res.elapsed_s, 4),
+            "candidates": [row(i, p) for i, p in enumerate(res.candidates[: args.top])],
         }
         if args.show_rejected:
             out["rejected"] = [rejected_row(r) for r in res.rejected]

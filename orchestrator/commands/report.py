@@ -1,4 +1,5 @@
 """`python -m orchestrator report NAME [--out DIR]`: one self-contained HTML page for a sweep."""
+
 from __future__ import annotations
 
 NAME = "report"

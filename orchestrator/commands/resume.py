@@ -3,6 +3,7 @@
 Re-attaches to queued and running jobs by their stored ids, ingests the ones that finished while no
 orchestrator watched, resubmits retryable failures, then carries on with the rounds.
 """
+
 from __future__ import annotations
 
 from orchestrator.commands.sweep import options, report
@@ -16,8 +17,13 @@ HELP = "Continue a sweep after a crash or kill: re-attach to its jobs by stored 
 
 def add_arguments(parser) -> None:
     parser.add_argument("name", help="sweep name (see `status`)")
-    parser.add_argument("--retry", action="append", default=[], metavar="CLASS",
-                        help="also resubmit this deterministic failure class, e.g. --retry oom")
+    parser.add_argument(
+        "--retry",
+        action="append",
+        default=[],
+        metavar="CLASS",
+        help="also resubmit this deterministic failure class, e.g. --retry oom",
+    )
     parser.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     parser.add_argument("--max-wall", type=float, default=None, metavar="SECONDS")
     parser.add_argument("--json", action="store_true")

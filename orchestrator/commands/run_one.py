@@ -3,6 +3,7 @@
 Why a command of its own: it is the smallest end-to-end check of a cluster + workload pairing
 (does the job start, do its logs parse, do the numbers look sane) before a sweep spends budget.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,18 +19,25 @@ HELP = "Launch one planned candidate (by index), wait for it, and print its meas
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--candidate", type=int, default=0, metavar="INDEX",
-                        help="index into the planner's ranking (0 = predicted fastest)")
+    parser.add_argument(
+        "--candidate",
+        type=int,
+        default=0,
+        metavar="INDEX",
+        help="index into the planner's ranking (0 = predicted fastest)",
+    )
     parser.add_argument("--format", choices=("table", "json"), default="table")
-    parser.add_argument("--folder", default=None, metavar="DIR",
-                        help="root of the job folders (default: cluster.folder)")
+    parser.add_argument(
+        "--folder", default=None, metavar="DIR", help="root of the job folders (default: cluster.folder)"
+    )
     parser.add_argument("--attempt", type=int, default=None, help="attempt number (default: next free)")
 
 
 def run(args, overrides) -> int:
     from jobs.collect import collect
     from orchestrator.plan import planner
-    from orchestrator.runspec import build_spec, job_dir as job_dir_for, time_limit_min
+    from orchestrator.runspec import build_spec, time_limit_min
+    from orchestrator.runspec import job_dir as job_dir_for
 
     overrides = list(overrides)
     if args.folder:
@@ -38,11 +46,15 @@ def run(args, overrides) -> int:
     cfg, stage = composed.cfg, stage_or_error(composed)
     planned_all = planner.plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name).candidates
     if not planned_all:
-        raise UserError(f"stage {stage.name} has no feasible candidate: see `python -m orchestrator plan "
-                        f"+stage={stage.name} --show-rejected`")
+        raise UserError(
+            f"stage {stage.name} has no feasible candidate: see `python -m orchestrator plan "
+            f"+stage={stage.name} --show-rejected`"
+        )
     if not 0 <= args.candidate < len(planned_all):
-        raise UserError(f"--candidate {args.candidate} is out of range: stage {stage.name} has "
-                        f"{len(planned_all)} feasible candidates (0..{len(planned_all) - 1})")
+        raise UserError(
+            f"--candidate {args.candidate} is out of range: stage {stage.name} has "
+            f"{len(planned_all)} feasible candidates (0..{len(planned_all) - 1})"
+        )
     planned = planned_all[args.candidate]
     sweep = cfg.sweep.name or f"run-one-{stage.name}"
     attempt = args.attempt or _next_attempt(job_dir_for(cfg, sweep, planned.key, 1).parent)
@@ -70,11 +82,19 @@ def _launch_and_wait(cfg, spec, time_min: int):
     from orchestrator.launch import LaunchTask, make_launcher
 
     launcher, reason = make_launcher(cfg.cluster)
-    print(f"launching candidate {spec.candidate_key} on {launcher.kind} ({reason}); job folder {spec.job_dir}",
-          file=sys.stderr)
-    task = LaunchTask(fn=run_task, args=(spec,), n_gpus=spec.n_gpus, gpus_per_node=spec.gpus_per_node,
-                      name=f"{spec.sweep}:{spec.candidate_key[:8]}:{spec.attempt}", folder=spec.job_dir,
-                      time_min=time_min)
+    print(
+        f"launching candidate {spec.candidate_key} on {launcher.kind} ({reason}); job folder {spec.job_dir}",
+        file=sys.stderr,
+    )
+    task = LaunchTask(
+        fn=run_task,
+        args=(spec,),
+        n_gpus=spec.n_gpus,
+        gpus_per_node=spec.gpus_per_node,
+        name=f"{spec.sweep}:{spec.candidate_key[:8]}:{spec.attempt}",
+        folder=spec.job_dir,
+        time_min=time_min,
+    )
     sub = launcher.submit([task])[0]
     interval = min(1.0, cfg.cluster.poll_interval_s)
     try:
@@ -106,7 +126,10 @@ def summarize(index: int, planned, spec, result, *, job_id=None, cluster=None) -
         "cluster": cluster,
         "job_dir": spec.job_dir,
         "N": spec.n_gpus,
-        "D_a": pred.d_a, "D_e": pred.d_e, "m": pred.m, "bubble": pred.bubble,
+        "D_a": pred.d_a,
+        "D_e": pred.d_e,
+        "m": pred.m,
+        "bubble": pred.bubble,
         "predicted_step_s": pred.step_time_s,
         "predicted_memory_gb": pred.memory_gb,
         "measure_iters": result.measure_iters,
@@ -140,8 +163,12 @@ def print_table(s: dict) -> None:
 
     console = Console()
     if s["simulated"]:
-        console.print(Panel("[bold yellow]SIMULATED[/] - twin workload: every number below is simulated, "
-                            "not measured on GPUs", style="yellow"))
+        console.print(
+            Panel(
+                "[bold yellow]SIMULATED[/] - twin workload: every number below is simulated, not measured on GPUs",
+                style="yellow",
+            )
+        )
     t = Table(title=f"run-one: candidate {s['candidate']} ({s['layout']})", show_header=True)
     t.add_column("field")
     t.add_column("predicted", justify="right")

@@ -1,11 +1,12 @@
 """`status NAME`: a sweep's candidates, their jobs and the measured best, from the ledger only."""
+
 from __future__ import annotations
 
 import json
 
 from orchestrator.config import compose
-from orchestrator.plan.layout import Layout
 from orchestrator.errors import UserError
+from orchestrator.plan.layout import Layout
 from orchestrator.sweep import observe, open_ledger
 from orchestrator.sweep.setup import root_from_yaml
 
@@ -31,24 +32,44 @@ def gather(ledger, name: str) -> dict:
         atts = ledger.attempts(c.id)
         a = atts[-1] if atts else None
         res = ledger.result(a.id) if a else None
-        rows.append({"round": c.round, "key": c.key, "layout": Layout.from_dict(c.layout).short(), "status": c.status,
-                     "attempts": len(atts), "job_id": a.job_id if a else None, "state": a.state if a else None,
-                     "failure_class": a.failure_class if a else None, "edge": c.edge_kind,
-                     "pred_step_s": c.predicted.get("step_time_s"),
-                     "step_p50_s": res.get("step_p50_s") if res else None})
+        rows.append(
+            {
+                "round": c.round,
+                "key": c.key,
+                "layout": Layout.from_dict(c.layout).short(),
+                "status": c.status,
+                "attempts": len(atts),
+                "job_id": a.job_id if a else None,
+                "state": a.state if a else None,
+                "failure_class": a.failure_class if a else None,
+                "edge": c.edge_kind,
+                "pred_step_s": c.predicted.get("step_time_s"),
+                "step_p50_s": res.get("step_p50_s") if res else None,
+            }
+        )
     leases = [e for e in ledger.events(name, kind="lease")]
-    return {"sweep": name, "stage": sweep.stage, "model": sweep.model, "status": sweep.status,
-            "counts": observe.status_counts(cands), "runs": spent.runs, "attempts": spent.attempts,
-            "gpu_hours": spent.gpu_hours, "simulated": spent.simulated, "best": observe.best_of(ledger, name),
-            "last_lease_event": leases[-1].message if leases else None,
-            "calibrations": [{"round": c.round, **c.error, "method": c.fit.get("method")}
-                             for c in ledger.calibrations(name)],
-            "candidates": rows}
+    return {
+        "sweep": name,
+        "stage": sweep.stage,
+        "model": sweep.model,
+        "status": sweep.status,
+        "counts": observe.status_counts(cands),
+        "runs": spent.runs,
+        "attempts": spent.attempts,
+        "gpu_hours": spent.gpu_hours,
+        "simulated": spent.simulated,
+        "best": observe.best_of(ledger, name),
+        "last_lease_event": leases[-1].message if leases else None,
+        "calibrations": [
+            {"round": c.round, **c.error, "method": c.fit.get("method")} for c in ledger.calibrations(name)
+        ],
+        "candidates": rows,
+    }
 
 
 def run(args, overrides) -> int:
     if args.name and "=" in args.name:  # `status ledger.url=...`: an override, not a sweep name
-        overrides, args.name = [args.name] + list(overrides), None
+        overrides, args.name = [args.name, *list(overrides)], None
     cfg = compose(overrides).cfg
     with open_ledger(cfg) as ledger:
         if not args.name:
@@ -65,18 +86,24 @@ def run(args, overrides) -> int:
     sim = " (simulated)" if info["simulated"] else ""
     c = info["counts"]
     print(f"sweep {info['sweep']}  stage {info['stage']}  model {info['model']}  status {info['status']}")
-    print(f"  queued {c['queued']}  running {c['running']}  done {c['done']}  failed {c['failed']}  "
-          f"runs {info['runs']}  attempts {info['attempts']}  {info['gpu_hours']:.1f} GPU-hours{sim}")
+    print(
+        f"  queued {c['queued']}  running {c['running']}  done {c['done']}  failed {c['failed']}  "
+        f"runs {info['runs']}  attempts {info['attempts']}  {info['gpu_hours']:.1f} GPU-hours{sim}"
+    )
     if info["last_lease_event"]:
         print(f"  lease: {info['last_lease_event']}")
     for cal in info["calibrations"]:
         b, a = cal.get("step_mape_before"), cal.get("step_mape_after")
-        print(f"  calibration round {cal['round']} ({cal['method']}): step MAPE "
-              f"{'-' if b is None else f'{b:.1%}'} -> {'-' if a is None else f'{a:.1%}'}")
+        print(
+            f"  calibration round {cal['round']} ({cal['method']}): step MAPE "
+            f"{'-' if b is None else f'{b:.1%}'} -> {'-' if a is None else f'{a:.1%}'}"
+        )
     for r in info["candidates"]:
         meas = f"{r['step_p50_s']:.3f}s" if r["step_p50_s"] else "-"
-        print(f"  r{r['round']} {r['status']:9s} job {r['job_id'] or '-':>10} {r['state'] or '-':10s} "
-              f"{r['failure_class'] or '':14s} {meas:>9} {r['layout']}")
+        print(
+            f"  r{r['round']} {r['status']:9s} job {r['job_id'] or '-':>10} {r['state'] or '-':10s} "
+            f"{r['failure_class'] or '':14s} {meas:>9} {r['layout']}"
+        )
     if info["best"]:
         print(f"  best (measured{sim}): {info['best']['layout']}  step p50 {info['best']['step_p50_s']:.3f}s")
     return 0

@@ -3,6 +3,7 @@
 Rounds of plan -> select within budget -> submit -> poll -> ingest -> decide until the budget (runs,
 GPU-hours, rounds) is spent or the policy converges. A sweep with an existing name is continued.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,11 +19,21 @@ HELP = "Run (or continue) a ledger-driven sweep of parallel layouts: +stage=1k c
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--retry", action="append", default=[], metavar="CLASS",
-                        help="also resubmit this deterministic failure class, e.g. --retry oom (repeatable)")
+    parser.add_argument(
+        "--retry",
+        action="append",
+        default=[],
+        metavar="CLASS",
+        help="also resubmit this deterministic failure class, e.g. --retry oom (repeatable)",
+    )
     parser.add_argument("--plain", action="store_true", help="plain lines even on a terminal (no live table)")
-    parser.add_argument("--max-wall", type=float, default=None, metavar="SECONDS",
-                        help="stop driving after SECONDS (jobs keep running; `resume` continues)")
+    parser.add_argument(
+        "--max-wall",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop driving after SECONDS (jobs keep running; `resume` continues)",
+    )
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON at the end")
 
 
@@ -32,14 +43,28 @@ def options(args) -> Options:
 
 def report(outcome, args) -> int:
     if args.json:
-        print(json.dumps({"sweep": outcome.sweep, "reason": outcome.reason, "rounds": outcome.rounds,
-                          "best": outcome.best, "runs": outcome.spent.runs, "attempts": outcome.spent.attempts,
-                          "gpu_hours": outcome.spent.gpu_hours, "simulated": outcome.spent.simulated}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "sweep": outcome.sweep,
+                    "reason": outcome.reason,
+                    "rounds": outcome.rounds,
+                    "best": outcome.best,
+                    "runs": outcome.spent.runs,
+                    "attempts": outcome.spent.attempts,
+                    "gpu_hours": outcome.spent.gpu_hours,
+                    "simulated": outcome.spent.simulated,
+                },
+                indent=2,
+            )
+        )
         return 0
     sim = " (simulated)" if outcome.spent.simulated else ""
     print(f"sweep {outcome.sweep} stopped: {outcome.reason}")
-    print(f"  rounds {outcome.rounds}, runs {outcome.spent.runs}, attempts {outcome.spent.attempts}, "
-          f"{outcome.spent.gpu_hours:.1f} GPU-hours{sim}")
+    print(
+        f"  rounds {outcome.rounds}, runs {outcome.spent.runs}, attempts {outcome.spent.attempts}, "
+        f"{outcome.spent.gpu_hours:.1f} GPU-hours{sim}"
+    )
     if outcome.best:
         b = outcome.best
         print(f"  best (measured{sim}): {b['layout']}  step p50 {b['step_p50_s']:.3f}s  key {b['key']}")

@@ -2,12 +2,13 @@
 
 `make_launcher(cluster)` picks one; every launcher has submit / poll / cancel / result and re-attaches
 to stored job ids after a restart (`attach`)."""
+
 from orchestrator.launch.base import (
     LIVE_STATES,
     TERMINAL_STATES,
     JobState,
-    LaunchError,
     Launcher,
+    LaunchError,
     LaunchTask,
     Submitted,
 )
@@ -16,6 +17,15 @@ from orchestrator.launch.select import make_launcher, slurm_available
 from orchestrator.launch.slurm import SlurmLauncher
 
 __all__ = [
-    "JobState", "LaunchError", "LaunchTask", "Launcher", "LocalLauncher", "SlurmLauncher", "Submitted",
-    "TERMINAL_STATES", "LIVE_STATES", "make_launcher", "slurm_available",
+    "LIVE_STATES",
+    "TERMINAL_STATES",
+    "JobState",
+    "LaunchError",
+    "LaunchTask",
+    "Launcher",
+    "LocalLauncher",
+    "SlurmLauncher",
+    "Submitted",
+    "make_launcher",
+    "slurm_available",
 ]

@@ -4,14 +4,16 @@ Why a thin layer over submitit: the loop must survive a restart (kill -9) with n
 and folders it stored in the ledger, so states come from ids alone (sacct on Slurm) and results from
 files the jobs write into their folder (`result.json`), never from in-memory submitit objects.
 """
+
 from __future__ import annotations
 
 import json
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any
 
 RESULT_FILE = "result.json"
 OnSubmitted = Callable[[int, "Submitted"], None]
@@ -19,12 +21,24 @@ OnSubmitted = Callable[[int, "Submitted"], None]
 # Slurm job states (sacct's first word: "CANCELLED by 0" is CANCELLED). PREEMPTED and REQUEUED are not
 # final: with PreemptMode=REQUEUE the same job id comes back, so the loop keeps polling it.
 TERMINAL_STATES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-     "REVOKED"}
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED"}
 )
 LIVE_STATES = frozenset(
-    {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "PREEMPTED", "RESIZING", "SUSPENDED",
-     "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING", "UNKNOWN"}
+    {
+        "PENDING",
+        "RUNNING",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "PREEMPTED",
+        "RESIZING",
+        "SUSPENDED",
+        "COMPLETING",
+        "CONFIGURING",
+        "STAGE_OUT",
+        "SIGNALING",
+        "UNKNOWN",
+    }
 )
 
 
@@ -37,7 +51,7 @@ class LaunchTask:
     """One candidate attempt: `fn(*args)` runs once per rank (one task per GPU) in `folder`."""
 
     fn: Callable[..., Any]
-    args: Tuple[Any, ...]
+    args: tuple[Any, ...]
     n_gpus: int
     gpus_per_node: int
     name: str
@@ -49,21 +63,21 @@ class LaunchTask:
 @dataclass
 class Submitted:
     job_id: str  # "123" or, inside an array, "123_4"
-    array_index: Optional[int]
+    array_index: int | None
     folder: str
 
 
 @dataclass
 class JobState:
     state: str
-    exit_code: Optional[int] = None
-    node_list: Optional[str] = None
-    start: Optional[datetime] = None  # timezone-aware
-    end: Optional[datetime] = None
-    reason: Optional[str] = None
+    exit_code: int | None = None
+    node_list: str | None = None
+    start: datetime | None = None  # timezone-aware
+    end: datetime | None = None
+    reason: str | None = None
     terminal: bool = False
-    signal: Optional[int] = None  # the signal part of Slurm's "code:signal"
-    previous: Tuple[str, ...] = ()  # states of earlier runs of this job id (Slurm requeued it: NODE_FAIL, ...)
+    signal: int | None = None  # the signal part of Slurm's "code:signal"
+    previous: tuple[str, ...] = ()  # states of earlier runs of this job id (Slurm requeued it: NODE_FAIL, ...)
 
 
 def state_of(state: str, **kw: Any) -> JobState:
@@ -72,7 +86,7 @@ def state_of(state: str, **kw: Any) -> JobState:
     return JobState(state=word, terminal=word in TERMINAL_STATES, **kw)
 
 
-def shape(task: LaunchTask) -> Tuple[int, int, int]:
+def shape(task: LaunchTask) -> tuple[int, int, int]:
     """(nodes, tasks_per_node, gpus_per_node): one task per GPU, whole nodes beyond one node."""
     if task.n_gpus <= 0:
         return 1, 1, 0
@@ -100,7 +114,7 @@ class Launcher(ABC):
     kind: str = ""
 
     def __init__(self) -> None:
-        self._folders: Dict[str, str] = {}
+        self._folders: dict[str, str] = {}
 
     def attach(self, submitted: Iterable[Submitted]) -> None:
         """Re-attach after a restart: remember where stored job ids keep their files."""
@@ -108,15 +122,15 @@ class Launcher(ABC):
             self._folders[str(s.job_id)] = s.folder
 
     @abstractmethod
-    def submit(self, tasks: List[LaunchTask], on_submitted: Optional[OnSubmitted] = None) -> List[Submitted]:
+    def submit(self, tasks: list[LaunchTask], on_submitted: OnSubmitted | None = None) -> list[Submitted]:
         """Submit; `on_submitted(index, submitted)` is called as soon as each job id is known, so the
         caller can store it before the rest of the round goes out."""
 
     @abstractmethod
-    def poll(self, job_ids: List[str]) -> Dict[str, JobState]: ...
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]: ...
 
     @abstractmethod
-    def cancel(self, job_ids: List[str]) -> None: ...
+    def cancel(self, job_ids: list[str]) -> None: ...
 
     @abstractmethod
     def result(self, job_id: str) -> Any: ...

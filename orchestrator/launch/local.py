@@ -3,22 +3,30 @@
 Why a slot limit: the laptop/CI box has few cores, so at most `cluster.local_max_workers` jobs run at
 once; submit() waits for a free slot, so every job id it returns is a real, started process.
 """
+
 from __future__ import annotations
 
 import os
 import time
-from datetime import datetime, timezone
-from typing import Any, Dict, List, Optional, Set
+from datetime import UTC, datetime
+from typing import Any
 
 from orchestrator.launch.base import (
-    JobState, LaunchError, Launcher, LaunchTask, OnSubmitted, Submitted, read_result, state_of,
+    JobState,
+    Launcher,
+    LaunchError,
+    LaunchTask,
+    OnSubmitted,
+    Submitted,
+    read_result,
+    state_of,
 )
 from orchestrator.launch.task import RunInFolder
 from orchestrator.schema import ClusterConfig
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _pid_alive(pid: str) -> bool:
@@ -36,11 +44,11 @@ class LocalLauncher(Launcher):
         super().__init__()
         self.cluster = cluster
         self.slot_poll_s = slot_poll_s
-        self._jobs: Dict[str, Any] = {}  # job id -> submitit LocalJob
-        self._timeout_s: Dict[str, float] = {}
-        self._start: Dict[str, datetime] = {}
-        self._end: Dict[str, datetime] = {}
-        self._cancelled: Set[str] = set()
+        self._jobs: dict[str, Any] = {}  # job id -> submitit LocalJob
+        self._timeout_s: dict[str, float] = {}
+        self._start: dict[str, datetime] = {}
+        self._end: dict[str, datetime] = {}
+        self._cancelled: set[str] = set()
 
     def _running(self) -> int:
         running = 0
@@ -51,7 +59,7 @@ class LocalLauncher(Launcher):
                 running += 1
         return running
 
-    def submit(self, tasks: List[LaunchTask], on_submitted: Optional[OnSubmitted] = None) -> List[Submitted]:
+    def submit(self, tasks: list[LaunchTask], on_submitted: OnSubmitted | None = None) -> list[Submitted]:
         import submitit
 
         out = []
@@ -60,8 +68,13 @@ class LocalLauncher(Launcher):
                 time.sleep(self.slot_poll_s)
             time_min = max(self.cluster.min_time_min, int(t.time_min))
             executor = submitit.LocalExecutor(folder=os.path.join(os.path.abspath(t.folder), ".submitit", "%j"))
-            executor.update_parameters(timeout_min=time_min, nodes=1, tasks_per_node=1, gpus_per_node=0,
-                                       signal_delay_s=self.cluster.signal_delay_s)
+            executor.update_parameters(
+                timeout_min=time_min,
+                nodes=1,
+                tasks_per_node=1,
+                gpus_per_node=0,
+                signal_delay_s=self.cluster.signal_delay_s,
+            )
             # cluster.env is set inside the job, not by shell setup lines: without a shell in between,
             # cancel()'s SIGINT reaches submitit's controller, which stops the tasks.
             job = executor.submit(RunInFolder(t.fn, t.args, t.folder, env=dict(self.cluster.env)))
@@ -103,10 +116,10 @@ class LocalLauncher(Launcher):
             return state_of("TIMEOUT", reason="local time limit", **times)
         return state_of("FAILED", reason=f"no result (exit code {code})", **times)
 
-    def poll(self, job_ids: List[str]) -> Dict[str, JobState]:
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         return {str(j): self._state(str(j)) for j in job_ids}
 
-    def cancel(self, job_ids: List[str]) -> None:
+    def cancel(self, job_ids: list[str]) -> None:
         for jid in map(str, job_ids):
             job = self._jobs.get(jid)
             if job is not None and not job.done():

@@ -7,12 +7,13 @@ Array jobs are queried by their base id: a pending array is a single accounting 
 of a job Slurm requeued itself (a NODE_FAIL is requeued under the same id): the state is the latest
 run's, `previous` lists the earlier ones.
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import replace
-from datetime import datetime, timezone
-from typing import Dict, Iterable, List, Optional
+from datetime import UTC, datetime
 
 from orchestrator.launch.base import JobState, state_of
 
@@ -20,13 +21,22 @@ FIELDS = ("JobID", "State", "ExitCode", "NodeList", "Start", "End", "Reason")
 _ARRAY = re.compile(r"^(?P<base>\d+)_\[(?P<ranges>[0-9,\-]+)(?:%\d+)?\]$")
 
 
-def command(job_ids: Iterable[str], sacct: str = "sacct") -> List[str]:
+def command(job_ids: Iterable[str], sacct: str = "sacct") -> list[str]:
     bases = sorted({str(j).split("_")[0].split(".")[0] for j in job_ids}, key=lambda b: (len(b), b))
-    return [sacct, "--parsable2", "--noheader", "--allocations", "--duplicates", "-j", ",".join(bases),
-            "-o", ",".join(FIELDS)]
+    return [
+        sacct,
+        "--parsable2",
+        "--noheader",
+        "--allocations",
+        "--duplicates",
+        "-j",
+        ",".join(bases),
+        "-o",
+        ",".join(FIELDS),
+    ]
 
 
-def expand_job_id(job_id: str) -> List[str]:
+def expand_job_id(job_id: str) -> list[str]:
     """'123' -> ['123'], '123_4' -> ['123_4'], '123_[1-3,7%2]' -> ['123_1', '123_2', '123_3', '123_7']."""
     m = _ARRAY.match(job_id)
     if not m:
@@ -38,17 +48,17 @@ def expand_job_id(job_id: str) -> List[str]:
     return out
 
 
-def _time(value: str) -> Optional[datetime]:
+def _time(value: str) -> datetime | None:
     """sacct prints the controller's local time without a zone; make it aware (UTC)."""
     if not value or value in ("Unknown", "None", "N/A"):
         return None
     try:
-        return datetime.fromisoformat(value).astimezone().astimezone(timezone.utc)
+        return datetime.fromisoformat(value).astimezone().astimezone(UTC)
     except ValueError:
         return None
 
 
-def _row_state(fields: Dict[str, str]) -> JobState:
+def _row_state(fields: dict[str, str]) -> JobState:
     code, _, sig = fields.get("ExitCode", "").partition(":")
     nodes = fields.get("NodeList") or None
     reason = fields.get("Reason") or None
@@ -63,9 +73,9 @@ def _row_state(fields: Dict[str, str]) -> JobState:
     )
 
 
-def parse(text: str) -> Dict[str, JobState]:
+def parse(text: str) -> dict[str, JobState]:
     """Map every job id (array tasks expanded) to its latest run's state (sacct lists runs in order)."""
-    states: Dict[str, JobState] = {}
+    states: dict[str, JobState] = {}
     for line in text.splitlines():
         parts = line.split("|")
         if len(parts) < len(FIELDS) or not parts[0]:

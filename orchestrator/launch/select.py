@@ -3,11 +3,11 @@
 Why both `sbatch --version` and `sinfo`: the client can be installed with no reachable controller
 (a laptop, a login node during maintenance); only a controller that answers can run jobs.
 """
+
 from __future__ import annotations
 
 import shutil
 import subprocess
-from typing import Tuple
 
 from orchestrator.errors import UserError
 from orchestrator.launch.base import Launcher
@@ -16,7 +16,7 @@ from orchestrator.launch.slurm import SlurmLauncher
 from orchestrator.schema import ClusterConfig
 
 
-def slurm_available(timeout_s: float = 20.0) -> Tuple[bool, str]:
+def slurm_available(timeout_s: float = 20.0) -> tuple[bool, str]:
     """(answers, why) for this machine's Slurm client and controller."""
     if shutil.which("sbatch") is None:
         return False, "no sbatch on PATH"
@@ -34,7 +34,7 @@ def slurm_available(timeout_s: float = 20.0) -> Tuple[bool, str]:
     return True, f"{ver.stdout.strip()} answers, sinfo lists {nodes} node(s)"
 
 
-def make_launcher(cluster: ClusterConfig) -> Tuple[Launcher, str]:
+def make_launcher(cluster: ClusterConfig) -> tuple[Launcher, str]:
     """The launcher for `cluster.kind` (auto | slurm | local) and a one-line reason for the choice."""
     if cluster.kind == "local":
         return LocalLauncher(cluster), "cluster.kind=local"

@@ -4,31 +4,40 @@ Why arrays: one sbatch per chunk of `cluster.max_array_size` tasks (not one per 
 controller load flat; `cluster.array_parallelism` caps how many run at once. Tasks that need a
 different shape (nodes x tasks_per_node x GPUs) cannot share an array, so they are grouped first.
 """
+
 from __future__ import annotations
 
 import os
 import shlex
 import subprocess
 from collections import defaultdict
-from typing import Any, Dict, List, Optional, Tuple
+from os.path import commonpath
+from typing import Any
 
 from orchestrator.launch import sacct
 from orchestrator.launch.base import (
-    JobState, LaunchError, Launcher, LaunchTask, OnSubmitted, Submitted, read_result, shape,
+    JobState,
+    Launcher,
+    LaunchError,
+    LaunchTask,
+    OnSubmitted,
+    Submitted,
+    read_result,
+    shape,
 )
 from orchestrator.launch.task import RunInFolder
 from orchestrator.schema import ClusterConfig
 
 
-def env_setup(cluster: ClusterConfig) -> List[str]:
+def env_setup(cluster: ClusterConfig) -> list[str]:
     """Shell lines run before the tasks start: the cluster's setup, then its environment variables."""
     return list(cluster.setup) + [f"export {k}={shlex.quote(str(v))}" for k, v in cluster.env.items()]
 
 
-def _array_name(tasks: List[LaunchTask]) -> str:
+def _array_name(tasks: list[LaunchTask]) -> str:
     if len(tasks) == 1:
         return tasks[0].name
-    prefix = os.path.commonprefix([t.name for t in tasks]).rstrip(":-_ ")
+    prefix = commonpath([t.name for t in tasks]).rstrip(":-_ ")
     return f"{prefix or 'orch'}[{len(tasks)}]"
 
 
@@ -46,11 +55,11 @@ class SlurmLauncher(Launcher):
         self.scancel_calls = 0
 
     # -- submit ---------------------------------------------------------------------------------------
-    def parameters(self, tasks: List[LaunchTask]) -> Dict[str, Any]:
+    def parameters(self, tasks: list[LaunchTask]) -> dict[str, Any]:
         """submitit SlurmExecutor parameters for one array of same-shape tasks."""
         c = self.cluster
         nodes, per_node, gpus = shape(tasks[0])
-        params: Dict[str, Any] = {
+        params: dict[str, Any] = {
             "job_name": _array_name(tasks),
             # One limit per array: the longest the caller asked for, never under the cluster minimum.
             "time": max(c.min_time_min, *(int(t.time_min) for t in tasks)),
@@ -75,18 +84,18 @@ class SlurmLauncher(Launcher):
             params["srun_args"] = list(c.srun_args)
         return params
 
-    def submit(self, tasks: List[LaunchTask], on_submitted: Optional[OnSubmitted] = None) -> List[Submitted]:
+    def submit(self, tasks: list[LaunchTask], on_submitted: OnSubmitted | None = None) -> list[Submitted]:
         # One array per (shape, excluded nodes): sbatch options hold for a whole array.
-        groups: Dict[Tuple[Tuple[int, int, int], str], List[int]] = defaultdict(list)
+        groups: dict[tuple[tuple[int, int, int], str], list[int]] = defaultdict(list)
         for i, t in enumerate(tasks):
             groups[(shape(t), t.exclude)].append(i)
         size = max(1, int(self.cluster.max_array_size))
-        out: List[Submitted] = [None] * len(tasks)  # type: ignore[list-item]
-        done: List[str] = []
+        out: list[Submitted] = [None] * len(tasks)  # type: ignore[list-item]
+        done: list[str] = []
         try:
             for idxs in groups.values():
                 for k in range(0, len(idxs), size):
-                    chunk = idxs[k:k + size]
+                    chunk = idxs[k : k + size]
                     for i, sub in zip(chunk, self._submit_array([tasks[i] for i in chunk])):
                         out[i] = sub
                         done.append(sub.job_id)
@@ -98,7 +107,7 @@ class SlurmLauncher(Launcher):
             raise
         return out
 
-    def _submit_array(self, tasks: List[LaunchTask]) -> List[Submitted]:
+    def _submit_array(self, tasks: list[LaunchTask]) -> list[Submitted]:
         import submitit
 
         # submitit's own files (sbatch script, pickles, logs) sit next to the job folders.
@@ -115,13 +124,14 @@ class SlurmLauncher(Launcher):
         subs = []
         for t, job in zip(tasks, jobs):
             jid = str(job.job_id)
-            subs.append(Submitted(job_id=jid, array_index=int(jid.split("_")[1]) if "_" in jid else None,
-                                  folder=t.folder))
+            subs.append(
+                Submitted(job_id=jid, array_index=int(jid.split("_")[1]) if "_" in jid else None, folder=t.folder)
+            )
             self._folders[jid] = t.folder
         return subs
 
     # -- poll / cancel / result -------------------------------------------------------------------------
-    def poll(self, job_ids: List[str]) -> Dict[str, JobState]:
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         ids = [str(j) for j in job_ids]
         if not ids:
             return {}
@@ -136,7 +146,7 @@ class SlurmLauncher(Launcher):
         why = f"sacct failed: {error[:200]}" if error else "not in accounting yet"
         return {j: found.get(j) or JobState(state="UNKNOWN", reason=why) for j in ids}
 
-    def cancel(self, job_ids: List[str]) -> None:
+    def cancel(self, job_ids: list[str]) -> None:
         ids = [str(j) for j in job_ids]
         if not ids:
             return

@@ -5,19 +5,22 @@ raising "timed-out and not checkpointable" in rank 0, so a job that runs past it
 FAILED job `signal_delay_s` early. The orchestrator wants Slurm's own verdict (TIMEOUT) and the full
 time, so the warning is only recorded in the job folder and the job runs until Slurm stops it.
 """
+
 from __future__ import annotations
 
 import os
 import signal
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 TIME_LIMIT_MARK = "time-limit-warning"
 
 
 class RunInFolder:
-    def __init__(self, fn: Callable[..., Any], args: Tuple[Any, ...], folder: str,
-                 env: Optional[Dict[str, str]] = None) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], folder: str, env: dict[str, str] | None = None
+    ) -> None:
         self.fn, self.args, self.folder, self.env = fn, tuple(args), folder, dict(env or {})
 
     def _warned(self, signum: int, frame: Any) -> None:

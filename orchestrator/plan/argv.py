@@ -19,19 +19,20 @@ Choices (see megatron-facts.md):
   attention) plus --dsa-kernel-backend cudnn for the sparse CSA/HCA kernels.
 - fp8 stage precision: --fp8-format e4m3 --fp8-recipe blockwise (DeepSeek-style 128x128, Hopper-capable).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import shlex
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from collections.abc import Iterable, Sequence
 
 from orchestrator.plan.layout import Layout
 
 MAIN, DEV = "main", "dev"
 
 # flag -> (branch, value type); bool = store_true, list = one or more values.
-FLAGS: Dict[str, Tuple[str, type]] = {
+FLAGS: dict[str, tuple[str, type]] = {
     # parallel
     "--tensor-model-parallel-size": (MAIN, int),
     "--pipeline-model-parallel-size": (MAIN, int),
@@ -163,7 +164,7 @@ class _Argv:
     """Collects flags; refuses any flag not in FLAGS so every emitted flag has a known branch."""
 
     def __init__(self) -> None:
-        self.items: List[str] = []
+        self.items: list[str] = []
 
     def add(self, flag: str, *values: object) -> None:
         if flag not in FLAGS:
@@ -271,13 +272,28 @@ def _cp(a: _Argv, stage, layout: Layout, mock_data: bool) -> None:
         a.add("--use-varlen-dataset")
         if mock_data:
             s = stage.seq_length
-            cfg = {"mode": "distribution", "type": "lognormal", "format": "thd",
-                   "min_seq_len": s, "max_seq_len": s, "mean_seq_len": s, "lognormal_sigma": 1.1}
+            cfg = {
+                "mode": "distribution",
+                "type": "lognormal",
+                "format": "thd",
+                "min_seq_len": s,
+                "max_seq_len": s,
+                "mean_seq_len": s,
+                "lognormal_sigma": 1.1,
+            }
             a.add("--varlen-mock-dataset-config-json", json.dumps(cfg, separators=(",", ":")))
 
 
-def megatron_argv(model, stage, layout: Layout, *, layer_pattern: str, train_iters: int,
-                  mock_data: bool = True, extra: Iterable[str] = ()) -> List[str]:
+def megatron_argv(
+    model,
+    stage,
+    layout: Layout,
+    *,
+    layer_pattern: str,
+    train_iters: int,
+    mock_data: bool = True,
+    extra: Iterable[str] = (),
+) -> list[str]:
     """Megatron flags for one candidate. model: ModelConfig, stage: StageConfig (orchestrator.schema).
 
     layer_pattern is the hybrid pattern with '|' between PP x VPP segments (orchestrator.plan.pipeline).
@@ -331,7 +347,7 @@ def branch_of(flag: str) -> str:
     return FLAGS[flag][0]
 
 
-def split_dev(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+def split_dev(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """(main argv, dev-only flags) : drop each dev-only flag with its values. For checking an argv
     against a main/PyPI parser."""
     keep, dropped, skipping = [], [], False
@@ -358,7 +374,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_flags(argv: Sequence[str]) -> Dict[str, object]:
+def parse_flags(argv: Sequence[str]) -> dict[str, object]:
     """Flags keyed by argparse dest (tensor_model_parallel_size ...). Those in FLAGS are typed, and
     absent ones are None (False for switches). Others (e.g. extra_args such as
     --moe-router-force-load-balancing) are kept untyped: no value -> True, one -> str, more -> list."""
@@ -380,11 +396,11 @@ def layout_from_argv(argv: Sequence[str]) -> Layout:
     """Read a Layout back from Megatron flags (the inverse of megatron_argv's layout part)."""
     f = parse_flags(argv)
     pp = f["pipeline_model_parallel_size"] or 1
-    pattern: Optional[str] = f["hybrid_layer_pattern"]
+    pattern: str | None = f["hybrid_layer_pattern"]
     vpp = pattern_segments(pattern) // pp if pattern else 1
     tp = f["tensor_model_parallel_size"] or 1
     if f["recompute_granularity"] == "full":
-        recompute: Tuple[str, ...] = ("full",)
+        recompute: tuple[str, ...] = ("full",)
     elif f["recompute_granularity"] == "selective":
         recompute = tuple(f["recompute_modules"] or ("core_attn",))  # Megatron's default module
     else:
@@ -412,7 +428,7 @@ def shell_join(argv: Sequence[str], multiline: bool = False) -> str:
     its values on its own line, joined with backslash-newline."""
     if not multiline:
         return shlex.join(list(argv))
-    lines: List[List[str]] = []
+    lines: list[list[str]] = []
     for tok in argv:
         if tok.startswith("--") or not lines:
             lines.append([])

@@ -15,15 +15,23 @@ Per token, forward (a multiply-add = 2 FLOPs; S = seq_length; n_h heads of width
   MTP depth   one block + eh_proj 2 x 2h x h
 Per step: model FLOPs = 3 x forward (backward = 2 x forward) x B x S tokens, recompute excluded.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Dict, Optional, Sequence, Tuple
 
 from orchestrator.plan.params import (
-    _Frozen, attention_params, block_ratios, effective_layers, is_moe_block, mhc_params, model_key,
-    mtp_ratio, p_expert,
+    _Frozen,
+    attention_params,
+    block_ratios,
+    effective_layers,
+    is_moe_block,
+    mhc_params,
+    model_key,
+    mtp_ratio,
+    p_expert,
 )
 
 # The embedding lookup and its sparse gradient are memory-bound; counted as this fraction of a mean
@@ -56,9 +64,9 @@ class BlockFlops:
 class FlopProfile:
     """Per-token forward FLOPs of every block and of the extras, for one model, S and block count."""
 
-    blocks: Tuple[BlockFlops, ...]
+    blocks: tuple[BlockFlops, ...]
     head: float  # one output-head use (2 h V)
-    mtp_block: Optional[BlockFlops]
+    mtp_block: BlockFlops | None
     mtp_extra: float  # eh_proj of one MTP depth
     mtp_layers: int
 
@@ -115,7 +123,7 @@ def block_flops(model, ratio: int, moe: bool, seq_length: int) -> BlockFlops:
     )
 
 
-def profile(model, seq_length: int, num_blocks: Optional[int] = None) -> FlopProfile:
+def profile(model, seq_length: int, num_blocks: int | None = None) -> FlopProfile:
     """Per-token forward FLOPs of each block (cached per model, S and block count)."""
     n = model.num_layers if num_blocks is None else num_blocks
     return _profile(model_key(model), int(seq_length), int(n))
@@ -161,14 +169,14 @@ def recompute_block(b: BlockFlops, modules: Sequence[str]) -> float:
     return extra
 
 
-def block_costs(model, seq_length: int, num_blocks: Optional[int] = None) -> Tuple[Tuple[float, ...], float, float]:
+def block_costs(model, seq_length: int, num_blocks: int | None = None) -> tuple[tuple[float, ...], float, float]:
     """Per-block forward FLOPs and the first/last segment extras, for pipeline.split_blocks."""
     n = model.num_layers if num_blocks is None else num_blocks
     return _block_costs(model_key(model), int(seq_length), int(n))
 
 
 @lru_cache(maxsize=256)
-def _block_costs(key, seq: int, n: int) -> Tuple[Tuple[float, ...], float, float]:
+def _block_costs(key, seq: int, n: int) -> tuple[tuple[float, ...], float, float]:
     prof = _profile(key, seq, n)
     costs = tuple(b.total for b in prof.blocks)
     first = EMBEDDING_COST_BLOCKS * (sum(costs) / len(costs) if costs else 0.0)
@@ -183,7 +191,7 @@ class StepFlops:
     recompute_flops: float  # extra forwards of recomputed modules (not in model_flops)
     per_token: float  # model FLOPs per token (3 x forward)
     tokens: int  # B x S
-    breakdown: Dict[str, float]  # model FLOPs per step by class: gemm, expert, attn, head, mtp
+    breakdown: dict[str, float]  # model FLOPs per step by class: gemm, expert, attn, head, mtp
 
 
 def step_flops(model, stage, layout) -> StepFlops:
@@ -201,7 +209,7 @@ def step_flops(model, stage, layout) -> StepFlops:
 
 
 @lru_cache(maxsize=1024)
-def _per_token(key, seq: int, n: int, recompute: Tuple[str, ...]):
+def _per_token(key, seq: int, n: int, recompute: tuple[str, ...]):
     """(forward, recompute forward, ((class, forward), ...)) FLOPs per token."""
     prof = _profile(key, seq, n)
     gemm = sum(b.gemm for b in prof.blocks)

@@ -8,12 +8,12 @@ D_a is the attention (dense) data-parallel size, D_e the expert data-parallel si
 multiplied into the GPU count: it is a second way of grouping the same N / PP GPUs of a stage.
 m = B / (b x D_a) microbatches are accumulated per update.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Optional, Tuple
 
 
 @dataclass(frozen=True, order=True)
@@ -27,11 +27,11 @@ class Layout:
     ep: int = 1
     etp: int = 1
     mbs: int = 1  # b
-    recompute: Tuple[str, ...] = ()  # --recompute-modules (selective); ("full",) = full recompute
-    offload: Tuple[str, ...] = ()  # --offload-modules (fine-grained activation offload)
+    recompute: tuple[str, ...] = ()  # --recompute-modules (selective); ("full",) = full recompute
+    offload: tuple[str, ...] = ()  # --offload-modules (fine-grained activation offload)
     dispatcher: str = "alltoall"  # --moe-token-dispatcher-type: alltoall | allgather | flex
-    flex_backend: Optional[str] = None  # --moe-flex-dispatcher-backend when dispatcher == flex
-    capacity_factor: Optional[float] = None  # None = dropless
+    flex_backend: str | None = None  # --moe-flex-dispatcher-backend when dispatcher == flex
+    capacity_factor: float | None = None  # None = dropless
     use_tp_pp_dp_mapping: bool = False
 
     def to_dict(self) -> dict:
@@ -41,7 +41,7 @@ class Layout:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Layout":
+    def from_dict(cls, d: dict) -> Layout:
         d = dict(d)
         d["recompute"] = tuple(d.get("recompute") or ())
         d["offload"] = tuple(d.get("offload") or ())
@@ -67,9 +67,9 @@ class Groups:
 
     n: int
     per_stage: int  # N / PP
-    d_a: Optional[int]  # attention DP; None when N / PP is not divisible by TP x CP
-    d_e: Optional[int]  # expert DP; None when N / PP is not divisible by ETP x EP
-    m: Optional[int]  # microbatches per update; None when B is not divisible by b x D_a
+    d_a: int | None  # attention DP; None when N / PP is not divisible by TP x CP
+    d_e: int | None  # expert DP; None when N / PP is not divisible by ETP x EP
+    m: int | None  # microbatches per update; None when B is not divisible by b x D_a
 
     @property
     def legal(self) -> bool:
@@ -114,7 +114,7 @@ class Prediction:
     routed_weight_gb: float  # routed expert weights on the heaviest stage
     heaviest_stage: int
     memory_gb: float  # heaviest rank's predicted peak
-    memory_by_stage: Tuple[float, ...]
+    memory_by_stage: tuple[float, ...]
     feasible: bool  # memory_gb + margin <= HBM
     step_time_s: float
     step_components: dict = field(default_factory=dict)  # compute, a2a, cp, bubble, grad_sync ... seconds

@@ -27,15 +27,16 @@ Per GPU of PP rank r (blocks from its segments r, r+PP, ...):
               flex dispatchers add registered (NVSHMEM/RDMA) buffers.
   workspace, runtime  from HardwareConfig.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import List, Sequence, Tuple
 
 from orchestrator.plan import moe as moe_model
-from orchestrator.plan.pipeline import checked_split
 from orchestrator.plan.params import _Frozen, block_ratios, is_moe_block, model_key, param_counts
+from orchestrator.plan.pipeline import checked_split
 
 GB = 1e9
 WEIGHT_BYTES = 2
@@ -96,15 +97,29 @@ class StageMemory:
 
     @property
     def total(self) -> float:
-        return (self.weights + self.grads + self.optimizer + self.activations + self.dispatch_buffers
-                + self.workspace + self.runtime)
+        return (
+            self.weights
+            + self.grads
+            + self.optimizer
+            + self.activations
+            + self.dispatch_buffers
+            + self.workspace
+            + self.runtime
+        )
 
     def breakdown(self) -> dict:
         return {
-            "routed_weights": self.routed_weights, "dense_weights": self.dense_weights,
-            "embedding": self.embedding, "head": self.head, "mtp": self.mtp, "grads": self.grads,
-            "optimizer": self.optimizer, "activations": self.activations,
-            "dispatch_buffers": self.dispatch_buffers, "workspace": self.workspace, "runtime": self.runtime,
+            "routed_weights": self.routed_weights,
+            "dense_weights": self.dense_weights,
+            "embedding": self.embedding,
+            "head": self.head,
+            "mtp": self.mtp,
+            "grads": self.grads,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "dispatch_buffers": self.dispatch_buffers,
+            "workspace": self.workspace,
+            "runtime": self.runtime,
         }
 
 
@@ -122,21 +137,28 @@ def block_activation_elems(model, ratio: int, moe: bool) -> dict:
         "q_up": nh * d,
         "kv": 2 * rkv + comp,
         "indexer": (model.dsa_indexer_heads * (model.dsa_indexer_head_dim + 1) + 4 * model.dsa_indexer_head_dim)
-        if ratio == 4 else 0,
+        if ratio == 4
+        else 0,
         "core_attn": nh * d + 2 * nh,  # output + fp32 log-sum-exp
         "attn_proj": model.o_groups * model.o_lora_rank,
         "mlp_norm": h,
     }
     if moe:
         k, f, fs = model.moe_router_topk, model.moe_ffn_hidden_size, model.moe_shared_expert_intermediate_size
-        t.update(router=2 * model.num_experts, moe_input=k * h, expert_fc1=2 * k * f, moe_act=k * f,
-                 expert_fc2=k * h, shared=3 * fs)
+        t.update(
+            router=2 * model.num_experts,
+            moe_input=k * h,
+            expert_fc1=2 * k * f,
+            moe_act=k * f,
+            expert_fc2=k * h,
+            shared=3 * fs,
+        )
     else:
         t["mlp"] = 3 * model.ffn_hidden_size
     return t
 
 
-def _kept(tensors: dict, recompute: Tuple[str, ...], offload: Tuple[str, ...]) -> Tuple[float, float, float]:
+def _kept(tensors: dict, recompute: tuple[str, ...], offload: tuple[str, ...]) -> tuple[float, float, float]:
     """(dense elems, expert elems, full working elems) per token after recompute and offload."""
     full = float(sum(tensors.values()))
     if "full" in recompute:
@@ -155,13 +177,13 @@ def _kept(tensors: dict, recompute: Tuple[str, ...], offload: Tuple[str, ...]) -
 class _Prefix:
     """Prefix sums over decoder blocks, so per-rank sums cost O(segments) per candidate."""
 
-    dense_params: Tuple[float, ...]
-    routed_params: Tuple[float, ...]
-    moe: Tuple[int, ...]
-    act_dense: Tuple[float, ...]
-    act_expert: Tuple[float, ...]
+    dense_params: tuple[float, ...]
+    routed_params: tuple[float, ...]
+    moe: tuple[int, ...]
+    act_dense: tuple[float, ...]
+    act_expert: tuple[float, ...]
     working: float  # largest block's full activation elements per token (full recompute)
-    mtp_act: Tuple[float, float]  # (dense, expert) of one MTP depth
+    mtp_act: tuple[float, float]  # (dense, expert) of one MTP depth
 
 
 def _cum(xs) -> tuple:
@@ -173,7 +195,7 @@ def _cum(xs) -> tuple:
 
 
 @lru_cache(maxsize=512)
-def _prefix(key, n: int, recompute: Tuple[str, ...], offload: Tuple[str, ...]) -> _Prefix:
+def _prefix(key, n: int, recompute: tuple[str, ...], offload: tuple[str, ...]) -> _Prefix:
     m = _Frozen(key)
     pc = param_counts(m, n)
     kept, working = [], 0.0
@@ -197,7 +219,7 @@ def _prefix(key, n: int, recompute: Tuple[str, ...], offload: Tuple[str, ...]) -
 
 
 @lru_cache(maxsize=4096)
-def _rank_sums(px: _Prefix, bps: Tuple[int, ...], pp: int, vpp: int) -> Tuple[tuple, ...]:
+def _rank_sums(px: _Prefix, bps: tuple[int, ...], pp: int, vpp: int) -> tuple[tuple, ...]:
     """Per PP rank: (dense params, routed params, dense act elems, expert act elems, blocks, MoE blocks)
     over its segments. Cached: a planner sees few distinct splits."""
     starts = _cum(bps)
@@ -228,8 +250,9 @@ def _opt_bytes(model) -> int:
     return MUON_BYTES if str(model.optimizer).lower().endswith("muon") else ADAM_BYTES
 
 
-def stage_memory(model, hw, stage, layout, groups, blocks_per_segment: Sequence[int],
-                 routing_sigma: float = DEFAULT_ROUTING_SIGMA) -> List[StageMemory]:
+def stage_memory(
+    model, hw, stage, layout, groups, blocks_per_segment: Sequence[int], routing_sigma: float = DEFAULT_ROUTING_SIGMA
+) -> list[StageMemory]:
     """Peak memory of one GPU on each PP rank (summing its virtual segments), decimal GB."""
     pp, vpp, tp, cp, ep, etp = layout.pp, layout.vpp, layout.tp, layout.cp, layout.ep, layout.etp
     bps, n = checked_split(model, stage, layout, blocks_per_segment)
@@ -256,7 +279,7 @@ def stage_memory(model, hw, stage, layout, groups, blocks_per_segment: Sequence[
         comm = moe_model.dispatch_buffer_gb(tg, model.moe_router_topk, ep, h, skew, ACT_BYTES, layout.capacity_factor)
         if layout.dispatcher == "flex":
             comm += FLEX_BUFFER_GB
-    out: List[StageMemory] = []
+    out: list[StageMemory] = []
     for r, (dense_p, routed_p, act_d, act_e, blocks, moe_blocks) in enumerate(_rank_sums(px, bps, pp, vpp)):
         first, last = r == 0, r == pp - 1
         emb_p = pc.embedding if (first or (last and mtp_depth)) else 0
@@ -277,23 +300,25 @@ def stage_memory(model, hw, stage, layout, groups, blocks_per_segment: Sequence[
         act += tokens * px.working * ACT_BYTES  # full recompute: one block rebuilt at a time
         if last:
             act += tokens * v * LOGIT_BYTES * (1 + mtp_depth)  # b S/CP x V/TP
-        out.append(StageMemory(
-            stage=r,
-            blocks=blocks,
-            moe_blocks=moe_blocks,
-            routed_weights=routed_p / (ep * etp) * weights_gb,
-            dense_weights=dense_p / tp * weights_gb,
-            embedding=emb_p / tp * weights_gb,
-            head=head_p / tp * weights_gb,
-            mtp=((mtp_routed / (ep * etp)) + mtp_dense / tp) * weights_gb,
-            grads=(routed_g + dense_g + extra_g) * GRAD_BYTES / GB,
-            optimizer=(routed_g * ob / expert_shard + dense_g * ob / dense_shard
-                       + extra_g * adam / dense_shard) / GB,
-            activations=act / GB,
-            dispatch_buffers=comm if (moe_blocks or (last and mtp_depth)) else 0.0,
-            workspace=hw.workspace_gb,
-            runtime=hw.runtime_overhead_gb,
-        ))
+        out.append(
+            StageMemory(
+                stage=r,
+                blocks=blocks,
+                moe_blocks=moe_blocks,
+                routed_weights=routed_p / (ep * etp) * weights_gb,
+                dense_weights=dense_p / tp * weights_gb,
+                embedding=emb_p / tp * weights_gb,
+                head=head_p / tp * weights_gb,
+                mtp=((mtp_routed / (ep * etp)) + mtp_dense / tp) * weights_gb,
+                grads=(routed_g + dense_g + extra_g) * GRAD_BYTES / GB,
+                optimizer=(routed_g * ob / expert_shard + dense_g * ob / dense_shard + extra_g * adam / dense_shard)
+                / GB,
+                activations=act / GB,
+                dispatch_buffers=comm if (moe_blocks or (last and mtp_depth)) else 0.0,
+                workspace=hw.workspace_gb,
+                runtime=hw.runtime_overhead_gb,
+            )
+        )
     return out
 
 

@@ -3,6 +3,7 @@
 Why separate: these are the guide's own formulas (T_group, E[T_expert], the routed-weight table), which
 tests assert to the digit, and memory/steptime build on them.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,9 @@ def experts_per_rank(num_experts: int, ep: int) -> int:
     return num_experts // ep
 
 
-def routed_weight_gb(num_moe_layers: int, num_experts: int, ep: int, etp: int, p_expert: int,
-                     bytes_per_param: int = 2) -> float:
+def routed_weight_gb(
+    num_moe_layers: int, num_experts: int, ep: int, etp: int, p_expert: int, bytes_per_param: int = 2
+) -> float:
     """Resident routed-expert weights on one GPU, decimal GB: L x (E / EP) x P_expert / ETP x bytes.
 
     The guide's lower bound (8 layers, BF16, ETP1): EP32/64/128 -> 12.68 / 6.34 / 3.17 GB.
@@ -53,8 +55,9 @@ def dispatch_receive_tokens(t_group: int, k: int, ep: int, skew: float = 1.0) ->
     return k * t_group / ep * skew
 
 
-def dispatch_buffer_gb(t_group: int, k: int, ep: int, hidden: int, skew: float = 1.0,
-                       bytes_per_elem: int = 2, capacity_factor=None) -> float:
+def dispatch_buffer_gb(
+    t_group: int, k: int, ep: int, hidden: int, skew: float = 1.0, bytes_per_elem: int = 2, capacity_factor=None
+) -> float:
     """Dispatch + combine receive buffers of one MoE layer on the hottest rank, decimal GB.
 
     2 buffers x received assignments x h x bytes. A capacity factor caps what a rank receives at

@@ -19,11 +19,11 @@ d = v_head_dim = full q/k head dim incl. the rope part, r_q = q_lora_rank, r_kv 
               + eh_proj 2h*h + 3 norms (it shares the embedding and the head with the main model).
 Hash-routed layers (moe_n_hash_layers) keep the same parameter shapes; only routing differs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional, Tuple
 
 # Attention symbols of Megatron dev's hybrid pattern, keyed by CSA compress ratio.
 RATIO_SYMBOL = {4: "C", 128: "H", 0: "W"}
@@ -40,7 +40,7 @@ def effective_layers(model, stage=None) -> int:
     return int(override) if override else int(model.num_layers)
 
 
-def block_ratios(model, num_blocks: Optional[int] = None) -> Tuple[int, ...]:
+def block_ratios(model, num_blocks: int | None = None) -> tuple[int, ...]:
     """CSA compress ratio of each decoder block (entry i of csa_compress_ratios; the last entry repeats)."""
     n = model.num_layers if num_blocks is None else num_blocks
     r = list(model.csa_compress_ratios) or [0]
@@ -92,8 +92,8 @@ class ParamCounts:
     """Whole-model parameter counts. `blocks` are the decoder blocks, `mtp_block` one MTP depth's block."""
 
     p_expert: int
-    blocks: Tuple[BlockCounts, ...]
-    mtp_block: Optional[BlockCounts]
+    blocks: tuple[BlockCounts, ...]
+    mtp_block: BlockCounts | None
     embedding: int
     output_head: int  # untied head + final norm
     mtp: int  # per MTP depth: its block + eh_proj + norms (embedding/head shared)
@@ -171,7 +171,7 @@ def block_counts(model, ratio: int, moe: bool) -> BlockCounts:
     )
 
 
-def param_counts(model, num_blocks: Optional[int] = None) -> ParamCounts:
+def param_counts(model, num_blocks: int | None = None) -> ParamCounts:
     """Count every parameter of the model (num_blocks: a slice's decoder block count)."""
     return _param_counts(model_key(model), model.num_layers if num_blocks is None else num_blocks)
 
@@ -192,8 +192,15 @@ def _param_counts(key: ModelKey, num_blocks: int) -> ParamCounts:
     # Like the model cards (V3's 37B adds up only with them), count embedding and head as activated.
     active = embedding + head + sum(b.active for b in blocks) + n_mtp * mtp_active
     return ParamCounts(
-        p_expert=p_expert(model), blocks=blocks, mtp_block=mtp_block, embedding=embedding,
-        output_head=head, mtp=mtp, mtp_layers=n_mtp, total=total, active=active,
+        p_expert=p_expert(model),
+        blocks=blocks,
+        mtp_block=mtp_block,
+        embedding=embedding,
+        output_head=head,
+        mtp=mtp,
+        mtp_layers=n_mtp,
+        total=total,
+        active=active,
     )
 
 

@@ -6,10 +6,11 @@ so the split is balanced on estimated time, then written as Megatron dev's hybri
 '|' between pipeline segments (segment i runs on PP rank i % PP, virtual chunk i // PP) and '/' before
 each MTP depth. That path forbids --pipeline-model-parallel-layout and the old VPP flags.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import List, Optional, Sequence, Tuple
 
 from orchestrator.plan.params import RATIO_SYMBOL, _Frozen, block_ratios, effective_layers, model_key, mtp_ratio
 
@@ -32,13 +33,19 @@ def bubble(pp: int, m: int, vpp: int = 1) -> float:
     return (pp - 1) / (vpp * m + pp - 1)
 
 
-def segments_of_rank(rank: int, pp: int, vpp: int) -> Tuple[int, ...]:
+def segments_of_rank(rank: int, pp: int, vpp: int) -> tuple[int, ...]:
     """Pattern segments that PP rank `rank` runs: rank, rank + PP, ... (one per virtual chunk)."""
     return tuple(rank + v * pp for v in range(vpp))
 
 
-def split_blocks(num_blocks: int, segments: int, costs: Optional[Sequence[float]] = None,
-                 first_extra: float = 0.0, last_extra: float = 0.0, min_first: int = 1) -> List[int]:
+def split_blocks(
+    num_blocks: int,
+    segments: int,
+    costs: Sequence[float] | None = None,
+    first_extra: float = 0.0,
+    last_extra: float = 0.0,
+    min_first: int = 1,
+) -> list[int]:
     """Split num_blocks contiguous blocks into `segments` pieces minimizing the slowest piece.
 
     costs: per-block estimated time (default 1 each); first_extra: embedding work on segment 0;
@@ -54,23 +61,23 @@ def split_blocks(num_blocks: int, segments: int, costs: Optional[Sequence[float]
 
 
 @lru_cache(maxsize=1024)
-def _split(costs: Tuple[float, ...], k: int, first: float, last: float, min_first: int) -> Tuple[int, ...]:
+def _split(costs: tuple[float, ...], k: int, first: float, last: float, min_first: int) -> tuple[int, ...]:
     n = len(costs)
     if k < 1 or n < k or n - min_first < k - 1:
         raise ValueError(f"cannot split {n} blocks into {k} segments of >= 1 block (first >= {min_first})")
     if k == 1:
         return (n,)
 
-    def pack(cap: float) -> Optional[Tuple[int, ...]]:
+    def pack(cap: float) -> tuple[int, ...] | None:
         """Greedy left-to-right packing under cap into exactly k segments, or None if it cannot."""
-        out: List[int] = []
+        out: list[int] = []
         cur, cnt = first, 0
         for i, x in enumerate(costs):
             later = k - len(out) - 1  # segments still to open after the current one
-            if cnt and later and cnt >= (1 if out else min_first):
-                if cur + x > cap or n - i == later:  # full, or the rest must be one block each
-                    out.append(cnt)
-                    cur, cnt = 0.0, 0
+            # full, or the rest must be one block each
+            if cnt and later and cnt >= (1 if out else min_first) and (cur + x > cap or n - i == later):
+                out.append(cnt)
+                cur, cnt = 0.0, 0
             cur += x
             cnt += 1
             if cur > cap:
@@ -105,29 +112,29 @@ def _split(costs: Tuple[float, ...], k: int, first: float, last: float, min_firs
         head = _equal_shares(costs[: n - n_last], k - 1, first, min_first)
         if head is None:
             continue
-        cand = head + (n_last,)
+        cand = (*head, n_last)
         sc = _score(costs, cand, first, last)
         if sc[0] <= cap and sc < best_score:
             best, best_score = cand, sc
     return best
 
 
-def _loads(costs: Sequence[float], counts: Sequence[int], first: float, last: float) -> List[float]:
+def _loads(costs: Sequence[float], counts: Sequence[int], first: float, last: float) -> list[float]:
     out, i = [], 0
     for c in counts:
-        out.append(sum(costs[i:i + c]))
+        out.append(sum(costs[i : i + c]))
         i += c
     out[0] += first
     out[-1] += last
     return out
 
 
-def _score(costs, counts, first, last) -> Tuple[float, float]:
+def _score(costs, counts, first, last) -> tuple[float, float]:
     loads = _loads(costs, counts, first, last)
     return (max(loads), sum(x * x for x in loads))
 
 
-def _equal_shares(costs: Sequence[float], k: int, first: float, min_first: int) -> Optional[Tuple[int, ...]]:
+def _equal_shares(costs: Sequence[float], k: int, first: float, min_first: int) -> tuple[int, ...] | None:
     """Cut `costs` into k segments at the block boundaries nearest to equal shares of the cumulative cost."""
     n = len(costs)
     if n < k or n - min_first < k - 1:
@@ -145,7 +152,7 @@ def _equal_shares(costs: Sequence[float], k: int, first: float, min_first: int) 
         b = min(range(lo_i, hi_i + 1), key=lambda i: (abs(cum[i] - target), i))
         cuts.append(b)
         prev = b
-    bounds = [0] + cuts + [n]
+    bounds = [0, *cuts, n]
     return tuple(bounds[i + 1] - bounds[i] for i in range(k))
 
 
@@ -157,17 +164,19 @@ def layer_pattern(model, blocks_per_segment: Sequence[int]) -> str:
 
 
 @lru_cache(maxsize=4096)
-def _pattern(key, bps: Tuple[int, ...]) -> str:
+def _pattern(key, bps: tuple[int, ...]) -> str:
     d = dict(key)
     n = sum(bps)
     model = _Frozen(key)
-    syms = [RATIO_SYMBOL[r] + (MOE_SYMBOL if i >= d["num_dense_layers"] else MLP_SYMBOL)
-            for i, r in enumerate(block_ratios(model, n))]
+    syms = [
+        RATIO_SYMBOL[r] + (MOE_SYMBOL if i >= d["num_dense_layers"] else MLP_SYMBOL)
+        for i, r in enumerate(block_ratios(model, n))
+    ]
     segs, i = [], 0
     for b in bps:
         if b < 1:
             raise ValueError("every segment needs >= 1 block")
-        segs.append("".join(syms[i:i + b]))
+        segs.append("".join(syms[i : i + b]))
         i += b
     out = PIPE.join(segs)
     depths = int(d.get("mtp_num_layers") or 0)
@@ -176,7 +185,7 @@ def _pattern(key, bps: Tuple[int, ...]) -> str:
     return out
 
 
-def count_blocks(pattern: str) -> List[int]:
+def count_blocks(pattern: str) -> list[int]:
     """Blocks per pipeline segment of a hybrid pattern (attention symbols between '|'; MTP excluded)."""
     main = pattern.split(MTP_SEPARATOR)[0]
     return [sum(ch in ATTENTION_SYMBOLS for ch in seg) for seg in main.split(PIPE)]
@@ -187,7 +196,7 @@ def mtp_depths(pattern: str) -> int:
     return pattern.count(MTP_SEPARATOR)
 
 
-def checked_split(model, stage, layout, blocks_per_segment: Sequence[int]) -> Tuple[Tuple[int, ...], int]:
+def checked_split(model, stage, layout, blocks_per_segment: Sequence[int]) -> tuple[tuple[int, ...], int]:
     """(blocks per segment, total blocks) after checking the split fits the layout (PP x VPP segments)
     and the model (every block placed once); the memory and step-time models both start from it."""
     bps = tuple(blocks_per_segment)

@@ -10,18 +10,19 @@ are memoised on the knobs they read.
 Rejected subtrees are expanded lazily, when someone asks for `PlanResult.rejected`, so every
 rejection still lists all the rules it violates.
 """
+
 from __future__ import annotations
 
 import itertools
 import operator
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from functools import cache
+from typing import Any
 
-from orchestrator.plan import flops, memory, moe, params, pipeline, ranks
+from orchestrator.plan import flops, memory, moe, params, pipeline, ranks, space, steptime
 from orchestrator.plan import rules as R
-from orchestrator.plan import space, steptime
 from orchestrator.plan.layout import Layout, Prediction, canonical_key
 from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
 
@@ -37,8 +38,8 @@ MEMORY_IGNORES = ("flex_backend", "use_tp_pp_dp_mapping")
 MEMORY_READS = tuple(f for f in Layout.__dataclass_fields__ if f not in MEMORY_IGNORES)
 
 
-@lru_cache(maxsize=None)
-def _getter(fields: Tuple[str, ...]) -> Callable[[Layout], tuple]:
+@cache
+def _getter(fields: tuple[str, ...]) -> Callable[[Layout], tuple]:
     """A fast projection of a Layout onto `fields` (a tuple, also for one or no field)."""
     if not fields:
         return lambda _lay: ()
@@ -58,8 +59,14 @@ class Planned:
     layout: Layout
     prediction: Prediction
 
-    def __init__(self, layout: Layout, prediction: Prediction, key: Optional[str] = None, *,
-                 ident: Tuple[str, str, str, str] = ("", "", "", "")):
+    def __init__(
+        self,
+        layout: Layout,
+        prediction: Prediction,
+        key: str | None = None,
+        *,
+        ident: tuple[str, str, str, str] = ("", "", "", ""),
+    ):
         self.layout, self.prediction = layout, prediction
         self._key, self._ident = key, ident  # ident: model, stage, hardware, workload names
 
@@ -74,25 +81,25 @@ class Planned:
 @dataclass
 class Rejected:
     layout: Layout
-    rules: List[R.Rule]
-    memory_gb: Optional[float] = None  # set when the memory model ran (mem.exceeds_hbm)
+    rules: list[R.Rule]
+    memory_gb: float | None = None  # set when the memory model ran (mem.exceeds_hbm)
 
     @property
-    def rule_ids(self) -> List[str]:
+    def rule_ids(self) -> list[str]:
         return [r.id for r in self.rules]
 
 
 @dataclass
 class PlanResult:
-    candidates: List[Planned]  # feasible, by predicted step_time_s then memory_gb
+    candidates: list[Planned]  # feasible, by predicted step_time_s then memory_gb
     raw_count: int
     elapsed_s: float
-    _late: List[Rejected] = field(default_factory=list, repr=False)  # argv/memory rejections
-    _expand: Optional[Callable[[], List[Rejected]]] = field(default=None, repr=False)
-    _rejected: Optional[List[Rejected]] = field(default=None, repr=False)
+    _late: list[Rejected] = field(default_factory=list, repr=False)  # argv/memory rejections
+    _expand: Callable[[], list[Rejected]] | None = field(default=None, repr=False)
+    _rejected: list[Rejected] | None = field(default=None, repr=False)
 
     @property
-    def rejected(self) -> List[Rejected]:
+    def rejected(self) -> list[Rejected]:
         """Every rejected layout with all the rules it violates (expanded on first access)."""
         if self._rejected is None:
             early = self._expand() if self._expand else []
@@ -101,38 +108,42 @@ class PlanResult:
 
     def why_empty(self, stage: StageConfig, top: int = 3) -> str:
         """For a stage with no legal, feasible layout: one line naming the rules that rejected most layouts."""
-        counts: Dict[str, int] = {}
-        reasons: Dict[str, str] = {}
+        counts: dict[str, int] = {}
+        reasons: dict[str, str] = {}
         for r in self.rejected:
             for rule in r.rules:
                 counts[rule.id] = counts.get(rule.id, 0) + 1
                 reasons[rule.id] = rule.reason
-        worst = "; ".join(f"{k} rejects {counts[k]:,} ({reasons[k]})"
-                          for k in sorted(counts, key=lambda k: (-counts[k], k))[:top])
-        return (f"stage {stage.name} has no legal layout that fits: all {self.raw_count:,} layouts of N={stage.gpus} "
-                f"B={stage.global_batch} S={stage.seq_length} are rejected. Most often: {worst}. Fix the stage "
-                f"(gpus, global_batch, search ranges) or the hardware; `plan --show-rejected` lists every rejection.")
+        worst = "; ".join(
+            f"{k} rejects {counts[k]:,} ({reasons[k]})" for k in sorted(counts, key=lambda k: (-counts[k], k))[:top]
+        )
+        return (
+            f"stage {stage.name} has no legal layout that fits: all {self.raw_count:,} layouts of N={stage.gpus} "
+            f"B={stage.global_batch} S={stage.seq_length} are rejected. Most often: {worst}. Fix the stage "
+            f"(gpus, global_batch, search ranges) or the hardware; `plan --show-rejected` lists every rejection."
+        )
 
 
 class _Env:
     """One planning problem plus memo tables for the models' inputs that repeat across layouts."""
 
-    def __init__(self, model: ModelConfig, hw: HardwareConfig, stage: StageConfig, factors, memory_factor: float,
-                 workload: str):
+    def __init__(
+        self, model: ModelConfig, hw: HardwareConfig, stage: StageConfig, factors, memory_factor: float, workload: str
+    ):
         self.model, self.hw, self.stage = model, hw, stage
         self.factors, self.memory_factor, self.workload = factors, memory_factor, workload
         self.blocks = params.effective_layers(model, stage)
-        self._split: Dict[Tuple[int, int], Optional[Tuple[Tuple[int, ...], str]]] = {}
-        self._spans: Dict[tuple, Tuple[int, int]] = {}
-        self._moe: Dict[Tuple[int, int, int], Tuple[int, float, int]] = {}
-        self._argv_memo: Dict[tuple, bool] = {}
-        self._flops: Dict[Tuple[str, ...], Any] = {}
-        self._mem: Dict[tuple, Any] = {}
-        self._groups: Dict[tuple, Any] = {}
+        self._split: dict[tuple[int, int], tuple[tuple[int, ...], str] | None] = {}
+        self._spans: dict[tuple, tuple[int, int]] = {}
+        self._moe: dict[tuple[int, int, int], tuple[int, float, int]] = {}
+        self._argv_memo: dict[tuple, bool] = {}
+        self._flops: dict[tuple[str, ...], Any] = {}
+        self._mem: dict[tuple, Any] = {}
+        self._groups: dict[tuple, Any] = {}
         self.tokens = stage.global_batch * stage.seq_length
         self.ident = (model.name, stage.name, hw.name, workload)
 
-    def split(self, pp: int, vpp: int) -> Optional[Tuple[Tuple[int, ...], str]]:
+    def split(self, pp: int, vpp: int) -> tuple[tuple[int, ...], str] | None:
         """(blocks per segment, layer pattern) for PP x VPP segments; None if a segment would be empty."""
         key = (pp, vpp)
         if key not in self._split:
@@ -144,7 +155,7 @@ class _Env:
                 self._split[key] = (split, pipeline.layer_pattern(self.model, list(split)))
         return self._split[key]
 
-    def _balanced_split(self, pp: int, segs: int) -> Tuple[int, ...]:
+    def _balanced_split(self, pp: int, segs: int) -> tuple[int, ...]:
         """Blocks per segment, balanced on per-block FLOPs (embedding on the first, head/loss/MTP on the
         last). With PP>1 the hash-routed layers stay in the first segment when possible (else
         mcore.hash_layers_first_segment reports the split that could not)."""
@@ -157,8 +168,15 @@ class _Env:
 
     def ctx(self, layout: Layout) -> R.Ctx:
         sp = self.split(layout.pp, layout.vpp)
-        ctx = R.Ctx(self.model, self.stage, self.hw, layout, self.blocks,
-                    split=sp[0] if sp else None, pattern=sp[1] if sp else None)
+        ctx = R.Ctx(
+            self.model,
+            self.stage,
+            self.hw,
+            layout,
+            self.blocks,
+            split=sp[0] if sp else None,
+            pattern=sp[1] if sp else None,
+        )
         gkey = (layout.tp, layout.pp, layout.cp, layout.ep, layout.etp, layout.mbs)
         g = self._groups.get(gkey)
         if g is None:
@@ -167,13 +185,13 @@ class _Env:
             ctx.__dict__["groups"] = g  # fills the cached_property: groups read only these six knobs
         return ctx
 
-    def spans(self, lay: Layout) -> Tuple[int, int]:
+    def spans(self, lay: Layout) -> tuple[int, int]:
         key = (lay.tp, lay.cp, lay.ep, lay.etp, lay.pp, lay.use_tp_pp_dp_mapping)
         if key not in self._spans:
             self._spans[key] = tuple(ranks.node_spans(lay, self.stage.gpus, self.stage.gpus_per_node))
         return self._spans[key]
 
-    def moe_shape(self, lay: Layout) -> Tuple[int, float, int]:
+    def moe_shape(self, lay: Layout) -> tuple[int, float, int]:
         """(T_group, T_expert, experts per rank) for this EP, b, CP."""
         key = (lay.ep, lay.mbs, lay.cp)
         if key not in self._moe:
@@ -182,14 +200,21 @@ class _Env:
             self._moe[key] = (tg, te, moe.experts_per_rank(self.model.num_experts, lay.ep))
         return self._moe[key]
 
-    def argv(self, lay: Layout) -> Optional[Tuple[str, ...]]:
+    def argv(self, lay: Layout) -> tuple[str, ...] | None:
         sp = self.split(lay.pp, lay.vpp)
         if argv_mod is None or sp is None:
             return None
-        return tuple(argv_mod.megatron_argv(self.model, self.stage, lay, layer_pattern=sp[1],
-                                            train_iters=self.stage.warmup_iters + self.stage.measure_iters))
+        return tuple(
+            argv_mod.megatron_argv(
+                self.model,
+                self.stage,
+                lay,
+                layer_pattern=sp[1],
+                train_iters=self.stage.warmup_iters + self.stage.measure_iters,
+            )
+        )
 
-    def argv_violations(self, ctx: R.Ctx, rules: Sequence[R.Rule]) -> List[R.Rule]:
+    def argv_violations(self, ctx: R.Ctx, rules: Sequence[R.Rule]) -> list[R.Rule]:
         """Argv rules, each checked once per combination of the knobs it declares (memoised): the
         flags argv.py emits for those knobs do not depend on the others (tests/test_rules.py)."""
         bad = []
@@ -205,7 +230,7 @@ class _Env:
                 bad.append(rule)
         return bad
 
-    def memory(self, lay: Layout, g, split: Tuple[int, ...]):
+    def memory(self, lay: Layout, g, split: tuple[int, ...]):
         """(per-rank StageMemory list, heaviest), memoised on every knob but MEMORY_IGNORES."""
         key = _getter(MEMORY_READS)(lay)
         hit = self._mem.get(key)
@@ -221,8 +246,9 @@ class _Env:
             hit = self._flops[lay.recompute] = flops.step_flops(self.model, self.stage, lay)
         return hit
 
-    def finish(self, ctx: R.Ctx, late_rules: Sequence[R.Rule], mem_rules: Sequence[R.Rule], *,
-               memo_argv: bool = True) -> Union[Planned, Rejected]:
+    def finish(
+        self, ctx: R.Ctx, late_rules: Sequence[R.Rule], mem_rules: Sequence[R.Rule], *, memo_argv: bool = True
+    ) -> Planned | Rejected:
         """Argv and memory phases, then every prediction, for a layout that passed the cheap rules."""
         lay, g = ctx.layout, ctx.groups
         if late_rules:
@@ -240,21 +266,30 @@ class _Env:
         if bad:
             return Rejected(lay, bad, memory_gb=ctx.memory_gb)
         ep_nodes, cp_nodes = self.spans(lay)
-        st = steptime.step_time(self.model, self.hw, self.stage, lay, g, list(split), ep_nodes, cp_nodes,
-                                factors=self.factors)
+        st = steptime.step_time(
+            self.model, self.hw, self.stage, lay, g, list(split), ep_nodes, cp_nodes, factors=self.factors
+        )
         fl = self.step_flops(lay)
         t_group, t_expert, per_rank = self.moe_shape(lay)
         pred = Prediction(
-            d_a=g.d_a, d_e=g.d_e, m=g.m,
+            d_a=g.d_a,
+            d_e=g.d_e,
+            m=g.m,
             bubble=pipeline.bubble(lay.pp, g.m, lay.vpp),
-            t_group=t_group, t_expert=t_expert, experts_per_rank=per_rank,
-            ep_nodes=ep_nodes, cp_nodes=cp_nodes,
-            routed_weight_gb=heavy.routed_weights, heaviest_stage=heavy.stage,
+            t_group=t_group,
+            t_expert=t_expert,
+            experts_per_rank=per_rank,
+            ep_nodes=ep_nodes,
+            cp_nodes=cp_nodes,
+            routed_weight_gb=heavy.routed_weights,
+            heaviest_stage=heavy.stage,
             memory_gb=ctx.memory_gb,
             memory_by_stage=tuple(s.total * self.memory_factor for s in mems),
             feasible=True,
-            step_time_s=st.total_s, step_components=dict(st.components),
-            flops_per_step=fl.model_flops, recompute_flops_per_step=fl.recompute_flops,
+            step_time_s=st.total_s,
+            step_components=dict(st.components),
+            flops_per_step=fl.model_flops,
+            recompute_flops_per_step=fl.recompute_flops,
             mfu=flops.mfu(fl.model_flops, st.total_s, self.stage.gpus, self.hw, self.stage.precision),
             tokens_per_s=self.tokens / st.total_s if st.total_s > 0 else 0.0,
             layer_pattern=pattern or "",
@@ -262,13 +297,21 @@ class _Env:
         return Planned(lay, pred, ident=self.ident)
 
 
-def _late_rules() -> Tuple[Tuple[R.Rule, ...], Tuple[R.Rule, ...]]:
+def _late_rules() -> tuple[tuple[R.Rule, ...], tuple[R.Rule, ...]]:
     late = R.by_phase("argv") if argv_mod is not None else ()
     return late, R.by_phase("memory")
 
 
-def evaluate(model: ModelConfig, hw: HardwareConfig, stage: StageConfig, layout: Layout, *, factors=None,
-             memory_factor: float = 1.0, workload: str = "") -> Union[Planned, Rejected]:
+def evaluate(
+    model: ModelConfig,
+    hw: HardwareConfig,
+    stage: StageConfig,
+    layout: Layout,
+    *,
+    factors=None,
+    memory_factor: float = 1.0,
+    workload: str = "",
+) -> Planned | Rejected:
     """Check one layout against every rule and, if legal, predict it. Used by the policy and the twin."""
     env = _Env(model, hw, stage, factors, memory_factor, workload)
     ctx = env.ctx(layout)
@@ -286,12 +329,12 @@ class _Walk:
     walk itself only builds tuples and looks them up; a Layout is built only for legal leaves.
     """
 
-    def __init__(self, env: _Env, values: Dict[str, list]):
+    def __init__(self, env: _Env, values: dict[str, list]):
         self.env, self.values = env, values
         self.knobs = space.KNOBS
         level = {k: i for i, k in enumerate(self.knobs)}
         self.order = {r.id: i for i, r in enumerate(R.RULES)}
-        by_level: Dict[int, List[R.Rule]] = {}
+        by_level: dict[int, list[R.Rule]] = {}
         for rule in R.RULES:
             if rule.phase in CHEAP_PHASES:
                 lv = max((level[space.FIELD_KNOB[f]] for f in rule.needs), default=-1)
@@ -299,7 +342,7 @@ class _Walk:
         root = by_level.pop(-1, [])
         self.root_bad = R.violations(env.ctx(Layout()), root)
         # level -> (knobs read, {their values: violated rules})
-        self.tables: List[Optional[Tuple[Tuple[str, ...], Dict[tuple, List[R.Rule]]]]] = [None] * len(self.knobs)
+        self.tables: list[tuple[tuple[str, ...], dict[tuple, list[R.Rule]]] | None] = [None] * len(self.knobs)
         for lv, rules in by_level.items():
             read = {space.FIELD_KNOB[f] for r in rules for f in r.needs}
             knobs = tuple(k for k in self.knobs if k in read)
@@ -309,15 +352,15 @@ class _Walk:
                 table[combo] = R.violations(ctx, rules)
             self.tables[lv] = (knobs, table)
 
-    def run(self, on_leaf: Callable[[Layout], None]) -> List[Tuple[Dict[str, Any], List[R.Rule], int]]:
+    def run(self, on_leaf: Callable[[Layout], None]) -> list[tuple[dict[str, Any], list[R.Rule], int]]:
         """Walk with pruning: call on_leaf for each legal leaf; return the cut subtrees."""
         if self.root_bad:
             return [({}, list(self.root_bad), -1)]
-        cut: List[Tuple[Dict[str, Any], List[R.Rule], int]] = []
+        cut: list[tuple[dict[str, Any], list[R.Rule], int]] = []
         last = len(self.knobs) - 1
         knobs, values, tables = self.knobs, self.values, self.tables
 
-        def go(level: int, assign: Dict[str, Any]) -> None:
+        def go(level: int, assign: dict[str, Any]) -> None:
             knob, tab = knobs[level], tables[level]
             for v in values[knob]:
                 assign[knob] = v
@@ -333,17 +376,17 @@ class _Walk:
         go(0, {})
         return cut
 
-    def expand(self, cut: Sequence[Tuple[Dict[str, Any], List[R.Rule], int]]) -> List[Rejected]:
+    def expand(self, cut: Sequence[tuple[dict[str, Any], list[R.Rule], int]]) -> list[Rejected]:
         """Every leaf under the cut subtrees, with all the rules it violates (no pruning).
 
         Levels above a cut broke no rule (else the walk had cut there), so a leaf's rules are the
         cut's plus those of the levels below it, gathered on the way down.
         """
-        out: List[Rejected] = []
+        out: list[Rejected] = []
         knobs, values, tables, order = self.knobs, self.values, self.tables, self.order
         last = len(knobs) - 1
 
-        def down(level: int, assign: Dict[str, Any], acc: List[R.Rule]) -> None:
+        def down(level: int, assign: dict[str, Any], acc: list[R.Rule]) -> None:
             if level > last:
                 rules = sorted(acc, key=lambda r: order[r.id]) if len(acc) > 1 else list(acc)
                 out.append(Rejected(space.make_layout(assign), rules))
@@ -359,16 +402,23 @@ class _Walk:
         return out
 
 
-def plan(model: ModelConfig, hw: HardwareConfig, stage: StageConfig, *, factors=None,
-         memory_factor: float = 1.0, workload: str = "") -> PlanResult:
+def plan(
+    model: ModelConfig,
+    hw: HardwareConfig,
+    stage: StageConfig,
+    *,
+    factors=None,
+    memory_factor: float = 1.0,
+    workload: str = "",
+) -> PlanResult:
     """Every layout of stage.search: the feasible ones ranked, the rest rejected with rule ids."""
     t0 = time.perf_counter()
     env = _Env(model, hw, stage, factors, memory_factor, workload)
     values = space.knob_values(stage.search)
     walk = _Walk(env, values)
     late_rules, mem_rules = _late_rules()
-    planned: List[Planned] = []
-    late: List[Rejected] = []
+    planned: list[Planned] = []
+    late: list[Rejected] = []
 
     def on_leaf(layout: Layout) -> None:
         res = env.finish(env.ctx(layout), late_rules, mem_rules)
@@ -377,5 +427,10 @@ def plan(model: ModelConfig, hw: HardwareConfig, stage: StageConfig, *, factors=
     cut = walk.run(on_leaf)
     planned.sort(key=lambda p: (p.prediction.step_time_s, p.prediction.memory_gb))  # stable: walk order on ties
     raw = space.raw_count(stage.search)
-    return PlanResult(candidates=planned, raw_count=raw, elapsed_s=time.perf_counter() - t0,
-                      _late=late, _expand=lambda: walk.expand(cut))
+    return PlanResult(
+        candidates=planned,
+        raw_count=raw,
+        elapsed_s=time.perf_counter() - t0,
+        _late=late,
+        _expand=lambda: walk.expand(cut),
+    )

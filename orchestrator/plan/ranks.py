@@ -10,12 +10,13 @@ all-to-all and CP exchange cross the network. Megatron lays ranks out on two gri
 `--use-tp-pp-dp-mapping` swaps the last two axes ("tp-cp-ep-pp-dp"). The leftmost axis has stride 1.
 A group for a set of axes holds the ranks that differ only along those axes. No GTP (gtp_remat = 1).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from itertools import product
 from math import gcd
-from typing import Dict, List, Sequence, Tuple
 
 from orchestrator.plan.layout import Layout
 
@@ -26,8 +27,15 @@ ORDERS = (DEFAULT_ORDER, TP_PP_DP_ORDER)
 # Our group name -> (grid, axes in Megatron's token spelling). Dense groups use the names Megatron's
 # parallel_state gives them; expert groups are prefixed e (etp, edp) as in Megatron's getters.
 DENSE_GROUPS = {
-    "tp": "tp", "cp": "cp", "dp": "dp", "pp": "pp",
-    "dp-cp": "dp-cp", "tp-cp": "tp-cp", "tp-pp": "tp-pp", "tp-dp": "tp-dp", "tp-dp-cp": "tp-dp-cp",
+    "tp": "tp",
+    "cp": "cp",
+    "dp": "dp",
+    "pp": "pp",
+    "dp-cp": "dp-cp",
+    "tp-cp": "tp-cp",
+    "tp-pp": "tp-pp",
+    "tp-dp": "tp-dp",
+    "tp-dp-cp": "tp-dp-cp",
 }
 EXPERT_GROUPS = {"etp": "tp", "ep": "ep", "edp": "dp", "etp-ep": "tp-ep", "etp-ep-pp": "tp-ep-pp", "epp": "pp"}
 
@@ -36,7 +44,7 @@ def order_for(layout: Layout) -> str:
     return TP_PP_DP_ORDER if layout.use_tp_pp_dp_mapping else DEFAULT_ORDER
 
 
-def _grid_sizes(layout: Layout, world_size: int, order: str) -> Tuple[Dict[str, int], Dict[str, int]]:
+def _grid_sizes(layout: Layout, world_size: int, order: str) -> tuple[dict[str, int], dict[str, int]]:
     """Axis sizes of the dense and the expert grid; ValueError when N does not divide."""
     if order not in ORDERS:
         raise ValueError(f"unknown rank order {order!r}; expected one of {ORDERS}")
@@ -54,7 +62,7 @@ def _grid_sizes(layout: Layout, world_size: int, order: str) -> Tuple[Dict[str, 
     return dense, expert
 
 
-def _groups(sizes: Dict[str, int], order: str, axes: str) -> List[List[int]]:
+def _groups(sizes: dict[str, int], order: str, axes: str) -> list[list[int]]:
     """Groups along `axes` on a grid whose axis strides follow `order` (leftmost = stride 1).
 
     Groups are listed with the remaining axes' index varying leftmost-fastest, and ranks in a group
@@ -70,7 +78,7 @@ def _groups(sizes: Dict[str, int], order: str, axes: str) -> List[List[int]]:
     inner = [n for n in names if n in chosen]
     outer = [n for n in names if n not in chosen]
 
-    def offsets(axis_names: Sequence[str]) -> List[int]:
+    def offsets(axis_names: Sequence[str]) -> list[int]:
         # product() varies its last argument fastest; reverse so the leftmost axis is fastest.
         ranges = [range(0, sizes[n] * strides[n], strides[n]) for n in reversed(axis_names)]
         return [sum(p) for p in product(*ranges)]
@@ -79,7 +87,7 @@ def _groups(sizes: Dict[str, int], order: str, axes: str) -> List[List[int]]:
     return [[base + m for m in members] for base in offsets(outer)]
 
 
-def rank_groups(layout: Layout, world_size: int, order: str | None = None) -> Dict[str, List[List[int]]]:
+def rank_groups(layout: Layout, world_size: int, order: str | None = None) -> dict[str, list[list[int]]]:
     """Every dense (tp, cp, dp, pp, dp-cp, tp-cp, tp-pp, ...) and expert (etp, ep, edp, etp-ep, etp-ep-pp,
     epp) group. `order` defaults to the layout's mapping (DEFAULT_ORDER or TP_PP_DP_ORDER)."""
     order = order or order_for(layout)
@@ -111,7 +119,7 @@ def _span(stride: int, size: int, world_size: int, gpus_per_node: int) -> int:
     return (r_max + (size - 1) * stride) // gpus_per_node + 1
 
 
-def node_spans(layout: Layout, n_gpus: int, gpus_per_node: int) -> Tuple[int, int]:
+def node_spans(layout: Layout, n_gpus: int, gpus_per_node: int) -> tuple[int, int]:
     """(ep_nodes, cp_nodes): the most nodes one EP group and one CP group span. Same for both orders."""
     _grid_sizes(layout, n_gpus, DEFAULT_ORDER)  # raises on an illegal layout
     return (

@@ -16,21 +16,33 @@ which `phase` it belongs to:
 A predicate returns True when the rule is VIOLATED. Predicates of later phases return False while
 their input is missing (None), so `violations()` is defined on any Ctx.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, List, Optional, Sequence, Tuple
 
 from orchestrator.plan.layout import Groups, Layout, groups
 from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
 
-PHASES: Tuple[str, ...] = ("layout", "pattern", "argv", "memory")
+PHASES: tuple[str, ...] = ("layout", "pattern", "argv", "memory")
 
 # dev TC:2197 recompute modules (+ "full" = --recompute-granularity full) and the offload modules (§1).
 RECOMPUTE_MODULES = frozenset(
-    {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "mhc", "gdn",
-     "gdn_norm_out", "full"}
+    {
+        "core_attn",
+        "moe_act",
+        "layernorm",
+        "mla_up_proj",
+        "mlp",
+        "moe",
+        "shared_experts",
+        "mhc",
+        "gdn",
+        "gdn_norm_out",
+        "full",
+    }
 )
 OFFLOAD_MODULES = frozenset(
     {"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act", "fused_group_mlp"}
@@ -40,9 +52,12 @@ ATTENTION_BACKENDS = frozenset({"cudnn", "fused", "flash", "unfused", "auto"})  
 FLEX_BACKENDS = frozenset({"deepep", "hybridep", "ncclep"})
 # Flags the hybrid '|' pattern path forbids (A:741-921) and flags we must never emit.
 PATTERN_FORBIDDEN_FLAGS = (
-    "--pipeline-model-parallel-layout", "--num-layers-per-virtual-pipeline-stage",
-    "--num-virtual-stages-per-pipeline-rank", "--account-for-embedding-in-pipeline-split",
-    "--account-for-loss-in-pipeline-split", "--decoder-first-pipeline-num-layers",
+    "--pipeline-model-parallel-layout",
+    "--num-layers-per-virtual-pipeline-stage",
+    "--num-virtual-stages-per-pipeline-rank",
+    "--account-for-embedding-in-pipeline-split",
+    "--account-for-loss-in-pipeline-split",
+    "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers",
 )
 DYNAMIC_CP_FLAGS = ("--dynamic-context-parallel", "--hybrid-context-parallel")
@@ -61,10 +76,10 @@ class Ctx:
     hw: HardwareConfig
     layout: Layout
     blocks: int  # Transformer blocks to split over PP x VPP segments (params.effective_layers)
-    split: Optional[Tuple[int, ...]] = None  # blocks per pipeline segment (pattern phase)
-    pattern: Optional[str] = None  # HybridModel layer pattern with '|' (pattern phase)
-    argv: Optional[Tuple[str, ...]] = None  # generated Megatron flags (argv phase)
-    memory_gb: Optional[float] = None  # heaviest rank's predicted peak, GB (memory phase)
+    split: tuple[int, ...] | None = None  # blocks per pipeline segment (pattern phase)
+    pattern: str | None = None  # HybridModel layer pattern with '|' (pattern phase)
+    argv: tuple[str, ...] | None = None  # generated Megatron flags (argv phase)
+    memory_gb: float | None = None  # heaviest rank's predicted peak, GB (memory phase)
     moe_grouped_gemm: bool = True  # argv.py always passes --moe-grouped-gemm
 
     @cached_property
@@ -77,15 +92,15 @@ class Ctx:
         return frozenset(a.split("=", 1)[0] for a in (self.argv or ()) if a.startswith("--"))
 
     @property
-    def d_a(self) -> Optional[int]:
+    def d_a(self) -> int | None:
         return self.groups.d_a
 
     @property
-    def d_e(self) -> Optional[int]:
+    def d_e(self) -> int | None:
         return self.groups.d_e
 
     @property
-    def m(self) -> Optional[int]:
+    def m(self) -> int | None:
         return self.groups.m
 
 
@@ -97,7 +112,7 @@ class Rule:
     reason: str
     source: str
     predicate: Callable[[Ctx], bool] = field(compare=False, repr=False)
-    needs: Tuple[str, ...] = ()  # Layout fields the predicate reads (beyond stage/model/hardware)
+    needs: tuple[str, ...] = ()  # Layout fields the predicate reads (beyond stage/model/hardware)
     phase: str = "layout"
 
     def violated(self, ctx: Ctx) -> bool:
@@ -118,7 +133,7 @@ def _has_flag(ctx: Ctx, flags: Sequence[str]) -> bool:
     return ctx.argv is not None and not ctx.flags.isdisjoint(flags)
 
 
-def _flag_value(ctx: Ctx, flag: str) -> Optional[str]:
+def _flag_value(ctx: Ctx, flag: str) -> str | None:
     """The token after `flag` in argv (or after '=' in '--flag=value'); None if absent."""
     argv = ctx.argv or ()
     for i, tok in enumerate(argv):
@@ -143,161 +158,355 @@ def _vpp_group(ctx: Ctx) -> int:
 
 V4 = "guide §模型与实现 (当前实现中的限制)"
 
-RULES: Tuple[Rule, ...] = (
+RULES: tuple[Rule, ...] = (
     # ---- V4 path (the guide) ----
-    Rule("v4.tp1_with_te", "V4 hybrid attention (dsv4_hybrid) needs TP=1 and Transformer Engine",
-         f"{V4}; dev TC:1743-1790",
-         lambda c: c.model.attention_variant == "dsv4_hybrid"
-         and (c.layout.tp != 1 or not c.stage.transformer_engine), ("tp",)),
-    Rule("v4.cp_needs_packed_thd", "CP>1 on the V4 path needs packed THD input (stage.packed_sequences)",
-         f"{V4}; dev TC:1566", lambda c: c.layout.cp > 1 and not c.stage.packed_sequences, ("cp",)),
-    Rule("v4.packed_needs_cudnn", "the packed THD path needs the cuDNN attention backend",
-         f"{V4}; dev TC:3796-3808",
-         lambda c: c.stage.packed_sequences and c.stage.attention_backend != "cudnn"),
-    Rule("mcore.attention_backend_known",
-         "stage.attention_backend must be cudnn (the packed V4 path), fused, flash, unfused or auto",
-         "megatron-facts §1 Other --attention-backend; language_module.py:108-146",
-         lambda c: c.stage.attention_backend not in ATTENTION_BACKENDS),
-    Rule("v4.cp_contiguous", "dsv4_hybrid with CP>1 needs --cp-partition-mode contiguous",
-         f"{V4}; dev TC:1612",
-         lambda c: c.layout.cp > 1 and c.stage.cp_partition_mode != "contiguous", ("cp",)),
-    Rule("v4.no_deterministic_packed", "the packed path has no deterministic mode",
-         f"{V4}; guide §长上下文边界",
-         lambda c: c.stage.packed_sequences and c.stage.deterministic_mode),
-    Rule("v4.static_cp_only", "the V4 path supports only static CP (no dynamic/hybrid CP flags)",
-         f"{V4}; guide §长上下文边界", lambda c: _has_flag(c, DYNAMIC_CP_FLAGS), ("cp",), "argv"),
-    Rule("v4.no_core_attn_recompute", "core_attn recompute is not supported on the V4 path",
-         V4, lambda c: "core_attn" in c.layout.recompute, ("recompute",)),
-    Rule("v4.no_qkv_linear_offload", "qkv_linear offload is not supported on the V4 path",
-         V4, lambda c: "qkv_linear" in c.layout.offload, ("offload",)),
-    Rule("v4.cp_d_window", "each CP rank needs local rows S/CP >= D_window for the CSA boundary exchange",
-         "guide §长上下文边界 (CP 边界交换校验); dev csa_utils/cp_utils.py:136,191-202",
-         lambda c: c.model.attention_variant == "dsv4_hybrid" and c.layout.cp > 1
-         and c.stage.seq_length // c.layout.cp < d_window(c.model), ("cp",)),
-    Rule("v4.pattern_segments", "the '|' layer pattern must hold every block in exactly PP x VPP segments",
-         "guide §61 层怎么切; A:849 (segments % PP == 0, VPP = segments / PP)",
-         lambda c: c.split is not None and (
-             len(c.split) != c.layout.pp * c.layout.vpp or sum(c.split) != c.blocks
-             or (c.pattern is not None and c.pattern.count("|") + 1 != c.layout.pp * c.layout.vpp)),
-         ("pp", "vpp"), "pattern"),
-    Rule("v4.pattern_excludes_layout_flags",
-         "the hybrid '|' pattern forbids --pipeline-model-parallel-layout, VPP layer flags and account-for flags",
-         "guide §61 层怎么切 (参数互斥检查); A:741-921",
-         lambda c: _has_flag(c, PATTERN_FORBIDDEN_FLAGS), ("pp", "vpp"), "argv"),
-    Rule("v4.no_moe_enable_deepep", "--moe-enable-deepep is deprecated: use flex + --moe-flex-dispatcher-backend",
-         "guide §正确性与显存 (Megatron 配置校验); TC:1743",
-         lambda c: _has_flag(c, ("--moe-enable-deepep",)), ("dispatcher", "flex_backend"),
-         "argv"),
-    Rule("v4.mnnvl_needs_hybridep",
-         "on a multi-node NVLink (MNNVL) system the flex dispatcher must use hybridep, the only MNNVL backend",
-         "megatron-facts §1 MoE --moe-flex-dispatcher-backend",
-         lambda c: _mnnvl(c) and _flex(c.layout, "deepep", "ncclep"), ("dispatcher", "flex_backend")),
+    Rule(
+        "v4.tp1_with_te",
+        "V4 hybrid attention (dsv4_hybrid) needs TP=1 and Transformer Engine",
+        f"{V4}; dev TC:1743-1790",
+        lambda c: c.model.attention_variant == "dsv4_hybrid" and (c.layout.tp != 1 or not c.stage.transformer_engine),
+        ("tp",),
+    ),
+    Rule(
+        "v4.cp_needs_packed_thd",
+        "CP>1 on the V4 path needs packed THD input (stage.packed_sequences)",
+        f"{V4}; dev TC:1566",
+        lambda c: c.layout.cp > 1 and not c.stage.packed_sequences,
+        ("cp",),
+    ),
+    Rule(
+        "v4.packed_needs_cudnn",
+        "the packed THD path needs the cuDNN attention backend",
+        f"{V4}; dev TC:3796-3808",
+        lambda c: c.stage.packed_sequences and c.stage.attention_backend != "cudnn",
+    ),
+    Rule(
+        "mcore.attention_backend_known",
+        "stage.attention_backend must be cudnn (the packed V4 path), fused, flash, unfused or auto",
+        "megatron-facts §1 Other --attention-backend; language_module.py:108-146",
+        lambda c: c.stage.attention_backend not in ATTENTION_BACKENDS,
+    ),
+    Rule(
+        "v4.cp_contiguous",
+        "dsv4_hybrid with CP>1 needs --cp-partition-mode contiguous",
+        f"{V4}; dev TC:1612",
+        lambda c: c.layout.cp > 1 and c.stage.cp_partition_mode != "contiguous",
+        ("cp",),
+    ),
+    Rule(
+        "v4.no_deterministic_packed",
+        "the packed path has no deterministic mode",
+        f"{V4}; guide §长上下文边界",
+        lambda c: c.stage.packed_sequences and c.stage.deterministic_mode,
+    ),
+    Rule(
+        "v4.static_cp_only",
+        "the V4 path supports only static CP (no dynamic/hybrid CP flags)",
+        f"{V4}; guide §长上下文边界",
+        lambda c: _has_flag(c, DYNAMIC_CP_FLAGS),
+        ("cp",),
+        "argv",
+    ),
+    Rule(
+        "v4.no_core_attn_recompute",
+        "core_attn recompute is not supported on the V4 path",
+        V4,
+        lambda c: "core_attn" in c.layout.recompute,
+        ("recompute",),
+    ),
+    Rule(
+        "v4.no_qkv_linear_offload",
+        "qkv_linear offload is not supported on the V4 path",
+        V4,
+        lambda c: "qkv_linear" in c.layout.offload,
+        ("offload",),
+    ),
+    Rule(
+        "v4.cp_d_window",
+        "each CP rank needs local rows S/CP >= D_window for the CSA boundary exchange",
+        "guide §长上下文边界 (CP 边界交换校验); dev csa_utils/cp_utils.py:136,191-202",
+        lambda c: (
+            c.model.attention_variant == "dsv4_hybrid"
+            and c.layout.cp > 1
+            and c.stage.seq_length // c.layout.cp < d_window(c.model)
+        ),
+        ("cp",),
+    ),
+    Rule(
+        "v4.pattern_segments",
+        "the '|' layer pattern must hold every block in exactly PP x VPP segments",
+        "guide §61 层怎么切; A:849 (segments % PP == 0, VPP = segments / PP)",
+        lambda c: (
+            c.split is not None
+            and (
+                len(c.split) != c.layout.pp * c.layout.vpp
+                or sum(c.split) != c.blocks
+                or (c.pattern is not None and c.pattern.count("|") + 1 != c.layout.pp * c.layout.vpp)
+            )
+        ),
+        ("pp", "vpp"),
+        "pattern",
+    ),
+    Rule(
+        "v4.pattern_excludes_layout_flags",
+        "the hybrid '|' pattern forbids --pipeline-model-parallel-layout, VPP layer flags and account-for flags",
+        "guide §61 层怎么切 (参数互斥检查); A:741-921",
+        lambda c: _has_flag(c, PATTERN_FORBIDDEN_FLAGS),
+        ("pp", "vpp"),
+        "argv",
+    ),
+    Rule(
+        "v4.no_moe_enable_deepep",
+        "--moe-enable-deepep is deprecated: use flex + --moe-flex-dispatcher-backend",
+        "guide §正确性与显存 (Megatron 配置校验); TC:1743",
+        lambda c: _has_flag(c, ("--moe-enable-deepep",)),
+        ("dispatcher", "flex_backend"),
+        "argv",
+    ),
+    Rule(
+        "v4.mnnvl_needs_hybridep",
+        "on a multi-node NVLink (MNNVL) system the flex dispatcher must use hybridep, the only MNNVL backend",
+        "megatron-facts §1 MoE --moe-flex-dispatcher-backend",
+        lambda c: _mnnvl(c) and _flex(c.layout, "deepep", "ncclep"),
+        ("dispatcher", "flex_backend"),
+    ),
     # ---- Megatron grids and batch ----
-    Rule("mcore.dense_grid", "world size N must be divisible by TP x PP x CP (dense grid)",
-         "A:426-448; PS:815-823",
-         lambda c: c.stage.gpus % (c.layout.tp * c.layout.pp * c.layout.cp) != 0, _GROUPS_DA),
-    Rule("mcore.expert_grid", "world size N must be divisible by ETP x EP x PP (expert grid)",
-         "PS:872-883", lambda c: c.stage.gpus % (c.layout.etp * c.layout.ep * c.layout.pp) != 0, _GROUPS_DE),
-    Rule("mcore.experts_div_ep", "num_experts E must be divisible by EP", "A:1655-1659; moe_layer.py:186",
-         lambda c: c.model.num_experts % c.layout.ep != 0, ("ep",)),
-    Rule("mcore.heads_div_tp", "num_attention_heads must be divisible by TP", "TC:1446",
-         lambda c: c.model.num_attention_heads % c.layout.tp != 0, ("tp",)),
-    Rule("mcore.gbs_div_mbs_dp", "B must be divisible by b x D_a and give m >= 1 microbatch",
-         "num_microbatches_calculator.py:381-391",
-         lambda c: c.d_a is not None and c.m is None, _GROUPS_M),
-    Rule("mcore.seq_div_2cp", "seq_length S must be divisible by 2 x CP", "A:1337",
-         lambda c: c.stage.seq_length % (2 * c.layout.cp) != 0, ("cp",)),
-    Rule("mcore.tp_pp_dp_mapping", "--use-tp-pp-dp-mapping with PP>1 needs expert DP D_e == DP D_a",
-         "PS:898-902",
-         lambda c: c.layout.use_tp_pp_dp_mapping and c.layout.pp > 1 and c.d_a is not None
-         and c.d_e is not None and c.d_a != c.d_e, ("use_tp_pp_dp_mapping",) + _GROUPS_DA + _GROUPS_DE),
+    Rule(
+        "mcore.dense_grid",
+        "world size N must be divisible by TP x PP x CP (dense grid)",
+        "A:426-448; PS:815-823",
+        lambda c: c.stage.gpus % (c.layout.tp * c.layout.pp * c.layout.cp) != 0,
+        _GROUPS_DA,
+    ),
+    Rule(
+        "mcore.expert_grid",
+        "world size N must be divisible by ETP x EP x PP (expert grid)",
+        "PS:872-883",
+        lambda c: c.stage.gpus % (c.layout.etp * c.layout.ep * c.layout.pp) != 0,
+        _GROUPS_DE,
+    ),
+    Rule(
+        "mcore.experts_div_ep",
+        "num_experts E must be divisible by EP",
+        "A:1655-1659; moe_layer.py:186",
+        lambda c: c.model.num_experts % c.layout.ep != 0,
+        ("ep",),
+    ),
+    Rule(
+        "mcore.heads_div_tp",
+        "num_attention_heads must be divisible by TP",
+        "TC:1446",
+        lambda c: c.model.num_attention_heads % c.layout.tp != 0,
+        ("tp",),
+    ),
+    Rule(
+        "mcore.gbs_div_mbs_dp",
+        "B must be divisible by b x D_a and give m >= 1 microbatch",
+        "num_microbatches_calculator.py:381-391",
+        lambda c: c.d_a is not None and c.m is None,
+        _GROUPS_M,
+    ),
+    Rule(
+        "mcore.seq_div_2cp",
+        "seq_length S must be divisible by 2 x CP",
+        "A:1337",
+        lambda c: c.stage.seq_length % (2 * c.layout.cp) != 0,
+        ("cp",),
+    ),
+    Rule(
+        "mcore.tp_pp_dp_mapping",
+        "--use-tp-pp-dp-mapping with PP>1 needs expert DP D_e == DP D_a",
+        "PS:898-902",
+        lambda c: (
+            c.layout.use_tp_pp_dp_mapping
+            and c.layout.pp > 1
+            and c.d_a is not None
+            and c.d_e is not None
+            and c.d_a != c.d_e
+        ),
+        ("use_tp_pp_dp_mapping", *_GROUPS_DA, *_GROUPS_DE),
+    ),
     # ---- Pipeline and VPP ----
-    Rule("mcore.vpp_needs_pp", "VPP > 1 needs PP > 1", "PS:830",
-         lambda c: c.layout.vpp > 1 and c.layout.pp == 1, ("pp", "vpp")),
-    Rule("mcore.vpp_group_bounds",
-         "interleaved VPP needs PP <= microbatch_group_size (= PP) <= m (config B: m=4 < PP=8)",
-         "guide §PP 与 microbatch (schedule 校验); SCH:1160-1180",
-         lambda c: c.layout.vpp > 1 and c.m is not None and not (c.layout.pp <= _vpp_group(c) <= c.m),
-         ("vpp",) + _GROUPS_M),
-    Rule("mcore.vpp_group_remainder",
-         "interleaved VPP needs m % microbatch_group_size == 0 or >= PP (dependency bubbles)",
-         "SCH:1160-1180",
-         lambda c: c.layout.vpp > 1 and c.m is not None and c.m >= _vpp_group(c)
-         and c.m % _vpp_group(c) != 0 and c.m % _vpp_group(c) < c.layout.pp,
-         ("vpp",) + _GROUPS_M),
-    Rule("mcore.min_blocks_per_segment", "every pipeline segment needs >= 1 block: blocks >= PP x VPP",
-         "A:849; hybrid_layer_allocation.py:385-445",
-         lambda c: c.blocks < c.layout.pp * c.layout.vpp, ("pp", "vpp")),
-    Rule("mcore.hash_layers_first_segment",
-         "hash-routed layers (moe_n_hash_layers) must all sit in the first pipeline segment",
-         "dev TC:2878-2899 (stated for the GPT layout; assumed for the hybrid split)",
-         lambda c: c.split is not None and c.layout.pp > 1 and c.model.moe_n_hash_layers > 0
-         and c.split[0] < c.model.moe_n_hash_layers, ("pp", "vpp"), "pattern"),
+    Rule(
+        "mcore.vpp_needs_pp",
+        "VPP > 1 needs PP > 1",
+        "PS:830",
+        lambda c: c.layout.vpp > 1 and c.layout.pp == 1,
+        ("pp", "vpp"),
+    ),
+    Rule(
+        "mcore.vpp_group_bounds",
+        "interleaved VPP needs PP <= microbatch_group_size (= PP) <= m (config B: m=4 < PP=8)",
+        "guide §PP 与 microbatch (schedule 校验); SCH:1160-1180",
+        lambda c: c.layout.vpp > 1 and c.m is not None and not (c.layout.pp <= _vpp_group(c) <= c.m),
+        ("vpp", *_GROUPS_M),
+    ),
+    Rule(
+        "mcore.vpp_group_remainder",
+        "interleaved VPP needs m % microbatch_group_size == 0 or >= PP (dependency bubbles)",
+        "SCH:1160-1180",
+        lambda c: (
+            c.layout.vpp > 1
+            and c.m is not None
+            and c.m >= _vpp_group(c)
+            and c.m % _vpp_group(c) != 0
+            and c.m % _vpp_group(c) < c.layout.pp
+        ),
+        ("vpp", *_GROUPS_M),
+    ),
+    Rule(
+        "mcore.min_blocks_per_segment",
+        "every pipeline segment needs >= 1 block: blocks >= PP x VPP",
+        "A:849; hybrid_layer_allocation.py:385-445",
+        lambda c: c.blocks < c.layout.pp * c.layout.vpp,
+        ("pp", "vpp"),
+    ),
+    Rule(
+        "mcore.hash_layers_first_segment",
+        "hash-routed layers (moe_n_hash_layers) must all sit in the first pipeline segment",
+        "dev TC:2878-2899 (stated for the GPT layout; assumed for the hybrid split)",
+        lambda c: (
+            c.split is not None
+            and c.layout.pp > 1
+            and c.model.moe_n_hash_layers > 0
+            and c.split[0] < c.model.moe_n_hash_layers
+        ),
+        ("pp", "vpp"),
+        "pattern",
+    ),
     # ---- MoE dispatcher ----
-    Rule("mcore.dispatcher_known",
-         "dispatcher must be alltoall|allgather|flex; flex needs backend deepep|hybridep|ncclep, others none",
-         "megatron-facts §1 MoE; TC:1766",
-         lambda c: c.layout.dispatcher not in DISPATCHERS
-         or (c.layout.dispatcher == "flex") != (c.layout.flex_backend is not None)
-         or (c.layout.flex_backend is not None and c.layout.flex_backend not in FLEX_BACKENDS),
-         ("dispatcher", "flex_backend")),
-    Rule("mcore.flex_needs_tp_ep", "deepep and ncclep need TP x EP > 1", "token_dispatcher.py:1836,1854",
-         lambda c: _flex(c.layout, "deepep", "ncclep") and c.layout.tp * c.layout.ep <= 1,
-         ("tp", "ep", "dispatcher", "flex_backend")),
-    Rule("mcore.ncclep_no_capacity", "ncclep supports no capacity factor (token dropping) or padding",
-         "token_dispatcher.py:1556",
-         lambda c: _flex(c.layout, "ncclep") and c.layout.capacity_factor is not None,
-         ("dispatcher", "flex_backend", "capacity_factor")),
-    Rule("mcore.capacity_needs_aux_loss",
-         "a capacity factor works only with aux_loss, seq_aux_loss, global_aux_loss or none load balancing",
-         "TC:1848",
-         lambda c: c.argv is not None and c.layout.capacity_factor is not None
-         and (_flag_value(c, "--moe-router-load-balancing-type") or "aux_loss") not in CAPACITY_LB_TYPES,
-         ("capacity_factor",), "argv"),
-    Rule("mcore.padding_needs_capacity", "--moe-pad-expert-input-to-capacity needs a capacity factor", "TC:1865",
-         lambda c: _has_flag(c, (PAD_FLAG,)) and not _has_flag(c, ("--moe-expert-capacity-factor",)),
-         ("capacity_factor",), "argv"),
-    Rule("mcore.deepep_no_padding", "flex + deepep cannot pad expert input to capacity", "TC:1759",
-         lambda c: _flex(c.layout, "deepep") and _has_flag(c, (PAD_FLAG,)),
-         ("dispatcher", "flex_backend"), "argv"),
+    Rule(
+        "mcore.dispatcher_known",
+        "dispatcher must be alltoall|allgather|flex; flex needs backend deepep|hybridep|ncclep, others none",
+        "megatron-facts §1 MoE; TC:1766",
+        lambda c: (
+            c.layout.dispatcher not in DISPATCHERS
+            or (c.layout.dispatcher == "flex") != (c.layout.flex_backend is not None)
+            or (c.layout.flex_backend is not None and c.layout.flex_backend not in FLEX_BACKENDS)
+        ),
+        ("dispatcher", "flex_backend"),
+    ),
+    Rule(
+        "mcore.flex_needs_tp_ep",
+        "deepep and ncclep need TP x EP > 1",
+        "token_dispatcher.py:1836,1854",
+        lambda c: _flex(c.layout, "deepep", "ncclep") and c.layout.tp * c.layout.ep <= 1,
+        ("tp", "ep", "dispatcher", "flex_backend"),
+    ),
+    Rule(
+        "mcore.ncclep_no_capacity",
+        "ncclep supports no capacity factor (token dropping) or padding",
+        "token_dispatcher.py:1556",
+        lambda c: _flex(c.layout, "ncclep") and c.layout.capacity_factor is not None,
+        ("dispatcher", "flex_backend", "capacity_factor"),
+    ),
+    Rule(
+        "mcore.capacity_needs_aux_loss",
+        "a capacity factor works only with aux_loss, seq_aux_loss, global_aux_loss or none load balancing",
+        "TC:1848",
+        lambda c: (
+            c.argv is not None
+            and c.layout.capacity_factor is not None
+            and (_flag_value(c, "--moe-router-load-balancing-type") or "aux_loss") not in CAPACITY_LB_TYPES
+        ),
+        ("capacity_factor",),
+        "argv",
+    ),
+    Rule(
+        "mcore.padding_needs_capacity",
+        "--moe-pad-expert-input-to-capacity needs a capacity factor",
+        "TC:1865",
+        lambda c: _has_flag(c, (PAD_FLAG,)) and not _has_flag(c, ("--moe-expert-capacity-factor",)),
+        ("capacity_factor",),
+        "argv",
+    ),
+    Rule(
+        "mcore.deepep_no_padding",
+        "flex + deepep cannot pad expert input to capacity",
+        "TC:1759",
+        lambda c: _flex(c.layout, "deepep") and _has_flag(c, (PAD_FLAG,)),
+        ("dispatcher", "flex_backend"),
+        "argv",
+    ),
     # ---- Recompute and offload ----
-    Rule("mcore.recompute_known", "unknown --recompute-modules entry", "dev TC:2197",
-         lambda c: not set(c.layout.recompute) <= RECOMPUTE_MODULES, ("recompute",)),
-    Rule("mcore.full_vs_selective", "full recompute cannot be combined with selective modules",
-         "TC:1905-1931", lambda c: "full" in c.layout.recompute and len(c.layout.recompute) > 1, ("recompute",)),
-    Rule("mcore.moe_act_needs_grouped_gemm", "moe_act recompute needs --moe-grouped-gemm", "TC:1966",
-         lambda c: "moe_act" in c.layout.recompute and not c.moe_grouped_gemm, ("recompute",)),
-    Rule("mcore.offload_known", "unknown --offload-modules entry", "TC:2127-2195",
-         lambda c: not set(c.layout.offload) <= OFFLOAD_MODULES, ("offload",)),
-    Rule("mcore.offload_vs_moe_recompute", "no moe_act/expert_fc1/fused_group_mlp offload while moe is recomputed",
-         "TC:2127-2195",
-         lambda c: "moe" in c.layout.recompute
-         and bool({"moe_act", "expert_fc1", "fused_group_mlp"} & set(c.layout.offload)),
-         ("recompute", "offload")),
-    Rule("mcore.attn_proj_offload_needs_core_attn", "attn_proj offload needs core_attn offload", "TC:2127-2195",
-         lambda c: "attn_proj" in c.layout.offload and "core_attn" not in c.layout.offload, ("offload",)),
-    Rule("mcore.mhc_recompute_vs_norm_offload", "mhc recompute conflicts with attn_norm/mlp_norm offload",
-         "dev TC:2294-2401",
-         lambda c: "mhc" in c.layout.recompute and bool({"attn_norm", "mlp_norm"} & set(c.layout.offload)),
-         ("recompute", "offload")),
-    Rule("mcore.offload_without_cpu_offloading", "fine-grained offload cannot be combined with cpu_offloading",
-         "TC:2127-2195", lambda c: bool(c.layout.offload) and _has_flag(c, ("--cpu-offloading-num-layers",)),
-         ("offload", "recompute"), "argv"),
+    Rule(
+        "mcore.recompute_known",
+        "unknown --recompute-modules entry",
+        "dev TC:2197",
+        lambda c: not set(c.layout.recompute) <= RECOMPUTE_MODULES,
+        ("recompute",),
+    ),
+    Rule(
+        "mcore.full_vs_selective",
+        "full recompute cannot be combined with selective modules",
+        "TC:1905-1931",
+        lambda c: "full" in c.layout.recompute and len(c.layout.recompute) > 1,
+        ("recompute",),
+    ),
+    Rule(
+        "mcore.moe_act_needs_grouped_gemm",
+        "moe_act recompute needs --moe-grouped-gemm",
+        "TC:1966",
+        lambda c: "moe_act" in c.layout.recompute and not c.moe_grouped_gemm,
+        ("recompute",),
+    ),
+    Rule(
+        "mcore.offload_known",
+        "unknown --offload-modules entry",
+        "TC:2127-2195",
+        lambda c: not set(c.layout.offload) <= OFFLOAD_MODULES,
+        ("offload",),
+    ),
+    Rule(
+        "mcore.offload_vs_moe_recompute",
+        "no moe_act/expert_fc1/fused_group_mlp offload while moe is recomputed",
+        "TC:2127-2195",
+        lambda c: (
+            "moe" in c.layout.recompute and bool({"moe_act", "expert_fc1", "fused_group_mlp"} & set(c.layout.offload))
+        ),
+        ("recompute", "offload"),
+    ),
+    Rule(
+        "mcore.attn_proj_offload_needs_core_attn",
+        "attn_proj offload needs core_attn offload",
+        "TC:2127-2195",
+        lambda c: "attn_proj" in c.layout.offload and "core_attn" not in c.layout.offload,
+        ("offload",),
+    ),
+    Rule(
+        "mcore.mhc_recompute_vs_norm_offload",
+        "mhc recompute conflicts with attn_norm/mlp_norm offload",
+        "dev TC:2294-2401",
+        lambda c: "mhc" in c.layout.recompute and bool({"attn_norm", "mlp_norm"} & set(c.layout.offload)),
+        ("recompute", "offload"),
+    ),
+    Rule(
+        "mcore.offload_without_cpu_offloading",
+        "fine-grained offload cannot be combined with cpu_offloading",
+        "TC:2127-2195",
+        lambda c: bool(c.layout.offload) and _has_flag(c, ("--cpu-offloading-num-layers",)),
+        ("offload", "recompute"),
+        "argv",
+    ),
     # ---- Memory (last) ----
-    Rule("mem.exceeds_hbm", "heaviest rank's predicted memory + margin exceeds HBM",
-         "guide §显存估算 (M_peak = weight + grad + optimizer + activation + comm + workspace + runtime)",
-         lambda c: c.memory_gb is not None and c.memory_gb + c.stage.memory_margin_gb > c.hw.hbm_gb,
-         (), "memory"),
+    Rule(
+        "mem.exceeds_hbm",
+        "heaviest rank's predicted memory + margin exceeds HBM",
+        "guide §显存估算 (M_peak = weight + grad + optimizer + activation + comm + workspace + runtime)",
+        lambda c: c.memory_gb is not None and c.memory_gb + c.stage.memory_margin_gb > c.hw.hbm_gb,
+        (),
+        "memory",
+    ),
 )
 
 BY_ID = {r.id: r for r in RULES}
 assert len(BY_ID) == len(RULES), "duplicate rule id"
 
 
-def violations(ctx: Ctx, rules: Sequence[Rule] = RULES) -> List[Rule]:
+def violations(ctx: Ctx, rules: Sequence[Rule] = RULES) -> list[Rule]:
     """The rules `ctx` violates (of those given), in RULES order."""
     return [r for r in rules if r.predicate(ctx)]
 
 
-def by_phase(phase: str, rules: Sequence[Rule] = RULES) -> Tuple[Rule, ...]:
+def by_phase(phase: str, rules: Sequence[Rule] = RULES) -> tuple[Rule, ...]:
     return tuple(r for r in rules if r.phase == phase)

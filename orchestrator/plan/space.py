@@ -5,27 +5,38 @@ the planner, the rules and the ledger key need one spelling per knob value, so t
 same set never become two candidates. Legality is not decided here (that is rules.py): even values
 no rule accepts are enumerated, so the planner can say which rule rejects them.
 """
+
 from __future__ import annotations
 
 import itertools
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Iterator, Sequence
 
 from orchestrator.plan.layout import Layout
 from orchestrator.schema import SearchConfig
 
 # Walk order of the knobs. The planner walks them in this order too, checking each rule as soon as
 # every knob it reads is bound, so cheap rules that reject a whole subtree run near the root.
-KNOBS: Tuple[str, ...] = (
-    "pp", "vpp", "tp", "cp", "mbs", "ep", "etp",
-    "recompute", "offload", "dispatcher", "capacity_factor", "use_tp_pp_dp_mapping",
+KNOBS: tuple[str, ...] = (
+    "pp",
+    "vpp",
+    "tp",
+    "cp",
+    "mbs",
+    "ep",
+    "etp",
+    "recompute",
+    "offload",
+    "dispatcher",
+    "capacity_factor",
+    "use_tp_pp_dp_mapping",
 )
 
 # Layout field -> the knob that sets it ("dispatcher" sets both dispatcher and flex_backend).
-FIELD_KNOB: Dict[str, str] = {k: k for k in KNOBS}
+FIELD_KNOB: dict[str, str] = {k: k for k in KNOBS}
 FIELD_KNOB["flex_backend"] = "dispatcher"
 
 
-def parse_dispatcher(label: str) -> Tuple[str, Optional[str]]:
+def parse_dispatcher(label: str) -> tuple[str, str | None]:
     """'flex:deepep' -> ('flex', 'deepep'); 'alltoall' -> ('alltoall', None).
 
     A bare 'flex' means Megatron's default backend, deepep, spelled out so the key is unique.
@@ -46,7 +57,7 @@ def _unique(values: Sequence) -> list:
     return out
 
 
-def knob_values(search: SearchConfig) -> Dict[str, list]:
+def knob_values(search: SearchConfig) -> dict[str, list]:
     """Normalised, de-duplicated values of each knob, in KNOBS order.
 
     recompute/offload sets become sorted tuples; dispatcher values become (dispatcher, flex_backend).
@@ -67,7 +78,7 @@ def knob_values(search: SearchConfig) -> Dict[str, list]:
     }
 
 
-def make_layout(assignment: Dict[str, object]) -> Layout:
+def make_layout(assignment: dict[str, object]) -> Layout:
     """A Layout from a knob -> value mapping (missing knobs keep Layout's defaults)."""
     kw = dict(assignment)
     if "dispatcher" in kw:
@@ -90,6 +101,6 @@ def raw_count(search: SearchConfig) -> int:
     return n
 
 
-def knob_sizes(search: SearchConfig) -> List[Tuple[str, int]]:
+def knob_sizes(search: SearchConfig) -> list[tuple[str, int]]:
     """(knob, number of values) pairs, for explaining where the raw count comes from."""
     return [(k, len(v)) for k, v in knob_values(search).items()]

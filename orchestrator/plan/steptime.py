@@ -29,17 +29,19 @@ Per step (slowest rank r*, m microbatches):
   optimizer  = Muon Newton-Schulz FLOPs on the local shard + one memory pass over master, moments,
                grads and weights at HBM bandwidth.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from orchestrator.plan import moe as moe_model
 from orchestrator.plan.flops import peak_tflops, profile, recompute_block
 from orchestrator.plan.memory import DEFAULT_ROUTING_SIGMA, GRAD_BYTES, WEIGHT_BYTES, _cum
 from orchestrator.plan.params import _Frozen, block_ratios, model_key, param_counts
-from orchestrator.plan.pipeline import bubble as bubble_fraction, checked_split
+from orchestrator.plan.pipeline import bubble as bubble_fraction
+from orchestrator.plan.pipeline import checked_split
 
 COMPONENTS = ("compute", "a2a", "cp_exchange", "pp_p2p", "bubble", "grad_sync", "optimizer")
 
@@ -55,9 +57,9 @@ class StepTime:
     """Predicted seconds per optimizer step: total and the COMPONENTS that sum to it."""
 
     total_s: float
-    components: Dict[str, float] = field(default_factory=dict)
+    components: dict[str, float] = field(default_factory=dict)
     slowest_stage: int = 0
-    stage_times_s: Tuple[float, ...] = ()  # per-microbatch time of each PP rank (compute + exposed comm)
+    stage_times_s: tuple[float, ...] = ()  # per-microbatch time of each PP rank (compute + exposed comm)
 
     def tokens_per_s(self, tokens_per_step: int) -> float:
         return tokens_per_step / self.total_s if self.total_s > 0 else 0.0
@@ -65,15 +67,15 @@ class StepTime:
 
 @dataclass(frozen=True, eq=False)
 class _TimePrefix:
-    gemm: Tuple[float, ...]  # forward FLOPs per token, cumulative over blocks
-    expert: Tuple[float, ...]
-    attn: Tuple[float, ...]
-    recompute: Tuple[float, ...]
-    moe: Tuple[int, ...]
-    cp_seq: Tuple[float, ...]  # CP gather bytes per sequence token (compressed KV + indexer keys)
-    cp_fixed: Tuple[float, ...]  # CP window boundary bytes per block
-    dense_params: Tuple[float, ...]
-    routed_params: Tuple[float, ...]
+    gemm: tuple[float, ...]  # forward FLOPs per token, cumulative over blocks
+    expert: tuple[float, ...]
+    attn: tuple[float, ...]
+    recompute: tuple[float, ...]
+    moe: tuple[int, ...]
+    cp_seq: tuple[float, ...]  # CP gather bytes per sequence token (compressed KV + indexer keys)
+    cp_fixed: tuple[float, ...]  # CP window boundary bytes per block
+    dense_params: tuple[float, ...]
+    routed_params: tuple[float, ...]
     last_gemm: float  # head(s) + MTP blocks' non-expert work per token
     last_expert: float
     last_attn: float
@@ -88,13 +90,13 @@ class _TimePrefix:
 
 
 @lru_cache(maxsize=512)
-def _time_prefix(key, n: int, seq: int, recompute: Tuple[str, ...]) -> _TimePrefix:
+def _time_prefix(key, n: int, seq: int, recompute: tuple[str, ...]) -> _TimePrefix:
     m = _Frozen(key)
     prof = profile(m, seq, n)
     pc = param_counts(m, n)
     rkv, di = m.kv_lora_rank, m.dsa_indexer_head_dim
 
-    def cp_bytes(ratio: int) -> Tuple[float, float]:
+    def cp_bytes(ratio: int) -> tuple[float, float]:
         seq_b = 0.0
         if ratio:  # one compressed KV entry (r_kv wide) per `ratio` tokens, BF16
             seq_b = rkv * 2.0 / ratio
@@ -125,7 +127,9 @@ def _time_prefix(key, n: int, seq: int, recompute: Tuple[str, ...]) -> _TimePref
         last_moe=depth if mb is not None and mb.expert else 0,
         embedding=float(pc.embedding),
         mtp_embedding=float(pc.embedding if depth else 0),
-        last_dense=float(pc.output_head + depth * pc.mtp - depth * (pc.mtp_block.routed_experts if pc.mtp_block else 0)),
+        last_dense=float(
+            pc.output_head + depth * pc.mtp - depth * (pc.mtp_block.routed_experts if pc.mtp_block else 0)
+        ),
         last_routed=float(depth * (pc.mtp_block.routed_experts if pc.mtp_block else 0)),
     )
 
@@ -135,7 +139,7 @@ def expert_efficiency(t_expert: float) -> float:
     return t_expert / (t_expert + EXPERT_GEMM_HALF_TOKENS) if t_expert > 0 else 0.0
 
 
-def _remote_copies(dispatcher: str, k: int, ep: int, ep_nodes: int) -> Tuple[float, float]:
+def _remote_copies(dispatcher: str, k: int, ep: int, ep_nodes: int) -> tuple[float, float]:
     """(copies of a token crossing the network, copies staying on NVLink) per dispatch."""
     if dispatcher == "allgather":
         remote_share = 1 - 1 / ep_nodes if ep_nodes > 1 else 0.0
@@ -144,14 +148,24 @@ def _remote_copies(dispatcher: str, k: int, ep: int, ep_nodes: int) -> Tuple[flo
         return 0.0, float(k)
     if dispatcher == "flex":  # DeepEP/HybridEP: one copy per distinct remote node, fan-out on NVLink
         q = 1 - 1 / ep_nodes
-        remote = (ep_nodes - 1) * (1 - q ** k)
+        remote = (ep_nodes - 1) * (1 - q**k)
         return remote, float(k) / ep_nodes
     return k * (1 - 1 / ep_nodes), k / ep_nodes
 
 
-def step_time(model, hw, stage, layout, groups, blocks_per_segment: Sequence[int], ep_nodes: int,
-              cp_nodes: int, factors: Optional[Mapping[str, float]] = None, *,
-              routing_sigma: float = DEFAULT_ROUTING_SIGMA) -> StepTime:
+def step_time(
+    model,
+    hw,
+    stage,
+    layout,
+    groups,
+    blocks_per_segment: Sequence[int],
+    ep_nodes: int,
+    cp_nodes: int,
+    factors: Mapping[str, float] | None = None,
+    *,
+    routing_sigma: float = DEFAULT_ROUTING_SIGMA,
+) -> StepTime:
     """Predicted step time of `layout` (see the module docstring for every formula)."""
     if factors:
         unknown = set(factors) - set(COMPONENTS)
@@ -176,13 +190,14 @@ def step_time(model, hw, stage, layout, groups, blocks_per_segment: Sequence[int
     nvl = hw.nvlink_gb_s * 1e9
     nic = hw.nic_gb_s * 1e9
     domain_gpus = max(1, ep_nodes) * stage.gpus_per_node
-    one_domain = ep_nodes <= 1 or (layout.dispatcher == "flex" and layout.flex_backend == "hybridep"
-                                   and domain_gpus <= hw.gpus_per_nvlink_domain)
+    one_domain = ep_nodes <= 1 or (
+        layout.dispatcher == "flex" and layout.flex_backend == "hybridep" and domain_gpus <= hw.gpus_per_nvlink_domain
+    )
     remote, local = _remote_copies(layout.dispatcher, k, ep, 1 if one_domain else ep_nodes)
     passes = 4.0 * (1.5 if ("moe" in layout.recompute or "full" in layout.recompute) else 1.0)
     tok_bytes = t / tp * h * 2.0 * passes * skew  # ETP regroups the same GPUs: no change per GPU
     a2a_layer = max(remote * tok_bytes / nic, local * tok_bytes / nvl) / hw.a2a_efficiency if ep > 1 else 0.0
-    a2a_layer *= (1.0 - hw.a2a_overlap)
+    a2a_layer *= 1.0 - hw.a2a_overlap
     # CP boundary exchange bandwidth, PP p2p seconds per boundary transfer
     cp_bw = (nvl if cp_nodes <= 1 else nic) * hw.p2p_efficiency
     stage_spans_nodes = stage.gpus // pp > stage.gpus_per_node
@@ -195,9 +210,15 @@ def step_time(model, hw, stage, layout, groups, blocks_per_segment: Sequence[int
     sums = _rank_sums(px, bps, pp, vpp)
     per_rank = []
     for g, ex, at, rc, cps, cpf, moe_layers, _, _ in sums:
-        compute = t / tp * ((3 * g + rc) / (peak * hw.gemm_efficiency)
-                            + 3 * at / (peak_attn * hw.attention_efficiency)
-                            + 3 * ex * skew / (peak * eff_expert if eff_expert else peak))
+        compute = (
+            t
+            / tp
+            * (
+                (3 * g + rc) / (peak * hw.gemm_efficiency)
+                + 3 * at / (peak_attn * hw.attention_efficiency)
+                + 3 * ex * skew / (peak * eff_expert if eff_expert else peak)
+            )
+        )
         a2a = moe_layers * a2a_layer
         cpx = 2 * ((cp - 1) / cp * b * S * cps + cpf) / cp_bw if cp > 1 else 0.0
         per_rank.append((compute, a2a, cpx, p2p))
@@ -219,12 +240,11 @@ def step_time(model, hw, stage, layout, groups, blocks_per_segment: Sequence[int
     if factors:
         for c, x in factors.items():
             comp[c] *= float(x)
-    return StepTime(total_s=sum(comp.values()), components=comp, slowest_stage=slow,
-                    stage_times_s=tuple(totals))
+    return StepTime(total_s=sum(comp.values()), components=comp, slowest_stage=slow, stage_times_s=tuple(totals))
 
 
 @lru_cache(maxsize=4096)
-def _rank_sums(px: _TimePrefix, bps: Tuple[int, ...], pp: int, vpp: int) -> Tuple[tuple, ...]:
+def _rank_sums(px: _TimePrefix, bps: tuple[int, ...], pp: int, vpp: int) -> tuple[tuple, ...]:
     """Per PP rank: (gemm, expert, attn, recompute, cp_seq, cp_fixed, moe layers, dense params,
     routed params) summed over its segments, with the last rank's head/MTP extras. Cached: a planner
     sees few distinct splits, so the per-candidate work is scalar arithmetic over PP ranks."""
@@ -234,15 +254,36 @@ def _rank_sums(px: _TimePrefix, bps: Tuple[int, ...], pp: int, vpp: int) -> Tupl
         acc = [0.0] * 9
         for s in range(r, pp * vpp, pp):
             a, z = starts[s], starts[s + 1]
-            for j, arr in enumerate((px.gemm, px.expert, px.attn, px.recompute, px.cp_seq, px.cp_fixed,
-                                     px.moe, px.dense_params, px.routed_params)):
+            for j, arr in enumerate(
+                (
+                    px.gemm,
+                    px.expert,
+                    px.attn,
+                    px.recompute,
+                    px.cp_seq,
+                    px.cp_fixed,
+                    px.moe,
+                    px.dense_params,
+                    px.routed_params,
+                )
+            ):
                 acc[j] += arr[z] - arr[a]
         if r == 0:
             acc[7] += px.embedding
         if r == pp - 1:
-            for j, x in enumerate((px.last_gemm, px.last_expert, px.last_attn, px.last_recompute,
-                                   px.last_cp_seq, px.last_cp_fixed, px.last_moe, px.last_dense,
-                                   px.last_routed)):
+            for j, x in enumerate(
+                (
+                    px.last_gemm,
+                    px.last_expert,
+                    px.last_attn,
+                    px.last_recompute,
+                    px.last_cp_seq,
+                    px.last_cp_fixed,
+                    px.last_moe,
+                    px.last_dense,
+                    px.last_routed,
+                )
+            ):
                 acc[j] += x
             if pp > 1:
                 acc[7] += px.mtp_embedding

@@ -2,15 +2,14 @@
 
 Pluggable: conf/policy/<name>.yaml sets `name`, which selects a class from POLICIES.
 """
-from __future__ import annotations
 
-from typing import Dict, Type
+from __future__ import annotations
 
 from orchestrator.errors import UserError
 from orchestrator.schema import PolicyConfig
 
 
-def _registry() -> Dict[str, Type]:
+def _registry() -> dict[str, type]:
     from orchestrator.policy.propose import CalibratedNeighbours, PredictedTopK
 
     return {cls.name: cls for cls in (CalibratedNeighbours, PredictedTopK)}

@@ -10,11 +10,12 @@ Memory: factor = median(measured heaviest-rank peak / predicted), raised so ever
 would be predicted over capacity (its neighbours get pruned), but never so far that a layout that ran
 would be predicted infeasible.
 """
+
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -30,21 +31,21 @@ class Fit:
     """One round's calibration: what was fitted, on how much evidence, and how wrong the model was."""
 
     method: str  # none | ratio | components
-    factors: Dict[str, float] = field(default_factory=dict)  # component -> multiplier
+    factors: dict[str, float] = field(default_factory=dict)  # component -> multiplier
     memory_factor: float = 1.0
     n_step: int = 0
     n_memory: int = 0
     n_oom: int = 0
-    mape_before: Optional[float] = None  # step time, raw planner vs measured (fraction)
-    mape_after: Optional[float] = None  # step time, calibrated vs measured (in sample)
-    loo_mape: Optional[float] = None  # leave-one-out MAPE of the chosen method
-    memory_mape_before: Optional[float] = None
-    memory_mape_after: Optional[float] = None
+    mape_before: float | None = None  # step time, raw planner vs measured (fraction)
+    mape_after: float | None = None  # step time, calibrated vs measured (in sample)
+    loo_mape: float | None = None  # leave-one-out MAPE of the chosen method
+    memory_mape_before: float | None = None
+    memory_mape_after: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def predict(self, components: Dict[str, float]) -> float:
+    def predict(self, components: dict[str, float]) -> float:
         return sum(self.factors.get(c, 1.0) * v for c, v in components.items())
 
 
@@ -74,12 +75,12 @@ def nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-10) -> np.ndarray:
     return x
 
 
-def _mape(pred: Sequence[float], meas: Sequence[float]) -> Optional[float]:
+def _mape(pred: Sequence[float], meas: Sequence[float]) -> float | None:
     pairs = [(p, m) for p, m in zip(pred, meas) if m]
     return sum(abs(p - m) / m for p, m in pairs) / len(pairs) if pairs else None
 
 
-def _fit_components(rows: List[Observation], names: List[str]) -> Dict[str, float]:
+def _fit_components(rows: list[Observation], names: list[str]) -> dict[str, float]:
     """Regularized NNLS on relative residuals over the components that vary in these rows."""
     y = np.array([r.step_s for r in rows], dtype=float)
     a = np.array([[r.raw_components.get(c, 0.0) for c in names] for r in rows], dtype=float) / y[:, None]
@@ -97,12 +98,12 @@ def _fit_components(rows: List[Observation], names: List[str]) -> Dict[str, floa
     return factors
 
 
-def _ratio(rows: List[Observation]) -> float:
+def _ratio(rows: list[Observation]) -> float:
     return float(statistics.median(r.step_s / r.raw_step_s for r in rows if r.raw_step_s > 0))
 
 
-def _component_names(rows: List[Observation]) -> List[str]:
-    names: List[str] = []
+def _component_names(rows: list[Observation]) -> list[str]:
+    names: list[str] = []
     for r in rows:
         for c in r.raw_components:
             if c not in names:
@@ -110,16 +111,16 @@ def _component_names(rows: List[Observation]) -> List[str]:
     return names
 
 
-def _predict(factors: Dict[str, float], row: Observation) -> float:
+def _predict(factors: dict[str, float], row: Observation) -> float:
     return sum(factors.get(c, 1.0) * v for c, v in row.raw_components.items())
 
 
-def _loo(rows: List[Observation], names: List[str], method: str) -> Optional[float]:
+def _loo(rows: list[Observation], names: list[str], method: str) -> float | None:
     if len(rows) < 2:
         return None
     errs = []
     for i, held in enumerate(rows):
-        rest = rows[:i] + rows[i + 1:]
+        rest = rows[:i] + rows[i + 1 :]
         if method == "ratio":
             pred = _ratio(rest) * held.raw_step_s
         else:
@@ -151,13 +152,19 @@ def calibrate(rows: Sequence[Observation], *, hbm_gb: float, margin_gb: float) -
     """Fit step-time factors and the memory factor on every measured row; report errors before/after."""
     ok = [r for r in rows if r.ok and r.raw_step_s > 0]
     names = _component_names(ok)
-    fit = Fit(method="none", factors={c: 1.0 for c in names}, n_step=len(ok),
-              n_memory=sum(1 for r in rows if r.peak_gb), n_oom=sum(1 for r in rows if r.failure_class == "OOM"))
+    fit = Fit(
+        method="none",
+        factors={c: 1.0 for c in names},
+        n_step=len(ok),
+        n_memory=sum(1 for r in rows if r.peak_gb),
+        n_oom=sum(1 for r in rows if r.failure_class == "OOM"),
+    )
     fit.memory_factor = memory_factor(rows, hbm_gb=hbm_gb, margin_gb=margin_gb)
     mem_rows = [r for r in rows if r.peak_gb and r.raw_memory_gb > 0]
     fit.memory_mape_before = _mape([r.raw_memory_gb for r in mem_rows], [r.peak_gb for r in mem_rows])
-    fit.memory_mape_after = _mape([r.raw_memory_gb * fit.memory_factor for r in mem_rows],
-                                  [r.peak_gb for r in mem_rows])
+    fit.memory_mape_after = _mape(
+        [r.raw_memory_gb * fit.memory_factor for r in mem_rows], [r.peak_gb for r in mem_rows]
+    )
     if not ok:
         return fit
     fit.mape_before = _mape([r.raw_step_s for r in ok], [r.step_s for r in ok])

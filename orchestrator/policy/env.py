@@ -3,10 +3,10 @@
 A thin adapter over orchestrator.plan.planner so the policy speaks in Proposals and raw/calibrated
 predictions, and so the cost estimate (GPU-hours) lives in one place.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
 
 from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
@@ -23,26 +23,40 @@ class PlanEnv:
     stage: StageConfig
     workload: str = "twin"
 
-    def plan(self, factors: Optional[Dict[str, float]] = None, memory_factor: float = 1.0) -> List:
+    def plan(self, factors: dict[str, float] | None = None, memory_factor: float = 1.0) -> list:
         """Feasible candidates (Planned), best predicted step time first."""
-        res = planner.plan(self.model, self.hardware, self.stage, factors=factors or None,
-                           memory_factor=memory_factor, workload=self.workload)
+        res = planner.plan(
+            self.model,
+            self.hardware,
+            self.stage,
+            factors=factors or None,
+            memory_factor=memory_factor,
+            workload=self.workload,
+        )
         return [c for c in res.candidates if c.prediction.feasible]
 
-    def evaluate(self, layout: Layout, factors: Optional[Dict[str, float]] = None, memory_factor: float = 1.0):
+    def evaluate(self, layout: Layout, factors: dict[str, float] | None = None, memory_factor: float = 1.0):
         """Planned when legal and feasible under this calibration, else None."""
-        out = planner.evaluate(self.model, self.hardware, self.stage, layout, factors=factors or None,
-                               memory_factor=memory_factor, workload=self.workload)
+        out = planner.evaluate(
+            self.model,
+            self.hardware,
+            self.stage,
+            layout,
+            factors=factors or None,
+            memory_factor=memory_factor,
+            workload=self.workload,
+        )
         return out if isinstance(out, planner.Planned) and out.prediction.feasible else None
 
-    def raw(self, layout: Layout) -> Optional[Tuple[Dict[str, float], float, float]]:
+    def raw(self, layout: Layout) -> tuple[dict[str, float], float, float] | None:
         """(components, step_s, memory_gb) with no calibration, even for a layout over HBM.
 
         The memory rule would reject an over-capacity layout and hide its components, so the memory model
         is evaluated scaled down by RAW_SCALE (never over capacity) and scaled back.
         """
-        out = planner.evaluate(self.model, self.hardware, self.stage, layout, memory_factor=RAW_SCALE,
-                               workload=self.workload)
+        out = planner.evaluate(
+            self.model, self.hardware, self.stage, layout, memory_factor=RAW_SCALE, workload=self.workload
+        )
         if not isinstance(out, planner.Planned):
             return None
         p = out.prediction
@@ -53,14 +67,36 @@ class PlanEnv:
         iters = self.stage.warmup_iters + self.stage.measure_iters
         return self.stage.gpus * step_s * iters / 3600.0
 
-    def proposal(self, planned, *, reason: str, factors: Optional[Dict[str, float]] = None,
-                 memory_factor: float = 1.0, parent_key: Optional[str] = None,
-                 edge_kind: Optional[str] = None) -> Proposal:
+    def proposal(
+        self,
+        planned,
+        *,
+        reason: str,
+        factors: dict[str, float] | None = None,
+        memory_factor: float = 1.0,
+        parent_key: str | None = None,
+        edge_kind: str | None = None,
+    ) -> Proposal:
         """A Proposal carrying the calibrated prediction plus the raw one calibration will need later."""
-        comps, step, mem = self.raw(planned.layout) or (planned.prediction.step_components,
-                                                         planned.prediction.step_time_s, planned.prediction.memory_gb)
-        pred = prediction_dict(planned.prediction, raw_components=comps, raw_step_s=step, raw_memory_gb=mem,
-                               factors=factors, memory_factor=memory_factor)
-        return Proposal(key=planned.key, layout=planned.layout, predicted=pred, reason=reason,
-                        parent_key=parent_key, edge_kind=edge_kind,
-                        est_gpu_hours=self.gpu_hours(planned.prediction.step_time_s))
+        comps, step, mem = self.raw(planned.layout) or (
+            planned.prediction.step_components,
+            planned.prediction.step_time_s,
+            planned.prediction.memory_gb,
+        )
+        pred = prediction_dict(
+            planned.prediction,
+            raw_components=comps,
+            raw_step_s=step,
+            raw_memory_gb=mem,
+            factors=factors,
+            memory_factor=memory_factor,
+        )
+        return Proposal(
+            key=planned.key,
+            layout=planned.layout,
+            predicted=pred,
+            reason=reason,
+            parent_key=parent_key,
+            edge_kind=edge_kind,
+            est_gpu_hours=self.gpu_hours(planned.prediction.step_time_s),
+        )

@@ -5,16 +5,16 @@ microbatch count m = B / (b x D_a), which inflates the pipeline bubble (p-1)/(m+
 context parallelism: CP x D_a = N / (PP x TP), so raising CP restores m. Expert parallelism is kept or
 widened (more GPUs per stage leave room for a wider EP group).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import List
 
 from orchestrator.plan.layout import Layout, groups
 from orchestrator.schema import StageConfig
 
 
-def promoted_layouts(src: Layout, src_stage: StageConfig, dst: StageConfig, *, limit: int = 3) -> List[Layout]:
+def promoted_layouts(src: Layout, src_stage: StageConfig, dst: StageConfig, *, limit: int = 3) -> list[Layout]:
     """Legal mappings of `src` to `dst`, best first: same layout, the CP that best restores m, EP widened."""
     src_m = groups(src, src_stage.gpus, src_stage.global_batch).m or 1
     cps = sorted(c for c in dst.search.cp if c >= src.cp)
@@ -31,7 +31,7 @@ def promoted_layouts(src: Layout, src_stage: StageConfig, dst: StageConfig, *, l
         m = groups(lay, dst.gpus, dst.global_batch).m or 0
         return abs(m - src_m) / src_m
 
-    out: List[Layout] = []
+    out: list[Layout] = []
 
     def add(lay: Layout) -> None:
         if legal(lay) and lay not in out:

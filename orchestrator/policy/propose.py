@@ -7,16 +7,25 @@ plus the calibrated model's top pick when it predicts a real gain.
 
 `predicted_topk`: the baseline. Walks down the uncalibrated planner ranking, never looks at a measurement.
 """
+
 from __future__ import annotations
 
+import itertools
 import statistics
-from typing import Dict, List, Optional
 
 from orchestrator.policy.calibrate import Fit, calibrate
 from orchestrator.policy.env import PlanEnv
 from orchestrator.policy.promote import promoted_layouts
-from orchestrator.policy.select import (KNOBS, best_measured, changed_knob, diverse_top, knob_value, measured_rank,
-                                        oom_dominated, round_robin)
+from orchestrator.policy.select import (
+    KNOBS,
+    best_measured,
+    changed_knob,
+    diverse_top,
+    knob_value,
+    measured_rank,
+    oom_dominated,
+    round_robin,
+)
 from orchestrator.policy.types import Observation, Proposal, RoundInput, RoundPlan
 from orchestrator.schema import PolicyConfig, StageConfig
 
@@ -33,14 +42,14 @@ class Policy:
     def __init__(self, cfg: PolicyConfig):
         self.cfg = cfg
 
-    def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: Optional[StageConfig] = None) -> RoundPlan:
+    def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: StageConfig | None = None) -> RoundPlan:
         raise NotImplementedError
 
     def round_size(self, inp: RoundInput) -> int:
         return max(0, min(self.cfg.round0_size if inp.round == 0 else self.cfg.round_size, inp.slots))
 
     @staticmethod
-    def within_budget(props: List[Proposal], slots: int, gpu_hours_left: float) -> List[Proposal]:
+    def within_budget(props: list[Proposal], slots: int, gpu_hours_left: float) -> list[Proposal]:
         """Keep proposals in order while runs and (estimated) GPU-hours last."""
         out, spent = [], 0.0
         for p in props:
@@ -52,7 +61,7 @@ class Policy:
             spent += p.est_gpu_hours
         return out
 
-    def converged(self, rows: List[Observation]) -> bool:
+    def converged(self, rows: list[Observation]) -> bool:
         """No gain > converge_gain over the best so far for converge_rounds consecutive rounds (round >= 1)."""
         rounds = sorted({r.round for r in rows})
         if len(rounds) <= self.cfg.converge_rounds:
@@ -62,31 +71,40 @@ class Policy:
             b = best_measured([r for r in rows if r.round <= rnd])
             best_by_round.append(b.step_s if b else float("inf"))
         streak = 0
-        for prev, cur in zip(best_by_round, best_by_round[1:]):
+        for prev, cur in itertools.pairwise(best_by_round):
             gained = prev != float("inf") and cur < prev * (1.0 - self.cfg.converge_gain)
             streak = 0 if gained or prev == float("inf") else streak + 1
         return streak >= self.cfg.converge_rounds
 
-    def _promotions(self, env: PlanEnv, inp: RoundInput, source_stage: StageConfig, fit: Optional[Fit],
-                    limit: int) -> List[Proposal]:
+    def _promotions(
+        self, env: PlanEnv, inp: RoundInput, source_stage: StageConfig, fit: Fit | None, limit: int
+    ) -> list[Proposal]:
         """The source stage's measured top-K, each mapped to this stage (CP restores m, EP kept/widened)."""
         factors, mem = (fit.factors, fit.memory_factor) if fit else (None, 1.0)
-        per_source: List[List[Proposal]] = []
+        per_source: list[list[Proposal]] = []
         for src in measured_rank(inp.source)[: self.cfg.promote_top_k]:
             props = []
             for lay in promoted_layouts(src.layout, source_stage, env.stage):
                 planned = env.evaluate(lay, factors, mem)
                 if planned is not None and planned.key not in inp.known_keys:
-                    props.append(env.proposal(planned, reason="promoted", factors=factors, memory_factor=mem,
-                                              parent_key=src.key, edge_kind="promoted-from"))
+                    props.append(
+                        env.proposal(
+                            planned,
+                            reason="promoted",
+                            factors=factors,
+                            memory_factor=mem,
+                            parent_key=src.key,
+                            edge_kind="promoted-from",
+                        )
+                    )
             per_source.append(props)
         return round_robin(per_source, limit, key=lambda p: p.key)
 
 
-def anchors(rows: List[Observation], k: int, knobs=("ep", "pp", "cp")) -> List[Observation]:
+def anchors(rows: list[Observation], k: int, knobs=("ep", "pp", "cp")) -> list[Observation]:
     """The best k measured layouts that differ from each other in EP, PP or CP: local search around
     distinct regions, not around two copies of the best that differ only in dispatcher or recompute."""
-    out: List[Observation] = []
+    out: list[Observation] = []
     for r in measured_rank(rows):
         if all(any(knob_value(r.layout, kn) != knob_value(a.layout, kn) for kn in knobs) for a in out):
             out.append(r)
@@ -95,20 +113,21 @@ def anchors(rows: List[Observation], k: int, knobs=("ep", "pp", "cp")) -> List[O
     return out
 
 
-def knob_effects(rows: List[Observation]) -> Dict[tuple, List[float]]:
+def knob_effects(rows: list[Observation]) -> dict[tuple, list[float]]:
     """(knob, from, to) -> measured step ratios of every pair of measured layouts differing only in that knob.
 
     A knob change that was measured once (anywhere in the stage) predicts the same change elsewhere better
     than any analytic model: e.g. a dispatcher swap that changed nothing is not worth a run again.
     """
     ok = [r for r in rows if r.ok]
-    out: Dict[tuple, List[float]] = {}
+    out: dict[tuple, list[float]] = {}
     for a in ok:
         for b in ok:
             knob = changed_knob(a.layout, b.layout) if a is not b else None
             if knob:
                 out.setdefault((knob, knob_value(a.layout, knob), knob_value(b.layout, knob)), []).append(
-                    b.step_s / a.step_s)
+                    b.step_s / a.step_s
+                )
     return out
 
 
@@ -116,7 +135,7 @@ class CalibratedNeighbours(Policy):
     name = "calibrated_neighbours"
     calibrates = True
 
-    def fit(self, env: PlanEnv, inp: RoundInput) -> Optional[Fit]:
+    def fit(self, env: PlanEnv, inp: RoundInput) -> Fit | None:
         """Calibrate on this stage's rows; borrow the source stage's when this stage has too few."""
         rows = list(inp.observations)
         if sum(r.ok for r in rows) < 3 and inp.source:
@@ -125,17 +144,17 @@ class CalibratedNeighbours(Policy):
             return None
         return calibrate(rows, hbm_gb=env.hardware.hbm_gb, margin_gb=env.stage.memory_margin_gb)
 
-    def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: Optional[StageConfig] = None) -> RoundPlan:
+    def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: StageConfig | None = None) -> RoundPlan:
         size = self.round_size(inp)
         fit = self.fit(env, inp)
         factors, mem = (fit.factors, fit.memory_factor) if fit else (None, 1.0)
         seen = list(inp.observations) + list(inp.source)
-        cands = [c for c in env.plan(factors, mem) if c.key not in inp.known_keys
-                 and not oom_dominated(c.layout, seen)]
+        cands = [c for c in env.plan(factors, mem) if c.key not in inp.known_keys and not oom_dominated(c.layout, seen)]
 
         def mk(c, reason, **kw) -> Proposal:
             return env.proposal(c, reason=reason, factors=factors, memory_factor=mem, **kw)
-        props: List[Proposal] = []
+
+        props: list[Proposal] = []
         best = best_measured(inp.observations)
         if inp.round == 0 and inp.source and source_stage is not None:
             n_new = max(1, size // 3)
@@ -150,7 +169,7 @@ class CalibratedNeighbours(Policy):
         props = self.within_budget(props, size, inp.gpu_hours_left)
         return RoundPlan(proposals=props, fit=fit, reason=f"{len(props)} proposals ({self.name})")
 
-    def _diverse(self, cands: List, size: int, taken: set) -> List:
+    def _diverse(self, cands: list, size: int, taken: set) -> list:
         pool = [c for c in cands if c.key not in taken]
         if not pool:
             return []
@@ -160,11 +179,12 @@ class CalibratedNeighbours(Policy):
             near = pool[: max(size, len(near))]
         return diverse_top(near, max(0, size - len(taken)), layout_of=lambda c: c.layout)
 
-    def _local(self, inp: RoundInput, cands: List, best_step: float, mk, size: int, *,
-               trust_model: bool, fit: Optional[Fit]) -> List[Proposal]:
+    def _local(
+        self, inp: RoundInput, cands: list, best_step: float, mk, size: int, *, trust_model: bool, fit: Fit | None
+    ) -> list[Proposal]:
         """Neighbours of the best k measured (best predicted per knob first), plus the model's top pick
         when the calibrated model has earned trust (LOO MAPE <= model_trust_mape)."""
-        lists: List[List[tuple]] = []  # (planned, reason, parent_key): Proposals are built only for picks
+        lists: list[list[tuple]] = []  # (planned, reason, parent_key): Proposals are built only for picks
         top = [c for c in cands if c.prediction.step_time_s < best_step * (1.0 - self.cfg.converge_gain)]
         if top and trust_model:
             lists.append([(top[0], "model-top", None)])
@@ -172,7 +192,7 @@ class CalibratedNeighbours(Policy):
         doubt = min(0.5, fit.loo_mape if fit is not None and fit.loo_mape is not None else DEFAULT_DOUBT)
         for b in anchors(inp.observations, self.cfg.top_k_neighbours):
             b_pred = fit.predict(b.raw_components) if fit else b.raw_step_s
-            nbrs: Dict[str, List] = {k: [] for k in KNOBS}
+            nbrs: dict[str, list] = {k: [] for k in KNOBS}
             for c in cands:
                 knob = changed_knob(b.layout, c.layout)
                 if knob:
@@ -196,8 +216,9 @@ class CalibratedNeighbours(Policy):
         if len(picks) < size:  # neighbourhood exhausted: fall back to the calibrated ranking
             taken = {t[0].key for t in picks}
             picks += [(c, "model-top", None) for c in cands if c.key not in taken][: size - len(picks)]
-        return [mk(c, reason, parent_key=parent, edge_kind="neighbour" if parent else None)
-                for c, reason, parent in picks]
+        return [
+            mk(c, reason, parent_key=parent, edge_kind="neighbour" if parent else None) for c, reason, parent in picks
+        ]
 
 
 class PredictedTopK(Policy):
@@ -205,9 +226,9 @@ class PredictedTopK(Policy):
 
     name = "predicted_topk"
 
-    def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: Optional[StageConfig] = None) -> RoundPlan:
+    def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: StageConfig | None = None) -> RoundPlan:
         size = self.round_size(inp)
-        props: List[Proposal] = []
+        props: list[Proposal] = []
         if inp.round == 0 and inp.source and source_stage is not None:
             props = self._promotions(env, inp, source_stage, None, size)
         taken = {p.key for p in props}

@@ -4,14 +4,15 @@ Knobs are grouped the way a person changes them: PP and VPP move together (VPP m
 per PP stage), dispatcher and its flex backend move together. A one-factor neighbour differs in exactly
 one group and in nothing else.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Iterable, Sequence
 
 from orchestrator.plan.layout import Layout
 from orchestrator.policy.types import Observation
 
-KNOBS: Dict[str, Tuple[str, ...]] = {
+KNOBS: dict[str, tuple[str, ...]] = {
     "ep": ("ep",),
     "pp": ("pp", "vpp"),
     "cp": ("cp",),
@@ -26,7 +27,7 @@ def knob_value(layout: Layout, knob: str) -> tuple:
     return tuple(getattr(layout, f) for f in KNOBS[knob])
 
 
-def changed_knob(a: Layout, b: Layout) -> Optional[str]:
+def changed_knob(a: Layout, b: Layout) -> str | None:
     """The one knob group in which a and b differ, or None (equal, several knobs, or another field)."""
     if any(getattr(a, f) != getattr(b, f) for f in a.__dataclass_fields__ if f not in _GROUPED):
         return None
@@ -34,20 +35,23 @@ def changed_knob(a: Layout, b: Layout) -> Optional[str]:
     return diff[0] if len(diff) == 1 else None
 
 
-def diverse_top(items: Sequence, size: int, *, layout_of: Callable[[object], Layout],
-                knobs: Sequence[str] = ("ep", "pp", "cp")) -> List:
+def diverse_top(
+    items: Sequence, size: int, *, layout_of: Callable[[object], Layout], knobs: Sequence[str] = ("ep", "pp", "cp")
+) -> list:
     """Greedy: take items in the given (ranked) order, preferring one that covers knob values not yet seen.
 
     Each pick maximizes the number of uncovered (knob, value) pairs it adds; ties go to the better rank.
     Once every value is covered the rest follow rank order. The calibration then sees each knob vary.
     """
-    chosen: List = []
+    chosen: list = []
     covered = set()
     pool = list(items)
     while pool and len(chosen) < size:
+
         def gain(item) -> int:
             lay = layout_of(item)
             return sum((k, knob_value(lay, k)) not in covered for k in knobs)
+
         best_i = max(range(len(pool)), key=lambda i: (gain(pool[i]), -i))
         pick = pool.pop(best_i)
         chosen.append(pick)
@@ -56,18 +60,18 @@ def diverse_top(items: Sequence, size: int, *, layout_of: Callable[[object], Lay
     return chosen
 
 
-def measured_rank(rows: Iterable[Observation]) -> List[Observation]:
+def measured_rank(rows: Iterable[Observation]) -> list[Observation]:
     """Measured rows, best first: step time p50, then p99, then more memory headroom. Never predictions."""
     ok = [r for r in rows if r.ok]
     return sorted(ok, key=lambda r: (r.step_s, r.p99_s if r.p99_s is not None else float("inf"), -r.headroom_gb))
 
 
-def best_measured(rows: Iterable[Observation]) -> Optional[Observation]:
+def best_measured(rows: Iterable[Observation]) -> Observation | None:
     ranked = measured_rank(rows)
     return ranked[0] if ranked else None
 
 
-def round_robin(lists: Sequence[Sequence], limit: int, *, key: Callable[[object], str]) -> List:
+def round_robin(lists: Sequence[Sequence], limit: int, *, key: Callable[[object], str]) -> list:
     """Merge ranked lists taking one from each in turn, skipping duplicates, up to limit items."""
     out, seen = [], set()
     iters = [list(x) for x in lists]
@@ -84,7 +88,7 @@ def round_robin(lists: Sequence[Sequence], limit: int, *, key: Callable[[object]
     return out
 
 
-def _recompute_level(layout: Layout) -> Optional[int]:
+def _recompute_level(layout: Layout) -> int | None:
     if not layout.recompute:
         return 0
     return 2 if "full" in layout.recompute else None  # selective sets are not ordered among themselves

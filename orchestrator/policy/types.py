@@ -3,10 +3,10 @@
 Why the policy sees only these: the loop decides from the ledger (never from a previous process's memory),
 so a resumed orchestrator proposes exactly what a never-killed one would have.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Set
 
 from orchestrator.plan.layout import Layout
 
@@ -20,13 +20,13 @@ class Observation:
 
     key: str
     layout: Layout
-    raw_components: Dict[str, float]  # planner components with no calibration (seconds)
+    raw_components: dict[str, float]  # planner components with no calibration (seconds)
     raw_step_s: float  # planner step time with no calibration
     raw_memory_gb: float  # planner heaviest-rank peak with no calibration
-    step_s: Optional[float] = None  # measured step p50 (None = no measurement)
-    p99_s: Optional[float] = None
-    peak_gb: Optional[float] = None  # measured heaviest-rank peak (reserved, else allocated)
-    failure_class: Optional[str] = None  # latest attempt's class when it did not succeed
+    step_s: float | None = None  # measured step p50 (None = no measurement)
+    p99_s: float | None = None
+    peak_gb: float | None = None  # measured heaviest-rank peak (reserved, else allocated)
+    failure_class: str | None = None  # latest attempt's class when it did not succeed
     round: int = 0
     hbm_gb: float = 0.0  # capacity the job ran on, for headroom tie-breaks
 
@@ -47,8 +47,8 @@ class Proposal:
     layout: Layout
     predicted: dict  # calibrated prediction (Prediction fields) + raw_components / factors used
     reason: str  # round0 | neighbour:<knob> | model-top | promoted | predicted-topk
-    parent_key: Optional[str] = None
-    edge_kind: Optional[str] = None  # neighbour | promoted-from
+    parent_key: str | None = None
+    edge_kind: str | None = None  # neighbour | promoted-from
     est_gpu_hours: float = 0.0
 
     @property
@@ -61,22 +61,29 @@ class RoundInput:
     """What a policy needs to propose one round, all read from the ledger by the loop."""
 
     round: int
-    observations: List[Observation]  # every candidate of this stage and model with its latest outcome
-    known_keys: Set[str]  # every key already in the ledger for this stage: never launched again
+    observations: list[Observation]  # every candidate of this stage and model with its latest outcome
+    known_keys: set[str]  # every key already in the ledger for this stage: never launched again
     slots: int  # runs the budget still allows this round
     gpu_hours_left: float
-    source: List[Observation] = field(default_factory=list)  # promotion source stage (round 0 only)
+    source: list[Observation] = field(default_factory=list)  # promotion source stage (round 0 only)
 
 
 @dataclass
 class RoundPlan:
-    proposals: List[Proposal]
-    fit: Optional["Fit"] = None  # noqa: F821 - orchestrator.policy.calibrate.Fit
+    proposals: list[Proposal]
+    fit: Fit | None = None  # noqa: F821 - orchestrator.policy.calibrate.Fit
     reason: str = ""
 
 
-def prediction_dict(prediction, *, raw_components: Dict[str, float], raw_step_s: float, raw_memory_gb: float,
-                    factors: Optional[Dict[str, float]] = None, memory_factor: float = 1.0) -> dict:
+def prediction_dict(
+    prediction,
+    *,
+    raw_components: dict[str, float],
+    raw_step_s: float,
+    raw_memory_gb: float,
+    factors: dict[str, float] | None = None,
+    memory_factor: float = 1.0,
+) -> dict:
     """Serialize a Prediction for the ledger, keeping the raw (uncalibrated) numbers calibration needs."""
     d = asdict(prediction) if hasattr(prediction, "__dataclass_fields__") else dict(prediction)
     d["memory_by_stage"] = list(d.get("memory_by_stage") or ())

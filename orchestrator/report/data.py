@@ -4,10 +4,10 @@ Why a separate step: plots and HTML then work on plain data (testable without a 
 ledger is read once. Effective throughput is computed here with jobs.effective from the measured
 save/restore times (or the configured defaults, flagged as such).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
 
 import yaml
 
@@ -17,13 +17,53 @@ from jobs.effective import effective_throughput
 from orchestrator.schema import EffectiveConfig
 
 TABLE_COLUMNS = (
-    "candidate_id", "key", "round", "tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "recompute", "dispatcher",
-    "d_a", "d_e", "m", "pred_bubble", "status", "failure_class", "step_p50_s", "step_p95_s", "step_p99_s",
-    "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "heaviest_rank", "heaviest_pp_stage",
-    "peak_allocated_gb", "peak_reserved_gb", "slowest_rank", "token_drop_fraction", "padding_fraction",
-    "expert_load_p50", "expert_load_p95", "expert_load_p99", "hot_expert_ratio", "pred_step_time_s",
-    "pred_memory_gb", "partial", "simulated", "ckpt_save_s", "ckpt_restore_s", "job_id", "attempt_no",
-    "measure_iters", "warmup_iters", "step_mean_s",
+    "candidate_id",
+    "key",
+    "round",
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "etp",
+    "mbs",
+    "recompute",
+    "dispatcher",
+    "d_a",
+    "d_e",
+    "m",
+    "pred_bubble",
+    "status",
+    "failure_class",
+    "step_p50_s",
+    "step_p95_s",
+    "step_p99_s",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "tflops_per_gpu",
+    "mfu",
+    "heaviest_rank",
+    "heaviest_pp_stage",
+    "peak_allocated_gb",
+    "peak_reserved_gb",
+    "slowest_rank",
+    "token_drop_fraction",
+    "padding_fraction",
+    "expert_load_p50",
+    "expert_load_p95",
+    "expert_load_p99",
+    "hot_expert_ratio",
+    "pred_step_time_s",
+    "pred_memory_gb",
+    "partial",
+    "simulated",
+    "ckpt_save_s",
+    "ckpt_restore_s",
+    "job_id",
+    "attempt_no",
+    "measure_iters",
+    "warmup_iters",
+    "step_mean_s",
 )
 
 
@@ -33,18 +73,18 @@ class Lineage:
 
     parent_sweep: str
     parent_gpus: int
-    parent_step_s: Optional[float]
+    parent_step_s: float | None
     child_sweep: str
     child_gpus: int
-    child_step_s: Optional[float]
+    child_step_s: float | None
     label: str
-    parent_m: Optional[int]
-    child_m: Optional[int]
-    parent_bubble: Optional[float]
-    child_bubble: Optional[float]
+    parent_m: int | None
+    child_m: int | None
+    parent_bubble: float | None
+    child_bubble: float | None
 
     @property
-    def efficiency(self) -> Optional[float]:
+    def efficiency(self) -> float | None:
         """Strong-scaling efficiency = (T_small x N_small) / (T_big x N_big) at the same global batch."""
         if not self.parent_step_s or not self.child_step_s:
             return None
@@ -55,13 +95,13 @@ class Lineage:
 class ReportData:
     sweep: SweepRow
     gpus: int
-    measured: List[dict]  # successful candidates, fastest first, with q_effective and deltas
-    failed: List[dict]  # candidates whose latest attempt failed (failure_class)
-    samples: Dict[int, List[float]]  # candidate_id -> measured step times (s)
-    calibrations: List[dict]  # round, fit, error
-    rounds: List[dict]  # round -> best measured step so far, GPU-hours spent
-    lineage: List[Lineage]
-    parity: Dict[int, dict]  # candidate_id -> latest parity row
+    measured: list[dict]  # successful candidates, fastest first, with q_effective and deltas
+    failed: list[dict]  # candidates whose latest attempt failed (failure_class)
+    samples: dict[int, list[float]]  # candidate_id -> measured step times (s)
+    calibrations: list[dict]  # round, fit, error
+    rounds: list[dict]  # round -> best measured step so far, GPU-hours spent
+    lineage: list[Lineage]
+    parity: dict[int, dict]  # candidate_id -> latest parity row
     simulated: bool
     provenance: dict = field(default_factory=dict)
     effective_note: str = ""
@@ -91,7 +131,8 @@ def _with_effective(row: dict, gpus: int, eff: EffectiveConfig) -> dict:
     row["ckpt_measured"] = save is not None and restore is not None
     if tps:
         e = effective_throughput(
-            tps, n_gpus=gpus or 1,
+            tps,
+            n_gpus=gpus or 1,
             save_s=save if save is not None else eff.default_save_s,
             restore_s=restore if restore is not None else eff.default_restore_s,
             checkpoint_interval_s=eff.checkpoint_interval_s,
@@ -122,15 +163,19 @@ def gather(ledger: Ledger, name: str) -> ReportData:
         checks = ledger.parity(r["candidate_id"])
         if checks:
             last = checks[-1]
-            parity[r["candidate_id"]] = {"passed": last.passed, "detail": last.detail,
-                                         "max_loss_diff": last.max_loss_diff, "reference_key": last.reference_key}
+            parity[r["candidate_id"]] = {
+                "passed": last.passed,
+                "detail": last.detail,
+                "max_loss_diff": last.max_loss_diff,
+                "reference_key": last.reference_key,
+            }
     best = next((r for r in measured if parity.get(r["candidate_id"], {}).get("passed", True)), None)
     for r in measured:
         r["parity"] = parity.get(r["candidate_id"], {}).get("passed")
         r["delta_vs_best"] = (r["step_p50_s"] / best["step_p50_s"] - 1.0) if best else None
 
     attempts = {r["candidate_id"]: r["attempt_no"] for r in measured}
-    samples: Dict[int, List[float]] = {}
+    samples: dict[int, list[float]] = {}
     cand_attempt = {c.id: c.latest_attempt_id for c in ledger.candidates(name)}
     for cid in attempts:
         aid = cand_attempt.get(cid)
@@ -141,15 +186,28 @@ def gather(ledger: Ledger, name: str) -> ReportData:
     lineage = _lineage(ledger, name, gpus)
     cal = [{"round": c.round, "fit": c.fit, "error": c.error} for c in ledger.calibrations(name)]
     simulated = any(r.get("simulated") for r in measured + failed) or sweep.workload == "twin"
-    note = ("Q_effective uses measured checkpoint save/restore times where a long-run window ran, else the configured "
-            f"defaults (save {eff.default_save_s:.0f} s, restore {eff.default_restore_s:.0f} s); interval "
-            f"{eff.checkpoint_interval_s:.0f} s, {eff.interruption_rate_per_gpu_hour:.2e} interruptions per GPU-hour.")
-    return ReportData(sweep=sweep, gpus=gpus, measured=measured, failed=failed, samples=samples, calibrations=cal,
-                      rounds=rounds, lineage=lineage, parity=parity, simulated=simulated,
-                      provenance=sweep.provenance or {}, effective_note=note)
+    note = (
+        "Q_effective uses measured checkpoint save/restore times where a long-run window ran, else the configured "
+        f"defaults (save {eff.default_save_s:.0f} s, restore {eff.default_restore_s:.0f} s); interval "
+        f"{eff.checkpoint_interval_s:.0f} s, {eff.interruption_rate_per_gpu_hour:.2e} interruptions per GPU-hour."
+    )
+    return ReportData(
+        sweep=sweep,
+        gpus=gpus,
+        measured=measured,
+        failed=failed,
+        samples=samples,
+        calibrations=cal,
+        rounds=rounds,
+        lineage=lineage,
+        parity=parity,
+        simulated=simulated,
+        provenance=sweep.provenance or {},
+        effective_note=note,
+    )
 
 
-def _rounds(measured: List[dict], gpus: int) -> List[dict]:
+def _rounds(measured: list[dict], gpus: int) -> list[dict]:
     """Best measured step time so far and GPU-hours spent, per round (GPU-hours from the measured steps)."""
     out, best, spent = [], None, 0.0
     for rnd in sorted({r["round"] for r in measured}):
@@ -161,7 +219,7 @@ def _rounds(measured: List[dict], gpus: int) -> List[dict]:
     return out
 
 
-def _lineage(ledger: Ledger, name: str, gpus: int) -> List[Lineage]:
+def _lineage(ledger: Ledger, name: str, gpus: int) -> list[Lineage]:
     cols = ["candidate_id", "sweep", "step_p50_s", "m", "pred_bubble", "tp", "pp", "cp", "ep", "vpp", "mbs"]
     out = []
     for c in ledger.candidates(name):
@@ -173,9 +231,19 @@ def _lineage(ledger: Ledger, name: str, gpus: int) -> List[Lineage]:
             continue
         p, ch = parent[0], child[0]
         psweep = ledger.get_sweep(p["sweep"])
-        out.append(Lineage(
-            parent_sweep=p["sweep"], parent_gpus=_gpus(psweep) if psweep else 0, parent_step_s=p["step_p50_s"],
-            child_sweep=name, child_gpus=gpus, child_step_s=ch["step_p50_s"],
-            label=f"PP{ch['pp']} CP{p['cp']}->{ch['cp']} EP{p['ep']}->{ch['ep']}",
-            parent_m=p["m"], child_m=ch["m"], parent_bubble=p["pred_bubble"], child_bubble=ch["pred_bubble"]))
+        out.append(
+            Lineage(
+                parent_sweep=p["sweep"],
+                parent_gpus=_gpus(psweep) if psweep else 0,
+                parent_step_s=p["step_p50_s"],
+                child_sweep=name,
+                child_gpus=gpus,
+                child_step_s=ch["step_p50_s"],
+                label=f"PP{ch['pp']} CP{p['cp']}->{ch['cp']} EP{p['ep']}->{ch['ep']}",
+                parent_m=p["m"],
+                child_m=ch["m"],
+                parent_bubble=p["pred_bubble"],
+                child_bubble=ch["pred_bubble"],
+            )
+        )
     return out

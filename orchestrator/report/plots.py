@@ -1,9 +1,9 @@
 """The report's figures (matplotlib, Agg backend). Each function takes ReportData and returns PNG bytes,
 or None when the sweep has nothing to show for that figure (the page then says so instead)."""
+
 from __future__ import annotations
 
 import io
-from typing import List, Optional
 
 import matplotlib
 
@@ -26,19 +26,19 @@ def _label(r: dict) -> str:
     return f"#{r['candidate_id']} PP{r['pp']} VPP{r['vpp']} CP{r['cp']} EP{r['ep']} b{r['mbs']}"
 
 
-def _peak(r: dict) -> Optional[float]:
+def _peak(r: dict) -> float | None:
     """Heaviest-rank peak: reserved (what the allocator holds and what OOMs) else allocated, decimal GB."""
     return r.get("peak_reserved_gb") or r.get("peak_allocated_gb")
 
 
-def _pct(values: List[float], q: float) -> float:
+def _pct(values: list[float], q: float) -> float:
     s = sorted(values)
     pos = (len(s) - 1) * q
     lo, hi = int(pos), min(int(pos) + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def step_cdf(d: ReportData) -> Optional[bytes]:
+def step_cdf(d: ReportData) -> bytes | None:
     """Step-time CDF of the top candidates, p50/p95/p99 marked: tails decide at scale, not means."""
     top = [r for r in d.measured[:TOP] if d.samples.get(r["candidate_id"])]
     if not top:
@@ -47,7 +47,7 @@ def step_cdf(d: ReportData) -> Optional[bytes]:
     for r in top:
         xs = sorted(d.samples[r["candidate_id"]])
         ys = [(i + 1) / len(xs) for i in range(len(xs))]
-        line, = ax.step(xs, ys, where="post", label=_label(r))
+        (line,) = ax.step(xs, ys, where="post", label=_label(r))
         for q, mk in ((0.5, "o"), (0.95, "s"), (0.99, "^")):
             ax.plot(_pct(xs, q), q, mk, color=line.get_color())
     ax.set_xlabel("step time (s), measurement window")
@@ -58,9 +58,11 @@ def step_cdf(d: ReportData) -> Optional[bytes]:
     return _png(fig)
 
 
-def pareto(d: ReportData) -> Optional[bytes]:
+def pareto(d: ReportData) -> bytes | None:
     """tokens/s/GPU against heaviest-rank memory; the Pareto front (more throughput, less memory) highlighted."""
-    pts = [r for r in d.measured if r.get("tokens_per_s_per_gpu") and _peak(r) and r.get("parity") is not False]  # a layout that failed parity is out of the race
+    pts = [
+        r for r in d.measured if r.get("tokens_per_s_per_gpu") and _peak(r) and r.get("parity") is not False
+    ]  # a layout that failed parity is out of the race
     if not pts:
         return None
     front, best_tps = [], -1.0
@@ -69,10 +71,10 @@ def pareto(d: ReportData) -> Optional[bytes]:
             front.append(r)
             best_tps = r["tokens_per_s_per_gpu"]
     fig, ax = plt.subplots(figsize=(7.5, 4))
-    ax.scatter([_peak(r) for r in pts], [r["tokens_per_s_per_gpu"] for r in pts], c="#9aa5b1",
-               label="measured")
-    ax.plot([_peak(r) for r in front], [r["tokens_per_s_per_gpu"] for r in front], "-o", c="#d1495b",
-            label="Pareto front")
+    ax.scatter([_peak(r) for r in pts], [r["tokens_per_s_per_gpu"] for r in pts], c="#9aa5b1", label="measured")
+    ax.plot(
+        [_peak(r) for r in front], [r["tokens_per_s_per_gpu"] for r in front], "-o", c="#d1495b", label="Pareto front"
+    )
     for r in front:
         ax.annotate(f"#{r['candidate_id']}", (_peak(r), r["tokens_per_s_per_gpu"]), fontsize=7)
     ax.set_xlabel("heaviest-rank peak memory, reserved (GB)")
@@ -83,7 +85,7 @@ def pareto(d: ReportData) -> Optional[bytes]:
     return _png(fig)
 
 
-def calibration(d: ReportData) -> Optional[bytes]:
+def calibration(d: ReportData) -> bytes | None:
     """Predicted against measured step time and memory, coloured by round: is the model learning?"""
     pts = [r for r in d.measured if r.get("pred_step_time_s")]
     if not pts:
@@ -93,11 +95,11 @@ def calibration(d: ReportData) -> Optional[bytes]:
     cmap = plt.get_cmap("viridis", max(len(rounds), 2))
     for i, rnd in enumerate(rounds):
         rr = [r for r in pts if r["round"] == rnd]
-        a1.scatter([r["pred_step_time_s"] for r in rr], [r["step_p50_s"] for r in rr], color=cmap(i),
-                   label=f"round {rnd}")
+        a1.scatter(
+            [r["pred_step_time_s"] for r in rr], [r["step_p50_s"] for r in rr], color=cmap(i), label=f"round {rnd}"
+        )
         mm = [r for r in rr if r.get("pred_memory_gb") and _peak(r)]
-        a2.scatter([r["pred_memory_gb"] for r in mm], [_peak(r) for r in mm], color=cmap(i),
-                   label=f"round {rnd}")
+        a2.scatter([r["pred_memory_gb"] for r in mm], [_peak(r) for r in mm], color=cmap(i), label=f"round {rnd}")
     for ax, what in ((a1, "step time (s)"), (a2, "heaviest-rank memory (GB)")):
         lim = [min(ax.get_xlim()[0], ax.get_ylim()[0]), max(ax.get_xlim()[1], ax.get_ylim()[1])]
         ax.plot(lim, lim, "--", c="grey", lw=1)
@@ -110,7 +112,7 @@ def calibration(d: ReportData) -> Optional[bytes]:
     return _png(fig)
 
 
-def rounds(d: ReportData) -> Optional[bytes]:
+def rounds(d: ReportData) -> bytes | None:
     """Best measured step so far per round, and cumulative GPU-hours spent."""
     if not d.rounds:
         return None
@@ -128,7 +130,7 @@ def rounds(d: ReportData) -> Optional[bytes]:
     return _png(fig)
 
 
-def scaling(d: ReportData) -> Optional[bytes]:
+def scaling(d: ReportData) -> bytes | None:
     """Strong-scaling efficiency of promoted lineages, with m and bubble before/after."""
     rows = [l for l in d.lineage if l.efficiency is not None]
     if not rows:
@@ -149,7 +151,7 @@ def scaling(d: ReportData) -> Optional[bytes]:
     return _png(fig)
 
 
-def expert_load(d: ReportData) -> Optional[bytes]:
+def expert_load(d: ReportData) -> bytes | None:
     """Tokens per expert (p50/p95/p99 across experts), hot-expert ratio and token drop per finalist."""
     top = [r for r in d.measured[:TOP] if r.get("expert_load_p50") is not None]
     if not top:
@@ -163,10 +165,17 @@ def expert_load(d: ReportData) -> Optional[bytes]:
     a1.set_ylabel("tokens per expert")
     a1.set_title("Expert load across experts")
     a1.legend(fontsize=7)
-    a2.bar([x - 0.2 for x in xs], [r.get("hot_expert_ratio") or 0 for r in top], 0.4, label="hot-expert ratio (max/mean)")
+    a2.bar(
+        [x - 0.2 for x in xs], [r.get("hot_expert_ratio") or 0 for r in top], 0.4, label="hot-expert ratio (max/mean)"
+    )
     a2b = a2.twinx()
-    a2b.bar([x + 0.2 for x in xs], [100 * (r.get("token_drop_fraction") or 0) for r in top], 0.4, color="#d1495b",
-            label="token drop (%)")
+    a2b.bar(
+        [x + 0.2 for x in xs],
+        [100 * (r.get("token_drop_fraction") or 0) for r in top],
+        0.4,
+        color="#d1495b",
+        label="token drop (%)",
+    )
     a2.set_xticks(list(xs), [f"#{r['candidate_id']}" for r in top])
     a2.set_ylabel("max / mean")
     a2b.set_ylabel("token drop (%)")

@@ -3,9 +3,8 @@
 Modules: loop (the Driver), observe (ledger -> observations, budget), view (live table / plain lines),
 setup (names, stored config, promotion source).
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 from db.ledger import Ledger
 from orchestrator.errors import UserError
@@ -14,7 +13,7 @@ from orchestrator.sweep.loop import Driver, Options, Outcome
 from orchestrator.sweep.setup import default_name, provenance, root_from_yaml
 from orchestrator.sweep.view import View
 
-__all__ = ["run_sweep", "resume_sweep", "Driver", "Options", "Outcome", "open_ledger", "pick_launcher"]
+__all__ = ["Driver", "Options", "Outcome", "open_ledger", "pick_launcher", "resume_sweep", "run_sweep"]
 
 
 def open_ledger(cfg: RootConfig) -> Ledger:
@@ -30,20 +29,29 @@ def pick_launcher(cfg: RootConfig, view: View):
     return launcher
 
 
-def run_sweep(cfg: RootConfig, config_yaml: str, *, options: Optional[Options] = None,
-              view: Optional[View] = None, launcher=None) -> Outcome:
+def run_sweep(
+    cfg: RootConfig, config_yaml: str, *, options: Options | None = None, view: View | None = None, launcher=None
+) -> Outcome:
     """Create the sweep (or continue the one with this name) and drive it to its end."""
     if cfg.stage is None:
         raise UserError("no stage given: add +stage=NAME (e.g. +stage=1k)")
     view = view or View()
     name = default_name(cfg)
     with open_ledger(cfg) as ledger, view:
-        sweep = ledger.create_or_get_sweep(name, stage=cfg.stage.name, config_yaml=config_yaml, model=cfg.model.name,
-                                           hardware=cfg.hardware.name, workload=cfg.workload.name,
-                                           provenance=provenance(cfg))
-        view.event(f"sweep {name} (stage {cfg.stage.name}, N={cfg.stage.gpus}, model {cfg.model.name}, "
-                   f"workload {cfg.workload.name}{' SIMULATED' if cfg.workload.simulated else ''}) "
-                   f"ledger {ledger.url}")
+        sweep = ledger.create_or_get_sweep(
+            name,
+            stage=cfg.stage.name,
+            config_yaml=config_yaml,
+            model=cfg.model.name,
+            hardware=cfg.hardware.name,
+            workload=cfg.workload.name,
+            provenance=provenance(cfg),
+        )
+        view.event(
+            f"sweep {name} (stage {cfg.stage.name}, N={cfg.stage.gpus}, model {cfg.model.name}, "
+            f"workload {cfg.workload.name}{' SIMULATED' if cfg.workload.simulated else ''}) "
+            f"ledger {ledger.url}"
+        )
         launcher = launcher or pick_launcher(cfg, view)
         return Driver(ledger, cfg, sweep, launcher, view, options).run()
 
@@ -59,8 +67,15 @@ def stored_config(ledger: Ledger, name: str, current: RootConfig) -> RootConfig:
     return cfg
 
 
-def resume_sweep(name: str, current: RootConfig, *, cluster_given: bool, options: Optional[Options] = None,
-                 view: Optional[View] = None, launcher=None) -> Outcome:
+def resume_sweep(
+    name: str,
+    current: RootConfig,
+    *,
+    cluster_given: bool,
+    options: Options | None = None,
+    view: View | None = None,
+    launcher=None,
+) -> Outcome:
     """Take the lease and continue a sweep from its stored config and ledger rows."""
     view = view or View()
     with open_ledger(current) as ledger:

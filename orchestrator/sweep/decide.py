@@ -3,9 +3,8 @@
 Everything is read from the ledger at the moment of deciding, so a resumed orchestrator decides exactly
 what the killed one would have; the calibration is recorded once per round.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 from db.ledger import CandidateIn, Ledger, SweepRow
 from orchestrator.policy.env import PlanEnv
@@ -17,8 +16,9 @@ from orchestrator.sweep.setup import promotion_source
 LIVE = ("planned", "claimed", "submitted", "running")
 
 
-def next_round(ledger: Ledger, cfg: RootConfig, sweep: SweepRow, policy, env: PlanEnv, view, *,
-               iters: int) -> Optional[str]:
+def next_round(
+    ledger: Ledger, cfg: RootConfig, sweep: SweepRow, policy, env: PlanEnv, view, *, iters: int
+) -> str | None:
     """None when a new round was added (or something is still queued); else why the sweep stops."""
     cands = ledger.candidates(sweep.name)
     if any(c.status in LIVE for c in cands):
@@ -37,37 +37,71 @@ def next_round(ledger: Ledger, cfg: RootConfig, sweep: SweepRow, policy, env: Pl
     obs = observe.observations(ledger, sweeps, env)
     own = [o for o in obs if o.key in {c.key for c in cands}]
     if policy.converged(own):
-        return (f"converged: no gain > {cfg.policy.converge_gain:.0%} over the best for "
-                f"{cfg.policy.converge_rounds} rounds")
+        return (
+            f"converged: no gain > {cfg.policy.converge_gain:.0%} over the best for {cfg.policy.converge_rounds} rounds"
+        )
     source, source_stage = [], None
     if rnd == 0 and cfg.stage.promotes_from:
         src_sweep, src_cfg = promotion_source(ledger, cfg)
         src_env = PlanEnv(src_cfg.model, src_cfg.hardware, src_cfg.stage, src_cfg.workload.name)
         source, source_stage = observe.observations(ledger, [src_sweep], src_env), src_cfg.stage
         view.event(f"promoting from sweep {src_sweep.name} ({len([s for s in source if s.ok])} measured)")
-    inp = RoundInput(round=rnd, observations=obs, known_keys=observe.known_keys(ledger, sweep),
-                     slots=budget.max_runs - spent.runs, gpu_hours_left=budget.max_gpu_hours - spent.gpu_hours,
-                     source=source)
+    inp = RoundInput(
+        round=rnd,
+        observations=obs,
+        known_keys=observe.known_keys(ledger, sweep),
+        slots=budget.max_runs - spent.runs,
+        gpu_hours_left=budget.max_gpu_hours - spent.gpu_hours,
+        source=source,
+    )
     plan = policy.propose(env, inp, source_stage=source_stage)
     if plan.fit is not None and not any(cal.round == rnd for cal in ledger.calibrations(sweep.name)):
         f = plan.fit
-        ledger.record_calibration(sweep.name, rnd, f.to_dict(), {
-            "step_mape_before": f.mape_before, "step_mape_after": f.mape_after, "step_loo_mape": f.loo_mape,
-            "memory_mape_before": f.memory_mape_before, "memory_mape_after": f.memory_mape_after})
-        view.event(f"round {rnd} calibration ({f.method}, {f.n_step} runs): step MAPE "
-                   f"{_pct(f.mape_before)} -> {_pct(f.mape_after)}, memory factor {f.memory_factor:.3f}")
+        ledger.record_calibration(
+            sweep.name,
+            rnd,
+            f.to_dict(),
+            {
+                "step_mape_before": f.mape_before,
+                "step_mape_after": f.mape_after,
+                "step_loo_mape": f.loo_mape,
+                "memory_mape_before": f.memory_mape_before,
+                "memory_mape_after": f.memory_mape_after,
+            },
+        )
+        view.event(
+            f"round {rnd} calibration ({f.method}, {f.n_step} runs): step MAPE "
+            f"{_pct(f.mape_before)} -> {_pct(f.mape_after)}, memory factor {f.memory_factor:.3f}"
+        )
     if not plan.proposals:
         return "search exhausted: the policy has nothing new to measure within the budget"
-    ledger.add_candidates(sweep.name, [
-        CandidateIn(key=p.key, layout=p.layout.to_dict(), layer_pattern=p.predicted.get("layer_pattern", ""),
-                    predicted=p.predicted, round=rnd, parent_key=p.parent_key, edge_kind=p.edge_kind)
-        for p in plan.proposals])
-    ledger.log_event(sweep.name, "round", f"round {rnd}: {plan.reason}",
-                     data={"keys": [p.key for p in plan.proposals], "reasons": [p.reason for p in plan.proposals]})
-    view.event(f"round {rnd}: " + "; ".join(
-        f"{p.layout.short()} [{p.reason}] pred {p.predicted_step_s:.3f}s" for p in plan.proposals))
+    ledger.add_candidates(
+        sweep.name,
+        [
+            CandidateIn(
+                key=p.key,
+                layout=p.layout.to_dict(),
+                layer_pattern=p.predicted.get("layer_pattern", ""),
+                predicted=p.predicted,
+                round=rnd,
+                parent_key=p.parent_key,
+                edge_kind=p.edge_kind,
+            )
+            for p in plan.proposals
+        ],
+    )
+    ledger.log_event(
+        sweep.name,
+        "round",
+        f"round {rnd}: {plan.reason}",
+        data={"keys": [p.key for p in plan.proposals], "reasons": [p.reason for p in plan.proposals]},
+    )
+    view.event(
+        f"round {rnd}: "
+        + "; ".join(f"{p.layout.short()} [{p.reason}] pred {p.predicted_step_s:.3f}s" for p in plan.proposals)
+    )
     return None
 
 
-def _pct(x: Optional[float]) -> str:
+def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"

@@ -6,14 +6,15 @@ sbatch returns, before anything waits on it; a result is recorded (idempotently,
 the candidate's status moves. So `kill -9` at any point, then `resume`, loses no result and submits
 nothing twice.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import List, Optional, Sequence, Set
 
 from db.ledger import AttemptRow, CandidateRow, Ledger, SweepRow
 from orchestrator.plan.layout import Layout, Prediction
@@ -33,8 +34,8 @@ _PRED_FIELDS = {f.name for f in dataclasses.fields(Prediction)}
 
 @dataclass
 class Options:
-    retry: Set[str] = field(default_factory=set)  # extra failure classes to retry (--retry oom)
-    max_wall_s: Optional[float] = None  # stop driving (not the jobs) after this long: tests, demos
+    retry: set[str] = field(default_factory=set)  # extra failure classes to retry (--retry oom)
+    max_wall_s: float | None = None  # stop driving (not the jobs) after this long: tests, demos
 
 
 @dataclass
@@ -42,7 +43,7 @@ class Outcome:
     sweep: str
     reason: str  # why the loop stopped
     rounds: int
-    best: Optional[dict]
+    best: dict | None
     spent: observe.Spent
 
 
@@ -58,8 +59,9 @@ def planned_from_row(c: CandidateRow) -> Planned:
 class Driver:
     """Drives one sweep while holding its lease."""
 
-    def __init__(self, ledger: Ledger, cfg: RootConfig, sweep: SweepRow, launcher, view: View,
-                 options: Optional[Options] = None):
+    def __init__(
+        self, ledger: Ledger, cfg: RootConfig, sweep: SweepRow, launcher, view: View, options: Options | None = None
+    ):
         self.ledger, self.cfg, self.sweep, self.launcher, self.view = ledger, cfg, sweep, launcher, view
         self.opts = options or Options()
         self.name = sweep.name
@@ -83,12 +85,14 @@ class Driver:
             self.ledger.log_event(self.name, "driver", f"{self.holder} drives the sweep on {self.launcher.kind}")
             reason = self._drive()
             self.ledger.log_event(self.name, "stop", reason)
-            final = ("interrupted" if reason.startswith("wall") else
-                     "cancelled" if reason.startswith("cancel") else "done")
+            final = (
+                "interrupted" if reason.startswith("wall") else "cancelled" if reason.startswith("cancel") else "done"
+            )
             self.ledger.set_sweep_status(self.name, final)
             return self._outcome(reason)
         except BaseException as exc:  # Ctrl-C or an error: jobs keep running, `resume NAME` continues
-            self._safely(lambda: self.ledger.log_event(self.name, "stop", f"driver stopped: {type(exc).__name__}"))
+            why = f"driver stopped: {type(exc).__name__}"
+            self._safely(lambda: self.ledger.log_event(self.name, "stop", why))
             self._safely(lambda: self.ledger.set_sweep_status(self.name, "interrupted"))
             raise
         finally:
@@ -113,7 +117,7 @@ class Driver:
         except LeaseHeld as held:
             if not holder_dead(held.holder):
                 raise
-            wait = max(0.0, (held.expires_at - datetime.now(timezone.utc)).total_seconds()) + 0.2
+            wait = max(0.0, (held.expires_at - datetime.now(UTC)).total_seconds()) + 0.2
             self.view.event(f"lease of {held.holder} (process gone) expires in {wait:.1f}s: waiting to take over")
             time.sleep(wait)
         self.ledger.acquire_lease(self.name, self.holder, self.ttl)
@@ -143,16 +147,26 @@ class Driver:
             return
         from orchestrator.finalists import run_finalists
 
-        self.view.event("finalists: " + " + ".join(
-            w for w, on in (("parity gate", self.cfg.parity.enabled), ("long-run window", self.cfg.effective.long_run))
-            if on))
+        self.view.event(
+            "finalists: "
+            + " + ".join(
+                w
+                for w, on in (
+                    ("parity gate", self.cfg.parity.enabled),
+                    ("long-run window", self.cfg.effective.long_run),
+                )
+                if on
+            )
+        )
         out = run_finalists(self.cfg, self.ledger, self.launcher, self.name, on_poll=self._heartbeat)
         for cid, passed in out["parity"].items():
             self.view.event(f"parity candidate {cid}: {'passed' if passed else 'FAILED, excluded from promotion'}")
         for cid, lr in out["long_run"].items():
             if lr.get("ok"):
-                self.view.event(f"long-run candidate {cid}: save {lr['ckpt_save_s']:.2f}s restore "
-                                f"{lr['ckpt_restore_s']:.2f}s Q_effective {lr['q_effective']:,.0f} tok/s")
+                self.view.event(
+                    f"long-run candidate {cid}: save {lr['ckpt_save_s']:.2f}s restore "
+                    f"{lr['ckpt_restore_s']:.2f}s Q_effective {lr['q_effective']:,.0f} tok/s"
+                )
             else:
                 self.view.event(f"long-run candidate {cid}: {lr.get('reason')}")
         self._dirty = True
@@ -164,13 +178,18 @@ class Driver:
     def _cancel_own_jobs(self) -> None:
         """`cancel NAME` ran in another process: stop the jobs this process started (local jobs can only be
         stopped by their parent; on Slurm a second scancel is harmless)."""
-        ids = [a.job_id for c in self._cands() if c.status == "cancelled"
-               for a in self.ledger.attempts(c.id) if a.job_id and a.end_time is None]
+        ids = [
+            a.job_id
+            for c in self._cands()
+            if c.status == "cancelled"
+            for a in self.ledger.attempts(c.id)
+            if a.job_id and a.end_time is None
+        ]
         if ids:
             self.launcher.cancel(ids)
             self.view.event(f"sweep cancelled: stopped {len(ids)} job(s)")
 
-    def _cands(self) -> List[CandidateRow]:
+    def _cands(self) -> list[CandidateRow]:
         return self.ledger.candidates(self.name)
 
     def _reconcile(self) -> None:
@@ -179,8 +198,9 @@ class Driver:
         from orchestrator.launch import Submitted
 
         live = self.ledger.live_attempts(self.name)
-        self.launcher.attach([Submitted(job_id=a.job_id, array_index=a.array_index, folder=a.job_dir)
-                              for a in live if a.job_id])
+        self.launcher.attach(
+            [Submitted(job_id=a.job_id, array_index=a.array_index, folder=a.job_dir) for a in live if a.job_id]
+        )
         for c in self._cands():
             if c.status not in LIVE:
                 continue
@@ -212,26 +232,42 @@ class Driver:
             folder = job_dir(self.cfg, self.name, c.key, attempt)
             spec = build_spec(self.cfg, planned_from_row(c), sweep=self.name, attempt=attempt, job_dir=folder)
             spec.save(folder / "job.json")
-            tasks.append(LaunchTask(fn=run_task, args=(spec,), n_gpus=spec.n_gpus, gpus_per_node=spec.gpus_per_node,
-                                    name=f"{self.name}:{c.key[:8]}:{attempt}", folder=str(folder),
-                                    time_min=time_limit_min(spec, self.cfg.cluster), exclude=exclude))
+            tasks.append(
+                LaunchTask(
+                    fn=run_task,
+                    args=(spec,),
+                    n_gpus=spec.n_gpus,
+                    gpus_per_node=spec.gpus_per_node,
+                    name=f"{self.name}:{c.key[:8]}:{attempt}",
+                    folder=str(folder),
+                    time_min=time_limit_min(spec, self.cfg.cluster),
+                    exclude=exclude,
+                )
+            )
             dirs.append(folder)
 
         def record(i: int, sub) -> None:  # called as each job id exists: into the ledger before any waiting
             c = claimed[i]
-            self.ledger.new_attempt(c.id, job_id=str(sub.job_id), array_index=sub.array_index, job_dir=str(dirs[i]),
-                                    simulated=self.cfg.workload.simulated)
+            self.ledger.new_attempt(
+                c.id,
+                job_id=str(sub.job_id),
+                array_index=sub.array_index,
+                job_dir=str(dirs[i]),
+                simulated=self.cfg.workload.simulated,
+            )
             self.ledger.set_candidate_status(c.id, "submitted", f"job {sub.job_id}")
             self._heartbeat()  # the local executor waits for free slots inside submit()
 
         subs = self.launcher.submit(tasks, on_submitted=record)  # Slurm: one array, one sbatch
         self.stats["submitted"] += len(subs)
         self._dirty = True
-        self.view.event(f"submitted {len(subs)} job(s): {', '.join(str(s.job_id) for s in subs[:8])}"
-                        + (" ..." if len(subs) > 8 else ""))
+        self.view.event(
+            f"submitted {len(subs)} job(s): {', '.join(str(s.job_id) for s in subs[:8])}"
+            + (" ..." if len(subs) > 8 else "")
+        )
         return len(subs)
 
-    def _wait(self) -> Optional[str]:
+    def _wait(self) -> str | None:
         """Poll (one launcher.poll for every live job) and ingest until nothing of this round is live."""
         while True:
             self._heartbeat()
@@ -287,7 +323,7 @@ class Driver:
         atts = self.ledger.attempts(a.candidate_id)
         self._settle(c, next(x for x in atts if x.id == a.id), atts)
 
-    def _settle(self, c: CandidateRow, a: AttemptRow, atts: Optional[List[AttemptRow]] = None) -> None:
+    def _settle(self, c: CandidateRow, a: AttemptRow, atts: list[AttemptRow] | None = None) -> None:
         """A terminal attempt decides its candidate: done, retried (new attempt later) or failed."""
         lay = Layout.from_dict(c.layout).short()
         if self.ledger.result(a.id) is not None:
@@ -297,20 +333,30 @@ class Driver:
         retry, why = self._retry(fc, atts if atts is not None else self.ledger.attempts(c.id))
         if retry:
             self.ledger.set_candidate_status(c.id, "planned", f"retry after {fc} ({why})")
-            self.ledger.log_event(self.name, "retry", f"{fc}: resubmitting {lay}", candidate_id=c.id,
-                                  data={"job_id": a.job_id, "failure_class": fc})
+            self.ledger.log_event(
+                self.name,
+                "retry",
+                f"{fc}: resubmitting {lay}",
+                candidate_id=c.id,
+                data={"job_id": a.job_id, "failure_class": fc},
+            )
             self.view.event(f"job {a.job_id} {fc}: retrying ({why})")
         else:
             status = "cancelled" if fc == "CANCELLED" else "failed"
             self.ledger.set_candidate_status(c.id, status, f"{fc}: {why}")
             self.view.event(f"job {a.job_id} {fc}: not retried ({why}) {lay}")
 
-    def _retry(self, fc: str, atts: List[AttemptRow]) -> tuple:
-        return retry_decision(fc, [x.failure_class or x.state for x in atts], max_attempts=self.cfg.policy.max_attempts,
-                              retry_classes=self.cfg.policy.retry_classes, asked=self.opts.retry)
+    def _retry(self, fc: str, atts: list[AttemptRow]) -> tuple:
+        return retry_decision(
+            fc,
+            [x.failure_class or x.state for x in atts],
+            max_attempts=self.cfg.policy.max_attempts,
+            retry_classes=self.cfg.policy.retry_classes,
+            asked=self.opts.retry,
+        )
 
     # ---- deciding the next round ------------------------------------------------------------------
-    def _decide(self) -> Optional[str]:
+    def _decide(self) -> str | None:
         return next_round(self.ledger, self.cfg, self.sweep, self.policy, self.env, self.view, iters=self.iters)
 
     # ---- output -----------------------------------------------------------------------------------
@@ -320,13 +366,23 @@ class Driver:
         self._dirty = False
         cands = self._cands()
         spent = observe.spent(self.ledger, self.name, n_gpus=self.cfg.stage.gpus, iters=self.iters)
-        self.view.update(Snapshot(sweep=self.name, round=max((c.round for c in cands), default=0),
-                                  counts=observe.status_counts(cands), best=observe.best_of(self.ledger, self.name),
-                                  gpu_hours=spent.gpu_hours, simulated=spent.simulated))
+        self.view.update(
+            Snapshot(
+                sweep=self.name,
+                round=max((c.round for c in cands), default=0),
+                counts=observe.status_counts(cands),
+                best=observe.best_of(self.ledger, self.name),
+                gpu_hours=spent.gpu_hours,
+                simulated=spent.simulated,
+            )
+        )
 
     def _outcome(self, reason: str) -> Outcome:
         cands = self._cands()
-        return Outcome(sweep=self.name, reason=reason, rounds=max((c.round for c in cands), default=-1) + 1,
-                       best=observe.best_of(self.ledger, self.name),
-                       spent=observe.spent(self.ledger, self.name, n_gpus=self.cfg.stage.gpus, iters=self.iters))
-
+        return Outcome(
+            sweep=self.name,
+            reason=reason,
+            rounds=max((c.round for c in cands), default=-1) + 1,
+            best=observe.best_of(self.ledger, self.name),
+            spent=observe.spent(self.ledger, self.name, n_gpus=self.cfg.stage.gpus, iters=self.iters),
+        )

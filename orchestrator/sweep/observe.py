@@ -3,10 +3,10 @@
 Everything is recomputed from the ledger on each call (never cached across rounds) so that a resumed
 orchestrator sees exactly what the killed one had written, and nothing it had only in memory.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Set
 
 from db.ledger import CandidateRow, Ledger, SweepRow
 from orchestrator.plan.layout import Layout
@@ -16,13 +16,16 @@ from orchestrator.policy.types import Observation
 QUEUED = ("planned", "claimed", "submitted")
 
 
-def same_stage_sweeps(ledger: Ledger, sweep: SweepRow) -> List[SweepRow]:
+def same_stage_sweeps(ledger: Ledger, sweep: SweepRow) -> list[SweepRow]:
     """Sweeps whose candidates share this sweep's key space (stage, model, hardware, workload)."""
-    return [s for s in ledger.list_sweeps() if (s.stage, s.model, s.hardware, s.workload)
-            == (sweep.stage, sweep.model, sweep.hardware, sweep.workload)]
+    return [
+        s
+        for s in ledger.list_sweeps()
+        if (s.stage, s.model, s.hardware, s.workload) == (sweep.stage, sweep.model, sweep.hardware, sweep.workload)
+    ]
 
 
-def known_keys(ledger: Ledger, sweep: SweepRow) -> Set[str]:
+def known_keys(ledger: Ledger, sweep: SweepRow) -> set[str]:
     """Every candidate key in the ledger for this stage: a key here is never launched again."""
     return {c.key for s in same_stage_sweeps(ledger, sweep) for c in ledger.candidates(s.name)}
 
@@ -34,13 +37,13 @@ def _raw(env: PlanEnv, cand: CandidateRow, layout: Layout):
     return env.raw(layout)  # candidates added by other tools (run-one, plan --save) carry no raw numbers
 
 
-def observations(ledger: Ledger, sweeps: List[SweepRow], env: PlanEnv) -> List[Observation]:
+def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[Observation]:
     """Each candidate with its latest outcome: measured metrics, or the failure class of its last attempt."""
-    measured: Dict[int, dict] = {}
+    measured: dict[int, dict] = {}
     for s in sweeps:
         for row in ledger.measured(sweep=s.name):
             measured[row.candidate_id] = row.metrics
-    out: List[Observation] = []
+    out: list[Observation] = []
     for s in sweeps:
         for c in ledger.candidates(s.name):
             layout = Layout.from_dict(c.layout)
@@ -60,10 +63,21 @@ def observations(ledger: Ledger, sweeps: List[SweepRow], env: PlanEnv) -> List[O
             peak = None
             if met:
                 peak = met.get("peak_reserved_gb") or met.get("peak_allocated_gb")
-            out.append(Observation(
-                key=c.key, layout=layout, raw_components=dict(comps), raw_step_s=step, raw_memory_gb=mem,
-                step_s=met.get("step_p50_s") if met else None, p99_s=met.get("step_p99_s") if met else None,
-                peak_gb=peak, failure_class=fc, round=c.round, hbm_gb=env.hardware.hbm_gb))
+            out.append(
+                Observation(
+                    key=c.key,
+                    layout=layout,
+                    raw_components=dict(comps),
+                    raw_step_s=step,
+                    raw_memory_gb=mem,
+                    step_s=met.get("step_p50_s") if met else None,
+                    p99_s=met.get("step_p99_s") if met else None,
+                    peak_gb=peak,
+                    failure_class=fc,
+                    round=c.round,
+                    hbm_gb=env.hardware.hbm_gb,
+                )
+            )
     return out
 
 
@@ -88,12 +102,19 @@ def spent(ledger: Ledger, sweep: str, *, n_gpus: int, iters: int) -> Spent:
     from db import models as m
 
     with ledger.read() as s:
-        q = (select(m.Attempt.candidate_id, m.Attempt.simulated, m.Attempt.start_time, m.Attempt.end_time,
-                    m.Result.step_mean_s)
-             .join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
-             .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
-             .outerjoin(m.Result, m.Result.attempt_id == m.Attempt.id)
-             .where(m.Sweep.name == sweep))
+        q = (
+            select(
+                m.Attempt.candidate_id,
+                m.Attempt.simulated,
+                m.Attempt.start_time,
+                m.Attempt.end_time,
+                m.Result.step_mean_s,
+            )
+            .join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
+            .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
+            .outerjoin(m.Result, m.Result.attempt_id == m.Attempt.id)
+            .where(m.Sweep.name == sweep)
+        )
         rows = s.execute(q).all()
     gpu_s = 0.0
     for _, _, start, end, mean in rows:
@@ -101,11 +122,12 @@ def spent(ledger: Ledger, sweep: str, *, n_gpus: int, iters: int) -> Spent:
             gpu_s += n_gpus * mean * iters
         elif start and end:
             gpu_s += n_gpus * max(0.0, (end - start).total_seconds())
-    return Spent(runs=len({r[0] for r in rows}), attempts=len(rows), gpu_hours=gpu_s / 3600.0,
-                 simulated=any(r[1] for r in rows))
+    return Spent(
+        runs=len({r[0] for r in rows}), attempts=len(rows), gpu_hours=gpu_s / 3600.0, simulated=any(r[1] for r in rows)
+    )
 
 
-def status_counts(cands: List[CandidateRow]) -> Dict[str, int]:
+def status_counts(cands: list[CandidateRow]) -> dict[str, int]:
     counts = {"queued": 0, "running": 0, "done": 0, "failed": 0}
     for c in cands:
         if c.status in QUEUED:
@@ -117,7 +139,7 @@ def status_counts(cands: List[CandidateRow]) -> Dict[str, int]:
     return counts
 
 
-def best_of(ledger: Ledger, sweep: str) -> Optional[dict]:
+def best_of(ledger: Ledger, sweep: str) -> dict | None:
     """Measured best of one sweep (p50, then p99, then headroom): for the live view and the summary."""
     rows = ledger.measured(sweep=sweep)
     if not rows:
@@ -125,8 +147,18 @@ def best_of(ledger: Ledger, sweep: str) -> Optional[dict]:
 
     def rank(r):
         m = r.metrics
-        return (m.get("step_p50_s") or float("inf"), m.get("step_p99_s") or float("inf"),
-                m.get("peak_reserved_gb") or m.get("peak_allocated_gb") or 0.0)
+        return (
+            m.get("step_p50_s") or float("inf"),
+            m.get("step_p99_s") or float("inf"),
+            m.get("peak_reserved_gb") or m.get("peak_allocated_gb") or 0.0,
+        )
+
     r = min(rows, key=rank)
-    return {"key": r.key, "layout": Layout.from_dict(r.layout).short(), "step_p50_s": r.metrics.get("step_p50_s"),
-            "step_p99_s": r.metrics.get("step_p99_s"), "simulated": r.simulated, "candidate_id": r.candidate_id}
+    return {
+        "key": r.key,
+        "layout": Layout.from_dict(r.layout).short(),
+        "step_p50_s": r.metrics.get("step_p50_s"),
+        "step_p99_s": r.metrics.get("step_p99_s"),
+        "simulated": r.simulated,
+        "candidate_id": r.candidate_id,
+    }

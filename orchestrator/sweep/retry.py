@@ -1,11 +1,13 @@
 """Which failed attempts are submitted again. Pure: the loop passes the attempt history from the ledger."""
+
 from __future__ import annotations
 
-from typing import Sequence, Set
+from collections.abc import Sequence
 
 
-def retry_decision(fc: str, history: Sequence[str], *, max_attempts: int, retry_classes: Sequence[str],
-                   asked: Set[str] = frozenset()) -> tuple:
+def retry_decision(
+    fc: str, history: Sequence[str], *, max_attempts: int, retry_classes: Sequence[str], asked: set[str] = frozenset()
+) -> tuple:
     """(retry?, why) for an attempt that failed with `fc`; `history` = failure classes of every attempt so far.
 
     Retryable classes (NODE_FAIL, PREEMPTED, NCCL_TIMEOUT by default) up to max_attempts; TIMEOUT once;

@@ -1,11 +1,12 @@
 """Sweep set-up: names, the stored config, the promotion source, the holder id, provenance."""
+
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
 from importlib import metadata
-from typing import Optional, Tuple
 
 from omegaconf import OmegaConf
 
@@ -47,17 +48,22 @@ def holder_dead(holder: str) -> bool:
 def provenance(cfg: RootConfig) -> dict:
     versions = {}
     for pkg in ("dsv4-orchestrator", "submitit", "sqlalchemy", "hydra-core", "megatron-core", "torch"):
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return {"versions": versions, "python": platform.python_version(), "host": socket.gethostname(),
-            "workload": {"name": cfg.workload.name, "command": list(cfg.workload.command),
-                         "simulated": cfg.workload.simulated},
-            "env": dict(cfg.cluster.env)}
+    return {
+        "versions": versions,
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+        "workload": {
+            "name": cfg.workload.name,
+            "command": list(cfg.workload.command),
+            "simulated": cfg.workload.simulated,
+        },
+        "env": dict(cfg.cluster.env),
+    }
 
 
-def promotion_source(ledger: Ledger, cfg: RootConfig) -> Optional[Tuple[SweepRow, RootConfig]]:
+def promotion_source(ledger: Ledger, cfg: RootConfig) -> tuple[SweepRow, RootConfig] | None:
     """The most recent sweep of the stage this stage promotes from, same model; None if it promotes from none."""
     src_stage = cfg.stage.promotes_from
     if not src_stage:
@@ -70,6 +76,8 @@ def promotion_source(ledger: Ledger, cfg: RootConfig) -> Optional[Tuple[SweepRow
         )
     src = max(cands, key=lambda s: s.id)
     if not ledger.measured(sweep=src.name):
-        raise UserError(f"sweep {src.name} (stage {src_stage}) has no measured candidate to promote; "
-                        f"resume it first: python -m orchestrator resume {src.name}")
+        raise UserError(
+            f"sweep {src.name} (stage {src_stage}) has no measured candidate to promote; "
+            f"resume it first: python -m orchestrator resume {src.name}"
+        )
     return src, root_from_yaml(src.config_yaml)

@@ -1,22 +1,22 @@
 """The sweep's live view: a rich table when stdout is a terminal, one plain line per event otherwise."""
+
 from __future__ import annotations
 
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Optional
 
 
 @dataclass
 class Snapshot:
     sweep: str
     round: int
-    counts: Dict[str, int]
-    best: Optional[dict]
+    counts: dict[str, int]
+    best: dict | None
     gpu_hours: float
     simulated: bool
     note: str = ""
-    extra: Dict[str, str] = field(default_factory=dict)
+    extra: dict[str, str] = field(default_factory=dict)
 
     def line(self) -> str:
         c = self.counts
@@ -24,21 +24,23 @@ class Snapshot:
         if self.best:
             best = f"{self.best['step_p50_s']:.3f}s {self.best['layout']}"
         gh = f"{self.gpu_hours:.1f} GPU-h" + (" (simulated)" if self.simulated else "")
-        return (f"[{self.sweep}] round {self.round} queued {c['queued']} running {c['running']} done {c['done']} "
-                f"failed {c['failed']} | best {best} | {gh}")
+        return (
+            f"[{self.sweep}] round {self.round} queued {c['queued']} running {c['running']} done {c['done']} "
+            f"failed {c['failed']} | best {best} | {gh}"
+        )
 
 
 class View:
     """Live rich table on a tty (refreshes in place); plain stdout lines otherwise (logs, CI, pipes)."""
 
-    def __init__(self, *, live: Optional[bool] = None, stream=None):
+    def __init__(self, *, live: bool | None = None, stream=None):
         self.stream = stream or sys.stdout
         self.live_mode = self.stream.isatty() if live is None else live
         self._live = None
         self._last = ""
         self._t0 = time.monotonic()
 
-    def __enter__(self) -> "View":
+    def __enter__(self) -> View:
         if self.live_mode:
             from rich.console import Console
             from rich.live import Live
@@ -71,12 +73,16 @@ class View:
     def _table(self, snap: Snapshot):
         from rich.table import Table
 
-        t = Table(title=f"sweep {snap.sweep} - round {snap.round} - {time.monotonic() - self._t0:.0f}s",
-                  show_header=True)
+        t = Table(
+            title=f"sweep {snap.sweep} - round {snap.round} - {time.monotonic() - self._t0:.0f}s", show_header=True
+        )
         for col in ("queued", "running", "done", "failed", "best step p50", "best layout", "GPU-hours"):
             t.add_column(col)
         b = snap.best
-        t.add_row(*(str(snap.counts[k]) for k in ("queued", "running", "done", "failed")),
-                  f"{b['step_p50_s']:.3f}s" if b else "-", b["layout"] if b else "-",
-                  f"{snap.gpu_hours:.1f}" + (" simulated" if snap.simulated else ""))
+        t.add_row(
+            *(str(snap.counts[k]) for k in ("queued", "running", "done", "failed")),
+            f"{b['step_p50_s']:.3f}s" if b else "-",
+            b["layout"] if b else "-",
+            f"{snap.gpu_hours:.1f}" + (" simulated" if snap.simulated else ""),
+        )
         return t

@@ -6,6 +6,7 @@ count). The jobs themselves (Python start-up on 2 shared cores) dominate the wal
 the orchestrator's cost. Skips with a note when no Slurm cluster answers
 (start one: bash tests/cluster/slurm_local.sh up).
 """
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,18 @@ def main() -> bool | None:
     launcher = SlurmLauncher(cluster)
     root = tempfile.mkdtemp(prefix="bench-launch-")
     # time.sleep(0): a stdlib function, so the job unpickles it on any node; the work is nothing.
-    tasks = [LaunchTask(fn=time.sleep, args=(0.0,), n_gpus=1, gpus_per_node=8, name="bench-launch",
-                        folder=os.path.join(root, f"job-{i:03d}"), time_min=5) for i in range(N_JOBS)]
+    tasks = [
+        LaunchTask(
+            fn=time.sleep,
+            args=(0.0,),
+            n_gpus=1,
+            gpus_per_node=8,
+            name="bench-launch",
+            folder=os.path.join(root, f"job-{i:03d}"),
+            time_min=5,
+        )
+        for i in range(N_JOBS)
+    ]
 
     w0, c0 = time.perf_counter(), _cpu()
     subs = launcher.submit(tasks)
@@ -70,15 +81,23 @@ def main() -> bool | None:
 
     per_job_cpu_ms = 1000 * (submit_cpu + poll_cpu) / N_JOBS
     per_poll = launcher.sacct_calls / polls
-    print(f"   {N_JOBS} jobs in {launcher.sbatch_calls} sbatch call(s) (arrays of <= {cluster.max_array_size}, "
-          f"{cluster.array_parallelism} at once); final states {finals}")
-    print(f"   submit: {submit_wall:.2f} s wall, {submit_cpu:.2f} s CPU; poll: {polls} polls, "
-          f"{poll_wall:.2f} s wall, {poll_cpu:.2f} s CPU; sacct calls per poll {per_poll:.2f}")
-    print(f"   control plane per job: {per_job_cpu_ms:.1f} ms CPU, "
-          f"{1000 * (submit_wall + poll_wall) / N_JOBS:.1f} ms wall; all jobs done in {total_wall:.0f} s wall")
+    print(
+        f"   {N_JOBS} jobs in {launcher.sbatch_calls} sbatch call(s) (arrays of <= {cluster.max_array_size}, "
+        f"{cluster.array_parallelism} at once); final states {finals}"
+    )
+    print(
+        f"   submit: {submit_wall:.2f} s wall, {submit_cpu:.2f} s CPU; poll: {polls} polls, "
+        f"{poll_wall:.2f} s wall, {poll_cpu:.2f} s CPU; sacct calls per poll {per_poll:.2f}"
+    )
+    print(
+        f"   control plane per job: {per_job_cpu_ms:.1f} ms CPU, "
+        f"{1000 * (submit_wall + poll_wall) / N_JOBS:.1f} ms wall; all jobs done in {total_wall:.0f} s wall"
+    )
     met = per_poll == 1.0 and per_job_cpu_ms < GOAL_CPU_MS_PER_JOB and finals == {"COMPLETED": N_JOBS}
-    print(f"   goal: 1 sacct per poll, < {GOAL_CPU_MS_PER_JOB:.0f} ms CPU per job, all COMPLETED -> "
-          f"{'met' if met else 'MISSED'}")
+    print(
+        f"   goal: 1 sacct per poll, < {GOAL_CPU_MS_PER_JOB:.0f} ms CPU per job, all COMPLETED -> "
+        f"{'met' if met else 'MISSED'}"
+    )
     return met
 
 

@@ -5,6 +5,7 @@ optional field, an INFO-prefixed (min, max) timer block at --timing-log-level 2,
 10 iterations, a straggler line, plus noise (NCCL INFO, warnings) under `srun -l` prefixes.
 Generated once into a temp dir (cached between runs). Run: .venv/bin/python tests/bench/bench_parse.py
 """
+
 from __future__ import annotations
 
 import os
@@ -20,13 +21,29 @@ from jobs.parse import parse_file  # noqa: E402
 
 GOAL_S = 3.0
 TARGET_MB = 100
-TIMERS = ["forward-backward", "forward-compute", "backward-compute", "batch-generator",
-          "forward-recv", "forward-send", "backward-recv", "backward-send",
-          "forward-send-backward-recv", "backward-send-forward-recv", "layernorm-grads-all-reduce",
-          "embedding-grads-all-reduce", "all-grads-sync", "params-all-gather",
-          "optimizer-copy-to-main-grad", "optimizer-unscale-and-check-inf",
-          "optimizer-clip-main-grad", "optimizer-count-zeros", "optimizer-inner-step",
-          "optimizer-copy-main-to-model-params", "optimizer"]
+TIMERS = [
+    "forward-backward",
+    "forward-compute",
+    "backward-compute",
+    "batch-generator",
+    "forward-recv",
+    "forward-send",
+    "backward-recv",
+    "backward-send",
+    "forward-send-backward-recv",
+    "backward-send-forward-recv",
+    "layernorm-grads-all-reduce",
+    "embedding-grads-all-reduce",
+    "all-grads-sync",
+    "params-all-gather",
+    "optimizer-copy-to-main-grad",
+    "optimizer-unscale-and-check-inf",
+    "optimizer-clip-main-grad",
+    "optimizer-count-zeros",
+    "optimizer-inner-step",
+    "optimizer-copy-main-to-model-params",
+    "optimizer",
+]
 
 
 def _iteration_block(it: int, rng: random.Random, last: int) -> str:
@@ -47,15 +64,18 @@ def _iteration_block(it: int, rng: random.Random, last: int) -> str:
         lo = rng.random() * 100
         lines.append(f"{p}    {(name + ' ').ljust(48, '.')}: ({lo:.2f}, {lo * 1.1:.2f})")
     if it % 10 == 0:
-        lines.append(f"{p}[Rank {last}] (after {it} iterations) memory (MB) | allocated: 60123.45 |"
-                     " max allocated: 70234.56 | reserved: 72000.00 | max reserved: 74000.00")
-        lines.append(f"0: INFO:megatron.core.utils:[2026-11-29 10:00:00] | MnRtt/Rnk: 8900.12ms/5 |"
-                     " MxRtt/Rnk: 9120.88ms/61 | MnPwr/Rnk: 640.00W/2 | MxPwr/Rnk: 700.00W/61 |"
-                     " MnEtpt/Rnk: 398.40TF/61 | MxEtpt/Rnk: 404.90TF/5")
+        lines.append(
+            f"{p}[Rank {last}] (after {it} iterations) memory (MB) | allocated: 60123.45 |"
+            " max allocated: 70234.56 | reserved: 72000.00 | max reserved: 74000.00"
+        )
+        lines.append(
+            "0: INFO:megatron.core.utils:[2026-11-29 10:00:00] | MnRtt/Rnk: 8900.12ms/5 |"
+            " MxRtt/Rnk: 9120.88ms/61 | MnPwr/Rnk: 640.00W/2 | MxPwr/Rnk: 700.00W/61 |"
+            " MnEtpt/Rnk: 398.40TF/61 | MxEtpt/Rnk: 404.90TF/5"
+        )
     for _ in range(8):
         r = rng.randrange(last)
-        lines.append(f"{r}: n{r // 8}:12345:12399 [{r % 8}] NCCL INFO Channel 03/0 : {r} -> {r + 1} "
-                     "via P2P/IPC/read")
+        lines.append(f"{r}: n{r // 8}:12345:12399 [{r % 8}] NCCL INFO Channel 03/0 : {r} -> {r + 1} via P2P/IPC/read")
     return "\n".join(lines) + "\n"
 
 
@@ -90,11 +110,15 @@ def main() -> bool:
         rows = sum(len(b.timers) for b in log.timers)  # timer values are decoded on first access
         full = min(full, best + time.perf_counter() - t1)
     assert log is not None and log.iterations and log.timers and log.memory and rows
-    print(f"parse_file: {mb:.1f} MB in {best:.2f} s wall ({cpu:.2f} s CPU) = {mb / best:.1f} MB/s "
-          f"({len(log.iterations)} iterations, {len(log.timers)} timer blocks, {log.lines} lines); "
-          f"goal < {GOAL_S:.1f} s: {'PASS' if best < GOAL_S else 'MISS'}")
-    print(f"parse_file + decoding all {rows} timer rows: {full:.2f} s wall = {mb / full:.1f} MB/s; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (wall time counts contention)")
+    print(
+        f"parse_file: {mb:.1f} MB in {best:.2f} s wall ({cpu:.2f} s CPU) = {mb / best:.1f} MB/s "
+        f"({len(log.iterations)} iterations, {len(log.timers)} timer blocks, {log.lines} lines); "
+        f"goal < {GOAL_S:.1f} s: {'PASS' if best < GOAL_S else 'MISS'}"
+    )
+    print(
+        f"parse_file + decoding all {rows} timer rows: {full:.2f} s wall = {mb / full:.1f} MB/s; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (wall time counts contention)"
+    )
     return best < GOAL_S
 
 

@@ -5,6 +5,7 @@ executor. Control-plane time = the loop's wall time minus its sleeps between pol
 writing, sbatch, sacct, collecting job folders and ledger writes. Jobs are 2-GPU twin jobs so the
 workload itself stays small; the figure is about the orchestrator.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,13 +17,26 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 JOBS = int(os.environ.get("BENCH_SWEEP_JOBS", "200"))
-STAGE = ["+stage=smoke", "stage.name=bench2", "stage.gpus=2", "stage.gpus_per_node=2", "stage.global_batch=16",
-         "stage.search.pp=[1,2]", "stage.search.ep=[1,2]", "stage.search.mbs=[1,2,4,8]",
-         "stage.search.dispatcher=[alltoall,allgather,flex:deepep,flex:hybridep]",
-         "stage.search.recompute=[[],[moe_act],[full],[mla_up_proj,mhc]]", "stage.search.vpp=[1,2,3]",
-         f"stage.budget.max_runs={JOBS}", "stage.budget.max_rounds=1", f"policy.round0_size={JOBS}",
-         "++workload.twin.time_scale=0.000001", "++workload.twin.max_sleep_s=0.001", "stage.warmup_iters=2",
-         "stage.measure_iters=3"]
+STAGE = [
+    "+stage=smoke",
+    "stage.name=bench2",
+    "stage.gpus=2",
+    "stage.gpus_per_node=2",
+    "stage.global_batch=16",
+    "stage.search.pp=[1,2]",
+    "stage.search.ep=[1,2]",
+    "stage.search.mbs=[1,2,4,8]",
+    "stage.search.dispatcher=[alltoall,allgather,flex:deepep,flex:hybridep]",
+    "stage.search.recompute=[[],[moe_act],[full],[mla_up_proj,mhc]]",
+    "stage.search.vpp=[1,2,3]",
+    f"stage.budget.max_runs={JOBS}",
+    "stage.budget.max_rounds=1",
+    f"policy.round0_size={JOBS}",
+    "++workload.twin.time_scale=0.000001",
+    "++workload.twin.max_sleep_s=0.001",
+    "stage.warmup_iters=2",
+    "stage.measure_iters=3",
+]
 
 
 def main() -> bool:
@@ -36,16 +50,29 @@ def main() -> bool:
     tmp = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     try:
         kind = "slurm" if shutil.which("sbatch") else "local"
-        composed = compose(STAGE + [f"cluster={kind}", f"ledger.url=sqlite:///{tmp / 'ledger.sqlite'}",
-                                    f"cluster.folder={tmp / 'runs'}", "sweep.name=bench",
-                                    f"++cluster.poll_interval_s={2.0 if kind == 'slurm' else 0.5}"])
+        composed = compose(
+            STAGE
+            + [
+                f"cluster={kind}",
+                f"ledger.url=sqlite:///{tmp / 'ledger.sqlite'}",
+                f"cluster.folder={tmp / 'runs'}",
+                "sweep.name=bench",
+                f"++cluster.poll_interval_s={2.0 if kind == 'slurm' else 0.5}",
+            ]
+        )
         cfg = composed.cfg
         launcher, reason = make_launcher(cfg.cluster)
         view = View(live=False, stream=open("/dev/null", "w"))
         with open_ledger(cfg) as ledger:
-            sweep = ledger.create_or_get_sweep("bench", stage=cfg.stage.name, config_yaml=composed.to_yaml(),
-                                               model=cfg.model.name, hardware=cfg.hardware.name,
-                                               workload=cfg.workload.name, provenance={})
+            sweep = ledger.create_or_get_sweep(
+                "bench",
+                stage=cfg.stage.name,
+                config_yaml=composed.to_yaml(),
+                model=cfg.model.name,
+                hardware=cfg.hardware.name,
+                workload=cfg.workload.name,
+                provenance={},
+            )
             driver = Driver(ledger, cfg, sweep, launcher, view)
             t0 = time.perf_counter()
             out = driver.run()
@@ -58,8 +85,10 @@ def main() -> bool:
         print(f"cluster {launcher.kind} ({reason}); {jobs} twin jobs (simulated), {done} measured, stop: {out.reason}")
         print(f"wall {wall:.1f}s, control-plane {control:.1f}s = {control / max(jobs, 1) * 1000:.1f} ms per job")
         if sacct is not None:
-            print(f"sacct calls {sacct} over {polls} polls = {sacct / max(polls, 1):.2f} per poll; "
-                  f"sbatch calls {getattr(launcher, 'sbatch_calls', '?')}")
+            print(
+                f"sacct calls {sacct} over {polls} polls = {sacct / max(polls, 1):.2f} per poll; "
+                f"sbatch calls {getattr(launcher, 'sbatch_calls', '?')}"
+            )
         else:
             print(f"polls {polls} (local executor: no sacct)")
         return jobs == JOBS and (sacct is None or sacct <= polls)

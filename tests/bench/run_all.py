@@ -4,6 +4,7 @@ Why a runner and not pytest: benchmarks print numbers for people (and fail loudl
 missed); they are not pass/fail unit tests and must not slow `make test`. Exit status: non-zero if
 any bench raised or returned a falsy "goal met" value (main() may return True/False or None).
 """
+
 from __future__ import annotations
 
 import importlib.util

@@ -11,6 +11,7 @@ Every line is marked SIMULATED: these are synthetic numbers.
 
 `step_time(...)` is importable so policy tests can query the same surface in-process.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,20 @@ from datetime import datetime
 HBM_GB = float(os.environ.get("SURFACE_HBM_GB", "80"))
 
 
-def step_time(*, n: int, pp: int, vpp: int, cp: int, ep: int, mbs: int, gbs: int, seq: int, recompute: str,
-              dispatcher: str, gpus_per_node: int = 8) -> float:
+def step_time(
+    *,
+    n: int,
+    pp: int,
+    vpp: int,
+    cp: int,
+    ep: int,
+    mbs: int,
+    gbs: int,
+    seq: int,
+    recompute: str,
+    dispatcher: str,
+    gpus_per_node: int = 8,
+) -> float:
     """Seconds per step on the synthetic surface."""
     tp = 1
     d_a = max(1, n // (pp * cp * tp))
@@ -54,11 +67,17 @@ def memory_gb(*, pp: int, ep: int, mbs: int, cp: int, recompute: str, seq: int) 
 
 def _flags(argv):
     p = argparse.ArgumentParser(add_help=False)
-    for name, typ, default in (("pipeline-model-parallel-size", int, 1), ("context-parallel-size", int, 1),
-                               ("expert-model-parallel-size", int, 1), ("micro-batch-size", int, 1),
-                               ("global-batch-size", int, 1), ("seq-length", int, 4096), ("train-iters", int, 10),
-                               ("moe-token-dispatcher-type", str, "alltoall"),
-                               ("moe-flex-dispatcher-backend", str, "")):
+    for name, typ, default in (
+        ("pipeline-model-parallel-size", int, 1),
+        ("context-parallel-size", int, 1),
+        ("expert-model-parallel-size", int, 1),
+        ("micro-batch-size", int, 1),
+        ("global-batch-size", int, 1),
+        ("seq-length", int, 4096),
+        ("train-iters", int, 10),
+        ("moe-token-dispatcher-type", str, "alltoall"),
+        ("moe-flex-dispatcher-backend", str, ""),
+    ):
         p.add_argument(f"--{name}", type=typ, default=default)
     p.add_argument("--recompute-modules", nargs="*", default=[])
     p.add_argument("--recompute-granularity", default=None)
@@ -79,30 +98,55 @@ def main(argv=None) -> int:
     if disp == "flex":
         disp += f":{a.moe_flex_dispatcher_backend}"
     print("[SIMULATED] synthetic surface workload (tests/workloads/surface.py)", flush=True)
-    mem = memory_gb(pp=a.pipeline_model_parallel_size, ep=a.expert_model_parallel_size, mbs=a.micro_batch_size,
-                    cp=a.context_parallel_size, recompute=recompute, seq=a.seq_length)
+    mem = memory_gb(
+        pp=a.pipeline_model_parallel_size,
+        ep=a.expert_model_parallel_size,
+        mbs=a.micro_batch_size,
+        cp=a.context_parallel_size,
+        recompute=recompute,
+        seq=a.seq_length,
+    )
     if mem > HBM_GB:
-        print(f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {rank} has a total "
-              f"capacity of {HBM_GB:.2f} GiB of which 0 bytes is free.", file=sys.stderr, flush=True)
+        print(
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {rank} has a total "
+            f"capacity of {HBM_GB:.2f} GiB of which 0 bytes is free.",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
-    st = step_time(n=n, pp=a.pipeline_model_parallel_size, vpp=vpp, cp=a.context_parallel_size,
-                   ep=a.expert_model_parallel_size, mbs=a.micro_batch_size, gbs=a.global_batch_size,
-                   seq=a.seq_length, recompute=recompute, dispatcher=disp)
+    st = step_time(
+        n=n,
+        pp=a.pipeline_model_parallel_size,
+        vpp=vpp,
+        cp=a.context_parallel_size,
+        ep=a.expert_model_parallel_size,
+        mbs=a.micro_batch_size,
+        gbs=a.global_batch_size,
+        seq=a.seq_length,
+        recompute=recompute,
+        dispatcher=disp,
+    )
     last = rank == n - 1
     for it in range(1, a.train_iters + 1):
         time.sleep(0.001)
         if last:
             ts = datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
             wobble = 1.0 + 0.01 * math.sin(it * 1.7)
-            print(f" [{ts}] iteration {it:8d}/{a.train_iters:8d} | consumed samples: {it * a.global_batch_size:12d} |"
-                  f" elapsed time per iteration (ms): {st * wobble * 1000:.1f} | learning rate: 1.000000E-04 |"
-                  f" global batch size: {a.global_batch_size:5d} | lm loss: {8.0 / math.sqrt(it):.6E} |"
-                  f" loss scale: 1.0 | grad norm: 1.000 | number of skipped iterations:   0 |"
-                  f" number of nan iterations:   0 |", flush=True)
+            print(
+                f" [{ts}] iteration {it:8d}/{a.train_iters:8d} | consumed samples: {it * a.global_batch_size:12d} |"
+                f" elapsed time per iteration (ms): {st * wobble * 1000:.1f} | learning rate: 1.000000E-04 |"
+                f" global batch size: {a.global_batch_size:5d} | lm loss: {8.0 / math.sqrt(it):.6E} |"
+                f" loss scale: 1.0 | grad norm: 1.000 | number of skipped iterations:   0 |"
+                f" number of nan iterations:   0 |",
+                flush=True,
+            )
         if it == 1:
             mb = mem * 1e9 / 2**20
-            print(f"[Rank {rank}] (after 1 iterations) memory (MB) | allocated: {mb * 0.8:.2f} | max allocated: "
-                  f"{mb * 0.95:.2f} | reserved: {mb:.2f} | max reserved: {mb:.2f}", flush=True)
+            print(
+                f"[Rank {rank}] (after 1 iterations) memory (MB) | allocated: {mb * 0.8:.2f} | max allocated: "
+                f"{mb * 0.95:.2f} | reserved: {mb:.2f} | max reserved: {mb:.2f}",
+                flush=True,
+            )
     return 0
 
 
