@@ -13,7 +13,8 @@ import pytest
 from db import queries
 from db.errors import LedgerError
 from db.ledger import CandidateIn, Ledger
-from orchestrator import finalists, runspec
+from orchestrator import runspec
+from orchestrator.sweep import finalists
 from orchestrator.config import compose
 from orchestrator.launch import make_launcher
 from orchestrator.plan import planner

@@ -14,7 +14,7 @@ from jobs.collect import collect
 from jobs.entry import run_task
 from orchestrator import runspec
 from orchestrator.config import compose
-from orchestrator.finalists import reference_layout
+from orchestrator.sweep.finalists import reference_layout
 from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
 

@@ -116,7 +116,7 @@ def test_oom_dominance_prunes_layouts_needing_more_memory():
 
 
 def test_knob_effects_are_measured_one_factor_ratios():
-    from orchestrator.policy.propose import knob_effects
+    from orchestrator.policy.policies import knob_effects
 
     a = obs("a", 10.0, lay=BASE)
     b = obs("b", 12.0, lay=replace(BASE, ep=32))

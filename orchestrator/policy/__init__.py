@@ -10,7 +10,7 @@ from orchestrator.schema import PolicyConfig
 
 
 def _registry() -> dict[str, type]:
-    from orchestrator.policy.propose import CalibratedNeighbours, PredictedTopK
+    from orchestrator.policy.policies import CalibratedNeighbours, PredictedTopK
 
     return {cls.name: cls for cls in (CalibratedNeighbours, PredictedTopK)}
 
