@@ -7,11 +7,12 @@ from datetime import UTC
 import pytest
 from submitit.slurm.slurm import _make_sbatch_string
 
-from orchestrator.launch import TERMINAL_STATES, LaunchTask
+from orchestrator.launch import LaunchTask
 from orchestrator.launch.base import LaunchError, shape, state_of
 from orchestrator.launch.sacct import command, expand_job_id, parse
 from orchestrator.launch.slurm import SlurmLauncher
 from orchestrator.schema import ClusterConfig
+from orchestrator.states import AttemptState
 
 SACCT = """\
 43801313_0|COMPLETED|0:0|n1|2026-11-29T11:08:43|2026-11-29T11:08:46|None
@@ -73,10 +74,12 @@ def test_parse_rows():
 
 
 @pytest.mark.parametrize(
-    "word", ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"]
+    "word",
+    ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED"],
 )
 def test_terminal_states(word):
-    assert state_of(word).terminal and word in TERMINAL_STATES
+    assert state_of(word).terminal and word in AttemptState.TERMINAL
+    assert state_of(f"{word}+").state == word  # sacct marks a truncated or multi-state field with "+"
 
 
 @pytest.mark.parametrize(
@@ -84,7 +87,12 @@ def test_terminal_states(word):
     ["PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PREEMPTED", "RESIZING", "SUSPENDED", "UNKNOWN"],
 )
 def test_live_states(word):
-    assert not state_of(word).terminal
+    assert not state_of(word).terminal and word in AttemptState.LIVE
+
+
+def test_a_state_word_slurm_adds_later_stays_live_and_is_kept():
+    st = state_of("NEW_STATE_WORD")
+    assert st.state is AttemptState.UNKNOWN and not st.terminal and "NEW_STATE_WORD" in st.reason
 
 
 def test_command_queries_base_ids_once():

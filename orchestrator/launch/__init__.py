@@ -4,8 +4,6 @@
 to stored job ids after a restart (`attach`)."""
 
 from orchestrator.launch.base import (
-    LIVE_STATES,
-    TERMINAL_STATES,
     JobState,
     Launcher,
     LaunchError,
@@ -17,8 +15,6 @@ from orchestrator.launch.select import make_launcher, slurm_available
 from orchestrator.launch.slurm import SlurmLauncher
 
 __all__ = [
-    "LIVE_STATES",
-    "TERMINAL_STATES",
     "JobState",
     "LaunchError",
     "LaunchTask",

@@ -15,31 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from orchestrator.states import AttemptState
+
 RESULT_FILE = "result.json"
 OnSubmitted = Callable[[int, "Submitted"], None]
-
-# Slurm job states (sacct's first word: "CANCELLED by 0" is CANCELLED). PREEMPTED and REQUEUED are not
-# final: with PreemptMode=REQUEUE the same job id comes back, so the loop keeps polling it.
-TERMINAL_STATES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED"}
-)
-LIVE_STATES = frozenset(
-    {
-        "PENDING",
-        "RUNNING",
-        "REQUEUED",
-        "REQUEUE_FED",
-        "REQUEUE_HOLD",
-        "PREEMPTED",
-        "RESIZING",
-        "SUSPENDED",
-        "COMPLETING",
-        "CONFIGURING",
-        "STAGE_OUT",
-        "SIGNALING",
-        "UNKNOWN",
-    }
-)
 
 
 class LaunchError(RuntimeError):
@@ -69,7 +48,7 @@ class Submitted:
 
 @dataclass
 class JobState:
-    state: str
+    state: AttemptState
     exit_code: int | None = None
     node_list: str | None = None
     start: datetime | None = None  # timezone-aware
@@ -77,13 +56,18 @@ class JobState:
     reason: str | None = None
     terminal: bool = False
     signal: int | None = None  # the signal part of Slurm's "code:signal"
-    previous: tuple[str, ...] = ()  # states of earlier runs of this job id (Slurm requeued it: NODE_FAIL, ...)
+    previous: tuple[AttemptState, ...] = ()  # earlier runs of this job id (Slurm requeued it: NODE_FAIL, ...)
 
 
-def state_of(state: str, **kw: Any) -> JobState:
-    """A JobState whose `terminal` follows from the state word."""
-    word = (state or "UNKNOWN").split()[0].rstrip("+").upper()
-    return JobState(state=word, terminal=word in TERMINAL_STATES, **kw)
+def state_of(state: str | AttemptState, **kw: Any) -> JobState:
+    """A JobState whose `terminal` follows from the state (sacct's word, "CANCELLED by 0" included).
+
+    PREEMPTED and REQUEUED are not final: with PreemptMode=REQUEUE the same job id comes back, so the loop
+    keeps polling it. A word this code does not know is UNKNOWN (live), the word kept in `reason`."""
+    word = AttemptState.parse(state)
+    if word is AttemptState.UNKNOWN and str(state or "").strip() and not kw.get("reason"):
+        kw["reason"] = f"sacct state {str(state).strip()!r}"
+    return JobState(state=word, terminal=word.terminal, **kw)
 
 
 def shape(task: LaunchTask) -> tuple[int, int, int]:

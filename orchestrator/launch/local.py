@@ -23,6 +23,7 @@ from orchestrator.launch.base import (
 )
 from orchestrator.launch.task import RunInFolder
 from orchestrator.schema import ClusterConfig
+from orchestrator.states import AttemptState
 
 
 def _now() -> datetime:
@@ -91,19 +92,19 @@ class LocalLauncher(Launcher):
         if job is None:  # re-attached after a restart: only the folder and the pid are left
             folder = self._folders.get(jid)
             if folder and os.path.exists(os.path.join(folder, "result.json")):
-                return state_of("COMPLETED", node_list="localhost")
+                return state_of(AttemptState.COMPLETED, node_list="localhost")
             if _pid_alive(jid):
-                return state_of("RUNNING", node_list="localhost")
-            return state_of("FAILED", reason="local job lost (no process, no result.json)")
+                return state_of(AttemptState.RUNNING, node_list="localhost")
+            return state_of(AttemptState.FAILED, reason="local job lost (no process, no result.json)")
         times = {"node_list": "localhost", "start": self._start.get(jid)}
         if not job.done():
-            return state_of("RUNNING", **times)
+            return state_of(AttemptState.RUNNING, **times)
         end = self._end.setdefault(jid, _now())
         proc = getattr(job, "_process", None)
         code = proc.returncode if proc is not None else None
         times.update(end=end, exit_code=code)
         if jid in self._cancelled:
-            return state_of("CANCELLED", reason="cancelled", **times)
+            return state_of(AttemptState.CANCELLED, reason="cancelled", **times)
         if job.paths.result_pickle.exists():
             import submitit
 
@@ -111,10 +112,10 @@ class LocalLauncher(Launcher):
             if outcome != "success" and not code:
                 # submitit's controller exits 0 after pickling the task's exception: the task failed.
                 times["exit_code"] = 1
-            return state_of("COMPLETED" if outcome == "success" else "FAILED", **times)
+            return state_of(AttemptState.COMPLETED if outcome == "success" else AttemptState.FAILED, **times)
         if (end - self._start[jid]).total_seconds() >= self._timeout_s[jid]:
-            return state_of("TIMEOUT", reason="local time limit", **times)
-        return state_of("FAILED", reason=f"no result (exit code {code})", **times)
+            return state_of(AttemptState.TIMEOUT, reason="local time limit", **times)
+        return state_of(AttemptState.FAILED, reason=f"no result (exit code {code})", **times)
 
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         return {str(j): self._state(str(j)) for j in job_ids}
