@@ -31,7 +31,7 @@ def rows(
     if table not in m.Base.metadata.tables:
         raise LedgerError(f"unknown table '{table}'; tables: {', '.join(TABLES)}")
     t = m.Base.metadata.tables[table]
-    with ledger.read() as s:
+    with ledger._read() as s:
         out = [dict(r._mapping) for r in s.execute(select(t).order_by(*t.primary_key.columns))]
     return [c.name for c in t.columns], out
 

@@ -28,6 +28,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from orchestrator.states import AttemptState, CandidateStatus, SweepStatus
+
 
 class UTCDateTime(TypeDecorator):
     """Naive UTC in the database, aware UTC in Python."""
@@ -72,7 +74,7 @@ class Sweep(Base):
     hardware: Mapped[str] = mapped_column(String(100))
     workload: Mapped[str] = mapped_column(String(100))
     config_yaml: Mapped[str] = mapped_column(Text)  # the resolved config snapshot
-    status: Mapped[str] = mapped_column(String(30), default="planned")
+    status: Mapped[str] = mapped_column(String(30), default=SweepStatus.PLANNED)
     # project version, Megatron commit / container image, submitit/torch/TE versions, perf env vars
     provenance: Mapped[dict] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -129,8 +131,8 @@ class Candidate(Base):
     verdict: Mapped[str] = mapped_column(String(500), default="legal")  # "legal" or comma-joined rule ids
     round: Mapped[int] = mapped_column(default=0)
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("candidate.id", ondelete="SET NULL"))
-    edge_kind: Mapped[str | None] = mapped_column(String(30))  # neighbour-of | promoted-from
-    status: Mapped[str] = mapped_column(String(20), default="planned")
+    edge_kind: Mapped[str | None] = mapped_column(String(30))  # orchestrator.states.EdgeKind
+    status: Mapped[str] = mapped_column(String(20), default=CandidateStatus.PLANNED)
     reason: Mapped[str | None] = mapped_column(Text)  # why the last status change happened
     claimed_by: Mapped[str | None] = mapped_column(String(200))
     latest_attempt_id: Mapped[int | None]
@@ -152,7 +154,7 @@ class Attempt(Base):
     start_time: Mapped[datetime | None]
     end_time: Mapped[datetime | None]
     node_list: Mapped[str | None] = mapped_column(Text)
-    state: Mapped[str] = mapped_column(String(30), default="PENDING")  # Slurm-like, free text
+    state: Mapped[str] = mapped_column(String(30), default=AttemptState.PENDING)  # Slurm's word
     failure_class: Mapped[str | None] = mapped_column(String(30))
     failure_detail: Mapped[str | None] = mapped_column(Text)
     exit_code: Mapped[int | None]
@@ -209,6 +211,13 @@ class Result(Base):
     timers_ms: Mapped[dict] = mapped_column(default=dict)
     versions: Mapped[dict] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+# What one attempt measured: every Result column but its keys and its row timestamp. A column added to
+# Result (and its migration) is stored, updated, compared and exported with nothing else to change.
+RESULT_METRICS: tuple[str, ...] = tuple(
+    c.name for c in Result.__table__.columns if not (c.primary_key or c.foreign_keys or c.name == "created_at")
+)
 
 
 class StepSample(Base):

@@ -1,4 +1,4 @@
-"""The one query module behind `compare`, `best` and exports. Filters, sorts and limits are built
+"""The one query module behind `compare`, `best`, exports and the budget spent. Filters, sorts and limits are built
 from a fixed registry of columns (COLUMNS); user values are always bound parameters, and a key that
 is not in the registry is refused with the list of valid keys. No SQL text is ever built by hand.
 
@@ -11,6 +11,7 @@ import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import BigInteger, Boolean, Float, Integer, and_, exists, func, not_, select, true
@@ -18,7 +19,8 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from db import models as m
 from db.errors import LedgerError
-from db.ledger import RESULT_METRICS
+from db.models import RESULT_METRICS
+from db.store import Store
 
 # The flex dispatcher is stored as dispatcher + backend; shown and filtered as "flex:deepep".
 _DISPATCHER = func.coalesce(m.Candidate.dispatcher + ":" + m.Candidate.backend, m.Candidate.dispatcher)
@@ -245,7 +247,7 @@ def compare(
             raise LedgerError("--limit must be at least 1")
         top = _joins(select(m.Candidate.id)).where(cond).order_by(*order).limit(limit).subquery()
         q = joined(cols).join(top, top.c.id == m.Candidate.id).order_by(*order)
-    with ledger.read() as s:
+    with ledger._read() as s:
         return [dict(zip(names, row)) for row in s.execute(q)]
 
 
@@ -273,7 +275,7 @@ def best(ledger, *, sweep: str | None = None, stage: str | None = None) -> dict 
         m.Result.peak_reserved_gb.asc().nulls_last(),
         m.Result.id,
     ).limit(1)
-    with ledger.read() as s:
+    with ledger._read() as s:
         hit = s.execute(q).first()
         if hit is None:
             return None
@@ -309,3 +311,35 @@ def best(ledger, *, sweep: str | None = None, stage: str | None = None) -> dict 
             },
             "metrics": {k: getattr(r, k) for k in RESULT_METRICS},
         }
+
+
+@dataclass(frozen=True)
+class AttemptCost:
+    """What one attempt of a sweep cost: its measured mean step, else its wall time (start, end)."""
+
+    candidate_id: int
+    simulated: bool
+    start_time: datetime | None
+    end_time: datetime | None
+    step_mean_s: float | None  # None when the attempt has no result
+
+
+def attempt_costs(ledger: Store, sweep: str) -> list[AttemptCost]:
+    """Every attempt of `sweep` with its result's mean step, in ONE joined query: the live view asks on
+    every change, so the cost must not be a query per candidate."""
+    q = (
+        select(
+            m.Attempt.candidate_id,
+            m.Attempt.simulated,
+            m.Attempt.start_time,
+            m.Attempt.end_time,
+            m.Result.step_mean_s,
+        )
+        .join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
+        .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
+        .outerjoin(m.Result, m.Result.attempt_id == m.Attempt.id)
+        .where(m.Sweep.name == sweep)
+        .order_by(m.Attempt.id)
+    )
+    with ledger._read() as s:
+        return [AttemptCost(*row) for row in s.execute(q)]

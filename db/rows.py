@@ -1,5 +1,5 @@
 """Typed rows the Ledger hands out (and CandidateIn, what it takes): plain dataclasses, so nothing
-tied to a database session escapes db/.
+tied to a database session escapes db/. States and statuses come back as orchestrator.states' enums.
 """
 
 from __future__ import annotations
@@ -8,10 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-# Slurm states after which an attempt will not change by itself (PREEMPTED may be requeued: live).
-TERMINAL_STATES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "LOST"}
-)
+from orchestrator.states import AttemptState, CandidateStatus, EdgeKind, SweepStatus
+
+
+def _set(row: object, name: str, value: object) -> None:
+    """Assign in __post_init__ of a frozen row (the stored text becomes its enum member)."""
+    object.__setattr__(row, name, value)
 
 
 @dataclass(frozen=True)
@@ -23,10 +25,13 @@ class SweepRow:
     hardware: str
     workload: str
     config_yaml: str
-    status: str
+    status: SweepStatus
     provenance: dict
     created_at: datetime
     updated_at: datetime
+
+    def __post_init__(self) -> None:
+        _set(self, "status", SweepStatus(self.status))
 
 
 @dataclass
@@ -40,8 +45,8 @@ class CandidateIn:
     verdict: str | Sequence[str] = "legal"  # "legal" or the ids of the rules it breaks
     round: int = 0
     parent_key: str | None = None
-    edge_kind: str | None = None  # neighbour-of | promoted-from
-    status: str = "planned"
+    edge_kind: EdgeKind | None = None
+    status: CandidateStatus = CandidateStatus.PLANNED
 
 
 @dataclass(frozen=True)
@@ -55,14 +60,18 @@ class CandidateRow:
     verdict: str
     round: int
     parent_id: int | None
-    edge_kind: str | None
-    status: str
+    edge_kind: EdgeKind | None
+    status: CandidateStatus
     reason: str | None
     claimed_by: str | None
     latest_attempt_id: int | None
     latest_result_id: int | None
     created_at: datetime
     updated_at: datetime
+
+    def __post_init__(self) -> None:
+        _set(self, "status", CandidateStatus(self.status))
+        _set(self, "edge_kind", None if self.edge_kind is None else EdgeKind(self.edge_kind))
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,7 @@ class AttemptRow:
     start_time: datetime | None
     end_time: datetime | None
     node_list: str | None
-    state: str
+    state: AttemptState
     failure_class: str | None
     failure_detail: str | None
     exit_code: int | None
@@ -87,9 +96,12 @@ class AttemptRow:
     created_at: datetime
     updated_at: datetime
 
+    def __post_init__(self) -> None:
+        _set(self, "state", AttemptState.parse(self.state))  # a word Slurm adds later reads UNKNOWN: live
+
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL_STATES
+        return self.state.terminal
 
 
 @dataclass(frozen=True)
@@ -138,7 +150,7 @@ class MeasuredRow:
     candidate_id: int
     key: str
     round: int
-    status: str
+    status: CandidateStatus
     layout: dict
     layer_pattern: str
     predicted: dict
@@ -149,3 +161,6 @@ class MeasuredRow:
     simulated: bool
     partial: bool
     metrics: dict  # every result column (RESULT_METRICS)
+
+    def __post_init__(self) -> None:
+        _set(self, "status", CandidateStatus(self.status))

@@ -9,6 +9,7 @@ import time
 import traceback
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from db import models as m
 from db.errors import LeaseHeld
@@ -82,7 +83,7 @@ def test_eight_processes_same_sweep(ledger_url):
     assert sum(r[4] for r in reports) == 1  # one lease holder: two orchestrators cannot drive one sweep
     claimed = [cid for r in reports for cid in r[2]]
     assert len(claimed) == SHARED and len(set(claimed)) == SHARED  # every candidate launched exactly once
-    with Ledger.open(ledger_url) as led, led.read() as s:
+    with Ledger.open(ledger_url) as led, Session(led.engine) as s:
 
         def count(model, *where):
             return s.scalar(select(func.count()).select_from(model).where(*where))

@@ -109,8 +109,7 @@ def test_bad_filters_are_rejected_or_bound_as_data(filled):
     assert queries.compare(led, sweep="s1'; DROP TABLE candidate; --") == []
     with pytest.raises(LedgerError, match="expected KEY OP VALUE"):
         queries.compare(led, where=["ep"])
-    with led.read() as s:
-        assert set(inspect(s.connection()).get_table_names()) >= TABLES
+    assert set(inspect(led.engine).get_table_names()) >= TABLES
     assert len(queries.compare(led)) == 6
 
 
@@ -192,5 +191,4 @@ def test_any_filter_value_is_refused_or_bound_as_data(filled, key, op, value):
         rows = None
     if rows is not None and op == "=" and key in ("recompute", "sweep") and value.strip().lower() != "null":
         assert all(r[key] == value.strip() for r in rows)
-    with led.read() as s:
-        assert set(inspect(s.connection()).get_table_names()) >= TABLES
+    assert set(inspect(led.engine).get_table_names()) >= TABLES

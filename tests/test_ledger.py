@@ -11,7 +11,9 @@ from sqlalchemy import text
 from db.errors import LeaseHeld, LedgerError
 from db.ledger import CandidateIn, Ledger
 from jobs.result import JobResult, RankMemory
+from orchestrator.launch.base import state_of
 from orchestrator.plan.layout import Layout, Prediction, canonical_key
+from orchestrator.states import AttemptState, EdgeKind
 
 
 def make_items(n: int, *, round: int = 0, stage: str = "1k") -> list[CandidateIn]:
@@ -131,7 +133,7 @@ def test_add_candidates_is_idempotent_and_keeps_knobs(ledger):
     assert len(ledger.events("s1", kind="planned")) == 6  # planned once, not on the re-run
     assert Layout.from_dict(rows[1].layout) == Layout.from_dict(items[1].layout)
     assert rows[0].predicted["memory_by_stage"] == [60.0, 55.0]
-    with ledger.read() as s:
+    with ledger.engine.connect() as s:  # the raw columns, as SQL sees them
         knobs = s.execute(
             text("SELECT ep, recompute, dispatcher, backend, pred_step_time_s FROM candidate ORDER BY id")
         ).all()
@@ -142,15 +144,20 @@ def test_add_candidates_is_idempotent_and_keeps_knobs(ledger):
 def test_parent_edges_same_sweep_and_promotion_across_sweeps(ledger):
     parent = ledger.add_candidates("s1", make_items(1))[0]
     child = make_items(2)[1]
-    child.parent_key, child.edge_kind, child.round = parent.key, "neighbour-of", 1
+    child.parent_key, child.edge_kind, child.round = parent.key, EdgeKind.NEIGHBOUR, 1
     row = ledger.add_candidates("s1", [child])[0]
-    assert (row.parent_id, row.edge_kind, row.round) == (parent.id, "neighbour-of", 1)
+    assert (row.parent_id, row.edge_kind, row.round) == (parent.id, EdgeKind.NEIGHBOUR, 1)
+    assert row.edge_kind == "neighbour"  # StrEnum: the stored text is the value, as before the enum
     ledger.create_or_get_sweep(
         "s8k", stage="8k", config_yaml="", model="dsv4_pro", hardware="h100", workload="twin", provenance={}
     )
     promoted = make_items(1, stage="8k")[0]
-    promoted.parent_key, promoted.edge_kind = parent.key, "promoted-from"
+    promoted.parent_key, promoted.edge_kind = parent.key, EdgeKind.PROMOTED_FROM
     assert ledger.add_candidates("s8k", [promoted])[0].parent_id == parent.id
+    odd = make_items(4)[3]
+    odd.parent_key, odd.edge_kind = parent.key, "neighbour-of"  # the old docstring's word, never written
+    with pytest.raises(LedgerError, match="edge kind 'neighbour-of' is not one of neighbour, promoted-from"):
+        ledger.add_candidates("s1", [odd])
     orphan = make_items(3)[2]
     orphan.parent_key = "f" * 32
     with pytest.raises(LedgerError, match="parent ffffffffff is not in the ledger"):
@@ -189,7 +196,26 @@ def test_attempt_numbers_updates_and_live_attempts(ledger):
     assert [a.id for a in ledger.live_attempts("s1")] == [a2.id]
     with pytest.raises(ValueError, match="unknown fields"):
         ledger.update_attempt(a1.id, colour="red")
+    with pytest.raises(LedgerError, match="attempt state 'LOST' is not one of PENDING"):
+        ledger.update_attempt(a1.id, state="LOST")
     assert [a.attempt_no for a in ledger.attempts(cand.id)] == [1, 2]
+
+
+def test_revoked_is_terminal_for_launch_and_ledger_alike(ledger):
+    """One set of terminal states: a REVOKED job is finished for the launcher AND the ledger, so the loop
+    never waits on it (the two copies had drifted: the ledger's lacked REVOKED)."""
+    cand = ledger.add_candidates("s1", make_items(1))[0]
+    att = ledger.new_attempt(cand.id, job_id="77", job_dir="/runs/x", simulated=True)
+    assert not att.terminal and att.state is AttemptState.PENDING
+    st = state_of("REVOKED")
+    assert st.terminal
+    row = ledger.update_attempt(att.id, state=st.state)
+    assert row.terminal and row.state is AttemptState.REVOKED
+    assert ledger.live_attempts("s1") == []  # not polled again
+    for word in AttemptState:  # every word: launch and ledger agree
+        assert state_of(word).terminal == (word in AttemptState.TERMINAL)
+        assert ledger.update_attempt(att.id, state=word).terminal == state_of(word).terminal
+        assert [a.id for a in ledger.live_attempts("s1")] == ([] if state_of(word).terminal else [att.id])
 
 
 def test_record_result_stores_everything_once(ledger):
@@ -325,19 +351,27 @@ def test_url_from_environment_variable(tmp_path, monkeypatch):
         Ledger.open("env:ORCH_TEST_UNSET")
 
 
-def test_db_package_imports_neither_orchestrator_nor_jobs():
-    """Data flows one way: db/ knows Megatron and Slurm only through column names."""
+def _imports(path) -> list[str]:
     import ast
+
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.append(node.module or "")
+    return names
+
+
+def test_db_package_imports_only_the_state_vocabulary():
+    """Data flows one way: db/ imports nothing of orchestrator/ or jobs/ but the stdlib-only state enums,
+    which it shares with launch/ (one owner of Slurm's words)."""
+    import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent / "db"
-    for path in root.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else [node.module or ""]
-                if isinstance(node, ast.ImportFrom)
-                else []
-            )
-            assert not [n for n in names if n.split(".")[0] in ("orchestrator", "jobs")], path
+    root = Path(__file__).resolve().parent.parent
+    for path in (root / "db").rglob("*.py"):
+        outside = [n for n in _imports(path) if n.split(".")[0] in ("orchestrator", "jobs")]
+        assert set(outside) <= {"orchestrator.states"}, (path, outside)
+    states = _imports(root / "orchestrator" / "states.py")
+    assert all(n.split(".")[0] in sys.stdlib_module_names for n in states), states

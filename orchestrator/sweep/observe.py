@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from db import queries
 from db.ledger import CandidateRow, Ledger, SweepRow
 from orchestrator.plan.layout import Layout
 from orchestrator.policy.env import PlanEnv
 from orchestrator.policy.types import Observation
-
-QUEUED = ("planned", "claimed", "submitted")
+from orchestrator.states import AttemptState, CandidateStatus
 
 
 def same_stage_sweeps(ledger: Ledger, sweep: SweepRow) -> list[SweepRow]:
@@ -53,13 +53,13 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
             comps, step, mem = raw
             met = measured.get(c.id)
             fc = None
-            if c.status == "excluded":  # failed the correctness gate: never a best, a parent or promoted
+            if c.status == CandidateStatus.EXCLUDED:  # failed the correctness gate: never a best, a parent or promoted
                 met, fc = None, "EXCLUDED"
             elif met is None:
-                if c.status not in ("failed", "cancelled"):
+                if c.status not in (CandidateStatus.FAILED, CandidateStatus.CANCELLED):
                     continue  # not measured yet: nothing to learn
                 atts = ledger.attempts(c.id)
-                fc = (atts[-1].failure_class or atts[-1].state) if atts else "FAILED"
+                fc = (atts[-1].failure_class or atts[-1].state) if atts else AttemptState.FAILED
             peak = None
             if met:
                 peak = met.get("peak_reserved_gb") or met.get("peak_allocated_gb")
@@ -92,49 +92,31 @@ class Spent:
 
 
 def spent(ledger: Ledger, sweep: str, *, n_gpus: int, iters: int) -> Spent:
-    """runs = candidates with an attempt; GPU-hours = N x (mean step x iterations, else wall) / 3600.
-
-    One joined query (attempts of the sweep, left-joined with their results): the live view calls this
-    on every change, so it must not cost a query per candidate.
-    """
-    from sqlalchemy import select
-
-    from db import models as m
-
-    with ledger.read() as s:
-        q = (
-            select(
-                m.Attempt.candidate_id,
-                m.Attempt.simulated,
-                m.Attempt.start_time,
-                m.Attempt.end_time,
-                m.Result.step_mean_s,
-            )
-            .join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
-            .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
-            .outerjoin(m.Result, m.Result.attempt_id == m.Attempt.id)
-            .where(m.Sweep.name == sweep)
-        )
-        rows = s.execute(q).all()
+    """runs = candidates with an attempt; GPU-hours = N x (mean step x iterations, else wall) / 3600."""
+    costs = queries.attempt_costs(ledger, sweep)
     gpu_s = 0.0
-    for _, _, start, end, mean in rows:
-        if mean:
-            gpu_s += n_gpus * mean * iters
-        elif start and end:
-            gpu_s += n_gpus * max(0.0, (end - start).total_seconds())
+    for a in costs:
+        if a.step_mean_s:
+            gpu_s += n_gpus * a.step_mean_s * iters
+        elif a.start_time and a.end_time:
+            gpu_s += n_gpus * max(0.0, (a.end_time - a.start_time).total_seconds())
     return Spent(
-        runs=len({r[0] for r in rows}), attempts=len(rows), gpu_hours=gpu_s / 3600.0, simulated=any(r[1] for r in rows)
+        runs=len({a.candidate_id for a in costs}),
+        attempts=len(costs),
+        gpu_hours=gpu_s / 3600.0,
+        simulated=any(a.simulated for a in costs),
     )
 
 
 def status_counts(cands: list[CandidateRow]) -> dict[str, int]:
+    """The live view's columns: queued, running, done, failed (cancelled counts as failed)."""
     counts = {"queued": 0, "running": 0, "done": 0, "failed": 0}
     for c in cands:
-        if c.status in QUEUED:
+        if c.status in CandidateStatus.QUEUED:
             counts["queued"] += 1
-        elif c.status in counts:
+        elif c.status in (CandidateStatus.RUNNING, CandidateStatus.DONE, CandidateStatus.FAILED):
             counts[c.status] += 1
-        elif c.status == "cancelled":
+        elif c.status == CandidateStatus.CANCELLED:
             counts["failed"] += 1
     return counts
 
