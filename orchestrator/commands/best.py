@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from orchestrator.commands.ledger import open_ledger
+from orchestrator.commands._shared import open_ledger, print_table
 from orchestrator.errors import UserError
 
 NAME = "best"
@@ -36,8 +36,6 @@ def run(args, overrides) -> int:
         json.dump(hit, sys.stdout, indent=1, default=str)
         print()
         return 0
-    from orchestrator.commands.compare import print_table
-
     flat = {k: v for k, v in hit.items() if not isinstance(v, dict)}
     flat.update({f"attempt.{k}": v for k, v in hit["attempt"].items()})
     flat.update({k: v for k, v in hit["metrics"].items() if not isinstance(v, dict)})

@@ -9,10 +9,9 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from collections.abc import Sequence
 from typing import Any
 
-from orchestrator.commands.ledger import open_ledger
+from orchestrator.commands._shared import open_ledger, print_table
 
 NAME = "compare"
 HELP = "Compare measured layouts in the ledger: filter (--where ep=64), sort (--sort tokens_per_gpu), table/json/csv."
@@ -35,31 +34,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--limit", type=int, default=None, help=f"rows (table default {TABLE_LIMIT})")
     parser.add_argument("--columns", default=None, help="comma-separated columns (default: the headline set)")
     parser.add_argument("--format", choices=["table", "json", "csv"], default="table")
-
-
-def _cell(value: Any, key: str = "") -> str:
-    if value is None:
-        return "-"
-    if key == "key":
-        return str(value)[:10]
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def print_table(rows: Sequence[dict[str, Any]], *, title: str = "", columns: list[str] | None = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    cols = columns or (list(rows[0]) if rows else [])
-    table = Table(title=title or None, title_justify="left")
-    for c in cols:
-        table.add_column(c, overflow="fold")
-    for r in rows:
-        table.add_row(*[_cell(r.get(c), c) for c in cols])
-    Console(width=max(120, 12 * len(cols))).print(table)
 
 
 def emit(rows: list[dict[str, Any]], fmt: str, columns: list[str], title: str) -> None:

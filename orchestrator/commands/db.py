@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.commands.ledger import split_verb
+from orchestrator.commands._shared import split_verb
 from orchestrator.config import compose
 
 NAME = "db"

@@ -1,37 +1,16 @@
-"""`ledger export|sweeps|events`: read the ledger outside a sweep (exports for notebooks, audit log).
-
-Also home of `open_ledger`, which the db/compare/best commands share: the URL comes from the
-composed config (`ledger.url=...`, `ledger=postgres` reading ORCH_LEDGER_URL), never printed
-with its password.
-"""
+"""`ledger export|sweeps|events`: read the ledger outside a sweep (exports for notebooks, audit log)."""
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
 
-from orchestrator.config import compose
+from orchestrator.commands._shared import open_ledger, print_table, split_verb
 from orchestrator.errors import UserError
 
 NAME = "ledger"
 HELP = "Ledger utilities: `ledger export --out FILE.csv|.parquet`, `ledger sweeps`, `ledger events --sweep NAME`."
 VERBS = ("export", "sweeps", "events")
-
-
-def split_verb(overrides: Sequence[str], verbs: Sequence[str], command: str) -> tuple[str, list[str]]:
-    """The verb is the one positional without '='; the rest are Hydra overrides."""
-    words = [o for o in overrides if "=" not in o]
-    if len(words) != 1 or words[0] not in verbs:
-        raise UserError(f"usage: python -m orchestrator {command} {'|'.join(verbs)} [flags] [overrides]")
-    return words[0], [o for o in overrides if "=" in o]
-
-
-def open_ledger(overrides: Sequence[str], *, create: bool = False):
-    from db.ledger import Ledger
-
-    cfg = compose(overrides).cfg.ledger
-    return Ledger.open(cfg.url, create=create, echo=cfg.echo, busy_timeout_ms=cfg.busy_timeout_ms)
 
 
 def add_arguments(parser) -> None:
@@ -91,7 +70,5 @@ def run(args, overrides) -> int:
             json.dump(rows, sys.stdout, indent=1, default=str)
             print()
         else:
-            from orchestrator.commands.compare import print_table
-
             print_table(rows, title=f"ledger {ledger.url}: {verb}")
     return 0

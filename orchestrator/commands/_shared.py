@@ -1,0 +1,54 @@
+"""What several commands share: the ledger they open, the verb they read, the table they print.
+
+Why its own module: compare, best, ledger and db all need these, and none of them should import another
+command (that made compare <-> ledger a cycle). The ledger URL comes from the composed config
+(`ledger.url=...`, `ledger=postgres` reading ORCH_LEDGER_URL) and is never printed with its password.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from orchestrator.config import compose
+from orchestrator.errors import UserError
+
+
+def split_verb(overrides: Sequence[str], verbs: Sequence[str], command: str) -> tuple[str, list[str]]:
+    """The verb is the one positional without '='; the rest are Hydra overrides."""
+    words = [o for o in overrides if "=" not in o]
+    if len(words) != 1 or words[0] not in verbs:
+        raise UserError(f"usage: python -m orchestrator {command} {'|'.join(verbs)} [flags] [overrides]")
+    return words[0], [o for o in overrides if "=" in o]
+
+
+def open_ledger(overrides: Sequence[str], *, create: bool = False):
+    from db.ledger import Ledger
+
+    cfg = compose(overrides).cfg.ledger
+    return Ledger.open(cfg.url, create=create, echo=cfg.echo, busy_timeout_ms=cfg.busy_timeout_ms)
+
+
+def _cell(value: Any, key: str = "") -> str:
+    if value is None:
+        return "-"
+    if key == "key":
+        return str(value)[:10]
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def print_table(rows: Sequence[dict[str, Any]], *, title: str = "", columns: list[str] | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    cols = columns or (list(rows[0]) if rows else [])
+    table = Table(title=title or None, title_justify="left")
+    for c in cols:
+        table.add_column(c, overflow="fold")
+    for r in rows:
+        table.add_row(*[_cell(r.get(c), c) for c in cols])
+    Console(width=max(120, 12 * len(cols))).print(table)
