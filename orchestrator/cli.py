@@ -18,14 +18,7 @@ COMMANDS = ["plan", "run_one", "sweep", "resume", "status", "cancel", "compare",
 
 
 def _load_commands():
-    mods = []
-    for name in COMMANDS:
-        try:
-            mods.append(importlib.import_module(f"orchestrator.commands.{name}"))
-        except ModuleNotFoundError as exc:
-            if exc.name != f"orchestrator.commands.{name}":
-                raise
-    return mods
+    return [importlib.import_module(f"orchestrator.commands.{name}") for name in COMMANDS]
 
 
 def build_parser():

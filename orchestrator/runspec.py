@@ -26,7 +26,7 @@ from orchestrator.schema import ClusterConfig, RootConfig
 TIME_SAFETY = 2.0  # the measured step may be this much slower than predicted before Slurm cuts a good run
 
 
-def job_dir(cfg: RootConfig, sweep: str, candidate_key: str, attempt: int) -> Path:
+def attempt_dir(cfg: RootConfig, sweep: str, candidate_key: str, attempt: int) -> Path:
     """`<cluster.folder>/<sweep>/<candidate_key>/attempt-<n>/` (DESIGN.md, Job folder)."""
     return Path(cfg.cluster.folder).expanduser().resolve() / sweep / candidate_key / f"attempt-{attempt}"
 
@@ -67,7 +67,7 @@ def build_spec(
     )
     fl = plan_flops.step_flops(cfg.model, stage, layout)
     env = {**{k: str(v) for k, v in cfg.cluster.env.items()}, **{k: str(v) for k, v in cfg.workload.env.items()}}
-    folder = Path(job_dir) if job_dir is not None else globals()["job_dir"](cfg, sweep, planned.key, attempt)
+    folder = Path(job_dir) if job_dir is not None else attempt_dir(cfg, sweep, planned.key, attempt)
     return JobSpec(
         sweep=sweep,
         candidate_key=planned.key,
@@ -130,7 +130,9 @@ def long_run_specs(
     if x < 2 or a < 2:
         raise ValueError(f"long-run window needs save_at >= 2 and after_iters >= 2 (got {x}, {a})")
     base = (
-        Path(folder) if folder is not None else job_dir(cfg, sweep, planned.key, attempt).parent / f"long-run-{attempt}"
+        Path(folder)
+        if folder is not None
+        else attempt_dir(cfg, sweep, planned.key, attempt).parent / f"long-run-{attempt}"
     )
     w1 = min(cfg.stage.warmup_iters, x // 2)
     w2 = min(cfg.stage.warmup_iters, a // 2)

@@ -36,8 +36,7 @@ def add_arguments(parser) -> None:
 def run(args, overrides) -> int:
     from jobs.collect import collect
     from orchestrator.plan import planner
-    from orchestrator.runspec import build_spec, time_limit_min
-    from orchestrator.runspec import job_dir as job_dir_for
+    from orchestrator.runspec import attempt_dir, build_spec, time_limit_min
 
     overrides = list(overrides)
     if args.folder:
@@ -57,8 +56,8 @@ def run(args, overrides) -> int:
         )
     planned = planned_all[args.candidate]
     sweep = cfg.sweep.name or f"run-one-{stage.name}"
-    attempt = args.attempt or _next_attempt(job_dir_for(cfg, sweep, planned.key, 1).parent)
-    folder = job_dir_for(cfg, sweep, planned.key, attempt)
+    attempt = args.attempt or _next_attempt(attempt_dir(cfg, sweep, planned.key, 1).parent)
+    folder = attempt_dir(cfg, sweep, planned.key, attempt)
     spec = build_spec(cfg, planned, sweep=sweep, attempt=attempt, job_dir=folder)
     spec.save(folder / "job.json")
     state, job_id, kind = _launch_and_wait(cfg, spec, time_limit_min(spec, cfg.cluster))

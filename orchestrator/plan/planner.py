@@ -21,15 +21,11 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from orchestrator.plan import argv as argv_mod
 from orchestrator.plan import flops, memory, moe, params, pipeline, ranks, space, steptime
 from orchestrator.plan import rules as R
 from orchestrator.plan.layout import Layout, Prediction, canonical_key
 from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
-
-try:  # argv.py is optional for planning: without it the argv-phase rules are not checked
-    from orchestrator.plan import argv as argv_mod
-except ImportError:  # pragma: no cover - only while the module is missing
-    argv_mod = None  # type: ignore[assignment]
 
 CHEAP_PHASES = ("layout", "pattern")
 # memory.stage_memory does not read these fields (the flex backend's buffers are sized alike, the
@@ -202,7 +198,7 @@ class _Env:
 
     def argv(self, lay: Layout) -> tuple[str, ...] | None:
         sp = self.split(lay.pp, lay.vpp)
-        if argv_mod is None or sp is None:
+        if sp is None:
             return None
         return tuple(
             argv_mod.megatron_argv(
@@ -247,9 +243,16 @@ class _Env:
         return hit
 
     def finish(
-        self, ctx: R.Ctx, late_rules: Sequence[R.Rule], mem_rules: Sequence[R.Rule], *, memo_argv: bool = True
+        self,
+        ctx: R.Ctx,
+        late_rules: Sequence[R.Rule],
+        mem_rules: Sequence[R.Rule],
+        *,
+        memo_argv: bool = True,
+        check_memory: bool = True,
     ) -> Planned | Rejected:
-        """Argv and memory phases, then every prediction, for a layout that passed the cheap rules."""
+        """Argv and memory phases, then every prediction, for a layout that passed the cheap rules.
+        Without check_memory a layout over HBM is still predicted, marked not feasible."""
         lay, g = ctx.layout, ctx.groups
         if late_rules:
             if memo_argv:
@@ -262,9 +265,9 @@ class _Env:
         split, pattern = ctx.split, ctx.pattern
         mems, heavy = self.memory(lay, g, split)
         ctx.memory_gb = heavy.total * self.memory_factor
-        bad = R.violations(ctx, mem_rules)
-        if bad:
-            return Rejected(lay, bad, memory_gb=ctx.memory_gb)
+        over = R.violations(ctx, mem_rules)
+        if over and check_memory:
+            return Rejected(lay, over, memory_gb=ctx.memory_gb)
         ep_nodes, cp_nodes = self.spans(lay)
         st = steptime.step_time(
             self.model, self.hw, self.stage, lay, g, list(split), ep_nodes, cp_nodes, factors=self.factors
@@ -285,7 +288,7 @@ class _Env:
             heaviest_stage=heavy.stage,
             memory_gb=ctx.memory_gb,
             memory_by_stage=tuple(s.total * self.memory_factor for s in mems),
-            feasible=True,
+            feasible=not over,
             step_time_s=st.total_s,
             step_components=dict(st.components),
             flops_per_step=fl.model_flops,
@@ -298,8 +301,7 @@ class _Env:
 
 
 def _late_rules() -> tuple[tuple[R.Rule, ...], tuple[R.Rule, ...]]:
-    late = R.by_phase("argv") if argv_mod is not None else ()
-    return late, R.by_phase("memory")
+    return R.by_phase("argv"), R.by_phase("memory")
 
 
 def evaluate(
@@ -311,14 +313,18 @@ def evaluate(
     factors=None,
     memory_factor: float = 1.0,
     workload: str = "",
+    check_memory: bool = True,
 ) -> Planned | Rejected:
-    """Check one layout against every rule and, if legal, predict it. Used by the policy and the twin."""
+    """Check one layout against every rule and, if legal, predict it. Used by the policy and the twin.
+
+    check_memory=False skips the memory rule (the policy's raw model needs the components of a layout
+    over HBM too); the Planned then says `feasible=False` when it does not fit."""
     env = _Env(model, hw, stage, factors, memory_factor, workload)
     ctx = env.ctx(layout)
     bad = R.violations(ctx, [r for r in R.RULES if r.phase in CHEAP_PHASES])
     if bad:
         return Rejected(layout, bad)
-    return env.finish(ctx, *_late_rules(), memo_argv=False)
+    return env.finish(ctx, *_late_rules(), memo_argv=False, check_memory=check_memory)
 
 
 class _Walk:

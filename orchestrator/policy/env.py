@@ -12,8 +12,7 @@ from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
 from orchestrator.policy.types import Proposal, prediction_dict
 from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
-
-RAW_SCALE = 1e-3  # memory scale for raw evaluation: no layout is over HBM at 1/1000 of its peak
+from orchestrator.states import EdgeKind
 
 
 @dataclass
@@ -49,18 +48,15 @@ class PlanEnv:
         return out if isinstance(out, planner.Planned) and out.prediction.feasible else None
 
     def raw(self, layout: Layout) -> tuple[dict[str, float], float, float] | None:
-        """(components, step_s, memory_gb) with no calibration, even for a layout over HBM.
-
-        The memory rule would reject an over-capacity layout and hide its components, so the memory model
-        is evaluated scaled down by RAW_SCALE (never over capacity) and scaled back.
-        """
+        """(components, step_s, memory_gb) with no calibration, even for a layout over HBM (calibration
+        learns from OOMs too, so the memory rule must not hide their components)."""
         out = planner.evaluate(
-            self.model, self.hardware, self.stage, layout, memory_factor=RAW_SCALE, workload=self.workload
+            self.model, self.hardware, self.stage, layout, workload=self.workload, check_memory=False
         )
         if not isinstance(out, planner.Planned):
             return None
         p = out.prediction
-        return dict(p.step_components), p.step_time_s, p.memory_gb / RAW_SCALE
+        return dict(p.step_components), p.step_time_s, p.memory_gb
 
     def gpu_hours(self, step_s: float) -> float:
         """N x step x (warmup + measured iterations) / 3600: what one run of this stage costs."""
@@ -75,7 +71,7 @@ class PlanEnv:
         factors: dict[str, float] | None = None,
         memory_factor: float = 1.0,
         parent_key: str | None = None,
-        edge_kind: str | None = None,
+        edge_kind: EdgeKind | None = None,
     ) -> Proposal:
         """A Proposal carrying the calibrated prediction plus the raw one calibration will need later."""
         comps, step, mem = self.raw(planned.layout) or (
