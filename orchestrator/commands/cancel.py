@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.config import compose
+from orchestrator.states import AttemptState, CandidateStatus, SweepStatus
 from orchestrator.sweep import open_ledger, stored_config
 from orchestrator.sweep.view import View
 
@@ -29,17 +30,20 @@ def run(args, overrides) -> int:
             launcher.cancel(ids)
         for a in live:
             ledger.update_attempt(
-                a.id, state="CANCELLED", failure_class="CANCELLED", failure_detail="cancelled by `orchestrator cancel`"
+                a.id,
+                state=AttemptState.CANCELLED,
+                failure_class="CANCELLED",
+                failure_detail="cancelled by `orchestrator cancel`",
             )
-        for c in ledger.candidates(args.name, status=["planned", "claimed", "submitted", "running"]):
-            ledger.set_candidate_status(c.id, "cancelled", "cancelled by `orchestrator cancel`")
+        for c in ledger.candidates(args.name, status=CandidateStatus.LIVE):
+            ledger.set_candidate_status(c.id, CandidateStatus.CANCELLED, "cancelled by `orchestrator cancel`")
         ledger.log_event(
             args.name,
             "cancelled",
             f"cancelled {len(ids)} live job(s): {', '.join(ids) or 'none'}",
             data={"job_ids": ids},
         )
-        ledger.set_sweep_status(args.name, "cancelled")
+        ledger.set_sweep_status(args.name, SweepStatus.CANCELLED)
     listed = f": {', '.join(ids)}" if ids else ""
     View(live=False).event(f"sweep {args.name}: cancelled {len(ids)} live job(s){listed}")
     return 0

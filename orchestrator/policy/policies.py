@@ -28,6 +28,7 @@ from orchestrator.policy.select import (
 )
 from orchestrator.policy.types import Observation, Proposal, RoundInput, RoundPlan
 from orchestrator.schema import PolicyConfig, StageConfig
+from orchestrator.states import EdgeKind
 
 DIVERSITY_SLACK = 1.5  # round 0 covers knob values only among layouts predicted within 1.5x of the best
 DEFAULT_DOUBT = 0.10  # assumed model error before any leave-one-out estimate exists
@@ -94,7 +95,7 @@ class Policy:
                             factors=factors,
                             memory_factor=mem,
                             parent_key=src.key,
-                            edge_kind="promoted-from",
+                            edge_kind=EdgeKind.PROMOTED_FROM,
                         )
                     )
             per_source.append(props)
@@ -217,7 +218,8 @@ class CalibratedNeighbours(Policy):
             taken = {t[0].key for t in picks}
             picks += [(c, "model-top", None) for c in cands if c.key not in taken][: size - len(picks)]
         return [
-            mk(c, reason, parent_key=parent, edge_kind="neighbour" if parent else None) for c, reason, parent in picks
+            mk(c, reason, parent_key=parent, edge_kind=EdgeKind.NEIGHBOUR if parent else None)
+            for c, reason, parent in picks
         ]
 
 

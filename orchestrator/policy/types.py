@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from orchestrator.plan.layout import Layout
+from orchestrator.states import EdgeKind
 
 # Failure classes that say the layout itself does not run (deterministic): they teach, never retry.
 DETERMINISTIC = ("OOM", "INVALID_CONFIG")
@@ -48,7 +49,7 @@ class Proposal:
     predicted: dict  # calibrated prediction (Prediction fields) + raw_components / factors used
     reason: str  # round0 | neighbour:<knob> | model-top | promoted | predicted-topk
     parent_key: str | None = None
-    edge_kind: str | None = None  # neighbour | promoted-from
+    edge_kind: EdgeKind | None = None
     est_gpu_hours: float = 0.0
 
     @property

@@ -15,6 +15,7 @@ from db import queries
 from db.ledger import Ledger, SweepRow
 from jobs.effective import effective_throughput
 from orchestrator.schema import EffectiveConfig
+from orchestrator.states import CandidateStatus, EdgeKind
 
 TABLE_COLUMNS = (
     "candidate_id",
@@ -156,7 +157,11 @@ def gather(ledger: Ledger, name: str) -> ReportData:
     gpus = _gpus(sweep)
     eff = _effective_cfg(sweep)
     rows = queries.compare(ledger, sweep=name, columns=list(TABLE_COLUMNS), sort="step_p50_s")
-    measured = [_with_effective(r, gpus, eff) for r in rows if r["step_p50_s"] is not None and r["status"] == "done"]
+    measured = [
+        _with_effective(r, gpus, eff)
+        for r in rows
+        if r["step_p50_s"] is not None and r["status"] == CandidateStatus.DONE
+    ]
     failed = [r for r in rows if r["failure_class"]]
     parity = {}
     for r in measured:
@@ -223,7 +228,7 @@ def _lineage(ledger: Ledger, name: str, gpus: int) -> list[Lineage]:
     cols = ["candidate_id", "sweep", "step_p50_s", "m", "pred_bubble", "tp", "pp", "cp", "ep", "vpp", "mbs"]
     out = []
     for c in ledger.candidates(name):
-        if c.edge_kind != "promoted-from" or c.parent_id is None:
+        if c.edge_kind != EdgeKind.PROMOTED_FROM or c.parent_id is None:
             continue
         child = queries.compare(ledger, where=[f"candidate_id={c.id}"], columns=cols)
         parent = queries.compare(ledger, where=[f"candidate_id={c.parent_id}"], columns=cols)

@@ -10,10 +10,9 @@ from db.ledger import CandidateIn, Ledger, SweepRow
 from orchestrator.policy.env import PlanEnv
 from orchestrator.policy.types import RoundInput
 from orchestrator.schema import RootConfig
+from orchestrator.states import CandidateStatus
 from orchestrator.sweep import observe
 from orchestrator.sweep.setup import promotion_source
-
-LIVE = ("planned", "claimed", "submitted", "running")
 
 
 def next_round(
@@ -21,7 +20,7 @@ def next_round(
 ) -> str | None:
     """None when a new round was added (or something is still queued); else why the sweep stops."""
     cands = ledger.candidates(sweep.name)
-    if any(c.status in LIVE for c in cands):
+    if any(c.status in CandidateStatus.LIVE for c in cands):
         return None  # something is still queued (e.g. a retry): keep waiting
     budget = cfg.stage.budget
     spent = observe.spent(ledger, sweep.name, n_gpus=cfg.stage.gpus, iters=iters)

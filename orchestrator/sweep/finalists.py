@@ -115,7 +115,7 @@ def _planned(cfg: RootConfig, layout: Layout, key: str | None = None):
 
 def _folder(cfg: RootConfig, sweep: str, key: str, name: str) -> Path:
     """`<cluster.folder>/<sweep>/<key>/<name>/` beside the candidate's attempt folders."""
-    return runspec.job_dir(cfg, sweep, key, 0).parent / name
+    return runspec.attempt_dir(cfg, sweep, key, 0).parent / name
 
 
 # ----------------------------------------------------------------------------------------- parity

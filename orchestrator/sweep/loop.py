@@ -22,13 +22,13 @@ from orchestrator.plan.planner import Planned
 from orchestrator.policy import make_policy
 from orchestrator.policy.env import PlanEnv
 from orchestrator.schema import RootConfig
+from orchestrator.states import AttemptState, CandidateStatus, SweepStatus
 from orchestrator.sweep import observe
 from orchestrator.sweep.decide import next_round
 from orchestrator.sweep.retry import retry_decision
 from orchestrator.sweep.setup import holder_dead, holder_id
 from orchestrator.sweep.view import Snapshot, View
 
-LIVE = ("claimed", "submitted", "running")
 _PRED_FIELDS = {f.name for f in dataclasses.fields(Prediction)}
 
 
@@ -48,12 +48,12 @@ class Outcome:
 
 
 def planned_from_row(c: CandidateRow) -> Planned:
-    """Rebuild the planner's Planned from a ledger row (its stored prediction), for build_spec."""
+    """Rebuild the planner's Planned from a ledger row (its stored prediction), for build_spec.
+
+    It carries the ledger's key: job.json, the job folder and the twin's seed must all name the row."""
     pred = {k: v for k, v in (c.predicted or {}).items() if k in _PRED_FIELDS}
     pred["memory_by_stage"] = tuple(pred.get("memory_by_stage") or ())
-    planned = Planned(layout=Layout.from_dict(c.layout), prediction=Prediction(**pred))
-    planned.__dict__["key"] = c.key  # the ledger's key wins over a recomputed one (cached_property slot)
-    return planned
+    return Planned(Layout.from_dict(c.layout), Prediction(**pred), key=c.key)
 
 
 class Driver:
@@ -81,19 +81,23 @@ class Driver:
         self._take_lease()
         self._beat = time.monotonic()
         try:
-            self.ledger.set_sweep_status(self.name, "running")
+            self.ledger.set_sweep_status(self.name, SweepStatus.RUNNING)
             self.ledger.log_event(self.name, "driver", f"{self.holder} drives the sweep on {self.launcher.kind}")
             reason = self._drive()
             self.ledger.log_event(self.name, "stop", reason)
             final = (
-                "interrupted" if reason.startswith("wall") else "cancelled" if reason.startswith("cancel") else "done"
+                SweepStatus.INTERRUPTED
+                if reason.startswith("wall")
+                else SweepStatus.CANCELLED
+                if reason.startswith("cancel")
+                else SweepStatus.DONE
             )
             self.ledger.set_sweep_status(self.name, final)
             return self._outcome(reason)
         except BaseException as exc:  # Ctrl-C or an error: jobs keep running, `resume NAME` continues
             why = f"driver stopped: {type(exc).__name__}"
             self._safely(lambda: self.ledger.log_event(self.name, "stop", why))
-            self._safely(lambda: self.ledger.set_sweep_status(self.name, "interrupted"))
+            self._safely(lambda: self.ledger.set_sweep_status(self.name, SweepStatus.INTERRUPTED))
             raise
         finally:
             self._safely(lambda: self.ledger.release_lease(self.name, self.holder))
@@ -142,10 +146,10 @@ class Driver:
 
     def _finalists(self) -> None:
         """Once the search stops: the correctness gate and the long-run window for the top measured
-        candidates (orchestrator/finalists.py; idempotent, so a resumed sweep does not repeat them)."""
+        candidates (orchestrator/sweep/finalists.py; idempotent, so a resumed sweep does not repeat them)."""
         if not (self.cfg.parity.enabled or self.cfg.effective.long_run):
             return
-        from orchestrator.finalists import run_finalists
+        from orchestrator.sweep.finalists import run_finalists
 
         self.view.event(
             "finalists: "
@@ -173,7 +177,7 @@ class Driver:
 
     def _cancelled(self) -> bool:
         sweep = self.ledger.get_sweep(self.name)
-        return sweep is not None and sweep.status == "cancelled"
+        return sweep is not None and sweep.status == SweepStatus.CANCELLED
 
     def _cancel_own_jobs(self) -> None:
         """`cancel NAME` ran in another process: stop the jobs this process started (local jobs can only be
@@ -181,7 +185,7 @@ class Driver:
         ids = [
             a.job_id
             for c in self._cands()
-            if c.status == "cancelled"
+            if c.status == CandidateStatus.CANCELLED
             for a in self.ledger.attempts(c.id)
             if a.job_id and a.end_time is None
         ]
@@ -202,13 +206,13 @@ class Driver:
             [Submitted(job_id=a.job_id, array_index=a.array_index, folder=a.job_dir) for a in live if a.job_id]
         )
         for c in self._cands():
-            if c.status not in LIVE:
+            if c.status not in CandidateStatus.IN_FLIGHT:
                 continue
             atts = self.ledger.attempts(c.id)
             last = atts[-1] if atts else None
-            if c.status == "claimed" and (last is None or last.terminal or last.job_id is None):
+            if c.status == CandidateStatus.CLAIMED and (last is None or last.terminal or last.job_id is None):
                 # claimed, then killed before sbatch returned: nothing of this claim is on the cluster
-                self.ledger.set_candidate_status(c.id, "planned", "orphan claim released on resume")
+                self.ledger.set_candidate_status(c.id, CandidateStatus.PLANNED, "orphan claim released on resume")
             elif last is not None and last.terminal:
                 self._settle(c, last)
             elif last is not None:
@@ -218,7 +222,7 @@ class Driver:
         """Claim every planned candidate and submit them as one array; store each job id at once."""
         from jobs.entry import run_task
         from orchestrator.launch import LaunchTask
-        from orchestrator.runspec import build_spec, job_dir, time_limit_min
+        from orchestrator.runspec import attempt_dir, build_spec, time_limit_min
 
         claimed = self.ledger.claim_for_submission(self.name, 10_000, self.holder)
         if not claimed:
@@ -229,7 +233,7 @@ class Driver:
             attempt = len(atts) + 1
             # A retry after NODE_FAIL keeps off the node(s) it failed on ("retried on healthy nodes").
             exclude = (atts[-1].node_list or "") if atts and atts[-1].failure_class == "NODE_FAIL" else ""
-            folder = job_dir(self.cfg, self.name, c.key, attempt)
+            folder = attempt_dir(self.cfg, self.name, c.key, attempt)
             spec = build_spec(self.cfg, planned_from_row(c), sweep=self.name, attempt=attempt, job_dir=folder)
             spec.save(folder / "job.json")
             tasks.append(
@@ -255,7 +259,7 @@ class Driver:
                 job_dir=str(dirs[i]),
                 simulated=self.cfg.workload.simulated,
             )
-            self.ledger.set_candidate_status(c.id, "submitted", f"job {sub.job_id}")
+            self.ledger.set_candidate_status(c.id, CandidateStatus.SUBMITTED, f"job {sub.job_id}")
             self._heartbeat()  # the local executor waits for free slots inside submit()
 
         subs = self.launcher.submit(tasks, on_submitted=record)  # Slurm: one array, one sbatch
@@ -307,10 +311,12 @@ class Driver:
                 self._dirty = True
             if st.terminal:
                 self._ingest(a, st, cands[a.candidate_id])
-            elif st.state == "RUNNING":
+            elif st.state == AttemptState.RUNNING:
                 c = cands[a.candidate_id]
-                if c.status == "submitted":
-                    self.ledger.set_candidate_status(c.id, "running", f"job {a.job_id} on {st.node_list or '?'}")
+                if c.status == CandidateStatus.SUBMITTED:
+                    self.ledger.set_candidate_status(
+                        c.id, CandidateStatus.RUNNING, f"job {a.job_id} on {st.node_list or '?'}"
+                    )
 
     def _ingest(self, a: AttemptRow, st, c: CandidateRow) -> None:
         """Collect the job folder into a JobResult, store it (idempotent per attempt), settle the candidate."""
@@ -327,12 +333,12 @@ class Driver:
         """A terminal attempt decides its candidate: done, retried (new attempt later) or failed."""
         lay = Layout.from_dict(c.layout).short()
         if self.ledger.result(a.id) is not None:
-            self.ledger.set_candidate_status(c.id, "done", f"job {a.job_id} measured")
+            self.ledger.set_candidate_status(c.id, CandidateStatus.DONE, f"job {a.job_id} measured")
             return
         fc = a.failure_class or a.state
         retry, why = self._retry(fc, atts if atts is not None else self.ledger.attempts(c.id))
         if retry:
-            self.ledger.set_candidate_status(c.id, "planned", f"retry after {fc} ({why})")
+            self.ledger.set_candidate_status(c.id, CandidateStatus.PLANNED, f"retry after {fc} ({why})")
             self.ledger.log_event(
                 self.name,
                 "retry",
@@ -342,7 +348,7 @@ class Driver:
             )
             self.view.event(f"job {a.job_id} {fc}: retrying ({why})")
         else:
-            status = "cancelled" if fc == "CANCELLED" else "failed"
+            status = CandidateStatus.CANCELLED if fc == "CANCELLED" else CandidateStatus.FAILED
             self.ledger.set_candidate_status(c.id, status, f"{fc}: {why}")
             self.view.event(f"job {a.job_id} {fc}: not retried ({why}) {lay}")
 
