@@ -1,5 +1,7 @@
 """Shared pytest fixtures.
 
+`smoke`: the smoke stage's config (fast twin) and its feasible candidates, for tests that build job specs.
+
 `ledger_url`: every ledger test runs twice, against a SQLite file and against the real PostgreSQL on
 127.0.0.1:5432 (user postgres, trust). One database per test session (orch_test_<pid>), emptied
 before each test and dropped at the end. PostgreSQL unreachable: the test fails when CI is set
@@ -53,6 +55,20 @@ def ledger_url(request, tmp_path) -> str:
         conn.execute("DROP SCHEMA public CASCADE")
         conn.execute("CREATE SCHEMA public")
     return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    """(config, feasible candidates best predicted first) of the smoke stage, with a twin that does not sleep."""
+    from orchestrator.config import compose
+    from orchestrator.plan import planner
+
+    cfg = compose(["+stage=smoke"]).cfg
+    cfg.workload.twin.time_scale = 1e-6
+    cfg.workload.twin.max_sleep_s = 0.001
+    plan = planner.plan(cfg.model, cfg.hardware, cfg.stage, workload=cfg.workload.name)
+    assert plan.candidates, "smoke stage must have feasible candidates"
+    return cfg, plan.candidates
 
 
 SLURM_LOCAL = os.path.join(os.path.dirname(__file__), "cluster", "slurm_local.sh")

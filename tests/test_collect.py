@@ -15,20 +15,9 @@ import pytest
 
 from jobs.collect import collect, load_result
 from jobs.entry import TaskFailed, run_task
-from orchestrator.config import compose
-from orchestrator.plan import planner
 from orchestrator.runspec import build_spec
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def smoke():
-    cfg = compose(["+stage=smoke"]).cfg
-    cfg.workload.twin.time_scale = 1e-6
-    cfg.workload.twin.max_sleep_s = 0.001
-    cands = planner.plan(cfg.model, cfg.hardware, cfg.stage, workload=cfg.workload.name).candidates
-    return cfg, cands[0]
 
 
 def make_spec(cfg, planned, job_dir: Path, **twin):
@@ -41,7 +30,7 @@ def make_spec(cfg, planned, job_dir: Path, **twin):
 
 
 def test_finished_job(smoke, tmp_path):
-    cfg, planned = smoke
+    cfg, (planned, *_) = smoke
     spec = make_spec(cfg, planned, tmp_path / "job")
     run_task(spec)
     res = collect(spec.job_dir, exit_code=0)
@@ -59,7 +48,7 @@ def test_finished_job(smoke, tmp_path):
 
 
 def test_partial_window_after_nccl_timeout(smoke, tmp_path):
-    cfg, planned = smoke
+    cfg, (planned, *_) = smoke
     spec = make_spec(cfg, planned, tmp_path / "job", nccl_timeout_rate=1.0)
     with pytest.raises(TaskFailed):
         run_task(spec)
@@ -81,7 +70,7 @@ def test_partial_window_after_nccl_timeout(smoke, tmp_path):
 def test_killed_job_keeps_its_measured_iterations(smoke, tmp_path):
     """kill -9 mid-run (what a node failure looks like from the folder): the iterations already
     printed are kept, the result is partial, the Slurm state decides the class."""
-    cfg, planned = smoke
+    cfg, (planned, *_) = smoke
     job = tmp_path / "job"
     spec = make_spec(cfg, planned, job, time_scale=10.0, max_sleep_s=0.2)
     n = spec.n_gpus
@@ -110,7 +99,7 @@ def test_killed_job_keeps_its_measured_iterations(smoke, tmp_path):
 
 
 def test_job_that_never_started(smoke, tmp_path):
-    cfg, planned = smoke
+    cfg, (planned, *_) = smoke
     spec = make_spec(cfg, planned, tmp_path / "job")
     res = collect(spec.job_dir, slurm_state="CANCELLED")
     assert not res.ok and res.measure_iters == 0 and res.step_p50_s is None
@@ -124,7 +113,7 @@ def test_job_that_never_started(smoke, tmp_path):
 def test_slurm_epilogue_in_an_arrays_submitit_log(smoke, tmp_path):
     """An array's submitit logs sit at the common parent (.submitit/<job id>/): the time-limit line
     slurmstepd writes there classifies the attempt even before sacct answers."""
-    cfg, planned = smoke
+    cfg, (planned, *_) = smoke
     job = tmp_path / "sweep" / "key" / "attempt-1"
     make_spec(cfg, planned, job)
     logs = tmp_path / "sweep" / ".submitit" / "123_4"

@@ -14,11 +14,11 @@ from db import queries
 from db.errors import LedgerError
 from db.ledger import CandidateIn, Ledger
 from orchestrator import runspec
-from orchestrator.sweep import finalists
 from orchestrator.config import compose
 from orchestrator.launch import make_launcher
 from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
+from orchestrator.sweep import finalists
 from tests.sweeplib import cli
 
 SWEEP = "fin"

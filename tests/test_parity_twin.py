@@ -14,9 +14,9 @@ from jobs.collect import collect
 from jobs.entry import run_task
 from orchestrator import runspec
 from orchestrator.config import compose
-from orchestrator.sweep.finalists import reference_layout
 from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
+from orchestrator.sweep.finalists import reference_layout
 
 FAST = ["++workload.twin.time_scale=0.00001", "++workload.twin.max_sleep_s=0.001"]
 CANDIDATE = Layout(tp=1, pp=1, vpp=1, cp=2, ep=32, etp=1, mbs=1)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
 from db.ledger import Ledger
-from tests.sweeplib import all_attempts, assert_accounted, cli, ledger_url, popen, sweep_args, wait_for
+from jobs.spec import JobSpec
+from orchestrator.states import AttemptState, CandidateStatus, EdgeKind, SweepStatus
+from tests.sweeplib import all_attempts, assert_accounted, cli, ledger_url, running_sweep, sweep_args
 
 SMALL = ["policy.round0_size=3", "policy.round_size=2", "stage.budget.max_rounds=2", "stage.budget.max_runs=6"]
 
@@ -31,7 +32,7 @@ def test_smoke_sweep_runs_two_rounds_and_fills_the_ledger(tmp_path):
         assert [c.round for c in cal] == [1]
         assert cal[0].error["step_mape_before"] is not None and cal[0].error["step_mape_after"] is not None
         # round 1 explores one-factor neighbours of a measured layout
-        assert any(c.edge_kind == "neighbour" and c.parent_id for c in cands if c.round == 1)
+        assert any(c.edge_kind == EdgeKind.NEIGHBOUR and c.parent_id for c in cands if c.round == 1)
         best = min(measured, key=lambda m: m.metrics["step_p50_s"])
         assert out["best"]["key"] == best.key  # chosen on measured step time
         kinds = {e.kind for e in led.events("smoke-e2e")}
@@ -45,6 +46,20 @@ def test_smoke_sweep_runs_two_rounds_and_fills_the_ledger(tmp_path):
     assert st.returncode == 0, st.stderr
     info = json.loads(st.stdout)
     assert info["counts"]["done"] + info["counts"]["failed"] == len(info["candidates"])
+
+
+def test_job_json_carries_the_ledger_key(tmp_path):
+    """job.json, the job folder and the ledger name one candidate by one key (the twin seeds with it)."""
+    proc = cli("sweep", *sweep_args(tmp_path, "keys", "policy.round0_size=2", "stage.budget.max_rounds=1"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        cands = led.candidates("keys")
+        assert len(cands) == 2
+        for c in cands:
+            (a,) = led.attempts(c.id)
+            spec = JobSpec.load(Path(a.job_dir) / "job.json")
+            assert spec.candidate_key == c.key == Path(a.job_dir).parent.name
+            assert (spec.sweep, spec.attempt) == ("keys", 1)
 
 
 def test_promotion_records_promoted_from_edges(tmp_path):
@@ -62,7 +77,7 @@ def test_promotion_records_promoted_from_edges(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
         src_ids = {c.id: c for c in led.candidates("p-src")}
-        promoted = [c for c in led.candidates("p-dst") if c.edge_kind == "promoted-from"]
+        promoted = [c for c in led.candidates("p-dst") if c.edge_kind == EdgeKind.PROMOTED_FROM]
         assert promoted and all(c.parent_id in src_ids for c in promoted)
         measured_src = {m.candidate_id for m in led.measured(sweep="p-src")}
         assert all(c.parent_id in measured_src for c in promoted)  # only measured layouts are promoted
@@ -147,16 +162,12 @@ def test_external_workload_script_is_honoured(tmp_path):
 def test_kill_9_then_resume_loses_nothing_and_submits_nothing_twice(tmp_path):
     slow = ["++workload.twin.time_scale=0.0005", "++workload.twin.max_sleep_s=0.2"]
     args = sweep_args(tmp_path, "killme", *SMALL) + slow
-    p = popen("sweep", *args, "--plain", log=tmp_path / "first.log")
-    try:
-        with Ledger.open(ledger_url(tmp_path)) as led:
-            wait_for(lambda: led.get_sweep("killme") and all_attempts(led, "killme"), 120, "first submissions")
-    finally:
-        os.kill(p.pid, signal.SIGKILL)  # the orchestrator only: its jobs live on
-        p.wait()
+    with running_sweep(args, log=tmp_path / "first.log") as run:
+        run.attempts(1, timeout=120)
+        run.kill()  # the orchestrator only: its jobs live on
     with Ledger.open(ledger_url(tmp_path)) as led:
         before = {a.id: a.job_id for a in all_attempts(led, "killme")}
-        assert before and led.get_sweep("killme").status == "running"
+        assert before and led.get_sweep("killme").status == SweepStatus.RUNNING
     proc = cli("resume", "killme", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
@@ -178,22 +189,16 @@ def test_cancel_stops_every_live_job_and_records_it(tmp_path):
         "policy.round0_size=2",
         "stage.budget.max_rounds=2",
     ]
-    p = popen("sweep", *sweep_args(tmp_path, "stopme", *slow), "--plain", log=tmp_path / "run.log")
-    try:
-        with Ledger.open(ledger_url(tmp_path)) as led:
-            wait_for(lambda: led.get_sweep("stopme") and len(all_attempts(led, "stopme")) == 2, 120, "two jobs")
+    with running_sweep(sweep_args(tmp_path, "stopme", *slow), log=tmp_path / "run.log") as run:
+        run.attempts(2, timeout=120)
         proc = cli("cancel", "stopme", f"ledger.url={ledger_url(tmp_path)}", timeout=120)
         assert proc.returncode == 0, proc.stderr
-        assert p.wait(timeout=60) == 0, (tmp_path / "run.log").read_text()[-2000:]
-    finally:
-        if p.poll() is None:
-            os.kill(p.pid, signal.SIGKILL)
-    log = (tmp_path / "run.log").read_text()
-    assert "cancelled" in log
+        assert run.wait(60) == 0, run.output()[-2000:]
+    assert "cancelled" in run.output()
     with Ledger.open(ledger_url(tmp_path)) as led:
-        assert led.get_sweep("stopme").status == "cancelled"
-        assert {c.status for c in led.candidates("stopme")} == {"cancelled"}
-        assert all(a.state == "CANCELLED" for a in all_attempts(led, "stopme"))
+        assert led.get_sweep("stopme").status == SweepStatus.CANCELLED
+        assert {c.status for c in led.candidates("stopme")} == {CandidateStatus.CANCELLED}
+        assert all(a.state == AttemptState.CANCELLED for a in all_attempts(led, "stopme"))
         assert {c.round for c in led.candidates("stopme")} == {0}  # no further round after the cancel
         assert led.events("stopme", kind="cancelled")
 
@@ -230,17 +235,12 @@ def test_ctrl_c_marks_the_sweep_interrupted_and_releases_the_lease(tmp_path):
         "policy.round0_size=1",
         "stage.budget.max_rounds=1",
     ]
-    p = popen("sweep", *sweep_args(tmp_path, "ctrlc", *slow), "--plain", log=tmp_path / "run.log")
-    try:
-        with Ledger.open(ledger_url(tmp_path)) as led:
-            wait_for(lambda: led.get_sweep("ctrlc") and all_attempts(led, "ctrlc"), 120, "a job")
-        p.send_signal(signal.SIGINT)
-        assert p.wait(timeout=60) == 130
-    finally:
-        if p.poll() is None:
-            os.kill(p.pid, signal.SIGKILL)
+    with running_sweep(sweep_args(tmp_path, "ctrlc", *slow), log=tmp_path / "run.log") as run:
+        run.attempts(1, timeout=120)
+        run.proc.send_signal(signal.SIGINT)
+        assert run.wait(60) == 130
     with Ledger.open(ledger_url(tmp_path)) as led:
-        assert led.get_sweep("ctrlc").status == "interrupted"
+        assert led.get_sweep("ctrlc").status == SweepStatus.INTERRUPTED
         assert led.events("ctrlc", kind="lease")[-1].message.startswith("lease released")
     proc = cli("resume", "ctrlc", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]  # no wait for a lease: it was released
@@ -255,17 +255,12 @@ def test_two_live_orchestrators_the_second_is_refused(tmp_path):
         "policy.round0_size=1",
         "stage.budget.max_rounds=1",
     ]
-    first = popen("sweep", *sweep_args(tmp_path, "twice", *slow), "--plain", log=tmp_path / "first.log")
-    try:
-        with Ledger.open(ledger_url(tmp_path)) as led:
-            wait_for(lambda: led.get_sweep("twice") and all_attempts(led, "twice"), 120, "the first driver's job")
+    with running_sweep(sweep_args(tmp_path, "twice", *slow), log=tmp_path / "first.log") as first:
+        first.attempts(1, timeout=120)
         second = cli("sweep", *sweep_args(tmp_path, "twice", *slow), "--plain", timeout=120)
         assert second.returncode == 2
-        assert f":{first.pid}" in second.stderr and "is driven by" in second.stderr
-        assert first.wait(timeout=120) == 0
-    finally:
-        if first.poll() is None:
-            os.kill(first.pid, signal.SIGKILL)
+        assert f":{first.proc.pid}" in second.stderr and "is driven by" in second.stderr
+        assert first.wait(120) == 0
 
 
 def test_nccl_timeout_is_retried_up_to_max_attempts(tmp_path):

@@ -7,7 +7,6 @@ Jobs use 8 GPUs (one node, one task per fake GPU running the twin) so four run a
 from __future__ import annotations
 
 import os
-import signal
 import stat
 import subprocess
 from pathlib import Path
@@ -15,7 +14,16 @@ from pathlib import Path
 import pytest
 
 from db.ledger import Ledger
-from tests.sweeplib import all_attempts, assert_accounted, cli, ledger_url, popen, sweep_args, wait_for
+from tests.sweeplib import (
+    all_attempts,
+    assert_accounted,
+    cli,
+    first_running,
+    ledger_url,
+    running_sweep,
+    sweep_args,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slurm
 NODE8 = ["stage.gpus=8", "++cluster.poll_interval_s=1.0", "++cluster.min_time_min=5", "++cluster.signal_delay_s=30"]
@@ -74,13 +82,9 @@ def test_slurm_kill_9_then_resume(tmp_path, slurm_cluster):
     args = sweep_args(
         tmp_path, "s-kill", *SMALL, *NODE8, *SLOW, "stage.warmup_iters=3", "stage.measure_iters=4", cluster="slurm"
     )
-    p = popen("sweep", *args, "--plain", log=tmp_path / "first.log", env={"PATH": env["PATH"]})
-    try:
-        with Ledger.open(ledger_url(tmp_path)) as led:
-            wait_for(lambda: led.get_sweep("s-kill") and all_attempts(led, "s-kill"), 180, "first submissions")
-    finally:
-        os.kill(p.pid, signal.SIGKILL)  # the orchestrator only
-        p.wait()
+    with running_sweep(args, log=tmp_path / "first.log", env={"PATH": env["PATH"]}) as run:
+        run.attempts(1, timeout=180)
+        run.kill()  # the orchestrator only
     with Ledger.open(ledger_url(tmp_path)) as led:
         before = {a.id: a.job_id for a in all_attempts(led, "s-kill")}
     calls_before = sbatch_calls(env)
@@ -100,28 +104,14 @@ def test_slurm_kill_9_then_resume(tmp_path, slurm_cluster):
         assert calls_before == len(base_ids([a for a in after if a.id in before]))
 
 
-def _first_running(led, sweep):
-    if led.get_sweep(sweep) is None:
-        return None
-    for a in all_attempts(led, sweep):
-        if a.state == "RUNNING" and a.node_list:
-            return a
-    return None
-
-
 def test_scancel_is_cancelled_and_not_retried(tmp_path, slurm_cluster):
     args = sweep_args(
         tmp_path, "s-cancel", "policy.round0_size=1", "stage.budget.max_rounds=1", *NODE8, *SLOW, cluster="slurm"
     )
-    p = popen("sweep", *args, "--plain", log=tmp_path / "run.log")
-    try:
-        with Ledger.open(ledger_url(tmp_path)) as led:
-            a = wait_for(lambda: _first_running(led, "s-cancel"), 180, "a RUNNING job")
-            subprocess.run(["scancel", a.job_id], check=True)
-        assert p.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+    with running_sweep(args, log=tmp_path / "run.log") as run:
+        a = run.wait_ledger(lambda led: first_running(led, "s-cancel"), 180, "a RUNNING job")
+        subprocess.run(["scancel", a.job_id], check=True)
+        assert run.wait(300) == 0, run.output()[-3000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
         (c,) = led.candidates("s-cancel")
         atts = led.attempts(c.id)
@@ -141,19 +131,16 @@ def test_node_down_is_node_fail_and_retried_on_a_healthy_node(tmp_path, slurm_cl
         "stage.measure_iters=4",
         cluster="slurm",
     )
-    p = popen("sweep", *args, "--plain", log=tmp_path / "run.log")
     node = None
     try:
-        with Ledger.open(ledger_url(tmp_path)) as led:
-            a = wait_for(lambda: _first_running(led, "s-node"), 180, "a RUNNING job")
+        with running_sweep(args, log=tmp_path / "run.log") as run:
+            a = run.wait_ledger(lambda led: first_running(led, "s-node"), 180, "a RUNNING job")
             node = a.node_list.split(",")[0]
             subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=sweep-test"], check=True)
-        assert p.wait(timeout=400) == 0, (tmp_path / "run.log").read_text()[-3000:]
+            assert run.wait(400) == 0, run.output()[-3000:]
     finally:
         if node:
             subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
     with Ledger.open(ledger_url(tmp_path)) as led:
         (c,) = led.candidates("s-node")
         atts = led.attempts(c.id)
@@ -239,16 +226,11 @@ def test_cancel_scancels_every_live_job(tmp_path, slurm_cluster):
     args = sweep_args(
         tmp_path, "s-stop", "policy.round0_size=2", "stage.budget.max_rounds=2", *NODE8, *SLOW, cluster="slurm"
     )
-    p = popen("sweep", *args, "--plain", log=tmp_path / "run.log")
-    try:
-        with Ledger.open(ledger_url(tmp_path)) as led:
-            wait_for(lambda: led.get_sweep("s-stop") and len(all_attempts(led, "s-stop")) == 2, 180, "two jobs")
+    with running_sweep(args, log=tmp_path / "run.log") as run:
+        run.attempts(2, timeout=180)
         proc = cli("cancel", "s-stop", f"ledger.url={ledger_url(tmp_path)}", timeout=120)
         assert proc.returncode == 0, proc.stderr
-        assert p.wait(timeout=120) == 0, (tmp_path / "run.log").read_text()[-2000:]
-    finally:
-        if p.poll() is None:
-            os.kill(p.pid, signal.SIGKILL)
+        assert run.wait(120) == 0, run.output()[-2000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
         ids = [a.job_id for a in all_attempts(led, "s-stop")]
         assert led.get_sweep("s-stop").status == "cancelled" and led.events("s-stop", kind="cancelled")

@@ -16,23 +16,11 @@ import pytest
 
 from jobs.parse import SIMULATED_MARKER, parse_bytes
 from jobs.twin import NCCL_GROUPS, perturbation
-from orchestrator.config import compose
-from orchestrator.plan import planner
 from orchestrator.plan.argv import megatron_argv
 from orchestrator.plan.layout import Layout
 from orchestrator.runspec import build_spec
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def smoke():
-    cfg = compose(["+stage=smoke"]).cfg
-    cfg.workload.twin.time_scale = 1e-6
-    cfg.workload.twin.max_sleep_s = 0.001
-    plan = planner.plan(cfg.model, cfg.hardware, cfg.stage, workload=cfg.workload.name)
-    assert plan.candidates, "smoke stage must have feasible candidates"
-    return cfg, plan.candidates
 
 
 def write_spec(cfg, planned, tmp_path, **twin):
