@@ -226,7 +226,7 @@ class Evidence(Store):
                     sweep_id=c.sweep_id,
                     candidate_id=c.id,
                     kind="parity",
-                    message=f"parity vs {reference_key[:10]}: {'passed' if passed else 'FAILED'} {detail}".strip(),
+                    message=f"parity vs {reference_key[:10]}: {'passed' if passed else 'failed'} {detail}".strip(),
                 )
             )
             s.flush()

@@ -219,7 +219,7 @@ class Ledger(Leases, Evidence):
                     {
                         "sweep_id": sw.id,
                         "candidate_id": cid,
-                        "kind": "planned",
+                        "kind": CandidateStatus.PLANNED,  # the event of a status is named by it
                         "created_at": now(),
                         "message": f"round {fresh[k].round}: {fresh[k].status}"
                         + (f" ({fresh[k].edge_kind} {fresh[k].parent_key[:10]})" if fresh[k].parent_key else ""),
@@ -307,7 +307,7 @@ class Ledger(Leases, Evidence):
                         {
                             "sweep_id": sw.id,
                             "candidate_id": c.id,
-                            "kind": "claimed",
+                            "kind": CandidateStatus.CLAIMED,
                             "message": f"claimed by {holder}",
                             "created_at": t,
                         }
