@@ -21,7 +21,6 @@ from db.engine import make_engine, mask, parse_url, schema_state, upgrade
 from db.errors import LedgerError
 from db.evidence import Evidence
 from db.leases import Leases
-from db.models import RESULT_METRICS  # noqa: F401 - re-exported: callers import it from db.ledger
 from db.rows import (  # noqa: F401 - re-exported: callers import rows from db.ledger
     AttemptRow,
     CalibrationRow,

@@ -140,3 +140,24 @@ def test_budget_limits_proposals(env):
     assert len(plan.proposals) == 2
     cheap = policy.propose(env, RoundInput(round=0, observations=[], known_keys=set(), slots=6, gpu_hours_left=0.0))
     assert cheap.proposals == []
+
+
+def test_raw_prediction_of_a_layout_over_hbm_is_the_one_the_memory_rule_rejects(env):
+    """Calibration learns from OOMs, so env.raw must predict a layout the memory rule rejects: the planner is
+    asked with check_memory=False, and its memory is the very figure the rule compared with HBM."""
+    from dataclasses import replace
+
+    from orchestrator.plan import planner
+
+    small = replace(env.stage, memory_margin_gb=0.0)
+    tight = replace(env.hardware, hbm_gb=1.0)  # nothing fits in 1 GB
+    lay = planner.plan(env.model, env.hardware, env.stage, workload=env.workload).candidates[0].layout
+    rejected = planner.evaluate(env.model, tight, small, lay, workload=env.workload)
+    assert isinstance(rejected, planner.Rejected) and rejected.rule_ids == ["mem.exceeds_hbm"]
+    raw = PlanEnv(env.model, tight, small, env.workload).raw(lay)
+    assert raw is not None
+    comps, step_s, memory_gb = raw
+    assert memory_gb == pytest.approx(rejected.memory_gb) and step_s == pytest.approx(sum(comps.values()))
+    over = planner.evaluate(env.model, tight, small, lay, workload=env.workload, check_memory=False)
+    assert isinstance(over, planner.Planned) and not over.prediction.feasible
+    assert PlanEnv(env.model, tight, small, env.workload).evaluate(lay) is None  # the policy never proposes it
