@@ -65,8 +65,9 @@ def state_of(state: str | AttemptState, **kw: Any) -> JobState:
     PREEMPTED and REQUEUED are not final: with PreemptMode=REQUEUE the same job id comes back, so the loop
     keeps polling it. A word this code does not know is UNKNOWN (live), the word kept in `reason`."""
     word = AttemptState.parse(state)
-    if word is AttemptState.UNKNOWN and str(state or "").strip() and not kw.get("reason"):
-        kw["reason"] = f"sacct state {str(state).strip()!r}"
+    raw = str(state or "").strip()
+    if word is AttemptState.UNKNOWN and raw not in ("", AttemptState.UNKNOWN) and not kw.get("reason"):
+        kw["reason"] = f"sacct state {raw!r}"
     return JobState(state=word, terminal=word.terminal, **kw)
 
 
