@@ -30,6 +30,7 @@ from typing import Any
 
 from orchestrator.knobs import KNOB, KNOBS
 from orchestrator.plan.layout import Layout
+from orchestrator.schema import ModelConfig, StageConfig
 
 MAIN, DEV = "main", "dev"
 
@@ -196,7 +197,7 @@ def _parallel(a: _Argv, layout: Layout) -> None:
     _knob(a, layout, "use_tp_pp_dp_mapping")
 
 
-def _model(a: _Argv, model, layer_pattern: str) -> None:
+def _model(a: _Argv, model: ModelConfig, layer_pattern: str) -> None:
     dsv4 = model.attention_variant == "dsv4_hybrid"
     a.add("--num-layers", pattern_layers(layer_pattern))
     a.add("--hidden-size", model.hidden_size)
@@ -233,7 +234,7 @@ def _model(a: _Argv, model, layer_pattern: str) -> None:
         a.add("--use-fused-mhc")
 
 
-def _moe(a: _Argv, model, layout: Layout) -> None:
+def _moe(a: _Argv, model: ModelConfig, layout: Layout) -> None:
     a.add("--num-experts", model.num_experts)
     a.add("--moe-router-topk", model.moe_router_topk)
     a.add("--moe-ffn-hidden-size", model.moe_ffn_hidden_size)
@@ -270,7 +271,7 @@ def _memory(a: _Argv, layout: Layout) -> None:
         a.add("--offload-modules", *layout.offload)
 
 
-def _cp(a: _Argv, stage, layout: Layout, mock_data: bool) -> None:
+def _cp(a: _Argv, stage: StageConfig, layout: Layout, mock_data: bool) -> None:
     if layout.cp <= 1:
         return
     a.add("--cp-comm-type", "p2p")
@@ -295,8 +296,8 @@ def _cp(a: _Argv, stage, layout: Layout, mock_data: bool) -> None:
 
 
 def megatron_argv(
-    model,
-    stage,
+    model: ModelConfig,
+    stage: StageConfig,
     layout: Layout,
     *,
     layer_pattern: str,

@@ -34,6 +34,12 @@ class Groups:
     def legal(self) -> bool:
         return self.d_a is not None and self.d_e is not None and self.m is not None
 
+    def sizes(self) -> tuple[int, int, int]:
+        """(D_a, D_e, m) of a legal layout; ValueError for one the group rules reject."""
+        if self.d_a is None or self.d_e is None or self.m is None:
+            raise ValueError(f"N={self.n} does not split into D_a, D_e and m for this layout")
+        return self.d_a, self.d_e, self.m
+
 
 def groups(layout: Layout, n_gpus: int, global_batch: int) -> Groups:
     """Apply N/PP = TP*CP*D_a = ETP*EP*D_e and m = B/(b*D_a); None marks a non-integer result."""
@@ -76,7 +82,7 @@ class Prediction:
     memory_by_stage: tuple[float, ...]
     feasible: bool  # memory_gb + margin <= HBM
     step_time_s: float
-    step_components: dict = field(default_factory=dict)  # compute, a2a, cp, bubble, grad_sync ... seconds
+    step_components: dict[str, float] = field(default_factory=dict)  # compute, a2a, cp, bubble, grad_sync ... seconds
     flops_per_step: float = 0.0  # model FLOPs (activated experts, V4 attention), recompute excluded
     recompute_flops_per_step: float = 0.0
     mfu: float = 0.0

@@ -24,7 +24,7 @@ KNOBS: tuple[str, ...] = tuple(k.name for k in knobs.SEARCHED)
 
 # Layout field -> the knob that sets it ("dispatcher" sets both dispatcher and flex_backend).
 FIELD_KNOB: dict[str, str] = {k.name: k.part_of or k.name for k in knobs.KNOBS}
-_MULTI = {name: fields for name, fields in knobs.FIELDS.items() if len(fields) > 1}  # knobs whose value is a tuple
+_MULTI = tuple((name, fields) for name, fields in knobs.FIELDS.items() if len(fields) > 1)  # value: a tuple
 
 
 def _unique(values: Iterable[Hashable]) -> list[Any]:
@@ -49,9 +49,9 @@ def make_layout(assignment: Mapping[str, Any]) -> Layout:
     """A Layout from a knob -> value mapping (missing knobs keep Layout's defaults); the value of a knob
     with parts (dispatcher) is the tuple of its fields' values."""
     kw = dict(assignment)
-    for name, fields in _MULTI.items():
+    for name, fields in _MULTI:
         if name in kw:
-            kw.update(zip(fields, kw.pop(name)))
+            kw.update(zip(fields, kw[name]))  # fields[0] is the knob itself
     return Layout(**kw)
 
 
