@@ -53,9 +53,9 @@ class Knob:
     def base(self) -> type:
         """int, float, bool, str, or tuple for a module set."""
         if isinstance(self.type, types.UnionType):
-            return next(t for t in typing.get_args(self.type) if t is not type(None))  # type: ignore[no-any-return]
+            return next(t for t in typing.get_args(self.type) if t is not type(None))
         origin = typing.get_origin(self.type)
-        return origin if origin is not None else self.type  # type: ignore[no-any-return]
+        return origin if origin is not None else self.type
 
     @property
     def sql(self) -> str:
@@ -90,7 +90,7 @@ def knob(
 ) -> T:
     """A Layout field that is a knob (typed as its default for the type checker; a dataclass field at run time)."""
     spec = Knob("", object, default, flags, label, column or "", length, search, walk, group, part_of, shown, parse)
-    return field(default=default, metadata={"knob": spec})  # type: ignore[no-any-return]
+    return field(default=default, metadata={"knob": spec})
 
 
 def parse_dispatcher(label: Any) -> tuple[str, str | None]:
