@@ -342,6 +342,10 @@ def megatron_argv(
         a.add("--tokenizer-type", "NullTokenizer")
         a.add("--vocab-size", model.vocab_size)
     _cp(a, stage, layout, mock_data)
+    written = set(a.items)
+    for k in KNOBS:  # a plain knob no section above places (a new one in the registry): its flag, here
+        if k.name not in _READ and k.flags[0] not in written:
+            _knob(a, layout, k.name)
     a.add("--train-iters", train_iters)
     a.add("--eval-iters", 0)
     a.add("--log-interval", 1)
