@@ -120,7 +120,7 @@ class Candidate(KnobColumns, Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     sweep_id: Mapped[int] = mapped_column(ForeignKey("sweep.id", ondelete="CASCADE"))
     key: Mapped[str] = mapped_column(String(64))  # canonical_key(layout, model, stage, hardware, workload)
-    # the knobs: KnobColumns
+    # one column per knob: KnobColumns, from the registry
     layer_pattern: Mapped[str] = mapped_column(Text, default="")
     layout: Mapped[dict]  # Layout.to_dict()
     # predictions (Prediction fields); the headline ones as columns for sorting

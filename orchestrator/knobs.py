@@ -10,8 +10,9 @@ consumer against the registry.
 A knob is a `Layout` field declared with `knob(default, ...)`: the field gives its name, Python type and
 default, the call gives the rest (see `Knob`). `Layout` lives here rather than in orchestrator/plan so
 that db/ and jobs/ read the registry without importing the planner; orchestrator.plan.layout re-exports
-it. `search_fields()` is what orchestrator.schema builds SearchConfig from (dataclasses.make_dataclass):
-a real dataclass, so OmegaConf still validates a stage's search lists by type.
+it. SearchConfig is built from `search_fields()` with dataclasses.make_dataclass rather than written out
+and checked by a test: a new knob then needs no edit in orchestrator/schema.py, and it is still a real
+dataclass, so OmegaConf validates a stage's search lists by type (the type checker sees a small stub).
 
 stdlib only: jobs/ imports it on compute nodes with a bare Python, db/ without the planner.
 """
