@@ -31,6 +31,7 @@ from db.rows import (  # noqa: F401 - re-exported: callers import rows from db.l
     ParityRow,
     SweepRow,
 )
+from orchestrator.knobs import ledger_columns
 from orchestrator.states import AttemptState, CandidateStatus, EdgeKind, SweepStatus
 
 ATTEMPT_FIELDS = frozenset(
@@ -53,29 +54,13 @@ ATTEMPT_FIELDS = frozenset(
 )
 
 
-def _join(modules: Sequence[str] | None) -> str:
-    return "+".join(modules or ()) or "none"
-
-
 def _candidate_values(sweep_id: int, item: CandidateIn) -> dict:
     lay, pred = item.layout, item.predicted or {}
     verdict = item.verdict if isinstance(item.verdict, str) else (",".join(item.verdict) or "legal")
     return dict(
         sweep_id=sweep_id,
         key=item.key,
-        tp=int(lay.get("tp", 1)),
-        pp=int(lay.get("pp", 1)),
-        vpp=int(lay.get("vpp", 1)),
-        cp=int(lay.get("cp", 1)),
-        ep=int(lay.get("ep", 1)),
-        etp=int(lay.get("etp", 1)),
-        mbs=int(lay.get("mbs", 1)),
-        recompute=_join(lay.get("recompute")),
-        offload=_join(lay.get("offload")),
-        dispatcher=str(lay.get("dispatcher", "alltoall")),
-        backend=lay.get("flex_backend"),
-        capacity_factor=lay.get("capacity_factor"),
-        use_tp_pp_dp_mapping=bool(lay.get("use_tp_pp_dp_mapping", False)),
+        **ledger_columns(lay),
         layer_pattern=item.layer_pattern or pred.get("layer_pattern", "") or "",
         layout=clean(lay),
         pred_step_time_s=pred.get("step_time_s"),

@@ -2,7 +2,8 @@
 
 Why these shapes:
 - Every knob is its own column so `compare --where ep=64` is an indexed SQL filter, not JSON parsing;
-  the full `Layout.to_dict()` is also kept (layout) as the source of truth for round-tripping.
+  the columns come from the knob registry (KnobColumns); the full `Layout.to_dict()` is also kept
+  (layout) as the source of truth for round-tripping.
 - Unique (sweep_id, key) and (candidate_id, attempt_no) make re-running a sweep idempotent.
 - candidate.latest_attempt_id / latest_result_id are pointers the ledger maintains in the same
   transaction as the attempt / result, so `compare` over 100k runs is a join on primary keys.
@@ -17,16 +18,21 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     DateTime,
+    Double,
     ForeignKey,
     Index,
+    Integer,
     MetaData,
     String,
     Text,
     TypeDecorator,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
+
+from orchestrator.knobs import KNOBS, Knob, column_value
 
 from orchestrator.states import AttemptState, CandidateStatus, SweepStatus
 
@@ -92,7 +98,22 @@ class Lease(Base):
     expires_at: Mapped[datetime]
 
 
-class Candidate(Base):
+class KnobColumns:
+    """One column per knob of the registry (orchestrator/knobs.py), added below: a knob's column comes with
+    the knob. Module sets (recompute, offload) are "+"-joined, "none" when empty; the flex backend is the
+    column `backend`. A mixin, so Candidate's knob columns are the registry's and nothing else."""
+
+
+def _knob_column(k: Knob) -> MappedColumn[Any]:
+    sql = String(k.length) if k.sql == "str" else {"int": Integer, "float": Double, "bool": Boolean}[k.sql]()
+    return mapped_column(k.column, sql, nullable=k.nullable, default=column_value(k, k.default))
+
+
+for _knob in KNOBS:
+    setattr(KnobColumns, _knob.column, _knob_column(_knob))
+
+
+class Candidate(KnobColumns, Base):
     __tablename__ = "candidate"
     __table_args__ = (
         UniqueConstraint("sweep_id", "key"),
@@ -101,20 +122,7 @@ class Candidate(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     sweep_id: Mapped[int] = mapped_column(ForeignKey("sweep.id", ondelete="CASCADE"))
     key: Mapped[str] = mapped_column(String(64))  # canonical_key(layout, model, stage, hardware, workload)
-    # knobs (Layout fields); recompute/offload are "+"-joined module lists, "none" when empty
-    tp: Mapped[int]
-    pp: Mapped[int]
-    vpp: Mapped[int]
-    cp: Mapped[int]
-    ep: Mapped[int]
-    etp: Mapped[int]
-    mbs: Mapped[int]
-    recompute: Mapped[str] = mapped_column(String(200))
-    offload: Mapped[str] = mapped_column(String(200))
-    dispatcher: Mapped[str] = mapped_column(String(30))
-    backend: Mapped[str | None] = mapped_column(String(30))  # flex dispatcher backend
-    capacity_factor: Mapped[float | None]
-    use_tp_pp_dp_mapping: Mapped[bool] = mapped_column(default=False)
+    # one column per knob: KnobColumns, from the registry
     layer_pattern: Mapped[str] = mapped_column(Text, default="")
     layout: Mapped[dict]  # Layout.to_dict()
     # predictions (Prediction fields); the headline ones as columns for sorting

@@ -21,9 +21,22 @@ from db import models as m
 from db.errors import LedgerError
 from db.models import RESULT_METRICS
 from db.store import Store
+from orchestrator.knobs import FIELDS, KNOB, KNOBS
 
-# The flex dispatcher is stored as dispatcher + backend; shown and filtered as "flex:deepep".
-_DISPATCHER = func.coalesce(m.Candidate.dispatcher + ":" + m.Candidate.backend, m.Candidate.dispatcher)
+
+def _knob_columns() -> dict[str, ColumnElement]:
+    """One key per knob of the registry, on its ledger column. A knob with parts (the dispatcher, stored as
+    dispatcher + backend) is shown and filtered joined, "flex:deepep"; each part keeps its own key too."""
+    out: dict[str, ColumnElement] = {k.column: getattr(m.Candidate, k.column) for k in KNOBS}
+    for name, fields in FIELDS.items():
+        joined = out[KNOB[name].column]
+        for part in fields[1:]:  # a part that is NULL (no flex backend) is left out
+            joined = func.coalesce(joined + ":" + out[KNOB[part].column], joined)
+        out[KNOB[name].column] = joined
+    return out
+
+
+KNOB_COLUMNS = _knob_columns()
 
 COLUMNS: dict[str, ColumnElement] = {
     "sweep": m.Sweep.name,
@@ -34,18 +47,7 @@ COLUMNS: dict[str, ColumnElement] = {
     "candidate_id": m.Candidate.id,
     "round": m.Candidate.round,
     "key": m.Candidate.key,
-    "tp": m.Candidate.tp,
-    "pp": m.Candidate.pp,
-    "vpp": m.Candidate.vpp,
-    "cp": m.Candidate.cp,
-    "ep": m.Candidate.ep,
-    "etp": m.Candidate.etp,
-    "mbs": m.Candidate.mbs,
-    "recompute": m.Candidate.recompute,
-    "offload": m.Candidate.offload,
-    "dispatcher": _DISPATCHER,
-    "backend": m.Candidate.backend,
-    "capacity_factor": m.Candidate.capacity_factor,
+    **KNOB_COLUMNS,
     "layer_pattern": m.Candidate.layer_pattern,
     "status": m.Candidate.status,
     "verdict": m.Candidate.verdict,
@@ -80,15 +82,7 @@ DEFAULT_COLUMNS = (
     "sweep",
     "round",
     "key",
-    "tp",
-    "pp",
-    "vpp",
-    "cp",
-    "ep",
-    "etp",
-    "mbs",
-    "recompute",
-    "dispatcher",
+    *(k.column for k in KNOBS if k.shown and k.part_of is None),
     "status",
     "step_p50_s",
     "step_p99_s",

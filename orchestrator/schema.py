@@ -4,6 +4,7 @@ Why here and why stdlib-only: Hydra composes YAML, then `orchestrator.config` me
 dataclasses so an unknown key or a wrong type fails at load with the key's path. The planner and the
 twin workload (which runs on compute nodes with a bare Python) import these same classes, so this
 module must never import omegaconf, hydra, sqlalchemy or anything outside the standard library.
+SearchConfig is built from the knob registry (orchestrator/knobs.py), so the knob list is written once.
 
 Names follow the tuning guide: N (gpus), B (global_batch), b (mbs), S (seq_length), E (num_experts),
 k (moe_router_topk), h (hidden_size), f (moe_ffn_hidden_size).
@@ -11,8 +12,10 @@ k (moe_router_topk), h (hidden_size), f (moe_ffn_hidden_size).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, make_dataclass
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.knobs import search_fields
 
 
 @dataclass
@@ -79,26 +82,25 @@ class HardwareConfig:
     workspace_gb: float = 2.0  # fused kernels, cuBLAS workspace
 
 
-@dataclass
-class SearchConfig:
-    """The knob ranges a stage searches. Each list is the set of values tried for that knob."""
+if TYPE_CHECKING:
 
-    tp: list[int] = field(default_factory=lambda: [1])
-    pp: list[int] = field(default_factory=lambda: [4, 8, 16])
-    vpp: list[int] = field(default_factory=lambda: [1, 2])
-    cp: list[int] = field(default_factory=lambda: [1, 2, 4])
-    ep: list[int] = field(default_factory=lambda: [32, 64, 128])
-    etp: list[int] = field(default_factory=lambda: [1])
-    mbs: list[int] = field(default_factory=lambda: [1, 2])
-    # Each entry is one recompute set: a list of --recompute-modules, [] = none, ["full"] = full.
-    recompute: list[list[str]] = field(default_factory=lambda: [[], ["mla_up_proj", "mhc"], ["moe_act"]])
-    # Each entry is one fine-grained offload set (--offload-modules), [] = none.
-    offload: list[list[str]] = field(default_factory=lambda: [[]])
-    # Dispatcher choices: "alltoall", "allgather", "flex:deepep", "flex:hybridep", "flex:ncclep".
-    dispatcher: list[str] = field(default_factory=lambda: ["alltoall", "flex:deepep", "flex:hybridep"])
-    # Optional MoE capacity factor choices (None = dropless).
-    capacity_factor: list[float | None] = field(default_factory=lambda: [None])
-    use_tp_pp_dp_mapping: list[bool] = field(default_factory=lambda: [False])
+    class SearchConfig:
+        """What the type checker sees of the class built below: one list of values per knob."""
+
+        def __init__(self, **values: list[Any]) -> None: ...
+        def __getattr__(self, knob: str) -> list[Any]: ...
+
+else:
+    SearchConfig = make_dataclass(
+        "SearchConfig",
+        search_fields(),
+        namespace={
+            "__module__": __name__,  # so pickle (submitit) finds it here
+            "__doc__": "The knob ranges a stage searches: one list of values per knob of orchestrator.knobs, "
+            "with the registry's defaults (recompute/offload entries are module lists, [] = none). Built from "
+            "the registry so a new knob needs no edit here; a dataclass still, so OmegaConf types every list.",
+        },
+    )
 
 
 @dataclass

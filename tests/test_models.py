@@ -110,7 +110,11 @@ def test_hot_rank_is_above_the_mean_and_grows_with_skew(sigma, ep):
     assert moe.hot_rank_factor(0.0, per, ep) == 1.0
     tg = moe.t_group(ep, 1, 8192, 1)
     assert moe.dispatch_buffer_gb(tg, 6, ep, 7168, f) > moe.dispatch_buffer_gb(tg, 6, ep, 7168, 1.0)
-    assert moe.dispatch_buffer_gb(tg, 6, ep, 7168, f, capacity_factor=1.0) == moe.dispatch_buffer_gb(tg, 6, ep, 7168)
+    # a capacity factor of 1 caps the hot rank at the mean (rank_skew, the one place the cap is applied)
+    assert moe.rank_skew(sigma, 384, ep) == f and moe.rank_skew(sigma, 384, ep, capacity_factor=1.0) == 1.0
+    assert moe.dispatch_buffer_gb(tg, 6, ep, 7168, moe.rank_skew(sigma, 384, ep, 1.0)) == moe.dispatch_buffer_gb(
+        tg, 6, ep, 7168
+    )
 
 
 # --- pipeline ----------------------------------------------------------------------------------------

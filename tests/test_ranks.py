@@ -16,6 +16,7 @@ from orchestrator.plan.ranks import (
     DENSE_GROUPS,
     EXPERT_GROUPS,
     TP_PP_DP_ORDER,
+    coords,
     node_spans,
     nodes_of,
     rank_groups,
@@ -79,6 +80,33 @@ def test_rank_groups_match_megatron_rank_generator(rank_generator, case):
     expected_order = TP_PP_DP_ORDER if layout.use_tp_pp_dp_mapping else DEFAULT_ORDER
     if expected_order == DEFAULT_ORDER or layout.pp == 1 or same_dp:
         assert rank_groups(layout, world) == rank_groups(layout, world, expected_order)
+
+
+@settings(max_examples=80, deadline=None)
+@given(layouts_and_worlds())
+def test_coords_invert_megatrons_dense_groups(rank_generator, case):
+    """A rank's coordinates along one axis are its index in Megatron's group for that axis, and the other
+    coordinates are shared by the whole group (so the job side's rank -> PP stage is Megatron's)."""
+    layout, world = case
+    order = TP_PP_DP_ORDER if layout.use_tp_pp_dp_mapping else DEFAULT_ORDER
+    if (
+        order == TP_PP_DP_ORDER
+        and layout.pp > 1
+        and world // (layout.tp * layout.cp) != world // (layout.etp * layout.ep)
+    ):
+        with pytest.raises(ValueError, match="expert DP"):
+            coords(layout, world, 0)
+        return
+    megatron = _megatron_groups(rank_generator, layout, world, order)
+    for axis in ("tp", "cp", "dp", "pp"):
+        for group in megatron[axis]:
+            at = [coords(layout, world, r) for r in group]
+            assert [c[axis] for c in at] == list(range(len(group))), axis
+            assert all(
+                {k: v for k, v in c.items() if k != axis} == {k: v for k, v in at[0].items() if k != axis} for c in at
+            )
+    with pytest.raises(ValueError, match="outside"):
+        coords(layout, world, world)
 
 
 def test_guide_config_a_groups(rank_generator):

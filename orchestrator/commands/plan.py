@@ -14,26 +14,18 @@ import sys
 from collections import Counter
 from typing import Any
 
+from orchestrator import knobs
 from orchestrator.config import compose
 from orchestrator.errors import UserError
 from orchestrator.plan import rules as R
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.planner import Planned, PlanResult, Rejected, plan
+from orchestrator.plan.space import knob_values
 
 NAME = "plan"
 HELP = "Rank a stage's legal parallel layouts by predicted step time (analytic estimates)."
 NOTE = "predictions are analytic estimates (orchestrator/plan models), not measurements"
-TABLE_COLUMNS = [
-    "rank",
-    "tp",
-    "pp",
-    "vpp",
-    "cp",
-    "ep",
-    "etp",
-    "mbs",
-    "recompute",
-    "dispatcher",
+PREDICTION_COLUMNS = [
     "D_a",
     "D_e",
     "m",
@@ -48,8 +40,9 @@ TABLE_COLUMNS = [
     "mfu",
     "layer_pattern",
 ]
+TABLE_COLUMNS = ["rank", *knobs.columns(), *PREDICTION_COLUMNS]  # the table adds knobs the stage varies
 PATTERN_WIDTH = 28
-TEXT = {"recompute", "offload", "dispatcher", "layer_pattern"}
+TEXT = {k.column for k in knobs.DISPLAYED if k.sql == "str"} | {"layer_pattern"}
 FLOAT_FORMATS = {"bubble": ".3f", "routed_weight_gb": ".2f", "memory_gb": ".1f", "step_time_s": ".3f", "mfu": ".3f"}
 
 
@@ -85,18 +78,7 @@ def row(rank: int, p: Planned) -> dict[str, Any]:
     return {
         "rank": rank,
         "key": p.key,
-        "tp": lay.tp,
-        "pp": lay.pp,
-        "vpp": lay.vpp,
-        "cp": lay.cp,
-        "ep": lay.ep,
-        "etp": lay.etp,
-        "mbs": lay.mbs,
-        "recompute": list(lay.recompute),
-        "offload": list(lay.offload),
-        "dispatcher": lay.dispatcher_label,
-        "capacity_factor": lay.capacity_factor,
-        "use_tp_pp_dp_mapping": lay.use_tp_pp_dp_mapping,
+        **knobs.display(lay),
         "D_a": pr.d_a,
         "D_e": pr.d_e,
         "m": pr.m,
@@ -127,7 +109,8 @@ LAYOUT_FIELDS = tuple(Layout.__dataclass_fields__)
 def layout_dict(lay: Layout) -> dict[str, Any]:
     """Layout.to_dict() without dataclasses.asdict's deep copy (16k stages reject ~85k layouts)."""
     d = {f: getattr(lay, f) for f in LAYOUT_FIELDS}
-    d["recompute"], d["offload"] = list(lay.recompute), list(lay.offload)
+    for f in knobs.SETS:
+        d[f] = list(d[f])
     return d
 
 
@@ -189,16 +172,17 @@ def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
 
     console = Console(width=max(260, Console().width))  # a wide table: never squeeze the guide's names
     console.print(_header(cfg, stage, res), markup=False, highlight=False)
-    columns = list(TABLE_COLUMNS)
-    if len(stage.search.offload) > 1:  # else rows differing only in offload would look identical
-        columns.insert(columns.index("recompute") + 1, "offload")
+    # a knob that is not always shown gets a column when the stage searches several values of it
+    varying = [k for k, values in knob_values(stage.search).items() if len(values) > 1]
+    knob_cols = knobs.columns(varying)
+    columns = ["rank", *knob_cols, *PREDICTION_COLUMNS]
     table = Table(show_lines=False)
     for col in columns:
         table.add_column(col, no_wrap=True, min_width=len(col), justify="left" if col in TEXT else "right")
     for i, p in enumerate(res.candidates[:top]):
         d = row(i, p)
-        d["recompute"] = "+".join(d["recompute"]) or "none"
-        d["offload"] = "+".join(d["offload"]) or "none"
+        for col in knob_cols:
+            d[col] = knobs.text(d[col])
         pat = d["layer_pattern"]
         d["layer_pattern"] = pat if len(pat) <= PATTERN_WIDTH else pat[: PATTERN_WIDTH - 1] + "…"
         d["T_expert"] = f"{d['T_expert']:g}"

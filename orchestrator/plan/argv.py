@@ -25,9 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
+from orchestrator.knobs import KNOB, KNOBS
 from orchestrator.plan.layout import Layout
+from orchestrator.schema import ModelConfig, StageConfig
 
 MAIN, DEV = "main", "dev"
 
@@ -173,19 +176,28 @@ class _Argv:
         self.items.extend(str(v) for v in values)
 
 
+def _knob(a: _Argv, layout: Layout, name: str) -> None:
+    """A knob carried by one flag (its first in the registry): a number or a word is written as the flag's
+    value, a switch only when True, an optional value only when set (absent = Megatron's default)."""
+    k, value = KNOB[name], getattr(layout, name)
+    if value is True:
+        a.add(k.flags[0])
+    elif value is not None and value is not False:
+        a.add(k.flags[0], k.base(value))
+
+
 def _parallel(a: _Argv, layout: Layout) -> None:
-    a.add("--tensor-model-parallel-size", layout.tp)
-    a.add("--pipeline-model-parallel-size", layout.pp)
-    a.add("--context-parallel-size", layout.cp)
-    a.add("--expert-model-parallel-size", layout.ep)
-    a.add("--expert-tensor-parallel-size", layout.etp)
+    _knob(a, layout, "tp")
+    _knob(a, layout, "pp")
+    _knob(a, layout, "cp")
+    _knob(a, layout, "ep")
+    _knob(a, layout, "etp")
     if layout.tp > 1:
         a.add("--sequence-parallel")  # MoE with attention-TP > 1 and no SP fails in training
-    if layout.use_tp_pp_dp_mapping:
-        a.add("--use-tp-pp-dp-mapping")
+    _knob(a, layout, "use_tp_pp_dp_mapping")
 
 
-def _model(a: _Argv, model, layer_pattern: str) -> None:
+def _model(a: _Argv, model: ModelConfig, layer_pattern: str) -> None:
     dsv4 = model.attention_variant == "dsv4_hybrid"
     a.add("--num-layers", pattern_layers(layer_pattern))
     a.add("--hidden-size", model.hidden_size)
@@ -222,20 +234,19 @@ def _model(a: _Argv, model, layer_pattern: str) -> None:
         a.add("--use-fused-mhc")
 
 
-def _moe(a: _Argv, model, layout: Layout) -> None:
+def _moe(a: _Argv, model: ModelConfig, layout: Layout) -> None:
     a.add("--num-experts", model.num_experts)
     a.add("--moe-router-topk", model.moe_router_topk)
     a.add("--moe-ffn-hidden-size", model.moe_ffn_hidden_size)
     if model.moe_shared_expert_intermediate_size:
         a.add("--moe-shared-expert-intermediate-size", model.moe_shared_expert_intermediate_size)
     a.add("--moe-grouped-gemm")
-    a.add("--moe-token-dispatcher-type", layout.dispatcher)
+    _knob(a, layout, "dispatcher")
     if layout.dispatcher == "flex":
         if not layout.flex_backend:
             raise ValueError("dispatcher flex needs flex_backend (deepep | hybridep | ncclep)")
-        a.add("--moe-flex-dispatcher-backend", layout.flex_backend)  # never the deprecated --moe-enable-deepep
-    if layout.capacity_factor is not None:
-        a.add("--moe-expert-capacity-factor", float(layout.capacity_factor))
+        _knob(a, layout, "flex_backend")  # never the deprecated --moe-enable-deepep
+    _knob(a, layout, "capacity_factor")
     a.add("--moe-router-load-balancing-type", "seq_aux_loss")
     a.add("--moe-aux-loss-coeff", "0.0001")
     a.add("--moe-router-score-function", "sqrtsoftplus")
@@ -260,7 +271,7 @@ def _memory(a: _Argv, layout: Layout) -> None:
         a.add("--offload-modules", *layout.offload)
 
 
-def _cp(a: _Argv, stage, layout: Layout, mock_data: bool) -> None:
+def _cp(a: _Argv, stage: StageConfig, layout: Layout, mock_data: bool) -> None:
     if layout.cp <= 1:
         return
     a.add("--cp-comm-type", "p2p")
@@ -285,8 +296,8 @@ def _cp(a: _Argv, stage, layout: Layout, mock_data: bool) -> None:
 
 
 def megatron_argv(
-    model,
-    stage,
+    model: ModelConfig,
+    stage: StageConfig,
     layout: Layout,
     *,
     layer_pattern: str,
@@ -304,7 +315,7 @@ def megatron_argv(
         raise ValueError(f"pattern has {segments} segments, layout needs PP x VPP = {layout.pp * layout.vpp}")
     a = _Argv()
     _parallel(a, layout)
-    a.add("--micro-batch-size", layout.mbs)
+    _knob(a, layout, "mbs")
     a.add("--global-batch-size", stage.global_batch)
     a.add("--seq-length", stage.seq_length)
     a.add("--max-position-embeddings", stage.seq_length)
@@ -331,6 +342,10 @@ def megatron_argv(
         a.add("--tokenizer-type", "NullTokenizer")
         a.add("--vocab-size", model.vocab_size)
     _cp(a, stage, layout, mock_data)
+    written = set(a.items)
+    for k in KNOBS:  # a plain knob no section above places (a new one in the registry): its flag, here
+        if k.name not in _READ and k.flags[0] not in written:
+            _knob(a, layout, k.name)
     a.add("--train-iters", train_iters)
     a.add("--eval-iters", 0)
     a.add("--log-interval", 1)
@@ -392,35 +407,57 @@ def parse_flags(argv: Sequence[str]) -> dict[str, object]:
     return out
 
 
-def layout_from_argv(argv: Sequence[str]) -> Layout:
-    """Read a Layout back from Megatron flags (the inverse of megatron_argv's layout part)."""
-    f = parse_flags(argv)
-    pp = f["pipeline_model_parallel_size"] or 1
-    pattern: str | None = f["hybrid_layer_pattern"]
-    vpp = pattern_segments(pattern) // pp if pattern else 1
-    tp = f["tensor_model_parallel_size"] or 1
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+Flags = dict[str, Any]  # parse_flags' answer
+
+
+def _vpp(f: Flags, kw: dict[str, Any]) -> int:
+    pattern = f["hybrid_layer_pattern"]
+    return max(pattern_segments(pattern) // kw["pp"], 1) if pattern else 1
+
+
+def _recompute(f: Flags, kw: dict[str, Any]) -> tuple[str, ...]:
     if f["recompute_granularity"] == "full":
-        recompute: tuple[str, ...] = ("full",)
-    elif f["recompute_granularity"] == "selective":
-        recompute = tuple(f["recompute_modules"] or ("core_attn",))  # Megatron's default module
-    else:
-        recompute = ()
-    dispatcher = f["moe_token_dispatcher_type"] or "allgather"  # Megatron's default
-    return Layout(
-        tp=tp,
-        pp=pp,
-        vpp=max(vpp, 1),
-        cp=f["context_parallel_size"] or 1,
-        ep=f["expert_model_parallel_size"] or 1,
-        etp=f["expert_tensor_parallel_size"] or tp,  # None -> TP, as Megatron
-        mbs=f["micro_batch_size"] or 1,
-        recompute=recompute,
-        offload=tuple(f["offload_modules"] or ()) if f["fine_grained_activation_offloading"] else (),
-        dispatcher=dispatcher,
-        flex_backend=(f["moe_flex_dispatcher_backend"] or "deepep") if dispatcher == "flex" else None,
-        capacity_factor=f["moe_expert_capacity_factor"],
-        use_tp_pp_dp_mapping=bool(f["use_tp_pp_dp_mapping"]),
-    )
+        return ("full",)
+    if f["recompute_granularity"] == "selective":
+        return tuple(f["recompute_modules"] or ("core_attn",))  # Megatron's default module
+    return ()
+
+
+def _offload(f: Flags, kw: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(f["offload_modules"] or ()) if f["fine_grained_activation_offloading"] else ()
+
+
+def _flex_backend(f: Flags, kw: dict[str, Any]) -> str | None:
+    return (f["moe_flex_dispatcher_backend"] or "deepep") if kw["dispatcher"] == "flex" else None
+
+
+# The knobs Megatron does not read as one flag's value (absent = the Layout default): f(flags, knobs read so far)
+_READ: dict[str, Callable[[Flags, dict[str, Any]], Any]] = {
+    "vpp": _vpp,
+    "etp": lambda f, kw: f["expert_tensor_parallel_size"] or kw["tp"],  # None -> TP, as Megatron
+    "recompute": _recompute,
+    "offload": _offload,
+    "dispatcher": lambda f, kw: f["moe_token_dispatcher_type"] or "allgather",  # Megatron's default
+    "flex_backend": _flex_backend,
+}
+
+
+def layout_from_argv(argv: Sequence[str]) -> Layout:
+    """Read a Layout back from Megatron flags (the inverse of megatron_argv's layout part): every knob of the
+    registry, from its flag with Megatron's default when absent (_READ where Megatron reads it otherwise)."""
+    f = parse_flags(argv)
+    kw: dict[str, Any] = {}
+    for k in KNOBS:  # registry order: pp before vpp, tp before etp, dispatcher before flex_backend
+        if k.name in _READ:
+            kw[k.name] = _READ[k.name](f, kw)
+        else:
+            value = f[_dest(k.flags[0])]
+            kw[k.name] = bool(value) if k.base is bool else k.default if value is None else value
+    return Layout(**kw)
 
 
 def shell_join(argv: Sequence[str], multiline: bool = False) -> str:

@@ -22,7 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from orchestrator.plan.layout import Layout
 from orchestrator.plan.params import (
+    ModelKey,
     _Frozen,
     attention_params,
     block_ratios,
@@ -33,6 +35,8 @@ from orchestrator.plan.params import (
     mtp_ratio,
     p_expert,
 )
+from orchestrator.plan.recompute import FULL, repeated
+from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
 
 # The embedding lookup and its sparse gradient are memory-bound; counted as this fraction of a mean
 # block when the pipeline split balances segment 0 (a prior, not a measurement).
@@ -46,11 +50,11 @@ class BlockFlops:
     gemm: float  # dense projections: attention linears, router, shared expert, mHC, dense MLP
     expert: float  # routed expert GEMMs (k experts)
     attn: float  # core attention: window + compressed + indexer scores
-    # pieces that selective recompute repeats
+    # pieces that selective recompute repeats (recompute.RECOMPUTE names them), with attn and expert
     q_up: float
     mhc: float
     shared: float
-    moe: float  # everything of the MoE layer (router + routed + shared)
+    router: float
     mlp: float  # dense MLP (dense blocks only)
     act: float  # SwiGLU elementwise of routed + shared experts
     norm: float
@@ -92,7 +96,7 @@ def _mean_min(cap: float, slope: float, seq: int) -> float:
     return frac * cap / 2 + (1 - frac) * cap
 
 
-def block_flops(model, ratio: int, moe: bool, seq_length: int) -> BlockFlops:
+def block_flops(model: ModelConfig, ratio: int, moe: bool, seq_length: int) -> BlockFlops:
     h, nh, d = model.hidden_size, model.num_attention_heads, model.v_head_dim
     k, pe = model.moe_router_topk, p_expert(model)
     win = _mean_min(model.csa_window_size, 1.0, seq_length)
@@ -116,21 +120,21 @@ def block_flops(model, ratio: int, moe: bool, seq_length: int) -> BlockFlops:
         q_up=2 * model.q_lora_rank * nh * d,
         mhc=mhc,
         shared=shared,
-        moe=shared + router + expert,
+        router=router,
         mlp=mlp,
         act=(4 * (k * model.moe_ffn_hidden_size + fs)) if moe else 4 * model.ffn_hidden_size,
         norm=2 * 4 * h,
     )
 
 
-def profile(model, seq_length: int, num_blocks: int | None = None) -> FlopProfile:
+def profile(model: ModelConfig, seq_length: int, num_blocks: int | None = None) -> FlopProfile:
     """Per-token forward FLOPs of each block (cached per model, S and block count)."""
     n = model.num_layers if num_blocks is None else num_blocks
     return _profile(model_key(model), int(seq_length), int(n))
 
 
 @lru_cache(maxsize=256)
-def _profile(key, seq: int, n: int) -> FlopProfile:
+def _profile(key: ModelKey, seq: int, n: int) -> FlopProfile:
     m = _Frozen(key)
     blocks = tuple(block_flops(m, r, is_moe_block(m, i), seq) for i, r in enumerate(block_ratios(m, n)))
     depth = int(m.mtp_num_layers or 0)
@@ -144,39 +148,25 @@ def _profile(key, seq: int, n: int) -> FlopProfile:
 
 
 def recompute_block(b: BlockFlops, modules: Sequence[str]) -> float:
-    """Extra forward FLOPs per token that a --recompute-modules set repeats in one block."""
-    mods = set(modules)
-    if "full" in mods:
+    """Extra forward FLOPs per token that a --recompute-modules set repeats in one block (recompute.py)."""
+    if FULL in modules:
         return b.total
     extra = 0.0
-    if "core_attn" in mods:
-        extra += b.attn
-    if "mla_up_proj" in mods:
-        extra += b.q_up
-    if "mhc" in mods:
-        extra += b.mhc
-    if "moe" in mods:
-        extra += b.moe
-    else:
-        if "shared_experts" in mods:
-            extra += b.shared
-        if "moe_act" in mods:
-            extra += b.act
-    if "mlp" in mods:
-        extra += b.mlp
-    if "layernorm" in mods:
-        extra += b.norm
+    for piece in repeated(modules):
+        extra += getattr(b, piece)
     return extra
 
 
-def block_costs(model, seq_length: int, num_blocks: int | None = None) -> tuple[tuple[float, ...], float, float]:
+def block_costs(
+    model: ModelConfig, seq_length: int, num_blocks: int | None = None
+) -> tuple[tuple[float, ...], float, float]:
     """Per-block forward FLOPs and the first/last segment extras, for pipeline.split_blocks."""
     n = model.num_layers if num_blocks is None else num_blocks
     return _block_costs(model_key(model), int(seq_length), int(n))
 
 
 @lru_cache(maxsize=256)
-def _block_costs(key, seq: int, n: int) -> tuple[tuple[float, ...], float, float]:
+def _block_costs(key: ModelKey, seq: int, n: int) -> tuple[tuple[float, ...], float, float]:
     prof = _profile(key, seq, n)
     costs = tuple(b.total for b in prof.blocks)
     first = EMBEDDING_COST_BLOCKS * (sum(costs) / len(costs) if costs else 0.0)
@@ -194,7 +184,7 @@ class StepFlops:
     breakdown: dict[str, float]  # model FLOPs per step by class: gemm, expert, attn, head, mtp
 
 
-def step_flops(model, stage, layout) -> StepFlops:
+def step_flops(model: ModelConfig, stage: StageConfig, layout: Layout) -> StepFlops:
     """Model and recompute FLOPs per step: tokens = B x S (packed positions; padding not modelled)."""
     n = effective_layers(model, stage)
     fwd, rc, parts = _per_token(model_key(model), stage.seq_length, n, tuple(layout.recompute))
@@ -209,7 +199,9 @@ def step_flops(model, stage, layout) -> StepFlops:
 
 
 @lru_cache(maxsize=1024)
-def _per_token(key, seq: int, n: int, recompute: tuple[str, ...]):
+def _per_token(
+    key: ModelKey, seq: int, n: int, recompute: tuple[str, ...]
+) -> tuple[float, float, tuple[tuple[str, float], ...]]:
     """(forward, recompute forward, ((class, forward), ...)) FLOPs per token."""
     prof = _profile(key, seq, n)
     gemm = sum(b.gemm for b in prof.blocks)
@@ -224,21 +216,23 @@ def _per_token(key, seq: int, n: int, recompute: tuple[str, ...]):
     return gemm + expert + attn + head + mtp, rc, parts
 
 
-def peak_tflops(hw, precision: str = "bf16") -> float:
+def peak_tflops(hw: HardwareConfig, precision: str = "bf16") -> float:
     """Dense (no structured sparsity) peak of one GPU at `precision`."""
     if precision == "fp8":
-        return hw.peak_fp8_tflops
+        return float(hw.peak_fp8_tflops)
     if precision in ("bf16", "fp16"):
-        return hw.peak_bf16_tflops
+        return float(hw.peak_bf16_tflops)
     raise ValueError(f"no peak for precision {precision!r} (bf16 or fp8)")
 
 
-def peak_label(hw, precision: str = "bf16") -> str:
+def peak_label(hw: HardwareConfig, precision: str = "bf16") -> str:
     """The denominator named, as the guide asks: hardware, precision, dense (no sparsity)."""
     return f"{hw.name} {precision.upper()} dense peak {peak_tflops(hw, precision):g} TFLOP/s/GPU (no sparsity)"
 
 
-def mfu(flops, step_time_s: float, n_gpus: int, hw, precision: str = "bf16") -> float:
+def mfu(
+    flops: StepFlops | float, step_time_s: float, n_gpus: int, hw: HardwareConfig, precision: str = "bf16"
+) -> float:
     """Model FLOPs utilization = model FLOPs per step / (step time x N x peak); recompute excluded."""
     f = flops.model_flops if isinstance(flops, StepFlops) else float(flops)
     if step_time_s <= 0 or n_gpus <= 0:

@@ -1,4 +1,6 @@
-"""A parallel layout (one point of the search space) and its group arithmetic.
+"""A parallel layout's group arithmetic, its ledger identity and what the models predict for it.
+
+`Layout` itself (one point of the search space) is declared with the knob registry, orchestrator/knobs.py.
 
 Group arithmetic follows the guide's MoE Parallel Folding identity (no GTP):
 
@@ -13,52 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True, order=True)
-class Layout:
-    """The knobs of one candidate. Frozen and hashable so the planner can dedupe and key it."""
-
-    tp: int = 1
-    pp: int = 1
-    vpp: int = 1  # virtual pipeline stages per PP rank (1 = no interleaving)
-    cp: int = 1
-    ep: int = 1
-    etp: int = 1
-    mbs: int = 1  # b
-    recompute: tuple[str, ...] = ()  # --recompute-modules (selective); ("full",) = full recompute
-    offload: tuple[str, ...] = ()  # --offload-modules (fine-grained activation offload)
-    dispatcher: str = "alltoall"  # --moe-token-dispatcher-type: alltoall | allgather | flex
-    flex_backend: str | None = None  # --moe-flex-dispatcher-backend when dispatcher == flex
-    capacity_factor: float | None = None  # None = dropless
-    use_tp_pp_dp_mapping: bool = False
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["recompute"] = list(self.recompute)
-        d["offload"] = list(self.offload)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Layout:
-        d = dict(d)
-        d["recompute"] = tuple(d.get("recompute") or ())
-        d["offload"] = tuple(d.get("offload") or ())
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-    @property
-    def dispatcher_label(self) -> str:
-        return f"flex:{self.flex_backend}" if self.dispatcher == "flex" else self.dispatcher
-
-    def short(self) -> str:
-        """A compact human label, e.g. TP1 PP8 VPP1 CP1 EP64 ETP1 MBS1."""
-        rc = "+".join(self.recompute) or "none"
-        return (
-            f"TP{self.tp} PP{self.pp} VPP{self.vpp} CP{self.cp} EP{self.ep} ETP{self.etp} "
-            f"MBS{self.mbs} rc={rc} {self.dispatcher_label}"
-        )
+from orchestrator.knobs import Layout as Layout  # the knobs of one candidate: the registry owns them
 
 
 @dataclass(frozen=True)
@@ -74,6 +33,12 @@ class Groups:
     @property
     def legal(self) -> bool:
         return self.d_a is not None and self.d_e is not None and self.m is not None
+
+    def sizes(self) -> tuple[int, int, int]:
+        """(D_a, D_e, m) of a legal layout; ValueError for one the group rules reject."""
+        if self.d_a is None or self.d_e is None or self.m is None:
+            raise ValueError(f"N={self.n} does not split into D_a, D_e and m for this layout")
+        return self.d_a, self.d_e, self.m
 
 
 def groups(layout: Layout, n_gpus: int, global_batch: int) -> Groups:
@@ -117,7 +82,7 @@ class Prediction:
     memory_by_stage: tuple[float, ...]
     feasible: bool  # memory_gb + margin <= HBM
     step_time_s: float
-    step_components: dict = field(default_factory=dict)  # compute, a2a, cp, bubble, grad_sync ... seconds
+    step_components: dict[str, float] = field(default_factory=dict)  # compute, a2a, cp, bubble, grad_sync ... seconds
     flops_per_step: float = 0.0  # model FLOPs (activated experts, V4 attention), recompute excluded
     recompute_flops_per_step: float = 0.0
     mfu: float = 0.0

@@ -35,8 +35,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from orchestrator.plan import moe as moe_model
-from orchestrator.plan.params import _Frozen, block_ratios, is_moe_block, model_key, param_counts
-from orchestrator.plan.pipeline import checked_split
+from orchestrator.plan import pipeline
+from orchestrator.plan.layout import Groups, Layout
+from orchestrator.plan.params import ModelKey, _Frozen, block_ratios, is_moe_block, model_key, param_counts
+from orchestrator.plan.pipeline import checked_split, cumulative
+from orchestrator.plan.recompute import FULL, dropped
+from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
 
 GB = 1e9
 WEIGHT_BYTES = 2
@@ -48,27 +52,6 @@ LOGIT_BYTES = 4
 FLEX_BUFFER_GB = 1.0  # DeepEP / HybridEP / NCCL-EP registered buffers (order of magnitude)
 DEFAULT_ROUTING_SIGMA = 0.25  # lognormal sigma of per-expert load once the router settles (a prior)
 
-# Which activation tensors (see block_activation_elems) each recompute / offload module removes.
-RECOMPUTE_DROPS = {
-    "mla_up_proj": ("q_up",),
-    "mhc": ("mhc",),
-    "layernorm": ("attn_norm", "mlp_norm"),
-    "moe_act": ("moe_act",),
-    "shared_experts": ("shared",),
-    "moe": ("router", "moe_input", "expert_fc1", "moe_act", "expert_fc2", "shared"),
-    "mlp": ("mlp",),
-    "core_attn": ("core_attn",),
-}
-OFFLOAD_DROPS = {
-    "attn_norm": ("attn_norm",),
-    "qkv_linear": ("q_up", "kv"),
-    "core_attn": ("core_attn",),
-    "attn_proj": ("attn_proj",),
-    "mlp_norm": ("mlp_norm",),
-    "expert_fc1": ("expert_fc1",),
-    "moe_act": ("moe_act",),
-    "fused_group_mlp": ("expert_fc1", "moe_act", "expert_fc2"),
-}
 EXPERT_TENSORS = frozenset(("moe_input", "expert_fc1", "moe_act", "expert_fc2"))
 
 
@@ -107,7 +90,7 @@ class StageMemory:
             + self.runtime
         )
 
-    def breakdown(self) -> dict:
+    def breakdown(self) -> dict[str, float]:
         return {
             "routed_weights": self.routed_weights,
             "dense_weights": self.dense_weights,
@@ -123,7 +106,7 @@ class StageMemory:
         }
 
 
-def block_activation_elems(model, ratio: int, moe: bool) -> dict:
+def block_activation_elems(model: ModelConfig, ratio: int, moe: bool) -> dict[str, int]:
     """Activation elements stored per token for backward in one block, by tensor (no recompute)."""
     h, nh, d = model.hidden_size, model.num_attention_heads, model.v_head_dim
     n = max(1, model.hyper_connection_streams)
@@ -158,16 +141,12 @@ def block_activation_elems(model, ratio: int, moe: bool) -> dict:
     return t
 
 
-def _kept(tensors: dict, recompute: tuple[str, ...], offload: tuple[str, ...]) -> tuple[float, float, float]:
-    """(dense elems, expert elems, full working elems) per token after recompute and offload."""
+def _kept(tensors: dict[str, int], recompute: tuple[str, ...], offload: tuple[str, ...]) -> tuple[float, float, float]:
+    """(dense elems, expert elems, full working elems) per token after recompute and offload (recompute.py)."""
     full = float(sum(tensors.values()))
-    if "full" in recompute:
+    if FULL in recompute:
         return float(tensors["input"]), 0.0, full
-    drop = set()
-    for mod in recompute:
-        drop.update(RECOMPUTE_DROPS.get(mod, ()))
-    for mod in offload:
-        drop.update(OFFLOAD_DROPS.get(mod, ()))
+    drop = dropped(recompute, offload)
     dense = sum(v for k, v in tensors.items() if k not in drop and k not in EXPERT_TENSORS)
     expert = sum(v for k, v in tensors.items() if k not in drop and k in EXPERT_TENSORS)
     return float(dense), float(expert), 0.0
@@ -179,61 +158,46 @@ class _Prefix:
 
     dense_params: tuple[float, ...]
     routed_params: tuple[float, ...]
-    moe: tuple[int, ...]
     act_dense: tuple[float, ...]
     act_expert: tuple[float, ...]
+    blocks: tuple[int, ...]
+    moe: tuple[int, ...]
     working: float  # largest block's full activation elements per token (full recompute)
     mtp_act: tuple[float, float]  # (dense, expert) of one MTP depth
 
 
-def _cum(xs) -> tuple:
-    out, s = [0], 0
-    for x in xs:
-        s += x
-        out.append(s)
-    return tuple(out)
-
-
 @lru_cache(maxsize=512)
-def _prefix(key, n: int, recompute: tuple[str, ...], offload: tuple[str, ...]) -> _Prefix:
+def _prefix(key: ModelKey, n: int, recompute: tuple[str, ...], offload: tuple[str, ...]) -> _Prefix:
     m = _Frozen(key)
     pc = param_counts(m, n)
     kept, working = [], 0.0
     for i, r in enumerate(block_ratios(m, n)):
         t = block_activation_elems(m, r, is_moe_block(m, i))
         kept.append(_kept(t, recompute, offload))
-        working = max(working, float(sum(t.values())) if "full" in recompute else 0.0)
+        working = max(working, float(sum(t.values())) if FULL in recompute else 0.0)
     mtp = (0.0, 0.0)
     if pc.mtp_block is not None:
         kd, ke, _ = _kept(block_activation_elems(m, pc.mtp_block.ratio, True), recompute, offload)
         mtp = (kd, ke)
     return _Prefix(
-        dense_params=_cum(b.dense for b in pc.blocks),
-        routed_params=_cum(b.routed_experts for b in pc.blocks),
-        moe=_cum(1 if b.routed_experts else 0 for b in pc.blocks),
-        act_dense=_cum(k[0] for k in kept),
-        act_expert=_cum(k[1] for k in kept),
+        dense_params=cumulative(b.dense for b in pc.blocks),
+        routed_params=cumulative(b.routed_experts for b in pc.blocks),
+        act_dense=cumulative(k[0] for k in kept),
+        act_expert=cumulative(k[1] for k in kept),
+        blocks=cumulative(1 for _ in pc.blocks),
+        moe=cumulative(1 if b.routed_experts else 0 for b in pc.blocks),
         working=working,
         mtp_act=mtp,
     )
 
 
 @lru_cache(maxsize=4096)
-def _rank_sums(px: _Prefix, bps: tuple[int, ...], pp: int, vpp: int) -> tuple[tuple, ...]:
+def _rank_sums(px: _Prefix, bps: tuple[int, ...], pp: int, vpp: int) -> tuple[tuple[float, ...], ...]:
     """Per PP rank: (dense params, routed params, dense act elems, expert act elems, blocks, MoE blocks)
     over its segments. Cached: a planner sees few distinct splits."""
-    starts = _cum(bps)
-    out = []
-    for r in range(pp):
-        acc = [0.0, 0.0, 0.0, 0.0, 0, 0]
-        for s in range(r, pp * vpp, pp):
-            a, z = starts[s], starts[s + 1]
-            for j, arr in enumerate((px.dense_params, px.routed_params, px.act_dense, px.act_expert)):
-                acc[j] += arr[z] - arr[a]
-            acc[4] += z - a
-            acc[5] += px.moe[z] - px.moe[a]
-        out.append(tuple(acc))
-    return tuple(out)
+    return pipeline.rank_sums(
+        (px.dense_params, px.routed_params, px.act_dense, px.act_expert, px.blocks, px.moe), bps, pp, vpp
+    )
 
 
 def in_flight(rank: int, pp: int, vpp: int, m: int) -> float:
@@ -246,12 +210,18 @@ def in_flight(rank: int, pp: int, vpp: int, m: int) -> float:
     return chunks / vpp
 
 
-def _opt_bytes(model) -> int:
+def _opt_bytes(model: ModelConfig) -> int:
     return MUON_BYTES if str(model.optimizer).lower().endswith("muon") else ADAM_BYTES
 
 
 def stage_memory(
-    model, hw, stage, layout, groups, blocks_per_segment: Sequence[int], routing_sigma: float = DEFAULT_ROUTING_SIGMA
+    model: ModelConfig,
+    hw: HardwareConfig,
+    stage: StageConfig,
+    layout: Layout,
+    groups: Groups,
+    blocks_per_segment: Sequence[int],
+    routing_sigma: float = DEFAULT_ROUTING_SIGMA,
 ) -> list[StageMemory]:
     """Peak memory of one GPU on each PP rank (summing its virtual segments), decimal GB."""
     pp, vpp, tp, cp, ep, etp = layout.pp, layout.vpp, layout.tp, layout.cp, layout.ep, layout.etp
@@ -266,17 +236,14 @@ def stage_memory(
     expert_shard = d_e if dist else 1
     ob, adam = _opt_bytes(model), ADAM_BYTES
     h, v = model.hidden_size, model.vocab_size
-    e_rank = model.num_experts / ep
-    skew = moe_model.hot_rank_factor(routing_sigma, int(e_rank), ep)
-    if layout.capacity_factor is not None and layout.capacity_factor > 0:
-        skew = min(skew, layout.capacity_factor)
+    skew = moe_model.rank_skew(routing_sigma, model.num_experts, ep, layout.capacity_factor)
     tokens = layout.mbs * stage.seq_length / cp / tp  # per GPU per microbatch
     mtp_depth = pc.mtp_layers
     tg = moe_model.t_group(ep, layout.mbs, stage.seq_length, cp)
     if layout.dispatcher == "allgather":
         comm = 2 * tg * h * ACT_BYTES / GB
     else:
-        comm = moe_model.dispatch_buffer_gb(tg, model.moe_router_topk, ep, h, skew, ACT_BYTES, layout.capacity_factor)
+        comm = moe_model.dispatch_buffer_gb(tg, model.moe_router_topk, ep, h, skew, ACT_BYTES)
         if layout.dispatcher == "flex":
             comm += FLEX_BUFFER_GB
     out: list[StageMemory] = []
@@ -303,8 +270,8 @@ def stage_memory(
         out.append(
             StageMemory(
                 stage=r,
-                blocks=blocks,
-                moe_blocks=moe_blocks,
+                blocks=int(blocks),
+                moe_blocks=int(moe_blocks),
                 routed_weights=routed_p / (ep * etp) * weights_gb,
                 dense_weights=dense_p / tp * weights_gb,
                 embedding=emb_p / tp * weights_gb,
@@ -327,7 +294,7 @@ def heaviest(stages: Sequence[StageMemory]) -> StageMemory:
     return max(stages, key=lambda s: (s.total, -s.stage))
 
 
-def is_feasible(stages, stage, hw) -> bool:
+def is_feasible(stages: StageMemory | Sequence[StageMemory], stage: StageConfig, hw: HardwareConfig) -> bool:
     """heaviest.total + stage.memory_margin_gb <= hw.hbm_gb (accepts one StageMemory or a list)."""
     top = stages if isinstance(stages, StageMemory) else heaviest(stages)
-    return top.total + stage.memory_margin_gb <= hw.hbm_gb
+    return bool(top.total + stage.memory_margin_gb <= hw.hbm_gb)

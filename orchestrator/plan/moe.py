@@ -50,21 +50,34 @@ def hot_rank_factor(sigma: float, experts_per_rank: int, ep: int) -> float:
     return 1.0 + cv * math.sqrt(2.0 * math.log(ep))
 
 
+def rank_skew(sigma: float, num_experts: int, ep: int, capacity_factor: float | None = None) -> float:
+    """The hot-rank skew both the memory and the step-time model use: hot_rank_factor with E / EP experts per
+    rank, capped by a capacity factor. Megatron caps every expert at capacity_factor x its mean share
+    (megatron/core/transformer/moe/moe_utils.py:205-223, get_capacity) and drops the rest, so no rank
+    receives more than capacity_factor x the mean."""
+    skew = hot_rank_factor(sigma, num_experts // ep, ep)
+    if capacity_factor is not None and capacity_factor > 0:
+        skew = min(skew, capacity_factor)
+    return skew
+
+
+def traffic_skew(dispatcher: str, skew: float) -> float:
+    """How much the hot rank's skew scales its dispatch traffic: not at all for the allgather dispatcher,
+    which gathers every token of the TP x EP group to every rank and reduce-scatters them back whatever
+    the routing (megatron/core/transformer/moe/token_dispatcher.py:314-316, 380-382)."""
+    return 1.0 if dispatcher == "allgather" else skew
+
+
 def dispatch_receive_tokens(t_group: int, k: int, ep: int, skew: float = 1.0) -> float:
     """Routed assignments the hottest rank receives per dispatch: (k T_group / EP) x skew."""
     return k * t_group / ep * skew
 
 
-def dispatch_buffer_gb(
-    t_group: int, k: int, ep: int, hidden: int, skew: float = 1.0, bytes_per_elem: int = 2, capacity_factor=None
-) -> float:
+def dispatch_buffer_gb(t_group: int, k: int, ep: int, hidden: int, skew: float = 1.0, bytes_per_elem: int = 2) -> float:
     """Dispatch + combine receive buffers of one MoE layer on the hottest rank, decimal GB.
 
-    2 buffers x received assignments x h x bytes. A capacity factor caps what a rank receives at
-    capacity_factor x the mean (tokens above it are dropped), so it bounds the skew.
+    2 buffers x received assignments x h x bytes; `skew` is rank_skew's (a capacity factor already caps it).
     """
-    if capacity_factor is not None and capacity_factor > 0:
-        skew = min(skew, capacity_factor)
     return 2 * dispatch_receive_tokens(t_group, k, ep, skew) * hidden * bytes_per_elem / 1e9
 
 

@@ -24,37 +24,40 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
+
+from orchestrator.schema import ModelConfig, StageConfig
 
 # Attention symbols of Megatron dev's hybrid pattern, keyed by CSA compress ratio.
 RATIO_SYMBOL = {4: "C", 128: "H", 0: "W"}
 
 
-def p_expert(model) -> int:
+def p_expert(model: ModelConfig) -> int:
     """One SwiGLU routed expert without bias: P_expert = 3 h f (66,060,288 for V4-Pro)."""
     return 3 * model.hidden_size * model.moe_ffn_hidden_size
 
 
-def effective_layers(model, stage=None) -> int:
+def effective_layers(model: ModelConfig, stage: StageConfig | None = None) -> int:
     """Decoder blocks actually built: a slice stage overrides the count, keeping h and E."""
     override = getattr(stage, "num_layers_override", None) if stage is not None else None
     return int(override) if override else int(model.num_layers)
 
 
-def block_ratios(model, num_blocks: int | None = None) -> tuple[int, ...]:
+def block_ratios(model: ModelConfig, num_blocks: int | None = None) -> tuple[int, ...]:
     """CSA compress ratio of each decoder block (entry i of csa_compress_ratios; the last entry repeats)."""
     n = model.num_layers if num_blocks is None else num_blocks
     r = list(model.csa_compress_ratios) or [0]
     return tuple(r[i] if i < len(r) else r[-1] for i in range(n))
 
 
-def mtp_ratio(model) -> int:
+def mtp_ratio(model: ModelConfig) -> int:
     """CSA ratio of the MTP block: the entry right after the model's num_layers (all depths share it,
     because Megatron requires identical MTP sub-patterns)."""
     r = list(model.csa_compress_ratios) or [0]
     return r[model.num_layers] if model.num_layers < len(r) else r[-1]
 
 
-def is_moe_block(model, i: int) -> bool:
+def is_moe_block(model: ModelConfig, i: int) -> bool:
     return i >= model.num_dense_layers
 
 
@@ -126,7 +129,7 @@ class ParamCounts:
         return sum(b.mhc for b in self.blocks)
 
 
-def attention_params(model, ratio: int) -> int:
+def attention_params(model: ModelConfig, ratio: int) -> int:
     """V4 attention of one block with CSA ratio 4 (CSA), 128 (HCA) or 0 (window only)."""
     if ratio not in RATIO_SYMBOL:
         raise ValueError(f"csa compress ratio {ratio} not in {sorted(RATIO_SYMBOL)}")
@@ -146,7 +149,7 @@ def attention_params(model, ratio: int) -> int:
     return q + kv + o + sinks + comp + idx
 
 
-def mhc_params(model) -> int:
+def mhc_params(model: ModelConfig) -> int:
     """Manifold-constrained hyper-connections of one block (two sub-layers)."""
     n, h = model.hyper_connection_streams, model.hidden_size
     if n <= 1:
@@ -155,7 +158,7 @@ def mhc_params(model) -> int:
     return 2 * per
 
 
-def block_counts(model, ratio: int, moe: bool) -> BlockCounts:
+def block_counts(model: ModelConfig, ratio: int, moe: bool) -> BlockCounts:
     h = model.hidden_size
     pe = p_expert(model)
     return BlockCounts(
@@ -171,7 +174,7 @@ def block_counts(model, ratio: int, moe: bool) -> BlockCounts:
     )
 
 
-def param_counts(model, num_blocks: int | None = None) -> ParamCounts:
+def param_counts(model: ModelConfig, num_blocks: int | None = None) -> ParamCounts:
     """Count every parameter of the model (num_blocks: a slice's decoder block count)."""
     return _param_counts(model_key(model), model.num_layers if num_blocks is None else num_blocks)
 
@@ -207,7 +210,7 @@ def _param_counts(key: ModelKey, num_blocks: int) -> ParamCounts:
 # --- hashable model key (ModelConfig is a mutable dataclass, so it cannot key a cache itself) ----------
 
 
-class ModelKey(tuple):
+class ModelKey(tuple[tuple[str, Any], ...]):
     """A model_key tuple whose hash is computed once (tuples re-hash their items on every lookup)."""
 
     def __hash__(self) -> int:  # noqa: D105
@@ -217,10 +220,10 @@ class ModelKey(tuple):
         return h
 
 
-_KEYS: dict = {}  # id(model) -> (snapshot of its fields, ModelKey)
+_KEYS: dict[int, tuple[dict[str, Any], ModelKey]] = {}  # id(model) -> (snapshot of its fields, ModelKey)
 
 
-def model_key(model) -> ModelKey:
+def model_key(model: ModelConfig) -> ModelKey:
     """A hashable snapshot of a ModelConfig (lists become tuples).
 
     Memoized on the object's identity and re-validated against a copy of its fields, so an in-place
@@ -239,9 +242,12 @@ def model_key(model) -> ModelKey:
     return key
 
 
-class _Frozen:
-    """Read-only attribute view of a model_key, so cached functions can use the real field names."""
+class _Frozen(ModelConfig):
+    """Read-only attribute view of a model_key, so cached functions can use the real field names (list
+    fields are tuples here). A ModelConfig to the type checker; its own __init__ copies the key."""
 
-    def __init__(self, key: ModelKey):
+    key: ModelKey
+
+    def __init__(self, key: ModelKey) -> None:  # not the dataclass __init__: a snapshot, not a config
         self.__dict__.update(key)
         self.__dict__["key"] = key

@@ -9,11 +9,23 @@ each MTP depth. That path forbids --pipeline-model-parallel-layout and the old V
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
+from typing import Any, TypeVar
 
-from orchestrator.plan.params import RATIO_SYMBOL, _Frozen, block_ratios, effective_layers, model_key, mtp_ratio
+from orchestrator.plan.layout import Layout
+from orchestrator.plan.params import (
+    RATIO_SYMBOL,
+    ModelKey,
+    _Frozen,
+    block_ratios,
+    effective_layers,
+    model_key,
+    mtp_ratio,
+)
+from orchestrator.schema import ModelConfig, StageConfig
 
+N = TypeVar("N", int, float)
 ATTENTION_SYMBOLS = frozenset("CHWD*+")  # one per block in an attention+MLP pattern
 MOE_SYMBOL, MLP_SYMBOL, PIPE, MTP_SEPARATOR = "E", "-", "|", "/"
 
@@ -36,6 +48,35 @@ def bubble(pp: int, m: int, vpp: int = 1) -> float:
 def segments_of_rank(rank: int, pp: int, vpp: int) -> tuple[int, ...]:
     """Pattern segments that PP rank `rank` runs: rank, rank + PP, ... (one per virtual chunk)."""
     return tuple(rank + v * pp for v in range(vpp))
+
+
+def cumulative(xs: Iterable[N]) -> tuple[N, ...]:
+    """Prefix sums with a leading 0: sum(xs[a:z]) = out[z] - out[a]."""
+    out: list[N] = []
+    s: Any = 0
+    out.append(s)
+    for x in xs:
+        s += x
+        out.append(s)
+    return tuple(out)
+
+
+def rank_sums(
+    prefixes: Sequence[Sequence[float]], blocks_per_segment: Sequence[int], pp: int, vpp: int
+) -> tuple[tuple[float, ...], ...]:
+    """Per PP rank, each per-block quantity (given as its `cumulative` prefix sums) summed over the blocks
+    of the rank's segments (segments_of_rank): O(segments) per rank whatever the block count. The memory
+    and step-time models both split their per-block sums this way."""
+    starts = cumulative(blocks_per_segment)
+    out = []
+    for r in range(pp):
+        acc: list[float] = [0] * len(prefixes)  # an int prefix (block counts) sums to an int
+        for s in segments_of_rank(r, pp, vpp):
+            a, z = starts[s], starts[s + 1]
+            for j, arr in enumerate(prefixes):
+                acc[j] += arr[z] - arr[a]
+        out.append(tuple(acc))
+    return tuple(out)
 
 
 def split_blocks(
@@ -129,7 +170,7 @@ def _loads(costs: Sequence[float], counts: Sequence[int], first: float, last: fl
     return out
 
 
-def _score(costs, counts, first, last) -> tuple[float, float]:
+def _score(costs: Sequence[float], counts: Sequence[int], first: float, last: float) -> tuple[float, float]:
     loads = _loads(costs, counts, first, last)
     return (max(loads), sum(x * x for x in loads))
 
@@ -156,7 +197,7 @@ def _equal_shares(costs: Sequence[float], k: int, first: float, min_first: int) 
     return tuple(bounds[i + 1] - bounds[i] for i in range(k))
 
 
-def layer_pattern(model, blocks_per_segment: Sequence[int]) -> str:
+def layer_pattern(model: ModelConfig, blocks_per_segment: Sequence[int]) -> str:
     """Megatron dev hybrid layer pattern: per block the attention symbol of its CSA ratio
     (4 -> C, 128 -> H, 0 -> W) then E (MoE) or - (dense MLP for the first num_dense_layers blocks);
     '|' between segments; then '/' + the MTP block once per MTP depth (ratio entry after num_layers)."""
@@ -164,7 +205,7 @@ def layer_pattern(model, blocks_per_segment: Sequence[int]) -> str:
 
 
 @lru_cache(maxsize=4096)
-def _pattern(key, bps: tuple[int, ...]) -> str:
+def _pattern(key: ModelKey, bps: tuple[int, ...]) -> str:
     d = dict(key)
     n = sum(bps)
     model = _Frozen(key)
@@ -196,7 +237,9 @@ def mtp_depths(pattern: str) -> int:
     return pattern.count(MTP_SEPARATOR)
 
 
-def checked_split(model, stage, layout, blocks_per_segment: Sequence[int]) -> tuple[tuple[int, ...], int]:
+def checked_split(
+    model: ModelConfig, stage: StageConfig, layout: Layout, blocks_per_segment: Sequence[int]
+) -> tuple[tuple[int, ...], int]:
     """(blocks per segment, total blocks) after checking the split fits the layout (PP x VPP segments)
     and the model (every block placed once); the memory and step-time models both start from it."""
     bps = tuple(blocks_per_segment)

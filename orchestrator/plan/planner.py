@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import operator
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 from orchestrator.plan import argv as argv_mod
 from orchestrator.plan import flops, memory, moe, params, pipeline, ranks, space, steptime
 from orchestrator.plan import rules as R
-from orchestrator.plan.layout import Layout, Prediction, canonical_key
+from orchestrator.plan.layout import Groups, Layout, Prediction, canonical_key
 from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
 
 CHEAP_PHASES = ("layout", "pattern")
@@ -35,7 +35,7 @@ MEMORY_READS = tuple(f for f in Layout.__dataclass_fields__ if f not in MEMORY_I
 
 
 @cache
-def _getter(fields: tuple[str, ...]) -> Callable[[Layout], tuple]:
+def _getter(fields: tuple[str, ...]) -> Callable[[Layout], tuple[Any, ...]]:
     """A fast projection of a Layout onto `fields` (a tuple, also for one or no field)."""
     if not fields:
         return lambda _lay: ()
@@ -124,18 +124,24 @@ class _Env:
     """One planning problem plus memo tables for the models' inputs that repeat across layouts."""
 
     def __init__(
-        self, model: ModelConfig, hw: HardwareConfig, stage: StageConfig, factors, memory_factor: float, workload: str
+        self,
+        model: ModelConfig,
+        hw: HardwareConfig,
+        stage: StageConfig,
+        factors: Mapping[str, float] | None,
+        memory_factor: float,
+        workload: str,
     ):
         self.model, self.hw, self.stage = model, hw, stage
         self.factors, self.memory_factor, self.workload = factors, memory_factor, workload
         self.blocks = params.effective_layers(model, stage)
         self._split: dict[tuple[int, int], tuple[tuple[int, ...], str] | None] = {}
-        self._spans: dict[tuple, tuple[int, int]] = {}
+        self._spans: dict[tuple[int, ...], tuple[int, int]] = {}
         self._moe: dict[tuple[int, int, int], tuple[int, float, int]] = {}
-        self._argv_memo: dict[tuple, bool] = {}
-        self._flops: dict[tuple[str, ...], Any] = {}
-        self._mem: dict[tuple, Any] = {}
-        self._groups: dict[tuple, Any] = {}
+        self._argv_memo: dict[tuple[str, tuple[Any, ...]], bool] = {}
+        self._flops: dict[tuple[str, ...], flops.StepFlops] = {}
+        self._mem: dict[tuple[Any, ...], tuple[list[memory.StageMemory], memory.StageMemory]] = {}
+        self._groups: dict[tuple[int, ...], Groups] = {}
         self.tokens = stage.global_batch * stage.seq_length
         self.ident = (model.name, stage.name, hw.name, workload)
 
@@ -184,7 +190,7 @@ class _Env:
     def spans(self, lay: Layout) -> tuple[int, int]:
         key = (lay.tp, lay.cp, lay.ep, lay.etp, lay.pp, lay.use_tp_pp_dp_mapping)
         if key not in self._spans:
-            self._spans[key] = tuple(ranks.node_spans(lay, self.stage.gpus, self.stage.gpus_per_node))
+            self._spans[key] = ranks.node_spans(lay, self.stage.gpus, self.stage.gpus_per_node)
         return self._spans[key]
 
     def moe_shape(self, lay: Layout) -> tuple[int, float, int]:
@@ -226,7 +232,9 @@ class _Env:
                 bad.append(rule)
         return bad
 
-    def memory(self, lay: Layout, g, split: tuple[int, ...]):
+    def memory(
+        self, lay: Layout, g: Groups, split: tuple[int, ...]
+    ) -> tuple[list[memory.StageMemory], memory.StageMemory]:
         """(per-rank StageMemory list, heaviest), memoised on every knob but MEMORY_IGNORES."""
         key = _getter(MEMORY_READS)(lay)
         hit = self._mem.get(key)
@@ -235,7 +243,7 @@ class _Env:
             hit = self._mem[key] = (mems, memory.heaviest(mems))
         return hit
 
-    def step_flops(self, lay: Layout):
+    def step_flops(self, lay: Layout) -> flops.StepFlops:
         """flops.step_flops reads only the recompute set of the layout (model and stage are fixed)."""
         hit = self._flops.get(lay.recompute)
         if hit is None:
@@ -263,6 +271,9 @@ class _Env:
             if bad:
                 return Rejected(lay, bad)
         split, pattern = ctx.split, ctx.pattern
+        if split is None:  # cannot happen: the pattern rules passed
+            raise ValueError(f"{lay.short()}: no pipeline split")
+        d_a, d_e, m = g.sizes()  # legal: the group rules passed
         mems, heavy = self.memory(lay, g, split)
         ctx.memory_gb = heavy.total * self.memory_factor
         over = R.violations(ctx, mem_rules)
@@ -275,10 +286,10 @@ class _Env:
         fl = self.step_flops(lay)
         t_group, t_expert, per_rank = self.moe_shape(lay)
         pred = Prediction(
-            d_a=g.d_a,
-            d_e=g.d_e,
-            m=g.m,
-            bubble=pipeline.bubble(lay.pp, g.m, lay.vpp),
+            d_a=d_a,
+            d_e=d_e,
+            m=m,
+            bubble=pipeline.bubble(lay.pp, m, lay.vpp),
             t_group=t_group,
             t_expert=t_expert,
             experts_per_rank=per_rank,
@@ -310,7 +321,7 @@ def evaluate(
     stage: StageConfig,
     layout: Layout,
     *,
-    factors=None,
+    factors: Mapping[str, float] | None = None,
     memory_factor: float = 1.0,
     workload: str = "",
     check_memory: bool = True,
@@ -335,7 +346,7 @@ class _Walk:
     walk itself only builds tuples and looks them up; a Layout is built only for legal leaves.
     """
 
-    def __init__(self, env: _Env, values: dict[str, list]):
+    def __init__(self, env: _Env, values: dict[str, list[Any]]):
         self.env, self.values = env, values
         self.knobs = space.KNOBS
         level = {k: i for i, k in enumerate(self.knobs)}
@@ -348,7 +359,7 @@ class _Walk:
         root = by_level.pop(-1, [])
         self.root_bad = R.violations(env.ctx(Layout()), root)
         # level -> (knobs read, {their values: violated rules})
-        self.tables: list[tuple[tuple[str, ...], dict[tuple, list[R.Rule]]] | None] = [None] * len(self.knobs)
+        self.tables: list[tuple[tuple[str, ...], dict[tuple[Any, ...], list[R.Rule]]] | None] = [None] * len(self.knobs)
         for lv, rules in by_level.items():
             read = {space.FIELD_KNOB[f] for r in rules for f in r.needs}
             knobs = tuple(k for k in self.knobs if k in read)
@@ -413,7 +424,7 @@ def plan(
     hw: HardwareConfig,
     stage: StageConfig,
     *,
-    factors=None,
+    factors: Mapping[str, float] | None = None,
     memory_factor: float = 1.0,
     workload: str = "",
 ) -> PlanResult:

@@ -62,6 +62,26 @@ def _grid_sizes(layout: Layout, world_size: int, order: str) -> tuple[dict[str, 
     return dense, expert
 
 
+def _strides(sizes: dict[str, int], order: str) -> dict[str, int]:
+    """Rank stride of each axis: the leftmost axis of `order` has stride 1, each next one the product before it."""
+    out, stride = {}, 1
+    for axis in order.split("-"):
+        out[axis] = stride
+        stride *= sizes[axis]
+    return out
+
+
+def coords(layout: Layout, world_size: int, rank: int, order: str | None = None) -> dict[str, int]:
+    """A global rank's coordinates on the dense grid (tp, cp, ep = 0, dp, pp), in Megatron's rank order:
+    rank = sum of coordinate x stride (the inverse of the enumeration rank_groups uses). ValueError when N
+    does not divide or the rank is outside it."""
+    order = order or order_for(layout)
+    dense, _ = _grid_sizes(layout, world_size, order)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world size {world_size}")
+    return {axis: rank // stride % dense[axis] for axis, stride in _strides(dense, order).items()}
+
+
 def _groups(sizes: dict[str, int], order: str, axes: str) -> list[list[int]]:
     """Groups along `axes` on a grid whose axis strides follow `order` (leftmost = stride 1).
 
@@ -71,10 +91,7 @@ def _groups(sizes: dict[str, int], order: str, axes: str) -> list[list[int]]:
     """
     names = order.split("-")
     chosen = set(axes.split("-"))
-    stride, strides = 1, {}
-    for n in names:
-        strides[n] = stride
-        stride *= sizes[n]
+    strides = _strides(sizes, order)
     inner = [n for n in names if n in chosen]
     outer = [n for n in names if n not in chosen]
 

@@ -23,30 +23,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from orchestrator.plan import recompute
 from orchestrator.plan.layout import Groups, Layout, groups
 from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
 
 PHASES: tuple[str, ...] = ("layout", "pattern", "argv", "memory")
 
-# dev TC:2197 recompute modules (+ "full" = --recompute-granularity full) and the offload modules (§1).
-RECOMPUTE_MODULES = frozenset(
-    {
-        "core_attn",
-        "moe_act",
-        "layernorm",
-        "mla_up_proj",
-        "mlp",
-        "moe",
-        "shared_experts",
-        "mhc",
-        "gdn",
-        "gdn_norm_out",
-        "full",
-    }
-)
-OFFLOAD_MODULES = frozenset(
-    {"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act", "fused_group_mlp"}
-)
+# dev TC:2197 recompute modules (+ "full" = --recompute-granularity full) and the offload modules (§1):
+# recompute.py's table owns them.
+RECOMPUTE_MODULES = recompute.RECOMPUTE_MODULES
+OFFLOAD_MODULES = recompute.OFFLOAD_MODULES
 DISPATCHERS = frozenset({"alltoall", "allgather", "flex"})
 ATTENTION_BACKENDS = frozenset({"cudnn", "fused", "flash", "unfused", "auto"})  # what argv.py can emit
 FLEX_BACKENDS = frozenset({"deepep", "hybridep", "ncclep"})
@@ -87,7 +73,7 @@ class Ctx:
         return groups(self.layout, self.stage.gpus, self.stage.global_batch)
 
     @cached_property
-    def flags(self) -> frozenset:
+    def flags(self) -> frozenset[str]:
         """Names of the flags in argv ('--x=1' counts as '--x'); empty without argv."""
         return frozenset(a.split("=", 1)[0] for a in (self.argv or ()) if a.startswith("--"))
 

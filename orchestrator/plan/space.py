@@ -3,53 +3,33 @@
 Why normalise here: the YAML lists are written for people ("flex:deepep", [mhc, mla_up_proj]);
 the planner, the rules and the ledger key need one spelling per knob value, so two spellings of the
 same set never become two candidates. Legality is not decided here (that is rules.py): even values
-no rule accepts are enumerated, so the planner can say which rule rejects them.
+no rule accepts are enumerated, so the planner can say which rule rejects them. Which knobs there are,
+how each normalises and the walk order come from the registry (orchestrator/knobs.py).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from typing import Any
 
-from orchestrator.plan.layout import Layout
+from orchestrator import knobs
+from orchestrator.knobs import Layout
+from orchestrator.knobs import parse_dispatcher as parse_dispatcher
 from orchestrator.schema import SearchConfig
 
 # Walk order of the knobs. The planner walks them in this order too, checking each rule as soon as
 # every knob it reads is bound, so cheap rules that reject a whole subtree run near the root.
-KNOBS: tuple[str, ...] = (
-    "pp",
-    "vpp",
-    "tp",
-    "cp",
-    "mbs",
-    "ep",
-    "etp",
-    "recompute",
-    "offload",
-    "dispatcher",
-    "capacity_factor",
-    "use_tp_pp_dp_mapping",
-)
+KNOBS: tuple[str, ...] = tuple(k.name for k in knobs.SEARCHED)
 
 # Layout field -> the knob that sets it ("dispatcher" sets both dispatcher and flex_backend).
-FIELD_KNOB: dict[str, str] = {k: k for k in KNOBS}
-FIELD_KNOB["flex_backend"] = "dispatcher"
+FIELD_KNOB: dict[str, str] = {k.name: k.part_of or k.name for k in knobs.KNOBS}
+_MULTI = tuple((name, fields) for name, fields in knobs.FIELDS.items() if len(fields) > 1)  # value: a tuple
 
 
-def parse_dispatcher(label: str) -> tuple[str, str | None]:
-    """'flex:deepep' -> ('flex', 'deepep'); 'alltoall' -> ('alltoall', None).
-
-    A bare 'flex' means Megatron's default backend, deepep, spelled out so the key is unique.
-    """
-    name, _, backend = str(label).partition(":")
-    name, backend = name.strip(), backend.strip() or None
-    if name == "flex" and backend is None:
-        backend = "deepep"
-    return name, backend
-
-
-def _unique(values: Sequence) -> list:
-    seen, out = set(), []
+def _unique(values: Iterable[Hashable]) -> list[Any]:
+    seen: set[Hashable] = set()
+    out: list[Any] = []
     for v in values:
         if v not in seen:
             seen.add(v)
@@ -57,33 +37,22 @@ def _unique(values: Sequence) -> list:
     return out
 
 
-def knob_values(search: SearchConfig) -> dict[str, list]:
+def knob_values(search: SearchConfig) -> dict[str, list[Any]]:
     """Normalised, de-duplicated values of each knob, in KNOBS order.
 
     recompute/offload sets become sorted tuples; dispatcher values become (dispatcher, flex_backend).
     """
-    return {
-        "pp": _unique(int(v) for v in search.pp),
-        "vpp": _unique(int(v) for v in search.vpp),
-        "tp": _unique(int(v) for v in search.tp),
-        "cp": _unique(int(v) for v in search.cp),
-        "mbs": _unique(int(v) for v in search.mbs),
-        "ep": _unique(int(v) for v in search.ep),
-        "etp": _unique(int(v) for v in search.etp),
-        "recompute": _unique(tuple(sorted(set(r or ()))) for r in search.recompute),
-        "offload": _unique(tuple(sorted(set(o or ()))) for o in search.offload),
-        "dispatcher": _unique(parse_dispatcher(d) for d in search.dispatcher),
-        "capacity_factor": _unique(None if c is None else float(c) for c in search.capacity_factor),
-        "use_tp_pp_dp_mapping": _unique(bool(v) for v in search.use_tp_pp_dp_mapping),
-    }
+    return {k.name: _unique(k.normalise(v) for v in getattr(search, k.name)) for k in knobs.SEARCHED}
 
 
-def make_layout(assignment: dict[str, object]) -> Layout:
-    """A Layout from a knob -> value mapping (missing knobs keep Layout's defaults)."""
+def make_layout(assignment: Mapping[str, Any]) -> Layout:
+    """A Layout from a knob -> value mapping (missing knobs keep Layout's defaults); the value of a knob
+    with parts (dispatcher) is the tuple of its fields' values."""
     kw = dict(assignment)
-    if "dispatcher" in kw:
-        kw["dispatcher"], kw["flex_backend"] = kw["dispatcher"]  # type: ignore[misc]
-    return Layout(**kw)  # type: ignore[arg-type]
+    for name, fields in _MULTI:
+        if name in kw:
+            kw.update(zip(fields, kw[name]))  # fields[0] is the knob itself
+    return Layout(**kw)
 
 
 def enumerate_layouts(search: SearchConfig) -> Iterator[Layout]:

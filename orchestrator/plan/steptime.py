@@ -15,7 +15,8 @@ Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's
                MoE layer is recomputed, which dispatches again), over NVLink when
                ep_nodes == 1 (or one MNNVL domain with HybridEP), else the remote share
                (1 - 1/ep_nodes) over the NIC; flex dispatchers send a token once per remote node;
-               allgather moves the whole group's tokens; x skew, / a2a_efficiency, x (1 - a2a_overlap).
+               allgather moves the whole group's tokens; x skew (not for allgather: every rank gets
+               every token), / a2a_efficiency, x (1 - a2a_overlap).
   cp_exchange  CP > 1: each block gathers the other CP ranks' compressed KV (and CSA indexer keys)
                plus a window of boundary rows, fwd + bwd, over NVLink if cp_nodes == 1 else the NIC.
   pp_p2p       PP > 1: 2 x VPP boundary transfers of t x h x mHC streams x 2 B per microbatch;
@@ -37,11 +38,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from orchestrator.plan import moe as moe_model
+from orchestrator.plan import pipeline
 from orchestrator.plan.flops import peak_tflops, profile, recompute_block
-from orchestrator.plan.memory import DEFAULT_ROUTING_SIGMA, GRAD_BYTES, WEIGHT_BYTES, _cum
-from orchestrator.plan.params import _Frozen, block_ratios, model_key, param_counts
+from orchestrator.plan.layout import Groups, Layout
+from orchestrator.plan.memory import DEFAULT_ROUTING_SIGMA, GRAD_BYTES, WEIGHT_BYTES
+from orchestrator.plan.params import ModelKey, _Frozen, block_ratios, model_key, param_counts
 from orchestrator.plan.pipeline import bubble as bubble_fraction
-from orchestrator.plan.pipeline import checked_split
+from orchestrator.plan.pipeline import checked_split, cumulative
+from orchestrator.plan.recompute import redispatches
+from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
 
 COMPONENTS = ("compute", "a2a", "cp_exchange", "pp_p2p", "bubble", "grad_sync", "optimizer")
 
@@ -90,7 +95,7 @@ class _TimePrefix:
 
 
 @lru_cache(maxsize=512)
-def _time_prefix(key, n: int, seq: int, recompute: tuple[str, ...]) -> _TimePrefix:
+def _time_prefix(key: ModelKey, n: int, seq: int, recompute: tuple[str, ...]) -> _TimePrefix:
     m = _Frozen(key)
     prof = profile(m, seq, n)
     pc = param_counts(m, n)
@@ -109,15 +114,15 @@ def _time_prefix(key, n: int, seq: int, recompute: tuple[str, ...]) -> _TimePref
     depth = prof.mtp_layers
     mtp_cp = cp_bytes(pc.mtp_block.ratio) if pc.mtp_block is not None else (0.0, 0.0)
     return _TimePrefix(
-        gemm=_cum(b.gemm for b in prof.blocks),
-        expert=_cum(b.expert for b in prof.blocks),
-        attn=_cum(b.attn for b in prof.blocks),
-        recompute=_cum(recompute_block(b, recompute) for b in prof.blocks),
-        moe=_cum(1 if b.expert else 0 for b in prof.blocks),
-        cp_seq=_cum(c[0] for c in cps),
-        cp_fixed=_cum(c[1] for c in cps),
-        dense_params=_cum(b.dense for b in pc.blocks),
-        routed_params=_cum(b.routed_experts for b in pc.blocks),
+        gemm=cumulative(b.gemm for b in prof.blocks),
+        expert=cumulative(b.expert for b in prof.blocks),
+        attn=cumulative(b.attn for b in prof.blocks),
+        recompute=cumulative(recompute_block(b, recompute) for b in prof.blocks),
+        moe=cumulative(1 if b.expert else 0 for b in prof.blocks),
+        cp_seq=cumulative(c[0] for c in cps),
+        cp_fixed=cumulative(c[1] for c in cps),
+        dense_params=cumulative(b.dense for b in pc.blocks),
+        routed_params=cumulative(b.routed_experts for b in pc.blocks),
         last_gemm=prof.head * (1 + depth) + depth * ((mb.gemm if mb else 0.0) + prof.mtp_extra),
         last_expert=depth * (mb.expert if mb else 0.0),
         last_attn=depth * (mb.attn if mb else 0.0),
@@ -154,11 +159,11 @@ def _remote_copies(dispatcher: str, k: int, ep: int, ep_nodes: int) -> tuple[flo
 
 
 def step_time(
-    model,
-    hw,
-    stage,
-    layout,
-    groups,
+    model: ModelConfig,
+    hw: HardwareConfig,
+    stage: StageConfig,
+    layout: Layout,
+    groups: Groups,
     blocks_per_segment: Sequence[int],
     ep_nodes: int,
     cp_nodes: int,
@@ -182,9 +187,7 @@ def step_time(
     peak = peak_tflops(hw, stage.precision) * 1e12
     peak_attn = peak_tflops(hw, "bf16") * 1e12
     tg = moe_model.t_group(ep, b, S, cp)
-    skew = moe_model.hot_rank_factor(routing_sigma, E // ep if E % ep == 0 else max(1, E // ep), ep)
-    if layout.capacity_factor is not None and layout.capacity_factor > 0:
-        skew = min(skew, layout.capacity_factor)
+    skew = moe_model.rank_skew(routing_sigma, E, ep, layout.capacity_factor)
     eff_expert = hw.gemm_efficiency * expert_efficiency(moe_model.t_expert(k, tg, E))
     # all-to-all seconds per MoE layer per microbatch
     nvl = hw.nvlink_gb_s * 1e9
@@ -194,8 +197,9 @@ def step_time(
         layout.dispatcher == "flex" and layout.flex_backend == "hybridep" and domain_gpus <= hw.gpus_per_nvlink_domain
     )
     remote, local = _remote_copies(layout.dispatcher, k, ep, 1 if one_domain else ep_nodes)
-    passes = 4.0 * (1.5 if ("moe" in layout.recompute or "full" in layout.recompute) else 1.0)
-    tok_bytes = t / tp * h * 2.0 * passes * skew  # ETP regroups the same GPUs: no change per GPU
+    passes = 4.0 * (1.5 if redispatches(layout.recompute) else 1.0)
+    # ETP regroups the same GPUs: no change per GPU
+    tok_bytes = t / tp * h * 2.0 * passes * moe_model.traffic_skew(layout.dispatcher, skew)
     a2a_layer = max(remote * tok_bytes / nic, local * tok_bytes / nvl) / hw.a2a_efficiency if ep > 1 else 0.0
     a2a_layer *= 1.0 - hw.a2a_overlap
     # CP boundary exchange bandwidth, PP p2p seconds per boundary transfer
@@ -244,46 +248,43 @@ def step_time(
 
 
 @lru_cache(maxsize=4096)
-def _rank_sums(px: _TimePrefix, bps: tuple[int, ...], pp: int, vpp: int) -> tuple[tuple, ...]:
+def _rank_sums(px: _TimePrefix, bps: tuple[int, ...], pp: int, vpp: int) -> tuple[tuple[float, ...], ...]:
     """Per PP rank: (gemm, expert, attn, recompute, cp_seq, cp_fixed, moe layers, dense params,
     routed params) summed over its segments, with the last rank's head/MTP extras. Cached: a planner
     sees few distinct splits, so the per-candidate work is scalar arithmetic over PP ranks."""
-    starts = _cum(bps)
+    sums = pipeline.rank_sums(
+        (
+            px.gemm,
+            px.expert,
+            px.attn,
+            px.recompute,
+            px.cp_seq,
+            px.cp_fixed,
+            px.moe,
+            px.dense_params,
+            px.routed_params,
+        ),
+        bps,
+        pp,
+        vpp,
+    )
+    last = (
+        px.last_gemm,
+        px.last_expert,
+        px.last_attn,
+        px.last_recompute,
+        px.last_cp_seq,
+        px.last_cp_fixed,
+        px.last_moe,
+        px.last_dense,
+        px.last_routed,
+    )
     out = []
-    for r in range(pp):
-        acc = [0.0] * 9
-        for s in range(r, pp * vpp, pp):
-            a, z = starts[s], starts[s + 1]
-            for j, arr in enumerate(
-                (
-                    px.gemm,
-                    px.expert,
-                    px.attn,
-                    px.recompute,
-                    px.cp_seq,
-                    px.cp_fixed,
-                    px.moe,
-                    px.dense_params,
-                    px.routed_params,
-                )
-            ):
-                acc[j] += arr[z] - arr[a]
+    for r, acc in enumerate(map(list, sums)):
         if r == 0:
             acc[7] += px.embedding
         if r == pp - 1:
-            for j, x in enumerate(
-                (
-                    px.last_gemm,
-                    px.last_expert,
-                    px.last_attn,
-                    px.last_recompute,
-                    px.last_cp_seq,
-                    px.last_cp_fixed,
-                    px.last_moe,
-                    px.last_dense,
-                    px.last_routed,
-                )
-            ):
+            for j, x in enumerate(last):
                 acc[j] += x
             if pp > 1:
                 acc[7] += px.mtp_embedding
@@ -291,7 +292,9 @@ def _rank_sums(px: _TimePrefix, bps: tuple[int, ...], pp: int, vpp: int) -> tupl
     return tuple(out)
 
 
-def _grad_sync(hw, stage, layout, dense: float, routed: float, d_a: int, d_e: int) -> float:
+def _grad_sync(
+    hw: HardwareConfig, stage: StageConfig, layout: Layout, dense: float, routed: float, d_a: int, d_e: int
+) -> float:
     per_byte = 1.0 / (hw.nic_gb_s * 1e9 if stage.gpus // layout.pp > stage.gpus_per_node else hw.nvlink_gb_s * 1e9)
     bytes_per_param = GRAD_BYTES + WEIGHT_BYTES if stage.use_distributed_optimizer else 2 * GRAD_BYTES
     g_d, g_e = d_a * layout.cp, d_e
@@ -303,11 +306,20 @@ def _grad_sync(hw, stage, layout, dense: float, routed: float, d_a: int, d_e: in
     return moved * per_byte / hw.allreduce_efficiency * (1.0 - hw.grad_sync_overlap)
 
 
-def _optimizer(model, hw, stage, layout, dense: float, routed: float, d_a: int, d_e: int) -> float:
+def _optimizer(
+    model: ModelConfig,
+    hw: HardwareConfig,
+    stage: StageConfig,
+    layout: Layout,
+    dense: float,
+    routed: float,
+    d_a: int,
+    d_e: int,
+) -> float:
     if stage.use_distributed_optimizer:
         dense, routed = dense / (d_a * layout.cp), routed / d_e
     local = dense + routed
-    hbm = getattr(hw, "hbm_gb_s", None) or DEFAULT_HBM_GB_S
+    hbm: float = getattr(hw, "hbm_gb_s", None) or DEFAULT_HBM_GB_S
     seconds = local * OPTIMIZER_PASS_BYTES / (hbm * 1e9)
     if str(model.optimizer).lower().endswith("muon"):
         m_min = min(model.hidden_size, model.moe_ffn_hidden_size)

@@ -1,25 +1,19 @@
 """Choosing among candidates: one-factor neighbours, diverse top-k, budget, and the measured best.
 
-Knobs are grouped the way a person changes them: PP and VPP move together (VPP must divide the layers
-per PP stage), dispatcher and its flex backend move together. A one-factor neighbour differs in exactly
-one group and in nothing else.
+Knobs are grouped the way a person changes them (each knob's `group` in orchestrator/knobs.py): PP and VPP
+move together (VPP must divide the layers per PP stage), dispatcher and its flex backend move together. A
+one-factor neighbour differs in exactly one group and in nothing else.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from orchestrator.knobs import GROUPS
 from orchestrator.plan.layout import Layout
 from orchestrator.policy.types import Observation
 
-KNOBS: dict[str, tuple[str, ...]] = {
-    "ep": ("ep",),
-    "pp": ("pp", "vpp"),
-    "cp": ("cp",),
-    "mbs": ("mbs",),
-    "recompute": ("recompute",),
-    "dispatcher": ("dispatcher", "flex_backend"),
-}
+KNOBS: dict[str, tuple[str, ...]] = GROUPS  # group -> Layout fields, from the knob registry
 _GROUPED = {f for fields in KNOBS.values() for f in fields}
 
 

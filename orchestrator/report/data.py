@@ -14,22 +14,16 @@ import yaml
 from db import queries
 from db.ledger import Ledger, SweepRow
 from jobs.effective import effective_throughput
+from orchestrator import knobs
 from orchestrator.schema import EffectiveConfig
 from orchestrator.states import CandidateStatus, EdgeKind
 
+KNOB_COLUMNS = tuple(k.column for k in knobs.DISPLAYED)  # every knob; the page shows those that vary
 TABLE_COLUMNS = (
     "candidate_id",
     "key",
     "round",
-    "tp",
-    "pp",
-    "vpp",
-    "cp",
-    "ep",
-    "etp",
-    "mbs",
-    "recompute",
-    "dispatcher",
+    *KNOB_COLUMNS,
     "d_a",
     "d_e",
     "m",
@@ -225,7 +219,7 @@ def _rounds(measured: list[dict], gpus: int) -> list[dict]:
 
 
 def _lineage(ledger: Ledger, name: str, gpus: int) -> list[Lineage]:
-    cols = ["candidate_id", "sweep", "step_p50_s", "m", "pred_bubble", "tp", "pp", "cp", "ep", "vpp", "mbs"]
+    cols = ["candidate_id", "sweep", "step_p50_s", "m", "pred_bubble", *KNOB_COLUMNS]
     out = []
     for c in ledger.candidates(name):
         if c.edge_kind != EdgeKind.PROMOTED_FROM or c.parent_id is None:
@@ -244,7 +238,7 @@ def _lineage(ledger: Ledger, name: str, gpus: int) -> list[Lineage]:
                 child_sweep=name,
                 child_gpus=gpus,
                 child_step_s=ch["step_p50_s"],
-                label=f"PP{ch['pp']} CP{p['cp']}->{ch['cp']} EP{p['ep']}->{ch['ep']}",
+                label=knobs.label(ch, before=p),
                 parent_m=p["m"],
                 child_m=ch["m"],
                 parent_bubble=p["pred_bubble"],

@@ -11,22 +11,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from orchestrator import knobs
 from orchestrator.report import plots
-from orchestrator.report.data import ReportData
+from orchestrator.report.data import KNOB_COLUMNS, ReportData
 
-RANKED = (
-    ("rank", "rank"),
-    ("candidate", "candidate_id"),
-    ("round", "round"),
-    ("tp", "tp"),
-    ("pp", "pp"),
-    ("vpp", "vpp"),
-    ("cp", "cp"),
-    ("ep", "ep"),
-    ("etp", "etp"),
-    ("mbs", "mbs"),
-    ("recompute", "recompute"),
-    ("dispatcher", "dispatcher"),
+RANKED_HEAD = (("rank", "rank"), ("candidate", "candidate_id"), ("round", "round"))
+RANKED = (  # after RANKED_HEAD and the knob columns (knob_columns)
     ("D_a", "d_a"),
     ("D_e", "d_e"),
     ("m", "m"),
@@ -76,6 +66,12 @@ def _fmt(key: str, v) -> str:
     return str(v)
 
 
+def knob_columns(rows: Sequence[dict]) -> tuple[tuple[str, str], ...]:
+    """A column per shown knob (orchestrator/knobs.py), and per other knob whose value differs between rows."""
+    varying = [c for c in KNOB_COLUMNS if len({knobs.text(r.get(c)) for r in rows}) > 1]
+    return tuple((c, c) for c in knobs.columns(varying))
+
+
 def _table(rows: Sequence[dict], cols: Sequence[tuple], cls_of=None, table_id: str = "") -> str:
     head = "".join(
         f'<th class="l">{html.escape(h)}</th>' if i < 1 else f"<th>{html.escape(h)}</th>"
@@ -121,7 +117,7 @@ def render(d: ReportData, out_dir: Path) -> Path:
     parts.append(
         _table(
             ranked,
-            RANKED,
+            (*RANKED_HEAD, *knob_columns(ranked), *RANKED),
             table_id="ranked",
             cls_of=lambda r: "best" if r["candidate_id"] == best_id else "excluded" if r.get("parity") is False else "",
         )
@@ -130,14 +126,11 @@ def render(d: ReportData, out_dir: Path) -> Path:
         parts.append(f"<h2>Failed attempts ({len(d.failed)})</h2>")
         parts.append(
             _table(
-                d.failed,
+                [dict(r, layout=knobs.label(r)) for r in d.failed],
                 (
                     ("candidate", "candidate_id"),
                     ("round", "round"),
-                    ("pp", "pp"),
-                    ("cp", "cp"),
-                    ("ep", "ep"),
-                    ("mbs", "mbs"),
+                    ("layout", "layout"),
                     ("failure", "failure_class"),
                     ("pred memory (GB)", "pred_memory_gb"),
                     ("job", "job_id"),

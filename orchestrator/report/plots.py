@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from orchestrator import knobs  # noqa: E402
 from orchestrator.report.data import ReportData  # noqa: E402
 
 TOP = 5
@@ -23,7 +24,7 @@ def _png(fig) -> bytes:
 
 
 def _label(r: dict) -> str:
-    return f"#{r['candidate_id']} PP{r['pp']} VPP{r['vpp']} CP{r['cp']} EP{r['ep']} b{r['mbs']}"
+    return f"#{r['candidate_id']} {knobs.label(r)}"
 
 
 def _peak(r: dict) -> float | None:
