@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from jobs.parse import SIMULATED_MARKER, parse_bytes
-from jobs.twin import NCCL_GROUPS, perturbation
+from jobs.twin.faults import NCCL_GROUPS
+from jobs.twin.truth import perturbation
 from orchestrator.config import compose
 from orchestrator.plan import planner
 from orchestrator.plan.argv import megatron_argv
@@ -244,7 +245,7 @@ def test_capacity_factor_drops_tokens(smoke, tmp_path):
 
 
 def test_moe_layers_per_pipeline_stage():
-    from jobs.twin import moe_layers_on_stage
+    from jobs.twin.sidecars import moe_layers_on_stage
 
     pattern = "HEHECE|HECE|HECEHE|CE/WE"  # PP2 x VPP2: rank 0 runs segments 0 and 2, rank 1 runs 1, 3 and MTP
     assert [moe_layers_on_stage(pattern, 2, s) for s in (0, 1)] == [6, 4]
