@@ -42,8 +42,10 @@ class JobPaths:
     TIME_LIMIT_MARK = "time-limit-warning-rank-{rank}"
     RANK_LOG_GLOBS = ("rank-*.out", "rank-*.err")
     SIDECAR_GLOB = "sidecar-rank-*.json"
-    # submitit's task logs (the job's own stdout/stderr): slurmstepd's `*** JOB ... CANCELLED ... ***` lands here.
-    SUBMITIT_GLOBS = ("*_log.out", "*_log.err", ".submitit/*/*_log.out", ".submitit/*/*_log.err")
+    # submitit's own folder (its pickles and task logs, one sub-folder per job id): the launchers point
+    # submitit at `<folder>/.submitit/%j`; slurmstepd's `*** JOB ... CANCELLED ... ***` lands in its logs.
+    SUBMITIT = ".submitit"
+    SUBMITIT_GLOBS = ("*_log.out", "*_log.err", f"{SUBMITIT}/*/*_log.out", f"{SUBMITIT}/*/*_log.err")
     SUBMITIT_LOOKUP_DEPTH = 4  # an array's .submitit/<job id>/ sits at the common parent of its job folders
 
     def __init__(self, folder: str | os.PathLike) -> None:
@@ -81,12 +83,17 @@ class JobPaths:
     def sidecars(self) -> list[Path]:
         return sorted(self.folder.glob(self.SIDECAR_GLOB), key=_rank_order)
 
+    @property
+    def submitit_folder(self) -> str:
+        """What a submitit executor's `folder=` gets (`%j`: submitit puts the job id there)."""
+        return str(self.folder / self.SUBMITIT / "%j")
+
     def submitit_logs(self, job_id: str | None = None) -> list[Path]:
         """submitit's logs in this folder, and with `job_id` those of an array under a parent's .submitit/."""
         files = [p for pattern in self.SUBMITIT_GLOBS for p in sorted(self.folder.glob(pattern), key=_rank_order)]
         if job_id:
             for parent in list(self.folder.parents)[: self.SUBMITIT_LOOKUP_DEPTH]:
-                files += sorted((parent / ".submitit" / str(job_id)).glob("*_log.*"), key=_rank_order)
+                files += sorted((parent / self.SUBMITIT / str(job_id)).glob("*_log.*"), key=_rank_order)
         return files
 
     @staticmethod

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.parse import SIMULATED_MARKER, parse_bytes
+from jobs.classify import config_errors
+from jobs.parse import parse_bytes
+from jobs.records import SIMULATED_MARKER
 from jobs.twin.faults import NCCL_GROUPS
 from jobs.twin.truth import perturbation
 from orchestrator.config import compose
@@ -158,7 +160,7 @@ def test_illegal_layout_is_a_megatron_assertion(smoke, tmp_path):
     )
     proc = run_twin(spec, argv=argv)
     assert proc.returncode == 1
-    errors = parse_bytes(proc.stderr).validation_errors
+    errors = config_errors(parse_bytes(proc.stderr))
     assert errors and errors[0].exc_type == "AssertionError"
     # The first violated rule (expert grid: 32 % (ETP x EP x PP) != 0), worded as Megatron words it.
     assert errors[0].message.startswith("world size (32) is not divisible by expert_tensor_model_pipeline")

@@ -40,7 +40,7 @@ def _on_signal(signum, frame):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from jobs.parse import SIMULATED_MARKER
+    from jobs.records import SIMULATED_MARKER
 
     argv = list(sys.argv[1:] if argv is None else argv)
     text.out(f"{SIMULATED_MARKER} twin workload: numbers are simulated")

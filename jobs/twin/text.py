@@ -1,4 +1,4 @@
-"""Megatron's and torch's exact lines, as the twin prints them (jobs.parse reads real logs with the same code).
+"""Megatron's and torch's exact lines, as the twin prints them (jobs.parse reads them like a real job's).
 
 Pure formatting: numbers in, text out. The line numbers and paths in the tracebacks are where the real
 entry script and Megatron raise (MEGATRON is where the container keeps the checkout).

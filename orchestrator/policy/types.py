@@ -10,9 +10,6 @@ from dataclasses import asdict, dataclass, field
 
 from orchestrator.plan.layout import Layout
 
-# Failure classes that say the layout itself does not run (deterministic): they teach, never retry.
-DETERMINISTIC = ("OOM", "INVALID_CONFIG")
-
 
 @dataclass(frozen=True)
 class Observation:
