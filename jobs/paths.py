@@ -40,8 +40,8 @@ class JobPaths:
     RANK_ERR = "rank-{rank}.err"
     SIDECAR = "sidecar-rank-{rank}.json"
     TIME_LIMIT_MARK = "time-limit-warning-rank-{rank}"
-    RANK_LOG_GLOBS = ("rank-*.out", "rank-*.err")
-    SIDECAR_GLOB = "sidecar-rank-*.json"
+    RANK_LOG_GLOBS = (RANK_OUT.format(rank="*"), RANK_ERR.format(rank="*"))
+    SIDECAR_GLOB = SIDECAR.format(rank="*")
     # submitit's own folder (its pickles and task logs, one sub-folder per job id): the launchers point
     # submitit at `<folder>/.submitit/%j`; slurmstepd's `*** JOB ... CANCELLED ... ***` lands in its logs.
     SUBMITIT = ".submitit"
