@@ -33,7 +33,6 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
 
 from orchestrator.knobs import KNOBS, Knob, column_value
-
 from orchestrator.states import AttemptState, CandidateStatus, SweepStatus
 
 

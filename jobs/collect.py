@@ -24,19 +24,18 @@ from pathlib import Path
 from jobs import metrics as metrics_mod
 from jobs.classify import classify
 from jobs.effective import effective_throughput
-from jobs.parse import ParsedLog, parse_file
+from jobs.failures import Failure
+from jobs.parse import parse_file
+from jobs.paths import JobPaths, atomic_write
+from jobs.records import ParsedLog
 from jobs.result import JobResult
-from jobs.spec import SPEC_NAME, JobSpec
+from jobs.spec import JobSpec
+from orchestrator.plan import ranks
 from orchestrator.plan.flops import peak_label, peak_tflops
 from orchestrator.plan.layout import Layout
 
-RESULT_NAME = "result.json"
 SAVE_TIMER, LOAD_TIMER = "save-checkpoint", "load-checkpoint"  # Megatron's names (log level 0)
 MISSING_CKPT = b"could not find the metadata file"  # checkpointing.py's warning for an empty --load dir
-RANK_GLOBS = ("rank-*.out", "rank-*.err")
-# submitit's task logs (the job's own stdout/stderr): slurmstepd's `*** JOB ... CANCELLED ... ***` lands here.
-SUBMITIT_GLOBS = ("*_log.out", "*_log.err", ".submitit/*/*_log.out", ".submitit/*/*_log.err")
-SUBMITIT_LOOKUP_DEPTH = 4  # an array's .submitit/<job id>/ sits at the common parent of its job folders
 
 
 @dataclass
@@ -59,28 +58,17 @@ class JobFolder:
 
 
 def read_folder(job_dir: str | os.PathLike, job_id: str | None = None) -> JobFolder:
-    path = Path(job_dir)
-    spec_path = path / SPEC_NAME
-    spec = JobSpec.load(spec_path) if spec_path.exists() else None
-    files: list[Path] = []
-    for pattern in RANK_GLOBS + SUBMITIT_GLOBS:
-        files += sorted(path.glob(pattern), key=_rank_order)
-    if job_id:
-        for parent in list(path.parents)[:SUBMITIT_LOOKUP_DEPTH]:
-            files += sorted((parent / ".submitit" / str(job_id)).glob("*_log.*"), key=_rank_order)
-    sidecars, used = metrics_mod.load_sidecars(sorted(path.glob("sidecar-rank-*.json"), key=_rank_order))
+    paths = JobPaths(job_dir)
+    spec = JobSpec.load(paths.spec) if paths.spec.exists() else None
+    files = paths.rank_logs() + paths.submitit_logs(job_id)
+    sidecars, used = metrics_mod.load_sidecars(paths.sidecars())
     return JobFolder(
-        path=path,
+        path=paths.folder,
         spec=spec,
         logs=[parse_file(p) for p in dict.fromkeys(files) if p.is_file()],
         sidecars=sidecars,
         sidecar_paths=used,
     )
-
-
-def _rank_order(p: Path):
-    digits = "".join(c if c.isdigit() else " " for c in p.name).split()
-    return (int(digits[0]) if digits else -1, p.name)
 
 
 def pp_of_rank(spec: JobSpec) -> Callable[[int], int | None]:
@@ -90,11 +78,10 @@ def pp_of_rank(spec: JobSpec) -> Callable[[int], int | None]:
     n = max(1, spec.n_gpus)
 
     def stage(rank: int) -> int | None:
-        if rank >= n or n % (lay.tp * lay.cp * lay.pp):
+        try:
+            return ranks.coords(lay, n, rank)["pp"]
+        except ValueError:  # outside the world, or a layout N does not divide
             return None
-        if lay.use_tp_pp_dp_mapping:
-            return (rank // (lay.tp * lay.cp)) % lay.pp
-        return rank // (n // lay.pp)
 
     return stage
 
@@ -167,7 +154,7 @@ def checkpoint_metrics(folder: JobFolder, spec: JobSpec, result: JobResult) -> N
         if LOAD_TIMER not in timers:
             result.ok = False
             why = _missing_checkpoint_line(folder) or result.failure_detail or "no load-checkpoint timer in the log"
-            result.failure_class = result.failure_class or "CRASH"
+            result.failure_class = result.failure_class or Failure.CRASH
             result.failure_detail = f"restore job loaded no checkpoint: {why}"
             return
         result.tokens_per_s_after_restart = result.tokens_per_s
@@ -187,27 +174,21 @@ def checkpoint_metrics(folder: JobFolder, spec: JobSpec, result: JobResult) -> N
 
 def _missing_checkpoint_line(folder: JobFolder) -> str:
     """Megatron's 'could not find the metadata file ...' warning, if a rank file has it (first 1 MB read)."""
-    for pattern in ("rank-*.out", "rank-*.err"):
-        for path in sorted(folder.path.glob(pattern)):
-            with open(path, "rb") as fh:
-                head = fh.read(1 << 20)
-            at = head.find(MISSING_CKPT)
-            if at >= 0:
-                start = head.rfind(b"\n", 0, at) + 1
-                end = head.find(b"\n", at)
-                return head[start : end if end >= 0 else None].decode("utf-8", "replace").strip()
+    for path in JobPaths(folder.path).rank_logs():
+        with open(path, "rb") as fh:
+            head = fh.read(1 << 20)
+        at = head.find(MISSING_CKPT)
+        if at >= 0:
+            start = head.rfind(b"\n", 0, at) + 1
+            end = head.find(b"\n", at)
+            return head[start : end if end >= 0 else None].decode("utf-8", "replace").strip()
     return ""
 
 
-def write_result(job_dir: Path, result: JobResult) -> Path:
-    path = Path(job_dir) / RESULT_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)
-    return path
+def write_result(job_dir: str | os.PathLike, result: JobResult) -> Path:
+    return atomic_write(JobPaths(job_dir).result, json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str))
 
 
 def load_result(job_dir: str | os.PathLike) -> JobResult | None:
-    path = Path(job_dir) / RESULT_NAME
+    path = JobPaths(job_dir).result
     return JobResult.from_dict(json.loads(path.read_text())) if path.exists() else None

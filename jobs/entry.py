@@ -17,7 +17,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from jobs.spec import SPEC_NAME, JobSpec
+from jobs.paths import JobPaths
+from jobs.spec import JobSpec
 
 # Slurm's stop (time limit, scancel) and Ctrl-C reach the workload. USR2 is not forwarded: it is
 # submitit's early time-limit warning, which orchestrator.launch only records so Slurm's verdict stays TIMEOUT.
@@ -115,7 +116,7 @@ def task_env(spec: JobSpec, renv: RankEnv, job_dir: Path) -> dict[str, str]:
     if not renv.single_process:
         env.pop("ORCH_SINGLE_PROCESS", None)
     env["ORCH_JOB_DIR"] = str(job_dir)
-    env["ORCH_JOB_SPEC"] = str(job_dir / SPEC_NAME)
+    env["ORCH_JOB_SPEC"] = str(JobPaths(job_dir).spec)
     # `python -m jobs.twin` must import this project wherever the job's cwd is.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
@@ -134,14 +135,15 @@ def run_task(spec: JobSpec | str | os.PathLike) -> dict:
     """Run this rank's workload; return TaskOutcome as a dict, or raise TaskFailed on non-zero exit."""
     if not isinstance(spec, JobSpec):
         spec = JobSpec.load(spec)
-    job_dir = Path(spec.job_dir)
+    paths = JobPaths(spec.job_dir)
+    job_dir = paths.folder
     job_dir.mkdir(parents=True, exist_ok=True)
-    if not (job_dir / SPEC_NAME).exists():
-        spec.save(job_dir / SPEC_NAME)
+    if not paths.spec.exists():
+        spec.save(paths.spec)
     renv = rank_env(spec)
     env = task_env(spec, renv, job_dir)
-    out_path = job_dir / f"rank-{renv.rank}.out"
-    err_path = job_dir / f"rank-{renv.rank}.err"
+    out_path = paths.stdout(renv.rank)
+    err_path = paths.stderr(renv.rank)
     if spec.workload.in_process:
         code = _run_in_process(spec, renv, env, out_path, err_path)
     else:
@@ -261,7 +263,7 @@ def main(argv: list | None = None) -> int:
     """`python -m jobs.entry <job.json>`: run one task by hand (debugging a job folder)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m jobs.entry <job_dir>/job.json", file=sys.stderr)
+        print(f"usage: python -m jobs.entry <job_dir>/{JobPaths.SPEC}", file=sys.stderr)
         return 2
     try:
         run_task(args[0])

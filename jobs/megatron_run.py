@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs import instrument
-
-SIDECAR = "sidecar-rank-{rank}.json"
+from jobs.paths import JobPaths, atomic_write
 
 
 def _megatron_facts() -> dict[str, Any]:
@@ -61,12 +60,7 @@ def write_sidecar(
         doc.update(counter.report())
     if error:
         doc["instrument_error"] = error
-    path = Path(out_dir) / SIDECAR.format(rank=rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc))
-    os.replace(tmp, path)
-    return path
+    return atomic_write(JobPaths(out_dir).sidecar(rank), json.dumps(doc))
 
 
 def main(entry_script: str, argv: Sequence[str], window: tuple[int, int], out_dir: os.PathLike, rank: int) -> int:

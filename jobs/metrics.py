@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.parse import IterationRecord, ParsedLog, TimerBlock
+from jobs.records import IterationRecord, ParsedLog, TimerBlock
 from jobs.result import JobResult, RankMemory
 
 PpOfRank = Callable[[int], int | None] | Mapping[int, int] | None

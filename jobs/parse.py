@@ -1,423 +1,54 @@
-"""Streaming parser for Megatron-LM / torch / Slurm job output -> typed records.
+"""Streaming parser for Megatron-LM / torch / Slurm job output -> typed records (jobs.records).
 
 Why streaming and bytes-level: a long job writes hundreds of MB per rank file, mostly noise and timer
 rows. The file is read in 32 MB chunks (cut before the last iteration line, so no timer block is
 split); a dozen keywords are found with `bytes.find` over the whole chunk (C speed), and only lines
-holding one are decoded and regex-matched. Timer rows are kept as bytes and converted to floats when
-first read (`TimerBlock.timers`). Formats are the ones Megatron prints (training.py iteration line,
-common_utils.report_memory, core/timers.py, core/utils.py straggler, training/utils [OOM]), torch's
-ProcessGroupNCCL watchdog, and slurmstepd's `*** JOB ... CANCELLED AT ... ***` epilogue.
+holding one are decoded and turned into a record (jobs.loglines). Timer rows are kept as bytes and
+converted to floats when first read (`TimerBlock.timers`). Formats: see jobs.loglines; timer blocks are
+core/timers.py's.
 
 Robust to: `srun -l` prefixes (`12: `), torchrun prefixes (`[rank3]:`, `[default3]:`), logging
 prefixes (`INFO:megatron.core.timers:`), carriage returns, missing optional fields, non-UTF-8 bytes
 (decoded with errors="replace" and counted as garbage) and a truncated last line (no newline): that
 line is only searched for failure signatures, never for metrics, and `ParsedLog.truncated` is set.
 
-The twin (simulated workload) prints ordinary Megatron-format lines plus note lines that start with
-SIMULATED_MARKER; any such line makes `ParsedLog.simulated` true.
+The parser reports what the log says, not what it means: whether a traceback is a configuration error
+is jobs.classify's call. The twin (simulated workload) prints ordinary Megatron-format lines plus note
+lines that start with SIMULATED_MARKER; any such line makes `ParsedLog.simulated` true.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-SIMULATED_MARKER = "[SIMULATED]"
-_SIM_B = SIMULATED_MARKER.encode()
-
-__all__ = [
-    "SIMULATED_MARKER",
-    "EventRecord",
-    "IterationRecord",
-    "MemoryRecord",
-    "NcclTimeoutRecord",
-    "OOMRecord",
-    "ParsedLog",
-    "SimulatedMarker",
-    "SlurmCancelRecord",
-    "StragglerRanksRecord",
-    "StragglerRecord",
-    "TimerBlock",
-    "TracebackRecord",
-    "ValidationError",
-    "parse_bytes",
-    "parse_file",
-    "parse_stream",
-    "rank_from_path",
-]
-
-
-# --------------------------------------------------------------------------- records
-@dataclass(slots=True)
-class IterationRecord:
-    """One Megatron iteration line (printed by the last global rank every log_interval)."""
-
-    iteration: int
-    train_iters: int
-    consumed_samples: int
-    elapsed_ms: float  # mean over the log interval
-    global_batch_size: int | None = None
-    losses: dict[str, float] = field(default_factory=dict)  # lm loss, mtp_1 loss, load_balancing_loss...
-    skipped_samples: int | None = None
-    tflops_per_gpu: float | None = None  # Megatron's own (needs --log-throughput)
-    energy_j_per_gpu: float | None = None
-    power_w_per_gpu: float | None = None
-    learning_rate: float | None = None
-    loss_scale: float | None = None
-    grad_norm: float | None = None
-    num_zeros: float | None = None
-    params_norm: float | None = None
-    skipped_iterations: int | None = None
-    nan_iterations: int | None = None
-    timestamp: str | None = None
-    rank: int | None = None  # source rank (srun/torchrun prefix or file name)
-
-
-@dataclass(slots=True)
-class MemoryRecord:
-    """`[Rank r] (after k iterations) memory (MB) | ...` (DP-rank-0 GPUs only). Values in MiB."""
-
-    rank: int
-    after_iterations: int | None
-    allocated: float
-    max_allocated: float
-    reserved: float
-    max_reserved: float
-    total_device_used: float | None = None
-
-
-@dataclass(slots=True)
-class TimerBlock:
-    """One `... time across ranks (ms):` block. kind: minmax | max | all. Values: ms per iteration.
-
-    timers maps name -> (min, max); min is None for kind "max". For kind "all", per_rank holds
-    name -> {rank: ms} and timers holds the min/max over those ranks.
-
-    Why lazy: a long run prints one block per iteration (~20 rows each, most of a log's bytes) and
-    metrics read only the blocks inside the measurement window. The parser keeps the block's rows
-    as raw bytes (`raw`) and `timers` converts them on first access (then caches).
-    """
-
-    kind: str
-    per_rank: dict[str, dict[int, float]] = field(default_factory=dict)
-    after_iteration: int | None = None  # last iteration line seen before the block, same stream
-    rank: int | None = None
-    raw: bytes = field(default=b"", repr=False, compare=False)  # undecoded rows, "\n    name...: v"
-    _timers: dict[str, tuple[float | None, float]] | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def timers(self) -> dict[str, tuple[float | None, float]]:
-        if self._timers is None:
-            self._timers = _decode_rows(self.kind, self.raw)
-            for name, ranks in self.per_rank.items():
-                if ranks:
-                    self._timers[name] = (min(ranks.values()), max(ranks.values()))
-        return self._timers
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, TimerBlock):
-            return NotImplemented
-        return (self.kind, self.per_rank, self.after_iteration, self.rank, self.timers) == (
-            other.kind,
-            other.per_rank,
-            other.after_iteration,
-            other.rank,
-            other.timers,
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"TimerBlock(kind={self.kind!r}, timers={self.timers!r}, "
-            f"after_iteration={self.after_iteration!r}, rank={self.rank!r})"
-        )
-
-
-@dataclass(slots=True)
-class StragglerRecord:
-    """`--log-straggler` line from rank 0: min/max of each metric with the rank holding it."""
-
-    min_rtt_ms: float | None
-    min_rtt_rank: int | None
-    max_rtt_ms: float | None
-    max_rtt_rank: int | None
-    min_etpt_tf: float | None = None
-    min_etpt_rank: int | None = None
-    max_etpt_tf: float | None = None
-    max_etpt_rank: int | None = None
-    fields: dict[str, tuple[float, str, int]] = field(default_factory=dict)  # MnPwr -> (v, unit, rank)
-    timestamp: str | None = None
-    after_iteration: int | None = None
-    rank: int | None = None
-
-
-@dataclass(slots=True)
-class StragglerRanksRecord:
-    """`^^^^ Bottom/Top k Ranks with lowest/highest Etpt(TF): v/r, ...`."""
-
-    which: str  # bottom | top
-    entries: list[tuple[float, int]] = field(default_factory=list)  # (TFLOP/s, rank)
-    rank: int | None = None
-
-
-@dataclass(slots=True)
-class OOMRecord:
-    """CUDA OOM (`kind="cuda"`), Megatron's `[OOM] rank N saved memory snapshot` (`"snapshot"`),
-    or slurmstepd's cgroup oom-kill (`"host"`)."""
-
-    kind: str
-    line: str
-    rank: int | None = None
-    tried_to_allocate: str | None = None  # e.g. "2.00 GiB"
-    snapshot_path: str | None = None
-
-
-@dataclass(slots=True)
-class NcclTimeoutRecord:
-    """torch ProcessGroupNCCL watchdog evidence.
-
-    kind: caught (`Watchdog caught collective operation timeout: WorkNCCL(...)`), detected
-    (`Exception ... detected by watchdog at work: N`), stuck (heartbeat monitor). process_group is
-    the group description from the `[PG ID i PG GUID g(NAME) Rank r]` prefix when torch prints it.
-    """
-
-    kind: str
-    line: str
-    rank: int | None = None  # source (global) rank
-    op_type: str | None = None
-    seq_num: int | None = None
-    timeout_ms: int | None = None
-    ran_ms: int | None = None
-    pg_id: int | None = None
-    process_group: str | None = None
-    group_rank: int | None = None
-    last_enqueued: int | None = None
-    last_completed: int | None = None
-
-
-@dataclass(slots=True)
-class TracebackRecord:
-    """A Python exception line (with its traceback when one preceded it)."""
-
-    exc_type: str
-    message: str
-    line: str
-    last_frame: str | None = None  # 'path:line in func'
-    rank: int | None = None
-
-
-@dataclass(slots=True)
-class ValidationError:
-    """A configuration rejected by Megatron's argument/config validation (or argparse)."""
-
-    exc_type: str  # AssertionError | ValueError | argparse
-    message: str
-    line: str
-    last_frame: str | None = None
-    rank: int | None = None
-
-
-@dataclass(slots=True)
-class SlurmCancelRecord:
-    """slurmstepd/srun `*** JOB|STEP <id> [ON <node>] CANCELLED AT <t> [DUE TO <reason>] ***`."""
-
-    entity: str  # JOB | STEP
-    job_id: str
-    node: str | None
-    time: str
-    reason: str  # TIME LIMIT | PREEMPTION | NODE FAILURE | JOB REQUEUE | "" (scancel) | other
-    line: str
-
-
-@dataclass(slots=True)
-class SimulatedMarker:
-    text: str
-    rank: int | None = None
-
-
-@dataclass(slots=True)
-class EventRecord:
-    """`[<event>] datetime: YYYY-mm-dd HH:MM:SS...` (init, build, train start, exit, done)."""
-
-    name: str
-    timestamp: str
-    rank: int | None = None
-
-
-Record = (
-    IterationRecord
-    | MemoryRecord
-    | TimerBlock
-    | StragglerRecord
-    | StragglerRanksRecord
-    | OOMRecord
-    | NcclTimeoutRecord
-    | TracebackRecord
-    | ValidationError
-    | SlurmCancelRecord
-    | SimulatedMarker
-    | EventRecord
+from jobs import loglines
+from jobs.paths import JobPaths
+from jobs.records import (
+    RECORD_LISTS,
+    SIMULATED_MARKER,
+    IterationRecord,
+    OOMRecord,
+    ParsedLog,
+    Record,
+    SimulatedMarker,
+    TimerBlock,
 )
+from orchestrator.states import AttemptState
 
+__all__ = ["parse_bytes", "parse_file", "parse_stream", "rank_from_path"]
 
-@dataclass
-class ParsedLog:
-    """Everything one output file said, by record type, plus parse-health counters."""
-
-    path: str | None = None
-    source_rank: int | None = None
-    iterations: list[IterationRecord] = field(default_factory=list)
-    memory: list[MemoryRecord] = field(default_factory=list)
-    timers: list[TimerBlock] = field(default_factory=list)
-    stragglers: list[StragglerRecord] = field(default_factory=list)
-    straggler_ranks: list[StragglerRanksRecord] = field(default_factory=list)
-    ooms: list[OOMRecord] = field(default_factory=list)
-    nccl: list[NcclTimeoutRecord] = field(default_factory=list)
-    tracebacks: list[TracebackRecord] = field(default_factory=list)
-    validation_errors: list[ValidationError] = field(default_factory=list)
-    slurm_cancels: list[SlurmCancelRecord] = field(default_factory=list)
-    simulated_markers: list[SimulatedMarker] = field(default_factory=list)
-    events: list[EventRecord] = field(default_factory=list)
-    lines: int = 0
-    bytes: int = 0
-    garbage_lines: int = 0  # undecodable bytes, NULs, or a line that looked like a record but was not
-    truncated: bool = False  # the last line had no newline (writer killed mid-line)
-
-    @property
-    def simulated(self) -> bool:
-        return bool(self.simulated_markers)
-
-    def add(self, rec: Record) -> None:
-        getattr(self, _BUCKET[type(rec)]).append(rec)
-
-
-_BUCKET = {
-    IterationRecord: "iterations",
-    MemoryRecord: "memory",
-    TimerBlock: "timers",
-    StragglerRecord: "stragglers",
-    StragglerRanksRecord: "straggler_ranks",
-    OOMRecord: "ooms",
-    NcclTimeoutRecord: "nccl",
-    TracebackRecord: "tracebacks",
-    ValidationError: "validation_errors",
-    SlurmCancelRecord: "slurm_cancels",
-    SimulatedMarker: "simulated_markers",
-    EventRecord: "events",
-}
-
-# --------------------------------------------------------------------------- regexes
+_SIM_B = SIMULATED_MARKER.encode()
+_CANCELLED = AttemptState.CANCELLED.encode()  # slurmstepd's `*** JOB <id> ... CANCELLED AT <t> ***` epilogue
 _SRUN_PREFIX = re.compile(rb"\s*(\d+): ")
 _TORCHRUN_PREFIX = re.compile(rb"\[(?:rank|default)(\d+)\]:")
 _LOGGING_PREFIX = re.compile(rb"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]+:")
-_ITER_HEAD = re.compile(r"(?:\[([0-9-]+ [0-9:.]+)\] )?iteration\s+(\d+)/\s*(\d+) \|")
-_MEMORY = re.compile(r"\[Rank (\d+)\] (.*?)memory \(MB\)((?: \| [a-z ]+: [-0-9.e+naif]+)+)\s*$")
-_AFTER_ITERS = re.compile(r"\(after (\d+) iterations\)")
-_STRAG_FIELD = re.compile(r"(\w+)/Rnk: ([-0-9.]+|nan|inf)([A-Za-z%]*)/(\d+)")
-_STRAG_TS = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]")
-_STRAG_RANKS = re.compile(r"\^\^\^\^ (Bottom|Top)\s+\d+ Ranks")
-_STRAG_ENTRY = re.compile(r"([-0-9.]+)TF/(\d+)")
-_SLURM = re.compile(r"\*\*\* (JOB|STEP) (\S+)(?: ON (\S+))? CANCELLED AT (\S+)(?: DUE TO ([^*]*?))?\s*\*\*\*")
-_NCCL_CAUGHT = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)[^)]*?Timeout\(ms\)=(\d+)\) ran for (\d+) milliseconds")
-_NCCL_PG = re.compile(r"\[PG (?:ID )?(\d+)(?: PG GUID ([^\s(\]]+))?\s*(?:\(([^)]*)\))? Rank (\d+)\]")
-_NCCL_DETECTED = re.compile(
-    r"detected by watchdog at work(?: sequence id)?: (\d+),?(?: PG status:)? last enqueued "
-    r"(?:NCCL )?work: (-?\d+), last completed (?:NCCL )?work: (-?\d+)"
-)
-_NCCL_STUCK = re.compile(r"watchdog got stuck for (\d+) seconds")
-_TRIED = re.compile(r"Tried to allocate ([0-9.]+ ?[KMGT]i?B)")
-_OOM_SNAPSHOT = re.compile(r"\[OOM\] rank (\d+) saved memory snapshot to (\S+)")
-_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))(?:: (.*))?$")
-_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
-_EVENT = re.compile(r"\[([^\[\]]+)\] datetime: (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
-_ARGPARSE = re.compile(r"^\S+\.py: error: (.+)$")
-_RANK_IN_PATH = re.compile(r"rank[-_]?(\d+)")
-
-_TIMER_HEADERS = (
+_TIMER_HEADERS = (  # core/timers.py block headers -> TimerBlock.kind
     (b"(min, max) time across ranks (ms):", "minmax"),
     (b"max time across ranks (ms):", "max"),
     (b"times across ranks (ms):", "all"),
 )
-# Where Megatron validates a configuration: an AssertionError/ValueError raised here is INVALID_CONFIG.
-VALIDATION_SOURCES = (
-    "arguments.py",
-    "transformer_config.py",
-    "model_parallel_config.py",
-    "parallel_state.py",
-    "num_microbatches_calculator.py",
-    "yaml_arguments.py",
-    "initialize.py",
-    "config.py",
-)
-VALIDATION_WORDS = (
-    "divisible",
-    "must be",
-    "should be",
-    "not supported",
-    "is not compatible",
-    "cannot be",
-    "requires",
-    "only supported",
-    "must have",
-    "not allowed",
-)
-# Layout errors Megatron raises only once training starts (schedules.py, moe_layer.py): still the
-# configuration's fault, whatever the exception type.
-RUNTIME_CONFIG_ERRORS = (
-    "dependency bubbles",  # M % microbatch group not 0 and < PP (interleaved schedule)
-    "contiguous micro-batches in a virtual pipeline stage",  # group outside [PP, M]
-    "without also enabling sequence parallelism",  # MoE with TP > 1 and no SP
-)
-
-_ITER_KEYS = {
-    "consumed samples": ("consumed_samples", int),
-    "skipped samples": ("skipped_samples", int),
-    "elapsed time per iteration (ms)": ("elapsed_ms", float),
-    "throughput per GPU (TFLOP/s/GPU)": ("tflops_per_gpu", float),
-    "energy per GPU (J/iter/GPU)": ("energy_j_per_gpu", float),
-    "power per GPU (W/GPU)": ("power_w_per_gpu", float),
-    "learning rate": ("learning_rate", float),
-    "global batch size": ("global_batch_size", int),
-    "loss scale": ("loss_scale", float),
-    "grad norm": ("grad_norm", float),
-    "num zeros": ("num_zeros", float),
-    "params norm": ("params_norm", float),
-    "number of skipped iterations": ("skipped_iterations", int),
-    "number of nan iterations": ("nan_iterations", int),
-}
-_MEM_KEYS = {
-    "allocated": "allocated",
-    "max allocated": "max_allocated",
-    "reserved": "reserved",
-    "max reserved": "max_reserved",
-    "total device memory used": "total_device_used",
-}
-
-
-def _timestamp(s: bytes, end: int) -> str | None:
-    """The `[YYYY-MM-DD HH:MM:SS.ffffff]` just before `iteration`, if any."""
-    i = s.rfind(b"[", 0, end)
-    j = s.find(b"]", i, end)
-    return s[i + 1 : j].decode("ascii", "replace") if i >= 0 and j > i else None
-
-
-def _dec(b: bytes) -> str:
-    return b.decode("utf-8", "replace")
-
-
-def _is_validation(exc_type: str, message: str, last_frame: str | None) -> bool:
-    short = exc_type.rsplit(".", 1)[-1]
-    if short in ("AssertionError", "ValueError", "RuntimeError") and any(p in message for p in RUNTIME_CONFIG_ERRORS):
-        return True
-    if short not in ("AssertionError", "ValueError"):
-        return False
-    if "is not divisible" in message or "should be divisible" in message:
-        return True
-    in_config_code = bool(last_frame) and any(s in last_frame for s in VALIDATION_SOURCES)
-    return in_config_code or any(w in message for w in VALIDATION_WORDS)
-
 
 # --------------------------------------------------------------------------- parser
 # A line is looked at only if it contains one of these (found with bytes.find over whole chunks,
@@ -430,7 +61,7 @@ _KEYWORDS = (
     b"^^^^",
     b"] datetime: ",
     _SIM_B,
-    b"CANCELLED",
+    _CANCELLED,
     b"atchdog",
     b"Traceback",
     b"rror",  # rror: XError lines and argparse `: error:`
@@ -438,27 +69,6 @@ _KEYWORDS = (
 _TRACEBACK_KEYWORDS = (b'File "', b"Exception")  # only while a traceback can be open
 _CHUNK = 32 << 20
 _BLOCK_MAX = 1 << 20  # a (min, max) block is a few KB; only a huge per-rank "all" block can be split
-# Row: 4 spaces, `name + ' '` padded with dots to 48 chars, `: (min, max)` or `: max`. The padded
-# name is captured raw and cleaned once per distinct name (cache), which keeps the regex trivial.
-_ROW_MINMAX = re.compile(rb"    ([^:\n]+): \(([^,\n]+), ([^)\n]+)\)")
-_ROW_NAME = re.compile(rb"\n    ([^ \n]+)")  # Megatron timer names have no spaces
-_ROW_VALUES = re.compile(rb": \(([^,\n]+), ([^)\n]+)\)")
-_ROW_MAX = re.compile(rb"    ([^:\n]+): ([-+0-9.eE]+|nan|inf)[ \t\r]*$", re.M)
-_ITER_STRICT = re.compile(
-    rb"()iteration\s+(\d+)/\s*(\d+) \| consumed samples:\s+(\d+) \|"  # literal-led: fast search
-    rb"(?: skipped samples:\s+(\d+) \|)?"
-    rb" elapsed time per iteration \(ms\): ([^ |]+) \|"
-    rb"(?: throughput per GPU \(TFLOP/s/GPU\): ([^ |]+) \|)?"
-    rb"(?: energy per GPU \(J/iter/GPU\): ([^ |]+) \| power per GPU \(W/GPU\): ([^ |]+) \|)?"
-    rb"(?: learning rate: ([^ |]+) \|)?"
-    rb" global batch size:\s+(\d+) \|"
-    rb"((?: [^|:]+: [^ |]+ \|)*?)"  # losses and MoE metrics: any `name: value`
-    rb" loss scale: ([^ |]+) \|"
-    rb"(?: grad norm: ([^ |]+) \|)?(?: num zeros: ([^ |]+) \|)?(?: params norm: ([^ |]+) \|)?"
-    rb" number of skipped iterations:\s+(\d+) \| number of nan iterations:\s+(\d+) \|"
-)
-_ITER_LOSS = re.compile(rb" ([^|:]+): ([^ |]+) \|")
-_ITER_FIELD = re.compile(r" ([^|:]+): ([^|]+?) (?=\|)")
 _NON_ASCII = re.compile(rb"[\x80-\xff\x00]")
 
 
@@ -648,9 +258,9 @@ class _Parser:
                 if s.lstrip().startswith(b'File "'):
                     self._tb[src].append(_dec(s))
                 return out
-            exc = self._exception(s, src, self._tb.pop(src))
-            if exc:  # the exception line may also be an OOM / NCCL signature
-                return out + exc + self._signatures(s, src, exception_done=True)
+            exc = loglines.exception(s, src, self._tb.pop(src))
+            if exc is not None:  # the exception line may also be an OOM / NCCL signature
+                return [*out, exc, *self._signatures(s, src, exception_done=True)]
             # not an exception line: the traceback was cut short; read the line normally
         if complete:
             metric = self._metric(s, src)
@@ -665,148 +275,62 @@ class _Parser:
         if b"consumed samples:" in s and b"iteration" in s:
             rec = self._iteration(s, src)
         elif b"memory (MB)" in s and b"[Rank " in s:
-            rec = self._memory(s)
+            rec = self._garbage_if_none(loglines.memory(s))
         elif b"MnRtt/Rnk: " in s:
-            rec = self._straggler(s, src)
+            rec = self._garbage_if_none(loglines.straggler(s, src, self.last_iteration))
         elif s.startswith(b"^^^^ "):
-            rec = self._straggler_ranks(s, src)
+            rec = loglines.straggler_ranks(s, src)
         elif b"] datetime: " in s:
-            m = _EVENT.search(_dec(s))
-            rec = EventRecord(m.group(1), m.group(2), rank=src) if m else None
+            rec = loglines.event(s, src)
         else:
             return None
         return [rec] if rec is not None else []
 
     def _signatures(self, s: bytes, src: int | None, exception_done: bool) -> list[Record]:
-        out: list[Record] = []
-        if b"*** " in s and b"CANCELLED" in s:
-            t = _dec(s)
-            m = _SLURM.search(t)
-            if m:
-                reason = (m.group(5) or "").strip()
-                if reason.startswith("NODE FAILURE"):
-                    reason = "NODE FAILURE"
-                out.append(SlurmCancelRecord(m.group(1), m.group(2), m.group(3), m.group(4), reason, t.strip()))
-            return out
+        """Failure evidence in one line (after an exception line: only what may share it)."""
+        rec: Record | None
+        if b"*** " in s and _CANCELLED in s:
+            rec = loglines.slurm_cancel(s)
+            return [rec] if rec is not None else []
         if b"oom-kill" in s or b"oom_kill" in s or b"xceeded job memory limit" in s:
-            out.append(OOMRecord("host", _dec(s).strip(), rank=src))
-            return out
+            return [OOMRecord("host", _dec(s).strip(), rank=src)]
+        out: list[Record] = []
         if b"out of memory" in s:
-            t = _dec(s).strip()
-            if "CUDA out of memory" in t:
-                m = _TRIED.search(t)
-                out.append(OOMRecord("cuda", t, rank=src, tried_to_allocate=m.group(1) if m else None))
-        elif b"[OOM] rank" in s:
-            t = _dec(s).strip()
-            m = _OOM_SNAPSHOT.search(t)
-            if m:
-                out.append(OOMRecord("snapshot", t, rank=int(m.group(1)), snapshot_path=m.group(2)))
-            return out
-        if b"atchdog" in s:
-            rec = self._nccl(_dec(s).strip(), src)
-            if rec is not None:
+            if (rec := loglines.cuda_oom(s, src)) is not None:
                 out.append(rec)
+        elif b"[OOM] rank" in s:
+            rec = loglines.oom_snapshot(s)
+            return [rec] if rec is not None else []
+        if b"atchdog" in s and (rec := loglines.nccl(_dec(s).strip(), src)) is not None:
+            out.append(rec)
         if b"Traceback (most recent call last)" in s:
             self._tb[src] = []
             return out
         if exception_done:
             return out
-        if b": error: " in s:
-            m = _ARGPARSE.match(_dec(s).strip())
-            if m:
-                out.append(ValidationError("argparse", m.group(1), m.group(0), rank=src))
-                return out
-        if b"Error" in s or b"Exception" in s or b"Interrupt" in s:
-            out.extend(self._exception(s, src, None))
+        if b": error: " in s and (rec := loglines.argparse_error(s, src)) is not None:
+            out.append(rec)
+            return out
+        if (b"Error" in s or b"Exception" in s or b"Interrupt" in s) and (
+            rec := loglines.exception(s, src, None)
+        ) is not None:
+            out.append(rec)
         return out
 
-    # ---- record builders
+    # ---- records that change the parser's state
     def _iteration(self, s: bytes, src: int | None) -> IterationRecord | None:
-        m = _ITER_STRICT.search(s)
-        if m is not None:  # fast path: Megatron's own field order, one regex, no decode
-            g = m.groups()
-            losses = {}
-            for k, v in _ITER_LOSS.findall(g[11]):
-                with contextlib.suppress(ValueError):
-                    losses[_name(k)] = float(v)
-            rec = IterationRecord(
-                int(g[1]),
-                int(g[2]),
-                int(g[3]),
-                float(g[5]),
-                int(g[10]),
-                losses,
-                None if g[4] is None else int(g[4]),
-                None if g[6] is None else float(g[6]),
-                None if g[7] is None else float(g[7]),
-                None if g[8] is None else float(g[8]),
-                None if g[9] is None else float(g[9]),
-                float(g[12]),
-                None if g[13] is None else float(g[13]),
-                None if g[14] is None else float(g[14]),
-                None if g[15] is None else float(g[15]),
-                int(g[16]),
-                int(g[17]),
-                _timestamp(s, m.start()),
-                src,
-            )
-            self.last_iteration = rec.iteration
-            return rec
-        return self._iteration_generic(s, src)
-
-    def _iteration_generic(self, s: bytes, src: int | None) -> IterationRecord | None:
-        """Any field order / unknown extra fields (e.g. RL packing info)."""
-        t = _dec(s)
-        m = _ITER_HEAD.search(t)
-        if m is None or "number of nan iterations" not in t:
-            self.garbage += 1
-            return None
-        vals: dict[str, object] = {}
-        losses: dict[str, float] = {}
-        try:
-            for key, val in _ITER_FIELD.findall(t, m.end()):
-                spec = _ITER_KEYS.get(key)
-                if spec is not None:
-                    vals[spec[0]] = spec[1](val)
-                else:
-                    try:
-                        losses[key] = float(val)
-                    except ValueError:
-                        pass  # non-numeric extras (e.g. RL packing info) are not metrics
-            rec = IterationRecord(
-                iteration=int(m.group(2)),
-                train_iters=int(m.group(3)),
-                consumed_samples=vals.pop("consumed_samples"),
-                elapsed_ms=vals.pop("elapsed_ms"),
-                losses=losses,
-                timestamp=m.group(1),
-                rank=src,
-                **vals,
-            )
-        except (KeyError, ValueError, TypeError):
+        rec = loglines.iteration(s, src)
+        if rec is None:
             self.garbage += 1
             return None
         self.last_iteration = rec.iteration
         return rec
 
-    def _memory(self, s: bytes) -> MemoryRecord | None:
-        t = _dec(s)
-        m = _MEMORY.search(t)
-        if m is None:
+    def _garbage_if_none(self, rec: Record | None) -> Record | None:
+        """A line that looked like a metric but did not parse counts as garbage."""
+        if rec is None:
             self.garbage += 1
-            return None
-        vals: dict[str, float] = {}
-        for part in m.group(3).split("|"):
-            key, sep, val = part.partition(":")
-            name = _MEM_KEYS.get(key.strip())
-            if sep and name:
-                vals[name] = float(val)
-        a = _AFTER_ITERS.search(m.group(2))
-        try:
-            return MemoryRecord(rank=int(m.group(1)), after_iterations=int(a.group(1)) if a else None, **vals)
-        except TypeError:
-            self.garbage += 1
-            return None
+        return rec
 
     def _timer_block(self, work: bytes, pos: int, kind: str, src: int | None, pre: bytes) -> TimerBlock:
         """Rows follow the header (`pos` = its newline). Fast path: one regex over the run of
@@ -866,125 +390,9 @@ class _Parser:
             rows.append(b"\n" + s)
         blk.raw = b"".join(rows)
 
-    def _straggler(self, s: bytes, src: int | None) -> StragglerRecord | None:
-        t = _dec(s)
-        fields = {m.group(1): (float(m.group(2)), m.group(3), int(m.group(4))) for m in _STRAG_FIELD.finditer(t)}
-        if "MnRtt" not in fields and "MxRtt" not in fields:
-            self.garbage += 1
-            return None
-        ts = _STRAG_TS.search(t)
 
-        def get(k: str) -> tuple[float | None, int | None]:
-            v = fields.get(k)
-            return (v[0], v[2]) if v else (None, None)
-
-        mn, mnr = get("MnRtt")
-        mx, mxr = get("MxRtt")
-        emn, emnr = get("MnEtpt")
-        emx, emxr = get("MxEtpt")
-        return StragglerRecord(
-            mn, mnr, mx, mxr, emn, emnr, emx, emxr, fields, ts.group(1) if ts else None, self.last_iteration, src
-        )
-
-    def _straggler_ranks(self, s: bytes, src: int | None) -> StragglerRanksRecord | None:
-        t = _dec(s)
-        m = _STRAG_RANKS.search(t)
-        if m is None:
-            return None
-        tail = t.split(":", 1)[1] if ":" in t else ""
-        entries = [(float(v), int(r)) for v, r in _STRAG_ENTRY.findall(tail)]
-        return StragglerRanksRecord(m.group(1).lower(), entries, src)
-
-    def _nccl(self, t: str, src: int | None) -> NcclTimeoutRecord | None:
-        pg = _NCCL_PG.search(t)
-        rec: NcclTimeoutRecord | None = None
-        m = _NCCL_CAUGHT.search(t)
-        if m:
-            rec = NcclTimeoutRecord(
-                "caught",
-                t,
-                src,
-                op_type=m.group(2),
-                seq_num=int(m.group(1)),
-                timeout_ms=int(m.group(3)),
-                ran_ms=int(m.group(4)),
-            )
-        elif (m := _NCCL_DETECTED.search(t)) is not None:
-            rec = NcclTimeoutRecord(
-                "detected",
-                t,
-                src,
-                seq_num=int(m.group(1)),
-                last_enqueued=int(m.group(2)),
-                last_completed=int(m.group(3)),
-            )
-        elif (m := _NCCL_STUCK.search(t)) is not None:
-            rec = NcclTimeoutRecord("stuck", t, src, timeout_ms=int(m.group(1)) * 1000)
-        if rec is not None and pg is not None:
-            rec.pg_id = int(pg.group(1))
-            rec.process_group = pg.group(3) or None
-            rec.group_rank = int(pg.group(4))
-        return rec
-
-    def _exception(self, s: bytes, src: int | None, frames: list[str] | None) -> list[Record]:
-        t = _dec(s).strip()
-        m = _EXC_LINE.match(t)
-        if m is None:
-            return []  # not an exception line (a traceback cut short by a kill): nothing to claim
-        exc_type, message = m.group(1), (m.group(2) or "").strip()
-        last = _last_frame(frames) if frames else None
-        if frames is None and (not exc_type.endswith("Error") or m.group(2) is None):
-            return []  # a bare `Foo: ...` line without traceback is too weak unless it is an XError
-        out: list[Record] = [TracebackRecord(exc_type, message, t, last, src)]
-        if _is_validation(exc_type, message, last):
-            out.append(ValidationError(exc_type.rsplit(".", 1)[-1], message, t, last, src))
-        return out
-
-
-_NAMES: dict[bytes, str] = {}  # timer name cache (a run has a few dozen distinct names)
-
-
-def _name(raw: bytes) -> str:
-    name = _NAMES.get(raw)
-    if name is None:
-        name = _dec(raw.rstrip(b". "))
-        if len(_NAMES) < 4096:
-            _NAMES[raw] = name
-    return name
-
-
-def _decode_rows(kind: str, raw: bytes) -> dict[str, tuple[float | None, float]]:
-    """Rows `\n    name ....: (min, max)` (minmax) or `\n    name ....: max` (max) -> dict.
-    Rows whose numbers do not parse are skipped."""
-    out: dict[str, tuple[float | None, float]] = {}
-    if not raw or kind == "all":
-        return out
-    if kind == "minmax":
-        ns = _ROW_NAME.findall(raw)
-        vals = _ROW_VALUES.findall(raw)
-        if len(ns) == len(vals):  # fast path: two literal-led scans instead of one row regex
-            try:
-                return {_name(n): (float(lo), float(hi)) for n, (lo, hi) in zip(ns, vals)}
-            except ValueError:
-                pass
-        for n, lo, hi in _ROW_MINMAX.findall(raw):
-            try:
-                out[_name(n)] = (float(lo), float(hi))
-            except ValueError:
-                continue
-        return out
-    for n, hi in _ROW_MAX.findall(raw):
-        out[_name(n)] = (None, float(hi))
-    return out
-
-
-def _last_frame(frames: list[str] | None) -> str | None:
-    if not frames:
-        return None
-    m = _FRAME.match(frames[-1])
-    if not m:
-        return frames[-1].strip()
-    return f"{m.group(1)}:{m.group(2)} in {m.group(3).strip()}"
+def _dec(b: bytes) -> str:
+    return b.decode("utf-8", "replace")
 
 
 # --------------------------------------------------------------------------- public API
@@ -1034,13 +442,12 @@ def parse_stream(src: Iterable[bytes], source_rank: int | None = None) -> Iterat
 
 
 def rank_from_path(path: str | Path) -> int | None:
-    """`rank-12.out` -> 12 (the job folder's naming, see DESIGN.md)."""
-    m = _RANK_IN_PATH.search(Path(path).name)
-    return int(m.group(1)) if m else None
+    """`rank-12.out` -> 12 (the job folder's naming: jobs.paths.JobPaths)."""
+    return JobPaths.rank_of(path)
 
 
 def _collect(parser: _Parser, src: Iterable[bytes], log: ParsedLog) -> ParsedLog:
-    buckets = {cls: getattr(log, name) for cls, name in _BUCKET.items()}
+    buckets = {cls: getattr(log, name) for cls, name in RECORD_LISTS.items()}
     for rec in _run(parser, src):
         buckets[type(rec)].append(rec)
     log.lines, log.bytes = parser.lines, parser.bytes

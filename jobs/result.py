@@ -8,19 +8,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-# Failure classes, in the order the classifier tries them (see jobs/classify.py).
-FAILURE_CLASSES = (
-    "INVALID_CONFIG",  # Megatron assertion / validation error: deterministic, never retried
-    "OOM",  # CUDA out of memory: deterministic, retried only on request (--retry oom)
-    "NCCL_TIMEOUT",  # watchdog timeout; `nccl_group` names EP/DP/PP/CP when the log says so
-    "NODE_FAIL",
-    "PREEMPTED",
-    "TIMEOUT",  # Slurm time limit: retried once
-    "CANCELLED",
-    "CRASH",  # any other non-zero exit / traceback
-    "NO_OUTPUT",  # the job produced no parsable iteration line and no known signature
-)
-RETRYABLE = {"NODE_FAIL", "PREEMPTED", "NCCL_TIMEOUT", "TIMEOUT"}  # TIMEOUT: once (see policy)
+from jobs.failures import FAILURE_CLASSES, retried_by_default
+
+__all__ = ["FAILURE_CLASSES", "JobResult", "RankMemory"]  # the classes themselves: jobs.failures
 
 
 @dataclass
@@ -38,8 +28,7 @@ class JobResult:
 
     ok: bool
     simulated: bool
-    failure_class: str | None = None
-    retryable: bool = False
+    failure_class: str | None = None  # one of FAILURE_CLASSES (jobs.failures), None = no failure
     failure_detail: str = ""  # the evidence line (first matching signature)
     nccl_group: str | None = None
     exit_code: int | None = None
@@ -95,6 +84,12 @@ class JobResult:
     log_paths: list[str] = field(default_factory=list)
     sidecar_paths: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the default retry policy resubmits this failure (jobs.failures; the sweep's own
+        decision, with the config and the attempt history, is orchestrator.sweep.retry.retry_decision)."""
+        return retried_by_default(self.failure_class)
 
     def to_dict(self) -> dict:
         return asdict(self)

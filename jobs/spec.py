@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobs.paths import atomic_write
 from orchestrator.schema import EffectiveConfig, HardwareConfig, ModelConfig, StageConfig, WorkloadConfig
-
-SPEC_NAME = "job.json"
 
 
 @dataclass
@@ -57,13 +56,9 @@ class JobSpec:
         return _build(cls, data)
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write atomically (tmp + rename): a reader never sees half a spec."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # every rank may save at once
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
-        os.replace(tmp, path)
-        return path
+        """Write atomically: a reader never sees half a spec (every rank may save at once).
+        The job folder's spec file is `jobs.paths.JobPaths(folder).spec`."""
+        return atomic_write(path, json.dumps(self.to_dict(), indent=2, sort_keys=True))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> JobSpec:

@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from jobs.paths import JobPaths
 from jobs.spec import JobSpec
 from orchestrator.plan import argv as plan_argv
 from orchestrator.plan import flops as plan_flops
@@ -27,8 +28,8 @@ TIME_SAFETY = 2.0  # the measured step may be this much slower than predicted be
 
 
 def attempt_dir(cfg: RootConfig, sweep: str, candidate_key: str, attempt: int) -> Path:
-    """`<cluster.folder>/<sweep>/<candidate_key>/attempt-<n>/` (DESIGN.md, Job folder)."""
-    return Path(cfg.cluster.folder).expanduser().resolve() / sweep / candidate_key / f"attempt-{attempt}"
+    """`<cluster.folder>/<sweep>/<candidate_key>/attempt-<n>/` (jobs.paths.JobPaths names the folder and its files)."""
+    return JobPaths.of_attempt(cfg.cluster.folder, sweep, candidate_key, attempt).folder
 
 
 def build_spec(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, make_dataclass
 from typing import TYPE_CHECKING, Any
 
+from jobs.failures import DEFAULT_RETRY_CLASSES
 from orchestrator.knobs import search_fields
 
 
@@ -191,7 +192,8 @@ class PolicyConfig:
     # The calibrated model's own top pick joins a round only when it predicts measurements this well
     # (leave-one-out MAPE); a worse model is used to rank neighbours, not to pick far-away layouts.
     model_trust_mape: float = 0.10
-    retry_classes: list[str] = field(default_factory=lambda: ["NODE_FAIL", "PREEMPTED", "NCCL_TIMEOUT"])
+    # Failure classes resubmitted (how often: jobs.failures); the default is the table's retried classes.
+    retry_classes: list[str] = field(default_factory=lambda: list(DEFAULT_RETRY_CLASSES))
 
 
 @dataclass

@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from jobs.classify import classify, nccl_group_of, normalize_state, retry_limit
+from jobs import classify as classify_mod
+from jobs import failures
+from jobs.classify import classify, config_errors, nccl_group_of, normalize_state
 from jobs.parse import parse_bytes, parse_file
+from jobs.records import ParsedLog
 from jobs.result import FAILURE_CLASSES, JobResult
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
@@ -15,6 +18,10 @@ LOGS = Path(__file__).parent / "fixtures" / "logs"
 
 def logs(*names):
     return [parse_file(LOGS / n) for n in names]
+
+
+def log1(name):
+    return parse_file(LOGS / name)
 
 
 @pytest.mark.parametrize(
@@ -153,12 +160,62 @@ def test_stderr_tail_is_read_too():
     assert c.failure_class == "INVALID_CONFIG" and "must be divisible" in c.detail
 
 
-def test_retry_limits():
-    assert retry_limit("TIMEOUT") == 1
-    assert retry_limit("NODE_FAIL") == retry_limit("PREEMPTED") == retry_limit("NCCL_TIMEOUT") == 2
-    for cls in ("INVALID_CONFIG", "OOM", "CANCELLED", "CRASH", "NO_OUTPUT", None):
-        assert retry_limit(cls) == 0
-    assert set(FAILURE_CLASSES) >= {"TIMEOUT", "NODE_FAIL"}
+def test_config_errors_are_judged_here_from_tracebacks_and_argparse():
+    (w,) = config_errors(log1("validation_world.log"))
+    assert w.exc_type == "AssertionError" and "is not divisible by total_model_size" in w.message
+    assert w.last_frame.endswith("arguments.py:431 in validate_args")
+    layers = config_errors(log1("validation_layers.log"))
+    assert [v.rank for v in layers] == [0, 1]
+    (a,) = config_errors(log1("validation_argparse.log"))
+    assert (a.exc_type, a.message) == ("argparse", "unrecognized arguments: --moe-frobnicate 3")
+    (runtime,) = config_errors(log1("validation_runtime_schedule.log"))
+    assert "dependency bubbles" in runtime.message
+    crash = log1("crash.log")
+    assert crash.tracebacks and not config_errors(crash)  # a data error is not the configuration's fault
+
+
+def test_failure_table_owns_the_classes():
+    """One table: the classes, their retry defaults and the evidence classify applies all come from it."""
+    assert tuple(fc.name for fc in failures.TABLE) == FAILURE_CLASSES == failures.FAILURE_CLASSES
+    assert len(set(FAILURE_CLASSES)) == len(FAILURE_CLASSES)
+    assert set(failures.DETERMINISTIC) == {"OOM", "INVALID_CONFIG"}
+    assert all(fc.retry is failures.Retry.NEVER for fc in failures.TABLE if fc.deterministic)
+    assert set(failures.DEFAULT_RETRY_CLASSES) == {"NODE_FAIL", "PREEMPTED", "NCCL_TIMEOUT", "TIMEOUT"}
+    log_lists = set(vars(ParsedLog())) & {f for fc in failures.TABLE for f in fc.log}
+    assert log_lists == {f for fc in failures.TABLE for f in fc.log}  # every cited record list exists
+
+
+def epilogue(reason: str) -> ParsedLog:
+    due = f" DUE TO {reason}" if reason else ""
+    return parse_bytes(f"slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-11-29T11:00:00{due} ***\n".encode())
+
+
+def test_classify_reads_its_evidence_from_the_table():
+    for fc in failures.TABLE:
+        for reason in fc.epilogue:  # slurmstepd's line alone: the table's class
+            assert classify([epilogue(reason)]).failure_class == fc.name, reason
+        for state in fc.sacct:  # a state alone, no log and no exit code: the table's class
+            assert classify([], slurm_state=state).failure_class == fc.name, state
+        if fc.exit_code:
+            assert classify([], exit_code=3).failure_class == fc.name
+    # Slurm's word beats the logs only where the table says so
+    oom = log1("oom.log")
+    for fc in failures.TABLE:
+        for reason in fc.epilogue:
+            got = classify([oom, epilogue(reason)], exit_code=1).failure_class
+            assert got == (fc.name if fc.slurm_first else "OOM"), reason
+    assert set(classify_mod.FROM_LOG) == {fc.name for fc in failures.TABLE if fc.log}
+    # the log evidence is tried in the table's order: a log holding every kind yields the first class
+    every = logs("crash.log", "nccl_dp.log", "oom.log", "validation_world.log")
+    assert classify(every, exit_code=1).failure_class == next(fc.name for fc in failures.TABLE if fc.log)
+
+
+@pytest.mark.parametrize("fc", failures.TABLE, ids=lambda fc: fc.name)
+def test_retryable_follows_the_table(fc):
+    retried = fc.retry is not failures.Retry.NEVER
+    assert classify_mod.Classification(fc.name, "").retryable == retried
+    assert JobResult(ok=False, simulated=True, failure_class=fc.name).retryable == retried
+    assert not JobResult(ok=True, simulated=True).retryable
 
 
 def test_apply_fills_job_result_and_normalize_state():

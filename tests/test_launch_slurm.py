@@ -14,8 +14,8 @@ import time
 
 import pytest
 
+from jobs.paths import JobPaths
 from orchestrator.launch import LaunchTask, SlurmLauncher, make_launcher
-from orchestrator.launch.task import TIME_LIMIT_MARK
 from orchestrator.schema import ClusterConfig
 
 pytestmark = pytest.mark.slurm
@@ -205,5 +205,5 @@ def test_time_limit_gives_timeout(slurm_cluster, timeout_job):
     assert (st.state, st.terminal) == ("TIMEOUT", True)
     assert (st.end - st.start).total_seconds() >= 120
     # submitit's warning signal (USR2, 30 s before the limit) was recorded, not turned into a FAILED job.
-    assert os.path.exists(os.path.join(sub.folder, f"{TIME_LIMIT_MARK}-rank-0"))
-    assert not os.path.exists(os.path.join(sub.folder, "result.json"))
+    assert JobPaths(sub.folder).time_limit_mark(0).exists()
+    assert not JobPaths(sub.folder).result.exists()

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from jobs import twin
 from jobs.collect import collect
 from jobs.entry import TaskFailed, run_task
 from jobs.parse import parse_file
+from jobs.paths import CheckpointPaths
+from jobs.twin import truth
+from jobs.twin.job import load_job
 from orchestrator import runspec
 from orchestrator.config import compose
 from orchestrator.plan import planner
@@ -63,16 +65,16 @@ def test_save_then_restore_measures_checkpoint_and_effective_throughput(tmp_path
     saved = _run(save_spec)
     assert saved.ok, saved.failure_detail
     assert _iterations(save_spec)[-1] == 6  # exited at the exit interval, not at --train-iters
-    assert (ckpt / twin.TRACKER).read_text() == "6"
-    assert (ckpt / "iter_0000006" / twin.CKPT_MARKER).is_file()
+    assert CheckpointPaths(ckpt).tracker.read_text() == "6"
+    assert (ckpt / "iter_0000006" / CheckpointPaths.TWIN_MARKER).is_file()
     out = "".join(p.read_text() for p in Path(save_spec.job_dir).glob("rank-*.*"))
     assert "saving checkpoint at iteration       6 to" in out and "successfully saved checkpoint from iteration" in out
     assert "exiting program at iteration 6" in out
     lo, hi = saved.timers_ms["save-checkpoint"]
     assert 0 < lo <= hi and saved.ckpt_save_s == pytest.approx(hi / 1000.0)
     # the save time follows the size model: the heaviest rank's weights + optimizer at ckpt_gb_s (noise 3%)
-    job = twin.load_job(save_spec.argv, {"ORCH_JOB_SPEC": str(Path(save_spec.job_dir) / "job.json")})
-    gb = max(twin.checkpoint_gb(job, twin.truth(job).prediction))
+    job = load_job(save_spec.argv, {"ORCH_JOB_SPEC": str(Path(save_spec.job_dir) / "job.json")})
+    gb = max(truth.checkpoint_gb(job, truth.evaluate(job)))
     assert saved.ckpt_save_s == pytest.approx(gb / cfg.workload.twin.ckpt_gb_s, rel=0.15)
 
     restored = _run(restore_spec)
@@ -102,7 +104,7 @@ def test_tracker_without_checkpoint_files_fails_with_file_not_found(tmp_path):
     cfg = _cfg(tmp_path)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    (ckpt / twin.TRACKER).write_text("10")  # the tracker names iteration 10, whose files are gone
+    CheckpointPaths(ckpt).tracker.write_text("10")  # the tracker names iteration 10, whose files are gone
     _, restore_spec = runspec.long_run_specs(cfg, _planned(cfg), sweep="lr", attempt=1, ckpt_dir=ckpt)
     res = _run(restore_spec)
     assert not res.ok and res.exit_code == 1
@@ -164,9 +166,9 @@ def test_twin_without_spec_counts_blocks_from_the_pattern(tmp_path):
     spec = runspec.build_spec(cfg, pl, sweep="ns", attempt=1, job_dir=tmp_path / "j")
     argv = spec.argv
     num_layers = int(argv[argv.index("--num-layers") + 1])
-    job = twin.load_job(argv, {"WORLD_SIZE": "64", "RANK": "63"})  # torchrun's env, no ORCH_JOB_SPEC
+    job = load_job(argv, {"WORLD_SIZE": "64", "RANK": "63"})  # torchrun's env, no ORCH_JOB_SPEC
     assert num_layers > 4 and job.model.num_layers == 4  # --num-layers counts symbols, blocks are 4
-    assert not isinstance(twin.truth(job), planner.Rejected)
+    assert isinstance(truth.evaluate(job), truth.Surface)
 
 
 def test_entry_starts_workloads_with_sigusr2_ignored(tmp_path):

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jobs.metrics import compute, heaviest, load_sidecars, moe_evidence, percentile, rank_memory, summarize, window
-from jobs.parse import IterationRecord, parse_bytes, parse_file
+from jobs.parse import parse_bytes, parse_file
+from jobs.records import IterationRecord
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 

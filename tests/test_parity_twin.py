@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs import parity, twin
+from jobs import parity
 from jobs.collect import collect
 from jobs.entry import run_task
+from jobs.twin import curves
 from orchestrator import runspec
 from orchestrator.config import compose
 from orchestrator.plan import planner
@@ -73,15 +74,17 @@ def test_injected_divergence_fails_the_gate_and_names_the_step(tmp_path):
 
 
 def test_loss_curve_is_shared_across_layouts_and_drifts_only_when_asked():
-    a = [twin.loss_curve(3, it, vocab_size=129280, layout_tag="A") for it in range(1, 41)]
-    b = [twin.loss_curve(3, it, vocab_size=129280, layout_tag="B") for it in range(1, 41)]
-    other_seed = twin.loss_curve(4, 5, vocab_size=129280, layout_tag="A")
+    a = [curves.loss_curve(3, it, vocab_size=129280, layout_tag="A") for it in range(1, 41)]
+    b = [curves.loss_curve(3, it, vocab_size=129280, layout_tag="B") for it in range(1, 41)]
+    other_seed = curves.loss_curve(4, 5, vocab_size=129280, layout_tag="A")
     for (la, ga), (lb, gb) in zip(a, b):
-        assert la == pytest.approx(lb, rel=2 * twin.LAYOUT_NOISE) and ga == pytest.approx(gb, rel=2 * twin.LAYOUT_NOISE)
+        assert la == pytest.approx(lb, rel=2 * curves.LAYOUT_NOISE) and ga == pytest.approx(
+            gb, rel=2 * curves.LAYOUT_NOISE
+        )
     assert a[0][0] > a[-1][0]  # training: the loss goes down
     assert other_seed != a[4]
-    d = [twin.loss_curve(3, it, vocab_size=129280, layout_tag="A", drift_scale=0.05) for it in range(1, 41)]
+    d = [curves.loss_curve(3, it, vocab_size=129280, layout_tag="A", drift_scale=0.05) for it in range(1, 41)]
     rel = [x[0] / y[0] - 1 for x, y in zip(d, a)]
     assert all(r2 > r1 > 0 for r1, r2 in itertools.pairwise(rel)) and rel[-1] < 0.05
-    assert twin.diverges(Layout(cp=4, ep=8), {"cp": 4}) and not twin.diverges(Layout(cp=2), {"cp": 4})
-    assert not twin.diverges(Layout(cp=4), {})
+    assert curves.diverges(Layout(cp=4, ep=8), {"cp": 4}) and not curves.diverges(Layout(cp=2), {"cp": 4})
+    assert not curves.diverges(Layout(cp=4), {})

@@ -10,17 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jobs.parse as parse
-from jobs.parse import (
-    SIMULATED_MARKER,
-    IterationRecord,
-    NcclTimeoutRecord,
-    SlurmCancelRecord,
-    TimerBlock,
-    parse_bytes,
-    parse_file,
-    parse_stream,
-    rank_from_path,
-)
+from jobs.parse import parse_bytes, parse_file, parse_stream, rank_from_path
+from jobs.records import SIMULATED_MARKER, IterationRecord, NcclTimeoutRecord, SlurmCancelRecord, TimerBlock
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 
@@ -150,21 +141,20 @@ def test_nccl_heartbeat_stuck():
     assert (r.kind, r.timeout_ms, r.rank, r.process_group) == ("stuck", 480000, 5, "default_pg")
 
 
-def test_validation_errors():
-    (w,) = log("validation_world.log").validation_errors
+def test_tracebacks_and_argparse_errors_are_facts_not_verdicts():
+    """The parser reports the exception and where it was raised; whether that is a configuration error is
+    jobs.classify's call (tests/test_classify.py)."""
+    p = log("validation_world.log")
+    (w,) = p.tracebacks
     assert w.exc_type == "AssertionError" and "is not divisible by total_model_size" in w.message
     assert w.last_frame.endswith("arguments.py:431 in validate_args")
-    layers = log("validation_layers.log").validation_errors
+    assert not p.validation_errors
+    layers = log("validation_layers.log").tracebacks
     assert [v.rank for v in layers] == [0, 1]
     assert layers[0].message == "Number of layers should be divisible by the pipeline-model-parallel size"
     (a,) = log("validation_argparse.log").validation_errors
     assert (a.exc_type, a.message) == ("argparse", "unrecognized arguments: --moe-frobnicate 3")
-
-
-def test_generic_traceback_is_not_a_validation_error():
-    p = log("crash.log")
-    assert not p.validation_errors
-    (tb,) = p.tracebacks
+    (tb,) = log("crash.log").tracebacks
     assert (tb.exc_type, tb.message) == ("RuntimeError", "index file is corrupt: /data/idx/train_text_document.idx")
 
 

@@ -1,4 +1,4 @@
-"""Every number of the guide (seed-facts.md) that the analytic models own, from the real Hydra config.
+"""Every number of the tuning guide that the analytic models own, from the real Hydra config.
 
 The model and stage values come from conf/ through orchestrator.config.compose, so a wrong YAML value
 fails here too.

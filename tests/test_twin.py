@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from jobs.parse import SIMULATED_MARKER, parse_bytes
-from jobs.twin import NCCL_GROUPS, perturbation
+from jobs.classify import config_errors
+from jobs.parse import parse_bytes
+from jobs.records import SIMULATED_MARKER
+from jobs.twin.faults import NCCL_GROUPS
+from jobs.twin.truth import perturbation
 from orchestrator.plan.argv import megatron_argv
 from orchestrator.plan.layout import Layout
 from orchestrator.runspec import build_spec
@@ -145,7 +148,7 @@ def test_illegal_layout_is_a_megatron_assertion(smoke, tmp_path):
     )
     proc = run_twin(spec, argv=argv)
     assert proc.returncode == 1
-    errors = parse_bytes(proc.stderr).validation_errors
+    errors = config_errors(parse_bytes(proc.stderr))
     assert errors and errors[0].exc_type == "AssertionError"
     # The first violated rule (expert grid: 32 % (ETP x EP x PP) != 0), worded as Megatron words it.
     assert errors[0].message.startswith("world size (32) is not divisible by expert_tensor_model_pipeline")
@@ -232,7 +235,7 @@ def test_capacity_factor_drops_tokens(smoke, tmp_path):
 
 
 def test_moe_layers_per_pipeline_stage():
-    from jobs.twin import moe_layers_on_stage
+    from jobs.twin.sidecars import moe_layers_on_stage
 
     pattern = "HEHECE|HECE|HECEHE|CE/WE"  # PP2 x VPP2: rank 0 runs segments 0 and 2, rank 1 runs 1, 3 and MTP
     assert [moe_layers_on_stage(pattern, 2, s) for s in (0, 1)] == [6, 4]

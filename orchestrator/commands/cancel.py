@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from jobs.failures import Failure
 from orchestrator.config import compose
 from orchestrator.states import AttemptState, CandidateStatus, SweepStatus
 from orchestrator.sweep import open_ledger, stored_config
@@ -32,7 +33,7 @@ def run(args, overrides) -> int:
             ledger.update_attempt(
                 a.id,
                 state=AttemptState.CANCELLED,
-                failure_class="CANCELLED",
+                failure_class=Failure.CANCELLED,
                 failure_detail="cancelled by `orchestrator cancel`",
             )
         for c in ledger.candidates(args.name, status=CandidateStatus.LIVE):

@@ -35,6 +35,7 @@ def add_arguments(parser) -> None:
 
 def run(args, overrides) -> int:
     from jobs.collect import collect
+    from jobs.paths import JobPaths
     from orchestrator.plan import planner
     from orchestrator.runspec import attempt_dir, build_spec, time_limit_min
 
@@ -59,7 +60,7 @@ def run(args, overrides) -> int:
     attempt = args.attempt or _next_attempt(attempt_dir(cfg, sweep, planned.key, 1).parent)
     folder = attempt_dir(cfg, sweep, planned.key, attempt)
     spec = build_spec(cfg, planned, sweep=sweep, attempt=attempt, job_dir=folder)
-    spec.save(folder / "job.json")
+    spec.save(JobPaths(folder).spec)
     state, job_id, kind = _launch_and_wait(cfg, spec, time_limit_min(spec, cfg.cluster))
     result = collect(folder, slurm_state=state.state, exit_code=state.exit_code, job_id=job_id)
     summary = summarize(args.candidate, planned, spec, result, job_id=job_id, cluster=kind)

@@ -8,16 +8,15 @@ files the jobs write into their folder (`result.json`), never from in-memory sub
 from __future__ import annotations
 
 import json
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from jobs.paths import JobPaths
 from orchestrator.states import AttemptState
 
-RESULT_FILE = "result.json"
 OnSubmitted = Callable[[int, "Submitted"], None]
 
 
@@ -84,13 +83,13 @@ def shape(task: LaunchTask) -> tuple[int, int, int]:
 
 
 def read_result(folder: str) -> Any:
-    """The job's own result.json (written by the jobs side), parsed."""
-    path = os.path.join(folder, RESULT_FILE)
+    """The job's own result file (written by the jobs side), parsed."""
+    path = JobPaths(folder).result
     try:
         with open(path) as fh:
             return json.load(fh)
     except FileNotFoundError:
-        raise LaunchError(f"no {RESULT_FILE} in {folder}: the job did not finish its work") from None
+        raise LaunchError(f"no {path.name} in {folder}: the job did not finish its work") from None
 
 
 class Launcher(ABC):

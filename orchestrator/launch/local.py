@@ -11,6 +11,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from jobs.paths import JobPaths
 from orchestrator.launch.base import (
     JobState,
     Launcher,
@@ -68,7 +69,7 @@ class LocalLauncher(Launcher):
             while self._running() >= max(1, self.cluster.local_max_workers):
                 time.sleep(self.slot_poll_s)
             time_min = max(self.cluster.min_time_min, int(t.time_min))
-            executor = submitit.LocalExecutor(folder=os.path.join(os.path.abspath(t.folder), ".submitit", "%j"))
+            executor = submitit.LocalExecutor(folder=JobPaths(os.path.abspath(t.folder)).submitit_folder)
             executor.update_parameters(
                 timeout_min=time_min,
                 nodes=1,
@@ -91,11 +92,11 @@ class LocalLauncher(Launcher):
         job = self._jobs.get(jid)
         if job is None:  # re-attached after a restart: only the folder and the pid are left
             folder = self._folders.get(jid)
-            if folder and os.path.exists(os.path.join(folder, "result.json")):
+            if folder and JobPaths(folder).result.exists():
                 return state_of(AttemptState.COMPLETED, node_list="localhost")
             if _pid_alive(jid):
                 return state_of(AttemptState.RUNNING, node_list="localhost")
-            return state_of(AttemptState.FAILED, reason="local job lost (no process, no result.json)")
+            return state_of(AttemptState.FAILED, reason=f"local job lost (no process, no {JobPaths.RESULT})")
         times = {"node_list": "localhost", "start": self._start.get(jid)}
         if not job.done():
             return state_of(AttemptState.RUNNING, **times)

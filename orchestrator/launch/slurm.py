@@ -14,6 +14,7 @@ from collections import defaultdict
 from os.path import commonpath
 from typing import Any
 
+from jobs.paths import JobPaths
 from orchestrator.launch import sacct
 from orchestrator.launch.base import (
     JobState,
@@ -113,7 +114,7 @@ class SlurmLauncher(Launcher):
 
         # submitit's own files (sbatch script, pickles, logs) sit next to the job folders.
         common = os.path.commonpath([os.path.abspath(t.folder) for t in tasks])
-        executor = submitit.SlurmExecutor(folder=os.path.join(common, ".submitit", "%j"))
+        executor = submitit.SlurmExecutor(folder=JobPaths(common).submitit_folder)
         executor.update_parameters(**self.parameters(tasks))
         try:
             with executor.batch():

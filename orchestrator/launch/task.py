@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-TIME_LIMIT_MARK = "time-limit-warning"
+from jobs.paths import JobPaths
 
 
 class RunInFolder:
@@ -26,7 +26,7 @@ class RunInFolder:
     def _warned(self, signum: int, frame: Any) -> None:
         rank = os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0"))
         try:
-            with open(os.path.join(self.folder, f"{TIME_LIMIT_MARK}-rank-{rank}"), "w") as fh:
+            with open(JobPaths(self.folder).time_limit_mark(rank), "w") as fh:
                 fh.write(f"signal {signum} at {time.time():.3f}\n")
         except OSError:
             pass

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from jobs.failures import Failure
 from orchestrator.policy.types import Observation
 
 REG = 0.01  # pull toward 1 per component, in units of squared relative error
@@ -139,7 +140,7 @@ def memory_factor(rows: Sequence[Observation], *, hbm_gb: float, margin_gb: floa
     ok = [r for r in rows if r.peak_gb and r.raw_memory_gb > 0]
     factor = statistics.median(r.peak_gb / r.raw_memory_gb for r in ok) if ok else 1.0
     usable = max(hbm_gb - margin_gb, 1e-9)
-    ooms = [r for r in rows if r.failure_class == "OOM" and r.raw_memory_gb > 0]
+    ooms = [r for r in rows if r.failure_class == Failure.OOM and r.raw_memory_gb > 0]
     if ooms:
         factor = max(factor, max(usable / r.raw_memory_gb for r in ooms) * 1.02)
     ran = [r for r in rows if r.ok and r.raw_memory_gb > 0]
@@ -157,7 +158,7 @@ def calibrate(rows: Sequence[Observation], *, hbm_gb: float, margin_gb: float) -
         factors={c: 1.0 for c in names},
         n_step=len(ok),
         n_memory=sum(1 for r in rows if r.peak_gb),
-        n_oom=sum(1 for r in rows if r.failure_class == "OOM"),
+        n_oom=sum(1 for r in rows if r.failure_class == Failure.OOM),
     )
     fit.memory_factor = memory_factor(rows, hbm_gb=hbm_gb, margin_gb=margin_gb)
     mem_rows = [r for r in rows if r.peak_gb and r.raw_memory_gb > 0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import statistics
 
+from jobs.failures import Failure
 from orchestrator.policy.calibrate import Fit, calibrate
 from orchestrator.policy.env import PlanEnv
 from orchestrator.policy.promote import promoted_layouts
@@ -141,7 +142,7 @@ class CalibratedNeighbours(Policy):
         rows = list(inp.observations)
         if sum(r.ok for r in rows) < 3 and inp.source:
             rows += inp.source
-        if not any(r.ok or r.failure_class == "OOM" for r in rows):
+        if not any(r.ok or r.failure_class == Failure.OOM for r in rows):
             return None
         return calibrate(rows, hbm_gb=env.hardware.hbm_gb, margin_gb=env.stage.memory_margin_gb)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from jobs.failures import Failure
 from orchestrator.knobs import GROUPS
 from orchestrator.plan.layout import Layout
 from orchestrator.policy.types import Observation
@@ -104,4 +105,4 @@ def needs_more_memory(a: Layout, b: Layout) -> bool:
 
 def oom_dominated(layout: Layout, rows: Iterable[Observation]) -> bool:
     """A layout that needs at least as much memory as one that measured OOM will OOM too: skip it."""
-    return any(r.failure_class == "OOM" and needs_more_memory(layout, r.layout) for r in rows)
+    return any(r.failure_class == Failure.OOM and needs_more_memory(layout, r.layout) for r in rows)

@@ -11,9 +11,6 @@ from dataclasses import asdict, dataclass, field
 from orchestrator.plan.layout import Layout
 from orchestrator.states import EdgeKind
 
-# Failure classes that say the layout itself does not run (deterministic): they teach, never retry.
-DETERMINISTIC = ("OOM", "INVALID_CONFIG")
-
 
 @dataclass(frozen=True)
 class Observation:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from jobs.paths import atomic_write
 from orchestrator import knobs
 from orchestrator.report import plots
 from orchestrator.report.data import KNOB_COLUMNS, ReportData
@@ -199,11 +199,7 @@ def render(d: ReportData, out_dir: Path) -> Path:
         "i=>i.setAttribute('data-natural-width',i.naturalWidth)))</script>"
     )
     parts.append("</body></html>")
-    path = out_dir / "report.html"
-    tmp = path.with_suffix(".html.tmp")
-    tmp.write_text("\n".join(parts), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(out_dir / "report.html", "\n".join(parts))
 
 
 def default_out(name: str) -> Path:

@@ -24,6 +24,7 @@ from jobs import parity as parity_mod
 from jobs.collect import collect
 from jobs.effective import effective_throughput
 from jobs.entry import run_task
+from jobs.paths import JobPaths
 from jobs.result import JobResult
 from jobs.spec import JobSpec
 from orchestrator import runspec
@@ -31,6 +32,7 @@ from orchestrator.launch import LaunchTask
 from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
 from orchestrator.schema import RootConfig
+from orchestrator.sweep.retry import retry_decision
 
 RETRY_ONCE = True  # a parity / long-run job lost to a retryable failure (NODE_FAIL ...) is resubmitted once
 OnPoll = Callable[[], None] | None  # called before every poll: the sweep loop's lease heartbeat
@@ -52,6 +54,7 @@ def run_jobs(
     A retryable failure is resubmitted once. `on_poll` runs before each poll (a heartbeat; it may raise
     to stop waiting)."""
     results: list[JobResult | None] = [None] * len(specs)
+    retry_classes = cfg.policy.retry_classes
     todo = list(range(len(specs)))
     for round_no in range(2 if RETRY_ONCE else 1):
         if not todo:
@@ -59,7 +62,7 @@ def run_jobs(
         tasks = []
         for i in todo:
             spec = specs[i]
-            spec.save(Path(spec.job_dir) / "job.json")
+            spec.save(JobPaths(spec.job_dir).spec)
             tasks.append(
                 LaunchTask(
                     fn=run_task,
@@ -86,7 +89,8 @@ def run_jobs(
             st = states[ids[i]]
             res = collect(specs[i].job_dir, slurm_state=st.state, exit_code=st.exit_code, job_id=ids[i])
             results[i] = res
-            if not res.ok and res.retryable and round_no == 0:
+            again = retry_decision(res.failure_class, [res.failure_class], max_attempts=2, retry_classes=retry_classes)
+            if not res.ok and round_no == 0 and again[0]:
                 retry.append(i)
         todo = retry
     return [r for r in results if r is not None]

@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from db.ledger import AttemptRow, CandidateRow, Ledger, SweepRow
+from jobs.failures import Failure
+from jobs.paths import JobPaths
 from orchestrator.plan.layout import Layout, Prediction
 from orchestrator.plan.planner import Planned
 from orchestrator.policy import make_policy
@@ -232,10 +234,10 @@ class Driver:
             atts = self.ledger.attempts(c.id)
             attempt = len(atts) + 1
             # A retry after NODE_FAIL keeps off the node(s) it failed on ("retried on healthy nodes").
-            exclude = (atts[-1].node_list or "") if atts and atts[-1].failure_class == "NODE_FAIL" else ""
+            exclude = (atts[-1].node_list or "") if atts and atts[-1].failure_class == Failure.NODE_FAIL else ""
             folder = attempt_dir(self.cfg, self.name, c.key, attempt)
             spec = build_spec(self.cfg, planned_from_row(c), sweep=self.name, attempt=attempt, job_dir=folder)
-            spec.save(folder / "job.json")
+            spec.save(JobPaths(folder).spec)
             tasks.append(
                 LaunchTask(
                     fn=run_task,
@@ -348,7 +350,7 @@ class Driver:
             )
             self.view.event(f"job {a.job_id} {fc}: retrying ({why})")
         else:
-            status = CandidateStatus.CANCELLED if fc == "CANCELLED" else CandidateStatus.FAILED
+            status = CandidateStatus.CANCELLED if fc == Failure.CANCELLED else CandidateStatus.FAILED
             self.ledger.set_candidate_status(c.id, status, f"{fc}: {why}")
             self.view.event(f"job {a.job_id} {fc}: not retried ({why}) {lay}")
 

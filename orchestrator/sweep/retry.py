@@ -1,25 +1,37 @@
-"""Which failed attempts are submitted again. Pure: the loop passes the attempt history from the ledger."""
+"""Which failed attempts are submitted again: the one retry decision (the sweep loop and the finalists).
+
+Pure: the caller passes the attempt history (from the ledger). What each class allows is jobs.failures'
+table: `policy.retry_classes` (whose default is the table's retried classes) says which classes are
+retried, the table says how often (TIMEOUT once, the others up to max_attempts); a class asked for on the
+command line (--retry oom) is retried up to max_attempts whatever the table says.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+
+from jobs.failures import BY_NAME, DEFAULT_RETRY_CLASSES, Retry
 
 
 def retry_decision(
-    fc: str, history: Sequence[str], *, max_attempts: int, retry_classes: Sequence[str], asked: set[str] = frozenset()
-) -> tuple:
-    """(retry?, why) for an attempt that failed with `fc`; `history` = failure classes of every attempt so far.
-
-    Retryable classes (NODE_FAIL, PREEMPTED, NCCL_TIMEOUT by default) up to max_attempts; TIMEOUT once;
-    deterministic failures (OOM, INVALID_CONFIG) and anything else only when asked (--retry oom).
-    """
+    fc: str | None,
+    history: Sequence[str | None],
+    *,
+    max_attempts: int,
+    retry_classes: Sequence[str] = DEFAULT_RETRY_CLASSES,
+    asked: Iterable[str] = (),
+) -> tuple[bool, str]:
+    """(retry?, why) for an attempt that failed with `fc`; `history` = failure classes of every attempt so far
+    (this one included). `fc` may also be a Slurm state the attempt ended in without a class (no retry)."""
     asked = {c.upper() for c in asked}
-    allowed = {c.upper() for c in retry_classes} | asked
     if len(history) >= max_attempts:
         return False, f"{len(history)} attempt(s) = max_attempts"
-    if fc == "TIMEOUT" and "TIMEOUT" not in asked:
-        timeouts = sum(1 for x in history if x == "TIMEOUT")
-        return (True, "TIMEOUT is retried once") if timeouts <= 1 else (False, "TIMEOUT already retried once")
-    if fc in allowed:
+    known = BY_NAME.get(fc or "")
+    if fc in asked:
         return True, f"attempt {len(history) + 1} of {max_attempts}"
-    return False, "deterministic" if fc in ("OOM", "INVALID_CONFIG") else "not a retryable class"
+    if fc not in {c.upper() for c in retry_classes}:
+        return False, "deterministic" if known is not None and known.deterministic else "not a retryable class"
+    if known is not None and known.retry is Retry.ONCE:
+        seen = sum(1 for x in history if x == fc)
+        return (True, f"{fc} is retried once") if seen <= 1 else (False, f"{fc} already retried once")
+    return True, f"attempt {len(history) + 1} of {max_attempts}"

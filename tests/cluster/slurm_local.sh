@@ -6,7 +6,7 @@
 #   bash tests/cluster/slurm_local.sh down     cancel jobs, stop daemons, remove /etc/hosts and /etc/slurm links
 #   bash tests/cluster/slurm_local.sh down --purge   also delete the state dir and the accounting database
 #
-# Why each piece (see /work/shared/reference/slurm-local.md): no systemd and no cgroups here, so daemons are
+# Why each piece (Slurm docs: slurm.conf(5), slurmdbd.conf(5), gres.conf(5)): no systemd and no cgroups here, so daemons are
 # started by hand with linuxproc/task-none; one slurmd per logical node (this Debian build has
 # MULTIPLE_SLURMD); slurmdbd because without accounting sacct fails and submitit can never see a job
 # cancelled from outside; FirstJobId from the clock so a fresh cluster never reuses old job ids.
