@@ -128,6 +128,7 @@ def run(model: ModelConfig, hw: HardwareConfig, stage: StageConfig, lay, sh: Sha
 
     # one MoE layer's all-to-all per microbatch (4 passes: dispatch + combine, forward + backward)
     a2a = 0.0
+    passes = 4 + (2 if ("moe" in recompute or "full" in recompute) else 0)
     if ep > 1:
         label = lay.dispatcher
         be = q.backends.get(label) or q.backends["alltoall"]
@@ -145,11 +146,9 @@ def run(model: ModelConfig, hw: HardwareConfig, stage: StageConfig, lay, sh: Sha
         tok = t * h * 2.0 * hot
         bw_nic = nic * bw_mult / (1.0 + q.congestion * math.log2(span)) if span > 1 else nic
         per_pass = max(remote * tok / bw_nic, near * tok / nvl) + q.a2a_latency_s
-        passes = 4 + (2 if ("moe" in recompute or "full" in recompute) else 0)
         a2a = passes * per_pass * (1.0 - hidden)
-    straggle = (
-        1.0 + q.jitter * math.sqrt(2 * math.log(ep)) * (1 + q.span_jitter * math.log2(ep_span)) if ep > 1 else 1.0
-    )
+    # every all-to-all waits for the slowest of EP ranks: E[max] of EP draws, wider across more nodes
+    spread = math.sqrt(2 * math.log(ep)) * (1 + q.span_jitter * math.log2(ep_span)) if ep > 1 else 0.0
 
     memo: dict[int, float] = {}  # blocks of one kind are one object (shape.py)
 
@@ -162,9 +161,9 @@ def run(model: ModelConfig, hw: HardwareConfig, stage: StageConfig, lay, sh: Sha
             + bl.expert_flops * hot / (peak * max(eff_exp, 1e-6))
         )
         fwd *= q.block_cost.get(bl.symbol, 1.0)
-        s = (3.0 + redo) * fwd * straggle
+        s = (3.0 + redo) * fwd * (1.0 + q.jitter * spread)
         if bl.moe:
-            s += a2a
+            s += a2a + passes * q.sync_jitter_s * spread
         if offloaded:  # out in forward, back in backward, half of it behind compute
             s += t * sum(v for name, v in bl.tensors if name in offloaded) * 2.0 * 2 / (PCIE_GB_S * GB) * 0.5
         if cp > 1:
