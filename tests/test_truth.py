@@ -160,3 +160,28 @@ def test_deterministic_and_surfaces_disagree(grid8k):
         assert truth.evaluate(case) == truth.evaluate(case)
         steps[surface] = truth.evaluate(case).step_s
     assert len(set(steps.values())) == len(steps)
+
+
+def test_unknown_surface_is_one_error_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "plan", "+stage=smoke", "workload.twin.surface=nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and not proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "workload.twin.surface" in lines[0]
+    assert all(s.value in lines[0] for s in TwinSurface)  # names the choices: the fix
+
+
+def test_imbalance_surface_slows_one_stage_of_a_flop_balanced_split(grid8k):
+    """The planner splits blocks to balance its FLOPs; on the imbalance surface block kinds and the head cost
+    differently, so the slowest stage runs well above the mean (it paces every microbatch)."""
+    cfg, legal = grid8k
+    deep = [i for i, c in enumerate(legal) if c.layout.pp >= 8]
+    skew = {}
+    for surface in ("balanced", "imbalance"):
+        s = _surfaces(cfg, [legal[i] for i in deep], surface, 0)
+        skew[surface] = statistics.median(max(x.stage_s) / statistics.fmean(x.stage_s) for x in s)
+    assert skew["imbalance"] > 1.15 and skew["imbalance"] > skew["balanced"] + 0.05, skew

@@ -25,6 +25,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,11 @@ GOAL_GAP = 0.02  # reported best within 2% of the true best
 HOLDER = "bench-search"  # claims in the bench ledger
 
 
+@cache
 def _load(path: Path):
+    """A stand-in's module, loaded once (its folder on sys.path for megatron_io)."""
+    if str(WORKLOADS) not in sys.path:
+        sys.path.insert(0, str(WORKLOADS))
     spec = importlib.util.spec_from_file_location(f"workload_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
@@ -90,10 +95,9 @@ class Target:
             rng = random.Random(f"bench:{self.name}:{self.seed}:{layout.short()}:{attempt}")
             times = tuple(truth.step_times(s, iters, rng)) if fits else ()
             return Launch(s.step_s, fits, times, max(s.stage_gb), tuple(s.stage_gb))
-        sys.path.insert(0, str(WORKLOADS))
+        mod = _load(WORKLOADS / f"{self.label}.py")
         import megatron_io
 
-        mod = _load(WORKLOADS / f"{self.label}.py")
         st = cfg.stage
         rc = "full" if "full" in layout.recompute else ("+".join(sorted(layout.recompute)) or "none")
         point = megatron_io.Point(

@@ -48,6 +48,7 @@ class Surface:
     forward_backward_s: float
     grad_sync_s: float
     optimizer_s: float
+    stage_s: tuple[float, ...]  # per-microbatch seconds of each pipeline stage (the slowest paces the pipeline)
     stage_gb: tuple[float, ...]  # peak reserved memory of one rank per pipeline stage (GB)
     stage_allocated_gb: tuple[float, ...]
     checkpoint_gb: tuple[float, ...]  # per stage: what one rank writes (weights + optimizer state)
@@ -92,6 +93,7 @@ def evaluate(case: Case) -> Surface:
         forward_backward_s=r.forward_backward_s,
         grad_sync_s=r.grad_sync_s,
         optimizer_s=r.optimizer_s,
+        stage_s=r.stage_s,
         stage_gb=tuple(s.reserved for s in r.memory),
         stage_allocated_gb=tuple(s.allocated for s in r.memory),
         checkpoint_gb=tuple(s.weights + s.optimizer for s in r.memory),

@@ -74,7 +74,6 @@ class Run:
     memory: tuple[StageMem, ...]
     tail_scale: float  # x the twin's tail_prob
     flops_per_step: float
-    m: int
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -179,12 +178,16 @@ def run(model: ModelConfig, hw: HardwareConfig, stage: StageConfig, lay, sh: Sha
         bw = nic if n // pp >= gpn else nvl
         hop = t * h * max(1, model.hyper_connection_streams) * 2.0 / bw
         p2p = 2 * vpp * hop * q.p2p_exposed * (1.4 if vpp == 1 else 1.0) + vpp * q.chunk_overhead_s
+    n_blocks = sum(len(seg) for seg in sh.segments)
+    mean_block = sum(block_s(bl) for seg in sh.segments for bl in seg) / max(1, n_blocks)
     stage_s, grad_s, opt_s, mems = [], [], [], []
     opt_b = OPT_BYTES.get(str(model.optimizer).lower(), 12.0)
     dist = stage.use_distributed_optimizer
     for r in range(pp):
         kinds = sh.rank_kinds(r, pp)
         ts = sum(block_s(bl) * c for bl, c in kinds) + (p2p if pp > 1 else 0.0)
+        if r == 0:
+            ts += q.first_stage_blocks * mean_block
         dense = sum(bl.dense_params * c for bl, c in kinds) / tp
         expert = sum(bl.expert_params * c for bl, c in kinds) / (ep * etp)
         extra = (
@@ -221,7 +224,6 @@ def run(model: ModelConfig, hw: HardwareConfig, stage: StageConfig, lay, sh: Sha
         memory=tuple(mems),
         tail_scale=tail,
         flops_per_step=3.0 * flops_tok * stage.global_batch * S,
-        m=m,
     )
 
 

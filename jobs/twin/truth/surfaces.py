@@ -10,8 +10,9 @@ moves where that effect bites, so twin.seed moves the optimum, not only the nois
              its own bandwidth, overlap with compute and span beyond which both collapse (drawn).
   memory     activation memory mis-sized per component: attention, MoE and mHC activations each 2-3x
              smaller (mostly) or larger than their tensors suggest (directions and sizes drawn).
-  imbalance  block kinds (CSA / HCA / window attention) and the last stage's head + loss cost differently
-             from their FLOPs (drawn), so a FLOP-balanced pipeline split has a slow stage.
+  imbalance  block kinds (CSA / HCA / window attention), the first stage's embedding and the last stage's
+             head + loss cost differently from their FLOPs (drawn), so a FLOP-balanced pipeline split has
+             a slow stage.
   tails      every all-to-all waits for the slowest EP rank: a fixed per-pass jitter (so many small
              microbatches pay more than few large ones) and a relative one, both growing with the EP
              group's node span; stragglers (p99) whose rate grows with the span too (drawn strengths).
@@ -52,6 +53,7 @@ class Quirks:
     exp_tile: int = 128  # tokens per expert are padded to this tile
     block_cost: dict[str, float] = field(default_factory=lambda: {"C": 1.0, "H": 1.0, "W": 1.0})
     head_cost: float = 1.0  # output head + loss, relative to their FLOPs
+    first_stage_blocks: float = 0.2  # embedding, mHC stream expansion, input pipeline: in mean blocks
     recompute_cost: dict[str, float] = field(
         default_factory=lambda: {
             "full": 1.0,
@@ -149,7 +151,12 @@ def _memory(r: random.Random) -> Quirks:
 
 
 def _imbalance(r: random.Random) -> Quirks:
-    return replace(_balanced(r), block_cost={s: _lu(r, 0.6, 1.7) for s in ("C", "H", "W")}, head_cost=_lu(r, 1.5, 4.0))
+    return replace(
+        _balanced(r),
+        block_cost={s: _lu(r, 0.5, 2.0) for s in ("C", "H", "W")},
+        head_cost=_lu(r, 2.0, 5.0),
+        first_stage_blocks=r.uniform(0.5, 2.5),
+    )
 
 
 def _tails(r: random.Random) -> Quirks:
