@@ -44,7 +44,7 @@ def test_a_launch_costs_start_up_plus_its_iterations(bench):
 
 def test_the_true_best_is_the_fastest_layout_that_fits(bench):
     cfg, target, grid, *_ = bench
-    again = [target.launch(cfg, lay, pat) for lay, pat in zip(grid.layouts, grid.patterns, strict=True)]
+    again = [target.launch(cfg, *x) for x in zip(grid.layouts, grid.patterns, grid.keys, strict=True)]
     fitting = [x.step_s for x in again if x.fits]
     assert 0 < len(fitting) < len(again)  # some layouts OOM on this surface
     assert grid.best_s == min(fitting) and grid.launches[grid.best].fits
@@ -76,7 +76,7 @@ def test_the_sweep_goes_through_the_ledger_and_its_gap_is_against_the_true_best(
     # the reported best is the best measured p50; its gap is its true step over the grid's true best
     best = min(measured, key=lambda r: r.metrics["step_p50_s"])
     assert Layout.from_dict(best.layout) == sweep.reported
-    true_s = target.launch(cfg, sweep.reported, best.layer_pattern).step_s
+    true_s = target.launch(cfg, sweep.reported, best.layer_pattern, best.key).step_s
     gap = grid.gap(sweep.reported_true_s)
     assert gap == pytest.approx(true_s / grid.best_s - 1) and gap >= 0
     # cost: the same launch cost as every other method, summed over the sweep's attempts

@@ -45,14 +45,14 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
     # the reported best, judged on the stand-in's own truth
     reported = Layout.from_dict(best["layout"])
     row = next(c for c in cands if c.key == best["key"])
-    truth = target.launch(cfg, reported, row.layer_pattern)
+    truth = target.launch(cfg, reported, row.layer_pattern, row.key)
     assert truth.fits and best["metrics"]["step_p50_s"] == pytest.approx(truth.step_s, rel=0.02)
     grid = lib.build_grid(cfg, target, STARTUP_S)
     rnd = lib.random_search(grid, orders=500, seed=0)
     gap = grid.gap(truth.step_s)
     cost = sum(
         lib.launch_gpu_hours(
-            cfg.stage.gpus, STARTUP_S, iters, target.launch(cfg, Layout.from_dict(c.layout), c.layer_pattern)
+            cfg.stage.gpus, STARTUP_S, iters, target.launch(cfg, Layout.from_dict(c.layout), c.layer_pattern, c.key)
         )
         for c, _ in launched
     )
@@ -74,3 +74,24 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
         f"grid ({grid.exhaustive_gpu_hours:,.0f}); random's median gap at that cost "
         f"{float(np.median(rnd.gap_at(cost))):.1%}"
     )
+
+
+def test_the_in_process_sweep_is_the_cli_sweep_on_the_twin(tmp_path):
+    """The benchmark's substitution, checked on the twin: `sweep +stage=smoke cluster=local` (real twin jobs,
+    their logs collected) and the in-process sweep (the truth evaluated, the same seeded step draws) launch
+    the same layouts in the same rounds and report the same best."""
+    target = lib.Target("twin:memory", seed=2)
+    overrides = [*target.overrides(), "stage.budget.max_runs=8"]
+    proc = cli("sweep", *sweep_args(tmp_path, "twinsmoke", *overrides), "--plain", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        real = sorted((c.round, c.key, c.status) for c in led.candidates("twinsmoke"))
+        real_best = observe.best_of(led, "twinsmoke")
+    composed = compose(["+stage=smoke", "cluster=local", *overrides])
+    with lib.fresh_ledger(str(tmp_path / "inproc")) as led:
+        lib.run_sweep(led, composed, target, "twinsmoke", STARTUP_S)
+        inproc = sorted((c.round, c.key, c.status) for c in led.candidates("twinsmoke"))
+        inproc_best = observe.best_of(led, "twinsmoke")
+    assert len(real) > 1 and inproc == real
+    assert inproc_best["key"] == real_best["key"]
+    assert inproc_best["step_p50_s"] == pytest.approx(real_best["step_p50_s"], abs=1e-4)  # logs print 0.1 ms

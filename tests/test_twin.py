@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 
 from jobs.parse import SIMULATED_MARKER, parse_bytes
-from jobs.twin.faults import NCCL_GROUPS
 from jobs.twin import truth
+from jobs.twin.faults import NCCL_GROUPS
 from orchestrator.config import compose
 from orchestrator.plan import planner
 from orchestrator.plan.argv import megatron_argv
-from orchestrator.plan.layout import Layout
 from orchestrator.runspec import build_spec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,13 +20,13 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-import random
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -83,16 +83,18 @@ class Target:
         script = WORKLOADS / f"{self.label}.py"
         return [f"workload.command=[python,{script}]", f"workload.name={self.label}", "workload.simulated=true"]
 
-    def launch(self, cfg, layout, pattern: str, attempt: int = 1) -> Launch:
-        """Run one layout for the stage window (warm-up + measured iterations), in-process."""
+    def launch(self, cfg, layout, pattern: str, key: str, attempt: int = 1) -> Launch:
+        """Run one layout for the stage window (warm-up + measured iterations), in-process: the same step
+        times the job would print (the twin's draws are seeded by its key and attempt, as in the job)."""
         iters = cfg.stage.warmup_iters + cfg.stage.measure_iters
         if self.kind == "twin":
             from jobs.twin import truth
+            from jobs.twin.job import job_rng
 
             tw = dataclasses.replace(cfg.workload.twin, surface=self.label, seed=self.seed)
             s = truth.evaluate(truth.Case(cfg.model, cfg.hardware, cfg.stage, tw, layout, pattern))
             fits = max(s.stage_gb) <= cfg.hardware.hbm_gb
-            rng = random.Random(f"bench:{self.name}:{self.seed}:{layout.short()}:{attempt}")
+            rng = job_rng(SimpleNamespace(twin=tw, key=key, attempt=attempt), "steps")
             times = tuple(truth.step_times(s, iters, rng)) if fits else ()
             return Launch(s.step_s, fits, times, max(s.stage_gb), tuple(s.stage_gb))
         mod = _load(WORKLOADS / f"{self.label}.py")
@@ -129,6 +131,7 @@ class Grid:
     """Every legal layout of the stage (Megatron's rules, any memory), as the target runs it."""
 
     layouts: list
+    keys: list[str]  # the ledger's keys (canonical_key: layout, model, stage, hardware, workload)
     patterns: list[str]
     true_s: np.ndarray  # true step; inf where the layout does not fit
     measured_s: np.ndarray  # measured p50 of one launch; inf where it does not fit
@@ -154,11 +157,13 @@ class Grid:
 def build_grid(cfg, target: Target, startup_s: float) -> Grid:
     from orchestrator.plan import planner
 
-    legal = planner.plan(cfg.model, dataclasses.replace(cfg.hardware, hbm_gb=math.inf), cfg.stage).candidates
+    hw = dataclasses.replace(cfg.hardware, hbm_gb=math.inf)
+    legal = planner.plan(cfg.model, hw, cfg.stage, workload=cfg.workload.name).candidates
     iters = cfg.stage.warmup_iters + cfg.stage.measure_iters
-    launches = [target.launch(cfg, c.layout, c.prediction.layer_pattern) for c in legal]
+    launches = [target.launch(cfg, c.layout, c.prediction.layer_pattern, c.key) for c in legal]
     return Grid(
         layouts=[c.layout for c in legal],
+        keys=[c.key for c in legal],
         patterns=[c.prediction.layer_pattern for c in legal],
         true_s=np.array([x.step_s if x.fits else math.inf for x in launches]),
         measured_s=np.array([p50_of_window(cfg, x) if x.fits else math.inf for x in launches]),
@@ -276,7 +281,7 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
             for c in claimed:
                 lay = Layout.from_dict(c.layout)
                 history = ledger.attempts(c.id)
-                run = target.launch(cfg, lay, c.layer_pattern, attempt=len(history) + 1)
+                run = target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(history) + 1)
                 cost = launch_gpu_hours(st.gpus, startup_s, iters, run)
                 a = ledger.new_attempt(
                     c.id, job_id=f"inproc-{c.id}-{len(history) + 1}", job_dir="(in-process)", simulated=True
@@ -301,7 +306,7 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
     if best is not None:
         row = ledger.candidate_by_key(name, best["key"])
         out.reported = Layout.from_dict(row.layout)
-        out.reported_true_s = target.launch(cfg, out.reported, row.layer_pattern).step_s
+        out.reported_true_s = target.launch(cfg, out.reported, row.layer_pattern, row.key).step_s
     return out
 
 
