@@ -24,7 +24,8 @@ node, NCCL communicator set-up, model build and the distributed optimizer's allo
 step's compilation take minutes (--startup-s to change it).
 
 Plug in a policy: --policy NAME (repeatable) and Hydra overrides with --set key=value (e.g. --set
-policy.round_size=6 --set stage.budget.max_runs=40), applied to every sweep.
+policy.round_size=6 --set stage.budget.max_runs=40), applied to every sweep. --seed S (repeatable) runs
+every twin surface under each seed (tune on several, not on one); --target / --stage narrow the run.
 """
 
 from __future__ import annotations
@@ -101,19 +102,22 @@ def run(
     overrides=(),
     startup_s=STARTUP_S,
     orders=ORDERS,
-    seed=0,
+    seeds=(0,),
     verbose=False,
     out=sys.stdout,
 ) -> list[Row]:
-    """Every (target, stage, policy) row, printed as it is measured."""
+    """Every (target, stage, policy) row, printed as it is measured. Twin targets run once per seed."""
     from orchestrator.config import compose
     from tests.bench import searchlib as lib
 
     rows: list[Row] = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-search-"))
-    for name in targets:
+    runs = [(t, s) for t in targets for s in (seeds if t.startswith("twin:") else (0,))]
+    for name, seed in runs:
         target = lib.Target(name, seed=seed)
-        ledgers = {p: lib.fresh_ledger(str(_mk(tmp / name.replace(":", "-") / p))) for p in policies}
+        if name.startswith("twin:") and len(seeds) > 1:
+            name = f"{name}/s{seed}"
+        ledgers = {p: lib.fresh_ledger(str(_mk(tmp / name.replace(":", "-").replace("/", "-") / p))) for p in policies}
         for stage in stages:
             grid = rnd = None
             for policy in policies:
@@ -210,7 +214,7 @@ def main(argv=None) -> bool:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Hydra override for every sweep")
     p.add_argument("--startup-s", type=float, default=STARTUP_S)
     p.add_argument("--orders", type=int, default=ORDERS, help="random-search orders")
-    p.add_argument("--seed", type=int, default=0, help="twin.seed and the random orders' seed")
+    p.add_argument("--seed", type=int, action="append", help="repeatable: twin.seed (and the random orders' seed)")
     p.add_argument("--verbose", action="store_true", help="print each sweep's rounds")
     a = p.parse_args(argv or [])
     t0 = time.perf_counter()
@@ -221,7 +225,7 @@ def main(argv=None) -> bool:
         overrides=a.set,
         startup_s=a.startup_s,
         orders=a.orders,
-        seed=a.seed,
+        seeds=a.seed or (0,),
         verbose=a.verbose,
     )
     ok = summary(rows)

@@ -103,9 +103,18 @@ class Target:
         st = cfg.stage
         rc = "full" if "full" in layout.recompute else ("+".join(sorted(layout.recompute)) or "none")
         point = megatron_io.Point(
-            st.gpus, layout.pp, layout.vpp, layout.cp, layout.ep, layout.mbs, st.global_batch, st.seq_length, rc,
-            layout.dispatcher_label, st.gpus_per_node,
-        )  # fmt: skip
+            n=st.gpus,
+            pp=layout.pp,
+            vpp=layout.vpp,
+            cp=layout.cp,
+            ep=layout.ep,
+            mbs=layout.mbs,
+            gbs=st.global_batch,
+            seq=st.seq_length,
+            recompute=rc,
+            dispatcher=layout.dispatcher_label,
+            gpus_per_node=st.gpus_per_node,
+        )
         step, mem = mod.evaluate(point)
         fits = mem <= megatron_io.hbm_gb(mod.HBM_VAR, mod.HBM_DEFAULT)
         times = tuple(megatron_io.step_times(step, iters)) if fits else ()
