@@ -130,9 +130,19 @@ def load_job(argv: Sequence[str], environ=os.environ) -> TwinJob:
 
 
 # ------------------------------------------------------------------------------------------- randomness
-def rng_for(job: TwinJob, *salt) -> random.Random:
-    blob = json.dumps([job.twin.seed, job.key, job.attempt, *salt])
+def seeded(seed: int, key: str, attempt: int, *salt) -> random.Random:
+    blob = json.dumps([seed, key, attempt, *salt])
     return random.Random(int(hashlib.sha256(blob.encode()).hexdigest()[:16], 16))
+
+
+def rng_for(job: TwinJob, *salt) -> random.Random:
+    return seeded(job.twin.seed, job.key, job.attempt, *salt)
+
+
+def steps_rng(seed: int, key: str, attempt: int, start: int = 0) -> random.Random:
+    """The step-time draws of one attempt, the same on every rank (a run restored at `start` draws anew).
+    By (seed, key, attempt) so an in-process evaluation (tests/bench) draws what the job prints."""
+    return seeded(seed, key, attempt, "job", "steps", *((start,) if start else ()))
 
 
 def job_rng(job: TwinJob, *salt) -> random.Random:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from jobs.twin import curves, faults, legal, text, truth
 from jobs.twin.checkpoints import Checkpointing, LoadFailed, load_checkpoint, save_checkpoint
-from jobs.twin.job import TwinJob, coords, flag, is_last_rank, job_rng, load_job, reported_ranks
+from jobs.twin.job import TwinJob, coords, flag, is_last_rank, job_rng, load_job, reported_ranks, steps_rng
 from jobs.twin.sidecars import write_sidecars
 
 LB_LOSS_KEYS = {  # --moe-router-load-balancing-type -> the loss name Megatron logs
@@ -81,8 +81,7 @@ def train(job: TwinJob, surface: truth.Surface) -> int:
             start = load_checkpoint(job, surface, ck)
         except LoadFailed as exc:
             return exc.code
-    rng = job_rng(job, "steps") if not start else job_rng(job, "steps", start)  # a restored run draws anew
-    times = truth.step_times(surface, max(0, job.train_iters - start), rng)
+    times = truth.step_times(surface, max(0, job.train_iters - start), steps_rng(t.seed, job.key, job.attempt, start))
     injected = faults.Injected.draw(job, start)
     last = is_last_rank(job)
     flops = job.model_flops or surface.flops_per_step

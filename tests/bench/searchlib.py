@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -89,13 +88,12 @@ class Target:
         iters = cfg.stage.warmup_iters + cfg.stage.measure_iters
         if self.kind == "twin":
             from jobs.twin import truth
-            from jobs.twin.job import job_rng
+            from jobs.twin.job import steps_rng
 
             tw = dataclasses.replace(cfg.workload.twin, surface=self.label, seed=self.seed)
             s = truth.evaluate(truth.Case(cfg.model, cfg.hardware, cfg.stage, tw, layout, pattern))
             fits = max(s.stage_gb) <= cfg.hardware.hbm_gb
-            rng = job_rng(SimpleNamespace(twin=tw, key=key, attempt=attempt), "steps")
-            times = tuple(truth.step_times(s, iters, rng)) if fits else ()
+            times = tuple(truth.step_times(s, iters, steps_rng(tw.seed, key, attempt))) if fits else ()
             return Launch(s.step_s, fits, times, max(s.stage_gb), tuple(s.stage_gb))
         mod = _load(WORKLOADS / f"{self.label}.py")
         import megatron_io

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from orchestrator.schema import ModelConfig
 
@@ -160,7 +161,8 @@ def _model_key(model: ModelConfig) -> tuple:
 
 @lru_cache(maxsize=256)
 def _shape(key: tuple, seq: int, pattern: str, pp: int, vpp: int, blocks: int) -> Shape:
-    model = ModelConfig(**{k: list(v) if isinstance(v, tuple) else v for k, v in key})
+    fields: dict[str, Any] = {k: list(v) if isinstance(v, tuple) else v for k, v in key}
+    model = ModelConfig(**fields)
     ratios = _ratios(model, blocks)
     made: dict[tuple[str, bool], Block] = {}  # one object per kind: the machine memoises on identity
 
