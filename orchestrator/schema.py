@@ -13,6 +13,7 @@ k (moe_router_topk), h (hidden_size), f (moe_ffn_hidden_size).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, make_dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from jobs.failures import DEFAULT_RETRY_CLASSES
@@ -196,22 +197,30 @@ class PolicyConfig:
     retry_classes: list[str] = field(default_factory=lambda: list(DEFAULT_RETRY_CLASSES))
 
 
+class TwinSurface(StrEnum):
+    """The twin's named performance surfaces (jobs/twin/truth/surfaces.py says what each one does)."""
+
+    balanced = "balanced"
+    gemm = "gemm"
+    span = "span"
+    memory = "memory"
+    imbalance = "imbalance"
+    tails = "tails"
+
+
 @dataclass
 class TwinConfig:
     """The simulated workload's hidden performance surface and fault injection (simulated only)."""
 
-    seed: int = 0
+    seed: int = 0  # moves the surface's hidden constants (and so its optimum), and the run-to-run noise
+    # The machine the twin simulates (its own formulas, not the planner's); each surface stresses one effect.
+    surface: TwinSurface = TwinSurface.balanced
     time_scale: float = 0.001  # sleep = simulated step time x time_scale
     max_sleep_s: float = 0.004  # per iteration: a 1k job (350 iterations) sleeps ~1.4 s in all
     noise_sigma: float = 0.03  # lognormal step-time noise
-    tail_prob: float = 0.03  # probability of a slow (straggler) step
+    tail_prob: float = 0.03  # probability of a slow (straggler) step (the surface raises it with EP node span)
     tail_factor: float = 1.6
     routing_skew: float = 0.25  # lognormal sigma of per-expert load
-    # Hidden truth: multipliers on the planner's components that the planner does not know
-    truth_compute: float = 1.18
-    truth_a2a: float = 1.35
-    truth_bubble: float = 1.10
-    truth_memory: float = 1.06
     nccl_timeout_rate: float = 0.0
     crash_rate: float = 0.0
     force_oom: bool = False

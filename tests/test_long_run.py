@@ -74,7 +74,7 @@ def test_save_then_restore_measures_checkpoint_and_effective_throughput(tmp_path
     assert 0 < lo <= hi and saved.ckpt_save_s == pytest.approx(hi / 1000.0)
     # the save time follows the size model: the heaviest rank's weights + optimizer at ckpt_gb_s (noise 3%)
     job = load_job(save_spec.argv, {"ORCH_JOB_SPEC": str(Path(save_spec.job_dir) / "job.json")})
-    gb = max(truth.checkpoint_gb(job, truth.evaluate(job)))
+    gb = max(truth.evaluate(job.case()).checkpoint_gb)
     assert saved.ckpt_save_s == pytest.approx(gb / cfg.workload.twin.ckpt_gb_s, rel=0.15)
 
     restored = _run(restore_spec)
@@ -168,7 +168,7 @@ def test_twin_without_spec_counts_blocks_from_the_pattern(tmp_path):
     num_layers = int(argv[argv.index("--num-layers") + 1])
     job = load_job(argv, {"WORLD_SIZE": "64", "RANK": "63"})  # torchrun's env, no ORCH_JOB_SPEC
     assert num_layers > 4 and job.model.num_layers == 4  # --num-layers counts symbols, blocks are 4
-    assert isinstance(truth.evaluate(job), truth.Surface)
+    assert len(truth.evaluate(job.case()).stage_gb) == 2  # one figure per pipeline stage of the pattern
 
 
 def test_entry_starts_workloads_with_sigusr2_ignored(tmp_path):

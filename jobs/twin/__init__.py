@@ -1,9 +1,9 @@
 """The twin: a GPU-free stand-in for Megatron that speaks its command line and its log format.
 
-`python -m jobs.twin <megatron flags>` reads the same flags and rank env a real job gets, asks the
-simulated machine (truth: the layout's step time and memory under HIDDEN truth factors, TwinConfig.truth_*;
-they differ from the planner's defaults so calibration has something to learn, with a smooth
-seed-dependent per-knob perturbation), then behaves like Megatron: an AssertionError for an illegal
+`python -m jobs.twin <megatron flags>` reads the same flags and rank env a real job gets, checks them
+against Megatron's assertions (legal), asks the simulated machine (truth: the layout's step time and memory
+from its own formulas, not the planner's, on the surface TwinConfig.surface names with hidden constants
+drawn from TwinConfig.seed), then behaves like Megatron: an AssertionError for an illegal
 layout, torch's CUDA OOM text when the truth memory exceeds HBM, else iteration / memory / timer lines in
 Megatron's exact format plus a per-rank sidecar with MoE routing evidence. Everything it prints starts
 with the SIMULATED marker and every sidecar says "simulated": true.
@@ -20,7 +20,8 @@ and exits 0 at the exit interval; --load DIR resumes numbering from the saved it
 SIGUSR2 (Slurm's time-limit warning, sent to every process of the step) is ignored: submitit's wrapper
 owns it (jobs.entry also starts every workload with it ignored).
 
-Modules: job (flags + spec -> TwinJob, rank topology, seeded randomness), truth (the simulated machine:
-the only module that asks the planner's models), text (Megatron's and torch's exact lines), faults (OOM,
-assertion, NCCL timeout, crash), curves (loss / grad norm), checkpoints, sidecars, loop (main, run, train).
+Modules: job (flags + spec -> TwinJob, rank topology, seeded randomness), legal (Megatron's assertions, from
+the planner's rule table), truth/ (the simulated machine: shape, machine, surfaces; imports nothing from
+orchestrator/plan/), text (Megatron's and torch's exact lines), faults (OOM, assertion, NCCL timeout,
+crash), curves (loss / grad norm), checkpoints, sidecars, loop (main, run, train).
 """

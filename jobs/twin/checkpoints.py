@@ -57,7 +57,7 @@ def checkpoint_ms(job: TwinJob, surface: truth.Surface, what: str, factor: float
     rng = job_rng(job, "ckpt", what)
     times = [
         gb / max(job.twin.ckpt_gb_s, 1e-9) * factor * math.exp(rng.gauss(0.0, job.twin.noise_sigma)) * 1000.0
-        for gb in truth.checkpoint_gb(job, surface)
+        for gb in surface.checkpoint_gb
     ]
     return min(times), max(times)
 

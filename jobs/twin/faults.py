@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from jobs.twin import text
 from jobs.twin.job import TwinJob, coords, job_rng, reported_ranks
-from jobs.twin.truth import Illegal, Surface
+from jobs.twin.legal import Illegal
+from jobs.twin.truth import Surface
 from orchestrator.plan.layout import groups
 
 NCCL_GROUPS = {  # Megatron's process-group descriptions, as torch's watchdog prints them

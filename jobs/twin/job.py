@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from jobs.twin import truth
 from jobs.twin.text import MEGATRON
 from orchestrator.plan import argv as plan_argv
 from orchestrator.plan import pipeline, ranks
@@ -41,6 +42,12 @@ class TwinJob:
     log_interval: int
     model_flops: float = 0.0  # per step; 0 = take the truth's
     entry: str = f"{MEGATRON}/pretrain_hybrid.py"
+    argv: tuple[str, ...] = ()  # the flags as given (Megatron's argv-phase assertions read them)
+    pattern: str = ""  # --hybrid-layer-pattern: which blocks each pipeline segment runs
+
+    def case(self) -> truth.Case:
+        """The job as the simulated machine sees it (stage.gpus is the world size)."""
+        return truth.Case(self.model, self.hw, self.stage, self.twin, self.layout, self.pattern)
 
 
 def flag(flags: dict[str, object], name: str, default=None):
@@ -116,13 +123,25 @@ def load_job(argv: Sequence[str], environ=os.environ) -> TwinJob:
         train_iters=int(flag(flags, "train_iters") or stage.warmup_iters + stage.measure_iters),
         log_interval=max(1, int(flag(flags, "log_interval") or 1)),
         model_flops=spec.model_flops_per_step if spec else 0.0,
+        argv=tuple(argv),
+        pattern=str(flag(flags, "hybrid_layer_pattern", "") or ""),
     )
 
 
 # ------------------------------------------------------------------------------------------- randomness
-def rng_for(job: TwinJob, *salt) -> random.Random:
-    blob = json.dumps([job.twin.seed, job.key, job.attempt, *salt])
+def seeded(seed: int, key: str, attempt: int, *salt) -> random.Random:
+    blob = json.dumps([seed, key, attempt, *salt])
     return random.Random(int(hashlib.sha256(blob.encode()).hexdigest()[:16], 16))
+
+
+def rng_for(job: TwinJob, *salt) -> random.Random:
+    return seeded(job.twin.seed, job.key, job.attempt, *salt)
+
+
+def steps_rng(seed: int, key: str, attempt: int, start: int = 0) -> random.Random:
+    """The step-time draws of one attempt, the same on every rank (a run restored at `start` draws anew).
+    By (seed, key, attempt) so an in-process evaluation (tests/bench) draws what the job prints."""
+    return seeded(seed, key, attempt, "job", "steps", *((start,) if start else ()))
 
 
 def job_rng(job: TwinJob, *salt) -> random.Random:

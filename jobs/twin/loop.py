@@ -13,9 +13,9 @@ import sys
 import time
 from collections.abc import Sequence
 
-from jobs.twin import curves, faults, text, truth
+from jobs.twin import curves, faults, legal, text, truth
 from jobs.twin.checkpoints import Checkpointing, LoadFailed, load_checkpoint, save_checkpoint
-from jobs.twin.job import TwinJob, coords, flag, is_last_rank, job_rng, load_job, reported_ranks
+from jobs.twin.job import TwinJob, coords, flag, is_last_rank, job_rng, load_job, reported_ranks, steps_rng
 from jobs.twin.sidecars import write_sidecars
 
 LB_LOSS_KEYS = {  # --moe-router-load-balancing-type -> the loss name Megatron logs
@@ -58,10 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(job: TwinJob) -> int:
     text.out(text.event_line("after megatron is initialized"))
-    surface = truth.evaluate(job)
-    if isinstance(surface, truth.Illegal):
-        text.err(faults.assertion(job, surface))
+    illegal = legal.check(job)
+    if illegal is not None:
+        text.err(faults.assertion(job, illegal))
         return 1
+    surface = truth.evaluate(job.case())
     dying = faults.oom_ranks(job, surface)
     if dying is not None:  # the whole job dies; ranks of an over-HBM stage print torch's OOM
         if dying:
@@ -80,7 +81,7 @@ def train(job: TwinJob, surface: truth.Surface) -> int:
             start = load_checkpoint(job, surface, ck)
         except LoadFailed as exc:
             return exc.code
-    times = truth.step_times(job, surface, max(0, job.train_iters - start), start)
+    times = truth.step_times(surface, max(0, job.train_iters - start), steps_rng(t.seed, job.key, job.attempt, start))
     injected = faults.Injected.draw(job, start)
     last = is_last_rank(job)
     flops = job.model_flops or surface.flops_per_step
@@ -131,7 +132,7 @@ def train(job: TwinJob, surface: truth.Surface) -> int:
             for r in reported_ranks(job):
                 if coords(job, r)["dp"] == 0:
                     pp = coords(job, r)["pp"]
-                    text.out(text.memory_line(r, it, *truth.rank_memory(job, surface, pp, r)))
+                    text.out(text.memory_line(r, it, *truth.rank_memory(surface, pp, f"{job.key}-{r}")))
         if last:
             text.err(text.timers_block(truth.timer_rows(surface, avg, timer_rng)))
         exiting = ck.exit_interval and it % ck.exit_interval == 0

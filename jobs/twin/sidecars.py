@@ -25,7 +25,7 @@ def moe_layers_on_stage(pattern: str, pp: int, stage: int) -> int:
     return count + (sum(d.count("E") for d in mtp) if stage == pp - 1 else 0)
 
 
-def routing(job: TwinJob, surface: truth.Surface, rank: int, iters: int) -> dict:
+def routing(job: TwinJob, rank: int, iters: int) -> dict:
     """Per-expert token counts as the router on `rank` sees them over `iters` measured iterations,
     with lognormal expert popularity (routing_skew) and capacity-factor drops/padding."""
     m, lay = job.model, job.layout
@@ -36,7 +36,7 @@ def routing(job: TwinJob, surface: truth.Surface, rank: int, iters: int) -> dict
     g = groups(lay, job.world, job.stage.global_batch)
     mb_tokens = lay.mbs * job.stage.seq_length // max(1, lay.cp)  # per microbatch on this rank
     micro = (g.m or 1) * iters
-    layers = max(1, moe_layers_on_stage(surface.layer_pattern, lay.pp, coords(job, rank)["pp"]))
+    layers = max(1, moe_layers_on_stage(job.pattern, lay.pp, coords(job, rank)["pp"]))
     rng = rng_for(job, "routing", rank)
     counts, routed, dropped, padded = [0] * e, 0, 0, 0
     pad = bool(flag(job.flags, "moe_pad_expert_input_to_capacity", False))
@@ -75,7 +75,7 @@ def write_sidecars(job: TwinJob, surface: truth.Surface, measured: int) -> list[
     paths = []
     for r in ranks:
         stage_idx = coords(job, r)["pp"]
-        _alloc, max_alloc, _reserved, max_reserved = truth.rank_memory(job, surface, stage_idx, r)
+        _alloc, max_alloc, _reserved, max_reserved = truth.rank_memory(surface, stage_idx, f"{job.key}-{r}")
         doc = {
             "simulated": True,
             "source": "twin",
@@ -88,6 +88,6 @@ def write_sidecars(job: TwinJob, surface: truth.Surface, measured: int) -> list[
             "force_balanced_routing": bool(flag(job.flags, "moe_router_force_load_balancing", False)),
         }
         if coords(job, r)["tp"] == 0:  # TP replicas see the same tokens: only TP rank 0 counts them
-            doc.update(routing(job, surface, r, measured))
+            doc.update(routing(job, r, measured))
         paths.append(atomic_write(folder.sidecar(r), json.dumps(doc)))
     return paths

@@ -21,6 +21,7 @@ def load(path: Path):
     spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
+    sys.modules[spec.name] = mod  # dataclasses (and pickling) look their module up there
     spec.loader.exec_module(mod)
     return mod
 

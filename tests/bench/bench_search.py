@@ -1,0 +1,237 @@
+"""`make bench`: search efficiency. Does the sweep find the true best layout, and at what cost?
+
+For every target surface (the twin's named surfaces and the external stand-ins in tests/workloads/) at
+every stage (1k, 8k), print:
+  - the true best: the fastest layout that fits, and its step (the target's own truth, read in-process);
+  - the exhaustive grid's GPU-hours: every legal layout (Megatron's rules) launched once for the stage's
+    window (warm-up + measured iterations), start-up included, those that do not fit charged as OOMs;
+  - random search: median GPU-hours until its reported best (best measured p50 so far) is within 2% of the
+    true best, over --orders random orders of the grid;
+  - per policy (the configured default and predicted_topk, or --policy ...): the sweep's GPU-hours to
+    within 2%, its total GPU-hours, its final reported gap, and random search's median gap at that budget;
+  - met / MISSED: reported best within 2%, total cost <= 1/3 of random's median cost to 2% and <= 10% of
+    the exhaustive grid (each miss named).
+
+Substitution (tests/bench/searchlib.py): the sweep is the real decision loop, orchestrator/sweep/decide.py's
+next_round and the policy, on a real SQLite ledger; only job execution is replaced by an in-process
+evaluation of the target, whose result is recorded through the same Ledger calls as a collected job's. The
+8k sweep promotes from the same policy's 1k sweep in its ledger, as `sweep +stage=8k` does (its cost is the
+8k sweep's own). Everything is seeded: the same arguments print the same figures.
+
+Cost, the same for every method: N x (start-up + iterations x true step) / 3600 GPU-hours per launch; an
+OOM runs start-up and one iteration. Start-up defaults to 300 s: at 1k-8k GPUs, process launch on every
+node, NCCL communicator set-up, model build and the distributed optimizer's allocation, and the first
+step's compilation take minutes (--startup-s to change it).
+
+Plug in a policy: --policy NAME (repeatable) and Hydra overrides with --set key=value (e.g. --set
+policy.round_size=6 --set stage.budget.max_runs=40), applied to every sweep. --seed S (repeatable) runs
+every twin surface under each seed (tune on several, not on one); --target / --stage narrow the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+TARGETS = (
+    "twin:balanced",
+    "twin:gemm",
+    "twin:span",
+    "twin:memory",
+    "twin:imbalance",
+    "twin:tails",
+    "ext:surface",
+    "ext:cliffs",
+)
+STAGES = ("1k", "8k")
+POLICIES = ("calibrated_neighbours", "predicted_topk")
+STARTUP_S = 300.0
+ORDERS = 1000
+RANDOM_FRACTION, GRID_FRACTION = 1 / 3, 0.10
+
+
+@dataclass
+class Row:
+    """One (target, stage, policy) line of the table."""
+
+    target: str
+    stage: str
+    policy: str
+    best: str
+    best_s: float
+    grid_gpu_h: float
+    random_to_goal: float  # median GPU-hours
+    sweep_to_goal: float
+    sweep_gpu_h: float
+    launches: int
+    gap: float
+    random_gap_at_budget: float  # median
+    reason: str
+
+    @property
+    def misses(self) -> list[str]:
+        out = []
+        if not self.gap <= 0.02:
+            out.append(f"gap {_pct(self.gap)} > 2%")
+        if not self.sweep_gpu_h <= RANDOM_FRACTION * self.random_to_goal:
+            out.append(f"cost {self.sweep_gpu_h / self.random_to_goal:.2f} x random's > 1/3")
+        if not self.sweep_gpu_h <= GRID_FRACTION * self.grid_gpu_h:
+            out.append(f"cost {self.sweep_gpu_h / self.grid_gpu_h:.1%} of grid > 10%")
+        return out
+
+
+def _pct(x: float) -> str:
+    return "never" if not np.isfinite(x) else f"{x:.1%}"
+
+
+def _gh(x: float) -> str:
+    return "never" if not np.isfinite(x) else f"{x / 1000:,.1f}k"
+
+
+def run(
+    targets=TARGETS,
+    stages=STAGES,
+    policies=POLICIES,
+    overrides=(),
+    startup_s=STARTUP_S,
+    orders=ORDERS,
+    seeds=(0,),
+    verbose=False,
+    out=sys.stdout,
+) -> list[Row]:
+    """Every (target, stage, policy) row, printed as it is measured. Twin targets run once per seed."""
+    from orchestrator.config import compose
+    from tests.bench import searchlib as lib
+
+    rows: list[Row] = []
+    tmp = Path(tempfile.mkdtemp(prefix="bench-search-"))
+    runs = [(t, s) for t in targets for s in (seeds if t.startswith("twin:") else (0,))]
+    for name, seed in runs:
+        target = lib.Target(name, seed=seed)
+        if name.startswith("twin:") and len(seeds) > 1:
+            name = f"{name}/s{seed}"
+        ledgers = {p: lib.fresh_ledger(str(_mk(tmp / name.replace(":", "-").replace("/", "-") / p))) for p in policies}
+        for stage in stages:
+            grid = rnd = None
+            for policy in policies:
+                extra = [] if _source_ran(stage, stages) else ["stage.promotes_from=null"]
+                composed = compose(
+                    [f"+stage={stage}", "cluster=local", f"policy.name={policy}", *target.overrides(), *extra]
+                    + list(overrides)
+                )
+                cfg = composed.cfg
+                if grid is None:
+                    grid = lib.build_grid(cfg, target, startup_s)
+                    rnd = lib.random_search(grid, orders, seed)
+                    best = grid.layouts[grid.best]
+                    print(
+                        f"{name} @{stage}: true best {best.short()} {grid.best_s:.3f} s "
+                        f"({len(grid.layouts):,} legal, {int(np.isfinite(grid.true_s).sum()):,} fit); "
+                        f"exhaustive {_gh(grid.exhaustive_gpu_hours)} GPU-h; random to 2%: median "
+                        f"{_gh(float(np.median(rnd.cost_to_goal)))} GPU-h over {orders} orders"
+                        + ("" if not extra else " [8k standalone: no 1k sweep to promote from]"),
+                        file=out,
+                        flush=True,
+                    )
+                sw = lib.run_sweep(ledgers[policy], composed, target, f"{stage}-{policy}", startup_s)
+                row = Row(
+                    target=name,
+                    stage=stage,
+                    policy=policy,
+                    best=grid.layouts[grid.best].short(),
+                    best_s=grid.best_s,
+                    grid_gpu_h=grid.exhaustive_gpu_hours,
+                    random_to_goal=float(np.median(rnd.cost_to_goal)),
+                    sweep_to_goal=sw.cost_to_goal(grid),
+                    sweep_gpu_h=sw.gpu_hours,
+                    launches=len(sw.launches),
+                    gap=grid.gap(sw.reported_true_s),
+                    random_gap_at_budget=float(np.median(rnd.gap_at(sw.gpu_hours))),
+                    reason=sw.reason,
+                )
+                rows.append(row)
+                print(
+                    f"   {policy}: {row.launches} launches, {_gh(row.sweep_gpu_h)} GPU-h (to 2%: "
+                    f"{_gh(row.sweep_to_goal)}), reported {sw.reported.short() if sw.reported else '-'} gap "
+                    f"{_pct(row.gap)}; random at that budget: median gap {_pct(row.random_gap_at_budget)}; "
+                    f"stop: {row.reason}; " + ("met" if not row.misses else "MISSED: " + "; ".join(row.misses)),
+                    file=out,
+                    flush=True,
+                )
+                if verbose:
+                    for line in sw.events:
+                        print(f"      {line}", file=out)
+        for led in ledgers.values():
+            led.close()
+    return rows
+
+
+def _mk(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _source_ran(stage: str, stages) -> bool:
+    """An 8k sweep promotes from this run's 1k sweep when 1k ran first; else it runs standalone."""
+    from orchestrator.config import compose
+
+    src = compose([f"+stage={stage}"]).cfg.stage.promotes_from
+    return not src or (src in stages and list(stages).index(src) < list(stages).index(stage))
+
+
+def summary(rows: list[Row], out=sys.stdout) -> bool:
+    print(
+        f"\n{'target':<15}{'stage':<6}{'policy':<23}{'true best s':>12}{'grid GPU-h':>12}{'rnd->2%':>10}"
+        f"{'sweep->2%':>11}{'sweep':>9}{'gap':>7}{'rnd gap@B':>10}  goal",
+        file=out,
+    )
+    for r in rows:
+        print(
+            f"{r.target:<15}{r.stage:<6}{r.policy:<23}{r.best_s:>12.3f}{_gh(r.grid_gpu_h):>12}"
+            f"{_gh(r.random_to_goal):>10}{_gh(r.sweep_to_goal):>11}{_gh(r.sweep_gpu_h):>9}{_pct(r.gap):>7}"
+            f"{_pct(r.random_gap_at_budget):>10}  " + ("met" if not r.misses else "MISSED"),
+            file=out,
+        )
+    met = sum(not r.misses for r in rows)
+    print(f"goal met on {met}/{len(rows)} (target, stage, policy) rows", file=out)
+    return met == len(rows)
+
+
+def main(argv=None) -> bool:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", action="append", help=f"repeatable; default: {', '.join(TARGETS)}")
+    p.add_argument("--stage", action="append", help="repeatable; default: 1k, 8k")
+    p.add_argument("--policy", action="append", help=f"repeatable; default: {', '.join(POLICIES)}")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Hydra override for every sweep")
+    p.add_argument("--startup-s", type=float, default=STARTUP_S)
+    p.add_argument("--orders", type=int, default=ORDERS, help="random-search orders")
+    p.add_argument("--seed", type=int, action="append", help="repeatable: twin.seed (and the random orders' seed)")
+    p.add_argument("--verbose", action="store_true", help="print each sweep's rounds")
+    a = p.parse_args(argv or [])
+    t0 = time.perf_counter()
+    rows = run(
+        targets=a.target or TARGETS,
+        stages=a.stage or STAGES,
+        policies=a.policy or POLICIES,
+        overrides=a.set,
+        startup_s=a.startup_s,
+        orders=a.orders,
+        seeds=a.seed or (0,),
+        verbose=a.verbose,
+    )
+    ok = summary(rows)
+    print(f"bench_search: {time.perf_counter() - t0:.0f} s wall, start-up {a.startup_s:.0f} s per launch")
+    return ok
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main(sys.argv[1:]) else 1)

@@ -1,0 +1,368 @@
+"""The search-efficiency harness behind tests/bench/bench_search.py: targets, cost, the grid, random search,
+and the real sweep decision loop driven against an in-process surface.
+
+Targets are surfaces whose truth the harness can read in-process: the twin's named surfaces (jobs/twin/truth,
+`workload.twin.surface` + seed) and the external stand-ins in tests/workloads/ (their `evaluate(point)`).
+
+The sweep is the product's own decision logic: orchestrator/sweep/decide.next_round (budget, rounds,
+convergence, calibration records) and the configured policy, reading a real SQLite ledger. Only job
+execution is replaced: each claimed candidate is evaluated in-process on the target (the per-iteration
+step times its job would print, the peak memory, or an OOM) and its JobResult goes through the same Ledger
+calls a collected job's result goes through (new_attempt, update_attempt, record_result, then the candidate's
+status, retried or not by orchestrator/sweep/retry.retry_decision). So a sweep takes seconds, not hours.
+
+Cost, the same for every method: one launch = N x (start-up + iterations x true step) / 3600 GPU-hours;
+a launch that does not fit runs start-up and its first iteration, then dies (OOM).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+WORKLOADS = ROOT / "tests" / "workloads"
+GOAL_GAP = 0.02  # reported best within 2% of the true best
+HOLDER = "bench-search"  # claims in the bench ledger
+
+
+@cache
+def _load(path: Path):
+    """A stand-in's module, loaded once (its folder on sys.path for megatron_io)."""
+    if str(WORKLOADS) not in sys.path:
+        sys.path.insert(0, str(WORKLOADS))
+    spec = importlib.util.spec_from_file_location(f"workload_{path.stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ------------------------------------------------------------------------------------------------ targets
+@dataclass(frozen=True)
+class Launch:
+    """What one launch of a layout does on a target: its true step, whether it fits, the per-iteration
+    seconds of the stage window (empty when it does not fit) and its peak memory."""
+
+    step_s: float
+    fits: bool
+    times: tuple[float, ...]
+    peak_gb: float
+    stage_gb: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A surface to search: `twin:<surface>` (seeded) or `ext:<stand-in>` (tests/workloads/<name>.py)."""
+
+    name: str
+    seed: int = 0
+
+    @property
+    def kind(self) -> str:
+        return self.name.split(":", 1)[0]
+
+    @property
+    def label(self) -> str:
+        return self.name.split(":", 1)[1]
+
+    def overrides(self) -> list[str]:
+        """What makes the sweep's config describe this target (its workload), as Hydra overrides."""
+        if self.kind == "twin":
+            return [f"workload.twin.surface={self.label}", f"workload.twin.seed={self.seed}"]
+        script = WORKLOADS / f"{self.label}.py"
+        return [f"workload.command=[python,{script}]", f"workload.name={self.label}", "workload.simulated=true"]
+
+    def launch(self, cfg, layout, pattern: str, key: str, attempt: int = 1) -> Launch:
+        """Run one layout for the stage window (warm-up + measured iterations), in-process: the same step
+        times the job would print (the twin's draws are seeded by its key and attempt, as in the job)."""
+        iters = cfg.stage.warmup_iters + cfg.stage.measure_iters
+        if self.kind == "twin":
+            from jobs.twin import truth
+            from jobs.twin.job import steps_rng
+
+            tw = dataclasses.replace(cfg.workload.twin, surface=self.label, seed=self.seed)
+            s = truth.evaluate(truth.Case(cfg.model, cfg.hardware, cfg.stage, tw, layout, pattern))
+            fits = max(s.stage_gb) <= cfg.hardware.hbm_gb
+            times = tuple(truth.step_times(s, iters, steps_rng(tw.seed, key, attempt))) if fits else ()
+            return Launch(s.step_s, fits, times, max(s.stage_gb), tuple(s.stage_gb))
+        mod = _load(WORKLOADS / f"{self.label}.py")
+        import megatron_io
+
+        st = cfg.stage
+        rc = "full" if "full" in layout.recompute else ("+".join(sorted(layout.recompute)) or "none")
+        point = megatron_io.Point(
+            n=st.gpus,
+            pp=layout.pp,
+            vpp=layout.vpp,
+            cp=layout.cp,
+            ep=layout.ep,
+            mbs=layout.mbs,
+            gbs=st.global_batch,
+            seq=st.seq_length,
+            recompute=rc,
+            dispatcher=layout.dispatcher_label,
+            gpus_per_node=st.gpus_per_node,
+        )
+        step, mem = mod.evaluate(point)
+        fits = mem <= megatron_io.hbm_gb(mod.HBM_VAR, mod.HBM_DEFAULT)
+        times = tuple(megatron_io.step_times(step, iters)) if fits else ()
+        return Launch(step, fits, times, mem, (mem,))
+
+
+def launch_gpu_hours(n_gpus: int, startup_s: float, iters: int, launch: Launch) -> float:
+    """N x (start-up + iterations run x true step) / 3600; a launch that does not fit runs one iteration."""
+    ran = iters if launch.fits else 1
+    return n_gpus * (startup_s + ran * launch.step_s) / 3600.0
+
+
+def p50_of_window(cfg, launch: Launch) -> float:
+    """The measured step: p50 of the window after warm-up (what collect reports as step_p50_s)."""
+    from jobs.metrics import summarize
+
+    return float(summarize(launch.times[cfg.stage.warmup_iters :]).p50)
+
+
+# --------------------------------------------------------------------------------------------------- grid
+@dataclass
+class Grid:
+    """Every legal layout of the stage (Megatron's rules, any memory), as the target runs it."""
+
+    layouts: list
+    keys: list[str]  # the ledger's keys (canonical_key: layout, model, stage, hardware, workload)
+    patterns: list[str]
+    true_s: np.ndarray  # true step; inf where the layout does not fit
+    measured_s: np.ndarray  # measured p50 of one launch; inf where it does not fit
+    cost: np.ndarray  # GPU-hours of one launch
+    launches: list[Launch]
+
+    @property
+    def best(self) -> int:
+        return int(np.argmin(self.true_s))
+
+    @property
+    def best_s(self) -> float:
+        return float(self.true_s[self.best])
+
+    @property
+    def exhaustive_gpu_hours(self) -> float:
+        return float(self.cost.sum())
+
+    def gap(self, true_s: float) -> float:
+        return true_s / self.best_s - 1.0
+
+
+def build_grid(cfg, target: Target, startup_s: float) -> Grid:
+    from orchestrator.plan import planner
+
+    hw = dataclasses.replace(cfg.hardware, hbm_gb=math.inf)
+    legal = planner.plan(cfg.model, hw, cfg.stage, workload=cfg.workload.name).candidates
+    iters = cfg.stage.warmup_iters + cfg.stage.measure_iters
+    launches = [target.launch(cfg, c.layout, c.prediction.layer_pattern, c.key) for c in legal]
+    return Grid(
+        layouts=[c.layout for c in legal],
+        keys=[c.key for c in legal],
+        patterns=[c.prediction.layer_pattern for c in legal],
+        true_s=np.array([x.step_s if x.fits else math.inf for x in launches]),
+        measured_s=np.array([p50_of_window(cfg, x) if x.fits else math.inf for x in launches]),
+        cost=np.array([launch_gpu_hours(cfg.stage.gpus, startup_s, iters, x) for x in launches]),
+        launches=launches,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ random
+@dataclass
+class RandomSearch:
+    """Random orders over the grid, one launch at a time; the reported best is the best measured so far."""
+
+    cum_cost: np.ndarray  # orders x launches
+    gap: np.ndarray  # orders x launches: true gap of the reported best after each launch (inf: none fits yet)
+
+    @property
+    def cost_to_goal(self) -> np.ndarray:
+        """GPU-hours each order spends until its reported best is within GOAL_GAP."""
+        hit = self.gap <= GOAL_GAP
+        first = np.argmax(hit, axis=1)
+        return np.where(hit.any(axis=1), self.cum_cost[np.arange(len(first)), first], np.inf)
+
+    def gap_at(self, budget: float) -> np.ndarray:
+        """Each order's reported gap once it has spent at most `budget` GPU-hours."""
+        n = (self.cum_cost <= budget).sum(axis=1)
+        return np.where(n > 0, self.gap[np.arange(len(n)), np.maximum(n - 1, 0)], np.inf)
+
+
+def random_search(grid: Grid, orders: int, seed: int) -> RandomSearch:
+    rng = np.random.default_rng(seed)
+    n = len(grid.layouts)
+    perms = np.argsort(rng.random((orders, n)), axis=1)
+    meas = grid.measured_s[perms]
+    runmin = np.minimum.accumulate(meas, axis=1)
+    pos = np.where((meas == runmin) & np.isfinite(meas), np.arange(n), -1)
+    last = np.maximum.accumulate(pos, axis=1)  # position of the reported best so far (-1: none yet)
+    reported = perms[np.arange(orders)[:, None], np.maximum(last, 0)]
+    gap = np.where(last >= 0, grid.true_s[reported] / grid.best_s - 1.0, np.inf)
+    return RandomSearch(cum_cost=np.cumsum(grid.cost[perms], axis=1), gap=gap)
+
+
+# ------------------------------------------------------------------------------------------------- sweep
+@dataclass
+class SweepRun:
+    """One sweep's path: every launch (round, layout, GPU-hours, measured p50 or None), how it ended."""
+
+    policy: str
+    reason: str = ""
+    launches: list[tuple[int, object, float, float | None, float]] = field(default_factory=list)  # + true step
+    reported: object | None = None  # the layout the sweep reports as best
+    reported_true_s: float = math.inf
+    events: list[str] = field(default_factory=list)
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(x[2] for x in self.launches)
+
+    def cost_to_goal(self, grid: Grid) -> float:
+        """GPU-hours through the end of the first round after which the measured best is within GOAL_GAP."""
+        spent, best = 0.0, (math.inf, math.inf)  # (measured p50, true step) of the best so far
+        for rnd in sorted({x[0] for x in self.launches}):
+            for _, _, cost, p50, true_s in (x for x in self.launches if x[0] == rnd):
+                spent += cost
+                if p50 is not None and p50 < best[0]:
+                    best = (p50, true_s)
+            if grid.gap(best[1]) <= GOAL_GAP:
+                return spent
+        return math.inf
+
+
+class _Events:
+    """The view next_round reports to: keep its lines for the bench's verbose output."""
+
+    def __init__(self, out: list[str]):
+        self.out = out
+
+    def event(self, msg: str) -> None:
+        self.out.append(msg)
+
+
+def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> SweepRun:
+    """Drive one sweep to its end with orchestrator/sweep/decide.next_round and the configured policy,
+    executing each claimed candidate in-process (see the module docstring)."""
+    from jobs.result import JobResult, RankMemory
+    from orchestrator.plan.layout import Layout
+    from orchestrator.policy import make_policy
+    from orchestrator.policy.env import PlanEnv
+    from orchestrator.sweep import observe
+    from orchestrator.sweep.decide import next_round
+    from orchestrator.sweep.retry import retry_decision
+
+    cfg = composed.cfg
+    st = cfg.stage
+    sweep = ledger.create_or_get_sweep(
+        name,
+        stage=st.name,
+        config_yaml=composed.to_yaml(),
+        model=cfg.model.name,
+        hardware=cfg.hardware.name,
+        workload=cfg.workload.name,
+        provenance={"bench": "search"},
+    )
+    policy, env = make_policy(cfg.policy), PlanEnv(cfg.model, cfg.hardware, st, cfg.workload.name)
+    iters = st.warmup_iters + st.measure_iters
+    out = SweepRun(policy=cfg.policy.name)
+    view = _Events(out.events)
+    clock = datetime(2026, 1, 1, tzinfo=UTC)
+    while True:
+        reason = next_round(ledger, cfg, sweep, policy, env, view, iters=iters)
+        if reason:
+            out.reason = reason
+            break
+        while claimed := ledger.claim_for_submission(name, 10_000, HOLDER):
+            for c in claimed:
+                lay = Layout.from_dict(c.layout)
+                history = ledger.attempts(c.id)
+                run = target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(history) + 1)
+                cost = launch_gpu_hours(st.gpus, startup_s, iters, run)
+                a = ledger.new_attempt(
+                    c.id, job_id=f"inproc-{c.id}-{len(history) + 1}", job_dir="(in-process)", simulated=True
+                )
+                end = clock + timedelta(hours=cost / st.gpus)
+                ledger.update_attempt(a.id, start_time=clock, end_time=end, node_list="in-process")
+                clock = end
+                ledger.record_result(a.id, _result(cfg, run, JobResult, RankMemory).to_dict())
+                p50 = p50_of_window(cfg, run) if run.fits else None
+                out.launches.append((c.round, lay, cost, p50, run.step_s))
+                if run.fits:
+                    ledger.set_candidate_status(c.id, "done", "measured in-process")
+                    continue
+                retry, why = retry_decision(
+                    "OOM",
+                    [x.failure_class or x.state for x in ledger.attempts(c.id)],
+                    max_attempts=cfg.policy.max_attempts,
+                    retry_classes=cfg.policy.retry_classes,
+                )
+                ledger.set_candidate_status(c.id, "planned" if retry else "failed", f"OOM: {why}")
+    best = observe.best_of(ledger, name)
+    if best is not None:
+        row = ledger.candidate_by_key(name, best["key"])
+        out.reported = Layout.from_dict(row.layout)
+        out.reported_true_s = target.launch(cfg, out.reported, row.layer_pattern, row.key).step_s
+    return out
+
+
+def _result(cfg, run: Launch, JobResult, RankMemory):
+    """The JobResult `collect` would build from this launch's job folder."""
+    from jobs.metrics import summarize
+
+    st = cfg.stage
+    if not run.fits:
+        return JobResult(
+            ok=False,
+            simulated=True,
+            failure_class="OOM",
+            failure_detail="torch.OutOfMemoryError: CUDA out of memory (in-process evaluation)",
+            exit_code=1,
+            warmup_iters=st.warmup_iters,
+            measure_iters_requested=st.measure_iters,
+        )
+    window = list(run.times[st.warmup_iters :])
+    s = summarize(window)
+    heaviest = max(range(len(run.stage_gb)), key=lambda i: run.stage_gb[i])
+    tokens = st.global_batch * st.seq_length / s.p50
+    return JobResult(
+        ok=True,
+        simulated=True,
+        exit_code=0,
+        warmup_iters=st.warmup_iters,
+        measure_iters_requested=st.measure_iters,
+        measure_iters=len(window),
+        step_times_s=window,
+        step_p50_s=s.p50,
+        step_p95_s=s.p95,
+        step_p99_s=s.p99,
+        step_mean_s=s.mean,
+        step_max_s=s.max,
+        tokens_per_s=tokens,
+        tokens_per_s_per_gpu=tokens / st.gpus,
+        heaviest_pp_stage=heaviest,
+        peak_reserved_gb=run.peak_gb,
+        rank_memory=[
+            RankMemory(rank=i, pp_stage=i, allocated_mb=None, reserved_mb=gb * 1e9 / 2**20, source="in-process")
+            for i, gb in enumerate(run.stage_gb)
+        ],
+    )
+
+
+def fresh_ledger(folder: str | None = None):
+    """A new SQLite ledger in a temporary folder (one per policy: the 8k sweep promotes from its 1k sweep)."""
+    from db.ledger import Ledger
+
+    path = Path(folder or tempfile.mkdtemp(prefix="bench-search-")) / "ledger.sqlite"
+    return Ledger.open(f"sqlite:///{path}")

@@ -1,0 +1,107 @@
+"""The search benchmark's accounting (tests/bench/searchlib.py), on one surface with a tiny budget."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from orchestrator.config import compose
+from orchestrator.plan.layout import Layout
+from tests.bench import searchlib as lib
+
+STARTUP_S = 300.0
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    target = lib.Target("twin:memory", seed=1)
+    composed = compose(
+        ["+stage=1k", "cluster=local", "stage.budget.max_runs=5", "stage.budget.max_rounds=2", *target.overrides()]
+    )
+    cfg = composed.cfg
+    grid = lib.build_grid(cfg, target, STARTUP_S)
+    rnd = lib.random_search(grid, orders=200, seed=0)
+    ledger = lib.fresh_ledger(str(tmp_path_factory.mktemp("ledger")))
+    sweep = lib.run_sweep(ledger, composed, target, "tiny", STARTUP_S)
+    yield cfg, target, grid, rnd, ledger, sweep
+    ledger.close()
+
+
+def test_a_launch_costs_start_up_plus_its_iterations(bench):
+    cfg, _, grid, *_ = bench
+    iters = cfg.stage.warmup_iters + cfg.stage.measure_iters
+    fits = int(np.argmax(np.isfinite(grid.true_s)))
+    oom = int(np.argmax(~np.isfinite(grid.true_s)))
+    assert grid.cost[fits] == pytest.approx(cfg.stage.gpus * (STARTUP_S + iters * grid.true_s[fits]) / 3600)
+    oom_step = grid.launches[oom].step_s  # an OOM runs start-up and its first iteration
+    assert not grid.launches[oom].fits and grid.cost[oom] == pytest.approx(
+        cfg.stage.gpus * (STARTUP_S + oom_step) / 3600
+    )
+    assert grid.exhaustive_gpu_hours == pytest.approx(grid.cost.sum())
+
+
+def test_the_true_best_is_the_fastest_layout_that_fits(bench):
+    cfg, target, grid, *_ = bench
+    again = [target.launch(cfg, *x) for x in zip(grid.layouts, grid.patterns, grid.keys, strict=True)]
+    fitting = [x.step_s for x in again if x.fits]
+    assert 0 < len(fitting) < len(again)  # some layouts OOM on this surface
+    assert grid.best_s == min(fitting) and grid.launches[grid.best].fits
+
+
+def test_random_search_accounting(bench):
+    _, _, grid, rnd, *_ = bench
+    to_goal = rnd.cost_to_goal
+    assert np.isfinite(to_goal).all()  # every order reaches the goal before it runs out of layouts
+    assert (to_goal <= grid.exhaustive_gpu_hours + 1e-6).all()
+    near = grid.cost[np.isfinite(grid.true_s) & (grid.true_s <= grid.best_s * (1 + lib.GOAL_GAP))]
+    assert (to_goal >= near.min() - 1e-6).all()  # at least one launch of a layout within 2%
+    assert to_goal.min() < np.median(to_goal) < to_goal.max()  # orders differ
+    assert rnd.cum_cost[:, -1] == pytest.approx(np.full(len(to_goal), grid.exhaustive_gpu_hours))
+    assert np.isinf(rnd.gap_at(0.0)).all()  # nothing launched: nothing reported
+    assert (rnd.gap_at(grid.exhaustive_gpu_hours) <= lib.GOAL_GAP).all()  # everything measured
+    assert (rnd.gap[np.isfinite(rnd.gap)] >= 0).all()
+
+
+def test_the_sweep_goes_through_the_ledger_and_its_gap_is_against_the_true_best(bench):
+    cfg, target, grid, rnd, ledger, sweep = bench
+    assert sweep.reason and 0 < len(sweep.launches) <= 5
+    attempts = [a for c in ledger.candidates("tiny") for a in ledger.attempts(c.id)]
+    assert len(attempts) == len(sweep.launches)
+    measured = ledger.measured(sweep="tiny")
+    assert len(measured) == sum(1 for x in sweep.launches if x[3] is not None)
+    assert {c.status for c in ledger.candidates("tiny")} <= {"done", "failed"}
+    assert all(a.failure_class == "OOM" for a in attempts if ledger.result(a.id) is None)
+    # the reported best is the best measured p50; its gap is its true step over the grid's true best
+    best = min(measured, key=lambda r: r.metrics["step_p50_s"])
+    assert Layout.from_dict(best.layout) == sweep.reported
+    true_s = target.launch(cfg, sweep.reported, best.layer_pattern, best.key).step_s
+    gap = grid.gap(sweep.reported_true_s)
+    assert gap == pytest.approx(true_s / grid.best_s - 1) and gap >= 0
+    # cost: the same launch cost as every other method, summed over the sweep's attempts
+    assert sweep.gpu_hours == pytest.approx(sum(x[2] for x in sweep.launches))
+    assert sweep.gpu_hours <= grid.exhaustive_gpu_hours
+    to_goal = sweep.cost_to_goal(grid)
+    if gap <= lib.GOAL_GAP:  # reached by the end: the cost to get there is part of what it spent
+        assert to_goal <= sweep.gpu_hours
+    assert math.isinf(to_goal) or to_goal <= sweep.gpu_hours
+    assert np.median(rnd.gap_at(sweep.gpu_hours)) >= 0
+
+
+def test_report_predicted_vs_measured_is_off_the_diagonal(tmp_path):
+    """With a truth of its own, the report's predicted-vs-measured points (orchestrator/report/plots.py
+    `calibration`) no longer lie on the diagonal, nor on any one line through the origin: the planner is
+    wrong by a different factor per layout, in step time and in memory."""
+    from orchestrator.report.data import gather
+
+    target = lib.Target("twin:balanced")
+    composed = compose(["+stage=1k", "cluster=local", *target.overrides()])
+    with lib.fresh_ledger(str(tmp_path)) as ledger:
+        lib.run_sweep(ledger, composed, target, "diag", STARTUP_S)
+        pts = [r for r in gather(ledger, "diag").measured if r.get("pred_step_time_s") and r.get("pred_memory_gb")]
+    assert len(pts) >= 6
+    for measured, predicted in (("step_p50_s", "pred_step_time_s"), ("peak_reserved_gb", "pred_memory_gb")):
+        ratios = [r[measured] / r[predicted] for r in pts]
+        assert max(abs(x - 1) for x in ratios) > 0.05, (measured, ratios)
+        assert max(ratios) / min(ratios) > 1.05, (measured, ratios)

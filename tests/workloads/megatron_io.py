@@ -1,0 +1,129 @@
+"""The workload contract for the external stand-ins in this folder: Megatron flags in, Megatron lines out.
+
+A stand-in is `python tests/workloads/<name>.py <Megatron flags>` with torchrun-style RANK / WORLD_SIZE:
+it reads its layout from the flags (VPP from the `--hybrid-layer-pattern` segments, as Megatron does),
+evaluates its own synthetic surface, then prints torch's CUDA OOM (exit 1) when the layout does not fit,
+else Megatron's iteration lines (rank WORLD_SIZE-1) and a memory line after the first iteration. Every
+stand-in prints a [SIMULATED] banner first: its numbers are synthetic.
+
+`Point` is the layout as a stand-in sees it; each stand-in's `evaluate(point) -> (step_s, memory_gb)` is
+the same function its job runs, so the search benchmark (tests/bench/bench_search.py) reads the true
+surface in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class Point:
+    """One layout on N GPUs, as the flags give it. recompute: none | full | modules joined by '+';
+    dispatcher: alltoall | allgather | flex:<backend>."""
+
+    n: int
+    pp: int
+    vpp: int
+    cp: int
+    ep: int
+    mbs: int
+    gbs: int
+    seq: int
+    recompute: str
+    dispatcher: str
+    gpus_per_node: int = 8
+
+
+def hbm_gb(variable: str, default: float) -> float:
+    """The stand-in's capacity: its environment variable, else its default."""
+    return float(os.environ.get(variable, default))
+
+
+def step_times(step: float, iters: int) -> list[float]:
+    """Seconds of iterations 1..iters: the surface's step with a deterministic 1% wobble."""
+    return [step * (1.0 + 0.01 * math.sin(it * 1.7)) for it in range(1, iters + 1)]
+
+
+def point_from_argv(argv: list[str], n: int) -> tuple[Point, int]:
+    """(the layout, --train-iters) from Megatron flags."""
+    p = argparse.ArgumentParser(add_help=False)
+    for name, typ, default in (
+        ("pipeline-model-parallel-size", int, 1),
+        ("context-parallel-size", int, 1),
+        ("expert-model-parallel-size", int, 1),
+        ("micro-batch-size", int, 1),
+        ("global-batch-size", int, 1),
+        ("seq-length", int, 4096),
+        ("train-iters", int, 10),
+        ("moe-token-dispatcher-type", str, "alltoall"),
+        ("moe-flex-dispatcher-backend", str, ""),
+        ("hybrid-layer-pattern", str, ""),
+    ):
+        p.add_argument(f"--{name}", type=typ, default=default)
+    p.add_argument("--recompute-modules", nargs="*", default=[])
+    p.add_argument("--recompute-granularity", default=None)
+    a, _ = p.parse_known_args(argv)
+    pp = a.pipeline_model_parallel_size
+    segments = a.hybrid_layer_pattern.split("/")[0].count("|") + 1 if a.hybrid_layer_pattern else pp
+    recompute = "full" if a.recompute_granularity == "full" else ("+".join(sorted(a.recompute_modules)) or "none")
+    disp = a.moe_token_dispatcher_type
+    if disp == "flex":
+        disp += f":{a.moe_flex_dispatcher_backend}"
+    point = Point(
+        n=n,
+        pp=pp,
+        vpp=max(1, segments // pp),
+        cp=a.context_parallel_size,
+        ep=a.expert_model_parallel_size,
+        mbs=a.micro_batch_size,
+        gbs=a.global_batch_size,
+        seq=a.seq_length,
+        recompute=recompute,
+        dispatcher=disp,
+    )
+    return point, a.train_iters
+
+
+def main(evaluate: Callable[[Point], tuple[float, float]], banner: str, hbm: float, argv=None) -> int:
+    """Run one job of a stand-in: OOM (exit 1) or `--train-iters` Megatron iteration lines."""
+    n = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    point, iters = point_from_argv(list(sys.argv[1:] if argv is None else argv), n)
+    print(f"[SIMULATED] {banner}", flush=True)
+    step, mem = evaluate(point)
+    if mem > hbm:
+        print(
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {rank} has a total "
+            f"capacity of {hbm:.2f} GiB of which 0 bytes is free.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+    last = rank == n - 1
+    for it, seconds in enumerate(step_times(step, iters), start=1):
+        time.sleep(0.001)
+        if last:
+            ts = datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
+            print(
+                f" [{ts}] iteration {it:8d}/{iters:8d} | consumed samples: {it * point.gbs:12d} |"
+                f" elapsed time per iteration (ms): {seconds * 1000:.1f} | learning rate: 1.000000E-04 |"
+                f" global batch size: {point.gbs:5d} | lm loss: {8.0 / math.sqrt(it):.6E} |"
+                f" loss scale: 1.0 | grad norm: 1.000 | number of skipped iterations:   0 |"
+                f" number of nan iterations:   0 |",
+                flush=True,
+            )
+        if it == 1:
+            mb = mem * 1e9 / 2**20
+            print(
+                f"[Rank {rank}] (after 1 iterations) memory (MB) | allocated: {mb * 0.8:.2f} | max allocated: "
+                f"{mb * 0.95:.2f} | reserved: {mb:.2f} | max reserved: {mb:.2f}",
+                flush=True,
+            )
+    return 0
