@@ -342,6 +342,7 @@ class _Parser:
             if run is None:
                 run = self._row_re[pre] = re.compile(rb"(?:\n" + re.escape(pre) + rb"    [^\n]*)*")
             m = run.match(work, pos)
+            assert m is not None  # a `(?:...)*` pattern matches, if only the empty string
             region = m.group(0)
             blk.raw = region.replace(b"\n" + pre, b"\n") if pre else region
             pos = m.end()

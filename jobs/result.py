@@ -7,6 +7,7 @@ as JSON. Field names follow the guide's closing table of evidence.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from jobs.failures import FAILURE_CLASSES, retried_by_default
 
@@ -91,11 +92,11 @@ class JobResult:
         decision, with the config and the attempt history, is orchestrator.sweep.retry.retry_decision)."""
         return retried_by_default(self.failure_class)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> JobResult:
+    def from_dict(cls, d: dict[str, Any]) -> JobResult:
         d = dict(d)
         d["rank_memory"] = [RankMemory(**r) for r in d.get("rank_memory", [])]
         known = set(cls.__dataclass_fields__)
