@@ -21,7 +21,7 @@ from db.engine import make_engine, mask, parse_url, schema_state, upgrade
 from db.errors import LedgerError
 from db.evidence import Evidence
 from db.leases import Leases
-from db.rows import (  # noqa: F401 - re-exported: callers import rows from db.ledger
+from db.rows import (  # re-exported (__all__): callers import rows from db.ledger
     AttemptRow,
     CalibrationRow,
     CandidateIn,
@@ -34,6 +34,17 @@ from db.rows import (  # noqa: F401 - re-exported: callers import rows from db.l
 from orchestrator.knobs import ledger_columns
 from orchestrator.states import AttemptState, CandidateStatus, EdgeKind, SweepStatus
 
+__all__ = [
+    "AttemptRow",
+    "CalibrationRow",
+    "CandidateIn",
+    "CandidateRow",
+    "EventRow",
+    "Ledger",
+    "MeasuredRow",
+    "ParityRow",
+    "SweepRow",
+]
 ATTEMPT_FIELDS = frozenset(
     {
         "job_id",
