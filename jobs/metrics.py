@@ -300,7 +300,7 @@ def compute(
 
     lo, hi = warmup_iters, warmup_iters + measure_iters
     blocks = [b for log in logs for b in log.timers if _in_window(b.after_iteration, lo, hi)]
-    res.timers_ms = timers_summary(blocks)  # type: ignore[assignment]
+    res.timers_ms = timers_summary(blocks)
     res.slowest_rank = slowest_rank(logs, lo, hi)
     if res.slowest_rank is not None:
         stage = next((sc.get("pp_stage") for sc in sidecars if sc["rank"] == res.slowest_rank), None)

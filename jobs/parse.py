@@ -411,7 +411,7 @@ def _chunks(src: Iterable[bytes] | object) -> Iterator[bytes]:
     buf: list[bytes] = []
     size = 0
     prev: bytes | None = None
-    for line in src:  # type: ignore[union-attr]
+    for line in src:  # type: ignore[union-attr]  # without read() it is the iterable of lines
         if isinstance(line, str):
             line = line.encode("utf-8", "replace")
         if prev is not None:

@@ -63,7 +63,7 @@ class JobResult:
     # Slowest rank / stage (timers min/max, straggler lines)
     slowest_rank: int | None = None
     slowest_stage: int | None = None
-    timers_ms: dict[str, list[float]] = field(default_factory=dict)  # name -> [min, max]
+    timers_ms: dict[str, list[float | None]] = field(default_factory=dict)  # name -> [min, max]; min None: max-only
     # MoE evidence (sidecar / router hook)
     token_drop_fraction: float | None = None
     padding_fraction: float | None = None
