@@ -69,7 +69,7 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False) -> Co
         GlobalHydra.instance().clear()
     try:
         merged = OmegaConf.merge(OmegaConf.structured(RootConfig), raw)
-        typed: RootConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+        typed: RootConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]  # structured: a RootConfig
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
         first = str(exc).strip().splitlines()[0]

@@ -23,7 +23,7 @@ def default_name(cfg: RootConfig) -> str:
 def root_from_yaml(text: str) -> RootConfig:
     """The typed config a sweep was created with (its stored snapshot), e.g. for resume or promotion."""
     merged = OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.create(text))
-    return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    return OmegaConf.to_object(merged)  # type: ignore[return-value]  # structured: a RootConfig
 
 
 def holder_id() -> str:
