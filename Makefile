@@ -40,9 +40,10 @@ test: install services lint
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy orchestrator jobs db
 
 bench: install
 	$(PY) tests/bench/run_all.py
 
 clean:
-	rm -rf $(VENV) runs reports ledger.sqlite* .pytest_cache .hypothesis
+	rm -rf $(VENV) runs reports ledger.sqlite* .pytest_cache .hypothesis .mypy_cache

@@ -11,19 +11,23 @@ from collections.abc import Iterator, Sequence
 from dataclasses import fields
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from db.errors import LedgerError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 CHUNK = 5000  # keys per IN (...) list: below SQLite's variable limit
 
 T = TypeVar("T")
+R = TypeVar("R", bound="DataclassInstance")
 E = TypeVar("E", bound=StrEnum)
 
 
-def to_row(cls: type[T], obj: Any) -> T:
+def to_row(cls: type[R], obj: Any) -> R:
     """The dataclass `cls` filled from the ORM object's attributes of the same names."""
-    return cls(**{f.name: getattr(obj, f.name) for f in fields(cls)})  # type: ignore[arg-type]
+    return cls(**{f.name: getattr(obj, f.name) for f in fields(cls)})
 
 
 def now() -> datetime:

@@ -15,13 +15,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import Engine, create_engine, event, inspect, text
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
@@ -78,7 +79,7 @@ def _sqlite_engine(url: URL, *, echo: bool, busy_timeout_ms: int) -> Engine:
     engine = create_engine(url, echo=echo, connect_args={"timeout": busy_timeout_ms / 1000})
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record):
+    def _on_connect(dbapi_conn: Any, _record: object) -> None:
         dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (see module docstring)
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")  # first: the next pragma may wait
@@ -89,7 +90,7 @@ def _sqlite_engine(url: URL, *, echo: bool, busy_timeout_ms: int) -> Engine:
         cur.close()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn):
+    def _on_begin(conn: Connection) -> None:
         mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
         conn.exec_driver_sql(f"BEGIN {'IMMEDIATE' if mode == 'IMMEDIATE' else 'DEFERRED'}")
 
@@ -104,7 +105,7 @@ def write_engine(engine: Engine) -> Engine:
 # ---- Alembic ---------------------------------------------------------------------------------
 
 
-def alembic_config(engine: Engine | None = None, connection=None) -> Config:
+def alembic_config(engine: Engine | None = None, connection: Connection | None = None) -> Config:
     """Config for db/alembic.ini; the engine travels in attributes so no URL goes through ini parsing."""
     cfg = Config(str(HERE / "alembic.ini"))
     cfg.set_main_option("script_location", str(HERE / "migrations"))
@@ -117,8 +118,11 @@ def script_directory() -> ScriptDirectory:
     return ScriptDirectory.from_config(alembic_config())
 
 
-def head_revision() -> str:
-    return script_directory().get_current_head()
+def head_revision(script: ScriptDirectory | None = None) -> str:
+    head = (script or script_directory()).get_current_head()
+    if head is None:  # only a broken install ships db/migrations without its versions
+        raise LedgerError(f"no schema revision under {HERE / 'migrations'}; reinstall the orchestrator")
+    return head
 
 
 @dataclass
@@ -148,13 +152,13 @@ def schema_state(engine: Engine) -> SchemaState:
     if current is not None and current not in known:
         raise LedgerError(
             f"the ledger at {mask(engine.url)} is at schema revision {current}, newer than this code "
-            f"(head {script.get_current_head()}); upgrade the orchestrator or point ledger.url elsewhere"
+            f"(head {head_revision(script)}); upgrade the orchestrator or point ledger.url elsewhere"
         )
-    return SchemaState(current=current, head=script.get_current_head(), has_tables=has_tables)
+    return SchemaState(current=current, head=head_revision(script), has_tables=has_tables)
 
 
 @contextmanager
-def connect(engine: Engine) -> Iterator:
+def connect(engine: Engine) -> Iterator[Connection]:
     """A connection, turning 'cannot connect' into one LedgerError with the masked URL."""
     try:
         conn = engine.connect()
@@ -166,7 +170,7 @@ def connect(engine: Engine) -> Iterator:
 
 
 @contextmanager
-def _migration_lock(engine: Engine) -> Iterator:
+def _migration_lock(engine: Engine) -> Iterator[None]:
     """Serialise concurrent upgrades: a file lock for SQLite, an advisory lock for PostgreSQL."""
     if engine.dialect.name == "sqlite":
         db = engine.url.database
@@ -208,7 +212,7 @@ def upgrade(engine: Engine, revision: str = "head") -> SchemaState:
 
 def history() -> list[str]:
     """One line per revision, oldest first: 'rev <- down: message'."""
-    out = []
+    out: list[str] = []
     for rev in reversed(list(script_directory().walk_revisions())):
         head = " (head)" if rev.is_head else ""
         out.append(f"{rev.revision}{head} <- {rev.down_revision or 'base'}: {rev.doc}")

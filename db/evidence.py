@@ -23,7 +23,7 @@ from orchestrator.states import AttemptState, CandidateStatus
 class Evidence(Store):
     # ---- results ------------------------------------------------------------------------------
 
-    def record_result(self, attempt_id: int, result: dict) -> None:
+    def record_result(self, attempt_id: int, result: dict[str, Any]) -> None:
         """Store a JobResult dict: result row (if ok), step samples and rank memory, in ONE transaction.
 
         Idempotent per attempt: a second call for the same attempt changes nothing.
@@ -89,13 +89,13 @@ class Evidence(Store):
             if ranks:
                 s.execute(insert(m.RankMemory), ranks)
 
-    def result(self, attempt_id: int) -> dict | None:
+    def result(self, attempt_id: int) -> dict[str, Any] | None:
         """The stored metrics of one attempt (RESULT_METRICS), or None when it did not succeed."""
         with self._read() as s:
             r = s.scalars(select(m.Result).where(m.Result.attempt_id == attempt_id)).one_or_none()
             return None if r is None else {k: getattr(r, k) for k in RESULT_METRICS}
 
-    def update_result_metrics(self, attempt_id: int, **metrics: Any) -> dict:
+    def update_result_metrics(self, attempt_id: int, **metrics: Any) -> dict[str, Any]:
         """Set result columns of one attempt's stored result (a later measurement about the same run, e.g.
         a finalist's long-run window: ckpt_save_s, q_effective ...). Unknown names and a missing result row
         are LedgerErrors. Returns the row's metrics after the update."""
@@ -111,7 +111,7 @@ class Evidence(Store):
             s.flush()
             return {k: getattr(r, k) for k in RESULT_METRICS}
 
-    def step_samples(self, attempt_id: int) -> list[tuple]:
+    def step_samples(self, attempt_id: int) -> list[tuple[int, float | None, float | None, float | None]]:
         """(iteration, step_time_s, lm_loss, grad_norm) of the measured window, in order."""
         with self._read() as s:
             q = (
@@ -119,9 +119,9 @@ class Evidence(Store):
                 .where(m.StepSample.attempt_id == attempt_id)
                 .order_by(m.StepSample.iteration)
             )
-            return [tuple(r) for r in s.execute(q)]
+            return [(i, t, loss, g) for i, t, loss, g in s.execute(q)]
 
-    def rank_memory(self, attempt_id: int) -> list[dict]:
+    def rank_memory(self, attempt_id: int) -> list[dict[str, Any]]:
         with self._read() as s:
             q = select(m.RankMemory).where(m.RankMemory.attempt_id == attempt_id).order_by(m.RankMemory.rank)
             return [
@@ -180,7 +180,7 @@ class Evidence(Store):
 
     # ---- calibration, parity ------------------------------------------------------------------
 
-    def record_calibration(self, sweep: str, round: int, fit: dict, error: dict) -> CalibrationRow:
+    def record_calibration(self, sweep: str, round: int, fit: dict[str, Any], error: dict[str, Any]) -> CalibrationRow:
         with self._write() as s:
             sw = self._sweep(s, sweep)
             cal = m.Calibration(sweep_id=sw.id, round=round, fit=clean(fit), error=clean(error), created_at=now())

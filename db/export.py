@@ -9,21 +9,25 @@ import csv
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
 from db import models as m
 from db import queries
 from db.errors import LedgerError
+from db.store import Store
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ALL_COLUMNS = tuple(queries.COLUMNS)
 TABLES = tuple(sorted(m.Base.metadata.tables))
 
 
 def rows(
-    ledger, *, table: str | None = None, columns: Sequence[str] | None = None, **filters: Any
-) -> tuple[list[str], list[dict]]:
+    ledger: Store, *, table: str | None = None, columns: Sequence[str] | None = None, **filters: Any
+) -> tuple[list[str], list[dict[str, Any]]]:
     """(column names, rows): the joined view with every column by default, or one raw table."""
     if table is None:
         cols = list(columns or ALL_COLUMNS)
@@ -36,7 +40,7 @@ def rows(
     return [c.name for c in t.columns], out
 
 
-def to_dataframe(ledger, **kwargs: Any):
+def to_dataframe(ledger: Store, **kwargs: Any) -> pd.DataFrame:
     """A pandas DataFrame for notebooks: `to_dataframe(Ledger.open(url), sweep="s1")`."""
     try:
         import pandas as pd
@@ -46,7 +50,7 @@ def to_dataframe(ledger, **kwargs: Any):
     return pd.DataFrame.from_records(data, columns=cols)
 
 
-def export(ledger, path: str | Path, fmt: str | None = None, **kwargs: Any) -> int:
+def export(ledger: Store, path: str | Path, fmt: str | None = None, **kwargs: Any) -> int:
     """Write CSV or Parquet (format from `fmt` or the file suffix); returns the number of rows."""
     path = Path(path)
     fmt = (fmt or path.suffix.lstrip(".") or "csv").lower()

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any, cast
 
-from sqlalchemy import delete, select
+from sqlalchemy import CursorResult, delete, select
 from sqlalchemy.exc import IntegrityError
 
 from db import models as m
@@ -76,6 +77,8 @@ class Leases(Store):
     def release_lease(self, sweep: str, holder: str) -> None:
         with self._write() as s:
             sw = self._sweep(s, sweep)
-            gone = s.execute(delete(m.Lease).where(m.Lease.sweep_id == sw.id, m.Lease.holder == holder)).rowcount
+            # A DELETE's result is a CursorResult (Session.execute is typed for SELECTs): it counts the rows.
+            deleted = s.execute(delete(m.Lease).where(m.Lease.sweep_id == sw.id, m.Lease.holder == holder))
+            gone = cast("CursorResult[Any]", deleted).rowcount
             if gone:
                 s.add(m.Event(sweep_id=sw.id, kind="lease", message=f"lease released by {holder}"))

@@ -21,7 +21,7 @@ from db.engine import make_engine, mask, parse_url, schema_state, upgrade
 from db.errors import LedgerError
 from db.evidence import Evidence
 from db.leases import Leases
-from db.rows import (  # noqa: F401 - re-exported: callers import rows from db.ledger
+from db.rows import (  # re-exported (__all__): callers import rows from db.ledger
     AttemptRow,
     CalibrationRow,
     CandidateIn,
@@ -34,6 +34,17 @@ from db.rows import (  # noqa: F401 - re-exported: callers import rows from db.l
 from orchestrator.knobs import ledger_columns
 from orchestrator.states import AttemptState, CandidateStatus, EdgeKind, SweepStatus
 
+__all__ = [
+    "AttemptRow",
+    "CalibrationRow",
+    "CandidateIn",
+    "CandidateRow",
+    "EventRow",
+    "Ledger",
+    "MeasuredRow",
+    "ParityRow",
+    "SweepRow",
+]
 ATTEMPT_FIELDS = frozenset(
     {
         "job_id",
@@ -54,7 +65,7 @@ ATTEMPT_FIELDS = frozenset(
 )
 
 
-def _candidate_values(sweep_id: int, item: CandidateIn) -> dict:
+def _candidate_values(sweep_id: int, item: CandidateIn) -> dict[str, Any]:
     lay, pred = item.layout, item.predicted or {}
     verdict = item.verdict if isinstance(item.verdict, str) else (",".join(item.verdict) or "legal")
     return dict(
@@ -124,7 +135,15 @@ class Ledger(Leases, Evidence):
     # ---- sweeps -------------------------------------------------------------------------------
 
     def create_or_get_sweep(
-        self, name: str, *, stage: str, config_yaml: str, model: str, hardware: str, workload: str, provenance: dict
+        self,
+        name: str,
+        *,
+        stage: str,
+        config_yaml: str,
+        model: str,
+        hardware: str,
+        workload: str,
+        provenance: dict[str, Any],
     ) -> SweepRow:
         """Idempotent: a second call returns the existing sweep; a different stage/model/... is refused."""
         with self._write() as s:
@@ -206,21 +225,23 @@ class Ledger(Leases, Evidence):
                         "kind": CandidateStatus.PLANNED,  # the event of a status is named by it
                         "created_at": now(),
                         "message": f"round {fresh[k].round}: {fresh[k].status}"
-                        + (f" ({fresh[k].edge_kind} {fresh[k].parent_key[:10]})" if fresh[k].parent_key else ""),
+                        + (
+                            f" ({fresh[k].edge_kind} {(fresh[k].parent_key or '')[:10]})" if fresh[k].parent_key else ""
+                        ),
                     }
                     for k, cid in inserted.items()
                 ]
                 if events:
                     s.execute(insert(m.Event), events)
             order = [ids[i.key] for i in items]
-            rows = {}
-            for chunk in chunks(order):
-                rows.update({c.id: c for c in s.scalars(select(m.Candidate).where(m.Candidate.id.in_(chunk)))})
+            rows: dict[int, m.Candidate] = {}
+            for id_chunk in chunks(order):
+                rows.update({c.id: c for c in s.scalars(select(m.Candidate).where(m.Candidate.id.in_(id_chunk)))})
             return [to_row(CandidateRow, rows[cid]) for cid in order]
 
     @staticmethod
-    def _ids_by_key(s: Session, sweep_id: int, keys: Sequence[str]) -> dict:
-        out = {}
+    def _ids_by_key(s: Session, sweep_id: int, keys: Sequence[str]) -> dict[str, int]:
+        out: dict[str, int] = {}
         for chunk in chunks(list(dict.fromkeys(keys))):
             q = select(m.Candidate.key, m.Candidate.id).where(
                 m.Candidate.sweep_id == sweep_id, m.Candidate.key.in_(chunk)
@@ -229,9 +250,9 @@ class Ledger(Leases, Evidence):
         return out
 
     @staticmethod
-    def _parent_ids(s: Session, sweep_id: int, items: Sequence[CandidateIn], ids: dict) -> dict:
+    def _parent_ids(s: Session, sweep_id: int, items: Sequence[CandidateIn], ids: dict[str, int]) -> dict[str, int]:
         """parent_key -> id: same sweep first, else any sweep (promoted-from points at the smaller stage)."""
-        out = {}
+        out: dict[str, int] = {}
         for item in items:
             if not item.parent_key:
                 continue
@@ -388,7 +409,13 @@ class Ledger(Leases, Evidence):
     # ---- events -------------------------------------------------------------------------------
 
     def log_event(
-        self, sweep: str, kind: str, message: str, *, candidate_id: int | None = None, data: dict | None = None
+        self,
+        sweep: str,
+        kind: str,
+        message: str,
+        *,
+        candidate_id: int | None = None,
+        data: dict[str, Any] | None = None,
     ) -> None:
         with self._write() as s:
             sw = self._sweep(s, sweep)

@@ -30,26 +30,27 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
 
 from orchestrator.knobs import KNOBS, Knob, column_value
 from orchestrator.states import AttemptState, CandidateStatus, SweepStatus
 
 
-class UTCDateTime(TypeDecorator):
+class UTCDateTime(TypeDecorator[datetime]):
     """Naive UTC in the database, aware UTC in Python."""
 
     impl = DateTime
     cache_ok = True
 
-    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is not None:
             value = value.astimezone(UTC).replace(tzinfo=None)
         return value
 
-    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         return None if value is None else value.replace(tzinfo=UTC)
 
 
@@ -67,7 +68,7 @@ NAMING = {
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
-    type_annotation_map = {datetime: UTCDateTime(), dict: JSON, list: JSON, Any: JSON}
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON, list[str]: JSON, Any: JSON}
 
 
 class Sweep(Base):
@@ -81,7 +82,7 @@ class Sweep(Base):
     config_yaml: Mapped[str] = mapped_column(Text)  # the resolved config snapshot
     status: Mapped[str] = mapped_column(String(30), default=SweepStatus.PLANNED)
     # project version, Megatron commit / container image, submitit/torch/TE versions, perf env vars
-    provenance: Mapped[dict] = mapped_column(default=dict)
+    provenance: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
@@ -123,7 +124,7 @@ class Candidate(KnobColumns, Base):
     key: Mapped[str] = mapped_column(String(64))  # canonical_key(layout, model, stage, hardware, workload)
     # one column per knob: KnobColumns, from the registry
     layer_pattern: Mapped[str] = mapped_column(Text, default="")
-    layout: Mapped[dict]  # Layout.to_dict()
+    layout: Mapped[dict[str, Any]]  # Layout.to_dict()
     # predictions (Prediction fields); the headline ones as columns for sorting
     pred_step_time_s: Mapped[float | None]
     pred_memory_gb: Mapped[float | None]
@@ -134,7 +135,7 @@ class Candidate(KnobColumns, Base):
     d_e: Mapped[int | None]
     m: Mapped[int | None]
     feasible: Mapped[bool | None]
-    predicted: Mapped[dict] = mapped_column(default=dict)
+    predicted: Mapped[dict[str, Any]] = mapped_column(default=dict)
     verdict: Mapped[str] = mapped_column(String(500), default="legal")  # "legal" or comma-joined rule ids
     round: Mapped[int] = mapped_column(default=0)
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("candidate.id", ondelete="SET NULL"))
@@ -165,8 +166,8 @@ class Attempt(Base):
     failure_class: Mapped[str | None] = mapped_column(String(30))
     failure_detail: Mapped[str | None] = mapped_column(Text)
     exit_code: Mapped[int | None]
-    log_paths: Mapped[list] = mapped_column(default=list)
-    sidecar_paths: Mapped[list] = mapped_column(default=list)
+    log_paths: Mapped[list[str]] = mapped_column(default=list)
+    sidecar_paths: Mapped[list[str]] = mapped_column(default=list)
     simulated: Mapped[bool]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
@@ -215,8 +216,8 @@ class Result(Base):
     tokens_per_s_after_restart: Mapped[float | None]
     effective_fraction: Mapped[float | None]
     q_effective: Mapped[float | None]
-    timers_ms: Mapped[dict] = mapped_column(default=dict)
-    versions: Mapped[dict] = mapped_column(default=dict)
+    timers_ms: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    versions: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -264,7 +265,7 @@ class Event(Base):
     candidate_id: Mapped[int | None] = mapped_column(ForeignKey("candidate.id", ondelete="CASCADE"))
     kind: Mapped[str] = mapped_column(String(30))
     message: Mapped[str] = mapped_column(Text)
-    data: Mapped[dict | None]
+    data: Mapped[dict[str, Any] | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -275,8 +276,8 @@ class Calibration(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     sweep_id: Mapped[int] = mapped_column(ForeignKey("sweep.id", ondelete="CASCADE"), index=True)
     round: Mapped[int]
-    fit: Mapped[dict]
-    error: Mapped[dict]
+    fit: Mapped[dict[str, Any]]
+    error: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -12,9 +12,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
-from sqlalchemy import BigInteger, Boolean, Float, Integer, and_, exists, func, not_, select, true
+from sqlalchemy import BigInteger, Boolean, Float, Integer, Select, and_, exists, func, not_, select, true
+from sqlalchemy.orm import QueryableAttribute
 from sqlalchemy.sql.elements import ColumnElement
 
 from db import models as m
@@ -23,11 +24,15 @@ from db.models import RESULT_METRICS
 from db.store import Store
 from orchestrator.knobs import FIELDS, KNOB, KNOBS
 
+# A registry entry: a mapped attribute (m.Candidate.tp) or an expression over them (the joined dispatcher).
+Column = ColumnElement[Any] | QueryableAttribute[Any]
+AnySelect = Select[*tuple[Any, ...]]
 
-def _knob_columns() -> dict[str, ColumnElement]:
+
+def _knob_columns() -> dict[str, Column]:
     """One key per knob of the registry, on its ledger column. A knob with parts (the dispatcher, stored as
     dispatcher + backend) is shown and filtered joined, "flex:deepep"; each part keeps its own key too."""
-    out: dict[str, ColumnElement] = {k.column: getattr(m.Candidate, k.column) for k in KNOBS}
+    out: dict[str, Column] = {k.column: getattr(m.Candidate, k.column) for k in KNOBS}
     for name, fields in FIELDS.items():
         joined = out[KNOB[name].column]
         for part in fields[1:]:  # a part that is NULL (no flex backend) is left out
@@ -38,7 +43,7 @@ def _knob_columns() -> dict[str, ColumnElement]:
 
 KNOB_COLUMNS = _knob_columns()
 
-COLUMNS: dict[str, ColumnElement] = {
+COLUMNS: dict[str, Column] = {
     "sweep": m.Sweep.name,
     "stage": m.Sweep.stage,
     "model": m.Sweep.model,
@@ -167,20 +172,21 @@ def _coerce(name: str, raw: str) -> Any:
     return raw
 
 
-def _condition(f: Filter) -> ColumnElement:
+def _condition(f: Filter) -> ColumnElement[bool]:
     col = COLUMNS[f.key]
     if f.value is None:
         return col.is_(None) if f.op == "=" else col.is_not(None) if f.op == "!=" else _bad_null(f)
     if isinstance(f.value, bool) and f.op not in ("=", "!="):
         raise LedgerError(f"--where {f.key}{f.op}...: only = and != apply to true/false columns")
-    return _OPS[f.op](col, f.value)
+    cond: ColumnElement[bool] = _OPS[f.op](col, f.value)
+    return cond
 
 
-def _bad_null(f: Filter):
+def _bad_null(f: Filter) -> NoReturn:
     raise LedgerError(f"--where {f.key}{f.op}null: only = and != compare with null")
 
 
-def _order(sort: str | None) -> list[ColumnElement]:
+def _order(sort: str | None) -> list[Column]:
     if not sort:
         return [m.Sweep.id, m.Candidate.round, m.Candidate.id]
     desc = None
@@ -193,7 +199,7 @@ def _order(sort: str | None) -> list[ColumnElement]:
     return [(col.desc() if desc else col.asc()).nulls_last(), m.Candidate.id]
 
 
-def _joins(q):
+def _joins(q: AnySelect) -> AnySelect:
     """FROM candidate + sweep + latest attempt + latest result. All LEFT JOINs on primary keys (sweep_id
     is NOT NULL, so the rows are those of an inner join): the planner can drop the unused ones."""
     return (
@@ -204,13 +210,13 @@ def _joins(q):
     )
 
 
-def joined(columns: Sequence[str]):
+def joined(columns: Sequence[str]) -> AnySelect:
     """SELECT the named columns over the joined row."""
     return _joins(select(*[COLUMNS[c].label(c) for c in columns]))
 
 
 def compare(
-    ledger,
+    ledger: Store,
     *,
     sweep: str | None = None,
     stage: str | None = None,
@@ -220,7 +226,7 @@ def compare(
     sort: str | None = None,
     limit: int | None = None,
     columns: Sequence[str] | None = None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Rows (dicts keyed by column name) for `python -m orchestrator compare`.
 
     With a limit, the filter + sort first pick candidate ids over narrow rows; only those `limit`
@@ -245,7 +251,7 @@ def compare(
         return [dict(zip(names, row)) for row in s.execute(q)]
 
 
-def best(ledger, *, sweep: str | None = None, stage: str | None = None) -> dict | None:
+def best(ledger: Store, *, sweep: str | None = None, stage: str | None = None) -> dict[str, Any] | None:
     """The fastest MEASURED layout: lowest step p50, tie-break p99, then lower peak_reserved_gb.
 
     Only non-partial successful results count, never predictions; candidates with a failing parity

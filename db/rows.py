@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from orchestrator.states import AttemptState, CandidateStatus, EdgeKind, SweepStatus
 
@@ -26,7 +27,7 @@ class SweepRow:
     workload: str
     config_yaml: str
     status: SweepStatus
-    provenance: dict
+    provenance: dict[str, Any]
     created_at: datetime
     updated_at: datetime
 
@@ -39,9 +40,9 @@ class CandidateIn:
     """A planned candidate. layout = Layout.to_dict(); predicted = Prediction fields (asdict)."""
 
     key: str
-    layout: dict
+    layout: dict[str, Any]
     layer_pattern: str = ""
-    predicted: dict = field(default_factory=dict)
+    predicted: dict[str, Any] = field(default_factory=dict)
     verdict: str | Sequence[str] = "legal"  # "legal" or the ids of the rules it breaks
     round: int = 0
     parent_key: str | None = None
@@ -54,9 +55,9 @@ class CandidateRow:
     id: int
     sweep_id: int
     key: str
-    layout: dict
+    layout: dict[str, Any]
     layer_pattern: str
-    predicted: dict
+    predicted: dict[str, Any]
     verdict: str
     round: int
     parent_id: int | None
@@ -90,8 +91,8 @@ class AttemptRow:
     failure_class: str | None
     failure_detail: str | None
     exit_code: int | None
-    log_paths: list
-    sidecar_paths: list
+    log_paths: list[str]
+    sidecar_paths: list[str]
     simulated: bool
     created_at: datetime
     updated_at: datetime
@@ -111,7 +112,7 @@ class EventRow:
     candidate_id: int | None
     kind: str
     message: str
-    data: dict | None
+    data: dict[str, Any] | None
     created_at: datetime
 
 
@@ -120,8 +121,8 @@ class CalibrationRow:
     id: int
     sweep_id: int
     round: int
-    fit: dict
-    error: dict
+    fit: dict[str, Any]
+    error: dict[str, Any]
     created_at: datetime
 
 
@@ -151,16 +152,16 @@ class MeasuredRow:
     key: str
     round: int
     status: CandidateStatus
-    layout: dict
+    layout: dict[str, Any]
     layer_pattern: str
-    predicted: dict
+    predicted: dict[str, Any]
     verdict: str
     attempt_id: int
     attempt_no: int
     job_id: str | None
     simulated: bool
     partial: bool
-    metrics: dict  # every result column (RESULT_METRICS)
+    metrics: dict[str, Any]  # every result column (RESULT_METRICS)
 
     def __post_init__(self) -> None:
         _set(self, "status", CandidateStatus(self.status))

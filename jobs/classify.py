@@ -31,7 +31,7 @@ from orchestrator.states import AttemptState
 
 # Slurm's evidence, from the table: (epilogue reason | sacct state) -> class.
 _EPILOGUE = {r: fc.name for fc in TABLE if fc.slurm_first for r in fc.epilogue}
-_SACCT = {s: fc.name for fc in TABLE if fc.slurm_first for s in fc.sacct}
+_SACCT: dict[str, Failure] = {s: fc.name for fc in TABLE if fc.slurm_first for s in fc.sacct}
 _EPILOGUE_LATE = {r: fc.name for fc in TABLE if not fc.slurm_first for r in fc.epilogue}
 _LATE = tuple(fc for fc in TABLE if not fc.slurm_first and (fc.sacct or fc.exit_code))  # after the logs
 _DETAIL_MAX = 500
@@ -97,7 +97,7 @@ def is_config_error(exc_type: str, message: str, last_frame: str | None) -> bool
         return False
     if "is not divisible" in message or "should be divisible" in message:
         return True
-    in_config_code = bool(last_frame) and any(s in last_frame for s in VALIDATION_SOURCES)
+    in_config_code = bool(last_frame and any(s in last_frame for s in VALIDATION_SOURCES))
     return in_config_code or any(w in message for w in VALIDATION_WORDS)
 
 
@@ -178,10 +178,10 @@ def _nccl(logs: list[ParsedLog]) -> Classification | None:
     first = caught[0] if caught else records[0]
     named = [r for r in records if r.process_group and r.process_group != "default_pg"]
     same = [r for r in named if r.rank == first.rank and (first.seq_num is None or r.seq_num in (None, first.seq_num))]
-    pick = (same or named or [None])[0]
+    pick = next(iter(same or named), None)
     group = nccl_group_of(pick.process_group) if pick else None
     detail = first.line
-    if pick is not None and pick.process_group not in detail:
+    if pick is not None and pick.process_group and pick.process_group not in detail:
         detail = f"{detail} [{pick.process_group}]"
     if group is None and first.op_type and first.op_type.upper().startswith("ALLTOALL"):
         group = "EP"  # Megatron's only NCCL all-to-all is the MoE token dispatch over EP

@@ -14,8 +14,11 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from jobs.paths import JobPaths
 from jobs.spec import JobSpec
@@ -179,7 +182,7 @@ def _run_subprocess(cmd: list, env: dict, cwd: Path, out_path: Path, err_path: P
         except OSError as exc:  # command not found: record it where collect will look
             err.write(f"failed to start workload {cmd[:3]}: {exc}\n".encode())
             return 127
-        previous = {}
+        previous: dict[int, Callable[[int, FrameType | None], Any] | int | signal.Handlers | None] = {}
 
         def forward(signum, frame):
             if proc.poll() is None:
@@ -199,8 +202,8 @@ def _run_subprocess(cmd: list, env: dict, cwd: Path, out_path: Path, err_path: P
                 proc.kill()
                 proc.wait()
             if in_main:
-                for sig, prev in previous.items():
-                    signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def _ignore_warning_signal() -> None:

@@ -9,6 +9,7 @@ ProcessGroupNCCL watchdog and CUDA OOM text; slurmstepd's `*** JOB ... CANCELLED
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from jobs.records import (
     EventRecord,
@@ -191,7 +192,7 @@ def _iteration_generic(s: bytes, src: int | None) -> IterationRecord | None:
     m = _ITER_HEAD.search(t)
     if m is None or "number of nan iterations" not in t:
         return None
-    vals: dict[str, object] = {}
+    vals: dict[str, Any] = {}  # IterationRecord's fields, typed by _ITER_KEYS
     losses: dict[str, float] = {}
     try:
         for key, val in _ITER_FIELD.findall(t, m.end()):

@@ -50,7 +50,7 @@ def _megatron_facts() -> dict[str, Any]:
 
 
 def write_sidecar(
-    out_dir: os.PathLike, rank: int, counter: instrument.RouterCounter | None, error: str | None = None
+    out_dir: str | os.PathLike[str], rank: int, counter: instrument.RouterCounter | None, error: str | None = None
 ) -> Path:
     """Atomically write this rank's sidecar."""
     doc: dict[str, Any] = {"simulated": False, "source": "megatron_run", "rank": rank}
@@ -63,17 +63,20 @@ def write_sidecar(
     return atomic_write(JobPaths(out_dir).sidecar(rank), json.dumps(doc))
 
 
-def main(entry_script: str, argv: Sequence[str], window: tuple[int, int], out_dir: os.PathLike, rank: int) -> int:
+def main(
+    entry_script: str, argv: Sequence[str], window: tuple[int, int], out_dir: str | os.PathLike[str], rank: int
+) -> int:
     """Run entry_script as __main__ with argv, counting routers in the (warmup, measure) window.
     Returns the script's exit code (SystemExit is caught); other exceptions propagate after the
     sidecar is written."""
-    counter: instrument.RouterCounter | None = instrument.RouterCounter.for_window(*window)
+    counter: instrument.RouterCounter | None
+    counter = instrument.RouterCounter.for_window(*window)
     error: str | None = None
     try:
         counter.install()
     except Exception as exc:  # noqa: BLE001 - no megatron-core here: run uninstrumented, say why
         counter, error = None, f"router hook not installed: {exc!r}"
-    written = []
+    written: list[Path] = []
 
     def finish() -> None:
         if not written:

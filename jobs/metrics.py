@@ -139,8 +139,8 @@ def rank_memory(
         mem[r] = RankMemory(
             r,
             None,
-            alloc if alloc is not None else (cur and cur.allocated_mb),
-            resv if resv is not None else (cur and cur.reserved_mb),
+            alloc if alloc is not None else (cur.allocated_mb if cur else None),
+            resv if resv is not None else (cur.reserved_mb if cur else None),
             "sidecar",
         )
     stage_of = {sc["rank"]: sc["pp_stage"] for sc in sidecars if sc.get("pp_stage") is not None}
@@ -196,10 +196,11 @@ def slowest_rank(logs: Sequence[ParsedLog], lo: int, hi: int) -> int | None:
         s for s in strag if _in_window(s.after_iteration if s.after_iteration is not None else at(s.timestamp), lo, hi)
     ] or strag
     if in_win:
-        count = Counter(s.max_rtt_rank for s in in_win)
+        ranked = [(s.max_rtt_rank, s.max_rtt_ms or 0.0) for s in in_win if s.max_rtt_rank is not None]
+        count = Counter(r for r, _ in ranked)
         total: dict[int, float] = {}
-        for s in in_win:
-            total[s.max_rtt_rank] = total.get(s.max_rtt_rank, 0.0) + (s.max_rtt_ms or 0.0)
+        for r, ms in ranked:
+            total[r] = total.get(r, 0.0) + ms
         return max(count, key=lambda r: (count[r], total[r], -r))
     blocks = [b for log in logs for b in log.timers if b.per_rank]
     in_blk = [b for b in blocks if _in_window(b.after_iteration, lo, hi)] or blocks
@@ -299,7 +300,7 @@ def compute(
 
     lo, hi = warmup_iters, warmup_iters + measure_iters
     blocks = [b for log in logs for b in log.timers if _in_window(b.after_iteration, lo, hi)]
-    res.timers_ms = timers_summary(blocks)  # type: ignore[assignment]
+    res.timers_ms = timers_summary(blocks)
     res.slowest_rank = slowest_rank(logs, lo, hi)
     if res.slowest_rank is not None:
         stage = next((sc.get("pp_stage") for sc in sidecars if sc["rank"] == res.slowest_rank), None)

@@ -342,6 +342,7 @@ class _Parser:
             if run is None:
                 run = self._row_re[pre] = re.compile(rb"(?:\n" + re.escape(pre) + rb"    [^\n]*)*")
             m = run.match(work, pos)
+            assert m is not None  # a `(?:...)*` pattern matches, if only the empty string
             region = m.group(0)
             blk.raw = region.replace(b"\n" + pre, b"\n") if pre else region
             pos = m.end()
@@ -410,7 +411,7 @@ def _chunks(src: Iterable[bytes] | object) -> Iterator[bytes]:
     buf: list[bytes] = []
     size = 0
     prev: bytes | None = None
-    for line in src:  # type: ignore[union-attr]
+    for line in src:  # type: ignore[union-attr]  # without read() it is the iterable of lines
         if isinstance(line, str):
             line = line.encode("utf-8", "replace")
         if prev is not None:

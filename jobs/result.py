@@ -7,6 +7,7 @@ as JSON. Field names follow the guide's closing table of evidence.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from jobs.failures import FAILURE_CLASSES, retried_by_default
 
@@ -62,7 +63,7 @@ class JobResult:
     # Slowest rank / stage (timers min/max, straggler lines)
     slowest_rank: int | None = None
     slowest_stage: int | None = None
-    timers_ms: dict[str, list[float]] = field(default_factory=dict)  # name -> [min, max]
+    timers_ms: dict[str, list[float | None]] = field(default_factory=dict)  # name -> [min, max]; min None: max-only
     # MoE evidence (sidecar / router hook)
     token_drop_fraction: float | None = None
     padding_fraction: float | None = None
@@ -91,11 +92,11 @@ class JobResult:
         decision, with the config and the attempt history, is orchestrator.sweep.retry.retry_decision)."""
         return retried_by_default(self.failure_class)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> JobResult:
+    def from_dict(cls, d: dict[str, Any]) -> JobResult:
         d = dict(d)
         d["rank_memory"] = [RankMemory(**r) for r in d.get("rank_memory", [])]
         known = set(cls.__dataclass_fields__)

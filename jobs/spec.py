@@ -65,7 +65,7 @@ class JobSpec:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
-def _build(cls, data: Any):
+def _build(cls: type[Any], data: Any) -> Any:
     """Rebuild a (nested) dataclass from asdict() output; unknown keys are ignored so an older
     spec still loads after a field was added."""
     if not dataclasses.is_dataclass(cls) or not isinstance(data, dict):
@@ -79,10 +79,10 @@ def _build(cls, data: Any):
     return cls(**kwargs)
 
 
-def _coerce(tp: Any, value: Any):
+def _coerce(tp: Any, value: Any) -> Any:
     if value is None or tp is None:
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(tp, value)
     origin = typing.get_origin(tp)
     if origin is typing.Union:  # Optional[X]

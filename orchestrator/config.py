@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.errors import UserError
-from orchestrator.schema import RootConfig
+from orchestrator.schema import RootConfig, StageConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -33,7 +33,7 @@ def available(group: str) -> list[str]:
 @dataclass
 class Composed:
     cfg: RootConfig  # typed object (dataclasses)
-    raw: DictConfig  # the composed config, for snapshots (YAML) into the ledger
+    raw: DictConfig | ListConfig  # the composed config (a DictConfig), for snapshots (YAML) into the ledger
 
     def to_yaml(self) -> str:
         return OmegaConf.to_yaml(self.raw)
@@ -69,7 +69,7 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False) -> Co
         GlobalHydra.instance().clear()
     try:
         merged = OmegaConf.merge(OmegaConf.structured(RootConfig), raw)
-        typed: RootConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+        typed: RootConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]  # structured: a RootConfig
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
         first = str(exc).strip().splitlines()[0]
@@ -79,7 +79,7 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False) -> Co
     return Composed(cfg=typed, raw=merged)
 
 
-def stage_or_error(composed: Composed):
+def stage_or_error(composed: Composed) -> StageConfig:
     if composed.cfg.stage is None:
         raise ConfigError("no stage given: add +stage=NAME, one of: " + ", ".join(available("stage")))
     return composed.cfg.stage

@@ -273,7 +273,11 @@ def ledger_columns(layout: Mapping[str, Any]) -> dict[str, Any]:
 def search_fields() -> list[tuple[str, Any, Any]]:
     """(name, type, field) of each searched knob, for dataclasses.make_dataclass: a list of values each."""
     return [
-        (k.name, list[list[str]] if k.base is tuple else list[k.type], field(default_factory=_lists(k.search)))  # type: ignore[name-defined]
+        (
+            k.name,
+            list[list[str]] if k.base is tuple else types.GenericAlias(list, (k.type,)),
+            field(default_factory=_lists(k.search)),
+        )
         for k in KNOBS
         if k.search is not None
     ]

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from jobs.failures import DEFAULT_RETRY_CLASSES
+from orchestrator.errors import UserError
 from orchestrator.knobs import search_fields
 
 
@@ -292,3 +293,9 @@ class RootConfig:
     effective: EffectiveConfig = field(default_factory=EffectiveConfig)
     parity: ParityConfig = field(default_factory=ParityConfig)
     stage: StageConfig | None = None
+
+    def required_stage(self) -> StageConfig:
+        """The stage of a command that plans or runs jobs (composed with +stage=NAME, or a sweep's stored config)."""
+        if self.stage is None:
+            raise UserError("no stage given: add +stage=NAME (e.g. +stage=1k)")
+        return self.stage

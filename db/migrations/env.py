@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from alembic import context
+from sqlalchemy import Connection
 
 from db.engine import make_engine
 from db.models import Base
@@ -16,7 +17,7 @@ config = context.config
 target_metadata = Base.metadata
 
 
-def _run(connection) -> None:
+def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any
 
 from orchestrator import knobs
-from orchestrator.config import compose
+from orchestrator.config import compose, stage_or_error
 from orchestrator.errors import UserError
 from orchestrator.plan import rules as R
 from orchestrator.plan.layout import Layout
@@ -226,7 +226,7 @@ def _csv(res: PlanResult, top: int | None) -> str:
 def run(args, overrides) -> int:
     composed = compose(overrides, require_stage=True)
     cfg = composed.cfg
-    stage = cfg.stage
+    stage = stage_or_error(composed)
     if args.top is not None and args.top < 0:
         raise UserError(f"--top {args.top}: must be >= 0")
     res = plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name)

@@ -24,9 +24,10 @@ def gather(ledger, name: str) -> dict:
     if sweep is None:
         raise UserError(f"no sweep named '{name}' in {ledger.url}")
     cfg = root_from_yaml(sweep.config_yaml)
-    iters = cfg.stage.warmup_iters + cfg.stage.measure_iters
+    stage = cfg.required_stage()
+    iters = stage.warmup_iters + stage.measure_iters
     cands = ledger.candidates(name)
-    spent = observe.spent(ledger, name, n_gpus=cfg.stage.gpus, iters=iters)
+    spent = observe.spent(ledger, name, n_gpus=stage.gpus, iters=iters)
     rows = []
     for c in cands:
         atts = ledger.attempts(c.id)

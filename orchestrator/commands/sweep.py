@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.config import compose
+from orchestrator.config import compose, stage_or_error
 from orchestrator.errors import UserError
 from orchestrator.plan.planner import plan
 from orchestrator.sweep import Options, run_sweep
@@ -75,9 +75,10 @@ def run(args, overrides) -> int:
     composed = compose(overrides, require_stage=True)
     cfg = composed.cfg
     # An impossible stage is refused before anything is written to the ledger.
-    res = plan(cfg.model, cfg.hardware, cfg.stage, workload=cfg.workload.name)
+    stage = stage_or_error(composed)
+    res = plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name)
     if not res.candidates:
-        raise UserError(res.why_empty(cfg.stage))
+        raise UserError(res.why_empty(stage))
     view = View(live=False) if args.plain else View()
     outcome = run_sweep(composed.cfg, composed.to_yaml(), options=options(args), view=view)
     return report(outcome, args)

@@ -97,7 +97,7 @@ class LocalLauncher(Launcher):
             if _pid_alive(jid):
                 return state_of(AttemptState.RUNNING, node_list="localhost")
             return state_of(AttemptState.FAILED, reason=f"local job lost (no process, no {JobPaths.RESULT})")
-        times = {"node_list": "localhost", "start": self._start.get(jid)}
+        times: dict[str, Any] = {"node_list": "localhost", "start": self._start.get(jid)}  # JobState fields
         if not job.done():
             return state_of(AttemptState.RUNNING, **times)
         end = self._end.setdefault(jid, _now())

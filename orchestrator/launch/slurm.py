@@ -92,7 +92,7 @@ class SlurmLauncher(Launcher):
         for i, t in enumerate(tasks):
             groups[(shape(t), t.exclude)].append(i)
         size = max(1, int(self.cluster.max_array_size))
-        out: list[Submitted] = [None] * len(tasks)  # type: ignore[list-item]
+        out: list[Submitted] = [None] * len(tasks)  # type: ignore[list-item]  # every slot is filled below
         done: list[str] = []
         try:
             for idxs in groups.values():

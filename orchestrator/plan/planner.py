@@ -439,7 +439,10 @@ def plan(
 
     def on_leaf(layout: Layout) -> None:
         res = env.finish(env.ctx(layout), late_rules, mem_rules)
-        (planned if isinstance(res, Planned) else late).append(res)  # type: ignore[arg-type]
+        if isinstance(res, Planned):
+            planned.append(res)
+        else:
+            late.append(res)
 
     cut = walk.run(on_leaf)
     planned.sort(key=lambda p: (p.prediction.step_time_s, p.prediction.memory_gb))  # stable: walk order on ties

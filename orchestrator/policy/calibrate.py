@@ -100,7 +100,7 @@ def _fit_components(rows: list[Observation], names: list[str]) -> dict[str, floa
 
 
 def _ratio(rows: list[Observation]) -> float:
-    return float(statistics.median(r.step_s / r.raw_step_s for r in rows if r.raw_step_s > 0))
+    return float(statistics.median(r.measured_step_s / r.raw_step_s for r in rows if r.raw_step_s > 0))
 
 
 def _component_names(rows: list[Observation]) -> list[str]:
@@ -126,7 +126,7 @@ def _loo(rows: list[Observation], names: list[str], method: str) -> float | None
             pred = _ratio(rest) * held.raw_step_s
         else:
             pred = _predict(_fit_components(rest, names), held)
-        errs.append(abs(pred - held.step_s) / held.step_s)
+        errs.append(abs(pred - held.measured_step_s) / held.measured_step_s)
     return sum(errs) / len(errs)
 
 
@@ -138,7 +138,7 @@ def memory_factor(rows: Sequence[Observation], *, hbm_gb: float, margin_gb: floa
     and the OOM is left to `select.oom_dominated`, which prunes by knob order instead.
     """
     ok = [r for r in rows if r.peak_gb and r.raw_memory_gb > 0]
-    factor = statistics.median(r.peak_gb / r.raw_memory_gb for r in ok) if ok else 1.0
+    factor = statistics.median(r.measured_peak_gb / r.raw_memory_gb for r in ok) if ok else 1.0
     usable = max(hbm_gb - margin_gb, 1e-9)
     ooms = [r for r in rows if r.failure_class == Failure.OOM and r.raw_memory_gb > 0]
     if ooms:
@@ -162,13 +162,13 @@ def calibrate(rows: Sequence[Observation], *, hbm_gb: float, margin_gb: float) -
     )
     fit.memory_factor = memory_factor(rows, hbm_gb=hbm_gb, margin_gb=margin_gb)
     mem_rows = [r for r in rows if r.peak_gb and r.raw_memory_gb > 0]
-    fit.memory_mape_before = _mape([r.raw_memory_gb for r in mem_rows], [r.peak_gb for r in mem_rows])
+    fit.memory_mape_before = _mape([r.raw_memory_gb for r in mem_rows], [r.measured_peak_gb for r in mem_rows])
     fit.memory_mape_after = _mape(
-        [r.raw_memory_gb * fit.memory_factor for r in mem_rows], [r.peak_gb for r in mem_rows]
+        [r.raw_memory_gb * fit.memory_factor for r in mem_rows], [r.measured_peak_gb for r in mem_rows]
     )
     if not ok:
         return fit
-    fit.mape_before = _mape([r.raw_step_s for r in ok], [r.step_s for r in ok])
+    fit.mape_before = _mape([r.raw_step_s for r in ok], [r.measured_step_s for r in ok])
     ratio = _ratio(ok)
     fit.method, fit.factors = "ratio", {c: ratio for c in names}
     fit.loo_mape = _loo(ok, names, "ratio")
@@ -176,5 +176,5 @@ def calibrate(rows: Sequence[Observation], *, hbm_gb: float, margin_gb: float) -
         loo_c = _loo(ok, names, "components")
         if loo_c is not None and (fit.loo_mape is None or loo_c < fit.loo_mape):
             fit.method, fit.factors, fit.loo_mape = "components", _fit_components(ok, names), loo_c
-    fit.mape_after = _mape([_predict(fit.factors, r) for r in ok], [r.step_s for r in ok])
+    fit.mape_after = _mape([_predict(fit.factors, r) for r in ok], [r.measured_step_s for r in ok])
     return fit

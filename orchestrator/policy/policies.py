@@ -53,7 +53,8 @@ class Policy:
     @staticmethod
     def within_budget(props: list[Proposal], slots: int, gpu_hours_left: float) -> list[Proposal]:
         """Keep proposals in order while runs and (estimated) GPU-hours last."""
-        out, spent = [], 0.0
+        out: list[Proposal] = []
+        spent = 0.0
         for p in props:
             if len(out) >= slots:
                 break
@@ -71,7 +72,7 @@ class Policy:
         best_by_round = []
         for rnd in rounds:
             b = best_measured([r for r in rows if r.round <= rnd])
-            best_by_round.append(b.step_s if b else float("inf"))
+            best_by_round.append(b.measured_step_s if b else float("inf"))
         streak = 0
         for prev, cur in itertools.pairwise(best_by_round):
             gained = prev != float("inf") and cur < prev * (1.0 - self.cfg.converge_gain)
@@ -128,7 +129,7 @@ def knob_effects(rows: list[Observation]) -> dict[tuple, list[float]]:
             knob = changed_knob(a.layout, b.layout) if a is not b else None
             if knob:
                 out.setdefault((knob, knob_value(a.layout, knob), knob_value(b.layout, knob)), []).append(
-                    b.step_s / a.step_s
+                    b.measured_step_s / a.measured_step_s
                 )
     return out
 
@@ -167,7 +168,7 @@ class CalibratedNeighbours(Policy):
             props = [mk(c, "round0" if inp.round == 0 else "model-top") for c in self._diverse(cands, size, set())]
         else:
             trusted = fit is not None and fit.loo_mape is not None and fit.loo_mape <= self.cfg.model_trust_mape
-            props = self._local(inp, cands, best.step_s, mk, size, trust_model=trusted, fit=fit)
+            props = self._local(inp, cands, best.measured_step_s, mk, size, trust_model=trusted, fit=fit)
         props = self.within_budget(props, size, inp.gpu_hours_left)
         return RoundPlan(proposals=props, fit=fit, reason=f"{len(props)} proposals ({self.name})")
 
@@ -205,7 +206,7 @@ class CalibratedNeighbours(Policy):
                 knob change elsewhere in the ledger when there is one (known, so taken as is), else the
                 calibrated model's ratio less its typical error (unknown: it may be better than predicted)."""
                 knob = changed_knob(b.layout, c.layout)
-                seen = effects.get((knob, knob_value(b.layout, knob), knob_value(c.layout, knob)))
+                seen = effects.get((knob, knob_value(b.layout, knob), knob_value(c.layout, knob))) if knob else None
                 if seen:
                     return b.step_s * statistics.median(seen)
                 return b.step_s * c.prediction.step_time_s / max(b_pred, 1e-12) * (1.0 - doubt)

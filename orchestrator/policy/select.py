@@ -8,12 +8,14 @@ one-factor neighbour differs in exactly one group and in nothing else.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 from jobs.failures import Failure
 from orchestrator.knobs import GROUPS
 from orchestrator.plan.layout import Layout
 from orchestrator.policy.types import Observation
 
+T = TypeVar("T")
 KNOBS: dict[str, tuple[str, ...]] = GROUPS  # group -> Layout fields, from the knob registry
 _GROUPED = {f for fields in KNOBS.values() for f in fields}
 
@@ -31,15 +33,15 @@ def changed_knob(a: Layout, b: Layout) -> str | None:
 
 
 def diverse_top(
-    items: Sequence, size: int, *, layout_of: Callable[[object], Layout], knobs: Sequence[str] = ("ep", "pp", "cp")
-) -> list:
+    items: Sequence[T], size: int, *, layout_of: Callable[[T], Layout], knobs: Sequence[str] = ("ep", "pp", "cp")
+) -> list[T]:
     """Greedy: take items in the given (ranked) order, preferring one that covers knob values not yet seen.
 
     Each pick maximizes the number of uncovered (knob, value) pairs it adds; ties go to the better rank.
     Once every value is covered the rest follow rank order. The calibration then sees each knob vary.
     """
-    chosen: list = []
-    covered = set()
+    chosen: list[T] = []
+    covered: set[tuple[str, tuple]] = set()
     pool = list(items)
     while pool and len(chosen) < size:
 
@@ -66,9 +68,10 @@ def best_measured(rows: Iterable[Observation]) -> Observation | None:
     return ranked[0] if ranked else None
 
 
-def round_robin(lists: Sequence[Sequence], limit: int, *, key: Callable[[object], str]) -> list:
+def round_robin(lists: Sequence[Sequence[T]], limit: int, *, key: Callable[[T], str]) -> list[T]:
     """Merge ranked lists taking one from each in turn, skipping duplicates, up to limit items."""
-    out, seen = [], set()
+    out: list[T] = []
+    seen: set[str] = set()
     iters = [list(x) for x in lists]
     while len(out) < limit and any(iters):
         for lst in iters:

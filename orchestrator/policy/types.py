@@ -7,9 +7,13 @@ so a resumed orchestrator proposes exactly what a never-killed one would have.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from orchestrator.plan.layout import Layout
 from orchestrator.states import EdgeKind
+
+if TYPE_CHECKING:
+    from orchestrator.policy.calibrate import Fit
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,20 @@ class Observation:
     @property
     def ok(self) -> bool:
         return self.step_s is not None and self.step_s > 0
+
+    @property
+    def measured_step_s(self) -> float:
+        """step_s of a row known to be measured (`ok`): the policy's arithmetic never meets a None."""
+        if self.step_s is None:
+            raise ValueError(f"candidate {self.key[:10]} has no measured step time")
+        return self.step_s
+
+    @property
+    def measured_peak_gb(self) -> float:
+        """peak_gb of a row known to carry one."""
+        if self.peak_gb is None:
+            raise ValueError(f"candidate {self.key[:10]} has no measured peak memory")
+        return self.peak_gb
 
     @property
     def headroom_gb(self) -> float:
@@ -69,7 +87,7 @@ class RoundInput:
 @dataclass
 class RoundPlan:
     proposals: list[Proposal]
-    fit: Fit | None = None  # noqa: F821 - orchestrator.policy.calibrate.Fit
+    fit: Fit | None = None
     reason: str = ""
 
 

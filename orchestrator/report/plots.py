@@ -62,22 +62,22 @@ def step_cdf(d: ReportData) -> bytes | None:
 def pareto(d: ReportData) -> bytes | None:
     """tokens/s/GPU against heaviest-rank memory; the Pareto front (more throughput, less memory) highlighted."""
     pts = [
-        r for r in d.measured if r.get("tokens_per_s_per_gpu") and _peak(r) and r.get("parity") is not False
-    ]  # a layout that failed parity is out of the race
+        (peak, r["tokens_per_s_per_gpu"], r["candidate_id"])
+        for r in d.measured
+        if r.get("tokens_per_s_per_gpu") and (peak := _peak(r)) and r.get("parity") is not False
+    ]  # (peak GB, tokens/s/GPU, candidate): a layout that failed parity is out of the race
     if not pts:
         return None
     front, best_tps = [], -1.0
-    for r in sorted(pts, key=lambda r: (_peak(r), -r["tokens_per_s_per_gpu"])):
-        if r["tokens_per_s_per_gpu"] > best_tps:
-            front.append(r)
-            best_tps = r["tokens_per_s_per_gpu"]
+    for p in sorted(pts, key=lambda p: (p[0], -p[1])):
+        if p[1] > best_tps:
+            front.append(p)
+            best_tps = p[1]
     fig, ax = plt.subplots(figsize=(7.5, 4))
-    ax.scatter([_peak(r) for r in pts], [r["tokens_per_s_per_gpu"] for r in pts], c="#9aa5b1", label="measured")
-    ax.plot(
-        [_peak(r) for r in front], [r["tokens_per_s_per_gpu"] for r in front], "-o", c="#d1495b", label="Pareto front"
-    )
-    for r in front:
-        ax.annotate(f"#{r['candidate_id']}", (_peak(r), r["tokens_per_s_per_gpu"]), fontsize=7)
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts], c="#9aa5b1", label="measured")
+    ax.plot([p[0] for p in front], [p[1] for p in front], "-o", c="#d1495b", label="Pareto front")
+    for peak, tps, cid in front:
+        ax.annotate(f"#{cid}", (peak, tps), fontsize=7)
     ax.set_xlabel("heaviest-rank peak memory, reserved (GB)")
     ax.set_ylabel("tokens/s/GPU")
     ax.set_title("Throughput vs memory")

@@ -6,7 +6,7 @@ setup (names, stored config, promotion source).
 
 from __future__ import annotations
 
-from db.ledger import Ledger
+from db.ledger import Ledger, SweepRow
 from orchestrator.errors import UserError
 from orchestrator.schema import RootConfig
 from orchestrator.sweep.loop import Driver, Options, Outcome
@@ -56,13 +56,18 @@ def run_sweep(
         return Driver(ledger, cfg, sweep, launcher, view, options).run()
 
 
-def stored_config(ledger: Ledger, name: str, current: RootConfig) -> RootConfig:
-    """The config a sweep was created with; the ledger (and cluster, if given now) come from the caller."""
+def stored_sweep(ledger: Ledger, name: str) -> SweepRow:
+    """The sweep named `name`; a UserError naming the known ones when the ledger has none by that name."""
     sweep = ledger.get_sweep(name)
     if sweep is None:
         known = [s.name for s in ledger.list_sweeps()][-10:]
         raise UserError(f"no sweep named '{name}' in {ledger.url}" + (f"; known: {', '.join(known)}" if known else ""))
-    cfg = root_from_yaml(sweep.config_yaml)
+    return sweep
+
+
+def stored_config(ledger: Ledger, name: str, current: RootConfig) -> RootConfig:
+    """The config a sweep was created with; the ledger (and cluster, if given now) come from the caller."""
+    cfg = root_from_yaml(stored_sweep(ledger, name).config_yaml)
     cfg.ledger = current.ledger
     return cfg
 
@@ -80,7 +85,7 @@ def resume_sweep(
     view = view or View()
     with open_ledger(current) as ledger:
         cfg = stored_config(ledger, name, current)
-        sweep = ledger.get_sweep(name)
+        sweep = stored_sweep(ledger, name)
     if cluster_given:
         cfg.cluster = current.cluster
     cfg.sweep.name = name

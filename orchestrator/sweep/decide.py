@@ -22,8 +22,8 @@ def next_round(
     cands = ledger.candidates(sweep.name)
     if any(c.status in CandidateStatus.LIVE for c in cands):
         return None  # something is still queued (e.g. a retry): keep waiting
-    budget = cfg.stage.budget
-    spent = observe.spent(ledger, sweep.name, n_gpus=cfg.stage.gpus, iters=iters)
+    budget = cfg.required_stage().budget
+    spent = observe.spent(ledger, sweep.name, n_gpus=cfg.required_stage().gpus, iters=iters)
     rnd = max((c.round for c in cands), default=-1) + 1
     sims = " simulated" if spent.simulated else ""
     if rnd >= budget.max_rounds:
@@ -40,9 +40,10 @@ def next_round(
             f"converged: no gain > {cfg.policy.converge_gain:.0%} over the best for {cfg.policy.converge_rounds} rounds"
         )
     source, source_stage = [], None
-    if rnd == 0 and cfg.stage.promotes_from:
-        src_sweep, src_cfg = promotion_source(ledger, cfg)
-        src_env = PlanEnv(src_cfg.model, src_cfg.hardware, src_cfg.stage, src_cfg.workload.name)
+    promotion = promotion_source(ledger, cfg) if rnd == 0 else None  # None: the stage promotes from none
+    if promotion is not None:
+        src_sweep, src_cfg = promotion
+        src_env = PlanEnv(src_cfg.model, src_cfg.hardware, src_cfg.required_stage(), src_cfg.workload.name)
         source, source_stage = observe.observations(ledger, [src_sweep], src_env), src_cfg.stage
         view.event(f"promoting from sweep {src_sweep.name} ({len([s for s in source if s.ok])} measured)")
     inp = RoundInput(

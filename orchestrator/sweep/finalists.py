@@ -28,7 +28,7 @@ from jobs.paths import JobPaths
 from jobs.result import JobResult
 from jobs.spec import JobSpec
 from orchestrator import runspec
-from orchestrator.launch import LaunchTask
+from orchestrator.launch import JobState, LaunchTask
 from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
 from orchestrator.schema import RootConfig
@@ -96,7 +96,7 @@ def run_jobs(
     return [r for r in results if r is not None]
 
 
-def _wait(launcher, job_ids: list[str], poll_s: float, on_poll: OnPoll = None) -> dict[str, object]:
+def _wait(launcher, job_ids: list[str], poll_s: float, on_poll: OnPoll = None) -> dict[str, JobState]:
     """Poll (one call for all) until every job is terminal."""
     while True:
         if on_poll is not None:
@@ -109,7 +109,7 @@ def _wait(launcher, job_ids: list[str], poll_s: float, on_poll: OnPoll = None) -
 
 def _planned(cfg: RootConfig, layout: Layout, key: str | None = None):
     """The planner's verdict on `layout` in this stage: (Planned, "") or (None, why not)."""
-    out = planner.evaluate(cfg.model, cfg.hardware, cfg.stage, layout, workload=cfg.workload.name)
+    out = planner.evaluate(cfg.model, cfg.hardware, cfg.required_stage(), layout, workload=cfg.workload.name)
     if not isinstance(out, planner.Planned):
         return None, "breaks " + ", ".join(out.rule_ids)
     if not out.prediction.feasible:
@@ -271,22 +271,18 @@ def run_long_run(
     (restore,) = run_jobs(
         cfg, ledger, launcher, sweep, [restore_spec], kind="long-run", candidate_id=c.id, on_poll=on_poll
     )
-    if not restore.ok:
+    if not restore.ok or restore.ckpt_restore_s is None:
+        why = f"failed: {restore.failure_class} {restore.failure_detail}" if not restore.ok else "logged no load time"
         return _long_run_done(
-            ledger,
-            sweep,
-            c,
-            {
-                "ok": False,
-                "reason": f"restore job failed: {restore.failure_class} {restore.failure_detail}".strip(),
-                "folder": str(folder),
-            },
+            ledger, sweep, c, {"ok": False, "reason": f"restore job {why}".strip(), "folder": str(folder)}
         )
     steady = measured.metrics.get("tokens_per_s") or save.tokens_per_s
+    if steady is None:
+        return _long_run_done(ledger, sweep, c, {"ok": False, "reason": "no tokens/s measured", "folder": str(folder)})
     eff = cfg.effective
     e = effective_throughput(
         steady,
-        n_gpus=cfg.stage.gpus,
+        n_gpus=cfg.required_stage().gpus,
         save_s=save.ckpt_save_s,
         restore_s=restore.ckpt_restore_s,
         checkpoint_interval_s=eff.checkpoint_interval_s,

@@ -69,8 +69,9 @@ class Driver:
         self.name = sweep.name
         self.holder = holder_id()
         self.policy = make_policy(cfg.policy)
-        self.env = PlanEnv(cfg.model, cfg.hardware, cfg.stage, cfg.workload.name)
-        self.iters = cfg.stage.warmup_iters + cfg.stage.measure_iters
+        self.stage = cfg.required_stage()
+        self.env = PlanEnv(cfg.model, cfg.hardware, self.stage, cfg.workload.name)
+        self.iters = self.stage.warmup_iters + self.stage.measure_iters
         self.poll_s = float(cfg.cluster.poll_interval_s)
         self.ttl = float(cfg.ledger.lease_ttl_s)
         self._beat = 0.0
@@ -373,7 +374,7 @@ class Driver:
             return
         self._dirty = False
         cands = self._cands()
-        spent = observe.spent(self.ledger, self.name, n_gpus=self.cfg.stage.gpus, iters=self.iters)
+        spent = observe.spent(self.ledger, self.name, n_gpus=self.stage.gpus, iters=self.iters)
         self.view.update(
             Snapshot(
                 sweep=self.name,
@@ -392,5 +393,5 @@ class Driver:
             reason=reason,
             rounds=max((c.round for c in cands), default=-1) + 1,
             best=observe.best_of(self.ledger, self.name),
-            spent=observe.spent(self.ledger, self.name, n_gpus=self.cfg.stage.gpus, iters=self.iters),
+            spent=observe.spent(self.ledger, self.name, n_gpus=self.stage.gpus, iters=self.iters),
         )

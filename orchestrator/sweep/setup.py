@@ -17,13 +17,13 @@ from orchestrator.schema import RootConfig
 
 def default_name(cfg: RootConfig) -> str:
     """`<stage>-<model>-<hardware>`, unless sweep.name is given."""
-    return cfg.sweep.name or f"{cfg.stage.name}-{cfg.model.name}-{cfg.hardware.name}"
+    return cfg.sweep.name or f"{cfg.required_stage().name}-{cfg.model.name}-{cfg.hardware.name}"
 
 
 def root_from_yaml(text: str) -> RootConfig:
     """The typed config a sweep was created with (its stored snapshot), e.g. for resume or promotion."""
     merged = OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.create(text))
-    return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    return OmegaConf.to_object(merged)  # type: ignore[return-value]  # structured: a RootConfig
 
 
 def holder_id() -> str:
@@ -65,13 +65,13 @@ def provenance(cfg: RootConfig) -> dict:
 
 def promotion_source(ledger: Ledger, cfg: RootConfig) -> tuple[SweepRow, RootConfig] | None:
     """The most recent sweep of the stage this stage promotes from, same model; None if it promotes from none."""
-    src_stage = cfg.stage.promotes_from
+    src_stage = cfg.required_stage().promotes_from
     if not src_stage:
         return None
     cands = [s for s in ledger.list_sweeps() if s.stage == src_stage and s.model == cfg.model.name]
     if not cands:
         raise UserError(
-            f"stage {cfg.stage.name} promotes from stage {src_stage}, but the ledger {ledger.url} has no "
+            f"stage {cfg.required_stage().name} promotes from stage {src_stage}, but the ledger {ledger.url} has no "
             f"{src_stage} sweep of model {cfg.model.name}: run `python -m orchestrator sweep +stage={src_stage}` first"
         )
     src = max(cands, key=lambda s: s.id)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 
 @dataclass
@@ -36,7 +40,7 @@ class View:
     def __init__(self, *, live: bool | None = None, stream=None):
         self.stream = stream or sys.stdout
         self.live_mode = self.stream.isatty() if live is None else live
-        self._live = None
+        self._live: Live | None = None
         self._last = ""
         self._t0 = time.monotonic()
 
