@@ -21,10 +21,11 @@ def open_ledger(cfg: RootConfig) -> Ledger:
 
 
 def pick_launcher(cfg: RootConfig, view: View):
-    """cluster=auto picks Slurm when sbatch answers, else the local executor; says which and why."""
+    """cluster=auto picks Slurm when sbatch answers, else the local executor; says which and why.
+    Jobs get the workload's resources where the cluster sets none (RootConfig.job_cluster)."""
     from orchestrator.launch import make_launcher
 
-    launcher, reason = make_launcher(cfg.cluster)
+    launcher, reason = make_launcher(cfg.job_cluster())
     view.event(f"cluster: {launcher.kind} ({reason})")
     return launcher
 
