@@ -11,6 +11,7 @@ Layout of one attempt (`JobPaths.of_attempt`): `<cluster.folder>/<sweep>/<candid
     sidecar-rank-<r>.json         per-rank evidence (router counts, allocator peaks), evidence ranks only
     time-limit-warning-rank-<r>   Slurm's early time-limit warning reached rank r
     result.json                   the collected JobResult
+    preflight.json                a preflight job's checks (jobs.preflight)
 plus submitit's own `<job id>_<task>_log.out|err` (here, or for an array under a parent's .submitit/<job id>/).
 
 Stdlib only: it runs on compute nodes.
@@ -40,6 +41,7 @@ class JobPaths:
     RANK_OUT = "rank-{rank}.out"
     RANK_ERR = "rank-{rank}.err"
     SIDECAR = "sidecar-rank-{rank}.json"
+    PREFLIGHT = "preflight.json"
     NODE_LOG = "node-{node}.log"
     NODE_LOG_GLOB = NODE_LOG.format(node="*")
     TIME_LIMIT_MARK = "time-limit-warning-rank-{rank}"
@@ -75,6 +77,10 @@ class JobPaths:
 
     def sidecar(self, rank: int) -> Path:
         return self.folder / self.SIDECAR.format(rank=rank)
+
+    @property
+    def preflight(self) -> Path:
+        return self.folder / self.PREFLIGHT
 
     def node_log(self, node: str) -> Path:
         return self.folder / self.NODE_LOG.format(node=node)
