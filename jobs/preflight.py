@@ -267,7 +267,7 @@ def _module_check(name: str, module: str, why: str) -> Check:
 
 def _cudnn_dsa_check() -> Check:
     try:
-        from cudnn import DSA  # noqa: F401 - dsa_cudnn_kernels.py:960 imports exactly this
+        importlib.import_module("cudnn").DSA  # noqa: B018 - dsa_cudnn_kernels.py:960 does `from cudnn import DSA`
     except Exception as exc:  # noqa: BLE001
         return Check(
             "cuDNN frontend DSA kernels",
@@ -281,7 +281,7 @@ def _cudnn_dsa_check() -> Check:
 def _deepep_check(backend: str) -> Check:
     name = f"DeepEP ({backend}, flex dispatcher)"
     try:
-        import deep_ep
+        deep_ep = importlib.import_module("deep_ep")
     except Exception as exc:  # noqa: BLE001
         return Check(
             name,
@@ -345,11 +345,10 @@ def validate_candidate_argv(argv: list[str], world: int) -> str | None:
     """Megatron's own verdict on one candidate: parse_args + validate_args + TransformerConfig, as pretrain
     builds them with WORLD_SIZE = N; None when accepted, else Megatron's message. The one place the
     training-ready check is called from (point it at a fuller check when one exists)."""
-    from megatron.training import arguments
-
+    arguments = importlib.import_module("megatron.training.arguments")
     build = getattr(arguments, "core_transformer_config_from_args", None)
     if build is None:  # megatron-core 0.19.x keeps it in argument_utils
-        from megatron.training.argument_utils import core_transformer_config_from_args as build
+        build = importlib.import_module("megatron.training.argument_utils").core_transformer_config_from_args
     saved = (list(sys.argv), os.environ.get("WORLD_SIZE"), os.environ.get("RANK"))
     sys.argv = ["pretrain_hybrid.py", *argv]
     os.environ["WORLD_SIZE"], os.environ["RANK"] = str(world), "0"

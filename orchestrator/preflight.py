@@ -308,3 +308,22 @@ def run(cfg: RootConfig) -> Outcome:
     slurm_rows, too_long = slurm_checks(cfg.job_cluster(), stage, limits)
     checks, rejected, folder, job_id = run_job(cfg, req)
     return Outcome(checks=checks + slurm_rows, rejected={**too_long, **rejected}, folder=folder, job_id=job_id)
+
+
+def print_table(outcome: Outcome, *, show_rejected: int = 10) -> None:
+    """The table (rich), then the first rejected candidates with the reason."""
+    from rich.console import Console
+    from rich.table import Table
+
+    colour = {"pass": "green", "warn": "yellow", "fail": "red"}
+    table = Table(title=f"preflight: {'PASS' if outcome.ok else 'FAIL'}  (job folder {outcome.folder})")
+    for col in ("check", "result", "detail", "fix"):
+        table.add_column(col, overflow="fold")
+    for c in outcome.checks:
+        table.add_row(c.name, f"[{colour[str(c.status)]}]{c.status}[/]", c.detail, c.fix)
+    console = Console(width=200)
+    console.print(table)
+    for key, why in list(outcome.rejected.items())[:show_rejected]:
+        console.print(f"rejected {key[:10]}: {why}", markup=False, highlight=False)
+    if len(outcome.rejected) > show_rejected:
+        console.print(f"... and {len(outcome.rejected) - show_rejected} more rejected candidates")

@@ -19,25 +19,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--show-rejected", type=int, default=10, metavar="N", help="list N rejected candidates")
 
 
-def print_outcome(outcome, *, show_rejected: int = 10) -> None:
-    """The table (rich), then the first rejected candidates with the reason."""
-    from rich.console import Console
-    from rich.table import Table
-
-    colour = {"pass": "green", "warn": "yellow", "fail": "red"}
-    table = Table(title=f"preflight: {'PASS' if outcome.ok else 'FAIL'}  (job folder {outcome.folder})")
-    for col in ("check", "result", "detail", "fix"):
-        table.add_column(col, overflow="fold")
-    for c in outcome.checks:
-        table.add_row(c.name, f"[{colour[str(c.status)]}]{c.status}[/]", c.detail, c.fix)
-    console = Console(width=200)
-    console.print(table)
-    for key, why in list(outcome.rejected.items())[:show_rejected]:
-        console.print(f"rejected {key[:10]}: {why}", markup=False, highlight=False)
-    if len(outcome.rejected) > show_rejected:
-        console.print(f"... and {len(outcome.rejected) - show_rejected} more rejected candidates")
-
-
 def run(args, overrides) -> int:
     from orchestrator import preflight
 
@@ -46,5 +27,5 @@ def run(args, overrides) -> int:
     if args.format == "json":
         print(json.dumps(outcome.to_dict(), indent=1))
     else:
-        print_outcome(outcome, show_rejected=args.show_rejected)
+        preflight.print_table(outcome, show_rejected=args.show_rejected)
     return 0 if outcome.ok else 1

@@ -10,7 +10,7 @@ from db.ledger import Ledger
 from orchestrator.errors import UserError
 from orchestrator.schema import RootConfig
 from orchestrator.sweep.loop import Driver, Options, Outcome
-from orchestrator.sweep.setup import default_name, provenance, root_from_yaml
+from orchestrator.sweep.setup import default_name, preflight_gate, provenance, root_from_yaml
 from orchestrator.sweep.view import View
 
 __all__ = ["Driver", "Options", "Outcome", "open_ledger", "pick_launcher", "resume_sweep", "run_sweep"]
@@ -53,6 +53,7 @@ def run_sweep(
             f"workload {cfg.workload.name}{' SIMULATED' if cfg.workload.simulated else ''}) "
             f"ledger {ledger.url}"
         )
+        preflight_gate(ledger, cfg, name, skip=bool(options and options.skip_preflight), view=view)
         launcher = launcher or pick_launcher(cfg, view)
         return Driver(ledger, cfg, sweep, launcher, view, options).run()
 
