@@ -27,7 +27,7 @@ from typing import Any
 
 from jobs.paths import JobPaths, atomic_write
 
-MIN_PYTHON = (3, 10)  # Megatron-LM's pyproject.toml: requires-python = ">=3.10"
+MIN_PYTHON = (3, 11)  # this project's job code (pyproject.toml requires-python); Megatron-LM needs >= 3.10
 MIN_TE = (2, 9)  # megatron/core/transformer/transformer_config.py:3680 (sequence packing needs TE >= 2.9.0)
 
 
@@ -169,7 +169,7 @@ def environment_checks(req: PreflightRequest) -> list[Check]:
             "Python",
             CheckStatus.PASS if ok else CheckStatus.FAIL,
             f"{py} ({sys.executable})",
-            "" if ok else "use an image whose Python is >= 3.10 (Megatron-LM requires it); set cluster.python",
+            "" if ok else "use an image whose Python is >= 3.11 (this project's job code needs it); set cluster.python",
         )
     ]
     out += _torch_checks(req)
