@@ -174,8 +174,7 @@ def checkpoint_metrics(folder: JobFolder, spec: JobSpec, result: JobResult) -> N
 
 def _missing_checkpoint_line(folder: JobFolder) -> str:
     """Megatron's 'could not find the metadata file ...' warning, if a rank file has it (first 1 MB read)."""
-    paths = JobPaths(folder.path)
-    for path in paths.rank_logs() + paths.node_logs():
+    for path in JobPaths(folder.path).rank_logs():  # rank 0 prints it (print_rank_0): an evidence rank
         with open(path, "rb") as fh:
             head = fh.read(1 << 20)
         at = head.find(MISSING_CKPT)

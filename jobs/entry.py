@@ -2,8 +2,9 @@
 
 Why a subprocess: the workload is whatever `workload.command` names (Megatron's pretrain_hybrid.py in
 the container, the twin, or a user's script), so the job only promises the contract: torchrun-style
-rank env + the candidate's Megatron flags, stdout/stderr kept per rank. A non-zero exit is raised
-after the files are written, so submitit marks the task failed and Slurm records FAILED.
+rank env + the candidate's Megatron flags, stdout/stderr kept per evidence rank (the other ranks' in
+their node's log, jobs.ranklog). A non-zero exit is raised after the files are written, so submitit marks
+the task failed and Slurm records FAILED.
 
 Imports stay light (stdlib; submitit lazily) because this runs inside the cluster's container.
 """

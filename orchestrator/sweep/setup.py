@@ -100,7 +100,8 @@ def preflight_gate(ledger: Ledger, cfg: RootConfig, name: str, *, skip: bool, vi
         )
         view.event("preflight skipped (--skip-preflight): recorded in the ledger")
         return
-    view.event(f"preflight: a 1-node job checks the container, Megatron and {cfg.stage.name}'s candidates ...")
+    stage = cfg.stage.name if cfg.stage is not None else "the stage"
+    view.event(f"preflight: a 1-node job checks the container, Megatron and {stage}'s candidates ...")
     outcome = preflight.run(cfg)
     failed = [c.name for c in outcome.checks if str(c.status) == "fail"]
     verdict = "passed" if outcome.ok else f"failed: {', '.join(failed)}"
