@@ -186,10 +186,11 @@ def time_limit_min(spec: JobSpec, cluster: ClusterConfig, *, safety: float = TIM
     """Slurm --time: (warmup + measure) x predicted step time x safety + time_margin_min (start-up,
     checkpoint-free init, teardown), never below min_time_min.
 
-    It also leaves room for one whole --distributed-timeout-minutes after start-up: a collective that hangs
-    must end in torch's watchdog error (evidence: which group, which op) before Slurm's TIMEOUT hides it."""
+    A real workload's limit also leaves room for one whole --distributed-timeout-minutes after start-up: a
+    collective that hangs must end in torch's watchdog error (evidence: which group, which op) before Slurm's
+    TIMEOUT hides it. A simulated one opens no process group."""
     iters = spec.stage.warmup_iters + spec.stage.measure_iters
     step_s = float(spec.predicted.get("step_time_s") or 0.0)
     minutes = iters * step_s * safety / 60.0 + cluster.time_margin_min
-    hang = distributed_timeout_min(spec.command) + cluster.time_margin_min
+    hang = 0 if spec.workload.simulated else distributed_timeout_min(spec.command) + cluster.time_margin_min
     return max(int(cluster.min_time_min), math.ceil(minutes), hang)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from orchestrator import cli
@@ -59,10 +61,17 @@ def test_time_limit_leaves_room_for_the_distributed_timeout():
     cluster = ClusterConfig(time_margin_min=10, min_time_min=5)
     stage = StageConfig(warmup_iters=2, measure_iters=3)
 
-    def spec(argv):
-        return SimpleNamespace(stage=stage, predicted={"step_time_s": 1.0}, command=["python", "x.py", *argv])
+    def spec(argv, simulated=False):
+        return SimpleNamespace(
+            stage=stage,
+            predicted={"step_time_s": 1.0},
+            command=["python", "x.py", *argv],
+            workload=SimpleNamespace(simulated=simulated),
+        )
 
     assert distributed_timeout_min([]) == DEFAULT_DISTRIBUTED_TIMEOUT_MIN == 10
     assert distributed_timeout_min(["--distributed-timeout-minutes", "30", "--distributed-timeout-minutes", "45"]) == 45
     assert time_limit_min(spec([]), cluster) == 10 + 10
     assert time_limit_min(spec(["--distributed-timeout-minutes", "60"]), cluster) == 60 + 10
+    windows = math.ceil(5 * 1.0 * 2.0 / 60 + 10)  # (warmup + measure) x step x TIME_SAFETY + margin
+    assert time_limit_min(spec(["--distributed-timeout-minutes", "60"], simulated=True), cluster) == windows  # twin
