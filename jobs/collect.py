@@ -60,7 +60,7 @@ class JobFolder:
 def read_folder(job_dir: str | os.PathLike, job_id: str | None = None) -> JobFolder:
     paths = JobPaths(job_dir)
     spec = JobSpec.load(paths.spec) if paths.spec.exists() else None
-    files = paths.rank_logs() + paths.submitit_logs(job_id)
+    files = paths.rank_logs() + paths.node_logs() + paths.submitit_logs(job_id)
     sidecars, used = metrics_mod.load_sidecars(paths.sidecars())
     return JobFolder(
         path=paths.folder,
@@ -174,7 +174,7 @@ def checkpoint_metrics(folder: JobFolder, spec: JobSpec, result: JobResult) -> N
 
 def _missing_checkpoint_line(folder: JobFolder) -> str:
     """Megatron's 'could not find the metadata file ...' warning, if a rank file has it (first 1 MB read)."""
-    for path in JobPaths(folder.path).rank_logs():
+    for path in JobPaths(folder.path).rank_logs():  # rank 0 prints it (print_rank_0): an evidence rank
         with open(path, "rb") as fh:
             head = fh.read(1 << 20)
         at = head.find(MISSING_CKPT)

@@ -2,8 +2,9 @@
 
 Why a subprocess: the workload is whatever `workload.command` names (Megatron's pretrain_hybrid.py in
 the container, the twin, or a user's script), so the job only promises the contract: torchrun-style
-rank env + the candidate's Megatron flags, stdout/stderr kept per rank. A non-zero exit is raised
-after the files are written, so submitit marks the task failed and Slurm records FAILED.
+rank env + the candidate's Megatron flags, stdout/stderr kept per evidence rank (the other ranks' in
+their node's log, jobs.ranklog). A non-zero exit is raised after the files are written, so submitit marks
+the task failed and Slurm records FAILED.
 
 Imports stay light (stdlib; submitit lazily) because this runs inside the cluster's container.
 """
@@ -21,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 from jobs.paths import JobPaths
+from jobs.ranklog import RankOutput
 from jobs.spec import JobSpec
 
 # Slurm's stop (time limit, scancel) and Ctrl-C reach the workload. USR2 is not forwarded: it is
@@ -69,15 +71,26 @@ class TaskOutcome:
     single_process: bool
 
 
+def master_port(spec: JobSpec, job_id: str | None) -> int:
+    """The rendezvous port of this job: master_port + job id % master_port_span, so jobs that share a node
+    (or a job started while an earlier one's port lingers in TIME_WAIT) do not collide on one fixed port.
+    An array task has its own SLURM_JOB_ID; the local executor's job id is its pid."""
+    digits = "".join(c for c in str(job_id or "") if c.isdigit())
+    span = max(1, int(spec.master_port_span))
+    return int(spec.master_port) + (int(digits) % span if digits else 0)
+
+
 def rank_env(spec: JobSpec, job_env=None) -> RankEnv:
     """torchrun-equivalent rank variables.
 
     Under Slurm submitit's JobEnvironment gives one task per GPU; MASTER_ADDR is the first hostname.
     Anywhere else (submitit's local executor, or called directly) one process stands for the job:
     WORLD_SIZE = N and RANK = N - 1, the rank that prints Megatron's iteration lines.
+    MASTER_PORT follows the job id (`master_port`).
     """
     if job_env is None:
         job_env = _submitit_env()
+    port = master_port(spec, _job_id(job_env))
     if job_env is not None and job_env.cluster == "slurm":
         hosts = list(job_env.hostnames) or [job_env.hostname]
         return RankEnv(
@@ -85,7 +98,7 @@ def rank_env(spec: JobSpec, job_env=None) -> RankEnv:
             world_size=job_env.num_tasks,
             local_rank=job_env.local_rank,
             master_addr=hosts[0],
-            master_port=spec.master_port,
+            master_port=port,
             single_process=False,
         )
     n = max(1, int(spec.n_gpus))
@@ -94,9 +107,16 @@ def rank_env(spec: JobSpec, job_env=None) -> RankEnv:
         world_size=n,
         local_rank=0,
         master_addr="127.0.0.1",
-        master_port=spec.master_port,
+        master_port=port,
         single_process=True,
     )
+
+
+def _job_id(job_env) -> str | None:
+    """SLURM_JOB_ID of this task (unique per array task), else the submitit job id, else None."""
+    if os.environ.get("SLURM_JOB_ID"):
+        return os.environ["SLURM_JOB_ID"]
+    return str(getattr(job_env, "job_id", "") or "") or None
 
 
 def _submitit_env():
@@ -134,8 +154,23 @@ def resolve_command(spec: JobSpec) -> list:
     return cmd
 
 
+def is_evidence_rank(spec: JobSpec, renv: RankEnv) -> bool:
+    """Does this rank keep files of its own (orchestrator.plan.ranks.evidence_ranks)? The one process of a
+    local job speaks for the whole job, so it does; so does every rank of a layout N does not divide."""
+    if renv.single_process:
+        return True
+    from orchestrator.plan import ranks
+    from orchestrator.plan.layout import Layout
+
+    try:
+        return renv.rank in ranks.evidence_ranks(Layout.from_dict(spec.layout), renv.world_size)
+    except (TypeError, ValueError):
+        return True
+
+
 def run_task(spec: JobSpec | str | os.PathLike) -> dict:
-    """Run this rank's workload; return TaskOutcome as a dict, or raise TaskFailed on non-zero exit."""
+    """Run this rank's workload; return TaskOutcome as a dict, or raise TaskFailed on non-zero exit.
+    An evidence rank writes rank-<r>.out/.err, the others their node's shared log (jobs.ranklog)."""
     if not isinstance(spec, JobSpec):
         spec = JobSpec.load(spec)
     paths = JobPaths(spec.job_dir)
@@ -145,65 +180,65 @@ def run_task(spec: JobSpec | str | os.PathLike) -> dict:
         spec.save(paths.spec)
     renv = rank_env(spec)
     env = task_env(spec, renv, job_dir)
-    out_path = paths.stdout(renv.rank)
-    err_path = paths.stderr(renv.rank)
-    if spec.workload.in_process:
-        code = _run_in_process(spec, renv, env, out_path, err_path)
-    else:
-        code = _run_subprocess(resolve_command(spec), env, job_dir, out_path, err_path)
+    evidence = is_evidence_rank(spec, renv)
+    with RankOutput(paths, renv.rank, evidence) as output:
+        if spec.workload.in_process:
+            code = _run_in_process(spec, renv, env, output)
+        else:
+            code = _run_subprocess(resolve_command(spec), env, job_dir, output)
     outcome = TaskOutcome(
         rank=renv.rank,
         returncode=code,
-        stdout=str(out_path),
-        stderr=str(err_path),
+        stdout=str(paths.stdout(renv.rank) if evidence else output.where),
+        stderr=str(output.where),
         job_dir=str(job_dir),
         single_process=renv.single_process,
     )
     if code != 0:
         how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        raise TaskFailed(f"rank {renv.rank} {how}; see {err_path}")
+        raise TaskFailed(f"rank {renv.rank} {how}; see {output.where}")
     return asdict(outcome)
 
 
-def _run_subprocess(cmd: list, env: dict, cwd: Path, out_path: Path, err_path: Path) -> int:
-    """Popen with output to the rank files; SIGTERM/SIGINT sent to this task are forwarded to the
-    workload (then to the previous handler, so submitit's own handling still runs)."""
-    with open(out_path, "ab") as out, open(err_path, "ab") as err:
-        try:
-            proc = subprocess.Popen(
-                cmd,
-                env=env,
-                cwd=str(cwd),
-                stdout=out,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=_ignore_warning_signal,
-            )
-        except OSError as exc:  # command not found: record it where collect will look
-            err.write(f"failed to start workload {cmd[:3]}: {exc}\n".encode())
-            return 127
-        previous: dict[int, Callable[[int, FrameType | None], Any] | int | signal.Handlers | None] = {}
+def _run_subprocess(cmd: list, env: dict, cwd: Path, output: RankOutput) -> int:
+    """Popen with output to the rank's files (or its node log); SIGTERM/SIGINT sent to this task are
+    forwarded to the workload (then to the previous handler, so submitit's own handling still runs)."""
+    out, err = output.out, output.err
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=str(cwd),
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_ignore_warning_signal,
+        )
+    except OSError as exc:  # command not found: record it where collect will look
+        err.write(f"failed to start workload {cmd[:3]}: {exc}\n".encode())
+        return 127
+    previous: dict[int, Callable[[int, FrameType | None], Any] | int | signal.Handlers | None] = {}
 
-        def forward(signum, frame):
-            if proc.poll() is None:
-                proc.send_signal(signum)
-            prev = previous.get(signum)
-            if callable(prev) and prev not in (signal.default_int_handler,):
-                prev(signum, frame)
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+        prev = previous.get(signum)
+        if callable(prev) and prev not in (signal.default_int_handler,):
+            prev(signum, frame)
 
-        in_main = _in_main_thread()
+    in_main = _in_main_thread()
+    if in_main:
+        for sig in FORWARDED_SIGNALS:
+            previous[sig] = signal.signal(sig, forward)
+    try:
+        return proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
         if in_main:
-            for sig in FORWARDED_SIGNALS:
-                previous[sig] = signal.signal(sig, forward)
-        try:
-            return proc.wait()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            if in_main:
-                for signum, handler in previous.items():
-                    signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def _ignore_warning_signal() -> None:
@@ -212,9 +247,12 @@ def _ignore_warning_signal() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def _run_in_process(spec: JobSpec, renv: RankEnv, env: dict, out_path: Path, err_path: Path) -> int:
+def _run_in_process(spec: JobSpec, renv: RankEnv, env: dict, output: RankOutput) -> int:
     """Real Megatron, instrumented: runpy the entry script here with the router hook (jobs.megatron_run).
-    fd 1/2 are redirected so native (NCCL, CUDA) output lands in the rank files too."""
+    fd 1/2 are redirected so native (NCCL, CUDA) output lands in the rank files (or node log) too.
+    A rank that is not an evidence rank leaves its sidecar in a scratch folder that is then removed."""
+    import tempfile
+
     from jobs import megatron_run  # imports torch/megatron: only on this path
 
     entry = next((c for c in reversed(spec.workload.command) if c.endswith(".py")), spec.workload.command[-1])
@@ -226,14 +264,16 @@ def _run_in_process(spec: JobSpec, renv: RankEnv, env: dict, out_path: Path, err
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
     saved_streams = sys.stdout, sys.stderr
-    with open(out_path, "ab") as out, open(err_path, "ab") as err:
-        os.dup2(out.fileno(), 1)
-        os.dup2(err.fileno(), 2)
+    scratch = None if output.evidence else tempfile.TemporaryDirectory(prefix="orch-sidecar-")
+    sidecar_dir = Path(spec.job_dir if scratch is None else scratch.name)
+    try:
+        os.dup2(output.out.fileno(), 1)
+        os.dup2(output.err.fileno(), 2)
         # Python-level streams may not be fd 1/2 (a test runner's capture): point them at the files too.
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the task
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the task
         try:
-            code = megatron_run.main(entry, argv, window, spec.job_dir, renv.rank)
+            code = megatron_run.main(entry, argv, window, sidecar_dir, renv.rank)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         except BaseException:  # noqa: BLE001 - the traceback goes to the rank's .err for classify
@@ -253,6 +293,9 @@ def _run_in_process(spec: JobSpec, renv: RankEnv, env: dict, out_path: Path, err
             os.close(saved[1])
             os.environ.clear()
             os.environ.update(saved_env)
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
     return int(code or 0)
 
 

@@ -6,10 +6,12 @@ JobPaths, a JobPaths is built from the folder and hands out paths; nothing else 
 
 Layout of one attempt (`JobPaths.of_attempt`): `<cluster.folder>/<sweep>/<candidate_key>/attempt-<n>/`
     job.json                      the JobSpec (written before submission; re-read by collect)
-    rank-<r>.out, rank-<r>.err    every rank's stdout / stderr
-    sidecar-rank-<r>.json         per-rank evidence (router counts, allocator peaks)
+    rank-<r>.out, rank-<r>.err    stdout / stderr of each evidence rank (orchestrator.plan.ranks.evidence_ranks)
+    node-<host>.log               the other ranks of one node: their lines labelled `<rank>: `, bounded per rank
+    sidecar-rank-<r>.json         per-rank evidence (router counts, allocator peaks), evidence ranks only
     time-limit-warning-rank-<r>   Slurm's early time-limit warning reached rank r
     result.json                   the collected JobResult
+    preflight.json                a preflight job's checks (jobs.preflight)
 plus submitit's own `<job id>_<task>_log.out|err` (here, or for an array under a parent's .submitit/<job id>/).
 
 Stdlib only: it runs on compute nodes.
@@ -39,6 +41,9 @@ class JobPaths:
     RANK_OUT = "rank-{rank}.out"
     RANK_ERR = "rank-{rank}.err"
     SIDECAR = "sidecar-rank-{rank}.json"
+    PREFLIGHT = "preflight.json"
+    NODE_LOG = "node-{node}.log"
+    NODE_LOG_GLOB = NODE_LOG.format(node="*")
     TIME_LIMIT_MARK = "time-limit-warning-rank-{rank}"
     RANK_LOG_GLOBS = (RANK_OUT.format(rank="*"), RANK_ERR.format(rank="*"))
     SIDECAR_GLOB = SIDECAR.format(rank="*")
@@ -72,6 +77,16 @@ class JobPaths:
 
     def sidecar(self, rank: int) -> Path:
         return self.folder / self.SIDECAR.format(rank=rank)
+
+    @property
+    def preflight(self) -> Path:
+        return self.folder / self.PREFLIGHT
+
+    def node_log(self, node: str) -> Path:
+        return self.folder / self.NODE_LOG.format(node=node)
+
+    def node_logs(self) -> list[Path]:
+        return sorted(self.folder.glob(self.NODE_LOG_GLOB))
 
     def time_limit_mark(self, rank: int | str) -> Path:
         return self.folder / self.TIME_LIMIT_MARK.format(rank=rank)

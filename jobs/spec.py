@@ -34,7 +34,8 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)  # cluster.env + workload.env
     argv: list[str] = field(default_factory=list)
     job_dir: str = ""
-    master_port: int = 29500
+    master_port: int = 29500  # base: the job's port is master_port + job id % master_port_span (jobs.entry)
+    master_port_span: int = 2000
     n_gpus: int = 1  # N, the job's world size
     gpus_per_node: int = 8
     model_flops_per_step: float = 0.0  # ours: activated experts, V4 attention, recompute excluded

@@ -14,7 +14,20 @@ import sys
 from orchestrator.config import ConfigError
 
 # Order = order in --help. Add a module here when you add a subcommand.
-COMMANDS = ["plan", "run_one", "sweep", "resume", "status", "cancel", "compare", "best", "db", "ledger", "report"]
+COMMANDS = [
+    "plan",
+    "preflight",
+    "run_one",
+    "sweep",
+    "resume",
+    "status",
+    "cancel",
+    "compare",
+    "best",
+    "db",
+    "ledger",
+    "report",
+]
 
 
 def _load_commands():

@@ -76,6 +76,12 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False) -> Co
         raise ConfigError(
             f"invalid config value at '{key}': {first}. Fix the override or the YAML file under conf/."
         ) from None
+    from orchestrator.launch import container
+
+    try:
+        container.check(typed.cluster)
+    except UserError as exc:
+        raise ConfigError(str(exc)) from None
     return Composed(cfg=typed, raw=merged)
 
 

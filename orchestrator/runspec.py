@@ -25,6 +25,9 @@ from orchestrator.plan.planner import Planned
 from orchestrator.schema import ClusterConfig, RootConfig
 
 TIME_SAFETY = 2.0  # the measured step may be this much slower than predicted before Slurm cuts a good run
+# Megatron's default when the argv has no --distributed-timeout-minutes
+# (megatron/training/config/common_config.py:80 at dev d48bd6be0a85; :77 in megatron-core 0.19.2).
+DEFAULT_DISTRIBUTED_TIMEOUT_MIN = 10
 
 
 def attempt_dir(cfg: RootConfig, sweep: str, candidate_key: str, attempt: int) -> Path:
@@ -82,6 +85,7 @@ def build_spec(
         argv=[str(a) for a in argv],
         job_dir=str(folder),
         master_port=cfg.cluster.master_port,
+        master_port_span=cfg.cluster.master_port_span,
         n_gpus=stage.gpus,
         gpus_per_node=stage.gpus_per_node,
         model_flops_per_step=float(fl.model_flops),
@@ -168,10 +172,25 @@ def _prediction_dict(pred) -> dict:
     return d
 
 
+def distributed_timeout_min(argv: Sequence[str]) -> int:
+    """The collective timeout the job runs with: the last --distributed-timeout-minutes (argparse: the last
+    wins), else Megatron's default."""
+    value = DEFAULT_DISTRIBUTED_TIMEOUT_MIN
+    for flag, nxt in zip(argv, [*argv[1:], ""]):
+        if flag == "--distributed-timeout-minutes" and str(nxt).isdigit():
+            value = int(nxt)
+    return value
+
+
 def time_limit_min(spec: JobSpec, cluster: ClusterConfig, *, safety: float = TIME_SAFETY) -> int:
     """Slurm --time: (warmup + measure) x predicted step time x safety + time_margin_min (start-up,
-    checkpoint-free init, teardown), never below min_time_min."""
+    checkpoint-free init, teardown), never below min_time_min.
+
+    A real workload's limit also leaves room for one whole --distributed-timeout-minutes after start-up: a
+    collective that hangs must end in torch's watchdog error (evidence: which group, which op) before Slurm's
+    TIMEOUT hides it. A simulated one opens no process group."""
     iters = spec.stage.warmup_iters + spec.stage.measure_iters
     step_s = float(spec.predicted.get("step_time_s") or 0.0)
     minutes = iters * step_s * safety / 60.0 + cluster.time_margin_min
-    return max(int(cluster.min_time_min), math.ceil(minutes))
+    hang = 0 if spec.workload.simulated else distributed_timeout_min(spec.command) + cluster.time_margin_min
+    return max(int(cluster.min_time_min), math.ceil(minutes), hang)

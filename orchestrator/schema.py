@@ -12,7 +12,7 @@ k (moe_router_topk), h (hidden_size), f (moe_ffn_hidden_size).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field, make_dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -140,8 +140,33 @@ class StageConfig:
 
 
 @dataclass
+class ContainerConfig:
+    """A pyxis/enroot container every task of a Slurm job runs in (`srun --container-*`).
+
+    Only the tasks run inside it: the batch script and the orchestrator itself run outside (pyxis runs a
+    whole batch script in the container when `--container-image` is an sbatch option, and `srun` is then
+    unusable from it). The project checkout and `cluster.folder` are always mounted at their own paths."""
+
+    image: str | None = None  # e.g. nvcr.io#nvidia/pytorch:25.09-py3 or a squashfs path
+    mounts: list[str] = field(default_factory=list)  # SRC:DST[:FLAGS] each, e.g. /lustre/data:/data:ro
+    workdir: str | None = None  # the tasks' working directory inside the container
+
+
+@dataclass
+class JobResources:
+    """What one job asks Slurm for beyond its GPUs. A None leaves Slurm's default (or the workload's)."""
+
+    exclusive: bool | None = None  # whole nodes: no other job's dataloaders or NCCL traffic on them
+    cpus_per_task: int | None = None  # per GPU: dataloader workers + NCCL proxy threads + the main thread
+    mem: str | None = None  # per node: "0" = all of the node's memory, or e.g. "1800G"
+
+
+@dataclass
 class ClusterConfig:
-    """Where jobs run. kind: auto (sbatch if it answers, else local), slurm or local."""
+    """Where jobs run. kind: auto (sbatch if it answers, else local), slurm or local.
+
+    The orchestrator runs where it is started (a login node); with `container.image` set only the job's
+    tasks run inside the container, with `python` the interpreter submitit starts there."""
 
     kind: str = "auto"
     folder: str = "./runs"
@@ -149,14 +174,19 @@ class ClusterConfig:
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
-    exclusive: bool = False
+    # Resources: None = the workload's default (workload.resources; real Megatron asks for whole nodes).
+    exclusive: bool | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    python: str | None = None  # the Python that runs each task (submitit's `python=`); None = this process's
     time_margin_min: int = 10
     min_time_min: int = 5
     max_array_size: int = 1000
     array_parallelism: int = 64
     poll_interval_s: float = 5.0
     signal_delay_s: int = 30
-    sbatch_extra: dict[str, Any] = field(default_factory=dict)  # e.g. {"container-image": "..."}
+    sbatch_extra: dict[str, Any] = field(default_factory=dict)  # extra #SBATCH options (not containers)
     srun_args: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)
     env: dict[str, str] = field(
@@ -167,7 +197,10 @@ class ClusterConfig:
             "TORCH_NCCL_AVOID_RECORD_STREAMS": "1",
         }
     )
+    # MASTER_PORT = master_port + job id % master_port_span: two jobs sharing a node do not collide, and
+    # the default range (29500-31499) stays below Linux's ephemeral ports (32768+).
     master_port: int = 29500
+    master_port_span: int = 2000
     local_max_workers: int = 2
 
 
@@ -244,6 +277,7 @@ class WorkloadConfig:
     env: dict[str, str] = field(default_factory=dict)
     mock_data: bool = True
     in_process: bool = False  # runpy the entry script inside the job to instrument it (real Megatron)
+    resources: JobResources = field(default_factory=JobResources)  # what the cluster's None fields fall back to
     twin: TwinConfig = field(default_factory=TwinConfig)
 
 
@@ -299,3 +333,13 @@ class RootConfig:
         if self.stage is None:
             raise UserError("no stage given: add +stage=NAME (e.g. +stage=1k)")
         return self.stage
+
+    def job_cluster(self) -> ClusterConfig:
+        """The cluster settings jobs are launched with: the workload's resources where the cluster sets none."""
+        c, r = self.cluster, self.workload.resources
+        return replace(
+            c,
+            exclusive=r.exclusive if c.exclusive is None else c.exclusive,
+            cpus_per_task=r.cpus_per_task if c.cpus_per_task is None else c.cpus_per_task,
+            mem=r.mem if c.mem is None else c.mem,
+        )

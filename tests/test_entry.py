@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import submitit
 
-from jobs.entry import TaskFailed, rank_env, run_task
+from jobs.entry import TaskFailed, master_port, rank_env, run_task
 from jobs.spec import JobSpec
 from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig, WorkloadConfig
 
@@ -108,6 +108,18 @@ def test_slurm_rank_env_from_submitit_job_environment(tmp_path, monkeypatch):
     renv = rank_env(make_spec(tmp_path), submitit.JobEnvironment())
     assert (renv.rank, renv.world_size, renv.local_rank, renv.master_addr) == (9, 16, 1, "n3")
     assert not renv.single_process and "ORCH_SINGLE_PROCESS" not in renv.as_env()
+    # MASTER_PORT follows the job id (not one fixed port for every job on a shared node).
+    assert renv.master_port == 29611 + 42
+    monkeypatch.setenv("SLURM_JOB_ID", "2043")
+    assert rank_env(make_spec(tmp_path), submitit.JobEnvironment()).master_port == 29611 + 43  # span 2000
+
+
+def test_master_port_stays_below_ephemeral_ports(tmp_path):
+    spec = make_spec(tmp_path)
+    spec.master_port, spec.master_port_span = 29500, 2000
+    ports = {master_port(spec, str(job_id)) for job_id in range(100_000, 104_000)}
+    assert len(ports) == 2000 and min(ports) == 29500 and max(ports) < 32768  # Linux ip_local_port_range
+    assert master_port(spec, None) == 29500
 
 
 @pytest.mark.timeout(120)

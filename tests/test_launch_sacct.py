@@ -11,7 +11,7 @@ from orchestrator.launch import LaunchTask
 from orchestrator.launch.base import LaunchError, shape, state_of
 from orchestrator.launch.sacct import command, expand_job_id, parse
 from orchestrator.launch.slurm import SlurmLauncher
-from orchestrator.schema import ClusterConfig
+from orchestrator.schema import ClusterConfig, ContainerConfig
 from orchestrator.states import AttemptState
 
 SACCT = """\
@@ -125,7 +125,9 @@ def test_sbatch_parameters_from_cluster():
         min_time_min=5,
         signal_delay_s=30,
         array_parallelism=16,
-        sbatch_extra={"container-image": "nvcr.io/nvidia/pytorch:25.01-py3", "container-mounts": "/data:/data"},
+        sbatch_extra={"reservation": "resv"},
+        container=ContainerConfig(image="nvcr.io/nvidia/pytorch:25.01-py3", mounts=["/data:/data"]),
+        python="/usr/bin/python",
         srun_args=["--mpi=pmix"],
         setup=["module load cuda"],
         env={"NCCL_IB_TIMEOUT": "19"},
@@ -142,8 +144,7 @@ def test_sbatch_parameters_from_cluster():
         "#SBATCH --constraint=h100",
         "#SBATCH --exclusive",
         "#SBATCH --signal=USR2@30",
-        "#SBATCH --container-image=nvcr.io/nvidia/pytorch:25.01-py3",
-        "#SBATCH --container-mounts=/data:/data",
+        "#SBATCH --reservation=resv",
         "#SBATCH --array=0-1%2",
         "#SBATCH --nodes=128",
         "#SBATCH --ntasks-per-node=8",
@@ -152,7 +153,10 @@ def test_sbatch_parameters_from_cluster():
         "export NCCL_IB_TIMEOUT=19",
     ]:
         assert line in script
-    assert "--mpi=pmix" in script.split("srun", 1)[1]
+    srun = script.split("\nsrun ", 1)[1]
+    assert "--mpi=pmix" in srun and "--container-image=nvcr.io/nvidia/pytorch:25.01-py3" in srun
+    assert "--container-mounts=/data:/data," in srun  # the project and cluster.folder are appended
+    assert "#SBATCH --container" not in script  # pyxis would run the batch script itself in the container
     assert "#SBATCH --exclude" not in script
 
 

@@ -176,6 +176,11 @@ def test_entry_starts_workloads_with_sigusr2_ignored(tmp_path):
     from jobs import entry
 
     script = "import os, signal, time; os.kill(os.getpid(), signal.SIGUSR2); time.sleep(0.2); print('alive')"
-    out, err = tmp_path / "o", tmp_path / "e"
-    code = entry._run_subprocess([sys.executable, "-c", script], dict(os.environ), tmp_path, out, err)
+    from jobs.paths import JobPaths
+    from jobs.ranklog import RankOutput
+
+    paths = JobPaths(tmp_path)
+    with RankOutput(paths, 0, evidence=True) as output:
+        code = entry._run_subprocess([sys.executable, "-c", script], dict(os.environ), tmp_path, output)
+    out, err = paths.stdout(0), paths.stderr(0)
     assert code == 0 and out.read_text().strip() == "alive", err.read_text()

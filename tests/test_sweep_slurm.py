@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 
 from db.ledger import Ledger
+from jobs.paths import JobPaths
+from orchestrator.plan.layout import Layout
+from orchestrator.plan.ranks import evidence_ranks
 from tests.sweeplib import (
     all_attempts,
     assert_accounted,
@@ -217,9 +220,14 @@ def test_slurm_oom_and_external_workload(tmp_path, slurm_cluster):
             assert c.status == "failed" and [a.failure_class for a in atts] == ["OOM"]
         measured = led.measured(sweep="s-ext")
         assert measured
-        job = Path(led.attempts(measured[0].candidate_id)[-1].job_dir)
-        assert len(list(job.glob("rank-*.out"))) == 8  # one task per fake GPU
-        assert "synthetic surface workload" in "".join(p.read_text() for p in job.glob("rank-*.out"))
+        cand = next(c for c in led.candidates("s-ext") if c.id == measured[0].candidate_id)
+        job = JobPaths(led.attempts(cand.id)[-1].job_dir)
+    # One task per fake GPU: the evidence ranks keep rank files, the others' lines are in their node's log.
+    evidence = evidence_ranks(Layout.from_dict(cand.layout), 8)
+    assert {JobPaths.rank_of(p) for p in job.folder.glob("rank-*.out")} == set(evidence)
+    labelled = {int(line.split(":", 1)[0]) for p in job.node_logs() for line in p.read_text().splitlines()}
+    assert labelled == set(range(8)) - evidence
+    assert "synthetic surface workload" in "".join(p.read_text() for p in job.folder.glob("rank-*.out"))
 
 
 def test_cancel_scancels_every_live_job(tmp_path, slurm_cluster):

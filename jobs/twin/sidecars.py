@@ -15,6 +15,7 @@ from jobs.paths import JobPaths, atomic_write
 from jobs.twin import truth
 from jobs.twin.job import TwinJob, coords, dp0_ranks, flag, job_rng, rng_for
 from orchestrator.plan.layout import groups
+from orchestrator.plan.ranks import evidence_ranks
 
 
 def moe_layers_on_stage(pattern: str, pp: int, stage: int) -> int:
@@ -62,15 +63,15 @@ def routing(job: TwinJob, rank: int, iters: int) -> dict:
 
 
 def write_sidecars(job: TwinJob, surface: truth.Surface, measured: int) -> list[Path]:
-    """One sidecar per rank this process speaks for: itself, or in single-process mode one per pipeline
-    stage (the DP-rank-0, TP-0, CP-0 rank)."""
+    """One sidecar per rank this process speaks for: itself when it is an evidence rank
+    (orchestrator.plan.ranks.evidence_ranks), or in single-process mode one per pipeline stage (the
+    DP-rank-0, TP-0, CP-0 rank)."""
     if job.job_dir is None:
         return []
-    ranks = (
-        [job.rank]
-        if not job.single_process
-        else [r for r in dp0_ranks(job) if coords(job, r)["tp"] == 0 and coords(job, r)["cp"] == 0]
-    )
+    if job.single_process:
+        ranks = [r for r in dp0_ranks(job) if coords(job, r)["tp"] == 0 and coords(job, r)["cp"] == 0]
+    else:  # one task per GPU: as a real job, only the evidence ranks leave a sidecar
+        ranks = [job.rank] if job.rank in evidence_ranks(job.layout, job.world) else []
     folder = JobPaths(job.job_dir)
     paths = []
     for r in ranks:

@@ -81,7 +81,7 @@ def _launch_and_wait(cfg, spec, time_min: int):
     from jobs.entry import run_task
     from orchestrator.launch import LaunchTask, make_launcher
 
-    launcher, reason = make_launcher(cfg.cluster)
+    launcher, reason = make_launcher(cfg.job_cluster())
     print(
         f"launching candidate {spec.candidate_key} on {launcher.kind} ({reason}); job folder {spec.job_dir}",
         file=sys.stderr,

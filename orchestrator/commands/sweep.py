@@ -35,10 +35,19 @@ def add_arguments(parser) -> None:
         help="stop driving after SECONDS (jobs keep running; `resume` continues)",
     )
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON at the end")
+    parser.add_argument(
+        "--skip-preflight",
+        action="store_true",
+        help="real workloads: launch without the preflight job (the skipping is recorded in the ledger)",
+    )
 
 
 def options(args) -> Options:
-    return Options(retry={c.upper() for c in args.retry}, max_wall_s=args.max_wall)
+    return Options(
+        retry={c.upper() for c in args.retry},
+        max_wall_s=args.max_wall,
+        skip_preflight=bool(getattr(args, "skip_preflight", False)),
+    )
 
 
 def report(outcome, args) -> int:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
 from collections import defaultdict
 from os.path import commonpath
 from typing import Any
 
 from jobs.paths import JobPaths
-from orchestrator.launch import sacct
+from orchestrator.launch import container, sacct
 from orchestrator.launch.base import (
     JobState,
     Launcher,
@@ -36,6 +37,19 @@ def env_setup(cluster: ClusterConfig) -> list[str]:
     return list(cluster.setup) + [f"export {k}={shlex.quote(str(v))}" for k, v in cluster.env.items()]
 
 
+def node_log_flags(folder: str, array: bool) -> list[str]:
+    """srun options that put submitit's task logs in one file per node (`%N`), each line labelled with its
+    task rank (`--label`, which jobs.parse reads), instead of two files per task: srun keeps the last
+    `--output`/`--error` it is given, so these follow submitit's own per-task ones."""
+    from submitit.core.utils import JobPaths as SubmititPaths
+
+    paths = SubmititPaths(folder=folder)
+    out, err = (str(p).replace("%t", "%N") for p in (paths.stdout, paths.stderr))
+    if array:  # as submitit names an array's logs
+        out, err = out.replace("%j", "%A_%a"), err.replace("%j", "%A_%a")
+    return ["--label", "--output", out, "--error", err]
+
+
 def _array_name(tasks: list[LaunchTask]) -> str:
     if len(tasks) == 1:
         return tasks[0].name
@@ -51,14 +65,16 @@ class SlurmLauncher(Launcher):
 
     def __init__(self, cluster: ClusterConfig) -> None:
         super().__init__()
+        container.check(cluster)
         self.cluster = cluster
         self.sbatch_calls = 0
         self.sacct_calls = 0
         self.scancel_calls = 0
 
     # -- submit ---------------------------------------------------------------------------------------
-    def parameters(self, tasks: list[LaunchTask]) -> dict[str, Any]:
-        """submitit SlurmExecutor parameters for one array of same-shape tasks."""
+    def parameters(self, tasks: list[LaunchTask], folder: str | None = None) -> dict[str, Any]:
+        """submitit SlurmExecutor parameters for one array of same-shape tasks (`folder`: submitit's,
+        for the per-node task logs)."""
         c = self.cluster
         nodes, per_node, gpus = shape(tasks[0])
         params: dict[str, Any] = {
@@ -69,7 +85,7 @@ class SlurmLauncher(Launcher):
             "ntasks_per_node": per_node,
             "signal_delay_s": c.signal_delay_s,
             "array_parallelism": c.array_parallelism,
-            "setup": env_setup(c),
+            "setup": container.setup_lines(c) + env_setup(c),
         }
         if gpus:
             params["gpus_per_node"] = gpus
@@ -78,13 +94,40 @@ class SlurmLauncher(Launcher):
                 params[key] = getattr(c, key)
         if c.exclusive:
             params["exclusive"] = True
+        if c.cpus_per_task:
+            params["cpus_per_task"] = int(c.cpus_per_task)
+        if c.mem is not None:
+            params["mem"] = str(c.mem)  # "0": all of each node's memory
         if tasks[0].exclude:
             params["exclude"] = tasks[0].exclude
         if c.sbatch_extra:
             params["additional_parameters"] = dict(c.sbatch_extra)
-        if c.srun_args:
-            params["srun_args"] = list(c.srun_args)
+        logs = node_log_flags(folder, len(tasks) > 1) if folder else []
+        srun = container.srun_flags(c) + logs + list(c.srun_args)
+        if srun:
+            params["srun_args"] = srun
         return params
+
+    def executor_folder(self, tasks: list[LaunchTask]) -> str:
+        """submitit's own folder (sbatch script, pickles, logs), next to the tasks' job folders."""
+        return JobPaths(os.path.commonpath([os.path.abspath(t.folder) for t in tasks])).submitit_folder
+
+    def submit_command(self, folder: str) -> str:
+        """What submitit's srun line runs on every task: `<python> -u -m submitit.core._submit <folder>`, with
+        cluster.python (the container's interpreter) when set."""
+        python = container.python(self.cluster) or shlex.quote(sys.executable)
+        return " ".join([python, "-u -m submitit.core._submit", shlex.quote(folder)])
+
+    def batch_script(self, tasks: list[LaunchTask]) -> str:
+        """The batch script submitit writes for these tasks (one job, or an array for several), without
+        calling sbatch: its own template with this launcher's parameters and command."""
+        from submitit.slurm.slurm import _make_sbatch_string
+
+        folder = self.executor_folder(tasks)
+        params = self.parameters(tasks, folder)
+        if len(tasks) > 1:
+            params["map_count"] = len(tasks)
+        return _make_sbatch_string(command=self.submit_command(folder), folder=folder, **params)
 
     def submit(self, tasks: list[LaunchTask], on_submitted: OnSubmitted | None = None) -> list[Submitted]:
         # One array per (shape, excluded nodes): sbatch options hold for a whole array.
@@ -112,10 +155,9 @@ class SlurmLauncher(Launcher):
     def _submit_array(self, tasks: list[LaunchTask]) -> list[Submitted]:
         import submitit
 
-        # submitit's own files (sbatch script, pickles, logs) sit next to the job folders.
-        common = os.path.commonpath([os.path.abspath(t.folder) for t in tasks])
-        executor = submitit.SlurmExecutor(folder=JobPaths(common).submitit_folder)
-        executor.update_parameters(**self.parameters(tasks))
+        folder = self.executor_folder(tasks)
+        executor = submitit.SlurmExecutor(folder=folder, python=container.python(self.cluster))
+        executor.update_parameters(**self.parameters(tasks, folder))
         try:
             with executor.batch():
                 jobs = [executor.submit(RunInFolder(t.fn, t.args, t.folder)) for t in tasks]

@@ -148,3 +148,22 @@ def node_spans(layout: Layout, n_gpus: int, gpus_per_node: int) -> tuple[int, in
 def nodes_of(group: Sequence[int], gpus_per_node: int) -> int:
     """Distinct nodes holding the ranks of one group (rank r lives on node r // gpus_per_node)."""
     return len({r // gpus_per_node for r in group})
+
+
+def evidence_ranks(layout: Layout, world_size: int, order: str | None = None) -> frozenset[int]:
+    """The ranks whose output and sidecar a job keeps in files of their own; the others' output goes to a
+    shared per-node log (jobs.entry), so a 16k-GPU job leaves a few hundred files, not 50k.
+
+    Megatron's logging decides who carries evidence: the last rank prints the iteration lines and timers,
+    rank 0 the arguments and checkpoint messages, DP-rank-0 ranks the memory lines (their TP/CP peers are
+    alike, so the TP-0 CP-0 one per PP stage stands for them). Router load and allocator peaks differ by
+    PP stage and by EP rank (the hot EP rank receives the most tokens), so every EP rank of the first
+    expert-DP group of each PP stage keeps its sidecar: at most PP x (EP + 1) + 2 ranks."""
+    order = order or order_for(layout)
+    dense, expert = _grid_sizes(layout, world_size, order)
+    d_stride, e_stride = _strides(dense, order), _strides(expert, order)
+    out = {0, world_size - 1}
+    for p in range(layout.pp):
+        out.add(p * d_stride["pp"])
+        out.update(p * e_stride["pp"] + e * e_stride["ep"] for e in range(layout.ep))
+    return frozenset(out)

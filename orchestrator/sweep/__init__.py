@@ -10,7 +10,7 @@ from db.ledger import Ledger, SweepRow
 from orchestrator.errors import UserError
 from orchestrator.schema import RootConfig
 from orchestrator.sweep.loop import Driver, Options, Outcome
-from orchestrator.sweep.setup import default_name, provenance, root_from_yaml
+from orchestrator.sweep.setup import default_name, preflight_gate, provenance, root_from_yaml
 from orchestrator.sweep.view import View
 
 __all__ = ["Driver", "Options", "Outcome", "open_ledger", "pick_launcher", "resume_sweep", "run_sweep"]
@@ -21,10 +21,11 @@ def open_ledger(cfg: RootConfig) -> Ledger:
 
 
 def pick_launcher(cfg: RootConfig, view: View):
-    """cluster=auto picks Slurm when sbatch answers, else the local executor; says which and why."""
+    """cluster=auto picks Slurm when sbatch answers, else the local executor; says which and why.
+    Jobs get the workload's resources where the cluster sets none (RootConfig.job_cluster)."""
     from orchestrator.launch import make_launcher
 
-    launcher, reason = make_launcher(cfg.cluster)
+    launcher, reason = make_launcher(cfg.job_cluster())
     view.event(f"cluster: {launcher.kind} ({reason})")
     return launcher
 
@@ -52,6 +53,7 @@ def run_sweep(
             f"workload {cfg.workload.name}{' SIMULATED' if cfg.workload.simulated else ''}) "
             f"ledger {ledger.url}"
         )
+        preflight_gate(ledger, cfg, name, skip=bool(options and options.skip_preflight), view=view)
         launcher = launcher or pick_launcher(cfg, view)
         return Driver(ledger, cfg, sweep, launcher, view, options).run()
 

@@ -38,6 +38,7 @@ _PRED_FIELDS = {f.name for f in dataclasses.fields(Prediction)}
 class Options:
     retry: set[str] = field(default_factory=set)  # extra failure classes to retry (--retry oom)
     max_wall_s: float | None = None  # stop driving (not the jobs) after this long: tests, demos
+    skip_preflight: bool = False  # real workloads: launch without preflight (recorded in the ledger)
 
 
 @dataclass

@@ -26,8 +26,18 @@ def same_stage_sweeps(ledger: Ledger, sweep: SweepRow) -> list[SweepRow]:
 
 
 def known_keys(ledger: Ledger, sweep: SweepRow) -> set[str]:
-    """Every candidate key in the ledger for this stage: a key here is never launched again."""
-    return {c.key for s in same_stage_sweeps(ledger, sweep) for c in ledger.candidates(s.name)}
+    """Every candidate key in the ledger for this stage, and those this sweep's preflight rejected (Megatron's
+    validation, the partition's MaxTime): a key here is never launched (again)."""
+    return {c.key for s in same_stage_sweeps(ledger, sweep) for c in ledger.candidates(s.name)} | rejected_keys(
+        ledger, sweep.name
+    )
+
+
+def rejected_keys(ledger: Ledger, sweep: str) -> set[str]:
+    """Candidate keys the sweep's preflight rejected (orchestrator.preflight.EVENT events)."""
+    from orchestrator.preflight import EVENT
+
+    return {k for e in ledger.events(sweep, kind=EVENT) for k in ((e.data or {}).get("rejected") or {})}
 
 
 def _raw(env: PlanEnv, cand: CandidateRow, layout: Layout):

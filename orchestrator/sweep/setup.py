@@ -81,3 +81,35 @@ def promotion_source(ledger: Ledger, cfg: RootConfig) -> tuple[SweepRow, RootCon
             f"resume it first: python -m orchestrator resume {src.name}"
         )
     return src, root_from_yaml(src.config_yaml)
+
+
+def preflight_gate(ledger: Ledger, cfg: RootConfig, name: str, *, skip: bool, view) -> None:
+    """A real workload's sweep runs preflight once, before round 0, and refuses to launch when it fails.
+
+    Once: not when the sweep already has candidates or a passed (or skipped) preflight. The outcome, or the
+    skipping, is a ledger event (orchestrator.preflight.EVENT) whose `rejected` keys are never launched."""
+    from orchestrator import preflight
+
+    if cfg.workload.simulated or ledger.candidates(name):
+        return
+    if any((e.data or {}).get("ok") for e in ledger.events(name, kind=preflight.EVENT)):
+        return
+    if skip:
+        ledger.log_event(
+            name, preflight.EVENT, "preflight skipped (--skip-preflight)", data={"ok": True, "skipped": True}
+        )
+        view.event("preflight skipped (--skip-preflight): recorded in the ledger")
+        return
+    stage = cfg.stage.name if cfg.stage is not None else "the stage"
+    view.event(f"preflight: a 1-node job checks the container, Megatron and {stage}'s candidates ...")
+    outcome = preflight.run(cfg)
+    failed = [c.name for c in outcome.checks if str(c.status) == "fail"]
+    verdict = "passed" if outcome.ok else f"failed: {', '.join(failed)}"
+    ledger.log_event(name, preflight.EVENT, f"preflight {verdict}", data=outcome.to_dict())
+    view.event(f"preflight {verdict}; {len(outcome.rejected)} candidate(s) rejected, never launched")
+    if not outcome.ok:
+        preflight.print_table(outcome)
+        raise UserError(
+            f"preflight failed ({len(failed)} row(s) above, job folder {outcome.folder}): fix them and run the "
+            "sweep again, or pass --skip-preflight to launch anyway"
+        )

@@ -1,0 +1,329 @@
+"""Preflight: fail in one minute on one node, not after hours on 128.
+
+Two halves. The job half (jobs/preflight.py) runs as a 1-node job through the same launcher as every
+candidate (inside the container when one is set): Python, torch + CUDA, GPUs, NCCL, Transformer Engine,
+the dev-branch V4 modules, the kernels the stage's space needs, and Megatron's own verdict on every
+candidate the planner keeps. This half asks Slurm (sinfo, sacctmgr) on the login node whether the
+partition, account and QoS can run the stage: MaxTime against each candidate's time limit, GPUs and CPUs
+per node, node count. A missing answer is a warning row, never a crash. Candidates Megatron rejects, or
+that ask for more time than the partition allows, are `rejected`: the sweep never launches them.
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from jobs import preflight as job
+from jobs.paths import JobPaths
+from jobs.preflight import Check, CheckStatus, PreflightReport, PreflightRequest
+from orchestrator.schema import ClusterConfig, RootConfig, StageConfig
+
+EVENT = "preflight"  # the ledger event kind a sweep records its preflight (or its skipping) under
+JOB_TIME_MIN = 15  # the preflight job: imports + one validate_args per candidate
+
+
+@dataclass
+class Outcome:
+    checks: list[Check]
+    rejected: dict[str, str] = field(default_factory=dict)  # candidate key -> why it is never launched
+    folder: str = ""
+    job_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.status is CheckStatus.FAIL for c in self.checks)
+
+    def to_dict(self) -> dict:
+        return {
+            "ok": self.ok,
+            "checks": [
+                {"name": c.name, "status": str(c.status), "detail": c.detail, "fix": c.fix} for c in self.checks
+            ],
+            "rejected": self.rejected,
+            "folder": self.folder,
+            "job_id": self.job_id,
+        }
+
+
+def candidates(cfg: RootConfig) -> tuple[PreflightRequest, dict[str, int]]:
+    """The job's request (every candidate the planner keeps, with its argv) and each one's time limit."""
+    from orchestrator.plan import planner
+    from orchestrator.runspec import build_spec, time_limit_min
+
+    stage = cfg.stage
+    assert stage is not None
+    cluster = cfg.job_cluster()
+    kept = planner.plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name).candidates
+    req = PreflightRequest(entry_script=_entry_script(cfg), gpus_per_node=stage.gpus_per_node)
+    limits: dict[str, int] = {}
+    for p in kept:
+        spec = build_spec(cfg, p, sweep="preflight", attempt=1, job_dir=Path(cfg.cluster.folder) / "preflight")
+        argv = list(spec.argv) + list(cfg.workload.extra_args)
+        req.candidates.append(job.CandidateArgv(key=p.key, argv=argv, world=spec.n_gpus))
+        limits[p.key] = time_limit_min(spec, cluster)
+        backend = p.layout.flex_backend if p.layout.dispatcher == "flex" else None
+        if backend and backend not in req.flex_backends:
+            req.flex_backends.append(backend)
+        req.cudnn_dsa = req.cudnn_dsa or _flag_value(argv, "--dsa-kernel-backend") == "cudnn"
+        req.muon = req.muon or "muon" in (_flag_value(argv, "--optimizer") or "")
+        req.packed_cp = req.packed_cp or (stage.packed_sequences and p.layout.cp > 1)
+    return req, limits
+
+
+def _entry_script(cfg: RootConfig) -> str:
+    cmd = list(cfg.workload.command)
+    return next((c for c in reversed(cmd) if c.endswith(".py")), cmd[-1] if cmd else "")
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    """The last value given to `flag` (argparse: the last wins)."""
+    value = None
+    for a, b in zip(argv, [*argv[1:], ""]):
+        if a == flag:
+            value = b
+    return value
+
+
+# ------------------------------------------------------------------------------------------- Slurm rows
+def _ask(cmd: list[str]) -> str | None:
+    """stdout of a Slurm client command, or None when it is missing or fails."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def slurm_minutes(text: str) -> int | None:
+    """Slurm's time format (`infinite`, `MM`, `MM:SS`, `HH:MM:SS`, `D-HH[:MM[:SS]]`) -> minutes; None = no limit."""
+    text = text.strip()
+    if not text or text in ("infinite", "UNLIMITED", "Partition_Limit", "n/a"):
+        return None
+    days, _, rest = text.rpartition("-")
+    parts = [int(x) for x in rest.split(":")]
+    if days:
+        h, m = [*parts, 0, 0][:2]
+        return int(days) * 1440 + h * 60 + m
+    if len(parts) == 3:
+        return parts[0] * 60 + parts[1] + (1 if parts[2] else 0)
+    return parts[0] + (1 if len(parts) == 2 and parts[1] else 0)
+
+
+def _gres_gpus(gres: str) -> int | None:
+    m = re.search(r"gpu(?::[\w.-]+)?:(\d+)", gres)
+    return int(m.group(1)) if m else None
+
+
+def slurm_checks(cluster: ClusterConfig, stage: StageConfig, limits: dict[str, int]) -> tuple[list[Check], dict]:
+    """Partition, node shape, account and QoS rows; the candidates whose time limit no partition allows."""
+    if cluster.kind == "local":
+        return [Check("Slurm limits", CheckStatus.WARN, "cluster=local: not checked", "run with cluster=slurm")], {}
+    info = _ask(["sinfo", "-h", "-o", "%P|%l|%G|%c|%D"] + (["-p", cluster.partition] if cluster.partition else []))
+    if info is None:
+        return [Check("Slurm partition", CheckStatus.WARN, "sinfo gave no answer", "check Slurm from this host")], {}
+    rows = [line.split("|") for line in info.splitlines() if line.count("|") == 4]
+    default = [r for r in rows if r[0].endswith("*")]
+    part = cluster.partition or (default[0][0].rstrip("*") if default else rows[0][0].rstrip("*") if rows else "")
+    mine = [r for r in rows if r[0].rstrip("*") == part]
+    if not mine:
+        return [Check("Slurm partition", CheckStatus.FAIL, f"no partition {part!r}", "set cluster.partition")], {}
+    checks, rejected = [], {}
+    max_time = slurm_minutes(mine[0][1])
+    longest = max(limits.values(), default=0)
+    if max_time is not None:
+        rejected = {
+            k: f"asks for {t} min > partition {part} MaxTime {max_time} min" for k, t in limits.items() if t > max_time
+        }
+    status = (
+        CheckStatus.FAIL
+        if limits and len(rejected) == len(limits)
+        else CheckStatus.WARN
+        if rejected
+        else CheckStatus.PASS
+    )
+    checks.append(
+        Check(
+            f"partition {part} MaxTime",
+            status,
+            f"{mine[0][1]} vs the longest candidate's {longest} min; {len(rejected)} over it (never launched)",
+            "" if not rejected else "shorten stage.warmup_iters/measure_iters or use a partition with more time",
+        )
+    )
+    gpus = {g for r in mine if (g := _gres_gpus(r[2])) is not None}
+    if not gpus:
+        checks.append(Check("GPUs per node", CheckStatus.WARN, f"sinfo Gres {mine[0][2]!r}: no gpu count", ""))
+    else:
+        ok = min(gpus) >= stage.gpus_per_node
+        checks.append(
+            Check(
+                "GPUs per node (Slurm)",
+                CheckStatus.PASS if ok else CheckStatus.FAIL,
+                f"nodes have {sorted(gpus)}, stage.gpus_per_node={stage.gpus_per_node}",
+                "" if ok else f"set stage.gpus_per_node={min(gpus)} or choose another partition",
+            )
+        )
+    cpus = min(int(r[3].rstrip("+")) for r in mine if r[3].rstrip("+").isdigit()) if mine else 0
+    need_cpus = (cluster.cpus_per_task or 1) * stage.gpus_per_node
+    checks.append(
+        Check(
+            "CPUs per node",
+            CheckStatus.PASS if cpus >= need_cpus else CheckStatus.FAIL,
+            f"{cpus} per node, {need_cpus} asked (cpus_per_task x gpus_per_node)",
+            "" if cpus >= need_cpus else f"set cluster.cpus_per_task={max(1, cpus // stage.gpus_per_node)}",
+        )
+    )
+    nodes = sum(int(r[4]) for r in mine if r[4].isdigit())
+    need = -(-stage.gpus // stage.gpus_per_node)
+    checks.append(
+        Check(
+            "nodes",
+            CheckStatus.PASS if nodes >= need else CheckStatus.FAIL,
+            f"partition {part} has {nodes}, the stage needs {need}",
+            "" if nodes >= need else "use a bigger partition or a smaller stage",
+        )
+    )
+    checks += _account_checks(cluster, need, longest)
+    return checks, rejected
+
+
+def _account_checks(cluster: ClusterConfig, nodes: int, minutes: int) -> list[Check]:
+    user = getpass.getuser()
+    assoc = _ask(["sacctmgr", "-nP", "show", "assoc", "where", f"user={user}", "format=account,qos,maxnodes,maxwall"])
+    if assoc is None:
+        return [Check("account / QoS", CheckStatus.WARN, "sacctmgr gave no answer", "ask the admins for your limits")]
+    rows = [line.split("|") for line in assoc.splitlines() if line.count("|") == 3]
+    accounts = {r[0] for r in rows}
+    out = []
+    if cluster.account and cluster.account not in accounts:
+        out.append(
+            Check(
+                "account",
+                CheckStatus.FAIL,
+                f"{user} has no association with {cluster.account}",
+                f"set cluster.account to one of {sorted(accounts)}",
+            )
+        )
+    else:
+        out.append(
+            Check("account", CheckStatus.PASS, cluster.account or f"default ({', '.join(sorted(accounts)) or '-'})")
+        )
+    qos = cluster.qos
+    if qos:
+        q = _ask(["sacctmgr", "-nP", "show", "qos", "where", f"name={qos}", "format=name,maxwall,maxtresperjob"])
+        row = (q or "").splitlines()[0].split("|") if q and q.strip() else None
+        if row is None or len(row) < 3:
+            out.append(
+                Check(
+                    f"QoS {qos}",
+                    CheckStatus.FAIL if q is not None else CheckStatus.WARN,
+                    "unknown QoS" if q is not None else "sacctmgr gave no answer",
+                    "set cluster.qos",
+                )
+            )
+        else:
+            wall = slurm_minutes(row[1]) if row[1] else None
+            m = re.search(r"node=(\d+)", row[2])
+            max_nodes = int(m.group(1)) if m else None
+            bad = (wall is not None and minutes > wall) or (max_nodes is not None and nodes > max_nodes)
+            out.append(
+                Check(
+                    f"QoS {qos}",
+                    CheckStatus.FAIL if bad else CheckStatus.PASS,
+                    f"MaxWall {row[1] or '-'}, MaxTRESPerJob {row[2] or '-'}; needs {nodes} nodes, {minutes} min",
+                    "use a QoS that allows the stage" if bad else "",
+                )
+            )
+    return out
+
+
+# ------------------------------------------------------------------------------------------- the job
+def run_job(cfg: RootConfig, req: PreflightRequest) -> tuple[list[Check], dict[str, str], str, str | None]:
+    """Launch the 1-node preflight job, wait, read its report: (checks, rejected, folder, job id)."""
+    from orchestrator.launch import LaunchError, LaunchTask, make_launcher
+
+    stage = cfg.stage
+    assert stage is not None
+    cluster = cfg.job_cluster()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    folder = Path(cluster.folder).expanduser().resolve() / "preflight" / f"{stage.name}-{stamp}"
+    launcher, _why = make_launcher(cluster)
+    task = LaunchTask(
+        fn=job.run,
+        args=(req, str(folder)),
+        n_gpus=stage.gpus_per_node,
+        gpus_per_node=stage.gpus_per_node,
+        name=f"preflight:{stage.name}",
+        folder=str(folder),
+        time_min=max(cluster.min_time_min, JOB_TIME_MIN),
+    )
+    try:
+        sub = launcher.submit([task])[0]
+    except LaunchError as exc:
+        fix = "the Slurm rows below say which limit; fix cluster.* and run preflight again"
+        return (
+            [Check("preflight job", CheckStatus.FAIL, f"not submitted: {str(exc)[:300]}", fix)],
+            {},
+            str(folder),
+            None,
+        )
+    interval = 0.2
+    while True:
+        state = launcher.poll([sub.job_id]).get(sub.job_id)
+        if state is not None and state.terminal:
+            break
+        time.sleep(interval)
+        interval = min(cluster.poll_interval_s, interval * 1.5)
+    if JobPaths(folder).preflight.exists():
+        report = PreflightReport.load(folder)
+        return report.checks, report.rejected, str(folder), sub.job_id
+    logs = JobPaths(folder).submitit_logs(sub.job_id)
+    tail = next(
+        (
+            p.read_text(errors="replace").strip().splitlines()[-1:]
+            for p in logs
+            if p.name.endswith(".err") and p.stat().st_size
+        ),
+        [""],
+    )[0]
+    check = Check(
+        "preflight job",
+        CheckStatus.FAIL,
+        f"job {sub.job_id} {state.state} without a report: {tail[:200]}",
+        "the task's Python (cluster.python) must import submitit and this project (mounted, on PYTHONPATH)",
+    )
+    return [check], {}, str(folder), sub.job_id
+
+
+def run(cfg: RootConfig) -> Outcome:
+    """Every row: the Slurm rows from here, then the job's rows."""
+    stage = cfg.stage
+    assert stage is not None
+    req, limits = candidates(cfg)
+    slurm_rows, too_long = slurm_checks(cfg.job_cluster(), stage, limits)
+    checks, rejected, folder, job_id = run_job(cfg, req)
+    return Outcome(checks=checks + slurm_rows, rejected={**too_long, **rejected}, folder=folder, job_id=job_id)
+
+
+def print_table(outcome: Outcome, *, show_rejected: int = 10) -> None:
+    """The table (rich), then the first rejected candidates with the reason."""
+    from rich.console import Console
+    from rich.table import Table
+
+    colour = {"pass": "green", "warn": "yellow", "fail": "red"}
+    table = Table(title=f"preflight: {'PASS' if outcome.ok else 'FAIL'}  (job folder {outcome.folder})")
+    for col in ("check", "result", "detail", "fix"):
+        table.add_column(col, overflow="fold")
+    for c in outcome.checks:
+        table.add_row(c.name, f"[{colour[str(c.status)]}]{c.status}[/]", c.detail, c.fix)
+    console = Console(width=200)
+    console.print(table)
+    for key, why in list(outcome.rejected.items())[:show_rejected]:
+        console.print(f"rejected {key[:10]}: {why}", markup=False, highlight=False)
+    if len(outcome.rejected) > show_rejected:
+        console.print(f"... and {len(outcome.rejected) - show_rejected} more rejected candidates")
