@@ -1,20 +1,22 @@
 """Legality rules for a layout, as data.
 
-Why data: every rejection must name the rule, its one-line reason and where it comes from (the
-guide section or Megatron file:line in megatron-facts.md), and the planner must be able to check
-cheap rules before costly ones. Each Rule says which Layout fields it reads (`needs`), so the
-planner can check it once per combination of those fields instead of once per candidate, and
-which `phase` it belongs to:
+Why data: every rejection must name the rule, its one-line reason and where it comes from (the guide
+section or Megatron's own file:line: A = megatron/training/arguments.py, TC = megatron/core/transformer/
+transformer_config.py, MPC = megatron/core/model_parallel_config.py, PS = megatron/core/parallel_state.py,
+SCH = megatron/core/pipeline_parallel/schedules.py; "dev X:L" = Megatron-LM dev at d48bd6be0a85, bare "X:L"
+= main at d98e8a64dd), and the planner must check cheap rules before costly ones. Each Rule says which
+Layout fields it reads (`needs`), so the planner checks it once per combination of those fields, and which
+`phase` it belongs to:
 
 - "layout":  reads only the knobs, the groups (D_a, D_e, m) and the stage/model/hardware.
 - "pattern": also reads the pipeline split (blocks per segment) and the HybridModel layer pattern.
 - "argv":    reads the generated Megatron flags (we never emit the forbidden ones; this proves it).
-             `needs` here names the knobs that decide whether argv.py emits the flag in question;
+             `needs` names the knobs that decide what argv.py emits for the flags in question;
              tests/test_rules.py checks that claim against argv.py itself.
 - "memory":  reads the predicted heaviest-rank memory; checked last, only for survivors.
 
-A predicate returns True when the rule is VIOLATED. Predicates of later phases return False while
-their input is missing (None), so `violations()` is defined on any Ctx.
+A predicate returns True when the rule is VIOLATED; predicates of later phases return False while their
+input is missing (None), so `violations()` is defined on any Ctx.
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from orchestrator.plan import recompute
+from orchestrator.plan.flags import flag_value
 from orchestrator.plan.layout import Groups, Layout, groups
+from orchestrator.plan.params import d_window
+from orchestrator.plan.pipeline import moe_layers_through
 from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
 
 PHASES: tuple[str, ...] = ("layout", "pattern", "argv", "memory")
 
-# dev TC:2197 recompute modules (+ "full" = --recompute-granularity full) and the offload modules (§1):
-# recompute.py's table owns them.
+# Recompute modules (dev TC:2197, + "full" = --recompute-granularity full) and offload modules: recompute.py's.
 RECOMPUTE_MODULES = recompute.RECOMPUTE_MODULES
 OFFLOAD_MODULES = recompute.OFFLOAD_MODULES
 DISPATCHERS = frozenset({"alltoall", "allgather", "flex"})
@@ -105,12 +109,6 @@ class Rule:
         return bool(self.predicate(ctx))
 
 
-def d_window(model: ModelConfig) -> int:
-    """Rows each CP rank must hold: max(csa_window_size, 8 for ratio-4 layers, else the ratio)."""
-    ratios = [8 if r == 4 else r for r in (model.csa_compress_ratios or [])]
-    return max([model.csa_window_size, *ratios])
-
-
 def _flex(lay: Layout, *backends: str) -> bool:
     return lay.dispatcher == "flex" and lay.flex_backend in backends
 
@@ -119,19 +117,14 @@ def _has_flag(ctx: Ctx, flags: Sequence[str]) -> bool:
     return ctx.argv is not None and not ctx.flags.isdisjoint(flags)
 
 
-def _flag_value(ctx: Ctx, flag: str) -> str | None:
-    """The token after `flag` in argv (or after '=' in '--flag=value'); None if absent."""
-    argv = ctx.argv or ()
-    for i, tok in enumerate(argv):
-        if tok == flag:
-            return argv[i + 1] if i + 1 < len(argv) else ""
-        if tok.startswith(flag + "="):
-            return tok.split("=", 1)[1]
-    return None
+def _hash_layers_wrong(c: Ctx) -> bool:
+    """--moe-n-hash-layers (a hybrid layer number) does not reach exactly the model's n-th MoE layer."""
+    pattern, value = flag_value(c.argv or (), "--hybrid-layer-pattern"), flag_value(c.argv or (), HASH_FLAG)
+    return bool(pattern) and moe_layers_through(pattern or "", int(value or 0)) != c.model.moe_n_hash_layers
 
 
 CAPACITY_LB_TYPES = frozenset({"aux_loss", "seq_aux_loss", "global_aux_loss", "none"})
-PAD_FLAG = "--moe-pad-expert-input-to-capacity"
+PAD_FLAG, HASH_FLAG = "--moe-pad-expert-input-to-capacity", "--moe-n-hash-layers"
 
 
 def _mnnvl(ctx: Ctx) -> bool:
@@ -169,7 +162,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.attention_backend_known",
         "stage.attention_backend must be cudnn (the packed V4 path), fused, flash, unfused or auto",
-        "megatron-facts §1 Other --attention-backend; language_module.py:108-146",
+        "dev megatron/core/transformer/enums.py:51-58 (AttnBackend); "
+        "megatron/core/models/common/language_module/language_module.py:108-142",
         lambda c: c.stage.attention_backend not in ATTENTION_BACKENDS,
     ),
     Rule(
@@ -252,7 +246,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "v4.mnnvl_needs_hybridep",
         "on a multi-node NVLink (MNNVL) system the flex dispatcher must use hybridep, the only MNNVL backend",
-        "megatron-facts §1 MoE --moe-flex-dispatcher-backend",
+        "dev TC:941-945 (only hybridep supports MNNVL)",
         lambda c: _mnnvl(c) and _flex(c.layout, "deepep", "ncclep"),
         ("dispatcher", "flex_backend"),
     ),
@@ -360,11 +354,19 @@ RULES: tuple[Rule, ...] = (
         ("pp", "vpp"),
         "pattern",
     ),
+    Rule(
+        "mcore.hash_layers_are_layer_numbers",
+        "--moe-n-hash-layers must reach the model's n-th MoE symbol: every hybrid symbol is a layer",
+        "dev megatron/core/transformer/moe/router.py:202-206; megatron/core/models/hybrid/hybrid_block.py:617-618",
+        _hash_layers_wrong,
+        ("pp", "vpp"),
+        "argv",
+    ),
     # ---- MoE dispatcher ----
     Rule(
         "mcore.dispatcher_known",
         "dispatcher must be alltoall|allgather|flex; flex needs backend deepep|hybridep|ncclep, others none",
-        "megatron-facts §1 MoE; TC:1766",
+        "dev TC:934-945 (dispatcher and flex backend choices), TC:2038-2043 (ncclep needs flex)",
         lambda c: (
             c.layout.dispatcher not in DISPATCHERS
             or (c.layout.dispatcher == "flex") != (c.layout.flex_backend is not None)
@@ -393,7 +395,7 @@ RULES: tuple[Rule, ...] = (
         lambda c: (
             c.argv is not None
             and c.layout.capacity_factor is not None
-            and (_flag_value(c, "--moe-router-load-balancing-type") or "aux_loss") not in CAPACITY_LB_TYPES
+            and (flag_value(c.argv or (), "--moe-router-load-balancing-type") or "aux_loss") not in CAPACITY_LB_TYPES
         ),
         ("capacity_factor",),
         "argv",
