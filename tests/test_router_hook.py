@@ -254,3 +254,73 @@ def test_jobs_modules_import_without_torch():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
+
+
+FAKE_ROUTER = """
+class TopKRouter:  # the checkout's router: install() must hook this one, not the wheel's
+    def __init__(self, *args, **kwargs):
+        self.hooks = 0
+
+    def register_forward_hook(self, hook, **kwargs):
+        self.hooks += 1
+        return self  # the handle
+
+    def remove(self):
+        pass
+"""
+FAKE_SCRIPT = """
+import json, sys
+import megatron.core.context_parallel_layout as cpl  # dev-only: the wheel has no such module
+from megatron.core.transformer.moe.router import TopKRouter
+router = TopKRouter()
+seen = {{"core": sys.modules["megatron.core"].__file__, "cpl": cpl.__file__, "hooks": router.hooks}}
+json.dump(seen, open({out!r}, "w"))
+"""
+
+
+def test_checkout_comes_first_and_shadows_the_installed_wheel(tmp_path):
+    """A Megatron checkout (namespace `megatron/`, like the dev tree) with a module the wheel lacks: main()
+    puts it first on sys.path before the router hook imports megatron, so the script and the hook both get
+    the checkout's modules, in a fresh interpreter where megatron-core 0.19.2 is installed."""
+    tree = tmp_path / "megatron-lm"
+    files = {
+        "megatron/core/__init__.py": "",
+        "megatron/core/context_parallel_layout.py": "",
+        "megatron/core/transformer/__init__.py": "",
+        "megatron/core/transformer/moe/__init__.py": "",
+        "megatron/core/transformer/moe/router.py": FAKE_ROUTER,
+        "pretrain_hybrid.py": FAKE_SCRIPT.format(out=str(tmp_path / "seen.json")),
+    }
+    for rel, text in files.items():
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(textwrap.dedent(text))
+    wheel = subprocess.run(
+        [sys.executable, "-c", "import importlib.util as u; print(u.find_spec('megatron.core').origin)"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout.strip()
+    assert not wheel.startswith(str(tree))  # the wheel is there to shadow a checkout put in second place
+    script = str(tree / "pretrain_hybrid.py")
+    run = f"megatron_run.main({script!r}, [], (0, 1), {str(tmp_path)!r}, 3)"
+    code = f"import sys\nfrom jobs import megatron_run\nsys.exit({run})"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=300)
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["core"].startswith(str(tree)) and seen["cpl"].startswith(str(tree))
+    assert seen["hooks"] == 1  # the hook went onto the checkout's TopKRouter
+    side = json.loads((tmp_path / "sidecar-rank-3.json").read_text())
+    assert "instrument_error" not in side and side["rank"] == 3
+
+
+def test_megatron_extra_leaves_the_containers_torch_alone():
+    """`pip install .[megatron]` in a container must not pin or replace its CUDA torch (the Makefile pins the
+    CPU torch of dev installs)."""
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extra = meta["project"]["optional-dependencies"]["megatron"]
+    assert not [req for req in extra if req.split("=")[0].split(">")[0].split("<")[0].strip() == "torch"]
+    assert any(req.startswith("megatron-core") for req in extra)
+    assert "torch==" in (ROOT / "Makefile").read_text()
