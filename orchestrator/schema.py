@@ -267,6 +267,7 @@ class RecipeConfig:
     moe_router_topk_scaling_factor: float = 2.5
     moe_router_bias_update_rate: float = 1e-3
     moe_aux_loss_coeff: float = 1e-4
+    ncclep_rank_capacity_factor: float = 1.5  # --moe-expert-rank-capacity-factor, emitted for flex:ncclep only
     activation_func_clamp_value: float = 10.0
     norm_epsilon: float = 1e-6
     rotary_base: int = 10000

@@ -342,6 +342,14 @@ def test_hash_layers_are_the_first_moe_blocks(name):
     assert A.parse_flags(build(layout, stage, replace(MODEL, moe_n_hash_layers=0)))["moe_n_hash_layers"] is None
 
 
+def test_ncclep_carries_its_rank_capacity_factor():
+    """Dev's ncclep dispatcher refuses to start without --moe-expert-rank-capacity-factor (it sizes the receive
+    buffer: megatron/core/transformer/moe/token_dispatcher.py:1717-1722 at d48bd6be0a85); nothing else gets it."""
+    for backend in ("ncclep", "hybridep", "deepep"):
+        f = A.parse_flags(build(Layout(pp=8, ep=64, dispatcher="flex", flex_backend=backend), STAGE_8K))
+        assert f["moe_expert_rank_capacity_factor"] == (1.5 if backend == "ncclep" else None), backend
+
+
 def test_hash_rule_rejects_a_block_count():
     """The old argv wrote the block count (3): only the first MoE layer was hash-routed. The rule sees it."""
     from orchestrator.plan import rules as R

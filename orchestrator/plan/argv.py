@@ -182,6 +182,8 @@ def _moe(a: _Argv, model: ModelConfig, recipe: RecipeConfig, layout: Layout, lay
         if not layout.flex_backend:
             raise ValueError("dispatcher flex needs flex_backend (deepep | hybridep | ncclep)")
         _knob(a, layout, "flex_backend")  # never the deprecated --moe-enable-deepep
+        if layout.flex_backend == "ncclep":  # dev's ncclep sizes its receive buffer with it, and refuses None
+            a.add("--moe-expert-rank-capacity-factor", recipe.ncclep_rank_capacity_factor)
     _knob(a, layout, "capacity_factor")
     a.add("--moe-router-load-balancing-type", "seq_aux_loss")
     a.add("--moe-aux-loss-coeff", recipe.moe_aux_loss_coeff)

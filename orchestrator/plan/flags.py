@@ -69,6 +69,7 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--moe-token-dispatcher-type": (MAIN, str),
     "--moe-flex-dispatcher-backend": (MAIN, str),
     "--moe-expert-capacity-factor": (MAIN, float),
+    "--moe-expert-rank-capacity-factor": (MAIN, float),
     "--moe-router-load-balancing-type": (MAIN, str),
     "--moe-aux-loss-coeff": (MAIN, float),
     "--moe-router-score-function": (MAIN, str),

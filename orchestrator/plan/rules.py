@@ -3,7 +3,7 @@
 Why data: every rejection must name the rule, its one-line reason and where it comes from (the guide
 section or Megatron's own file:line: A = megatron/training/arguments.py, TC = megatron/core/transformer/
 transformer_config.py, MPC = megatron/core/model_parallel_config.py, PS = megatron/core/parallel_state.py,
-SCH = megatron/core/pipeline_parallel/schedules.py; "dev X:L" = Megatron-LM dev at d48bd6be0a85, bare "X:L"
+SCH = megatron/core/pipeline_parallel/schedules.py; "dev X:L" = Megatron-LM dev at d48bd6be0a85, "main X:L"
 = main at d98e8a64dd), and the planner must check cheap rules before costly ones. Each Rule says which
 Layout fields it reads (`needs`), so the planner checks it once per combination of those fields, and which
 `phase` it belongs to:
@@ -40,7 +40,7 @@ OFFLOAD_MODULES = recompute.OFFLOAD_MODULES
 DISPATCHERS = frozenset({"alltoall", "allgather", "flex"})
 ATTENTION_BACKENDS = frozenset({"cudnn", "fused", "flash", "unfused", "auto"})  # what argv.py can emit
 FLEX_BACKENDS = frozenset({"deepep", "hybridep", "ncclep"})
-# Flags the hybrid '|' pattern path forbids (A:741-921) and flags we must never emit.
+# Flags the hybrid '|' pattern path forbids (dev A:838-876) and flags we must never emit.
 PATTERN_FORBIDDEN_FLAGS = (
     "--pipeline-model-parallel-layout",
     "--num-layers-per-virtual-pipeline-stage",
@@ -132,7 +132,7 @@ def _mnnvl(ctx: Ctx) -> bool:
 
 
 def _vpp_group(ctx: Ctx) -> int:
-    return ctx.layout.pp  # --microbatch-group-size-per-virtual-pipeline-stage defaults to PP (MPC L431)
+    return ctx.layout.pp  # --microbatch-group-size-per-virtual-pipeline-stage defaults to PP (dev MPC:426)
 
 
 V4 = "guide §模型与实现 (当前实现中的限制)"
@@ -215,7 +215,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "v4.pattern_segments",
         "the '|' layer pattern must hold every block in exactly PP x VPP segments",
-        "guide §61 层怎么切; A:849 (segments % PP == 0, VPP = segments / PP)",
+        "guide §61 层怎么切; dev A:884-897 (segments % PP == 0, VPP = segments / PP)",
         lambda c: (
             c.split is not None
             and (
@@ -230,7 +230,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "v4.pattern_excludes_layout_flags",
         "the hybrid '|' pattern forbids --pipeline-model-parallel-layout, VPP layer flags and account-for flags",
-        "guide §61 层怎么切 (参数互斥检查); A:741-921",
+        "guide §61 层怎么切 (参数互斥检查); dev A:838-876",
         lambda c: _has_flag(c, PATTERN_FORBIDDEN_FLAGS),
         ("pp", "vpp"),
         "argv",
@@ -238,7 +238,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "v4.no_moe_enable_deepep",
         "--moe-enable-deepep is deprecated: use flex + --moe-flex-dispatcher-backend",
-        "guide §正确性与显存 (Megatron 配置校验); TC:1743",
+        "guide §正确性与显存 (Megatron 配置校验); dev TC:2018-2027",
         lambda c: _has_flag(c, ("--moe-enable-deepep",)),
         ("dispatcher", "flex_backend"),
         "argv",
@@ -254,49 +254,49 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.dense_grid",
         "world size N must be divisible by TP x PP x CP (dense grid)",
-        "A:426-448; PS:815-823",
+        "dev A:457-467; dev PS:732-735",
         lambda c: c.stage.gpus % (c.layout.tp * c.layout.pp * c.layout.cp) != 0,
         _GROUPS_DA,
     ),
     Rule(
         "mcore.expert_grid",
         "world size N must be divisible by ETP x EP x PP (expert grid)",
-        "PS:872-883",
+        "dev PS:782-789",
         lambda c: c.stage.gpus % (c.layout.etp * c.layout.ep * c.layout.pp) != 0,
         _GROUPS_DE,
     ),
     Rule(
         "mcore.experts_div_ep",
         "num_experts E must be divisible by EP",
-        "A:1655-1659; moe_layer.py:186",
+        "dev A:1711-1717; megatron/core/transformer/moe/moe_layer.py:189",
         lambda c: c.model.num_experts % c.layout.ep != 0,
         ("ep",),
     ),
     Rule(
         "mcore.heads_div_tp",
         "num_attention_heads must be divisible by TP",
-        "TC:1446",
+        "dev TC:1490",
         lambda c: c.model.num_attention_heads % c.layout.tp != 0,
         ("tp",),
     ),
     Rule(
         "mcore.gbs_div_mbs_dp",
         "B must be divisible by b x D_a and give m >= 1 microbatch",
-        "num_microbatches_calculator.py:381-391",
+        "dev megatron/core/num_microbatches_calculator.py:381-391",
         lambda c: c.d_a is not None and c.m is None,
         _GROUPS_M,
     ),
     Rule(
         "mcore.seq_div_2cp",
         "seq_length S must be divisible by 2 x CP",
-        "A:1337",
+        "dev A:1424-1428",
         lambda c: c.stage.seq_length % (2 * c.layout.cp) != 0,
         ("cp",),
     ),
     Rule(
         "mcore.tp_pp_dp_mapping",
         "--use-tp-pp-dp-mapping with PP>1 needs expert DP D_e == DP D_a",
-        "PS:898-902",
+        "dev PS:802-806",
         lambda c: (
             c.layout.use_tp_pp_dp_mapping
             and c.layout.pp > 1
@@ -310,21 +310,21 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.vpp_needs_pp",
         "VPP > 1 needs PP > 1",
-        "PS:830",
+        "dev PS:739-740",
         lambda c: c.layout.vpp > 1 and c.layout.pp == 1,
         ("pp", "vpp"),
     ),
     Rule(
         "mcore.vpp_group_bounds",
         "interleaved VPP needs PP <= microbatch_group_size (= PP) <= m (config B: m=4 < PP=8)",
-        "guide §PP 与 microbatch (schedule 校验); SCH:1160-1180",
+        "guide §PP 与 microbatch (schedule 校验); dev SCH:1254-1262",
         lambda c: c.layout.vpp > 1 and c.m is not None and not (c.layout.pp <= _vpp_group(c) <= c.m),
         ("vpp", *_GROUPS_M),
     ),
     Rule(
         "mcore.vpp_group_remainder",
         "interleaved VPP needs m % microbatch_group_size == 0 or >= PP (dependency bubbles)",
-        "SCH:1160-1180",
+        "dev SCH:1264-1274",
         lambda c: (
             c.layout.vpp > 1
             and c.m is not None
@@ -337,7 +337,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.min_blocks_per_segment",
         "every pipeline segment needs >= 1 block: blocks >= PP x VPP",
-        "A:849; hybrid_layer_allocation.py:385-445",
+        "dev A:884-897; pipeline.split_blocks places >= 1 block per segment",
         lambda c: c.blocks < c.layout.pp * c.layout.vpp,
         ("pp", "vpp"),
     ),
@@ -366,7 +366,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.dispatcher_known",
         "dispatcher must be alltoall|allgather|flex; flex needs backend deepep|hybridep|ncclep, others none",
-        "dev TC:934-945 (dispatcher and flex backend choices), TC:2038-2043 (ncclep needs flex)",
+        "dev TC:934-945 (dispatcher and flex backend choices), dev TC:2038-2043 (ncclep needs flex)",
         lambda c: (
             c.layout.dispatcher not in DISPATCHERS
             or (c.layout.dispatcher == "flex") != (c.layout.flex_backend is not None)
@@ -377,21 +377,21 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.flex_needs_tp_ep",
         "deepep and ncclep need TP x EP > 1",
-        "token_dispatcher.py:1836,1854",
+        "dev megatron/core/transformer/moe/token_dispatcher.py:1886,1914",
         lambda c: _flex(c.layout, "deepep", "ncclep") and c.layout.tp * c.layout.ep <= 1,
         ("tp", "ep", "dispatcher", "flex_backend"),
     ),
     Rule(
         "mcore.ncclep_no_capacity",
         "ncclep supports no capacity factor (token dropping) or padding",
-        "token_dispatcher.py:1556",
+        "main megatron/core/transformer/moe/token_dispatcher.py:1556",
         lambda c: _flex(c.layout, "ncclep") and c.layout.capacity_factor is not None,
         ("dispatcher", "flex_backend", "capacity_factor"),
     ),
     Rule(
         "mcore.capacity_needs_aux_loss",
         "a capacity factor works only with aux_loss, seq_aux_loss, global_aux_loss or none load balancing",
-        "TC:1848",
+        "dev TC:2089-2112",
         lambda c: (
             c.argv is not None
             and c.layout.capacity_factor is not None
@@ -403,7 +403,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.padding_needs_capacity",
         "--moe-pad-expert-input-to-capacity needs a capacity factor",
-        "TC:1865",
+        "dev TC:2115-2119",
         lambda c: _has_flag(c, (PAD_FLAG,)) and not _has_flag(c, ("--moe-expert-capacity-factor",)),
         ("capacity_factor",),
         "argv",
@@ -411,7 +411,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.deepep_no_padding",
         "flex + deepep cannot pad expert input to capacity",
-        "TC:1759",
+        "dev TC:2029-2036",
         lambda c: _flex(c.layout, "deepep") and _has_flag(c, (PAD_FLAG,)),
         ("dispatcher", "flex_backend"),
         "argv",
@@ -427,28 +427,28 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.full_vs_selective",
         "full recompute cannot be combined with selective modules",
-        "TC:1905-1931",
+        "dev TC:2153-2182",
         lambda c: "full" in c.layout.recompute and len(c.layout.recompute) > 1,
         ("recompute",),
     ),
     Rule(
         "mcore.moe_act_needs_grouped_gemm",
         "moe_act recompute needs --moe-grouped-gemm",
-        "TC:1966",
+        "dev TC:2215-2217",
         lambda c: "moe_act" in c.layout.recompute and not c.moe_grouped_gemm,
         ("recompute",),
     ),
     Rule(
         "mcore.offload_known",
         "unknown --offload-modules entry",
-        "TC:2127-2195",
+        "dev TC:2403-2420",
         lambda c: not set(c.layout.offload) <= OFFLOAD_MODULES,
         ("offload",),
     ),
     Rule(
         "mcore.offload_vs_moe_recompute",
         "no moe_act/expert_fc1/fused_group_mlp offload while moe is recomputed",
-        "TC:2127-2195",
+        "dev TC:2428-2436",
         lambda c: (
             "moe" in c.layout.recompute and bool({"moe_act", "expert_fc1", "fused_group_mlp"} & set(c.layout.offload))
         ),
@@ -457,7 +457,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.attn_proj_offload_needs_core_attn",
         "attn_proj offload needs core_attn offload",
-        "TC:2127-2195",
+        "dev TC:2423-2427",
         lambda c: "attn_proj" in c.layout.offload and "core_attn" not in c.layout.offload,
         ("offload",),
     ),
@@ -471,7 +471,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.offload_without_cpu_offloading",
         "fine-grained offload cannot be combined with cpu_offloading",
-        "TC:2127-2195",
+        "dev TC:2403-2406",
         lambda c: bool(c.layout.offload) and _has_flag(c, ("--cpu-offloading-num-layers",)),
         ("offload", "recompute"),
         "argv",
