@@ -210,6 +210,15 @@ class Result(Base):
     expert_load_p99: Mapped[float | None]
     hot_expert_ratio: Mapped[float | None]
     force_balanced_routing: Mapped[bool] = mapped_column(default=False)
+    # Per-dispatch expert-parallel load and unmeasured drops (revision 0004)
+    token_drop_note: Mapped[str | None] = mapped_column(Text)
+    hot_expert: Mapped[str | None] = mapped_column(String(64))
+    hot_rank_tokens_p50: Mapped[float | None]
+    hot_rank_tokens_p95: Mapped[float | None]
+    hot_rank_tokens_p99: Mapped[float | None]
+    hot_rank_share_p50: Mapped[float | None]
+    hot_rank_share_p95: Mapped[float | None]
+    hot_rank_share_p99: Mapped[float | None]
     ckpt_save_s: Mapped[float | None]  # q_effective inputs (long-run window)
     ckpt_restore_s: Mapped[float | None]
     # Effective throughput (revision 0003): Q = tokens advanced and not rolled back / wall time

@@ -24,15 +24,24 @@ Sidecar JSON schema (`sidecar-rank-<r>.json`, one object per rank; every key but
      "tokens_per_expert": [int, ...],   # tokens this rank's router sent to each global expert,
                                         # summed over the window and MoE layers; written only by
                                         # ranks with distinct tokens (TP/CP replicas leave it out)
-     "routed_tokens": int,              # token-expert assignments before capacity drop
-     "dropped_tokens": int,             # assignments dropped by capacity
-     "padded_tokens": int,              # padding slots added to reach capacity / alignment
+     "routed_tokens": int,              # token-expert assignments of real (unpadded) rows before capacity drop
+     "dropped_tokens": int | null,      # assignments dropped by capacity; null = not measured
+     "token_drop_unmeasured": str,      # why not (drops inside the dispatcher, jobs.instrument)
+     "padded_tokens": int,              # expert-input slots that are padding (capacity padding, padding rows sent)
+     "padding_rows": int,               # rows the padding mask marks (padding, never drops)
+     "ep_load": [{"layer": str, "dispatches": int, "ep_size": int,   # EP rank 0 of each EP group, per MoE
+                  "hot_rank_tokens": [int, ...], "hot_rank_share": [float, ...], "hot_rank": [int, ...],
+                  "hot_expert": int, "hot_expert_ratio": float}, ...],  # layer (jobs.expert_load)
      "force_balanced_routing": bool,
      "lm_loss": [[iteration, value], ...]}
-Derived: token_drop_fraction = sum(dropped) / sum(routed);
-padding_fraction = sum(padded) / (sum(routed) - sum(dropped) + sum(padded)) (share of expert input
-slots that are padding); expert-load p50/p95/p99 are percentiles over experts of the summed
-tokens_per_expert; hot_expert_ratio = max / mean of that vector.
+Derived: token_drop_fraction = sum(dropped) / sum(routed), None (with token_drop_note) when any rank could
+not measure it; padding_fraction = sum(padded) / (sum(routed) - sum(dropped) + sum(padded)) (share of expert
+input slots that are padding); expert-load p50/p95/p99 are percentiles over experts of the summed
+tokens_per_expert. With ep_load: hot_rank_tokens_p50/p95/p99 and hot_rank_share_p50/p95/p99 are percentiles
+over every sampled dispatch (all MoE layers, all EP groups) of the tokens the hottest EP rank received and of
+its share of the dispatch (1/EP when balanced); hot_expert_ratio and hot_expert are the most loaded expert
+of one layer over the window against that layer's mean ("layer 12 expert 301"). Without ep_load (the twin)
+hot_expert_ratio = max / mean of the summed tokens_per_expert.
 """
 
 from __future__ import annotations
@@ -212,10 +221,11 @@ def slowest_rank(logs: Sequence[ParsedLog], lo: int, hi: int) -> int | None:
     return max(per_rank, key=lambda r: (per_rank[r], -r)) if per_rank else None
 
 
-def moe_evidence(sidecars: Sequence[Mapping]) -> dict[str, float | None]:
+def moe_evidence(sidecars: Sequence[Mapping]) -> dict[str, float | str | None]:
     routed = sum(sc.get("routed_tokens") or 0 for sc in sidecars)
     dropped = sum(sc.get("dropped_tokens") or 0 for sc in sidecars)
     padded = sum(sc.get("padded_tokens") or 0 for sc in sidecars)
+    unmeasured = next((sc["token_drop_unmeasured"] for sc in sidecars if sc.get("token_drop_unmeasured")), None)
     load: list[float] = []
     for sc in sidecars:
         tpe = sc.get("tokens_per_expert") or []
@@ -223,8 +233,9 @@ def moe_evidence(sidecars: Sequence[Mapping]) -> dict[str, float | None]:
             load.extend([0.0] * (len(tpe) - len(load)))
         for i, v in enumerate(tpe):
             load[i] += v
-    out: dict[str, float | None] = {
-        "token_drop_fraction": dropped / routed if routed > 0 else None,
+    out: dict[str, float | str | None] = {
+        "token_drop_fraction": dropped / routed if routed > 0 and unmeasured is None else None,
+        "token_drop_note": unmeasured,
         "padding_fraction": (
             padded / (routed - dropped + padded) if routed - dropped + padded > 0 and (routed or padded) else None
         ),
@@ -232,9 +243,27 @@ def moe_evidence(sidecars: Sequence[Mapping]) -> dict[str, float | None]:
         "expert_load_p95": percentile(load, 95),
         "expert_load_p99": percentile(load, 99),
         "hot_expert_ratio": None,
+        "hot_expert": None,
     }
     if load and statistics.fmean(load) > 0:
         out["hot_expert_ratio"] = max(load) / statistics.fmean(load)
+    out.update(_ep_load([layer for sc in sidecars for layer in sc.get("ep_load") or []]))
+    return out
+
+
+def _ep_load(layers: Sequence[Mapping]) -> dict[str, float | str | None]:
+    """Per-dispatch hot-rank percentiles and the hottest expert of one layer, from sidecars' ep_load."""
+    tokens = [float(x) for layer in layers for x in layer.get("hot_rank_tokens") or []]
+    shares = [float(x) for layer in layers for x in layer.get("hot_rank_share") or [] if x is not None]
+    out: dict[str, float | str | None] = {}
+    for q in (50, 95, 99):
+        out[f"hot_rank_tokens_p{q}"] = percentile(tokens, q)
+        out[f"hot_rank_share_p{q}"] = percentile(shares, q)
+    rated = [layer for layer in layers if layer.get("hot_expert_ratio") is not None]
+    if rated:
+        top = max(rated, key=lambda layer: layer["hot_expert_ratio"])
+        out["hot_expert_ratio"] = float(top["hot_expert_ratio"])
+        out["hot_expert"] = f"layer {top['layer']} expert {top['hot_expert']}"
     return out
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import io
 import json
 import os
 import sys
@@ -342,35 +341,12 @@ def v4_module_checks(roots: list[Path], checkout: bool) -> list[Check]:
 
 
 def validate_candidate_argv(argv: list[str], world: int) -> str | None:
-    """Megatron's own verdict on one candidate: parse_args + validate_args + TransformerConfig, as pretrain
-    builds them with WORLD_SIZE = N; None when accepted, else Megatron's message. The one place the
-    training-ready check is called from (point it at a fuller check when one exists)."""
-    arguments = importlib.import_module("megatron.training.arguments")
-    build = getattr(arguments, "core_transformer_config_from_args", None)
-    if build is None:  # megatron-core 0.19.x keeps it in argument_utils
-        build = importlib.import_module("megatron.training.argument_utils").core_transformer_config_from_args
-    saved = (list(sys.argv), os.environ.get("WORLD_SIZE"), os.environ.get("RANK"))
-    sys.argv = ["pretrain_hybrid.py", *argv]
-    os.environ["WORLD_SIZE"], os.environ["RANK"] = str(world), "0"
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            args = arguments.parse_args()
-            arguments.validate_args(args)
-            build(args)
-        return None
-    except SystemExit:  # argparse: its message went to stderr
-        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
-        return lines[-1] if lines else "argparse rejected the arguments"
-    except Exception as exc:  # noqa: BLE001 - Megatron's assertion or error is the verdict
-        return f"{type(exc).__name__}: {exc}".strip()
-    finally:
-        sys.argv = saved[0]
-        for key, val in (("WORLD_SIZE", saved[1]), ("RANK", saved[2])):
-            if val is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = val
+    """Megatron's own verdict on one candidate, None when accepted, else Megatron's message: the
+    training-ready check (orchestrator.megatron_check: parse_args + validate_args, the optimizer config and
+    the LR scheduler as pretrain builds them, and the TransformerConfig where CUDA answers)."""
+    from orchestrator.megatron_check import check_candidate
+
+    return check_candidate(argv, world)
 
 
 def validate_candidates(req: PreflightRequest, checkout: list[Path]) -> tuple[Check, dict[str, str]]:

@@ -64,13 +64,21 @@ class JobResult:
     slowest_rank: int | None = None
     slowest_stage: int | None = None
     timers_ms: dict[str, list[float | None]] = field(default_factory=dict)  # name -> [min, max]; min None: max-only
-    # MoE evidence (sidecar / router hook)
-    token_drop_fraction: float | None = None
+    # MoE evidence (sidecar / router hook; jobs/metrics.py says how each is derived)
+    token_drop_fraction: float | None = None  # None: not measured (token_drop_note says why) or no sidecar
+    token_drop_note: str | None = None
     padding_fraction: float | None = None
     expert_load_p50: float | None = None  # tokens per expert, percentiles across experts
     expert_load_p95: float | None = None
     expert_load_p99: float | None = None
-    hot_expert_ratio: float | None = None  # max / mean tokens per expert
+    hot_expert_ratio: float | None = None  # the hottest expert of one layer over that layer's mean
+    hot_expert: str | None = None  # "layer L expert e"
+    hot_rank_tokens_p50: float | None = None  # tokens the hottest EP rank receives per dispatch, over dispatches
+    hot_rank_tokens_p95: float | None = None
+    hot_rank_tokens_p99: float | None = None
+    hot_rank_share_p50: float | None = None  # its share of the dispatch (1/EP when balanced)
+    hot_rank_share_p95: float | None = None
+    hot_rank_share_p99: float | None = None
     force_balanced_routing: bool = False
     # Training quality (for parity checks)
     lm_loss: list[float] = field(default_factory=list)  # per measured iteration

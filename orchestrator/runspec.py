@@ -67,6 +67,7 @@ def build_spec(
         layer_pattern=pred.layer_pattern,
         train_iters=train_iters,
         mock_data=cfg.workload.mock_data,
+        recipe=cfg.workload.recipe,
         extra=[str(a) for a in extra_argv],
     )
     fl = plan_flops.step_flops(cfg.model, stage, layout)

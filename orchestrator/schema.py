@@ -56,7 +56,7 @@ class ModelConfig:
     vocab_size: int = 129280
     mtp_num_layers: int = 1
     hyper_connection_streams: int = 4  # mHC residual streams
-    optimizer: str = "muon"  # muon | adam
+    optimizer: str = "adam"  # adam | muon (conf/model/dsv4_pro.yaml says why adam)
     # Reference totals from the guide, used as sanity checks of the parameter model
     total_params_b: float = 1600.0
     active_params_b: float = 49.0
@@ -79,7 +79,7 @@ class HardwareConfig:
     a2a_efficiency: float = 0.60  # achieved / link bandwidth for MoE all-to-all
     p2p_efficiency: float = 0.70
     allreduce_efficiency: float = 0.70
-    grad_sync_overlap: float = 0.80  # fraction of DP grad sync hidden behind backward
+    grad_sync_overlap: float = 0.80  # share of DP grad sync hidden when the recipe overlaps it (argv.overlaps)
     a2a_overlap: float = 0.0  # fraction of EP all-to-all hidden (EP overlap off by default)
     runtime_overhead_gb: float = 3.0  # CUDA context, NCCL, allocator fragmentation
     workspace_gb: float = 2.0  # fused kernels, cuBLAS workspace
@@ -267,6 +267,66 @@ class TwinConfig:
 
 
 @dataclass
+class RecipeConfig:
+    """The training recipe every candidate runs with, so a measured step is a step of real training.
+
+    Defaults are Megatron dev's DeepSeek-V4-Pro recipe (examples/moe_recipes/deepseek_v4_pro/gb300/
+    mxfp8_SL4K_256GPU_TP1PP4EP64.yaml at d48bd6be0a85) where the guide is silent; conf/workload/recipe/
+    dsv4_pro.yaml gives the line of each. The performance flags are part of the recipe because the
+    step-time model must assume exactly the overlap they turn on (orchestrator.plan.argv.overlaps).
+    """
+
+    # Learning rate: --lr has no default in Megatron, and its scheduler does float(max_lr).
+    lr: float = 3.9e-6
+    min_lr: float = 3.9e-7
+    lr_warmup_init: float = 3.9e-7
+    lr_warmup_iters: int = 0
+    lr_decay_style: str = "cosine"
+    lr_decay_iters: int | None = None  # None: the job's --train-iters (the recipe decays over all its iterations)
+    # Initialisation and regularisation
+    init_method_std: float = 0.02
+    clip_grad: float = 1.0
+    weight_decay: float = 0.1
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    # Adam (model.optimizer=adam, and Muon's scalar optimizer for embeddings, norms and biases)
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    # Muon (model.optimizer=muon)
+    muon_momentum: float = 0.9
+    muon_num_ns_steps: int = 5
+    muon_scale_mode: str = "spectral"
+    # DeepSeek-V4-Pro numerics
+    moe_router_topk_scaling_factor: float = 2.5
+    moe_router_bias_update_rate: float = 1e-3
+    moe_aux_loss_coeff: float = 1e-4
+    ncclep_rank_capacity_factor: float = 1.5  # --moe-expert-rank-capacity-factor, emitted for flex:ncclep only
+    activation_func_clamp_value: float = 10.0
+    norm_epsilon: float = 1e-6
+    rotary_base: int = 10000
+    rotary_scaling_factor: float = 4.0  # YaRN on the compressed (CSA/HCA) layers
+    original_max_position_embeddings: int = 65536
+    mscale: float = 1.0
+    mscale_all_dim: float = 1.0
+    csa_compress_rotary_base: float = 40000.0
+    dsa_indexer_loss_coeff: float = 1e-2
+    dsa_indexer_use_sparse_loss: bool = True  # dense indexer loss + the cuDNN DSA kernel is refused on SM90
+    mhc_sinkhorn_iterations: int = 20
+    mtp_loss_scaling_factor: float = 0.1
+    # Performance flags: what is tuned runs with them on
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True  # Megatron needs the distributed optimizer and overlap_grad_reduce
+    moe_permute_fusion: bool = True
+    moe_router_fusion: bool = True
+    cross_entropy_loss_fusion: bool = True
+    manual_gc_interval: int = 10  # --manual-gc every this many iterations; 0 = Python's own GC
+    # --distributed-timeout-minutes: the recipe's 60 at its 256 GPUs, plus this much per 1,024 GPUs more
+    distributed_timeout_min: int = 60
+    distributed_timeout_min_per_1k_gpus: int = 5
+
+
+@dataclass
 class WorkloadConfig:
     """The command a job runs; the candidate's Megatron flags are appended to it (the contract)."""
 
@@ -278,6 +338,7 @@ class WorkloadConfig:
     mock_data: bool = True
     in_process: bool = False  # runpy the entry script inside the job to instrument it (real Megatron)
     resources: JobResources = field(default_factory=JobResources)  # what the cluster's None fields fall back to
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
     twin: TwinConfig = field(default_factory=TwinConfig)
 
 

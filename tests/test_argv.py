@@ -10,6 +10,7 @@ import io
 import math
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.plan import argv as A
+from orchestrator.plan import flags as F
 from orchestrator.plan.layout import Layout, groups
-from orchestrator.schema import ModelConfig, StageConfig
+from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
 from tests.megatron_env import as_hopper, import_megatron
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -83,9 +85,9 @@ def megatron_args():
 def main_argv(argv: list) -> tuple:
     """Strip dev-only flags and map the dev pattern symbols C/H/W to main's DSA symbol D (same layer
     count and '|' segments), so main's parser sees everything else unchanged."""
-    keep, dropped = A.split_dev(argv)
+    keep, dropped = F.split_dev(argv)
     i = keep.index("--hybrid-layer-pattern")
-    keep[i + 1] = keep[i + 1].translate(str.maketrans({s: "D" for s in A.DEV_PATTERN_SYMBOLS}))
+    keep[i + 1] = keep[i + 1].translate(str.maketrans({s: "D" for s in F.DEV_PATTERN_SYMBOLS}))
     return keep, dropped
 
 
@@ -110,7 +112,7 @@ def megatron_validate(arguments, argv: list, world: int):
 
 def check_with_megatron(arguments, layout: Layout, stage: StageConfig, argv: list):
     keep, dropped = main_argv(argv)
-    assert set(dropped) <= A.DEV_ONLY_FLAGS
+    assert set(dropped) <= F.DEV_ONLY_FLAGS
     args = megatron_validate(arguments, keep, stage.gpus)
     g = groups(layout, stage.gpus, stage.global_batch)
     assert args.tensor_model_parallel_size == layout.tp
@@ -130,10 +132,10 @@ def test_flag_branches_match_megatron_parser(megatron_args):
     """A 'main' flag is one 0.19.2's parser knows; every flag it does not know is in DEV_ONLY_FLAGS."""
     parser = megatron_args.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
     known = {opt for action in parser._actions for opt in action.option_strings}
-    main = {f for f, (branch, _) in A.FLAGS.items() if branch == A.MAIN}
+    main = {f for f, (branch, _) in F.FLAGS.items() if branch == F.MAIN}
     assert main <= known, sorted(main - known)
-    assert set(A.FLAGS) - known <= A.DEV_ONLY_FLAGS
-    assert A.DEV_ONLY_FLAGS & known == A.DEV_VALUE_FLAGS  # known flag, dev-only value
+    assert set(F.FLAGS) - known <= F.DEV_ONLY_FLAGS
+    assert F.DEV_ONLY_FLAGS & known == F.DEV_VALUE_FLAGS  # known flag, dev-only value
     assert known >= NEVER  # the flags we never emit are real Megatron flags
 
 
@@ -253,7 +255,7 @@ def test_round_trip_and_flag_rules(case):
     argv = build(layout, stage)
     assert A.layout_from_argv(argv) == layout
     flags = [t for t in argv if t.startswith("--")]
-    assert set(flags) <= set(A.FLAGS)
+    assert set(flags) <= set(F.FLAGS)
     assert not NEVER & set(flags)
     assert ("--sequence-parallel" in flags) == (layout.tp > 1)
     assert ("--moe-flex-dispatcher-backend" in flags) == (layout.dispatcher == "flex")
@@ -273,6 +275,7 @@ def test_parse_flags_types_and_extra_wins():
         "--not-ours",
         "x",
         "--moe-router-force-load-balancing",
+        "--exit-interval=9",
         "--lr=1e-4",
         "--many",
         "a",
@@ -281,7 +284,8 @@ def test_parse_flags_types_and_extra_wins():
     f = A.parse_flags(argv)
     assert f["context_parallel_size"] == 4 and f["train_iters"] == 7
     assert f["not_ours"] == "x" and f["moe_router_force_load_balancing"] is True
-    assert f["lr"] == "1e-4" and f["many"] == ["a", "b"]
+    assert f["exit_interval"] == "9" and f["many"] == ["a", "b"]
+    assert f["lr"] == 1e-4  # a recipe flag: typed, and the later one wins
     assert f["max_seqlen_per_dp_cp_rank"] == 8192 // 4
     assert f["mock_data"] is True and f["use_tp_pp_dp_mapping"] is False
     assert f["cp_comm_type"] == ["p2p"]
@@ -297,7 +301,9 @@ def test_argv_refuses_inconsistent_input():
 
 
 def test_dev_only_set_is_the_v4_path():
-    """megatron-facts.md: these exist only on the dev branch for DeepSeek-V4."""
+    """These exist only on Megatron's dev branch (the DeepSeek-V4 path): megatron-core 0.19.2's parser does not
+    know them (test_flag_branches_match_megatron_parser), dev's does (megatron/training/arguments.py and the
+    TransformerConfig fields of megatron/core/transformer/transformer_config.py at d48bd6be0a85)."""
     for flag in (
         "--experimental-attention-variant",
         "--csa-window-size",
@@ -310,8 +316,51 @@ def test_dev_only_set_is_the_v4_path():
         "--o-groups",
         "--o-lora-rank",
     ):
-        assert A.branch_of(flag) == A.DEV and flag in A.DEV_ONLY_FLAGS
-    assert A.branch_of("--expert-model-parallel-size") == A.MAIN
+        assert F.branch_of(flag) == F.DEV and flag in F.DEV_ONLY_FLAGS
+    assert F.branch_of("--expert-model-parallel-size") == F.MAIN
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_hash_layers_are_the_first_moe_blocks(name):
+    """On the hybrid path every pattern symbol is a layer numbered i + 1 + offset, the offset counting the
+    earlier segments' symbols (megatron/core/models/hybrid/hybrid_block.py:617-618, hybrid_layer_allocation.py:
+    486 at dev d48bd6be0a85), and the router hash-routes layer_number <= moe_n_hash_layers (megatron/core/
+    transformer/moe/router.py:202-206). The flag must therefore be 6 on 'HEHECE...' for the model's 3 blocks."""
+    layout, stage = CONFIGS[name]
+    f = A.parse_flags(build(layout, stage))
+    segments = f["hybrid_layer_pattern"].split("/")[0].split("|")
+    hashed, moe, offset = [], [], 0
+    for seg in segments:  # Megatron's numbering, segment by segment
+        for i, sym in enumerate(seg):
+            number = i + 1 + offset
+            if sym == "E":
+                moe.append(number)
+                if number <= f["moe_n_hash_layers"]:
+                    hashed.append(number)
+        offset += len(seg)
+    assert hashed == moe[: MODEL.moe_n_hash_layers] == [2, 4, 6] and f["moe_n_hash_layers"] == 6
+    assert A.parse_flags(build(layout, stage, replace(MODEL, moe_n_hash_layers=0)))["moe_n_hash_layers"] is None
+
+
+def test_ncclep_carries_its_rank_capacity_factor():
+    """Dev's ncclep dispatcher refuses to start without --moe-expert-rank-capacity-factor (it sizes the receive
+    buffer: megatron/core/transformer/moe/token_dispatcher.py:1717-1722 at d48bd6be0a85); nothing else gets it."""
+    for backend in ("ncclep", "hybridep", "deepep"):
+        f = A.parse_flags(build(Layout(pp=8, ep=64, dispatcher="flex", flex_backend=backend), STAGE_8K))
+        assert f["moe_expert_rank_capacity_factor"] == (1.5 if backend == "ncclep" else None), backend
+
+
+def test_hash_rule_rejects_a_block_count():
+    """The old argv wrote the block count (3): only the first MoE layer was hash-routed. The rule sees it."""
+    from orchestrator.plan import rules as R
+
+    layout, stage = CONFIGS["A"]
+    argv = build(layout, stage)
+    i = argv.index("--moe-n-hash-layers")
+    ctx = R.Ctx(MODEL, stage, HardwareConfig(), layout, MODEL.num_layers, argv=tuple(argv))
+    assert not R.BY_ID["mcore.hash_layers_are_layer_numbers"].violated(ctx)
+    ctx.argv = tuple(argv[: i + 1] + ["3"] + argv[i + 2 :])
+    assert R.BY_ID["mcore.hash_layers_are_layer_numbers"].violated(ctx)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

@@ -24,6 +24,7 @@ from orchestrator.commands import plan as plan_cmd
 from orchestrator.config import ConfigError, compose
 from orchestrator.knobs import KNOB, KNOBS, Layout
 from orchestrator.plan import argv as A
+from orchestrator.plan import flags as F
 from orchestrator.plan import flops, pipeline, space
 from orchestrator.plan.planner import Planned
 from orchestrator.report import data as report_data
@@ -74,7 +75,7 @@ def test_registry_is_layout_and_each_entry_is_whole():
     for k in KNOBS:
         assert k.base in (int, float, bool, str, tuple), k.name
         assert k.normalise(k.default) == (k.default if k.parse is None else k.parse(k.default)), k.name
-        assert k.flags and all(f in A.FLAGS for f in k.flags), k.name  # argv knows (and dates) every flag
+        assert k.flags and all(f in F.FLAGS for f in k.flags), k.name  # argv knows (and dates) every flag
         assert (k.search is None) == (k.walk is None) == (k.part_of is not None), k.name
         assert k.part_of is None or KNOB[k.part_of].part_of is None, k.name
         assert (k.parse is not None) == (len(knobs.FIELDS.get(k.name, ())) > 1), k.name

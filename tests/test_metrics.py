@@ -183,7 +183,47 @@ def test_moe_evidence_from_sidecars():
     assert ev["expert_load_p50"] == pytest.approx(np.percentile(load, 50))
     assert ev["expert_load_p99"] == pytest.approx(np.percentile(load, 99))
     assert ev["hot_expert_ratio"] == pytest.approx(400 / 200)
+    assert ev["hot_expert"] is None and ev["hot_rank_tokens_p50"] is None  # no per-dispatch evidence (the twin)
     assert moe_evidence([])["token_drop_fraction"] is None
+
+
+def test_hot_rank_per_dispatch_and_hot_expert_per_layer():
+    """Two EP groups' writers (ranks 0 and 64), two MoE layers each: percentiles run over every sampled dispatch
+    of every layer and group, not over a window-long sum; the hot expert is the worst layer's."""
+    ep_load = {
+        0: [
+            {"layer": "2", "hot_rank_tokens": [900, 1100], "hot_rank_share": [0.03, 0.05], "hot_expert": 7,
+             "hot_expert_ratio": 1.8},
+            {"layer": "4", "hot_rank_tokens": [1000, 2000], "hot_rank_share": [0.04, 0.09], "hot_expert": 301,
+             "hot_expert_ratio": 3.5},
+        ],
+        64: [
+            {"layer": "2", "hot_rank_tokens": [950, 1050], "hot_rank_share": [0.035, None], "hot_expert": 9,
+             "hot_expert_ratio": 2.0},
+        ],
+    }  # fmt: skip
+    sidecars = [
+        {"rank": r, "ep_load": layers, "routed_tokens": 10, "dropped_tokens": 0} for r, layers in ep_load.items()
+    ]
+    sidecars.append({"rank": 5, "routed_tokens": 10, "dropped_tokens": 0})  # not an EP writer
+    ev = moe_evidence(sidecars)
+    tokens = [900, 1100, 1000, 2000, 950, 1050]
+    shares = [0.03, 0.05, 0.04, 0.09, 0.035]
+    for q in (50, 95, 99):
+        assert ev[f"hot_rank_tokens_p{q}"] == pytest.approx(np.percentile(tokens, q))
+        assert ev[f"hot_rank_share_p{q}"] == pytest.approx(np.percentile(shares, q))
+    assert ev["hot_expert"] == "layer 4 expert 301" and ev["hot_expert_ratio"] == 3.5
+    assert ev["token_drop_fraction"] == 0.0 and ev["token_drop_note"] is None
+
+
+def test_dispatcher_drops_are_not_measured_not_zero():
+    why = "not measured: --moe-expert-rank-capacity-factor 1.5 with the hybridep dispatcher drops tokens ..."
+    sidecars = [
+        {"rank": 0, "routed_tokens": 600, "dropped_tokens": None, "token_drop_unmeasured": why},
+        {"rank": 1, "routed_tokens": 600, "dropped_tokens": None, "token_drop_unmeasured": why},
+    ]
+    ev = moe_evidence(sidecars)
+    assert ev["token_drop_fraction"] is None and ev["token_drop_note"] == why
 
 
 def test_sidecars_from_disk_and_simulated_flag(tmp_path):

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from orchestrator.plan import argv as A
 from orchestrator.plan import flops, memory, moe, params, pipeline, steptime
 from orchestrator.plan.layout import Layout, groups
-from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
+from orchestrator.schema import HardwareConfig, ModelConfig, RecipeConfig, StageConfig
 
 MODEL = ModelConfig()
 HW = HardwareConfig()  # H100 80 GB
@@ -26,13 +27,13 @@ def split_for(lay, model=MODEL, stage=STAGE):
     return pipeline.split_blocks(len(costs), lay.pp * lay.vpp, costs, first, last)
 
 
-def predict(lay, model=MODEL, hw=HW, stage=STAGE, factors=None):
+def predict(lay, model=MODEL, hw=HW, stage=STAGE, factors=None, recipe=None):
     g = groups(lay, stage.gpus, stage.global_batch)
     bps = split_for(lay, model, stage)
     mem = memory.stage_memory(model, hw, stage, lay, g, bps)
     ep_nodes = moe.min_nodes(lay.ep, stage.gpus_per_node)
     cp_nodes = moe.min_nodes(lay.cp, stage.gpus_per_node)
-    t = steptime.step_time(model, hw, stage, lay, g, bps, ep_nodes, cp_nodes, factors=factors)
+    t = steptime.step_time(model, hw, stage, lay, g, bps, ep_nodes, cp_nodes, factors=factors, recipe=recipe)
     return g, bps, mem, t
 
 
@@ -303,14 +304,37 @@ def test_distributed_optimizer_shards_optimizer_state(lay):
 
 
 def test_cp_divides_activations_and_adam_costs_more_than_muon():
-    a = heavy(Layout(pp=8, ep=64, recompute=("full",)))
+    a = heavy(Layout(pp=8, ep=64, recompute=("full",)))  # MODEL.optimizer: adam
     b = heavy(Layout(pp=8, ep=64, cp=4, recompute=("full",)))
     assert b.activations < a.activations / 3
-    adam = dataclasses.replace(MODEL, optimizer="adam")
+    muon = dataclasses.replace(MODEL, optimizer="muon")
     lay = Layout(pp=8, ep=64, recompute=("full",))
     g = groups(lay, 1024, 4096)
-    m_adam = memory.heaviest(memory.stage_memory(adam, HW, STAGE, lay, g, split_for(lay)))
-    assert m_adam.optimizer > a.optimizer
+    m_muon = memory.heaviest(memory.stage_memory(muon, HW, STAGE, lay, g, split_for(lay)))
+    assert m_muon.optimizer < a.optimizer
+    assert MODEL.optimizer == "adam"  # conf/model/dsv4_pro.yaml: Megatron dev's DSv4-Pro recipe trains with Adam
+
+
+def test_full_recompute_keeps_both_layer_inputs_of_every_block():
+    """Full recompute with --recompute-num-layers 1 checkpoints every layer's input (megatron/core/recompute.py:
+    147-156 at dev d48bd6be0a85), and on the hybrid stack the attention symbol and the MoE symbol of a block
+    are two layers (megatron/core/models/hybrid/hybrid_block.py:617-618, run through checkpointed_forward at
+    :952-953), each input the n-stream mHC tensor: PP rank 0 of config A keeps 2 x n x h per block and token."""
+    lay = Layout(pp=8, ep=64, recompute=("full",))
+    g = groups(lay, STAGE.gpus, STAGE.global_batch)
+    bps = split_for(lay)
+    rank0 = memory.stage_memory(MODEL, HW, STAGE, lay, g, bps)[0]
+    n, h, tokens = MODEL.hyper_connection_streams, MODEL.hidden_size, STAGE.seq_length  # b = 1, CP = 1, TP = 1
+    working = max(
+        sum(memory.block_activation_elems(MODEL, r, params.is_moe_block(MODEL, i)).values())
+        for i, r in enumerate(params.block_ratios(MODEL))
+    )
+    live = memory.in_flight(0, lay.pp, lay.vpp, g.m)  # 8 microbatches in flight on PP rank 0
+    kept = live * tokens * bps[0] * 2 * n * h * memory.ACT_BYTES
+    assert (live, bps[0]) == (8, rank0.blocks)
+    assert rank0.activations * 1e9 == pytest.approx(kept + tokens * working * memory.ACT_BYTES)
+    one_input = live * tokens * bps[0] * n * h * memory.ACT_BYTES / 1e9  # what keeping one input per block said
+    assert one_input == pytest.approx(30.1, abs=0.1)  # config A on rank 0: ~30 GB under-predicted before
 
 
 def test_interleaving_keeps_more_activations_alive_on_rank_0():
@@ -319,9 +343,10 @@ def test_interleaving_keeps_more_activations_alive_on_rank_0():
     assert memory.in_flight(0, 8, 1, 4) == 4  # never more than m
 
 
-def test_some_1k_layouts_fit_an_h100_and_the_guide_config_a_without_recompute_does_not():
+def test_some_1k_layouts_fit_an_h100_and_the_guide_config_a_does_not():
     assert not memory.is_feasible(heavy(Layout(pp=8, ep=64)), STAGE, HW)
-    assert memory.is_feasible(heavy(Layout(pp=8, ep=64, cp=4, recompute=("full",))), STAGE, HW)
+    assert not memory.is_feasible(heavy(Layout(pp=8, ep=64, recompute=("full",))), STAGE, HW)
+    assert memory.is_feasible(heavy(Layout(pp=16, ep=64, cp=4, recompute=("full",))), STAGE, HW)
 
 
 # --- step time ------------------------------------------------------------------------------------------
@@ -371,6 +396,29 @@ def test_step_time_reacts_to_the_guides_levers():
     assert t.components["compute"] + t.components["a2a"] + t.components["cp_exchange"] + t.components[
         "pp_p2p"
     ] == pytest.approx(g.m * per_mb)
+
+
+def test_grad_sync_hides_exactly_what_the_recipe_overlaps():
+    """The step time hides gradient sync only as far as the argv turns overlap on (argv.overlaps): the
+    reduce-scatter with --overlap-grad-reduce, the all-gather with --overlap-param-gather."""
+    lay = Layout(pp=8, ep=64, recompute=("full",))
+    on = predict(lay)[3].components["grad_sync"]
+    off = predict(lay, recipe=RecipeConfig(overlap_grad_reduce=False))[3].components["grad_sync"]
+    no_gather = predict(lay, recipe=RecipeConfig(overlap_param_gather=False))[3].components["grad_sync"]
+    assert on > 0 and on == pytest.approx(off * (1 - HW.grad_sync_overlap))  # both parts hidden alike
+    assert on < no_gather < off
+    grad, weight = memory.GRAD_BYTES, memory.WEIGHT_BYTES  # reduce-scatter FP32 grads, all-gather BF16 params
+    assert no_gather == pytest.approx(off * (grad * (1 - HW.grad_sync_overlap) + weight) / (grad + weight))
+    for recipe, flags in (
+        (RecipeConfig(), {"--overlap-grad-reduce", "--overlap-param-gather"}),
+        (RecipeConfig(overlap_param_gather=False), {"--overlap-grad-reduce"}),
+        (RecipeConfig(overlap_grad_reduce=False), set()),
+    ):
+        pattern = pipeline.layer_pattern(MODEL, split_for(lay))
+        argv = A.megatron_argv(MODEL, STAGE, lay, layer_pattern=pattern, train_iters=1, recipe=recipe)
+        assert {f for f in argv if f.startswith("--overlap")} == flags
+    plain = dataclasses.replace(STAGE, use_distributed_optimizer=False)  # Megatron: param gather needs it
+    assert A.overlaps(RecipeConfig(), plain) == A.Overlap(grad_reduce=True, param_gather=False)
 
 
 def test_smaller_expert_batches_run_less_efficiently():

@@ -83,9 +83,11 @@ def test_request_lists_every_kept_candidate_and_what_the_space_needs():
     req, limits = pf.candidates(cfg)
     assert req.candidates and set(limits) == {c.key for c in req.candidates}
     assert {"deepep", "hybridep"} <= set(req.flex_backends)  # conf/stage/1k.yaml searches flex:*
-    assert req.cudnn_dsa and req.muon  # attention_backend cudnn; model.optimizer muon
+    assert req.cudnn_dsa and not req.muon  # attention_backend cudnn; model.optimizer adam (dev's recipe)
     assert req.entry_script == "/opt/megatron-lm/pretrain_hybrid.py"
     assert all(c.world == 1024 for c in req.candidates)
+    muon, _ = pf.candidates(compose(["+stage=1k", "workload=megatron", "model.optimizer=muon"]).cfg)
+    assert muon.muon  # --optimizer muon asks preflight for the emerging-optimizers package
 
 
 def test_validate_candidate_reports_megatrons_own_message(monkeypatch):

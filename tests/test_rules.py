@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from orchestrator.plan import rules as R
 from orchestrator.plan.layout import Layout
+from orchestrator.plan.params import d_window
 from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
 
 MODEL = ModelConfig()  # DeepSeek-V4-Pro defaults (61 blocks, E=384, dsv4_hybrid)
@@ -82,6 +83,10 @@ CASES = {
     "mcore.dispatcher_known": (
         ctx(lay(dispatcher="flex", flex_backend="mooncake")),
         ctx(lay(dispatcher="flex", flex_backend="ncclep")),
+    ),
+    "mcore.hash_layers_are_layer_numbers": (  # 3 hash MoE blocks: the 3rd 'E' is layer 6, not 3
+        ctx(argv=("--hybrid-layer-pattern", "HEHE|CECE/WE", "--moe-n-hash-layers", "3")),
+        ctx(argv=("--hybrid-layer-pattern", "HEHE|CECE/WE", "--moe-n-hash-layers", "6")),
     ),
     "mcore.flex_needs_tp_ep": (
         ctx(lay(ep=1, dispatcher="flex", flex_backend="deepep")),
@@ -163,8 +168,8 @@ def test_guide_configs_are_legal_before_memory():
 
 
 def test_d_window_is_the_largest_requirement():
-    assert R.d_window(MODEL) == 128  # csa_window_size 128, ratio 128 layers
-    assert R.d_window(replace(MODEL, csa_window_size=4, csa_compress_ratios=[4, 0])) == 8
+    assert d_window(MODEL) == 128  # csa_window_size 128, ratio 128 layers
+    assert d_window(replace(MODEL, csa_window_size=4, csa_compress_ratios=[4, 0])) == 8
 
 
 def test_later_phases_are_quiet_without_their_input():

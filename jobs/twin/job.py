@@ -73,11 +73,13 @@ def _from_flags(cls, base, flags: dict[str, object]):
 
 def _model_from_flags(flags: dict[str, object]) -> ModelConfig:
     """Without a spec: the model from the flags. --num-layers is the pattern's symbol count (2 per block),
-    so the block count comes from the hybrid pattern."""
+    so the block count comes from the hybrid pattern; --moe-n-hash-layers is a layer number there, so the
+    hash-routed MoE blocks are the MoE symbols up to it."""
     model = _from_flags(ModelConfig, ModelConfig(), flags)
     pattern = flag(flags, "hybrid_layer_pattern")
     if pattern:
-        model = replace(model, num_layers=sum(pipeline.count_blocks(str(pattern))))
+        hashed = pipeline.moe_layers_through(str(pattern), int(flag(flags, "moe_n_hash_layers", 0) or 0))
+        model = replace(model, num_layers=sum(pipeline.count_blocks(str(pattern))), moe_n_hash_layers=hashed)
     return model
 
 

@@ -141,6 +141,7 @@ def megatron_flags(cfg, stage, p: Planned) -> list[str]:
             layer_pattern=p.prediction.layer_pattern,
             train_iters=stage.warmup_iters + stage.measure_iters,
             mock_data=cfg.workload.mock_data,
+            recipe=cfg.workload.recipe,
             extra=cfg.workload.extra_args,
         )
     )
@@ -229,7 +230,7 @@ def run(args, overrides) -> int:
     stage = stage_or_error(composed)
     if args.top is not None and args.top < 0:
         raise UserError(f"--top {args.top}: must be >= 0")
-    res = plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name)
+    res = plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name, recipe=cfg.workload.recipe)
     if not res.candidates and not args.show_rejected:
         raise UserError(res.why_empty(stage))
     if args.argv is not None:

@@ -44,7 +44,9 @@ def run(args, overrides) -> int:
         overrides.append(f"cluster.folder={Path(args.folder).resolve()}")
     composed = compose(overrides, require_stage=True)
     cfg, stage = composed.cfg, stage_or_error(composed)
-    planned_all = planner.plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name).candidates
+    planned_all = planner.plan(
+        cfg.model, cfg.hardware, stage, workload=cfg.workload.name, recipe=cfg.workload.recipe
+    ).candidates
     if not planned_all:
         raise UserError(
             f"stage {stage.name} has no feasible candidate: see `python -m orchestrator plan "

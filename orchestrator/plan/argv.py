@@ -1,16 +1,19 @@
 """A candidate's Megatron-LM command line (flags only, no program name), and reading it back.
 
 Why one module: the real job and the twin workload must see the same flags, and the twin must read
-its layout from them exactly as Megatron would. Every flag emitted is listed in FLAGS with the branch
-that accepts it: "main" = megatron-core 0.19.2 / main's parser accepts flag and value (tests run the
-real parser), "dev" = needs Megatron's dev branch (the only code that trains DeepSeek-V4: CSA/HCA
-attention, mHC, hash routing, packed-THD CP). DEV_ONLY_FLAGS is the dev set.
+its layout from them exactly as Megatron would. Every flag emitted is listed in
+orchestrator.plan.flags.FLAGS with the branch whose parser accepts it (main = megatron-core 0.19.2,
+dev = Megatron's dev branch, the only code that trains DeepSeek-V4).
 
-Choices (see megatron-facts.md):
+Choices (Megatron file:line at dev d48bd6be0a85):
 - The pipeline split is the hybrid layer pattern with '|' (pretrain_hybrid.py); VPP = segments / PP.
   Never --pipeline-model-parallel-layout, the VPP layer flags or account-for flags: Megatron rejects
-  them together with a pattern. --num-layers is set to the pattern's layer-symbol count, the value
-  Megatron derives, so it does not warn.
+  them together with a pattern (megatron/training/arguments.py:741-921). --num-layers is set to the
+  pattern's layer-symbol count, the value Megatron derives, so it does not warn.
+- The training recipe (workload.recipe, orchestrator.schema.RecipeConfig) is written out in full: --lr
+  has no default and the LR scheduler does float(max_lr) (megatron/core/optimizer_param_scheduler.py:158).
+  Its overlap flags are what `overlaps` says, and the step-time model hides exactly that much.
+- --moe-n-hash-layers is a hybrid layer number, not a block count: pipeline.hash_layer_number.
 - --timing-log-level 1: level 2 adds per-microbatch forward/backward timers, and every timer start and
   stop calls torch.cuda.synchronize(), which would perturb the pipeline we are timing.
 - --log-interval 1 and --log-memory-interval 1 (a multiple of it): every step's time and memory line.
@@ -18,129 +21,26 @@ Choices (see megatron-facts.md):
 - Stage attention backend "cudnn" (the packed V4 path): --attention-backend fused (TE's cuDNN fused
   attention) plus --dsa-kernel-backend cudnn for the sparse CSA/HCA kernels.
 - fp8 stage precision: --fp8-format e4m3 --fp8-recipe blockwise (DeepSeek-style 128x128, Hopper-capable).
+- --deterministic-mode drops --cross-entropy-loss-fusion (megatron/training/determinism.py:24).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.knobs import KNOB, KNOBS
+from orchestrator.plan.flags import FLAGS
 from orchestrator.plan.layout import Layout
-from orchestrator.schema import ModelConfig, StageConfig
+from orchestrator.plan.pipeline import hash_layer_number
+from orchestrator.plan.recompute import FULL_RECOMPUTE_NUM_LAYERS
+from orchestrator.schema import ModelConfig, RecipeConfig, StageConfig
 
-MAIN, DEV = "main", "dev"
-
-# flag -> (branch, value type); bool = store_true, list = one or more values.
-FLAGS: dict[str, tuple[str, type]] = {
-    # parallel
-    "--tensor-model-parallel-size": (MAIN, int),
-    "--pipeline-model-parallel-size": (MAIN, int),
-    "--context-parallel-size": (MAIN, int),
-    "--expert-model-parallel-size": (MAIN, int),
-    "--expert-tensor-parallel-size": (MAIN, int),
-    "--sequence-parallel": (MAIN, bool),
-    "--use-tp-pp-dp-mapping": (MAIN, bool),
-    # batch
-    "--micro-batch-size": (MAIN, int),
-    "--global-batch-size": (MAIN, int),
-    "--seq-length": (MAIN, int),
-    "--max-position-embeddings": (MAIN, int),
-    # model structure
-    "--num-layers": (MAIN, int),
-    "--hidden-size": (MAIN, int),
-    "--ffn-hidden-size": (MAIN, int),
-    "--num-attention-heads": (MAIN, int),
-    "--kv-channels": (MAIN, int),
-    "--normalization": (MAIN, str),
-    "--swiglu": (MAIN, bool),
-    "--disable-bias-linear": (MAIN, bool),
-    "--untie-embeddings-and-output-weights": (MAIN, bool),
-    "--position-embedding-type": (MAIN, str),
-    "--hybrid-layer-pattern": (MAIN, str),  # the flag is main; V4's C/H/W symbols need dev
-    "--mtp-num-layers": (MAIN, int),
-    "--spec": (DEV, list),  # flag exists on main; hybrid_dsv4_stack_spec only on dev
-    # MLA / V4 attention
-    "--multi-latent-attention": (MAIN, bool),
-    "--q-lora-rank": (MAIN, int),
-    "--kv-lora-rank": (MAIN, int),
-    "--qk-pos-emb-head-dim": (MAIN, int),
-    "--v-head-dim": (MAIN, int),
-    "--qk-layernorm": (MAIN, bool),
-    "--o-groups": (DEV, int),
-    "--o-lora-rank": (DEV, int),
-    "--experimental-attention-variant": (DEV, str),  # main accepts only gated_delta_net|dsa, not dsv4_hybrid
-    "--csa-window-size": (DEV, int),
-    "--csa-compress-ratios": (DEV, str),
-    "--dsa-indexer-n-heads": (MAIN, int),
-    "--dsa-indexer-head-dim": (MAIN, int),
-    "--dsa-indexer-topk": (MAIN, int),
-    "--enable-hyper-connections": (DEV, bool),
-    "--num-residual-streams": (DEV, int),
-    "--use-fused-mhc": (DEV, bool),
-    # MoE
-    "--num-experts": (MAIN, int),
-    "--moe-router-topk": (MAIN, int),
-    "--moe-ffn-hidden-size": (MAIN, int),
-    "--moe-shared-expert-intermediate-size": (MAIN, int),
-    "--moe-grouped-gemm": (MAIN, bool),
-    "--moe-token-dispatcher-type": (MAIN, str),
-    "--moe-flex-dispatcher-backend": (MAIN, str),
-    "--moe-expert-capacity-factor": (MAIN, float),
-    "--moe-router-load-balancing-type": (MAIN, str),
-    "--moe-aux-loss-coeff": (MAIN, float),
-    "--moe-router-score-function": (MAIN, str),
-    "--moe-router-enable-expert-bias": (MAIN, bool),
-    "--moe-router-dtype": (MAIN, str),
-    "--moe-n-hash-layers": (DEV, int),
-    # recompute / offload
-    "--recompute-granularity": (MAIN, str),
-    "--recompute-method": (MAIN, str),
-    "--recompute-num-layers": (MAIN, int),
-    "--recompute-modules": (MAIN, list),  # "mhc" is a dev value (0.19.2's TransformerConfig rejects it)
-    "--fine-grained-activation-offloading": (MAIN, bool),
-    "--offload-modules": (MAIN, list),
-    # optimizer / precision / kernels
-    "--optimizer": (MAIN, str),
-    "--use-distributed-optimizer": (MAIN, bool),
-    "--bf16": (MAIN, bool),
-    "--fp8-format": (MAIN, str),
-    "--fp8-recipe": (MAIN, str),
-    "--attention-backend": (MAIN, str),
-    "--dsa-kernel-backend": (MAIN, str),
-    "--transformer-impl": (MAIN, str),
-    "--deterministic-mode": (MAIN, bool),
-    # data
-    "--mock-data": (MAIN, bool),
-    "--tokenizer-type": (MAIN, str),
-    "--vocab-size": (MAIN, int),
-    # context parallel and packed (THD) input
-    "--cp-comm-type": (MAIN, list),
-    "--cp-partition-mode": (DEV, str),
-    "--sequence-packing-scheduler": (DEV, str),
-    "--max-seqlen-per-dp-cp-rank": (MAIN, int),
-    "--calculate-per-token-loss": (MAIN, bool),
-    "--use-varlen-dataset": (DEV, bool),
-    "--varlen-mock-dataset-config-json": (DEV, str),
-    # run length and logging
-    "--train-iters": (MAIN, int),
-    "--eval-iters": (MAIN, int),
-    "--log-interval": (MAIN, int),
-    "--log-throughput": (MAIN, bool),
-    "--timing-log-level": (MAIN, int),
-    "--timing-log-option": (MAIN, str),
-    "--log-memory-interval": (MAIN, int),
-    "--logging-level": (MAIN, int),
-}
-DEV_ONLY_FLAGS = frozenset(f for f, (branch, _) in FLAGS.items() if branch == DEV)
-# Dev-only because of the value emitted, though main's parser knows the flag.
-DEV_VALUE_FLAGS = frozenset({"--spec", "--experimental-attention-variant"})
-# Main flags whose values can hold dev-only parts: V4 pattern symbols, the mhc recompute module.
-DEV_VALUES = {"--hybrid-layer-pattern": "C/H/W symbols", "--recompute-modules": "mhc"}
-DEV_PATTERN_SYMBOLS = frozenset("CHW")  # CSA (ratio 4), HCA (128), window-only (0): dev hybrid symbols
 DSV4_SPEC = ("megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_dsv4_stack_spec")
 ATTENTION_BACKENDS = {  # stage.attention_backend -> flags
     "cudnn": ("--attention-backend", "fused", "--dsa-kernel-backend", "cudnn"),
@@ -151,6 +51,29 @@ ATTENTION_BACKENDS = {  # stage.attention_backend -> flags
 }
 TIMING_LOG_LEVEL = 1
 PIPE, MTP_SEPARATOR = "|", "/"
+DEFAULT_RECIPE = RecipeConfig()
+RECIPE_GPUS = 256  # the GPU count Megatron dev's DSv4-Pro recipe (and its 60-minute timeout) is written for
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Which data-parallel communication the argv overlaps with compute (the step-time model reads it)."""
+
+    grad_reduce: bool  # --overlap-grad-reduce: the gradient reduce-scatter (all-reduce) runs during backward
+    param_gather: bool  # --overlap-param-gather: the parameter all-gather runs during the next forward
+
+
+def overlaps(recipe: RecipeConfig, stage: StageConfig) -> Overlap:
+    """The overlap flags emitted for this recipe and stage. --overlap-param-gather needs the distributed
+    optimizer and --overlap-grad-reduce (megatron/training/arguments.py:1071-1079), so it is dropped without."""
+    grad = bool(recipe.overlap_grad_reduce)
+    return Overlap(grad, grad and bool(recipe.overlap_param_gather) and bool(stage.use_distributed_optimizer))
+
+
+def distributed_timeout_minutes(recipe: RecipeConfig, gpus: int) -> int:
+    """--distributed-timeout-minutes: the recipe's base (set for its 256 GPUs) plus its step per 1,024 GPUs more."""
+    extra = max(0.0, (gpus - RECIPE_GPUS) / 1024) * recipe.distributed_timeout_min_per_1k_gpus
+    return math.ceil(recipe.distributed_timeout_min + extra)
 
 
 def pattern_segments(pattern: str) -> int:
@@ -197,7 +120,7 @@ def _parallel(a: _Argv, layout: Layout) -> None:
     _knob(a, layout, "use_tp_pp_dp_mapping")
 
 
-def _model(a: _Argv, model: ModelConfig, layer_pattern: str) -> None:
+def _model(a: _Argv, model: ModelConfig, recipe: RecipeConfig, layer_pattern: str) -> None:
     dsv4 = model.attention_variant == "dsv4_hybrid"
     a.add("--num-layers", pattern_layers(layer_pattern))
     a.add("--hidden-size", model.hidden_size)
@@ -207,7 +130,12 @@ def _model(a: _Argv, model: ModelConfig, layer_pattern: str) -> None:
     for flag in ("--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights"):
         a.add(flag)
     a.add("--normalization", "RMSNorm")
+    a.add("--norm-epsilon", recipe.norm_epsilon)
     a.add("--position-embedding-type", "rope")
+    a.add("--rotary-base", recipe.rotary_base)
+    a.add("--rotary-scaling-factor", recipe.rotary_scaling_factor)
+    a.add("--mscale", recipe.mscale)
+    a.add("--mscale-all-dim", recipe.mscale_all_dim)
     a.add("--hybrid-layer-pattern", layer_pattern)
     if model.mtp_num_layers:
         a.add("--mtp-num-layers", model.mtp_num_layers)
@@ -225,16 +153,24 @@ def _model(a: _Argv, model: ModelConfig, layer_pattern: str) -> None:
         a.add("--o-lora-rank", model.o_lora_rank)
         a.add("--csa-window-size", model.csa_window_size)
         a.add("--csa-compress-ratios", "[" + ",".join(str(r) for r in model.csa_compress_ratios) + "]")
+        a.add("--csa-compress-rotary-base", recipe.csa_compress_rotary_base)
+        a.add("--original-max-position-embeddings", recipe.original_max_position_embeddings)
     a.add("--dsa-indexer-n-heads", model.dsa_indexer_heads)
     a.add("--dsa-indexer-head-dim", model.dsa_indexer_head_dim)
     a.add("--dsa-indexer-topk", model.dsa_indexer_topk)
+    a.add("--dsa-indexer-loss-coeff", recipe.dsa_indexer_loss_coeff)
+    if recipe.dsa_indexer_use_sparse_loss:
+        a.add("--dsa-indexer-use-sparse-loss")
+    if model.mtp_num_layers:
+        a.add("--mtp-loss-scaling-factor", recipe.mtp_loss_scaling_factor)
     if model.hyper_connection_streams and model.hyper_connection_streams > 1:
         a.add("--enable-hyper-connections")
         a.add("--num-residual-streams", model.hyper_connection_streams)
         a.add("--use-fused-mhc")
+        a.add("--mhc-sinkhorn-iterations", recipe.mhc_sinkhorn_iterations)
 
 
-def _moe(a: _Argv, model: ModelConfig, layout: Layout) -> None:
+def _moe(a: _Argv, model: ModelConfig, recipe: RecipeConfig, layout: Layout, layer_pattern: str) -> None:
     a.add("--num-experts", model.num_experts)
     a.add("--moe-router-topk", model.moe_router_topk)
     a.add("--moe-ffn-hidden-size", model.moe_ffn_hidden_size)
@@ -246,21 +182,30 @@ def _moe(a: _Argv, model: ModelConfig, layout: Layout) -> None:
         if not layout.flex_backend:
             raise ValueError("dispatcher flex needs flex_backend (deepep | hybridep | ncclep)")
         _knob(a, layout, "flex_backend")  # never the deprecated --moe-enable-deepep
+        if layout.flex_backend == "ncclep":  # dev's ncclep sizes its receive buffer with it, and refuses None
+            a.add("--moe-expert-rank-capacity-factor", recipe.ncclep_rank_capacity_factor)
     _knob(a, layout, "capacity_factor")
     a.add("--moe-router-load-balancing-type", "seq_aux_loss")
-    a.add("--moe-aux-loss-coeff", "0.0001")
+    a.add("--moe-aux-loss-coeff", recipe.moe_aux_loss_coeff)
     a.add("--moe-router-score-function", "sqrtsoftplus")
+    a.add("--moe-router-topk-scaling-factor", recipe.moe_router_topk_scaling_factor)
     a.add("--moe-router-enable-expert-bias")
+    a.add("--moe-router-bias-update-rate", recipe.moe_router_bias_update_rate)
     a.add("--moe-router-dtype", "fp32")
-    if getattr(model, "moe_n_hash_layers", 0):
-        a.add("--moe-n-hash-layers", model.moe_n_hash_layers)
+    a.add("--activation-func-clamp-value", recipe.activation_func_clamp_value)
+    if recipe.moe_permute_fusion:
+        a.add("--moe-permute-fusion")
+    if recipe.moe_router_fusion:
+        a.add("--moe-router-fusion")
+    if model.moe_n_hash_layers:  # the first n MoE blocks, as hybrid layer numbers
+        a.add("--moe-n-hash-layers", hash_layer_number(layer_pattern, model.moe_n_hash_layers))
 
 
 def _memory(a: _Argv, layout: Layout) -> None:
     if layout.recompute == ("full",):
         a.add("--recompute-granularity", "full")
         a.add("--recompute-method", "uniform")
-        a.add("--recompute-num-layers", 1)
+        a.add("--recompute-num-layers", FULL_RECOMPUTE_NUM_LAYERS)
     elif "full" in layout.recompute:
         raise ValueError(f"full recompute cannot be combined with modules: {layout.recompute}")
     elif layout.recompute:
@@ -295,6 +240,46 @@ def _cp(a: _Argv, stage: StageConfig, layout: Layout, mock_data: bool) -> None:
             a.add("--varlen-mock-dataset-config-json", json.dumps(cfg, separators=(",", ":")))
 
 
+def _optimizer(a: _Argv, model: ModelConfig, stage: StageConfig, recipe: RecipeConfig, train_iters: int) -> None:
+    r = recipe
+    a.add("--optimizer", model.optimizer)
+    if stage.use_distributed_optimizer:
+        a.add("--use-distributed-optimizer")
+    ov = overlaps(r, stage)
+    if ov.grad_reduce:
+        a.add("--overlap-grad-reduce")
+    if ov.param_gather:
+        a.add("--overlap-param-gather")
+    a.add("--lr", r.lr)
+    a.add("--min-lr", r.min_lr)
+    a.add("--lr-warmup-init", r.lr_warmup_init)
+    a.add("--lr-warmup-iters", r.lr_warmup_iters)
+    a.add("--lr-decay-style", r.lr_decay_style)
+    a.add("--lr-decay-iters", r.lr_decay_iters if r.lr_decay_iters is not None else train_iters)
+    a.add("--init-method-std", r.init_method_std)
+    a.add("--clip-grad", r.clip_grad)
+    a.add("--weight-decay", r.weight_decay)
+    a.add("--attention-dropout", r.attention_dropout)
+    a.add("--hidden-dropout", r.hidden_dropout)
+    a.add("--adam-beta1", r.adam_beta1)  # Adam, and Muon's scalar optimizer
+    a.add("--adam-beta2", r.adam_beta2)
+    a.add("--adam-eps", r.adam_eps)
+    if str(model.optimizer).endswith("muon"):
+        a.add("--muon-momentum", r.muon_momentum)
+        a.add("--muon-num-ns-steps", r.muon_num_ns_steps)
+        a.add("--muon-scale-mode", r.muon_scale_mode)
+
+
+def _runtime(a: _Argv, stage: StageConfig, recipe: RecipeConfig) -> None:
+    if recipe.cross_entropy_loss_fusion and not stage.deterministic_mode:
+        a.add("--cross-entropy-loss-fusion")
+        a.add("--cross-entropy-fusion-impl", "native")  # te is refused (megatron/training/arguments.py:1822)
+    if recipe.manual_gc_interval > 0:
+        a.add("--manual-gc")
+        a.add("--manual-gc-interval", recipe.manual_gc_interval)
+    a.add("--distributed-timeout-minutes", distributed_timeout_minutes(recipe, stage.gpus))
+
+
 def megatron_argv(
     model: ModelConfig,
     stage: StageConfig,
@@ -303,13 +288,16 @@ def megatron_argv(
     layer_pattern: str,
     train_iters: int,
     mock_data: bool = True,
+    recipe: RecipeConfig | None = None,
     extra: Iterable[str] = (),
 ) -> list[str]:
     """Megatron flags for one candidate. model: ModelConfig, stage: StageConfig (orchestrator.schema).
 
     layer_pattern is the hybrid pattern with '|' between PP x VPP segments (orchestrator.plan.pipeline).
+    recipe: the workload's training recipe (None: RecipeConfig's defaults, the dev DSv4-Pro recipe).
     `extra` is appended last (argparse: a later flag wins).
     """
+    recipe = recipe or DEFAULT_RECIPE
     segments = pattern_segments(layer_pattern)
     if segments != layout.pp * layout.vpp:
         raise ValueError(f"pattern has {segments} segments, layout needs PP x VPP = {layout.pp * layout.vpp}")
@@ -319,12 +307,10 @@ def megatron_argv(
     a.add("--global-batch-size", stage.global_batch)
     a.add("--seq-length", stage.seq_length)
     a.add("--max-position-embeddings", stage.seq_length)
-    _model(a, model, layer_pattern)
-    _moe(a, model, layout)
+    _model(a, model, recipe, layer_pattern)
+    _moe(a, model, recipe, layout, layer_pattern)
     _memory(a, layout)
-    a.add("--optimizer", model.optimizer)
-    if stage.use_distributed_optimizer:
-        a.add("--use-distributed-optimizer")
+    _optimizer(a, model, stage, recipe, train_iters)
     a.add("--bf16")
     if stage.precision == "fp8":
         a.add("--fp8-format", "e4m3")
@@ -337,6 +323,7 @@ def megatron_argv(
     a.add("--transformer-impl", "transformer_engine" if stage.transformer_engine else "local")
     if stage.deterministic_mode:
         a.add("--deterministic-mode")
+    _runtime(a, stage, recipe)
     if mock_data:
         a.add("--mock-data")
         a.add("--tokenizer-type", "NullTokenizer")
@@ -355,26 +342,6 @@ def megatron_argv(
     a.add("--log-memory-interval", 1)
     a.add("--logging-level", 20)
     return a.items + [str(x) for x in extra]
-
-
-def branch_of(flag: str) -> str:
-    """'main' or 'dev' for a flag this module emits."""
-    return FLAGS[flag][0]
-
-
-def split_dev(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(main argv, dev-only flags) : drop each dev-only flag with its values. For checking an argv
-    against a main/PyPI parser."""
-    keep, dropped, skipping = [], [], False
-    for tok in argv:
-        if tok.startswith("--"):
-            skipping = tok in DEV_ONLY_FLAGS
-            if skipping:
-                dropped.append(tok)
-                continue
-        if not skipping:
-            keep.append(tok)
-    return keep, dropped
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -16,8 +16,10 @@ Per GPU of PP rank r (blocks from its segments r, r+PP, ...):
   activations per token per block (elements, BF16): block input n h (n = mHC streams), mHC mid streams,
               norms, MLA/V4 projections (q up n_h d dominates), compressor/indexer, core attention
               output, MoE dispatch/expert/combine tensors (x hot-rank routing skew), shared expert.
-              A --recompute-modules set drops its modules' tensors, "full" keeps only the block input
-              (plus one block's working set); --offload-modules drops the offloaded tensors.
+              A --recompute-modules set drops its modules' tensors; "full" keeps the input of every
+              layer, and a block is two hybrid layers (attention symbol, MoE symbol), so two n h inputs
+              per block (recompute.FULL_INPUTS_PER_BLOCK), plus one block's working set;
+              --offload-modules drops the offloaded tensors.
               Tokens per microbatch and GPU: b S / CP, divided by TP (sequence parallel).
               In flight on rank r: 1F1B min(m, PP - r) microbatches; interleaved (VPP v)
               min(m v, 2 (PP - r - 1) + (v - 1) PP + 1) chunks of ~1/v of the rank's blocks.
@@ -39,7 +41,7 @@ from orchestrator.plan import pipeline
 from orchestrator.plan.layout import Groups, Layout
 from orchestrator.plan.params import ModelKey, _Frozen, block_ratios, is_moe_block, model_key, param_counts
 from orchestrator.plan.pipeline import checked_split, cumulative
-from orchestrator.plan.recompute import FULL, dropped
+from orchestrator.plan.recompute import FULL, FULL_INPUTS_PER_BLOCK, dropped
 from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
 
 GB = 1e9
@@ -145,7 +147,7 @@ def _kept(tensors: dict[str, int], recompute: tuple[str, ...], offload: tuple[st
     """(dense elems, expert elems, full working elems) per token after recompute and offload (recompute.py)."""
     full = float(sum(tensors.values()))
     if FULL in recompute:
-        return float(tensors["input"]), 0.0, full
+        return float(tensors["input"] * FULL_INPUTS_PER_BLOCK), 0.0, full
     drop = dropped(recompute, offload)
     dense = sum(v for k, v in tensors.items() if k not in drop and k not in EXPERT_TENSORS)
     expert = sum(v for k, v in tensors.items() if k not in drop and k in EXPERT_TENSORS)

@@ -57,6 +57,13 @@ def mtp_ratio(model: ModelConfig) -> int:
     return r[model.num_layers] if model.num_layers < len(r) else r[-1]
 
 
+def d_window(model: ModelConfig) -> int:
+    """Rows each CP rank must hold for the CSA boundary exchange: max(csa_window_size, 8 for ratio-4
+    layers, else the ratio)."""
+    ratios = [8 if r == 4 else r for r in (model.csa_compress_ratios or [])]
+    return max([model.csa_window_size, *ratios])
+
+
 def is_moe_block(model: ModelConfig, i: int) -> bool:
     return i >= model.num_dense_layers
 

@@ -232,6 +232,33 @@ def count_blocks(pattern: str) -> list[int]:
     return [sum(ch in ATTENTION_SYMBOLS for ch in seg) for seg in main.split(PIPE)]
 
 
+def hash_layer_number(pattern: str, moe_blocks: int) -> int:
+    """The --moe-n-hash-layers value that hash-routes the first `moe_blocks` MoE blocks of a hybrid pattern.
+
+    On the hybrid path every symbol is its own layer, numbered i + 1 + offset through the whole pattern
+    (megatron/core/models/hybrid/hybrid_block.py:617-618 at dev d48bd6be0a85; the offset counts the
+    symbols of the earlier segments, megatron/core/models/hybrid/hybrid_layer_allocation.py:486), and the
+    router hash-routes when layer_number <= moe_n_hash_layers (megatron/core/transformer/moe/router.py:
+    202-206): so the value is the layer number of the moe_blocks-th MoE symbol (on 'HEHECE...' 3 -> 6).
+    """
+    if moe_blocks <= 0:
+        return 0
+    moe_numbers = [i + 1 for i, ch in enumerate(_layer_symbols(pattern)) if ch == MOE_SYMBOL]
+    if len(moe_numbers) < moe_blocks:
+        raise ValueError(f"pattern has {len(moe_numbers)} MoE layers, {moe_blocks} should be hash-routed")
+    return moe_numbers[moe_blocks - 1]
+
+
+def moe_layers_through(pattern: str, layer_number: int) -> int:
+    """MoE layers numbered <= layer_number in a hybrid pattern: the ones --moe-n-hash-layers hash-routes."""
+    return _layer_symbols(pattern)[: max(0, layer_number)].count(MOE_SYMBOL)
+
+
+def _layer_symbols(pattern: str) -> list[str]:
+    """The main pattern's layer symbols in Megatron's numbering order ('|' and the MTP part left out)."""
+    return [ch for ch in pattern.split(MTP_SEPARATOR)[0] if ch not in f"{PIPE} "]
+
+
 def mtp_depths(pattern: str) -> int:
     """MTP depths in a hybrid pattern (one '/' each)."""
     return pattern.count(MTP_SEPARATOR)

@@ -25,7 +25,7 @@ from orchestrator.plan import argv as argv_mod
 from orchestrator.plan import flops, memory, moe, params, pipeline, ranks, space, steptime
 from orchestrator.plan import rules as R
 from orchestrator.plan.layout import Groups, Layout, Prediction, canonical_key
-from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
+from orchestrator.schema import HardwareConfig, ModelConfig, RecipeConfig, StageConfig
 
 CHEAP_PHASES = ("layout", "pattern")
 # memory.stage_memory does not read these fields (the flex backend's buffers are sized alike, the
@@ -131,9 +131,11 @@ class _Env:
         factors: Mapping[str, float] | None,
         memory_factor: float,
         workload: str,
+        recipe: RecipeConfig | None = None,
     ):
         self.model, self.hw, self.stage = model, hw, stage
         self.factors, self.memory_factor, self.workload = factors, memory_factor, workload
+        self.recipe = recipe or argv_mod.DEFAULT_RECIPE
         self.blocks = params.effective_layers(model, stage)
         self._split: dict[tuple[int, int], tuple[tuple[int, ...], str] | None] = {}
         self._spans: dict[tuple[int, ...], tuple[int, int]] = {}
@@ -213,6 +215,7 @@ class _Env:
                 lay,
                 layer_pattern=sp[1],
                 train_iters=self.stage.warmup_iters + self.stage.measure_iters,
+                recipe=self.recipe,
             )
         )
 
@@ -281,7 +284,16 @@ class _Env:
             return Rejected(lay, over, memory_gb=ctx.memory_gb)
         ep_nodes, cp_nodes = self.spans(lay)
         st = steptime.step_time(
-            self.model, self.hw, self.stage, lay, g, list(split), ep_nodes, cp_nodes, factors=self.factors
+            self.model,
+            self.hw,
+            self.stage,
+            lay,
+            g,
+            list(split),
+            ep_nodes,
+            cp_nodes,
+            factors=self.factors,
+            recipe=self.recipe,
         )
         fl = self.step_flops(lay)
         t_group, t_expert, per_rank = self.moe_shape(lay)
@@ -325,12 +337,14 @@ def evaluate(
     memory_factor: float = 1.0,
     workload: str = "",
     check_memory: bool = True,
+    recipe: RecipeConfig | None = None,
 ) -> Planned | Rejected:
     """Check one layout against every rule and, if legal, predict it. Used by the policy and the twin.
 
     check_memory=False skips the memory rule (the policy's raw model needs the components of a layout
-    over HBM too); the Planned then says `feasible=False` when it does not fit."""
-    env = _Env(model, hw, stage, factors, memory_factor, workload)
+    over HBM too); the Planned then says `feasible=False` when it does not fit. recipe: the workload's
+    training recipe (None: its defaults); its flags and overlaps feed the argv rules and the step time."""
+    env = _Env(model, hw, stage, factors, memory_factor, workload, recipe)
     ctx = env.ctx(layout)
     bad = R.violations(ctx, [r for r in R.RULES if r.phase in CHEAP_PHASES])
     if bad:
@@ -427,10 +441,12 @@ def plan(
     factors: Mapping[str, float] | None = None,
     memory_factor: float = 1.0,
     workload: str = "",
+    recipe: RecipeConfig | None = None,
 ) -> PlanResult:
-    """Every layout of stage.search: the feasible ones ranked, the rest rejected with rule ids."""
+    """Every layout of stage.search: the feasible ones ranked, the rest rejected with rule ids. recipe: the
+    workload's training recipe (None: its defaults), as in evaluate()."""
     t0 = time.perf_counter()
-    env = _Env(model, hw, stage, factors, memory_factor, workload)
+    env = _Env(model, hw, stage, factors, memory_factor, workload, recipe)
     values = space.knob_values(stage.search)
     walk = _Walk(env, values)
     late_rules, mem_rules = _late_rules()

@@ -16,7 +16,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-FULL = "full"  # --recompute-granularity full: every block rebuilt from its input
+FULL = "full"  # --recompute-granularity full: every layer rebuilt from its checkpointed input
+# Full recompute as argv.py emits it: --recompute-method uniform --recompute-num-layers 1, so Megatron keeps
+# the input of every layer (megatron/core/recompute.py:147-156 at dev d48bd6be0a85). On the hybrid stack every
+# pattern symbol is a layer (megatron/core/models/hybrid/hybrid_block.py:617-618, and :952-953 runs full
+# recompute through that checkpointed_forward), so a V4 block (attention symbol + MoE symbol) keeps
+# LAYERS_PER_BLOCK / FULL_RECOMPUTE_NUM_LAYERS inputs, each the n-stream mHC tensor.
+FULL_RECOMPUTE_NUM_LAYERS = 1
+LAYERS_PER_BLOCK = 2
+FULL_INPUTS_PER_BLOCK = LAYERS_PER_BLOCK // FULL_RECOMPUTE_NUM_LAYERS
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,22 @@
 """Legality rules for a layout, as data.
 
-Why data: every rejection must name the rule, its one-line reason and where it comes from (the
-guide section or Megatron file:line in megatron-facts.md), and the planner must be able to check
-cheap rules before costly ones. Each Rule says which Layout fields it reads (`needs`), so the
-planner can check it once per combination of those fields instead of once per candidate, and
-which `phase` it belongs to:
+Why data: every rejection must name the rule, its one-line reason and where it comes from (the guide
+section or Megatron's own file:line: A = megatron/training/arguments.py, TC = megatron/core/transformer/
+transformer_config.py, MPC = megatron/core/model_parallel_config.py, PS = megatron/core/parallel_state.py,
+SCH = megatron/core/pipeline_parallel/schedules.py; "dev X:L" = Megatron-LM dev at d48bd6be0a85, "main X:L"
+= main at d98e8a64dd), and the planner must check cheap rules before costly ones. Each Rule says which
+Layout fields it reads (`needs`), so the planner checks it once per combination of those fields, and which
+`phase` it belongs to:
 
 - "layout":  reads only the knobs, the groups (D_a, D_e, m) and the stage/model/hardware.
 - "pattern": also reads the pipeline split (blocks per segment) and the HybridModel layer pattern.
 - "argv":    reads the generated Megatron flags (we never emit the forbidden ones; this proves it).
-             `needs` here names the knobs that decide whether argv.py emits the flag in question;
+             `needs` names the knobs that decide what argv.py emits for the flags in question;
              tests/test_rules.py checks that claim against argv.py itself.
 - "memory":  reads the predicted heaviest-rank memory; checked last, only for survivors.
 
-A predicate returns True when the rule is VIOLATED. Predicates of later phases return False while
-their input is missing (None), so `violations()` is defined on any Ctx.
+A predicate returns True when the rule is VIOLATED; predicates of later phases return False while their
+input is missing (None), so `violations()` is defined on any Ctx.
 """
 
 from __future__ import annotations
@@ -24,19 +26,21 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from orchestrator.plan import recompute
+from orchestrator.plan.flags import flag_value
 from orchestrator.plan.layout import Groups, Layout, groups
+from orchestrator.plan.params import d_window
+from orchestrator.plan.pipeline import moe_layers_through
 from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
 
 PHASES: tuple[str, ...] = ("layout", "pattern", "argv", "memory")
 
-# dev TC:2197 recompute modules (+ "full" = --recompute-granularity full) and the offload modules (§1):
-# recompute.py's table owns them.
+# Recompute modules (dev TC:2197, + "full" = --recompute-granularity full) and offload modules: recompute.py's.
 RECOMPUTE_MODULES = recompute.RECOMPUTE_MODULES
 OFFLOAD_MODULES = recompute.OFFLOAD_MODULES
 DISPATCHERS = frozenset({"alltoall", "allgather", "flex"})
 ATTENTION_BACKENDS = frozenset({"cudnn", "fused", "flash", "unfused", "auto"})  # what argv.py can emit
 FLEX_BACKENDS = frozenset({"deepep", "hybridep", "ncclep"})
-# Flags the hybrid '|' pattern path forbids (A:741-921) and flags we must never emit.
+# Flags the hybrid '|' pattern path forbids (dev A:838-876) and flags we must never emit.
 PATTERN_FORBIDDEN_FLAGS = (
     "--pipeline-model-parallel-layout",
     "--num-layers-per-virtual-pipeline-stage",
@@ -105,12 +109,6 @@ class Rule:
         return bool(self.predicate(ctx))
 
 
-def d_window(model: ModelConfig) -> int:
-    """Rows each CP rank must hold: max(csa_window_size, 8 for ratio-4 layers, else the ratio)."""
-    ratios = [8 if r == 4 else r for r in (model.csa_compress_ratios or [])]
-    return max([model.csa_window_size, *ratios])
-
-
 def _flex(lay: Layout, *backends: str) -> bool:
     return lay.dispatcher == "flex" and lay.flex_backend in backends
 
@@ -119,19 +117,14 @@ def _has_flag(ctx: Ctx, flags: Sequence[str]) -> bool:
     return ctx.argv is not None and not ctx.flags.isdisjoint(flags)
 
 
-def _flag_value(ctx: Ctx, flag: str) -> str | None:
-    """The token after `flag` in argv (or after '=' in '--flag=value'); None if absent."""
-    argv = ctx.argv or ()
-    for i, tok in enumerate(argv):
-        if tok == flag:
-            return argv[i + 1] if i + 1 < len(argv) else ""
-        if tok.startswith(flag + "="):
-            return tok.split("=", 1)[1]
-    return None
+def _hash_layers_wrong(c: Ctx) -> bool:
+    """--moe-n-hash-layers (a hybrid layer number) does not reach exactly the model's n-th MoE layer."""
+    pattern, value = flag_value(c.argv or (), "--hybrid-layer-pattern"), flag_value(c.argv or (), HASH_FLAG)
+    return bool(pattern) and moe_layers_through(pattern or "", int(value or 0)) != c.model.moe_n_hash_layers
 
 
 CAPACITY_LB_TYPES = frozenset({"aux_loss", "seq_aux_loss", "global_aux_loss", "none"})
-PAD_FLAG = "--moe-pad-expert-input-to-capacity"
+PAD_FLAG, HASH_FLAG = "--moe-pad-expert-input-to-capacity", "--moe-n-hash-layers"
 
 
 def _mnnvl(ctx: Ctx) -> bool:
@@ -139,7 +132,7 @@ def _mnnvl(ctx: Ctx) -> bool:
 
 
 def _vpp_group(ctx: Ctx) -> int:
-    return ctx.layout.pp  # --microbatch-group-size-per-virtual-pipeline-stage defaults to PP (MPC L431)
+    return ctx.layout.pp  # --microbatch-group-size-per-virtual-pipeline-stage defaults to PP (dev MPC:426)
 
 
 V4 = "guide §模型与实现 (当前实现中的限制)"
@@ -169,7 +162,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.attention_backend_known",
         "stage.attention_backend must be cudnn (the packed V4 path), fused, flash, unfused or auto",
-        "megatron-facts §1 Other --attention-backend; language_module.py:108-146",
+        "dev megatron/core/transformer/enums.py:51-58 (AttnBackend); "
+        "megatron/core/models/common/language_module/language_module.py:108-142",
         lambda c: c.stage.attention_backend not in ATTENTION_BACKENDS,
     ),
     Rule(
@@ -221,7 +215,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "v4.pattern_segments",
         "the '|' layer pattern must hold every block in exactly PP x VPP segments",
-        "guide §61 层怎么切; A:849 (segments % PP == 0, VPP = segments / PP)",
+        "guide §61 层怎么切; dev A:884-897 (segments % PP == 0, VPP = segments / PP)",
         lambda c: (
             c.split is not None
             and (
@@ -236,7 +230,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "v4.pattern_excludes_layout_flags",
         "the hybrid '|' pattern forbids --pipeline-model-parallel-layout, VPP layer flags and account-for flags",
-        "guide §61 层怎么切 (参数互斥检查); A:741-921",
+        "guide §61 层怎么切 (参数互斥检查); dev A:838-876",
         lambda c: _has_flag(c, PATTERN_FORBIDDEN_FLAGS),
         ("pp", "vpp"),
         "argv",
@@ -244,7 +238,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "v4.no_moe_enable_deepep",
         "--moe-enable-deepep is deprecated: use flex + --moe-flex-dispatcher-backend",
-        "guide §正确性与显存 (Megatron 配置校验); TC:1743",
+        "guide §正确性与显存 (Megatron 配置校验); dev TC:2018-2027",
         lambda c: _has_flag(c, ("--moe-enable-deepep",)),
         ("dispatcher", "flex_backend"),
         "argv",
@@ -252,7 +246,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "v4.mnnvl_needs_hybridep",
         "on a multi-node NVLink (MNNVL) system the flex dispatcher must use hybridep, the only MNNVL backend",
-        "megatron-facts §1 MoE --moe-flex-dispatcher-backend",
+        "dev TC:941-945 (only hybridep supports MNNVL)",
         lambda c: _mnnvl(c) and _flex(c.layout, "deepep", "ncclep"),
         ("dispatcher", "flex_backend"),
     ),
@@ -260,49 +254,49 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.dense_grid",
         "world size N must be divisible by TP x PP x CP (dense grid)",
-        "A:426-448; PS:815-823",
+        "dev A:457-467; dev PS:732-735",
         lambda c: c.stage.gpus % (c.layout.tp * c.layout.pp * c.layout.cp) != 0,
         _GROUPS_DA,
     ),
     Rule(
         "mcore.expert_grid",
         "world size N must be divisible by ETP x EP x PP (expert grid)",
-        "PS:872-883",
+        "dev PS:782-789",
         lambda c: c.stage.gpus % (c.layout.etp * c.layout.ep * c.layout.pp) != 0,
         _GROUPS_DE,
     ),
     Rule(
         "mcore.experts_div_ep",
         "num_experts E must be divisible by EP",
-        "A:1655-1659; moe_layer.py:186",
+        "dev A:1711-1717; megatron/core/transformer/moe/moe_layer.py:189",
         lambda c: c.model.num_experts % c.layout.ep != 0,
         ("ep",),
     ),
     Rule(
         "mcore.heads_div_tp",
         "num_attention_heads must be divisible by TP",
-        "TC:1446",
+        "dev TC:1490",
         lambda c: c.model.num_attention_heads % c.layout.tp != 0,
         ("tp",),
     ),
     Rule(
         "mcore.gbs_div_mbs_dp",
         "B must be divisible by b x D_a and give m >= 1 microbatch",
-        "num_microbatches_calculator.py:381-391",
+        "dev megatron/core/num_microbatches_calculator.py:381-391",
         lambda c: c.d_a is not None and c.m is None,
         _GROUPS_M,
     ),
     Rule(
         "mcore.seq_div_2cp",
         "seq_length S must be divisible by 2 x CP",
-        "A:1337",
+        "dev A:1424-1428",
         lambda c: c.stage.seq_length % (2 * c.layout.cp) != 0,
         ("cp",),
     ),
     Rule(
         "mcore.tp_pp_dp_mapping",
         "--use-tp-pp-dp-mapping with PP>1 needs expert DP D_e == DP D_a",
-        "PS:898-902",
+        "dev PS:802-806",
         lambda c: (
             c.layout.use_tp_pp_dp_mapping
             and c.layout.pp > 1
@@ -316,21 +310,21 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.vpp_needs_pp",
         "VPP > 1 needs PP > 1",
-        "PS:830",
+        "dev PS:739-740",
         lambda c: c.layout.vpp > 1 and c.layout.pp == 1,
         ("pp", "vpp"),
     ),
     Rule(
         "mcore.vpp_group_bounds",
         "interleaved VPP needs PP <= microbatch_group_size (= PP) <= m (config B: m=4 < PP=8)",
-        "guide §PP 与 microbatch (schedule 校验); SCH:1160-1180",
+        "guide §PP 与 microbatch (schedule 校验); dev SCH:1254-1262",
         lambda c: c.layout.vpp > 1 and c.m is not None and not (c.layout.pp <= _vpp_group(c) <= c.m),
         ("vpp", *_GROUPS_M),
     ),
     Rule(
         "mcore.vpp_group_remainder",
         "interleaved VPP needs m % microbatch_group_size == 0 or >= PP (dependency bubbles)",
-        "SCH:1160-1180",
+        "dev SCH:1264-1274",
         lambda c: (
             c.layout.vpp > 1
             and c.m is not None
@@ -343,7 +337,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.min_blocks_per_segment",
         "every pipeline segment needs >= 1 block: blocks >= PP x VPP",
-        "A:849; hybrid_layer_allocation.py:385-445",
+        "dev A:884-897; pipeline.split_blocks places >= 1 block per segment",
         lambda c: c.blocks < c.layout.pp * c.layout.vpp,
         ("pp", "vpp"),
     ),
@@ -360,11 +354,19 @@ RULES: tuple[Rule, ...] = (
         ("pp", "vpp"),
         "pattern",
     ),
+    Rule(
+        "mcore.hash_layers_are_layer_numbers",
+        "--moe-n-hash-layers must reach the model's n-th MoE symbol: every hybrid symbol is a layer",
+        "dev megatron/core/transformer/moe/router.py:202-206; megatron/core/models/hybrid/hybrid_block.py:617-618",
+        _hash_layers_wrong,
+        ("pp", "vpp"),
+        "argv",
+    ),
     # ---- MoE dispatcher ----
     Rule(
         "mcore.dispatcher_known",
         "dispatcher must be alltoall|allgather|flex; flex needs backend deepep|hybridep|ncclep, others none",
-        "megatron-facts §1 MoE; TC:1766",
+        "dev TC:934-945 (dispatcher and flex backend choices), dev TC:2038-2043 (ncclep needs flex)",
         lambda c: (
             c.layout.dispatcher not in DISPATCHERS
             or (c.layout.dispatcher == "flex") != (c.layout.flex_backend is not None)
@@ -375,25 +377,25 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.flex_needs_tp_ep",
         "deepep and ncclep need TP x EP > 1",
-        "token_dispatcher.py:1836,1854",
+        "dev megatron/core/transformer/moe/token_dispatcher.py:1886,1914",
         lambda c: _flex(c.layout, "deepep", "ncclep") and c.layout.tp * c.layout.ep <= 1,
         ("tp", "ep", "dispatcher", "flex_backend"),
     ),
     Rule(
         "mcore.ncclep_no_capacity",
         "ncclep supports no capacity factor (token dropping) or padding",
-        "token_dispatcher.py:1556",
+        "main megatron/core/transformer/moe/token_dispatcher.py:1556",
         lambda c: _flex(c.layout, "ncclep") and c.layout.capacity_factor is not None,
         ("dispatcher", "flex_backend", "capacity_factor"),
     ),
     Rule(
         "mcore.capacity_needs_aux_loss",
         "a capacity factor works only with aux_loss, seq_aux_loss, global_aux_loss or none load balancing",
-        "TC:1848",
+        "dev TC:2089-2112",
         lambda c: (
             c.argv is not None
             and c.layout.capacity_factor is not None
-            and (_flag_value(c, "--moe-router-load-balancing-type") or "aux_loss") not in CAPACITY_LB_TYPES
+            and (flag_value(c.argv or (), "--moe-router-load-balancing-type") or "aux_loss") not in CAPACITY_LB_TYPES
         ),
         ("capacity_factor",),
         "argv",
@@ -401,7 +403,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.padding_needs_capacity",
         "--moe-pad-expert-input-to-capacity needs a capacity factor",
-        "TC:1865",
+        "dev TC:2115-2119",
         lambda c: _has_flag(c, (PAD_FLAG,)) and not _has_flag(c, ("--moe-expert-capacity-factor",)),
         ("capacity_factor",),
         "argv",
@@ -409,7 +411,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.deepep_no_padding",
         "flex + deepep cannot pad expert input to capacity",
-        "TC:1759",
+        "dev TC:2029-2036",
         lambda c: _flex(c.layout, "deepep") and _has_flag(c, (PAD_FLAG,)),
         ("dispatcher", "flex_backend"),
         "argv",
@@ -425,28 +427,28 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.full_vs_selective",
         "full recompute cannot be combined with selective modules",
-        "TC:1905-1931",
+        "dev TC:2153-2182",
         lambda c: "full" in c.layout.recompute and len(c.layout.recompute) > 1,
         ("recompute",),
     ),
     Rule(
         "mcore.moe_act_needs_grouped_gemm",
         "moe_act recompute needs --moe-grouped-gemm",
-        "TC:1966",
+        "dev TC:2215-2217",
         lambda c: "moe_act" in c.layout.recompute and not c.moe_grouped_gemm,
         ("recompute",),
     ),
     Rule(
         "mcore.offload_known",
         "unknown --offload-modules entry",
-        "TC:2127-2195",
+        "dev TC:2403-2420",
         lambda c: not set(c.layout.offload) <= OFFLOAD_MODULES,
         ("offload",),
     ),
     Rule(
         "mcore.offload_vs_moe_recompute",
         "no moe_act/expert_fc1/fused_group_mlp offload while moe is recomputed",
-        "TC:2127-2195",
+        "dev TC:2428-2436",
         lambda c: (
             "moe" in c.layout.recompute and bool({"moe_act", "expert_fc1", "fused_group_mlp"} & set(c.layout.offload))
         ),
@@ -455,7 +457,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.attn_proj_offload_needs_core_attn",
         "attn_proj offload needs core_attn offload",
-        "TC:2127-2195",
+        "dev TC:2423-2427",
         lambda c: "attn_proj" in c.layout.offload and "core_attn" not in c.layout.offload,
         ("offload",),
     ),
@@ -469,7 +471,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.offload_without_cpu_offloading",
         "fine-grained offload cannot be combined with cpu_offloading",
-        "TC:2127-2195",
+        "dev TC:2403-2406",
         lambda c: bool(c.layout.offload) and _has_flag(c, ("--cpu-offloading-num-layers",)),
         ("offload", "recompute"),
         "argv",

@@ -26,9 +26,11 @@ Per step (slowest rank r*, m microbatches):
   bubble     = m x T(r*) x f / (1 - f), f = pipeline.bubble(PP, m, VPP)  (= T (PP-1) / VPP)
   grad_sync  = ring reduce-scatter of FP32 grads + all-gather of BF16 params (all-reduce without the
                distributed optimizer), dense over D_a x CP, expert over D_e, sharing the NIC when the
-               stage's N/PP GPUs span nodes; x (1 - grad_sync_overlap), / allreduce_efficiency
-  optimizer  = Muon Newton-Schulz FLOPs on the local shard + one memory pass over master, moments,
-               grads and weights at HBM bandwidth.
+               stage's N/PP GPUs span nodes, / allreduce_efficiency; the reduce x (1 - grad_sync_overlap)
+               only when the argv overlaps it (--overlap-grad-reduce), the all-gather only with
+               --overlap-param-gather: argv.overlaps(recipe, stage), the same answer argv.py emits from.
+  optimizer  = one memory pass over master, moments, grads and weights at HBM bandwidth, plus for Muon
+               recipe.muon_num_ns_steps Newton-Schulz iterations on the local shard.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from functools import lru_cache
 
 from orchestrator.plan import moe as moe_model
 from orchestrator.plan import pipeline
+from orchestrator.plan.argv import DEFAULT_RECIPE, overlaps
 from orchestrator.plan.flops import peak_tflops, profile, recompute_block
 from orchestrator.plan.layout import Groups, Layout
 from orchestrator.plan.memory import DEFAULT_ROUTING_SIGMA, GRAD_BYTES, WEIGHT_BYTES
@@ -46,13 +49,12 @@ from orchestrator.plan.params import ModelKey, _Frozen, block_ratios, model_key,
 from orchestrator.plan.pipeline import bubble as bubble_fraction
 from orchestrator.plan.pipeline import checked_split, cumulative
 from orchestrator.plan.recompute import redispatches
-from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
+from orchestrator.schema import HardwareConfig, ModelConfig, RecipeConfig, StageConfig
 
 COMPONENTS = ("compute", "a2a", "cp_exchange", "pp_p2p", "bubble", "grad_sync", "optimizer")
 
 EXPERT_GEMM_HALF_TOKENS = 256.0  # tokens per expert at which grouped GEMM reaches half its efficiency
 P2P_EXPOSED_WITH_VPP = 0.5  # share of PP p2p left on the critical path with interleaving (overlap on)
-NS_STEPS = 5  # Muon Newton-Schulz iterations (--muon-num-ns-steps default)
 OPTIMIZER_PASS_BYTES = 24  # per local param: read grad, read+write master and moment(s), write weight
 DEFAULT_HBM_GB_S = 3350.0  # H100 SXM; HardwareConfig.hbm_gb_s overrides when present
 
@@ -170,8 +172,11 @@ def step_time(
     factors: Mapping[str, float] | None = None,
     *,
     routing_sigma: float = DEFAULT_ROUTING_SIGMA,
+    recipe: RecipeConfig | None = None,
 ) -> StepTime:
-    """Predicted step time of `layout` (see the module docstring for every formula)."""
+    """Predicted step time of `layout` (see the module docstring for every formula). recipe: the workload's
+    training recipe (None: RecipeConfig's defaults), which decides what grad sync overlaps."""
+    recipe = recipe or DEFAULT_RECIPE
     if factors:
         unknown = set(factors) - set(COMPONENTS)
         if unknown:
@@ -238,8 +243,8 @@ def step_time(
         "cp_exchange": m * c_cp,
         "pp_p2p": m * c_p2p,
         "bubble": m * totals[slow] * f / (1 - f) if f < 1 else 0.0,
-        "grad_sync": _grad_sync(hw, stage, layout, dense, routed, d_a, d_e),
-        "optimizer": _optimizer(model, hw, stage, layout, dense, routed, d_a, d_e),
+        "grad_sync": _grad_sync(hw, stage, recipe, layout, dense, routed, d_a, d_e),
+        "optimizer": _optimizer(model, hw, stage, recipe, layout, dense, routed, d_a, d_e),
     }
     if factors:
         for c, x in factors.items():
@@ -293,23 +298,38 @@ def _rank_sums(px: _TimePrefix, bps: tuple[int, ...], pp: int, vpp: int) -> tupl
 
 
 def _grad_sync(
-    hw: HardwareConfig, stage: StageConfig, layout: Layout, dense: float, routed: float, d_a: int, d_e: int
+    hw: HardwareConfig,
+    stage: StageConfig,
+    recipe: RecipeConfig,
+    layout: Layout,
+    dense: float,
+    routed: float,
+    d_a: int,
+    d_e: int,
 ) -> float:
     per_byte = 1.0 / (hw.nic_gb_s * 1e9 if stage.gpus // layout.pp > stage.gpus_per_node else hw.nvlink_gb_s * 1e9)
-    bytes_per_param = GRAD_BYTES + WEIGHT_BYTES if stage.use_distributed_optimizer else 2 * GRAD_BYTES
+    ov = overlaps(recipe, stage)
+    hidden = 1.0 - hw.grad_sync_overlap
+    if stage.use_distributed_optimizer:  # reduce-scatter FP32 grads, then all-gather BF16 params
+        per_param = GRAD_BYTES * (hidden if ov.grad_reduce else 1.0) + WEIGHT_BYTES * (
+            hidden if ov.param_gather else 1.0
+        )
+    else:  # all-reduce of FP32 grads
+        per_param = 2 * GRAD_BYTES * (hidden if ov.grad_reduce else 1.0)
     g_d, g_e = d_a * layout.cp, d_e
     moved = 0.0
     if g_d > 1:
-        moved += dense * bytes_per_param * (g_d - 1) / g_d
+        moved += dense * per_param * (g_d - 1) / g_d
     if g_e > 1:
-        moved += routed * bytes_per_param * (g_e - 1) / g_e
-    return moved * per_byte / hw.allreduce_efficiency * (1.0 - hw.grad_sync_overlap)
+        moved += routed * per_param * (g_e - 1) / g_e
+    return moved * per_byte / hw.allreduce_efficiency
 
 
 def _optimizer(
     model: ModelConfig,
     hw: HardwareConfig,
     stage: StageConfig,
+    recipe: RecipeConfig,
     layout: Layout,
     dense: float,
     routed: float,
@@ -323,6 +343,6 @@ def _optimizer(
     seconds = local * OPTIMIZER_PASS_BYTES / (hbm * 1e9)
     if str(model.optimizer).lower().endswith("muon"):
         m_min = min(model.hidden_size, model.moe_ffn_hidden_size)
-        ns_flops = NS_STEPS * 6.0 * m_min * local  # per NS step ~ 4 m + 2 m^2/n <= 6 m FLOPs per param
+        ns_flops = recipe.muon_num_ns_steps * 6.0 * m_min * local  # per NS step ~ 4 m + 2 m^2/n <= 6 m FLOPs per param
         seconds += ns_flops / (peak_tflops(hw, "bf16") * 1e12 * hw.gemm_efficiency)
     return seconds
