@@ -36,6 +36,7 @@ from orchestrator.plan.layout import Layout
 
 SAVE_TIMER, LOAD_TIMER = "save-checkpoint", "load-checkpoint"  # Megatron's names (log level 0)
 MISSING_CKPT = b"could not find the metadata file"  # checkpointing.py's warning for an empty --load dir
+STDERR_LINES = 5  # of a job's stderr, added to a failure no log line explains
 
 
 @dataclass
@@ -119,12 +120,26 @@ def collect(
     else:  # no job.json: nothing to measure against; still classify what the folder holds
         result.log_paths = [log.path for log in folder.logs if log.path]
         result.sidecar_paths = list(folder.sidecar_paths)
-    classify(folder.logs, slurm_state=slurm_state, exit_code=exit_code).apply(result)
+    verdict = classify(folder.logs, slurm_state=slurm_state, exit_code=exit_code)
+    if verdict.unexplained:
+        verdict = verdict.with_stderr(stderr_head(JobPaths(folder.path)))
+    verdict.apply(result)
     result.ok = result.ok and result.measure_iters > 0
     if spec is not None:
         checkpoint_metrics(folder, spec, result)
     write_result(folder.path, result)
     return result
+
+
+def stderr_head(paths: JobPaths, lines: int = STDERR_LINES) -> str:
+    """The first non-blank lines of the first rank-<r>.err that has any (first 64 KB read), joined by ' | '."""
+    for path in paths.rank_stderr():
+        with open(path, "rb") as fh:
+            head = fh.read(64 << 10).decode("utf-8", "replace")
+        kept = [ln.strip() for ln in head.splitlines() if ln.strip()][:lines]
+        if kept:
+            return " | ".join(kept)
+    return ""
 
 
 def checkpoint_timers(logs) -> dict:
