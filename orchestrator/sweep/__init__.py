@@ -85,7 +85,7 @@ def resume_sweep(
 ) -> Outcome:
     """Take the lease and continue a sweep from its stored config and ledger rows."""
     view = view or View()
-    check_name(name)
+    check_name(name, source="the sweep name")
     with open_ledger(current) as ledger:
         cfg = stored_config(ledger, name, current)
         sweep = ledger.get_sweep(name)
