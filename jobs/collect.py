@@ -25,6 +25,7 @@ from jobs import metrics as metrics_mod
 from jobs.classify import classify
 from jobs.effective import effective_throughput
 from jobs.failures import Failure
+from jobs.keep import Keep
 from jobs.parse import parse_file
 from jobs.paths import JobPaths, atomic_write
 from jobs.records import ParsedLog
@@ -59,14 +60,18 @@ class JobFolder:
 
 
 def read_folder(job_dir: str | os.PathLike, job_id: str | None = None) -> JobFolder:
+    """Parse the folder's files, keeping of each what the metrics read (jobs.keep): the spec's window
+    and the checkpoint timers, so a log of any size parses in flat memory."""
     paths = JobPaths(job_dir)
     spec = JobSpec.load(paths.spec) if paths.spec.exists() else None
     files = paths.rank_logs() + paths.submitit_logs(job_id)
     sidecars, used = metrics_mod.load_sidecars(paths.sidecars())
+    window = (spec.stage.warmup_iters, spec.stage.measure_iters) if spec is not None else None
+    keep = Keep(window=window, timers=(SAVE_TIMER, LOAD_TIMER))
     return JobFolder(
         path=paths.folder,
         spec=spec,
-        logs=[parse_file(p) for p in dict.fromkeys(files) if p.is_file()],
+        logs=[parse_file(p, keep=keep) for p in dict.fromkeys(files) if p.is_file()],
         sidecars=sidecars,
         sidecar_paths=used,
     )
