@@ -29,8 +29,8 @@ def run(args, overrides) -> int:
         return 0
     cfg = compose(overrides).cfg.ledger
     url = E.parse_url(cfg.url)
-    sqlite_file = url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:")
-    if verb == "current" and sqlite_file and not Path(str(url.database)).exists():
+    on_disk = url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:")
+    if verb == "current" and on_disk and not Path(str(url.database)).exists():
         print(f"ledger {E.mask(url)}: no file yet (`sweep` or `db upgrade` creates it)")
         return 0
     E.sqlite_file(url, create=verb == "upgrade", create_dir=cfg.create_dir)
