@@ -47,6 +47,10 @@ def parse_url(url: str | URL) -> URL:
         parsed = make_url(url)
     except ArgumentError:
         raise LedgerError("ledger.url is not a database URL; expected e.g. sqlite:///./ledger.sqlite") from None
+    except ValueError:  # make_url's int(port)
+        raise LedgerError(
+            "ledger.url has a port that is not a number; expected e.g. postgresql+psycopg://user@host:5432/db"
+        ) from None
     if parsed.get_backend_name() not in SUPPORTED:
         raise LedgerError(f"ledger backend '{parsed.get_backend_name()}' is not supported; use one of {SUPPORTED}")
     return parsed
@@ -58,6 +62,33 @@ def mask(url: str | URL) -> str:
         return parse_url(url).render_as_string(hide_password=True)
     except LedgerError:
         return "<invalid ledger URL>"
+
+
+def sqlite_file(url: URL, *, create: bool, create_dir: bool = False) -> Path | None:
+    """The SQLite file a URL names (None: in memory, or not SQLite), checked before anything opens it.
+
+    Only a command that may create a ledger passes `create` (sqlite3 would make any missing file), and
+    then only in an existing folder unless `create_dir`: a typo'd path is an error, not a new tree."""
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    path = Path(url.database)
+    if path.exists() or path.is_symlink():
+        if not path.is_file():
+            raise LedgerError(f"{mask(url)} is not a regular file; point ledger.url at a .sqlite file")
+        return path
+    if not create:
+        raise LedgerError(f"no ledger at {mask(url)} (run a sweep or `python -m orchestrator db upgrade`)")
+    if not path.parent.is_dir():
+        if not create_dir:
+            raise LedgerError(
+                f"the folder {path.parent} of ledger.url {mask(url)} does not exist: fix the path, create the "
+                "folder, or add ledger.create_dir=true"
+            )
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LedgerError(f"cannot create the ledger folder {path.parent}: {exc.strerror}") from None
+    return path
 
 
 def scrub(message: str, url: URL) -> str:

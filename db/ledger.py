@@ -9,7 +9,6 @@ candidates, attempts and events. States and statuses are orchestrator.states' en
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, insert, select, update
@@ -17,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from db import models as m
 from db.convert import as_datetime, chunks, clean, member, now, to_row
-from db.engine import make_engine, mask, parse_url, schema_state, upgrade
+from db.engine import make_engine, mask, parse_url, schema_state, sqlite_file, upgrade
 from db.errors import LedgerError
 from db.evidence import Evidence
 from db.leases import Leases
@@ -99,22 +98,23 @@ class Ledger(Leases, Evidence):
     # ---- opening ------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, url: Any, *, create: bool = True, echo: bool = False, busy_timeout_ms: int = 30000) -> Ledger:
+    def open(
+        cls,
+        url: Any,
+        *,
+        create: bool = True,
+        create_dir: bool = False,
+        echo: bool = False,
+        busy_timeout_ms: int = 30000,
+    ) -> Ledger:
         """Connect, check the schema revision, upgrade a fresh database (or an older SQLite file).
 
-        A PostgreSQL ledger behind the code is not upgraded silently: a team database changes
-        only through `python -m orchestrator db upgrade`.
+        A missing SQLite file is created only with `create`, and only in an existing folder unless
+        `create_dir` (db.engine.sqlite_file). A PostgreSQL ledger behind the code is not upgraded
+        silently: a team database changes only through `python -m orchestrator db upgrade`.
         """
         parsed = parse_url(url)
-        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-            path = Path(parsed.database)
-            if not create and not path.exists():
-                raise LedgerError(f"no ledger at {mask(parsed)} (run a sweep or `python -m orchestrator db upgrade`)")
-            if create:
-                try:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                except OSError as exc:
-                    raise LedgerError(f"cannot create the ledger at {mask(parsed)}: {exc.strerror}") from None
+        sqlite_file(parsed, create=create, create_dir=create_dir)
         engine = make_engine(parsed, echo=echo, busy_timeout_ms=busy_timeout_ms)
         try:
             state = schema_state(engine)

@@ -21,7 +21,7 @@ that evidence in order (first hit wins), strongest first:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jobs.failures import FAILURE_CLASSES, TABLE, Failure, retried_by_default
 from jobs.parse import parse_bytes
@@ -80,6 +80,18 @@ class Classification:
     def retryable(self) -> bool:
         """Whether the default retry policy resubmits this class (jobs.failures)."""
         return retried_by_default(self.failure_class)
+
+    @property
+    def unexplained(self) -> bool:
+        """A crash or no-output verdict that no log line explains (an exit code, a sacct state)."""
+        return self.failure_class in (Failure.CRASH, Failure.NO_OUTPUT) and self.source != "log"
+
+    def with_stderr(self, head: str) -> Classification:
+        """This verdict with the first lines the job wrote to stderr appended to its detail (when
+        `unexplained`), so the ledger says more than "exit code 1"."""
+        if not head or not self.unexplained:
+            return self
+        return replace(self, detail=_cut(f"{self.detail}; stderr: {head}"))
 
     def apply(self, result: JobResult) -> JobResult:
         result.failure_class = self.failure_class

@@ -25,6 +25,7 @@ from jobs import metrics as metrics_mod
 from jobs.classify import classify
 from jobs.effective import effective_throughput
 from jobs.failures import Failure
+from jobs.keep import Keep
 from jobs.parse import parse_file
 from jobs.paths import JobPaths, atomic_write
 from jobs.records import ParsedLog
@@ -36,6 +37,7 @@ from orchestrator.plan.layout import Layout
 
 SAVE_TIMER, LOAD_TIMER = "save-checkpoint", "load-checkpoint"  # Megatron's names (log level 0)
 MISSING_CKPT = b"could not find the metadata file"  # checkpointing.py's warning for an empty --load dir
+STDERR_LINES = 5  # of a job's stderr, added to a failure no log line explains
 
 
 @dataclass
@@ -58,14 +60,18 @@ class JobFolder:
 
 
 def read_folder(job_dir: str | os.PathLike, job_id: str | None = None) -> JobFolder:
+    """Parse the folder's files, keeping of each what the metrics read (jobs.keep): the spec's window
+    and the checkpoint timers, so a log of any size parses in flat memory."""
     paths = JobPaths(job_dir)
     spec = JobSpec.load(paths.spec) if paths.spec.exists() else None
     files = paths.rank_logs() + paths.node_logs() + paths.submitit_logs(job_id)
     sidecars, used = metrics_mod.load_sidecars(paths.sidecars())
+    window = (spec.stage.warmup_iters, spec.stage.measure_iters) if spec is not None else None
+    keep = Keep(window=window, timers=(SAVE_TIMER, LOAD_TIMER))
     return JobFolder(
         path=paths.folder,
         spec=spec,
-        logs=[parse_file(p) for p in dict.fromkeys(files) if p.is_file()],
+        logs=[parse_file(p, keep=keep) for p in dict.fromkeys(files) if p.is_file()],
         sidecars=sidecars,
         sidecar_paths=used,
     )
@@ -119,12 +125,26 @@ def collect(
     else:  # no job.json: nothing to measure against; still classify what the folder holds
         result.log_paths = [log.path for log in folder.logs if log.path]
         result.sidecar_paths = list(folder.sidecar_paths)
-    classify(folder.logs, slurm_state=slurm_state, exit_code=exit_code).apply(result)
+    verdict = classify(folder.logs, slurm_state=slurm_state, exit_code=exit_code)
+    if verdict.unexplained:
+        verdict = verdict.with_stderr(stderr_head(JobPaths(folder.path)))
+    verdict.apply(result)
     result.ok = result.ok and result.measure_iters > 0
     if spec is not None:
         checkpoint_metrics(folder, spec, result)
     write_result(folder.path, result)
     return result
+
+
+def stderr_head(paths: JobPaths, lines: int = STDERR_LINES) -> str:
+    """The first non-blank lines of the first rank-<r>.err that has any (first 64 KB read), joined by ' | '."""
+    for path in paths.rank_stderr():
+        with open(path, "rb") as fh:
+            head = fh.read(64 << 10).decode("utf-8", "replace")
+        kept = [ln.strip() for ln in head.splitlines() if ln.strip()][:lines]
+        if kept:
+            return " | ".join(kept)
+    return ""
 
 
 def checkpoint_timers(logs) -> dict:

@@ -12,10 +12,11 @@ Imports stay light (stdlib; submitit lazily) because this runs inside the cluste
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
@@ -168,6 +169,38 @@ def is_evidence_rank(spec: JobSpec, renv: RankEnv) -> bool:
         return True
 
 
+def entry_script(command: Sequence[str]) -> str:
+    """The script an in-process workload runs: the last `.py` of workload.command (else its last word)."""
+    return next((c for c in reversed(command) if c.endswith(".py")), command[-1])
+
+
+def command_problem(command: Sequence[str], *, in_process: bool = False) -> str | None:
+    """Why workload.command cannot start on this machine, or None: checked before a sweep writes anything,
+    since a command that cannot start fails every job alike. A bare `python` is this interpreter
+    (`resolve_command`); a relative path would be looked up in the job's own folder, where nothing is."""
+    if not command:
+        return "workload.command is empty: name the program to run, e.g. workload.command=[python,-m,jobs.twin]"
+    if in_process:
+        entry = entry_script(command)
+        if not os.path.isfile(entry):
+            return f"workload.command's entry script {entry} does not exist (workload.in_process runs it here)"
+        return None
+    exe = command[0]
+    if exe in ("python", "python3"):
+        return None
+    if os.sep not in exe:
+        if shutil.which(exe) is None:
+            return f"workload.command's program {exe!r} is not on PATH: give its absolute path"
+        return None
+    if not os.path.isabs(exe):
+        return f"workload.command's program {exe} is a relative path (jobs run in their own folder): make it absolute"
+    if not os.path.isfile(exe):
+        return f"workload.command's program {exe} does not exist"
+    if not os.access(exe, os.X_OK):
+        return f"workload.command's program {exe} is not executable: chmod +x it, or run it as [bash,{exe}]"
+    return None
+
+
 def run_task(spec: JobSpec | str | os.PathLike) -> dict:
     """Run this rank's workload; return TaskOutcome as a dict, or raise TaskFailed on non-zero exit.
     An evidence rank writes rank-<r>.out/.err, the others their node's shared log (jobs.ranklog)."""
@@ -255,7 +288,7 @@ def _run_in_process(spec: JobSpec, renv: RankEnv, env: dict, output: RankOutput)
 
     from jobs import megatron_run  # imports torch/megatron: only on this path
 
-    entry = next((c for c in reversed(spec.workload.command) if c.endswith(".py")), spec.workload.command[-1])
+    entry = entry_script(spec.workload.command)
     argv = list(spec.argv) + list(spec.workload.extra_args)
     window = (spec.stage.warmup_iters, spec.stage.measure_iters)
     saved_env = dict(os.environ)

@@ -1,20 +1,21 @@
 """Streaming parser for Megatron-LM / torch / Slurm job output -> typed records (jobs.records).
 
 Why streaming and bytes-level: a long job writes hundreds of MB per rank file, mostly noise and timer
-rows. The file is read in 32 MB chunks (cut before the last iteration line, so no timer block is
+rows. The file is read in 8 MB chunks (cut before the last iteration line, so no timer block is
 split); a dozen keywords are found with `bytes.find` over the whole chunk (C speed), and only lines
 holding one are decoded and turned into a record (jobs.loglines). Timer rows are kept as bytes and
 converted to floats when first read (`TimerBlock.timers`). Formats: see jobs.loglines; timer blocks are
-core/timers.py's.
+core/timers.py's. Memory stays flat whatever the log's size: a line is read up to `_LINE_MAX` bytes (a
+longer one's head only, for failure signatures; a progress bar's `\r` segments are lines of their own),
+and a ParsedLog keeps what jobs.keep's policy says.
 
 Robust to: `srun -l` prefixes (`12: `), torchrun prefixes (`[rank3]:`, `[default3]:`), logging
 prefixes (`INFO:megatron.core.timers:`), carriage returns, missing optional fields, non-UTF-8 bytes
 (decoded with errors="replace" and counted as garbage) and a truncated last line (no newline): that
 line is only searched for failure signatures, never for metrics, and `ParsedLog.truncated` is set.
 
-The parser reports what the log says, not what it means: whether a traceback is a configuration error
-is jobs.classify's call. The twin (simulated workload) prints ordinary Megatron-format lines plus note
-lines that start with SIMULATED_MARKER; any such line makes `ParsedLog.simulated` true.
+The parser reports what the log says, not what it means (is a traceback a configuration error? jobs.classify
+says). The twin's note lines start with SIMULATED_MARKER; any such line makes `ParsedLog.simulated` true.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from jobs import loglines
+from jobs.keep import Keep, Retainer
 from jobs.paths import JobPaths
 from jobs.records import (
-    RECORD_LISTS,
     SIMULATED_MARKER,
     IterationRecord,
     OOMRecord,
@@ -67,8 +68,11 @@ _KEYWORDS = (
     b"rror",  # rror: XError lines and argparse `: error:`
 )
 _TRACEBACK_KEYWORDS = (b'File "', b"Exception")  # only while a traceback can be open
-_CHUNK = 32 << 20
+_CHUNK = 8 << 20  # bytes per read: records of one chunk are held at once, so it bounds memory
 _BLOCK_MAX = 1 << 20  # a (min, max) block is a few KB; only a huge per-rank "all" block can be split
+_LINE_MAX = 64 << 10  # a Megatron line is under 4 KB; only the head of a longer line is read
+_FRAMES = 8  # traceback frames kept per open traceback (the record names the last one)
+_ROW_RES = 1024  # cached timer-row patterns (one per rank prefix)
 _NON_ASCII = re.compile(rb"[\x80-\xff\x00]")
 
 
@@ -82,6 +86,8 @@ class _Parser:
         self.bytes = 0
         self.garbage = 0
         self.truncated = False
+        self.long_lines = 0
+        self._skipping = False  # inside a line longer than _LINE_MAX: its head was read, skip to its end
         self.last_iteration: int | None = None
         self._tb: dict[int | None, list[str]] = {}  # open traceback frames per source
         self._iteration_lines: set = set()
@@ -90,8 +96,23 @@ class _Parser:
     # ---- chunks
     def chunk(self, buf: bytes, final: bool) -> tuple[list[Record], bytes]:
         """Parse the complete part of `buf`; return (records, unparsed rest to prepend next time)."""
+        out: list[Record] = []
+        if self._skipping:  # the rest of an overlong line, up to its end
+            end = min(i for i in (buf.find(b"\n"), buf.find(b"\r"), len(buf)) if i >= 0)
+            self.bytes += end
+            buf, self._skipping = buf[end:], end == len(buf)
+            if not buf:
+                return out, b""
         if not final:
             cut = self._safe_cut(buf)
+            if cut == 0 and len(buf) > _LINE_MAX and b"\n" not in buf:
+                if b"\r" not in buf:  # one line longer than the bound: read its head, skip the rest
+                    self.bytes += len(buf)
+                    self._skipping = True
+                    self._signatures_only(buf, out)
+                    return out, b""
+                buf = buf.replace(b"\r", b"\n")  # progress output without newlines: \r ends its lines
+                cut = buf.rfind(b"\n") + 1
             work, rest = buf[:cut], buf[cut:]
         else:
             work, rest = buf, b""
@@ -99,7 +120,6 @@ class _Parser:
         if final and work and not work.endswith(b"\n"):
             i = work.rfind(b"\n") + 1
             work, tail = work[:i], work[i:]
-        out: list[Record] = []
         if work:
             self.lines += work.count(b"\n")
             self.bytes += len(work)
@@ -110,6 +130,9 @@ class _Parser:
                 le = work.find(b"\n", ls)
                 if le < 0:
                     le = len(work)
+                if le - ls > _LINE_MAX:
+                    self._signatures_only(work[ls:le], out)
+                    continue
                 if ls in iteration_lines:  # hot path: most candidates are iteration lines
                     raw = work[ls:le]
                     src, s, _ = self._prefix(raw)
@@ -129,14 +152,21 @@ class _Parser:
             self.truncated = True
             self.lines += 1
             self.bytes += len(tail)
-            self._count_garbage(tail)
-            for seg in tail.replace(b"\x00", b"").split(b"\r"):
-                if seg:
-                    seg_src, seg_s, _ = self._prefix(seg)
-                    out.extend(self._line(seg_s, seg_src, complete=False))
+            self._count_garbage(tail[:_LINE_MAX])
+            self._signatures_only(tail, out)
         if final:
             self._tb.clear()  # a traceback with no exception line (killed): nothing to report
         return out, rest
+
+    def _signatures_only(self, line: bytes, out: list[Record]) -> None:
+        """An incomplete or overlong line (its head): each `\r` segment is searched for failure signatures."""
+        if len(line) > _LINE_MAX:
+            self.long_lines += 1
+            line = line[:_LINE_MAX]
+        for seg in line.replace(b"\x00", b"").split(b"\r"):
+            if seg:
+                seg_src, seg_s, _ = self._prefix(seg)
+                out.extend(self._line(seg_s, seg_src, complete=False))
 
     @staticmethod
     def _safe_cut(buf: bytes) -> int:
@@ -256,7 +286,7 @@ class _Parser:
         if src in self._tb:
             if s.startswith(b" ") or not s.strip():
                 if s.lstrip().startswith(b'File "'):
-                    self._tb[src].append(_dec(s))
+                    self._tb[src] = [*self._tb[src][1 - _FRAMES :], _dec(s)]
                 return out
             exc = loglines.exception(s, src, self._tb.pop(src))
             if exc is not None:  # the exception line may also be an OOM / NCCL signature
@@ -340,6 +370,8 @@ class _Parser:
         if kind != "all":
             run = self._row_re.get(pre)
             if run is None:
+                if len(self._row_re) >= _ROW_RES:
+                    self._row_re.clear()
                 run = self._row_re[pre] = re.compile(rb"(?:\n" + re.escape(pre) + rb"    [^\n]*)*")
             m = run.match(work, pos)
             assert m is not None  # a `(?:...)*` pattern matches, if only the empty string
@@ -447,23 +479,22 @@ def rank_from_path(path: str | Path) -> int | None:
     return JobPaths.rank_of(path)
 
 
-def _collect(parser: _Parser, src: Iterable[bytes], log: ParsedLog) -> ParsedLog:
-    buckets = {cls: getattr(log, name) for cls, name in RECORD_LISTS.items()}
-    for rec in _run(parser, src):
-        buckets[type(rec)].append(rec)
+def _collect(parser: _Parser, src: Iterable[bytes], log: ParsedLog, keep: Keep | None) -> ParsedLog:
+    log = Retainer(log, keep or Keep()).fill(_run(parser, src))
     log.lines, log.bytes = parser.lines, parser.bytes
-    log.garbage_lines, log.truncated = parser.garbage, parser.truncated
+    log.garbage_lines, log.truncated, log.long_lines = parser.garbage, parser.truncated, parser.long_lines
     return log
 
 
-def parse_file(path: str | Path, source_rank: int | None = None) -> ParsedLog:
-    """Parse one output file into a ParsedLog. The rank defaults to the file name's `rank-<r>`."""
+def parse_file(path: str | Path, source_rank: int | None = None, keep: Keep | None = None) -> ParsedLog:
+    """Parse one output file into a ParsedLog holding what `keep` says (default: no window, the first
+    records of each kind). The rank defaults to the file name's `rank-<r>`."""
     if source_rank is None:
         source_rank = rank_from_path(path)
     with open(path, "rb", buffering=0) as f:
-        return _collect(_Parser(source_rank), f, ParsedLog(path=str(path), source_rank=source_rank))
+        return _collect(_Parser(source_rank), f, ParsedLog(path=str(path), source_rank=source_rank), keep)
 
 
-def parse_bytes(data: bytes, source_rank: int | None = None) -> ParsedLog:
+def parse_bytes(data: bytes, source_rank: int | None = None, keep: Keep | None = None) -> ParsedLog:
     """Parse an in-memory blob (e.g. a stderr tail) the same way as a file."""
-    return _collect(_Parser(source_rank), [data] if data else [], ParsedLog(source_rank=source_rank))
+    return _collect(_Parser(source_rank), [data] if data else [], ParsedLog(source_rank=source_rank), keep)

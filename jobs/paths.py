@@ -95,6 +95,10 @@ class JobPaths:
         """rank-<r>.out then rank-<r>.err files, each kind in rank order."""
         return [p for pattern in self.RANK_LOG_GLOBS for p in sorted(self.folder.glob(pattern), key=_rank_order)]
 
+    def rank_stderr(self) -> list[Path]:
+        """rank-<r>.err files in rank order."""
+        return sorted(self.folder.glob(self.RANK_ERR.format(rank="*")), key=_rank_order)
+
     def sidecars(self) -> list[Path]:
         return sorted(self.folder.glob(self.SIDECAR_GLOB), key=_rank_order)
 

@@ -230,7 +230,7 @@ Record = (
 
 @dataclass
 class ParsedLog:
-    """Everything one output file said, by record type, plus parse-health counters."""
+    """What one output file said, by record type (what of it is kept: jobs.keep), plus parse-health counters."""
 
     path: str | None = None
     source_rank: int | None = None
@@ -250,6 +250,8 @@ class ParsedLog:
     bytes: int = 0
     garbage_lines: int = 0  # undecodable bytes, NULs, or a line that looked like a record but was not
     truncated: bool = False  # the last line had no newline (writer killed mid-line)
+    long_lines: int = 0  # lines longer than jobs.parse's line bound: only their head was read
+    dropped: int = 0  # records the retention policy (jobs.keep) did not keep
 
     @property
     def simulated(self) -> bool:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
-from orchestrator.config import ConfigError
+from orchestrator.config import ConfigError, redact
 
 # Order = order in --help. Add a module here when you add a subcommand.
 COMMANDS = [
@@ -34,8 +35,16 @@ def _load_commands():
     return [importlib.import_module(f"orchestrator.commands.{name}") for name in COMMANDS]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, except that a usage error is one `error:` line and exit 2, like every other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m orchestrator",
         description="Plan, launch, measure and compare Megatron-LM parallel layouts for DeepSeek-V4.",
         epilog="Hydra overrides (key=value, +stage=1k, model=tiny, hardware=h200) may follow any subcommand.",
@@ -64,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(handlers[args.command].run(args, overrides) or 0)
     except Exception as exc:  # noqa: BLE001 - only user-facing errors are swallowed
         if isinstance(exc, ConfigError) or getattr(exc, "user_facing", False):
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {redact(str(exc), overrides)}", file=sys.stderr)
             return 2
         raise
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ wrong type fails here, once, with the key's path and the fix.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +20,21 @@ from orchestrator.errors import UserError
 from orchestrator.schema import RootConfig, StageConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+# `scheme://user:PASSWORD@`: a password (any characters but white space, up to the last @ of the URL).
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)(\S*)@")
 
 
 class ConfigError(UserError):
     """A configuration problem: one message naming the problem and the fix."""
+
+
+def redact(message: str, overrides: Sequence[str] = ()) -> str:
+    """`message` without the password of any URL in it or in the overrides (Hydra quotes a bad override
+    whole, and a password with `,` or `'` is one): never print a secret, whatever the error."""
+    secrets = {m.group(2) for o in overrides for m in _URL_PASSWORD.finditer(o) if m.group(2)}
+    for secret in sorted(secrets, key=len, reverse=True):
+        message = message.replace(secret, "***")
+    return _URL_PASSWORD.sub(lambda m: m.group(1) + ("***" if m.group(2) else "") + "@", message)
 
 
 def available(group: str) -> list[str]:
@@ -36,7 +48,15 @@ class Composed:
     raw: DictConfig | ListConfig  # the composed config (a DictConfig), for snapshots (YAML) into the ledger
 
     def to_yaml(self) -> str:
-        return OmegaConf.to_yaml(self.raw)
+        """The snapshot a sweep stores: its ledger URL masked (exports and reports show the snapshot;
+        `resume` takes the URL from the caller). `${oc.env:...}` and `env:VAR` stay as written."""
+        from db.engine import ENV_PREFIX, mask
+
+        raw = self.raw.copy()
+        url = OmegaConf.to_container(raw.ledger, resolve=False)["url"]  # type: ignore[call-overload,index]
+        if isinstance(url, str) and "${" not in url and not url.startswith(ENV_PREFIX):
+            raw.ledger.url = mask(url)
+        return OmegaConf.to_yaml(raw)
 
 
 def compose(overrides: Sequence[str] = (), *, require_stage: bool = False) -> Composed:
@@ -64,6 +84,11 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False) -> Co
             if f"'{group}'" in msg or f"{group}/" in msg or f"{group}=" in msg:
                 hint = f" (available {group} options: {', '.join(available(group))})"
                 break
+        if "ledger.url" in msg:
+            hint = (
+                " (quote a URL holding , or ': 'ledger.url=\"...\"', or leave the password out of the URL: "
+                "libpq reads PGPASSWORD or ~/.pgpass)"
+            )
         raise ConfigError(f"invalid override: {msg}{hint}") from None
     finally:
         GlobalHydra.instance().clear()

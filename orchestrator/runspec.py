@@ -17,8 +17,10 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from jobs.entry import command_problem
 from jobs.paths import JobPaths
 from jobs.spec import JobSpec
+from orchestrator.errors import UserError
 from orchestrator.plan import argv as plan_argv
 from orchestrator.plan import flops as plan_flops
 from orchestrator.plan.planner import Planned
@@ -33,6 +35,18 @@ DEFAULT_DISTRIBUTED_TIMEOUT_MIN = 10
 def attempt_dir(cfg: RootConfig, sweep: str, candidate_key: str, attempt: int) -> Path:
     """`<cluster.folder>/<sweep>/<candidate_key>/attempt-<n>/` (jobs.paths.JobPaths names the folder and its files)."""
     return JobPaths.of_attempt(cfg.cluster.folder, sweep, candidate_key, attempt).folder
+
+
+def check_workload(cfg: RootConfig) -> None:
+    """UserError when workload.command cannot start (jobs.entry.command_problem), before anything is written.
+    Jobs that run in a container (cluster.container.image) find the command in the image, so only an
+    empty command is refused there."""
+    command = list(cfg.workload.command)
+    if command and cfg.cluster.container.image:
+        return
+    problem = command_problem(command, in_process=cfg.workload.in_process)
+    if problem is not None:
+        raise UserError(problem)
 
 
 def build_spec(

@@ -206,9 +206,12 @@ class ClusterConfig:
 
 @dataclass
 class LedgerConfig:
-    """url: SQLAlchemy URL. ${oc.env:VAR} works for secrets; passwords are never printed."""
+    """url: SQLAlchemy URL. ${oc.env:VAR} works for secrets; passwords are never printed or stored, and a
+    PostgreSQL URL without one lets libpq find it (PGPASSWORD, ~/.pgpass). create_dir: `sweep` and `db
+    upgrade` may create a missing SQLite file's folder (by default only an existing folder gets a ledger)."""
 
     url: str = "sqlite:///./ledger.sqlite"
+    create_dir: bool = False
     echo: bool = False
     lease_ttl_s: float = 60.0
     busy_timeout_ms: int = 30000

@@ -317,8 +317,8 @@ def test_calibration_and_parity_exclusion_data(ledger):
 
 
 def test_sqlite_pragmas_and_begin_immediate(tmp_path):
-    url = f"sqlite:///{tmp_path / 'sub' / 'ledger.sqlite'}"  # parent folder is created
-    with Ledger.open(url) as led:
+    url = f"sqlite:///{tmp_path / 'sub' / 'ledger.sqlite'}"  # the parent folder is created when asked
+    with Ledger.open(url, create_dir=True) as led:
         with led.engine.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1

@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 
 import jobs.parse as parse
 from jobs.parse import parse_bytes, parse_file, parse_stream, rank_from_path
-from jobs.records import SIMULATED_MARKER, IterationRecord, NcclTimeoutRecord, SlurmCancelRecord, TimerBlock
+from jobs.records import (
+    SIMULATED_MARKER,
+    IterationRecord,
+    MemoryRecord,
+    NcclTimeoutRecord,
+    SlurmCancelRecord,
+    TimerBlock,
+)
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 
@@ -67,11 +74,16 @@ def test_generic_path_reads_unknown_field_order():
 
 
 def test_memory_lines():
-    full, minimal = log("megatron_full.log").memory, log("megatron_minimal.log").memory
+    with open(LOGS / "megatron_full.log", "rb") as fh:  # every line's record, as the stream yields them
+        full = [r for r in parse_stream(fh) if isinstance(r, MemoryRecord)]
     assert [(m.rank, m.after_iterations) for m in full] == [(63, 1), (63, 2)]
     assert full[1].max_allocated == 76543.21 and full[1].max_reserved == 80000.0
     assert full[1].total_device_used == 81012.5
-    assert minimal[0].total_device_used is None and minimal[0].allocated == 1200.5
+    (peak,) = log("megatron_full.log").memory  # a ParsedLog keeps one record per rank: its peaks
+    assert (peak.rank, peak.after_iterations) == (63, 2)
+    assert peak.max_allocated == max(m.max_allocated for m in full) and peak.max_reserved == 80000.0
+    (minimal,) = log("megatron_minimal.log").memory
+    assert minimal.total_device_used is None and minimal.allocated == 1200.5
 
 
 def test_timer_blocks_minmax_max_and_all():

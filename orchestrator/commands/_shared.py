@@ -7,11 +7,29 @@ command (that made compare <-> ledger a cycle). The ledger URL comes from the co
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import argparse
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from orchestrator.config import compose
 from orchestrator.errors import UserError
+
+INT_MAX = 2**31 - 1  # the ledger's integer columns (PostgreSQL INTEGER) and a sane LIMIT
+
+
+def whole_number(lo: int = 0, hi: int = INT_MAX) -> Callable[[str], int]:
+    """An argparse type: an int in lo..hi, so a number the database cannot bind is a usage error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{text} is out of range {lo}..{hi}")
+        return value
+
+    return parse
 
 
 def split_verb(overrides: Sequence[str], verbs: Sequence[str], command: str) -> tuple[str, list[str]]:
@@ -22,11 +40,12 @@ def split_verb(overrides: Sequence[str], verbs: Sequence[str], command: str) -> 
     return words[0], [o for o in overrides if "=" in o]
 
 
-def open_ledger(overrides: Sequence[str], *, create: bool = False):
+def open_ledger(overrides: Sequence[str]):
+    """An existing ledger (these commands read; only `sweep` and `db upgrade` create one)."""
     from db.ledger import Ledger
 
     cfg = compose(overrides).cfg.ledger
-    return Ledger.open(cfg.url, create=create, echo=cfg.echo, busy_timeout_ms=cfg.busy_timeout_ms)
+    return Ledger.open(cfg.url, create=False, echo=cfg.echo, busy_timeout_ms=cfg.busy_timeout_ms)
 
 
 def _cell(value: Any, key: str = "") -> str:

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from orchestrator.commands._shared import open_ledger, print_table
+from orchestrator.commands._shared import open_ledger, print_table, whole_number
 
 NAME = "compare"
 HELP = "Compare measured layouts in the ledger: filter (--where ep=64), sort (--sort tokens_per_gpu), table/json/csv."
@@ -21,7 +21,7 @@ TABLE_LIMIT = 50
 def add_arguments(parser) -> None:
     parser.add_argument("--sweep", default=None, help="only this sweep")
     parser.add_argument("--stage", default=None, help="only sweeps of this stage (1k, 8k, 16k, ...)")
-    parser.add_argument("--round", type=int, default=None)
+    parser.add_argument("--round", type=whole_number(), default=None)
     parser.add_argument("--status", default=None, help="candidate status: planned|claimed|...|done|failed")
     parser.add_argument(
         "--where",
@@ -31,7 +31,7 @@ def add_arguments(parser) -> None:
         help="filter, repeatable: ep=64, 'tokens_per_gpu>=1000', recompute=moe_act",
     )
     parser.add_argument("--sort", default=None, help="column; best first by default, -col/+col to force order")
-    parser.add_argument("--limit", type=int, default=None, help=f"rows (table default {TABLE_LIMIT})")
+    parser.add_argument("--limit", type=whole_number(), default=None, help=f"rows (table default {TABLE_LIMIT})")
     parser.add_argument("--columns", default=None, help="comma-separated columns (default: the headline set)")
     parser.add_argument("--format", choices=["table", "json", "csv"], default="table")
 

@@ -29,12 +29,11 @@ def run(args, overrides) -> int:
         return 0
     cfg = compose(overrides).cfg.ledger
     url = E.parse_url(cfg.url)
-    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-        path = Path(url.database)
-        if verb == "current" and not path.exists():
-            print(f"ledger {E.mask(url)}: no file yet (created and upgraded on first use)")
-            return 0
-        path.parent.mkdir(parents=True, exist_ok=True)
+    on_disk = url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:")
+    if verb == "current" and on_disk and not Path(str(url.database)).exists():
+        print(f"ledger {E.mask(url)}: no file yet (`sweep` or `db upgrade` creates it)")
+        return 0
+    E.sqlite_file(url, create=verb == "upgrade", create_dir=cfg.create_dir)
     eng = E.make_engine(cfg.url, busy_timeout_ms=cfg.busy_timeout_ms)
     try:
         before = E.schema_state(eng)

@@ -8,16 +8,17 @@ HELP = "write an HTML report (ranked table, step-time CDFs, Pareto front, calibr
 
 def add_arguments(p) -> None:
     p.add_argument("name", help="sweep name")
-    p.add_argument("--out", default=None, help="output folder (default: reports/NAME)")
+    p.add_argument("--out", default=None, help="output folder inside reports/ (default: reports/NAME)")
 
 
 def run(args, overrides) -> int:
     from db.ledger import Ledger
     from orchestrator.config import compose
-    from orchestrator.report.html import report
+    from orchestrator.report.html import out_folder, report
 
     cfg = compose(overrides).cfg
+    folder = out_folder(args.name, args.out)
     with Ledger.open(cfg.ledger.url, create=False) as ledger:
-        path = report(ledger, args.name, args.out)
+        path = report(ledger, args.name, folder)
     print(f"report written: {path}")
     return 0

@@ -37,7 +37,8 @@ def run(args, overrides) -> int:
     from jobs.collect import collect
     from jobs.paths import JobPaths
     from orchestrator.plan import planner
-    from orchestrator.runspec import attempt_dir, build_spec, time_limit_min
+    from orchestrator.runspec import attempt_dir, build_spec, check_workload, time_limit_min
+    from orchestrator.sweep.setup import check_name
 
     overrides = list(overrides)
     if args.folder:
@@ -58,7 +59,8 @@ def run(args, overrides) -> int:
             f"{len(planned_all)} feasible candidates (0..{len(planned_all) - 1})"
         )
     planned = planned_all[args.candidate]
-    sweep = cfg.sweep.name or f"run-one-{stage.name}"
+    sweep = check_name(cfg.sweep.name or f"run-one-{stage.name}")
+    check_workload(cfg)
     attempt = args.attempt or _next_attempt(attempt_dir(cfg, sweep, planned.key, 1).parent)
     folder = attempt_dir(cfg, sweep, planned.key, attempt)
     spec = build_spec(cfg, planned, sweep=sweep, attempt=attempt, job_dir=folder)

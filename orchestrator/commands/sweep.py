@@ -7,6 +7,7 @@ GPU-hours, rounds) is spent or the policy converges. A sweep with an existing na
 from __future__ import annotations
 
 import json
+import sys
 
 from orchestrator.config import compose, stage_or_error
 from orchestrator.errors import UserError
@@ -50,6 +51,19 @@ def options(args) -> Options:
     )
 
 
+def exit_status(outcome) -> int:
+    """1 when the sweep stopped without one measured candidate (every job failed, or it was cancelled first):
+    a script must not read "done" from it. A --max-wall stop (reason `wall limit ...`) is unfinished: 0."""
+    if outcome.best is not None or outcome.reason.startswith("wall"):
+        return 0
+    print(
+        f"sweep {outcome.sweep} measured nothing ({outcome.spent.attempts} attempt(s)): see each job's failure "
+        f"with `python -m orchestrator status {outcome.sweep}`",
+        file=sys.stderr,
+    )
+    return 1
+
+
 def report(outcome, args) -> int:
     if args.json:
         print(
@@ -67,7 +81,7 @@ def report(outcome, args) -> int:
                 indent=2,
             )
         )
-        return 0
+        return exit_status(outcome)
     sim = " (simulated)" if outcome.spent.simulated else ""
     print(f"sweep {outcome.sweep} stopped: {outcome.reason}")
     print(
@@ -77,7 +91,7 @@ def report(outcome, args) -> int:
     if outcome.best:
         b = outcome.best
         print(f"  best (measured{sim}): {b['layout']}  step p50 {b['step_p50_s']:.3f}s  key {b['key']}")
-    return 0
+    return exit_status(outcome)
 
 
 def run(args, overrides) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from jobs.paths import atomic_write
 from orchestrator import knobs
+from orchestrator.errors import UserError
 from orchestrator.report import plots
 from orchestrator.report.data import KNOB_COLUMNS, ReportData
 
@@ -202,11 +203,22 @@ def render(d: ReportData, out_dir: Path) -> Path:
     return atomic_write(out_dir / "report.html", "\n".join(parts))
 
 
-def default_out(name: str) -> Path:
-    return Path("reports") / name
+REPORTS = Path("reports")
 
 
-def report(ledger, name: str, out: str | None = None) -> Path:
+def out_folder(name: str, out: str | None = None) -> Path:
+    """`reports/<name>/`, or `--out DIR`, which must lie inside `reports/` as well: the report never
+    writes elsewhere (checked, symlinks resolved, before anything is opened or written)."""
+    from orchestrator.sweep.setup import check_name
+
+    root = REPORTS.resolve()
+    folder = (Path(out) if out else REPORTS / check_name(name, source="the sweep name")).resolve()
+    if folder != root and root not in folder.parents:
+        raise UserError(f"--out {out} is outside {REPORTS}/: give a folder under it, e.g. --out {REPORTS}/{name}-v2")
+    return folder
+
+
+def report(ledger, name: str, folder: Path) -> Path:
     from orchestrator.report.data import gather
 
-    return render(gather(ledger, name), Path(out) if out else default_out(name))
+    return render(gather(ledger, name), folder)

@@ -8,16 +8,22 @@ from __future__ import annotations
 
 from db.ledger import Ledger, SweepRow
 from orchestrator.errors import UserError
+from orchestrator.runspec import check_workload
 from orchestrator.schema import RootConfig
 from orchestrator.sweep.loop import Driver, Options, Outcome
-from orchestrator.sweep.setup import default_name, preflight_gate, provenance, root_from_yaml
+from orchestrator.sweep.setup import check_name, default_name, preflight_gate, provenance, root_from_yaml
 from orchestrator.sweep.view import View
 
 __all__ = ["Driver", "Options", "Outcome", "open_ledger", "pick_launcher", "resume_sweep", "run_sweep"]
 
 
-def open_ledger(cfg: RootConfig) -> Ledger:
-    return Ledger.open(cfg.ledger.url, echo=cfg.ledger.echo, busy_timeout_ms=cfg.ledger.busy_timeout_ms)
+def open_ledger(cfg: RootConfig, *, create: bool = False) -> Ledger:
+    """The configured ledger. Only `sweep` creates one (`create`): status, resume and cancel of a typo'd
+    URL say so instead of leaving an empty ledger behind."""
+    led = cfg.ledger
+    return Ledger.open(
+        led.url, create=create, create_dir=led.create_dir, echo=led.echo, busy_timeout_ms=led.busy_timeout_ms
+    )
 
 
 def pick_launcher(cfg: RootConfig, view: View):
@@ -38,7 +44,8 @@ def run_sweep(
         raise UserError("no stage given: add +stage=NAME (e.g. +stage=1k)")
     view = view or View()
     name = default_name(cfg)
-    with open_ledger(cfg) as ledger, view:
+    check_workload(cfg)
+    with open_ledger(cfg, create=True) as ledger, view:
         sweep = ledger.create_or_get_sweep(
             name,
             stage=cfg.stage.name,
@@ -85,6 +92,7 @@ def resume_sweep(
 ) -> Outcome:
     """Take the lease and continue a sweep from its stored config and ledger rows."""
     view = view or View()
+    check_name(name, source="the sweep name")
     with open_ledger(current) as ledger:
         cfg = stored_config(ledger, name, current)
         sweep = stored_sweep(ledger, name)

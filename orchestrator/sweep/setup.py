@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import re
 import socket
 from importlib import metadata
 
@@ -14,10 +15,30 @@ from db.ledger import Ledger, SweepRow
 from orchestrator.errors import UserError
 from orchestrator.schema import RootConfig
 
+# A sweep name becomes a folder under cluster.folder and reports/, a Slurm job name (submitit expands `%j`/`%A`
+# in paths) and a ledger key (200 characters): letters, digits, `.`, `_`, `-`, starting with a letter or digit.
+NAME_MAX = 100
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_name(name: str, *, source: str = "sweep.name") -> str:
+    """`name` if it is a safe sweep name, else UserError naming the rule (nothing has been written yet)."""
+    if len(name) > NAME_MAX:
+        raise UserError(f"{source} is {len(name)} characters long; use at most {NAME_MAX}, e.g. sweep.name=1k-try2")
+    if not _NAME.fullmatch(name):
+        raise UserError(
+            f"{source} {name!r} is not a safe name: use letters, digits, '.', '_' and '-', starting with a "
+            "letter or digit (it names folders and Slurm jobs), e.g. sweep.name=1k-try2"
+        )
+    return name
+
 
 def default_name(cfg: RootConfig) -> str:
-    """`<stage>-<model>-<hardware>`, unless sweep.name is given."""
-    return cfg.sweep.name or f"{cfg.required_stage().name}-{cfg.model.name}-{cfg.hardware.name}"
+    """`<stage>-<model>-<hardware>`, unless sweep.name is given; checked by `check_name`."""
+    if cfg.sweep.name:
+        return check_name(cfg.sweep.name)
+    name = f"{cfg.required_stage().name}-{cfg.model.name}-{cfg.hardware.name}"
+    return check_name(name, source="the default sweep name <stage>-<model>-<hardware>")
 
 
 def root_from_yaml(text: str) -> RootConfig:

@@ -365,4 +365,4 @@ def fresh_ledger(folder: str | None = None):
     from db.ledger import Ledger
 
     path = Path(folder or tempfile.mkdtemp(prefix="bench-search-")) / "ledger.sqlite"
-    return Ledger.open(f"sqlite:///{path}")
+    return Ledger.open(f"sqlite:///{path}", create_dir=True)
