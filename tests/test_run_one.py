@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from jobs.paths import JobPaths
+from orchestrator.plan.layout import Layout
+from orchestrator.plan.ranks import evidence_ranks
+
 ROOT = Path(__file__).resolve().parent.parent
 FAST = ["++workload.twin.time_scale=0.000001", "++workload.twin.max_sleep_s=0.001"]
 
@@ -83,8 +87,12 @@ def test_run_one_on_slurm(tmp_path, slurm_cluster):
     s = json.loads(proc.stdout)
     check_summary(s, tmp_path)
     assert s["cluster"] == "slurm" and s["job_id"]
-    job = Path(s["job_dir"])
-    assert len(list(job.glob("rank-*.out"))) == 32  # every rank's stdout kept
+    job = JobPaths(s["job_dir"])
+    # Evidence ranks keep their own file; every other rank's lines are in its node's log, labelled.
+    evidence = evidence_ranks(Layout.from_dict(json.loads(job.spec.read_text())["layout"]), 32)
+    assert {JobPaths.rank_of(p) for p in job.folder.glob("rank-*.out")} == set(evidence)
+    labelled = {int(line.split(":", 1)[0]) for p in job.node_logs() for line in p.read_text().splitlines()}
+    assert labelled == set(range(32)) - evidence
     assert s["result"]["slurm_state"] == "COMPLETED"
 
 
