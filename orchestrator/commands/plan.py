@@ -131,14 +131,20 @@ def _reason(rule: R.Rule, _cache: dict[str, str] = {}) -> str:  # noqa: B006 - a
 
 def megatron_flags(cfg, stage, p: Planned) -> list[str]:
     """The candidate's Megatron flags (orchestrator.plan.argv), as a job of this stage would get them."""
+    return layout_flags(cfg, stage, p.layout, p.prediction.layer_pattern)
+
+
+def layout_flags(cfg, stage, layout: Layout, layer_pattern: str) -> list[str]:
+    """A layout's Megatron flags as a job of this stage would get them; also the report's flags block
+    for a measured candidate (its layout and layer pattern from the ledger, cfg the sweep's stored config)."""
     from orchestrator.plan import argv as argv_mod
 
     return list(
         argv_mod.megatron_argv(
             cfg.model,
             stage,
-            p.layout,
-            layer_pattern=p.prediction.layer_pattern,
+            layout,
+            layer_pattern=layer_pattern,
             train_iters=stage.warmup_iters + stage.measure_iters,
             mock_data=cfg.workload.mock_data,
             recipe=cfg.workload.recipe,

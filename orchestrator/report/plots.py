@@ -169,18 +169,21 @@ def expert_load(d: ReportData) -> bytes | None:
     a2.bar(
         [x - 0.2 for x in xs], [r.get("hot_expert_ratio") or 0 for r in top], 0.4, label="hot-expert ratio (max/mean)"
     )
-    a2b = a2.twinx()
-    a2b.bar(
-        [x + 0.2 for x in xs],
-        [100 * (r.get("token_drop_fraction") or 0) for r in top],
-        0.4,
-        color="#d1495b",
-        label="token drop (%)",
-    )
     a2.set_xticks(list(xs), [f"#{r['candidate_id']}" for r in top])
     a2.set_ylabel("max / mean")
-    a2b.set_ylabel("token drop (%)")
-    a2.set_title("Hot experts and token drop")
+    if any(r.get("token_drop_fraction") for r in top):  # an all-zero axis says nothing: the page notes it instead
+        a2b = a2.twinx()
+        a2b.bar(
+            [x + 0.2 for x in xs],
+            [100 * (r.get("token_drop_fraction") or 0) for r in top],
+            0.4,
+            color="#d1495b",
+            label="token drop (%)",
+        )
+        a2b.set_ylabel("token drop (%)")
+        a2.set_title("Hot experts and token drop")
+    else:
+        a2.set_title("Hot experts (no token drops measured)")
     return _png(fig)
 
 
