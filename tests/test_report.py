@@ -224,6 +224,20 @@ def test_decision_is_bests_choice_and_the_ranked_table_follows_it(tmp_path):
     ranked = re.search(r'<table id="ranked">.*?</table>', page, re.S)
     assert ranked and re.search(r'<tr class="best"[^>]*><td class="l">2</td><td>2</td>', ranked.group(0))
     assert ranked.group(0).count('class="excluded"') == 1  # the failed-parity row
+    for r in d.measured:  # the same evidence from GPUs: the headline says MEASURED, never SIMULATED
+        r["simulated"] = False
+    d.simulated = False
+    card = re.search(r"<section id='decision'.*?</section>", render(d, tmp_path / "m", dec).read_text(), re.S)
+    assert card and "MEASURED" in card.group(0) and "SIMULATED" not in card.group(0)
+
+
+def test_a_sweep_without_results_has_no_recommendation(tmp_path):
+    with Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}") as ledger:
+        _sweep(ledger, "empty", "smoke", 32)
+        d = gather(ledger, "empty")
+        dec = decide(ledger, d)
+        page = render(d, tmp_path / "out", dec).read_text()
+    assert dec.best is None and dec.margin is None and "No recommended layout yet" in page and "id='flags'" not in page
 
 
 def test_calibration_table_is_formatted_and_empty_series_say_so(tmp_path):

@@ -18,7 +18,8 @@ def fmt(key: str, v) -> str:
     if key in PCT and isinstance(v, (int, float)):
         return f"{100 * v:+.1f}%" if key == "delta_vs_best" else f"{100 * v:.1f}%"
     if isinstance(v, float):
-        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}" if abs(v) < 0.01 else f"{v:.3f}"
+        a = abs(v)
+        return f"{v:,.0f}" if a >= 1000 else f"{v:.1f}" if a >= 100 else f"{v:.3f}" if a >= 0.01 else f"{v:.3g}"
     return str(v)
 
 
