@@ -21,7 +21,7 @@ from orchestrator import knobs
 from orchestrator.plan.layout import Layout, canonical_key
 from orchestrator.report.data import ReportData, gather
 from orchestrator.report.decision import decide
-from orchestrator.report.html import render, report
+from orchestrator.report.html import FIRST_SCREEN, render, report
 from tests.sweeplib import cli, ledger_url, sweep_args
 
 
@@ -311,6 +311,8 @@ def test_a_twin_sweeps_report_opens_on_the_decision_at_1400px(tmp_path):
     assert hit is not None and len(d.measured) >= 2
     dom = _browse(tmp_path, path)
     _no_sideways_scroll(dom)
+    first = re.search(r'<html[^>]*data-first-screen="([^"]*)"', dom)
+    assert first and first.group(1).split("|") == list(FIRST_SCREEN), first  # all whole in the 1400x900 window
     decision = re.search(r"<section id=\"decision\".*?</section>", dom, re.S)
     assert decision, dom[:2000]
     head = html.unescape(re.sub(r"<[^>]+>", " ", decision.group(0)))

@@ -50,8 +50,13 @@ details{margin:0 0 12px} summary{cursor:pointer;font-size:13px;color:#334e68}
 """
 # Copies the flags block (the Clipboard API, else a selection and execCommand for pages opened from file://),
 # and marks the page once loaded, so a headless browser check can see what a reader sees: each figure's
-# decoded width, the document's scroll width, and every table that overflows its box.
-SCRIPT = """<script>
+# decoded width, the document's scroll width, every table that overflows its box, and which of the decision's
+# parts (FIRST_SCREEN) are whole on the first screen.
+FIRST_SCREEN = ("#recommended-layout", "#margin", "#evidence", "#flags", "#ranked tbody tr")
+SCRIPT = (
+    "<script>const FIRST="
+    + json.dumps(list(FIRST_SCREEN))
+    + """;
 function copyFlags(){const t=document.getElementById('flags').textContent,b=document.getElementById('copy-flags');
  const done=()=>{b.textContent='Copied'};
  if(navigator.clipboard&&window.isSecureContext){navigator.clipboard.writeText(t).then(done);return}
@@ -61,8 +66,11 @@ addEventListener('load',()=>{const e=document.documentElement;
  document.querySelectorAll('img').forEach(i=>i.setAttribute('data-natural-width',i.naturalWidth));
  e.setAttribute('data-scroll-width',e.scrollWidth);e.setAttribute('data-client-width',e.clientWidth);
  e.setAttribute('data-overflowing',[...document.querySelectorAll('.wrap')].filter(w=>w.scrollWidth>w.clientWidth)
-  .map(w=>w.firstElementChild.id||'?').join(' '))})
+  .map(w=>w.firstElementChild.id||'?').join(' '));
+ e.setAttribute('data-first-screen',FIRST.filter(q=>{const x=document.querySelector(q);
+  return x&&x.getBoundingClientRect().bottom<=innerHeight}).join('|'))})
 </script>"""
+)
 EMPTY = {  # why a figure has nothing to draw, said instead of an empty plot
     "step-cdf": "No step-time samples were recorded for the measured candidates.",
     "pareto": "No eligible candidate has both throughput and peak memory measured.",
