@@ -17,6 +17,8 @@ def fmt(key: str, v) -> str:
         return "yes" if v else "no"
     if key in PCT and isinstance(v, (int, float)):
         return f"{100 * v:+.1f}%" if key == "delta_vs_best" else f"{100 * v:.1f}%"
+    if isinstance(v, float) and key.endswith("_gb"):
+        return f"{v:.1f}"  # decimal GB: a tenth is the precision memory is compared at
     if isinstance(v, float):
         a = abs(v)
         return f"{v:,.0f}" if a >= 1000 else f"{v:.1f}" if a >= 100 else f"{v:.3f}" if a >= 0.01 else f"{v:.3g}"
