@@ -327,7 +327,7 @@ def test_a_twin_sweeps_report_opens_on_the_decision_at_1400px(tmp_path):
         assert evidence in head, (evidence, head)
     assert re.search(r"\d+\.\d GB reserved of 141 GB HBM \(\d+%\)", head), head  # the smoke stage's H200
     pre = re.search(r'<pre id="flags">(.*?)</pre>', dom, re.S)
-    assert pre
+    assert pre and 'id="copy-flags"' in decision.group(0)
     argv = cli("plan", "+stage=smoke", "--argv", str(_planner_index(hit["key"])))
     assert argv.returncode == 0, argv.stderr
     assert html.unescape(pre.group(1)).strip() == argv.stdout.strip()

@@ -96,8 +96,8 @@ def _flags(ledger: Ledger, sweep: str, candidate_id: int, cfg, why: str, hit: di
                 "built as `plan --argv` builds them, from the sweep's stored config and this candidate's layout; "
                 "--train-iters is the measurement's warm-up + window: set your own for training"
             )
-        except (TypeError, ValueError) as e:
-            why = f"the stored layout does not build flags ({e})"
+        except (TypeError, ValueError, KeyError, AttributeError) as e:  # a ledger older than this code
+            why = f"the stored layout does not build flags ({type(e).__name__}: {e})"
     spec = _spec_argv((hit or {}).get("attempt", {}).get("job_dir"))
     if spec:
         return format_argv(spec), f"read from the measurement job's spec (job.json); {why}"
