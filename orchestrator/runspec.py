@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from jobs.spec import JobSpec
 from orchestrator.errors import UserError
 from orchestrator.plan import argv as plan_argv
 from orchestrator.plan import flops as plan_flops
+from orchestrator.plan.layout import Layout
 from orchestrator.plan.planner import Planned
 from orchestrator.schema import ClusterConfig, RootConfig
 
@@ -210,3 +212,32 @@ def time_limit_min(spec: JobSpec, cluster: ClusterConfig, *, safety: float = TIM
     minutes = iters * step_s * safety / 60.0 + cluster.time_margin_min
     hang = 0 if spec.workload.simulated else distributed_timeout_min(spec.command) + cluster.time_margin_min
     return max(int(cluster.min_time_min), math.ceil(minutes), hang)
+
+
+def layout_flags(cfg, stage, layout: Layout, layer_pattern: str) -> list[str]:
+    """A layout's Megatron flags as a job of this stage would get them; also the report's flags block
+    for a measured candidate (its layout and layer pattern from the ledger, cfg the sweep's stored config)."""
+    return list(
+        plan_argv.megatron_argv(
+            cfg.model,
+            stage,
+            layout,
+            layer_pattern=layer_pattern,
+            train_iters=stage.warmup_iters + stage.measure_iters,
+            mock_data=cfg.workload.mock_data,
+            recipe=cfg.workload.recipe,
+            extra=cfg.workload.extra_args,
+        )
+    )
+
+
+def format_argv(tokens: list[str]) -> str:
+    """One flag (with its values) per line, shell-quoted, joined by trailing backslashes."""
+    lines: list[list[str]] = []
+    for tok in tokens:
+        if tok.startswith("--") or not lines:
+            lines.append([tok])
+        else:
+            lines[-1].append(tok)
+    text = [" ".join(shlex.quote(t) for t in line) for line in lines]
+    return " \\\n".join(text)

@@ -28,7 +28,7 @@ from orchestrator.plan import flags as F
 from orchestrator.plan import flops, pipeline, space
 from orchestrator.plan.planner import Planned
 from orchestrator.report import data as report_data
-from orchestrator.report import html as report_html
+from orchestrator.report import sections as report_sections
 from orchestrator.schema import ModelConfig, SearchConfig, StageConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,9 +171,10 @@ def test_plan_table_shows_a_knob_the_stage_varies():
 def test_report_columns_come_from_the_registry():
     assert {k.column for k in knobs.DISPLAYED} <= set(report_data.TABLE_COLUMNS)
     rows = [{"candidate_id": i, **knobs.display(lay)} for i, lay in enumerate((BASE, sample("offload"), sample("ep")))]
-    cols = [c for c, _ in report_html.knob_columns(rows)]
-    assert cols == knobs.columns(["offload"])  # the shown knobs, and offload: it varies (cf does not)
-    assert "offload" in cols and "capacity_factor" not in cols
+    cells, common = report_sections.split_labels(rows)  # the ranked table's layout cell and its caption
+    assert "off=expert_fc1" in cells[1] and "off=" not in cells[0] + cells[2] + common  # offload varies
+    assert "EP64" in cells[0] and "EP" in cells[2] and "EP" not in common  # so does EP
+    assert common == "TP1 PP8 VPP1 CP1 ETP1 MBS1 rc=none alltoall" and "cf=" not in " ".join(cells)
 
 
 def test_labels():

@@ -9,12 +9,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-import shlex
 import sys
 from collections import Counter
 from typing import Any
 
-from orchestrator import knobs
+from orchestrator import knobs, runspec
 from orchestrator.config import compose, stage_or_error
 from orchestrator.errors import UserError
 from orchestrator.plan import rules as R
@@ -131,32 +130,7 @@ def _reason(rule: R.Rule, _cache: dict[str, str] = {}) -> str:  # noqa: B006 - a
 
 def megatron_flags(cfg, stage, p: Planned) -> list[str]:
     """The candidate's Megatron flags (orchestrator.plan.argv), as a job of this stage would get them."""
-    from orchestrator.plan import argv as argv_mod
-
-    return list(
-        argv_mod.megatron_argv(
-            cfg.model,
-            stage,
-            p.layout,
-            layer_pattern=p.prediction.layer_pattern,
-            train_iters=stage.warmup_iters + stage.measure_iters,
-            mock_data=cfg.workload.mock_data,
-            recipe=cfg.workload.recipe,
-            extra=cfg.workload.extra_args,
-        )
-    )
-
-
-def format_argv(tokens: list[str]) -> str:
-    """One flag (with its values) per line, shell-quoted, joined by trailing backslashes."""
-    lines: list[list[str]] = []
-    for tok in tokens:
-        if tok.startswith("--") or not lines:
-            lines.append([tok])
-        else:
-            lines[-1].append(tok)
-    text = [" ".join(shlex.quote(t) for t in line) for line in lines]
-    return " \\\n".join(text)
+    return runspec.layout_flags(cfg, stage, p.layout, p.prediction.layer_pattern)
 
 
 def _header(cfg, stage, res: PlanResult) -> str:
@@ -240,7 +214,7 @@ def run(args, overrides) -> int:
                 f"--argv {args.argv}: no such candidate; stage {stage.name} has {n} legal candidates "
                 f"(indices 0..{n - 1}; see `python -m orchestrator plan +stage={stage.name}`)"
             )
-        print(format_argv(megatron_flags(cfg, stage, res.candidates[args.argv])))
+        print(runspec.format_argv(megatron_flags(cfg, stage, res.candidates[args.argv])))
         return 0
     if args.format == "table":
         _table(cfg, stage, res, 20 if args.top is None else args.top, args.show_rejected)

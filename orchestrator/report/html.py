@@ -1,5 +1,8 @@
 """Write the report page: one self-contained HTML file (figures embedded as PNG data URIs, and also
-written beside it), every value escaped. Simulated rows are labelled on the page and in the table."""
+written beside it), every value escaped. It opens on the decision (orchestrator/report/decision.py):
+the recommended layout, its margin over the runner-up, its evidence and its exact Megatron flags; then
+the ranked table, sized for a 1400 px window (orchestrator/report/sections.py). Simulated results say
+SIMULATED in the headline, the banner and the table."""
 
 from __future__ import annotations
 
@@ -13,85 +16,145 @@ from pathlib import Path
 from jobs.paths import atomic_write
 from orchestrator import knobs
 from orchestrator.errors import UserError
-from orchestrator.report import plots
-from orchestrator.report.data import KNOB_COLUMNS, ReportData
-
-RANKED_HEAD = (("rank", "rank"), ("candidate", "candidate_id"), ("round", "round"))
-RANKED = (  # after RANKED_HEAD and the knob columns (knob_columns)
-    ("D_a", "d_a"),
-    ("D_e", "d_e"),
-    ("m", "m"),
-    ("bubble", "pred_bubble"),
-    ("step p50 (s)", "step_p50_s"),
-    ("p95", "step_p95_s"),
-    ("p99", "step_p99_s"),
-    ("Δ vs best", "delta_vs_best"),
-    ("tokens/s/GPU", "tokens_per_s_per_gpu"),
-    ("MFU", "mfu"),
-    ("Q_effective (tok/s)", "q_effective"),
-    ("heaviest rank", "heaviest_rank"),
-    ("peak alloc (GB)", "peak_allocated_gb"),
-    ("peak reserved (GB)", "peak_reserved_gb"),
-    ("slowest rank", "slowest_rank"),
-    ("token drop", "token_drop_fraction"),
-    ("hot-expert ratio", "hot_expert_ratio"),
-    ("parity", "parity"),
-    ("partial", "partial"),
-    ("simulated", "simulated"),
-    ("job", "job_id"),
-)
-PCT = {"pred_bubble", "delta_vs_best", "mfu", "token_drop_fraction"}
+from orchestrator.report import plots, sections
+from orchestrator.report.data import ReportData
+from orchestrator.report.decision import Decision, decide
+from orchestrator.report.fmt import fmt as _fmt  # noqa: F401 - the name other report modules import
+from orchestrator.report.fmt import table as _table
 
 CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#1f2933;max-width:1400px}
-h1{margin-bottom:4px} .sub{color:#52606d;margin-top:0}
-.sim{background:#fff3c4;border:1px solid #f0b429;padding:8px 12px;border-radius:6px;font-weight:600}
-table{border-collapse:collapse;font-size:12px;margin:8px 0 20px}
-th,td{border:1px solid #d9e2ec;padding:3px 6px;text-align:right}
-th{background:#f0f4f8;position:sticky;top:0} td.l,th.l{text-align:left} tr.best td{background:#e3f8ec}
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:16px 24px;color:#1f2933;max-width:1400px}
+h1{margin:0 0 2px;font-size:24px} h2{font-size:18px;margin:18px 0 4px} .sub{color:#52606d;margin:0 0 8px}
+.sim{background:#fff3c4;border:1px solid #f0b429;padding:6px 12px;border-radius:6px;font-weight:600;margin:6px 0}
+table{border-collapse:collapse;font-size:12px;margin:6px 0 12px}
+th,td{border:1px solid #d9e2ec;padding:2px 6px;text-align:right}
+th{background:#f0f4f8;position:sticky;top:0} td.l,th.l{text-align:left} tr.best td{background:#e3f8ec;font-weight:600}
 tr.excluded td{color:#9aa5b1;text-decoration:line-through}
-figure{margin:12px 0 28px} figcaption{font-weight:600;margin-bottom:6px}
-.note{color:#52606d;font-size:12px} code{background:#f0f4f8;padding:1px 4px;border-radius:3px}
+#ranked td,#details td{white-space:nowrap}
+figure{margin:12px 0 24px} figcaption{font-weight:600;margin-bottom:6px} img{max-width:100%}
+.note{color:#52606d;font-size:12px;margin:2px 0} code{background:#f0f4f8;padding:1px 4px;border-radius:3px}
+.decision{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:16px;border:2px solid #3ebd93;
+ border-radius:8px;padding:10px 14px;margin:8px 0;background:#f7fdf9}
+.decision.none{display:block;border-color:#d9e2ec;background:#f5f7fa}
+.kicker{font-size:13px;text-transform:uppercase;letter-spacing:.04em;color:#52606d;font-weight:600}
+.layout{font-size:22px;font-weight:700;font-family:ui-monospace,Menlo,Consolas,monospace;margin:2px 0 4px}
+.badge{display:inline-block;padding:1px 8px;border-radius:4px;font-size:12px;margin-left:6px;letter-spacing:0}
+.badge.sim{background:#f0b429;color:#1f2933} .badge.meas{background:#3ebd93;color:#fff}
+.warn{color:#b44d12} #margin{margin:2px 0 6px;font-size:14px}
+table.evidence{margin:4px 0;font-size:13px} table.evidence th{text-align:left;position:static;width:95px}
+table.evidence td{text-align:left}
+.flags-head{font-weight:600;font-size:13px;margin-bottom:4px} .flags-head button{margin-left:8px;font-size:12px}
+#flags{max-height:230px;overflow:auto;background:#1f2933;color:#f5f7fa;padding:8px 10px;border-radius:6px;
+ font-size:12px;margin:0;white-space:pre-wrap;word-break:break-all}
+details{margin:0 0 12px} summary{cursor:pointer;font-size:13px;color:#334e68}
 """
+# Copies the flags block (the Clipboard API, else a selection and execCommand for pages opened from file://),
+# and marks the page once loaded, so a headless browser check can see what a reader sees: each figure's
+# decoded width, the document's scroll width, every table that overflows its box, and which of the decision's
+# parts (FIRST_SCREEN) are whole on the first screen.
+FIRST_SCREEN = ("#recommended-layout", "#margin", "#evidence", "#flags", "#ranked tbody tr")
+SCRIPT = (
+    "<script>const FIRST="
+    + json.dumps(list(FIRST_SCREEN))
+    + """;
+function copyFlags(){const t=document.getElementById('flags').textContent,b=document.getElementById('copy-flags');
+ const done=()=>{b.textContent='Copied'};
+ if(navigator.clipboard&&window.isSecureContext){navigator.clipboard.writeText(t).then(done);return}
+ const r=document.createRange();r.selectNodeContents(document.getElementById('flags'));
+ const s=getSelection();s.removeAllRanges();s.addRange(r);document.execCommand('copy');done()}
+addEventListener('load',()=>{const e=document.documentElement;
+ document.querySelectorAll('img').forEach(i=>i.setAttribute('data-natural-width',i.naturalWidth));
+ e.setAttribute('data-scroll-width',e.scrollWidth);e.setAttribute('data-client-width',e.clientWidth);
+ e.setAttribute('data-overflowing',[...document.querySelectorAll('.wrap')].filter(w=>w.scrollWidth>w.clientWidth)
+  .map(w=>w.firstElementChild.id||'?').join(' '));
+ e.setAttribute('data-first-screen',FIRST.filter(q=>{const x=document.querySelector(q);
+  return x&&x.getBoundingClientRect().bottom<=innerHeight}).join('|'))})
+</script>"""
+)
+EMPTY = {  # why a figure has nothing to draw, said instead of an empty plot
+    "step-cdf": "No step-time samples were recorded for the measured candidates.",
+    "pareto": "No eligible candidate has both throughput and peak memory measured.",
+    "calibration": "No measured candidate carries a planning-time prediction to compare with.",
+    "rounds": "No round has a measured result yet.",
+    "scaling": "No promoted lineage: this sweep's candidates were not promoted from an earlier stage.",
+    "expert-load": "No expert-load records: the workload reported no tokens per expert.",
+}
 
 
-def _fmt(key: str, v) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if key in PCT and isinstance(v, (int, float)):
-        return f"{100 * v:+.1f}%" if key == "delta_vs_best" else f"{100 * v:.1f}%"
-    if isinstance(v, float):
-        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}" if abs(v) < 0.01 else f"{v:.3f}"
-    return str(v)
+def figure_notes(slug: str, d: ReportData) -> list[str]:
+    """What a drawn figure leaves out because the series has no information (all zero or unmeasured)."""
+    top = [r for r in d.measured[: plots.TOP] if r.get("expert_load_p50") is not None]
+    if slug == "expert-load" and top:
+        out = []
+        if all(not r.get("token_drop_fraction") for r in top):
+            out.append("Token drop: no drops measured (0 for every finalist shown).")
+        if all(r.get("hot_expert_ratio") is None for r in top):
+            out.append("Hot-expert ratio: not measured.")
+        return out
+    if slug == "calibration" and not any(r.get("pred_memory_gb") and sections.peak(r)[0] for r in d.measured):
+        return ["Memory: no candidate has both a predicted and a measured peak."]
+    return []
 
 
-def knob_columns(rows: Sequence[dict]) -> tuple[tuple[str, str], ...]:
-    """A column per shown knob (orchestrator/knobs.py), and per other knob whose value differs between rows."""
-    varying = [c for c in KNOB_COLUMNS if len({knobs.text(r.get(c)) for r in rows}) > 1]
-    return tuple((c, c) for c in knobs.columns(varying))
+def _figures(d: ReportData, out_dir: Path) -> list[str]:
+    parts = []
+    for slug, title, fn in plots.FIGURES:
+        png = fn(d)
+        notes = [EMPTY.get(slug, "Nothing to show for this sweep.")] if png is None else figure_notes(slug, d)
+        note = "".join(f"<p class='note empty'>{html.escape(n)}</p>" for n in notes)
+        if png is None:
+            parts.append(f"<figure id='fig-{slug}'><figcaption>{html.escape(title)}</figcaption>{note}</figure>")
+            continue
+        (out_dir / f"{slug}.png").write_bytes(png)
+        b64 = base64.b64encode(png).decode()
+        parts.append(
+            f"<figure id='fig-{slug}'><figcaption>{html.escape(title)}</figcaption>{note}"
+            f"<img alt='{html.escape(title)}' src='data:image/png;base64,{b64}'></figure>"
+        )
+    return parts
 
 
-def _table(rows: Sequence[dict], cols: Sequence[tuple], cls_of=None, table_id: str = "") -> str:
-    head = "".join(
-        f'<th class="l">{html.escape(h)}</th>' if i < 1 else f"<th>{html.escape(h)}</th>"
-        for i, (h, _) in enumerate(cols)
+def _failed(d: ReportData) -> str:
+    return f"<h2>Failed attempts ({len(d.failed)})</h2>" + _table(
+        [dict(r, layout=knobs.label(r)) for r in d.failed],
+        (
+            ("candidate", "candidate_id"),
+            ("round", "round"),
+            ("layout", "layout"),
+            ("failure", "failure_class"),
+            ("pred memory (GB)", "pred_memory_gb"),
+            ("job", "job_id"),
+        ),
+        table_id="failed",
+        left=("layout", "failure_class"),
     )
-    body = []
-    for r in rows:
-        cls = cls_of(r) if cls_of else ""
-        tds = "".join(f"<td>{html.escape(_fmt(k, r.get(k)))}</td>" for _, k in cols)
-        body.append(f'<tr class="{cls}">{tds}</tr>')
-    tid = f' id="{table_id}"' if table_id else ""
-    return (
-        f"<div style='overflow-x:auto'><table{tid}><thead><tr>{head}</tr></thead>"
-        f"<tbody>{''.join(body)}</tbody></table></div>"
+
+
+def _lineage(d: ReportData) -> str:
+    return "<h2>Promoted lineages</h2>" + _table(
+        [dict(vars(l), efficiency=l.efficiency) for l in d.lineage],
+        (
+            ("from sweep", "parent_sweep"),
+            ("GPUs", "parent_gpus"),
+            ("step (s)", "parent_step_s"),
+            ("to sweep", "child_sweep"),
+            ("GPUs", "child_gpus"),
+            ("step (s)", "child_step_s"),
+            ("m before", "parent_m"),
+            ("m after", "child_m"),
+            ("efficiency", "efficiency"),
+            ("layout", "label"),
+        ),
+        table_id="lineage",
+        left=("label",),
     )
 
 
-def render(d: ReportData, out_dir: Path) -> Path:
-    """Write report.html (+ PNGs) into out_dir atomically; return the HTML path."""
+def render(d: ReportData, out_dir: Path, decision: Decision, extra: Sequence[str] = ()) -> Path:
+    """Write report.html (+ PNGs) into out_dir atomically; return the HTML path.
+
+    The page, top to bottom: the decision, the ranked table, failures, figures, then `extra` (HTML
+    sections other ledger readers add, e.g. the search path), calibration, lineages and provenance."""
     out_dir.mkdir(parents=True, exist_ok=True)
     s = d.sweep
     parts: list[str] = [
@@ -104,101 +167,26 @@ def render(d: ReportData, out_dir: Path) -> Path:
     ]
     if d.simulated:
         parts.append(
-            "<p class='sim' id='simulated-banner'>SIMULATED: rows marked simulated come from the twin "
-            "workload (the project's GPU-free stand-in). They rehearse the pipeline; they are not "
-            "measurements of Megatron on GPUs.</p>"
+            "<p class='sim' id='simulated-banner'>SIMULATED: these results come from the twin workload (the "
+            "project's GPU-free stand-in). They rehearse the pipeline; they are not measurements of Megatron "
+            "on GPUs.</p>"
         )
-    ranked = [dict(r, rank=i + 1) for i, r in enumerate(d.measured)]
-    parts.append(
-        f"<h2>Measured candidates ({len(ranked)})</h2><p class='note'>Ranked on measured step p50 "
-        "(tie-break p99, then memory). Δ vs best is relative to the fastest candidate that passed parity. "
-        f"{html.escape(d.effective_note)}</p>"
-    )
-    best_id = next((r["candidate_id"] for r in ranked if r.get("parity") is not False), None)
-    parts.append(
-        _table(
-            ranked,
-            (*RANKED_HEAD, *knob_columns(ranked), *RANKED),
-            table_id="ranked",
-            cls_of=lambda r: "best" if r["candidate_id"] == best_id else "excluded" if r.get("parity") is False else "",
-        )
-    )
+    parts.append(sections.headline(d, decision))
+    parts.append(sections.ranked(d, decision))
     if d.failed:
-        parts.append(f"<h2>Failed attempts ({len(d.failed)})</h2>")
-        parts.append(
-            _table(
-                [dict(r, layout=knobs.label(r)) for r in d.failed],
-                (
-                    ("candidate", "candidate_id"),
-                    ("round", "round"),
-                    ("layout", "layout"),
-                    ("failure", "failure_class"),
-                    ("pred memory (GB)", "pred_memory_gb"),
-                    ("job", "job_id"),
-                ),
-                table_id="failed",
-            )
-        )
-    for slug, title, fn in plots.FIGURES:
-        png = fn(d)
-        if png is None:
-            parts.append(
-                f"<figure id='fig-{slug}'><figcaption>{html.escape(title)}</figcaption>"
-                "<p class='note'>Nothing to show for this sweep.</p></figure>"
-            )
-            continue
-        (out_dir / f"{slug}.png").write_bytes(png)
-        b64 = base64.b64encode(png).decode()
-        parts.append(
-            f"<figure id='fig-{slug}'><figcaption>{html.escape(title)}</figcaption>"
-            f"<img alt='{html.escape(title)}' src='data:image/png;base64,{b64}'></figure>"
-        )
+        parts.append(_failed(d))
+    parts.extend(_figures(d, out_dir))
+    parts.extend(extra)
     if d.calibrations:
-        parts.append("<h2>Calibration per round</h2>")
-        parts.append(
-            _table(
-                [
-                    {
-                        "round": c["round"],
-                        "fit": json.dumps(c["fit"], sort_keys=True)[:300],
-                        "error": json.dumps(c["error"], sort_keys=True)[:300],
-                    }
-                    for c in d.calibrations
-                ],
-                (("round", "round"), ("fit", "fit"), ("error", "error")),
-                table_id="calibration",
-            )
-        )
+        parts.append(sections.calibration(d))
     if d.lineage:
-        parts.append("<h2>Promoted lineages</h2>")
-        parts.append(
-            _table(
-                [dict(vars(l), efficiency=l.efficiency) for l in d.lineage],
-                (
-                    ("from sweep", "parent_sweep"),
-                    ("GPUs", "parent_gpus"),
-                    ("step (s)", "parent_step_s"),
-                    ("to sweep", "child_sweep"),
-                    ("GPUs", "child_gpus"),
-                    ("step (s)", "child_step_s"),
-                    ("m before", "parent_m"),
-                    ("m after", "child_m"),
-                    ("efficiency", "efficiency"),
-                    ("layout", "label"),
-                ),
-                table_id="lineage",
-            )
-        )
+        parts.append(_lineage(d))
     parts.append(
         "<h2>Provenance</h2><pre id='provenance'>"
         + html.escape(json.dumps(d.provenance, indent=2, sort_keys=True, default=str))
         + "</pre>"
     )
-    # Marks each figure with its decoded width once loaded, so a headless browser check can see broken images.
-    parts.append(
-        "<script>addEventListener('load',()=>document.querySelectorAll('img').forEach("
-        "i=>i.setAttribute('data-natural-width',i.naturalWidth)))</script>"
-    )
+    parts.append(SCRIPT)
     parts.append("</body></html>")
     return atomic_write(out_dir / "report.html", "\n".join(parts))
 
@@ -219,6 +207,10 @@ def out_folder(name: str, out: str | None = None) -> Path:
 
 
 def report(ledger, name: str, folder: Path) -> Path:
+    """Gather the sweep, decide, and render. `extra` collects further sections that read the ledger
+    themselves (one call each, e.g. the search path), placed after the figures."""
     from orchestrator.report.data import gather
 
-    return render(gather(ledger, name), folder)
+    d = gather(ledger, name)
+    extra: list[str] = []
+    return render(d, folder, decide(ledger, d), extra)

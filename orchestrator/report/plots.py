@@ -166,21 +166,28 @@ def expert_load(d: ReportData) -> bytes | None:
     a1.set_ylabel("tokens per expert")
     a1.set_title("Expert load across experts")
     a1.legend(fontsize=7)
+    drops = any(r.get("token_drop_fraction") for r in top)  # an all-zero axis says nothing: the page notes it
     a2.bar(
-        [x - 0.2 for x in xs], [r.get("hot_expert_ratio") or 0 for r in top], 0.4, label="hot-expert ratio (max/mean)"
-    )
-    a2b = a2.twinx()
-    a2b.bar(
-        [x + 0.2 for x in xs],
-        [100 * (r.get("token_drop_fraction") or 0) for r in top],
+        [x - 0.2 * drops for x in xs],
+        [r.get("hot_expert_ratio") or 0 for r in top],
         0.4,
-        color="#d1495b",
-        label="token drop (%)",
+        label="hot-expert ratio (max/mean)",
     )
     a2.set_xticks(list(xs), [f"#{r['candidate_id']}" for r in top])
     a2.set_ylabel("max / mean")
-    a2b.set_ylabel("token drop (%)")
-    a2.set_title("Hot experts and token drop")
+    if drops:
+        a2b = a2.twinx()
+        a2b.bar(
+            [x + 0.2 for x in xs],
+            [100 * (r.get("token_drop_fraction") or 0) for r in top],
+            0.4,
+            color="#d1495b",
+            label="token drop (%)",
+        )
+        a2b.set_ylabel("token drop (%)")
+        a2.set_title("Hot experts and token drop")
+    else:
+        a2.set_title("Hot experts (no token drops measured)")
     return _png(fig)
 
 

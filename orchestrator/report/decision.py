@@ -1,0 +1,117 @@
+"""The report's decision: which layout to train with, its margin over the runner-up, its evidence and flags.
+
+Why its own step: the page opens on this answer, and it must be the answer `best` gives (db.queries.best:
+measured step p50, tie-break p99 then peak reserved memory; partial results and failed parity excluded),
+with the flags `plan --argv` prints (orchestrator.runspec.layout_flags, from the sweep's stored
+config and the candidate's stored layout and layer pattern), never a second copy of either rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from db import queries
+from db.ledger import Ledger
+from orchestrator.report.data import ReportData
+
+
+@dataclass
+class Decision:
+    best: dict | None  # the recommended candidate's row of ReportData.measured
+    runner_up: dict | None  # the next eligible candidate (same rule), None when there is none
+    flags: str  # the exact Megatron flags, one per line (plan.format_argv); "" when unavailable
+    flags_source: str  # where the flags come from, or why there are none
+    hbm_gb: float | None  # the sweep's hardware HBM per GPU (decimal GB)
+    chosen_on: str = "measured step p50; tie-break p99, then lower peak reserved memory"
+
+    @property
+    def margin(self) -> float | None:
+        """How much slower the runner-up's step p50 is than the recommended one's (0.064 = 6.4%)."""
+        if not self.best or not self.runner_up:
+            return None
+        return self.runner_up["step_p50_s"] / self.best["step_p50_s"] - 1.0
+
+    @property
+    def within_noise(self) -> bool:
+        """The runner-up's p50 lies inside the recommended layout's own p50..p95 spread: not separated."""
+        if not self.best or not self.runner_up:
+            return False
+        p95 = self.best.get("step_p95_s") or self.best["step_p50_s"]
+        return self.runner_up["step_p50_s"] <= p95
+
+
+def eligible(row: dict) -> bool:
+    """What `best` may choose: a complete (not partial) measurement that did not fail a parity check."""
+    return row.get("parity") is not False and not row.get("partial")
+
+
+def decide(ledger: Ledger, d: ReportData) -> Decision:
+    """The recommended candidate (`best`'s choice for this sweep), the runner-up and the flags."""
+    hit = queries.best(ledger, sweep=d.sweep.name)
+    best = next((r for r in d.measured if hit and r["candidate_id"] == hit["candidate_id"]), None)
+    others = sorted(
+        (r for r in d.measured if eligible(r) and r is not best),
+        key=lambda r: (r["step_p50_s"], r.get("step_p99_s") or float("inf")),
+    )
+    cfg, why = _stored_config(d.sweep.config_yaml)
+    hbm = _hbm(d.sweep.config_yaml)
+    flags, source = "", "no recommended candidate"
+    if best is not None:
+        flags, source = _flags(ledger, d.sweep.name, best["candidate_id"], cfg, why, hit)
+    return Decision(best=best, runner_up=others[0] if others else None, flags=flags, flags_source=source, hbm_gb=hbm)
+
+
+def _stored_config(text: str):
+    """The sweep's stored RootConfig, or (None, why) when the snapshot does not compose (an old ledger)."""
+    from orchestrator.sweep.setup import root_from_yaml
+
+    try:
+        cfg = root_from_yaml(text)
+    except Exception as e:  # noqa: BLE001 - OmegaConf raises many types; the page says why instead
+        return None, f"the sweep's stored config does not compose ({type(e).__name__})"
+    if cfg.stage is None:
+        return None, "the sweep's stored config has no stage"
+    return cfg, ""
+
+
+def _hbm(text: str) -> float | None:
+    try:
+        return float((yaml.safe_load(text) or {})["hardware"]["hbm_gb"])
+    except (KeyError, TypeError, ValueError, yaml.YAMLError):
+        return None
+
+
+def _flags(ledger: Ledger, sweep: str, candidate_id: int, cfg, why: str, hit: dict | None) -> tuple[str, str]:
+    """(flags text, source): from the stored config as `plan --argv` builds them, else the job's own spec."""
+    from orchestrator.plan.layout import Layout
+    from orchestrator.runspec import format_argv, layout_flags
+
+    cand = next((c for c in ledger.candidates(sweep) if c.id == candidate_id), None)
+    if cfg is not None and cand is not None:
+        try:
+            tokens = layout_flags(cfg, cfg.stage, Layout.from_dict(cand.layout), cand.layer_pattern)
+            return format_argv(tokens), (
+                "built as `plan --argv` builds them, from the sweep's stored config and this candidate's layout; "
+                "--train-iters is the measurement's warm-up + window: set your own for training"
+            )
+        except (TypeError, ValueError, KeyError, AttributeError) as e:  # a ledger older than this code
+            why = f"the stored layout does not build flags ({type(e).__name__}: {e})"
+    spec = _spec_argv((hit or {}).get("attempt", {}).get("job_dir"))
+    if spec:
+        return format_argv(spec), f"read from the measurement job's spec (job.json); {why}"
+    return "", why or "this candidate's layout is not in the ledger"
+
+
+def _spec_argv(job_dir: str | None) -> list[str]:
+    """The argv the measuring job ran with (its job.json), when its folder is still readable here."""
+    if not job_dir:
+        return []
+    from jobs.paths import JobPaths
+    from jobs.spec import JobSpec
+
+    try:
+        return list(JobSpec.load(JobPaths(job_dir).spec).argv)
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
