@@ -225,7 +225,7 @@ def _csv(res: PlanResult, top: int | None) -> str:
 
 
 def run(args, overrides) -> int:
-    composed = compose(overrides, require_stage=True)
+    composed = compose(overrides, require_stage=True, command=NAME)
     cfg = composed.cfg
     stage = stage_or_error(composed)
     if args.top is not None and args.top < 0:

@@ -43,7 +43,7 @@ def run(args, overrides) -> int:
     overrides = list(overrides)
     if args.folder:
         overrides.append(f"cluster.folder={Path(args.folder).resolve()}")
-    composed = compose(overrides, require_stage=True)
+    composed = compose(overrides, require_stage=True, command=NAME)
     cfg, stage = composed.cfg, stage_or_error(composed)
     planned_all = planner.plan(
         cfg.model, cfg.hardware, stage, workload=cfg.workload.name, recipe=cfg.workload.recipe

@@ -95,7 +95,7 @@ def report(outcome, args) -> int:
 
 
 def run(args, overrides) -> int:
-    composed = compose(overrides, require_stage=True)
+    composed = compose(overrides, require_stage=True, command=NAME)
     cfg = composed.cfg
     # An impossible stage is refused before anything is written to the ledger.
     stage = stage_or_error(composed)
