@@ -98,9 +98,9 @@ def summary_rows(hit: dict) -> list[tuple[str, str]]:
     return [
         ("layout", Layout.from_dict(hit["layout"]).short()),
         ("step p50 / p99", f"{num('step_p50_s', ' s')} / {num('step_p99_s', ' s')}{sim}"),
-        ("tokens/s/GPU", num("tokens_per_gpu", "", ".1f")),
+        ("tokens/s/GPU", num("tokens_per_s_per_gpu", "", ".1f")),
         ("peak reserved memory", num("peak_reserved_gb", " GB", ".1f")),
-        ("token drop", num("token_drop_frac", "", ".4f")),
+        ("token drop", num("token_drop_fraction", "", ".4f")),
         ("job", f"{a['job_id']} ({a['state']}) attempt {a['attempt_no']}, round {hit['round']}"),
         ("job folder", str(a["job_dir"])),
         ("chosen on", hit["chosen_on"]),

@@ -265,6 +265,9 @@ class Driver:
             )
             self.ledger.set_candidate_status(c.id, CandidateStatus.SUBMITTED, f"job {sub.job_id}")
             self._heartbeat()  # the local executor waits for free slots inside submit()
+            if self.launcher.starts_on_submit:  # local jobs run (and end) while submit() waits: record it now
+                self._poll(self.ledger.live_attempts(self.name))
+                self._show()
 
         subs = self.launcher.submit(tasks, on_submitted=record)  # Slurm: one array, one sbatch
         self.stats["submitted"] += len(subs)
