@@ -24,7 +24,7 @@ def add_arguments(parser) -> None:
         type=int,
         default=0,
         metavar="INDEX",
-        help="index into the planner's ranking (0 = predicted fastest)",
+        help="candidate index in the planner's order (the `candidate` column of `plan`; 0 = predicted fastest)",
     )
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument(
