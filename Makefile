@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: install
-	$(PY) -m orchestrator sweep +stage=1k cluster=local
+	$(PY) -m orchestrator sweep +stage=1k cluster=local; rc=$$?; \
+	echo "(run the commands above in the venv: source $(VENV)/bin/activate)"; exit $$rc
 
 services: install
 	bash tests/cluster/services.sh up
