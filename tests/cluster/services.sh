@@ -78,13 +78,13 @@ case "${1:-}" in
         ;;
     down)
         if [ "${2:-}" = "--undo" ]; then
-            bash "$HERE/slurm_local.sh" down --uninstall
+            bash "$HERE/slurm_local.sh" down --uninstall; rc=$?
             list=${ORCH_INSTALLED_LIST:-/var/lib/orch-slurm-local/installed-packages}.chromium
             if [ -s "$list" ]; then
                 DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq chromium >/dev/null && rm -f "$list"
                 log "chromium removed"
             fi
-            exit 0
+            exit $rc
         fi
         bash "$HERE/slurm_local.sh" down
         if [ "${2:-}" = "--all" ]; then
