@@ -80,7 +80,7 @@ case "${1:-}" in
         if [ "${2:-}" = "--undo" ]; then
             bash "$HERE/slurm_local.sh" down --uninstall; rc=$?
             list=${ORCH_INSTALLED_LIST:-/var/lib/orch-slurm-local/installed-packages}.chromium
-            if [ -s "$list" ]; then
+            if [ -e "$list" ]; then
                 DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq chromium >/dev/null && rm -f "$list"
                 log "chromium removed"
             fi
