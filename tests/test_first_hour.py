@@ -30,8 +30,11 @@ def swept(tmp_path_factory) -> tuple[Path, str, str]:
     tmp = tmp_path_factory.mktemp("first_hour")
     older = cli("sweep", *sweep_args(tmp, "older", *SMALL), "--plain")
     assert older.returncode == 0, older.stderr[-3000:]
-    newer = cli("sweep", *sweep_args(tmp, "newer", stage="gpu1"), "--plain")
+    newer = cli("sweep", *sweep_args(tmp, "newer", stage="gpu1"), "--json")
     assert newer.returncode == 0, newer.stderr[-3000:]
+    nxt = json.loads(newer.stdout[newer.stdout.index("\n{") :])["next"]  # --json carries the next steps too
+    assert nxt["flags"].startswith("python -m orchestrator best --sweep newer --flags ledger.url=")
+    assert nxt["report"].startswith("python -m orchestrator report newer ") and Path(nxt["job_folders"]).is_dir()
     return tmp, older.stdout, f"ledger.url={ledger_url(tmp)}"
 
 
