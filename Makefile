@@ -23,15 +23,18 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: install
-	$(PY) -m orchestrator sweep +stage=1k cluster=local
+	$(PY) -m orchestrator sweep +stage=1k cluster=local; rc=$$?; \
+	echo "(run the commands above in the venv: source $(VENV)/bin/activate)"; exit $$rc
 
 services: install
 	bash tests/cluster/services.sh up
-	# Debian's chromium renders the HTML report in tests/test_report.py.
-	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium)
+	# Debian's chromium renders the HTML report in tests/test_report.py (recorded: services-down removes it).
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium \
+		&& mkdir -p /var/lib/orch-slurm-local && touch /var/lib/orch-slurm-local/installed-packages.chromium)
 
+# Undo what `make test` did to this host: Slurm daemons, /etc/hosts line, /etc/slurm links, state, the packages.
 services-down:
-	bash tests/cluster/services.sh down
+	bash tests/cluster/services.sh down --undo
 
 test: install services lint
 	$(PY) -m pytest tests; rc=$$?; \

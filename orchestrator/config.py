@@ -8,7 +8,10 @@ wrong type fails here, once, with the key's path and the fix.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import re
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +23,7 @@ from orchestrator.errors import UserError
 from orchestrator.schema import RootConfig, StageConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+GROUPS = ("stage", "model", "hardware", "cluster", "ledger", "policy", "workload")
 # `scheme://user:PASSWORD@`: a password (any characters but white space, up to the last @ of the URL).
 _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)(\S*)@")
 
@@ -59,8 +63,58 @@ class Composed:
         return OmegaConf.to_yaml(raw)
 
 
-def compose(overrides: Sequence[str] = (), *, require_stage: bool = False) -> Composed:
-    """Compose conf/config.yaml with overrides, validate against RootConfig, return both forms."""
+def config_keys() -> list[str]:
+    """Every dotted key RootConfig accepts (nested dataclasses, the optional stage included): what a typo is
+    compared with."""
+
+    def walk(cls: type, prefix: str) -> list[str]:
+        out = []
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            key = f"{prefix}{f.name}"
+            out.append(key)
+            args = typing.get_args(hints[f.name]) or (hints[f.name],)
+            inner = [t for t in args if isinstance(t, type) and dataclasses.is_dataclass(t)]
+            if inner:
+                out.extend(walk(inner[0], key + "."))
+        return out
+
+    return walk(RootConfig, "")
+
+
+def nearest_key(key: str) -> str:
+    """ "; did you mean 'policy.name'?" for a typo'd key (difflib), else where the keys are listed."""
+    close = difflib.get_close_matches(key.lstrip("+~"), config_keys(), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean '{close[0]}'?"
+    return " (the keys are the fields of orchestrator/schema.py and the YAML files under conf/)"
+
+
+def _hydra_message(msg: str, overrides: Sequence[str]) -> str:
+    """One of Hydra's bare messages, rewritten to name the fix: a missing `+`, a typo, a bad group option,
+    a quoting problem."""
+    missing_plus = re.match(r"Could not override '(\w+)'\. No match in the defaults list", msg)
+    if missing_plus and missing_plus.group(1) in GROUPS:
+        group = missing_plus.group(1)
+        given = next((o for o in overrides if o.startswith(f"{group}=")), f"{group}=NAME")
+        return f"{given}: write +{given} (no {group} is chosen by default, so it is added with a `+`)"
+    if "ledger.url" in msg:
+        return (
+            f"invalid override: {msg} (quote a URL holding , or ': 'ledger.url=\"...\"', or leave the password "
+            "out of the URL: libpq reads PGPASSWORD or ~/.pgpass)"
+        )
+    unknown = re.match(r"Could not override '([\w.]+)'\.$", msg)
+    if unknown:
+        return f"unknown config key '{unknown.group(1)}'{nearest_key(unknown.group(1))}"
+    for group in GROUPS:
+        if f"'{group}'" in msg or f"{group}/" in msg or f"{group}=" in msg:
+            return f"invalid override: {msg} (available {group} options: {', '.join(available(group))})"
+    return f"invalid override: {msg}"
+
+
+def compose(overrides: Sequence[str] = (), *, require_stage: bool = False, command: str = "plan") -> Composed:
+    """Compose conf/config.yaml with overrides, validate against RootConfig, return both forms.
+    `command` names the subcommand in the example a missing stage is answered with."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -68,10 +122,11 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False) -> Co
 
     overrides = list(overrides)
     if require_stage and not any(o.lstrip("+~").startswith("stage=") for o in overrides):
+        extra = " cluster=local" if command in ("sweep", "run-one", "preflight") else ""
         raise ConfigError(
             "no stage given: add +stage=NAME, one of: "
             + ", ".join(available("stage"))
-            + " (e.g. `python -m orchestrator plan +stage=1k`)"
+            + f" (e.g. `python -m orchestrator {command} +stage=1k{extra}`)"
         )
     GlobalHydra.instance().clear()
     try:
@@ -79,17 +134,7 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False) -> Co
             raw = hydra_compose(config_name="config", overrides=overrides)
     except HydraException as exc:
         msg = str(exc).strip().splitlines()[0]
-        hint = ""
-        for group in ("stage", "model", "hardware", "cluster", "ledger", "policy", "workload"):
-            if f"'{group}'" in msg or f"{group}/" in msg or f"{group}=" in msg:
-                hint = f" (available {group} options: {', '.join(available(group))})"
-                break
-        if "ledger.url" in msg:
-            hint = (
-                " (quote a URL holding , or ': 'ledger.url=\"...\"', or leave the password out of the URL: "
-                "libpq reads PGPASSWORD or ~/.pgpass)"
-            )
-        raise ConfigError(f"invalid override: {msg}{hint}") from None
+        raise ConfigError(_hydra_message(msg, overrides)) from None
     finally:
         GlobalHydra.instance().clear()
     try:
@@ -98,9 +143,10 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False) -> Co
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
         first = str(exc).strip().splitlines()[0]
-        raise ConfigError(
-            f"invalid config value at '{key}': {first}. Fix the override or the YAML file under conf/."
-        ) from None
+        fix = "Fix the override or the YAML file under conf/."
+        if " not in " in first and key != "?":  # an added (+) key the schema does not have: a typo?
+            fix = f"No such config key{nearest_key(key)}"
+        raise ConfigError(f"invalid config value at '{key}': {first}. {fix}") from None
     from orchestrator.launch import container
 
     try:

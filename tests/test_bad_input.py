@@ -181,3 +181,24 @@ def test_a_failing_workload_leaves_its_stderr_in_the_ledger_and_the_sweep_exits_
         for c in cands:
             (a,) = led.attempts(c.id)
             assert a.failure_class == "CRASH" and "stderr: fatal: dataset /data/x is missing" in a.failure_detail
+
+
+# ------------------------------------------------------------------------------------- Hydra's messages
+def test_a_stage_without_plus_says_to_write_plus(cwd, tmp_path):
+    line = refused(cwd, "sweep", "stage=1k", "cluster=local", "--plain")
+    assert "write +stage=1k" in line, line
+    assert tree(tmp_path) == {"work", "work/here"}
+
+
+@pytest.mark.parametrize(
+    ("typo", "key"), [("polcy.name=x", "policy.name"), ("stage.gpu=3", "stage.gpus"), ("+polcy.name=x", "policy")]
+)
+def test_a_typo_in_a_key_suggests_the_nearest_key(cwd, typo, key):
+    line = refused(cwd, "plan", "+stage=1k", typo)
+    assert f"did you mean '{key}'?" in line, line
+
+
+def test_a_sweep_without_a_stage_shows_a_sweep_example(cwd, tmp_path):
+    line = refused(cwd, "sweep", "cluster=local", "--plain")
+    assert "no stage given" in line and "`python -m orchestrator sweep +stage=1k" in line and " plan " not in line
+    assert tree(tmp_path) == {"work", "work/here"}

@@ -166,7 +166,7 @@ def test_cli_compare_best_ledger(filled, ledger_url, capsys, tmp_path):
     rc, out, _ = run_cli(["best", "--sweep", "s1", "--format", "json", url], capsys)
     assert rc == 0 and json.loads(out)["key"] == cands[2].key
     rc, _, err = run_cli(["best", "--sweep", "s1", "--stage", "16k", url], capsys)
-    assert rc == 2 and "no successful, non-partial measured result" in err
+    assert rc == 2 and "not 16k" in err
     rc, out, _ = run_cli(["ledger", "export", "--out", str(tmp_path / "v.parquet"), url], capsys)
     assert rc == 0 and "wrote 6 rows" in out
     rc, out, _ = run_cli(["ledger", "events", "--sweep", "s1", "--format", "json", url], capsys)

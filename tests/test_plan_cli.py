@@ -70,7 +70,8 @@ def test_json_1k_contains_config_a():
     assert (a["D_a"], a["D_e"], a["m"], round(a["bubble"], 3)) == (128, 2, 32, 0.179)
     assert (a["T_group"], a["T_expert"]) == (524288, 8192)
     assert a["layer_pattern"].count("|") == 7 and len(a["key"]) == 32
-    assert [c["rank"] for c in out["candidates"]] == list(range(len(out["candidates"])))  # 0 = best
+    assert [c["candidate"] for c in out["candidates"]] == list(range(len(out["candidates"])))  # 0 = best
+    assert "rank" not in out["candidates"][0]  # "rank" is a GPU rank, never the planner's order
 
 
 def test_json_8k_contains_configs_b_and_c_and_rejects_b_with_vpp():
@@ -97,7 +98,7 @@ def test_table_header_columns_and_rejections():
     r = cli("+stage=8k", "--top", "5", "--show-rejected")
     assert r.returncode == 0, r.stderr
     assert "analytic estimates" in r.stdout.splitlines()[0]
-    header = next(line for line in r.stdout.splitlines() if "rank" in line and "D_a" in line)
+    header = next(line for line in r.stdout.splitlines() if "candidate" in line and "D_a" in line)
     for col in (
         "tp",
         "pp",

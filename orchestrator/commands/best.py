@@ -1,7 +1,9 @@
-"""`best`: the fastest layout by MEASURED step time (tie-break p99, then lower peak reserved memory).
+"""`best`: the fastest layout of one sweep by MEASURED step time (tie-break p99, then lower peak reserved memory).
 
-Never chosen on predictions; only non-partial successful results count, and a candidate that
-failed a parity check is excluded. JSON carries the evidence: every metric, job id, log paths.
+Never chosen on predictions; only non-partial successful results count, and a candidate that failed a parity
+check is excluded. Without `--sweep` it answers for the most recent sweep (of `--stage`, if given) and says
+which: the best across every stage would compare a 64-GPU slice with a 1k stage. A table on a terminal, JSON
+(every metric, job id, log paths) with `--format json` or through a pipe; `--flags` prints its Megatron flags.
 """
 
 from __future__ import annotations
@@ -9,38 +11,129 @@ from __future__ import annotations
 import json
 import sys
 
-from orchestrator.commands._shared import open_ledger, print_table
+from orchestrator.commands._shared import open_ledger
 from orchestrator.errors import UserError
 
 NAME = "best"
-HELP = "The best measured layout of a sweep (step p50, then p99, then memory headroom) with its evidence."
+HELP = (
+    "The best measured layout of a sweep (step p50, then p99, then memory headroom) with its evidence; "
+    "default: the most recent sweep."
+)
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--sweep", default=None, help="sweep name (default: all sweeps)")
-    parser.add_argument("--stage", default=None)
-    parser.add_argument("--format", choices=["json", "table"], default="json")
+    parser.add_argument("--sweep", default=None, help="sweep name (default: the most recent sweep)")
+    parser.add_argument("--stage", default=None, help="the most recent sweep of this stage (e.g. 1k)")
+    parser.add_argument(
+        "--format", choices=["json", "table"], default=None, help="default: table on a terminal, else json"
+    )
     parser.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
+    parser.add_argument(
+        "--flags", action="store_true", help="print the exact Megatron flags the best layout's job ran with"
+    )
+
+
+def pick_sweep(ledger, name: str | None, stage: str | None):
+    """The sweep `best` answers for: the named one, else the most recently updated (of `stage`, if given).
+    A UserError lists the sweeps when there is no such sweep."""
+    sweeps = ledger.list_sweeps()
+    known = ", ".join(s.name for s in sweeps) or "none"
+    if name is not None:
+        row = next((s for s in sweeps if s.name == name), None)
+        if row is None:
+            raise UserError(f"no sweep named '{name}' in {ledger.url}; sweeps: {known}")
+        if stage is not None and row.stage != stage:
+            raise UserError(f"sweep '{name}' is stage {row.stage}, not {stage}: drop --stage or name another sweep")
+        return row
+    pool = [s for s in sweeps if stage is None or s.stage == stage]
+    if not pool:
+        where = f" of stage {stage}" if stage else ""
+        raise UserError(f"no sweep{where} in {ledger.url} (sweeps: {known}); run one: `python -m orchestrator sweep`")
+    return max(pool, key=lambda s: (s.updated_at, s.id))
+
+
+def flags_of(hit: dict, config_yaml: str) -> list[str]:
+    """The Megatron flags of the best attempt: its job.json as launched, else rebuilt from the sweep's stored
+    config (a job folder on another machine) with the same function the job got them from."""
+    from pathlib import Path
+
+    from jobs.paths import JobPaths
+    from jobs.spec import JobSpec
+
+    spec_path = JobPaths(Path(hit["attempt"]["job_dir"])).spec
+    if spec_path.is_file():
+        spec = JobSpec.load(spec_path)
+        return [*spec.argv, *spec.workload.extra_args]
+    from orchestrator.plan.layout import Layout
+    from orchestrator.runspec import layout_flags
+    from orchestrator.sweep.setup import root_from_yaml
+
+    cfg = root_from_yaml(config_yaml)
+    return layout_flags(cfg, cfg.required_stage(), Layout.from_dict(hit["layout"]), hit["layer_pattern"])
+
+
+def summary_rows(hit: dict) -> list[tuple[str, str]]:
+    """The evidence a decision needs, one field a line (the JSON has every metric)."""
+    from orchestrator.plan.layout import Layout
+
+    m, a = hit["metrics"], hit["attempt"]
+
+    def num(key: str, unit: str = "", fmt: str = ".3f") -> str:
+        v = m.get(key)
+        return "-" if v is None else f"{v:{fmt}}{unit}"
+
+    sim = " (simulated)" if hit["simulated"] else ""
+    return [
+        ("layout", Layout.from_dict(hit["layout"]).short()),
+        ("step p50 / p99", f"{num('step_p50_s', ' s')} / {num('step_p99_s', ' s')}{sim}"),
+        ("tokens/s/GPU", num("tokens_per_s_per_gpu", "", ".1f")),
+        ("peak reserved memory", num("peak_reserved_gb", " GB", ".1f")),
+        ("token drop", num("token_drop_fraction", "", ".4f")),
+        ("job", f"{a['job_id']} ({a['state']}) attempt {a['attempt_no']}, round {hit['round']}"),
+        ("job folder", str(a["job_dir"])),
+        ("chosen on", hit["chosen_on"]),
+        ("candidate key", hit["key"]),
+    ]
 
 
 def run(args, overrides) -> int:
     from db import queries
 
     with open_ledger(overrides) as ledger:
-        hit = queries.best(ledger, sweep=args.sweep, stage=args.stage)
+        sweep = pick_sweep(ledger, args.sweep, args.stage)
+        hit = queries.best(ledger, sweep=sweep.name)
         url = ledger.url
+    if args.sweep is None:
+        scope = f" of stage {args.stage}" if args.stage else ""
+        print(
+            f"best of sweep {sweep.name} (stage {sweep.stage}; the most recent sweep{scope}: "
+            "--sweep NAME or --stage STAGE picks another)",
+            file=sys.stderr,
+        )
     if hit is None:
-        scope = f"sweep '{args.sweep}'" if args.sweep else "the ledger"
-        raise UserError(f"no successful, non-partial measured result in {scope} ({url}); run or resume the sweep")
-    if args.format == "json":
+        raise UserError(
+            f"sweep '{sweep.name}' has no successful, non-partial measured result yet ({url}): "
+            f"see `python -m orchestrator status {sweep.name}`, or resume it"
+        )
+    if args.flags:
+        from orchestrator.runspec import format_argv
+
+        print(format_argv(flags_of(hit, sweep.config_yaml)))
+        return 0
+    fmt = args.format or ("table" if sys.stdout.isatty() else "json")
+    if fmt == "json":
         json.dump(hit, sys.stdout, indent=1, default=str)
         print()
         return 0
-    flat = {k: v for k, v in hit.items() if not isinstance(v, dict)}
-    flat.update({f"attempt.{k}": v for k, v in hit["attempt"].items()})
-    flat.update({k: v for k, v in hit["metrics"].items() if not isinstance(v, dict)})
-    print_table(
-        [{"field": k, "value": json.dumps(v, default=str) if isinstance(v, list) else v} for k, v in flat.items()],
-        title=f"best of {args.sweep or 'all sweeps'} ({hit['chosen_on']})",
-    )
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"best of sweep {sweep.name} (stage {sweep.stage})", title_justify="left", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    for k, v in summary_rows(hit):
+        table.add_row(k, v)
+    console = Console()
+    console.print(table)
+    console.print(f"Megatron flags: python -m orchestrator best --sweep {sweep.name} --flags", highlight=False)
     return 0

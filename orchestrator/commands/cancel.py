@@ -1,11 +1,15 @@
-"""`cancel NAME`: scancel every live job of a sweep and record it in the ledger."""
+"""`cancel NAME`: scancel every live job of a sweep and record it in the ledger.
+
+A finished sweep (done, or already cancelled) with no live job keeps its status: relabelling a finished
+search `cancelled` would hide that it ended on its own.
+"""
 
 from __future__ import annotations
 
 from jobs.failures import Failure
 from orchestrator.config import compose
 from orchestrator.states import AttemptState, CandidateStatus, SweepStatus
-from orchestrator.sweep import open_ledger, stored_config
+from orchestrator.sweep import open_ledger, stored_config, stored_sweep
 from orchestrator.sweep.view import View
 
 NAME = "cancel"
@@ -25,6 +29,10 @@ def run(args, overrides) -> int:
         if any(o.lstrip("+").startswith("cluster") for o in overrides):
             cfg.cluster = current.cluster
         live = ledger.live_attempts(args.name)
+        status = stored_sweep(ledger, args.name).status
+        if not live and status in (SweepStatus.DONE, SweepStatus.CANCELLED):
+            View(live=False).event(f"sweep {args.name} is {status}: nothing to cancel (its status stays {status})")
+            return 0
         ids = [a.job_id for a in live if a.job_id]
         if ids:
             launcher, _reason = make_launcher(cfg.cluster)

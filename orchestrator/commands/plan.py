@@ -39,7 +39,7 @@ PREDICTION_COLUMNS = [
     "mfu",
     "layer_pattern",
 ]
-TABLE_COLUMNS = ["rank", *knobs.columns(), *PREDICTION_COLUMNS]  # the table adds knobs the stage varies
+TABLE_COLUMNS = ["candidate", *knobs.columns(), *PREDICTION_COLUMNS]  # the table adds knobs the stage varies
 PATTERN_WIDTH = 28
 TEXT = {k.column for k in knobs.DISPLAYED if k.sql == "str"} | {"layer_pattern"}
 FLOAT_FORMATS = {"bubble": ".3f", "routed_weight_gb": ".2f", "memory_gb": ".1f", "step_time_s": ".3f", "mfu": ".3f"}
@@ -64,18 +64,19 @@ def add_arguments(parser) -> None:
         type=int,
         default=None,
         metavar="INDEX",
-        help="print the exact Megatron flags of candidate INDEX (the rank column, 0 = best; "
-        "the same index as `run-one --candidate`) and exit",
+        help="print the exact Megatron flags of candidate INDEX (the `candidate` column: 0 = the predicted "
+        "best; the same index as `run-one --candidate`) and exit",
     )
 
 
-def row(rank: int, p: Planned) -> dict[str, Any]:
-    """One candidate as a flat record with the guide's names (json/csv/table share it).
+def row(index: int, p: Planned) -> dict[str, Any]:
+    """One candidate as a flat record with the model's names (json/csv/table share it).
 
-    rank is the candidate's index in the ranking, 0 = best predicted, as `run-one --candidate` counts."""
+    `candidate` is its index in the planner's order, 0 = the predicted best, as `run-one --candidate` and
+    `plan --argv` count ("rank" is kept for GPU ranks)."""
     lay, pr = p.layout, p.prediction
     return {
-        "rank": rank,
+        "candidate": index,
         "key": p.key,
         **knobs.display(lay),
         "D_a": pr.d_a,
@@ -150,7 +151,7 @@ def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
     # a knob that is not always shown gets a column when the stage searches several values of it
     varying = [k for k, values in knob_values(stage.search).items() if len(values) > 1]
     knob_cols = knobs.columns(varying)
-    columns = ["rank", *knob_cols, *PREDICTION_COLUMNS]
+    columns = ["candidate", *knob_cols, *PREDICTION_COLUMNS]
     table = Table(show_lines=False)
     for col in columns:
         table.add_column(col, no_wrap=True, min_width=len(col), justify="left" if col in TEXT else "right")
@@ -199,7 +200,7 @@ def _csv(res: PlanResult, top: int | None) -> str:
 
 
 def run(args, overrides) -> int:
-    composed = compose(overrides, require_stage=True)
+    composed = compose(overrides, require_stage=True, command=NAME)
     cfg = composed.cfg
     stage = stage_or_error(composed)
     if args.top is not None and args.top < 0:

@@ -22,7 +22,7 @@ def add_arguments(parser) -> None:
 def run(args, overrides) -> int:
     from orchestrator import preflight
 
-    cfg = compose(overrides, require_stage=True).cfg
+    cfg = compose(overrides, require_stage=True, command=NAME).cfg
     outcome = preflight.run(cfg)
     if args.format == "json":
         print(json.dumps(outcome.to_dict(), indent=1))

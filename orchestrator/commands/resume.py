@@ -34,4 +34,4 @@ def run(args, overrides) -> int:
     cluster_given = any(o.lstrip("+").startswith("cluster") for o in overrides)
     view = View(live=False) if args.plain else View()
     outcome = resume_sweep(args.name, composed.cfg, cluster_given=cluster_given, options=options(args), view=view)
-    return report(outcome, args)
+    return report(outcome, args, composed.cfg, overrides)

@@ -24,7 +24,7 @@ def add_arguments(parser) -> None:
         type=int,
         default=0,
         metavar="INDEX",
-        help="index into the planner's ranking (0 = predicted fastest)",
+        help="candidate index in the planner's order (the `candidate` column of `plan`; 0 = predicted fastest)",
     )
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument(
@@ -43,7 +43,7 @@ def run(args, overrides) -> int:
     overrides = list(overrides)
     if args.folder:
         overrides.append(f"cluster.folder={Path(args.folder).resolve()}")
-    composed = compose(overrides, require_stage=True)
+    composed = compose(overrides, require_stage=True, command=NAME)
     cfg, stage = composed.cfg, stage_or_error(composed)
     planned_all = planner.plan(
         cfg.model, cfg.hardware, stage, workload=cfg.workload.name, recipe=cfg.workload.recipe

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+from datetime import UTC, datetime
 
+from db import queries
 from orchestrator.config import compose
 from orchestrator.errors import UserError
 from orchestrator.plan.layout import Layout
@@ -17,6 +21,45 @@ HELP = "Show a sweep's state from the ledger: counts, jobs, calibration, best so
 def add_arguments(parser) -> None:
     parser.add_argument("name", nargs="?", help="sweep name (omit to list sweeps)")
     parser.add_argument("--json", action="store_true")
+
+
+def lease_view(row: dict | None, *, at: datetime | None = None) -> dict | None:
+    """Who holds the lease, until when, and whether that process lives: `alive` is True/False for a holder
+    on this host (a pid check), None for another host (only its expiry tells). The coordinator may swap
+    this for db.leases' own liveness reader; the inputs are the lease row's holder (host:pid) and expiry."""
+    if row is None:
+        return None
+    at = at or datetime.now(UTC)
+    host, _, pid = row["holder"].rpartition(":")
+    alive: bool | None = None
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        except OSError:  # exists, owned by another user
+            alive = True
+    expires = row["expires_at"]
+    return {
+        "holder": row["holder"],
+        "host": host,
+        "pid": int(pid) if pid.isdigit() else None,
+        "expires_at": expires,
+        "expires_in_s": round((expires - at).total_seconds(), 1),
+        "heartbeat_at": row["heartbeat_at"],
+        "alive": alive,
+    }
+
+
+def lease_line(lease: dict | None, last_event: str | None) -> str:
+    if lease is None:
+        return "lease: nobody drives this sweep" + (f" (last: {last_event})" if last_event else "")
+    left = lease["expires_in_s"]
+    rel = f"in {left:.0f} s" if left >= 0 else f"{-left:.0f} s ago"
+    when = f"expires {lease['expires_at']:%H:%M:%S} UTC ({rel})"
+    life = {True: "process alive", False: "process gone: `resume` takes over once it expires", None: "another host"}
+    return f"lease: held by {lease['holder']} ({life[lease['alive']]}), {when}"
 
 
 def gather(ledger, name: str) -> dict:
@@ -61,6 +104,7 @@ def gather(ledger, name: str) -> dict:
         "simulated": spent.simulated,
         "best": observe.best_of(ledger, name),
         "last_lease_event": leases[-1].message if leases else None,
+        "lease": lease_view(queries.lease_of(ledger, name)),
         "calibrations": [
             {"round": c.round, **c.error, "method": c.fit.get("method")} for c in ledger.calibrations(name)
         ],
@@ -91,8 +135,7 @@ def run(args, overrides) -> int:
         f"  queued {c['queued']}  running {c['running']}  done {c['done']}  failed {c['failed']}  "
         f"runs {info['runs']}  attempts {info['attempts']}  {info['gpu_hours']:.1f} GPU-hours{sim}"
     )
-    if info["last_lease_event"]:
-        print(f"  lease: {info['last_lease_event']}")
+    print(f"  {lease_line(info['lease'], info['last_lease_event'])}")
     for cal in info["calibrations"]:
         b, a = cal.get("step_mape_before"), cal.get("step_mape_after")
         print(

@@ -7,9 +7,10 @@ GPU-hours, rounds) is spent or the policy converges. A sweep with an existing na
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 
-from orchestrator.config import compose, stage_or_error
+from orchestrator.config import compose, redact, stage_or_error
 from orchestrator.errors import UserError
 from orchestrator.plan.planner import plan
 from orchestrator.sweep import Options, run_sweep
@@ -64,7 +65,38 @@ def exit_status(outcome) -> int:
     return 1
 
 
-def report(outcome, args) -> int:
+def _ledger_args(overrides) -> str:
+    """The ledger overrides a follow-up command needs to find this sweep (`ledger=postgres`, `ledger.url=...`)."""
+    keep = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] == "ledger"]
+    return "".join(" " + shlex.quote(redact(o, overrides)) for o in keep)
+
+
+def next_steps(outcome, cfg, overrides) -> dict[str, str]:
+    """What to do after a sweep: the command that prints the best layout's Megatron flags, the report
+    command, and where the job folders are (the best attempt's, else the configured cluster.folder)."""
+    from pathlib import Path
+
+    from orchestrator.sweep import open_ledger
+
+    folder = Path(cfg.cluster.folder).resolve() / outcome.sweep
+    with open_ledger(cfg) as ledger:
+        cand = (outcome.best or {}).get("candidate_id")
+        atts = ledger.attempts(cand) if cand is not None else []
+        if atts and atts[-1].job_dir:  # <folder>/<sweep>/<key>/attempt-<n>: where the jobs really went
+            folder = Path(atts[-1].job_dir).parent.parent
+    led = _ledger_args(overrides)
+    steps = {
+        "report": f"python -m orchestrator report {outcome.sweep}{led}",
+        "status": f"python -m orchestrator status {outcome.sweep}{led}",
+        "job_folders": f"{folder}/",
+    }
+    if outcome.best is not None:
+        steps["flags"] = f"python -m orchestrator best --sweep {outcome.sweep} --flags{led}"
+    return steps
+
+
+def report(outcome, args, cfg=None, overrides=()) -> int:
+    steps = next_steps(outcome, cfg, overrides) if cfg is not None else {}
     if args.json:
         print(
             json.dumps(
@@ -77,6 +109,7 @@ def report(outcome, args) -> int:
                     "attempts": outcome.spent.attempts,
                     "gpu_hours": outcome.spent.gpu_hours,
                     "simulated": outcome.spent.simulated,
+                    "next": steps,
                 },
                 indent=2,
             )
@@ -90,12 +123,21 @@ def report(outcome, args) -> int:
     )
     if outcome.best:
         b = outcome.best
-        print(f"  best (measured{sim}): {b['layout']}  step p50 {b['step_p50_s']:.3f}s  key {b['key']}")
+        how = "measured, simulated" if outcome.spent.simulated else "measured"
+        print(f"best layout ({how}): {b['layout']}  step p50 {b['step_p50_s']:.3f} s")
+    if steps:
+        print("next:")
+        if "flags" in steps:
+            print(f"  its Megatron flags  {steps['flags']}")
+        else:
+            print(f"  why nothing was measured  {steps['status']}")
+        print(f"  the report          {steps['report']}")
+        print(f"  job folders         {steps['job_folders']}")
     return exit_status(outcome)
 
 
 def run(args, overrides) -> int:
-    composed = compose(overrides, require_stage=True)
+    composed = compose(overrides, require_stage=True, command=NAME)
     cfg = composed.cfg
     # An impossible stage is refused before anything is written to the ledger.
     stage = stage_or_error(composed)
@@ -104,4 +146,4 @@ def run(args, overrides) -> int:
         raise UserError(res.why_empty(stage))
     view = View(live=False) if args.plain else View()
     outcome = run_sweep(composed.cfg, composed.to_yaml(), options=options(args), view=view)
-    return report(outcome, args)
+    return report(outcome, args, cfg, overrides)

@@ -96,6 +96,9 @@ class Launcher(ABC):
     """Submit a round, poll it with one call, cancel, read results."""
 
     kind: str = ""
+    # True when a job runs from submit() on and submit() may block (the local executor waits for a free
+    # slot): the loop then polls as each job goes out, so the ledger shows running jobs as running.
+    starts_on_submit: bool = False
 
     def __init__(self) -> None:
         self._folders: dict[str, str] = {}

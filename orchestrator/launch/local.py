@@ -41,6 +41,7 @@ def _pid_alive(pid: str) -> bool:
 
 class LocalLauncher(Launcher):
     kind = "local"
+    starts_on_submit = True
 
     def __init__(self, cluster: ClusterConfig, slot_poll_s: float = 0.1) -> None:
         super().__init__()

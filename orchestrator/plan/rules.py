@@ -1,12 +1,12 @@
 """Legality rules for a layout, as data.
 
-Why data: every rejection must name the rule, its one-line reason and where it comes from (the guide
-section or Megatron's own file:line: A = megatron/training/arguments.py, TC = megatron/core/transformer/
-transformer_config.py, MPC = megatron/core/model_parallel_config.py, PS = megatron/core/parallel_state.py,
-SCH = megatron/core/pipeline_parallel/schedules.py; "dev X:L" = Megatron-LM dev at d48bd6be0a85, "main X:L"
-= main at d98e8a64dd), and the planner must check cheap rules before costly ones. Each Rule says which
-Layout fields it reads (`needs`), so the planner checks it once per combination of those fields, and which
-`phase` it belongs to:
+Why data: every rejection must name the rule, its one-line reason and where it comes from (Megatron's own
+file:line, or the public paper a model follows: A = megatron/training/arguments.py, TC =
+megatron/core/transformer/transformer_config.py, MPC = megatron/core/model_parallel_config.py, PS =
+megatron/core/parallel_state.py, SCH = megatron/core/pipeline_parallel/schedules.py; "dev X:L" = Megatron-LM
+dev at d48bd6be0a85, "main X:L" = main at d98e8a64dd), and the planner must check cheap rules before
+costly ones. Each Rule says which Layout fields it reads (`needs`), so the planner checks it once per
+combination of those fields, and which `phase` it belongs to:
 
 - "layout":  reads only the knobs, the groups (D_a, D_e, m) and the stage/model/hardware.
 - "pattern": also reads the pipeline split (blocks per segment) and the HybridModel layer pattern.
@@ -135,10 +135,10 @@ def _vpp_group(ctx: Ctx) -> int:
     return ctx.layout.pp  # --microbatch-group-size-per-virtual-pipeline-stage defaults to PP (dev MPC:426)
 
 
-V4 = "guide §模型与实现 (当前实现中的限制)"
+V4 = "Megatron-LM dev DSv4 path (dsv4_hybrid, d48bd6be0a85)"
 
 RULES: tuple[Rule, ...] = (
-    # ---- V4 path (the guide) ----
+    # ---- V4 path (Megatron-LM dev's DeepSeek-V4 implementation) ----
     Rule(
         "v4.tp1_with_te",
         "V4 hybrid attention (dsv4_hybrid) needs TP=1 and Transformer Engine",
@@ -176,13 +176,13 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "v4.no_deterministic_packed",
         "the packed path has no deterministic mode",
-        f"{V4}; guide §长上下文边界",
+        V4,
         lambda c: c.stage.packed_sequences and c.stage.deterministic_mode,
     ),
     Rule(
         "v4.static_cp_only",
         "the V4 path supports only static CP (no dynamic/hybrid CP flags)",
-        f"{V4}; guide §长上下文边界",
+        V4,
         lambda c: _has_flag(c, DYNAMIC_CP_FLAGS),
         ("cp",),
         "argv",
@@ -204,7 +204,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "v4.cp_d_window",
         "each CP rank needs local rows S/CP >= D_window for the CSA boundary exchange",
-        "guide §长上下文边界 (CP 边界交换校验); dev csa_utils/cp_utils.py:136,191-202",
+        "dev csa_utils/cp_utils.py:136,191-202 (CSA boundary exchange across CP ranks)",
         lambda c: (
             c.model.attention_variant == "dsv4_hybrid"
             and c.layout.cp > 1
@@ -215,7 +215,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "v4.pattern_segments",
         "the '|' layer pattern must hold every block in exactly PP x VPP segments",
-        "guide §61 层怎么切; dev A:884-897 (segments % PP == 0, VPP = segments / PP)",
+        "dev A:884-897 (segments % PP == 0, VPP = segments / PP)",
         lambda c: (
             c.split is not None
             and (
@@ -230,7 +230,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "v4.pattern_excludes_layout_flags",
         "the hybrid '|' pattern forbids --pipeline-model-parallel-layout, VPP layer flags and account-for flags",
-        "guide §61 层怎么切 (参数互斥检查); dev A:838-876",
+        "dev A:838-876 (mutually exclusive pipeline-split flags)",
         lambda c: _has_flag(c, PATTERN_FORBIDDEN_FLAGS),
         ("pp", "vpp"),
         "argv",
@@ -238,7 +238,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "v4.no_moe_enable_deepep",
         "--moe-enable-deepep is deprecated: use flex + --moe-flex-dispatcher-backend",
-        "guide §正确性与显存 (Megatron 配置校验); dev TC:2018-2027",
+        "dev TC:2018-2027",
         lambda c: _has_flag(c, ("--moe-enable-deepep",)),
         ("dispatcher", "flex_backend"),
         "argv",
@@ -317,7 +317,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mcore.vpp_group_bounds",
         "interleaved VPP needs PP <= microbatch_group_size (= PP) <= m (config B: m=4 < PP=8)",
-        "guide §PP 与 microbatch (schedule 校验); dev SCH:1254-1262",
+        "dev SCH:1254-1262 (interleaved schedule check)",
         lambda c: c.layout.vpp > 1 and c.m is not None and not (c.layout.pp <= _vpp_group(c) <= c.m),
         ("vpp", *_GROUPS_M),
     ),
@@ -480,7 +480,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "mem.exceeds_hbm",
         "heaviest rank's predicted memory + margin exceeds HBM",
-        "guide §显存估算 (M_peak = weight + grad + optimizer + activation + comm + workspace + runtime)",
+        "orchestrator/plan/memory.py: weights + grads + optimizer + activations (Korthikanti et al. 2022, "
+        "arXiv:2205.05198) + comm buffers + workspace + runtime",
         lambda c: c.memory_gb is not None and c.memory_gb + c.stage.memory_margin_gb > c.hw.hbm_gb,
         (),
         "memory",

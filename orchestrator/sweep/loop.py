@@ -265,6 +265,9 @@ class Driver:
             )
             self.ledger.set_candidate_status(c.id, CandidateStatus.SUBMITTED, f"job {sub.job_id}")
             self._heartbeat()  # the local executor waits for free slots inside submit()
+            if getattr(self.launcher, "starts_on_submit", False):  # local jobs run (and end) while submit() waits
+                self._poll(self.ledger.live_attempts(self.name))
+                self._show()
 
         subs = self.launcher.submit(tasks, on_submitted=record)  # Slurm: one array, one sbatch
         self.stats["submitted"] += len(subs)

@@ -6,6 +6,9 @@
 #   bash tests/cluster/services.sh status      report each; exit 0 iff all answer
 #   bash tests/cluster/services.sh down        stop the Slurm cluster (databases keep running: other work uses them)
 #   bash tests/cluster/services.sh down --all  also stop PostgreSQL and MariaDB
+#   bash tests/cluster/services.sh down --undo undo what `up` and `make services` did to this host: stop the
+#        cluster, remove its /etc/hosts line, /etc/slurm links, state dir and accounting database, and
+#        apt-remove the packages they installed (Slurm, munge, slurmdbd, chromium); the databases keep running
 #
 # With CI set, a service that cannot start is an error (exit 1): CI must fail, never skip. Without CI it is
 # a warning and the tests that need it skip.
@@ -74,6 +77,15 @@ case "${1:-}" in
         exit $rc
         ;;
     down)
+        if [ "${2:-}" = "--undo" ]; then
+            bash "$HERE/slurm_local.sh" down --uninstall; rc=$?
+            list=${ORCH_INSTALLED_LIST:-/var/lib/orch-slurm-local/installed-packages}.chromium
+            if [ -e "$list" ]; then
+                DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq chromium >/dev/null && rm -f "$list"
+                log "chromium removed"
+            fi
+            exit $rc
+        fi
         bash "$HERE/slurm_local.sh" down
         if [ "${2:-}" = "--all" ]; then
             version=$(ls /etc/postgresql 2>/dev/null | sort -V | tail -n 1)
@@ -82,5 +94,5 @@ case "${1:-}" in
             log "PostgreSQL and MariaDB stopped"
         fi
         ;;
-    *) echo "usage: $0 up|status|down [--all]" >&2; exit 2 ;;
+    *) echo "usage: $0 up|status|down [--all|--undo]" >&2; exit 2 ;;
 esac

@@ -5,6 +5,7 @@
 #   bash tests/cluster/slurm_local.sh status   exit 0 iff every daemon runs, 4 nodes are usable and sacct answers
 #   bash tests/cluster/slurm_local.sh down     cancel jobs, stop daemons, remove /etc/hosts and /etc/slurm links
 #   bash tests/cluster/slurm_local.sh down --purge   also delete the state dir and the accounting database
+#   bash tests/cluster/slurm_local.sh down --uninstall   --purge, and apt-remove the packages `up` installed
 #
 # Why each piece (Slurm docs: slurm.conf(5), slurmdbd.conf(5), gres.conf(5)): no systemd and no cgroups here, so daemons are
 # started by hand with linuxproc/task-none; one slurmd per logical node (this Debian build has
@@ -20,6 +21,8 @@ ETC=/etc/slurm
 NODES=(n1 n2 n3 n4)
 HOSTS_TAG="# orch-slurm-local"
 PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd)
+# The packages `up` installed itself (one a line), so `down --uninstall` removes those and nothing else.
+INSTALLED=${ORCH_INSTALLED_LIST:-/var/lib/orch-slurm-local/installed-packages}
 # Test-only storage account on the local MariaDB (root, no password, 127.0.0.1 only).
 DB_USER=orch_slurm
 DB_PASS=orch_slurm_local
@@ -53,6 +56,7 @@ install_packages() {
     apt-get update -qq || die "apt-get update failed"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
         || die "apt-get install ${missing[*]} failed"
+    mkdir -p "$(dirname "$INSTALLED")" && printf '%s\n' "${missing[@]}" >>"$INSTALLED"
     log "packages installed"
 }
 
@@ -266,10 +270,20 @@ cmd_down() {
     for f in slurm.conf gres.conf slurmdbd.conf; do
         [ -L "$ETC/$f" ] && rm -f "$ETC/$f"
     done
-    if [ "$purge" = "--purge" ]; then
+    rmdir "$ETC" 2>/dev/null || true  # only when empty: a real Slurm install keeps its own files there
+    if [ "$purge" = "--purge" ] || [ "$purge" = "--uninstall" ]; then
         rm -rf "$DIR"
-        mysql_root -e "DROP DATABASE IF EXISTS slurm_acct_db" 2>/dev/null || true
-        log "state dir and accounting database removed"
+        mysql_root -e "DROP DATABASE IF EXISTS slurm_acct_db; DROP USER IF EXISTS '$DB_USER'@'localhost'; \
+            DROP USER IF EXISTS '$DB_USER'@'127.0.0.1'" 2>/dev/null || true
+        log "state dir, accounting database and its user removed"
+    fi
+    if [ "$purge" = "--uninstall" ] && [ -s "$INSTALLED" ]; then
+        local pkgs
+        pkgs=$(sort -u "$INSTALLED" | paste -sd' ' -)
+        # shellcheck disable=SC2086
+        DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq $pkgs >/dev/null || die "apt-get remove $pkgs failed"
+        rm -f "$INSTALLED"
+        log "removed the packages up had installed: $pkgs"
     fi
     log "cluster down"
 }
@@ -290,5 +304,5 @@ case "${1:-}" in
     up) exec 9>/tmp/orch-slurm.lock; flock -w 300 9 || die "lock busy"; cmd_up ;;
     down) exec 9>/tmp/orch-slurm.lock; flock -w 300 9 || die "lock busy"; cmd_down "${2:-}" ;;
     status) cmd_status ;;
-    *) echo "usage: $0 up|down [--purge]|status" >&2; exit 2 ;;
+    *) echo "usage: $0 up|down [--purge|--uninstall]|status" >&2; exit 2 ;;
 esac
