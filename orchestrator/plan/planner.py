@@ -129,7 +129,7 @@ class _Env:
         hw: HardwareConfig,
         stage: StageConfig,
         factors: Mapping[str, float] | None,
-        memory_factor: float,
+        memory_factor: memory.MemoryScale,
         workload: str,
         recipe: RecipeConfig | None = None,
     ):
@@ -278,7 +278,11 @@ class _Env:
             raise ValueError(f"{lay.short()}: no pipeline split")
         d_a, d_e, m = g.sizes()  # legal: the group rules passed
         mems, heavy = self.memory(lay, g, split)
-        ctx.memory_gb = heavy.total * self.memory_factor
+        scale = self.memory_factor
+        totals = [s.scaled(scale) for s in mems]
+        if isinstance(scale, Mapping):  # per-term factors can change which rank is heaviest
+            heavy = mems[max(range(len(mems)), key=lambda i: (totals[i], -i))]
+        ctx.memory_gb = max(totals)
         over = R.violations(ctx, mem_rules)
         if over and check_memory:
             return Rejected(lay, over, memory_gb=ctx.memory_gb)
@@ -310,7 +314,8 @@ class _Env:
             routed_weight_gb=heavy.routed_weights,
             heaviest_stage=heavy.stage,
             memory_gb=ctx.memory_gb,
-            memory_by_stage=tuple(s.total * self.memory_factor for s in mems),
+            memory_by_stage=tuple(totals),
+            memory_terms_by_stage=tuple(s.terms() for s in mems),
             feasible=not over,
             step_time_s=st.total_s,
             step_components=dict(st.components),
@@ -334,7 +339,7 @@ def evaluate(
     layout: Layout,
     *,
     factors: Mapping[str, float] | None = None,
-    memory_factor: float = 1.0,
+    memory_factor: memory.MemoryScale = 1.0,
     workload: str = "",
     check_memory: bool = True,
     recipe: RecipeConfig | None = None,
@@ -439,7 +444,7 @@ def plan(
     stage: StageConfig,
     *,
     factors: Mapping[str, float] | None = None,
-    memory_factor: float = 1.0,
+    memory_factor: memory.MemoryScale = 1.0,
     workload: str = "",
     recipe: RecipeConfig | None = None,
 ) -> PlanResult:
