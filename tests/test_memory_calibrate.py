@@ -146,16 +146,24 @@ def searchlib():
         sys.path.remove(str(BENCH))
 
 
-def test_a_layout_the_uncalibrated_model_prunes_is_revived_and_measured(searchlib, tmp_path):
-    """twin:memory activations are over-predicted 2-3x: the true best does not fit by the raw planner, so
-    round 0 cannot see it. After other layouts are measured, per-term calibration says it fits, the
-    policy proposes it marked 'revived', and the real decision loop measures it."""
+@pytest.fixture(scope="module")
+def memory_sweep(searchlib, tmp_path_factory):
+    """One 1k sweep on twin:memory through the real decision loop (tests/bench/searchlib.run_sweep)."""
     lib = searchlib
     target = lib.Target("twin:memory", SEED)
     composed = compose(["+stage=1k", "cluster=local", "policy.name=calibrated_neighbours", *target.overrides()])
-    cfg = composed.cfg
+    grid = lib.build_grid(composed.cfg, target, startup_s=300.0)
+    ledger = lib.fresh_ledger(str(tmp_path_factory.mktemp("memory-sweep")))
+    run = lib.run_sweep(ledger, composed, target, "revive", startup_s=300.0)
+    return composed.cfg, grid, ledger, run
+
+
+def test_a_layout_the_uncalibrated_model_prunes_is_revived_and_measured(memory_sweep):
+    """twin:memory activations are over-predicted 2-3x: the true best does not fit by the raw planner, so
+    round 0 cannot see it. After other layouts are measured, per-term calibration says it fits, the
+    policy proposes it marked 'revived', and the real decision loop measures it."""
+    cfg, grid, ledger, run = memory_sweep
     env = PlanEnv(cfg.model, cfg.hardware, cfg.stage, cfg.workload.name)
-    grid = lib.build_grid(cfg, target, startup_s=300.0)
     best = grid.layouts[grid.best]
     assert env.evaluate(best) is None, "the uncalibrated model must prune the true best"
     assert env.evaluate_unchecked(best, None, 1.0).prediction.memory_gb + 4.0 > cfg.hardware.hbm_gb
@@ -163,9 +171,6 @@ def test_a_layout_the_uncalibrated_model_prunes_is_revived_and_measured(searchli
     kept = {c.key for c in env.plan()}  # what the uncalibrated model lets a search see
     best_kept = min(float(t) for k, t in zip(grid.keys, grid.true_s) if k in kept)
     assert grid.best_s < best_kept * 0.9  # the optimum hides where the raw model cannot look
-
-    ledger = lib.fresh_ledger(str(tmp_path))
-    run = lib.run_sweep(ledger, composed, target, "revive", startup_s=300.0)
 
     measured = {lay.short(): p50 for _, lay, _, p50, _ in run.launches}
     revived = [c for c in ledger.candidates("revive") if (c.predicted or {}).get("revived")]
@@ -194,3 +199,24 @@ def observe_best_key(ledger) -> str:
     best = observe.best_of(ledger, "revive")
     assert best is not None
     return best["key"]
+
+
+def test_report_plots_the_uncalibrated_prediction_off_the_diagonal(memory_sweep):
+    """The report's predicted-vs-measured points use the UNcalibrated planner against the measurement: on a
+    surface the planner gets wrong they are off the diagonal (the calibrated series sits closer)."""
+    from orchestrator.report import data, plots
+
+    _, _, ledger, _ = memory_sweep
+    d = data.gather(ledger, "revive")
+    pts = data.predicted_vs_measured(d.measured)
+    assert len(pts) >= 6 and all(p["raw_step_s"] and p["raw_memory_gb"] for p in pts)
+    step_err = sorted(abs(p["raw_step_s"] / p["step_s"] - 1) for p in pts)
+    mem_err = sorted(abs(p["raw_memory_gb"] / p["memory_gb"] - 1) for p in pts)
+    assert step_err[len(step_err) // 2] > 0.05, step_err
+    assert mem_err[len(mem_err) // 2] > 0.15, mem_err  # activations 2-3x off
+    later = [p for p in pts if p["round"] > 0]
+    cal_err = sorted(abs(p["cal_memory_gb"] / p["memory_gb"] - 1) for p in later)
+    raw_err = sorted(abs(p["raw_memory_gb"] / p["memory_gb"] - 1) for p in later)
+    assert cal_err[len(cal_err) // 2] < raw_err[len(raw_err) // 2]
+    png = plots.calibration(d)
+    assert png is not None and png[:4] == b"\x89PNG"
