@@ -59,7 +59,10 @@ EXPERT_TENSORS = frozenset(("moe_input", "expert_fc1", "moe_act", "expert_fc2"))
 # optimizer: exact byte counts), activations (the analytic estimate most often wrong, 2-3x), buffers
 # (dispatch receive buffers, workspace, runtime: allocator- and library-dependent).
 TERMS = ("states", "activations", "buffers")
-MemoryScale = float | Mapping[str, float]  # one factor for every term, or one per term (missing: 1)
+# one factor for every term, or one per term (missing: 1), plus optional per-recompute-set activation
+# multipliers keyed f"activations@{recompute_key(...)}" (each set keeps different tensors, so its estimate errs
+# differently)
+MemoryScale = float | Mapping[str, float]
 
 
 @dataclass(slots=True)
@@ -105,11 +108,11 @@ class StageMemory:
             "buffers": self.dispatch_buffers + self.workspace + self.runtime,
         }
 
-    def scaled(self, scale: MemoryScale) -> float:
+    def scaled(self, scale: MemoryScale, recompute: Sequence[str] = ()) -> float:
         """The total with each term multiplied by its calibration factor (a float scales all alike)."""
         if not isinstance(scale, Mapping):
             return self.total * scale
-        return scaled_terms(self.terms(), scale)
+        return scaled_terms(self.terms(), scale, recompute)
 
     def breakdown(self) -> dict[str, float]:
         return {
@@ -310,11 +313,18 @@ def stage_memory(
     return out
 
 
-def scaled_terms(terms: Mapping[str, float], scale: MemoryScale) -> float:
-    """sum_t factor_t x term_t: a stage's calibrated peak from its raw terms (StageMemory.terms())."""
+def recompute_key(recompute: Sequence[str]) -> str:
+    """The name of a recompute set for per-set activation factors: sorted modules joined by '+', or 'none'."""
+    return "+".join(sorted(recompute)) or "none"
+
+
+def scaled_terms(terms: Mapping[str, float], scale: MemoryScale, recompute: Sequence[str] = ()) -> float:
+    """sum_t factor_t x term_t: a stage's calibrated peak from its raw terms (StageMemory.terms()); the
+    activation term also takes its recompute set's multiplier when the scale has one."""
     if not isinstance(scale, Mapping):
         return sum(terms.values()) * scale
-    return sum(scale.get(t, 1.0) * v for t, v in terms.items())
+    per_set = scale.get(f"activations@{recompute_key(recompute)}", 1.0)
+    return sum(scale.get(t, 1.0) * v * (per_set if t == "activations" else 1.0) for t, v in terms.items())
 
 
 def heaviest(stages: Sequence[StageMemory]) -> StageMemory:

@@ -279,7 +279,7 @@ class _Env:
         d_a, d_e, m = g.sizes()  # legal: the group rules passed
         mems, heavy = self.memory(lay, g, split)
         scale = self.memory_factor
-        totals = [s.scaled(scale) for s in mems]
+        totals = [s.scaled(scale, lay.recompute) for s in mems]
         if isinstance(scale, Mapping):  # per-term factors can change which rank is heaviest
             heavy = mems[max(range(len(mems)), key=lambda i: (totals[i], -i))]
         ctx.memory_gb = max(totals)

@@ -47,7 +47,7 @@ class Fit:
     loo_mape: float | None = None  # leave-one-out MAPE of the chosen method
     memory_mape_before: float | None = None
     memory_mape_after: float | None = None
-    memory_method: str = "none"  # none | ratio | terms (memfit.py)
+    memory_method: str = "none"  # none | ratio | terms | terms+sets (memfit.py)
     memory_factors: dict[str, float] = field(default_factory=lambda: {t: 1.0 for t in TERMS})
     memory_loo_mape: float | None = None  # heaviest stage, leave-one-layout-out
     memory_band: float = memfit.DEFAULT_BAND  # relative half-width of a calibrated peak
@@ -62,9 +62,9 @@ class Fit:
 
     def memory_summary(self) -> str:
         """One line for the round's event: method, factors, band."""
-        if self.memory_method != "terms":
+        if not self.memory_method.startswith("terms"):
             return f"memory factor {self.memory_factor:.3f} (band +-{self.memory_band:.0%})"
-        fs = ", ".join(f"{t} {self.memory_factors.get(t, 1.0):.2f}" for t in TERMS)
+        fs = ", ".join(f"{t} {v:.2f}" for t, v in self.memory_factors.items())
         return f"memory per term: {fs} (band +-{self.memory_band:.0%})"
 
     def predict(self, components: dict[str, float]) -> float:
@@ -207,8 +207,8 @@ def calibrate(rows: Sequence[Observation], *, hbm_gb: float, margin_gb: float) -
 
 
 def _calibrated_peak(fit: Fit, r: Observation) -> float:
-    if fit.memory_method == "terms" and r.raw_memory_terms:
-        return memfit.peak(r.raw_memory_terms, fit.memory_factors)[0]
+    if fit.memory_method.startswith("terms") and r.raw_memory_terms:
+        return memfit.peak(r.raw_memory_terms, fit.memory_factors, r.layout.recompute)[0]
     return r.raw_memory_gb * fit.memory_factor
 
 
@@ -230,15 +230,18 @@ class MemoryEstimate:
         return self.lo_gb > hbm_gb
 
 
-def memory_estimate(fit: Fit | None, terms_by_stage: Sequence[dict[str, float]]) -> MemoryEstimate:
+def memory_estimate(
+    fit: Fit | None, terms_by_stage: Sequence[dict[str, float]], recompute: Sequence[str] = ()
+) -> MemoryEstimate:
     """The calibrated peak of a layout from its raw per-stage terms (Prediction.memory_terms_by_stage) and its
-    uncertainty: +- the fit's leave-one-out band (memfit.DEFAULT_BAND with no fit)."""
+    recompute set (Layout.recompute), and its uncertainty: +- the fit's leave-one-out band
+    (memfit.DEFAULT_BAND with no fit)."""
     if not terms_by_stage:
         raise ValueError("memory_estimate needs the layout's per-stage memory terms")
     raw = memfit.peak(terms_by_stage, 1.0)[0]
     scale: dict[str, float] | float = fit.memory_scale if fit is not None else 1.0
     band = fit.memory_band if fit is not None else memfit.DEFAULT_BAND
-    pk, stage = memfit.peak(terms_by_stage, scale)
+    pk, stage = memfit.peak(terms_by_stage, scale, recompute)
     return MemoryEstimate(raw_gb=raw, peak_gb=pk, lo_gb=pk * (1.0 - band), hi_gb=pk * (1.0 + band), stage=stage)
 
 

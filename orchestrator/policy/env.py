@@ -85,7 +85,7 @@ class PlanEnv:
         res = planner.plan(self.model, hw, self.stage, factors=factors or None, workload=self.workload)
         out = []
         for c in res.candidates:
-            est = memory_estimate(fit, c.prediction.memory_terms_by_stage)
+            est = memory_estimate(fit, c.prediction.memory_terms_by_stage, c.layout.recompute)
             if within_band(est, hbm_gb=self.hardware.hbm_gb, margin_gb=self.stage.memory_margin_gb):
                 mem = fit.memory_scale if fit is not None else 1.0
                 cal = self.evaluate_unchecked(c.layout, factors, mem)
