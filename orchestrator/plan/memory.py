@@ -61,7 +61,7 @@ EXPERT_TENSORS = frozenset(("moe_input", "expert_fc1", "moe_act", "expert_fc2"))
 TERMS = ("states", "activations", "buffers")
 # one factor for every term, or one per term (missing: 1), plus optional per-recompute-set activation
 # multipliers keyed f"activations@{recompute_key(...)}" (each set keeps different tensors, so its estimate errs
-# differently)
+# differently; "activations@*" for a set with no multiplier of its own)
 MemoryScale = float | Mapping[str, float]
 
 
@@ -323,7 +323,7 @@ def scaled_terms(terms: Mapping[str, float], scale: MemoryScale, recompute: Sequ
     activation term also takes its recompute set's multiplier when the scale has one."""
     if not isinstance(scale, Mapping):
         return sum(terms.values()) * scale
-    per_set = scale.get(f"activations@{recompute_key(recompute)}", 1.0)
+    per_set = scale.get(f"activations@{recompute_key(recompute)}", scale.get("activations@*", 1.0))
     return sum(scale.get(t, 1.0) * v * (per_set if t == "activations" else 1.0) for t, v in terms.items())
 
 

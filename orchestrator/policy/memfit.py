@@ -36,7 +36,7 @@ MIN_LAYOUTS = 4  # fewer measured layouts: one ratio (three terms from three lay
 MIN_BAND = 0.03  # allocator jitter between runs of one layout: no band is narrower
 DEFAULT_BAND = 0.30  # before any leave-one-out: analytic totals are often 20-30% off (activations 2-3x)
 OOM_PASSES = 4
-MIN_SET_LAYOUTS = 2  # a recompute set gets its own activation multiplier once two of its layouts are measured
+MIN_SET_LAYOUTS = 1  # a recompute set gets its own activation multiplier once one of its layouts is measured
 REG_SET = 0.02  # pull of that multiplier toward 1 (same units as REG)
 OOM_OVER = 1.02  # an OOMed layout's heaviest stage joins the rows just over HBM
 
@@ -114,7 +114,9 @@ def fit_sets(
 
     Why: each recompute set keeps different tensors (full keeps layer inputs, a selective set drops its
     modules'), so the activation estimate errs by a different factor per set. Least squares on the same
-    relative residuals with the shared factors fixed, pulled toward 1 (REG_SET): closed form per set."""
+    relative residuals with the shared factors fixed, pulled toward 1 (REG_SET): closed form per set. A set
+    with no multiplier gets "activations@*" = 1 + the largest measured deviation: sets are known to differ
+    by that much, and its layouts are the ones calibration would otherwise revive on a guess (an OOM)."""
     num: dict[str, float] = {}
     den: dict[str, float] = {}
     count: dict[str, int] = {}
@@ -131,6 +133,9 @@ def fit_sets(
     for k, n in count.items():
         if n >= MIN_SET_LAYOUTS and den[k] > 1e-12:
             out[f"activations@{k}"] = max(0.0, (num[k] + REG_SET) / (den[k] + REG_SET))
+    spread = [abs(v - 1.0) for k, v in out.items() if k.startswith("activations@")]
+    if spread:  # a set never measured may err as far as the measured ones differ: assume it errs upward
+        out["activations@*"] = 1.0 + max(spread)
     return out
 
 
