@@ -10,13 +10,17 @@ Rows: one per measured PP stage (Megatron prints one memory line per pipeline st
 ranks; the ledger keeps per-rank peaks with their PP stage), each the planner's raw terms of that stage and
 its measured peak. measured ~= sum_t f_t x term_t is fitted by non-negative least squares on relative
 residuals, each layout weighing the same whatever its PP, regularized toward 1 (a term the rows cannot
-separate keeps its analytic value), the same style as the step-time fit. An OOM says the layout's true
+separate keeps its analytic value), the same style as the step-time fit. On top, each measured recompute
+set may get its own activation multiplier (fit_sets), a set never measured the measured sets' spread
+upward. An OOM says the layout's true
 peak exceeded HBM (a lower bound): while the fit predicts an OOMed layout under HBM, its heaviest stage
 joins the rows at HBM. With fewer than MIN_LAYOUTS measured layouts, or when leave-one-layout-out says the
 per-term fit generalizes worse, one ratio is used for every term (calibrate.memory_factor).
 
 The error band: each measured layout's heaviest stage predicted by a fit without that layout; the band is
-the largest relative miss (at least MIN_BAND). `calibrate.memory_estimate` applies it to any layout.
+the largest relative miss (at least MIN_BAND). `calibrate.memory_estimate` applies it to any layout. Any
+Observation with a peak (stage_peaks_gb or peak_gb) is a row, measured step or not: a fit probe's
+max-reserved lines count once the ledger holds them as its result (observe.observations).
 """
 
 from __future__ import annotations
