@@ -245,3 +245,21 @@ def test_report_plots_the_uncalibrated_prediction_off_the_diagonal(memory_sweep)
     assert cal_err[len(cal_err) // 2] < raw_err[len(raw_err) // 2]
     png = plots.calibration(d)
     assert png is not None and png[:4] == b"\x89PNG"
+
+
+def test_memory_band_lists_the_layouts_a_probe_should_decide():
+    """PlanEnv.memory_band: the legal layouts whose calibrated band straddles HBM, each with its calibrated
+    prediction; none that surely fits or surely OOMs."""
+    c = compose(["+stage=1k", "cluster=local"]).cfg
+    env = PlanEnv(c.model, c.hardware, c.stage, c.workload.name)
+    fit = Fit(method="none", memory_method="terms", memory_factors={**HIDDEN, "buffers": 1.0}, memory_band=0.1)
+    band = env.memory_band(fit)
+    assert band
+    hbm, margin = c.hardware.hbm_gb, c.stage.memory_margin_gb
+    for p in band:
+        est = memory_estimate(fit, p.prediction.memory_terms_by_stage, p.layout.recompute)
+        assert within_band(est, hbm_gb=hbm, margin_gb=margin)
+        assert p.prediction.memory_gb == pytest.approx(est.peak_gb)
+    assert {p.prediction.feasible for p in band} == {True, False}  # both sides of the line
+    kept = {p.key for p in env.plan(None, fit.memory_scale)}
+    assert any(p.key in kept for p in band) and any(p.key not in kept for p in band)
