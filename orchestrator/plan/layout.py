@@ -88,3 +88,5 @@ class Prediction:
     mfu: float = 0.0
     tokens_per_s: float = 0.0
     layer_pattern: str = ""  # HybridModel pattern with | stage boundaries
+    # per PP rank, the raw (uncalibrated) memory terms (memory.TERMS -> GB): what per-term calibration fits
+    memory_terms_by_stage: tuple[dict[str, float], ...] = ()

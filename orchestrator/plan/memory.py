@@ -32,7 +32,7 @@ Per GPU of PP rank r (blocks from its segments r, r+PP, ...):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -55,6 +55,14 @@ FLEX_BUFFER_GB = 1.0  # DeepEP / HybridEP / NCCL-EP registered buffers (order of
 DEFAULT_ROUTING_SIGMA = 0.25  # lognormal sigma of per-expert load once the router settles (a prior)
 
 EXPERT_TENSORS = frozenset(("moe_input", "expert_fc1", "moe_act", "expert_fc2"))
+# The terms calibration scales separately (orchestrator/policy/calibrate.py): model states (weights, grads,
+# optimizer: exact byte counts), activations (the analytic estimate most often wrong, 2-3x), buffers
+# (dispatch receive buffers, workspace, runtime: allocator- and library-dependent).
+TERMS = ("states", "activations", "buffers")
+# one factor for every term, or one per term (missing: 1), plus optional per-recompute-set activation
+# multipliers keyed f"activations@{recompute_key(...)}" (each set keeps different tensors, so its estimate errs
+# differently; "activations@*" for a set with no multiplier of its own)
+MemoryScale = float | Mapping[str, float]
 
 
 @dataclass(slots=True)
@@ -91,6 +99,20 @@ class StageMemory:
             + self.workspace
             + self.runtime
         )
+
+    def terms(self) -> dict[str, float]:
+        """The total split into the calibrated TERMS (they sum to `total`)."""
+        return {
+            "states": self.weights + self.grads + self.optimizer,
+            "activations": self.activations,
+            "buffers": self.dispatch_buffers + self.workspace + self.runtime,
+        }
+
+    def scaled(self, scale: MemoryScale, recompute: Sequence[str] = ()) -> float:
+        """The total with each term multiplied by its calibration factor (a float scales all alike)."""
+        if not isinstance(scale, Mapping):
+            return self.total * scale
+        return scaled_terms(self.terms(), scale, recompute)
 
     def breakdown(self) -> dict[str, float]:
         return {
@@ -289,6 +311,20 @@ def stage_memory(
             )
         )
     return out
+
+
+def recompute_key(recompute: Sequence[str]) -> str:
+    """The name of a recompute set for per-set activation factors: sorted modules joined by '+', or 'none'."""
+    return "+".join(sorted(recompute)) or "none"
+
+
+def scaled_terms(terms: Mapping[str, float], scale: MemoryScale, recompute: Sequence[str] = ()) -> float:
+    """sum_t factor_t x term_t: a stage's calibrated peak from its raw terms (StageMemory.terms()); the
+    activation term also takes its recompute set's multiplier when the scale has one."""
+    if not isinstance(scale, Mapping):
+        return sum(terms.values()) * scale
+    per_set = scale.get(f"activations@{recompute_key(recompute)}", scale.get("activations@*", 1.0))
+    return sum(scale.get(t, 1.0) * v * (per_set if t == "activations" else 1.0) for t, v in terms.items())
 
 
 def heaviest(stages: Sequence[StageMemory]) -> StageMemory:

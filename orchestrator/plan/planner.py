@@ -25,6 +25,7 @@ from orchestrator.plan import argv as argv_mod
 from orchestrator.plan import flops, memory, moe, params, pipeline, ranks, space, steptime
 from orchestrator.plan import rules as R
 from orchestrator.plan.layout import Groups, Layout, Prediction, canonical_key
+from orchestrator.plan.memory import StageMemory
 from orchestrator.schema import HardwareConfig, ModelConfig, RecipeConfig, StageConfig
 
 CHEAP_PHASES = ("layout", "pattern")
@@ -129,7 +130,7 @@ class _Env:
         hw: HardwareConfig,
         stage: StageConfig,
         factors: Mapping[str, float] | None,
-        memory_factor: float,
+        memory_factor: memory.MemoryScale,
         workload: str,
         recipe: RecipeConfig | None = None,
     ):
@@ -143,6 +144,7 @@ class _Env:
         self._argv_memo: dict[tuple[str, tuple[Any, ...]], bool] = {}
         self._flops: dict[tuple[str, ...], flops.StepFlops] = {}
         self._mem: dict[tuple[Any, ...], tuple[list[memory.StageMemory], memory.StageMemory]] = {}
+        self._terms: dict[int, tuple[dict[str, float], ...]] = {}  # id of a list held in _mem -> its terms
         self._groups: dict[tuple[int, ...], Groups] = {}
         self.tokens = stage.global_batch * stage.seq_length
         self.ident = (model.name, stage.name, hw.name, workload)
@@ -246,6 +248,13 @@ class _Env:
             hit = self._mem[key] = (mems, memory.heaviest(mems))
         return hit
 
+    def terms(self, mems: list[StageMemory]) -> tuple[dict[str, float], ...]:
+        """Raw per-rank memory terms (memory.TERMS), memoised with the StageMemory list they come from."""
+        hit = self._terms.get(id(mems))
+        if hit is None:
+            hit = self._terms[id(mems)] = tuple(s.terms() for s in mems)
+        return hit
+
     def step_flops(self, lay: Layout) -> flops.StepFlops:
         """flops.step_flops reads only the recompute set of the layout (model and stage are fixed)."""
         hit = self._flops.get(lay.recompute)
@@ -278,7 +287,15 @@ class _Env:
             raise ValueError(f"{lay.short()}: no pipeline split")
         d_a, d_e, m = g.sizes()  # legal: the group rules passed
         mems, heavy = self.memory(lay, g, split)
-        ctx.memory_gb = heavy.total * self.memory_factor
+        scale = self.memory_factor
+        if isinstance(scale, Mapping):  # per-term factors can change which rank is heaviest
+            totals = [s.scaled(scale, lay.recompute) for s in mems]
+            top = max(range(len(mems)), key=lambda i: (totals[i], -i))
+            heavy, ctx.memory_gb = mems[top], totals[top]
+            by_stage = tuple(totals)
+        else:
+            ctx.memory_gb = heavy.total * scale
+            by_stage = tuple(s.total * scale for s in mems)
         over = R.violations(ctx, mem_rules)
         if over and check_memory:
             return Rejected(lay, over, memory_gb=ctx.memory_gb)
@@ -310,7 +327,8 @@ class _Env:
             routed_weight_gb=heavy.routed_weights,
             heaviest_stage=heavy.stage,
             memory_gb=ctx.memory_gb,
-            memory_by_stage=tuple(s.total * self.memory_factor for s in mems),
+            memory_by_stage=by_stage,
+            memory_terms_by_stage=self.terms(mems),
             feasible=not over,
             step_time_s=st.total_s,
             step_components=dict(st.components),
@@ -334,7 +352,7 @@ def evaluate(
     layout: Layout,
     *,
     factors: Mapping[str, float] | None = None,
-    memory_factor: float = 1.0,
+    memory_factor: memory.MemoryScale = 1.0,
     workload: str = "",
     check_memory: bool = True,
     recipe: RecipeConfig | None = None,
@@ -439,7 +457,7 @@ def plan(
     stage: StageConfig,
     *,
     factors: Mapping[str, float] | None = None,
-    memory_factor: float = 1.0,
+    memory_factor: memory.MemoryScale = 1.0,
     workload: str = "",
     recipe: RecipeConfig | None = None,
 ) -> PlanResult:

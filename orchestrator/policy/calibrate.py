@@ -6,9 +6,12 @@ in step time; a 10% miss matters equally on each), regularized toward 1 so a com
 measurements cannot separate keeps its analytic value. With few rows, or when leave-one-out says the
 per-component fit generalizes worse, a single ratio (median measured / predicted) is used instead.
 
-Memory: factor = median(measured heaviest-rank peak / predicted), raised so every layout that OOMed
-would be predicted over capacity (its neighbours get pruned), but never so far that a layout that ran
-would be predicted infeasible.
+Memory: per term (model states, activations, buffers) from the measured peak of every PP stage, OOMs as
+lower bounds (memfit.py). With few layouts, a single ratio: median(measured heaviest-rank peak /
+predicted), raised so every layout that OOMed would be predicted over capacity (its neighbours get pruned),
+but never so far that a layout that ran would be predicted infeasible. `memory_estimate` gives a layout's
+calibrated peak and its leave-one-out band; `within_band` says HBM lies inside it (neither surely fits nor
+surely OOMs: a cheap fit probe decides, not the model).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from jobs.failures import Failure
+from orchestrator.plan.memory import TERMS
+from orchestrator.policy import memfit
 from orchestrator.policy.types import Observation
 
 REG = 0.01  # pull toward 1 per component, in units of squared relative error
@@ -42,9 +47,25 @@ class Fit:
     loo_mape: float | None = None  # leave-one-out MAPE of the chosen method
     memory_mape_before: float | None = None
     memory_mape_after: float | None = None
+    memory_method: str = "none"  # none | ratio | terms | terms+sets (memfit.py)
+    memory_factors: dict[str, float] = field(default_factory=lambda: {t: 1.0 for t in TERMS})
+    memory_loo_mape: float | None = None  # heaviest stage, leave-one-layout-out
+    memory_band: float = memfit.DEFAULT_BAND  # relative half-width of a calibrated peak
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def memory_scale(self) -> dict[str, float]:
+        """What the planner's memory rule multiplies each term by (planner memory_factor=...)."""
+        return dict(self.memory_factors)
+
+    def memory_summary(self) -> str:
+        """One line for the round's event: method, factors, band."""
+        if not self.memory_method.startswith("terms"):
+            return f"memory factor {self.memory_factor:.3f} (band +-{self.memory_band:.0%})"
+        fs = ", ".join(f"{t} {v:.2f}" for t, v in self.memory_factors.items())
+        return f"memory per term: {fs} (band +-{self.memory_band:.0%})"
 
     def predict(self, components: dict[str, float]) -> float:
         return sum(self.factors.get(c, 1.0) * v for c, v in components.items())
@@ -161,11 +182,16 @@ def calibrate(rows: Sequence[Observation], *, hbm_gb: float, margin_gb: float) -
         n_oom=sum(1 for r in rows if r.failure_class == Failure.OOM),
     )
     fit.memory_factor = memory_factor(rows, hbm_gb=hbm_gb, margin_gb=margin_gb)
+    mf = memfit.fit_memory(rows, hbm_gb=hbm_gb, ratio=fit.memory_factor)
+    fit.memory_method, fit.memory_factors, fit.memory_loo_mape, fit.memory_band = (
+        mf.method,
+        mf.factors,
+        mf.loo_mape,
+        mf.band,
+    )
     mem_rows = [r for r in rows if r.peak_gb and r.raw_memory_gb > 0]
     fit.memory_mape_before = _mape([r.raw_memory_gb for r in mem_rows], [r.measured_peak_gb for r in mem_rows])
-    fit.memory_mape_after = _mape(
-        [r.raw_memory_gb * fit.memory_factor for r in mem_rows], [r.measured_peak_gb for r in mem_rows]
-    )
+    fit.memory_mape_after = _mape([_calibrated_peak(fit, r) for r in mem_rows], [r.measured_peak_gb for r in mem_rows])
     if not ok:
         return fit
     fit.mape_before = _mape([r.raw_step_s for r in ok], [r.measured_step_s for r in ok])
@@ -178,3 +204,48 @@ def calibrate(rows: Sequence[Observation], *, hbm_gb: float, margin_gb: float) -
             fit.method, fit.factors, fit.loo_mape = "components", _fit_components(ok, names), loo_c
     fit.mape_after = _mape([_predict(fit.factors, r) for r in ok], [r.measured_step_s for r in ok])
     return fit
+
+
+def _calibrated_peak(fit: Fit, r: Observation) -> float:
+    if fit.memory_method.startswith("terms") and r.raw_memory_terms:
+        return memfit.peak(r.raw_memory_terms, fit.memory_factors, r.layout.recompute)[0]
+    return r.raw_memory_gb * fit.memory_factor
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """A layout's heaviest-stage peak: raw planner, calibrated, and the calibrated band [lo, hi] (GB)."""
+
+    raw_gb: float
+    peak_gb: float
+    lo_gb: float
+    hi_gb: float
+    stage: int
+
+    def surely_fits(self, *, hbm_gb: float, margin_gb: float) -> bool:
+        return self.hi_gb + margin_gb <= hbm_gb
+
+    def surely_ooms(self, *, hbm_gb: float) -> bool:
+        """Even the band's low end is over HBM (the OOM line has no margin)."""
+        return self.lo_gb > hbm_gb
+
+
+def memory_estimate(
+    fit: Fit | None, terms_by_stage: Sequence[dict[str, float]], recompute: Sequence[str] = ()
+) -> MemoryEstimate:
+    """The calibrated peak of a layout from its raw per-stage terms (Prediction.memory_terms_by_stage) and its
+    recompute set (Layout.recompute), and its uncertainty: +- the fit's leave-one-out band
+    (memfit.DEFAULT_BAND with no fit)."""
+    if not terms_by_stage:
+        raise ValueError("memory_estimate needs the layout's per-stage memory terms")
+    raw = memfit.peak(terms_by_stage, 1.0)[0]
+    scale: dict[str, float] | float = fit.memory_scale if fit is not None else 1.0
+    band = fit.memory_band if fit is not None else memfit.DEFAULT_BAND
+    pk, stage = memfit.peak(terms_by_stage, scale, recompute)
+    return MemoryEstimate(raw_gb=raw, peak_gb=pk, lo_gb=pk * (1.0 - band), hi_gb=pk * (1.0 + band), stage=stage)
+
+
+def within_band(est: MemoryEstimate, *, hbm_gb: float, margin_gb: float) -> bool:
+    """HBM lies inside the layout's band: the model can neither keep it (surely fits) nor drop it (surely
+    OOMs), so a cheap fit probe (start-up + a few iterations, reading max-reserved) should decide."""
+    return not est.surely_fits(hbm_gb=hbm_gb, margin_gb=margin_gb) and not est.surely_ooms(hbm_gb=hbm_gb)

@@ -6,10 +6,12 @@ predictions, and so the cost estimate (GPU-hours) lives in one place.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
+from orchestrator.plan.memory import MemoryScale
 from orchestrator.policy.types import Proposal, prediction_dict
 from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
 from orchestrator.states import EdgeKind
@@ -22,7 +24,7 @@ class PlanEnv:
     stage: StageConfig
     workload: str = "twin"
 
-    def plan(self, factors: dict[str, float] | None = None, memory_factor: float = 1.0) -> list:
+    def plan(self, factors: dict[str, float] | None = None, memory_factor: MemoryScale = 1.0) -> list:
         """Feasible candidates (Planned), best predicted step time first."""
         res = planner.plan(
             self.model,
@@ -34,7 +36,7 @@ class PlanEnv:
         )
         return [c for c in res.candidates if c.prediction.feasible]
 
-    def evaluate(self, layout: Layout, factors: dict[str, float] | None = None, memory_factor: float = 1.0):
+    def evaluate(self, layout: Layout, factors: dict[str, float] | None = None, memory_factor: MemoryScale = 1.0):
         """Planned when legal and feasible under this calibration, else None."""
         out = planner.evaluate(
             self.model,
@@ -58,6 +60,53 @@ class PlanEnv:
         p = out.prediction
         return dict(p.step_components), p.step_time_s, p.memory_gb
 
+    def raw_memory_terms(self, layout: Layout) -> tuple[dict[str, float], ...]:
+        """The planner's uncalibrated memory terms per PP stage (memory.TERMS -> GB); () when illegal."""
+        out = planner.evaluate(
+            self.model, self.hardware, self.stage, layout, workload=self.workload, check_memory=False
+        )
+        return tuple(out.prediction.memory_terms_by_stage) if isinstance(out, planner.Planned) else ()
+
+    def fits(self, memory_gb: float) -> bool:
+        """The planner's memory rule: heaviest rank + stage margin <= HBM."""
+        return memory_gb + self.stage.memory_margin_gb <= self.hardware.hbm_gb
+
+    def revived(self, raw_memory_gb: float, calibrated_memory_gb: float) -> bool:
+        """The uncalibrated model prunes this layout (round 0 never saw it) but the calibrated one keeps it."""
+        return not self.fits(raw_memory_gb) and self.fits(calibrated_memory_gb)
+
+    def memory_band(self, fit, factors: dict[str, float] | None = None) -> list:
+        """Legal layouts whose heaviest stage the calibrated model cannot place on either side of HBM
+        (calibrate.within_band): neither surely fits nor surely OOMs. Each Planned carries its calibrated
+        prediction (feasible or not); best predicted step first. A fit probe, not the model, decides them."""
+        from orchestrator.policy.calibrate import memory_estimate, within_band
+
+        hw = dataclasses.replace(self.hardware, hbm_gb=float("inf"))
+        res = planner.plan(self.model, hw, self.stage, factors=factors or None, workload=self.workload)
+        out = []
+        for c in res.candidates:
+            est = memory_estimate(fit, c.prediction.memory_terms_by_stage, c.layout.recompute)
+            if within_band(est, hbm_gb=self.hardware.hbm_gb, margin_gb=self.stage.memory_margin_gb):
+                mem = fit.memory_scale if fit is not None else 1.0
+                cal = self.evaluate_unchecked(c.layout, factors, mem)
+                if cal is not None:
+                    out.append(cal)
+        return out
+
+    def evaluate_unchecked(self, layout: Layout, factors: dict[str, float] | None, memory_factor: MemoryScale):
+        """Planned under this calibration even when over HBM (prediction.feasible says whether it fits)."""
+        out = planner.evaluate(
+            self.model,
+            self.hardware,
+            self.stage,
+            layout,
+            factors=factors or None,
+            memory_factor=memory_factor,
+            workload=self.workload,
+            check_memory=False,
+        )
+        return out if isinstance(out, planner.Planned) else None
+
     def gpu_hours(self, step_s: float) -> float:
         """N x step x (warmup + measured iterations) / 3600: what one run of this stage costs."""
         iters = self.stage.warmup_iters + self.stage.measure_iters
@@ -69,7 +118,7 @@ class PlanEnv:
         *,
         reason: str,
         factors: dict[str, float] | None = None,
-        memory_factor: float = 1.0,
+        memory_factor: MemoryScale = 1.0,
         parent_key: str | None = None,
         edge_kind: EdgeKind | None = None,
     ) -> Proposal:
@@ -87,6 +136,12 @@ class PlanEnv:
             factors=factors,
             memory_factor=memory_factor,
         )
+        if self.revived(mem, planned.prediction.memory_gb):
+            pred["revived"] = {"raw_memory_gb": mem, "calibrated_memory_gb": planned.prediction.memory_gb}
+            reason += (
+                f" (revived: pruned by the uncalibrated memory model at {mem:.1f} GB, "
+                f"fits calibrated at {planned.prediction.memory_gb:.1f} GB)"
+            )
         return Proposal(
             key=planned.key,
             layout=planned.layout,

@@ -83,7 +83,7 @@ class Policy:
         self, env: PlanEnv, inp: RoundInput, source_stage: StageConfig, fit: Fit | None, limit: int
     ) -> list[Proposal]:
         """The source stage's measured top-K, each mapped to this stage (CP restores m, EP kept/widened)."""
-        factors, mem = (fit.factors, fit.memory_factor) if fit else (None, 1.0)
+        factors, mem = (fit.factors, fit.memory_scale) if fit else (None, 1.0)
         per_source: list[list[Proposal]] = []
         for src in measured_rank(inp.source)[: self.cfg.promote_top_k]:
             props = []
@@ -150,7 +150,7 @@ class CalibratedNeighbours(Policy):
     def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: StageConfig | None = None) -> RoundPlan:
         size = self.round_size(inp)
         fit = self.fit(env, inp)
-        factors, mem = (fit.factors, fit.memory_factor) if fit else (None, 1.0)
+        factors, mem = (fit.factors, fit.memory_scale) if fit else (None, 1.0)
         seen = list(inp.observations) + list(inp.source)
         cands = [c for c in env.plan(factors, mem) if c.key not in inp.known_keys and not oom_dominated(c.layout, seen)]
 

@@ -6,10 +6,12 @@ so a resumed orchestrator proposes exactly what a never-killed one would have.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from orchestrator.plan.layout import Layout
+from orchestrator.plan.memory import MemoryScale
 from orchestrator.states import EdgeKind
 
 if TYPE_CHECKING:
@@ -31,6 +33,10 @@ class Observation:
     failure_class: str | None = None  # latest attempt's class when it did not succeed
     round: int = 0
     hbm_gb: float = 0.0  # capacity the job ran on, for headroom tie-breaks
+    # per-term memory calibration: the planner's raw terms per PP stage (memory.TERMS -> GB) and the measured
+    # peak of each PP stage (Megatron prints one memory line per stage from its DP-rank-0 ranks)
+    raw_memory_terms: tuple[dict[str, float], ...] = ()
+    stage_peaks_gb: dict[int, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -98,7 +104,7 @@ def prediction_dict(
     raw_step_s: float,
     raw_memory_gb: float,
     factors: dict[str, float] | None = None,
-    memory_factor: float = 1.0,
+    memory_factor: MemoryScale = 1.0,
 ) -> dict:
     """Serialize a Prediction for the ledger, keeping the raw (uncalibrated) numbers calibration needs."""
     d = asdict(prediction) if hasattr(prediction, "__dataclass_fields__") else dict(prediction)
@@ -107,5 +113,5 @@ def prediction_dict(
     d["raw_step_time_s"] = raw_step_s
     d["raw_memory_gb"] = raw_memory_gb
     d["factors"] = dict(factors or {})
-    d["memory_factor"] = memory_factor
+    d["memory_factor"] = dict(memory_factor) if isinstance(memory_factor, Mapping) else memory_factor
     return d

@@ -175,7 +175,11 @@ def gather(ledger: Ledger, name: str) -> ReportData:
 
     attempts = {r["candidate_id"]: r["attempt_no"] for r in measured}
     samples: dict[int, list[float]] = {}
-    cand_attempt = {c.id: c.latest_attempt_id for c in ledger.candidates(name)}
+    cands = ledger.candidates(name)
+    cand_attempt = {c.id: c.latest_attempt_id for c in cands}
+    predicted = {c.id: c.predicted or {} for c in cands}
+    for r in measured:
+        r.update(raw_predictions(predicted.get(r["candidate_id"], {})))
     for cid in attempts:
         aid = cand_attempt.get(cid)
         if aid is not None:
@@ -204,6 +208,37 @@ def gather(ledger: Ledger, name: str) -> ReportData:
         provenance=sweep.provenance or {},
         effective_note=note,
     )
+
+
+def raw_predictions(predicted: dict) -> dict:
+    """The planner's UNcalibrated step and heaviest-rank memory for a candidate (`raw_pred_step_s`,
+    `raw_pred_memory_gb`; None when unknown). Why: a candidate planned after calibration carries a calibrated
+    prediction fitted on the measurements themselves, which sits near the diagonal by construction; the raw
+    model against the measurement is what shows how wrong the model is."""
+    uncal = not predicted.get("factors") and predicted.get("memory_factor", 1.0) in (1, 1.0, None)
+    step = predicted.get("raw_step_time_s") or (predicted.get("step_time_s") if uncal else None)
+    mem = predicted.get("raw_memory_gb") or (predicted.get("memory_gb") if uncal else None)
+    return {"raw_pred_step_s": step, "raw_pred_memory_gb": mem}
+
+
+def predicted_vs_measured(measured: list[dict]) -> list[dict]:
+    """One point per measured candidate: round, raw and calibrated (at planning time) predictions, measurement;
+    for step time (p50) and heaviest-rank memory (reserved, else allocated)."""
+    out = []
+    for r in measured:
+        out.append(
+            {
+                "candidate_id": r["candidate_id"],
+                "round": r["round"],
+                "raw_step_s": r.get("raw_pred_step_s"),
+                "cal_step_s": r.get("pred_step_time_s"),
+                "step_s": r.get("step_p50_s"),
+                "raw_memory_gb": r.get("raw_pred_memory_gb"),
+                "cal_memory_gb": r.get("pred_memory_gb"),
+                "memory_gb": r.get("peak_reserved_gb") or r.get("peak_allocated_gb"),
+            }
+        )
+    return out
 
 
 def _rounds(measured: list[dict], gpus: int) -> list[dict]:

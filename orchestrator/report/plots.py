@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from orchestrator import knobs  # noqa: E402
-from orchestrator.report.data import ReportData  # noqa: E402
+from orchestrator.report.data import ReportData, predicted_vs_measured  # noqa: E402
 
 TOP = 5
 
@@ -87,27 +87,36 @@ def pareto(d: ReportData) -> bytes | None:
 
 
 def calibration(d: ReportData) -> bytes | None:
-    """Predicted against measured step time and memory, coloured by round: is the model learning?"""
-    pts = [r for r in d.measured if r.get("pred_step_time_s")]
+    """Predicted against measured step time and memory, coloured by round: the UNcalibrated planner (filled)
+    is the model's honest error; the calibrated prediction at planning time (hollow) shows what calibration
+    bought (it is fitted on earlier measurements, so it sits nearer the diagonal by construction)."""
+    pts = [p for p in predicted_vs_measured(d.measured) if p["step_s"] and (p["raw_step_s"] or p["cal_step_s"])]
     if not pts:
         return None
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    rounds = sorted({r["round"] for r in pts})
+    rounds = sorted({p["round"] for p in pts})
     cmap = plt.get_cmap("viridis", max(len(rounds), 2))
-    for i, rnd in enumerate(rounds):
-        rr = [r for r in pts if r["round"] == rnd]
-        a1.scatter(
-            [r["pred_step_time_s"] for r in rr], [r["step_p50_s"] for r in rr], color=cmap(i), label=f"round {rnd}"
-        )
-        mm = [r for r in rr if r.get("pred_memory_gb") and _peak(r)]
-        a2.scatter([r["pred_memory_gb"] for r in mm], [_peak(r) for r in mm], color=cmap(i), label=f"round {rnd}")
+    for ax, what in ((a1, "step"), (a2, "memory")):
+        meas = "step_s" if what == "step" else "memory_gb"
+        for i, rnd in enumerate(rounds):
+            rr = [p for p in pts if p["round"] == rnd and p[meas]]
+            raw = [p for p in rr if p[f"raw_{meas}"]]
+            ax.scatter([p[f"raw_{meas}"] for p in raw], [p[meas] for p in raw], color=cmap(i), label=f"round {rnd}")
+            cal = [p for p in rr if p[f"cal_{meas}"] and p[f"cal_{meas}"] != p[f"raw_{meas}"]]
+            ax.scatter(
+                [p[f"cal_{meas}"] for p in cal],
+                [p[meas] for p in cal],
+                facecolors="none",
+                edgecolors=cmap(i),
+                label=f"round {rnd} calibrated" if cal else None,
+            )
     for ax, what in ((a1, "step time (s)"), (a2, "heaviest-rank memory (GB)")):
         lim = [min(ax.get_xlim()[0], ax.get_ylim()[0]), max(ax.get_xlim()[1], ax.get_ylim()[1])]
         ax.plot(lim, lim, "--", c="grey", lw=1)
-        ax.set_xlabel(f"predicted {what} (at planning time)")
+        ax.set_xlabel(f"predicted {what}: uncalibrated (filled), calibrated at planning (hollow)")
         ax.set_ylabel(f"measured {what}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     a1.set_title("Step time: predicted vs measured")
     a2.set_title("Memory: predicted vs measured")
     return _png(fig)

@@ -71,7 +71,7 @@ def next_round(
         )
         view.event(
             f"round {rnd} calibration ({f.method}, {f.n_step} runs): step MAPE "
-            f"{_pct(f.mape_before)} -> {_pct(f.mape_after)}, memory factor {f.memory_factor:.3f}"
+            f"{_pct(f.mape_before)} -> {_pct(f.mape_after)}, {f.memory_summary()}"
         )
     if not plan.proposals:
         return "search exhausted: the policy has nothing new to measure within the budget"

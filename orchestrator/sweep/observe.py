@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from db import queries
 from db.ledger import CandidateRow, Ledger, SweepRow
+from jobs.metrics import GB_PER_MIB
 from orchestrator.plan.layout import Layout
 from orchestrator.policy.env import PlanEnv
 from orchestrator.policy.types import Observation
@@ -47,12 +48,31 @@ def _raw(env: PlanEnv, cand: CandidateRow, layout: Layout):
     return env.raw(layout)  # candidates added by other tools (run-one, plan --save) carry no raw numbers
 
 
+def stage_peaks(ranks: list[dict]) -> dict[int, float]:
+    """PP stage -> its measured peak in GB (max over the stage's ranks; reserved, else allocated): what
+    per-term memory calibration fits. Ranks without a known stage are left out."""
+    out: dict[int, float] = {}
+    for r in ranks:
+        mb = r.get("reserved_mb") or r.get("allocated_mb")
+        if r.get("pp_stage") is None or not mb:
+            continue
+        out[int(r["pp_stage"])] = max(out.get(int(r["pp_stage"]), 0.0), float(mb) * GB_PER_MIB)
+    return out
+
+
+def _raw_terms(env: PlanEnv, cand: CandidateRow, layout: Layout) -> tuple[dict[str, float], ...]:
+    terms = (cand.predicted or {}).get("memory_terms_by_stage")
+    return tuple(dict(t) for t in terms) if terms else env.raw_memory_terms(layout)
+
+
 def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[Observation]:
     """Each candidate with its latest outcome: measured metrics, or the failure class of its last attempt."""
     measured: dict[int, dict] = {}
+    attempt_of: dict[int, int] = {}
     for s in sweeps:
         for row in ledger.measured(sweep=s.name):
             measured[row.candidate_id] = row.metrics
+            attempt_of[row.candidate_id] = row.attempt_id
     out: list[Observation] = []
     for s in sweeps:
         for c in ledger.candidates(s.name):
@@ -86,6 +106,8 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
                     failure_class=fc,
                     round=c.round,
                     hbm_gb=env.hardware.hbm_gb,
+                    raw_memory_terms=_raw_terms(env, c, layout),
+                    stage_peaks_gb=stage_peaks(ledger.rank_memory(attempt_of[c.id])) if met else {},
                 )
             )
     return out

@@ -296,7 +296,7 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
                 end = clock + timedelta(hours=cost / st.gpus)
                 ledger.update_attempt(a.id, start_time=clock, end_time=end, node_list="in-process")
                 clock = end
-                ledger.record_result(a.id, _result(cfg, run, JobResult, RankMemory).to_dict())
+                ledger.record_result(a.id, _result(cfg, run, JobResult, RankMemory, pp=lay.pp).to_dict())
                 p50 = p50_of_window(cfg, run) if run.fits else None
                 out.launches.append((c.round, lay, cost, p50, run.step_s))
                 if run.fits:
@@ -317,8 +317,9 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
     return out
 
 
-def _result(cfg, run: Launch, JobResult, RankMemory):
-    """The JobResult `collect` would build from this launch's job folder."""
+def _result(cfg, run: Launch, JobResult, RankMemory, *, pp: int = 1):
+    """The JobResult `collect` would build from this launch's job folder: the twin prints a memory line per
+    pipeline stage; a stand-in prints one, from its one process (RANK = N - 1, the last PP stage)."""
     from jobs.metrics import summarize
 
     st = cfg.stage
@@ -356,6 +357,16 @@ def _result(cfg, run: Launch, JobResult, RankMemory):
         rank_memory=[
             RankMemory(rank=i, pp_stage=i, allocated_mb=None, reserved_mb=gb * 1e9 / 2**20, source="in-process")
             for i, gb in enumerate(run.stage_gb)
+        ]
+        if len(run.stage_gb) > 1 or pp == 1
+        else [
+            RankMemory(
+                rank=st.gpus - 1,
+                pp_stage=pp - 1,
+                allocated_mb=None,
+                reserved_mb=run.peak_gb * 1e9 / 2**20,
+                source="in-process",
+            )
         ],
     )
 
