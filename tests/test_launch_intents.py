@@ -153,3 +153,32 @@ def test_slurm_kill_between_sbatch_and_record_is_adopted_on_resume(tmp_path, slu
     assert sorted(jobs) == sorted(a.job_id for a in launched), jobs  # one job per candidate, all of them ours
     assert all(st == AttemptState.COMPLETED for st in jobs.values()), jobs
     assert sbatch_calls(env) == 1  # resume submitted nothing
+
+
+# ---- the ledger side, on SQLite and PostgreSQL ----------------------------------------------------------
+
+
+def test_intent_then_launched_and_a_late_launch_keeps_a_cancel(ledger_url):
+    from tests.test_ledger import make_items
+
+    with Ledger.open(ledger_url) as led:
+        led.create_or_get_sweep(
+            "s1", stage="1k", config_yaml="", model="dsv4_pro", hardware="h100", workload="twin", provenance={}
+        )
+        led.add_candidates("s1", make_items(2))
+        a_c, b_c = led.claim_for_submission("s1", 10, "me")
+        a = led.new_attempt(a_c.id, array_index=0, job_dir="/r/a/attempt-1", simulated=True, launch_token="s1.0001")
+        b = led.new_attempt(b_c.id, array_index=1, job_dir="/r/b/attempt-1", simulated=True, launch_token="s1.0001")
+        assert a.job_id is None and a.launch_token == "s1.0001" and not a.aborted and not a.terminal
+        assert {x.id for x in led.live_attempts("s1")} == {a.id, b.id}  # what resume reconciles
+        led.launched(a.id, "77_0", 0, "job 77_0")
+        (got,) = led.attempts(a_c.id)
+        assert (got.job_id, got.array_index, led.candidates("s1")[0].status) == ("77_0", 0, CandidateStatus.SUBMITTED)
+        assert got.submit_time is not None
+        led.set_candidate_status(b_c.id, CandidateStatus.CANCELLED, "cancelled by `orchestrator cancel`")
+        led.launched(b.id, "77_1", 1, "job 77_1")  # recorded after the cancel: the id is kept, the cancel too
+        assert led.candidates("s1")[1].status == CandidateStatus.CANCELLED
+        assert led.attempts(b_c.id)[0].job_id == "77_1"
+        c = led.new_attempt(a_c.id, job_dir="/r/a/attempt-2", simulated=True, launch_token="s1.0002")
+        aborted = led.update_attempt(c.id, state=AttemptState.CANCELLED, failure_detail="launch aborted")
+        assert aborted.aborted and aborted.attempt_no == 2
