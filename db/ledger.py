@@ -372,20 +372,23 @@ class Ledger(Leases, Evidence):
             c.latest_attempt_id = a.id
             return to_row(AttemptRow, a)
 
-    def launched(self, attempt_id: int, job_id: str, array_index: int | None, reason: str) -> None:
-        """An intent reached the cluster: its job id and the candidate's `submitted`, in one transaction. A
-        candidate no longer claimed (`cancel` ran meanwhile) keeps its status; the id is kept to stop the job."""
+    def launched(self, jobs: Sequence[tuple[int, str, int | None]], why: str = "job {job_id}") -> None:
+        """Intents (attempt id, job id, array index) reached the cluster: job ids and the candidates' `submitted`,
+        one transaction for a whole array (all recorded or none). A candidate no longer claimed (`cancel` ran
+        meanwhile) keeps its status; the id is kept, so the job can be stopped."""
         with self._write() as s:
-            a = self._attempt(s, attempt_id)
-            c = self._candidate(s, a.candidate_id, lock=True)
-            a.job_id, a.array_index, a.submit_time, a.updated_at = str(job_id), array_index, now(), now()
-            if c.status != CandidateStatus.CLAIMED:
-                late = f"{reason} (candidate already {c.status})"
-                s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind="launched", message=late))
-                return
-            msg = f"{c.status} -> {CandidateStatus.SUBMITTED}: {reason}"
-            s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind=CandidateStatus.SUBMITTED, message=msg))
-            c.status, c.reason, c.updated_at = CandidateStatus.SUBMITTED, reason, now()
+            for attempt_id, job_id, array_index in jobs:
+                a = self._attempt(s, attempt_id)
+                c = self._candidate(s, a.candidate_id, lock=True)
+                a.job_id, a.array_index, a.submit_time, a.updated_at = str(job_id), array_index, now(), now()
+                reason = why.format(job_id=job_id)
+                if c.status != CandidateStatus.CLAIMED:
+                    late = f"{reason} (candidate already {c.status})"
+                    s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind="launched", message=late))
+                    continue
+                msg = f"{c.status} -> {CandidateStatus.SUBMITTED}: {reason}"
+                s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind=CandidateStatus.SUBMITTED, message=msg))
+                c.status, c.reason, c.updated_at = CandidateStatus.SUBMITTED, reason, now()
 
     def update_attempt(self, attempt_id: int, **changes: Any) -> AttemptRow:
         unknown = set(changes) - ATTEMPT_FIELDS

@@ -171,12 +171,12 @@ def test_intent_then_launched_and_a_late_launch_keeps_a_cancel(ledger_url):
         b = led.new_attempt(b_c.id, array_index=1, job_dir="/r/b/attempt-1", simulated=True, launch_token="s1.0001")
         assert a.job_id is None and a.launch_token == "s1.0001" and not a.aborted and not a.terminal
         assert {x.id for x in led.live_attempts("s1")} == {a.id, b.id}  # what resume reconciles
-        led.launched(a.id, "77_0", 0, "job 77_0")
+        led.launched([(a.id, "77_0", 0)])
         (got,) = led.attempts(a_c.id)
         assert (got.job_id, got.array_index, led.candidates("s1")[0].status) == ("77_0", 0, CandidateStatus.SUBMITTED)
         assert got.submit_time is not None
         led.set_candidate_status(b_c.id, CandidateStatus.CANCELLED, "cancelled by `orchestrator cancel`")
-        led.launched(b.id, "77_1", 1, "job 77_1")  # recorded after the cancel: the id is kept, the cancel too
+        led.launched([(b.id, "77_1", 1)])  # recorded after the cancel: the id is kept, the cancel too
         assert led.candidates("s1")[1].status == CandidateStatus.CANCELLED
         assert led.attempts(b_c.id)[0].job_id == "77_1"
         c = led.new_attempt(a_c.id, job_dir="/r/a/attempt-2", simulated=True, launch_token="s1.0002")

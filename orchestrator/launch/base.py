@@ -17,7 +17,8 @@ from typing import Any
 from jobs.paths import JobPaths
 from orchestrator.states import AttemptState
 
-OnSubmitted = Callable[[int, "Submitted"], None]
+# Called once per submission (a Slurm array, a local job) with (index into the tasks, Submitted) pairs.
+OnSubmitted = Callable[[list[tuple[int, "Submitted"]]], None]
 
 
 class LaunchError(RuntimeError):
@@ -127,9 +128,10 @@ class Launcher(ABC):
 
     @abstractmethod
     def submit(self, tasks: list[LaunchTask], on_submitted: OnSubmitted | None = None) -> list[Submitted]:
-        """Submit; `on_submitted(index, submitted)` is called as soon as each submission's job ids are known,
-        so the caller can store them before the rest of the round goes out. When it raises, every job of
-        this call is cancelled at once (no job runs that the caller could not record) and the error goes up."""
+        """Submit; `on_submitted([(index, submitted), ...])` is called once per submission (an array) as soon
+        as its job ids are known, so the caller stores them (all or none) before the rest goes out. When it
+        raises, that submission is cancelled at once, every task of it (no job runs that the caller could not
+        record; earlier, recorded ones run on), nothing more is submitted, and the error goes up."""
 
     @abstractmethod
     def poll(self, job_ids: list[str]) -> dict[str, JobState]: ...

@@ -90,9 +90,9 @@ class LocalLauncher(Launcher):
             out.append(Submitted(job_id=jid, array_index=None, folder=t.folder))
             if on_submitted is not None:
                 try:
-                    on_submitted(i, out[-1])
-                except BaseException:  # not recorded: stop every job of this call at once
-                    self.cancel([s.job_id for s in out])
+                    on_submitted([(i, out[-1])])
+                except BaseException:  # not recorded: stop it at once
+                    self.cancel([jid])
                     raise
         return out
 

@@ -143,20 +143,17 @@ class SlurmLauncher(Launcher):
 
     def submit(self, tasks: list[LaunchTask], on_submitted: OnSubmitted | None = None) -> list[Submitted]:
         out: list[Submitted] = [None] * len(tasks)  # type: ignore[list-item]  # every slot is filled below
-        done: list[str] = []
-        try:
-            for chunk in self.arrays(tasks):
-                subs = self._submit_array([tasks[i] for i in chunk])
-                done += [s.job_id for s in subs]
-                for i, sub in zip(chunk, subs):
-                    out[i] = sub
-                for i, sub in zip(chunk, subs):  # the array exists as a whole before anything is recorded
-                    if on_submitted is not None:
-                        on_submitted(i, sub)
-        except BaseException:
-            if done:  # never leave jobs running that the caller has no id for: every task, one scancel
-                self.cancel(sorted({j.split("_")[0] for j in done}))
-            raise
+        for chunk in self.arrays(tasks):
+            subs = self._submit_array([tasks[i] for i in chunk])
+            for i, sub in zip(chunk, subs):
+                out[i] = sub
+            if on_submitted is None:
+                continue
+            try:
+                on_submitted(list(zip(chunk, subs)))
+            except BaseException:  # not recorded: no task of this array may run untracked (one scancel)
+                self.cancel(sorted({s.job_id.split("_")[0] for s in subs}))
+                raise
         return out
 
     def find(self, intents: list[tuple[str, int | None, str]], since: datetime) -> dict[tuple[str, int | None], Found]:

@@ -252,7 +252,7 @@ class Driver:
         for a in intents:
             job = found.get((a.launch_token or "", a.array_index))
             if job is not None and job.state != AttemptState.CANCELLED:
-                self.ledger.launched(a.id, job.job_id, a.array_index, f"job {job.job_id} adopted on resume")
+                self.ledger.launched([(a.id, job.job_id, a.array_index)], "job {job_id} adopted on resume")
                 self.view.event(f"adopted job {job.job_id} (launched, its id never recorded)")
                 continue
             why = f"job {job.job_id} was cancelled before its id was recorded" if job else "no job reached the cluster"
@@ -306,9 +306,9 @@ class Driver:
                     launch_token=token,
                 )
 
-        def record(i: int, sub) -> None:  # called as each job id exists: into the ledger before any waiting
+        def record(pairs) -> None:  # called as each array exists: its job ids into the ledger before any waiting
             fault_point("record")
-            self.ledger.launched(intents[i].id, str(sub.job_id), sub.array_index, f"job {sub.job_id}")
+            self.ledger.launched([(intents[i].id, str(sub.job_id), sub.array_index) for i, sub in pairs])
 
         subs = self.launcher.submit(tasks, on_submitted=record)  # Slurm: one array, one sbatch
         self.stats["submitted"] += len(subs)
