@@ -20,7 +20,8 @@ from db.ledger import Ledger
 from jobs.paths import JobPaths
 from orchestrator.launch.intents import parse
 from orchestrator.states import AttemptState, CandidateStatus
-from tests.sweeplib import all_attempts, assert_accounted, cli, ledger_url, sweep_args, wait_for
+from tests.sweeplib import all_attempts, assert_accounted, cli, sweep_args, wait_for
+from tests.sweeplib import ledger_url as sqlite_url
 from tests.test_sweep_slurm import counting_sbatch, sbatch_calls
 
 NODE8 = ["stage.gpus=8", "++cluster.poll_interval_s=1.0", "++cluster.min_time_min=5", "++cluster.signal_delay_s=30"]
@@ -43,11 +44,12 @@ def _intents(led: Ledger, sweep: str) -> list:
     return [a for a in all_attempts(led, sweep) if a.launch_token]
 
 
-def _resume_and_check(tmp_path: Path, name: str, env: dict | None = None) -> list:
+def _resume_and_check(tmp_path: Path, name: str, env: dict | None = None, url: str | None = None) -> list:
     """Resume; every candidate ends measured with exactly one attempt that has a job id (one launch each)."""
-    proc = cli("resume", name, f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=600, env=env)
+    url = url or sqlite_url(tmp_path)
+    proc = cli("resume", name, f"ledger.url={url}", "--plain", timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
-    with Ledger.open(ledger_url(tmp_path)) as led:
+    with Ledger.open(url) as led:
         cands = led.candidates(name)
         assert cands and all(c.status == CandidateStatus.DONE for c in cands), [c.status for c in cands]
         launched = []
@@ -61,11 +63,13 @@ def _resume_and_check(tmp_path: Path, name: str, env: dict | None = None) -> lis
         return launched
 
 
-def test_local_record_failure_leaves_nothing_running_and_resume_launches_once(tmp_path):
+def test_local_record_failure_leaves_nothing_running_and_resume_launches_once(tmp_path, ledger_url):
+    """On both ledgers (the fixture `ledger_url`: SQLite and the real PostgreSQL)."""
     args = sweep_args(tmp_path, "l-rec", *ROUND, "++workload.twin.time_scale=20", "++workload.twin.max_sleep_s=1.0")
+    args = [a if not a.startswith("ledger.url=") else f"ledger.url={ledger_url}" for a in args]
     proc = cli("sweep", *args, "--plain", timeout=300, env={"ORCH_FAULT": "record:fail"})
     assert proc.returncode == 2 and "injected fault at record" in proc.stderr, proc.stderr[-3000:]
-    with Ledger.open(ledger_url(tmp_path)) as led:
+    with Ledger.open(ledger_url) as led:
         intents = _intents(led, "l-rec")
         assert len(intents) == 3 and not any(a.job_id for a in intents)  # written before the launch
     pids = [
@@ -79,7 +83,7 @@ def test_local_record_failure_leaves_nothing_running_and_resume_launches_once(tm
         return not any(Path(f"/proc/{p}").exists() for p in pids)
 
     wait_for(gone, 120, "the unrecorded local job(s) to be stopped")  # 0 jobs left running
-    launched = _resume_and_check(tmp_path, "l-rec")
+    launched = _resume_and_check(tmp_path, "l-rec", url=ledger_url)
     assert {int(a.job_id) for a in launched}.isdisjoint(int(p) for p in pids)
 
 
@@ -114,7 +118,7 @@ def test_slurm_record_failure_cancels_the_whole_array_and_resume_launches_once(t
     args = sweep_args(tmp_path, "s-rec", *ROUND, *NODE8, *slow, cluster="slurm")
     proc = cli("sweep", *args, "--plain", timeout=300, env={"ORCH_FAULT": "record:fail", "PATH": env["PATH"]})
     assert proc.returncode == 2 and "injected fault at record" in proc.stderr, proc.stderr[-3000:]
-    with Ledger.open(ledger_url(tmp_path)) as led:
+    with Ledger.open(sqlite_url(tmp_path)) as led:
         intents = _intents(led, "s-rec")
         assert len(intents) == 3 and not any(a.job_id for a in intents)
         assert len({a.launch_token for a in intents}) == 1  # one array
@@ -139,13 +143,13 @@ def test_slurm_kill_between_sbatch_and_record_is_adopted_on_resume(tmp_path, slu
     args = sweep_args(tmp_path, "s-kill9", *ROUND, *NODE8, cluster="slurm")
     proc = cli("sweep", *args, "--plain", timeout=300, env={"ORCH_FAULT": "record:kill", "PATH": env["PATH"]})
     assert proc.returncode == -9, proc.stderr[-3000:]
-    with Ledger.open(ledger_url(tmp_path)) as led:
+    with Ledger.open(sqlite_url(tmp_path)) as led:
         intents = _intents(led, "s-kill9")
         assert len(intents) == 3 and not any(a.job_id for a in intents)  # sbatch ran, nothing recorded
         tokens = {a.launch_token for a in intents}
     assert sbatch_calls(env) == 1 and len(_slurm_jobs(tmp_path, "s-kill9")) == 3
     launched = _resume_and_check(tmp_path, "s-kill9", env={"PATH": env["PATH"]})
-    with Ledger.open(ledger_url(tmp_path)) as led:
+    with Ledger.open(sqlite_url(tmp_path)) as led:
         assert_accounted(led, "s-kill9")  # every attempt has a job id: the running array was adopted
         assert {a.launch_token for a in launched} == tokens
         assert len([e for e in led.events("s-kill9") if "adopted on resume" in e.message]) == 3
