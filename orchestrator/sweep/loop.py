@@ -1,10 +1,11 @@
 """The sweep loop: plan -> select within budget -> submit -> poll -> ingest -> decide, until done.
 
 Every decision reads the ledger (never memory carried from a previous process), and every side effect
-is written to the ledger right after it happens: the Slurm job id of an attempt is stored as soon as
-sbatch returns, before anything waits on it; a result is recorded (idempotently, per attempt) before
-the candidate's status moves. So `kill -9` at any point, then `resume`, loses no result and submits
-nothing twice.
+is written to the ledger right around it: an attempt is stored as a launch intent (its token is the Slurm
+job name) before sbatch, its job id as soon as sbatch returns, before anything waits on it; a result is
+recorded (idempotently, per attempt) before the candidate's status moves. So `kill -9` at any point, then
+`resume` (which adopts a launched intent by its token), loses no result and submits nothing twice. The
+lease is renewed by a thread (db.leases.LeaseKeeper), so no wait here can lose it.
 """
 
 from __future__ import annotations
