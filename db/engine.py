@@ -96,12 +96,20 @@ def scrub(message: str, url: URL) -> str:
     return message.replace(url.password, "***") if url.password else message
 
 
-def make_engine(url: str | URL, *, echo: bool = False, busy_timeout_ms: int = 30000) -> Engine:
+def make_engine(
+    url: str | URL, *, echo: bool = False, busy_timeout_ms: int = 30000, lock_timeout_ms: int | None = None
+) -> Engine:
+    """`lock_timeout_ms` (PostgreSQL): a statement waiting longer for a lock, or running longer than twice
+    that, fails instead of blocking (the lease keeper's renewals); SQLite waits `busy_timeout_ms`."""
     parsed = parse_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed, echo=echo, busy_timeout_ms=busy_timeout_ms)
+    args: dict[str, Any] = {"connect_timeout": 10}
+    if lock_timeout_ms is not None:
+        args["connect_timeout"] = max(2, int(lock_timeout_ms / 1000) + 1)
+        args["options"] = f"-c lock_timeout={int(lock_timeout_ms)} -c statement_timeout={2 * int(lock_timeout_ms)}"
     try:
-        return create_engine(parsed, echo=echo, pool_pre_ping=True, connect_args={"connect_timeout": 10})
+        return create_engine(parsed, echo=echo, pool_pre_ping=True, connect_args=args)
     except NoSuchModuleError as exc:
         raise LedgerError(f"no driver for {mask(parsed)}: {exc}; install the 'postgres' extra") from None
 

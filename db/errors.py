@@ -18,9 +18,13 @@ class LedgerError(Exception):
 class LeaseHeld(LedgerError):
     """Another orchestrator drives this sweep; raised by `Ledger.acquire_lease`."""
 
-    def __init__(self, sweep: str, holder: str, expires_at: datetime):
-        self.sweep, self.holder, self.expires_at = sweep, holder, expires_at
+    def __init__(self, sweep: str, holder: str, expires_at: datetime, alive: bool | None = None):
+        self.sweep, self.holder, self.expires_at, self.alive = sweep, holder, expires_at, alive
+        fix = (
+            "its process is alive on this host: stop it first"
+            if alive
+            else "stop that orchestrator or wait for its lease to expire"
+        )
         super().__init__(
-            f"sweep '{sweep}' is driven by {holder} (lease expires {expires_at:%Y-%m-%d %H:%M:%S} UTC); "
-            "stop that orchestrator or wait for its lease to expire"
+            f"sweep '{sweep}' is driven by {holder} (lease expires {expires_at:%Y-%m-%d %H:%M:%S} UTC); {fix}"
         )

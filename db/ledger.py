@@ -346,8 +346,10 @@ class Ledger(Leases, Evidence):
         array_index: int | None = None,
         job_dir: str,
         simulated: bool,
+        launch_token: str | None = None,
     ) -> AttemptRow:
-        """attempt_no = previous + 1, decided under the candidate's row lock."""
+        """attempt_no = previous + 1, decided under the candidate's row lock. Without a job id it is a launch
+        intent (written before sbatch, `launch_token` names the job); `launched` then stores the id."""
         with self._write() as s:
             c = self._candidate(s, candidate_id, lock=True)
             n = s.scalar(select(func.max(m.Attempt.attempt_no)).where(m.Attempt.candidate_id == candidate_id)) or 0
@@ -358,6 +360,7 @@ class Ledger(Leases, Evidence):
                 array_index=array_index,
                 job_dir=str(job_dir),
                 simulated=bool(simulated),
+                launch_token=launch_token,
                 state=AttemptState.PENDING,
                 log_paths=[],
                 sidecar_paths=[],
@@ -368,6 +371,24 @@ class Ledger(Leases, Evidence):
             s.flush()
             c.latest_attempt_id = a.id
             return to_row(AttemptRow, a)
+
+    def launched(self, jobs: Sequence[tuple[int, str, int | None]], why: str = "job {job_id}") -> None:
+        """Intents (attempt id, job id, array index) reached the cluster: job ids and the candidates' `submitted`,
+        one transaction for a whole array (all recorded or none). A candidate no longer claimed (`cancel` ran
+        meanwhile) keeps its status; the id is kept, so the job can be stopped."""
+        with self._write() as s:
+            for attempt_id, job_id, array_index in jobs:
+                a = self._attempt(s, attempt_id)
+                c = self._candidate(s, a.candidate_id, lock=True)
+                a.job_id, a.array_index, a.submit_time, a.updated_at = str(job_id), array_index, now(), now()
+                reason = why.format(job_id=job_id)
+                if c.status != CandidateStatus.CLAIMED:
+                    late = f"{reason} (candidate already {c.status})"
+                    s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind="launched", message=late))
+                    continue
+                msg = f"{c.status} -> {CandidateStatus.SUBMITTED}: {reason}"
+                s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind=CandidateStatus.SUBMITTED, message=msg))
+                c.status, c.reason, c.updated_at = CandidateStatus.SUBMITTED, reason, now()
 
     def update_attempt(self, attempt_id: int, **changes: Any) -> AttemptRow:
         unknown = set(changes) - ATTEMPT_FIELDS

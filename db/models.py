@@ -171,6 +171,9 @@ class Attempt(Base):
     simulated: Mapped[bool]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    # The launch intent, stored before sbatch and used as the Slurm job name: `resume` finds by it a job whose
+    # id was never stored (killed between sbatch and the record), instead of launching it again.
+    launch_token: Mapped[str | None] = mapped_column(String(160))
 
 
 class Result(Base):

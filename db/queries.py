@@ -343,19 +343,3 @@ def attempt_costs(ledger: Store, sweep: str) -> list[AttemptCost]:
     )
     with ledger._read() as s:
         return [AttemptCost(*row) for row in s.execute(q)]
-
-
-def lease_of(ledger: Store, sweep: str) -> dict[str, Any] | None:
-    """The sweep's lease row (holder `host:pid`, acquired, last heartbeat, expiry), None when nobody holds it:
-    what `status` shows. Read only; taking and renewing it is db.leases."""
-    q = select(m.Lease).join(m.Sweep, m.Sweep.id == m.Lease.sweep_id).where(m.Sweep.name == sweep)
-    with ledger._read() as s:
-        row = s.scalars(q).one_or_none()
-        if row is None:
-            return None
-        return {
-            "holder": row.holder,
-            "acquired_at": row.acquired_at,
-            "heartbeat_at": row.heartbeat_at,
-            "expires_at": row.expires_at,
-        }

@@ -96,6 +96,7 @@ class AttemptRow:
     simulated: bool
     created_at: datetime
     updated_at: datetime
+    launch_token: str | None = None  # the launch intent (Slurm job name); see Ledger.new_attempt
 
     def __post_init__(self) -> None:
         _set(self, "state", AttemptState.parse(self.state))  # a word Slurm adds later reads UNKNOWN: live
@@ -103,6 +104,11 @@ class AttemptRow:
     @property
     def terminal(self) -> bool:
         return self.state.terminal
+
+    @property
+    def aborted(self) -> bool:
+        """A launch intent that never ran (ended without a job id): not an attempt that counts for retries."""
+        return self.job_id is None and self.terminal
 
 
 @dataclass(frozen=True)

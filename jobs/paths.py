@@ -42,6 +42,7 @@ class JobPaths:
     RANK_ERR = "rank-{rank}.err"
     SIDECAR = "sidecar-rank-{rank}.json"
     PREFLIGHT = "preflight.json"
+    LAUNCH = "launch.json"  # the local executor's record of a launch: {"token", "job_id"} (the process id)
     NODE_LOG = "node-{node}.log"
     NODE_LOG_GLOB = NODE_LOG.format(node="*")
     TIME_LIMIT_MARK = "time-limit-warning-rank-{rank}"
@@ -68,6 +69,10 @@ class JobPaths:
     @property
     def result(self) -> Path:
         return self.folder / self.RESULT
+
+    @property
+    def launch(self) -> Path:
+        return self.folder / self.LAUNCH
 
     def stdout(self, rank: int) -> Path:
         return self.folder / self.RANK_OUT.format(rank=rank)

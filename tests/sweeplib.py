@@ -75,12 +75,12 @@ def all_attempts(ledger: Ledger, sweep: str):
 
 
 def assert_accounted(ledger: Ledger, sweep: str) -> None:
-    """Every candidate ended (done / failed / cancelled), each attempt has a job id, ids are unique."""
+    """Every candidate ended (done / failed / cancelled), each attempt that ran has a job id, ids are unique."""
     cands = ledger.candidates(sweep)
     assert cands
     for c in cands:
         assert c.status in CandidateStatus.TERMINAL, (c.key, c.status)
-    atts = all_attempts(ledger, sweep)
+    atts = [a for a in all_attempts(ledger, sweep) if not a.aborted]  # a launch intent that never ran has no id
     ids = [a.job_id for a in atts]
     assert all(ids) and len(ids) == len(set(ids)), ids
     for c in cands:
@@ -115,7 +115,7 @@ class RunningSweep:
         """Until at least n attempts have a job id in the ledger (submitted, ids stored)."""
 
         def enough(led: Ledger) -> list[AttemptRow] | None:
-            atts = all_attempts(led, self.name)
+            atts = [a for a in all_attempts(led, self.name) if a.job_id]  # not launch intents without an id
             return atts if len(atts) >= n else None
 
         return self.wait_ledger(enough, timeout, f"{n} job(s) in the ledger")

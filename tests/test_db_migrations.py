@@ -73,13 +73,13 @@ def test_upgrade_from_previous_revision_keeps_data(ledger_url):
                     updated_at=now,
                 )
             )
-        # what the head revision (0004) adds is not there yet at N-1
-        assert "hot_rank_tokens_p99" not in {c["name"] for c in inspect(eng).get_columns("result")}
+        # what the head revision (0005: launch intents) adds is not there yet at N-1
+        assert "launch_token" not in {c["name"] for c in inspect(eng).get_columns("attempt")}
         if eng.dialect.name != "sqlite":  # a team database is never upgraded behind the user's back
             with pytest.raises(LedgerError, match=f"schema revision {previous}.*db upgrade"):
                 Ledger.open(ledger_url)
         assert E.upgrade(eng).up_to_date
-        assert "hot_rank_tokens_p99" in {c["name"] for c in inspect(eng).get_columns("result")}
+        assert "launch_token" in {c["name"] for c in inspect(eng).get_columns("attempt")}
     finally:
         eng.dispose()
     with Ledger.open(ledger_url) as led:

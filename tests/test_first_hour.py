@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from db.leases import LeaseInfo, holder_alive, holder_id
 from db.ledger import Ledger
 from jobs.paths import JobPaths
 from jobs.spec import JobSpec
-from orchestrator.commands.status import lease_view
+from orchestrator.commands.status import lease_line, lease_view
 from orchestrator.states import SweepStatus
 from tests.sweeplib import all_attempts, cli, ledger_url, running_sweep, sweep_args, wait_for
 
@@ -109,31 +110,37 @@ def test_status_shows_local_jobs_running_while_the_round_goes_out_and_who_holds_
 
         def running_while_submitting() -> str | None:
             out = cli("status", "busy", url).stdout
-            with Ledger.open(ledger_url(tmp_path)) as led:  # read after status: attempts only grow
-                submitting = len(all_attempts(led, "busy")) < len(led.candidates("busy"))
+            with Ledger.open(ledger_url(tmp_path)) as led:  # read after status: launched attempts only grow
+                launched = [a for a in all_attempts(led, "busy") if a.job_id]  # intents exist before submit
+                submitting = len(launched) < len(led.candidates("busy"))
             m = re.search(r"queued (\d+)  running (\d+)", out)
             return out if m and int(m[2]) >= 1 and submitting else None
 
         out = wait_for(running_while_submitting, 300, "status showing a running job while the round goes out")
-        holder = f"{socket.gethostname()}:{sweep.proc.pid}"
-        assert re.search(rf"lease: held by {re.escape(holder)} \(process alive\), expires \S+ UTC \(in \d+ s\)", out)
+        holder = f"{socket.gethostname()}:{sweep.proc.pid}:"
+        assert re.search(rf"lease: held by {re.escape(holder)}\d+ \(process alive\), expires \S+ UTC \(in \d+ s\)", out)
         assert sweep.wait(600) == 0, sweep.output()[-3000:]
     out = cli("status", "busy", url).stdout
     assert "lease: nobody drives this sweep (last: lease released by" in out, out
 
 
 def test_lease_view_tells_a_dead_holder_from_a_live_one_and_another_host():
+    """status reads db.leases' liveness: this process lives, a reaped child is gone, another host is unknowable."""
     t = datetime.now(UTC)
-    row = {"heartbeat_at": t, "expires_at": t + timedelta(seconds=30)}
+    info = dict(acquired_at=t, heartbeat_at=t, expires_at=t + timedelta(seconds=30), expired=False)
     here = socket.gethostname()
-    assert lease_view({**row, "holder": f"{here}:{os.getpid()}"}, at=t)["alive"] is True
+    me = holder_id()
+    assert holder_alive(me) is True
+    assert lease_view(LeaseInfo(holder=me, alive=holder_alive(me), **info), at=t)["alive"] is True
     dead = os.fork()
     if dead == 0:
         os._exit(0)
     os.waitpid(dead, 0)
-    gone = lease_view({**row, "holder": f"{here}:{dead}"}, at=t)
+    gone_holder = f"{here}:{dead}:0"
+    gone = lease_view(LeaseInfo(holder=gone_holder, alive=holder_alive(gone_holder), **info), at=t)
     assert gone["alive"] is False and gone["expires_in_s"] == 30.0 and gone["pid"] == dead
-    assert lease_view({**row, "holder": "elsewhere.example:123"}, at=t)["alive"] is None
+    assert holder_alive("elsewhere.example:123:1") is None
+    assert lease_line(gone, None).endswith("UTC (in 30 s)") and "takes over at once" in lease_line(gone, None)
     assert lease_view(None) is None
 
 

@@ -102,7 +102,7 @@ def test_local_slots_limit_concurrency(tmp_path):
     t0, seen = time.monotonic(), []
     a, b = launcher.submit(
         [task(sleep_for, tmp_path / "a", 2.0), task(sleep_for, tmp_path / "b", 0.1)],
-        on_submitted=lambda i, sub: seen.append((i, sub.job_id, time.monotonic() - t0)),
+        on_submitted=lambda pairs: seen.extend((i, sub.job_id, time.monotonic() - t0) for i, sub in pairs),
     )
     assert time.monotonic() - t0 >= 2.0
     # Each id reaches the caller as soon as its job started, not when the whole round is out.

@@ -182,7 +182,7 @@ def test_multi_node_task_and_array_split(slurm_cluster, tmp_path, counted, launc
     small = [task(tmp_path / f"s{i}", i) for i in range(5)]
     wide = task(tmp_path / "wide", 10, n_gpus=4, gpus_per_node=2)
     seen = {}
-    subs = launcher.submit(small + [wide], on_submitted=lambda i, sub: seen.setdefault(i, sub.job_id))
+    subs = launcher.submit(small + [wide], on_submitted=lambda pairs: seen.update((i, s.job_id) for i, s in pairs))
     assert launcher.sbatch_calls == 4 == counted("sbatch")
     assert seen == {i: s.job_id for i, s in enumerate(subs)}
     bases = [s.job_id.split("_")[0] for s in subs[:5]]
@@ -207,3 +207,36 @@ def test_time_limit_gives_timeout(slurm_cluster, timeout_job):
     # submitit's warning signal (USR2, 30 s before the limit) was recorded, not turned into a FAILED job.
     assert JobPaths(sub.folder).time_limit_mark(0).exists()
     assert not JobPaths(sub.folder).result.exists()
+
+
+def test_a_failed_record_cancels_that_whole_array_and_find_sees_the_rest(tmp_path, counted, launchers):
+    """Issue 10 fault 3: the caller cannot record array 2 -> every task of array 2 is cancelled in one scancel
+    at once; array 1, recorded, runs on; `find` answers by launch token (the job name) in one query."""
+    from datetime import UTC, datetime
+
+    from orchestrator.states import AttemptState
+
+    launcher = launchers(cluster(max_array_size=2))
+    tasks = [task(tmp_path / f"t{i}", i, sleep_s=120, time_min=5) for i in range(4)]
+    tok = [f"intents-{tmp_path.name[-8:]}.{k}" for k in ("a", "b")]
+    for i, t in enumerate(tasks):
+        t.token = tok[i // 2]
+    assert launcher.arrays(tasks) == [[0, 1], [2, 3]]
+    since, calls = datetime.now(UTC), []
+
+    def record(pairs):
+        calls.append([i for i, _ in pairs])
+        if len(calls) == 2:
+            raise RuntimeError("ledger locked")
+
+    with pytest.raises(RuntimeError, match="ledger locked"):
+        launcher.submit(tasks, on_submitted=record)
+    assert calls == [[0, 1], [2, 3]] and counted("scancel") == 1
+    ids = list(launcher._folders)
+    assert len(ids) == 4
+    states = poll_until(launcher, ids, lambda st: all(st[j].state == AttemptState.CANCELLED for j in ids[2:]))
+    assert all(states[j].state == AttemptState.CANCELLED for j in ids[2:]), states
+    assert not any(states[j].terminal for j in ids[:2]), states  # recorded: left running
+    found = launcher.find([(tok[0], 0, ""), (tok[0], 1, ""), (tok[1], 0, ""), (tok[1], 1, "")], since)
+    assert {k: f.job_id for k, f in found.items() if k[0] == tok[0]} == {(tok[0], 0): ids[0], (tok[0], 1): ids[1]}
+    assert all(f.state == AttemptState.CANCELLED for k, f in found.items() if k[0] == tok[1])

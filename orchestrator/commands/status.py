@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 from datetime import UTC, datetime
 
-from db import queries
+from db.leases import LeaseInfo
 from orchestrator.config import compose
 from orchestrator.errors import UserError
 from orchestrator.plan.layout import Layout
@@ -23,32 +21,22 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true")
 
 
-def lease_view(row: dict | None, *, at: datetime | None = None) -> dict | None:
-    """Who holds the lease, until when, and whether that process lives: `alive` is True/False for a holder
-    on this host (a pid check), None for another host (only its expiry tells). The coordinator may swap
-    this for db.leases' own liveness reader; the inputs are the lease row's holder (host:pid) and expiry."""
-    if row is None:
+def lease_view(info: LeaseInfo | None, *, at: datetime | None = None) -> dict | None:
+    """Who holds the lease (holder `host:pid:start`), until when, and whether that process lives (db.leases'
+    own liveness: True/False on this host, None for another host, where only the expiry tells)."""
+    if info is None:
         return None
     at = at or datetime.now(UTC)
-    host, _, pid = row["holder"].rpartition(":")
-    alive: bool | None = None
-    if host == socket.gethostname() and pid.isdigit():
-        try:
-            os.kill(int(pid), 0)
-            alive = True
-        except ProcessLookupError:
-            alive = False
-        except OSError:  # exists, owned by another user
-            alive = True
-    expires = row["expires_at"]
+    host, _, rest = info.holder.partition(":")
+    pid = rest.partition(":")[0]
     return {
-        "holder": row["holder"],
+        "holder": info.holder,
         "host": host,
         "pid": int(pid) if pid.isdigit() else None,
-        "expires_at": expires,
-        "expires_in_s": round((expires - at).total_seconds(), 1),
-        "heartbeat_at": row["heartbeat_at"],
-        "alive": alive,
+        "expires_at": info.expires_at,
+        "expires_in_s": round((info.expires_at - at).total_seconds(), 1),
+        "heartbeat_at": info.heartbeat_at,
+        "alive": info.alive,
     }
 
 
@@ -58,7 +46,7 @@ def lease_line(lease: dict | None, last_event: str | None) -> str:
     left = lease["expires_in_s"]
     rel = f"in {left:.0f} s" if left >= 0 else f"{-left:.0f} s ago"
     when = f"expires {lease['expires_at']:%H:%M:%S} UTC ({rel})"
-    life = {True: "process alive", False: "process gone: `resume` takes over once it expires", None: "another host"}
+    life = {True: "process alive", False: "process gone: `resume` takes over at once", None: "another host"}
     return f"lease: held by {lease['holder']} ({life[lease['alive']]}), {when}"
 
 
@@ -104,7 +92,7 @@ def gather(ledger, name: str) -> dict:
         "simulated": spent.simulated,
         "best": observe.best_of(ledger, name),
         "last_lease_event": leases[-1].message if leases else None,
-        "lease": lease_view(queries.lease_of(ledger, name)),
+        "lease": lease_view(ledger.lease(name)),
         "calibrations": [
             {"round": c.round, **c.error, "method": c.fit.get("method")} for c in ledger.calibrations(name)
         ],

@@ -17,7 +17,8 @@ from typing import Any
 from jobs.paths import JobPaths
 from orchestrator.states import AttemptState
 
-OnSubmitted = Callable[[int, "Submitted"], None]
+# Called once per submission (a Slurm array, a local job) with (index into the tasks, Submitted) pairs.
+OnSubmitted = Callable[[list[tuple[int, "Submitted"]]], None]
 
 
 class LaunchError(RuntimeError):
@@ -36,6 +37,15 @@ class LaunchTask:
     folder: str  # this attempt's job folder; the job writes result.json and rank logs here
     time_min: int  # wall limit the caller computed (windows + margin)
     exclude: str = ""  # Slurm node list to avoid (a NODE_FAIL retry keeps off the node that failed)
+    token: str = ""  # launch intent (the ledger's launch_token): the Slurm job name, so `find` can ask for it
+
+
+@dataclass
+class Found:
+    """A job the cluster knows by a launch token (see Launcher.find)."""
+
+    job_id: str
+    state: AttemptState
 
 
 @dataclass
@@ -108,10 +118,23 @@ class Launcher(ABC):
         for s in submitted:
             self._folders[str(s.job_id)] = s.folder
 
+    def arrays(self, tasks: list[LaunchTask]) -> list[list[int]]:
+        """How `submit` splits `tasks` into submissions (indexes into `tasks`), so the caller can give each
+        one a token before anything is submitted. Task k of a submission of several gets array index k."""
+        return [[i] for i in range(len(tasks))]
+
+    @abstractmethod
+    def find(self, intents: list[tuple[str, int | None, str]], since: datetime) -> dict[tuple[str, int | None], Found]:
+        """The jobs the cluster knows for launch intents (token, array index, folder) written after `since`,
+        keyed by (token, array index); an intent absent from the answer never reached the cluster.
+        LaunchError when the cluster cannot answer (then nothing may be concluded)."""
+
     @abstractmethod
     def submit(self, tasks: list[LaunchTask], on_submitted: OnSubmitted | None = None) -> list[Submitted]:
-        """Submit; `on_submitted(index, submitted)` is called as soon as each job id is known, so the
-        caller can store it before the rest of the round goes out."""
+        """Submit; `on_submitted([(index, submitted), ...])` is called once per submission (an array) as soon
+        as its job ids are known, so the caller stores them (all or none) before the rest goes out. When it
+        raises, that submission is cancelled at once, every task of it (no job runs that the caller could not
+        record; earlier, recorded ones run on), nothing more is submitted, and the error goes up."""
 
     @abstractmethod
     def poll(self, job_ids: list[str]) -> dict[str, JobState]: ...

@@ -6,13 +6,15 @@ once; submit() waits for a free slot, so every job id it returns is a real, star
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from datetime import UTC, datetime
 from typing import Any
 
-from jobs.paths import JobPaths
+from jobs.paths import JobPaths, atomic_write
 from orchestrator.launch.base import (
+    Found,
     JobState,
     Launcher,
     LaunchError,
@@ -84,9 +86,39 @@ class LocalLauncher(Launcher):
             jid = str(job.job_id)
             self._jobs[jid], self._folders[jid] = job, t.folder
             self._timeout_s[jid], self._start[jid] = 60.0 * time_min, _now()
+            if t.token:  # what `find` reads after a restart: no scheduler to ask, the folder answers
+                atomic_write(JobPaths(t.folder).launch, json.dumps({"token": t.token, "job_id": jid}))
             out.append(Submitted(job_id=jid, array_index=None, folder=t.folder))
             if on_submitted is not None:
-                on_submitted(i, out[-1])
+                try:
+                    on_submitted([(i, out[-1])])
+                except BaseException:  # not recorded: stop it at once
+                    self.cancel([jid])
+                    raise
+        return out
+
+    def find(self, intents: list[tuple[str, int | None, str]], since: datetime) -> dict[tuple[str, int | None], Found]:
+        """The folder's launch.json names the process; a finished one is COMPLETED when it left its result,
+        else CANCELLED (stopped before its record, or killed): nothing runs there any more."""
+        out: dict[tuple[str, int | None], Found] = {}
+        for token, idx, folder in intents:
+            paths = JobPaths(folder)
+            try:
+                rec = json.loads(paths.launch.read_text())
+            except (OSError, ValueError):
+                continue
+            if rec.get("token") != token:
+                continue
+            jid = str(rec.get("job_id"))
+            alive = _pid_alive(jid)
+            state = (
+                AttemptState.RUNNING
+                if alive
+                else AttemptState.COMPLETED
+                if paths.result.exists()
+                else AttemptState.CANCELLED
+            )
+            out[(token, idx)] = Found(job_id=jid, state=state)
         return out
 
     def _state(self, jid: str) -> JobState:

@@ -12,12 +12,15 @@ import shlex
 import subprocess
 import sys
 from collections import defaultdict
+from datetime import datetime
 from os.path import commonpath
 from typing import Any
 
 from jobs.paths import JobPaths
 from orchestrator.launch import container, sacct
+from orchestrator.launch import intents as intents_mod
 from orchestrator.launch.base import (
+    Found,
     JobState,
     Launcher,
     LaunchError,
@@ -78,7 +81,7 @@ class SlurmLauncher(Launcher):
         c = self.cluster
         nodes, per_node, gpus = shape(tasks[0])
         params: dict[str, Any] = {
-            "job_name": _array_name(tasks),
+            "job_name": tasks[0].token or _array_name(tasks),  # a token names the launch intent (find)
             # One limit per array: the longest the caller asked for, never under the cluster minimum.
             "time": max(c.min_time_min, *(int(t.time_min) for t in tasks)),
             "nodes": nodes,
@@ -129,28 +132,32 @@ class SlurmLauncher(Launcher):
             params["map_count"] = len(tasks)
         return _make_sbatch_string(command=self.submit_command(folder), folder=folder, **params)
 
-    def submit(self, tasks: list[LaunchTask], on_submitted: OnSubmitted | None = None) -> list[Submitted]:
-        # One array per (shape, excluded nodes): sbatch options hold for a whole array.
+    def arrays(self, tasks: list[LaunchTask]) -> list[list[int]]:
+        """One array per (shape, excluded nodes), in chunks of `cluster.max_array_size`: sbatch options hold
+        for a whole array."""
         groups: dict[tuple[tuple[int, int, int], str], list[int]] = defaultdict(list)
         for i, t in enumerate(tasks):
             groups[(shape(t), t.exclude)].append(i)
         size = max(1, int(self.cluster.max_array_size))
+        return [idxs[k : k + size] for idxs in groups.values() for k in range(0, len(idxs), size)]
+
+    def submit(self, tasks: list[LaunchTask], on_submitted: OnSubmitted | None = None) -> list[Submitted]:
         out: list[Submitted] = [None] * len(tasks)  # type: ignore[list-item]  # every slot is filled below
-        done: list[str] = []
-        try:
-            for idxs in groups.values():
-                for k in range(0, len(idxs), size):
-                    chunk = idxs[k : k + size]
-                    for i, sub in zip(chunk, self._submit_array([tasks[i] for i in chunk])):
-                        out[i] = sub
-                        done.append(sub.job_id)
-                        if on_submitted is not None:
-                            on_submitted(i, sub)
-        except Exception:
-            if done:  # never leave jobs running that the caller has no id for
-                self.cancel(done)
-            raise
+        for chunk in self.arrays(tasks):
+            subs = self._submit_array([tasks[i] for i in chunk])
+            for i, sub in zip(chunk, subs):
+                out[i] = sub
+            if on_submitted is None:
+                continue
+            try:
+                on_submitted(list(zip(chunk, subs)))
+            except BaseException:  # not recorded: no task of this array may run untracked (one scancel)
+                self.cancel(sorted({s.job_id.split("_")[0] for s in subs}))
+                raise
         return out
+
+    def find(self, intents: list[tuple[str, int | None, str]], since: datetime) -> dict[tuple[str, int | None], Found]:
+        return intents_mod.find(intents, since=since)
 
     def _submit_array(self, tasks: list[LaunchTask]) -> list[Submitted]:
         import submitit

@@ -1,21 +1,25 @@
 """The sweep loop: plan -> select within budget -> submit -> poll -> ingest -> decide, until done.
 
 Every decision reads the ledger (never memory carried from a previous process), and every side effect
-is written to the ledger right after it happens: the Slurm job id of an attempt is stored as soon as
-sbatch returns, before anything waits on it; a result is recorded (idempotently, per attempt) before
-the candidate's status moves. So `kill -9` at any point, then `resume`, loses no result and submits
-nothing twice.
+is written to the ledger right around it: an attempt is stored as a launch intent (its token is the Slurm
+job name) before sbatch, its job id as soon as sbatch returns, before anything waits on it; a result is
+recorded (idempotently, per attempt) before the candidate's status moves. So `kill -9` at any point, then
+`resume` (which adopts a launched intent by its token), loses no result and submits nothing twice. The
+lease is renewed by a thread (db.leases.LeaseKeeper), so no wait here can lose it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import secrets
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
+from db.leases import LeaseKeeper, holder_id
 from db.ledger import AttemptRow, CandidateRow, Ledger, SweepRow
 from jobs.failures import Failure
 from jobs.paths import JobPaths
@@ -28,10 +32,23 @@ from orchestrator.states import AttemptState, CandidateStatus, SweepStatus
 from orchestrator.sweep import observe
 from orchestrator.sweep.decide import next_round
 from orchestrator.sweep.retry import retry_decision
-from orchestrator.sweep.setup import holder_dead, holder_id
 from orchestrator.sweep.view import Snapshot, View
 
 _PRED_FIELDS = {f.name for f in dataclasses.fields(Prediction)}
+FAULT_ENV = "ORCH_FAULT"  # tests only: inject a crash at a named point of the loop (fault_point)
+
+
+def fault_point(point: str) -> None:
+    """Tests reproduce a crash at `point`: ORCH_FAULT=<point>:kill SIGKILLs this process there (kill -9),
+    ORCH_FAULT=<point>:fail raises as a ledger that cannot be written would."""
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec.startswith(f"{point}:"):
+        return
+    if spec.endswith(":kill"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    from db.errors import LedgerError
+
+    raise LedgerError(f"injected fault at {point} ({FAULT_ENV}={spec})")
 
 
 @dataclass
@@ -75,7 +92,6 @@ class Driver:
         self.iters = self.stage.warmup_iters + self.stage.measure_iters
         self.poll_s = float(cfg.cluster.poll_interval_s)
         self.ttl = float(cfg.ledger.lease_ttl_s)
-        self._beat = 0.0
         self._t0 = time.monotonic()
         self.stats = {"polls": 0, "sleep_s": 0.0, "submitted": 0}  # for `make bench`: control-plane time
         self._dirty = True  # something changed since the view was last drawn
@@ -83,7 +99,7 @@ class Driver:
     # ---- lease ------------------------------------------------------------------------------------
     def run(self) -> Outcome:
         self._take_lease()
-        self._beat = time.monotonic()
+        self.keeper = LeaseKeeper(self.ledger, self.name, self.holder, self.ttl).start()
         try:
             self.ledger.set_sweep_status(self.name, SweepStatus.RUNNING)
             self.ledger.log_event(self.name, "driver", f"{self.holder} drives the sweep on {self.launcher.kind}")
@@ -101,10 +117,13 @@ class Driver:
         except BaseException as exc:  # Ctrl-C or an error: jobs keep running, `resume NAME` continues
             why = f"driver stopped: {type(exc).__name__}"
             self._safely(lambda: self.ledger.log_event(self.name, "stop", why))
-            self._safely(lambda: self.ledger.set_sweep_status(self.name, SweepStatus.INTERRUPTED))
+            if self.keeper.lost is None:  # a lost lease: the sweep's status is its new driver's to set
+                self._safely(lambda: self.ledger.set_sweep_status(self.name, SweepStatus.INTERRUPTED))
             raise
         finally:
-            self._safely(lambda: self.ledger.release_lease(self.name, self.holder))
+            self.keeper.stop()
+            if self.keeper.lost is None:
+                self._safely(lambda: self.ledger.release_lease(self.name, self.holder))
 
     @staticmethod
     def _safely(fn) -> None:
@@ -116,24 +135,14 @@ class Driver:
 
     def _take_lease(self) -> None:
         """Take the sweep's lease. A live holder is refused (LeaseHeld names it); a holder that is a dead
-        process on this host (an orchestrator killed with -9) cannot renew, so wait out its TTL."""
-        from db.errors import LeaseHeld
-
-        try:
-            self.ledger.acquire_lease(self.name, self.holder, self.ttl)
-            return
-        except LeaseHeld as held:
-            if not holder_dead(held.holder):
-                raise
-            wait = max(0.0, (held.expires_at - datetime.now(UTC)).total_seconds()) + 0.2
-            self.view.event(f"lease of {held.holder} (process gone) expires in {wait:.1f}s: waiting to take over")
-            time.sleep(wait)
+        process on this host (an orchestrator killed with -9) is taken over at once (db.leases)."""
         self.ledger.acquire_lease(self.name, self.holder, self.ttl)
 
     def _heartbeat(self) -> None:
-        if time.monotonic() - self._beat >= self.ttl / 3:
-            self.ledger.heartbeat(self.name, self.holder, self.ttl)  # LeaseHeld if taken over: stop
-            self._beat = time.monotonic()
+        """The keeper thread renews the lease; the loop only learns here that another holder took it."""
+        keeper = getattr(self, "keeper", None)
+        if keeper is not None:
+            keeper.check()
 
     # ---- the loop ---------------------------------------------------------------------------------
     def _drive(self) -> str:
@@ -205,6 +214,7 @@ class Driver:
         watched, release claims that never reached the cluster."""
         from orchestrator.launch import Submitted
 
+        self._adopt()
         live = self.ledger.live_attempts(self.name)
         self.launcher.attach(
             [Submitted(job_id=a.job_id, array_index=a.array_index, folder=a.job_dir) for a in live if a.job_id]
@@ -222,8 +232,39 @@ class Driver:
             elif last is not None:
                 self.view.event(f"re-attached to job {last.job_id} ({Layout.from_dict(c.layout).short()})")
 
+    def _adopt(self) -> None:
+        """Launch intents without a job id (killed, or the record failed, between sbatch and the record): ask
+        the cluster for their tokens in one query; adopt a job it knows, release the candidate of a launch
+        that never ran or was cancelled (a new attempt, in a new folder, goes out instead)."""
+        intents = [a for a in self.ledger.live_attempts(self.name) if a.job_id is None and a.launch_token]
+        if not intents:
+            return
+        from orchestrator.errors import UserError
+        from orchestrator.launch import LaunchError
+
+        since = min(a.created_at for a in intents)
+        try:
+            found = self.launcher.find([(a.launch_token, a.array_index, a.job_dir) for a in intents], since)
+        except LaunchError as exc:  # "absent" is a verdict only from a cluster that answered
+            raise UserError(
+                f"{len(intents)} launch(es) of sweep {self.name} have no stored job id and the cluster cannot say "
+                f"whether they run ({exc}); resume again once {self.launcher.kind} answers"
+            ) from None
+        for a in intents:
+            job = found.get((a.launch_token or "", a.array_index))
+            if job is not None and job.state != AttemptState.CANCELLED:
+                self.ledger.launched([(a.id, job.job_id, a.array_index)], "job {job_id} adopted on resume")
+                self.view.event(f"adopted job {job.job_id} (launched, its id never recorded)")
+                continue
+            why = f"job {job.job_id} was cancelled before its id was recorded" if job else "no job reached the cluster"
+            self.ledger.update_attempt(a.id, state=AttemptState.CANCELLED, failure_detail=f"launch aborted: {why}")
+            self.ledger.set_candidate_status(a.candidate_id, CandidateStatus.PLANNED, f"launch aborted ({why})")
+            self.view.event(f"launch intent {a.launch_token} released: {why}")
+
     def _submit_planned(self) -> int:
-        """Claim every planned candidate and submit them as one array; store each job id at once."""
+        """Claim every planned candidate and submit them as one array. Crash-consistent: each attempt is first
+        written as an intent whose token names the Slurm job (`_adopt` finds it after a kill), and each job id
+        is stored the moment its array exists; a record that fails cancels every job of the call."""
         from jobs.entry import run_task
         from orchestrator.launch import LaunchTask
         from orchestrator.runspec import attempt_dir, build_spec, time_limit_min
@@ -231,12 +272,13 @@ class Driver:
         claimed = self.ledger.claim_for_submission(self.name, 10_000, self.holder)
         if not claimed:
             return 0
-        tasks, dirs = [], []
+        tasks = []
         for c in claimed:
             atts = self.ledger.attempts(c.id)
             attempt = len(atts) + 1
             # A retry after NODE_FAIL keeps off the node(s) it failed on ("retried on healthy nodes").
-            exclude = (atts[-1].node_list or "") if atts and atts[-1].failure_class == Failure.NODE_FAIL else ""
+            failed = [x for x in atts if not x.aborted]
+            exclude = (failed[-1].node_list or "") if failed and failed[-1].failure_class == Failure.NODE_FAIL else ""
             folder = attempt_dir(self.cfg, self.name, c.key, attempt)
             spec = build_spec(self.cfg, planned_from_row(c), sweep=self.name, attempt=attempt, job_dir=folder)
             spec.save(JobPaths(folder).spec)
@@ -252,19 +294,22 @@ class Driver:
                     exclude=exclude,
                 )
             )
-            dirs.append(folder)
+        intents: list[AttemptRow] = [None] * len(tasks)  # type: ignore[list-item]  # every slot is filled below
+        for group in self.launcher.arrays(tasks):
+            token = f"{self.name}.{secrets.token_hex(4)}"
+            for k, i in enumerate(group):
+                tasks[i].token = token
+                intents[i] = self.ledger.new_attempt(
+                    claimed[i].id,
+                    array_index=k if len(group) > 1 else None,
+                    job_dir=tasks[i].folder,
+                    simulated=self.cfg.workload.simulated,
+                    launch_token=token,
+                )
 
-        def record(i: int, sub) -> None:  # called as each job id exists: into the ledger before any waiting
-            c = claimed[i]
-            self.ledger.new_attempt(
-                c.id,
-                job_id=str(sub.job_id),
-                array_index=sub.array_index,
-                job_dir=str(dirs[i]),
-                simulated=self.cfg.workload.simulated,
-            )
-            self.ledger.set_candidate_status(c.id, CandidateStatus.SUBMITTED, f"job {sub.job_id}")
-            self._heartbeat()  # the local executor waits for free slots inside submit()
+        def record(pairs) -> None:  # called as each array exists: its job ids into the ledger before any waiting
+            fault_point("record")
+            self.ledger.launched([(intents[i].id, str(sub.job_id), sub.array_index) for i, sub in pairs])
             if getattr(self.launcher, "starts_on_submit", False):  # local jobs run (and end) while submit() waits
                 self._poll(self.ledger.live_attempts(self.name))
                 self._show()
@@ -362,7 +407,7 @@ class Driver:
     def _retry(self, fc: str, atts: list[AttemptRow]) -> tuple:
         return retry_decision(
             fc,
-            [x.failure_class or x.state for x in atts],
+            [x.failure_class or x.state for x in atts if not x.aborted],  # a launch that never ran is no try
             max_attempts=self.cfg.policy.max_attempts,
             retry_classes=self.cfg.policy.retry_classes,
             asked=self.opts.retry,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import platform
 import re
 import socket
@@ -11,6 +10,7 @@ from importlib import metadata
 
 from omegaconf import OmegaConf
 
+from db.leases import holder_alive
 from db.ledger import Ledger, SweepRow
 from orchestrator.errors import UserError
 from orchestrator.schema import RootConfig
@@ -47,23 +47,9 @@ def root_from_yaml(text: str) -> RootConfig:
     return OmegaConf.to_object(merged)  # type: ignore[return-value]  # structured: a RootConfig
 
 
-def holder_id() -> str:
-    """Who drives a sweep: host:pid, shown to a second orchestrator that is refused."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 def holder_dead(holder: str) -> bool:
-    """True when `holder` (host:pid) is a process of this host that no longer exists."""
-    host, _, pid = holder.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
+    """True when `holder` is a process of this host that no longer exists (db.leases.holder_alive)."""
+    return holder_alive(holder) is False
 
 
 def provenance(cfg: RootConfig) -> dict:
