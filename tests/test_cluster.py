@@ -58,7 +58,10 @@ def test_two_node_sbatch_job(slurm_cluster, tmp_path):
     first, second = rows[0][2], rows[2][2]
     assert first != second and {first, second} <= {"n1", "n2", "n3", "n4"}
     assert [r[2] for r in rows] == [first, first, second, second]
-    assert all(r[3] == "4" and r[4] == "0,1" for r in rows)
+    assert all(r[3] == "4" for r in rows)
+    # Two GPUs per task's node, as Slurm's gres plugin binds them: which two of the node's eight depends on
+    # what else runs there (a job another test left finishing), so the indexes are checked, not fixed.
+    assert all(len(set(r[4].split(","))) == 2 and set(r[4].split(",")) <= {str(g) for g in range(8)} for r in rows)
     assert sacct_state(job_id) == "COMPLETED"
 
 
