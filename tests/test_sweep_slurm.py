@@ -20,10 +20,13 @@ from orchestrator.plan.ranks import evidence_ranks
 from tests.sweeplib import (
     all_attempts,
     assert_accounted,
+    assert_slurm_accounted,
     cli,
     first_running,
     ledger_url,
     running_sweep,
+    sacct_runs,
+    slurm_shims,
     sweep_args,
     wait_for,
 )
@@ -123,6 +126,10 @@ def test_scancel_is_cancelled_and_not_retried(tmp_path, slurm_cluster):
 
 
 def test_node_down_is_node_fail_and_retried_on_a_healthy_node(tmp_path, slurm_cluster):
+    """Issue 10 fault 2: Slurm's own requeue reran the NODE_FAIL job under its id, into attempt-1, while the
+    sweep retried it too. Jobs go out with --no-requeue: sacct --duplicates shows one run of the failed job,
+    and the one retry runs in attempt-2 on healthy nodes."""
+    shims = slurm_shims(tmp_path)
     args = sweep_args(
         tmp_path,
         "s-node",
@@ -136,7 +143,7 @@ def test_node_down_is_node_fail_and_retried_on_a_healthy_node(tmp_path, slurm_cl
     )
     node = None
     try:
-        with running_sweep(args, log=tmp_path / "run.log") as run:
+        with running_sweep(args, log=tmp_path / "run.log", env=shims.env) as run:
             a = run.wait_ledger(lambda led: first_running(led, "s-node"), 180, "a RUNNING job")
             node = a.node_list.split(",")[0]
             subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=sweep-test"], check=True)
@@ -152,6 +159,14 @@ def test_node_down_is_node_fail_and_retried_on_a_healthy_node(tmp_path, slurm_cl
         # the retry ran to completion on healthy nodes: the sweep excluded the node(s) the first attempt failed on
         assert atts[1].state == "COMPLETED" and atts[1].node_list and led.result(atts[1].id) is not None
         assert node not in _expand(atts[1].node_list), (node, atts[1].node_list)
+        # each attempt in its own folder; the failed one was never rerun (no second run, no result.json)
+        assert [Path(x.job_dir).name for x in atts] == ["attempt-1", "attempt-2"]
+        assert (
+            not JobPaths(atts[0].job_dir).result.exists() or "NODE_FAIL" in JobPaths(atts[0].job_dir).result.read_text()
+        )
+        runs = sacct_runs([atts[0].job_id])
+        assert runs == {atts[0].job_id: ["NODE_FAIL"]}, runs
+        assert_slurm_accounted(led, "s-node", shims)
 
 
 def test_time_limit_is_timeout(tmp_path, slurm_cluster):
