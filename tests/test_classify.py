@@ -180,7 +180,7 @@ def test_failure_table_owns_the_classes():
     assert len(set(FAILURE_CLASSES)) == len(FAILURE_CLASSES)
     assert set(failures.DETERMINISTIC) == {"OOM", "INVALID_CONFIG"}
     assert all(fc.retry is failures.Retry.NEVER for fc in failures.TABLE if fc.deterministic)
-    assert set(failures.DEFAULT_RETRY_CLASSES) == {"NODE_FAIL", "PREEMPTED", "NCCL_TIMEOUT", "TIMEOUT"}
+    assert set(failures.DEFAULT_RETRY_CLASSES) == {"NODE_FAIL", "PREEMPTED", "NCCL_TIMEOUT", "TIMEOUT", "LOST"}
     log_lists = set(vars(ParsedLog())) & {f for fc in failures.TABLE for f in fc.log}
     assert log_lists == {f for fc in failures.TABLE for f in fc.log}  # every cited record list exists
 

@@ -61,7 +61,7 @@ def test_parse_rows():
     # The batch step row does not override the allocation's TIMEOUT.
     assert (st["43801320"].state, st["43801320"].node_list, st["43801320"].reason) == ("TIMEOUT", "n[1-2]", "TimeLimit")
     assert (st["43801321"].state, st["43801321"].exit_code) == ("FAILED", 3)
-    assert not st["43801322"].terminal and not st["43801323"].terminal
+    assert not st["43801322"].terminal and st["43801323"].terminal  # --no-requeue: a preempted job ends there
     # Slurm requeued a NODE_FAIL itself (same id): the latest run counts, the failure is kept.
     requeued = st["43801794"]
     assert (requeued.state, requeued.terminal, requeued.previous, requeued.reason) == (
@@ -75,7 +75,18 @@ def test_parse_rows():
 
 @pytest.mark.parametrize(
     "word",
-    ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED"],
+    [
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "REVOKED",
+    ],
 )
 def test_terminal_states(word):
     assert state_of(word).terminal and word in AttemptState.TERMINAL
@@ -84,7 +95,7 @@ def test_terminal_states(word):
 
 @pytest.mark.parametrize(
     "word",
-    ["PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PREEMPTED", "RESIZING", "SUSPENDED", "UNKNOWN"],
+    ["PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED", "UNKNOWN"],
 )
 def test_live_states(word):
     assert not state_of(word).terminal and word in AttemptState.LIVE

@@ -327,7 +327,9 @@ class Driver:
         from jobs.collect import collect
 
         lost = bool(st.reason and "lost" in st.reason)  # re-attached, outcome unknown: the folder decides
-        res = collect(Path(a.job_dir), slurm_state=None if lost else st.state, exit_code=None if lost else st.exit_code)
+        res = collect(
+            Path(a.job_dir), slurm_state=None if lost else st.state, exit_code=None if lost else st.exit_code, lost=lost
+        )
         self.ledger.record_result(a.id, res.to_dict())
         self._dirty = True
         atts = self.ledger.attempts(a.candidate_id)
