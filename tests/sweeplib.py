@@ -162,9 +162,10 @@ class SlurmShims:
     def env(self) -> dict[str, str]:
         return {"PATH": f"{self.bindir}:{os.environ['PATH']}"}
 
-    def down(self, calls: int) -> None:
+    def down(self, calls: int = 0, **per_tool: int) -> None:
+        """The next `calls` calls of each of sbatch / sinfo / sacct fail (per_tool: sbatch=2, sinfo=1 ...)."""
         for name in ("sbatch", "sinfo", "sacct"):
-            (self.bindir / f"{name}.down").write_text(str(calls))
+            (self.bindir / f"{name}.down").write_text(str(per_tool.get(name, calls)))
 
     def calls(self, name: str) -> list[str]:
         p = self.bindir / f"{name}.calls"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from jobs.failures import Failure
 from orchestrator.config import compose
 from orchestrator.states import AttemptState, CandidateStatus, SweepStatus
-from orchestrator.sweep import open_ledger, stored_config
+from orchestrator.sweep import bound_launcher, open_ledger, stored_config
 from orchestrator.sweep.view import View
 
 NAME = "cancel"
@@ -17,8 +17,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args, overrides) -> int:
-    from orchestrator.launch import make_launcher
-
     current = compose(overrides).cfg
     with open_ledger(current) as ledger:
         cfg = stored_config(ledger, args.name, current)
@@ -26,9 +24,8 @@ def run(args, overrides) -> int:
             cfg.cluster = current.cluster
         live = ledger.live_attempts(args.name)
         ids = [a.job_id for a in live if a.job_id]
-        if ids:
-            launcher, _reason = make_launcher(cfg.cluster)
-            launcher.cancel(ids)
+        if ids:  # on the launcher the jobs run on (waits for a Slurm that does not answer), never a fallback
+            bound_launcher(ledger, cfg, args.name, View(live=False)).cancel(ids)
         for a in live:
             ledger.update_attempt(
                 a.id,
