@@ -88,6 +88,14 @@ def assert_accounted(ledger: Ledger, sweep: str) -> None:
             assert ledger.result(ledger.attempts(c.id)[-1].id) is not None
 
 
+def last_iteration(job_dir: str) -> int:
+    """The highest iteration any rank file of the job printed so far (0: none yet)."""
+    from jobs.parse import parse_file
+    from jobs.paths import JobPaths
+
+    return max((r.iteration for p in JobPaths(job_dir).rank_logs() for r in parse_file(p).iterations), default=0)
+
+
 def first_running(ledger: Ledger, sweep: str) -> AttemptRow | None:
     """An attempt sacct (or the local executor) reports RUNNING on a known node, else None."""
     return next((a for a in all_attempts(ledger, sweep) if a.state == AttemptState.RUNNING and a.node_list), None)

@@ -13,10 +13,17 @@ from pathlib import Path
 
 from db.ledger import Ledger
 from jobs.failures import Failure
-from jobs.parse import parse_file
-from jobs.paths import JobPaths
 from orchestrator.states import CandidateStatus
-from tests.sweeplib import all_attempts, assert_accounted, cli, ledger_url, running_sweep, sweep_args, wait_for
+from tests.sweeplib import (
+    all_attempts,
+    assert_accounted,
+    cli,
+    last_iteration,
+    ledger_url,
+    running_sweep,
+    sweep_args,
+    wait_for,
+)
 
 WARMUP, MEASURE = 3, 12
 SLOW = [
@@ -28,11 +35,6 @@ SLOW = [
     "stage.budget.max_rounds=1",
     "++cluster.local_max_workers=2",
 ]
-
-
-def last_iteration(job_dir: str) -> int:
-    """The highest iteration any rank file of the job printed so far (0: none yet)."""
-    return max((r.iteration for p in JobPaths(job_dir).rank_logs() for r in parse_file(p).iterations), default=0)
 
 
 def test_jobs_killed_with_their_orchestrator_are_measured_again(tmp_path):
