@@ -7,7 +7,7 @@ from datetime import UTC
 import pytest
 from submitit.slurm.slurm import _make_sbatch_string
 
-from orchestrator.launch import LaunchTask
+from orchestrator.launch import LaunchTask, sacct
 from orchestrator.launch.base import LaunchError, shape, state_of
 from orchestrator.launch.sacct import command, expand_job_id, parse
 from orchestrator.launch.slurm import SlurmLauncher
@@ -179,3 +179,15 @@ def test_node_fail_retry_excludes_the_failed_nodes():
     params = SlurmLauncher(ClusterConfig(kind="slurm")).parameters([task])
     script = _make_sbatch_string(command="python -m x", folder="/tmp/f/%j", map_count=1, **params)
     assert "#SBATCH --exclude='n[2-3]'" in script  # submitit shell-quotes the value
+
+
+def test_a_pending_array_cancelled_whole_is_listed_under_its_base_id():
+    """Slurm 22.05 lists an array scancel'ed before any task started as ONE row under the bare base id: its
+    tasks take that row's state instead of staying UNKNOWN (live) forever (issue 10's flaky cancel test)."""
+    found = sacct.parse("44193802|CANCELLED by 0|0:0|None assigned|Unknown|2026-11-30T15:10:00|None\n")
+    for task in ("44193802_0", "44193802_1"):
+        st = sacct.state_for(found, task)
+        assert st is not None and st.state == "CANCELLED" and st.terminal
+    assert sacct.state_for(found, "44193803_0") is None  # another array: nothing borrowed
+    listed = sacct.parse("7_0|COMPLETED|0:0|n1|Unknown|Unknown|None\n7|CANCELLED|0:0|n1|Unknown|Unknown|None\n")
+    assert sacct.state_for(listed, "7_0").state == "COMPLETED"  # a task's own row wins over the base's

@@ -15,7 +15,7 @@ import pytest
 
 from db.ledger import Ledger
 from jobs.paths import JobPaths
-from orchestrator.launch.sacct import expand_job_id
+from orchestrator.launch import sacct
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.ranks import evidence_ranks
 from tests.sweeplib import (
@@ -263,24 +263,28 @@ def test_cancel_scancels_every_live_job(tmp_path, slurm_cluster):
     with Ledger.open(ledger_url(tmp_path)) as led:
         ids = [a.job_id for a in all_attempts(led, "s-stop")]
         assert led.get_sweep("s-stop").status == "cancelled" and led.events("s-stop", kind="cancelled")
-    # Every task, running or still pending: an array cancelled while pending is ONE accounting row
-    # ("123_[0-1]"), expanded here as the launcher's poll does, so the test does not race the scheduler.
-    states = wait_for(
-        lambda: (st := _sacct_states(ids)) and all(s.startswith("CANCELLED") for s in st.values()) and st,
-        120,
-        "sacct to show CANCELLED",
-    )
-    assert set(states) >= set(ids), (states, ids)
+    # Every task, running or still pending: an array cancelled while pending is ONE accounting row (listed as
+    # "123"), read here as the launcher's poll reads it, so the test does not race the scheduler.
+    seen: dict = {}
+
+    def cancelled() -> dict | None:
+        seen.update(st=_sacct_states(ids))
+        every = len(seen["st"]) == len(ids) and all(s == "CANCELLED" for s in seen["st"].values())
+        return seen["st"] if every else None
+
+    try:
+        states = wait_for(cancelled, 120, "sacct to show CANCELLED")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: sacct {seen.get('st')}, ledger ids {ids}") from None
+    assert set(states) == set(ids), (states, ids)
 
 
 def _sacct_states(ids) -> dict[str, str]:
-    out = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join({i.split("_")[0] for i in ids})],
-        capture_output=True,
-        text=True,
-    ).stdout
-    rows = [line.split("|") for line in out.splitlines() if "|" in line]
-    return {task: state for jid, state in rows for task in expand_job_id(jid)}
+    """Each id's state as the launcher's poll reads it (sacct.state_for: a pending array cancelled whole is
+    listed under its bare base id only)."""
+    out = subprocess.run(sacct.command(ids), capture_output=True, text=True).stdout
+    found = sacct.parse(out)
+    return {j: st.state for j in ids if (st := sacct.state_for(found, j)) is not None}
 
 
 def test_one_sacct_call_per_poll_for_the_whole_sweep(tmp_path, slurm_cluster):

@@ -22,10 +22,15 @@ def run(args, overrides) -> int:
         cfg = stored_config(ledger, args.name, current)
         if any(o.lstrip("+").startswith("cluster") for o in overrides):
             cfg.cluster = current.cluster
+        # The launcher the jobs run on (waiting for a Slurm that does not answer; nothing is changed if it
+        # never does), then the sweep's status first: a driver deciding a round right now submits nothing more,
+        # and cancels whatever it launched meanwhile (sweep/loop.py _cancel_own_jobs).
+        launcher = bound_launcher(ledger, cfg, args.name, View(live=False)) if ledger.live_attempts(args.name) else None
+        ledger.set_sweep_status(args.name, SweepStatus.CANCELLED)
         live = ledger.live_attempts(args.name)
         ids = [a.job_id for a in live if a.job_id]
-        if ids:  # on the launcher the jobs run on (waits for a Slurm that does not answer), never a fallback
-            bound_launcher(ledger, cfg, args.name, View(live=False)).cancel(ids)
+        if ids:
+            (launcher or bound_launcher(ledger, cfg, args.name, View(live=False))).cancel(ids)
         for a in live:
             ledger.update_attempt(
                 a.id,
@@ -41,7 +46,6 @@ def run(args, overrides) -> int:
             f"cancelled {len(ids)} live job(s): {', '.join(ids) or 'none'}",
             data={"job_ids": ids},
         )
-        ledger.set_sweep_status(args.name, SweepStatus.CANCELLED)
     listed = f": {', '.join(ids)}" if ids else ""
     View(live=False).event(f"sweep {args.name}: cancelled {len(ids)} live job(s){listed}")
     return 0

@@ -193,7 +193,7 @@ class SlurmLauncher(Launcher):
             error, found = str(exc), {}
         # A job sacct does not list yet (accounting lags 1-2 s) or a failed query stays live: UNKNOWN.
         why = f"sacct failed: {error[:200]}" if error else "not in accounting yet"
-        return {j: found.get(j) or JobState(state=AttemptState.UNKNOWN, reason=why) for j in ids}
+        return {j: sacct.state_for(found, j) or JobState(state=AttemptState.UNKNOWN, reason=why) for j in ids}
 
     def cancel(self, job_ids: list[str]) -> None:
         ids = [str(j) for j in job_ids]

@@ -143,6 +143,9 @@ class Driver:
             stopped = self._wait()
             if stopped:
                 return stopped
+            if self._cancelled():  # `cancel` ran as the round ended: decide no round after it
+                self._cancel_own_jobs()
+                return "cancelled (orchestrator cancel)"
             reason = self._decide()
             if reason:
                 self._finalists()
@@ -185,7 +188,9 @@ class Driver:
 
     def _cancel_own_jobs(self) -> None:
         """`cancel NAME` ran in another process: stop the jobs this process started (local jobs can only be
-        stopped by their parent; on Slurm a second scancel is harmless)."""
+        stopped by their parent; on Slurm a second scancel is harmless), and every job still live: one this
+        process launched while the cancel ran (a round it decided meanwhile) would otherwise run on unseen."""
+        live = [a for a in self.ledger.live_attempts(self.name) if a.job_id]
         ids = [
             a.job_id
             for c in self._cands()
@@ -193,9 +198,17 @@ class Driver:
             for a in self.ledger.attempts(c.id)
             if a.job_id and a.end_time is None
         ]
+        ids = list(dict.fromkeys([*ids, *(a.job_id for a in live)]))
         if ids:
             self.launcher.cancel(ids)
             self.view.event(f"sweep cancelled: stopped {len(ids)} job(s)")
+        why = "cancelled by `orchestrator cancel`"
+        for a in live:
+            self.ledger.update_attempt(
+                a.id, state=AttemptState.CANCELLED, failure_class=Failure.CANCELLED, failure_detail=why
+            )
+        for c in self.ledger.candidates(self.name, status=CandidateStatus.LIVE):
+            self.ledger.set_candidate_status(c.id, CandidateStatus.CANCELLED, why)
 
     def _cands(self) -> list[CandidateRow]:
         return self.ledger.candidates(self.name)
