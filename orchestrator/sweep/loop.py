@@ -192,13 +192,13 @@ class Driver:
         process launched while the cancel ran (a round it decided meanwhile) would otherwise run on unseen."""
         live = [a for a in self.ledger.live_attempts(self.name) if a.job_id]
         ids = [
-            a.job_id
+            str(a.job_id)
             for c in self._cands()
             if c.status == CandidateStatus.CANCELLED
             for a in self.ledger.attempts(c.id)
             if a.job_id and a.end_time is None
         ]
-        ids = list(dict.fromkeys([*ids, *(a.job_id for a in live)]))
+        ids = list(dict.fromkeys([*ids, *(str(a.job_id) for a in live)]))
         if ids:
             self.launcher.cancel(ids)
             self.view.event(f"sweep cancelled: stopped {len(ids)} job(s)")
