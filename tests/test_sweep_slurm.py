@@ -299,7 +299,7 @@ def test_one_sacct_call_per_poll_for_the_whole_sweep(tmp_path, slurm_cluster):
     )
     cfg = composed.cfg
     launcher = SlurmLauncher(cfg.cluster)
-    with open_ledger(cfg) as led:
+    with open_ledger(cfg, create=True) as led:
         sweep = led.create_or_get_sweep(
             "s-count",
             stage=cfg.stage.name,
