@@ -195,6 +195,19 @@ class Ledger(Leases, Evidence):
                 s.add(m.Event(sweep_id=sweep.id, kind="sweep-status", message=f"{sweep.status} -> {status}"))
                 sweep.status = status
 
+    def bind_launcher(self, name: str, kind: str) -> str:
+        """The launcher kind the sweep's jobs run on (provenance["launcher"]): the first call stores `kind`,
+        every later one returns what is stored. A sweep never changes launcher: its stored job ids mean
+        nothing to another one (a Slurm id is no local process)."""
+        with self._write() as s:
+            sweep = self._sweep(s, name)
+            prov = dict(sweep.provenance or {})
+            if not prov.get("launcher"):
+                prov["launcher"] = kind
+                sweep.provenance = prov
+                s.add(m.Event(sweep_id=sweep.id, kind="launcher", message=f"jobs run on {kind}"))
+            return str(prov["launcher"])
+
     # ---- candidates ---------------------------------------------------------------------------
 
     def add_candidates(self, sweep: str, items: Sequence[CandidateIn]) -> list[CandidateRow]:

@@ -246,10 +246,11 @@ def classify(
 
     has_iters = any(log.iterations for log in logs)
     # A run with iteration lines is healthy only if nothing says it failed: a FAILED sacct state wins over
-    # an exit code of 0 (a wrapper that caught the task's exception exits 0).
+    # an exit code of 0 (a wrapper that caught the task's exception exits 0), and so does CANCELLED: sacct
+    # gives a job scancel stopped the ExitCode "0:15" (status 0, signal 15), so its exit code alone reads 0.
     if (
         has_iters
-        and state != AttemptState.FAILED
+        and state not in (AttemptState.FAILED, AttemptState.CANCELLED)
         and (exit_code == 0 or (exit_code is None and state == AttemptState.COMPLETED))
     ):
         return _make(None, "", "none")

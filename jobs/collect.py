@@ -98,9 +98,12 @@ def collect(
     slurm_state: str | None = None,
     exit_code: int | None = None,
     job_id: str | None = None,
+    lost: bool = False,
 ) -> JobResult:
     """Build the JobResult of one attempt from its folder and write result.json (tmp + rename).
-    `job_id` also finds submitit's logs of an array job under a parent folder's .submitit/."""
+    `job_id` also finds submitit's logs of an array job under a parent folder's .submitit/.
+    `lost`: the launcher lost the job (no process, no exit status, no result of its own: killed with its
+    orchestrator). A window it did not finish is then LOST (retried), never a partial measurement or NO_OUTPUT."""
     folder = read_folder(job_dir, job_id)
     spec = folder.spec
     result = JobResult(ok=False, simulated=folder.simulated, slurm_state=slurm_state, exit_code=exit_code)
@@ -130,6 +133,13 @@ def collect(
         verdict = verdict.with_stderr(stderr_head(JobPaths(folder.path)))
     verdict.apply(result)
     result.ok = result.ok and result.measure_iters > 0
+    if lost and result.failure_class in (None, Failure.NO_OUTPUT) and (result.partial or not result.ok):
+        asked = spec.stage.measure_iters if spec is not None else "?"
+        result.ok, result.failure_class = False, Failure.LOST
+        result.failure_detail = (
+            f"the job vanished after {result.measure_iters}/{asked} measured iterations with no exit status "
+            "(killed with its orchestrator?): not a measurement, measured again"
+        )
     if spec is not None:
         checkpoint_metrics(folder, spec, result)
     write_result(folder.path, result)

@@ -34,6 +34,7 @@ class Failure(StrEnum):
     TIMEOUT = "TIMEOUT"
     CANCELLED = "CANCELLED"
     CRASH = "CRASH"
+    LOST = "LOST"
     NO_OUTPUT = "NO_OUTPUT"
 
 
@@ -43,6 +44,7 @@ class Retry(Enum):
     NEVER = "never"
     ONCE = "once"  # a second time limit means the layout is too slow for the window
     UP_TO_MAX = "up to policy.max_attempts"
+    ALWAYS = "up to policy.max_attempts, whatever policy.retry_classes says"  # no verdict on the layout at all
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,14 @@ TABLE: tuple[FailureClass, ...] = (
         sacct=(S.FAILED,),
         log=("tracebacks",),
         exit_code=True,
+    ),
+    FailureClass(
+        Failure.LOST,
+        False,
+        Retry.ALWAYS,
+        "the job vanished (no process, no exit status, no result) before its measurement window ended: killed "
+        "with its orchestrator (kill -9 of the process group, a reboot); the folder's partial lines are no "
+        "verdict, so it is measured again in a new attempt (set by jobs.collect for a job the launcher lost)",
     ),
     FailureClass(Failure.NO_OUTPUT, False, Retry.NEVER, "no parsable iteration line and no known signature"),
 )

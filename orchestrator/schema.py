@@ -185,6 +185,9 @@ class ClusterConfig:
     max_array_size: int = 1000
     array_parallelism: int = 64
     poll_interval_s: float = 5.0
+    # A sweep bound to Slurm whose client or controller does not answer (sbatch --version / sinfo) waits this
+    # long, retrying with a growing pause, before `resume` / `cancel` give up with one error line.
+    slurm_wait_s: float = 300.0
     signal_delay_s: int = 30
     sbatch_extra: dict[str, Any] = field(default_factory=dict)  # extra #SBATCH options (not containers)
     srun_args: list[str] = field(default_factory=list)

@@ -30,7 +30,7 @@ class AttemptState(StrEnum):
     RESIZING = "RESIZING"
     SIGNALING = "SIGNALING"
     STAGE_OUT = "STAGE_OUT"
-    PREEMPTED = "PREEMPTED"  # with PreemptMode=REQUEUE the same job id comes back
+    PREEMPTED = "PREEMPTED"  # final: jobs go out with --no-requeue, so the sweep (not Slurm) reruns it
     REQUEUED = "REQUEUED"
     REQUEUE_FED = "REQUEUE_FED"
     REQUEUE_HOLD = "REQUEUE_HOLD"
@@ -70,6 +70,7 @@ AttemptState.TERMINAL = frozenset(
         AttemptState.CANCELLED,
         AttemptState.TIMEOUT,
         AttemptState.NODE_FAIL,
+        AttemptState.PREEMPTED,
         AttemptState.OUT_OF_MEMORY,
         AttemptState.BOOT_FAIL,
         AttemptState.DEADLINE,

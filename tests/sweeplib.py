@@ -88,6 +88,14 @@ def assert_accounted(ledger: Ledger, sweep: str) -> None:
             assert ledger.result(ledger.attempts(c.id)[-1].id) is not None
 
 
+def last_iteration(job_dir: str) -> int:
+    """The highest iteration any rank file of the job printed so far (0: none yet)."""
+    from jobs.parse import parse_file
+    from jobs.paths import JobPaths
+
+    return max((r.iteration for p in JobPaths(job_dir).rank_logs() for r in parse_file(p).iterations), default=0)
+
+
 def first_running(ledger: Ledger, sweep: str) -> AttemptRow | None:
     """An attempt sacct (or the local executor) reports RUNNING on a known node, else None."""
     return next((a for a in all_attempts(ledger, sweep) if a.state == AttemptState.RUNNING and a.node_list), None)
@@ -145,3 +153,111 @@ def running_sweep(args: Sequence[str], *, log: Path, env=None) -> Iterator[Runni
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+# ---- Slurm: shims that count (and can fail) the client, and the three accounting checks ------------------
+
+
+@dataclass
+class SlurmShims:
+    """A PATH whose sbatch / sinfo / sacct log each call and exec the real command; `down(n)` makes each of
+    them fail (exit 1, "Unable to contact slurm controller") for its next n calls: a brief Slurm outage as the
+    orchestrator sees it. `submitted()` = the job ids sbatch really returned, whoever asked."""
+
+    bindir: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"PATH": f"{self.bindir}:{os.environ['PATH']}"}
+
+    def down(self, calls: int = 0, **per_tool: int) -> None:
+        """The next `calls` calls of each of sbatch / sinfo / sacct fail (per_tool: sbatch=2, sinfo=1 ...)."""
+        for name in ("sbatch", "sinfo", "sacct"):
+            (self.bindir / f"{name}.down").write_text(str(per_tool.get(name, calls)))
+
+    def calls(self, name: str) -> list[str]:
+        p = self.bindir / f"{name}.calls"
+        return p.read_text().splitlines() if p.exists() else []
+
+    def failed(self, name: str) -> int:
+        p = self.bindir / f"{name}.failed"
+        return len(p.read_text().splitlines()) if p.exists() else 0
+
+    def submitted(self) -> set[str]:
+        p = self.bindir / "sbatch.ids"
+        return {ln.split()[-1] for ln in p.read_text().splitlines() if ln.strip()} if p.exists() else set()
+
+
+def slurm_shims(tmp_path: Path) -> SlurmShims:
+    bindir = tmp_path / "slurm-bin"
+    bindir.mkdir()
+    for name in ("sbatch", "sinfo", "sacct"):
+        real = subprocess.run(["bash", "-lc", f"command -v {name}"], capture_output=True, text=True).stdout.strip()
+        assert real, f"{name} not on PATH"
+        d = bindir
+        # flock: the orchestrator and its tests call these concurrently; the down-counter must not race.
+        ids = f'out=$({real} "$@"); rc=$?; echo "$out"; echo "$out" | grep "^Submitted batch job" >> {d}/sbatch.ids'
+        run = f"{ids}; exit $rc" if name == "sbatch" else f'exec {real} "$@"'
+        (bindir / name).write_text(
+            "#!/bin/bash\n"
+            f'echo "$*" >> {d}/{name}.calls\n'
+            f"exec 9>{d}/{name}.lock; flock 9\n"
+            f"n=$(cat {d}/{name}.down 2>/dev/null || echo 0)\n"
+            'if [ "$n" -gt 0 ]; then\n'
+            f"  echo $((n - 1)) > {d}/{name}.down; echo x >> {d}/{name}.failed; flock -u 9\n"
+            f'  echo "{name}: error: Unable to contact slurm controller (connect failure)" >&2; exit 1\n'
+            "fi\n"
+            "flock -u 9; exec 9>&-\n"
+            f"{run}\n"
+        )
+        (bindir / name).chmod(0o755)
+    return SlurmShims(bindir)
+
+
+def sacct_runs(job_ids: Sequence[str]) -> dict[str, list[str]]:
+    """Every run sacct recorded of each job (`--duplicates`: a job Slurm requeued has one row per run), by id."""
+    bases = sorted({str(j).split("_")[0] for j in job_ids})
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "--duplicates", "-o", "JobID,State", "-j", ",".join(bases)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    runs: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        if "|" in line:
+            jid, state = line.split("|", 1)
+            runs.setdefault(jid, []).append(state)
+    return runs
+
+
+def assert_slurm_accounted(ledger: Ledger, sweep: str, shims: SlurmShims) -> dict[str, int]:
+    """The three numbers every fault test must show as 0, on the real cluster: untracked jobs (sbatch returned
+    an id the ledger does not hold), duplicate launches (a candidate whose attempts outnumber its failures + 1,
+    or a job sacct ran more than once) and lost results (an attempt Slurm COMPLETED without a full result)."""
+    assert_accounted(ledger, sweep)
+    atts = all_attempts(ledger, sweep)
+    bases = {str(a.job_id).split("_")[0] for a in atts}
+    untracked = shims.submitted() - bases
+    runs = wait_for(lambda: _settled(sacct_runs([a.job_id for a in atts])), 120, "sacct to settle")
+    rerun = {j: s for j, s in runs.items() if len(s) > 1}
+    per_cand = [ledger.attempts(c.id) for c in ledger.candidates(sweep)]
+    twice = [[a.job_id for a in cand] for cand in per_cand if sum(1 for a in cand if not a.failure_class) > 1]
+    lost = []
+    for a in atts:
+        res = ledger.result(a.id)
+        if (
+            str(a.job_id) in runs
+            and runs[str(a.job_id)][-1] == AttemptState.COMPLETED
+            and (res is None or res["partial"])
+        ):
+            lost.append(a.job_id)
+    got = {"untracked": len(untracked), "duplicates": len(rerun) + len(twice), "lost": len(lost)}
+    assert got == {"untracked": 0, "duplicates": 0, "lost": 0}, (got, untracked, rerun, twice, lost)
+    return got
+
+
+def _settled(runs: dict[str, list[str]]) -> dict[str, list[str]] | None:
+    """sacct's answer once no listed job is live any more (accounting lags the end by a second or two)."""
+    live = {s.split()[0] for s in AttemptState.LIVE}
+    return runs if runs and not any(s[-1].split()[0] in live for s in runs.values()) else None

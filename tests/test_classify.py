@@ -125,6 +125,14 @@ def test_success_no_output_and_exit_code_crash():
     assert crash.failure_class == "CRASH" and "exit code 139" in crash.detail
 
 
+def test_a_cancelled_job_that_printed_iterations_is_cancelled():
+    """scancel of a RUNNING job: sacct's ExitCode is "0:15" (status 0, signal 15). With iteration lines in its
+    logs it read as a success (failure_class None) whenever the job ran long enough to print one (issue 10)."""
+    for extra in ((), ("slurm_cancel.log",)):
+        c = classify(logs("megatron_full.log", *extra), slurm_state="CANCELLED by 0", exit_code=0)
+        assert c.failure_class == "CANCELLED" and not c.retryable, (extra, c)
+
+
 def test_epilogue_beats_sacct_and_log_signatures():
     c = classify(logs("oom.log", "slurm_timeout.log"), slurm_state="NODE_FAIL", exit_code=1)
     assert c.failure_class == "TIMEOUT" and c.source == "slurm-line"
@@ -180,7 +188,7 @@ def test_failure_table_owns_the_classes():
     assert len(set(FAILURE_CLASSES)) == len(FAILURE_CLASSES)
     assert set(failures.DETERMINISTIC) == {"OOM", "INVALID_CONFIG"}
     assert all(fc.retry is failures.Retry.NEVER for fc in failures.TABLE if fc.deterministic)
-    assert set(failures.DEFAULT_RETRY_CLASSES) == {"NODE_FAIL", "PREEMPTED", "NCCL_TIMEOUT", "TIMEOUT"}
+    assert set(failures.DEFAULT_RETRY_CLASSES) == {"NODE_FAIL", "PREEMPTED", "NCCL_TIMEOUT", "TIMEOUT", "LOST"}
     log_lists = set(vars(ParsedLog())) & {f for fc in failures.TABLE for f in fc.log}
     assert log_lists == {f for fc in failures.TABLE for f in fc.log}  # every cited record list exists
 

@@ -96,6 +96,11 @@ def test_killed_job_keeps_its_measured_iterations(smoke, tmp_path):
     assert 3 <= res.measure_iters < cfg.stage.measure_iters and res.partial
     assert res.step_p50_s is not None and res.simulated
     assert json.loads((job / "result.json").read_text())["failure_class"] == "NODE_FAIL"
+    # the same folder of a job the launcher lost (killed with its orchestrator: no state, no exit status) is
+    # no measurement: LOST, retried (issue 10 fault 5), never an ok partial result
+    lost = collect(job, lost=True)
+    assert not lost.ok and lost.failure_class == "LOST" and lost.retryable and lost.partial
+    assert collect(job).ok  # not lost: the Slurm-less folder alone still reads as a partial measurement
 
 
 def test_job_that_never_started(smoke, tmp_path):
@@ -105,6 +110,7 @@ def test_job_that_never_started(smoke, tmp_path):
     assert not res.ok and res.measure_iters == 0 and res.step_p50_s is None
     assert res.failure_class in ("CANCELLED", "NO_OUTPUT")
     assert res.simulated  # the spec's workload is the twin
+    assert collect(spec.job_dir, lost=True).failure_class == "LOST"  # killed before its first line: not NO_OUTPUT
     res2 = collect(tmp_path / "empty")  # no spec, no files, no Slurm state at all
     assert res2.failure_class == "NO_OUTPUT" and not res2.ok and not res2.simulated
     assert (tmp_path / "empty" / "result.json").exists()

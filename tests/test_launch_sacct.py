@@ -7,7 +7,7 @@ from datetime import UTC
 import pytest
 from submitit.slurm.slurm import _make_sbatch_string
 
-from orchestrator.launch import LaunchTask
+from orchestrator.launch import LaunchTask, sacct
 from orchestrator.launch.base import LaunchError, shape, state_of
 from orchestrator.launch.sacct import command, expand_job_id, parse
 from orchestrator.launch.slurm import SlurmLauncher
@@ -61,7 +61,7 @@ def test_parse_rows():
     # The batch step row does not override the allocation's TIMEOUT.
     assert (st["43801320"].state, st["43801320"].node_list, st["43801320"].reason) == ("TIMEOUT", "n[1-2]", "TimeLimit")
     assert (st["43801321"].state, st["43801321"].exit_code) == ("FAILED", 3)
-    assert not st["43801322"].terminal and not st["43801323"].terminal
+    assert not st["43801322"].terminal and st["43801323"].terminal  # --no-requeue: a preempted job ends there
     # Slurm requeued a NODE_FAIL itself (same id): the latest run counts, the failure is kept.
     requeued = st["43801794"]
     assert (requeued.state, requeued.terminal, requeued.previous, requeued.reason) == (
@@ -75,7 +75,18 @@ def test_parse_rows():
 
 @pytest.mark.parametrize(
     "word",
-    ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED"],
+    [
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "REVOKED",
+    ],
 )
 def test_terminal_states(word):
     assert state_of(word).terminal and word in AttemptState.TERMINAL
@@ -84,7 +95,7 @@ def test_terminal_states(word):
 
 @pytest.mark.parametrize(
     "word",
-    ["PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PREEMPTED", "RESIZING", "SUSPENDED", "UNKNOWN"],
+    ["PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED", "UNKNOWN"],
 )
 def test_live_states(word):
     assert not state_of(word).terminal and word in AttemptState.LIVE
@@ -168,3 +179,15 @@ def test_node_fail_retry_excludes_the_failed_nodes():
     params = SlurmLauncher(ClusterConfig(kind="slurm")).parameters([task])
     script = _make_sbatch_string(command="python -m x", folder="/tmp/f/%j", map_count=1, **params)
     assert "#SBATCH --exclude='n[2-3]'" in script  # submitit shell-quotes the value
+
+
+def test_a_pending_array_cancelled_whole_is_listed_under_its_base_id():
+    """Slurm 22.05 lists an array scancel'ed before any task started as ONE row under the bare base id: its
+    tasks take that row's state instead of staying UNKNOWN (live) forever (issue 10's flaky cancel test)."""
+    found = sacct.parse("44193802|CANCELLED by 0|0:0|None assigned|Unknown|2026-11-30T15:10:00|None\n")
+    for task in ("44193802_0", "44193802_1"):
+        st = sacct.state_for(found, task)
+        assert st is not None and st.state == "CANCELLED" and st.terminal
+    assert sacct.state_for(found, "44193803_0") is None  # another array: nothing borrowed
+    listed = sacct.parse("7_0|COMPLETED|0:0|n1|Unknown|Unknown|None\n7|CANCELLED|0:0|n1|Unknown|Unknown|None\n")
+    assert sacct.state_for(listed, "7_0").state == "COMPLETED"  # a task's own row wins over the base's

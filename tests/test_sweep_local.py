@@ -9,7 +9,16 @@ from pathlib import Path
 from db.ledger import Ledger
 from jobs.spec import JobSpec
 from orchestrator.states import AttemptState, CandidateStatus, EdgeKind, SweepStatus
-from tests.sweeplib import all_attempts, assert_accounted, cli, ledger_url, running_sweep, sweep_args
+from tests.sweeplib import (
+    all_attempts,
+    assert_accounted,
+    cli,
+    last_iteration,
+    ledger_url,
+    running_sweep,
+    sweep_args,
+    wait_for,
+)
 
 SMALL = ["policy.round0_size=3", "policy.round_size=2", "stage.budget.max_rounds=2", "stage.budget.max_runs=6"]
 
@@ -230,16 +239,22 @@ def test_cluster_auto_falls_back_to_local_and_says_why(tmp_path):
 
 
 def test_ctrl_c_marks_the_sweep_interrupted_and_releases_the_lease(tmp_path):
+    # ~1 s per iteration (time_scale large enough that every step sleeps max_sleep_s), 25 measured: the job
+    # outlives the moment the signal is sent by ~25 s, however loaded the box (at time_scale=50 a step slept
+    # ~50 ms and the sweep could finish before the signal arrived).
     slow = [
-        "++workload.twin.time_scale=50",
+        "++workload.twin.time_scale=100000",
         "++workload.twin.max_sleep_s=1.0",
+        "stage.warmup_iters=2",
+        "stage.measure_iters=25",
         "policy.round0_size=1",
         "stage.budget.max_rounds=1",
     ]
     with running_sweep(sweep_args(tmp_path, "ctrlc", *slow), log=tmp_path / "run.log") as run:
-        run.attempts(1, timeout=120)
+        (a,) = run.attempts(1, timeout=120)
+        wait_for(lambda: last_iteration(a.job_dir) >= 1, 120, "the job's first iteration line")
         run.proc.send_signal(signal.SIGINT)
-        assert run.wait(60) == 130
+        assert run.wait(60) == 130, run.output()[-2000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
         assert led.get_sweep("ctrlc").status == SweepStatus.INTERRUPTED
         assert led.events("ctrlc", kind="lease")[-1].message.startswith("lease released")

@@ -53,11 +53,21 @@ def test_each_class_under_the_default_config(fc):
         if not again:
             break
         retries += 1
-    expected = {failures.Retry.NEVER: 0, failures.Retry.ONCE: 1, failures.Retry.UP_TO_MAX: 4}[fc.retry]
+    expected = {failures.Retry.NEVER: 0, failures.Retry.ONCE: 1, failures.Retry.UP_TO_MAX: 4, failures.Retry.ALWAYS: 4}[
+        fc.retry
+    ]
     assert retries == expected
     assert retries == {"TIMEOUT": 1, "OOM": 0, "INVALID_CONFIG": 0}.get(fc.name, retries)
 
 
 def test_unknown_class_or_slurm_state_is_not_retried():
-    assert retry_decision("LOST", ["LOST"], max_attempts=3) == (False, "not a retryable class")
+    assert retry_decision("VANISHED", ["VANISHED"], max_attempts=3) == (False, "not a retryable class")
     assert not retry_decision(None, [None], max_attempts=3)[0]
+
+
+def test_lost_is_retried_even_when_a_stored_config_predates_the_class():
+    """LOST (a job killed with its orchestrator) is no verdict on the layout: retried up to max_attempts
+    whatever retry_classes a sweep stored before the class existed (issue 10 fault 5)."""
+    old = ["NODE_FAIL", "PREEMPTED", "NCCL_TIMEOUT", "TIMEOUT"]
+    assert retry_decision("LOST", ["LOST"], max_attempts=3, retry_classes=old)[0]
+    assert not retry_decision("LOST", ["LOST"] * 3, max_attempts=3, retry_classes=old)[0]

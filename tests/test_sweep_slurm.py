@@ -15,15 +15,20 @@ import pytest
 
 from db.ledger import Ledger
 from jobs.paths import JobPaths
+from orchestrator.launch import sacct
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.ranks import evidence_ranks
 from tests.sweeplib import (
     all_attempts,
     assert_accounted,
+    assert_slurm_accounted,
     cli,
     first_running,
+    last_iteration,
     ledger_url,
     running_sweep,
+    sacct_runs,
+    slurm_shims,
     sweep_args,
     wait_for,
 )
@@ -32,6 +37,7 @@ pytestmark = pytest.mark.slurm
 NODE8 = ["stage.gpus=8", "++cluster.poll_interval_s=1.0", "++cluster.min_time_min=5", "++cluster.signal_delay_s=30"]
 SMALL = ["policy.round0_size=3", "policy.round_size=2", "stage.budget.max_rounds=2", "stage.budget.max_runs=6"]
 SLOW = ["++workload.twin.time_scale=50", "++workload.twin.max_sleep_s=2.0"]  # ~2 s per iteration: jobs stay RUNNING
+LONG = ["stage.measure_iters=100"]  # ~3 minutes: a job the test cancels cannot end first, however loaded the box
 
 
 def counting_sbatch(tmp_path: Path) -> dict:
@@ -108,11 +114,14 @@ def test_slurm_kill_9_then_resume(tmp_path, slurm_cluster):
 
 
 def test_scancel_is_cancelled_and_not_retried(tmp_path, slurm_cluster):
+    """The job is cancelled once it has printed iterations: sacct's ExitCode is then "0:15", which with
+    iteration lines once read as a success (failure_class None) whenever the job was fast enough (issue 10)."""
     args = sweep_args(
-        tmp_path, "s-cancel", "policy.round0_size=1", "stage.budget.max_rounds=1", *NODE8, *SLOW, cluster="slurm"
+        tmp_path, "s-cancel", "policy.round0_size=1", "stage.budget.max_rounds=1", *NODE8, *SLOW, *LONG, cluster="slurm"
     )
     with running_sweep(args, log=tmp_path / "run.log") as run:
         a = run.wait_ledger(lambda led: first_running(led, "s-cancel"), 180, "a RUNNING job")
+        wait_for(lambda: last_iteration(a.job_dir) >= 1, 180, "the job's first iteration line")
         subprocess.run(["scancel", a.job_id], check=True)
         assert run.wait(300) == 1, run.output()[-3000:]  # its only job was cancelled: nothing measured
     with Ledger.open(ledger_url(tmp_path)) as led:
@@ -123,6 +132,10 @@ def test_scancel_is_cancelled_and_not_retried(tmp_path, slurm_cluster):
 
 
 def test_node_down_is_node_fail_and_retried_on_a_healthy_node(tmp_path, slurm_cluster):
+    """Issue 10 fault 2: Slurm's own requeue reran the NODE_FAIL job under its id, into attempt-1, while the
+    sweep retried it too. Jobs go out with --no-requeue: sacct --duplicates shows one run of the failed job,
+    and the one retry runs in attempt-2 on healthy nodes."""
+    shims = slurm_shims(tmp_path)
     args = sweep_args(
         tmp_path,
         "s-node",
@@ -136,7 +149,7 @@ def test_node_down_is_node_fail_and_retried_on_a_healthy_node(tmp_path, slurm_cl
     )
     node = None
     try:
-        with running_sweep(args, log=tmp_path / "run.log") as run:
+        with running_sweep(args, log=tmp_path / "run.log", env=shims.env) as run:
             a = run.wait_ledger(lambda led: first_running(led, "s-node"), 180, "a RUNNING job")
             node = a.node_list.split(",")[0]
             subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=sweep-test"], check=True)
@@ -152,6 +165,14 @@ def test_node_down_is_node_fail_and_retried_on_a_healthy_node(tmp_path, slurm_cl
         # the retry ran to completion on healthy nodes: the sweep excluded the node(s) the first attempt failed on
         assert atts[1].state == "COMPLETED" and atts[1].node_list and led.result(atts[1].id) is not None
         assert node not in _expand(atts[1].node_list), (node, atts[1].node_list)
+        # each attempt in its own folder; the failed one was never rerun (no second run, no result.json)
+        assert [Path(x.job_dir).name for x in atts] == ["attempt-1", "attempt-2"]
+        assert (
+            not JobPaths(atts[0].job_dir).result.exists() or "NODE_FAIL" in JobPaths(atts[0].job_dir).result.read_text()
+        )
+        runs = sacct_runs([atts[0].job_id])
+        assert runs == {atts[0].job_id: ["NODE_FAIL"]}, runs
+        assert_slurm_accounted(led, "s-node", shims)
 
 
 def test_time_limit_is_timeout(tmp_path, slurm_cluster):
@@ -232,7 +253,7 @@ def test_slurm_oom_and_external_workload(tmp_path, slurm_cluster):
 
 def test_cancel_scancels_every_live_job(tmp_path, slurm_cluster):
     args = sweep_args(
-        tmp_path, "s-stop", "policy.round0_size=2", "stage.budget.max_rounds=2", *NODE8, *SLOW, cluster="slurm"
+        tmp_path, "s-stop", "policy.round0_size=2", "stage.budget.max_rounds=2", *NODE8, *SLOW, *LONG, cluster="slurm"
     )
     with running_sweep(args, log=tmp_path / "run.log") as run:
         run.attempts(2, timeout=180)
@@ -242,19 +263,28 @@ def test_cancel_scancels_every_live_job(tmp_path, slurm_cluster):
     with Ledger.open(ledger_url(tmp_path)) as led:
         ids = [a.job_id for a in all_attempts(led, "s-stop")]
         assert led.get_sweep("s-stop").status == "cancelled" and led.events("s-stop", kind="cancelled")
-    states = wait_for(
-        lambda: _sacct_states(ids) if all(s.startswith("CANCELLED") for s in _sacct_states(ids)) else None,
-        60,
-        "sacct to show CANCELLED",
-    )
-    assert len(states) == len(ids)
+    # Every task, running or still pending: an array cancelled while pending is ONE accounting row (listed as
+    # "123"), read here as the launcher's poll reads it, so the test does not race the scheduler.
+    seen: dict = {}
+
+    def cancelled() -> dict | None:
+        seen.update(st=_sacct_states(ids))
+        every = len(seen["st"]) == len(ids) and all(s == "CANCELLED" for s in seen["st"].values())
+        return seen["st"] if every else None
+
+    try:
+        states = wait_for(cancelled, 120, "sacct to show CANCELLED")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: sacct {seen.get('st')}, ledger ids {ids}") from None
+    assert set(states) == set(ids), (states, ids)
 
 
-def _sacct_states(ids):
-    out = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(ids)], capture_output=True, text=True
-    ).stdout
-    return [line.split("|")[1] for line in out.splitlines() if line.strip()]
+def _sacct_states(ids) -> dict[str, str]:
+    """Each id's state as the launcher's poll reads it (sacct.state_for: a pending array cancelled whole is
+    listed under its bare base id only)."""
+    out = subprocess.run(sacct.command(ids), capture_output=True, text=True).stdout
+    found = sacct.parse(out)
+    return {j: st.state for j in ids if (st := sacct.state_for(found, j)) is not None}
 
 
 def test_one_sacct_call_per_poll_for_the_whole_sweep(tmp_path, slurm_cluster):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from jobs.failures import Failure
 from orchestrator.config import compose
 from orchestrator.states import AttemptState, CandidateStatus, SweepStatus
-from orchestrator.sweep import open_ledger, stored_config, stored_sweep
+from orchestrator.sweep import bound_launcher, open_ledger, stored_config, stored_sweep
 from orchestrator.sweep.view import View
 
 NAME = "cancel"
@@ -21,22 +21,24 @@ def add_arguments(parser) -> None:
 
 
 def run(args, overrides) -> int:
-    from orchestrator.launch import make_launcher
-
     current = compose(overrides).cfg
     with open_ledger(current) as ledger:
         cfg = stored_config(ledger, args.name, current)
         if any(o.lstrip("+").startswith("cluster") for o in overrides):
             cfg.cluster = current.cluster
-        live = ledger.live_attempts(args.name)
+        # The launcher the jobs run on (waiting for a Slurm that does not answer; nothing is changed if it
+        # never does), then the sweep's status first: a driver deciding a round right now submits nothing more,
+        # and cancels whatever it launched meanwhile (sweep/loop.py _cancel_own_jobs).
         status = stored_sweep(ledger, args.name).status
-        if not live and status in (SweepStatus.DONE, SweepStatus.CANCELLED):
+        if not ledger.live_attempts(args.name) and status in (SweepStatus.DONE, SweepStatus.CANCELLED):
             View(live=False).event(f"sweep {args.name} is {status}: nothing to cancel (its status stays {status})")
             return 0
+        launcher = bound_launcher(ledger, cfg, args.name, View(live=False)) if ledger.live_attempts(args.name) else None
+        ledger.set_sweep_status(args.name, SweepStatus.CANCELLED)
+        live = ledger.live_attempts(args.name)
         ids = [a.job_id for a in live if a.job_id]
         if ids:
-            launcher, _reason = make_launcher(cfg.cluster)
-            launcher.cancel(ids)
+            (launcher or bound_launcher(ledger, cfg, args.name, View(live=False))).cancel(ids)
         for a in live:
             ledger.update_attempt(
                 a.id,
@@ -52,7 +54,6 @@ def run(args, overrides) -> int:
             f"cancelled {len(ids)} live job(s): {', '.join(ids) or 'none'}",
             data={"job_ids": ids},
         )
-        ledger.set_sweep_status(args.name, SweepStatus.CANCELLED)
     listed = f": {', '.join(ids)}" if ids else ""
     View(live=False).event(f"sweep {args.name}: cancelled {len(ids)} live job(s){listed}")
     return 0

@@ -11,7 +11,7 @@ from orchestrator.launch.base import (
     Submitted,
 )
 from orchestrator.launch.local import LocalLauncher
-from orchestrator.launch.select import make_launcher, slurm_available
+from orchestrator.launch.select import launcher_for, make_launcher, slurm_available, wait_for_slurm
 from orchestrator.launch.slurm import SlurmLauncher
 
 __all__ = [
@@ -22,6 +22,8 @@ __all__ = [
     "LocalLauncher",
     "SlurmLauncher",
     "Submitted",
+    "launcher_for",
     "make_launcher",
     "slurm_available",
+    "wait_for_slurm",
 ]

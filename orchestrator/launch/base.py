@@ -71,8 +71,9 @@ class JobState:
 def state_of(state: str | AttemptState, **kw: Any) -> JobState:
     """A JobState whose `terminal` follows from the state (sacct's word, "CANCELLED by 0" included).
 
-    PREEMPTED and REQUEUED are not final: with PreemptMode=REQUEUE the same job id comes back, so the loop
-    keeps polling it. A word this code does not know is UNKNOWN (live), the word kept in `reason`."""
+    PREEMPTED is final: jobs go out with --no-requeue (launch/slurm.py), so a preempted job never comes back
+    under its id and the sweep retries it. REQUEUED is not (an admin's `scontrol requeue` of an older job).
+    A word this code does not know is UNKNOWN (live), the word kept in `reason`."""
     word = AttemptState.parse(state)
     raw = str(state or "").strip()
     if word is AttemptState.UNKNOWN and raw not in ("", AttemptState.UNKNOWN) and not kw.get("reason"):

@@ -88,3 +88,13 @@ def parse(text: str) -> dict[str, JobState]:
             earlier = states.get(jid)
             states[jid] = replace(st, previous=(*earlier.previous, earlier.state)) if earlier else st
     return states
+
+
+def state_for(states: dict[str, JobState], job_id: str) -> JobState | None:
+    """The state of one job id in `parse`'s map. An array task sacct does not list takes its array's row
+    under the bare base id: an array cancelled while still pending is one record, listed as `123`, never
+    as `123_0` or `123_[0-1]` (seen with Slurm 22.05), and its tasks must not stay UNKNOWN (live) forever."""
+    jid = str(job_id)
+    if jid in states:
+        return states[jid]
+    return states.get(jid.split("_")[0]) if "_" in jid else None

@@ -34,6 +34,8 @@ from orchestrator.launch.task import RunInFolder
 from orchestrator.schema import ClusterConfig
 from orchestrator.states import AttemptState
 
+REQUEUE_KEYS = ("requeue", "no_requeue")  # sbatch_extra may not hand the requeue decision back to Slurm
+
 
 def env_setup(cluster: ClusterConfig) -> list[str]:
     """Shell lines run before the tasks start: the cluster's setup, then its environment variables."""
@@ -103,8 +105,11 @@ class SlurmLauncher(Launcher):
             params["mem"] = str(c.mem)  # "0": all of each node's memory
         if tasks[0].exclude:
             params["exclude"] = tasks[0].exclude
-        if c.sbatch_extra:
-            params["additional_parameters"] = dict(c.sbatch_extra)
+        # The orchestrator owns every rerun: Slurm never requeues a job (a NODE_FAIL requeue would rerun the
+        # task under the same id into the same folder while the loop retries it too). sbatch(1) --no-requeue;
+        # submitit writes `#SBATCH --<key>` for a True value (submitit/slurm/slurm.py: _as_sbatch_flag).
+        extra = {k: v for k, v in c.sbatch_extra.items() if k.replace("-", "_") not in REQUEUE_KEYS}
+        params["additional_parameters"] = {**extra, "no_requeue": True}
         logs = node_log_flags(folder, len(tasks) > 1) if folder else []
         srun = container.srun_flags(c) + logs + list(c.srun_args)
         if srun:
@@ -195,7 +200,7 @@ class SlurmLauncher(Launcher):
             error, found = str(exc), {}
         # A job sacct does not list yet (accounting lags 1-2 s) or a failed query stays live: UNKNOWN.
         why = f"sacct failed: {error[:200]}" if error else "not in accounting yet"
-        return {j: found.get(j) or JobState(state=AttemptState.UNKNOWN, reason=why) for j in ids}
+        return {j: sacct.state_for(found, j) or JobState(state=AttemptState.UNKNOWN, reason=why) for j in ids}
 
     def cancel(self, job_ids: list[str]) -> None:
         ids = [str(j) for j in job_ids]

@@ -14,7 +14,16 @@ from orchestrator.sweep.loop import Driver, Options, Outcome
 from orchestrator.sweep.setup import check_name, default_name, preflight_gate, provenance, root_from_yaml
 from orchestrator.sweep.view import View
 
-__all__ = ["Driver", "Options", "Outcome", "open_ledger", "pick_launcher", "resume_sweep", "run_sweep"]
+__all__ = [
+    "Driver",
+    "Options",
+    "Outcome",
+    "bound_launcher",
+    "open_ledger",
+    "pick_launcher",
+    "resume_sweep",
+    "run_sweep",
+]
 
 
 def open_ledger(cfg: RootConfig, *, create: bool = False) -> Ledger:
@@ -34,6 +43,40 @@ def pick_launcher(cfg: RootConfig, view: View):
     launcher, reason = make_launcher(cfg.job_cluster())
     view.event(f"cluster: {launcher.kind} ({reason})")
     return launcher
+
+
+def bound_launcher(ledger: Ledger, cfg: RootConfig, name: str, view: View, *, launcher=None):
+    """The launcher the sweep is bound to. The first time (no jobs yet) cluster.kind picks it (auto resolves
+    here, once) and the ledger stores the kind; later, `sweep`, `resume` and `cancel` get that kind again
+    whatever Slurm answers right now, waiting for it with a bounded backoff (launch.launcher_for). A
+    cluster.kind naming the other launcher is refused: the sweep's job ids mean nothing there."""
+    from orchestrator.launch import launcher_for
+
+    bound = ledger.get_sweep(name).provenance.get("launcher") or _legacy_kind(ledger, name)  # type: ignore[union-attr]
+    if bound is None:
+        launcher = launcher or pick_launcher(cfg, view)
+        ledger.bind_launcher(name, launcher.kind)
+        return launcher
+    if cfg.cluster.kind not in ("auto", bound) or (launcher is not None and launcher.kind != bound):
+        asked = launcher.kind if launcher is not None else cfg.cluster.kind
+        raise UserError(
+            f"sweep '{name}' runs its jobs on {bound}, not {asked}: its job ids mean nothing there; "
+            f"drop the cluster override (or use cluster={bound})"
+        )
+    ledger.bind_launcher(name, bound)
+    if launcher is not None:
+        return launcher
+    launcher, reason = launcher_for(bound, cfg.job_cluster(), view.event)
+    view.event(f"cluster: {launcher.kind} ({reason})")
+    return launcher
+
+
+def _legacy_kind(ledger: Ledger, name: str) -> str | None:
+    """A sweep from before the binding was stored: the kind its last driver named, if it launched anything."""
+    if not any(ledger.attempts(c.id) for c in ledger.candidates(name)):
+        return None
+    said = [e.message.rsplit(" ", 1)[-1] for e in ledger.events(name, kind="driver")]
+    return said[-1] if said else None
 
 
 def run_sweep(
@@ -61,7 +104,7 @@ def run_sweep(
             f"ledger {ledger.url}"
         )
         preflight_gate(ledger, cfg, name, skip=bool(options and options.skip_preflight), view=view)
-        launcher = launcher or pick_launcher(cfg, view)
+        launcher = bound_launcher(ledger, cfg, name, view, launcher=launcher)
         return Driver(ledger, cfg, sweep, launcher, view, options).run()
 
 

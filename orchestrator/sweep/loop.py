@@ -152,6 +152,9 @@ class Driver:
             stopped = self._wait()
             if stopped:
                 return stopped
+            if self._cancelled():  # `cancel` ran as the round ended: decide no round after it
+                self._cancel_own_jobs()
+                return "cancelled (orchestrator cancel)"
             reason = self._decide()
             if reason:
                 self._finalists()
@@ -194,17 +197,27 @@ class Driver:
 
     def _cancel_own_jobs(self) -> None:
         """`cancel NAME` ran in another process: stop the jobs this process started (local jobs can only be
-        stopped by their parent; on Slurm a second scancel is harmless)."""
+        stopped by their parent; on Slurm a second scancel is harmless), and every job still live: one this
+        process launched while the cancel ran (a round it decided meanwhile) would otherwise run on unseen."""
+        live = [a for a in self.ledger.live_attempts(self.name) if a.job_id]
         ids = [
-            a.job_id
+            str(a.job_id)
             for c in self._cands()
             if c.status == CandidateStatus.CANCELLED
             for a in self.ledger.attempts(c.id)
             if a.job_id and a.end_time is None
         ]
+        ids = list(dict.fromkeys([*ids, *(str(a.job_id) for a in live)]))
         if ids:
             self.launcher.cancel(ids)
             self.view.event(f"sweep cancelled: stopped {len(ids)} job(s)")
+        why = "cancelled by `orchestrator cancel`"
+        for a in live:
+            self.ledger.update_attempt(
+                a.id, state=AttemptState.CANCELLED, failure_class=Failure.CANCELLED, failure_detail=why
+            )
+        for c in self.ledger.candidates(self.name, status=CandidateStatus.LIVE):
+            self.ledger.set_candidate_status(c.id, CandidateStatus.CANCELLED, why)
 
     def _cands(self) -> list[CandidateRow]:
         return self.ledger.candidates(self.name)
@@ -375,7 +388,9 @@ class Driver:
         from jobs.collect import collect
 
         lost = bool(st.reason and "lost" in st.reason)  # re-attached, outcome unknown: the folder decides
-        res = collect(Path(a.job_dir), slurm_state=None if lost else st.state, exit_code=None if lost else st.exit_code)
+        res = collect(
+            Path(a.job_dir), slurm_state=None if lost else st.state, exit_code=None if lost else st.exit_code, lost=lost
+        )
         self.ledger.record_result(a.id, res.to_dict())
         self._dirty = True
         atts = self.ledger.attempts(a.candidate_id)

@@ -3,7 +3,8 @@
 Pure: the caller passes the attempt history (from the ledger). What each class allows is jobs.failures'
 table: `policy.retry_classes` (whose default is the table's retried classes) says which classes are
 retried, the table says how often (TIMEOUT once, the others up to max_attempts); a class asked for on the
-command line (--retry oom) is retried up to max_attempts whatever the table says.
+command line (--retry oom) is retried up to max_attempts whatever the table says, and so is a class the
+table retries ALWAYS (LOST: the job gave no verdict; a sweep's stored retry_classes may predate the class).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def retry_decision(
     if len(history) >= max_attempts:
         return False, f"{len(history)} attempt(s) = max_attempts"
     known = BY_NAME.get(fc or "")
-    if fc in asked:
+    if fc in asked or (known is not None and known.retry is Retry.ALWAYS):
         return True, f"attempt {len(history) + 1} of {max_attempts}"
     if fc not in {c.upper() for c in retry_classes}:
         return False, "deterministic" if known is not None and known.deterministic else "not a retryable class"

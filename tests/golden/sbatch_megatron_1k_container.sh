@@ -8,6 +8,7 @@
 #SBATCH --gpus-per-node=8
 #SBATCH --job-name=megatron_1k_container:cand0:1
 #SBATCH --mem=0
+#SBATCH --no-requeue
 #SBATCH --nodes=128
 #SBATCH --ntasks-per-node=8
 #SBATCH --open-mode=append

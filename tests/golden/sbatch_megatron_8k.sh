@@ -8,6 +8,7 @@
 #SBATCH --gpus-per-node=8
 #SBATCH --job-name=megatron_8k:cand0:1
 #SBATCH --mem=0
+#SBATCH --no-requeue
 #SBATCH --nodes=1024
 #SBATCH --ntasks-per-node=8
 #SBATCH --open-mode=append

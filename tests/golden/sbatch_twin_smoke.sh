@@ -5,6 +5,7 @@
 #SBATCH --error=<runs>/twin_smoke/.submitit/%A_%a/%A_%a_0_log.err
 #SBATCH --gpus-per-node=8
 #SBATCH --job-name='orch[2]'
+#SBATCH --no-requeue
 #SBATCH --nodes=4
 #SBATCH --ntasks-per-node=8
 #SBATCH --open-mode=append
