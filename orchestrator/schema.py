@@ -230,6 +230,12 @@ class PolicyConfig:
     # The calibrated model's own top pick joins a round only when it predicts measurements this well
     # (leave-one-out MAPE); a worse model is used to rank neighbours, not to pick far-away layouts.
     model_trust_mape: float = 0.10
+    # Part of each round for the residual model's picks (orchestrator/policy/moves.py): the unmeasured layouts
+    # with the best optimistic bound, calibrated x exp(residual mean - explore x residual sd).
+    model_picks: int = 1
+    explore: float = 1.0
+    joint_moves: bool = True  # two-knob moves over coupled knobs (CP+PP, EP+dispatcher, recompute+mbs/PP)
+    anchor_distance: int = 1  # anchors differ from each other in at least this many of EP, PP, CP
     # Failure classes resubmitted (how often: jobs.failures); the default is the table's retried classes.
     retry_classes: list[str] = field(default_factory=lambda: list(DEFAULT_RETRY_CLASSES))
 
