@@ -13,7 +13,7 @@ from pathlib import Path
 from jobs.paths import atomic_write
 from orchestrator import knobs
 from orchestrator.errors import UserError
-from orchestrator.report import plots
+from orchestrator.report import path, plots
 from orchestrator.report.data import KNOB_COLUMNS, ReportData
 
 RANKED_HEAD = (("rank", "rank"), ("candidate", "candidate_id"), ("round", "round"))
@@ -189,6 +189,7 @@ def render(d: ReportData, out_dir: Path) -> Path:
                 table_id="lineage",
             )
         )
+    parts.append(path.fragment(d.search_path))
     parts.append(
         "<h2>Provenance</h2><pre id='provenance'>"
         + html.escape(json.dumps(d.provenance, indent=2, sort_keys=True, default=str))
