@@ -225,7 +225,7 @@ class PolicyConfig:
     top_k_neighbours: int = 2
     promote_top_k: int = 3
     converge_gain: float = 0.01  # "no gain > 1% over the best ..."
-    converge_rounds: int = 2  # "... for 2 rounds"
+    converge_rounds: int = 4  # "... for 4 rounds"
     max_attempts: int = 3
     # The calibrated model's own top pick joins a round only when it predicts measurements this well
     # (leave-one-out MAPE); a worse model is used to rank neighbours, not to pick far-away layouts.

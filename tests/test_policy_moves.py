@@ -21,6 +21,7 @@ def test_joint_pairs_are_the_coupled_knobs_only():
     assert joint_pair(BASE, replace(BASE, cp=2, pp=4, vpp=2)) == ("cp", "pp")
     assert joint_pair(BASE, replace(BASE, ep=32, dispatcher="flex", flex_backend="deepep")) == ("ep", "dispatcher")
     assert joint_pair(BASE, replace(BASE, recompute=("full",), mbs=2)) == ("recompute", "mbs")
+    assert joint_pair(BASE, replace(BASE, ep=128, pp=4, vpp=2)) == ("ep", "pp")  # expert weights per GPU
     assert joint_pair(BASE, replace(BASE, ep=32, cp=2)) is None  # two knobs, but not a coupled pair
     assert joint_pair(BASE, replace(BASE, cp=2)) is None  # one knob: a one-factor neighbour
     assert joint_pair(BASE, replace(BASE, cp=2, pp=4, ep=32)) is None  # three knobs

@@ -5,7 +5,11 @@ related variables): some knobs only pay off together, so a one-factor walk stops
   - CP with PP/VPP: CP restores the micro-batch count m that deeper PP needs, and moves memory per stage;
   - EP with the dispatcher backend: which backend overlaps best depends on how many nodes an EP group spans;
   - recompute with the memory-bound knobs (micro-batch size, PP depth): dropping recompute only fits once
-    something else frees the memory, and the cheapest way to fit changes with it.
+    something else frees the memory, and the cheapest way to fit changes with it;
+  - EP with PP: expert weights per GPU scale with (layers per PP stage) / EP, so a shallower pipeline
+    fits only with wider EP (at 8k the bench's optimum is often PP4 EP64 next to a measured PP8 EP32,
+    whose one-factor PP4 neighbour does not fit; without this pair 4 of 10 twin 8k rows missed, with it
+    1 of 10, `tests/bench/bench_search.py --seed 0 --seed 1`).
 
 Residual model: what calibration (a few multiplicative factors) cannot express is left in
 log(measured / calibrated). A Bayesian ridge over one-hot knob values (plus the coupled pairs) predicts
@@ -34,6 +38,7 @@ COUPLED: tuple[tuple[str, str], ...] = (
     ("ep", "dispatcher"),
     ("recompute", "mbs"),
     ("recompute", "pp"),
+    ("ep", "pp"),
 )
 NOISE_SD = 0.02  # relative spread of a measured p50 around the truth (run-to-run noise, lognormal)
 PRIOR_SD_FLOOR = 0.05  # the residual the model is allowed before it has seen any: 5% per layout
@@ -55,6 +60,7 @@ def joint_pair(a: Layout, b: Layout) -> tuple[str, str] | None:
 
 
 def _features(layout: Layout) -> list[str]:
+    """One-hot knob values plus the coupled pairs' joint values (what a joint move changes together)."""
     out = [f"{k}={knob_value(layout, k)}" for k in KNOBS]
     out += [f"{x}={knob_value(layout, x)}|{y}={knob_value(layout, y)}" for x, y in COUPLED]
     return out

@@ -230,7 +230,8 @@ class CalibratedNeighbours(Policy):
                 elif pair and self.cfg.joint_moves:
                     moves.setdefault(f"joint:{pair[0]}+{pair[1]}", []).append(c)
             ranked = {k: sorted(v, key=est) for k, v in moves.items()}
-            firsts = sorted(((k, v[0]) for k, v in ranked.items()), key=lambda t: est(t[1]))
+            # the guide's order: one factor first (best per knob), then the small joint search, then the rest
+            firsts = sorted(((k, v[0]) for k, v in ranked.items()), key=lambda t: (t[0].startswith("joint"), est(t[1])))
             rest = sorted(((k, c) for k, v in ranked.items() for c in v[1:]), key=lambda t: est(t[1]))
             per_anchor.append([(c, k, b.key, est(c), bounds[c.key][1]) for k, c in firsts + rest])
         picks = round_robin(lists, size, key=lambda t: t[0].key)
