@@ -236,6 +236,7 @@ class PolicyConfig:
     explore: float = 1.0
     joint_moves: bool = True  # two-knob moves over coupled knobs (CP+PP, EP+dispatcher, recompute+mbs/PP)
     anchor_distance: int = 1  # anchors differ from each other in at least this many of EP, PP, CP
+    max_predicted_loss: float = 0.15  # skip moves whose optimistic estimate is this much slower than the best
     # Failure classes resubmitted (how often: jobs.failures); the default is the table's retried classes.
     retry_classes: list[str] = field(default_factory=lambda: list(DEFAULT_RETRY_CLASSES))
 

@@ -194,6 +194,11 @@ class CalibratedNeighbours(Policy):
         def gain(est: float) -> float:
             return 1.0 - est / best_step
 
+        def worth(est: float) -> bool:
+            """A run whose optimistic estimate is still more than policy.max_predicted_loss slower than the
+            best measured teaches little and costs a full window: not proposed."""
+            return est <= best_step * (1.0 + self.cfg.max_predicted_loss)
+
         lists: list[list[tuple]] = []  # (planned, reason, parent_key, est, sd)
         if trust_model:
 
@@ -233,7 +238,7 @@ class CalibratedNeighbours(Policy):
             # the guide's order: one factor first (best per knob), then the small joint search, then the rest
             firsts = sorted(((k, v[0]) for k, v in ranked.items()), key=lambda t: (t[0].startswith("joint"), est(t[1])))
             rest = sorted(((k, c) for k, v in ranked.items() for c in v[1:]), key=lambda t: est(t[1]))
-            per_anchor.append([(c, k, b.key, est(c), bounds[c.key][1]) for k, c in firsts + rest])
+            per_anchor.append([(c, k, b.key, est(c), bounds[c.key][1]) for k, c in firsts + rest if worth(est(c))])
         picks = round_robin(lists, size, key=lambda t: t[0].key)
         taken = {t[0].key for t in picks}
         picks += [t for t in model if t[0].key not in taken][: max(0, min(n_model, size - len(picks)))]
@@ -241,7 +246,7 @@ class CalibratedNeighbours(Policy):
         if len(picks) < size:  # neighbourhood exhausted: fall back to the model picks, then the ranking
             taken = {t[0].key for t in picks}
             more = [t for t in model if t[0].key not in taken]
-            more += [(c, "model-top", None, c.prediction.step_time_s, None) for c in cands]
+            more += [(c, "model-top", None, c.prediction.step_time_s, None) for c in cands if worth(bounds[c.key][0])]
             picks = round_robin([picks, more], size, key=lambda t: t[0].key)
         return [
             mk(
