@@ -83,6 +83,7 @@ def _candidate_values(sweep_id: int, item: CandidateIn) -> dict[str, Any]:
         m=pred.get("m"),
         feasible=pred.get("feasible"),
         predicted=clean(pred),
+        decision=None if item.decision is None else clean(item.decision),
         verdict=verdict,
         round=int(item.round),
         edge_kind=None if item.edge_kind is None else member(EdgeKind, item.edge_kind, "edge kind"),

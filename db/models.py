@@ -140,6 +140,8 @@ class Candidate(KnobColumns, Base):
     round: Mapped[int] = mapped_column(default=0)
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("candidate.id", ondelete="SET NULL"))
     edge_kind: Mapped[str | None] = mapped_column(String(30))  # orchestrator.states.EdgeKind
+    # why the policy proposed it: {kind, move, fidelity, predicted_gain, uncertainty, parent} (Proposal.decision)
+    decision: Mapped[dict[str, Any] | None]
     status: Mapped[str] = mapped_column(String(20), default=CandidateStatus.PLANNED)
     reason: Mapped[str | None] = mapped_column(Text)  # why the last status change happened
     claimed_by: Mapped[str | None] = mapped_column(String(200))

@@ -48,6 +48,7 @@ class CandidateIn:
     parent_key: str | None = None
     edge_kind: EdgeKind | None = None
     status: CandidateStatus = CandidateStatus.PLANNED
+    decision: dict[str, Any] | None = None  # why it was proposed (orchestrator.policy.types.Proposal.decision)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class CandidateRow:
     latest_result_id: int | None
     created_at: datetime
     updated_at: datetime
+    decision: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _set(self, "status", CandidateStatus(self.status))

@@ -228,11 +228,18 @@ class PolicyConfig:
     top_k_neighbours: int = 2
     promote_top_k: int = 3
     converge_gain: float = 0.01  # "no gain > 1% over the best ..."
-    converge_rounds: int = 2  # "... for 2 rounds"
+    converge_rounds: int = 4  # "... for 4 rounds"
     max_attempts: int = 3
     # The calibrated model's own top pick joins a round only when it predicts measurements this well
     # (leave-one-out MAPE); a worse model is used to rank neighbours, not to pick far-away layouts.
     model_trust_mape: float = 0.10
+    # Part of each round for the residual model's picks (orchestrator/policy/moves.py): the unmeasured layouts
+    # with the best optimistic bound, calibrated x exp(residual mean - explore x residual sd).
+    model_picks: int = 1
+    explore: float = 1.0
+    joint_moves: bool = True  # two-knob moves over coupled knobs (CP+PP, EP+dispatcher, recompute+mbs/PP)
+    anchor_distance: int = 1  # anchors differ from each other in at least this many of EP, PP, CP
+    max_predicted_loss: float = 0.15  # skip moves whose optimistic estimate is this much slower than the best
     # Failure classes resubmitted (how often: jobs.failures); the default is the table's retried classes.
     retry_classes: list[str] = field(default_factory=lambda: list(DEFAULT_RETRY_CLASSES))
 

@@ -119,4 +119,5 @@ class EdgeKind(StrEnum):
     """Why a candidate has a parent (candidate.parent_id)."""
 
     NEIGHBOUR = "neighbour"  # a one-knob neighbour of a measured layout of the same sweep
+    JOINT = "joint"  # a two-knob move over coupled knobs (orchestrator/policy/moves.py COUPLED)
     PROMOTED_FROM = "promoted-from"  # promoted from a measured layout of the stage this one promotes from

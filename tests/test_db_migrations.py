@@ -73,20 +73,20 @@ def test_upgrade_from_previous_revision_keeps_data(ledger_url):
                     updated_at=now,
                 )
             )
-        # what the head revision (0005: launch intents) adds is not there yet at N-1
-        assert "launch_token" not in {c["name"] for c in inspect(eng).get_columns("attempt")}
+        # what the head revision (0006: explained decisions) adds is not there yet at N-1
+        assert "decision" not in {c["name"] for c in inspect(eng).get_columns("candidate")}
         if eng.dialect.name != "sqlite":  # a team database is never upgraded behind the user's back
             with pytest.raises(LedgerError, match=f"schema revision {previous}.*db upgrade"):
                 Ledger.open(ledger_url)
         assert E.upgrade(eng).up_to_date
-        assert "launch_token" in {c["name"] for c in inspect(eng).get_columns("attempt")}
+        assert "decision" in {c["name"] for c in inspect(eng).get_columns("candidate")}
     finally:
         eng.dispose()
     with Ledger.open(ledger_url) as led:
         (sweep,) = led.list_sweeps()
         assert (sweep.name, sweep.status, sweep.provenance) == ("old", "running", {"project": "0.0.9"})
         (cand,) = led.candidates("old")
-        assert cand.layout == {"ep": 64} and cand.created_at.year == 2026
+        assert cand.layout == {"ep": 64} and cand.created_at.year == 2026 and cand.decision is None
         led.record_calibration("old", 0, {"truth_a2a": 1.2}, {"mape": 0.05})  # the new table works
         assert len(led.calibrations("old")) == 1
 

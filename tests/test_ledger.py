@@ -156,7 +156,7 @@ def test_parent_edges_same_sweep_and_promotion_across_sweeps(ledger):
     assert ledger.add_candidates("s8k", [promoted])[0].parent_id == parent.id
     odd = make_items(4)[3]
     odd.parent_key, odd.edge_kind = parent.key, "neighbour-of"  # the old docstring's word, never written
-    with pytest.raises(LedgerError, match="edge kind 'neighbour-of' is not one of neighbour, promoted-from"):
+    with pytest.raises(LedgerError, match="edge kind 'neighbour-of' is not one of neighbour, joint, promoted-from"):
         ledger.add_candidates("s1", [odd])
     orphan = make_items(3)[2]
     orphan.parent_key = "f" * 32

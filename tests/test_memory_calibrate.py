@@ -216,6 +216,12 @@ def test_a_layout_the_uncalibrated_model_prunes_is_revived_and_measured(memory_s
     # the calibration the ledger recorded is per term and has moved activations down
     fits = [c.fit for c in ledger.calibrations("revive")]
     assert fits and fits[-1]["memory_method"].startswith("terms") and fits[-1]["memory_factors"]["activations"] < 0.8
+    # the search path (status, report) marks exactly the revived proposals
+    from orchestrator.report import path
+
+    rows = path.gather(ledger, "revive")
+    assert {r["key"] for r in rows if r["revived"]} == {c.key for c in revived}
+    assert "revived (pruned by the uncalibrated memory model" in path.fragment(rows)
 
 
 def observe_best_key(ledger) -> str:

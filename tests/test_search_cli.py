@@ -3,8 +3,9 @@ workload.command, end to end through the CLI and the local executor; its reporte
 read back and judged against the stand-in's true surface with the search benchmark's cost model; the
 benchmark's in-process sweep launches exactly what the CLI's sweep launched.
 
-Recorded, not asserted (the policy's goal is another issue's): the gap to the true best and the cost
-against random search and the exhaustive grid are printed (pytest -s shows them).
+The goal is asserted (the defaults in conf/stage/1k.yaml and conf/policy/default.yaml are tuned for it
+on every bench surface): the reported best within 2% of the true best, at <= 1/3 of random search's median
+cost to 2% and <= 10% of the exhaustive grid; the figures are printed too (pytest -s shows them).
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
         f"grid ({grid.exhaustive_gpu_hours:,.0f}); random's median gap at that cost "
         f"{float(np.median(rnd.gap_at(cost))):.1%}"
     )
+    # the goal (printed first, so a miss shows its figures)
+    assert gap <= lib.GOAL_GAP and cost <= random_median / 3 and cost <= 0.10 * grid.exhaustive_gpu_hours
 
 
 def test_the_in_process_sweep_is_the_cli_sweep_on_the_twin(tmp_path):

@@ -9,6 +9,7 @@ from db.leases import LeaseInfo
 from orchestrator.config import compose
 from orchestrator.errors import UserError
 from orchestrator.plan.layout import Layout
+from orchestrator.report import path
 from orchestrator.sweep import observe, open_ledger
 from orchestrator.sweep.setup import root_from_yaml
 
@@ -76,6 +77,7 @@ def gather(ledger, name: str) -> dict:
                 "failure_class": a.failure_class if a else None,
                 "edge": c.edge_kind,
                 "pred_step_s": c.predicted.get("step_time_s"),
+                "decision": c.decision,
                 "step_p50_s": res.get("step_p50_s") if res else None,
             }
         )
@@ -97,6 +99,7 @@ def gather(ledger, name: str) -> dict:
             {"round": c.round, **c.error, "method": c.fit.get("method")} for c in ledger.calibrations(name)
         ],
         "candidates": rows,
+        "search_path": path.gather(ledger, name),
     }
 
 
@@ -136,6 +139,10 @@ def run(args, overrides) -> int:
             f"  r{r['round']} {r['status']:9s} job {r['job_id'] or '-':>10} {r['state'] or '-':10s} "
             f"{r['failure_class'] or '':14s} {meas:>9} {r['layout']}"
         )
+    if info["search_path"]:
+        print("  search path (round, move, fidelity, predicted gain ± sd, outcome, step p50, layout):")
+        for line in path.lines(info["search_path"]):
+            print(line)
     if info["best"]:
         print(f"  best (measured{sim}): {info['best']['layout']}  step p50 {info['best']['step_p50_s']:.3f}s")
     return 0

@@ -10,9 +10,8 @@ combination of those fields, and which `phase` it belongs to:
 
 - "layout":  reads only the knobs, the groups (D_a, D_e, m) and the stage/model/hardware.
 - "pattern": also reads the pipeline split (blocks per segment) and the HybridModel layer pattern.
-- "argv":    reads the generated Megatron flags (we never emit the forbidden ones; this proves it).
-             `needs` names the knobs that decide what argv.py emits for the flags in question;
-             tests/test_rules.py checks that claim against argv.py itself.
+- "argv":    reads the generated Megatron flags (we never emit the forbidden ones; this proves it). `needs`
+             names the knobs that decide argv.py's flags in question (tests/test_rules.py checks it).
 - "memory":  reads the predicted heaviest-rank memory; checked last, only for survivors.
 
 A predicate returns True when the rule is VIOLATED; predicates of later phases return False while their

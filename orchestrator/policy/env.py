@@ -121,6 +121,8 @@ class PlanEnv:
         memory_factor: MemoryScale = 1.0,
         parent_key: str | None = None,
         edge_kind: EdgeKind | None = None,
+        predicted_gain: float | None = None,
+        uncertainty: float | None = None,
     ) -> Proposal:
         """A Proposal carrying the calibrated prediction plus the raw one calibration will need later."""
         comps, step, mem = self.raw(planned.layout) or (
@@ -150,4 +152,6 @@ class PlanEnv:
             parent_key=parent_key,
             edge_kind=edge_kind,
             est_gpu_hours=self.gpu_hours(planned.prediction.step_time_s),
+            predicted_gain=predicted_gain,
+            uncertainty=uncertainty,
         )

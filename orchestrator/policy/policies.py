@@ -11,14 +11,15 @@ plus the calibrated model's top pick when it predicts a real gain.
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 
 from jobs.failures import Failure
 from orchestrator.policy.calibrate import Fit, calibrate
 from orchestrator.policy.env import PlanEnv
+from orchestrator.policy.moves import distinct_anchors, fit_residual, joint_pair, optimistic
 from orchestrator.policy.promote import promoted_layouts
 from orchestrator.policy.select import (
-    KNOBS,
     best_measured,
     changed_knob,
     diverse_top,
@@ -32,7 +33,6 @@ from orchestrator.schema import PolicyConfig, StageConfig
 from orchestrator.states import EdgeKind
 
 DIVERSITY_SLACK = 1.5  # round 0 covers knob values only among layouts predicted within 1.5x of the best
-DEFAULT_DOUBT = 0.10  # assumed model error before any leave-one-out estimate exists
 
 
 class Policy:
@@ -104,18 +104,6 @@ class Policy:
         return round_robin(per_source, limit, key=lambda p: p.key)
 
 
-def anchors(rows: list[Observation], k: int, knobs=("ep", "pp", "cp")) -> list[Observation]:
-    """The best k measured layouts that differ from each other in EP, PP or CP: local search around
-    distinct regions, not around two copies of the best that differ only in dispatcher or recompute."""
-    out: list[Observation] = []
-    for r in measured_rank(rows):
-        if all(any(knob_value(r.layout, kn) != knob_value(a.layout, kn) for kn in knobs) for a in out):
-            out.append(r)
-        if len(out) >= k:
-            break
-    return out
-
-
 def knob_effects(rows: list[Observation]) -> dict[tuple, list[float]]:
     """(knob, from, to) -> measured step ratios of every pair of measured layouts differing only in that knob.
 
@@ -185,43 +173,91 @@ class CalibratedNeighbours(Policy):
     def _local(
         self, inp: RoundInput, cands: list, best_step: float, mk, size: int, *, trust_model: bool, fit: Fit | None
     ) -> list[Proposal]:
-        """Neighbours of the best k measured (best predicted per knob first), plus the model's top pick
-        when the calibrated model has earned trust (LOO MAPE <= model_trust_mape)."""
-        lists: list[list[tuple]] = []  # (planned, reason, parent_key): Proposals are built only for picks
-        top = [c for c in cands if c.prediction.step_time_s < best_step * (1.0 - self.cfg.converge_gain)]
-        if top and trust_model:
-            lists.append([(top[0], "model-top", None)])
+        """One round of local and model-guided search (see moves.py for why each part exists):
+        - model picks: the unmeasured layouts with the best optimistic bound (calibrated x residual model,
+          less `explore` sds), the calibrated model's most promising *or* least known layouts;
+        - per anchor (the best measured layouts of distinct EP/PP/CP regions): its best one-factor
+          neighbour per knob and best joint move per coupled pair first, then the rest, by estimate;
+        - the calibrated model's top pick when it has earned trust (LOO MAPE <= model_trust_mape)."""
+
+        def calibrated(r: Observation) -> float:
+            return fit.predict(r.raw_components) if fit else r.raw_step_s
+
+        res = fit_residual(inp.observations, calibrated)
+        explore = self.cfg.explore
+        bounds = {}
+        for c in cands:
+            mean, sd = res.predict(c.layout)
+            bounds[c.key] = (optimistic(c.prediction.step_time_s, mean, sd, explore), sd, mean)
+        cut = best_step * (1.0 - self.cfg.converge_gain)
+
+        def gain(est: float) -> float:
+            return 1.0 - est / best_step
+
+        def worth(est: float) -> bool:
+            """A run whose optimistic estimate is still more than policy.max_predicted_loss slower than the
+            best measured teaches little and costs a full window: not proposed."""
+            return est <= best_step * (1.0 + self.cfg.max_predicted_loss)
+
+        lists: list[list[tuple]] = []  # (planned, reason, parent_key, est, sd)
+        if trust_model:
+
+            def expected(c) -> float:
+                return c.prediction.step_time_s * math.exp(bounds[c.key][2])
+
+            top = [c for c in sorted(cands, key=expected)[:1] if expected(c) < cut]
+            lists += [[(c, "model-top", None, expected(c), None)] for c in top]
+        picks_ranked = sorted((c for c in cands if bounds[c.key][0] < cut), key=lambda c: bounds[c.key][0])
+        n_model = min(self.cfg.model_picks, size)
+        model: list[tuple] = [(c, "model-pick", None, bounds[c.key][0], bounds[c.key][1]) for c in picks_ranked]
         effects = knob_effects(inp.observations)
-        doubt = min(0.5, fit.loo_mape if fit is not None and fit.loo_mape is not None else DEFAULT_DOUBT)
-        for b in anchors(inp.observations, self.cfg.top_k_neighbours):
-            b_pred = fit.predict(b.raw_components) if fit else b.raw_step_s
-            nbrs: dict[str, list] = {k: [] for k in KNOBS}
-            for c in cands:
-                knob = changed_knob(b.layout, c.layout)
-                if knob:
-                    nbrs[knob].append(c)
+        per_anchor: list[list[tuple]] = []
+        for b in distinct_anchors(inp.observations, self.cfg.top_k_neighbours, min_diff=self.cfg.anchor_distance):
+            b_mean, _ = res.predict(b.layout)
+            b_pred = calibrated(b) * math.exp(b_mean)
 
             def est(c, b=b, b_pred=b_pred) -> float:
                 """Optimistic step of neighbour c, relative to b's measurement: the measured effect of the same
                 knob change elsewhere in the ledger when there is one (known, so taken as is), else the
-                calibrated model's ratio less its typical error (unknown: it may be better than predicted)."""
+                residual model's optimistic bound for c over its estimate of b."""
                 knob = changed_knob(b.layout, c.layout)
                 seen = effects.get((knob, knob_value(b.layout, knob), knob_value(c.layout, knob))) if knob else None
                 if seen:
-                    return b.step_s * statistics.median(seen)
-                return b.step_s * c.prediction.step_time_s / max(b_pred, 1e-12) * (1.0 - doubt)
+                    return b.measured_step_s * statistics.median(seen)
+                return b.measured_step_s * bounds[c.key][0] / max(b_pred, 1e-12)
 
-            ranked = {k: sorted(v, key=est) for k, v in nbrs.items() if v}
-            firsts = sorted((v[0] for v in ranked.values()), key=est)
-            rest = sorted((c for v in ranked.values() for c in v[1:]), key=est)
-            lists.append([(c, f"neighbour:{changed_knob(b.layout, c.layout)}", b.key) for c in firsts + rest])
+            moves: dict[str, list] = {}
+            for c in cands:
+                knob = changed_knob(b.layout, c.layout)
+                pair = None if knob else joint_pair(b.layout, c.layout)
+                if knob:
+                    moves.setdefault(f"neighbour:{knob}", []).append(c)
+                elif pair and self.cfg.joint_moves:
+                    moves.setdefault(f"joint:{pair[0]}+{pair[1]}", []).append(c)
+            ranked = {k: sorted(v, key=est) for k, v in moves.items()}
+            # the guide's order: one factor first (best per knob), then the small joint search, then the rest
+            firsts = sorted(((k, v[0]) for k, v in ranked.items()), key=lambda t: (t[0].startswith("joint"), est(t[1])))
+            rest = sorted(((k, c) for k, v in ranked.items() for c in v[1:]), key=lambda t: est(t[1]))
+            per_anchor.append([(c, k, b.key, est(c), bounds[c.key][1]) for k, c in firsts + rest if worth(est(c))])
         picks = round_robin(lists, size, key=lambda t: t[0].key)
-        if len(picks) < size:  # neighbourhood exhausted: fall back to the calibrated ranking
+        taken = {t[0].key for t in picks}
+        picks += [t for t in model if t[0].key not in taken][: max(0, min(n_model, size - len(picks)))]
+        picks = round_robin([picks, *per_anchor], size, key=lambda t: t[0].key)
+        if len(picks) < size:  # neighbourhood exhausted: fall back to the model picks, then the ranking
             taken = {t[0].key for t in picks}
-            picks += [(c, "model-top", None) for c in cands if c.key not in taken][: size - len(picks)]
+            more = [t for t in model if t[0].key not in taken]
+            more += [(c, "model-top", None, c.prediction.step_time_s, None) for c in cands if worth(bounds[c.key][0])]
+            picks = round_robin([picks, more], size, key=lambda t: t[0].key)
         return [
-            mk(c, reason, parent_key=parent, edge_kind=EdgeKind.NEIGHBOUR if parent else None)
-            for c, reason, parent in picks
+            mk(
+                c,
+                reason,
+                parent_key=parent,
+                edge_kind=None if not parent else EdgeKind.JOINT if reason.startswith("joint") else EdgeKind.NEIGHBOUR,
+                predicted_gain=gain(est_s),
+                uncertainty=sd,
+            )
+            for c, reason, parent, est_s, sd in picks
         ]
 
 

@@ -68,10 +68,33 @@ class Proposal:
     key: str
     layout: Layout
     predicted: dict  # calibrated prediction (Prediction fields) + raw_components / factors used
-    reason: str  # round0 | neighbour:<knob> | model-top | promoted | predicted-topk
+    reason: str  # round0 | neighbour:<knob> | joint:<knob>+<knob> | model-pick | model-top | promoted | ...
     parent_key: str | None = None
     edge_kind: EdgeKind | None = None
     est_gpu_hours: float = 0.0
+    # why, as the ledger stores it (candidate.decision): the move kind (the reason before any ':'), the
+    # fidelity it is measured at, the predicted gain over the best measured step and its uncertainty (sd)
+    fidelity: str = "full"
+    predicted_gain: float | None = None
+    uncertainty: float | None = None
+
+    @property
+    def kind(self) -> str:
+        """The reason's first word: `neighbour:<knob>` and `model-top (revived: ...)` are kinds
+        neighbour and model-top."""
+        return self.reason.split(":", 1)[0].split(" ", 1)[0]
+
+    def decision(self) -> dict:
+        """The explained decision stored with the candidate (db column candidate.decision)."""
+        return {
+            "kind": self.kind,
+            "move": self.reason,
+            "fidelity": self.fidelity,
+            "predicted_gain": self.predicted_gain,
+            "uncertainty": self.uncertainty,
+            "parent": self.parent_key,
+            "revived": "revived" in self.predicted,  # pruned by the uncalibrated memory model, fits calibrated
+        }
 
     @property
     def predicted_step_s(self) -> float:

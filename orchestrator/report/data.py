@@ -15,6 +15,7 @@ from db import queries
 from db.ledger import Ledger, SweepRow
 from jobs.effective import effective_throughput
 from orchestrator import knobs
+from orchestrator.report import path
 from orchestrator.schema import EffectiveConfig
 from orchestrator.states import CandidateStatus, EdgeKind
 
@@ -100,6 +101,7 @@ class ReportData:
     simulated: bool
     provenance: dict = field(default_factory=dict)
     effective_note: str = ""
+    search_path: list[dict] = field(default_factory=list)  # orchestrator/report/path.py gather
 
 
 def _gpus(sweep: SweepRow) -> int:
@@ -207,6 +209,7 @@ def gather(ledger: Ledger, name: str) -> ReportData:
         simulated=simulated,
         provenance=sweep.provenance or {},
         effective_note=note,
+        search_path=path.gather(ledger, name),
     )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from jobs.paths import atomic_write
 from orchestrator import knobs
 from orchestrator.errors import UserError
-from orchestrator.report import plots, sections
+from orchestrator.report import path, plots, sections
 from orchestrator.report.data import ReportData
 from orchestrator.report.decision import Decision, decide
 from orchestrator.report.fmt import fmt as _fmt  # noqa: F401 - the name other report modules import
@@ -207,10 +207,10 @@ def out_folder(name: str, out: str | None = None) -> Path:
 
 
 def report(ledger, name: str, folder: Path) -> Path:
-    """Gather the sweep, decide, and render. `extra` collects further sections that read the ledger
-    themselves (one call each, e.g. the search path), placed after the figures."""
+    """Gather the sweep, decide, and render. `extra` holds further sections (the search path), placed
+    after the figures."""
     from orchestrator.report.data import gather
 
     d = gather(ledger, name)
-    extra: list[str] = []
+    extra: list[str] = [path.fragment(d.search_path)]  # how the search got there (report/path.py)
     return render(d, folder, decide(ledger, d), extra)

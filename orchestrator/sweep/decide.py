@@ -86,6 +86,7 @@ def next_round(
                 round=rnd,
                 parent_key=p.parent_key,
                 edge_kind=p.edge_kind,
+                decision=p.decision(),
             )
             for p in plan.proposals
         ],

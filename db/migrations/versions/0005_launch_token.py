@@ -1,6 +1,6 @@
 """launch intents: attempt.launch_token, written before sbatch and carried as the Slurm job name
 
-Revision ID: 0005_r1b
+Revision ID: 0005
 Revises: 0004
 Create Date: 2026-11-30
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0005_r1b"
+revision = "0005"
 down_revision = "0004"
 branch_labels = None
 depends_on = None

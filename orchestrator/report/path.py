@@ -1,0 +1,108 @@
+"""The search path: every candidate in the order the policy proposed it, with why (the ledger's
+candidate.decision: move kind, fidelity, predicted gain and its uncertainty, parent) and what it measured.
+
+Shown by `status` and the report, so a reader can check each round's reasoning against its outcome: which
+moves found the best, which predicted gains did not materialize, what was pruned and later revived.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+from orchestrator.plan.layout import Layout
+
+COLUMNS = (
+    ("round", "round"),
+    ("layout", "layout"),
+    ("move", "move"),
+    ("fidelity", "fidelity"),
+    ("pred gain", "predicted_gain"),
+    ("± sd", "uncertainty"),
+    ("from", "parent"),
+    ("outcome", "outcome"),
+    ("step p50 (s)", "step_p50_s"),
+    ("best so far", "new_best"),
+)
+
+
+def gather(ledger, name: str) -> list[dict]:
+    """One row per candidate of the sweep, in proposal order (round, then id): decision and outcome."""
+    cands = sorted(ledger.candidates(name), key=lambda c: (c.round, c.id))
+    by_id = {c.id: c for c in cands}
+    rows: list[dict] = []
+    best = float("inf")
+    for c in cands:
+        why = c.decision or {}
+        atts = ledger.attempts(c.id)
+        a = atts[-1] if atts else None
+        res = ledger.result(a.id) if a is not None else None
+        p50 = res.get("step_p50_s") if res else None
+        parent = by_id.get(c.parent_id) if c.parent_id is not None else None
+        new_best = p50 is not None and p50 < best
+        best = min(best, p50) if p50 is not None else best
+        rows.append(
+            {
+                "round": c.round,
+                "key": c.key,
+                "layout": Layout.from_dict(c.layout).short(),
+                "kind": why.get("kind") or (str(c.edge_kind) if c.edge_kind else "plan"),
+                "move": why.get("move") or (str(c.edge_kind) if c.edge_kind else "-"),
+                "fidelity": why.get("fidelity") or "full",
+                "predicted_gain": why.get("predicted_gain"),
+                "uncertainty": why.get("uncertainty"),
+                "parent": Layout.from_dict(parent.layout).short() if parent else (why.get("parent") or "")[:10],
+                "outcome": (a.failure_class or str(a.state)) if a is not None and p50 is None else str(c.status),
+                "step_p50_s": p50,
+                "new_best": new_best,
+                "revived": bool(why.get("revived")),  # pruned by the uncalibrated memory model, fit calibrated
+            }
+        )
+    return rows
+
+
+def _fmt(key: str, v) -> str:
+    if v is None or v == "":
+        return "-"
+    if key in ("predicted_gain", "uncertainty"):
+        return f"{float(v):+.1%}" if key == "predicted_gain" else f"{float(v):.1%}"
+    if key == "step_p50_s":
+        return f"{float(v):.3f}"
+    if key == "new_best":
+        return "new best" if v else ""
+    return str(v)
+
+
+def lines(rows: Sequence[dict]) -> list[str]:
+    """Plain-text search path for `status`: one line per proposal."""
+    return [
+        f"  r{r['round']} {r['move']:<26} {r['fidelity']:<7} gain {_fmt('predicted_gain', r['predicted_gain']):>7} "
+        f"± {_fmt('uncertainty', r['uncertainty']):>6}  {r['outcome']:<10} {_fmt('step_p50_s', r['step_p50_s']):>9} "
+        f"{r['layout']}" + ("  <- new best" if r["new_best"] else "")
+        for r in rows
+    ]
+
+
+def fragment(rows: Sequence[dict]) -> str:
+    """The report's 'Search path' section (an HTML fragment, table id 'search-path')."""
+    if not rows:
+        return "<h2>Search path</h2><p class='note'>No candidates yet.</p>"
+    head = "".join(f"<th>{html.escape(t)}</th>" for t, _ in COLUMNS)
+    body = "".join(
+        f"<tr class='{'best' if r['new_best'] else ''}' data-kind='{html.escape(str(r['kind']))}'>"
+        + "".join(f"<td>{html.escape(_fmt(k, r.get(k)))}</td>" for _, k in COLUMNS)
+        + "</tr>"
+        for r in rows
+    )
+    kinds: dict[str, int] = {}
+    for r in rows:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    summary = ", ".join(f"{n} {html.escape(k)}" for k, n in kinds.items())
+    revived = sum(1 for r in rows if r.get("revived"))
+    if revived:
+        summary += f"; {revived} revived (pruned by the uncalibrated memory model, proposed once calibration fit them)"
+    return (
+        "<h2>Search path</h2><p class='note'>Every proposal in order, with why the policy chose it (move, "
+        f"fidelity, predicted gain over the best measured and its uncertainty) and what it measured: {summary}.</p>"
+        f"<table id='search-path'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    )
