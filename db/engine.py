@@ -123,7 +123,7 @@ def _sqlite_engine(url: URL, *, echo: bool, busy_timeout_ms: int) -> Engine:
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")  # first: the next pragma may wait
         if url.database not in (None, "", ":memory:"):
-            cur.execute("PRAGMA journal_mode=WAL")
+            _enter_wal(cur, busy_timeout_ms)
             cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
@@ -134,6 +134,25 @@ def _sqlite_engine(url: URL, *, echo: bool, busy_timeout_ms: int) -> Engine:
         conn.exec_driver_sql(f"BEGIN {'IMMEDIATE' if mode == 'IMMEDIATE' else 'DEFERRED'}")
 
     return engine
+
+
+def _enter_wal(cur: Any, busy_timeout_ms: int) -> None:
+    """PRAGMA journal_mode=WAL, retried within the busy timeout: on a fresh file, while another connection
+    switches it or holds its first lock, SQLite answers 'database is locked' at once, without calling the
+    busy handler (https://www.sqlite.org/wal.html#activating_and_configuring_wal_mode), so eight
+    orchestrators opening one new ledger would otherwise fail where they should wait."""
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
 
 
 def write_engine(engine: Engine) -> Engine:
