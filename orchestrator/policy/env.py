@@ -38,6 +38,12 @@ class PlanEnv:
 
     def evaluate(self, layout: Layout, factors: dict[str, float] | None = None, memory_factor: MemoryScale = 1.0):
         """Planned when legal and feasible under this calibration, else None."""
+        out = self._planned(layout, factors, memory_factor, check_memory=True)
+        return out if out is not None and out.prediction.feasible else None
+
+    def _planned(self, layout: Layout, factors: dict[str, float] | None, memory_factor: MemoryScale, *, check_memory):
+        """The planner's verdict on one layout under this calibration: Planned, or None when a rule rejects it
+        (`check_memory=False`: the HBM rule is not applied, prediction.feasible still says whether it fits)."""
         out = planner.evaluate(
             self.model,
             self.hardware,
@@ -46,8 +52,9 @@ class PlanEnv:
             factors=factors or None,
             memory_factor=memory_factor,
             workload=self.workload,
+            check_memory=check_memory,
         )
-        return out if isinstance(out, planner.Planned) and out.prediction.feasible else None
+        return out if isinstance(out, planner.Planned) else None
 
     def raw(self, layout: Layout) -> tuple[dict[str, float], float, float] | None:
         """(components, step_s, memory_gb) with no calibration, even for a layout over HBM (calibration
@@ -95,17 +102,7 @@ class PlanEnv:
 
     def evaluate_unchecked(self, layout: Layout, factors: dict[str, float] | None, memory_factor: MemoryScale):
         """Planned under this calibration even when over HBM (prediction.feasible says whether it fits)."""
-        out = planner.evaluate(
-            self.model,
-            self.hardware,
-            self.stage,
-            layout,
-            factors=factors or None,
-            memory_factor=memory_factor,
-            workload=self.workload,
-            check_memory=False,
-        )
-        return out if isinstance(out, planner.Planned) else None
+        return self._planned(layout, factors, memory_factor, check_memory=False)
 
     def gpu_hours(self, step_s: float) -> float:
         """N x step x (warmup + measured iterations) / 3600: what one run of this stage costs."""
