@@ -7,7 +7,7 @@ without a GPU (device.sh with DEVICE_DRY=1), so the one device run spends no tim
     python tests/gpu/device_checks.py imports OUT/imports.json
     python tests/gpu/device_checks.py argv OUT/argv.json
     python tests/gpu/device_checks.py gemm OUT/gemm.json [--budget-s 90]
-    python tests/gpu/device_checks.py summary OUT   (reads the step files + OUT/steps.tsv)
+    python tests/gpu/device_checks.py summary OUT [--steps steps.tsv]   (reads the step files)
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import json
 import sys
 import time
 import traceback
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +66,23 @@ def _write(path: str | Path, doc: dict[str, Any]) -> None:
 
 
 def step_imports(out: str) -> int:
-    """Import every module the path needs; record where each came from or its error's last line."""
+    """Import every module the path needs; record where each came from or its error's last line.
+    Without CUDA (DEVICE_DRY=1) megatron_check's CPU shims go first (they change nothing on the device:
+    Python 3.12 has typing.override, and triton is installed there) and triton is not required."""
+    import torch
+
+    from orchestrator import megatron_check
+
+    cuda = bool(torch.cuda.is_available())
+    if not cuda:
+        if not hasattr(typing, "override"):
+            import typing_extensions
+
+            typing.override = typing_extensions.override  # type: ignore[attr-defined]
+        megatron_check._stub_paged_stash()
     rows = []
-    for name, required in IMPORTS:
+    for name, needed in IMPORTS:
+        required = needed and (cuda or name != "triton")
         t0 = time.perf_counter()
         try:
             mod = importlib.import_module(name)
@@ -77,7 +92,8 @@ def step_imports(out: str) -> int:
         rows[-1]["s"] = round(time.perf_counter() - t0, 2)
     te_spec = _te_spec_probe()
     missing = [r["module"] for r in rows if not r["ok"] and r.get("required")]
-    _write(out, {"step": "imports", "ok": not missing, "missing_required": missing, "modules": rows, **te_spec})
+    doc = {"step": "imports", "ok": not missing, "cuda": cuda, "missing_required": missing, "modules": rows}
+    _write(out, {**doc, **te_spec})
     return 0 if not missing else 1
 
 
@@ -256,11 +272,11 @@ def _load(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def step_summary(out_dir: str) -> int:
+def step_summary(out_dir: str, steps_tsv: str | None = None) -> int:
     """One file: each step's exit code and seconds (steps.tsv), and the headline figures of each JSON."""
     out = Path(out_dir)
     steps = []
-    tsv = out / "steps.tsv"
+    tsv = Path(steps_tsv) if steps_tsv else out / "steps.tsv"
     if tsv.exists():
         for line in tsv.read_text().splitlines():
             name, rc, secs = (line.split("\t") + ["", ""])[:3]
@@ -286,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("step", choices=("imports", "argv", "gemm", "summary"))
     ap.add_argument("out")
     ap.add_argument("--budget-s", type=float, default=90.0)
+    ap.add_argument("--steps", help="summary: the step log (name, rc, seconds per line); default OUT/steps.tsv")
     ap.add_argument("--smoke", action="store_true", help="gemm without CUDA: tiny shapes on CPU (no figures)")
     a = ap.parse_args(argv)
     if a.step == "imports":
@@ -294,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         return step_argv(a.out)
     if a.step == "gemm":
         return step_gemm(a.out, a.budget_s, a.smoke)
-    return step_summary(a.out)
+    return step_summary(a.out, a.steps)
 
 
 if __name__ == "__main__":
