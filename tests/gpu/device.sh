@@ -4,7 +4,7 @@
 #     bash tests/gpu/device.sh
 # Every step has its own `timeout` and appends to $OUT/device.log; a failing step never stops the next one.
 # Results in $OUT (7 files): device.log, imports.json, argv.json, gemm.json, run_one.json, job_tail.log,
-# summary.json. Whole run: <= 7 minutes (the step limits below add up to 410 s + the install).
+# summary.json. Whole run: <= 7 minutes (run-one gets what the steps before it left of 400 s).
 #
 # DEVICE_DRY=1 (a machine without a GPU, any Python >= 3.11): the same steps, but the wheels are only
 # checked to install for cp312 x86-64 (pip --python-version 3.12 --platform ...) into a scratch folder and
@@ -74,7 +74,9 @@ do_install() {
     echo "Megatron-LM dev $(cat "$CARRY/megatron-dev.commit" 2>/dev/null) in $MEG"
     # The dataset index helpers pretrain compiles on rank 0 (megatron/core/datasets/Makefile): built here
     # so a compiler problem shows in this step, not inside the run.
-    make -C "$MEG/megatron/core/datasets" || echo "warning: dataset helpers did not build (mock data may not need them)"
+    # LIBEXT from this Python: the Makefile asks python3-config, which a venv may lack.
+    make -C "$MEG/megatron/core/datasets" \
+        "LIBEXT=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')" || echo "warning: dataset helpers did not build (mock data may not need them)"
 }
 
 do_environment() {
@@ -99,6 +101,11 @@ do_run_one() {
         "workload.command=[$PY,$MEG/pretrain_hybrid.py]" --format json >"$OUT/run_one.json"
 }
 
+do_preflight() {  # the orchestrator's own verdict on this machine, one row per check with its fix
+    "$PY" -m orchestrator preflight +stage=gpu1 workload=megatron cluster=local "cluster.folder=$WORK/preflight" \
+        "workload.command=[$PY,$MEG/pretrain_hybrid.py]"
+}
+
 do_job_tail() {  # the job folder's evidence, one file: Megatron's log tails, the sidecar, preflight, result
     local dir
     dir=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("job_dir") or "")' "$OUT/run_one.json" 2>/dev/null)
@@ -116,7 +123,7 @@ do_job_tail() {  # the job folder's evidence, one file: Megatron's log tails, th
 }
 
 export ROOT DRY PY CARRY WORK SITE MEG OUT
-export -f do_install do_environment do_run_one do_job_tail
+export -f do_install do_environment do_preflight do_run_one do_job_tail
 say "device check: DRY=$DRY python=$PY root=$ROOT out=$OUT $(date -u +%FT%TZ)"
 step install 90 do_install
 if [ "$DRY" = 1 ]; then
@@ -130,9 +137,10 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 step environment 30 do_environment
 step imports 60 "$PY" tests/gpu/device_checks.py imports "$OUT/imports.json"
 step argv 60 "$PY" tests/gpu/device_checks.py argv "$OUT/argv.json"
+step preflight 60 do_preflight
 step gemm 90 "$PY" tests/gpu/device_checks.py gemm "$OUT/gemm.json" --budget-s 45 "${GEMM[@]}"
-# run-one gets what is left of 390 s (so the whole script stays under 7 minutes), at most 240 s.
-left=$((390 - ($(date +%s) - START)))
+# run-one gets what is left of 400 s (so the whole script stays under 7 minutes), at most 240 s.
+left=$((400 - ($(date +%s) - START)))
 [ "$left" -gt 240 ] && left=240
 [ "$left" -lt 30 ] && left=30
 step run-one "$left" do_run_one
