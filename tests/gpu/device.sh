@@ -102,7 +102,7 @@ do_run_one() {
 }
 
 do_preflight() {  # the orchestrator's own verdict on this machine, one row per check with its fix
-    "$PY" -m orchestrator preflight +stage=gpu1 workload=megatron cluster=local "cluster.folder=$WORK/preflight" \
+    COLUMNS=160 "$PY" -m orchestrator preflight +stage=gpu1 workload=megatron cluster=local "cluster.folder=$WORK/preflight" \
         "workload.command=[$PY,$MEG/pretrain_hybrid.py]"
 }
 

@@ -138,8 +138,11 @@ def step_argv(out: str) -> int:
         megatron_check.import_megatron()
         core = sys.modules.get("megatron.core")
         doc["megatron_core_file"] = getattr(core, "__file__", None)
+        # Parser + validate_args + optimizer setup alone, then (where CUDA answers) with the TransformerConfig,
+        # whose __post_init__ imports the cuDNN DSA kernels (transformer_config.py:1793 at dev d48bd6be).
+        doc["parser_verdict"] = megatron_check.check_candidate(argv, 1, transformer_config=False)
         doc["verdict"] = megatron_check.check_candidate(argv, 1)
-        doc["ok"] = doc["verdict"] is None
+        doc["ok"] = doc["parser_verdict"] is None and doc["verdict"] is None
     except BaseException as exc:  # noqa: BLE001
         doc["ok"] = False
         doc["error"] = "".join(traceback.format_exception(exc))[-3000:]
@@ -158,6 +161,7 @@ def _planner_gemm() -> dict[str, Any]:
         "moe_ffn": int(m.moe_ffn_hidden_size),
         "peak_bf16_tflops": peak_tflops(hw, "bf16"),
         "gemm_efficiency": float(hw.gemm_efficiency),
+        "hbm_gb": float(hw.hbm_gb),
     }
 
 
@@ -198,6 +202,10 @@ def step_gemm(out: str, budget_s: float, smoke: bool = False) -> int:
             return 1
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         doc["device"] = torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu (smoke: shapes only)"
+        if dev.type == "cuda":  # the memory model's feasibility compares against hardware.hbm_gb
+            free, total = torch.cuda.mem_get_info()
+            doc["hbm"] = {"total_gb": round(total / 1e9, 2), "free_gb": round(free / 1e9, 2)}
+            doc["hbm"]["planner_hbm_gb"] = p["hbm_gb"]
         h, f, groups = p["hidden"], p["moe_ffn"], 8  # 384 experts / EP 48 = 8 local experts
         if smoke:
             h, f, tokens, dense_m = 64, 32, (16, 32), 64
@@ -286,13 +294,14 @@ def step_summary(out_dir: str, steps_tsv: str | None = None) -> int:
     doc["imports_missing_required"] = imports.get("missing_required")
     doc["v4_backend_te_available"] = imports.get("v4_backend_te_available")
     argv = _load(out / "argv.json") or {}
+    doc["argv_parser_verdict"] = argv.get("parser_verdict")
     doc["argv_verdict"] = argv.get("verdict", argv.get("error", "")[-500:] if argv else None)
     doc["predicted"] = argv.get("predicted")
     run = _load(out / "run_one.json") or {}
     keys = ("ok", "failure_class", "failure_detail", "step_p50_s", "predicted_step_s", "peak_memory_gb")
     doc["run_one"] = {k: run.get(k) for k in (*keys, "predicted_memory_gb")} if run else None
     gemm = _load(out / "gemm.json") or {}
-    doc["gemm"] = {k: gemm.get(k) for k in ("device", "kernel", "dense", "rows", "error")} if gemm else None
+    doc["gemm"] = {k: gemm.get(k) for k in ("device", "hbm", "kernel", "dense", "rows", "error")} if gemm else None
     _write(out / "summary.json", doc)
     return 0
 
