@@ -383,3 +383,38 @@ def test_golden_files_parse_back():
         assert A.layout_from_argv(argv) == layout
         g = groups(layout, stage.gpus, stage.global_batch)
         assert math.prod([layout.tp, layout.cp, g.d_a]) == stage.gpus // layout.pp
+
+
+def dev_compress_ratios_check(pattern: str, provided: list[int]) -> None:
+    """Dev's rule for --csa-compress-ratios under dsv4_hybrid (megatron/training/argument_utils.py:306-365 at
+    dev d48bd6be, the assertion the H200 device run hit): W/C/H symbols have fixed ratios 0/4/128; the list
+    has one entry per such symbol of the whole pattern (MTP included), or one per symbol with 0 on the rest."""
+    fixed = {"W": 0, "C": 4, "H": 128}
+    layers = "".join(s.replace("|", "") for s in pattern.split("/"))
+    attn = [fixed[ch] for ch in layers if ch in fixed]
+    if len(provided) == len(attn):
+        assert provided == attn, f"ratios {provided} do not match the pattern's symbols {attn}"
+    elif len(provided) == len(layers):
+        assert provided == [fixed.get(ch, 0) for ch in layers], "padded ratios must be 0 on non-attention symbols"
+    else:
+        raise AssertionError(f"{len(provided)} ratios for {len(attn)} attention symbols of {pattern!r}")
+
+
+@pytest.mark.parametrize("blocks", [None, 4, 7])
+def test_compress_ratios_follow_the_pattern(blocks):
+    """A stage that builds fewer blocks than the model (slice, gpu1) emits the pattern's ratios, not the
+    model's per-block list: the list the device run's argv had for the 4-block tiny model failed dev."""
+    from orchestrator.config import compose
+
+    # gpu1 builds 4 blocks of the 9-block tiny model (stage.num_layers_override), 7: a cut pro model
+    model = compose(["+stage=gpu1"]).cfg.model if blocks == 4 else MODEL
+    if blocks is not None:
+        model = replace(model, num_layers=blocks)
+    pattern = pattern_for(model, 1)
+    argv = build(Layout(tp=1, pp=1, vpp=1, cp=1, ep=8, etp=1, mbs=1), stage=STAGE_1K, model=model)
+    given = argv[argv.index("--csa-compress-ratios") + 1]
+    dev_compress_ratios_check(pattern, [int(x) for x in given.strip("[]").split(",")])
+    if blocks == 4:
+        # the model's own list has 10 entries: what the argv carried before, refused by dev
+        with pytest.raises(AssertionError):
+            dev_compress_ratios_check(pattern, list(model.csa_compress_ratios))

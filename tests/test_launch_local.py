@@ -17,7 +17,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def square_and_record(folder: str, x: int) -> int:
     """Stands for the jobs side: writes result.json into its folder, returns a value."""
     with open(os.path.join(folder, "result.json"), "w") as fh:
-        json.dump({"x": x, "square": x * x, "env": os.environ.get("ORCH_TEST_ENV")}, fh)
+        env, cuda = os.environ.get("ORCH_TEST_ENV"), os.environ.get("CUDA_VISIBLE_DEVICES")
+        json.dump({"x": x, "square": x * x, "env": env, "cuda": cuda}, fh)
     return x * x
 
 
@@ -72,6 +73,19 @@ def test_local_runs_function_and_returns_value(tmp_path):
         launcher.result(subs[1].job_id)
     # The cluster's env reached the job; the job wrote its own result.json.
     assert json.loads((tmp_path / "a" / "result.json").read_text())["env"] == "from-cluster-env"
+
+
+@pytest.mark.parametrize(("present", "visible"), [(0, ""), (1, "0"), (4, "0")])
+def test_local_job_sees_the_machines_gpus(tmp_path, monkeypatch, present, visible):
+    """A task asking for one GPU sees GPU 0 where the machine has one (the H200 device run's job saw none:
+    CUDA_VISIBLE_DEVICES was empty), and none on a CPU box."""
+    from orchestrator.launch import local
+
+    monkeypatch.setattr(local, "local_gpus", lambda: present)
+    launcher = LocalLauncher(local_cluster())
+    (sub,) = launcher.submit([task(square_and_record, tmp_path, 3)])
+    assert wait_terminal(launcher, [sub.job_id])[sub.job_id].state == "COMPLETED"
+    assert json.loads((tmp_path / "result.json").read_text())["cuda"] == visible
 
 
 def test_local_cancel_and_reattach(tmp_path):

@@ -41,6 +41,12 @@ def _pid_alive(pid: str) -> bool:
     return True
 
 
+def local_gpus() -> int:
+    """NVIDIA GPUs this machine shows (/dev/nvidiaN device nodes; 0 on a CPU box), read without CUDA."""
+    names = os.listdir("/dev") if os.path.isdir("/dev") else []
+    return sum(1 for n in names if n.startswith("nvidia") and n[6:].isdigit())
+
+
 class LocalLauncher(Launcher):
     kind = "local"
     starts_on_submit = True
@@ -77,7 +83,9 @@ class LocalLauncher(Launcher):
                 timeout_min=time_min,
                 nodes=1,
                 tasks_per_node=1,
-                gpus_per_node=0,
+                # submitit sets CUDA_VISIBLE_DEVICES to the first gpus_per_node GPUs: 0 hid the GPU from a
+                # real Megatron job on a GPU machine ("No CUDA GPUs are available", the H200 device run).
+                gpus_per_node=min(int(t.gpus_per_node), local_gpus()),
                 signal_delay_s=self.cluster.signal_delay_s,
             )
             # cluster.env is set inside the job, not by shell setup lines: without a shell in between,

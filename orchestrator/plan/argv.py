@@ -37,6 +37,7 @@ from typing import Any
 from orchestrator.knobs import KNOB, KNOBS
 from orchestrator.plan.flags import FLAGS
 from orchestrator.plan.layout import Layout
+from orchestrator.plan.params import RATIO_SYMBOL
 from orchestrator.plan.pipeline import hash_layer_number
 from orchestrator.plan.recompute import FULL_RECOMPUTE_NUM_LAYERS
 from orchestrator.schema import ModelConfig, RecipeConfig, StageConfig
@@ -79,6 +80,16 @@ def distributed_timeout_minutes(recipe: RecipeConfig, gpus: int) -> int:
 def pattern_segments(pattern: str) -> int:
     """Pipeline segments in a hybrid pattern: '|'-separated pieces of the part before the first '/'."""
     return pattern.split(MTP_SEPARATOR)[0].count(PIPE) + 1
+
+
+def compress_ratios(pattern: str) -> list[int]:
+    """--csa-compress-ratios in dev's compact form: one ratio per W/C/H attention symbol of the whole pattern
+    (MTP sections included), read off the symbols. Dev fixes each symbol's ratio (W 0, C 4, H 128) and
+    accepts a list of exactly that length, or one entry per symbol with 0 on every non-attention one
+    (megatron/training/argument_utils.py:306-365 at dev d48bd6be); the model's per-block list is longer than
+    the pattern whenever a stage builds fewer blocks, which dev refuses."""
+    ratio_of = {sym: r for r, sym in RATIO_SYMBOL.items()}
+    return [ratio_of[ch] for ch in pattern if ch in ratio_of]
 
 
 def pattern_layers(pattern: str) -> int:
@@ -152,7 +163,7 @@ def _model(a: _Argv, model: ModelConfig, recipe: RecipeConfig, layer_pattern: st
         a.add("--o-groups", model.o_groups)
         a.add("--o-lora-rank", model.o_lora_rank)
         a.add("--csa-window-size", model.csa_window_size)
-        a.add("--csa-compress-ratios", "[" + ",".join(str(r) for r in model.csa_compress_ratios) + "]")
+        a.add("--csa-compress-ratios", "[" + ",".join(str(r) for r in compress_ratios(layer_pattern)) + "]")
         a.add("--csa-compress-rotary-base", recipe.csa_compress_rotary_base)
         a.add("--original-max-position-embeddings", recipe.original_max_position_embeddings)
     a.add("--dsa-indexer-n-heads", model.dsa_indexer_heads)
