@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from orchestrator.plan.layout import Layout, groups
 from orchestrator.policy import make_policy, policy_names
-from orchestrator.policy.promote import promoted_layouts
+from orchestrator.policy.promote import bubble, promoted_layouts
 from orchestrator.policy.select import best_measured, changed_knob, diverse_top, measured_rank, round_robin
 from orchestrator.policy.types import Observation
 from orchestrator.schema import PolicyConfig, SearchConfig, StageConfig
@@ -82,9 +82,13 @@ def test_registry_names_both_policies():
     assert {"calibrated_neighbours", "predicted_topk"} <= set(policy_names())
 
 
-def _stage(name, gpus):
+def _stage(name, gpus, vpp=(1,)):
     return StageConfig(
-        name=name, gpus=gpus, global_batch=4096, seq_length=8192, search=SearchConfig(cp=[1, 2, 4, 8], ep=[32, 64, 128])
+        name=name,
+        gpus=gpus,
+        global_batch=4096,
+        seq_length=8192,
+        search=SearchConfig(cp=[1, 2, 4, 8], ep=[32, 64, 128], vpp=list(vpp)),
     )
 
 
@@ -92,12 +96,31 @@ def test_promotion_keeps_b_restores_m_with_cp_and_widens_ep():
     src, dst = _stage("1k", 1024), _stage("8k", 8192)
     a = Layout(tp=1, pp=8, cp=1, ep=64, mbs=1)  # the guide's config A: D_a = 128, m = 32
     out = promoted_layouts(a, src, dst)
-    assert out[0] == a  # config B: D_a = 1024, m = 4
-    assert groups(out[0], 8192, 4096).m == 4
-    cp_variant = out[1]
+    cp_variant = out[0]  # no VPP in the search: CP is the only way to restore m
     assert cp_variant.cp == 8 and groups(cp_variant, 8192, 4096).m == 32  # m restored
-    assert out[2].ep == 128 and out[2].cp == 8  # EP widened
+    assert out[1].ep == 128 and out[1].cp == 8  # EP widened
+    assert out[2] == a  # config B: D_a = 1024, m = 4 (the bubble balloons: last)
+    assert groups(out[2], 8192, 4096).m == 4
     assert all(groups(lay, 8192, 4096).legal for lay in out)
+
+
+def test_promotion_restores_the_bubble_with_vpp_and_the_least_cp():
+    # At 8x the GPUs and the same B, m falls 8x. CP8 restores m; VPP4 x CP2 restores the bubble (p-1)/(v x m)
+    # with a quarter of the CP, which is what wins where GEMM efficiency falls with the tokens per micro-batch
+    # (the twin's gemm surface at 8k: PP8 VPP4 CP2 beat every CP8 layout; main never measured it).
+    src, dst = _stage("1k", 1024), _stage("8k", 8192, vpp=(1, 2, 4))
+    a = Layout(tp=1, pp=8, cp=1, ep=32, mbs=1, recompute=("full",))  # bubble 7/32 at 1k
+    out = promoted_layouts(a, src, dst)
+    assert out[0] == replace(a, vpp=4, cp=2)  # bubble 7/(4 x 8): the source's, with CP2
+    assert bubble(out[0], 8192, 4096) == bubble(a, 1024, 4096)
+    assert replace(a, cp=8) in out  # the CP variant is still offered
+    # a rule that rejects VPP4 x CP2 (memory, layer split) leaves the slot to the next least CP
+    no_cp2 = promoted_layouts(a, src, dst, feasible=lambda lay: lay.cp != 2)
+    assert no_cp2[0] == replace(a, vpp=2, cp=4) and all(lay.cp != 2 for lay in no_cp2)
+    # no VPP keeps a PP16 source's bubble 15/256 (VPP2 x CP8 at 8k: 15/128): the smallest bubble VPP reaches
+    deep = Layout(tp=1, pp=16, cp=4, ep=32, mbs=1)
+    out = promoted_layouts(deep, src, _stage("8k", 8192, vpp=(1, 2)))
+    assert out[0] == replace(deep, vpp=2, cp=8) and replace(deep, cp=8) in out
 
 
 def test_oom_dominance_prunes_layouts_needing_more_memory():

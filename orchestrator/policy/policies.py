@@ -85,9 +85,13 @@ class Policy:
         """The source stage's measured top-K, each mapped to this stage (CP restores m, EP kept/widened)."""
         factors, mem = (fit.factors, fit.memory_scale) if fit else (None, 1.0)
         per_source: list[list[Proposal]] = []
+
+        def fits(lay) -> bool:
+            return env.evaluate(lay, factors, mem) is not None
+
         for src in measured_rank(inp.source)[: self.cfg.promote_top_k]:
             props = []
-            for lay in promoted_layouts(src.layout, source_stage, env.stage):
+            for lay in promoted_layouts(src.layout, source_stage, env.stage, feasible=fits):
                 planned = env.evaluate(lay, factors, mem)
                 if planned is not None and planned.key not in inp.known_keys:
                     props.append(
