@@ -37,6 +37,8 @@ class Observation:
     # peak of each PP stage (Megatron prints one memory line per stage from its DP-rank-0 ranks)
     raw_memory_terms: tuple[dict[str, float], ...] = ()
     stage_peaks_gb: dict[int, float] = field(default_factory=dict)
+    fidelity: str = "full"  # states.Fidelity of the measurement (step_s): screen rows rank, never decide a best
+    measure_iters: int | None = None  # iterations its p50 is over (the screen's CI)
 
     @property
     def ok(self) -> bool:
@@ -75,6 +77,7 @@ class Proposal:
     # why, as the ledger stores it (candidate.decision): the move kind (the reason before any ':'), the
     # fidelity it is measured at, the predicted gain over the best measured step and its uncertainty (sd)
     fidelity: str = "full"
+    measure_iters: int | None = None  # a screen's measured window (policy/fidelity.screen_iters)
     predicted_gain: float | None = None
     uncertainty: float | None = None
 
@@ -90,6 +93,7 @@ class Proposal:
             "kind": self.kind,
             "move": self.reason,
             "fidelity": self.fidelity,
+            "measure_iters": self.measure_iters,
             "predicted_gain": self.predicted_gain,
             "uncertainty": self.uncertainty,
             "parent": self.parent_key,
@@ -111,13 +115,16 @@ class RoundInput:
     slots: int  # runs the budget still allows this round
     gpu_hours_left: float
     source: list[Observation] = field(default_factory=list)  # promotion source stage (round 0 only)
+    step_cv: float | None = None  # measured step-time noise of this stage (policy/fidelity.robust_cv), if any
 
 
 @dataclass
 class RoundPlan:
-    proposals: list[Proposal]
+    proposals: list[Proposal]  # new candidates
     fit: Fit | None = None
     reason: str = ""
+    # measured candidates to run again at the full window (screened contenders): same key, new attempt
+    confirms: list[Proposal] = field(default_factory=list)
 
 
 def prediction_dict(
