@@ -78,8 +78,8 @@ def decision_window(stage: StageConfig, decision: dict | None) -> tuple[Fidelity
 
 
 def use_screen(stage: StageConfig, cv: float | None) -> bool:
-    """Screen new candidates only when a screen is actually shorter than the full window."""
-    if not stage.screen.enabled:
+    """Screen new candidates only once noise is measured and a screen is actually shorter than the full window."""
+    if cv is None or not stage.screen.enabled:
         return False
     w, n = window(stage, Fidelity.SCREEN, screen_iters(stage, cv))
     return w + n < stage.warmup_iters + stage.measure_iters
