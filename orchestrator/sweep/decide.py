@@ -73,9 +73,10 @@ def next_round(ledger: Ledger, cfg: RootConfig, sweep: SweepRow, policy, env: Pl
             f"round {rnd} calibration ({f.method}, {f.n_step} runs): step MAPE "
             f"{_pct(f.mape_before)} -> {_pct(f.mape_after)}, {f.memory_summary()}"
         )
+    by_key = {c.key: c for c in cands}
+    plan.confirms = [p for p in plan.confirms if p.key in by_key]  # another sweep's screen is not ours to rerun
     if not plan.proposals and not plan.confirms:
         return "search exhausted: the policy has nothing new to measure within the budget"
-    by_key = {c.key: c for c in cands}
     for p in plan.confirms:  # a screened contender runs again at the full window: same candidate, new attempt
         c = by_key[p.key]
         ledger.requeue(c.id, {**p.decision(), "screened": c.decision}, p.reason)
