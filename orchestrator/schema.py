@@ -250,6 +250,9 @@ class PolicyConfig:
     round_size: int = 4
     # a round that screens (stage.screen) proposes this many instead (screens are cheap); 0 = round_size
     screen_round_size: int = 0
+    # layouts the calibrated memory model cannot place on either side of HBM (its error band) that would be
+    # pruned: this many per round get a fit probe (start-up + stage.screen.probe_iters) instead
+    probes_per_round: int = 1
     top_k_neighbours: int = 2
     promote_top_k: int = 3
     converge_gain: float = 0.01  # "no gain > 1% over the best ..."

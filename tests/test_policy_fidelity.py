@@ -124,7 +124,7 @@ def test_a_sweep_screens_then_confirms_and_reports_only_a_confirmed_best(tmp_pat
         assert row.fidelity == Fidelity.FULL
         # spent: each attempt its own window plus start-up, split per fidelity, the total what the bench charged
         spent = observe.spent(led, "mf", stage=cfg.stage)
-        assert set(spent.by_fidelity) == {"full", "screen"}
+        assert {"full", "screen"} <= set(spent.by_fidelity) <= {"full", "screen", "probe"}
         assert spent.gpu_hours == pytest.approx(run.gpu_hours, rel=0.05)  # the measured mean step vs the true one
         assert spent.by_fidelity["screen"] == pytest.approx(run.gpu_hours_by()["screen"], rel=0.05)  # measured mean
 
@@ -136,7 +136,7 @@ def test_screen_fastest_but_confirmed_slower_is_not_the_best(tmp_path):
     with led:
         full = {m.key: m.metrics["step_p50_s"] for m in led.measured(sweep="mf") if m.fidelity == Fidelity.FULL}
         # forge one candidate's screen as the fastest of all, never confirmed
-        c = next(c for c in led.candidates("mf") if c.key not in full)
+        c = next(c for c in led.candidates("mf") if c.key not in full and c.status == "done")  # screened only
         a = led.new_attempt(c.id, job_id="forged", job_dir="-", simulated=True, fidelity=Fidelity.SCREEN)
         led.record_result(a.id, {"ok": True, "simulated": True, "step_p50_s": min(full.values()) * 0.5})
         assert observe.best_of(led, "mf")["key"] != c.key
@@ -196,3 +196,30 @@ def test_the_loop_launches_each_attempt_at_its_fidelitys_window(tmp_path):
                     assert window == (3, c.decision["measure_iters"]) and 4 <= window[1] < 40
                 seen.add((c.round, str(a.fidelity)))
         assert (1, "screen") in seen
+
+
+def test_a_layout_the_uncalibrated_model_prunes_is_probed_found_to_fit_then_measured_at_full_window(tmp_path):
+    """twin:memory (its activations are far below the planner's): the fit probe decides what the model's error
+    band cannot, for start-up plus a few iterations; one that fits is then measured at the full window."""
+    target = lib.Target("twin:memory")
+    cfg, led, run = _sweep(tmp_path, target)
+    with led:
+        hbm, margin = cfg.hardware.hbm_gb, cfg.stage.memory_margin_gb
+        probed = [c for c in led.candidates("mf") if (c.decision or {}).get("previous", {}).get("kind") == "fit-probe"]
+        assert probed, [x[5] for x in run.launches]
+        for c in probed:
+            assert c.predicted["raw_memory_gb"] + margin > hbm  # the uncalibrated model prunes it
+            probe, full = led.attempts(c.id)
+            assert (probe.fidelity, full.fidelity) == (Fidelity.PROBE, Fidelity.FULL)
+            p, f = led.result(probe.id), led.result(full.id)
+            assert p["warmup_iters"] == 0 and p["measure_iters_requested"] == cfg.stage.screen.probe_iters
+            assert p["peak_reserved_gb"] <= hbm and f["measure_iters_requested"] == cfg.stage.measure_iters
+        spent = observe.spent(led, "mf", stage=cfg.stage)
+        probes = [x for x in run.launches if x[5] == Fidelity.PROBE]
+        full = [x for x in run.launches if x[5] == Fidelity.FULL]
+        # a probe costs start-up + 5 iterations (an OOM: start-up + 1), not a 350-iteration window
+        per_probe, per_full = spent.by_fidelity["probe"] / len(probes), spent.by_fidelity["full"] / len(full)
+        assert 0 < per_probe < 0.1 * per_full
+        # a probe's few iterations are never a step measurement: no probe-only layout is ever the best
+        best = observe.best_of(led, "mf")
+        assert [m.fidelity for m in led.measured(sweep="mf") if m.key == best["key"]] == [Fidelity.FULL]

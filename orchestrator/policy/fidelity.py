@@ -89,7 +89,7 @@ def contenders(rows: Sequence[Observation], cv: float | None, limit: int) -> lis
     """Screened layouts not yet confirmed that the screen cannot separate from the best (successive halving
     with the CI as the cut): a screened p50 whose lower 95% bound is at or below the reference, where the
     reference is the best full-window p50 (or the best screened upper bound, if that is lower). Best first."""
-    screened = [r for r in rows if r.ok and r.fidelity == Fidelity.SCREEN]
+    screened = [r for r in rows if r.ok and r.fidelity == Fidelity.SCREEN and r.failure_class is None]
     if not screened or limit <= 0:
         return []
     noise = cv or 0.0

@@ -64,9 +64,21 @@ class Policy:
         return p
 
     def confirms(self, env: PlanEnv, inp: RoundInput) -> list[Proposal]:
-        """Screened contenders (fidelity.contenders) back at the full window: successive halving's next rung."""
+        """Screened contenders (fidelity.contenders) back at the full window: successive halving's next rung;
+        and layouts a fit probe found to fit, now measured at the full window."""
         limit = min(env.stage.screen.confirm_per_round, inp.slots if inp.slots > 0 else 0)
-        out = []
+        out = [
+            Proposal(
+                key=r.key,
+                layout=r.layout,
+                predicted={},
+                reason=f"probed-fit: max reserved {r.peak_gb:.1f} GB of {r.hbm_gb:.0f} GB",
+                fidelity=Fidelity.FULL,
+                est_gpu_hours=env.gpu_hours(r.raw_step_s),
+            )
+            for r in inp.observations
+            if r.probed_fit
+        ]
         for r in fidelity.contenders(inp.observations, inp.step_cv, limit):
             hw = fidelity.half_width(inp.step_cv or 0.0, r.measure_iters or 1)
             best = best_measured(inp.observations)
@@ -197,10 +209,42 @@ class CalibratedNeighbours(Policy):
             props = self._local(inp, cands, best.measured_step_s, mk, size, trust_model=trusted, fit=fit)
         if screening:
             props = [self.screened(env, p, inp.step_cv) for p in props]
+        if best is not None and fit is not None and self.cfg.probes_per_round > 0:
+            props = self.probes(env, inp, fit, best.measured_step_s, {p.key for p in props}) + props
         left = inp.gpu_hours_left - sum(c.est_gpu_hours for c in confirms)
         props = self.within_budget(props, size, left)
         why = f"{len(props)} proposals" + (f" screened, {len(confirms)} confirmed" if screening or confirms else "")
         return RoundPlan(proposals=props, fit=fit, reason=f"{why} ({self.name})", confirms=confirms)
+
+    def probes(self, env: PlanEnv, inp: RoundInput, fit: Fit, best_step: float, taken: set[str]) -> list[Proposal]:
+        """Fit probes: the most promising layouts the calibrated memory model prunes while HBM lies inside its
+        error band (env.memory_band): start-up plus a few iterations read Megatron's max-reserved line, and
+        one that fits is measured next round (`confirms`), one that OOMs teaches the memory calibration."""
+        seen = list(inp.observations) + list(inp.source)
+        cut = best_step * (1.0 + self.cfg.max_predicted_loss)
+        pool = [
+            c
+            for c in env.memory_band(fit, fit.factors)
+            if not c.prediction.feasible
+            and c.key not in inp.known_keys
+            and c.key not in taken
+            and c.prediction.step_time_s <= cut
+            and not oom_dominated(c.layout, seen)
+        ]
+        out = []
+        w, n = fidelity.window(env.stage, Fidelity.PROBE)
+        for c in sorted(pool, key=lambda c: c.prediction.step_time_s)[: self.cfg.probes_per_round]:
+            p = env.proposal(
+                c,
+                reason=f"fit-probe: predicted {c.prediction.memory_gb:.1f} GB, HBM within the model's error band",
+                factors=fit.factors,
+                memory_factor=fit.memory_scale,
+                predicted_gain=1.0 - c.prediction.step_time_s / best_step,
+            )
+            p.fidelity, p.measure_iters = Fidelity.PROBE, n
+            p.est_gpu_hours *= (w + n) / max(1, env.stage.warmup_iters + env.stage.measure_iters)
+            out.append(p)
+        return out
 
     def _diverse(self, cands: list, size: int, taken: set) -> list:
         pool = [c for c in cands if c.key not in taken]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.memory import MemoryScale
-from orchestrator.states import EdgeKind
+from orchestrator.states import EdgeKind, Fidelity
 
 if TYPE_CHECKING:
     from orchestrator.policy.calibrate import Fit
@@ -43,6 +43,11 @@ class Observation:
     @property
     def ok(self) -> bool:
         return self.step_s is not None and self.step_s > 0
+
+    @property
+    def probed_fit(self) -> bool:
+        """A fit probe ran it and it fit (its peak is measured, its speed is not): due a real measurement."""
+        return self.fidelity == Fidelity.PROBE and self.peak_gb is not None and self.failure_class is None
 
     @property
     def measured_step_s(self) -> float:

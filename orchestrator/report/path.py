@@ -36,7 +36,7 @@ def gather(ledger, name: str) -> list[dict]:
     best = float("inf")
     for c in cands:
         why = c.decision or {}
-        first = why.get("screened") or why  # a confirmed screen: the move that proposed it, then "confirm"
+        first = why.get("previous") or why  # screened or probed, then run at the full window: the first move
         atts = ledger.attempts(c.id)
         a = atts[-1] if atts else None
         p50s: dict[str, float] = {}
@@ -55,7 +55,7 @@ def gather(ledger, name: str) -> list[dict]:
                 "layout": Layout.from_dict(c.layout).short(),
                 "kind": first.get("kind") or (str(c.edge_kind) if c.edge_kind else "plan"),
                 "move": first.get("move") or (str(c.edge_kind) if c.edge_kind else "-"),
-                "fidelity": "screen+confirm" if first is not why else (why.get("fidelity") or "full"),
+                "fidelity": f"{first.get('fidelity')}->full" if first is not why else (why.get("fidelity") or "full"),
                 "predicted_gain": why.get("predicted_gain"),
                 "uncertainty": why.get("uncertainty"),
                 "parent": Layout.from_dict(parent.layout).short() if parent else (why.get("parent") or "")[:10],

@@ -79,7 +79,7 @@ def next_round(ledger: Ledger, cfg: RootConfig, sweep: SweepRow, policy, env: Pl
         return "search exhausted: the policy has nothing new to measure within the budget"
     for p in plan.confirms:  # a screened contender runs again at the full window: same candidate, new attempt
         c = by_key[p.key]
-        ledger.requeue(c.id, {**p.decision(), "screened": c.decision}, p.reason)
+        ledger.requeue(c.id, {**p.decision(), "previous": c.decision}, p.reason)
     ledger.add_candidates(
         sweep.name,
         [

@@ -96,6 +96,9 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
                     continue  # not measured yet: nothing to learn
                 atts = ledger.attempts(c.id)
                 fc = (atts[-1].failure_class or atts[-1].state) if atts else AttemptState.FAILED
+            elif c.status in (CandidateStatus.FAILED, CandidateStatus.CANCELLED):  # screened / probed, then its
+                atts = ledger.attempts(c.id)  # full window failed: never re-queued again
+                fc = (atts[-1].failure_class or atts[-1].state) if atts else AttemptState.FAILED
             peak = None
             if met:
                 peak = met.get("peak_reserved_gb") or met.get("peak_allocated_gb")
@@ -106,8 +109,9 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
                     raw_components=dict(comps),
                     raw_step_s=step,
                     raw_memory_gb=mem,
-                    step_s=met.get("step_p50_s") if met else None,
-                    p99_s=met.get("step_p99_s") if met else None,
+                    # a fit probe's few iterations answer "does it fit?" (its peak), never "how fast?"
+                    step_s=met.get("step_p50_s") if met and fidelity_of[c.id] != Fidelity.PROBE else None,
+                    p99_s=met.get("step_p99_s") if met and fidelity_of[c.id] != Fidelity.PROBE else None,
                     peak_gb=peak,
                     failure_class=fc,
                     round=c.round,
