@@ -63,7 +63,7 @@ def gather(ledger, name: str) -> list[dict]:
                 "screen_p50_s": p50s.get("screen"),
                 "step_p50_s": p50,
                 "new_best": new_best,
-                "revived": bool(why.get("revived")),  # pruned by the uncalibrated memory model, fit calibrated
+                "revived": bool(first.get("revived")),  # pruned by the uncalibrated memory model, fit calibrated
             }
         )
     return rows
