@@ -126,6 +126,9 @@ def test_a_sweep_screens_then_confirms_and_reports_only_a_confirmed_best(tmp_pat
         spent = observe.spent(led, "mf", stage=cfg.stage)
         assert {"full", "screen"} <= set(spent.by_fidelity) <= {"full", "screen", "probe"}
         assert spent.gpu_hours == pytest.approx(run.gpu_hours, rel=0.05)  # the measured mean step vs the true one
+        from orchestrator.commands import status
+
+        assert status.gather(led, "mf")["gpu_hours_by_fidelity"] == spent.by_fidelity  # `status --json` shows it
         assert spent.by_fidelity["screen"] == pytest.approx(run.gpu_hours_by()["screen"], rel=0.05)  # measured mean
 
 
