@@ -78,7 +78,7 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
     print(
         f"\ncliffs @1k via the CLI: {len(launched)} launches, reported {reported.short()} gap {gap:.1%} to the true "
         f"best {grid.layouts[grid.best].short()} ({grid.best_s:.3f} s); cost {cost:,.0f} GPU-h with {STARTUP_S:.0f} s "
-        f"start-up ({spent.gpu_hours:,.0f} by the sweep's own count: measured mean steps, start-up included) = {cost / random_median:.2f} x "
+        f"start-up ({spent.gpu_hours:,.0f} by the sweep's own count) = {cost / random_median:.2f} x "
         f"random's median to 2% ({random_median:,.0f}), {cost / grid.exhaustive_gpu_hours:.1%} of the exhaustive "
         f"grid ({grid.exhaustive_gpu_hours:,.0f}); random's median gap at that cost "
         f"{float(np.median(rnd.gap_at(cost))):.1%}"
