@@ -60,7 +60,7 @@ class Policy:
         st = env.stage
         w, n = fidelity.window(st, Fidelity.SCREEN, fidelity.screen_iters(st, cv))
         p.fidelity, p.measure_iters = Fidelity.SCREEN, n
-        p.est_gpu_hours *= (w + n) / max(1, st.warmup_iters + st.measure_iters)
+        p.est_gpu_hours = env.gpu_hours(p.predicted_step_s, w + n)
         return p
 
     def confirms(self, env: PlanEnv, inp: RoundInput) -> list[Proposal]:
@@ -242,7 +242,7 @@ class CalibratedNeighbours(Policy):
                 predicted_gain=1.0 - c.prediction.step_time_s / best_step,
             )
             p.fidelity, p.measure_iters = Fidelity.PROBE, n
-            p.est_gpu_hours *= (w + n) / max(1, env.stage.warmup_iters + env.stage.measure_iters)
+            p.est_gpu_hours = env.gpu_hours(c.prediction.step_time_s, w + n)
             out.append(p)
         return out
 
