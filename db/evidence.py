@@ -174,6 +174,7 @@ class Evidence(Store):
                         simulated=r.simulated,
                         partial=r.partial,
                         metrics={k: getattr(r, k) for k in RESULT_METRICS},
+                        fidelity=a.fidelity,
                     )
                 )
             return out

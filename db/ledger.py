@@ -31,7 +31,7 @@ from db.rows import (  # re-exported (__all__): callers import rows from db.ledg
     SweepRow,
 )
 from orchestrator.knobs import ledger_columns
-from orchestrator.states import AttemptState, CandidateStatus, EdgeKind, SweepStatus
+from orchestrator.states import AttemptState, CandidateStatus, EdgeKind, Fidelity, SweepStatus
 
 __all__ = [
     "AttemptRow",
@@ -350,6 +350,21 @@ class Ledger(Leases, Evidence):
             )
             c.status, c.reason, c.updated_at = status, reason, now()
 
+    def requeue(self, candidate_id: int, decision: dict[str, Any], reason: str) -> None:
+        """A measured candidate back to `planned` with a new decision (e.g. a screened layout confirmed at the
+        full window), in one transaction: a resumed loop finds it planned with the decision that explains why."""
+        with self._write() as s:
+            c = self._candidate(s, candidate_id, lock=True)
+            s.add(
+                m.Event(
+                    sweep_id=c.sweep_id,
+                    candidate_id=c.id,
+                    kind=CandidateStatus.PLANNED,
+                    message=f"{c.status} -> {CandidateStatus.PLANNED}: {reason}",
+                )
+            )
+            c.status, c.reason, c.decision, c.updated_at = CandidateStatus.PLANNED, reason, clean(decision), now()
+
     # ---- attempts -----------------------------------------------------------------------------
 
     def new_attempt(
@@ -361,6 +376,7 @@ class Ledger(Leases, Evidence):
         job_dir: str,
         simulated: bool,
         launch_token: str | None = None,
+        fidelity: str = Fidelity.FULL,
     ) -> AttemptRow:
         """attempt_no = previous + 1, decided under the candidate's row lock. Without a job id it is a launch
         intent (written before sbatch, `launch_token` names the job); `launched` then stores the id."""
@@ -375,6 +391,7 @@ class Ledger(Leases, Evidence):
                 job_dir=str(job_dir),
                 simulated=bool(simulated),
                 launch_token=launch_token,
+                fidelity=member(Fidelity, fidelity, "fidelity"),
                 state=AttemptState.PENDING,
                 log_paths=[],
                 sidecar_paths=[],

@@ -34,7 +34,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
 
 from orchestrator.knobs import KNOBS, Knob, column_value
-from orchestrator.states import AttemptState, CandidateStatus, SweepStatus
+from orchestrator.states import AttemptState, CandidateStatus, Fidelity, SweepStatus
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -176,6 +176,8 @@ class Attempt(Base):
     # The launch intent, stored before sbatch and used as the Slurm job name: `resume` finds by it a job whose
     # id was never stored (killed between sbatch and the record), instead of launching it again.
     launch_token: Mapped[str | None] = mapped_column(String(160))
+    # How long it measured (states.Fidelity, revision 0007): only FULL results decide a best.
+    fidelity: Mapped[str] = mapped_column(String(10), default=Fidelity.FULL, server_default=Fidelity.FULL)
 
 
 class Result(Base):

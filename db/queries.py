@@ -23,6 +23,7 @@ from db.errors import LedgerError
 from db.models import RESULT_METRICS
 from db.store import Store
 from orchestrator.knobs import FIELDS, KNOB, KNOBS
+from orchestrator.states import Fidelity
 
 # A registry entry: a mapped attribute (m.Candidate.tp) or an expression over them (the joined dispatcher).
 Column = ColumnElement[Any] | QueryableAttribute[Any]
@@ -74,6 +75,7 @@ COLUMNS: dict[str, Column] = {
     "exit_code": m.Attempt.exit_code,
     "node_list": m.Attempt.node_list,
     "simulated": m.Attempt.simulated,
+    "fidelity": m.Attempt.fidelity,
     **{k: getattr(m.Result, k) for k in RESULT_METRICS if k not in ("simulated", "timers_ms", "versions")},
 }
 ALIASES = {
@@ -254,8 +256,9 @@ def compare(
 def best(ledger: Store, *, sweep: str | None = None, stage: str | None = None) -> dict[str, Any] | None:
     """The fastest MEASURED layout: lowest step p50, tie-break p99, then lower peak_reserved_gb.
 
-    Only non-partial successful results count, never predictions; candidates with a failing parity
-    check are excluded. Returns the evidence: layout, every metric, job id, logs.
+    Only non-partial successful results of FULL-window attempts count (a screened p50 ranks, never decides),
+    never predictions; candidates with a failing parity check are excluded. Returns the evidence: layout,
+    every metric, job id, logs.
     """
     failing_parity = exists().where(m.Parity.candidate_id == m.Candidate.id, not_(m.Parity.passed))
     q = (
@@ -263,7 +266,12 @@ def best(ledger: Store, *, sweep: str | None = None, stage: str | None = None) -
         .join(m.Candidate, m.Candidate.id == m.Result.candidate_id)
         .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
         .join(m.Attempt, m.Attempt.id == m.Result.attempt_id)
-        .where(not_(m.Result.partial), m.Result.step_p50_s.is_not(None), not_(failing_parity))
+        .where(
+            not_(m.Result.partial),
+            m.Result.step_p50_s.is_not(None),
+            m.Attempt.fidelity == Fidelity.FULL,
+            not_(failing_parity),
+        )
     )
     if sweep is not None:
         q = q.where(m.Sweep.name == sweep)
@@ -322,6 +330,9 @@ class AttemptCost:
     start_time: datetime | None
     end_time: datetime | None
     step_mean_s: float | None  # None when the attempt has no result
+    fidelity: str = "full"  # states.Fidelity
+    warmup_iters: int | None = None  # the window the attempt ran (its result's), None without a result
+    measure_iters: int | None = None
 
 
 def attempt_costs(ledger: Store, sweep: str) -> list[AttemptCost]:
@@ -334,6 +345,9 @@ def attempt_costs(ledger: Store, sweep: str) -> list[AttemptCost]:
             m.Attempt.start_time,
             m.Attempt.end_time,
             m.Result.step_mean_s,
+            m.Attempt.fidelity,
+            m.Result.warmup_iters,
+            m.Result.measure_iters_requested,
         )
         .join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
         .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)

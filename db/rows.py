@@ -99,6 +99,7 @@ class AttemptRow:
     created_at: datetime
     updated_at: datetime
     launch_token: str | None = None  # the launch intent (Slurm job name); see Ledger.new_attempt
+    fidelity: str = "full"  # states.Fidelity: probe | screen | full
 
     def __post_init__(self) -> None:
         _set(self, "state", AttemptState.parse(self.state))  # a word Slurm adds later reads UNKNOWN: live
@@ -170,6 +171,7 @@ class MeasuredRow:
     simulated: bool
     partial: bool
     metrics: dict[str, Any]  # every result column (RESULT_METRICS)
+    fidelity: str = "full"  # the measuring attempt's states.Fidelity: only "full" decides a best
 
     def __post_init__(self) -> None:
         _set(self, "status", CandidateStatus(self.status))

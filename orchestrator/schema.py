@@ -109,8 +109,30 @@ else:
 @dataclass
 class BudgetConfig:
     max_runs: int = 24
-    max_gpu_hours: float = 2000.0
+    max_gpu_hours: float = 2000.0  # every attempt (probe, screen, full) and the finalists count
     max_rounds: int = 6
+    # Charged to every launch on top of its iterations: process start, model build, first step (minutes at
+    # scale). GPU-hours of one attempt = N x (startup_s + its window's iterations x mean step) / 3600.
+    startup_s: float = 0.0
+
+
+@dataclass
+class ScreenConfig:
+    """Multi-fidelity rounds (orchestrator/policy/fidelity.py): a short window ranks, the full one decides.
+
+    The screen's measured window is sized from the step-time noise the ledger has measured: the p50's 95%
+    confidence interval must be narrower than `resolution` (relative), clamped to [min_measure_iters, the
+    stage's measure_iters]. Before any noise is measured every run uses the full window."""
+
+    enabled: bool = True
+    # The guide's rule holds for screens too: warm-up must still cover compile, allocation and graph capture
+    # (a screen only shortens the measured window's length and, where the stage's warm-up is for routing to
+    # settle, how long it settles).
+    warmup_iters: int = 20
+    min_measure_iters: int = 10
+    resolution: float = 0.01  # the relative step difference a screen must resolve
+    confirm_per_round: int = 2  # contenders confirmed at the full window per round, at most
+    probe_iters: int = 5  # a fit probe: start-up plus this many iterations, read for max reserved memory
 
 
 @dataclass
@@ -127,6 +149,7 @@ class StageConfig:
     promotes_from: str | None = None
     search: SearchConfig = field(default_factory=SearchConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    screen: ScreenConfig = field(default_factory=ScreenConfig)
     # Training semantics that the rules depend on
     precision: str = "bf16"  # bf16 | fp8
     use_distributed_optimizer: bool = True
@@ -225,6 +248,11 @@ class PolicyConfig:
     name: str = "calibrated_neighbours"
     round0_size: int = 6
     round_size: int = 4
+    # a round that screens (stage.screen) proposes this many instead (screens are cheap); 0 = round_size
+    screen_round_size: int = 0
+    # layouts the calibrated memory model cannot place on either side of HBM (its error band) that would be
+    # pruned: this many per round get a fit probe (start-up + stage.screen.probe_iters) instead
+    probes_per_round: int = 1
     top_k_neighbours: int = 2
     promote_top_k: int = 3
     converge_gain: float = 0.01  # "no gain > 1% over the best ..."

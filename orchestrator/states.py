@@ -121,3 +121,14 @@ class EdgeKind(StrEnum):
     NEIGHBOUR = "neighbour"  # a one-knob neighbour of a measured layout of the same sweep
     JOINT = "joint"  # a two-knob move over coupled knobs (orchestrator/policy/moves.py COUPLED)
     PROMOTED_FROM = "promoted-from"  # promoted from a measured layout of the stage this one promotes from
+
+
+class Fidelity(StrEnum):
+    """How long an attempt measures (issue 12 item 4): the windows of each live in orchestrator/policy/fidelity.
+
+    PROBE: start-up plus a few iterations, read for the max-reserved memory line (does it fit?); SCREEN: a short
+    measured window that ranks many candidates; FULL: the stage's window, the only one a best is decided on."""
+
+    PROBE = "probe"
+    SCREEN = "screen"
+    FULL = "full"

@@ -18,7 +18,7 @@ from orchestrator.config import compose
 from orchestrator.launch import make_launcher
 from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
-from orchestrator.sweep import finalists
+from orchestrator.sweep import finalists, observe
 from tests.sweeplib import cli
 
 SWEEP = "fin"
@@ -116,6 +116,12 @@ def test_parity_and_long_run_end_to_end(tmp_path):
         assert stored["tokens_per_s"] == pytest.approx(measured[1].tokens_per_s)  # steady figure kept
         ev = led.events(SWEEP, kind="long-run", candidate_id=by_cp[2].id)
         assert len(ev) == 1 and "Q_effective" in ev[0].message
+        # every finalist job (parity pairs, the long-run save + restore) charges the sweep's budget
+        costs = led.events(SWEEP, kind="finalist-cost")
+        assert {e.data["role"] for e in costs} >= {"parity", "long-run-save", "long-run-restore"}
+        spent = observe.spent(led, SWEEP, stage=cfg.stage)
+        charged = sum(e.data["gpu_hours"] for e in costs)
+        assert charged > 0 and spent.by_fidelity["finalists"] == pytest.approx(charged)
 
     proc = cli(
         "compare",

@@ -197,7 +197,7 @@ def test_a_layout_the_uncalibrated_model_prunes_is_revived_and_measured(memory_s
     best_kept = min(float(t) for k, t in zip(grid.keys, grid.true_s) if k in kept)
     assert grid.best_s < best_kept * 0.9  # the optimum hides where the raw model cannot look
 
-    measured = {lay.short(): p50 for _, lay, _, p50, _ in run.launches}
+    measured = {x[1].short(): x[3] for x in run.launches}  # (round, layout, GPU-h, p50, true step, ...)
     revived = [c for c in ledger.candidates("revive") if (c.predicted or {}).get("revived")]
     ran = [c for c in revived if measured.get(Layout.from_dict(c.layout).short()) is not None]
     assert ran, "a revived layout was launched and measured"

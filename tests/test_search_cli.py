@@ -19,6 +19,7 @@ import pytest
 from db.ledger import Ledger
 from orchestrator.config import compose
 from orchestrator.plan.layout import Layout
+from orchestrator.policy import fidelity
 from orchestrator.sweep import observe
 from tests.bench import searchlib as lib
 from tests.sweeplib import cli, ledger_url, sweep_args
@@ -35,11 +36,10 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
     assert got.returncode == 0, got.stderr[-2000:]
     best = json.loads(got.stdout)
     cfg = compose(["+stage=1k", "cluster=local", *target.overrides()]).cfg
-    iters = cfg.stage.warmup_iters + cfg.stage.measure_iters
     with Ledger.open(ledger_url(tmp_path)) as led:
         cands = led.candidates("cliffs1k")
         launched = [(c, a) for c in cands for a in led.attempts(c.id)]
-        spent = observe.spent(led, "cliffs1k", n_gpus=cfg.stage.gpus, iters=iters)
+        spent = observe.spent(led, "cliffs1k", stage=cfg.stage)
         job = led.attempts(led.candidate_by_key("cliffs1k", best["key"]).id)[-1].job_dir
     out = "".join(p.read_text() for p in Path(job).glob("rank-*.out"))
     assert "cliff surface workload" in out  # the stand-in ran, not the twin
@@ -51,11 +51,19 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
     grid = lib.build_grid(cfg, target, STARTUP_S)
     rnd = lib.random_search(grid, orders=500, seed=0)
     gap = grid.gap(truth.step_s)
+
+    def window(c, a):  # the window each attempt ran: a screen's or probe's (its first decision), else the full one
+        d = c.decision if c.decision["fidelity"] == a.fidelity else c.decision.get("previous") or c.decision
+        return fidelity.window(cfg.stage, a.fidelity, d.get("measure_iters"))
+
     cost = sum(
         lib.launch_gpu_hours(
-            cfg.stage.gpus, STARTUP_S, iters, target.launch(cfg, Layout.from_dict(c.layout), c.layer_pattern, c.key)
+            cfg.stage.gpus,
+            STARTUP_S,
+            sum(window(c, a)),
+            target.launch(cfg, Layout.from_dict(c.layout), c.layer_pattern, c.key, window=window(c, a)),
         )
-        for c, _ in launched
+        for c, a in launched
     )
     random_median = float(np.median(rnd.cost_to_goal))
     # the benchmark's in-process sweep (same decision loop, execution replaced) launches the same layouts
@@ -70,7 +78,7 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
     print(
         f"\ncliffs @1k via the CLI: {len(launched)} launches, reported {reported.short()} gap {gap:.1%} to the true "
         f"best {grid.layouts[grid.best].short()} ({grid.best_s:.3f} s); cost {cost:,.0f} GPU-h with {STARTUP_S:.0f} s "
-        f"start-up ({spent.gpu_hours:,.0f} by the sweep's own count, no start-up) = {cost / random_median:.2f} x "
+        f"start-up ({spent.gpu_hours:,.0f} by the sweep's own count) = {cost / random_median:.2f} x "
         f"random's median to 2% ({random_median:,.0f}), {cost / grid.exhaustive_gpu_hours:.1%} of the exhaustive "
         f"grid ({grid.exhaustive_gpu_hours:,.0f}); random's median gap at that cost "
         f"{float(np.median(rnd.gap_at(cost))):.1%}"

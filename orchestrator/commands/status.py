@@ -57,9 +57,8 @@ def gather(ledger, name: str) -> dict:
         raise UserError(f"no sweep named '{name}' in {ledger.url}")
     cfg = root_from_yaml(sweep.config_yaml)
     stage = cfg.required_stage()
-    iters = stage.warmup_iters + stage.measure_iters
     cands = ledger.candidates(name)
-    spent = observe.spent(ledger, name, n_gpus=stage.gpus, iters=iters)
+    spent = observe.spent(ledger, name, stage=stage)
     rows = []
     for c in cands:
         atts = ledger.attempts(c.id)
@@ -91,6 +90,7 @@ def gather(ledger, name: str) -> dict:
         "runs": spent.runs,
         "attempts": spent.attempts,
         "gpu_hours": spent.gpu_hours,
+        "gpu_hours_by_fidelity": spent.by_fidelity,
         "simulated": spent.simulated,
         "best": observe.best_of(ledger, name),
         "last_lease_event": leases[-1].message if leases else None,
@@ -125,6 +125,7 @@ def run(args, overrides) -> int:
     print(
         f"  queued {c['queued']}  running {c['running']}  done {c['done']}  failed {c['failed']}  "
         f"runs {info['runs']}  attempts {info['attempts']}  {info['gpu_hours']:.1f} GPU-hours{sim}"
+        + observe.fidelity_split(info["gpu_hours_by_fidelity"])
     )
     print(f"  {lease_line(info['lease'], info['last_lease_event'])}")
     for cal in info["calibrations"]:

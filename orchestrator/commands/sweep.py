@@ -13,7 +13,7 @@ import sys
 from orchestrator.config import compose, redact, stage_or_error
 from orchestrator.errors import UserError
 from orchestrator.plan.planner import plan
-from orchestrator.sweep import Options, run_sweep
+from orchestrator.sweep import Options, observe, run_sweep
 from orchestrator.sweep.view import View
 
 NAME = "sweep"
@@ -108,6 +108,7 @@ def report(outcome, args, cfg=None, overrides=()) -> int:
                     "runs": outcome.spent.runs,
                     "attempts": outcome.spent.attempts,
                     "gpu_hours": outcome.spent.gpu_hours,
+                    "gpu_hours_by_fidelity": outcome.spent.by_fidelity,
                     "simulated": outcome.spent.simulated,
                     "next": steps,
                 },
@@ -119,7 +120,7 @@ def report(outcome, args, cfg=None, overrides=()) -> int:
     print(f"sweep {outcome.sweep} stopped: {outcome.reason}")
     print(
         f"  rounds {outcome.rounds}, runs {outcome.spent.runs}, attempts {outcome.spent.attempts}, "
-        f"{outcome.spent.gpu_hours:.1f} GPU-hours{sim}"
+        f"{outcome.spent.gpu_hours:.1f} GPU-hours{sim}" + observe.fidelity_split(outcome.spent.by_fidelity)
     )
     if outcome.best:
         b = outcome.best

@@ -104,10 +104,11 @@ class PlanEnv:
         """Planned under this calibration even when over HBM (prediction.feasible says whether it fits)."""
         return self._planned(layout, factors, memory_factor, check_memory=False)
 
-    def gpu_hours(self, step_s: float) -> float:
-        """N x step x (warmup + measured iterations) / 3600: what one run of this stage costs."""
-        iters = self.stage.warmup_iters + self.stage.measure_iters
-        return self.stage.gpus * step_s * iters / 3600.0
+    def gpu_hours(self, step_s: float, iters: int | None = None) -> float:
+        """N x (start-up + step x iterations) / 3600: what one launch costs (the stage's full window unless
+        `iters` says otherwise: a screen's or a probe's), charged as observe.spent charges it."""
+        n = self.stage.warmup_iters + self.stage.measure_iters if iters is None else iters
+        return self.stage.gpus * (self.stage.budget.startup_s + step_s * n) / 3600.0
 
     def proposal(
         self,

@@ -15,6 +15,7 @@ import math
 import statistics
 
 from jobs.failures import Failure
+from orchestrator.policy import fidelity
 from orchestrator.policy.calibrate import Fit, calibrate
 from orchestrator.policy.env import PlanEnv
 from orchestrator.policy.moves import distinct_anchors, fit_residual, joint_pair, optimistic
@@ -30,7 +31,7 @@ from orchestrator.policy.select import (
 )
 from orchestrator.policy.types import Observation, Proposal, RoundInput, RoundPlan
 from orchestrator.schema import PolicyConfig, StageConfig
-from orchestrator.states import EdgeKind
+from orchestrator.states import EdgeKind, Fidelity
 
 DIVERSITY_SLACK = 1.5  # round 0 covers knob values only among layouts predicted within 1.5x of the best
 
@@ -47,8 +48,52 @@ class Policy:
     def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: StageConfig | None = None) -> RoundPlan:
         raise NotImplementedError
 
-    def round_size(self, inp: RoundInput) -> int:
-        return max(0, min(self.cfg.round0_size if inp.round == 0 else self.cfg.round_size, inp.slots))
+    def round_size(self, inp: RoundInput, *, screening: bool = False) -> int:
+        size = self.cfg.round0_size if inp.round == 0 else self.cfg.round_size
+        if screening and self.cfg.screen_round_size:
+            size = self.cfg.screen_round_size
+        return max(0, min(size, inp.slots))
+
+    @staticmethod
+    def screened(env: PlanEnv, p: Proposal, cv: float | None) -> Proposal:
+        """The proposal at the screen's window (sized from the stage's measured noise), charged for it."""
+        st = env.stage
+        w, n = fidelity.window(st, Fidelity.SCREEN, fidelity.screen_iters(st, cv))
+        p.fidelity, p.measure_iters = Fidelity.SCREEN, n
+        p.est_gpu_hours = env.gpu_hours(p.predicted_step_s, w + n)
+        return p
+
+    def confirms(self, env: PlanEnv, inp: RoundInput) -> list[Proposal]:
+        """Screened contenders (fidelity.contenders) back at the full window: successive halving's next rung;
+        and layouts a fit probe found to fit, now measured at the full window."""
+        limit = min(env.stage.screen.confirm_per_round, inp.slots if inp.slots > 0 else 0)
+        out = [
+            Proposal(
+                key=r.key,
+                layout=r.layout,
+                predicted={},
+                reason=f"probed-fit: max reserved {r.peak_gb:.1f} GB of {r.hbm_gb:.0f} GB",
+                fidelity=Fidelity.FULL,
+                est_gpu_hours=env.gpu_hours(r.raw_step_s),
+            )
+            for r in inp.observations
+            if r.probed_fit
+        ]
+        for r in fidelity.contenders(inp.observations, inp.step_cv, limit):
+            hw = fidelity.half_width(inp.step_cv or 0.0, r.measure_iters or 1)
+            best = best_measured(inp.observations)
+            p = Proposal(
+                key=r.key,
+                layout=r.layout,
+                predicted={},
+                reason=f"confirm: screened p50 {r.measured_step_s:.4g}s +/- {hw:.1%}",
+                fidelity=Fidelity.FULL,
+                predicted_gain=(1.0 - r.measured_step_s / best.measured_step_s) if best else None,
+                uncertainty=hw,
+                est_gpu_hours=env.gpu_hours(r.measured_step_s),
+            )
+            out.append(p)
+        return out
 
     @staticmethod
     def within_budget(props: list[Proposal], slots: int, gpu_hours_left: float) -> list[Proposal]:
@@ -64,8 +109,11 @@ class Policy:
             spent += p.est_gpu_hours
         return out
 
-    def converged(self, rows: list[Observation]) -> bool:
-        """No gain > converge_gain over the best so far for converge_rounds consecutive rounds (round >= 1)."""
+    def converged(self, rows: list[Observation], cv: float | None = None) -> bool:
+        """No gain > converge_gain over the best so far for converge_rounds consecutive rounds (round >= 1),
+        and no screened contender still waiting for its full-window confirmation."""
+        if fidelity.contenders(rows, cv, 1):
+            return False
         rounds = sorted({r.round for r in rows})
         if len(rounds) <= self.cfg.converge_rounds:
             return False
@@ -89,7 +137,7 @@ class Policy:
         def fits(lay) -> bool:
             return env.evaluate(lay, factors, mem) is not None
 
-        for src in measured_rank(inp.source)[: self.cfg.promote_top_k]:
+        for src in measured_rank(inp.source, full_only=True)[: self.cfg.promote_top_k]:
             props = []
             for lay in promoted_layouts(src.layout, source_stage, env.stage, feasible=fits):
                 planned = env.evaluate(lay, factors, mem)
@@ -140,7 +188,9 @@ class CalibratedNeighbours(Policy):
         return calibrate(rows, hbm_gb=env.hardware.hbm_gb, margin_gb=env.stage.memory_margin_gb)
 
     def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: StageConfig | None = None) -> RoundPlan:
-        size = self.round_size(inp)
+        confirms = self.confirms(env, inp)
+        screening = inp.round > 0 and fidelity.use_screen(env.stage, inp.step_cv)
+        size = self.round_size(inp, screening=screening) - len(confirms)
         fit = self.fit(env, inp)
         factors, mem = (fit.factors, fit.memory_scale) if fit else (None, 1.0)
         seen = list(inp.observations) + list(inp.source)
@@ -161,8 +211,44 @@ class CalibratedNeighbours(Policy):
         else:
             trusted = fit is not None and fit.loo_mape is not None and fit.loo_mape <= self.cfg.model_trust_mape
             props = self._local(inp, cands, best.measured_step_s, mk, size, trust_model=trusted, fit=fit)
-        props = self.within_budget(props, size, inp.gpu_hours_left)
-        return RoundPlan(proposals=props, fit=fit, reason=f"{len(props)} proposals ({self.name})")
+        if screening:
+            props = [self.screened(env, p, inp.step_cv) for p in props]
+        if best is not None and fit is not None and self.cfg.probes_per_round > 0:
+            props = self.probes(env, inp, fit, best.measured_step_s, {p.key for p in props}) + props
+        left = inp.gpu_hours_left - sum(c.est_gpu_hours for c in confirms)
+        props = self.within_budget(props, size, left)
+        why = f"{len(props)} proposals" + (f" screened, {len(confirms)} confirmed" if screening or confirms else "")
+        return RoundPlan(proposals=props, fit=fit, reason=f"{why} ({self.name})", confirms=confirms)
+
+    def probes(self, env: PlanEnv, inp: RoundInput, fit: Fit, best_step: float, taken: set[str]) -> list[Proposal]:
+        """Fit probes: the most promising layouts the calibrated memory model prunes while HBM lies inside its
+        error band (env.memory_band): start-up plus a few iterations read Megatron's max-reserved line, and
+        one that fits is measured next round (`confirms`), one that OOMs teaches the memory calibration."""
+        seen = list(inp.observations) + list(inp.source)
+        cut = best_step * (1.0 + self.cfg.max_predicted_loss)
+        pool = [
+            c
+            for c in env.memory_band(fit, fit.factors)
+            if not c.prediction.feasible
+            and c.key not in inp.known_keys
+            and c.key not in taken
+            and c.prediction.step_time_s <= cut
+            and not oom_dominated(c.layout, seen)
+        ]
+        out = []
+        w, n = fidelity.window(env.stage, Fidelity.PROBE)
+        for c in sorted(pool, key=lambda c: c.prediction.step_time_s)[: self.cfg.probes_per_round]:
+            p = env.proposal(
+                c,
+                reason=f"fit-probe: predicted {c.prediction.memory_gb:.1f} GB, HBM within the model's error band",
+                factors=fit.factors,
+                memory_factor=fit.memory_scale,
+                predicted_gain=1.0 - c.prediction.step_time_s / best_step,
+            )
+            p.fidelity, p.measure_iters = Fidelity.PROBE, n
+            p.est_gpu_hours = env.gpu_hours(c.prediction.step_time_s, w + n)
+            out.append(p)
+        return out
 
     def _diverse(self, cands: list, size: int, taken: set) -> list:
         pool = [c for c in cands if c.key not in taken]

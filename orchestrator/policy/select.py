@@ -14,6 +14,7 @@ from jobs.failures import Failure
 from orchestrator.knobs import GROUPS
 from orchestrator.plan.layout import Layout
 from orchestrator.policy.types import Observation
+from orchestrator.states import Fidelity
 
 T = TypeVar("T")
 KNOBS: dict[str, tuple[str, ...]] = GROUPS  # group -> Layout fields, from the knob registry
@@ -57,14 +58,16 @@ def diverse_top(
     return chosen
 
 
-def measured_rank(rows: Iterable[Observation]) -> list[Observation]:
-    """Measured rows, best first: step time p50, then p99, then more memory headroom. Never predictions."""
-    ok = [r for r in rows if r.ok]
+def measured_rank(rows: Iterable[Observation], *, full_only: bool = False) -> list[Observation]:
+    """Measured rows, best first: step time p50, then p99, then more memory headroom. Never predictions.
+    full_only: only full-window measurements (a best, a promotion); screened rows may still anchor a move."""
+    ok = [r for r in rows if r.ok and (r.fidelity == Fidelity.FULL or not full_only)]
     return sorted(ok, key=lambda r: (r.step_s, r.p99_s if r.p99_s is not None else float("inf"), -r.headroom_gb))
 
 
 def best_measured(rows: Iterable[Observation]) -> Observation | None:
-    ranked = measured_rank(rows)
+    """The best full-window measurement: a screened p50 ranks candidates, it never decides the best."""
+    ranked = measured_rank(rows, full_only=True)
     return ranked[0] if ranked else None
 
 

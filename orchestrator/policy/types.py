@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.memory import MemoryScale
-from orchestrator.states import EdgeKind
+from orchestrator.states import EdgeKind, Fidelity
 
 if TYPE_CHECKING:
     from orchestrator.policy.calibrate import Fit
@@ -37,10 +37,17 @@ class Observation:
     # peak of each PP stage (Megatron prints one memory line per stage from its DP-rank-0 ranks)
     raw_memory_terms: tuple[dict[str, float], ...] = ()
     stage_peaks_gb: dict[int, float] = field(default_factory=dict)
+    fidelity: str = "full"  # states.Fidelity of the measurement (step_s): screen rows rank, never decide a best
+    measure_iters: int | None = None  # iterations its p50 is over (the screen's CI)
 
     @property
     def ok(self) -> bool:
         return self.step_s is not None and self.step_s > 0
+
+    @property
+    def probed_fit(self) -> bool:
+        """A fit probe ran it and it fit (its peak is measured, its speed is not): due a real measurement."""
+        return self.fidelity == Fidelity.PROBE and self.peak_gb is not None and self.failure_class is None
 
     @property
     def measured_step_s(self) -> float:
@@ -75,6 +82,7 @@ class Proposal:
     # why, as the ledger stores it (candidate.decision): the move kind (the reason before any ':'), the
     # fidelity it is measured at, the predicted gain over the best measured step and its uncertainty (sd)
     fidelity: str = "full"
+    measure_iters: int | None = None  # a screen's measured window (policy/fidelity.screen_iters)
     predicted_gain: float | None = None
     uncertainty: float | None = None
 
@@ -90,6 +98,7 @@ class Proposal:
             "kind": self.kind,
             "move": self.reason,
             "fidelity": self.fidelity,
+            "measure_iters": self.measure_iters,
             "predicted_gain": self.predicted_gain,
             "uncertainty": self.uncertainty,
             "parent": self.parent_key,
@@ -111,13 +120,16 @@ class RoundInput:
     slots: int  # runs the budget still allows this round
     gpu_hours_left: float
     source: list[Observation] = field(default_factory=list)  # promotion source stage (round 0 only)
+    step_cv: float | None = None  # measured step-time noise of this stage (policy/fidelity.robust_cv), if any
 
 
 @dataclass
 class RoundPlan:
-    proposals: list[Proposal]
+    proposals: list[Proposal]  # new candidates
     fit: Fit | None = None
     reason: str = ""
+    # measured candidates to run again at the full window (screened contenders): same key, new attempt
+    confirms: list[Proposal] = field(default_factory=list)
 
 
 def prediction_dict(

@@ -31,6 +31,7 @@ TABLE_COLUMNS = (
     "pred_bubble",
     "status",
     "failure_class",
+    "fidelity",
     "step_p50_s",
     "step_p95_s",
     "step_p99_s",
@@ -156,7 +157,9 @@ def gather(ledger: Ledger, name: str) -> ReportData:
     measured = [
         _with_effective(r, gpus, eff)
         for r in rows
-        if r["step_p50_s"] is not None and r["status"] == CandidateStatus.DONE
+        # full-window results only: a screen ranks and a fit probe answers "does it fit?"; neither is a measurement
+        # the report compares, plots against its prediction or calls the best
+        if r["step_p50_s"] is not None and r["status"] == CandidateStatus.DONE and r.get("fidelity", "full") == "full"
     ]
     failed = [r for r in rows if r["failure_class"]]
     parity = {}

@@ -21,23 +21,30 @@ COLUMNS = (
     ("± sd", "uncertainty"),
     ("from", "parent"),
     ("outcome", "outcome"),
+    ("screen p50 (s)", "screen_p50_s"),
     ("step p50 (s)", "step_p50_s"),
     ("best so far", "new_best"),
 )
 
 
 def gather(ledger, name: str) -> list[dict]:
-    """One row per candidate of the sweep, in proposal order (round, then id): decision and outcome."""
+    """One row per candidate of the sweep, in proposal order (round, then id): decision and outcome. A screened
+    candidate shows its screen p50; one confirmed shows both; only a full-window p50 can be a new best."""
     cands = sorted(ledger.candidates(name), key=lambda c: (c.round, c.id))
     by_id = {c.id: c for c in cands}
     rows: list[dict] = []
     best = float("inf")
     for c in cands:
         why = c.decision or {}
+        first = why.get("previous") or why  # screened or probed, then run at the full window: the first move
         atts = ledger.attempts(c.id)
         a = atts[-1] if atts else None
-        res = ledger.result(a.id) if a is not None else None
-        p50 = res.get("step_p50_s") if res else None
+        p50s: dict[str, float] = {}
+        for x in atts:
+            res = ledger.result(x.id)
+            if res and res.get("step_p50_s") is not None:
+                p50s[str(x.fidelity)] = res["step_p50_s"]
+        p50 = p50s.get("full")
         parent = by_id.get(c.parent_id) if c.parent_id is not None else None
         new_best = p50 is not None and p50 < best
         best = min(best, p50) if p50 is not None else best
@@ -46,16 +53,17 @@ def gather(ledger, name: str) -> list[dict]:
                 "round": c.round,
                 "key": c.key,
                 "layout": Layout.from_dict(c.layout).short(),
-                "kind": why.get("kind") or (str(c.edge_kind) if c.edge_kind else "plan"),
-                "move": why.get("move") or (str(c.edge_kind) if c.edge_kind else "-"),
-                "fidelity": why.get("fidelity") or "full",
+                "kind": first.get("kind") or (str(c.edge_kind) if c.edge_kind else "plan"),
+                "move": first.get("move") or (str(c.edge_kind) if c.edge_kind else "-"),
+                "fidelity": f"{first.get('fidelity')}->full" if first is not why else (why.get("fidelity") or "full"),
                 "predicted_gain": why.get("predicted_gain"),
                 "uncertainty": why.get("uncertainty"),
                 "parent": Layout.from_dict(parent.layout).short() if parent else (why.get("parent") or "")[:10],
-                "outcome": (a.failure_class or str(a.state)) if a is not None and p50 is None else str(c.status),
+                "outcome": (a.failure_class or str(a.state)) if a is not None and not p50s else str(c.status),
+                "screen_p50_s": p50s.get("screen"),
                 "step_p50_s": p50,
                 "new_best": new_best,
-                "revived": bool(why.get("revived")),  # pruned by the uncalibrated memory model, fit calibrated
+                "revived": bool(first.get("revived")),  # pruned by the uncalibrated memory model, fit calibrated
             }
         )
     return rows
@@ -66,7 +74,7 @@ def _fmt(key: str, v) -> str:
         return "-"
     if key in ("predicted_gain", "uncertainty"):
         return f"{float(v):+.1%}" if key == "predicted_gain" else f"{float(v):.1%}"
-    if key == "step_p50_s":
+    if key in ("step_p50_s", "screen_p50_s"):
         return f"{float(v):.3f}"
     if key == "new_best":
         return "new best" if v else ""
@@ -78,7 +86,9 @@ def lines(rows: Sequence[dict]) -> list[str]:
     return [
         f"  r{r['round']} {r['move']:<26} {r['fidelity']:<7} gain {_fmt('predicted_gain', r['predicted_gain']):>7} "
         f"± {_fmt('uncertainty', r['uncertainty']):>6}  {r['outcome']:<10} {_fmt('step_p50_s', r['step_p50_s']):>9} "
-        f"{r['layout']}" + ("  <- new best" if r["new_best"] else "")
+        f"{r['layout']}"
+        + (f"  (screen {_fmt('screen_p50_s', r['screen_p50_s'])})" if r.get("screen_p50_s") is not None else "")
+        + ("  <- new best" if r["new_best"] else "")
         for r in rows
     ]
 

@@ -15,15 +15,13 @@ from orchestrator.sweep import observe
 from orchestrator.sweep.setup import promotion_source
 
 
-def next_round(
-    ledger: Ledger, cfg: RootConfig, sweep: SweepRow, policy, env: PlanEnv, view, *, iters: int
-) -> str | None:
+def next_round(ledger: Ledger, cfg: RootConfig, sweep: SweepRow, policy, env: PlanEnv, view) -> str | None:
     """None when a new round was added (or something is still queued); else why the sweep stops."""
     cands = ledger.candidates(sweep.name)
     if any(c.status in CandidateStatus.LIVE for c in cands):
         return None  # something is still queued (e.g. a retry): keep waiting
     budget = cfg.required_stage().budget
-    spent = observe.spent(ledger, sweep.name, n_gpus=cfg.required_stage().gpus, iters=iters)
+    spent = observe.spent(ledger, sweep.name, stage=cfg.required_stage())
     rnd = max((c.round for c in cands), default=-1) + 1
     sims = " simulated" if spent.simulated else ""
     if rnd >= budget.max_rounds:
@@ -35,7 +33,8 @@ def next_round(
     sweeps = observe.same_stage_sweeps(ledger, sweep)
     obs = observe.observations(ledger, sweeps, env)
     own = [o for o in obs if o.key in {c.key for c in cands}]
-    if policy.converged(own):
+    cv = observe.step_cv(ledger, sweeps)
+    if policy.converged(own, cv):
         return (
             f"converged: no gain > {cfg.policy.converge_gain:.0%} over the best for {cfg.policy.converge_rounds} rounds"
         )
@@ -53,6 +52,7 @@ def next_round(
         slots=budget.max_runs - spent.runs,
         gpu_hours_left=budget.max_gpu_hours - spent.gpu_hours,
         source=source,
+        step_cv=cv,
     )
     plan = policy.propose(env, inp, source_stage=source_stage)
     if plan.fit is not None and not any(cal.round == rnd for cal in ledger.calibrations(sweep.name)):
@@ -73,8 +73,13 @@ def next_round(
             f"round {rnd} calibration ({f.method}, {f.n_step} runs): step MAPE "
             f"{_pct(f.mape_before)} -> {_pct(f.mape_after)}, {f.memory_summary()}"
         )
-    if not plan.proposals:
+    by_key = {c.key: c for c in cands}
+    plan.confirms = [p for p in plan.confirms if p.key in by_key]  # another sweep's screen is not ours to rerun
+    if not plan.proposals and not plan.confirms:
         return "search exhausted: the policy has nothing new to measure within the budget"
+    for p in plan.confirms:  # a screened contender runs again at the full window: same candidate, new attempt
+        c = by_key[p.key]
+        ledger.requeue(c.id, {**p.decision(), "previous": c.decision}, p.reason)
     ledger.add_candidates(
         sweep.name,
         [
@@ -95,11 +100,20 @@ def next_round(
         sweep.name,
         "round",
         f"round {rnd}: {plan.reason}",
-        data={"keys": [p.key for p in plan.proposals], "reasons": [p.reason for p in plan.proposals]},
+        data={
+            "keys": [p.key for p in plan.proposals],
+            "reasons": [p.reason for p in plan.proposals],
+            "fidelities": [p.fidelity for p in plan.proposals],
+            "confirms": [p.key for p in plan.confirms],
+            "step_cv": cv,
+        },
     )
     view.event(
         f"round {rnd}: "
-        + "; ".join(f"{p.layout.short()} [{p.reason}] pred {p.predicted_step_s:.3f}s" for p in plan.proposals)
+        + "; ".join(
+            [f"{p.layout.short()} [{p.reason}] {p.fidelity}" for p in plan.confirms]
+            + [f"{p.layout.short()} [{p.reason}] {p.fidelity} pred {p.predicted_step_s:.3f}s" for p in plan.proposals]
+        )
     )
     return None
 

@@ -89,11 +89,26 @@ def run_jobs(
             st = states[ids[i]]
             res = collect(specs[i].job_dir, slurm_state=st.state, exit_code=st.exit_code, job_id=ids[i])
             results[i] = res
+            _charge(cfg, ledger, sweep, specs[i], res, ids[i], candidate_id)
             again = retry_decision(res.failure_class, [res.failure_class], max_attempts=2, retry_classes=retry_classes)
             if not res.ok and round_no == 0 and again[0]:
                 retry.append(i)
         todo = retry
     return [r for r in results if r is not None]
+
+
+def _charge(cfg: RootConfig, ledger: Ledger, sweep: str, spec: JobSpec, res: JobResult, job_id: str, cid) -> None:
+    """A finalist job's GPU-hours (start-up + the iterations it ran x its mean step) into the ledger, where
+    observe.spent adds them to the sweep's budget."""
+    iters = (res.warmup_iters or 0) + (res.measure_iters or 0)
+    gpu_h = spec.n_gpus * (cfg.required_stage().budget.startup_s + (res.step_mean_s or 0.0) * iters) / 3600.0
+    ledger.log_event(
+        sweep,
+        "finalist-cost",
+        f"{spec.role} job {job_id}: {gpu_h:.2f} GPU-hours",
+        candidate_id=cid,
+        data={"job_id": job_id, "role": spec.role, "gpu_hours": gpu_h},
+    )
 
 
 def _wait(launcher, job_ids: list[str], poll_s: float, on_poll: OnPoll = None) -> dict[str, JobState]:

@@ -89,7 +89,6 @@ class Driver:
         self.policy = make_policy(cfg.policy)
         self.stage = cfg.required_stage()
         self.env = PlanEnv(cfg.model, cfg.hardware, self.stage, cfg.workload.name)
-        self.iters = self.stage.warmup_iters + self.stage.measure_iters
         self.poll_s = float(cfg.cluster.poll_interval_s)
         self.ttl = float(cfg.ledger.lease_ttl_s)
         self._t0 = time.monotonic()
@@ -280,12 +279,14 @@ class Driver:
         is stored the moment its array exists; a record that fails cancels every job of the call."""
         from jobs.entry import run_task
         from orchestrator.launch import LaunchTask
+        from orchestrator.policy.fidelity import decision_window
         from orchestrator.runspec import attempt_dir, build_spec, time_limit_min
 
         claimed = self.ledger.claim_for_submission(self.name, 10_000, self.holder)
         if not claimed:
             return 0
         tasks = []
+        fidelities: list[str] = []
         for c in claimed:
             atts = self.ledger.attempts(c.id)
             attempt = len(atts) + 1
@@ -293,7 +294,11 @@ class Driver:
             failed = [x for x in atts if not x.aborted]
             exclude = (failed[-1].node_list or "") if failed and failed[-1].failure_class == Failure.NODE_FAIL else ""
             folder = attempt_dir(self.cfg, self.name, c.key, attempt)
-            spec = build_spec(self.cfg, planned_from_row(c), sweep=self.name, attempt=attempt, job_dir=folder)
+            fid, win = decision_window(self.stage, c.decision)  # screen, probe or the stage's full window
+            fidelities.append(fid)
+            spec = build_spec(
+                self.cfg, planned_from_row(c), sweep=self.name, attempt=attempt, job_dir=folder, window=win
+            )
             spec.save(JobPaths(folder).spec)
             tasks.append(
                 LaunchTask(
@@ -318,6 +323,7 @@ class Driver:
                     job_dir=tasks[i].folder,
                     simulated=self.cfg.workload.simulated,
                     launch_token=token,
+                    fidelity=fidelities[i],
                 )
 
         def record(pairs) -> None:  # called as each array exists: its job ids into the ledger before any waiting
@@ -430,7 +436,7 @@ class Driver:
 
     # ---- deciding the next round ------------------------------------------------------------------
     def _decide(self) -> str | None:
-        return next_round(self.ledger, self.cfg, self.sweep, self.policy, self.env, self.view, iters=self.iters)
+        return next_round(self.ledger, self.cfg, self.sweep, self.policy, self.env, self.view)
 
     # ---- output -----------------------------------------------------------------------------------
     def _show(self) -> None:
@@ -438,7 +444,7 @@ class Driver:
             return
         self._dirty = False
         cands = self._cands()
-        spent = observe.spent(self.ledger, self.name, n_gpus=self.stage.gpus, iters=self.iters)
+        spent = observe.spent(self.ledger, self.name, stage=self.stage)
         self.view.update(
             Snapshot(
                 sweep=self.name,
@@ -457,5 +463,5 @@ class Driver:
             reason=reason,
             rounds=max((c.round for c in cands), default=-1) + 1,
             best=observe.best_of(self.ledger, self.name),
-            spent=observe.spent(self.ledger, self.name, n_gpus=self.stage.gpus, iters=self.iters),
+            spent=observe.spent(self.ledger, self.name, stage=self.stage),
         )

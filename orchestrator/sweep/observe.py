@@ -6,15 +6,19 @@ orchestrator sees exactly what the killed one had written, and nothing it had on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from db import queries
 from db.ledger import CandidateRow, Ledger, SweepRow
 from jobs.metrics import GB_PER_MIB
 from orchestrator.plan.layout import Layout
+from orchestrator.policy import fidelity
 from orchestrator.policy.env import PlanEnv
 from orchestrator.policy.types import Observation
-from orchestrator.states import AttemptState, CandidateStatus
+from orchestrator.schema import StageConfig
+from orchestrator.states import AttemptState, CandidateStatus, Fidelity
+
+FINALIST_EVENTS = ("finalist-cost",)  # orchestrator/sweep/finalists.py logs one per finalist job it ran
 
 
 def same_stage_sweeps(ledger: Ledger, sweep: SweepRow) -> list[SweepRow]:
@@ -69,10 +73,12 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
     """Each candidate with its latest outcome: measured metrics, or the failure class of its last attempt."""
     measured: dict[int, dict] = {}
     attempt_of: dict[int, int] = {}
+    fidelity_of: dict[int, str] = {}
     for s in sweeps:
         for row in ledger.measured(sweep=s.name):
             measured[row.candidate_id] = row.metrics
             attempt_of[row.candidate_id] = row.attempt_id
+            fidelity_of[row.candidate_id] = row.fidelity
     out: list[Observation] = []
     for s in sweeps:
         for c in ledger.candidates(s.name):
@@ -90,6 +96,9 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
                     continue  # not measured yet: nothing to learn
                 atts = ledger.attempts(c.id)
                 fc = (atts[-1].failure_class or atts[-1].state) if atts else AttemptState.FAILED
+            elif c.status in (CandidateStatus.FAILED, CandidateStatus.CANCELLED):  # screened / probed, then its
+                atts = ledger.attempts(c.id)  # full window failed: never re-queued again
+                fc = (atts[-1].failure_class or atts[-1].state) if atts else AttemptState.FAILED
             peak = None
             if met:
                 peak = met.get("peak_reserved_gb") or met.get("peak_allocated_gb")
@@ -100,17 +109,32 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
                     raw_components=dict(comps),
                     raw_step_s=step,
                     raw_memory_gb=mem,
-                    step_s=met.get("step_p50_s") if met else None,
-                    p99_s=met.get("step_p99_s") if met else None,
+                    # a fit probe's few iterations answer "does it fit?" (its peak), never "how fast?"
+                    step_s=met.get("step_p50_s") if met and fidelity_of[c.id] != Fidelity.PROBE else None,
+                    p99_s=met.get("step_p99_s") if met and fidelity_of[c.id] != Fidelity.PROBE else None,
                     peak_gb=peak,
                     failure_class=fc,
                     round=c.round,
                     hbm_gb=env.hardware.hbm_gb,
                     raw_memory_terms=_raw_terms(env, c, layout),
                     stage_peaks_gb=stage_peaks(ledger.rank_memory(attempt_of[c.id])) if met else {},
+                    fidelity=fidelity_of.get(c.id, Fidelity.FULL),
+                    measure_iters=(met.get("measure_iters") or None) if met else None,
                 )
             )
     return out
+
+
+NOISE_RUNS = 12  # the stage's step-time noise is pooled over its latest full-window runs
+
+
+def step_cv(ledger: Ledger, sweeps: list[SweepRow]) -> float | None:
+    """The stage's measured step-time noise (policy/fidelity.robust_cv, pooled): what sizes a screen."""
+    rows = [r for s in sweeps for r in ledger.measured(sweep=s.name) if r.fidelity == Fidelity.FULL]
+    rows.sort(key=lambda r: r.attempt_id)
+    return fidelity.pooled_cv(
+        fidelity.robust_cv([t for _, t, _, _ in ledger.step_samples(r.attempt_id) if t]) for r in rows[-NOISE_RUNS:]
+    )
 
 
 @dataclass
@@ -119,24 +143,54 @@ class Spent:
 
     runs: int  # candidates launched at least once
     attempts: int
-    gpu_hours: float
+    gpu_hours: float  # every attempt of every fidelity, and the finalists
     simulated: bool
+    by_fidelity: dict[str, float] = field(default_factory=dict)  # probe | screen | full | finalists -> GPU-hours
 
 
-def spent(ledger: Ledger, sweep: str, *, n_gpus: int, iters: int) -> Spent:
-    """runs = candidates with an attempt; GPU-hours = N x (mean step x iterations, else wall) / 3600."""
+def spent(ledger: Ledger, sweep: str, *, stage: StageConfig) -> Spent:
+    """runs = candidates with an attempt. One attempt costs N x (start-up + its own window's iterations x
+    mean step), else N x wall time, / 3600 (stage.budget.startup_s is charged to every launch that ran);
+    the finalists (parity, long-run) charge what their events recorded."""
     costs = queries.attempt_costs(ledger, sweep)
-    gpu_s = 0.0
+    n_gpus, startup = stage.gpus, stage.budget.startup_s
+    by: dict[str, float] = {}
     for a in costs:
+        gpu_s = 0.0
         if a.step_mean_s:
-            gpu_s += n_gpus * a.step_mean_s * iters
+            iters = (a.warmup_iters or 0) + (a.measure_iters or 0)
+            if not iters:  # a result without its window: the window its fidelity runs
+                iters = sum(fidelity.window(stage, a.fidelity or Fidelity.FULL))
+            gpu_s = n_gpus * (startup + a.step_mean_s * iters)
         elif a.start_time and a.end_time:
-            gpu_s += n_gpus * max(0.0, (a.end_time - a.start_time).total_seconds())
+            gpu_s = n_gpus * (startup + max(0.0, (a.end_time - a.start_time).total_seconds()))
+        f = str(a.fidelity or Fidelity.FULL)
+        by[f] = by.get(f, 0.0) + gpu_s / 3600.0
+    fin = finalist_gpu_hours(ledger, sweep)
+    if fin:
+        by["finalists"] = fin
     return Spent(
         runs=len({a.candidate_id for a in costs}),
         attempts=len(costs),
-        gpu_hours=gpu_s / 3600.0,
+        gpu_hours=sum(by.values()),
         simulated=any(a.simulated for a in costs),
+        by_fidelity=by,
+    )
+
+
+def fidelity_split(by: dict[str, float]) -> str:
+    """' (probe 1.0, screen 2.0, full 3.0, finalists 0.5)': where the GPU-hours went, per fidelity."""
+    order = ("probe", "screen", "full", "finalists")
+    parts = [f"{k} {by[k]:.1f}" for k in order if by.get(k)]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def finalist_gpu_hours(ledger: Ledger, sweep: str) -> float:
+    """GPU-hours the finalists' jobs (parity, long-run) recorded in their events (data.gpu_hours)."""
+    return sum(
+        float((e.data or {}).get("gpu_hours") or 0.0)
+        for kind in FINALIST_EVENTS
+        for e in ledger.events(sweep, kind=kind)
     )
 
 
@@ -154,8 +208,9 @@ def status_counts(cands: list[CandidateRow]) -> dict[str, int]:
 
 
 def best_of(ledger: Ledger, sweep: str) -> dict | None:
-    """Measured best of one sweep (p50, then p99, then headroom): for the live view and the summary."""
-    rows = ledger.measured(sweep=sweep)
+    """Measured best of one sweep (p50, then p99, then headroom), full-window results only (a screened p50
+    ranks, never decides): for the live view and the summary."""
+    rows = [r for r in ledger.measured(sweep=sweep) if r.fidelity == Fidelity.FULL]
     if not rows:
         return None
 

@@ -18,8 +18,9 @@ evaluation of the target, whose result is recorded through the same Ledger calls
 8k sweep promotes from the same policy's 1k sweep in its ledger, as `sweep +stage=8k` does (its cost is the
 8k sweep's own). Everything is seeded: the same arguments print the same figures.
 
-Cost, the same for every method: N x (start-up + iterations x true step) / 3600 GPU-hours per launch; an
-OOM runs start-up and one iteration. Start-up defaults to 300 s: at 1k-8k GPUs, process launch on every
+Cost, the same for every method: N x (start-up + iterations x true step) / 3600 GPU-hours per launch, each
+launch its own window (a screen's short one, a confirmation's full one; the split per fidelity is printed);
+an OOM runs start-up and one iteration. Start-up defaults to 300 s: at 1k-8k GPUs, process launch on every
 node, NCCL communicator set-up, model build and the distributed optimizer's allocation, and the first
 step's compilation take minutes (--startup-s to change it).
 
@@ -124,6 +125,7 @@ def run(
                 extra = [] if _source_ran(stage, stages) else ["stage.promotes_from=null"]
                 composed = compose(
                     [f"+stage={stage}", "cluster=local", f"policy.name={policy}", *target.overrides(), *extra]
+                    + [f"stage.budget.startup_s={startup_s}"]  # the sweep's own budget charges start-up alike
                     + list(overrides)
                 )
                 cfg = composed.cfg
@@ -157,8 +159,9 @@ def run(
                     reason=sw.reason,
                 )
                 rows.append(row)
+                split = ", ".join(f"{k} {_gh(v)}" for k, v in sorted(sw.gpu_hours_by().items()))
                 print(
-                    f"   {policy}: {row.launches} launches, {_gh(row.sweep_gpu_h)} GPU-h (to 2%: "
+                    f"   {policy}: {row.launches} launches, {_gh(row.sweep_gpu_h)} GPU-h [{split}] (to 2%: "
                     f"{_gh(row.sweep_to_goal)}), reported {sw.reported.short() if sw.reported else '-'} gap "
                     f"{_pct(row.gap)}; random at that budget: median gap {_pct(row.random_gap_at_budget)}; "
                     f"stop: {row.reason}; " + ("met" if not row.misses else "MISSED: " + "; ".join(row.misses)),

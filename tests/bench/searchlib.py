@@ -82,10 +82,10 @@ class Target:
         script = WORKLOADS / f"{self.label}.py"
         return [f"workload.command=[python,{script}]", f"workload.name={self.label}", "workload.simulated=true"]
 
-    def launch(self, cfg, layout, pattern: str, key: str, attempt: int = 1) -> Launch:
-        """Run one layout for the stage window (warm-up + measured iterations), in-process: the same step
-        times the job would print (the twin's draws are seeded by its key and attempt, as in the job)."""
-        iters = cfg.stage.warmup_iters + cfg.stage.measure_iters
+    def launch(self, cfg, layout, pattern: str, key: str, attempt: int = 1, window=None) -> Launch:
+        """Run one layout for a window (warm-up, measured iterations; the stage's by default), in-process: the
+        same step times the job would print (the twin's draws are seeded by its key and attempt, as in the job)."""
+        iters = sum(window) if window else cfg.stage.warmup_iters + cfg.stage.measure_iters
         if self.kind == "twin":
             from jobs.twin import truth
             from jobs.twin.job import steps_rng
@@ -125,11 +125,11 @@ def launch_gpu_hours(n_gpus: int, startup_s: float, iters: int, launch: Launch) 
     return n_gpus * (startup_s + ran * launch.step_s) / 3600.0
 
 
-def p50_of_window(cfg, launch: Launch) -> float:
+def p50_of_window(cfg, launch: Launch, warmup: int | None = None) -> float:
     """The measured step: p50 of the window after warm-up (what collect reports as step_p50_s)."""
     from jobs.metrics import summarize
 
-    return float(summarize(launch.times[cfg.stage.warmup_iters :]).p50)
+    return float(summarize(launch.times[cfg.stage.warmup_iters if warmup is None else warmup :]).p50)
 
 
 # --------------------------------------------------------------------------------------------------- grid
@@ -220,7 +220,9 @@ class SweepRun:
 
     policy: str
     reason: str = ""
-    launches: list[tuple[int, object, float, float | None, float]] = field(default_factory=list)  # + true step
+    # (round, layout, GPU-hours, measured p50 or None, true step, fidelity, decision batch: a confirm runs a
+    # candidate of an earlier round in a later batch)
+    launches: list[tuple[int, object, float, float | None, float, str, int]] = field(default_factory=list)
     reported: object | None = None  # the layout the sweep reports as best
     reported_true_s: float = math.inf
     events: list[str] = field(default_factory=list)
@@ -230,16 +232,24 @@ class SweepRun:
         return sum(x[2] for x in self.launches)
 
     def cost_to_goal(self, grid: Grid) -> float:
-        """GPU-hours through the end of the first round after which the measured best is within GOAL_GAP."""
+        """GPU-hours through the end of the first round (decision batch) after which the best FULL-window
+        measurement is within GOAL_GAP (a screen ranks, never decides: the same rule as the sweep's own best)."""
         spent, best = 0.0, (math.inf, math.inf)  # (measured p50, true step) of the best so far
-        for rnd in sorted({x[0] for x in self.launches}):
-            for _, _, cost, p50, true_s in (x for x in self.launches if x[0] == rnd):
+        for batch in sorted({x[6] for x in self.launches}):
+            for _, _, cost, p50, true_s, fid, _ in (x for x in self.launches if x[6] == batch):
                 spent += cost
-                if p50 is not None and p50 < best[0]:
+                if fid == "full" and p50 is not None and p50 < best[0]:
                     best = (p50, true_s)
             if grid.gap(best[1]) <= GOAL_GAP:
                 return spent
         return math.inf
+
+    def gpu_hours_by(self) -> dict[str, float]:
+        """GPU-hours per fidelity (probe, screen, full)."""
+        out: dict[str, float] = {}
+        for x in self.launches:
+            out[x[5]] = out.get(x[5], 0.0) + x[2]
+        return out
 
 
 class _Events:
@@ -259,6 +269,7 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
     from orchestrator.plan.layout import Layout
     from orchestrator.policy import make_policy
     from orchestrator.policy.env import PlanEnv
+    from orchestrator.policy.fidelity import decision_window
     from orchestrator.sweep import observe
     from orchestrator.sweep.decide import next_round
     from orchestrator.sweep.retry import retry_decision
@@ -275,12 +286,13 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
         provenance={"bench": "search"},
     )
     policy, env = make_policy(cfg.policy), PlanEnv(cfg.model, cfg.hardware, st, cfg.workload.name)
-    iters = st.warmup_iters + st.measure_iters
     out = SweepRun(policy=cfg.policy.name)
     view = _Events(out.events)
     clock = datetime(2026, 1, 1, tzinfo=UTC)
+    batch = 0
     while True:
-        reason = next_round(ledger, cfg, sweep, policy, env, view, iters=iters)
+        batch += 1
+        reason = next_round(ledger, cfg, sweep, policy, env, view)
         if reason:
             out.reason = reason
             break
@@ -288,17 +300,22 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
             for c in claimed:
                 lay = Layout.from_dict(c.layout)
                 history = ledger.attempts(c.id)
-                run = target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(history) + 1)
-                cost = launch_gpu_hours(st.gpus, startup_s, iters, run)
+                fid, win = decision_window(st, c.decision)  # the window the loop would launch (screen / full)
+                run = target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(history) + 1, window=win)
+                cost = launch_gpu_hours(st.gpus, startup_s, sum(win), run)
                 a = ledger.new_attempt(
-                    c.id, job_id=f"inproc-{c.id}-{len(history) + 1}", job_dir="(in-process)", simulated=True
+                    c.id,
+                    job_id=f"inproc-{c.id}-{len(history) + 1}",
+                    job_dir="(in-process)",
+                    simulated=True,
+                    fidelity=fid,
                 )
                 end = clock + timedelta(hours=cost / st.gpus)
                 ledger.update_attempt(a.id, start_time=clock, end_time=end, node_list="in-process")
                 clock = end
-                ledger.record_result(a.id, _result(cfg, run, JobResult, RankMemory, pp=lay.pp).to_dict())
-                p50 = p50_of_window(cfg, run) if run.fits else None
-                out.launches.append((c.round, lay, cost, p50, run.step_s))
+                ledger.record_result(a.id, _result(cfg, run, JobResult, RankMemory, pp=lay.pp, window=win).to_dict())
+                p50 = p50_of_window(cfg, run, win[0]) if run.fits else None
+                out.launches.append((c.round, lay, cost, p50, run.step_s, fid, batch))
                 if run.fits:
                     ledger.set_candidate_status(c.id, "done", "measured in-process")
                     continue
@@ -317,12 +334,13 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
     return out
 
 
-def _result(cfg, run: Launch, JobResult, RankMemory, *, pp: int = 1):
+def _result(cfg, run: Launch, JobResult, RankMemory, *, pp: int = 1, window=None):
     """The JobResult `collect` would build from this launch's job folder: the twin prints a memory line per
     pipeline stage; a stand-in prints one, from its one process (RANK = N - 1, the last PP stage)."""
     from jobs.metrics import summarize
 
     st = cfg.stage
+    warmup, measure = window or (st.warmup_iters, st.measure_iters)
     if not run.fits:
         return JobResult(
             ok=False,
@@ -330,10 +348,10 @@ def _result(cfg, run: Launch, JobResult, RankMemory, *, pp: int = 1):
             failure_class="OOM",
             failure_detail="torch.OutOfMemoryError: CUDA out of memory (in-process evaluation)",
             exit_code=1,
-            warmup_iters=st.warmup_iters,
-            measure_iters_requested=st.measure_iters,
+            warmup_iters=warmup,
+            measure_iters_requested=measure,
         )
-    window = list(run.times[st.warmup_iters :])
+    window = list(run.times[warmup:])
     s = summarize(window)
     heaviest = max(range(len(run.stage_gb)), key=lambda i: run.stage_gb[i])
     tokens = st.global_batch * st.seq_length / s.p50
@@ -341,8 +359,8 @@ def _result(cfg, run: Launch, JobResult, RankMemory, *, pp: int = 1):
         ok=True,
         simulated=True,
         exit_code=0,
-        warmup_iters=st.warmup_iters,
-        measure_iters_requested=st.measure_iters,
+        warmup_iters=warmup,
+        measure_iters_requested=measure,
         measure_iters=len(window),
         step_times_s=window,
         step_p50_s=s.p50,
