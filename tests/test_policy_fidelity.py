@@ -91,9 +91,10 @@ def test_a_screened_p50_never_decides_the_best():
     assert best_measured([obs("screen", 9.0, Fidelity.SCREEN)]) is None
     pol = make_policy(compose(["+stage=1k"]).cfg.policy)
     # a contender still waiting for its confirmation blocks convergence
-    flat = [obs("a", 10, rnd=0), obs("b", 10.0, rnd=1), obs("c", 10.0, rnd=2), obs("d", 10.0, rnd=3)]
-    assert pol.converged(flat + [obs("e", 10.0, rnd=4)], 0.02)
-    assert not pol.converged(flat + [obs("e", 9.0, Fidelity.SCREEN, n=25, rnd=4)], 0.02)
+    n = pol.cfg.converge_rounds  # flat for the policy's convergence rounds, whatever the default
+    flat = [obs(f"r{i}", 10.0, rnd=i) for i in range(n)]
+    assert pol.converged(flat + [obs("e", 10.0, rnd=n)], 0.02)
+    assert not pol.converged(flat + [obs("e", 9.0, Fidelity.SCREEN, n=25, rnd=n)], 0.02)
 
 
 def _sweep(tmp_path, target, *extra):
