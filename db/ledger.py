@@ -339,31 +339,28 @@ class Ledger(Leases, Evidence):
     def set_candidate_status(self, candidate_id: int, status: str, reason: str | None = None) -> None:
         status = member(CandidateStatus, status, "candidate status")
         with self._write() as s:
-            c = self._candidate(s, candidate_id, lock=True)
-            s.add(
-                m.Event(
-                    sweep_id=c.sweep_id,
-                    candidate_id=c.id,
-                    kind=status,
-                    message=f"{c.status} -> {status}" + (f": {reason}" if reason else ""),
-                )
+            self._move(s, self._candidate(s, candidate_id, lock=True), status, reason)
+
+    @staticmethod
+    def _move(s: Session, c: m.Candidate, status: str, reason: str | None) -> None:
+        """A candidate's status change and the event that records it, inside the caller's transaction."""
+        s.add(
+            m.Event(
+                sweep_id=c.sweep_id,
+                candidate_id=c.id,
+                kind=status,
+                message=f"{c.status} -> {status}" + (f": {reason}" if reason else ""),
             )
-            c.status, c.reason, c.updated_at = status, reason, now()
+        )
+        c.status, c.reason, c.updated_at = status, reason, now()
 
     def requeue(self, candidate_id: int, decision: dict[str, Any], reason: str) -> None:
         """A measured candidate back to `planned` with a new decision (e.g. a screened layout confirmed at the
         full window), in one transaction: a resumed loop finds it planned with the decision that explains why."""
         with self._write() as s:
             c = self._candidate(s, candidate_id, lock=True)
-            s.add(
-                m.Event(
-                    sweep_id=c.sweep_id,
-                    candidate_id=c.id,
-                    kind=CandidateStatus.PLANNED,
-                    message=f"{c.status} -> {CandidateStatus.PLANNED}: {reason}",
-                )
-            )
-            c.status, c.reason, c.decision, c.updated_at = CandidateStatus.PLANNED, reason, clean(decision), now()
+            self._move(s, c, CandidateStatus.PLANNED, reason)
+            c.decision = clean(decision)
 
     # ---- attempts -----------------------------------------------------------------------------
 

@@ -91,14 +91,11 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
             fc = None
             if c.status == CandidateStatus.EXCLUDED:  # failed the correctness gate: never a best, a parent or promoted
                 met, fc = None, "EXCLUDED"
+            elif c.status in (CandidateStatus.FAILED, CandidateStatus.CANCELLED):  # unmeasured, or screened /
+                atts = ledger.attempts(c.id)  # probed and then its full window failed (never re-queued again)
+                fc = (atts[-1].failure_class or atts[-1].state) if atts else AttemptState.FAILED
             elif met is None:
-                if c.status not in (CandidateStatus.FAILED, CandidateStatus.CANCELLED):
-                    continue  # not measured yet: nothing to learn
-                atts = ledger.attempts(c.id)
-                fc = (atts[-1].failure_class or atts[-1].state) if atts else AttemptState.FAILED
-            elif c.status in (CandidateStatus.FAILED, CandidateStatus.CANCELLED):  # screened / probed, then its
-                atts = ledger.attempts(c.id)  # full window failed: never re-queued again
-                fc = (atts[-1].failure_class or atts[-1].state) if atts else AttemptState.FAILED
+                continue  # not measured yet: nothing to learn
             peak = None
             if met:
                 peak = met.get("peak_reserved_gb") or met.get("peak_allocated_gb")
