@@ -28,7 +28,7 @@ run: install
 
 services: install
 	bash tests/cluster/services.sh up
-	# Debian's chromium renders the HTML report in tests/test_report.py (recorded: services-down removes it).
+	# Debian's chromium renders the HTML report in tests/report/test_report.py (recorded: services-down removes it).
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium \
 		&& mkdir -p /var/lib/orch-slurm-local && touch /var/lib/orch-slurm-local/installed-packages.chromium)
 
@@ -43,7 +43,7 @@ test: install services lint
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy orchestrator jobs db
+	$(VENV)/bin/mypy orchestrator
 
 bench: install
 	$(PY) tests/bench/run_all.py

@@ -1,4 +1,4 @@
-"""Compose the Hydra config for a subcommand and validate it against `orchestrator.schema`.
+"""Compose the Hydra config for a subcommand and validate it against `orchestrator.core.schema`.
 
 Why the Compose API and not @hydra.main: the CLI has subcommands with their own flags
 (`plan --format json`), so we parse flags with argparse and hand the remaining `key=value`
@@ -19,8 +19,8 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from orchestrator.errors import UserError
-from orchestrator.schema import RootConfig, StageConfig
+from orchestrator.core.errors import UserError
+from orchestrator.core.schema import RootConfig, StageConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("stage", "model", "hardware", "cluster", "ledger", "policy", "workload")
@@ -54,7 +54,7 @@ class Composed:
     def to_yaml(self) -> str:
         """The snapshot a sweep stores: its ledger URL masked (exports and reports show the snapshot;
         `resume` takes the URL from the caller). `${oc.env:...}` and `env:VAR` stay as written."""
-        from db.engine import ENV_PREFIX, mask
+        from orchestrator.ledger.engine import ENV_PREFIX, mask
 
         raw = self.raw.copy()
         url = OmegaConf.to_container(raw.ledger, resolve=False)["url"]  # type: ignore[call-overload,index]
@@ -87,7 +87,7 @@ def nearest_key(key: str) -> str:
     close = difflib.get_close_matches(key.lstrip("+~"), config_keys(), n=1, cutoff=0.6)
     if close:
         return f"; did you mean '{close[0]}'?"
-    return " (the keys are the fields of orchestrator/schema.py and the YAML files under conf/)"
+    return " (the keys are the fields of orchestrator/core/schema.py and the YAML files under conf/)"
 
 
 def _hydra_message(msg: str, overrides: Sequence[str]) -> str:
@@ -147,7 +147,7 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False, comma
         if " not in " in first and key != "?":  # an added (+) key the schema does not have: a typo?
             fix = f"No such config key{nearest_key(key)}"
         raise ConfigError(f"invalid config value at '{key}': {first}. {fix}") from None
-    from orchestrator.launch import container
+    from orchestrator.launch.slurm import container
 
     try:
         container.check(typed.cluster)

@@ -1,6 +1,6 @@
 """Preflight: fail in one minute on one node, not after hours on 128.
 
-Two halves. The job half (jobs/preflight.py) runs as a 1-node job through the same launcher as every
+Two halves. The job half (orchestrator/job/preflight.py) runs as a 1-node job through the same launcher as every
 candidate (inside the container when one is set): Python, torch + CUDA, GPUs, NCCL, Transformer Engine,
 the dev-branch V4 modules, the kernels the stage's space needs, and Megatron's own verdict on every
 candidate the planner keeps. This half asks Slurm (sinfo, sacctmgr) on the login node whether the
@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from jobs import preflight as job
-from jobs.paths import JobPaths
-from jobs.preflight import Check, CheckStatus, PreflightReport, PreflightRequest
-from orchestrator.schema import ClusterConfig, RootConfig, StageConfig
+from orchestrator.core.paths import JobPaths
+from orchestrator.core.schema import ClusterConfig, RootConfig, StageConfig
+from orchestrator.job import preflight as job
+from orchestrator.job.preflight import Check, CheckStatus, PreflightReport, PreflightRequest
 
 EVENT = "preflight"  # the ledger event kind a sweep records its preflight (or its skipping) under
 JOB_TIME_MIN = 15  # the preflight job: imports + one validate_args per candidate
@@ -245,7 +245,8 @@ def _account_checks(cluster: ClusterConfig, nodes: int, minutes: int) -> list[Ch
 # ------------------------------------------------------------------------------------------- the job
 def run_job(cfg: RootConfig, req: PreflightRequest) -> tuple[list[Check], dict[str, str], str, str | None]:
     """Launch the 1-node preflight job, wait, read its report: (checks, rejected, folder, job id)."""
-    from orchestrator.launch import LaunchError, LaunchTask, make_launcher
+    from orchestrator.launch import LaunchError, LaunchTask
+    from orchestrator.launch.auto import make_launcher
 
     stage = cfg.stage
     assert stage is not None

@@ -1,7 +1,7 @@
 """Planned candidate -> JobSpec (what a compute node runs) and its Slurm time limit.
 
 Why separate from the launcher: the spec is the contract between the orchestrator and the job
-(`jobs/spec.py`); building it needs the planner's argv and FLOP models, the launcher only needs
+(`orchestrator/core/spec.py`); building it needs the planner's argv and FLOP models, the launcher only needs
 the result. Pure apart from reading the config: no submitit, no files.
 
 Besides the measurement job: a parity job (warm-up 0, `parity.steps` measured, same seed) and the
@@ -18,15 +18,15 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from jobs.entry import command_problem
-from jobs.paths import JobPaths
-from jobs.spec import JobSpec
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
+from orchestrator.core.paths import JobPaths
+from orchestrator.core.schema import ClusterConfig, RootConfig
+from orchestrator.core.spec import JobSpec
+from orchestrator.job.entry import command_problem
 from orchestrator.plan import argv as plan_argv
 from orchestrator.plan import flops as plan_flops
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.planner import Planned
-from orchestrator.schema import ClusterConfig, RootConfig
 
 TIME_SAFETY = 2.0  # the measured step may be this much slower than predicted before Slurm cuts a good run
 # Megatron's default when the argv has no --distributed-timeout-minutes
@@ -35,12 +35,14 @@ DEFAULT_DISTRIBUTED_TIMEOUT_MIN = 10
 
 
 def attempt_dir(cfg: RootConfig, sweep: str, candidate_key: str, attempt: int) -> Path:
-    """`<cluster.folder>/<sweep>/<candidate_key>/attempt-<n>/` (jobs.paths.JobPaths names the folder and its files)."""
+    """`<cluster.folder>/<sweep>/<candidate_key>/attempt-<n>/` (orchestrator.core.paths.JobPaths names the folder and
+    its files)."""
     return JobPaths.of_attempt(cfg.cluster.folder, sweep, candidate_key, attempt).folder
 
 
 def check_workload(cfg: RootConfig) -> None:
-    """UserError when workload.command cannot start (jobs.entry.command_problem), before anything is written.
+    """UserError when workload.command cannot start (orchestrator.job.entry.command_problem), before anything is
+    written.
     Jobs that run in a container (cluster.container.image) find the command in the image, and a real
     in-process workload's entry script lives in the Megatron checkout of the compute nodes, which the
     sweep's preflight job checks there (orchestrator/preflight.py): only an empty command is refused."""

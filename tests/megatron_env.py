@@ -1,6 +1,6 @@
 """Make the installed megatron-core 0.19.2 importable on this CPU / Python 3.11 machine, for tests.
 
-The shims live in orchestrator/megatron_check.py (the training-ready check runs on machines without a GPU
+The shims live in orchestrator/job/megatron_check.py (the training-ready check runs on machines without a GPU
 too): a stand-in for the one module that imports triton, Python 3.12's typing.override, and GPU queries
 answered as an H100 (sm_90) while validate_args runs (`as_hopper`).
 """
@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from types import ModuleType
 
-from orchestrator import megatron_check
+from orchestrator.job import megatron_check
 
 
 def import_megatron() -> ModuleType:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from db.ledger import AttemptRow, Ledger
-from orchestrator.states import AttemptState, CandidateStatus
+from orchestrator.core.states import AttemptState, CandidateStatus
+from orchestrator.ledger.ledger import AttemptRow, Ledger
 
 T = TypeVar("T")
 
@@ -90,8 +90,8 @@ def assert_accounted(ledger: Ledger, sweep: str) -> None:
 
 def last_iteration(job_dir: str) -> int:
     """The highest iteration any rank file of the job printed so far (0: none yet)."""
-    from jobs.parse import parse_file
-    from jobs.paths import JobPaths
+    from orchestrator.core.paths import JobPaths
+    from orchestrator.evidence.parse import parse_file
 
     return max((r.iteration for p in JobPaths(job_dir).rank_logs() for r in parse_file(p).iterations), default=0)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from orchestrator.config import compose
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 
 INT_MAX = 2**31 - 1  # the ledger's integer columns (PostgreSQL INTEGER) and a sane LIMIT
 
@@ -42,7 +42,7 @@ def split_verb(overrides: Sequence[str], verbs: Sequence[str], command: str) -> 
 
 def open_ledger(overrides: Sequence[str]):
     """An existing ledger (these commands read; only `sweep` and `db upgrade` create one)."""
-    from db.ledger import Ledger
+    from orchestrator.ledger.ledger import Ledger
 
     cfg = compose(overrides).cfg.ledger
     return Ledger.open(cfg.url, create=False, echo=cfg.echo, busy_timeout_ms=cfg.busy_timeout_ms)

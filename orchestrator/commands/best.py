@@ -12,7 +12,7 @@ import json
 import sys
 
 from orchestrator.commands._shared import open_ledger
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 
 NAME = "best"
 HELP = (
@@ -57,8 +57,8 @@ def flags_of(hit: dict, config_yaml: str) -> list[str]:
     config (a job folder on another machine) with the same function the job got them from."""
     from pathlib import Path
 
-    from jobs.paths import JobPaths
-    from jobs.spec import JobSpec
+    from orchestrator.core.paths import JobPaths
+    from orchestrator.core.spec import JobSpec
 
     spec_path = JobPaths(Path(hit["attempt"]["job_dir"])).spec
     if spec_path.is_file():
@@ -97,7 +97,7 @@ def summary_rows(hit: dict) -> list[tuple[str, str]]:
 
 
 def run(args, overrides) -> int:
-    from db import queries
+    from orchestrator.ledger import queries
 
     with open_ledger(overrides) as ledger:
         sweep = pick_sweep(ledger, args.sweep, args.stage)

@@ -6,9 +6,9 @@ search `cancelled` would hide that it ended on its own.
 
 from __future__ import annotations
 
-from jobs.failures import Failure
 from orchestrator.config import compose
-from orchestrator.states import AttemptState, CandidateStatus, SweepStatus
+from orchestrator.core.failures import Failure
+from orchestrator.core.states import AttemptState, CandidateStatus, SweepStatus
 from orchestrator.sweep import bound_launcher, open_ledger, stored_config, stored_sweep
 from orchestrator.sweep.view import View
 

@@ -1,7 +1,7 @@
 """`compare`: measured layouts side by side, from the ledger (candidate + latest attempt + result).
 
 Filters are `--where KEY OP VALUE` (ep=64, tokens_per_gpu>=1000, recompute=moe_act, status=done);
-keys come from db.queries.COLUMNS and values are bound as parameters, never pasted into SQL.
+keys come from orchestrator.ledger.queries.COLUMNS and values are bound as parameters, never pasted into SQL.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def emit(rows: list[dict[str, Any]], fmt: str, columns: list[str], title: str) -
 
 
 def run(args, overrides) -> int:
-    from db import queries
+    from orchestrator.ledger import queries
 
     columns = [c.strip() for c in args.columns.split(",")] if args.columns else list(queries.DEFAULT_COLUMNS)
     limit = args.limit if args.limit is not None else (TABLE_LIMIT if args.format == "table" else None)

@@ -1,4 +1,4 @@
-"""`db upgrade|current|history`: the ledger's schema revisions (Alembic, db/migrations).
+"""`db upgrade|current|history`: the ledger's schema revisions (Alembic, orchestrator/ledger/migrations).
 
 A fresh SQLite file is upgraded on first use anyway; a PostgreSQL ledger changes only here.
 """
@@ -20,7 +20,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args, overrides) -> int:
-    from db import engine as E
+    from orchestrator.ledger import engine as E
 
     verb, overrides = split_verb(overrides, VERBS, NAME)
     if verb == "history":

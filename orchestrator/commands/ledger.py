@@ -6,7 +6,7 @@ import json
 import sys
 
 from orchestrator.commands._shared import open_ledger, print_table, split_verb
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 
 NAME = "ledger"
 HELP = "Ledger utilities: `ledger export --out FILE.csv|.parquet`, `ledger sweeps`, `ledger events --sweep NAME`."
@@ -31,7 +31,7 @@ def run(args, overrides) -> int:
     verb, overrides = split_verb(overrides, VERBS, NAME)
     with open_ledger(overrides) as ledger:
         if verb == "export":
-            from db.export import export
+            from orchestrator.ledger.export import export
 
             if not args.out:
                 raise UserError("ledger export needs --out FILE.csv or FILE.parquet")

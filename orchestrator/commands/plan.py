@@ -13,9 +13,10 @@ import sys
 from collections import Counter
 from typing import Any
 
-from orchestrator import knobs, runspec
+from orchestrator import runspec
 from orchestrator.config import compose, stage_or_error
-from orchestrator.errors import UserError
+from orchestrator.core import knobs
+from orchestrator.core.errors import UserError
 from orchestrator.plan import rules as R
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.planner import Planned, PlanResult, Rejected, plan

@@ -12,8 +12,8 @@ def add_arguments(p) -> None:
 
 
 def run(args, overrides) -> int:
-    from db.ledger import Ledger
     from orchestrator.config import compose
+    from orchestrator.ledger.ledger import Ledger
     from orchestrator.report.html import out_folder, report
 
     cfg = compose(overrides).cfg

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from orchestrator.config import compose, stage_or_error
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 
 NAME = "run-one"
 HELP = "Launch one planned candidate (by index), wait for it, and print its measured result."
@@ -34,8 +34,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args, overrides) -> int:
-    from jobs.collect import collect
-    from jobs.paths import JobPaths
+    from orchestrator.core.paths import JobPaths
+    from orchestrator.evidence.collect import collect
     from orchestrator.plan import planner
     from orchestrator.runspec import attempt_dir, build_spec, check_workload, time_limit_min
     from orchestrator.sweep.setup import check_name
@@ -82,8 +82,9 @@ def _next_attempt(candidate_dir: Path) -> int:
 
 def _launch_and_wait(cfg, spec, time_min: int):
     """Submit through orchestrator.launch and poll until the job is terminal; Ctrl-C cancels it."""
-    from jobs.entry import run_task
-    from orchestrator.launch import LaunchTask, make_launcher
+    from orchestrator.job.entry import run_task
+    from orchestrator.launch import LaunchTask
+    from orchestrator.launch.auto import make_launcher
 
     launcher, reason = make_launcher(cfg.job_cluster())
     print(

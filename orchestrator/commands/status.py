@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from db.leases import LeaseInfo
 from orchestrator.config import compose
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
+from orchestrator.ledger.leases import LeaseInfo
 from orchestrator.plan.layout import Layout
 from orchestrator.report import path
 from orchestrator.sweep import observe, open_ledger
@@ -23,7 +23,8 @@ def add_arguments(parser) -> None:
 
 
 def lease_view(info: LeaseInfo | None, *, at: datetime | None = None) -> dict | None:
-    """Who holds the lease (holder `host:pid:start`), until when, and whether that process lives (db.leases'
+    """Who holds the lease (holder `host:pid:start`), until when, and whether that process lives
+    (orchestrator.ledger.leases'
     own liveness: True/False on this host, None for another host, where only the expiry tells)."""
     if info is None:
         return None

@@ -11,7 +11,7 @@ import shlex
 import sys
 
 from orchestrator.config import compose, redact, stage_or_error
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 from orchestrator.plan.planner import plan
 from orchestrator.sweep import Options, observe, run_sweep
 from orchestrator.sweep.view import View

@@ -1,29 +1,10 @@
-"""Launch candidate attempts: Slurm job arrays via submitit, or local processes.
+"""Launch candidate attempts: the launcher interface (base) and what every backend is given (task).
 
-`make_launcher(cluster)` picks one; every launcher has submit / poll / cancel / result and re-attaches
-to stored job ids after a restart (`attach`)."""
+One folder per backend, as submitit has one per executor: `slurm/` (job arrays through submitit, sacct,
+pyxis containers, launch intents found by job name) and `local/` (processes on this host); `auto`
+is the registry that picks one (`make_launcher`, `launcher_for`). This face imports no backend, so a
+backend can import the interface without a cycle."""
 
-from orchestrator.launch.base import (
-    JobState,
-    Launcher,
-    LaunchError,
-    LaunchTask,
-    Submitted,
-)
-from orchestrator.launch.local import LocalLauncher
-from orchestrator.launch.select import launcher_for, make_launcher, slurm_available, wait_for_slurm
-from orchestrator.launch.slurm import SlurmLauncher
+from orchestrator.launch.base import JobState, Launcher, LaunchError, LaunchTask, Submitted
 
-__all__ = [
-    "JobState",
-    "LaunchError",
-    "LaunchTask",
-    "Launcher",
-    "LocalLauncher",
-    "SlurmLauncher",
-    "Submitted",
-    "launcher_for",
-    "make_launcher",
-    "slurm_available",
-    "wait_for_slurm",
-]
+__all__ = ["JobState", "LaunchError", "LaunchTask", "Launcher", "Submitted"]

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from jobs.paths import JobPaths
-from orchestrator.states import AttemptState
+from orchestrator.core.paths import JobPaths
+from orchestrator.core.states import AttemptState
 
 # Called once per submission (a Slurm array, a local job) with (index into the tasks, Submitted) pairs.
 OnSubmitted = Callable[[list[tuple[int, "Submitted"]]], None]

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jobs.paths import JobPaths
+from orchestrator.core.paths import JobPaths
 
 
 class RunInFolder:

@@ -10,7 +10,7 @@ Choices (Megatron file:line at dev d48bd6be0a85):
   Never --pipeline-model-parallel-layout, the VPP layer flags or account-for flags: Megatron rejects
   them together with a pattern (megatron/training/arguments.py:741-921). --num-layers is set to the
   pattern's layer-symbol count, the value Megatron derives, so it does not warn.
-- The training recipe (workload.recipe, orchestrator.schema.RecipeConfig) is written out in full: --lr
+- The training recipe (workload.recipe, orchestrator.core.schema.RecipeConfig) is written out in full: --lr
   has no default and the LR scheduler does float(max_lr) (megatron/core/optimizer_param_scheduler.py:158).
   Its overlap flags are what `overlaps` says, and the step-time model hides exactly that much.
 - --moe-n-hash-layers is a hybrid layer number, not a block count: pipeline.hash_layer_number.
@@ -34,13 +34,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.knobs import KNOB, KNOBS
+from orchestrator.core.knobs import KNOB, KNOBS
+from orchestrator.core.schema import ModelConfig, RecipeConfig, StageConfig
 from orchestrator.plan.flags import FLAGS
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.params import RATIO_SYMBOL
 from orchestrator.plan.pipeline import hash_layer_number
 from orchestrator.plan.recompute import FULL_RECOMPUTE_NUM_LAYERS
-from orchestrator.schema import ModelConfig, RecipeConfig, StageConfig
 
 DSV4_SPEC = ("megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_dsv4_stack_spec")
 ATTENTION_BACKENDS = {  # stage.attention_backend -> flags
@@ -302,7 +302,7 @@ def megatron_argv(
     recipe: RecipeConfig | None = None,
     extra: Iterable[str] = (),
 ) -> list[str]:
-    """Megatron flags for one candidate. model: ModelConfig, stage: StageConfig (orchestrator.schema).
+    """Megatron flags for one candidate. model: ModelConfig, stage: StageConfig (orchestrator.core.schema).
 
     layer_pattern is the hybrid pattern with '|' between PP x VPP segments (orchestrator.plan.pipeline).
     recipe: the workload's training recipe (None: RecipeConfig's defaults, the dev DSv4-Pro recipe).

@@ -99,7 +99,7 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--moe-router-fusion": (MAIN, bool),
     "--cross-entropy-loss-fusion": (MAIN, bool),
     "--cross-entropy-fusion-impl": (MAIN, str),
-    # training recipe (orchestrator.schema.RecipeConfig)
+    # training recipe (orchestrator.core.schema.RecipeConfig)
     "--lr": (MAIN, float),
     "--min-lr": (MAIN, float),
     "--lr-warmup-init": (MAIN, float),

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.params import (
     ModelKey,
@@ -36,7 +37,6 @@ from orchestrator.plan.params import (
     p_expert,
 )
 from orchestrator.plan.recompute import FULL, repeated
-from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
 
 # The embedding lookup and its sparse gradient are memory-bound; counted as this fraction of a mean
 # block when the pipeline split balances segment 0 (a prior, not a measurement).

@@ -1,6 +1,6 @@
 """A parallel layout's group arithmetic, its ledger identity and what the models predict for it.
 
-`Layout` itself (one point of the search space) is declared with the knob registry, orchestrator/knobs.py.
+`Layout` itself (one point of the search space) is declared with the knob registry, orchestrator/core/knobs.py.
 
 Group arithmetic follows the guide's MoE Parallel Folding identity (no GTP):
 
@@ -17,7 +17,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from orchestrator.knobs import Layout as Layout  # the knobs of one candidate: the registry owns them
+from orchestrator.core.knobs import Layout as Layout  # the knobs of one candidate: the registry owns them
 
 
 @dataclass(frozen=True)

@@ -36,13 +36,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig
 from orchestrator.plan import moe as moe_model
 from orchestrator.plan import pipeline
 from orchestrator.plan.layout import Groups, Layout
 from orchestrator.plan.params import ModelKey, _Frozen, block_ratios, is_moe_block, model_key, param_counts
 from orchestrator.plan.pipeline import checked_split, cumulative
 from orchestrator.plan.recompute import FULL, FULL_INPUTS_PER_BLOCK, dropped
-from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
 
 GB = 1e9
 WEIGHT_BYTES = 2
@@ -55,7 +55,7 @@ FLEX_BUFFER_GB = 1.0  # DeepEP / HybridEP / NCCL-EP registered buffers (order of
 DEFAULT_ROUTING_SIGMA = 0.25  # lognormal sigma of per-expert load once the router settles (a prior)
 
 EXPERT_TENSORS = frozenset(("moe_input", "expert_fc1", "moe_act", "expert_fc2"))
-# The terms calibration scales separately (orchestrator/policy/calibrate.py): model states (weights, grads,
+# The terms calibration scales separately (orchestrator/search/calibrate.py): model states (weights, grads,
 # optimizer: exact byte counts), activations (the analytic estimate most often wrong, 2-3x), buffers
 # (dispatch receive buffers, workspace, runtime: allocator- and library-dependent).
 TERMS = ("states", "activations", "buffers")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from orchestrator.schema import ModelConfig, StageConfig
+from orchestrator.core.schema import ModelConfig, StageConfig
 
 # Attention symbols of Megatron dev's hybrid pattern, keyed by CSA compress ratio.
 RATIO_SYMBOL = {4: "C", 128: "H", 0: "W"}

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any, TypeVar
 
+from orchestrator.core.schema import ModelConfig, StageConfig
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.params import (
     RATIO_SYMBOL,
@@ -23,7 +24,6 @@ from orchestrator.plan.params import (
     model_key,
     mtp_ratio,
 )
-from orchestrator.schema import ModelConfig, StageConfig
 
 N = TypeVar("N", int, float)
 ATTENTION_SYMBOLS = frozenset("CHWD*+")  # one per block in an attention+MLP pattern

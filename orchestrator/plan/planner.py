@@ -21,16 +21,16 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from orchestrator.core.schema import HardwareConfig, ModelConfig, RecipeConfig, StageConfig
 from orchestrator.plan import argv as argv_mod
 from orchestrator.plan import flops, memory, moe, params, pipeline, ranks, space, steptime
 from orchestrator.plan import rules as R
 from orchestrator.plan.layout import Groups, Layout, Prediction, canonical_key
 from orchestrator.plan.memory import StageMemory
-from orchestrator.schema import HardwareConfig, ModelConfig, RecipeConfig, StageConfig
 
 CHEAP_PHASES = ("layout", "pattern")
 # memory.stage_memory does not read these fields (the flex backend's buffers are sized alike, the
-# rank order changes no group size); tests/test_planner.py checks it, so its result is shared.
+# rank order changes no group size); tests/plan/test_planner.py checks it, so its result is shared.
 MEMORY_IGNORES = ("flex_backend", "use_tp_pp_dp_mapping")
 MEMORY_READS = tuple(f for f in Layout.__dataclass_fields__ if f not in MEMORY_IGNORES)
 
@@ -223,7 +223,7 @@ class _Env:
 
     def argv_violations(self, ctx: R.Ctx, rules: Sequence[R.Rule]) -> list[R.Rule]:
         """Argv rules, each checked once per combination of the knobs it declares (memoised): the
-        flags argv.py emits for those knobs do not depend on the others (tests/test_rules.py)."""
+        flags argv.py emits for those knobs do not depend on the others (tests/plan/test_rules.py)."""
         bad = []
         for rule in rules:
             key = (rule.id, _getter(rule.needs)(ctx.layout))

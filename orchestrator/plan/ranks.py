@@ -152,7 +152,7 @@ def nodes_of(group: Sequence[int], gpus_per_node: int) -> int:
 
 def evidence_ranks(layout: Layout, world_size: int, order: str | None = None) -> frozenset[int]:
     """The ranks whose output and sidecar a job keeps in files of their own; the others' output goes to a
-    shared per-node log (jobs.entry), so a 16k-GPU job leaves a few hundred files, not 50k.
+    shared per-node log (orchestrator.job.entry), so a 16k-GPU job leaves a few hundred files, not 50k.
 
     Megatron's logging decides who carries evidence: the last rank prints the iteration lines and timers,
     rank 0 the arguments and checkpoint messages, DP-rank-0 ranks the memory lines (their TP/CP peers are

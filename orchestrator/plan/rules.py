@@ -11,7 +11,7 @@ combination of those fields, and which `phase` it belongs to:
 - "layout":  reads only the knobs, the groups (D_a, D_e, m) and the stage/model/hardware.
 - "pattern": also reads the pipeline split (blocks per segment) and the HybridModel layer pattern.
 - "argv":    reads the generated Megatron flags (we never emit the forbidden ones; this proves it). `needs`
-             names the knobs that decide argv.py's flags in question (tests/test_rules.py checks it).
+             names the knobs that decide argv.py's flags in question (tests/plan/test_rules.py checks it).
 - "memory":  reads the predicted heaviest-rank memory; checked last, only for survivors.
 
 A predicate returns True when the rule is VIOLATED; predicates of later phases return False while their
@@ -24,12 +24,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig
 from orchestrator.plan import recompute
 from orchestrator.plan.flags import flag_value
 from orchestrator.plan.layout import Groups, Layout, groups
 from orchestrator.plan.params import d_window
 from orchestrator.plan.pipeline import moe_layers_through
-from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig
 
 PHASES: tuple[str, ...] = ("layout", "pattern", "argv", "memory")
 

@@ -4,7 +4,7 @@ Why normalise here: the YAML lists are written for people ("flex:deepep", [mhc, 
 the planner, the rules and the ledger key need one spelling per knob value, so two spellings of the
 same set never become two candidates. Legality is not decided here (that is rules.py): even values
 no rule accepts are enumerated, so the planner can say which rule rejects them. Which knobs there are,
-how each normalises and the walk order come from the registry (orchestrator/knobs.py).
+how each normalises and the walk order come from the registry (orchestrator/core/knobs.py).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import itertools
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import Any
 
-from orchestrator import knobs
-from orchestrator.knobs import Layout
-from orchestrator.knobs import parse_dispatcher as parse_dispatcher
-from orchestrator.schema import SearchConfig
+from orchestrator.core import knobs
+from orchestrator.core.knobs import Layout
+from orchestrator.core.knobs import parse_dispatcher as parse_dispatcher
+from orchestrator.core.schema import SearchConfig
 
 # Walk order of the knobs. The planner walks them in this order too, checking each rule as soon as
 # every knob it reads is bound, so cheap rules that reject a whole subtree run near the root.

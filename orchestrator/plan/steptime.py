@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from orchestrator.core.schema import HardwareConfig, ModelConfig, RecipeConfig, StageConfig
 from orchestrator.plan import moe as moe_model
 from orchestrator.plan import pipeline
 from orchestrator.plan.argv import DEFAULT_RECIPE, overlaps
@@ -49,7 +50,6 @@ from orchestrator.plan.params import ModelKey, _Frozen, block_ratios, model_key,
 from orchestrator.plan.pipeline import bubble as bubble_fraction
 from orchestrator.plan.pipeline import checked_split, cumulative
 from orchestrator.plan.recompute import redispatches
-from orchestrator.schema import HardwareConfig, ModelConfig, RecipeConfig, StageConfig
 
 COMPONENTS = ("compute", "a2a", "cp_exchange", "pp_p2p", "bubble", "grad_sync", "optimizer")
 

@@ -1,7 +1,7 @@
 """Gather everything the report shows from the ledger, in one pass, into plain dataclasses.
 
 Why a separate step: plots and HTML then work on plain data (testable without a database), and the
-ledger is read once. Effective throughput is computed here with jobs.effective from the measured
+ledger is read once. Effective throughput is computed here with orchestrator.evidence.effective from the measured
 save/restore times (or the configured defaults, flagged as such).
 """
 
@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from db import queries
-from db.ledger import Ledger, SweepRow
-from jobs.effective import effective_throughput
-from orchestrator import knobs
+from orchestrator.core import knobs
+from orchestrator.core.schema import EffectiveConfig
+from orchestrator.core.states import CandidateStatus, EdgeKind
+from orchestrator.evidence.effective import effective_throughput
+from orchestrator.ledger import queries
+from orchestrator.ledger.ledger import Ledger, SweepRow
 from orchestrator.report import path
-from orchestrator.schema import EffectiveConfig
-from orchestrator.states import CandidateStatus, EdgeKind
 
 KNOB_COLUMNS = tuple(k.column for k in knobs.DISPLAYED)  # every knob; the page shows those that vary
 TABLE_COLUMNS = (
@@ -148,7 +148,7 @@ def gather(ledger: Ledger, name: str) -> ReportData:
     sweep = ledger.get_sweep(name)
     if sweep is None:
         names = ", ".join(s.name for s in ledger.list_sweeps()) or "none yet"
-        from orchestrator.errors import UserError
+        from orchestrator.core.errors import UserError
 
         raise UserError(f"no sweep named {name!r} in the ledger (sweeps: {names})")
     gpus = _gpus(sweep)

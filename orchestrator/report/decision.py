@@ -1,6 +1,7 @@
 """The report's decision: which layout to train with, its margin over the runner-up, its evidence and flags.
 
-Why its own step: the page opens on this answer, and it must be the answer `best` gives (db.queries.best:
+Why its own step: the page opens on this answer, and it must be the answer `best` gives
+(orchestrator.ledger.queries.best:
 measured step p50, tie-break p99 then peak reserved memory; partial results and failed parity excluded),
 with the flags `plan --argv` prints (orchestrator.runspec.layout_flags, from the sweep's stored
 config and the candidate's stored layout and layer pattern), never a second copy of either rule.
@@ -12,8 +13,8 @@ from dataclasses import dataclass
 
 import yaml
 
-from db import queries
-from db.ledger import Ledger
+from orchestrator.ledger import queries
+from orchestrator.ledger.ledger import Ledger
 from orchestrator.report.data import ReportData
 
 
@@ -108,8 +109,8 @@ def _spec_argv(job_dir: str | None) -> list[str]:
     """The argv the measuring job ran with (its job.json), when its folder is still readable here."""
     if not job_dir:
         return []
-    from jobs.paths import JobPaths
-    from jobs.spec import JobSpec
+    from orchestrator.core.paths import JobPaths
+    from orchestrator.core.spec import JobSpec
 
     try:
         return list(JobSpec.load(JobPaths(job_dir).spec).argv)

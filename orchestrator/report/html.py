@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from jobs.paths import atomic_write
-from orchestrator import knobs
-from orchestrator.errors import UserError
+from orchestrator.core import knobs
+from orchestrator.core.errors import UserError
+from orchestrator.core.paths import atomic_write
 from orchestrator.report import path, plots, sections
 from orchestrator.report.data import ReportData
 from orchestrator.report.decision import Decision, decide

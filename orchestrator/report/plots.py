@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from orchestrator import knobs  # noqa: E402
+from orchestrator.core import knobs  # noqa: E402
 from orchestrator.report.data import ReportData, predicted_vs_measured  # noqa: E402
 
 TOP = 5

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator import knobs
+from orchestrator.core import knobs
 from orchestrator.report.data import ReportData
 from orchestrator.report.decision import Decision, eligible
 from orchestrator.report.fmt import esc, fmt, pct, sig, table

@@ -6,10 +6,10 @@ setup (names, stored config, promotion source).
 
 from __future__ import annotations
 
-from db.ledger import Ledger, SweepRow
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
+from orchestrator.core.schema import RootConfig
+from orchestrator.ledger.ledger import Ledger, SweepRow
 from orchestrator.runspec import check_workload
-from orchestrator.schema import RootConfig
 from orchestrator.sweep.loop import Driver, Options, Outcome
 from orchestrator.sweep.setup import check_name, default_name, preflight_gate, provenance, root_from_yaml
 from orchestrator.sweep.view import View
@@ -38,7 +38,7 @@ def open_ledger(cfg: RootConfig, *, create: bool = False) -> Ledger:
 def pick_launcher(cfg: RootConfig, view: View):
     """cluster=auto picks Slurm when sbatch answers, else the local executor; says which and why.
     Jobs get the workload's resources where the cluster sets none (RootConfig.job_cluster)."""
-    from orchestrator.launch import make_launcher
+    from orchestrator.launch.auto import make_launcher
 
     launcher, reason = make_launcher(cfg.job_cluster())
     view.event(f"cluster: {launcher.kind} ({reason})")
@@ -50,7 +50,7 @@ def bound_launcher(ledger: Ledger, cfg: RootConfig, name: str, view: View, *, la
     here, once) and the ledger stores the kind; later, `sweep`, `resume` and `cancel` get that kind again
     whatever Slurm answers right now, waiting for it with a bounded backoff (launch.launcher_for). A
     cluster.kind naming the other launcher is refused: the sweep's job ids mean nothing there."""
-    from orchestrator.launch import launcher_for
+    from orchestrator.launch.auto import launcher_for
 
     bound = ledger.get_sweep(name).provenance.get("launcher") or _legacy_kind(ledger, name)  # type: ignore[union-attr]
     if bound is None:

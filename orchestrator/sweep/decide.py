@@ -6,11 +6,11 @@ what the killed one would have; the calibration is recorded once per round.
 
 from __future__ import annotations
 
-from db.ledger import CandidateIn, Ledger, SweepRow
-from orchestrator.policy.env import PlanEnv
-from orchestrator.policy.types import RoundInput
-from orchestrator.schema import RootConfig
-from orchestrator.states import CandidateStatus
+from orchestrator.core.schema import RootConfig
+from orchestrator.core.states import CandidateStatus
+from orchestrator.ledger.ledger import CandidateIn, Ledger, SweepRow
+from orchestrator.search.env import PlanEnv
+from orchestrator.search.types import RoundInput
 from orchestrator.sweep import observe
 from orchestrator.sweep.setup import promotion_source
 

@@ -8,7 +8,7 @@ result. Their job ids and folders are logged as events as soon as they are submi
 
 - run_parity: candidate and reference (the candidate's layout with `parity.reference` overrides, CP1 by
   default) run `parity.steps` iterations from the same seed; lm loss and grad norm must agree within
-  the explicit tolerance. A failing candidate is `excluded` (db.queries.best skips failing parity).
+  the explicit tolerance. A failing candidate is `excluded` (orchestrator.ledger.queries.best skips failing parity).
 - run_long_run: save at X then exit, restore and train on (runspec.long_run_specs); the measured save /
   restore seconds and post-restart tokens/s give Q_effective, stored on the candidate's result row.
 """
@@ -19,19 +19,19 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from db.ledger import CandidateRow, Ledger, ParityRow
-from jobs import parity as parity_mod
-from jobs.collect import collect
-from jobs.effective import effective_throughput
-from jobs.entry import run_task
-from jobs.paths import JobPaths
-from jobs.result import JobResult
-from jobs.spec import JobSpec
 from orchestrator import runspec
+from orchestrator.core.paths import JobPaths
+from orchestrator.core.result import JobResult
+from orchestrator.core.schema import RootConfig
+from orchestrator.core.spec import JobSpec
+from orchestrator.evidence import parity as parity_mod
+from orchestrator.evidence.collect import collect
+from orchestrator.evidence.effective import effective_throughput
+from orchestrator.job.entry import run_task
 from orchestrator.launch import JobState, LaunchTask
+from orchestrator.ledger.ledger import CandidateRow, Ledger, ParityRow
 from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
-from orchestrator.schema import RootConfig
 from orchestrator.sweep.retry import retry_decision
 
 RETRY_ONCE = True  # a parity / long-run job lost to a retryable failure (NODE_FAIL ...) is resubmitted once

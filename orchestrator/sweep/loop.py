@@ -5,7 +5,7 @@ is written to the ledger right around it: an attempt is stored as a launch inten
 job name) before sbatch, its job id as soon as sbatch returns, before anything waits on it; a result is
 recorded (idempotently, per attempt) before the candidate's status moves. So `kill -9` at any point, then
 `resume` (which adopts a launched intent by its token), loses no result and submits nothing twice. The
-lease is renewed by a thread (db.leases.LeaseKeeper), so no wait here can lose it.
+lease is renewed by a thread (orchestrator.ledger.leases.LeaseKeeper), so no wait here can lose it.
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from db.leases import LeaseKeeper, holder_id
-from db.ledger import AttemptRow, CandidateRow, Ledger, SweepRow
-from jobs.failures import Failure
-from jobs.paths import JobPaths
+from orchestrator.core.failures import Failure
+from orchestrator.core.paths import JobPaths
+from orchestrator.core.schema import RootConfig
+from orchestrator.core.states import AttemptState, CandidateStatus, SweepStatus
+from orchestrator.ledger.leases import LeaseKeeper, holder_id
+from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger, SweepRow
 from orchestrator.plan.layout import Layout, Prediction
 from orchestrator.plan.planner import Planned
-from orchestrator.policy import make_policy
-from orchestrator.policy.env import PlanEnv
-from orchestrator.schema import RootConfig
-from orchestrator.states import AttemptState, CandidateStatus, SweepStatus
+from orchestrator.search import make_policy
+from orchestrator.search.env import PlanEnv
 from orchestrator.sweep import observe
 from orchestrator.sweep.decide import next_round
 from orchestrator.sweep.retry import retry_decision
@@ -46,7 +46,7 @@ def fault_point(point: str) -> None:
         return
     if spec.endswith(":kill"):
         os.kill(os.getpid(), signal.SIGKILL)
-    from db.errors import LedgerError
+    from orchestrator.ledger.errors import LedgerError
 
     raise LedgerError(f"injected fault at {point} ({FAULT_ENV}={spec})")
 
@@ -134,7 +134,7 @@ class Driver:
 
     def _take_lease(self) -> None:
         """Take the sweep's lease. A live holder is refused (LeaseHeld names it); a holder that is a dead
-        process on this host (an orchestrator killed with -9) is taken over at once (db.leases)."""
+        process on this host (an orchestrator killed with -9) is taken over at once (orchestrator.ledger.leases)."""
         self.ledger.acquire_lease(self.name, self.holder, self.ttl)
 
     def _heartbeat(self) -> None:
@@ -251,7 +251,7 @@ class Driver:
         intents = [a for a in self.ledger.live_attempts(self.name) if a.job_id is None and a.launch_token]
         if not intents:
             return
-        from orchestrator.errors import UserError
+        from orchestrator.core.errors import UserError
         from orchestrator.launch import LaunchError
 
         since = min(a.created_at for a in intents)
@@ -277,10 +277,10 @@ class Driver:
         """Claim every planned candidate and submit them as one array. Crash-consistent: each attempt is first
         written as an intent whose token names the Slurm job (`_adopt` finds it after a kill), and each job id
         is stored the moment its array exists; a record that fails cancels every job of the call."""
-        from jobs.entry import run_task
+        from orchestrator.job.entry import run_task
         from orchestrator.launch import LaunchTask
-        from orchestrator.policy.fidelity import decision_window
         from orchestrator.runspec import attempt_dir, build_spec, time_limit_min
+        from orchestrator.search.fidelity import decision_window
 
         claimed = self.ledger.claim_for_submission(self.name, 10_000, self.holder)
         if not claimed:
@@ -391,7 +391,7 @@ class Driver:
 
     def _ingest(self, a: AttemptRow, st, c: CandidateRow) -> None:
         """Collect the job folder into a JobResult, store it (idempotent per attempt), settle the candidate."""
-        from jobs.collect import collect
+        from orchestrator.evidence.collect import collect
 
         lost = bool(st.reason and "lost" in st.reason)  # re-attached, outcome unknown: the folder decides
         res = collect(

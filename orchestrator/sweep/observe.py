@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from db import queries
-from db.ledger import CandidateRow, Ledger, SweepRow
-from jobs.metrics import GB_PER_MIB
+from orchestrator.core.schema import StageConfig
+from orchestrator.core.states import AttemptState, CandidateStatus, Fidelity
+from orchestrator.evidence.metrics import GB_PER_MIB
+from orchestrator.ledger import queries
+from orchestrator.ledger.ledger import CandidateRow, Ledger, SweepRow
 from orchestrator.plan.layout import Layout
-from orchestrator.policy import fidelity
-from orchestrator.policy.env import PlanEnv
-from orchestrator.policy.types import Observation
-from orchestrator.schema import StageConfig
-from orchestrator.states import AttemptState, CandidateStatus, Fidelity
+from orchestrator.search import fidelity
+from orchestrator.search.env import PlanEnv
+from orchestrator.search.types import Observation
 
 FINALIST_EVENTS = ("finalist-cost",)  # orchestrator/sweep/finalists.py logs one per finalist job it ran
 

@@ -1,6 +1,6 @@
 """Which failed attempts are submitted again: the one retry decision (the sweep loop and the finalists).
 
-Pure: the caller passes the attempt history (from the ledger). What each class allows is jobs.failures'
+Pure: the caller passes the attempt history (from the ledger). What each class allows is orchestrator.core.failures'
 table: `policy.retry_classes` (whose default is the table's retried classes) says which classes are
 retried, the table says how often (TIMEOUT once, the others up to max_attempts); a class asked for on the
 command line (--retry oom) is retried up to max_attempts whatever the table says, and so is a class the
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from jobs.failures import BY_NAME, DEFAULT_RETRY_CLASSES, Retry
+from orchestrator.core.failures import BY_NAME, DEFAULT_RETRY_CLASSES, Retry
 
 
 def retry_decision(

@@ -10,10 +10,10 @@ from importlib import metadata
 
 from omegaconf import OmegaConf
 
-from db.leases import holder_alive
-from db.ledger import Ledger, SweepRow
-from orchestrator.errors import UserError
-from orchestrator.schema import RootConfig
+from orchestrator.core.errors import UserError
+from orchestrator.core.schema import RootConfig
+from orchestrator.ledger.leases import holder_alive
+from orchestrator.ledger.ledger import Ledger, SweepRow
 
 # A sweep name becomes a folder under cluster.folder and reports/, a Slurm job name (submitit expands `%j`/`%A`
 # in paths) and a ledger key (200 characters): letters, digits, `.`, `_`, `-`, starting with a letter or digit.
@@ -48,7 +48,7 @@ def root_from_yaml(text: str) -> RootConfig:
 
 
 def holder_dead(holder: str) -> bool:
-    """True when `holder` is a process of this host that no longer exists (db.leases.holder_alive)."""
+    """True when `holder` is a process of this host that no longer exists (orchestrator.ledger.leases.holder_alive)."""
     return holder_alive(holder) is False
 
 

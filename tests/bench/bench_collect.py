@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from jobs.collect import collect  # noqa: E402
-from jobs.paths import JobPaths  # noqa: E402
-from jobs.spec import JobSpec  # noqa: E402
+from orchestrator.core.paths import JobPaths  # noqa: E402
+from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig, WorkloadConfig  # noqa: E402
+from orchestrator.core.spec import JobSpec  # noqa: E402
+from orchestrator.evidence.collect import collect  # noqa: E402
 from orchestrator.plan import ranks  # noqa: E402
 from orchestrator.plan.layout import Layout  # noqa: E402
-from orchestrator.schema import HardwareConfig, ModelConfig, StageConfig, WorkloadConfig  # noqa: E402
 
 GOAL_S = 5.0
 N, PER_NODE, EXPERTS = 16384, 8, 384

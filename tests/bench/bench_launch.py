@@ -29,8 +29,10 @@ def _cpu() -> float:
 
 
 def main() -> bool | None:
-    from orchestrator.launch import LaunchTask, SlurmLauncher, slurm_available
-    from orchestrator.schema import ClusterConfig
+    from orchestrator.core.schema import ClusterConfig
+    from orchestrator.launch import LaunchTask
+    from orchestrator.launch.auto import slurm_available
+    from orchestrator.launch.slurm import SlurmLauncher
 
     ok, why = slurm_available()
     if not ok:

@@ -2,7 +2,7 @@
 the bulk insert rate of step samples through `Ledger.record_result` (one transaction per result).
 
 The 100k rows (candidate + attempt + result each) are bulk-loaded with Core executemany, then
-ANALYZEd; the timed part is exactly what `python -m orchestrator compare` runs (db.queries.compare).
+ANALYZEd; the timed part is exactly what `python -m orchestrator compare` runs (orchestrator.ledger.queries.compare).
 PostgreSQL: a throwaway database orch_bench_<pid> on 127.0.0.1, dropped at the end.
 """
 
@@ -32,7 +32,7 @@ RESULTS, SAMPLES = 20, 2000  # step-sample insert: 20 results x 2000 iterations
 
 def load_synthetic(led, n: int = N_RUNS, seed: int = 0) -> None:
     """n candidates, each with one attempt and one result, in one sweep (explicit ids, pointers set)."""
-    from db import models as m
+    from orchestrator.ledger import models as m
 
     rng = random.Random(seed)
     now = datetime.now(UTC)
@@ -135,7 +135,7 @@ def load_synthetic(led, n: int = N_RUNS, seed: int = 0) -> None:
 
 
 def time_compare(led) -> dict:
-    from db import queries
+    from orchestrator.ledger import queries
 
     out = {}
     for name, kw in QUERIES.items():
@@ -152,7 +152,7 @@ def time_compare(led) -> dict:
 
 def sample_rate(led) -> float:
     """Step samples per second stored by record_result (with their result row and rank memory)."""
-    from jobs.result import JobResult
+    from orchestrator.core.result import JobResult
 
     cand = led.add_candidates("bench", [_candidate_in(i) for i in range(RESULTS)])
     atts = [led.new_attempt(c.id, job_dir="/runs", simulated=True) for c in cand]
@@ -171,13 +171,13 @@ def sample_rate(led) -> float:
 
 
 def _candidate_in(i: int):
-    from db.ledger import CandidateIn
+    from orchestrator.ledger.ledger import CandidateIn
 
     return CandidateIn(key=f"sample-{i}", layout={"ep": 64})
 
 
 def bench_engine(url: str) -> tuple[dict, float]:
-    from db.ledger import Ledger
+    from orchestrator.ledger.ledger import Ledger
 
     with Ledger.open(url) as led:
         t0 = time.perf_counter()

@@ -3,7 +3,8 @@
 The log mixes what a 16k-GPU job's last rank prints per iteration: the iteration line with every
 optional field, an INFO-prefixed (min, max) timer block at --timing-log-level 2, a memory line every
 10 iterations, a straggler line, plus noise (NCCL INFO, warnings) under `srun -l` prefixes.
-Parsed as jobs.collect parses a job's file: the 1k stage's window and the checkpoint timers kept (jobs.keep;
+Parsed as orchestrator.evidence.collect parses a job's file: the 1k stage's window and the checkpoint timers kept
+(orchestrator.evidence.keep;
 the parser's memory is bench_parse_memory's subject). Generated once into a temp dir (cached between runs).
 Run: .venv/bin/python tests/bench/bench_parse.py
 """
@@ -19,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from jobs.keep import Keep  # noqa: E402
-from jobs.parse import parse_file  # noqa: E402
+from orchestrator.evidence.keep import Keep  # noqa: E402
+from orchestrator.evidence.parse import parse_file  # noqa: E402
 
 GOAL_S = 3.0
 KEEP = Keep(window=(20, 30), timers=("save-checkpoint", "load-checkpoint"))  # the 1k stage's window

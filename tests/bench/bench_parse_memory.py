@@ -1,6 +1,7 @@
 """Benchmark: the parser's peak memory does not grow with the log (goal: flat from 100 MB to 2 GB).
 
-Each log is generated in a temp dir, parsed in a child process the way jobs.collect parses a job's files
+Each log is generated in a temp dir, parsed in a child process the way orchestrator.evidence.collect parses a job's
+files
 (the spec's window, the checkpoint timers), and deleted. The child reports its peak RSS (VmHWM) and wall
 time. Logs: Megatron's last-rank output (iteration line, timer block, memory and straggler lines, NCCL noise)
 at 100 MB and 2 GB; one 2 GB line without a newline (with a traceback's exception in its head and a CUDA OOM
@@ -37,8 +38,8 @@ BATCH = 8 << 20
 
 CHILD = """
 import json, sys, time
-from jobs.keep import Keep
-from jobs.parse import parse_file
+from orchestrator.evidence.keep import Keep
+from orchestrator.evidence.parse import parse_file
 t0 = time.perf_counter()
 log = parse_file(sys.argv[1], keep=Keep(window=(int(sys.argv[2]), int(sys.argv[3])), timers=("save-checkpoint",)))
 wall = time.perf_counter() - t0

@@ -43,7 +43,7 @@ def main() -> bool:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from orchestrator.config import compose
-    from orchestrator.launch import make_launcher
+    from orchestrator.launch.auto import make_launcher
     from orchestrator.sweep import Driver, open_ledger
     from orchestrator.sweep.view import View
 

@@ -1,7 +1,8 @@
 """The search-efficiency harness behind tests/bench/bench_search.py: targets, cost, the grid, random search,
 and the real sweep decision loop driven against an in-process surface.
 
-Targets are surfaces whose truth the harness can read in-process: the twin's named surfaces (jobs/twin/truth,
+Targets are surfaces whose truth the harness can read in-process: the twin's named surfaces
+(orchestrator/job/twin/truth,
 `workload.twin.surface` + seed) and the external stand-ins in tests/workloads/ (their `evaluate(point)`).
 
 The sweep is the product's own decision logic: orchestrator/sweep/decide.next_round (budget, rounds,
@@ -87,8 +88,8 @@ class Target:
         same step times the job would print (the twin's draws are seeded by its key and attempt, as in the job)."""
         iters = sum(window) if window else cfg.stage.warmup_iters + cfg.stage.measure_iters
         if self.kind == "twin":
-            from jobs.twin import truth
-            from jobs.twin.job import steps_rng
+            from orchestrator.job.twin import truth
+            from orchestrator.job.twin.job import steps_rng
 
             tw = dataclasses.replace(cfg.workload.twin, surface=self.label, seed=self.seed)
             s = truth.evaluate(truth.Case(cfg.model, cfg.hardware, cfg.stage, tw, layout, pattern))
@@ -127,7 +128,7 @@ def launch_gpu_hours(n_gpus: int, startup_s: float, iters: int, launch: Launch) 
 
 def p50_of_window(cfg, launch: Launch, warmup: int | None = None) -> float:
     """The measured step: p50 of the window after warm-up (what collect reports as step_p50_s)."""
-    from jobs.metrics import summarize
+    from orchestrator.evidence.metrics import summarize
 
     return float(summarize(launch.times[cfg.stage.warmup_iters if warmup is None else warmup :]).p50)
 
@@ -265,11 +266,11 @@ class _Events:
 def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> SweepRun:
     """Drive one sweep to its end with orchestrator/sweep/decide.next_round and the configured policy,
     executing each claimed candidate in-process (see the module docstring)."""
-    from jobs.result import JobResult, RankMemory
+    from orchestrator.core.result import JobResult, RankMemory
     from orchestrator.plan.layout import Layout
-    from orchestrator.policy import make_policy
-    from orchestrator.policy.env import PlanEnv
-    from orchestrator.policy.fidelity import decision_window
+    from orchestrator.search import make_policy
+    from orchestrator.search.env import PlanEnv
+    from orchestrator.search.fidelity import decision_window
     from orchestrator.sweep import observe
     from orchestrator.sweep.decide import next_round
     from orchestrator.sweep.retry import retry_decision
@@ -337,7 +338,7 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
 def _result(cfg, run: Launch, JobResult, RankMemory, *, pp: int = 1, window=None):
     """The JobResult `collect` would build from this launch's job folder: the twin prints a memory line per
     pipeline stage; a stand-in prints one, from its one process (RANK = N - 1, the last PP stage)."""
-    from jobs.metrics import summarize
+    from orchestrator.evidence.metrics import summarize
 
     st = cfg.stage
     warmup, measure = window or (st.warmup_iters, st.measure_iters)
@@ -391,7 +392,7 @@ def _result(cfg, run: Launch, JobResult, RankMemory, *, pp: int = 1, window=None
 
 def fresh_ledger(folder: str | None = None):
     """A new SQLite ledger in a temporary folder (one per policy: the 8k sweep promotes from its 1k sweep)."""
-    from db.ledger import Ledger
+    from orchestrator.ledger.ledger import Ledger
 
     path = Path(folder or tempfile.mkdtemp(prefix="bench-search-")) / "ledger.sqlite"
     return Ledger.open(f"sqlite:///{path}", create_dir=True)

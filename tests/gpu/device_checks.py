@@ -26,12 +26,12 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# What the in-process Megatron path (jobs.megatron_run running pretrain_hybrid.py with the V4 spec) imports.
+# What the in-process Megatron path (orchestrator.job.megatron_run running pretrain_hybrid.py with the V4 spec) imports.
 # "required": the run cannot start without it; the others say which optional kernels the image lacks.
 IMPORTS: tuple[tuple[str, bool], ...] = (
     ("orchestrator.cli", True),
-    ("jobs.megatron_run", True),
-    ("jobs.instrument", True),
+    ("orchestrator.job.megatron_run", True),
+    ("orchestrator.job.instrument", True),
     ("hydra", True),
     ("omegaconf", True),
     ("submitit", True),
@@ -71,7 +71,7 @@ def step_imports(out: str) -> int:
     Python 3.12 has typing.override, and triton is installed there) and triton is not required."""
     import torch
 
-    from orchestrator import megatron_check
+    from orchestrator.job import megatron_check
 
     cuda = bool(torch.cuda.is_available())
     if not cuda:
@@ -108,7 +108,7 @@ def _te_spec_probe() -> dict[str, Any]:
 
 
 def _gpu1_argv() -> tuple[list[str], Any]:
-    """The gpu1 candidate's flags exactly as run-one builds them (tests/test_gpu_script.py composes the same)."""
+    """The gpu1 candidate's flags exactly as run-one builds them (tests/job/test_gpu_script.py composes the same)."""
     from orchestrator.commands.plan import megatron_flags
     from orchestrator.config import compose
     from orchestrator.plan import planner
@@ -122,7 +122,7 @@ def _gpu1_argv() -> tuple[list[str], Any]:
 
 def step_argv(out: str) -> int:
     """The gpu1 argv through the carried dev checkout's own parse_args + validate_args (+ the
-    TransformerConfig where CUDA answers), via orchestrator.megatron_check; and the planner's figures."""
+    TransformerConfig where CUDA answers), via orchestrator.job.megatron_check; and the planner's figures."""
     doc: dict[str, Any] = {"step": "argv"}
     try:
         argv, planned = _gpu1_argv()
@@ -133,7 +133,7 @@ def step_argv(out: str) -> int:
             "step_s": pred.step_time_s,
             "layer_pattern": pred.layer_pattern,
         }
-        from orchestrator import megatron_check
+        from orchestrator.job import megatron_check
 
         megatron_check.import_megatron()
         core = sys.modules.get("megatron.core")

@@ -1,6 +1,7 @@
 """Real Megatron on one GPU through `run-one` (tests/gpu/run.sh): skipped without CUDA, so never under CI here.
 
-What it proves that the twin cannot: the in-process path (jobs.megatron_run + jobs.instrument) runs a
+What it proves that the twin cannot: the in-process path (orchestrator.job.megatron_run + orchestrator.job.instrument)
+runs a
 V4-shaped model, its iteration lines parse, the router hook counts tokens, the allocator peaks land in the
 sidecar, and the memory model's prediction can be read beside the measurement.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.paths import JobPaths
+from orchestrator.core.paths import JobPaths
 
 
 def _cuda() -> bool:
@@ -34,7 +35,7 @@ TOPK = 6  # conf/model/tiny.yaml moe_router_topk
 
 
 def run_one_command(megatron: str | os.PathLike, folder: str | os.PathLike) -> list[str]:
-    """The command the GPU check runs (its overrides are composed on CPU by tests/test_gpu_script.py)."""
+    """The command the GPU check runs (its overrides are composed on CPU by tests/job/test_gpu_script.py)."""
     return [
         sys.executable,
         "-m",

@@ -1,0 +1,199 @@
+"""Every file name of a job folder, Megatron's checkpoint folder layout, and the one atomic write.
+
+Why one owner: the launcher, the job (entry, twin, megatron_run), collect and the sweep all meet in the
+job folder; a name spelled twice drifts (there were two constants for result.json). Like submitit's
+JobPaths, a JobPaths is built from the folder and hands out paths; nothing else spells a name.
+
+Layout of one attempt (`JobPaths.of_attempt`): `<cluster.folder>/<sweep>/<candidate_key>/attempt-<n>/`
+    job.json                      the JobSpec (written before submission; re-read by collect)
+    rank-<r>.out, rank-<r>.err    stdout / stderr of each evidence rank (orchestrator.plan.ranks.evidence_ranks)
+    node-<host>.log               the other ranks of one node: their lines labelled `<rank>: `, bounded per rank
+    sidecar-rank-<r>.json         per-rank evidence (router counts, allocator peaks), evidence ranks only
+    time-limit-warning-rank-<r>   Slurm's early time-limit warning reached rank r
+    result.json                   the collected JobResult
+    preflight.json                a preflight job's checks (orchestrator.job.preflight)
+plus submitit's own `<job id>_<task>_log.out|err` (here, or for an array under a parent's .submitit/<job id>/).
+
+Stdlib only: it runs on compute nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)")
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """The files of one job folder."""
+
+    folder: Path
+
+    SPEC = "job.json"
+    RESULT = "result.json"
+    ATTEMPT = "attempt-{n}"
+    RANK_OUT = "rank-{rank}.out"
+    RANK_ERR = "rank-{rank}.err"
+    SIDECAR = "sidecar-rank-{rank}.json"
+    PREFLIGHT = "preflight.json"
+    LAUNCH = "launch.json"  # the local executor's record of a launch: {"token", "job_id"} (the process id)
+    NODE_LOG = "node-{node}.log"
+    NODE_LOG_GLOB = NODE_LOG.format(node="*")
+    TIME_LIMIT_MARK = "time-limit-warning-rank-{rank}"
+    RANK_LOG_GLOBS = (RANK_OUT.format(rank="*"), RANK_ERR.format(rank="*"))
+    SIDECAR_GLOB = SIDECAR.format(rank="*")
+    # submitit's own folder (its pickles and task logs, one sub-folder per job id): the launchers point
+    # submitit at `<folder>/.submitit/%j`; slurmstepd's `*** JOB ... CANCELLED ... ***` lands in its logs.
+    SUBMITIT = ".submitit"
+    SUBMITIT_GLOBS = ("*_log.out", "*_log.err", f"{SUBMITIT}/*/*_log.out", f"{SUBMITIT}/*/*_log.err")
+    SUBMITIT_LOOKUP_DEPTH = 4  # an array's .submitit/<job id>/ sits at the common parent of its job folders
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        object.__setattr__(self, "folder", Path(folder))
+
+    @classmethod
+    def of_attempt(cls, root: str | os.PathLike, sweep: str, candidate_key: str, attempt: int) -> JobPaths:
+        """`<root>/<sweep>/<candidate_key>/attempt-<n>/` (root = cluster.folder, resolved)."""
+        return cls(Path(root).expanduser().resolve() / sweep / candidate_key / cls.ATTEMPT.format(n=attempt))
+
+    @property
+    def spec(self) -> Path:
+        return self.folder / self.SPEC
+
+    @property
+    def result(self) -> Path:
+        return self.folder / self.RESULT
+
+    @property
+    def launch(self) -> Path:
+        return self.folder / self.LAUNCH
+
+    def stdout(self, rank: int) -> Path:
+        return self.folder / self.RANK_OUT.format(rank=rank)
+
+    def stderr(self, rank: int) -> Path:
+        return self.folder / self.RANK_ERR.format(rank=rank)
+
+    def sidecar(self, rank: int) -> Path:
+        return self.folder / self.SIDECAR.format(rank=rank)
+
+    @property
+    def preflight(self) -> Path:
+        return self.folder / self.PREFLIGHT
+
+    def node_log(self, node: str) -> Path:
+        return self.folder / self.NODE_LOG.format(node=node)
+
+    def node_logs(self) -> list[Path]:
+        return sorted(self.folder.glob(self.NODE_LOG_GLOB))
+
+    def time_limit_mark(self, rank: int | str) -> Path:
+        return self.folder / self.TIME_LIMIT_MARK.format(rank=rank)
+
+    def rank_logs(self) -> list[Path]:
+        """rank-<r>.out then rank-<r>.err files, each kind in rank order."""
+        return [p for pattern in self.RANK_LOG_GLOBS for p in sorted(self.folder.glob(pattern), key=_rank_order)]
+
+    def rank_stderr(self) -> list[Path]:
+        """rank-<r>.err files in rank order."""
+        return sorted(self.folder.glob(self.RANK_ERR.format(rank="*")), key=_rank_order)
+
+    def sidecars(self) -> list[Path]:
+        return sorted(self.folder.glob(self.SIDECAR_GLOB), key=_rank_order)
+
+    @property
+    def submitit_folder(self) -> str:
+        """What a submitit executor's `folder=` gets (`%j`: submitit puts the job id there)."""
+        return str(self.folder / self.SUBMITIT / "%j")
+
+    def submitit_logs(self, job_id: str | None = None) -> list[Path]:
+        """submitit's logs in this folder, and with `job_id` those of an array under a parent's .submitit/."""
+        files = [p for pattern in self.SUBMITIT_GLOBS for p in sorted(self.folder.glob(pattern), key=_rank_order)]
+        if job_id:
+            for parent in list(self.folder.parents)[: self.SUBMITIT_LOOKUP_DEPTH]:
+                files += sorted((parent / self.SUBMITIT / str(job_id)).glob("*_log.*"), key=_rank_order)
+        return files
+
+    @staticmethod
+    def rank_of(path: str | os.PathLike) -> int | None:
+        """`rank-12.out` (or `sidecar-rank-12.json`) -> 12."""
+        m = _RANK_IN_NAME.search(Path(path).name)
+        return int(m.group(1)) if m else None
+
+
+def _rank_order(p: Path) -> tuple[int, str]:
+    digits = "".join(c if c.isdigit() else " " for c in p.name).split()
+    return (int(digits[0]) if digits else -1, p.name)
+
+
+@dataclass(frozen=True)
+class CheckpointPaths:
+    """Megatron's checkpoint folder (--save / --load DIR), as the twin writes and reads it.
+
+    Megatron's names: the tracker file holds the latest saved iteration, each save is `iter_NNNNNNN/`
+    (megatron/training/checkpointing.py: get_checkpoint_tracker_filename, get_checkpoint_name). The twin
+    "saves" one marker file there (simulated) standing for the checkpoint's shards."""
+
+    folder: Path
+
+    TRACKER = "latest_checkpointed_iteration.txt"
+    ITERATION = "iter_{it:07d}"
+    TWIN_MARKER = "twin-checkpoint.json"
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        object.__setattr__(self, "folder", Path(folder))
+
+    @property
+    def tracker(self) -> Path:
+        return self.folder / self.TRACKER
+
+    def iteration(self, it: int) -> Path:
+        return self.folder / self.ITERATION.format(it=it)
+
+    def twin_marker(self, it: int) -> Path:
+        return self.iteration(it) / self.TWIN_MARKER
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes, *, fsync: bool = True) -> Path:
+    """Write `data` to `path` so that a reader sees the old file or the whole new one, never a part.
+
+    A temporary file in the same folder (unique per process and thread: every rank may write at once) is
+    written, flushed to disk (fsync) and renamed over `path`; then the folder entry is synced. If anything
+    fails the temporary file is removed and `path` is left as it was. Text is written as UTF-8."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blob = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(blob)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    if fsync:
+        _fsync_dir(path.parent)
+    return path
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename durable; a file system that cannot sync a folder (some network mounts) is let be."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)

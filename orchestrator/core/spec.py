@@ -1,0 +1,92 @@
+"""JobSpec: everything a compute node needs to run and judge one attempt, as one JSON file.
+
+Why a file and not only the pickled submitit argument: the workload itself (the twin, or an
+instrumented Megatron) reads it through ORCH_JOB_SPEC, and `collect` re-reads it after the job is gone
+(killed, requeued, or run by an older orchestrator). Stdlib only: it is loaded on compute nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.paths import atomic_write
+from orchestrator.core.schema import EffectiveConfig, HardwareConfig, ModelConfig, StageConfig, WorkloadConfig
+
+
+@dataclass
+class JobSpec:
+    """One attempt of one candidate. `argv` is the candidate's Megatron flags only (no command)."""
+
+    sweep: str
+    candidate_key: str
+    attempt: int
+    layout: dict[str, Any]  # Layout.to_dict()
+    model: ModelConfig
+    stage: StageConfig
+    hardware: HardwareConfig
+    workload: WorkloadConfig
+    env: dict[str, str] = field(default_factory=dict)  # cluster.env + workload.env
+    argv: list[str] = field(default_factory=list)
+    job_dir: str = ""
+    master_port: int = 29500  # base: the job's port is master_port + job id % master_port_span (orchestrator.job.entry)
+    master_port_span: int = 2000
+    n_gpus: int = 1  # N, the job's world size
+    gpus_per_node: int = 8
+    model_flops_per_step: float = 0.0  # ours: activated experts, V4 attention, recompute excluded
+    recompute_flops_per_step: float = 0.0
+    predicted: dict[str, Any] = field(default_factory=dict)  # Prediction as a dict
+    effective: EffectiveConfig = field(default_factory=EffectiveConfig)  # Q_effective inputs (collect)
+    role: str = "measure"  # measure | parity | long-run-save | long-run-restore
+
+    @property
+    def command(self) -> list[str]:
+        """The full command line: workload.command + candidate flags + workload.extra_args."""
+        return list(self.workload.command) + list(self.argv) + list(self.workload.extra_args)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> JobSpec:
+        return _build(cls, data)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write atomically: a reader never sees half a spec (every rank may save at once).
+        The job folder's spec file is `orchestrator.core.paths.JobPaths(folder).spec`."""
+        return atomic_write(path, json.dumps(self.to_dict(), indent=2, sort_keys=True))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> JobSpec:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def _build(cls: type[Any], data: Any) -> Any:
+    """Rebuild a (nested) dataclass from asdict() output; unknown keys are ignored so an older
+    spec still loads after a field was added."""
+    if not dataclasses.is_dataclass(cls) or not isinstance(data, dict):
+        return data
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        kwargs[f.name] = _coerce(hints.get(f.name), data[f.name])
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any) -> Any:
+    if value is None or tp is None:
+        return value
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _build(tp, value)
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:  # Optional[X]
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _coerce(inner[0], value) if len(inner) == 1 else value
+    return value

@@ -1,0 +1,134 @@
+"""The state vocabularies: an attempt's Slurm state, a candidate's and a sweep's status, a lineage edge.
+
+One owner for each word. The ledger stores these strings, launch/ reads Slurm's and the sweep loop moves
+candidates between statuses; each imports the enum from here. StrEnum: a member IS its string, so the
+values stored before these enums existed still compare equal (no data migration) and JSON/SQL see text.
+Stdlib only: orchestrator/ledger/, launch/ and jobs/ (compute nodes, bare Python) import it.
+
+Each enum names its groups (TERMINAL, LIVE, ...) as frozensets of members, attached after the class
+body (inside it they would become members).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar
+
+
+class AttemptState(StrEnum):
+    """Slurm's own job-state words (sacct and squeue), plus UNKNOWN for "no answer yet".
+
+    An attempt row exists only once sbatch returned its job id, so its first state is PENDING.
+    """
+
+    PENDING = "PENDING"
+    CONFIGURING = "CONFIGURING"
+    RUNNING = "RUNNING"
+    COMPLETING = "COMPLETING"
+    SUSPENDED = "SUSPENDED"
+    STOPPED = "STOPPED"
+    RESIZING = "RESIZING"
+    SIGNALING = "SIGNALING"
+    STAGE_OUT = "STAGE_OUT"
+    PREEMPTED = "PREEMPTED"  # final: jobs go out with --no-requeue, so the sweep (not Slurm) reruns it
+    REQUEUED = "REQUEUED"
+    REQUEUE_FED = "REQUEUE_FED"
+    REQUEUE_HOLD = "REQUEUE_HOLD"
+    SPECIAL_EXIT = "SPECIAL_EXIT"  # requeued and held: a user may still release it
+    RESV_DEL_HOLD = "RESV_DEL_HOLD"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    REVOKED = "REVOKED"  # a federated sibling removed because another cluster started the job
+    UNKNOWN = "UNKNOWN"  # ours: sacct does not list the job yet, or the query failed
+
+    TERMINAL: ClassVar[frozenset[AttemptState]]
+    LIVE: ClassVar[frozenset[AttemptState]]
+
+    @classmethod
+    def parse(cls, text: str | None) -> AttemptState:
+        """sacct's State field -> a member: "CANCELLED by 0" is CANCELLED, a word Slurm adds later UNKNOWN."""
+        words = (text or "").split()
+        word = words[0].rstrip("+").upper() if words else ""
+        return cls.__members__.get(word, cls.UNKNOWN)
+
+    @property
+    def terminal(self) -> bool:
+        """The job will not change by itself any more (the loop stops polling it)."""
+        return self in AttemptState.TERMINAL
+
+
+AttemptState.TERMINAL = frozenset(
+    {
+        AttemptState.COMPLETED,
+        AttemptState.FAILED,
+        AttemptState.CANCELLED,
+        AttemptState.TIMEOUT,
+        AttemptState.NODE_FAIL,
+        AttemptState.PREEMPTED,
+        AttemptState.OUT_OF_MEMORY,
+        AttemptState.BOOT_FAIL,
+        AttemptState.DEADLINE,
+        AttemptState.REVOKED,
+    }
+)
+AttemptState.LIVE = frozenset(AttemptState) - AttemptState.TERMINAL
+
+
+class CandidateStatus(StrEnum):
+    """Where a candidate is in the sweep: planned -> claimed -> submitted -> running -> done | failed ..."""
+
+    PLANNED = "planned"  # in the ledger, waiting for a driver to claim it (also: a retry decided)
+    CLAIMED = "claimed"  # taken by one driver; sbatch not yet returned
+    SUBMITTED = "submitted"  # its latest attempt has a job id
+    RUNNING = "running"
+    DONE = "done"  # measured
+    FAILED = "failed"  # not retried (deterministic, or out of attempts)
+    CANCELLED = "cancelled"
+    EXCLUDED = "excluded"  # measured, then failed the correctness gate: never a best, parent or promoted
+
+    QUEUED: ClassVar[frozenset[CandidateStatus]]
+    IN_FLIGHT: ClassVar[frozenset[CandidateStatus]]
+    LIVE: ClassVar[frozenset[CandidateStatus]]
+    TERMINAL: ClassVar[frozenset[CandidateStatus]]
+
+
+# Not running yet (the live view's "queued").
+CandidateStatus.QUEUED = frozenset({CandidateStatus.PLANNED, CandidateStatus.CLAIMED, CandidateStatus.SUBMITTED})
+# Taken by a driver: what a resumed driver reconciles (re-attach, settle, or release the claim).
+CandidateStatus.IN_FLIGHT = frozenset({CandidateStatus.CLAIMED, CandidateStatus.SUBMITTED, CandidateStatus.RUNNING})
+# Not settled: the round is not over while any candidate is live; `cancel` cancels these.
+CandidateStatus.LIVE = CandidateStatus.IN_FLIGHT | {CandidateStatus.PLANNED}
+CandidateStatus.TERMINAL = frozenset(CandidateStatus) - CandidateStatus.LIVE
+
+
+class SweepStatus(StrEnum):
+    PLANNED = "planned"  # created, never driven
+    RUNNING = "running"  # a driver holds (or held, until it was killed) the lease
+    DONE = "done"  # the search stopped (budget, rounds, convergence, nothing left)
+    INTERRUPTED = "interrupted"  # the driver stopped (Ctrl-C, error, wall limit); `resume` continues
+    CANCELLED = "cancelled"  # `orchestrator cancel`
+
+
+class EdgeKind(StrEnum):
+    """Why a candidate has a parent (candidate.parent_id)."""
+
+    NEIGHBOUR = "neighbour"  # a one-knob neighbour of a measured layout of the same sweep
+    JOINT = "joint"  # a two-knob move over coupled knobs (orchestrator/search/moves.py COUPLED)
+    PROMOTED_FROM = "promoted-from"  # promoted from a measured layout of the stage this one promotes from
+
+
+class Fidelity(StrEnum):
+    """How long an attempt measures (issue 12 item 4): the windows of each live in orchestrator/search/fidelity.
+
+    PROBE: start-up plus a few iterations, read for the max-reserved memory line (does it fit?); SCREEN: a short
+    measured window that ranks many candidates; FULL: the stage's window, the only one a best is decided on."""
+
+    PROBE = "probe"
+    SCREEN = "screen"
+    FULL = "full"

@@ -1,0 +1,179 @@
+"""The local executor: submitit LocalExecutor, one process per job standing for all its ranks.
+
+Why a slot limit: the laptop/CI box has few cores, so at most `cluster.local_max_workers` jobs run at
+once; submit() waits for a free slot, so every job id it returns is a real, started process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from orchestrator.core.paths import JobPaths, atomic_write
+from orchestrator.core.schema import ClusterConfig
+from orchestrator.core.states import AttemptState
+from orchestrator.launch.base import (
+    Found,
+    JobState,
+    Launcher,
+    LaunchError,
+    LaunchTask,
+    OnSubmitted,
+    Submitted,
+    read_result,
+    state_of,
+)
+from orchestrator.launch.task import RunInFolder
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _pid_alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def local_gpus() -> int:
+    """NVIDIA GPUs this machine shows (/dev/nvidiaN device nodes; 0 on a CPU box), read without CUDA."""
+    names = os.listdir("/dev") if os.path.isdir("/dev") else []
+    return sum(1 for n in names if n.startswith("nvidia") and n[6:].isdigit())
+
+
+class LocalLauncher(Launcher):
+    kind = "local"
+    starts_on_submit = True
+
+    def __init__(self, cluster: ClusterConfig, slot_poll_s: float = 0.1) -> None:
+        super().__init__()
+        self.cluster = cluster
+        self.slot_poll_s = slot_poll_s
+        self._jobs: dict[str, Any] = {}  # job id -> submitit LocalJob
+        self._timeout_s: dict[str, float] = {}
+        self._start: dict[str, datetime] = {}
+        self._end: dict[str, datetime] = {}
+        self._cancelled: set[str] = set()
+
+    def _running(self) -> int:
+        running = 0
+        for jid, job in self._jobs.items():
+            if job.done():
+                self._end.setdefault(jid, _now())  # first time seen ended: its end time
+            else:
+                running += 1
+        return running
+
+    def submit(self, tasks: list[LaunchTask], on_submitted: OnSubmitted | None = None) -> list[Submitted]:
+        import submitit
+
+        out = []
+        for i, t in enumerate(tasks):
+            while self._running() >= max(1, self.cluster.local_max_workers):
+                time.sleep(self.slot_poll_s)
+            time_min = max(self.cluster.min_time_min, int(t.time_min))
+            executor = submitit.LocalExecutor(folder=JobPaths(os.path.abspath(t.folder)).submitit_folder)
+            executor.update_parameters(
+                timeout_min=time_min,
+                nodes=1,
+                tasks_per_node=1,
+                # submitit sets CUDA_VISIBLE_DEVICES to the first gpus_per_node GPUs: 0 hid the GPU from a
+                # real Megatron job on a GPU machine ("No CUDA GPUs are available", the H200 device run).
+                gpus_per_node=min(int(t.gpus_per_node), local_gpus()),
+                signal_delay_s=self.cluster.signal_delay_s,
+            )
+            # cluster.env is set inside the job, not by shell setup lines: without a shell in between,
+            # cancel()'s SIGINT reaches submitit's controller, which stops the tasks.
+            job = executor.submit(RunInFolder(t.fn, t.args, t.folder, env=dict(self.cluster.env)))
+            jid = str(job.job_id)
+            self._jobs[jid], self._folders[jid] = job, t.folder
+            self._timeout_s[jid], self._start[jid] = 60.0 * time_min, _now()
+            if t.token:  # what `find` reads after a restart: no scheduler to ask, the folder answers
+                atomic_write(JobPaths(t.folder).launch, json.dumps({"token": t.token, "job_id": jid}))
+            out.append(Submitted(job_id=jid, array_index=None, folder=t.folder))
+            if on_submitted is not None:
+                try:
+                    on_submitted([(i, out[-1])])
+                except BaseException:  # not recorded: stop it at once
+                    self.cancel([jid])
+                    raise
+        return out
+
+    def find(self, intents: list[tuple[str, int | None, str]], since: datetime) -> dict[tuple[str, int | None], Found]:
+        """The folder's launch.json names the process; a finished one is COMPLETED when it left its result,
+        else CANCELLED (stopped before its record, or killed): nothing runs there any more."""
+        out: dict[tuple[str, int | None], Found] = {}
+        for token, idx, folder in intents:
+            paths = JobPaths(folder)
+            try:
+                rec = json.loads(paths.launch.read_text())
+            except (OSError, ValueError):
+                continue
+            if rec.get("token") != token:
+                continue
+            jid = str(rec.get("job_id"))
+            alive = _pid_alive(jid)
+            state = (
+                AttemptState.RUNNING
+                if alive
+                else AttemptState.COMPLETED
+                if paths.result.exists()
+                else AttemptState.CANCELLED
+            )
+            out[(token, idx)] = Found(job_id=jid, state=state)
+        return out
+
+    def _state(self, jid: str) -> JobState:
+        job = self._jobs.get(jid)
+        if job is None:  # re-attached after a restart: only the folder and the pid are left
+            folder = self._folders.get(jid)
+            if folder and JobPaths(folder).result.exists():
+                return state_of(AttemptState.COMPLETED, node_list="localhost")
+            if _pid_alive(jid):
+                return state_of(AttemptState.RUNNING, node_list="localhost")
+            return state_of(AttemptState.FAILED, reason=f"local job lost (no process, no {JobPaths.RESULT})")
+        times: dict[str, Any] = {"node_list": "localhost", "start": self._start.get(jid)}  # JobState fields
+        if not job.done():
+            return state_of(AttemptState.RUNNING, **times)
+        end = self._end.setdefault(jid, _now())
+        proc = getattr(job, "_process", None)
+        code = proc.returncode if proc is not None else None
+        times.update(end=end, exit_code=code)
+        if jid in self._cancelled:
+            return state_of(AttemptState.CANCELLED, reason="cancelled", **times)
+        if job.paths.result_pickle.exists():
+            import submitit
+
+            outcome, _ = submitit.core.utils.pickle_load(job.paths.result_pickle)
+            if outcome != "success" and not code:
+                # submitit's controller exits 0 after pickling the task's exception: the task failed.
+                times["exit_code"] = 1
+            return state_of(AttemptState.COMPLETED if outcome == "success" else AttemptState.FAILED, **times)
+        if (end - self._start[jid]).total_seconds() >= self._timeout_s[jid]:
+            return state_of(AttemptState.TIMEOUT, reason="local time limit", **times)
+        return state_of(AttemptState.FAILED, reason=f"no result (exit code {code})", **times)
+
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
+        return {str(j): self._state(str(j)) for j in job_ids}
+
+    def cancel(self, job_ids: list[str]) -> None:
+        for jid in map(str, job_ids):
+            job = self._jobs.get(jid)
+            if job is not None and not job.done():
+                self._cancelled.add(jid)
+                job.cancel()
+
+    def result(self, job_id: str) -> Any:
+        job = self._jobs.get(str(job_id))
+        if job is None:
+            folder = self._folders.get(str(job_id))
+            if folder is None:
+                raise LaunchError(f"local job {job_id}: unknown (after a restart, call attach())")
+            return read_result(folder)
+        return job.result()

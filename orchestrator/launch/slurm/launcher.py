@@ -1,0 +1,216 @@
+"""Slurm through submitit: a round goes out as job arrays, one sacct call polls everything.
+
+Why arrays: one sbatch per chunk of `cluster.max_array_size` tasks (not one per candidate) keeps the
+controller load flat; `cluster.array_parallelism` caps how many run at once. Tasks that need a
+different shape (nodes x tasks_per_node x GPUs) cannot share an array, so they are grouped first.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from collections import defaultdict
+from datetime import datetime
+from os.path import commonpath
+from typing import Any
+
+from orchestrator.core.paths import JobPaths
+from orchestrator.core.schema import ClusterConfig
+from orchestrator.core.states import AttemptState
+from orchestrator.launch.base import (
+    Found,
+    JobState,
+    Launcher,
+    LaunchError,
+    LaunchTask,
+    OnSubmitted,
+    Submitted,
+    read_result,
+    shape,
+)
+from orchestrator.launch.slurm import container, sacct
+from orchestrator.launch.slurm import intents as intents_mod
+from orchestrator.launch.task import RunInFolder
+
+REQUEUE_KEYS = ("requeue", "no_requeue")  # sbatch_extra may not hand the requeue decision back to Slurm
+
+
+def env_setup(cluster: ClusterConfig) -> list[str]:
+    """Shell lines run before the tasks start: the cluster's setup, then its environment variables."""
+    return list(cluster.setup) + [f"export {k}={shlex.quote(str(v))}" for k, v in cluster.env.items()]
+
+
+def node_log_flags(folder: str, array: bool) -> list[str]:
+    """srun options that put submitit's task logs in one file per node (`%N`), each line labelled with its
+    task rank (`--label`, which orchestrator.evidence.parse reads), instead of two files per task: srun keeps the last
+    `--output`/`--error` it is given, so these follow submitit's own per-task ones."""
+    from submitit.core.utils import JobPaths as SubmititPaths
+
+    paths = SubmititPaths(folder=folder)
+    out, err = (str(p).replace("%t", "%N") for p in (paths.stdout, paths.stderr))
+    if array:  # as submitit names an array's logs
+        out, err = out.replace("%j", "%A_%a"), err.replace("%j", "%A_%a")
+    return ["--label", "--output", out, "--error", err]
+
+
+def _array_name(tasks: list[LaunchTask]) -> str:
+    if len(tasks) == 1:
+        return tasks[0].name
+    prefix = commonpath([t.name for t in tasks]).rstrip(":-_ ")
+    return f"{prefix or 'orch'}[{len(tasks)}]"
+
+
+class SlurmLauncher(Launcher):
+    """Counters (`sbatch_calls`, `sacct_calls`, `scancel_calls`) let tests and benchmarks prove the
+    control-plane cost: one sbatch per array chunk, one sacct per poll, one scancel per cancel."""
+
+    kind = "slurm"
+
+    def __init__(self, cluster: ClusterConfig) -> None:
+        super().__init__()
+        container.check(cluster)
+        self.cluster = cluster
+        self.sbatch_calls = 0
+        self.sacct_calls = 0
+        self.scancel_calls = 0
+
+    # -- submit ---------------------------------------------------------------------------------------
+    def parameters(self, tasks: list[LaunchTask], folder: str | None = None) -> dict[str, Any]:
+        """submitit SlurmExecutor parameters for one array of same-shape tasks (`folder`: submitit's,
+        for the per-node task logs)."""
+        c = self.cluster
+        nodes, per_node, gpus = shape(tasks[0])
+        params: dict[str, Any] = {
+            "job_name": tasks[0].token or _array_name(tasks),  # a token names the launch intent (find)
+            # One limit per array: the longest the caller asked for, never under the cluster minimum.
+            "time": max(c.min_time_min, *(int(t.time_min) for t in tasks)),
+            "nodes": nodes,
+            "ntasks_per_node": per_node,
+            "signal_delay_s": c.signal_delay_s,
+            "array_parallelism": c.array_parallelism,
+            "setup": container.setup_lines(c) + env_setup(c),
+        }
+        if gpus:
+            params["gpus_per_node"] = gpus
+        for key in ("partition", "account", "qos", "constraint"):
+            if getattr(c, key):
+                params[key] = getattr(c, key)
+        if c.exclusive:
+            params["exclusive"] = True
+        if c.cpus_per_task:
+            params["cpus_per_task"] = int(c.cpus_per_task)
+        if c.mem is not None:
+            params["mem"] = str(c.mem)  # "0": all of each node's memory
+        if tasks[0].exclude:
+            params["exclude"] = tasks[0].exclude
+        # The orchestrator owns every rerun: Slurm never requeues a job (a NODE_FAIL requeue would rerun the
+        # task under the same id into the same folder while the loop retries it too). sbatch(1) --no-requeue;
+        # submitit writes `#SBATCH --<key>` for a True value (submitit/slurm/slurm.py: _as_sbatch_flag).
+        extra = {k: v for k, v in c.sbatch_extra.items() if k.replace("-", "_") not in REQUEUE_KEYS}
+        params["additional_parameters"] = {**extra, "no_requeue": True}
+        logs = node_log_flags(folder, len(tasks) > 1) if folder else []
+        srun = container.srun_flags(c) + logs + list(c.srun_args)
+        if srun:
+            params["srun_args"] = srun
+        return params
+
+    def executor_folder(self, tasks: list[LaunchTask]) -> str:
+        """submitit's own folder (sbatch script, pickles, logs), next to the tasks' job folders."""
+        return JobPaths(os.path.commonpath([os.path.abspath(t.folder) for t in tasks])).submitit_folder
+
+    def submit_command(self, folder: str) -> str:
+        """What submitit's srun line runs on every task: `<python> -u -m submitit.core._submit <folder>`, with
+        cluster.python (the container's interpreter) when set."""
+        python = container.python(self.cluster) or shlex.quote(sys.executable)
+        return " ".join([python, "-u -m submitit.core._submit", shlex.quote(folder)])
+
+    def batch_script(self, tasks: list[LaunchTask]) -> str:
+        """The batch script submitit writes for these tasks (one job, or an array for several), without
+        calling sbatch: its own template with this launcher's parameters and command."""
+        from submitit.slurm.slurm import _make_sbatch_string
+
+        folder = self.executor_folder(tasks)
+        params = self.parameters(tasks, folder)
+        if len(tasks) > 1:
+            params["map_count"] = len(tasks)
+        return _make_sbatch_string(command=self.submit_command(folder), folder=folder, **params)
+
+    def arrays(self, tasks: list[LaunchTask]) -> list[list[int]]:
+        """One array per (shape, excluded nodes), in chunks of `cluster.max_array_size`: sbatch options hold
+        for a whole array."""
+        groups: dict[tuple[tuple[int, int, int], str], list[int]] = defaultdict(list)
+        for i, t in enumerate(tasks):
+            groups[(shape(t), t.exclude)].append(i)
+        size = max(1, int(self.cluster.max_array_size))
+        return [idxs[k : k + size] for idxs in groups.values() for k in range(0, len(idxs), size)]
+
+    def submit(self, tasks: list[LaunchTask], on_submitted: OnSubmitted | None = None) -> list[Submitted]:
+        out: list[Submitted] = [None] * len(tasks)  # type: ignore[list-item]  # every slot is filled below
+        for chunk in self.arrays(tasks):
+            subs = self._submit_array([tasks[i] for i in chunk])
+            for i, sub in zip(chunk, subs):
+                out[i] = sub
+            if on_submitted is None:
+                continue
+            try:
+                on_submitted(list(zip(chunk, subs)))
+            except BaseException:  # not recorded: no task of this array may run untracked (one scancel)
+                self.cancel(sorted({s.job_id.split("_")[0] for s in subs}))
+                raise
+        return out
+
+    def find(self, intents: list[tuple[str, int | None, str]], since: datetime) -> dict[tuple[str, int | None], Found]:
+        return intents_mod.find(intents, since=since)
+
+    def _submit_array(self, tasks: list[LaunchTask]) -> list[Submitted]:
+        import submitit
+
+        folder = self.executor_folder(tasks)
+        executor = submitit.SlurmExecutor(folder=folder, python=container.python(self.cluster))
+        executor.update_parameters(**self.parameters(tasks, folder))
+        try:
+            with executor.batch():
+                jobs = [executor.submit(RunInFolder(t.fn, t.args, t.folder)) for t in tasks]
+        except Exception as exc:
+            raise LaunchError(f"sbatch failed for {len(tasks)} task(s) ({tasks[0].name} ...): {exc}") from exc
+        finally:
+            self.sbatch_calls += 1
+        subs = []
+        for t, job in zip(tasks, jobs):
+            jid = str(job.job_id)
+            subs.append(
+                Submitted(job_id=jid, array_index=int(jid.split("_")[1]) if "_" in jid else None, folder=t.folder)
+            )
+            self._folders[jid] = t.folder
+        return subs
+
+    # -- poll / cancel / result -------------------------------------------------------------------------
+    def poll(self, job_ids: list[str]) -> dict[str, JobState]:
+        ids = [str(j) for j in job_ids]
+        if not ids:
+            return {}
+        self.sacct_calls += 1
+        try:
+            proc = subprocess.run(sacct.command(ids), capture_output=True, text=True, timeout=120)
+            error = proc.stderr.strip() if proc.returncode else ""
+            found = sacct.parse(proc.stdout) if not error else {}
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            error, found = str(exc), {}
+        # A job sacct does not list yet (accounting lags 1-2 s) or a failed query stays live: UNKNOWN.
+        why = f"sacct failed: {error[:200]}" if error else "not in accounting yet"
+        return {j: sacct.state_for(found, j) or JobState(state=AttemptState.UNKNOWN, reason=why) for j in ids}
+
+    def cancel(self, job_ids: list[str]) -> None:
+        ids = [str(j) for j in job_ids]
+        if not ids:
+            return
+        self.scancel_calls += 1
+        subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=120)
+
+    def result(self, job_id: str) -> Any:
+        folder = self._folders.get(str(job_id))
+        if folder is None:
+            raise LaunchError(f"job {job_id}: folder unknown (after a restart, call attach() with the stored ids)")
+        return read_result(folder)

@@ -1,0 +1,11 @@
+"""The ledger: every sweep, candidate, attempt and measured result, in SQLite or PostgreSQL.
+
+Public entry point: `orchestrator.ledger.ledger.Ledger.open(url)`. Queries for `compare`/`best` live in
+`orchestrator.ledger.queries`, exports in `orchestrator.ledger.export`. Nothing here imports orchestrator/ or jobs/:
+the ledger
+knows Megatron and Slurm only through column names.
+"""
+
+from orchestrator.ledger.errors import LeaseHeld, LedgerError
+
+__all__ = ["LeaseHeld", "LedgerError"]

@@ -1,0 +1,68 @@
+"""Values in and out of the ledger: ORM objects -> typed rows, Python values -> what the columns accept.
+
+Why one module: every write cleans its JSON the same way (PostgreSQL's json rejects NaN) and every read
+hands out a frozen dataclass, never an ORM object that would outlive its session.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import fields
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from orchestrator.ledger.errors import LedgerError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+CHUNK = 5000  # keys per IN (...) list: below SQLite's variable limit
+
+T = TypeVar("T")
+R = TypeVar("R", bound="DataclassInstance")
+E = TypeVar("E", bound=StrEnum)
+
+
+def to_row(cls: type[R], obj: Any) -> R:
+    """The dataclass `cls` filled from the ORM object's attributes of the same names."""
+    return cls(**{f.name: getattr(obj, f.name) for f in fields(cls)})
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def clean(value: Any) -> Any:
+    """JSON-safe copy: tuples to lists, NaN/inf to None (PostgreSQL's json rejects NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    return value
+
+
+def as_datetime(value: Any) -> datetime | None:
+    """Accept datetime, ISO text or epoch seconds (sacct and submitit give all three)."""
+    if value is None or isinstance(value, datetime):
+        return value
+    if isinstance(value, (int, float)):
+        return datetime.fromtimestamp(value, UTC)
+    parsed = datetime.fromisoformat(str(value))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def member(cls: type[E], value: str, what: str) -> E:
+    """`value` as a member of the StrEnum `cls` (orchestrator.core.states); a LedgerError naming the valid ones."""
+    try:
+        return cls(value)
+    except ValueError:
+        raise LedgerError(f"{what} '{value}' is not one of {', '.join(cls)}") from None
+
+
+def chunks(seq: Sequence[T], n: int = CHUNK) -> Iterator[Sequence[T]]:
+    for i in range(0, len(seq), n):
+        yield seq[i : i + n]

@@ -1,0 +1,278 @@
+"""Engines and schema versions: SQLite pragmas, PostgreSQL URLs, Alembic upgrade/current/history.
+
+Why BEGIN IMMEDIATE: pysqlite opens transactions lazily and a reader that later writes fails with
+"database is locked" when another writer got there first (optuna#820). The ledger's write sessions
+ask for `sqlite_begin="IMMEDIATE"`, which takes the write lock up front and waits `busy_timeout`
+for it; read sessions keep a deferred BEGIN so readers never block writers under WAL.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+
+from orchestrator.ledger.errors import LedgerError
+
+log = logging.getLogger("db")
+HERE = Path(__file__).resolve().parent
+SUPPORTED = ("sqlite", "postgresql")
+ENV_PREFIX = "env:"
+
+
+def parse_url(url: str | URL) -> URL:
+    """A SQLAlchemy URL; `env:VAR` reads it from the environment (no password in a file or argv)."""
+    if isinstance(url, URL):
+        return url
+    if url.startswith(ENV_PREFIX):
+        var = url[len(ENV_PREFIX) :]
+        if not os.environ.get(var):
+            raise LedgerError(f"ledger URL variable {var} is not set; export {var}=postgresql+psycopg://...")
+        url = os.environ[var]
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise LedgerError("ledger.url is not a database URL; expected e.g. sqlite:///./ledger.sqlite") from None
+    except ValueError:  # make_url's int(port)
+        raise LedgerError(
+            "ledger.url has a port that is not a number; expected e.g. postgresql+psycopg://user@host:5432/db"
+        ) from None
+    if parsed.get_backend_name() not in SUPPORTED:
+        raise LedgerError(f"ledger backend '{parsed.get_backend_name()}' is not supported; use one of {SUPPORTED}")
+    return parsed
+
+
+def mask(url: str | URL) -> str:
+    """The URL with its password replaced by ***; used in every message and log line."""
+    try:
+        return parse_url(url).render_as_string(hide_password=True)
+    except LedgerError:
+        return "<invalid ledger URL>"
+
+
+def sqlite_file(url: URL, *, create: bool, create_dir: bool = False) -> Path | None:
+    """The SQLite file a URL names (None: in memory, or not SQLite), checked before anything opens it.
+
+    Only a command that may create a ledger passes `create` (sqlite3 would make any missing file), and
+    then only in an existing folder unless `create_dir`: a typo'd path is an error, not a new tree."""
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    path = Path(url.database)
+    if path.exists() or path.is_symlink():
+        if not path.is_file():
+            raise LedgerError(f"{mask(url)} is not a regular file; point ledger.url at a .sqlite file")
+        return path
+    if not create:
+        raise LedgerError(f"no ledger at {mask(url)} (run a sweep or `python -m orchestrator db upgrade`)")
+    if not path.parent.is_dir():
+        if not create_dir:
+            raise LedgerError(
+                f"the folder {path.parent} of ledger.url {mask(url)} does not exist: fix the path, create the "
+                "folder, or add ledger.create_dir=true"
+            )
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LedgerError(f"cannot create the ledger folder {path.parent}: {exc.strerror}") from None
+    return path
+
+
+def scrub(message: str, url: URL) -> str:
+    """Remove the password from a driver message, in case the driver echoed it."""
+    return message.replace(url.password, "***") if url.password else message
+
+
+def make_engine(
+    url: str | URL, *, echo: bool = False, busy_timeout_ms: int = 30000, lock_timeout_ms: int | None = None
+) -> Engine:
+    """`lock_timeout_ms` (PostgreSQL): a statement waiting longer for a lock, or running longer than twice
+    that, fails instead of blocking (the lease keeper's renewals); SQLite waits `busy_timeout_ms`."""
+    parsed = parse_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed, echo=echo, busy_timeout_ms=busy_timeout_ms)
+    args: dict[str, Any] = {"connect_timeout": 10}
+    if lock_timeout_ms is not None:
+        args["connect_timeout"] = max(2, int(lock_timeout_ms / 1000) + 1)
+        args["options"] = f"-c lock_timeout={int(lock_timeout_ms)} -c statement_timeout={2 * int(lock_timeout_ms)}"
+    try:
+        return create_engine(parsed, echo=echo, pool_pre_ping=True, connect_args=args)
+    except NoSuchModuleError as exc:
+        raise LedgerError(f"no driver for {mask(parsed)}: {exc}; install the 'postgres' extra") from None
+
+
+def _sqlite_engine(url: URL, *, echo: bool, busy_timeout_ms: int) -> Engine:
+    engine = create_engine(url, echo=echo, connect_args={"timeout": busy_timeout_ms / 1000})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: object) -> None:
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (see module docstring)
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")  # first: the next pragma may wait
+        if url.database not in (None, "", ":memory:"):
+            _enter_wal(cur, busy_timeout_ms)
+            cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {'IMMEDIATE' if mode == 'IMMEDIATE' else 'DEFERRED'}")
+
+    return engine
+
+
+def _enter_wal(cur: Any, busy_timeout_ms: int) -> None:
+    """PRAGMA journal_mode=WAL, retried within the busy timeout: on a fresh file, while another connection
+    switches it or holds its first lock, SQLite answers 'database is locked' at once, without calling the
+    busy handler (https://www.sqlite.org/wal.html#activating_and_configuring_wal_mode), so eight
+    orchestrators opening one new ledger would otherwise fail where they should wait."""
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
+
+
+def write_engine(engine: Engine) -> Engine:
+    """The same pool, but every transaction starts with BEGIN IMMEDIATE on SQLite."""
+    return engine.execution_options(sqlite_begin="IMMEDIATE")
+
+
+# ---- Alembic ---------------------------------------------------------------------------------
+
+
+def alembic_config(engine: Engine | None = None, connection: Connection | None = None) -> Config:
+    """Config for orchestrator/ledger/alembic.ini; the engine travels in attributes so no URL goes through ini
+    parsing."""
+    cfg = Config(str(HERE / "alembic.ini"))
+    cfg.set_main_option("script_location", str(HERE / "migrations"))
+    cfg.attributes["engine"] = engine
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def script_directory() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config())
+
+
+def head_revision(script: ScriptDirectory | None = None) -> str:
+    head = (script or script_directory()).get_current_head()
+    if head is None:  # only a broken install ships orchestrator/ledger/migrations without its versions
+        raise LedgerError(f"no schema revision under {HERE / 'migrations'}; reinstall the orchestrator")
+    return head
+
+
+@dataclass
+class SchemaState:
+    current: str | None  # None: no alembic_version (fresh database)
+    head: str
+    has_tables: bool
+
+    @property
+    def fresh(self) -> bool:
+        return self.current is None
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.current == self.head
+
+
+def schema_state(engine: Engine) -> SchemaState:
+    """Read the database's revision; raise LedgerError when it is newer than this code."""
+    with connect(engine) as conn:
+        ctx = MigrationContext.configure(conn)
+        heads = ctx.get_current_heads()
+        has_tables = bool(inspect(conn).get_table_names())
+    script = script_directory()
+    current = heads[0] if heads else None
+    known = {r.revision for r in script.walk_revisions()}
+    if current is not None and current not in known:
+        raise LedgerError(
+            f"the ledger at {mask(engine.url)} is at schema revision {current}, newer than this code "
+            f"(head {head_revision(script)}); upgrade the orchestrator or point ledger.url elsewhere"
+        )
+    return SchemaState(current=current, head=head_revision(script), has_tables=has_tables)
+
+
+@contextmanager
+def connect(engine: Engine) -> Iterator[Connection]:
+    """A connection, turning 'cannot connect' into one LedgerError with the masked URL."""
+    try:
+        conn = engine.connect()
+    except DBAPIError as exc:
+        detail = scrub(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc), engine.url)
+        raise LedgerError(f"cannot reach the ledger at {mask(engine.url)}: {detail}") from None
+    with conn:
+        yield conn
+
+
+@contextmanager
+def _migration_lock(engine: Engine) -> Iterator[None]:
+    """Serialise concurrent upgrades: a file lock for SQLite, an advisory lock for PostgreSQL."""
+    if engine.dialect.name == "sqlite":
+        db = engine.url.database
+        if not db or db == ":memory:":
+            yield
+            return
+        with open(f"{db}.migrate-lock", "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+        return
+    with connect(engine) as conn:
+        conn.execute(text("SELECT pg_advisory_lock(7463310001)"))
+        try:
+            yield
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(7463310001)"))
+            conn.commit()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> SchemaState:
+    """Upgrade to `revision` under a lock, so eight processes opening a fresh file do it once."""
+    with _migration_lock(engine):
+        state = schema_state(engine)
+        if state.current != revision and not (revision == "head" and state.up_to_date):
+            if state.fresh and state.has_tables:
+                raise LedgerError(f"{mask(engine.url)} has tables but no ledger schema revision; use an empty database")
+            try:
+                with connect(engine) as conn:
+                    command.upgrade(alembic_config(engine, conn), revision)
+                    conn.commit()
+            except CommandError as exc:
+                raise LedgerError(f"cannot upgrade {mask(engine.url)} to {revision}: {exc}") from None
+            log.info("ledger %s upgraded to %s", mask(engine.url), revision)
+        return schema_state(engine)
+
+
+def history() -> list[str]:
+    """One line per revision, oldest first: 'rev <- down: message'."""
+    out: list[str] = []
+    for rev in reversed(list(script_directory().walk_revisions())):
+        head = " (head)" if rev.is_head else ""
+        out.append(f"{rev.revision}{head} <- {rev.down_revision or 'base'}: {rev.doc}")
+    return out

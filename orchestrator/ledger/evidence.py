@@ -1,0 +1,239 @@
+"""What attempts measured: results (one row per success), step samples and per-rank memory, the joined
+`measured` view the policy learns from, and the verdicts about candidates (calibration fits, parity).
+
+Idempotent per attempt: a result recorded twice (a resumed driver ingesting the same job) changes nothing.
+"""
+
+from __future__ import annotations
+
+from itertools import zip_longest
+from typing import Any
+
+from sqlalchemy import func, insert, select
+
+from orchestrator.core.states import AttemptState, CandidateStatus
+from orchestrator.ledger import models as m
+from orchestrator.ledger.convert import clean, now, to_row
+from orchestrator.ledger.errors import LedgerError
+from orchestrator.ledger.models import RESULT_METRICS
+from orchestrator.ledger.rows import CalibrationRow, MeasuredRow, ParityRow
+from orchestrator.ledger.store import Store
+
+
+class Evidence(Store):
+    # ---- results ------------------------------------------------------------------------------
+
+    def record_result(self, attempt_id: int, result: dict[str, Any]) -> None:
+        """Store a JobResult dict: result row (if ok), step samples and rank memory, in ONE transaction.
+
+        Idempotent per attempt: a second call for the same attempt changes nothing.
+        """
+        with self._write() as s:
+            cand_id = self._attempt(s, attempt_id).candidate_id
+            c = self._candidate(s, cand_id, lock=True)  # lock order: candidate, then attempt
+            a = self._attempt(s, attempt_id, lock=True)
+            seen = s.scalar(select(func.count()).select_from(m.StepSample).where(m.StepSample.attempt_id == attempt_id))
+            seen = seen or s.scalar(
+                select(func.count()).select_from(m.RankMemory).where(m.RankMemory.attempt_id == attempt_id)
+            )
+            if seen or s.scalar(select(m.Result.id).where(m.Result.attempt_id == attempt_id)) is not None:
+                return
+            ok = bool(result.get("ok"))
+            a.simulated = bool(result.get("simulated", a.simulated))
+            for k in ("failure_class", "failure_detail", "exit_code"):  # keep what sacct already told us
+                if result.get(k) not in (None, ""):
+                    setattr(a, k, result[k])
+            if not AttemptState.parse(a.state).terminal:  # a collected result ends the attempt
+                final = AttemptState.parse(result.get("slurm_state"))
+                a.state = final if final.terminal else AttemptState.COMPLETED if ok else AttemptState.FAILED
+            if result.get("log_paths"):
+                a.log_paths = [str(p) for p in result["log_paths"]]
+            if result.get("sidecar_paths"):
+                a.sidecar_paths = [str(p) for p in result["sidecar_paths"]]
+            a.updated_at = now()
+            if ok:
+                values = {k: result[k] for k in RESULT_METRICS if k in result and result[k] is not None}
+                values.update(
+                    timers_ms=clean(result.get("timers_ms") or {}), versions=clean(result.get("versions") or {})
+                )
+                r = m.Result(
+                    attempt_id=attempt_id,
+                    candidate_id=cand_id,
+                    simulated=a.simulated,
+                    **{k: v for k, v in values.items() if k != "simulated"},
+                )
+                s.add(r)
+                s.flush()
+                c.latest_result_id = r.id
+            samples = [
+                {"attempt_id": attempt_id, "iteration": i, "step_time_s": t, "lm_loss": loss, "grad_norm": g}
+                for i, (t, loss, g) in enumerate(
+                    zip_longest(
+                        result.get("step_times_s") or [], result.get("lm_loss") or [], result.get("grad_norm") or []
+                    )
+                )
+            ]
+            if samples:
+                s.execute(insert(m.StepSample), samples)
+            ranks = [
+                {
+                    "attempt_id": attempt_id,
+                    "rank": r["rank"],
+                    "pp_stage": r.get("pp_stage"),
+                    "allocated_mb": r.get("allocated_mb"),
+                    "reserved_mb": r.get("reserved_mb"),
+                    "source": r.get("source", "log"),
+                }
+                for r in result.get("rank_memory") or []
+            ]
+            if ranks:
+                s.execute(insert(m.RankMemory), ranks)
+
+    def result(self, attempt_id: int) -> dict[str, Any] | None:
+        """The stored metrics of one attempt (RESULT_METRICS), or None when it did not succeed."""
+        with self._read() as s:
+            r = s.scalars(select(m.Result).where(m.Result.attempt_id == attempt_id)).one_or_none()
+            return None if r is None else {k: getattr(r, k) for k in RESULT_METRICS}
+
+    def update_result_metrics(self, attempt_id: int, **metrics: Any) -> dict[str, Any]:
+        """Set result columns of one attempt's stored result (a later measurement about the same run, e.g.
+        a finalist's long-run window: ckpt_save_s, q_effective ...). Unknown names and a missing result row
+        are LedgerErrors. Returns the row's metrics after the update."""
+        unknown = set(metrics) - set(RESULT_METRICS) or set(metrics) & {"simulated", "timers_ms", "versions"}
+        if unknown:
+            raise LedgerError(f"update_result_metrics: not updatable {sorted(unknown)}")
+        with self._write() as s:
+            r = s.scalars(select(m.Result).where(m.Result.attempt_id == attempt_id).with_for_update()).one_or_none()
+            if r is None:
+                raise LedgerError(f"attempt {attempt_id} has no stored result to update")
+            for k, v in metrics.items():
+                setattr(r, k, clean(v))
+            s.flush()
+            return {k: getattr(r, k) for k in RESULT_METRICS}
+
+    def step_samples(self, attempt_id: int) -> list[tuple[int, float | None, float | None, float | None]]:
+        """(iteration, step_time_s, lm_loss, grad_norm) of the measured window, in order."""
+        with self._read() as s:
+            q = (
+                select(m.StepSample.iteration, m.StepSample.step_time_s, m.StepSample.lm_loss, m.StepSample.grad_norm)
+                .where(m.StepSample.attempt_id == attempt_id)
+                .order_by(m.StepSample.iteration)
+            )
+            return [(i, t, loss, g) for i, t, loss, g in s.execute(q)]
+
+    def rank_memory(self, attempt_id: int) -> list[dict[str, Any]]:
+        with self._read() as s:
+            q = select(m.RankMemory).where(m.RankMemory.attempt_id == attempt_id).order_by(m.RankMemory.rank)
+            return [
+                {
+                    "rank": r.rank,
+                    "pp_stage": r.pp_stage,
+                    "allocated_mb": r.allocated_mb,
+                    "reserved_mb": r.reserved_mb,
+                    "source": r.source,
+                }
+                for r in s.scalars(q)
+            ]
+
+    def measured(
+        self, sweep: str | None = None, stage: str | None = None, model: str | None = None
+    ) -> list[MeasuredRow]:
+        """Every candidate with a successful result, joined with its layout and predictions."""
+        with self._read() as s:
+            q = (
+                select(m.Sweep, m.Candidate, m.Attempt, m.Result)
+                .join(m.Candidate, m.Candidate.sweep_id == m.Sweep.id)
+                .join(m.Result, m.Result.id == m.Candidate.latest_result_id)
+                .join(m.Attempt, m.Attempt.id == m.Result.attempt_id)
+            )
+            if sweep is not None:
+                q = q.where(m.Sweep.name == sweep)
+            if stage is not None:
+                q = q.where(m.Sweep.stage == stage)
+            if model is not None:
+                q = q.where(m.Sweep.model == model)
+            out = []
+            for sw, c, a, r in s.execute(q.order_by(m.Candidate.id)):
+                out.append(
+                    MeasuredRow(
+                        sweep=sw.name,
+                        stage=sw.stage,
+                        model=sw.model,
+                        hardware=sw.hardware,
+                        candidate_id=c.id,
+                        key=c.key,
+                        round=c.round,
+                        status=CandidateStatus(c.status),
+                        layout=c.layout,
+                        layer_pattern=c.layer_pattern,
+                        predicted=c.predicted,
+                        verdict=c.verdict,
+                        attempt_id=a.id,
+                        attempt_no=a.attempt_no,
+                        job_id=a.job_id,
+                        simulated=r.simulated,
+                        partial=r.partial,
+                        metrics={k: getattr(r, k) for k in RESULT_METRICS},
+                        fidelity=a.fidelity,
+                    )
+                )
+            return out
+
+    # ---- calibration, parity ------------------------------------------------------------------
+
+    def record_calibration(self, sweep: str, round: int, fit: dict[str, Any], error: dict[str, Any]) -> CalibrationRow:
+        with self._write() as s:
+            sw = self._sweep(s, sweep)
+            cal = m.Calibration(sweep_id=sw.id, round=round, fit=clean(fit), error=clean(error), created_at=now())
+            s.add(cal)
+            s.flush()
+            return to_row(CalibrationRow, cal)
+
+    def calibrations(self, sweep: str) -> list[CalibrationRow]:
+        with self._read() as s:
+            sw = self._sweep(s, sweep)
+            q = select(m.Calibration).where(m.Calibration.sweep_id == sw.id).order_by(m.Calibration.id)
+            return [to_row(CalibrationRow, c) for c in s.scalars(q)]
+
+    def record_parity(
+        self,
+        candidate_id: int,
+        *,
+        reference_key: str,
+        steps: int,
+        max_loss_diff: float | None,
+        max_grad_norm_diff: float | None,
+        tolerance: float,
+        passed: bool,
+        detail: str = "",
+    ) -> ParityRow:
+        """A failing parity row excludes the candidate from `best`."""
+        with self._write() as s:
+            c = self._candidate(s, candidate_id)
+            p = m.Parity(
+                candidate_id=candidate_id,
+                reference_key=reference_key,
+                steps=steps,
+                max_loss_diff=max_loss_diff,
+                max_grad_norm_diff=max_grad_norm_diff,
+                tolerance=tolerance,
+                passed=bool(passed),
+                detail=detail,
+                created_at=now(),
+            )
+            s.add(p)
+            s.add(
+                m.Event(
+                    sweep_id=c.sweep_id,
+                    candidate_id=c.id,
+                    kind="parity",
+                    message=f"parity vs {reference_key[:10]}: {'passed' if passed else 'failed'} {detail}".strip(),
+                )
+            )
+            s.flush()
+            return to_row(ParityRow, p)
+
+    def parity(self, candidate_id: int) -> list[ParityRow]:
+        with self._read() as s:
+            q = select(m.Parity).where(m.Parity.candidate_id == candidate_id).order_by(m.Parity.id)
+            return [to_row(ParityRow, p) for p in s.scalars(q)]

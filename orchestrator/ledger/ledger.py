@@ -1,0 +1,490 @@
+"""The Ledger API the sweep loop, policy and reports call. Every method is one short transaction and
+returns typed dataclass rows, never ORM objects (they would outlive their session).
+
+One storage interface in parts: orchestrator.ledger.store (engine, sessions, the concurrency model),
+orchestrator.ledger.leases (who drives
+a sweep), orchestrator.ledger.evidence (results, samples, calibration, parity); this module adds opening, sweeps,
+candidates, attempts and events. States and statuses are orchestrator.core.states' enums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.orm import Session
+
+from orchestrator.core.knobs import ledger_columns
+from orchestrator.core.states import AttemptState, CandidateStatus, EdgeKind, Fidelity, SweepStatus
+from orchestrator.ledger import models as m
+from orchestrator.ledger.convert import as_datetime, chunks, clean, member, now, to_row
+from orchestrator.ledger.engine import make_engine, mask, parse_url, schema_state, sqlite_file, upgrade
+from orchestrator.ledger.errors import LedgerError
+from orchestrator.ledger.evidence import Evidence
+from orchestrator.ledger.leases import Leases
+from orchestrator.ledger.rows import (  # re-exported (__all__): callers import rows from orchestrator.ledger.ledger
+    AttemptRow,
+    CalibrationRow,
+    CandidateIn,
+    CandidateRow,
+    EventRow,
+    MeasuredRow,
+    ParityRow,
+    SweepRow,
+)
+
+__all__ = [
+    "AttemptRow",
+    "CalibrationRow",
+    "CandidateIn",
+    "CandidateRow",
+    "EventRow",
+    "Ledger",
+    "MeasuredRow",
+    "ParityRow",
+    "SweepRow",
+]
+ATTEMPT_FIELDS = frozenset(
+    {
+        "job_id",
+        "array_index",
+        "state",
+        "submit_time",
+        "start_time",
+        "end_time",
+        "node_list",
+        "failure_class",
+        "failure_detail",
+        "exit_code",
+        "log_paths",
+        "sidecar_paths",
+        "job_dir",
+        "simulated",
+    }
+)
+
+
+def _candidate_values(sweep_id: int, item: CandidateIn) -> dict[str, Any]:
+    lay, pred = item.layout, item.predicted or {}
+    verdict = item.verdict if isinstance(item.verdict, str) else (",".join(item.verdict) or "legal")
+    return dict(
+        sweep_id=sweep_id,
+        key=item.key,
+        **ledger_columns(lay),
+        layer_pattern=item.layer_pattern or pred.get("layer_pattern", "") or "",
+        layout=clean(lay),
+        pred_step_time_s=pred.get("step_time_s"),
+        pred_memory_gb=pred.get("memory_gb"),
+        pred_mfu=pred.get("mfu"),
+        pred_tokens_per_s=pred.get("tokens_per_s"),
+        pred_bubble=pred.get("bubble"),
+        d_a=pred.get("d_a"),
+        d_e=pred.get("d_e"),
+        m=pred.get("m"),
+        feasible=pred.get("feasible"),
+        predicted=clean(pred),
+        decision=None if item.decision is None else clean(item.decision),
+        verdict=verdict,
+        round=int(item.round),
+        edge_kind=None if item.edge_kind is None else member(EdgeKind, item.edge_kind, "edge kind"),
+        status=member(CandidateStatus, item.status, "candidate status"),
+        created_at=now(),
+        updated_at=now(),
+    )
+
+
+class Ledger(Leases, Evidence):
+    """One database. Open with `Ledger.open(url)`; use as a context manager or call close()."""
+
+    # ---- opening ------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        url: Any,
+        *,
+        create: bool = True,
+        create_dir: bool = False,
+        echo: bool = False,
+        busy_timeout_ms: int = 30000,
+    ) -> Ledger:
+        """Connect, check the schema revision, upgrade a fresh database (or an older SQLite file).
+
+        A missing SQLite file is created only with `create`, and only in an existing folder unless
+        `create_dir` (orchestrator.ledger.engine.sqlite_file). A PostgreSQL ledger behind the code is not upgraded
+        silently: a team database changes only through `python -m orchestrator db upgrade`.
+        """
+        parsed = parse_url(url)
+        sqlite_file(parsed, create=create, create_dir=create_dir)
+        engine = make_engine(parsed, echo=echo, busy_timeout_ms=busy_timeout_ms)
+        try:
+            state = schema_state(engine)
+            if not state.up_to_date:
+                if state.fresh and not create:
+                    raise LedgerError(f"{mask(parsed)} has no ledger schema; run `python -m orchestrator db upgrade`")
+                if not state.fresh and engine.dialect.name != "sqlite":
+                    raise LedgerError(
+                        f"the ledger at {mask(parsed)} is at schema revision {state.current}, this code needs "
+                        f"{state.head}: run `python -m orchestrator db upgrade`"
+                    )
+                upgrade(engine)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine)
+
+    # ---- sweeps -------------------------------------------------------------------------------
+
+    def create_or_get_sweep(
+        self,
+        name: str,
+        *,
+        stage: str,
+        config_yaml: str,
+        model: str,
+        hardware: str,
+        workload: str,
+        provenance: dict[str, Any],
+    ) -> SweepRow:
+        """Idempotent: a second call returns the existing sweep; a different stage/model/... is refused."""
+        with self._write() as s:
+            stmt = (
+                self._insert(m.Sweep)
+                .values(
+                    name=name,
+                    stage=stage,
+                    config_yaml=config_yaml,
+                    model=model,
+                    hardware=hardware,
+                    workload=workload,
+                    status=SweepStatus.PLANNED,
+                    provenance=clean(provenance),
+                    created_at=now(),
+                    updated_at=now(),
+                )
+                .on_conflict_do_nothing(index_elements=["name"])
+                .returning(m.Sweep.id)
+            )
+            new_id = s.execute(stmt).scalar_one_or_none()
+            sweep = self._sweep(s, name)
+            if new_id is not None:
+                s.add(m.Event(sweep_id=sweep.id, kind="created", message=f"sweep {name} created (stage {stage})"))
+            else:
+                theirs = dict(stage=sweep.stage, model=sweep.model, hardware=sweep.hardware, workload=sweep.workload)
+                ours = dict(stage=stage, model=model, hardware=hardware, workload=workload)
+                diff = [f"{k}={theirs[k]} (asked {ours[k]})" for k in ours if theirs[k] != ours[k]]
+                if diff:
+                    raise LedgerError(
+                        f"sweep '{name}' already exists with {', '.join(diff)}; choose another sweep.name"
+                    )
+            return to_row(SweepRow, sweep)
+
+    def get_sweep(self, name: str) -> SweepRow | None:
+        with self._read() as s:
+            sweep = s.scalars(select(m.Sweep).where(m.Sweep.name == name)).one_or_none()
+            return None if sweep is None else to_row(SweepRow, sweep)
+
+    def list_sweeps(self) -> list[SweepRow]:
+        with self._read() as s:
+            return [to_row(SweepRow, x) for x in s.scalars(select(m.Sweep).order_by(m.Sweep.id))]
+
+    def set_sweep_status(self, name: str, status: str) -> None:
+        status = member(SweepStatus, status, "sweep status")
+        with self._write() as s:
+            sweep = self._sweep(s, name)
+            if sweep.status != status:
+                s.add(m.Event(sweep_id=sweep.id, kind="sweep-status", message=f"{sweep.status} -> {status}"))
+                sweep.status = status
+
+    def bind_launcher(self, name: str, kind: str) -> str:
+        """The launcher kind the sweep's jobs run on (provenance["launcher"]): the first call stores `kind`,
+        every later one returns what is stored. A sweep never changes launcher: its stored job ids mean
+        nothing to another one (a Slurm id is no local process)."""
+        with self._write() as s:
+            sweep = self._sweep(s, name)
+            prov = dict(sweep.provenance or {})
+            if not prov.get("launcher"):
+                prov["launcher"] = kind
+                sweep.provenance = prov
+                s.add(m.Event(sweep_id=sweep.id, kind="launcher", message=f"jobs run on {kind}"))
+            return str(prov["launcher"])
+
+    # ---- candidates ---------------------------------------------------------------------------
+
+    def add_candidates(self, sweep: str, items: Sequence[CandidateIn]) -> list[CandidateRow]:
+        """Insert new keys, return every item's row (existing rows are returned, not duplicated)."""
+        if not items:
+            return []
+        with self._write() as s:
+            sw = self._sweep(s, sweep)
+            ids = self._ids_by_key(s, sw.id, [i.key for i in items])
+            fresh = {i.key: i for i in items if i.key not in ids}  # later duplicates in `items` collapse
+            if fresh:
+                stmt = self._insert(m.Candidate).on_conflict_do_nothing(index_elements=["sweep_id", "key"])
+                inserted = {}
+                # the caller's order becomes id order, which claim_for_submission follows within a round
+                values = [_candidate_values(sw.id, i) for i in fresh.values()]
+                for chunk in chunks(values, 1000):
+                    for cid, key in s.execute(stmt.returning(m.Candidate.id, m.Candidate.key), list(chunk)):
+                        inserted[key] = cid
+                ids.update(inserted)
+                ids.update(self._ids_by_key(s, sw.id, [k for k in fresh if k not in inserted]))
+                parents = self._parent_ids(s, sw.id, [fresh[k] for k in inserted], ids)
+                if parents:
+                    s.execute(update(m.Candidate), [{"id": inserted[k], "parent_id": p} for k, p in parents.items()])
+                events = [
+                    {
+                        "sweep_id": sw.id,
+                        "candidate_id": cid,
+                        "kind": CandidateStatus.PLANNED,  # the event of a status is named by it
+                        "created_at": now(),
+                        "message": f"round {fresh[k].round}: {fresh[k].status}"
+                        + (
+                            f" ({fresh[k].edge_kind} {(fresh[k].parent_key or '')[:10]})" if fresh[k].parent_key else ""
+                        ),
+                    }
+                    for k, cid in inserted.items()
+                ]
+                if events:
+                    s.execute(insert(m.Event), events)
+            order = [ids[i.key] for i in items]
+            rows: dict[int, m.Candidate] = {}
+            for id_chunk in chunks(order):
+                rows.update({c.id: c for c in s.scalars(select(m.Candidate).where(m.Candidate.id.in_(id_chunk)))})
+            return [to_row(CandidateRow, rows[cid]) for cid in order]
+
+    @staticmethod
+    def _ids_by_key(s: Session, sweep_id: int, keys: Sequence[str]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for chunk in chunks(list(dict.fromkeys(keys))):
+            q = select(m.Candidate.key, m.Candidate.id).where(
+                m.Candidate.sweep_id == sweep_id, m.Candidate.key.in_(chunk)
+            )
+            out.update(dict(s.execute(q).all()))
+        return out
+
+    @staticmethod
+    def _parent_ids(s: Session, sweep_id: int, items: Sequence[CandidateIn], ids: dict[str, int]) -> dict[str, int]:
+        """parent_key -> id: same sweep first, else any sweep (promoted-from points at the smaller stage)."""
+        out: dict[str, int] = {}
+        for item in items:
+            if not item.parent_key:
+                continue
+            pid = (
+                ids.get(item.parent_key)
+                or s.scalars(
+                    select(m.Candidate.id)
+                    .where(m.Candidate.key == item.parent_key)
+                    .order_by(m.Candidate.id.desc())
+                    .limit(1)
+                ).first()
+            )
+            if pid is None:
+                raise LedgerError(f"candidate {item.key[:10]}: parent {item.parent_key[:10]} is not in the ledger")
+            out[item.key] = pid
+        return out
+
+    def candidates(
+        self, sweep: str, *, status: str | Collection[str] | None = None, round: int | None = None
+    ) -> list[CandidateRow]:
+        with self._read() as s:
+            sw = self._sweep(s, sweep)
+            q = select(m.Candidate).where(m.Candidate.sweep_id == sw.id)
+            if status is not None:
+                q = q.where(m.Candidate.status.in_([status] if isinstance(status, str) else list(status)))
+            if round is not None:
+                q = q.where(m.Candidate.round == round)
+            return [to_row(CandidateRow, c) for c in s.scalars(q.order_by(m.Candidate.id))]
+
+    def candidate_by_key(self, sweep: str, key: str) -> CandidateRow | None:
+        with self._read() as s:
+            sw = self._sweep(s, sweep)
+            c = s.scalars(
+                select(m.Candidate).where(m.Candidate.sweep_id == sw.id, m.Candidate.key == key)
+            ).one_or_none()
+            return None if c is None else to_row(CandidateRow, c)
+
+    def claim_for_submission(self, sweep: str, limit: int, holder: str) -> list[CandidateRow]:
+        """Atomically move up to `limit` planned candidates (lowest round first) to claimed."""
+        with self._write() as s:
+            sw = self._sweep(s, sweep)
+            q = (
+                select(m.Candidate)
+                .where(m.Candidate.sweep_id == sw.id, m.Candidate.status == CandidateStatus.PLANNED)
+                .order_by(m.Candidate.round, m.Candidate.id)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
+            claimed = list(s.scalars(q))
+            t = now()
+            for c in claimed:
+                c.status, c.claimed_by, c.updated_at = CandidateStatus.CLAIMED, holder, t
+            if claimed:
+                s.execute(
+                    insert(m.Event),
+                    [
+                        {
+                            "sweep_id": sw.id,
+                            "candidate_id": c.id,
+                            "kind": CandidateStatus.CLAIMED,
+                            "message": f"claimed by {holder}",
+                            "created_at": t,
+                        }
+                        for c in claimed
+                    ],
+                )
+            s.flush()
+            return [to_row(CandidateRow, c) for c in claimed]
+
+    def set_candidate_status(self, candidate_id: int, status: str, reason: str | None = None) -> None:
+        status = member(CandidateStatus, status, "candidate status")
+        with self._write() as s:
+            self._move(s, self._candidate(s, candidate_id, lock=True), status, reason)
+
+    @staticmethod
+    def _move(s: Session, c: m.Candidate, status: str, reason: str | None) -> None:
+        """A candidate's status change and the event that records it, inside the caller's transaction."""
+        s.add(
+            m.Event(
+                sweep_id=c.sweep_id,
+                candidate_id=c.id,
+                kind=status,
+                message=f"{c.status} -> {status}" + (f": {reason}" if reason else ""),
+            )
+        )
+        c.status, c.reason, c.updated_at = status, reason, now()
+
+    def requeue(self, candidate_id: int, decision: dict[str, Any], reason: str) -> None:
+        """A measured candidate back to `planned` with a new decision (e.g. a screened layout confirmed at the
+        full window), in one transaction: a resumed loop finds it planned with the decision that explains why."""
+        with self._write() as s:
+            c = self._candidate(s, candidate_id, lock=True)
+            self._move(s, c, CandidateStatus.PLANNED, reason)
+            c.decision = clean(decision)
+
+    # ---- attempts -----------------------------------------------------------------------------
+
+    def new_attempt(
+        self,
+        candidate_id: int,
+        *,
+        job_id: str | None = None,
+        array_index: int | None = None,
+        job_dir: str,
+        simulated: bool,
+        launch_token: str | None = None,
+        fidelity: str = Fidelity.FULL,
+    ) -> AttemptRow:
+        """attempt_no = previous + 1, decided under the candidate's row lock. Without a job id it is a launch
+        intent (written before sbatch, `launch_token` names the job); `launched` then stores the id."""
+        with self._write() as s:
+            c = self._candidate(s, candidate_id, lock=True)
+            n = s.scalar(select(func.max(m.Attempt.attempt_no)).where(m.Attempt.candidate_id == candidate_id)) or 0
+            a = m.Attempt(
+                candidate_id=candidate_id,
+                attempt_no=n + 1,
+                job_id=None if job_id is None else str(job_id),
+                array_index=array_index,
+                job_dir=str(job_dir),
+                simulated=bool(simulated),
+                launch_token=launch_token,
+                fidelity=member(Fidelity, fidelity, "fidelity"),
+                state=AttemptState.PENDING,
+                log_paths=[],
+                sidecar_paths=[],
+                created_at=now(),
+                updated_at=now(),
+            )
+            s.add(a)
+            s.flush()
+            c.latest_attempt_id = a.id
+            return to_row(AttemptRow, a)
+
+    def launched(self, jobs: Sequence[tuple[int, str, int | None]], why: str = "job {job_id}") -> None:
+        """Intents (attempt id, job id, array index) reached the cluster: job ids and the candidates' `submitted`,
+        one transaction for a whole array (all recorded or none). A candidate no longer claimed (`cancel` ran
+        meanwhile) keeps its status; the id is kept, so the job can be stopped."""
+        with self._write() as s:
+            for attempt_id, job_id, array_index in jobs:
+                a = self._attempt(s, attempt_id)
+                c = self._candidate(s, a.candidate_id, lock=True)
+                a.job_id, a.array_index, a.submit_time, a.updated_at = str(job_id), array_index, now(), now()
+                reason = why.format(job_id=job_id)
+                if c.status != CandidateStatus.CLAIMED:
+                    late = f"{reason} (candidate already {c.status})"
+                    s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind="launched", message=late))
+                    continue
+                msg = f"{c.status} -> {CandidateStatus.SUBMITTED}: {reason}"
+                s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind=CandidateStatus.SUBMITTED, message=msg))
+                c.status, c.reason, c.updated_at = CandidateStatus.SUBMITTED, reason, now()
+
+    def update_attempt(self, attempt_id: int, **changes: Any) -> AttemptRow:
+        unknown = set(changes) - ATTEMPT_FIELDS
+        if unknown:
+            raise ValueError(f"update_attempt: unknown fields {sorted(unknown)}; allowed {sorted(ATTEMPT_FIELDS)}")
+        with self._write() as s:
+            a = self._attempt(s, attempt_id)
+            for k, v in changes.items():
+                if k.endswith("_time"):
+                    v = as_datetime(v)
+                elif k == "job_id" and v is not None:
+                    v = str(v)
+                elif k == "state":
+                    v = member(AttemptState, v, "attempt state")
+                elif k in ("log_paths", "sidecar_paths"):
+                    v = [str(p) for p in v or []]
+                setattr(a, k, v)
+            a.updated_at = now()
+            s.flush()
+            return to_row(AttemptRow, a)
+
+    def attempts(self, candidate_id: int) -> list[AttemptRow]:
+        with self._read() as s:
+            q = select(m.Attempt).where(m.Attempt.candidate_id == candidate_id).order_by(m.Attempt.attempt_no)
+            return [to_row(AttemptRow, a) for a in s.scalars(q)]
+
+    def live_attempts(self, sweep: str) -> list[AttemptRow]:
+        """Attempts not yet in a terminal Slurm state: what a resumed orchestrator must poll."""
+        with self._read() as s:
+            sw = self._sweep(s, sweep)
+            q = (
+                select(m.Attempt)
+                .join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
+                .where(m.Candidate.sweep_id == sw.id, m.Attempt.state.not_in(AttemptState.TERMINAL))
+                .order_by(m.Attempt.id)
+            )
+            return [to_row(AttemptRow, a) for a in s.scalars(q)]
+
+    # ---- events -------------------------------------------------------------------------------
+
+    def log_event(
+        self,
+        sweep: str,
+        kind: str,
+        message: str,
+        *,
+        candidate_id: int | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        with self._write() as s:
+            sw = self._sweep(s, sweep)
+            s.add(
+                m.Event(
+                    sweep_id=sw.id,
+                    candidate_id=candidate_id,
+                    kind=kind,
+                    message=message,
+                    data=None if data is None else clean(data),
+                )
+            )
+
+    def events(self, sweep: str, *, kind: str | None = None, candidate_id: int | None = None) -> list[EventRow]:
+        with self._read() as s:
+            sw = self._sweep(s, sweep)
+            q = select(m.Event).where(m.Event.sweep_id == sw.id)
+            if kind is not None:
+                q = q.where(m.Event.kind == kind)
+            if candidate_id is not None:
+                q = q.where(m.Event.candidate_id == candidate_id)
+            return [to_row(EventRow, e) for e in s.scalars(q.order_by(m.Event.id))]

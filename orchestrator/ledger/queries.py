@@ -1,0 +1,359 @@
+"""The one query module behind `compare`, `best`, exports and the budget spent. Filters, sorts and limits are built
+from a fixed registry of columns (COLUMNS); user values are always bound parameters, and a key that
+is not in the registry is refused with the list of valid keys. No SQL text is ever built by hand.
+
+The joined row: sweep + candidate + its latest attempt + its latest successful result.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NoReturn
+
+from sqlalchemy import BigInteger, Boolean, Float, Integer, Select, and_, exists, func, not_, select, true
+from sqlalchemy.orm import QueryableAttribute
+from sqlalchemy.sql.elements import ColumnElement
+
+from orchestrator.core.knobs import FIELDS, KNOB, KNOBS
+from orchestrator.core.states import Fidelity
+from orchestrator.ledger import models as m
+from orchestrator.ledger.errors import LedgerError
+from orchestrator.ledger.models import RESULT_METRICS
+from orchestrator.ledger.store import Store
+
+# A registry entry: a mapped attribute (m.Candidate.tp) or an expression over them (the joined dispatcher).
+Column = ColumnElement[Any] | QueryableAttribute[Any]
+AnySelect = Select[*tuple[Any, ...]]
+
+
+def _knob_columns() -> dict[str, Column]:
+    """One key per knob of the registry, on its ledger column. A knob with parts (the dispatcher, stored as
+    dispatcher + backend) is shown and filtered joined, "flex:deepep"; each part keeps its own key too."""
+    out: dict[str, Column] = {k.column: getattr(m.Candidate, k.column) for k in KNOBS}
+    for name, fields in FIELDS.items():
+        joined = out[KNOB[name].column]
+        for part in fields[1:]:  # a part that is NULL (no flex backend) is left out
+            joined = func.coalesce(joined + ":" + out[KNOB[part].column], joined)
+        out[KNOB[name].column] = joined
+    return out
+
+
+KNOB_COLUMNS = _knob_columns()
+
+COLUMNS: dict[str, Column] = {
+    "sweep": m.Sweep.name,
+    "stage": m.Sweep.stage,
+    "model": m.Sweep.model,
+    "hardware": m.Sweep.hardware,
+    "workload": m.Sweep.workload,
+    "candidate_id": m.Candidate.id,
+    "round": m.Candidate.round,
+    "key": m.Candidate.key,
+    **KNOB_COLUMNS,
+    "layer_pattern": m.Candidate.layer_pattern,
+    "status": m.Candidate.status,
+    "verdict": m.Candidate.verdict,
+    "edge_kind": m.Candidate.edge_kind,
+    "pred_step_time_s": m.Candidate.pred_step_time_s,
+    "pred_memory_gb": m.Candidate.pred_memory_gb,
+    "pred_mfu": m.Candidate.pred_mfu,
+    "pred_tokens_per_s": m.Candidate.pred_tokens_per_s,
+    "pred_bubble": m.Candidate.pred_bubble,
+    "d_a": m.Candidate.d_a,
+    "d_e": m.Candidate.d_e,
+    "m": m.Candidate.m,
+    "feasible": m.Candidate.feasible,
+    "attempt_no": m.Attempt.attempt_no,
+    "job_id": m.Attempt.job_id,
+    "array_index": m.Attempt.array_index,
+    "state": m.Attempt.state,
+    "failure_class": m.Attempt.failure_class,
+    "exit_code": m.Attempt.exit_code,
+    "node_list": m.Attempt.node_list,
+    "simulated": m.Attempt.simulated,
+    "fidelity": m.Attempt.fidelity,
+    **{k: getattr(m.Result, k) for k in RESULT_METRICS if k not in ("simulated", "timers_ms", "versions")},
+}
+ALIASES = {
+    "tokens_per_gpu": "tokens_per_s_per_gpu",
+    "token_drop": "token_drop_fraction",
+    "padding": "padding_fraction",
+    "b": "mbs",
+    "step_s": "step_p50_s",
+}
+DEFAULT_COLUMNS = (
+    "sweep",
+    "round",
+    "key",
+    *(k.column for k in KNOBS if k.shown and k.part_of is None),
+    "status",
+    "step_p50_s",
+    "step_p99_s",
+    "tokens_per_gpu",
+    "mfu",
+    "peak_allocated_gb",
+    "token_drop",
+    "simulated",
+)
+# Sorting a metric without a sign puts the best first: high throughput, low time and memory.
+HIGHER_IS_BETTER = {
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "tflops_per_gpu",
+    "mfu",
+    "megatron_tflops_per_gpu",
+    "pred_mfu",
+    "pred_tokens_per_s",
+    "q_effective",
+    "effective_fraction",
+    "tokens_per_s_after_restart",
+}
+OPERATORS = ("!=", "<=", ">=", "=", "<", ">")
+_OPS = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+_WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(!=|<=|>=|=|<|>)\s*(.*?)\s*$", re.S)
+
+
+@dataclass(frozen=True)
+class Filter:
+    key: str
+    op: str
+    value: Any
+
+
+def resolve(key: str) -> str:
+    """Canonical column name for a user key (aliases allowed); LedgerError listing valid keys."""
+    name = ALIASES.get(key, key)
+    if name not in COLUMNS:
+        raise LedgerError(f"unknown column '{key}'; valid keys: {', '.join(sorted(set(COLUMNS) | set(ALIASES)))}")
+    return name
+
+
+def parse_where(tokens: Sequence[str]) -> list[Filter]:
+    """`ep=64`, `tokens_per_gpu>=1000`, `recompute=moe_act` -> typed filters (values not yet SQL)."""
+    out = []
+    for tok in tokens:
+        hit = _WHERE.match(tok)
+        if not hit:
+            raise LedgerError(
+                f"cannot read --where '{tok}': expected KEY OP VALUE with OP one of {' '.join(OPERATORS)}"
+            )
+        key, op, raw = hit.groups()
+        name = resolve(key)
+        out.append(Filter(name, op, _coerce(name, raw)))
+    return out
+
+
+def _coerce(name: str, raw: str) -> Any:
+    """Type the value by its column, so `ep=1; DROP TABLE result` is refused and a string stays data."""
+    col_type = COLUMNS[name].type
+    if "\x00" in raw:  # PostgreSQL text cannot hold NUL; refuse it the same way on both engines
+        raise LedgerError(f"--where {name}: values cannot contain NUL characters")
+    if raw.lower() == "null":  # "none" stays text: recompute=none means no recompute
+        return None
+    try:
+        if isinstance(col_type, Boolean):
+            if raw.lower() in ("1", "true", "yes", "y"):
+                return True
+            if raw.lower() in ("0", "false", "no", "n"):
+                return False
+            raise ValueError
+        if isinstance(col_type, Integer):
+            value = int(raw)
+            if abs(value) >= 2 ** (63 if isinstance(col_type, BigInteger) else 31):  # PostgreSQL's int4/int8
+                raise ValueError
+            return value
+        if isinstance(col_type, Float):
+            return float(raw)
+    except ValueError:
+        kind = "true/false" if isinstance(col_type, Boolean) else type(col_type).__name__.lower()
+        raise LedgerError(f"--where {name}: '{raw}' is not a valid {kind} value") from None
+    return raw
+
+
+def _condition(f: Filter) -> ColumnElement[bool]:
+    col = COLUMNS[f.key]
+    if f.value is None:
+        return col.is_(None) if f.op == "=" else col.is_not(None) if f.op == "!=" else _bad_null(f)
+    if isinstance(f.value, bool) and f.op not in ("=", "!="):
+        raise LedgerError(f"--where {f.key}{f.op}...: only = and != apply to true/false columns")
+    cond: ColumnElement[bool] = _OPS[f.op](col, f.value)
+    return cond
+
+
+def _bad_null(f: Filter) -> NoReturn:
+    raise LedgerError(f"--where {f.key}{f.op}null: only = and != compare with null")
+
+
+def _order(sort: str | None) -> list[Column]:
+    if not sort:
+        return [m.Sweep.id, m.Candidate.round, m.Candidate.id]
+    desc = None
+    if sort[0] in "+-":
+        desc, sort = sort[0] == "-", sort[1:]
+    name = resolve(sort)
+    if desc is None:
+        desc = name in HIGHER_IS_BETTER
+    col = COLUMNS[name]
+    return [(col.desc() if desc else col.asc()).nulls_last(), m.Candidate.id]
+
+
+def _joins(q: AnySelect) -> AnySelect:
+    """FROM candidate + sweep + latest attempt + latest result. All LEFT JOINs on primary keys (sweep_id
+    is NOT NULL, so the rows are those of an inner join): the planner can drop the unused ones."""
+    return (
+        q.select_from(m.Candidate)
+        .outerjoin(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
+        .outerjoin(m.Attempt, m.Attempt.id == m.Candidate.latest_attempt_id)
+        .outerjoin(m.Result, m.Result.id == m.Candidate.latest_result_id)
+    )
+
+
+def joined(columns: Sequence[str]) -> AnySelect:
+    """SELECT the named columns over the joined row."""
+    return _joins(select(*[COLUMNS[c].label(c) for c in columns]))
+
+
+def compare(
+    ledger: Store,
+    *,
+    sweep: str | None = None,
+    stage: str | None = None,
+    round: int | None = None,
+    status: str | None = None,
+    where: Sequence[str | Filter] = (),
+    sort: str | None = None,
+    limit: int | None = None,
+    columns: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Rows (dicts keyed by column name) for `python -m orchestrator compare`.
+
+    With a limit, the filter + sort first pick candidate ids over narrow rows; only those `limit`
+    rows are then widened to every column (100k runs: the sort never carries the wide columns).
+    """
+    names = list(columns or DEFAULT_COLUMNS)
+    cols = [resolve(c) for c in names]
+    filters = [f if isinstance(f, Filter) else parse_where([f])[0] for f in where]
+    for key, value in (("sweep", sweep), ("stage", stage), ("round", round), ("status", status)):
+        if value is not None:
+            filters.append(Filter(key, "=", value))
+    cond = and_(true(), *[_condition(f) for f in filters])
+    order = _order(sort)
+    if limit is None:
+        q = joined(cols).where(cond).order_by(*order)
+    else:
+        if limit < 1:
+            raise LedgerError("--limit must be at least 1")
+        top = _joins(select(m.Candidate.id)).where(cond).order_by(*order).limit(limit).subquery()
+        q = joined(cols).join(top, top.c.id == m.Candidate.id).order_by(*order)
+    with ledger._read() as s:
+        return [dict(zip(names, row)) for row in s.execute(q)]
+
+
+def best(ledger: Store, *, sweep: str | None = None, stage: str | None = None) -> dict[str, Any] | None:
+    """The fastest MEASURED layout: lowest step p50, tie-break p99, then lower peak_reserved_gb.
+
+    Only non-partial successful results of FULL-window attempts count (a screened p50 ranks, never decides),
+    never predictions; candidates with a failing parity check are excluded. Returns the evidence: layout,
+    every metric, job id, logs.
+    """
+    failing_parity = exists().where(m.Parity.candidate_id == m.Candidate.id, not_(m.Parity.passed))
+    q = (
+        select(m.Sweep, m.Candidate, m.Attempt, m.Result)
+        .join(m.Candidate, m.Candidate.id == m.Result.candidate_id)
+        .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
+        .join(m.Attempt, m.Attempt.id == m.Result.attempt_id)
+        .where(
+            not_(m.Result.partial),
+            m.Result.step_p50_s.is_not(None),
+            m.Attempt.fidelity == Fidelity.FULL,
+            not_(failing_parity),
+        )
+    )
+    if sweep is not None:
+        q = q.where(m.Sweep.name == sweep)
+    if stage is not None:
+        q = q.where(m.Sweep.stage == stage)
+    q = q.order_by(
+        m.Result.step_p50_s,
+        m.Result.step_p99_s.asc().nulls_last(),
+        m.Result.peak_reserved_gb.asc().nulls_last(),
+        m.Result.id,
+    ).limit(1)
+    with ledger._read() as s:
+        hit = s.execute(q).first()
+        if hit is None:
+            return None
+        sw, c, a, r = hit
+        return {
+            "sweep": sw.name,
+            "stage": sw.stage,
+            "model": sw.model,
+            "hardware": sw.hardware,
+            "workload": sw.workload,
+            "candidate_id": c.id,
+            "key": c.key,
+            "round": c.round,
+            "status": c.status,
+            "layout": c.layout,
+            "layer_pattern": c.layer_pattern,
+            "verdict": c.verdict,
+            "predicted": c.predicted,
+            "chosen_on": "measured step_p50_s; tie-break step_p99_s, then lower peak_reserved_gb",
+            "simulated": r.simulated,
+            "attempt": {
+                "id": a.id,
+                "attempt_no": a.attempt_no,
+                "job_id": a.job_id,
+                "array_index": a.array_index,
+                "job_dir": a.job_dir,
+                "node_list": a.node_list,
+                "state": a.state,
+                "start_time": a.start_time.isoformat() if a.start_time else None,
+                "end_time": a.end_time.isoformat() if a.end_time else None,
+                "log_paths": a.log_paths,
+                "sidecar_paths": a.sidecar_paths,
+            },
+            "metrics": {k: getattr(r, k) for k in RESULT_METRICS},
+        }
+
+
+@dataclass(frozen=True)
+class AttemptCost:
+    """What one attempt of a sweep cost: its measured mean step, else its wall time (start, end)."""
+
+    candidate_id: int
+    simulated: bool
+    start_time: datetime | None
+    end_time: datetime | None
+    step_mean_s: float | None  # None when the attempt has no result
+    fidelity: str = "full"  # states.Fidelity
+    warmup_iters: int | None = None  # the window the attempt ran (its result's), None without a result
+    measure_iters: int | None = None
+
+
+def attempt_costs(ledger: Store, sweep: str) -> list[AttemptCost]:
+    """Every attempt of `sweep` with its result's mean step, in ONE joined query: the live view asks on
+    every change, so the cost must not be a query per candidate."""
+    q = (
+        select(
+            m.Attempt.candidate_id,
+            m.Attempt.simulated,
+            m.Attempt.start_time,
+            m.Attempt.end_time,
+            m.Result.step_mean_s,
+            m.Attempt.fidelity,
+            m.Result.warmup_iters,
+            m.Result.measure_iters_requested,
+        )
+        .join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
+        .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
+        .outerjoin(m.Result, m.Result.attempt_id == m.Attempt.id)
+        .where(m.Sweep.name == sweep)
+        .order_by(m.Attempt.id)
+    )
+    with ledger._read() as s:
+        return [AttemptCost(*row) for row in s.execute(q)]

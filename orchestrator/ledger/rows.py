@@ -1,0 +1,178 @@
+"""Typed rows the Ledger hands out (and CandidateIn, what it takes): plain dataclasses, so nothing
+tied to a database session escapes orchestrator/ledger/. States and statuses come back as orchestrator.core.states'
+enums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from orchestrator.core.states import AttemptState, CandidateStatus, EdgeKind, SweepStatus
+
+
+def _set(row: object, name: str, value: object) -> None:
+    """Assign in __post_init__ of a frozen row (the stored text becomes its enum member)."""
+    object.__setattr__(row, name, value)
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    id: int
+    name: str
+    stage: str
+    model: str
+    hardware: str
+    workload: str
+    config_yaml: str
+    status: SweepStatus
+    provenance: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+
+    def __post_init__(self) -> None:
+        _set(self, "status", SweepStatus(self.status))
+
+
+@dataclass
+class CandidateIn:
+    """A planned candidate. layout = Layout.to_dict(); predicted = Prediction fields (asdict)."""
+
+    key: str
+    layout: dict[str, Any]
+    layer_pattern: str = ""
+    predicted: dict[str, Any] = field(default_factory=dict)
+    verdict: str | Sequence[str] = "legal"  # "legal" or the ids of the rules it breaks
+    round: int = 0
+    parent_key: str | None = None
+    edge_kind: EdgeKind | None = None
+    status: CandidateStatus = CandidateStatus.PLANNED
+    decision: dict[str, Any] | None = None  # why it was proposed (orchestrator.search.types.Proposal.decision)
+
+
+@dataclass(frozen=True)
+class CandidateRow:
+    id: int
+    sweep_id: int
+    key: str
+    layout: dict[str, Any]
+    layer_pattern: str
+    predicted: dict[str, Any]
+    verdict: str
+    round: int
+    parent_id: int | None
+    edge_kind: EdgeKind | None
+    status: CandidateStatus
+    reason: str | None
+    claimed_by: str | None
+    latest_attempt_id: int | None
+    latest_result_id: int | None
+    created_at: datetime
+    updated_at: datetime
+    decision: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        _set(self, "status", CandidateStatus(self.status))
+        _set(self, "edge_kind", None if self.edge_kind is None else EdgeKind(self.edge_kind))
+
+
+@dataclass(frozen=True)
+class AttemptRow:
+    id: int
+    candidate_id: int
+    attempt_no: int
+    job_id: str | None
+    array_index: int | None
+    job_dir: str
+    submit_time: datetime | None
+    start_time: datetime | None
+    end_time: datetime | None
+    node_list: str | None
+    state: AttemptState
+    failure_class: str | None
+    failure_detail: str | None
+    exit_code: int | None
+    log_paths: list[str]
+    sidecar_paths: list[str]
+    simulated: bool
+    created_at: datetime
+    updated_at: datetime
+    launch_token: str | None = None  # the launch intent (Slurm job name); see Ledger.new_attempt
+    fidelity: str = "full"  # states.Fidelity: probe | screen | full
+
+    def __post_init__(self) -> None:
+        _set(self, "state", AttemptState.parse(self.state))  # a word Slurm adds later reads UNKNOWN: live
+
+    @property
+    def terminal(self) -> bool:
+        return self.state.terminal
+
+    @property
+    def aborted(self) -> bool:
+        """A launch intent that never ran (ended without a job id): not an attempt that counts for retries."""
+        return self.job_id is None and self.terminal
+
+
+@dataclass(frozen=True)
+class EventRow:
+    id: int
+    sweep_id: int
+    candidate_id: int | None
+    kind: str
+    message: str
+    data: dict[str, Any] | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class CalibrationRow:
+    id: int
+    sweep_id: int
+    round: int
+    fit: dict[str, Any]
+    error: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class ParityRow:
+    id: int
+    candidate_id: int
+    reference_key: str
+    steps: int
+    max_loss_diff: float | None
+    max_grad_norm_diff: float | None
+    tolerance: float
+    passed: bool
+    detail: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class MeasuredRow:
+    """What the policy learns from: the layout, what was predicted, and the latest successful result."""
+
+    sweep: str
+    stage: str
+    model: str
+    hardware: str
+    candidate_id: int
+    key: str
+    round: int
+    status: CandidateStatus
+    layout: dict[str, Any]
+    layer_pattern: str
+    predicted: dict[str, Any]
+    verdict: str
+    attempt_id: int
+    attempt_no: int
+    job_id: str | None
+    simulated: bool
+    partial: bool
+    metrics: dict[str, Any]  # every result column (RESULT_METRICS)
+    fidelity: str = "full"  # the measuring attempt's states.Fidelity: only "full" decides a best
+
+    def __post_init__(self) -> None:
+        _set(self, "status", CandidateStatus(self.status))

@@ -1,0 +1,101 @@
+"""The part of the Ledger every other part builds on: the engine, read and write sessions, row lookups.
+
+Sessions never leave orchestrator/ledger/: `_read()` and `_write()` are for the Ledger's own methods and
+orchestrator.ledger.queries,
+which hand out typed rows. Concurrency model:
+- Writes run in `_write()`: BEGIN IMMEDIATE on SQLite (one writer at a time, others wait
+  busy_timeout), READ COMMITTED plus row locks on PostgreSQL.
+- Inserts that two processes may race on (sweep name, candidate key) use INSERT ... ON CONFLICT DO
+  NOTHING and then read the winner, so re-running is idempotent and nobody gets an IntegrityError.
+- Row locks are always taken candidate first, then attempt, so two writers cannot deadlock.
+- Claims use SELECT ... FOR UPDATE SKIP LOCKED on PostgreSQL; on SQLite BEGIN IMMEDIATE already
+  serialises them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Self
+
+from sqlalchemy import Engine, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+from orchestrator.ledger import models as m
+from orchestrator.ledger.engine import mask, scrub, write_engine
+from orchestrator.ledger.errors import LedgerError
+
+
+class Store:
+    """One database engine and its sessions; the Ledger's parts (leases, results, ...) extend it."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._write_engine = write_engine(engine)
+        self.dialect = engine.dialect.name
+
+    @property
+    def url(self) -> str:
+        return mask(self.engine.url)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with self._guard(), Session(self.engine, expire_on_commit=False) as s:
+            yield s
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        with self._guard(), Session(self._write_engine, expire_on_commit=False) as s, s.begin():
+            yield s
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Driver errors (server gone, disk full, lock timeout) become one LedgerError, password masked."""
+        try:
+            yield
+        except OperationalError as exc:
+            detail = scrub(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc), self.engine.url)
+            raise LedgerError(f"ledger {self.url}: {detail}") from exc
+
+    def _insert(self, model: Any) -> Any:
+        return (pg_insert if self.dialect == "postgresql" else sqlite_insert)(model)
+
+    # ---- lookups inside a session -------------------------------------------------------------
+
+    @staticmethod
+    def _sweep(s: Session, name: str) -> m.Sweep:
+        sweep = s.scalars(select(m.Sweep).where(m.Sweep.name == name)).one_or_none()
+        if sweep is None:
+            known = s.scalars(select(m.Sweep.name).order_by(m.Sweep.id.desc()).limit(10)).all()
+            raise LedgerError(
+                f"no sweep named '{name}' in the ledger" + (f"; recent: {', '.join(known)}" if known else "")
+            )
+        return sweep
+
+    @staticmethod
+    def _candidate(s: Session, candidate_id: int, *, lock: bool = False) -> m.Candidate:
+        q = select(m.Candidate).where(m.Candidate.id == candidate_id)
+        c = s.scalars(q.with_for_update() if lock else q).one_or_none()
+        if c is None:
+            raise LedgerError(f"no candidate with id {candidate_id}")
+        return c
+
+    @staticmethod
+    def _attempt(s: Session, attempt_id: int, *, lock: bool = False) -> m.Attempt:
+        q = select(m.Attempt).where(m.Attempt.id == attempt_id)
+        a = s.scalars(q.with_for_update() if lock else q).one_or_none()
+        if a is None:
+            raise LedgerError(f"no attempt with id {attempt_id}")
+        return a

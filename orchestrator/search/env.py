@@ -1,0 +1,155 @@
+"""The planner as the policy sees it: one (model, hardware, stage, workload), optional calibration.
+
+A thin adapter over orchestrator.plan.planner so the policy speaks in Proposals and raw/calibrated
+predictions, and so the cost estimate (GPU-hours) lives in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig
+from orchestrator.core.states import EdgeKind
+from orchestrator.plan import planner
+from orchestrator.plan.layout import Layout
+from orchestrator.plan.memory import MemoryScale
+from orchestrator.search.types import Proposal, prediction_dict
+
+
+@dataclass
+class PlanEnv:
+    model: ModelConfig
+    hardware: HardwareConfig
+    stage: StageConfig
+    workload: str = "twin"
+
+    def plan(self, factors: dict[str, float] | None = None, memory_factor: MemoryScale = 1.0) -> list:
+        """Feasible candidates (Planned), best predicted step time first."""
+        res = planner.plan(
+            self.model,
+            self.hardware,
+            self.stage,
+            factors=factors or None,
+            memory_factor=memory_factor,
+            workload=self.workload,
+        )
+        return [c for c in res.candidates if c.prediction.feasible]
+
+    def evaluate(self, layout: Layout, factors: dict[str, float] | None = None, memory_factor: MemoryScale = 1.0):
+        """Planned when legal and feasible under this calibration, else None."""
+        out = self._planned(layout, factors, memory_factor, check_memory=True)
+        return out if out is not None and out.prediction.feasible else None
+
+    def _planned(self, layout: Layout, factors: dict[str, float] | None, memory_factor: MemoryScale, *, check_memory):
+        """The planner's verdict on one layout under this calibration: Planned, or None when a rule rejects it
+        (`check_memory=False`: the HBM rule is not applied, prediction.feasible still says whether it fits)."""
+        out = planner.evaluate(
+            self.model,
+            self.hardware,
+            self.stage,
+            layout,
+            factors=factors or None,
+            memory_factor=memory_factor,
+            workload=self.workload,
+            check_memory=check_memory,
+        )
+        return out if isinstance(out, planner.Planned) else None
+
+    def raw(self, layout: Layout) -> tuple[dict[str, float], float, float] | None:
+        """(components, step_s, memory_gb) with no calibration, even for a layout over HBM (calibration
+        learns from OOMs too, so the memory rule must not hide their components)."""
+        out = planner.evaluate(
+            self.model, self.hardware, self.stage, layout, workload=self.workload, check_memory=False
+        )
+        if not isinstance(out, planner.Planned):
+            return None
+        p = out.prediction
+        return dict(p.step_components), p.step_time_s, p.memory_gb
+
+    def raw_memory_terms(self, layout: Layout) -> tuple[dict[str, float], ...]:
+        """The planner's uncalibrated memory terms per PP stage (memory.TERMS -> GB); () when illegal."""
+        out = planner.evaluate(
+            self.model, self.hardware, self.stage, layout, workload=self.workload, check_memory=False
+        )
+        return tuple(out.prediction.memory_terms_by_stage) if isinstance(out, planner.Planned) else ()
+
+    def fits(self, memory_gb: float) -> bool:
+        """The planner's memory rule: heaviest rank + stage margin <= HBM."""
+        return memory_gb + self.stage.memory_margin_gb <= self.hardware.hbm_gb
+
+    def revived(self, raw_memory_gb: float, calibrated_memory_gb: float) -> bool:
+        """The uncalibrated model prunes this layout (round 0 never saw it) but the calibrated one keeps it."""
+        return not self.fits(raw_memory_gb) and self.fits(calibrated_memory_gb)
+
+    def memory_band(self, fit, factors: dict[str, float] | None = None) -> list:
+        """Legal layouts whose heaviest stage the calibrated model cannot place on either side of HBM
+        (calibrate.within_band): neither surely fits nor surely OOMs. Each Planned carries its calibrated
+        prediction (feasible or not); best predicted step first. A fit probe, not the model, decides them."""
+        from orchestrator.search.calibrate import memory_estimate, within_band
+
+        hw = dataclasses.replace(self.hardware, hbm_gb=float("inf"))
+        res = planner.plan(self.model, hw, self.stage, factors=factors or None, workload=self.workload)
+        out = []
+        for c in res.candidates:
+            est = memory_estimate(fit, c.prediction.memory_terms_by_stage, c.layout.recompute)
+            if within_band(est, hbm_gb=self.hardware.hbm_gb, margin_gb=self.stage.memory_margin_gb):
+                mem = fit.memory_scale if fit is not None else 1.0
+                cal = self.evaluate_unchecked(c.layout, factors, mem)
+                if cal is not None:
+                    out.append(cal)
+        return out
+
+    def evaluate_unchecked(self, layout: Layout, factors: dict[str, float] | None, memory_factor: MemoryScale):
+        """Planned under this calibration even when over HBM (prediction.feasible says whether it fits)."""
+        return self._planned(layout, factors, memory_factor, check_memory=False)
+
+    def gpu_hours(self, step_s: float, iters: int | None = None) -> float:
+        """N x (start-up + step x iterations) / 3600: what one launch costs (the stage's full window unless
+        `iters` says otherwise: a screen's or a probe's), charged as observe.spent charges it."""
+        n = self.stage.warmup_iters + self.stage.measure_iters if iters is None else iters
+        return self.stage.gpus * (self.stage.budget.startup_s + step_s * n) / 3600.0
+
+    def proposal(
+        self,
+        planned,
+        *,
+        reason: str,
+        factors: dict[str, float] | None = None,
+        memory_factor: MemoryScale = 1.0,
+        parent_key: str | None = None,
+        edge_kind: EdgeKind | None = None,
+        predicted_gain: float | None = None,
+        uncertainty: float | None = None,
+    ) -> Proposal:
+        """A Proposal carrying the calibrated prediction plus the raw one calibration will need later."""
+        comps, step, mem = self.raw(planned.layout) or (
+            planned.prediction.step_components,
+            planned.prediction.step_time_s,
+            planned.prediction.memory_gb,
+        )
+        pred = prediction_dict(
+            planned.prediction,
+            raw_components=comps,
+            raw_step_s=step,
+            raw_memory_gb=mem,
+            factors=factors,
+            memory_factor=memory_factor,
+        )
+        if self.revived(mem, planned.prediction.memory_gb):
+            pred["revived"] = {"raw_memory_gb": mem, "calibrated_memory_gb": planned.prediction.memory_gb}
+            reason += (
+                f" (revived: pruned by the uncalibrated memory model at {mem:.1f} GB, "
+                f"fits calibrated at {planned.prediction.memory_gb:.1f} GB)"
+            )
+        return Proposal(
+            key=planned.key,
+            layout=planned.layout,
+            predicted=pred,
+            reason=reason,
+            parent_key=parent_key,
+            edge_kind=edge_kind,
+            est_gpu_hours=self.gpu_hours(planned.prediction.step_time_s),
+            predicted_gain=predicted_gain,
+            uncertainty=uncertainty,
+        )

@@ -1,0 +1,105 @@
+"""Multi-fidelity rounds (issue 12 item 4): the window of each fidelity, the screen's length, the contenders.
+
+Why: every candidate paying the stage's full window (1k: 300 warm-up + 50 measured iterations) spends the
+budget on layouts a short window already shows to be slower. A screen ranks many candidates cheaply; the
+ones it cannot separate from the best are confirmed at the full window, and only full-window results ever
+decide a best (orchestrator.ledger.queries.best, observe.best_of, the policy's `best_measured`).
+
+The screen's measured window is sized from measured step-time noise, never guessed: the p50 of n samples
+has a standard error of about sqrt(pi/2) * sigma / sqrt(n) (the median of a normal sample), so its 95%
+confidence interval is narrower than a relative `resolution` when n >= (1.96 * sqrt(pi/2) * cv / res)^2.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+
+from orchestrator.core.schema import StageConfig
+from orchestrator.core.states import Fidelity
+from orchestrator.search.types import Observation
+
+Z95 = 1.96  # two-sided 95% normal quantile
+MEDIAN_SE = math.sqrt(math.pi / 2.0)  # SE(median) / SE(mean) for a normal sample
+MAD_SIGMA = 1.4826  # sigma = 1.4826 x median absolute deviation for a normal sample (robust to tails)
+MIN_SAMPLES = 8  # fewer per-iteration times than this say nothing about the noise
+
+
+def robust_cv(times: Sequence[float]) -> float | None:
+    """Coefficient of variation of one window's per-iteration step times, from the median absolute deviation:
+    a straggler iteration moves a mean/stdev a lot and the median (what the screen ranks on) hardly at all."""
+    xs = [t for t in times if t and t > 0]
+    if len(xs) < MIN_SAMPLES:
+        return None
+    med = statistics.median(xs)
+    mad = statistics.median(abs(x - med) for x in xs)
+    return MAD_SIGMA * mad / med
+
+
+def pooled_cv(cvs: Iterable[float | None]) -> float | None:
+    """One noise figure for the stage: the median of its runs' CVs (None before any run measured it)."""
+    xs = [c for c in cvs if c is not None]
+    return statistics.median(xs) if xs else None
+
+
+def half_width(cv: float, n: int) -> float:
+    """Relative half-width of the 95% confidence interval of a p50 over n iterations with noise cv."""
+    return Z95 * MEDIAN_SE * cv / math.sqrt(max(1, n))
+
+
+def screen_iters(stage: StageConfig, cv: float | None) -> int:
+    """Measured iterations of a screen: the fewest whose p50 CI is narrower than stage.screen.resolution,
+    clamped to [screen.min_measure_iters, stage.measure_iters]; the full window before any noise is known."""
+    full = stage.measure_iters
+    if cv is None or not stage.screen.enabled:
+        return full
+    n = math.ceil((Z95 * MEDIAN_SE * cv / stage.screen.resolution) ** 2)
+    return max(min(stage.screen.min_measure_iters, full), min(full, n))
+
+
+def window(stage: StageConfig, fidelity: str, measure_iters: int | None = None) -> tuple[int, int]:
+    """(warm-up, measured iterations) of an attempt at `fidelity`. A screen's measured length comes from
+    `screen_iters` (stored in the candidate's decision, so a resumed loop launches the same window)."""
+    f = Fidelity(fidelity)
+    if f == Fidelity.FULL:
+        return stage.warmup_iters, stage.measure_iters
+    if f == Fidelity.PROBE:
+        return 0, stage.screen.probe_iters
+    return min(stage.screen.warmup_iters, stage.warmup_iters), int(measure_iters or stage.measure_iters)
+
+
+def decision_window(stage: StageConfig, decision: dict | None) -> tuple[Fidelity, tuple[int, int]]:
+    """The fidelity and window the next attempt of a candidate runs, from its stored decision (candidates
+    added before multi-fidelity rounds, or by other tools, carry none: full)."""
+    d = decision or {}
+    f = Fidelity(d.get("fidelity") or Fidelity.FULL)
+    return f, window(stage, f, d.get("measure_iters"))
+
+
+def use_screen(stage: StageConfig, cv: float | None) -> bool:
+    """Screen new candidates only once noise is measured and a screen is actually shorter than the full window."""
+    if cv is None or not stage.screen.enabled:
+        return False
+    w, n = window(stage, Fidelity.SCREEN, screen_iters(stage, cv))
+    return w + n < stage.warmup_iters + stage.measure_iters
+
+
+def contenders(rows: Sequence[Observation], cv: float | None, limit: int) -> list[Observation]:
+    """Screened layouts not yet confirmed that the screen cannot separate from the best (successive halving
+    with the CI as the cut): a screened p50 whose lower 95% bound is at or below the reference, where the
+    reference is the best full-window p50 (or the best screened upper bound, if that is lower). Best first."""
+    screened = [r for r in rows if r.ok and r.fidelity == Fidelity.SCREEN and r.failure_class is None]
+    if not screened or limit <= 0:
+        return []
+    noise = cv or 0.0
+
+    def lo(r: Observation) -> float:
+        return r.measured_step_s * (1.0 - half_width(noise, r.measure_iters or 1))
+
+    def hi(r: Observation) -> float:
+        return r.measured_step_s * (1.0 + half_width(noise, r.measure_iters or 1))
+
+    full = [r.measured_step_s for r in rows if r.ok and r.fidelity == Fidelity.FULL]
+    ref = min([*full, *(hi(r) for r in screened)])
+    return sorted((r for r in screened if lo(r) <= ref), key=lambda r: r.measured_step_s)[:limit]

@@ -1,0 +1,371 @@
+"""The policies: what to measure next, decided only from ledger observations.
+
+`calibrated_neighbours` (default): round 0 takes the best predicted layouts with diversity across EP, PP
+and CP; later rounds calibrate the planner on every measurement, re-rank, and spend the round on
+one-factor neighbours of the best k *measured* layouts (local search trusts measurements over the model)
+plus the calibrated model's top pick when it predicts a real gain.
+
+`predicted_topk`: the baseline. Walks down the uncalibrated planner ranking, never looks at a measurement.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+
+from orchestrator.core.failures import Failure
+from orchestrator.core.schema import PolicyConfig, StageConfig
+from orchestrator.core.states import EdgeKind, Fidelity
+from orchestrator.search import fidelity
+from orchestrator.search.calibrate import Fit, calibrate
+from orchestrator.search.env import PlanEnv
+from orchestrator.search.moves import distinct_anchors, fit_residual, joint_pair, optimistic
+from orchestrator.search.promote import promoted_layouts
+from orchestrator.search.select import (
+    best_measured,
+    changed_knob,
+    diverse_top,
+    knob_value,
+    measured_rank,
+    oom_dominated,
+    round_robin,
+)
+from orchestrator.search.types import Observation, Proposal, RoundInput, RoundPlan
+
+DIVERSITY_SLACK = 1.5  # round 0 covers knob values only among layouts predicted within 1.5x of the best
+
+
+class Policy:
+    """Base: budget trimming and convergence; subclasses implement `propose`."""
+
+    name = "base"
+    calibrates = False
+
+    def __init__(self, cfg: PolicyConfig):
+        self.cfg = cfg
+
+    def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: StageConfig | None = None) -> RoundPlan:
+        raise NotImplementedError
+
+    def round_size(self, inp: RoundInput, *, screening: bool = False) -> int:
+        size = self.cfg.round0_size if inp.round == 0 else self.cfg.round_size
+        if screening and self.cfg.screen_round_size:
+            size = self.cfg.screen_round_size
+        return max(0, min(size, inp.slots))
+
+    @staticmethod
+    def screened(env: PlanEnv, p: Proposal, cv: float | None) -> Proposal:
+        """The proposal at the screen's window (sized from the stage's measured noise), charged for it."""
+        st = env.stage
+        w, n = fidelity.window(st, Fidelity.SCREEN, fidelity.screen_iters(st, cv))
+        p.fidelity, p.measure_iters = Fidelity.SCREEN, n
+        p.est_gpu_hours = env.gpu_hours(p.predicted_step_s, w + n)
+        return p
+
+    def confirms(self, env: PlanEnv, inp: RoundInput) -> list[Proposal]:
+        """Screened contenders (fidelity.contenders) back at the full window: successive halving's next rung;
+        and layouts a fit probe found to fit, now measured at the full window."""
+        limit = min(env.stage.screen.confirm_per_round, inp.slots if inp.slots > 0 else 0)
+        out = [
+            Proposal(
+                key=r.key,
+                layout=r.layout,
+                predicted={},
+                reason=f"probed-fit: max reserved {r.peak_gb:.1f} GB of {r.hbm_gb:.0f} GB",
+                fidelity=Fidelity.FULL,
+                est_gpu_hours=env.gpu_hours(r.raw_step_s),
+            )
+            for r in inp.observations
+            if r.probed_fit
+        ]
+        for r in fidelity.contenders(inp.observations, inp.step_cv, limit):
+            hw = fidelity.half_width(inp.step_cv or 0.0, r.measure_iters or 1)
+            best = best_measured(inp.observations)
+            p = Proposal(
+                key=r.key,
+                layout=r.layout,
+                predicted={},
+                reason=f"confirm: screened p50 {r.measured_step_s:.4g}s +/- {hw:.1%}",
+                fidelity=Fidelity.FULL,
+                predicted_gain=(1.0 - r.measured_step_s / best.measured_step_s) if best else None,
+                uncertainty=hw,
+                est_gpu_hours=env.gpu_hours(r.measured_step_s),
+            )
+            out.append(p)
+        return out
+
+    @staticmethod
+    def within_budget(props: list[Proposal], slots: int, gpu_hours_left: float) -> list[Proposal]:
+        """Keep proposals in order while runs and (estimated) GPU-hours last."""
+        out: list[Proposal] = []
+        spent = 0.0
+        for p in props:
+            if len(out) >= slots:
+                break
+            if spent + p.est_gpu_hours > gpu_hours_left:
+                continue
+            out.append(p)
+            spent += p.est_gpu_hours
+        return out
+
+    def converged(self, rows: list[Observation], cv: float | None = None) -> bool:
+        """No gain > converge_gain over the best so far for converge_rounds consecutive rounds (round >= 1),
+        and no screened contender still waiting for its full-window confirmation."""
+        if fidelity.contenders(rows, cv, 1):
+            return False
+        rounds = sorted({r.round for r in rows})
+        if len(rounds) <= self.cfg.converge_rounds:
+            return False
+        best_by_round = []
+        for rnd in rounds:
+            b = best_measured([r for r in rows if r.round <= rnd])
+            best_by_round.append(b.measured_step_s if b else float("inf"))
+        streak = 0
+        for prev, cur in itertools.pairwise(best_by_round):
+            gained = prev != float("inf") and cur < prev * (1.0 - self.cfg.converge_gain)
+            streak = 0 if gained or prev == float("inf") else streak + 1
+        return streak >= self.cfg.converge_rounds
+
+    def _promotions(
+        self, env: PlanEnv, inp: RoundInput, source_stage: StageConfig, fit: Fit | None, limit: int
+    ) -> list[Proposal]:
+        """The source stage's measured top-K, each mapped to this stage (CP restores m, EP kept/widened)."""
+        factors, mem = (fit.factors, fit.memory_scale) if fit else (None, 1.0)
+        per_source: list[list[Proposal]] = []
+
+        def fits(lay) -> bool:
+            return env.evaluate(lay, factors, mem) is not None
+
+        for src in measured_rank(inp.source, full_only=True)[: self.cfg.promote_top_k]:
+            props = []
+            for lay in promoted_layouts(src.layout, source_stage, env.stage, feasible=fits):
+                planned = env.evaluate(lay, factors, mem)
+                if planned is not None and planned.key not in inp.known_keys:
+                    props.append(
+                        env.proposal(
+                            planned,
+                            reason="promoted",
+                            factors=factors,
+                            memory_factor=mem,
+                            parent_key=src.key,
+                            edge_kind=EdgeKind.PROMOTED_FROM,
+                        )
+                    )
+            per_source.append(props)
+        return round_robin(per_source, limit, key=lambda p: p.key)
+
+
+def knob_effects(rows: list[Observation]) -> dict[tuple, list[float]]:
+    """(knob, from, to) -> measured step ratios of every pair of measured layouts differing only in that knob.
+
+    A knob change that was measured once (anywhere in the stage) predicts the same change elsewhere better
+    than any analytic model: e.g. a dispatcher swap that changed nothing is not worth a run again.
+    """
+    ok = [r for r in rows if r.ok]
+    out: dict[tuple, list[float]] = {}
+    for a in ok:
+        for b in ok:
+            knob = changed_knob(a.layout, b.layout) if a is not b else None
+            if knob:
+                out.setdefault((knob, knob_value(a.layout, knob), knob_value(b.layout, knob)), []).append(
+                    b.measured_step_s / a.measured_step_s
+                )
+    return out
+
+
+class CalibratedNeighbours(Policy):
+    name = "calibrated_neighbours"
+    calibrates = True
+
+    def fit(self, env: PlanEnv, inp: RoundInput) -> Fit | None:
+        """Calibrate on this stage's rows; borrow the source stage's when this stage has too few."""
+        rows = list(inp.observations)
+        if sum(r.ok for r in rows) < 3 and inp.source:
+            rows += inp.source
+        if not any(r.ok or r.failure_class == Failure.OOM for r in rows):
+            return None
+        return calibrate(rows, hbm_gb=env.hardware.hbm_gb, margin_gb=env.stage.memory_margin_gb)
+
+    def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: StageConfig | None = None) -> RoundPlan:
+        confirms = self.confirms(env, inp)
+        screening = inp.round > 0 and fidelity.use_screen(env.stage, inp.step_cv)
+        size = self.round_size(inp, screening=screening) - len(confirms)
+        fit = self.fit(env, inp)
+        factors, mem = (fit.factors, fit.memory_scale) if fit else (None, 1.0)
+        seen = list(inp.observations) + list(inp.source)
+        cands = [c for c in env.plan(factors, mem) if c.key not in inp.known_keys and not oom_dominated(c.layout, seen)]
+
+        def mk(c, reason, **kw) -> Proposal:
+            return env.proposal(c, reason=reason, factors=factors, memory_factor=mem, **kw)
+
+        props: list[Proposal] = []
+        best = best_measured(inp.observations)
+        if inp.round == 0 and inp.source and source_stage is not None:
+            n_new = max(1, size // 3)
+            props = self._promotions(env, inp, source_stage, fit, size - n_new)
+            taken = {p.key for p in props}
+            props += [mk(c, "model-top") for c in self._diverse(cands, size, taken)]
+        elif best is None:
+            props = [mk(c, "round0" if inp.round == 0 else "model-top") for c in self._diverse(cands, size, set())]
+        else:
+            trusted = fit is not None and fit.loo_mape is not None and fit.loo_mape <= self.cfg.model_trust_mape
+            props = self._local(inp, cands, best.measured_step_s, mk, size, trust_model=trusted, fit=fit)
+        if screening:
+            props = [self.screened(env, p, inp.step_cv) for p in props]
+        if best is not None and fit is not None and self.cfg.probes_per_round > 0:
+            props = self.probes(env, inp, fit, best.measured_step_s, {p.key for p in props}) + props
+        left = inp.gpu_hours_left - sum(c.est_gpu_hours for c in confirms)
+        props = self.within_budget(props, size, left)
+        why = f"{len(props)} proposals" + (f" screened, {len(confirms)} confirmed" if screening or confirms else "")
+        return RoundPlan(proposals=props, fit=fit, reason=f"{why} ({self.name})", confirms=confirms)
+
+    def probes(self, env: PlanEnv, inp: RoundInput, fit: Fit, best_step: float, taken: set[str]) -> list[Proposal]:
+        """Fit probes: the most promising layouts the calibrated memory model prunes while HBM lies inside its
+        error band (env.memory_band): start-up plus a few iterations read Megatron's max-reserved line, and
+        one that fits is measured next round (`confirms`), one that OOMs teaches the memory calibration."""
+        seen = list(inp.observations) + list(inp.source)
+        cut = best_step * (1.0 + self.cfg.max_predicted_loss)
+        pool = [
+            c
+            for c in env.memory_band(fit, fit.factors)
+            if not c.prediction.feasible
+            and c.key not in inp.known_keys
+            and c.key not in taken
+            and c.prediction.step_time_s <= cut
+            and not oom_dominated(c.layout, seen)
+        ]
+        out = []
+        w, n = fidelity.window(env.stage, Fidelity.PROBE)
+        for c in sorted(pool, key=lambda c: c.prediction.step_time_s)[: self.cfg.probes_per_round]:
+            p = env.proposal(
+                c,
+                reason=f"fit-probe: predicted {c.prediction.memory_gb:.1f} GB, HBM within the model's error band",
+                factors=fit.factors,
+                memory_factor=fit.memory_scale,
+                predicted_gain=1.0 - c.prediction.step_time_s / best_step,
+            )
+            p.fidelity, p.measure_iters = Fidelity.PROBE, n
+            p.est_gpu_hours = env.gpu_hours(c.prediction.step_time_s, w + n)
+            out.append(p)
+        return out
+
+    def _diverse(self, cands: list, size: int, taken: set) -> list:
+        pool = [c for c in cands if c.key not in taken]
+        if not pool:
+            return []
+        cut = pool[0].prediction.step_time_s * DIVERSITY_SLACK
+        near = [c for c in pool if c.prediction.step_time_s <= cut]
+        if len(near) < size:
+            near = pool[: max(size, len(near))]
+        return diverse_top(near, max(0, size - len(taken)), layout_of=lambda c: c.layout)
+
+    def _local(
+        self, inp: RoundInput, cands: list, best_step: float, mk, size: int, *, trust_model: bool, fit: Fit | None
+    ) -> list[Proposal]:
+        """One round of local and model-guided search (see moves.py for why each part exists):
+        - model picks: the unmeasured layouts with the best optimistic bound (calibrated x residual model,
+          less `explore` sds), the calibrated model's most promising *or* least known layouts;
+        - per anchor (the best measured layouts of distinct EP/PP/CP regions): its best one-factor
+          neighbour per knob and best joint move per coupled pair first, then the rest, by estimate;
+        - the calibrated model's top pick when it has earned trust (LOO MAPE <= model_trust_mape)."""
+
+        def calibrated(r: Observation) -> float:
+            return fit.predict(r.raw_components) if fit else r.raw_step_s
+
+        res = fit_residual(inp.observations, calibrated)
+        explore = self.cfg.explore
+        bounds = {}
+        for c in cands:
+            mean, sd = res.predict(c.layout)
+            bounds[c.key] = (optimistic(c.prediction.step_time_s, mean, sd, explore), sd, mean)
+        cut = best_step * (1.0 - self.cfg.converge_gain)
+
+        def gain(est: float) -> float:
+            return 1.0 - est / best_step
+
+        def worth(est: float) -> bool:
+            """A run whose optimistic estimate is still more than policy.max_predicted_loss slower than the
+            best measured teaches little and costs a full window: not proposed."""
+            return est <= best_step * (1.0 + self.cfg.max_predicted_loss)
+
+        lists: list[list[tuple]] = []  # (planned, reason, parent_key, est, sd)
+        if trust_model:
+
+            def expected(c) -> float:
+                return c.prediction.step_time_s * math.exp(bounds[c.key][2])
+
+            top = [c for c in sorted(cands, key=expected)[:1] if expected(c) < cut]
+            lists += [[(c, "model-top", None, expected(c), None)] for c in top]
+        picks_ranked = sorted((c for c in cands if bounds[c.key][0] < cut), key=lambda c: bounds[c.key][0])
+        n_model = min(self.cfg.model_picks, size)
+        model: list[tuple] = [(c, "model-pick", None, bounds[c.key][0], bounds[c.key][1]) for c in picks_ranked]
+        effects = knob_effects(inp.observations)
+        per_anchor: list[list[tuple]] = []
+        for b in distinct_anchors(inp.observations, self.cfg.top_k_neighbours, min_diff=self.cfg.anchor_distance):
+            b_mean, _ = res.predict(b.layout)
+            b_pred = calibrated(b) * math.exp(b_mean)
+
+            def est(c, b=b, b_pred=b_pred) -> float:
+                """Optimistic step of neighbour c, relative to b's measurement: the measured effect of the same
+                knob change elsewhere in the ledger when there is one (known, so taken as is), else the
+                residual model's optimistic bound for c over its estimate of b."""
+                knob = changed_knob(b.layout, c.layout)
+                seen = effects.get((knob, knob_value(b.layout, knob), knob_value(c.layout, knob))) if knob else None
+                if seen:
+                    return b.measured_step_s * statistics.median(seen)
+                return b.measured_step_s * bounds[c.key][0] / max(b_pred, 1e-12)
+
+            moves: dict[str, list] = {}
+            for c in cands:
+                knob = changed_knob(b.layout, c.layout)
+                pair = None if knob else joint_pair(b.layout, c.layout)
+                if knob:
+                    moves.setdefault(f"neighbour:{knob}", []).append(c)
+                elif pair and self.cfg.joint_moves:
+                    moves.setdefault(f"joint:{pair[0]}+{pair[1]}", []).append(c)
+            ranked = {k: sorted(v, key=est) for k, v in moves.items()}
+            # the guide's order: one factor first (best per knob), then the small joint search, then the rest
+            firsts = sorted(((k, v[0]) for k, v in ranked.items()), key=lambda t: (t[0].startswith("joint"), est(t[1])))
+            rest = sorted(((k, c) for k, v in ranked.items() for c in v[1:]), key=lambda t: est(t[1]))
+            per_anchor.append([(c, k, b.key, est(c), bounds[c.key][1]) for k, c in firsts + rest if worth(est(c))])
+        picks = round_robin(lists, size, key=lambda t: t[0].key)
+        taken = {t[0].key for t in picks}
+        picks += [t for t in model if t[0].key not in taken][: max(0, min(n_model, size - len(picks)))]
+        picks = round_robin([picks, *per_anchor], size, key=lambda t: t[0].key)
+        if len(picks) < size:  # neighbourhood exhausted: fall back to the model picks, then the ranking
+            taken = {t[0].key for t in picks}
+            more = [t for t in model if t[0].key not in taken]
+            more += [(c, "model-top", None, c.prediction.step_time_s, None) for c in cands if worth(bounds[c.key][0])]
+            picks = round_robin([picks, more], size, key=lambda t: t[0].key)
+        return [
+            mk(
+                c,
+                reason,
+                parent_key=parent,
+                edge_kind=None if not parent else EdgeKind.JOINT if reason.startswith("joint") else EdgeKind.NEIGHBOUR,
+                predicted_gain=gain(est_s),
+                uncertainty=sd,
+            )
+            for c, reason, parent, est_s, sd in picks
+        ]
+
+
+class PredictedTopK(Policy):
+    """Baseline: the planner's own ranking, no calibration, no measurement feedback."""
+
+    name = "predicted_topk"
+
+    def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: StageConfig | None = None) -> RoundPlan:
+        size = self.round_size(inp)
+        props: list[Proposal] = []
+        if inp.round == 0 and inp.source and source_stage is not None:
+            props = self._promotions(env, inp, source_stage, None, size)
+        taken = {p.key for p in props}
+        for c in env.plan():
+            if len(props) >= size:
+                break
+            if c.key not in inp.known_keys and c.key not in taken:
+                props.append(env.proposal(c, reason="predicted-topk"))
+        props = self.within_budget(props, size, inp.gpu_hours_left)
+        return RoundPlan(proposals=props, fit=None, reason=f"{len(props)} proposals ({self.name})")

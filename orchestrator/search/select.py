@@ -1,0 +1,114 @@
+"""Choosing among candidates: one-factor neighbours, diverse top-k, budget, and the measured best.
+
+Knobs are grouped the way a person changes them (each knob's `group` in orchestrator/core/knobs.py): PP and VPP
+move together (VPP must divide the layers per PP stage), dispatcher and its flex backend move together. A
+one-factor neighbour differs in exactly one group and in nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
+from orchestrator.core.failures import Failure
+from orchestrator.core.knobs import GROUPS
+from orchestrator.core.states import Fidelity
+from orchestrator.plan.layout import Layout
+from orchestrator.search.types import Observation
+
+T = TypeVar("T")
+KNOBS: dict[str, tuple[str, ...]] = GROUPS  # group -> Layout fields, from the knob registry
+_GROUPED = {f for fields in KNOBS.values() for f in fields}
+
+
+def knob_value(layout: Layout, knob: str) -> tuple:
+    return tuple(getattr(layout, f) for f in KNOBS[knob])
+
+
+def changed_knob(a: Layout, b: Layout) -> str | None:
+    """The one knob group in which a and b differ, or None (equal, several knobs, or another field)."""
+    if any(getattr(a, f) != getattr(b, f) for f in a.__dataclass_fields__ if f not in _GROUPED):
+        return None
+    diff = [k for k in KNOBS if knob_value(a, k) != knob_value(b, k)]
+    return diff[0] if len(diff) == 1 else None
+
+
+def diverse_top(
+    items: Sequence[T], size: int, *, layout_of: Callable[[T], Layout], knobs: Sequence[str] = ("ep", "pp", "cp")
+) -> list[T]:
+    """Greedy: take items in the given (ranked) order, preferring one that covers knob values not yet seen.
+
+    Each pick maximizes the number of uncovered (knob, value) pairs it adds; ties go to the better rank.
+    Once every value is covered the rest follow rank order. The calibration then sees each knob vary.
+    """
+    chosen: list[T] = []
+    covered: set[tuple[str, tuple]] = set()
+    pool = list(items)
+    while pool and len(chosen) < size:
+
+        def gain(item) -> int:
+            lay = layout_of(item)
+            return sum((k, knob_value(lay, k)) not in covered for k in knobs)
+
+        best_i = max(range(len(pool)), key=lambda i: (gain(pool[i]), -i))
+        pick = pool.pop(best_i)
+        chosen.append(pick)
+        lay = layout_of(pick)
+        covered.update((k, knob_value(lay, k)) for k in knobs)
+    return chosen
+
+
+def measured_rank(rows: Iterable[Observation], *, full_only: bool = False) -> list[Observation]:
+    """Measured rows, best first: step time p50, then p99, then more memory headroom. Never predictions.
+    full_only: only full-window measurements (a best, a promotion); screened rows may still anchor a move."""
+    ok = [r for r in rows if r.ok and (r.fidelity == Fidelity.FULL or not full_only)]
+    return sorted(ok, key=lambda r: (r.step_s, r.p99_s if r.p99_s is not None else float("inf"), -r.headroom_gb))
+
+
+def best_measured(rows: Iterable[Observation]) -> Observation | None:
+    """The best full-window measurement: a screened p50 ranks candidates, it never decides the best."""
+    ranked = measured_rank(rows, full_only=True)
+    return ranked[0] if ranked else None
+
+
+def round_robin(lists: Sequence[Sequence[T]], limit: int, *, key: Callable[[T], str]) -> list[T]:
+    """Merge ranked lists taking one from each in turn, skipping duplicates, up to limit items."""
+    out: list[T] = []
+    seen: set[str] = set()
+    iters = [list(x) for x in lists]
+    while len(out) < limit and any(iters):
+        for lst in iters:
+            while lst:
+                item = lst.pop(0)
+                if key(item) not in seen:
+                    seen.add(key(item))
+                    out.append(item)
+                    break
+            if len(out) >= limit:
+                break
+    return out
+
+
+def _recompute_level(layout: Layout) -> int | None:
+    if not layout.recompute:
+        return 0
+    return 2 if "full" in layout.recompute else None  # selective sets are not ordered among themselves
+
+
+def needs_more_memory(a: Layout, b: Layout) -> bool:
+    """True when `a` keeps at least as much per GPU as `b` on every memory knob (and differs nowhere else
+    that matters): fewer or equal PP / TP / CP / EP shards, equal or larger micro-batch, no more recompute
+    and no more offload. Dispatcher and VPP are ignored (second-order for memory)."""
+    if not (a.pp <= b.pp and a.tp <= b.tp and a.cp <= b.cp and a.ep <= b.ep and a.etp <= b.etp and a.mbs >= b.mbs):
+        return False
+    if set(a.offload) - set(b.offload):
+        return False
+    ra, rb = _recompute_level(a), _recompute_level(b)
+    if ra is None or rb is None:
+        return a.recompute == b.recompute or (rb is None and ra == 0)
+    return ra <= rb
+
+
+def oom_dominated(layout: Layout, rows: Iterable[Observation]) -> bool:
+    """A layout that needs at least as much memory as one that measured OOM will OOM too: skip it."""
+    return any(r.failure_class == Failure.OOM and needs_more_memory(layout, r.layout) for r in rows)

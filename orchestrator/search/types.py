@@ -1,0 +1,152 @@
+"""Typed inputs and outputs of a policy. Pure data: the sweep loop builds them from ledger rows only.
+
+Why the policy sees only these: the loop decides from the ledger (never from a previous process's memory),
+so a resumed orchestrator proposes exactly what a never-killed one would have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from orchestrator.core.states import EdgeKind, Fidelity
+from orchestrator.plan.layout import Layout
+from orchestrator.plan.memory import MemoryScale
+
+if TYPE_CHECKING:
+    from orchestrator.search.calibrate import Fit
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One candidate of this stage as the ledger knows it: predicted (raw, factors = 1) and measured."""
+
+    key: str
+    layout: Layout
+    raw_components: dict[str, float]  # planner components with no calibration (seconds)
+    raw_step_s: float  # planner step time with no calibration
+    raw_memory_gb: float  # planner heaviest-rank peak with no calibration
+    step_s: float | None = None  # measured step p50 (None = no measurement)
+    p99_s: float | None = None
+    peak_gb: float | None = None  # measured heaviest-rank peak (reserved, else allocated)
+    failure_class: str | None = None  # latest attempt's class when it did not succeed
+    round: int = 0
+    hbm_gb: float = 0.0  # capacity the job ran on, for headroom tie-breaks
+    # per-term memory calibration: the planner's raw terms per PP stage (memory.TERMS -> GB) and the measured
+    # peak of each PP stage (Megatron prints one memory line per stage from its DP-rank-0 ranks)
+    raw_memory_terms: tuple[dict[str, float], ...] = ()
+    stage_peaks_gb: dict[int, float] = field(default_factory=dict)
+    fidelity: str = "full"  # states.Fidelity of the measurement (step_s): screen rows rank, never decide a best
+    measure_iters: int | None = None  # iterations its p50 is over (the screen's CI)
+
+    @property
+    def ok(self) -> bool:
+        return self.step_s is not None and self.step_s > 0
+
+    @property
+    def probed_fit(self) -> bool:
+        """A fit probe ran it and it fit (its peak is measured, its speed is not): due a real measurement."""
+        return self.fidelity == Fidelity.PROBE and self.peak_gb is not None and self.failure_class is None
+
+    @property
+    def measured_step_s(self) -> float:
+        """step_s of a row known to be measured (`ok`): the policy's arithmetic never meets a None."""
+        if self.step_s is None:
+            raise ValueError(f"candidate {self.key[:10]} has no measured step time")
+        return self.step_s
+
+    @property
+    def measured_peak_gb(self) -> float:
+        """peak_gb of a row known to carry one."""
+        if self.peak_gb is None:
+            raise ValueError(f"candidate {self.key[:10]} has no measured peak memory")
+        return self.peak_gb
+
+    @property
+    def headroom_gb(self) -> float:
+        return (self.hbm_gb - self.peak_gb) if self.peak_gb is not None and self.hbm_gb else 0.0
+
+
+@dataclass
+class Proposal:
+    """A layout the policy wants measured, with why (edge_kind) and from what (parent_key)."""
+
+    key: str
+    layout: Layout
+    predicted: dict  # calibrated prediction (Prediction fields) + raw_components / factors used
+    reason: str  # round0 | neighbour:<knob> | joint:<knob>+<knob> | model-pick | model-top | promoted | ...
+    parent_key: str | None = None
+    edge_kind: EdgeKind | None = None
+    est_gpu_hours: float = 0.0
+    # why, as the ledger stores it (candidate.decision): the move kind (the reason before any ':'), the
+    # fidelity it is measured at, the predicted gain over the best measured step and its uncertainty (sd)
+    fidelity: str = "full"
+    measure_iters: int | None = None  # a screen's measured window (policy/fidelity.screen_iters)
+    predicted_gain: float | None = None
+    uncertainty: float | None = None
+
+    @property
+    def kind(self) -> str:
+        """The reason's first word: `neighbour:<knob>` and `model-top (revived: ...)` are kinds
+        neighbour and model-top."""
+        return self.reason.split(":", 1)[0].split(" ", 1)[0]
+
+    def decision(self) -> dict:
+        """The explained decision stored with the candidate (db column candidate.decision)."""
+        return {
+            "kind": self.kind,
+            "move": self.reason,
+            "fidelity": self.fidelity,
+            "measure_iters": self.measure_iters,
+            "predicted_gain": self.predicted_gain,
+            "uncertainty": self.uncertainty,
+            "parent": self.parent_key,
+            "revived": "revived" in self.predicted,  # pruned by the uncalibrated memory model, fits calibrated
+        }
+
+    @property
+    def predicted_step_s(self) -> float:
+        return float(self.predicted.get("step_time_s") or 0.0)
+
+
+@dataclass
+class RoundInput:
+    """What a policy needs to propose one round, all read from the ledger by the loop."""
+
+    round: int
+    observations: list[Observation]  # every candidate of this stage and model with its latest outcome
+    known_keys: set[str]  # every key already in the ledger for this stage: never launched again
+    slots: int  # runs the budget still allows this round
+    gpu_hours_left: float
+    source: list[Observation] = field(default_factory=list)  # promotion source stage (round 0 only)
+    step_cv: float | None = None  # measured step-time noise of this stage (policy/fidelity.robust_cv), if any
+
+
+@dataclass
+class RoundPlan:
+    proposals: list[Proposal]  # new candidates
+    fit: Fit | None = None
+    reason: str = ""
+    # measured candidates to run again at the full window (screened contenders): same key, new attempt
+    confirms: list[Proposal] = field(default_factory=list)
+
+
+def prediction_dict(
+    prediction,
+    *,
+    raw_components: dict[str, float],
+    raw_step_s: float,
+    raw_memory_gb: float,
+    factors: dict[str, float] | None = None,
+    memory_factor: MemoryScale = 1.0,
+) -> dict:
+    """Serialize a Prediction for the ledger, keeping the raw (uncalibrated) numbers calibration needs."""
+    d = asdict(prediction) if hasattr(prediction, "__dataclass_fields__") else dict(prediction)
+    d["memory_by_stage"] = list(d.get("memory_by_stage") or ())
+    d["raw_components"] = dict(raw_components)
+    d["raw_step_time_s"] = raw_step_s
+    d["raw_memory_gb"] = raw_memory_gb
+    d["factors"] = dict(factors or {})
+    d["memory_factor"] = dict(memory_factor) if isinstance(memory_factor, Mapping) else memory_factor
+    return d

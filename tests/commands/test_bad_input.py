@@ -1,0 +1,204 @@
+"""Bad input through the real CLI: one `error:` line, exit 2, and nothing created (no ledger file, no sweep
+row, no folder). Each command runs in a subprocess from an empty working folder, so whatever it would write
+by default (./ledger.sqlite, ./runs, reports/) lands where the test can see it."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, inspect
+
+from orchestrator.core.states import CandidateStatus
+from orchestrator.ledger.ledger import Ledger
+from tests.sweeplib import FAST_TWIN, cli, ledger_url, sweep_args
+
+STAGE = ["+stage=smoke", "cluster=local", *FAST_TWIN]
+
+
+def run(cwd: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def refused(cwd: Path, *args: str, env: dict | None = None) -> str:
+    """The one `error:` line of a command that must exit 2 (no traceback, nothing on stdout)."""
+    r = run(cwd, *args, env=env)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), (r.returncode, r.stderr[-2000:])
+    assert r.stdout == "", r.stdout
+    return lines[0]
+
+
+def tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.fixture
+def cwd(tmp_path: Path) -> Path:
+    """An empty working folder inside an otherwise empty tmp_path (traversal targets land in tmp_path)."""
+    d = tmp_path / "work" / "here"
+    d.mkdir(parents=True)
+    return d
+
+
+# ------------------------------------------------------------------------------------------- names
+@pytest.mark.parametrize("name", ["../../etc", "..", "ABSOLUTE", "a" * 201, "run%j", "run%A"])
+def test_an_unsafe_sweep_name_is_refused_before_anything_is_written(cwd, tmp_path, name):
+    if name == "ABSOLUTE":
+        name = str(tmp_path / "abs")
+    line = refused(cwd, "sweep", *STAGE, f"sweep.name={name}", "--plain")
+    assert "sweep.name" in line and ("not a safe name" in line or "at most 100" in line), line
+    assert tree(tmp_path) == {"work", "work/here"}  # no ledger, no runs/, nothing outside cluster.folder
+
+
+def test_a_long_name_leaves_no_sweep_row_on_either_engine(cwd, tmp_path, ledger_url):
+    refused(cwd, "sweep", *STAGE, "sweep.name=" + "n" * 250, f"ledger.url={ledger_url}", "--plain")
+    if ledger_url.startswith("sqlite"):
+        assert not (tmp_path / "ledger.sqlite").exists()
+    else:  # the PostgreSQL database is as empty as the fixture made it: no schema, so no sweep row
+        engine = create_engine(ledger_url)
+        try:
+            assert inspect(engine).get_table_names() == []
+        finally:
+            engine.dispose()
+
+
+def test_a_default_name_from_an_unsafe_model_name_is_refused(cwd, tmp_path):
+    line = refused(cwd, "sweep", *STAGE, "model.name=../evil", "--plain")
+    assert "default sweep name" in line and "smoke-../evil-h200" in line
+    assert tree(tmp_path) == {"work", "work/here"}
+
+
+def test_resume_run_one_and_report_check_the_name_too(cwd, tmp_path):
+    assert "not a safe name" in refused(cwd, "resume", "../../etc", "--plain")
+    assert "not a safe name" in refused(cwd, "run-one", *STAGE, "sweep.name=../x")
+    assert "not a safe name" in refused(cwd, "report", "../../x")
+    assert tree(tmp_path) == {"work", "work/here"}
+
+
+def test_report_never_writes_outside_reports(cwd, tmp_path):
+    assert "outside reports/" in refused(cwd, "report", "s1", "--out", str(tmp_path / "elsewhere"))
+    assert "outside reports/" in refused(cwd, "report", "s1", "--out", "reports/../../x")
+    (cwd / "reports").mkdir()
+    (cwd / "reports" / "link").symlink_to(tmp_path, target_is_directory=True)  # a way out through a symlink
+    assert "outside reports/" in refused(cwd, "report", "s1", "--out", "reports/link/x")
+    assert tree(tmp_path) == {"work", "work/here", "work/here/reports", "work/here/reports/link"}
+
+
+# ------------------------------------------------------------------------------------------ ledger URLs
+def test_status_resume_cancel_never_create_a_ledger(cwd, tmp_path):
+    url = f"ledger.url=sqlite:///{cwd / 'typo.sqlite'}"
+    for args in (["status"], ["status", "s1"], ["resume", "s1", "--plain"], ["cancel", "s1"], ["compare"]):
+        assert "no ledger at" in refused(cwd, *args, url)
+    assert "no ledger at" in refused(cwd, "status")  # the default ./ledger.sqlite
+    assert tree(tmp_path) == {"work", "work/here"}
+
+
+def test_a_missing_folder_is_an_error_unless_asked(cwd, tmp_path):
+    url = f"ledger.url=sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'l.sqlite'}"
+    line = refused(cwd, "sweep", *STAGE, url, "--plain")
+    assert "does not exist" in line and "ledger.create_dir=true" in line
+    assert "does not exist" in refused(cwd, "db", "upgrade", url)
+    assert tree(tmp_path) == {"work", "work/here"}
+    r = run(cwd, "db", "current", url)
+    assert r.returncode == 0 and "no file yet" in r.stdout, r.stderr
+    r = run(cwd, "db", "upgrade", url, "ledger.create_dir=true")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "no" / "such" / "dir" / "l.sqlite").is_file()
+
+
+def test_a_device_or_a_folder_is_not_a_ledger(cwd, tmp_path):
+    before = set(os.listdir("/dev"))
+    for url in ("sqlite:////dev/null", f"sqlite:///{cwd}"):
+        for args in (["status"], ["db", "upgrade"], ["sweep", *STAGE, "--plain"]):
+            assert "is not a regular file" in refused(cwd, *args, f"ledger.url={url}")
+    assert set(os.listdir("/dev")) == before  # no null-journal, null.migrate-lock, ...
+    assert tree(tmp_path) == {"work", "work/here"}
+
+
+def test_a_port_that_is_not_a_number_is_one_error_line(cwd):
+    line = refused(cwd, "status", "ledger.url=postgresql+psycopg://u:Hunter2@db.example:abc/ledger")
+    assert "port that is not a number" in line and "Hunter2" not in line
+
+
+@pytest.mark.parametrize("password", ["pa,ss", "pa'ss"])
+def test_hydra_parse_errors_never_print_the_password(cwd, password):
+    secret = f"Sw0rd{password}Fish"
+    line = refused(cwd, "status", f"ledger.url=postgresql+psycopg://orch:{secret}@db.example:5432/ledger")
+    assert "invalid override" in line and secret not in line and "Sw0rd" not in line and "***" in line
+    assert "PGPASSWORD" in line  # says how to keep the password out of the command line
+
+
+# --------------------------------------------------------------------------------------------- compare
+@pytest.mark.parametrize("flag", [["--limit", "99999999999999999999"], ["--round", "99999999999"], ["--round", "-1"]])
+def test_compare_numbers_out_of_range_are_usage_errors(cwd, flag):
+    line = refused(cwd, "compare", *flag)
+    assert f"argument {flag[0]}" in line and "out of range" in line
+
+
+# ------------------------------------------------------------------------------------ workload.command
+def test_a_broken_workload_command_is_refused_before_round_0(cwd, tmp_path):
+    plain = tmp_path / "work" / "not-executable.sh"
+    plain.write_text("#!/bin/sh\nexit 0\n")
+    plain.chmod(stat.S_IRUSR | stat.S_IWUSR)
+    cases = {
+        "[]": "is empty",
+        "[no-such-binary-xyz]": "not on PATH",
+        f"[{tmp_path / 'missing'}]": "does not exist",
+        f"[{plain}]": "is not executable",
+        "[./relative.sh]": "relative path",
+    }
+    for command, why in cases.items():
+        assert why in refused(cwd, "sweep", *STAGE, f"workload.command={command}", "--plain")
+    line = refused(cwd, "sweep", *STAGE, "++workload.in_process=true", f"workload.command=[python,{tmp_path}/x.py]")
+    assert "entry script" in line
+    assert "is empty" in refused(cwd, "run-one", *STAGE, "workload.command=[]")
+    assert tree(tmp_path) == {"work", "work/here", "work/not-executable.sh"}
+
+
+def test_a_failing_workload_leaves_its_stderr_in_the_ledger_and_the_sweep_exits_1(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nprint('fatal: dataset /data/x is missing', file=sys.stderr)\nsys.exit(3)\n")
+    args = sweep_args(
+        tmp_path, "fails", f"workload.command=[python,{script}]", "policy.round0_size=2", "stage.budget.max_rounds=1"
+    )
+    proc = cli("sweep", *args, "--plain", timeout=300)
+    assert proc.returncode == 1 and "sweep fails measured nothing (2 attempt(s))" in proc.stderr, proc.stderr[-2000:]
+    with Ledger.open(ledger_url(tmp_path), create=False) as led:
+        cands = led.candidates("fails")
+        assert len(cands) == 2 and {c.status for c in cands} == {CandidateStatus.FAILED}
+        for c in cands:
+            (a,) = led.attempts(c.id)
+            assert a.failure_class == "CRASH" and "stderr: fatal: dataset /data/x is missing" in a.failure_detail
+
+
+# ------------------------------------------------------------------------------------- Hydra's messages
+def test_a_stage_without_plus_says_to_write_plus(cwd, tmp_path):
+    line = refused(cwd, "sweep", "stage=1k", "cluster=local", "--plain")
+    assert "write +stage=1k" in line, line
+    assert tree(tmp_path) == {"work", "work/here"}
+
+
+@pytest.mark.parametrize(
+    ("typo", "key"), [("polcy.name=x", "policy.name"), ("stage.gpu=3", "stage.gpus"), ("+polcy.name=x", "policy")]
+)
+def test_a_typo_in_a_key_suggests_the_nearest_key(cwd, typo, key):
+    line = refused(cwd, "plan", "+stage=1k", typo)
+    assert f"did you mean '{key}'?" in line, line
+
+
+def test_a_sweep_without_a_stage_shows_a_sweep_example(cwd, tmp_path):
+    line = refused(cwd, "sweep", "cluster=local", "--plain")
+    assert "no stage given" in line and "`python -m orchestrator sweep +stage=1k" in line and " plan " not in line
+    assert tree(tmp_path) == {"work", "work/here"}

@@ -1,0 +1,21 @@
+"""The one GPU-hour formula: GPUs x (start-up + that launch's own iterations x step) / 3600."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.core.cost import attempt_gpu_hours, cluster_hours, launch_gpu_hours
+
+
+def test_a_launch_pays_start_up_and_its_own_window():
+    assert launch_gpu_hours(1024, 300.0, 10.0, 350) == pytest.approx(1024 * (300 + 3500) / 3600)
+    # a screen of 60 iterations pays 60, not the full window; a one-GPU probe pays one GPU
+    assert launch_gpu_hours(1024, 300.0, 10.0, 60) < launch_gpu_hours(1024, 300.0, 10.0, 350)
+    assert launch_gpu_hours(1, 300.0, 10.0, 5) == pytest.approx((300 + 50) / 3600)
+
+
+def test_an_attempt_without_a_measured_step_pays_its_wall_time_and_one_that_never_ran_nothing():
+    assert attempt_gpu_hours(8, 60.0, step_mean_s=None, iterations=0, wall_s=600.0) == pytest.approx(8 * 660 / 3600)
+    assert attempt_gpu_hours(8, 60.0, step_mean_s=None, iterations=0, wall_s=None) == 0.0
+    assert attempt_gpu_hours(8, 60.0, step_mean_s=2.0, iterations=10, wall_s=9e9) == launch_gpu_hours(8, 60.0, 2.0, 10)
+    assert cluster_hours(2048.0, 1024) == 2.0

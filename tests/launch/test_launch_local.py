@@ -1,0 +1,157 @@
+"""LocalLauncher: real submitit local processes, polled from their job objects (no Slurm needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from orchestrator.core.schema import ClusterConfig
+from orchestrator.launch import LaunchError, LaunchTask, Submitted
+from orchestrator.launch.auto import make_launcher
+from orchestrator.launch.local import LocalLauncher
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def square_and_record(folder: str, x: int) -> int:
+    """Stands for the jobs side: writes result.json into its folder, returns a value."""
+    with open(os.path.join(folder, "result.json"), "w") as fh:
+        env, cuda = os.environ.get("ORCH_TEST_ENV"), os.environ.get("CUDA_VISIBLE_DEVICES")
+        json.dump({"x": x, "square": x * x, "env": env, "cuda": cuda}, fh)
+    return x * x
+
+
+def boom(folder: str) -> None:
+    raise ValueError("deliberate failure")
+
+
+def sleep_for(folder: str, seconds: float) -> None:
+    time.sleep(seconds)
+
+
+@pytest.fixture(autouse=True)
+def _importable_tests(monkeypatch):
+    """Jobs unpickle these test functions by module name, whatever the cwd."""
+    monkeypatch.setenv("PYTHONPATH", REPO)
+
+
+def local_cluster(**kw) -> ClusterConfig:
+    env = {"ORCH_TEST_ENV": "from-cluster-env"}
+    return ClusterConfig(kind="local", min_time_min=1, local_max_workers=2, env=env, **kw)
+
+
+def task(fn, folder, *args, time_min=1) -> LaunchTask:
+    return LaunchTask(
+        fn=fn, args=(str(folder), *args), n_gpus=1, gpus_per_node=1, name="t", folder=str(folder), time_min=time_min
+    )
+
+
+def wait_terminal(launcher, ids, timeout_s=120.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = launcher.poll(ids)
+        if all(s.terminal for s in states.values()):
+            return states
+        time.sleep(0.2)
+    raise AssertionError(f"not terminal after {timeout_s}s: {states}")
+
+
+def test_local_runs_function_and_returns_value(tmp_path):
+    launcher, reason = make_launcher(local_cluster())
+    assert isinstance(launcher, LocalLauncher) and launcher.kind == "local" and "local" in reason
+    subs = launcher.submit([task(square_and_record, tmp_path / "a", 7), task(boom, tmp_path / "b")])
+    assert [s.folder for s in subs] == [str(tmp_path / "a"), str(tmp_path / "b")]
+    assert all(s.array_index is None and s.job_id.isdigit() for s in subs)
+    states = wait_terminal(launcher, [s.job_id for s in subs])
+    ok, bad = states[subs[0].job_id], states[subs[1].job_id]
+    assert (ok.state, ok.exit_code, ok.terminal) == ("COMPLETED", 0, True)
+    assert ok.start is not None and ok.end is not None and ok.end >= ok.start
+    assert bad.state == "FAILED" and bad.terminal
+    assert launcher.result(subs[0].job_id) == 49
+    with pytest.raises(Exception, match="deliberate failure"):
+        launcher.result(subs[1].job_id)
+    # The cluster's env reached the job; the job wrote its own result.json.
+    assert json.loads((tmp_path / "a" / "result.json").read_text())["env"] == "from-cluster-env"
+
+
+@pytest.mark.parametrize(("present", "visible"), [(0, ""), (1, "0"), (4, "0")])
+def test_local_job_sees_the_machines_gpus(tmp_path, monkeypatch, present, visible):
+    """A task asking for one GPU sees GPU 0 where the machine has one (the H200 device run's job saw none:
+    CUDA_VISIBLE_DEVICES was empty), and none on a CPU box."""
+    from orchestrator.launch.local import launcher as local
+
+    monkeypatch.setattr(local, "local_gpus", lambda: present)
+    launcher = LocalLauncher(local_cluster())
+    (sub,) = launcher.submit([task(square_and_record, tmp_path, 3)])
+    assert wait_terminal(launcher, [sub.job_id])[sub.job_id].state == "COMPLETED"
+    assert json.loads((tmp_path / "result.json").read_text())["cuda"] == visible
+
+
+def test_local_cancel_and_reattach(tmp_path):
+    launcher = LocalLauncher(local_cluster())
+    done, slow = launcher.submit([task(square_and_record, tmp_path / "a", 3), task(sleep_for, tmp_path / "b", 300)])
+    time.sleep(1.0)
+    launcher.cancel([slow.job_id])
+    states = wait_terminal(launcher, [done.job_id, slow.job_id])
+    assert states[slow.job_id].state == "CANCELLED"
+    assert states[done.job_id].state == "COMPLETED"
+    # A restarted orchestrator has only the stored ids and folders.
+    fresh = LocalLauncher(local_cluster())
+    fresh.attach([done, slow])
+    again = fresh.poll([done.job_id, slow.job_id])
+    assert again[done.job_id].state == "COMPLETED"
+    assert again[slow.job_id].terminal and again[slow.job_id].state == "FAILED"
+    assert fresh.result(done.job_id)["square"] == 9
+    with pytest.raises(LaunchError, match="no result.json"):
+        fresh.result(slow.job_id)
+    with pytest.raises(LaunchError, match="attach"):
+        LocalLauncher(local_cluster()).result(done.job_id)
+
+
+def test_local_slots_limit_concurrency(tmp_path):
+    """local_max_workers=1: the second job starts only after the first ended."""
+    launcher = LocalLauncher(local_cluster(), slot_poll_s=0.05)
+    launcher.cluster.local_max_workers = 1
+    t0, seen = time.monotonic(), []
+    a, b = launcher.submit(
+        [task(sleep_for, tmp_path / "a", 2.0), task(sleep_for, tmp_path / "b", 0.1)],
+        on_submitted=lambda pairs: seen.extend((i, sub.job_id, time.monotonic() - t0) for i, sub in pairs),
+    )
+    assert time.monotonic() - t0 >= 2.0
+    # Each id reaches the caller as soon as its job started, not when the whole round is out.
+    assert [(i, jid) for i, jid, _ in seen] == [(0, a.job_id), (1, b.job_id)]
+    assert seen[0][2] < 1.5 <= seen[1][2]
+    states = wait_terminal(launcher, [a.job_id, b.job_id])
+    assert states[a.job_id].end <= states[b.job_id].start
+
+
+def test_attach_records_folders():
+    launcher = LocalLauncher(local_cluster())
+    launcher.attach([Submitted(job_id="999999999", array_index=None, folder="/nonexistent")])
+    st = launcher.poll(["999999999"])["999999999"]
+    assert st.terminal and "lost" in st.reason
+
+
+def test_auto_falls_back_to_local(monkeypatch, tmp_path):
+    from orchestrator.core.errors import UserError
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    launcher, reason = make_launcher(ClusterConfig(kind="auto"))
+    assert isinstance(launcher, LocalLauncher) and reason == "no sbatch on PATH; using the local executor"
+    with pytest.raises(UserError, match="cluster.kind=slurm but Slurm is not usable here"):
+        make_launcher(ClusterConfig(kind="slurm"))
+    with pytest.raises(UserError, match="unknown"):
+        make_launcher(ClusterConfig(kind="pbs"))
+    # A client that answers with no controller behind it (sinfo fails) is not a cluster.
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "sbatch").write_text("#!/bin/sh\necho slurm 22.05.8\n")
+    (shims / "sinfo").write_text("#!/bin/sh\necho 'sinfo: error: Unable to contact slurm controller' >&2\nexit 1\n")
+    for f in shims.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", str(shims))
+    launcher, reason = make_launcher(ClusterConfig(kind="auto"))
+    assert launcher.kind == "local" and "Unable to contact slurm controller" in reason

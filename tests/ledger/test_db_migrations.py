@@ -1,0 +1,145 @@
+"""Alembic revisions: N-1 with data upgrades intact, a too-new database is refused, models == migrations."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import insert, inspect, select, text
+
+from orchestrator.ledger import engine as E
+from orchestrator.ledger import models as m
+from orchestrator.ledger.errors import LedgerError
+from orchestrator.ledger.ledger import Ledger
+from tests.ledger.test_db_queries import run_cli
+
+
+def revisions() -> list[str]:
+    return [r.revision for r in reversed(list(E.script_directory().walk_revisions()))]
+
+
+def test_at_least_two_revisions_in_a_line():
+    revs = revisions()
+    assert len(revs) >= 2 and revs[-1] == E.head_revision()
+
+
+def test_upgrade_from_previous_revision_keeps_data(ledger_url):
+    previous = revisions()[-2]
+    eng = E.make_engine(ledger_url)
+    try:
+        assert E.upgrade(eng, previous).current == previous
+        now = datetime(2026, 1, 1)
+        with eng.begin() as conn:
+            sweep_id = conn.execute(
+                insert(m.Sweep.__table__)
+                .values(
+                    name="old",
+                    stage="1k",
+                    model="dsv4_pro",
+                    hardware="h100",
+                    workload="twin",
+                    config_yaml="a: 1",
+                    status="running",
+                    provenance={"project": "0.0.9"},
+                    created_at=now,
+                    updated_at=now,
+                )
+                .returning(m.Sweep.__table__.c.id)
+            ).scalar_one()
+            conn.execute(
+                insert(m.Candidate.__table__).values(
+                    sweep_id=sweep_id,
+                    key="k" * 32,
+                    tp=1,
+                    pp=8,
+                    vpp=1,
+                    cp=1,
+                    ep=64,
+                    etp=1,
+                    mbs=1,
+                    recompute="none",
+                    offload="none",
+                    dispatcher="alltoall",
+                    use_tp_pp_dp_mapping=False,
+                    layer_pattern="",
+                    layout={"ep": 64},
+                    predicted={},
+                    verdict="legal",
+                    round=0,
+                    status="planned",
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+        # what the head revision (0007: attempt fidelity) adds is not there yet at N-1
+        assert "fidelity" not in {c["name"] for c in inspect(eng).get_columns("attempt")}
+        if eng.dialect.name != "sqlite":  # a team database is never upgraded behind the user's back
+            with pytest.raises(LedgerError, match=f"schema revision {previous}.*db upgrade"):
+                Ledger.open(ledger_url)
+        assert E.upgrade(eng).up_to_date
+        assert "fidelity" in {c["name"] for c in inspect(eng).get_columns("attempt")}
+    finally:
+        eng.dispose()
+    with Ledger.open(ledger_url) as led:
+        (sweep,) = led.list_sweeps()
+        assert (sweep.name, sweep.status, sweep.provenance) == ("old", "running", {"project": "0.0.9"})
+        (cand,) = led.candidates("old")
+        assert cand.layout == {"ep": 64} and cand.created_at.year == 2026 and cand.decision is None
+        led.record_calibration("old", 0, {"truth_a2a": 1.2}, {"mape": 0.05})  # the new table works
+        assert len(led.calibrations("old")) == 1
+
+
+def test_too_new_database_is_refused(ledger_url):
+    Ledger.open(ledger_url).close()
+    eng = E.make_engine(ledger_url)
+    with eng.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    eng.dispose()
+    with pytest.raises(LedgerError, match="revision 9999, newer than this code"):
+        Ledger.open(ledger_url)
+
+
+def test_models_match_migrations(ledger_url):
+    eng = E.make_engine(ledger_url)
+    try:
+        E.upgrade(eng)
+        with eng.connect() as conn:
+            ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+            assert compare_metadata(ctx, m.Base.metadata) == []
+    finally:
+        eng.dispose()
+
+
+def test_concurrent_first_open_upgrades_once(ledger_url):
+    """Eight orchestrators starting on a fresh ledger: one upgrade, no error (lock in
+    orchestrator.ledger.engine.upgrade)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def open_close(_):
+        with Ledger.open(ledger_url) as led:
+            return led.url
+
+    with ThreadPoolExecutor(8) as pool:
+        assert len(list(pool.map(open_close, range(8)))) == 8
+    eng = E.make_engine(ledger_url)
+    with eng.connect() as conn:
+        assert conn.execute(select(text("count(*)")).select_from(text("alembic_version"))).scalar() == 1
+    eng.dispose()
+
+
+def test_cli_db_upgrade_current_history(ledger_url, capsys):
+    url = f"ledger.url={ledger_url}"
+    rc, out, _ = run_cli(["db", "current", url], capsys)
+    assert rc == 0 and ("none (empty database)" in out or "no file yet" in out)
+    rc, out, _ = run_cli(["db", "upgrade", "--revision", revisions()[0], url], capsys)
+    assert rc == 0 and f"upgraded from empty to {revisions()[0]}" in out
+    rc, out, _ = run_cli(["db", "current", url], capsys)
+    assert rc == 0 and "behind head" in out
+    rc, out, _ = run_cli(["db", "upgrade", url], capsys)
+    assert rc == 0 and f"to {E.head_revision()}" in out
+    rc, out, _ = run_cli(["db", "history", url], capsys)
+    assert rc == 0 and f"{E.head_revision()} (head)" in out and len(out.splitlines()) == len(revisions())
+    rc, _, err = run_cli(["db", "current", "ledger.url=postgresql+psycopg://u:hunter2@127.0.0.1:1/x"], capsys)
+    assert rc == 2 and "hunter2" not in err and "u:***@" in err and err.count("\n") == 1

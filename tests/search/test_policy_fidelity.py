@@ -1,0 +1,229 @@
+"""Multi-fidelity rounds: the screen's window sized from measured noise, screens then confirmations, the best
+decided only on the full window, GPU-hours per fidelity (pure, then on the real loop and an in-process sweep)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.config import compose
+from orchestrator.core.schema import ScreenConfig, StageConfig
+from orchestrator.core.states import Fidelity
+from orchestrator.plan.layout import Layout
+from orchestrator.search import fidelity, make_policy
+from orchestrator.search.select import best_measured
+from orchestrator.search.types import Observation, RoundInput
+from orchestrator.sweep import observe
+from tests.bench import searchlib as lib
+
+STAGE = StageConfig(warmup_iters=300, measure_iters=50, screen=ScreenConfig(warmup_iters=50, min_measure_iters=10))
+BASE = Layout(tp=1, pp=8, vpp=1, cp=1, ep=64, mbs=1)
+
+
+def obs(key, step, fid=Fidelity.FULL, *, n=50, rnd=0, lay=BASE):
+    return Observation(
+        key=key,
+        layout=lay,
+        raw_components={"compute": 1.0},
+        raw_step_s=1.0,
+        raw_memory_gb=10.0,
+        step_s=step,
+        round=rnd,
+        hbm_gb=80.0,
+        fidelity=fid,
+        measure_iters=n,
+    )
+
+
+@given(cv=st.floats(0.0005, 0.2), res=st.floats(0.002, 0.05), lo=st.integers(1, 60), full=st.integers(1, 400))
+def test_the_screen_is_the_shortest_window_whose_p50_ci_resolves_the_screen(cv, res, lo, full):
+    stage = dataclasses.replace(STAGE, measure_iters=full, screen=ScreenConfig(resolution=res, min_measure_iters=lo))
+    n = fidelity.screen_iters(stage, cv)
+    assert min(lo, full) <= n <= full
+    if min(lo, full) < n < full:  # not clamped: n resolves, n - 1 does not
+        assert fidelity.half_width(cv, n) <= res * (1 + 1e-9) < fidelity.half_width(cv, n - 1)
+    if n == full and full > lo:
+        assert fidelity.half_width(cv, full - 1) > res * (1 - 1e-9)
+
+
+def test_no_noise_measured_means_the_full_window():
+    assert fidelity.screen_iters(STAGE, None) == STAGE.measure_iters
+    assert not fidelity.use_screen(STAGE, None)
+    off = dataclasses.replace(STAGE, screen=ScreenConfig(enabled=False))
+    assert fidelity.screen_iters(off, 0.01) == 50 and not fidelity.use_screen(off, 0.01)
+
+
+def test_noise_is_measured_robustly_from_per_iteration_times():
+    rng = random.Random(0)
+    times = [1.0 * math.exp(rng.gauss(0, 0.02)) for _ in range(400)]
+    assert fidelity.robust_cv(times) == pytest.approx(0.02, rel=0.15)
+    stragglers = times[:]
+    stragglers[::20] = [5.0] * len(stragglers[::20])  # 5% of iterations 5x slower hardly move it
+    assert fidelity.robust_cv(stragglers) < 0.03
+    assert fidelity.robust_cv(times[:3]) is None
+    # 2% noise at a 1% resolution: (1.96 * 1.2533 * 2)^2 = 24.1 -> 25 iterations instead of 50
+    assert fidelity.screen_iters(STAGE, 0.02) == 25
+    assert fidelity.window(STAGE, Fidelity.SCREEN, 25) == (50, 25)
+    assert fidelity.window(STAGE, Fidelity.FULL) == (300, 50)
+
+
+def test_contenders_are_the_screens_the_ci_cannot_separate_from_the_best():
+    rows = [
+        obs("full", 10.0),
+        obs("faster", 9.7, Fidelity.SCREEN, n=25),
+        obs("tie", 10.05, Fidelity.SCREEN, n=25),  # within the CI (+-0.98%) of the full best
+        obs("slower", 10.6, Fidelity.SCREEN, n=25),
+    ]
+    # the faster screen's upper bound (9.795) separates it from the tie's lower bound (9.951): halving keeps one
+    assert [r.key for r in fidelity.contenders(rows, 0.02, 5)] == ["faster"]
+    assert [r.key for r in fidelity.contenders(rows[:1] + rows[2:], 0.02, 5)] == ["tie"]
+    assert fidelity.contenders(rows, 0.02, 0) == []
+
+
+def test_a_screened_p50_never_decides_the_best():
+    rows = [obs("full", 10.0), obs("screen", 9.0, Fidelity.SCREEN, n=25)]
+    assert best_measured(rows).key == "full"
+    assert best_measured([obs("screen", 9.0, Fidelity.SCREEN)]) is None
+    pol = make_policy(compose(["+stage=1k"]).cfg.policy)
+    # a contender still waiting for its confirmation blocks convergence
+    n = pol.cfg.converge_rounds  # flat for the policy's convergence rounds, whatever the default
+    flat = [obs(f"r{i}", 10.0, rnd=i) for i in range(n)]
+    assert pol.converged(flat + [obs("e", 10.0, rnd=n)], 0.02)
+    assert not pol.converged(flat + [obs("e", 9.0, Fidelity.SCREEN, n=25, rnd=n)], 0.02)
+
+
+def _sweep(tmp_path, target, *extra):
+    composed = compose(["+stage=1k", "cluster=local", *target.overrides(), "stage.budget.startup_s=300", *extra])
+    led = lib.fresh_ledger(str(tmp_path))
+    run = lib.run_sweep(led, composed, target, "mf", startup_s=300.0)
+    return composed.cfg, led, run
+
+
+def test_a_sweep_screens_then_confirms_and_reports_only_a_confirmed_best(tmp_path):
+    target = lib.Target("twin:balanced")
+    cfg, led, run = _sweep(tmp_path, target)
+    with led:
+        fids = [x[5] for x in run.launches]
+        assert fids[: cfg.policy.round0_size] == [Fidelity.FULL] * cfg.policy.round0_size  # no noise known yet
+        assert Fidelity.SCREEN in fids
+        cands = {c.id: c for c in led.candidates("mf")}
+        confirmed = [c for c in cands.values() if (c.decision or {}).get("kind") == "confirm"]
+        assert confirmed
+        for c in confirmed:  # the ledger keeps both measurements and the fidelity of each
+            atts = led.attempts(c.id)
+            assert [a.fidelity for a in atts] == [Fidelity.SCREEN, Fidelity.FULL]
+            screen, full = (led.result(a.id) for a in atts)
+            assert (screen["warmup_iters"], full["warmup_iters"]) == (50, 300)
+            assert screen["measure_iters_requested"] < full["measure_iters_requested"] == 50
+        best = observe.best_of(led, "mf")
+        (row,) = [m for m in led.measured(sweep="mf") if m.key == best["key"]]
+        assert row.fidelity == Fidelity.FULL
+        # spent: each attempt its own window plus start-up, split per fidelity, the total what the bench charged
+        spent = observe.spent(led, "mf", stage=cfg.stage)
+        assert {"full", "screen"} <= set(spent.by_fidelity) <= {"full", "screen", "probe"}
+        assert spent.gpu_hours == pytest.approx(run.gpu_hours, rel=0.05)  # the measured mean step vs the true one
+        from orchestrator.commands import status
+
+        assert status.gather(led, "mf")["gpu_hours_by_fidelity"] == spent.by_fidelity  # `status --json` shows it
+        assert spent.by_fidelity["screen"] == pytest.approx(run.gpu_hours_by()["screen"], rel=0.05)  # measured mean
+
+
+def test_screen_fastest_but_confirmed_slower_is_not_the_best(tmp_path):
+    """A layout whose screen beats everything but whose full window does not: the best stays the full one."""
+    target = lib.Target("twin:balanced")
+    cfg, led, _ = _sweep(tmp_path, target)
+    with led:
+        full = {m.key: m.metrics["step_p50_s"] for m in led.measured(sweep="mf") if m.fidelity == Fidelity.FULL}
+        # forge one candidate's screen as the fastest of all, never confirmed
+        c = next(c for c in led.candidates("mf") if c.key not in full and c.status == "done")  # screened only
+        a = led.new_attempt(c.id, job_id="forged", job_dir="-", simulated=True, fidelity=Fidelity.SCREEN)
+        led.record_result(a.id, {"ok": True, "simulated": True, "step_p50_s": min(full.values()) * 0.5})
+        assert observe.best_of(led, "mf")["key"] != c.key
+        from orchestrator.ledger import queries
+
+        assert queries.best(led, sweep="mf")["key"] == observe.best_of(led, "mf")["key"] != c.key
+        inp = RoundInput(
+            round=9,
+            observations=observe.observations(led, [led.get_sweep("mf")], _env(cfg)),
+            known_keys=set(),
+            slots=4,
+            gpu_hours_left=1e9,
+            step_cv=0.02,
+        )
+        pol = make_policy(cfg.policy)
+        assert c.key in [p.key for p in pol.confirms(_env(cfg), inp)]  # ... it is confirmed next
+
+
+def _env(cfg):
+    from orchestrator.search.env import PlanEnv
+
+    return PlanEnv(cfg.model, cfg.hardware, cfg.stage, cfg.workload.name)
+
+
+def test_the_loop_launches_each_attempt_at_its_fidelitys_window(tmp_path):
+    """The real loop (local executor, the twin): round 0 runs the full window and measures the noise; round 1
+    screens at the short window sized from it; job.json and the ledger say which window each attempt ran."""
+    from pathlib import Path
+
+    from orchestrator.core.spec import JobSpec
+    from orchestrator.ledger.ledger import Ledger
+    from tests.sweeplib import cli, ledger_url, sweep_args
+
+    small = [
+        "policy.round0_size=3",
+        "policy.round_size=2",
+        "stage.budget.max_rounds=2",
+        "stage.budget.max_runs=6",
+        "stage.warmup_iters=6",
+        "stage.measure_iters=40",
+        "stage.screen.enabled=true",
+        "stage.screen.warmup_iters=3",
+        "stage.screen.min_measure_iters=4",
+        "stage.screen.resolution=0.2",
+    ]
+    proc = cli("sweep", *sweep_args(tmp_path, "mf-loop", *small), "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        seen = set()
+        for c in led.candidates("mf-loop"):
+            for a in led.attempts(c.id):
+                spec = JobSpec.load(Path(a.job_dir) / "job.json")
+                window = (spec.stage.warmup_iters, spec.stage.measure_iters)
+                if c.round == 0:
+                    assert a.fidelity == Fidelity.FULL and window == (6, 40)
+                elif a.fidelity == Fidelity.SCREEN:
+                    assert window == (3, c.decision["measure_iters"]) and 4 <= window[1] < 40
+                seen.add((c.round, str(a.fidelity)))
+        assert (1, "screen") in seen
+
+
+def test_a_layout_the_uncalibrated_model_prunes_is_probed_found_to_fit_then_measured_at_full_window(tmp_path):
+    """twin:memory (its activations are far below the planner's): the fit probe decides what the model's error
+    band cannot, for start-up plus a few iterations; one that fits is then measured at the full window."""
+    target = lib.Target("twin:memory")
+    cfg, led, run = _sweep(tmp_path, target)
+    with led:
+        hbm, margin = cfg.hardware.hbm_gb, cfg.stage.memory_margin_gb
+        probed = [c for c in led.candidates("mf") if (c.decision or {}).get("previous", {}).get("kind") == "fit-probe"]
+        assert probed, [x[5] for x in run.launches]
+        for c in probed:
+            assert c.predicted["raw_memory_gb"] + margin > hbm  # the uncalibrated model prunes it
+            probe, full = led.attempts(c.id)
+            assert (probe.fidelity, full.fidelity) == (Fidelity.PROBE, Fidelity.FULL)
+            p, f = led.result(probe.id), led.result(full.id)
+            assert p["warmup_iters"] == 0 and p["measure_iters_requested"] == cfg.stage.screen.probe_iters
+            assert p["peak_reserved_gb"] <= hbm and f["measure_iters_requested"] == cfg.stage.measure_iters
+        spent = observe.spent(led, "mf", stage=cfg.stage)
+        probes = [x for x in run.launches if x[5] == Fidelity.PROBE]
+        full = [x for x in run.launches if x[5] == Fidelity.FULL]
+        # a probe costs start-up + 5 iterations (an OOM: start-up + 1), not a 350-iteration window
+        per_probe, per_full = spent.by_fidelity["probe"] / len(probes), spent.by_fidelity["full"] / len(full)
+        assert 0 < per_probe < 0.1 * per_full
+        # a probe's few iterations are never a step measurement: no probe-only layout is ever the best
+        best = observe.best_of(led, "mf")
+        assert [m.fidelity for m in led.measured(sweep="mf") if m.key == best["key"]] == [Fidelity.FULL]

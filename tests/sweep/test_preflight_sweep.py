@@ -1,0 +1,80 @@
+"""A real-workload sweep runs preflight once before round 0: a failure refuses to launch, --skip-preflight is
+recorded in the ledger, and the candidates preflight rejected are never proposed."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import cli
+from orchestrator import preflight as pf
+from orchestrator.config import compose
+from orchestrator.core.errors import UserError
+from orchestrator.job.preflight import Check, CheckStatus
+from orchestrator.ledger.ledger import Ledger
+from orchestrator.sweep import observe
+from orchestrator.sweep.setup import preflight_gate
+from orchestrator.sweep.view import View
+
+
+@pytest.fixture
+def real(tmp_path):
+    cfg = compose(["+stage=smoke", "workload=megatron", "cluster=local", f"cluster.folder={tmp_path}"]).cfg
+    ledger = Ledger.open(f"sqlite:///{tmp_path / 'ledger.sqlite'}", create=True)
+    sweep = ledger.create_or_get_sweep(
+        "s", stage="smoke", config_yaml="", model="tiny", hardware="h200", workload="megatron", provenance={}
+    )
+    yield cfg, ledger, sweep
+    ledger.close()
+
+
+def test_failing_preflight_refuses_and_is_recorded(real, monkeypatch):
+    cfg, ledger, _ = real
+    bad = pf.Outcome(checks=[Check("torch + CUDA", CheckStatus.FAIL, "no GPU", "use a GPU node")], folder="f")
+    monkeypatch.setattr(pf, "run", lambda cfg: bad)
+    with pytest.raises(UserError, match="--skip-preflight"):
+        preflight_gate(ledger, cfg, "s", skip=False, view=View(live=False))
+    (event,) = ledger.events("s", kind=pf.EVENT)
+    assert event.data["ok"] is False and event.data["checks"][0]["name"] == "torch + CUDA"
+    assert not ledger.candidates("s")
+
+
+def test_passing_preflight_rejects_candidates_once(real, monkeypatch):
+    cfg, ledger, sweep = real
+    calls = []
+    good = pf.Outcome(checks=[Check("Python", CheckStatus.PASS, "3.12")], rejected={"abc": "AssertionError: no"})
+    monkeypatch.setattr(pf, "run", lambda cfg: calls.append(1) or good)
+    preflight_gate(ledger, cfg, "s", skip=False, view=View(live=False))
+    preflight_gate(ledger, cfg, "s", skip=False, view=View(live=False))  # once per sweep
+    assert calls == [1]
+    assert "abc" in observe.known_keys(ledger, sweep)  # the policy never proposes a known key
+
+
+def test_skip_is_recorded_and_the_twin_needs_no_preflight(real, monkeypatch):
+    cfg, ledger, _ = real
+    monkeypatch.setattr(pf, "run", lambda cfg: pytest.fail("preflight must not run"))
+    preflight_gate(ledger, cfg, "s", skip=True, view=View(live=False))
+    (event,) = ledger.events("s", kind=pf.EVENT)
+    assert event.data == {"ok": True, "skipped": True} and "--skip-preflight" in event.message
+    twin = compose(["+stage=smoke"]).cfg
+    preflight_gate(ledger, twin, "s", skip=False, view=View(live=False))
+
+
+def test_sweep_command_stops_before_round_zero(tmp_path, capsys):
+    """On this CPU machine the real preflight fails: the sweep exits 2 and launches nothing."""
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    rc = cli.main(
+        [
+            "sweep",
+            "+stage=smoke",
+            "workload=megatron",
+            "cluster=local",
+            f"cluster.folder={tmp_path / 'runs'}",
+            f"ledger.url={url}",
+            "sweep.name=pf",
+            "--plain",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and "error: preflight failed" in err and "--skip-preflight" in err
+    with Ledger.open(url) as ledger:
+        assert not ledger.candidates("pf") and ledger.events("pf", kind=pf.EVENT)[0].data["ok"] is False

@@ -1,0 +1,82 @@
+"""Issue 10 fault 5: jobs killed together with their orchestrator (`kill -9 -- -PGID`) are measured again.
+
+Before: `resume` found no process and no result.json for the local jobs, collected their half-written
+folders, and recorded a partial window as a `done` result (never re-measured) or NO_OUTPUT (never retried).
+A job that vanished before its measurement window ended is LOST: retried in a fresh attempt folder.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from orchestrator.core.failures import Failure
+from orchestrator.core.states import CandidateStatus
+from orchestrator.ledger.ledger import Ledger
+from tests.sweeplib import (
+    all_attempts,
+    assert_accounted,
+    cli,
+    last_iteration,
+    ledger_url,
+    running_sweep,
+    sweep_args,
+    wait_for,
+)
+
+WARMUP, MEASURE = 3, 12
+SLOW = [
+    "++workload.twin.time_scale=50",
+    "++workload.twin.max_sleep_s=0.5",  # ~0.5 s per iteration: a window of 12 lasts ~6 s
+    f"stage.warmup_iters={WARMUP}",
+    f"stage.measure_iters={MEASURE}",
+    "policy.round0_size=2",
+    "stage.budget.max_rounds=1",
+    "++cluster.local_max_workers=2",
+]
+
+
+def test_jobs_killed_with_their_orchestrator_are_measured_again(tmp_path):
+    args = sweep_args(tmp_path, "killed", *SLOW)
+    with running_sweep(args, log=tmp_path / "first.log") as run:
+        atts = run.attempts(2, timeout=180)
+        # the event: both jobs are inside their measurement window, neither has finished it
+        wait_for(
+            lambda: all(WARMUP < last_iteration(a.job_dir) < WARMUP + MEASURE - 2 for a in atts),
+            180,
+            "both jobs inside their measurement window",
+            every=0.1,
+        )
+        os.killpg(run.proc.pid, signal.SIGKILL)  # kill -9 -- -PGID: the orchestrator and its local jobs
+        run.proc.wait()
+    killed = {a.id: last_iteration(a.job_dir) for a in atts}
+    assert all(WARMUP < it < WARMUP + MEASURE for it in killed.values()), killed  # partial windows on disk
+    proc = cli("resume", "killed", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        assert_accounted(led, "killed")
+        untracked = duplicates = lost = 0
+        for c in led.candidates("killed"):
+            cand = led.attempts(c.id)
+            first, last = cand[0], cand[-1]
+            if first.id in killed:  # killed mid-window: LOST, retried once in attempt-2, never a result
+                assert first.failure_class == Failure.LOST and led.result(first.id) is None, first
+                assert [Path(x.job_dir).name for x in cand] == ["attempt-1", "attempt-2"]
+            assert c.status == CandidateStatus.DONE, (c.key, c.status)
+            res = led.result(last.id)
+            lost += res is None or bool(res["partial"]) or res["measure_iters"] != MEASURE
+            duplicates += sum(1 for x in cand if led.result(x.id) is not None) - 1
+        ids = [a.job_id for a in all_attempts(led, "killed")]
+        untracked += sum(1 for j in ids if _pid_alive(j))  # local job ids are pids: nothing left running
+        assert len({x.job_dir for x in all_attempts(led, "killed")}) == len(ids)  # no folder reused
+    assert (untracked, duplicates, lost) == (0, 0, 0)
+    print(f"killed at iterations {sorted(killed.values())}; untracked {untracked} duplicates {duplicates} lost {lost}")
+
+
+def _pid_alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, ValueError):
+        return False
+    return True

@@ -1,0 +1,300 @@
+"""The sweep loop end to end on the local executor (submitit LocalExecutor) with the twin and SQLite."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+from orchestrator.core.spec import JobSpec
+from orchestrator.core.states import AttemptState, CandidateStatus, EdgeKind, SweepStatus
+from orchestrator.ledger.ledger import Ledger
+from tests.sweeplib import (
+    all_attempts,
+    assert_accounted,
+    cli,
+    last_iteration,
+    ledger_url,
+    running_sweep,
+    sweep_args,
+    wait_for,
+)
+
+SMALL = ["policy.round0_size=3", "policy.round_size=2", "stage.budget.max_rounds=2", "stage.budget.max_runs=6"]
+
+
+def test_smoke_sweep_runs_two_rounds_and_fills_the_ledger(tmp_path):
+    proc = cli("sweep", *sweep_args(tmp_path, "smoke-e2e", *SMALL), "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    out = json.loads(proc.stdout[proc.stdout.index("{") :])
+    assert out["rounds"] == 2 and out["simulated"] is True and out["best"]["key"]
+    assert "cluster: local" in proc.stdout or "cluster: local" in proc.stderr
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        cands = led.candidates("smoke-e2e")
+        assert {c.round for c in cands} == {0, 1}
+        assert len([c for c in cands if c.round == 0]) == 3
+        assert_accounted(led, "smoke-e2e")
+        measured = led.measured(sweep="smoke-e2e")
+        assert measured and all(m.simulated for m in measured)
+        assert all(a.simulated and a.job_id for a in all_attempts(led, "smoke-e2e"))
+        cal = led.calibrations("smoke-e2e")
+        assert [c.round for c in cal] == [1]
+        assert cal[0].error["step_mape_before"] is not None and cal[0].error["step_mape_after"] is not None
+        # round 1 explores one-factor neighbours of a measured layout
+        assert any(c.edge_kind == EdgeKind.NEIGHBOUR and c.parent_id for c in cands if c.round == 1)
+        best = min(measured, key=lambda m: m.metrics["step_p50_s"])
+        assert out["best"]["key"] == best.key  # chosen on measured step time
+        kinds = {e.kind for e in led.events("smoke-e2e")}
+        assert {"round", "stop", "lease"} <= kinds
+    # re-running the same sweep continues it: nothing is launched again
+    again = cli("sweep", *sweep_args(tmp_path, "smoke-e2e", *SMALL), "--json", timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        assert len(all_attempts(led, "smoke-e2e")) == len(led.candidates("smoke-e2e"))
+    st = cli("status", "smoke-e2e", f"ledger.url={ledger_url(tmp_path)}", "--json")
+    assert st.returncode == 0, st.stderr
+    info = json.loads(st.stdout)
+    assert info["counts"]["done"] + info["counts"]["failed"] == len(info["candidates"])
+
+
+def test_job_json_carries_the_ledger_key(tmp_path):
+    """job.json, the job folder and the ledger name one candidate by one key (the twin seeds with it)."""
+    proc = cli("sweep", *sweep_args(tmp_path, "keys", "policy.round0_size=2", "stage.budget.max_rounds=1"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        cands = led.candidates("keys")
+        assert len(cands) == 2
+        for c in cands:
+            (a,) = led.attempts(c.id)
+            spec = JobSpec.load(Path(a.job_dir) / "job.json")
+            assert spec.candidate_key == c.key == Path(a.job_dir).parent.name
+            assert (spec.sweep, spec.attempt) == ("keys", 1)
+
+
+def test_promotion_records_promoted_from_edges(tmp_path):
+    small = cli("sweep", *sweep_args(tmp_path, "p-src", *SMALL), timeout=300)
+    assert small.returncode == 0, small.stderr[-3000:]
+    big = [
+        "stage.name=smoke64",
+        "stage.gpus=64",
+        "stage.promotes_from=smoke",
+        "policy.promote_top_k=2",
+        "stage.budget.max_rounds=1",
+        "policy.round0_size=4",
+    ]
+    proc = cli("sweep", *sweep_args(tmp_path, "p-dst", *big), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        src_ids = {c.id: c for c in led.candidates("p-src")}
+        promoted = [c for c in led.candidates("p-dst") if c.edge_kind == EdgeKind.PROMOTED_FROM]
+        assert promoted and all(c.parent_id in src_ids for c in promoted)
+        measured_src = {m.candidate_id for m in led.measured(sweep="p-src")}
+        assert all(c.parent_id in measured_src for c in promoted)  # only measured layouts are promoted
+        for c in promoted:  # same global batch on twice the GPUs: D_a grows or CP restores m
+            parent = src_ids[c.parent_id]
+            assert c.predicted["d_a"] * c.layout["cp"] >= parent.predicted["d_a"] * parent.layout["cp"]
+
+
+def test_promotion_without_source_is_a_clear_error(tmp_path):
+    proc = cli("sweep", *sweep_args(tmp_path, "orphan", "stage.name=big", "stage.promotes_from=smoke"), timeout=120)
+    assert proc.returncode == 2
+    assert "run `python -m orchestrator sweep +stage=smoke` first" in proc.stderr
+
+
+def test_second_orchestrator_is_refused_naming_the_holder(tmp_path):
+    from orchestrator.config import compose
+
+    cfg = compose(["+stage=smoke"]).cfg
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        led.create_or_get_sweep(
+            "held",
+            stage="smoke",
+            config_yaml="{}",
+            model=cfg.model.name,
+            hardware=cfg.hardware.name,
+            workload=cfg.workload.name,
+            provenance={},
+        )
+        led.acquire_lease("held", "otherhost:4242", 60)
+    proc = cli("sweep", *sweep_args(tmp_path, "held"), timeout=120)
+    assert proc.returncode == 2
+    assert "otherhost:4242" in proc.stderr and proc.stderr.startswith("error:")
+
+
+def test_oom_is_not_retried_unless_asked(tmp_path):
+    args = sweep_args(
+        tmp_path, "oom", "++workload.twin.force_oom=true", "policy.round0_size=2", "stage.budget.max_rounds=1"
+    )
+    proc = cli("sweep", *args, timeout=300)
+    assert proc.returncode == 1 and "measured nothing" in proc.stderr, proc.stderr[-3000:]  # every job OOMed
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        for c in led.candidates("oom"):
+            atts = led.attempts(c.id)
+            assert c.status == "failed" and len(atts) == 1 and atts[0].failure_class == "OOM"
+    args2 = sweep_args(
+        tmp_path,
+        "oom2",
+        "++workload.twin.force_oom=true",
+        "policy.round0_size=1",
+        "stage.budget.max_rounds=1",
+        "policy.max_attempts=2",
+    )
+    proc = cli("sweep", *args2, "--retry", "oom", timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        (c,) = led.candidates("oom2")
+        assert [a.failure_class for a in led.attempts(c.id)] == ["OOM", "OOM"]
+
+
+def test_external_workload_script_is_honoured(tmp_path):
+    script = Path(__file__).resolve().parent.parent / "workloads" / "surface.py"
+    args = sweep_args(
+        tmp_path,
+        "ext",
+        f"workload.command=[python,{script}]",
+        "workload.name=surface",
+        "policy.round0_size=2",
+        "stage.budget.max_rounds=1",
+        "++workload.env={SURFACE_HBM_GB: '200'}",
+    )
+    proc = cli("sweep", *args, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        measured = led.measured(sweep="ext")
+        assert measured
+        for m in measured:
+            job = Path(led.attempts(m.candidate_id)[-1].job_dir)
+            out = "".join(p.read_text() for p in job.glob("rank-*.out"))
+            assert "synthetic surface workload" in out  # the external script ran, not the twin
+
+
+def test_kill_9_then_resume_loses_nothing_and_submits_nothing_twice(tmp_path):
+    slow = ["++workload.twin.time_scale=0.0005", "++workload.twin.max_sleep_s=0.2"]
+    args = sweep_args(tmp_path, "killme", *SMALL) + slow
+    with running_sweep(args, log=tmp_path / "first.log") as run:
+        run.attempts(1, timeout=120)
+        run.kill()  # the orchestrator only: its jobs live on
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        before = {a.id: a.job_id for a in all_attempts(led, "killme")}
+        assert before and led.get_sweep("killme").status == SweepStatus.RUNNING
+    proc = cli("resume", "killme", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        assert_accounted(led, "killme")
+        after = all_attempts(led, "killme")
+        for aid, job in before.items():  # every job submitted before the kill was re-attached, not resubmitted
+            assert next(a for a in after if a.id == aid).job_id == job
+        per_cand = {}
+        for a in after:  # a launch intent still waiting for a local slot at the kill never ran: released
+            if not a.aborted:
+                per_cand.setdefault(a.candidate_id, []).append(a)
+        assert all(len(v) == 1 for v in per_cand.values()), "a candidate was submitted twice"
+        assert len(led.measured(sweep="killme")) == sum(1 for c in led.candidates("killme") if c.status == "done")
+
+
+def test_cancel_stops_every_live_job_and_records_it(tmp_path):
+    slow = [
+        "++workload.twin.time_scale=50",
+        "++workload.twin.max_sleep_s=1.0",
+        "policy.round0_size=2",
+        "stage.budget.max_rounds=2",
+    ]
+    with running_sweep(sweep_args(tmp_path, "stopme", *slow), log=tmp_path / "run.log") as run:
+        run.attempts(2, timeout=120)
+        proc = cli("cancel", "stopme", f"ledger.url={ledger_url(tmp_path)}", timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert run.wait(60) == 1, run.output()[-2000:]  # cancelled before anything was measured
+    assert "cancelled" in run.output() and "measured nothing" in run.output()
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        assert led.get_sweep("stopme").status == SweepStatus.CANCELLED
+        assert {c.status for c in led.candidates("stopme")} == {CandidateStatus.CANCELLED}
+        assert all(a.state == AttemptState.CANCELLED for a in all_attempts(led, "stopme"))
+        assert {c.round for c in led.candidates("stopme")} == {0}  # no further round after the cancel
+        assert led.events("stopme", kind="cancelled")
+
+
+def test_sweep_on_each_ledger_engine(ledger_url, tmp_path):
+    """The same loop on SQLite and on the real PostgreSQL (the `ledger_url` fixture runs both)."""
+    args = [
+        a if not a.startswith("ledger.url=") else f"ledger.url={ledger_url}"
+        for a in sweep_args(tmp_path, "engines", "policy.round0_size=2", "stage.budget.max_rounds=1")
+    ]
+    proc = cli("sweep", *args, "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with Ledger.open(ledger_url) as led:
+        assert_accounted(led, "engines")
+        assert len(led.measured(sweep="engines")) == 2
+
+
+def test_cluster_auto_falls_back_to_local_and_says_why(tmp_path):
+    empty = tmp_path / "nobin"
+    empty.mkdir()
+    args = [
+        a if a != "cluster=local" else "cluster=auto"
+        for a in sweep_args(tmp_path, "auto", "policy.round0_size=1", "stage.budget.max_rounds=1")
+    ]
+    proc = cli("sweep", *args, "--plain", timeout=300, env={"PATH": str(empty)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "cluster: local (no sbatch on PATH; using the local executor)" in proc.stdout
+
+
+def test_ctrl_c_marks_the_sweep_interrupted_and_releases_the_lease(tmp_path):
+    # ~1 s per iteration (time_scale large enough that every step sleeps max_sleep_s), 25 measured: the job
+    # outlives the moment the signal is sent by ~25 s, however loaded the box (at time_scale=50 a step slept
+    # ~50 ms and the sweep could finish before the signal arrived).
+    slow = [
+        "++workload.twin.time_scale=100000",
+        "++workload.twin.max_sleep_s=1.0",
+        "stage.warmup_iters=2",
+        "stage.measure_iters=25",
+        "policy.round0_size=1",
+        "stage.budget.max_rounds=1",
+    ]
+    with running_sweep(sweep_args(tmp_path, "ctrlc", *slow), log=tmp_path / "run.log") as run:
+        (a,) = run.attempts(1, timeout=120)
+        wait_for(lambda: last_iteration(a.job_dir) >= 1, 120, "the job's first iteration line")
+        run.proc.send_signal(signal.SIGINT)
+        assert run.wait(60) == 130, run.output()[-2000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        assert led.get_sweep("ctrlc").status == SweepStatus.INTERRUPTED
+        assert led.events("ctrlc", kind="lease")[-1].message.startswith("lease released")
+    proc = cli("resume", "ctrlc", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]  # no wait for a lease: it was released
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        assert_accounted(led, "ctrlc")
+
+
+def test_two_live_orchestrators_the_second_is_refused(tmp_path):
+    slow = [
+        "++workload.twin.time_scale=50",
+        "++workload.twin.max_sleep_s=1.0",
+        "policy.round0_size=1",
+        "stage.budget.max_rounds=1",
+    ]
+    with running_sweep(sweep_args(tmp_path, "twice", *slow), log=tmp_path / "first.log") as first:
+        first.attempts(1, timeout=120)
+        second = cli("sweep", *sweep_args(tmp_path, "twice", *slow), "--plain", timeout=120)
+        assert second.returncode == 2
+        assert f":{first.proc.pid}" in second.stderr and "is driven by" in second.stderr
+        assert first.wait(120) == 0
+
+
+def test_nccl_timeout_is_retried_up_to_max_attempts(tmp_path):
+    args = sweep_args(
+        tmp_path,
+        "nccl",
+        "++workload.twin.nccl_timeout_rate=1.0",
+        "policy.round0_size=1",
+        "stage.budget.max_rounds=1",
+        "policy.max_attempts=2",
+    )
+    proc = cli("sweep", *args, "--plain", timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # every attempt timed out: nothing measured
+    assert "retrying" in proc.stdout
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        (c,) = led.candidates("nccl")
+        atts = led.attempts(c.id)
+        assert [a.failure_class for a in atts] == ["NCCL_TIMEOUT", "NCCL_TIMEOUT"] and c.status == "failed"
+        assert len({a.job_id for a in atts}) == 2 and [a.attempt_no for a in atts] == [1, 2]
+        assert Path(atts[1].job_dir).name == "attempt-2"
+        assert led.events("nccl", kind="retry")
