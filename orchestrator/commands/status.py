@@ -10,7 +10,7 @@ from orchestrator.core.errors import UserError
 from orchestrator.ledger.leases import LeaseInfo
 from orchestrator.plan.layout import Layout
 from orchestrator.report import path
-from orchestrator.sweep import observe, open_ledger
+from orchestrator.sweep import capacity, observe, open_ledger
 from orchestrator.sweep.setup import root_from_yaml
 
 NAME = "status"
@@ -94,6 +94,7 @@ def gather(ledger, name: str) -> dict:
         "gpu_hours_by_fidelity": spent.by_fidelity,
         "simulated": spent.simulated,
         "best": observe.best_of(ledger, name),
+        "gpu_capacity": capacity.view(ledger, name, cfg.hardware),
         "last_lease_event": leases[-1].message if leases else None,
         "lease": lease_view(ledger.lease(name)),
         "calibrations": [
@@ -129,6 +130,8 @@ def run(args, overrides) -> int:
         + observe.fidelity_split(info["gpu_hours_by_fidelity"])
     )
     print(f"  {lease_line(info['lease'], info['last_lease_event'])}")
+    if info["gpu_capacity"] and info["gpu_capacity"]["line"]:
+        print(f"  {info['gpu_capacity']['line']}")
     for cal in info["calibrations"]:
         b, a = cal.get("step_mape_before"), cal.get("step_mape_after")
         print(

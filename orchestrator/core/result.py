@@ -62,6 +62,10 @@ class JobResult:
     peak_allocated_gb: float | None = None
     peak_reserved_gb: float | None = None
     rank_memory: list[RankMemory] = field(default_factory=list)
+    # What the GPU holds, as the job's own evidence states it (an OOM message, torch's device properties): decimal
+    # GB, the unit of hardware.hbm_gb, which it overrides for the rest of the sweep (orchestrator.sweep.capacity)
+    gpu_capacity_gb: float | None = None
+    gpu_capacity_source: str = ""  # "OOM message" | "device properties" (orchestrator.evidence.metrics)
     # Slowest rank / stage (timers min/max, straggler lines)
     slowest_rank: int | None = None
     slowest_stage: int | None = None

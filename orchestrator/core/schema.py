@@ -299,6 +299,10 @@ class TwinConfig:
     nccl_timeout_rate: float = 0.0
     crash_rate: float = 0.0
     force_oom: bool = False
+    # The GPU the twin emulates holds this many decimal GB (what torch reports as its total memory: the OOM
+    # message's capacity, get_device_properties().total_memory); None: hardware.hbm_gb. Smaller than the
+    # hardware group says emulates a cluster whose GPUs are not what the config assumes.
+    gpu_capacity_gb: float | None = None
     # Checkpoint storage: a save writes the rank's weights + optimizer state at this rate (GB/s per GPU).
     ckpt_gb_s: float = 5.0
     # Injected numerical divergence (correctness gate): layouts whose knobs match every entry (e.g.

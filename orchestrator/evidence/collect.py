@@ -128,6 +128,7 @@ def collect(
     else:  # no job.json: nothing to measure against; still classify what the folder holds
         result.log_paths = [log.path for log in folder.logs if log.path]
         result.sidecar_paths = list(folder.sidecar_paths)
+    result.gpu_capacity_gb, result.gpu_capacity_source = metrics_mod.gpu_capacity(folder.logs, folder.sidecars)
     verdict = classify(folder.logs, slurm_state=slurm_state, exit_code=exit_code)
     if verdict.unexplained:
         verdict = verdict.with_stderr(stderr_head(JobPaths(folder.path)))

@@ -3,7 +3,8 @@
 orchestrator.evidence.parse finds the lines (a keyword scan over whole chunks) and strips rank / logging prefixes; the
 functions here turn one such line into a record, or None. Formats: Megatron's training.py iteration line,
 common_utils.report_memory, core/utils.py straggler lines, training/utils `[OOM]` snapshots; torch's
-ProcessGroupNCCL watchdog and CUDA OOM text; slurmstepd's `*** JOB ... CANCELLED AT ... ***` epilogue.
+ProcessGroupNCCL watchdog and CUDA OOM text (with the device's total capacity it states); slurmstepd's
+`*** JOB ... CANCELLED AT ... ***` epilogue.
 """
 
 from __future__ import annotations
@@ -104,6 +105,13 @@ _NCCL_DETECTED = re.compile(
 )
 _NCCL_STUCK = re.compile(r"watchdog got stuck for (\d+) seconds")
 _TRIED = re.compile(r"Tried to allocate ([0-9.]+ ?[KMGT]i?B)")
+# The device's total memory as torch's CUDA caching allocator states it in its OOM message: since torch 2.1
+# "GPU 0 has a total capacity of 96.00 GiB of which ...", before "(GPU 0; 79.35 GiB total capacity; ...".
+# Sizes are c10's format_size: "N bytes", or two decimals of KiB / MiB / GiB (binary units).
+_CAPACITY = re.compile(r"GPU (\d+) has a total capacity of ([0-9.]+ (?:bytes|[KMGT]iB))")
+_CAPACITY_OLD = re.compile(r"\(GPU (\d+); ([0-9.]+ (?:bytes|[KMGT]iB)) total capacity;")
+_SIZE = re.compile(r"^([0-9.]+) ?(bytes|[KMGT]iB)$")
+SIZE_UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _OOM_SNAPSHOT = re.compile(r"\[OOM\] rank (\d+) saved memory snapshot to (\S+)")
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))(?:: (.*))?$")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
@@ -285,12 +293,26 @@ def slurm_cancel(s: bytes) -> SlurmCancelRecord | None:
     return SlurmCancelRecord(m.group(1), m.group(2), m.group(3), m.group(4), reason, t.strip())
 
 
+def size_bytes(text: str) -> float | None:
+    """c10's format_size text ("96.00 GiB", "512 bytes") -> bytes (binary units); None if it is not one."""
+    m = _SIZE.match(text.strip())
+    return float(m.group(1)) * SIZE_UNITS[m.group(2)] if m else None
+
+
 def cuda_oom(s: bytes, src: int | None) -> OOMRecord | None:
     t = _dec(s).strip()
     if "CUDA out of memory" not in t:
         return None
     m = _TRIED.search(t)
-    return OOMRecord("cuda", t, rank=src, tried_to_allocate=m.group(1) if m else None)
+    cap = _CAPACITY.search(t) or _CAPACITY_OLD.search(t)
+    return OOMRecord(
+        "cuda",
+        t,
+        rank=src,
+        tried_to_allocate=m.group(1) if m else None,
+        device=int(cap.group(1)) if cap else None,
+        total_capacity=cap.group(2) if cap else None,
+    )
 
 
 def oom_snapshot(s: bytes) -> OOMRecord | None:

@@ -17,10 +17,15 @@ Why these definitions:
   for that rank and adds ranks the log never mentions. Megatron's "MB" is MiB (2**20 bytes); the
   result's "GB" is decimal (1e9 bytes), the unit of the guide and of the planner's memory model, so
   predicted and measured memory compare directly.
+- GPU capacity: what the device holds, as the evidence states it: torch's OOM message ("GPU 0 has a total
+  capacity of 96.00 GiB", binary units) or a sidecar's `gpu_total_memory_bytes`
+  (torch.cuda.get_device_properties(0).total_memory). The smallest any rank states, in decimal GB, exactly
+  (GiB x 2**30 / 1e9): the sweep plans with it instead of hardware.hbm_gb (orchestrator.sweep.capacity).
 
 Sidecar JSON schema (`sidecar-rank-<r>.json`, one object per rank; every key but "rank" optional):
     {"rank": int, "simulated": bool, "pp_stage": int,
      "peak_allocated_mb": float, "peak_reserved_mb": float,          # torch.cuda.max_memory_*
+     "gpu_total_memory_bytes": int,     # torch.cuda.get_device_properties(0).total_memory
      "tokens_per_expert": [int, ...],   # tokens this rank's router sent to each global expert,
                                         # summed over the window and MoE layers; written only by
                                         # ranks with distinct tokens (TP/CP replicas leave it out)
@@ -56,6 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.core.result import JobResult, RankMemory
+from orchestrator.evidence.loglines import size_bytes
 from orchestrator.evidence.records import IterationRecord, ParsedLog, TimerBlock
 
 PpOfRank = Callable[[int], int | None] | Mapping[int, int] | None
@@ -156,6 +162,28 @@ def rank_memory(
     for r, rm in mem.items():
         rm.pp_stage = stage_of.get(r, _pp(pp_of_rank, r))
     return [mem[r] for r in sorted(mem)]
+
+
+CAPACITY_FROM_OOM = "OOM message"  # JobResult.gpu_capacity_source: where the capacity was read
+CAPACITY_FROM_DEVICE = "device properties"
+
+
+def gpu_capacity(logs: Sequence[ParsedLog], sidecars: Sequence[Mapping] = ()) -> tuple[float | None, str]:
+    """(GB, source): the smallest total device memory any rank states (an OOM message's capacity, a sidecar's
+    `gpu_total_memory_bytes`), in decimal GB; (None, "") when nothing states it."""
+    found: list[tuple[float, str]] = []
+    for log in logs:
+        for o in log.ooms:
+            b = size_bytes(o.total_capacity) if o.total_capacity else None
+            if b:
+                found.append((b / 1e9, CAPACITY_FROM_OOM))
+    for sc in sidecars:
+        b = sc.get("gpu_total_memory_bytes")
+        if isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0:
+            found.append((float(b) / 1e9, CAPACITY_FROM_DEVICE))
+    if not found:
+        return None, ""
+    return min(found, key=lambda f: f[0])
 
 
 def heaviest(ranks: Sequence[RankMemory]) -> RankMemory | None:

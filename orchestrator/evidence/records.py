@@ -138,6 +138,8 @@ class OOMRecord:
     rank: int | None = None
     tried_to_allocate: str | None = None  # e.g. "2.00 GiB"
     snapshot_path: str | None = None
+    device: int | None = None  # the local GPU index torch names ("GPU 3 has ...")
+    total_capacity: str | None = None  # the device's total memory as torch states it, e.g. "96.00 GiB"
 
 
 @dataclass(slots=True)

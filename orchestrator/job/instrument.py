@@ -357,3 +357,16 @@ def peak_memory_mb() -> dict[str, float | None]:
         "peak_allocated_mb": round(torch.cuda.max_memory_allocated() / mb, 2),
         "peak_reserved_mb": round(torch.cuda.max_memory_reserved() / mb, 2),
     }
+
+
+def device_memory() -> dict[str, int]:
+    """What this rank's GPU holds, `torch.cuda.get_device_properties(device).total_memory` (bytes), for the
+    sidecar: the sweep plans with it instead of hardware.hbm_gb (orchestrator.sweep.capacity). Empty on CPU or
+    before CUDA was initialised (asking then would initialise it at exit)."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    return {"gpu_total_memory_bytes": int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)}

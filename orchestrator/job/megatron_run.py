@@ -12,8 +12,9 @@ megatron.core was imported from elsewhere before main() ran, the sidecar says so
 and it records where megatron.core came from (`megatron_path`).
 
 The sidecar `sidecar-rank-<r>.json` is written in `finally` and, for exits that skip it, at atexit
-(once): CUDA allocator peaks of this rank (Megatron's memory line covers only DP-rank-0 GPUs), the
-router evidence from orchestrator.job.instrument, and "simulated": false.
+(once): CUDA allocator peaks of this rank (Megatron's memory line covers only DP-rank-0 GPUs), the GPU's total
+memory (what the sweep plans with instead of hardware.hbm_gb), the router evidence from
+orchestrator.job.instrument, and "simulated": false.
 
 Imports stay stdlib at module level: torch and megatron are imported only inside main().
 """
@@ -69,6 +70,7 @@ def write_sidecar(
     doc: dict[str, Any] = {"simulated": False, "source": "megatron_run", "rank": rank}
     doc.update(_megatron_facts())
     doc.update(instrument.peak_memory_mb())
+    doc.update(instrument.device_memory())
     if counter is not None:
         doc.update(counter.report())
     if error:

@@ -16,7 +16,7 @@ from orchestrator.ledger import models as m
 from orchestrator.ledger.convert import clean, now, to_row
 from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.models import RESULT_METRICS
-from orchestrator.ledger.rows import CalibrationRow, MeasuredRow, ParityRow
+from orchestrator.ledger.rows import CalibrationRow, CapacityRow, MeasuredRow, ParityRow
 from orchestrator.ledger.store import Store
 
 
@@ -50,6 +50,9 @@ class Evidence(Store):
                 a.log_paths = [str(p) for p in result["log_paths"]]
             if result.get("sidecar_paths"):
                 a.sidecar_paths = [str(p) for p in result["sidecar_paths"]]
+            if result.get("gpu_capacity_gb"):  # what the job said the GPU holds (an OOM's message, too)
+                a.gpu_capacity_gb = float(result["gpu_capacity_gb"])
+                a.gpu_capacity_source = str(result.get("gpu_capacity_source") or "")[:40] or None
             a.updated_at = now()
             if ok:
                 values = {k: result[k] for k in RESULT_METRICS if k in result and result[k] is not None}
@@ -120,6 +123,21 @@ class Evidence(Store):
                 .order_by(m.StepSample.iteration)
             )
             return [(i, t, loss, g) for i, t, loss, g in s.execute(q)]
+
+    def gpu_capacities(self, sweep: str) -> list[CapacityRow]:
+        """Every attempt of the sweep whose evidence stated the GPU's capacity, in attempt order."""
+        with self._read() as s:
+            sw = self._sweep(s, sweep)
+            q = (
+                select(m.Attempt)
+                .join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
+                .where(m.Candidate.sweep_id == sw.id, m.Attempt.gpu_capacity_gb.is_not(None))
+                .order_by(m.Attempt.id)
+            )
+            return [
+                CapacityRow(a.id, a.candidate_id, a.job_id, a.gpu_capacity_gb or 0.0, a.gpu_capacity_source or "")
+                for a in s.scalars(q)
+            ]
 
     def rank_memory(self, attempt_id: int) -> list[dict[str, Any]]:
         with self._read() as s:

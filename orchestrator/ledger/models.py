@@ -178,6 +178,10 @@ class Attempt(Base):
     launch_token: Mapped[str | None] = mapped_column(String(160))
     # How long it measured (states.Fidelity, revision 0007): only FULL results decide a best.
     fidelity: Mapped[str] = mapped_column(String(10), default=Fidelity.FULL, server_default=Fidelity.FULL)
+    # What the GPU holds, as this attempt's evidence stated it (revision 0008): decimal GB, from torch's OOM message
+    # or the device properties a sidecar recorded; the sweep plans with it instead of hardware.hbm_gb.
+    gpu_capacity_gb: Mapped[float | None]
+    gpu_capacity_source: Mapped[str | None] = mapped_column(String(40))
 
 
 class Result(Base):

@@ -176,3 +176,14 @@ class MeasuredRow:
 
     def __post_init__(self) -> None:
         _set(self, "status", CandidateStatus(self.status))
+
+
+@dataclass(frozen=True)
+class CapacityRow:
+    """What one attempt's evidence said the GPU holds (orchestrator.sweep.capacity reads these)."""
+
+    attempt_id: int
+    candidate_id: int
+    job_id: str | None
+    gb: float  # decimal GB
+    source: str  # "OOM message" | "device properties" (orchestrator.evidence.metrics)

@@ -11,7 +11,7 @@ from orchestrator.core.states import CandidateStatus
 from orchestrator.ledger.ledger import CandidateIn, Ledger, SweepRow
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.types import RoundInput
-from orchestrator.sweep import observe
+from orchestrator.sweep import capacity, observe
 from orchestrator.sweep.setup import promotion_source
 
 
@@ -20,6 +20,7 @@ def next_round(ledger: Ledger, cfg: RootConfig, sweep: SweepRow, policy, env: Pl
     cands = ledger.candidates(sweep.name)
     if any(c.status in CandidateStatus.LIVE for c in cands):
         return None  # something is still queued (e.g. a retry): keep waiting
+    env = capacity.plan_env(ledger, sweep.name, env, view)  # what the GPUs hold, as the jobs said, beats hbm_gb
     budget = cfg.required_stage().budget
     spent = observe.spent(ledger, sweep.name, stage=cfg.required_stage())
     rnd = max((c.round for c in cands), default=-1) + 1

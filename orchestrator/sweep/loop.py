@@ -177,7 +177,10 @@ class Driver:
                 if on
             )
         )
-        out = run_finalists(self.cfg, self.ledger, self.launcher, self.name, on_poll=self._heartbeat)
+        from orchestrator.sweep.capacity import effective_config
+
+        cfg = effective_config(self.ledger, self.cfg, self.name)  # the GPUs' measured capacity, not the config's
+        out = run_finalists(cfg, self.ledger, self.launcher, self.name, on_poll=self._heartbeat)
         for cid, passed in out["parity"].items():
             self.view.event(f"parity candidate {cid}: {'passed' if passed else 'FAILED, excluded from promotion'}")
         for cid, lr in out["long_run"].items():

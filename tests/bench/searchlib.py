@@ -59,6 +59,7 @@ class Launch:
     times: tuple[float, ...]
     peak_gb: float
     stage_gb: tuple[float, ...]
+    capacity_gb: float | None = None  # what the GPU holds, as the target's OOM message states it
 
 
 @dataclass(frozen=True)
@@ -93,9 +94,10 @@ class Target:
 
             tw = dataclasses.replace(cfg.workload.twin, surface=self.label, seed=self.seed)
             s = truth.evaluate(truth.Case(cfg.model, cfg.hardware, cfg.stage, tw, layout, pattern))
-            fits = max(s.stage_gb) <= cfg.hardware.hbm_gb
+            cap = truth.capacity_gb(cfg.hardware, tw)
+            fits = max(s.stage_gb) <= cap
             times = tuple(truth.step_times(s, iters, steps_rng(tw.seed, key, attempt))) if fits else ()
-            return Launch(s.step_s, fits, times, max(s.stage_gb), tuple(s.stage_gb))
+            return Launch(s.step_s, fits, times, max(s.stage_gb), tuple(s.stage_gb), cap)
         mod = _load(WORKLOADS / f"{self.label}.py")
         import megatron_io
 
@@ -115,9 +117,10 @@ class Target:
             gpus_per_node=st.gpus_per_node,
         )
         step, mem = mod.evaluate(point)
-        fits = mem <= megatron_io.hbm_gb(mod.HBM_VAR, mod.HBM_DEFAULT)
+        cap = megatron_io.hbm_gb(mod.HBM_VAR, mod.HBM_DEFAULT)
+        fits = mem <= cap
         times = tuple(megatron_io.step_times(step, iters)) if fits else ()
-        return Launch(step, fits, times, mem, (mem,))
+        return Launch(step, fits, times, mem, (mem,), cap)
 
 
 def launch_gpu_hours(n_gpus: int, startup_s: float, iters: int, launch: Launch) -> float:
@@ -338,7 +341,7 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
 def _result(cfg, run: Launch, JobResult, RankMemory, *, pp: int = 1, window=None):
     """The JobResult `collect` would build from this launch's job folder: the twin prints a memory line per
     pipeline stage; a stand-in prints one, from its one process (RANK = N - 1, the last PP stage)."""
-    from orchestrator.evidence.metrics import summarize
+    from orchestrator.evidence.metrics import CAPACITY_FROM_OOM, summarize
 
     st = cfg.stage
     warmup, measure = window or (st.warmup_iters, st.measure_iters)
@@ -349,6 +352,8 @@ def _result(cfg, run: Launch, JobResult, RankMemory, *, pp: int = 1, window=None
             failure_class="OOM",
             failure_detail="torch.OutOfMemoryError: CUDA out of memory (in-process evaluation)",
             exit_code=1,
+            gpu_capacity_gb=run.capacity_gb,  # the OOM message states it (orchestrator.sweep.capacity reads it)
+            gpu_capacity_source=CAPACITY_FROM_OOM if run.capacity_gb else "",
             warmup_iters=warmup,
             measure_iters_requested=measure,
         )

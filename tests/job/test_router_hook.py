@@ -384,8 +384,31 @@ def test_megatron_run_writes_sidecar(cpu_megatron, tmp_path):
     assert side["routed_tokens"] == 4 * TOKENS * BATCH * TOPK and side["dropped_tokens"] > 0
     assert side["window"]["counting"] == "all"  # no train_step ran: the window was not driven
     assert side["peak_allocated_mb"] is None  # CPU: no CUDA allocator
+    assert "gpu_total_memory_bytes" not in side  # nor a device to state its memory
     assert 0 < side["token_drop_fraction"] < 1 and side["hot_expert_ratio"] >= 1.0
     assert str(tmp_path) not in sys.path
+
+
+def test_the_sidecar_states_the_devices_total_memory(monkeypatch):
+    """On a GPU the sidecar records torch.cuda.get_device_properties(<this rank's device>).total_memory: what
+    the sweep plans with instead of hardware.hbm_gb. Asked only once CUDA is initialised (not at a bare exit)."""
+    import types
+
+    import torch
+
+    asked: list[int] = []
+
+    def props(device):
+        asked.append(device)
+        return types.SimpleNamespace(total_memory=150_110_011_392)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert instrument.device_memory() == {} and asked == []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    assert instrument.device_memory() == {"gpu_total_memory_bytes": 150_110_011_392} and asked == [3]
 
 
 def test_summary_percentiles_match_numpy():

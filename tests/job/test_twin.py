@@ -138,6 +138,31 @@ def test_oom_follows_the_truth_memory_not_the_planner(smoke, tmp_path):
     assert parse_bytes(proc.stdout).iterations
 
 
+def test_a_gpu_smaller_than_its_hardware_group_ooms_and_says_what_it_holds(smoke, tmp_path):
+    """TwinConfig.gpu_capacity_gb: the GPU holds less than hardware.hbm_gb (141 under h200). A layout whose truth
+    peak fits HBM but not the GPU dies of torch's OOM, whose message states the GPU's capacity (binary GiB, as
+    torch); one that fits leaves sidecars recording the device's total memory (get_device_properties)."""
+    from orchestrator.core.paths import JobPaths
+    from orchestrator.evidence.metrics import CAPACITY_FROM_DEVICE, CAPACITY_FROM_OOM, gpu_capacity, load_sidecars
+
+    cfg, cands = smoke
+    planned = cands[0]
+    peak = max(truth_of(cfg, planned).stage_gb)
+    assert peak < cfg.hardware.hbm_gb
+    small = peak * 0.9
+    proc = run_twin(write_spec(cfg, planned, tmp_path / "small", gpu_capacity_gb=small))
+    assert proc.returncode == 1
+    log = parse_bytes(proc.stderr)
+    assert log.ooms[0].total_capacity == f"{small * 1e9 / 2**30:.2f} GiB"
+    gb, source = gpu_capacity([log])
+    assert gb == pytest.approx(small, abs=0.006) and source == CAPACITY_FROM_OOM  # two decimals of GiB
+    spec = write_spec(cfg, planned, tmp_path / "fits", gpu_capacity_gb=peak * 1.1)
+    proc = run_twin(spec)
+    assert proc.returncode == 0, proc.stderr.decode()[-1000:]
+    sidecars, _ = load_sidecars(JobPaths(spec.job_dir).sidecars())
+    assert sidecars and gpu_capacity([], sidecars) == (round(peak * 1.1 * 1e9) / 1e9, CAPACITY_FROM_DEVICE)
+
+
 def test_forced_oom(smoke, tmp_path):
     cfg, cands = smoke
     proc = run_twin(write_spec(cfg, cands[0], tmp_path, force_oom=True))

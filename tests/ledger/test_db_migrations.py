@@ -73,13 +73,13 @@ def test_upgrade_from_previous_revision_keeps_data(ledger_url):
                     updated_at=now,
                 )
             )
-        # what the head revision (0007: attempt fidelity) adds is not there yet at N-1
-        assert "fidelity" not in {c["name"] for c in inspect(eng).get_columns("attempt")}
+        # what the head revision (0008: the GPU capacity an attempt's evidence stated) adds is not there yet at N-1
+        assert "gpu_capacity_gb" not in {c["name"] for c in inspect(eng).get_columns("attempt")}
         if eng.dialect.name != "sqlite":  # a team database is never upgraded behind the user's back
             with pytest.raises(LedgerError, match=f"schema revision {previous}.*db upgrade"):
                 Ledger.open(ledger_url)
         assert E.upgrade(eng).up_to_date
-        assert "fidelity" in {c["name"] for c in inspect(eng).get_columns("attempt")}
+        assert "gpu_capacity_gb" in {c["name"] for c in inspect(eng).get_columns("attempt")}
     finally:
         eng.dispose()
     with Ledger.open(ledger_url) as led:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -144,6 +145,50 @@ def test_oom_is_not_retried_unless_asked(tmp_path):
     with Ledger.open(ledger_url(tmp_path)) as led:
         (c,) = led.candidates("oom2")
         assert [a.failure_class for a in led.attempts(c.id)] == ["OOM", "OOM"]
+
+
+def test_a_gpu_smaller_than_its_hardware_group_is_planned_with_after_the_first_oom(tmp_path):
+    """hardware=h200 says 141 GB; the twin's GPUs hold 96 GiB and its OOM lines say so, as torch's do. After the
+    first OOM the sweep plans every round with 103.08 GB (96 GiB exactly), says so once, and `status` shows it."""
+    gib96 = 96 * 2**30 / 1e9
+    args = sweep_args(
+        tmp_path,
+        "small-gpu",
+        f"++workload.twin.gpu_capacity_gb={gib96}",
+        "policy.round0_size=4",
+        "policy.round_size=3",
+        "stage.budget.max_rounds=2",
+        stage="1k",
+    )
+    proc = cli("sweep", *args, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    warned = [ln for ln in proc.stdout.splitlines() if ln.startswith("warning: GPUs hold")]
+    assert len(warned) == 1 and re.fullmatch(
+        r"warning: GPUs hold 103\.1 GB \(96\.00 GiB, from job \d+'s OOM message\), not hardware\.hbm_gb=141: "
+        r"planning with 103\.1 GB for the rest of this sweep; set hardware\.hbm_gb=103\.1 or pick the right "
+        r"hardware group",
+        warned[0],
+    ), proc.stdout[-3000:]
+    lines = proc.stdout.splitlines()
+    first_oom = next(i for i, ln in enumerate(lines) if " OOM: " in ln)
+    assert first_oom < lines.index(warned[0]) < next(i for i, ln in enumerate(lines) if ln.startswith("round 1:"))
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        stated = led.gpu_capacities("small-gpu")
+        assert stated and stated[0].source == "OOM message" and stated[0].gb == gib96
+        margin = 4.0  # the 1k stage's memory_margin_gb (the schema's default)
+        round0 = [c for c in led.candidates("small-gpu") if c.round == 0]
+        later = [c for c in led.candidates("small-gpu") if c.round > 0]
+        assert any(c.predicted["memory_gb"] + margin > gib96 for c in round0)  # planned against 141 GB
+        assert later and all(  # planned against 103.08 GB (a fit probe tests the band around it)
+            c.predicted["memory_gb"] + margin <= gib96 for c in later if c.decision["fidelity"] != "probe"
+        )
+        (ev,) = led.events("small-gpu", kind="capacity")
+        assert ev.data["gb"] == gib96 and ev.data["configured_gb"] == 141.0
+    st = cli("status", "small-gpu", f"ledger.url={ledger_url(tmp_path)}", "--json")
+    assert st.returncode == 0, st.stderr
+    assert json.loads(st.stdout)["gpu_capacity"]["gb"] == gib96
+    text = cli("status", "small-gpu", f"ledger.url={ledger_url(tmp_path)}")
+    assert warned[0] in text.stdout
 
 
 def test_external_workload_script_is_honoured(tmp_path):

@@ -42,7 +42,8 @@ class Point:
 
 
 def hbm_gb(variable: str, default: float) -> float:
-    """The stand-in's capacity: its environment variable, else its default."""
+    """The stand-in's capacity in decimal GB (its OOM message states it in GiB, as torch): its environment
+    variable, else its default."""
     return float(os.environ.get(variable, default))
 
 
@@ -101,7 +102,7 @@ def main(evaluate: Callable[[Point], tuple[float, float]], banner: str, hbm: flo
     if mem > hbm:
         print(
             f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {rank} has a total "
-            f"capacity of {hbm:.2f} GiB of which 0 bytes is free.",
+            f"capacity of {hbm * 1e9 / 2**30:.2f} GiB of which 0 bytes is free.",  # torch states binary GiB
             file=sys.stderr,
             flush=True,
         )

@@ -1,5 +1,6 @@
 """How a twin job fails, the way the real one would: Megatron's assertion for an illegal layout, torch's
-CUDA OOM when a stage's truth memory exceeds HBM (or TwinConfig.force_oom), and the injected faults (an NCCL
+CUDA OOM when a stage's truth memory exceeds the GPU's capacity (truth.capacity_gb: TwinConfig.gpu_capacity_gb, else
+HBM; or TwinConfig.force_oom), and the injected faults (an NCCL
 watchdog timeout at TwinConfig.nccl_timeout_rate, a CUDA crash at crash_rate) at a seeded iteration after
 the warm-up, the same on every rank of the attempt.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from orchestrator.job.twin import text
+from orchestrator.job.twin import text, truth
 from orchestrator.job.twin.job import TwinJob, coords, job_rng, reported_ranks
 from orchestrator.job.twin.legal import Illegal
 from orchestrator.job.twin.truth import Surface
@@ -56,16 +57,18 @@ def oom_ranks(job: TwinJob, surface: Surface) -> list[int] | None:
     """None when every stage fits and no OOM is forced. Else the whole job dies in its first iteration and
     this is the list of ranks this process speaks for that print torch's OOM: those on an over-HBM stage
     (every rank when forced); it may be empty."""
-    over = [s for s in range(job.layout.pp) if surface.memory_gb(s) > job.hw.hbm_gb]
+    cap = truth.capacity_gb(job.hw, job.twin)
+    over = [s for s in range(job.layout.pp) if surface.memory_gb(s) > cap]
     if not over and not job.twin.force_oom:
         return None
     return [r for r in reported_ranks(job) if job.twin.force_oom or coords(job, r)["pp"] in over]
 
 
 def oom(job: TwinJob, surface: Surface, rank: int) -> str:
-    """torch's OOM text for `rank`, asking for at least 1% more than HBM."""
+    """torch's OOM text for `rank`, asking for at least 1% more than the GPU holds, whose capacity it states."""
     want = surface.memory_gb(coords(job, rank)["pp"])
-    return text.oom_traceback(job.entry, max(want, job.hw.hbm_gb * 1.01), job.hw.hbm_gb, rank)
+    cap = truth.capacity_gb(job.hw, job.twin)
+    return text.oom_traceback(job.entry, max(want, cap * 1.01), cap, rank)
 
 
 # --------------------------------------------------------------------------------------- injected faults

@@ -85,6 +85,7 @@ def write_sidecars(job: TwinJob, surface: truth.Surface, measured: int) -> list[
             "window": {"warmup_iters": job.stage.warmup_iters, "measure_iters": measured},
             "peak_allocated_mb": round(max_alloc, 2),
             "peak_reserved_mb": round(max_reserved, 2),
+            "gpu_total_memory_bytes": round(truth.capacity_gb(job.hw, job.twin) * 1e9),  # get_device_properties
             "capacity_factor": job.layout.capacity_factor,
             "force_balanced_routing": bool(flag(job.flags, "moe_router_force_load_balancing", False)),
         }

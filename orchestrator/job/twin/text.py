@@ -104,12 +104,13 @@ def assertion_traceback(entry: str, reason: str) -> str:
     return f"{head}\nAssertionError: {reason}"
 
 
-def oom_traceback(entry: str, want_gb: float, hbm_gb: float, rank: int) -> str:
-    """torch's CUDACachingAllocator message, raised from the backward pass of the first iteration."""
-    total = hbm_gb * 1e9 * 0.989  # what the driver reports as total capacity
+def oom_traceback(entry: str, want_gb: float, capacity_gb: float, rank: int) -> str:
+    """torch's CUDACachingAllocator message, raised from the backward pass of the first iteration. It states the
+    device's total memory (`capacity_gb`, decimal GB) in c10's binary units, as torch does."""
+    total = capacity_gb * 1e9  # cudaMemGetInfo's total: what the message calls the total capacity
     in_use = total - 0.02 * 1e9
     allocated = min(in_use * 0.96, want_gb * 1e9)
-    ask = max(64 * MIB, (want_gb - hbm_gb) * 1e9 + 256 * MIB)
+    ask = max(64 * MIB, (want_gb - capacity_gb) * 1e9 + 256 * MIB)
     head = _frames(
         (entry, 220, "<module>", "pretrain("),
         (

@@ -8,8 +8,8 @@ its hidden constants (surfaces.py), which moves the optimum.
 
 Everything else in the twin sees only what this package returns: a `Surface` per layout, per-iteration step
 times, per-rank memory figures, Megatron's timer split and checkpoint sizes. Legality is not decided here
-(orchestrator/job/twin/legal.py applies Megatron's own assertions); an over-HBM stage is the caller's OOM, decided on
-`Surface.stage_gb` (the truth's peak reserved memory, no margin).
+(orchestrator/job/twin/legal.py applies Megatron's own assertions); a stage over the GPU's capacity
+(`capacity_gb`) is the caller's OOM, decided on `Surface.stage_gb` (the truth's peak reserved memory, no margin).
 """
 
 from __future__ import annotations
@@ -59,6 +59,12 @@ class Surface:
 
     def memory_gb(self, stage_idx: int) -> float:
         return self.stage_gb[min(stage_idx, len(self.stage_gb) - 1)]
+
+
+def capacity_gb(hw: HardwareConfig, twin: TwinConfig) -> float:
+    """What the simulated GPU holds (decimal GB): TwinConfig.gpu_capacity_gb, else the hardware group's HBM.
+    A stage whose peak reserved memory exceeds it OOMs; torch's message and the sidecars state it."""
+    return float(twin.gpu_capacity_gb) if twin.gpu_capacity_gb else float(hw.hbm_gb)
 
 
 def knobs(layout) -> machine.Knobs:
