@@ -208,3 +208,38 @@ def test_ep_overlap_hides_the_all_to_all_up_to_the_compute_and_tp_costs_collecti
     assert over["compute"] == plain["compute"] and plain["tp_comm"] > 0
     tp1 = evaluate(m, hw, stage, replace(lay, tp=1), check_memory=False).prediction.step_components
     assert tp1["tp_comm"] == 0
+
+
+@pytest.mark.megatron
+@pytest.mark.parametrize(
+    ("name", "system"), [("dsv3", "gb200"), ("qwen3_235b_a22b", "b300"), ("gpt_oss_120b", "gb300")]
+)
+def test_plan_argv_0_of_a_new_model_is_training_ready(name, system):
+    """`plan +stage=1k model=NAME hardware=SYSTEM --argv 0` (the CLI) prints the GPT path's flags for the planner's
+    best layout, and megatron-core 0.19.2 parses, validates and builds its optimizer from them (as a Blackwell part)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "plan",
+            "+stage=1k",
+            f"model={name}",
+            f"hardware={system}",
+            "--argv",
+            "0",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    argv = [t.strip("'") for t in out.stdout.replace("\\\n", " ").split()]
+    assert "--hybrid-layer-pattern" not in argv and "--num-experts" in argv
+    assert MC.check_candidate(argv, 1024, arch=10) is None
