@@ -20,10 +20,17 @@ from orchestrator.core.errors import UserError
 from orchestrator.core.failures import DEFAULT_RETRY_CLASSES
 from orchestrator.core.knobs import search_fields
 
+ATTENTION_VARIANTS = ("dsv4_hybrid", "mla", "gqa")  # V4's hybrid stack; the GPT path's MLA (DeepSeek-V3) and GQA
+
 
 @dataclass
 class ModelConfig:
-    """A V4-shaped MoE model, described with Megatron's own argument names."""
+    """A MoE model, described with Megatron's own argument names. The defaults are DeepSeek-V4-Pro's; a model
+    YAML of another family (conf/model/dsv3.yaml, qwen3_*.yaml, gpt_oss_120b.yaml) carries what differs.
+
+    attention_variant picks the Megatron path: dsv4_hybrid trains on pretrain_hybrid.py (CSA/HCA attention,
+    mHC, the '|' layer pattern), mla and gqa on pretrain_gpt.py (plain multi-latent or grouped-query attention,
+    --pipeline-model-parallel-layout). The csa_*/dsa_*/o_*/mHC/hash fields are read on the V4 path only."""
 
     name: str = "dsv4_pro"
     num_layers: int = 61  # Transformer blocks (the guide's 61)
@@ -37,7 +44,15 @@ class ModelConfig:
     v_head_dim: int = 512
     o_groups: int = 16
     o_lora_rank: int = 1024
-    attention_variant: str = "dsv4_hybrid"  # CSA/HCA hybrid attention
+    attention_variant: str = "dsv4_hybrid"  # ATTENTION_VARIANTS: CSA/HCA hybrid attention (V4) | mla | gqa
+    qk_head_dim: int = 128  # MLA (mla): per-head q/k width without the rope part (--qk-head-dim); V4 derives its own
+    num_query_groups: int | None = None  # GQA (gqa): key/value head groups (--num-query-groups)
+    qk_layernorm: bool = True
+    window_size: int | None = None  # sliding-window attention, tokens attended incl. itself (GPT-OSS: 128)
+    window_attn_skip_freq: int | None = None  # every n-th layer attends fully (GPT-OSS: 2); None: all windowed
+    add_bias_linear: bool = False  # biases in the linear layers (GPT-OSS)
+    glu_activation: str = "swiglu"  # swiglu | quick_geglu (GPT-OSS): both gated, three matrices per MLP
+    rotary_base: int | None = None  # None: workload.recipe.rotary_base (the V4 recipe's)
     csa_window_size: int = 128  # D_window lower bound for CP boundary exchange
     csa_compress_ratios: list[int] = field(default_factory=lambda: [128, 128, 4] + [128, 4] * 29 + [0])
     dsa_indexer_heads: int = 64
@@ -52,10 +67,17 @@ class ModelConfig:
     moe_ffn_hidden_size: int = 3072  # f
     moe_shared_expert_intermediate_size: int = 3072  # one shared expert
     moe_n_hash_layers: int = 3
+    # Router (the GPT path reads these; the V4 path writes its recipe's values, workload.recipe)
+    moe_router_score_function: str = "sqrtsoftplus"
+    moe_router_enable_expert_bias: bool = True
+    moe_router_topk_scaling_factor: float | None = None  # GPT path only (V4: workload.recipe's)
+    moe_router_num_groups: int | None = None  # group-limited routing (DeepSeek-V3: 8 groups, top 4)
+    moe_router_group_topk: int | None = None
+    moe_router_load_balancing_type: str = "seq_aux_loss"
     # Other structure
     vocab_size: int = 129280
     mtp_num_layers: int = 1
-    hyper_connection_streams: int = 4  # mHC residual streams
+    hyper_connection_streams: int = 4  # mHC residual streams (1: a plain residual, every model but V4)
     optimizer: str = "adam"  # adam | muon (conf/model/dsv4_pro.yaml says why adam)
     # Reference totals from the guide, used as sanity checks of the parameter model
     total_params_b: float = 1600.0
@@ -69,10 +91,13 @@ class HardwareConfig:
     name: str = "h100"
     peak_bf16_tflops: float = 989.0  # dense, no sparsity
     peak_fp8_tflops: float = 1979.0
+    peak_mxfp8_tflops: float | None = None  # MXFP8 needs Blackwell (sm_100+); None: the part has none
     hbm_gb: float = 80.0  # decimal GB
+    hbm_gb_s: float = 3350.0  # HBM bandwidth, GB/s (the optimizer step and quantisation passes read it)
     nvlink_gb_s: float = 450.0
     nic_gb_s: float = 50.0  # 400 Gb/s NIC per GPU
-    gpus_per_nvlink_domain: int = 8
+    gpus_per_node: int = 8  # GPUs of one host (GB200/GB300 compute trays: 4)
+    gpus_per_nvlink_domain: int = 8  # NVL72 systems: 72 (an EP/CP group inside one domain runs on NVLink)
     # Step-time model constants (calibrated later from the ledger; see orchestrator/plan/steptime.py)
     gemm_efficiency: float = 0.55  # achieved / peak on large BF16 GEMMs
     attention_efficiency: float = 0.40
@@ -151,7 +176,7 @@ class StageConfig:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     screen: ScreenConfig = field(default_factory=ScreenConfig)
     # Training semantics that the rules depend on
-    precision: str = "bf16"  # bf16 | fp8
+    precision: str = "bf16"  # PRECISIONS: bf16 | fp8 (blockwise) | fp8_cs (tensorwise current scaling) | mxfp8
     use_distributed_optimizer: bool = True
     packed_sequences: bool = True  # THD packed input (required for CP>1 on the V4 path)
     attention_backend: str = "cudnn"  # the packed path needs cuDNN
@@ -362,6 +387,9 @@ class RecipeConfig:
     # Performance flags: what is tuned runs with them on
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True  # Megatron needs the distributed optimizer and overlap_grad_reduce
+    # EP all-to-all overlap (--overlap-moe-expert-parallel-comm --delay-wgrad-compute): one microbatch's dispatch
+    # and combine run under another's compute. Off in the V4 recipe; Megatron-Bridge's H100 recipes turn it on.
+    overlap_moe_expert_parallel_comm: bool = False
     moe_permute_fusion: bool = True
     moe_router_fusion: bool = True
     cross_entropy_loss_fusion: bool = True

@@ -20,7 +20,13 @@ Choices (Megatron file:line at dev d48bd6be0a85):
 - --logging-level 20: timers are logged at INFO; the DSv3 examples' 40 hides them.
 - Stage attention backend "cudnn" (the packed V4 path): --attention-backend fused (TE's cuDNN fused
   attention) plus --dsa-kernel-backend cudnn for the sparse CSA/HCA kernels.
-- fp8 stage precision: --fp8-format e4m3 --fp8-recipe blockwise (DeepSeek-style 128x128, Hopper-capable).
+- fp8 stage precision: --fp8-format e4m3 --fp8-recipe blockwise (DeepSeek-style 128x128, Hopper-capable);
+  fp8_cs: --fp8-recipe tensorwise (current scaling, Megatron-Bridge's "FP8-CS"); mxfp8: --fp8-recipe mxfp8.
+- The GPT path (model.attention_variant mla or gqa: DeepSeek-V3, Qwen3, GPT-OSS on pretrain_gpt.py) writes its
+  split as --pipeline-model-parallel-layout (pipeline.gpt_layout) with PP > 1, the leading dense blocks as
+  --moe-layer-freq, MLA or GQA flags, and none of the V4 path's (no --spec, CSA/HCA, DSA indexer, mHC, hash
+  routing); its router numerics are the model's (ModelConfig.moe_router_*), and CP > 1 runs Megatron's
+  ring attention on ordinary (BSHD) batches: --cp-comm-type p2p, no packed-THD flags.
 - --deterministic-mode drops --cross-entropy-loss-fusion (megatron/training/determinism.py:24).
 """
 
@@ -38,7 +44,7 @@ from orchestrator.core.knobs import KNOB, KNOBS
 from orchestrator.core.schema import ModelConfig, RecipeConfig, StageConfig
 from orchestrator.plan.flags import FLAGS
 from orchestrator.plan.layout import Layout
-from orchestrator.plan.params import RATIO_SYMBOL
+from orchestrator.plan.params import RATIO_SYMBOL, effective_layers, is_v4
 from orchestrator.plan.pipeline import hash_layer_number
 from orchestrator.plan.recompute import FULL_RECOMPUTE_NUM_LAYERS
 
@@ -50,6 +56,10 @@ ATTENTION_BACKENDS = {  # stage.attention_backend -> flags
     "unfused": ("--attention-backend", "unfused"),
     "auto": ("--attention-backend", "auto"),
 }
+# The GPT path has no DSA kernels: the packed path's "cudnn" is TE's cuDNN fused attention there too.
+GPT_BACKEND = {name: ("fused" if name == "cudnn" else name) for name in ATTENTION_BACKENDS}
+# stage.precision -> --fp8-recipe (orchestrator.plan.flops.PRECISIONS; bf16 writes none)
+FP8_RECIPES = {"fp8": "blockwise", "fp8_cs": "tensorwise", "mxfp8": "mxfp8"}
 TIMING_LOG_LEVEL = 1
 PIPE, MTP_SEPARATOR = "|", "/"
 DEFAULT_RECIPE = RecipeConfig()
@@ -58,17 +68,22 @@ RECIPE_GPUS = 256  # the GPU count Megatron dev's DSv4-Pro recipe (and its 60-mi
 
 @dataclass(frozen=True)
 class Overlap:
-    """Which data-parallel communication the argv overlaps with compute (the step-time model reads it)."""
+    """Which communication the argv overlaps with compute (the step-time model reads it)."""
 
     grad_reduce: bool  # --overlap-grad-reduce: the gradient reduce-scatter (all-reduce) runs during backward
     param_gather: bool  # --overlap-param-gather: the parameter all-gather runs during the next forward
+    expert_a2a: bool = False  # --overlap-moe-expert-parallel-comm: EP dispatch/combine under another microbatch
 
 
 def overlaps(recipe: RecipeConfig, stage: StageConfig) -> Overlap:
     """The overlap flags emitted for this recipe and stage. --overlap-param-gather needs the distributed
     optimizer and --overlap-grad-reduce (megatron/training/arguments.py:1071-1079), so it is dropped without."""
     grad = bool(recipe.overlap_grad_reduce)
-    return Overlap(grad, grad and bool(recipe.overlap_param_gather) and bool(stage.use_distributed_optimizer))
+    return Overlap(
+        grad,
+        grad and bool(recipe.overlap_param_gather) and bool(stage.use_distributed_optimizer),
+        bool(recipe.overlap_moe_expert_parallel_comm),
+    )
 
 
 def distributed_timeout_minutes(recipe: RecipeConfig, gpus: int) -> int:
@@ -181,13 +196,81 @@ def _model(a: _Argv, model: ModelConfig, recipe: RecipeConfig, layer_pattern: st
         a.add("--mhc-sinkhorn-iterations", recipe.mhc_sinkhorn_iterations)
 
 
-def _moe(a: _Argv, model: ModelConfig, recipe: RecipeConfig, layout: Layout, layer_pattern: str) -> None:
+def _gpt_model(
+    a: _Argv, model: ModelConfig, stage: StageConfig, recipe: RecipeConfig, layout: Layout, split: str
+) -> None:
+    """The GPT path's model flags (pretrain_gpt.py): MLA or GQA attention, no V4 structure."""
+    a.add("--num-layers", effective_layers(model, stage))
+    a.add("--hidden-size", model.hidden_size)
+    a.add("--ffn-hidden-size", model.ffn_hidden_size)
+    a.add("--num-attention-heads", model.num_attention_heads)
+    a.add("--kv-channels", model.kv_channels)
+    a.add("--quick-geglu" if model.glu_activation == "quick_geglu" else "--swiglu")
+    if not model.add_bias_linear:
+        a.add("--disable-bias-linear")
+    a.add("--untie-embeddings-and-output-weights")
+    a.add("--normalization", "RMSNorm")
+    a.add("--norm-epsilon", recipe.norm_epsilon)
+    a.add("--position-embedding-type", "rope")
+    a.add("--rotary-base", model.rotary_base or recipe.rotary_base)
+    if layout.pp > 1:
+        a.add("--pipeline-model-parallel-layout", split)
+    if model.mtp_num_layers:
+        a.add("--mtp-num-layers", model.mtp_num_layers)
+        a.add("--mtp-loss-scaling-factor", recipe.mtp_loss_scaling_factor)
+    if model.attention_variant == "mla":
+        a.add("--multi-latent-attention")
+        if model.q_lora_rank:
+            a.add("--q-lora-rank", model.q_lora_rank)
+        a.add("--kv-lora-rank", model.kv_lora_rank)
+        a.add("--qk-head-dim", model.qk_head_dim)
+        a.add("--qk-pos-emb-head-dim", model.qk_pos_emb_head_dim)
+        a.add("--v-head-dim", model.v_head_dim)
+    elif model.num_query_groups and model.num_query_groups != model.num_attention_heads:
+        a.add("--group-query-attention")
+        a.add("--num-query-groups", model.num_query_groups)
+    if model.qk_layernorm:
+        a.add("--qk-layernorm")
+    if model.window_size:
+        a.add("--window-size", f"{model.window_size - 1},0")
+        if model.window_attn_skip_freq:
+            a.add("--window-attn-skip-freq", model.window_attn_skip_freq)
+
+
+def _gpt_moe(a: _Argv, model: ModelConfig, stage: StageConfig, recipe: RecipeConfig, layout: Layout) -> None:
+    """The GPT path's MoE flags: the model's own router (DeepSeek-V3's grouped sigmoid, Qwen3's softmax)."""
     a.add("--num-experts", model.num_experts)
     a.add("--moe-router-topk", model.moe_router_topk)
     a.add("--moe-ffn-hidden-size", model.moe_ffn_hidden_size)
     if model.moe_shared_expert_intermediate_size:
         a.add("--moe-shared-expert-intermediate-size", model.moe_shared_expert_intermediate_size)
+    n, dense = effective_layers(model, stage), min(model.num_dense_layers, effective_layers(model, stage))
+    if dense:
+        a.add("--moe-layer-freq", f"([0]*{dense}+[1]*{n - dense})")
     a.add("--moe-grouped-gemm")
+    _dispatcher(a, recipe, layout)
+    a.add("--moe-router-load-balancing-type", model.moe_router_load_balancing_type)
+    a.add("--moe-aux-loss-coeff", recipe.moe_aux_loss_coeff)
+    a.add("--moe-router-score-function", model.moe_router_score_function)
+    if model.moe_router_topk_scaling_factor is not None:
+        a.add("--moe-router-topk-scaling-factor", model.moe_router_topk_scaling_factor)
+    if model.moe_router_enable_expert_bias:
+        a.add("--moe-router-enable-expert-bias")
+        a.add("--moe-router-bias-update-rate", recipe.moe_router_bias_update_rate)
+    if model.moe_router_num_groups:
+        a.add("--moe-router-num-groups", model.moe_router_num_groups)
+        a.add("--moe-router-group-topk", model.moe_router_group_topk)
+    a.add("--moe-router-dtype", "fp32")
+    if recipe.moe_permute_fusion:
+        a.add("--moe-permute-fusion")
+    if recipe.moe_router_fusion:
+        a.add("--moe-router-fusion")
+    if recipe.overlap_moe_expert_parallel_comm:  # Megatron's 1F1B A2A overlap wants the split weight gradients
+        a.add("--overlap-moe-expert-parallel-comm")
+        a.add("--delay-wgrad-compute")
+
+
+def _dispatcher(a: _Argv, recipe: RecipeConfig, layout: Layout) -> None:
     _knob(a, layout, "dispatcher")
     if layout.dispatcher == "flex":
         if not layout.flex_backend:
@@ -196,7 +279,17 @@ def _moe(a: _Argv, model: ModelConfig, recipe: RecipeConfig, layout: Layout, lay
         if layout.flex_backend == "ncclep":  # dev's ncclep sizes its receive buffer with it, and refuses None
             a.add("--moe-expert-rank-capacity-factor", recipe.ncclep_rank_capacity_factor)
     _knob(a, layout, "capacity_factor")
-    a.add("--moe-router-load-balancing-type", "seq_aux_loss")
+
+
+def _moe(a: _Argv, model: ModelConfig, recipe: RecipeConfig, layout: Layout, layer_pattern: str) -> None:
+    a.add("--num-experts", model.num_experts)
+    a.add("--moe-router-topk", model.moe_router_topk)
+    a.add("--moe-ffn-hidden-size", model.moe_ffn_hidden_size)
+    if model.moe_shared_expert_intermediate_size:
+        a.add("--moe-shared-expert-intermediate-size", model.moe_shared_expert_intermediate_size)
+    a.add("--moe-grouped-gemm")
+    _dispatcher(a, recipe, layout)
+    a.add("--moe-router-load-balancing-type", model.moe_router_load_balancing_type)
     a.add("--moe-aux-loss-coeff", recipe.moe_aux_loss_coeff)
     a.add("--moe-router-score-function", "sqrtsoftplus")
     a.add("--moe-router-topk-scaling-factor", recipe.moe_router_topk_scaling_factor)
@@ -208,6 +301,9 @@ def _moe(a: _Argv, model: ModelConfig, recipe: RecipeConfig, layout: Layout, lay
         a.add("--moe-permute-fusion")
     if recipe.moe_router_fusion:
         a.add("--moe-router-fusion")
+    if recipe.overlap_moe_expert_parallel_comm:
+        a.add("--overlap-moe-expert-parallel-comm")
+        a.add("--delay-wgrad-compute")
     if model.moe_n_hash_layers:  # the first n MoE blocks, as hybrid layer numbers
         a.add("--moe-n-hash-layers", hash_layer_number(layer_pattern, model.moe_n_hash_layers))
 
@@ -227,10 +323,12 @@ def _memory(a: _Argv, layout: Layout) -> None:
         a.add("--offload-modules", *layout.offload)
 
 
-def _cp(a: _Argv, stage: StageConfig, layout: Layout, mock_data: bool) -> None:
+def _cp(a: _Argv, stage: StageConfig, layout: Layout, mock_data: bool, v4: bool = True) -> None:
     if layout.cp <= 1:
         return
     a.add("--cp-comm-type", "p2p")
+    if not v4:  # the GPT path: ring attention on ordinary batches
+        return
     a.add("--cp-partition-mode", stage.cp_partition_mode)  # dsv4_hybrid with CP requires contiguous
     if stage.packed_sequences:  # contiguous CP needs THD input from the packing scheduler
         a.add("--sequence-packing-scheduler", "dp_balanced")
@@ -318,17 +416,26 @@ def megatron_argv(
     a.add("--global-batch-size", stage.global_batch)
     a.add("--seq-length", stage.seq_length)
     a.add("--max-position-embeddings", stage.seq_length)
-    _model(a, model, recipe, layer_pattern)
-    _moe(a, model, recipe, layout, layer_pattern)
+    v4 = is_v4(model)
+    if v4:
+        _model(a, model, recipe, layer_pattern)
+        _moe(a, model, recipe, layout, layer_pattern)
+    else:
+        _gpt_model(a, model, stage, recipe, layout, layer_pattern)
+        _gpt_moe(a, model, stage, recipe, layout)
     _memory(a, layout)
     _optimizer(a, model, stage, recipe, train_iters)
     a.add("--bf16")
-    if stage.precision == "fp8":
+    if stage.precision in FP8_RECIPES:
         a.add("--fp8-format", "e4m3")
-        a.add("--fp8-recipe", "blockwise")
+        a.add("--fp8-recipe", FP8_RECIPES[stage.precision])
     if stage.attention_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {stage.attention_backend!r}: {sorted(ATTENTION_BACKENDS)}")
-    backend = ATTENTION_BACKENDS[stage.attention_backend]
+    backend = (
+        ATTENTION_BACKENDS[stage.attention_backend]
+        if v4
+        else ("--attention-backend", GPT_BACKEND[stage.attention_backend])
+    )
     for flag, value in zip(backend[::2], backend[1::2]):
         a.add(flag, value)
     a.add("--transformer-impl", "transformer_engine" if stage.transformer_engine else "local")
@@ -339,7 +446,7 @@ def megatron_argv(
         a.add("--mock-data")
         a.add("--tokenizer-type", "NullTokenizer")
         a.add("--vocab-size", model.vocab_size)
-    _cp(a, stage, layout, mock_data)
+    _cp(a, stage, layout, mock_data, v4)
     written = set(a.items)
     for k in KNOBS:  # a plain knob no section above places (a new one in the registry): its flag, here
         if k.name not in _READ and k.flags[0] not in written:
@@ -393,7 +500,7 @@ Flags = dict[str, Any]  # parse_flags' answer
 
 
 def _vpp(f: Flags, kw: dict[str, Any]) -> int:
-    pattern = f["hybrid_layer_pattern"]
+    pattern = f["hybrid_layer_pattern"] or f["pipeline_model_parallel_layout"]
     return max(pattern_segments(pattern) // kw["pp"], 1) if pattern else 1
 
 

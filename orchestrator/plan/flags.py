@@ -41,9 +41,16 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--position-embedding-type": (MAIN, str),
     "--hybrid-layer-pattern": (MAIN, str),  # the flag is main; V4's C/H/W symbols need dev
     "--mtp-num-layers": (MAIN, int),
+    "--pipeline-model-parallel-layout": (MAIN, str),  # the GPT path's split (E, t, m, L stages)
+    "--quick-geglu": (MAIN, bool),  # GPT-OSS's clamped GELU-GLU
+    "--window-size": (MAIN, str),  # "W-1,0": W keys incl. the query's own
+    "--window-attn-skip-freq": (MAIN, int),
     "--spec": (DEV, list),  # flag exists on main; hybrid_dsv4_stack_spec only on dev
     # MLA / V4 attention
     "--multi-latent-attention": (MAIN, bool),
+    "--qk-head-dim": (MAIN, int),
+    "--group-query-attention": (MAIN, bool),
+    "--num-query-groups": (MAIN, int),
     "--q-lora-rank": (MAIN, int),
     "--kv-lora-rank": (MAIN, int),
     "--qk-pos-emb-head-dim": (MAIN, int),
@@ -76,6 +83,9 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--moe-router-enable-expert-bias": (MAIN, bool),
     "--moe-router-dtype": (MAIN, str),
     "--moe-n-hash-layers": (DEV, int),
+    "--moe-layer-freq": (MAIN, str),  # "([0]*3+[1]*58)": the leading dense blocks of DeepSeek-V3
+    "--moe-router-num-groups": (MAIN, int),
+    "--moe-router-group-topk": (MAIN, int),
     # recompute / offload
     "--recompute-granularity": (MAIN, str),
     "--recompute-method": (MAIN, str),
@@ -96,6 +106,8 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--transformer-impl": (MAIN, str),
     "--deterministic-mode": (MAIN, bool),
     "--moe-permute-fusion": (MAIN, bool),
+    "--overlap-moe-expert-parallel-comm": (MAIN, bool),
+    "--delay-wgrad-compute": (MAIN, bool),
     "--moe-router-fusion": (MAIN, bool),
     "--cross-entropy-loss-fusion": (MAIN, bool),
     "--cross-entropy-fusion-impl": (MAIN, str),

@@ -14,6 +14,15 @@ Per token, forward (a multiply-add = 2 FLOPs; S = seq_length; n_h heads of width
   head        2 h V per use, used 1 + mtp_num_layers times (main logits + each MTP depth)
   MTP depth   one block + eh_proj 2 x 2h x h
 Per step: model FLOPs = 3 x forward (backward = 2 x forward) x B x S tokens, recompute excluded.
+
+The GPT path (mla, gqa; params.py has their projections): core attention 2 n_h (d_qk + d_r) S_eff + 2 n_h d_v S_eff
+(MLA) or 4 n_h d S_eff (GQA), S_eff = mean over positions of the keys attended: (S+1)/2 causal ~ S/2, min(W, pos+1)
+in a sliding-window layer (params.is_window_block). This is Megatron's own count (megatron/training/training.py
+num_floating_point_operations, 0.19.2: transformer_flops' MLA and GQA terms, moe_layer_flops, logits and MTP),
+except in three named places that tests/plan/test_gpt_models.py checks: the router GEMM (2 E h per MoE token)
+is counted here, a sliding window attends W keys (Megatron counts S/2), and a quick-GEGLU expert
+(GPT-OSS, --quick-geglu, no --swiglu) runs three matrices where Megatron's count takes two (its
+ffn_expansion_factor is 3 only with --swiglu).
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ from orchestrator.plan.params import (
     block_ratios,
     effective_layers,
     is_moe_block,
+    is_v4,
+    is_window_block,
     mhc_params,
     model_key,
     mtp_ratio,
@@ -96,9 +107,14 @@ def _mean_min(cap: float, slope: float, seq: int) -> float:
     return frac * cap / 2 + (1 - frac) * cap
 
 
-def block_flops(model: ModelConfig, ratio: int, moe: bool, seq_length: int) -> BlockFlops:
-    h, nh, d = model.hidden_size, model.num_attention_heads, model.v_head_dim
-    k, pe = model.moe_router_topk, p_expert(model)
+def core_attention_flops(model: ModelConfig, ratio: int, seq_length: int, windowed: bool = False) -> float:
+    """Forward FLOPs per token of core attention (QK^T and AV) in one block (see the module docstring)."""
+    nh, d = model.num_attention_heads, model.v_head_dim
+    if not is_v4(model):
+        keys = _mean_min(model.window_size, 1.0, seq_length) if windowed and model.window_size else seq_length / 2
+        if model.attention_variant == "mla":
+            return 2 * nh * (model.qk_head_dim + model.qk_pos_emb_head_dim) * keys + 2 * nh * d * keys
+        return 4 * nh * model.kv_channels * keys
     win = _mean_min(model.csa_window_size, 1.0, seq_length)
     attn = 4 * nh * d * win
     if ratio:
@@ -106,6 +122,25 @@ def block_flops(model: ModelConfig, ratio: int, moe: bool, seq_length: int) -> B
         attn += 4 * nh * d * _mean_min(cap, 1.0 / ratio, seq_length)
     if ratio == 4:
         attn += 2 * model.dsa_indexer_heads * model.dsa_indexer_head_dim * (seq_length / (2 * ratio))
+    return attn
+
+
+def up_projection_flops(model: ModelConfig) -> float:
+    """Forward FLOPs per token of the up-projections --recompute-modules mla_up_proj repeats: V4's q up-projection,
+    MLA's q and kv up-projections; none without MLA."""
+    nh = model.num_attention_heads
+    if model.attention_variant == "mla":
+        dqk, dr, dv = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
+        return 2.0 * (model.q_lora_rank * nh * (dqk + dr) + model.kv_lora_rank * nh * (dqk + dv))
+    if model.attention_variant == "gqa":
+        return 0.0
+    return 2.0 * model.q_lora_rank * nh * model.v_head_dim
+
+
+def block_flops(model: ModelConfig, ratio: int, moe: bool, seq_length: int, windowed: bool = False) -> BlockFlops:
+    h = model.hidden_size
+    k, pe = model.moe_router_topk, p_expert(model)
+    attn = core_attention_flops(model, ratio, seq_length, windowed)
     n = model.hyper_connection_streams
     mhc = 2 * mhc_params(model) + (8 * n * h if n > 1 else 0)
     fs = model.moe_shared_expert_intermediate_size
@@ -117,7 +152,7 @@ def block_flops(model: ModelConfig, ratio: int, moe: bool, seq_length: int) -> B
         gemm=2 * attention_params(model, ratio) + mhc + shared + router + mlp,
         expert=expert,
         attn=attn,
-        q_up=2 * model.q_lora_rank * nh * d,
+        q_up=up_projection_flops(model),
         mhc=mhc,
         shared=shared,
         router=router,
@@ -136,7 +171,9 @@ def profile(model: ModelConfig, seq_length: int, num_blocks: int | None = None) 
 @lru_cache(maxsize=256)
 def _profile(key: ModelKey, seq: int, n: int) -> FlopProfile:
     m = _Frozen(key)
-    blocks = tuple(block_flops(m, r, is_moe_block(m, i), seq) for i, r in enumerate(block_ratios(m, n)))
+    blocks = tuple(
+        block_flops(m, r, is_moe_block(m, i), seq, is_window_block(m, i)) for i, r in enumerate(block_ratios(m, n))
+    )
     depth = int(m.mtp_num_layers or 0)
     return FlopProfile(
         blocks=blocks,
@@ -216,13 +253,28 @@ def _per_token(
     return gemm + expert + attn + head + mtp, rc, parts
 
 
+# stage.precision -> the peak its GEMMs run at: fp8 (blockwise, DeepSeek's 128x128) and fp8_cs (tensorwise current
+# scaling) at the FP8 peak, mxfp8 (32-element blocks, Blackwell only) at the MXFP8 peak.
+PRECISIONS = ("bf16", "fp8", "fp8_cs", "mxfp8")
+FP8_PRECISIONS = frozenset({"fp8", "fp8_cs", "mxfp8"})
+
+
+def has_precision(hw: HardwareConfig, precision: str) -> bool:
+    """Whether the part has tensor cores for `precision` (MXFP8: a peak_mxfp8_tflops, Blackwell)."""
+    return precision in PRECISIONS and (precision != "mxfp8" or bool(hw.peak_mxfp8_tflops))
+
+
 def peak_tflops(hw: HardwareConfig, precision: str = "bf16") -> float:
     """Dense (no structured sparsity) peak of one GPU at `precision`."""
-    if precision == "fp8":
+    if precision in ("fp8", "fp8_cs"):
         return float(hw.peak_fp8_tflops)
+    if precision == "mxfp8":
+        if not hw.peak_mxfp8_tflops:
+            raise ValueError(f"{hw.name} has no MXFP8 tensor cores (peak_mxfp8_tflops unset): use fp8 or bf16")
+        return float(hw.peak_mxfp8_tflops)
     if precision in ("bf16", "fp16"):
         return float(hw.peak_bf16_tflops)
-    raise ValueError(f"no peak for precision {precision!r} (bf16 or fp8)")
+    raise ValueError(f"no peak for precision {precision!r} ({', '.join(PRECISIONS)})")
 
 
 def peak_label(hw: HardwareConfig, precision: str = "bf16") -> str:

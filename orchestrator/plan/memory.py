@@ -130,16 +130,34 @@ class StageMemory:
         }
 
 
-def block_activation_elems(model: ModelConfig, ratio: int, moe: bool) -> dict[str, int]:
-    """Activation elements stored per token for backward in one block, by tensor (no recompute)."""
-    h, nh, d = model.hidden_size, model.num_attention_heads, model.v_head_dim
-    n = max(1, model.hyper_connection_streams)
+def _attention_elems(model: ModelConfig, ratio: int) -> dict[str, int]:
+    """The attention tensors of one block kept for backward, per token. On the GPT path: MLA keeps the q and kv
+    latents (q_down, kv) and the up-projected q, k, v ("q_up": what mla_up_proj recomputes); GQA its q ("q_up")
+    and k, v ("kv"); both the core-attention output with its FP32 log-sum-exp, no compressor or indexer."""
+    nh, d = model.num_attention_heads, model.v_head_dim
     rq, rkv = model.q_lora_rank, model.kv_lora_rank
+    if model.attention_variant == "mla":
+        dqk, dr = model.qk_head_dim, model.qk_pos_emb_head_dim
+        return {
+            "q_down": 2 * rq,
+            "q_up": nh * (dqk + dr) + nh * (dqk + d),
+            "kv": 2 * rkv + dr,
+            "indexer": 0,
+            "core_attn": nh * d + 2 * nh,
+            "attn_proj": 0,
+        }
+    if model.attention_variant == "gqa":
+        kv = model.kv_channels
+        return {
+            "q_down": 0,
+            "q_up": nh * kv,
+            "kv": 2 * (model.num_query_groups or nh) * kv,
+            "indexer": 0,
+            "core_attn": nh * kv + 2 * nh,
+            "attn_proj": 0,
+        }
     comp = (2 * rkv * (2 if ratio == 4 else 1)) if ratio else 0
-    t = {
-        "input": n * h,
-        "mhc": (n * h + 2 * h) if n > 1 else 0,
-        "attn_norm": h,
+    return {
         "q_down": 2 * rq,
         "q_up": nh * d,
         "kv": 2 * rkv + comp,
@@ -148,6 +166,18 @@ def block_activation_elems(model: ModelConfig, ratio: int, moe: bool) -> dict[st
         else 0,
         "core_attn": nh * d + 2 * nh,  # output + fp32 log-sum-exp
         "attn_proj": model.o_groups * model.o_lora_rank,
+    }
+
+
+def block_activation_elems(model: ModelConfig, ratio: int, moe: bool) -> dict[str, int]:
+    """Activation elements stored per token for backward in one block, by tensor (no recompute)."""
+    h = model.hidden_size
+    n = max(1, model.hyper_connection_streams)
+    t = {
+        "input": n * h,
+        "mhc": (n * h + 2 * h) if n > 1 else 0,
+        "attn_norm": h,
+        **_attention_elems(model, ratio),
         "mlp_norm": h,
     }
     if moe:

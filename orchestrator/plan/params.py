@@ -18,6 +18,15 @@ d = v_head_dim = full q/k head dim incl. the rope part, r_q = q_lora_rank, r_kv 
   extras      embedding V*h, untied output head V*h + final norm h; each MTP depth: one block
               + eh_proj 2h*h + 3 norms (it shares the embedding and the head with the main model).
 Hash-routed layers (moe_n_hash_layers) keep the same parameter shapes; only routing differs.
+
+The GPT path's attention (ModelConfig.attention_variant; Megatron's MLASelfAttention and SelfAttention,
+megatron/core/transformer/multi_latent_attention.py, attention.py), d_qk = qk_head_dim, d_r = qk_pos_emb_head_dim:
+  mla         q: h*r_q + q_norm r_q + r_q*n_h*(d_qk + d_r) (h*n_h*(d_qk + d_r) without q_lora_rank);
+              kv: h*(r_kv + d_r) + kv_norm r_kv + r_kv*n_h*(d_qk + d_v); o: n_h*d_v*h      (DeepSeek-V3)
+  gqa         q h*n_h*d, k and v h*g*d each, o n_h*d*h (d = kv_channels, g = num_query_groups), q/k norms 2d,
+              with add_bias_linear the qkv and o biases and a learnable softmax sink per head (GPT-OSS)
+No mHC (hyper_connection_streams 1), no compressor or indexer; a SwiGLU or GELU-GLU expert is 3hf either way
+(+ its fc1/fc2 biases 2f + h with add_bias_linear).
 """
 
 from __future__ import annotations
@@ -32,9 +41,18 @@ from orchestrator.core.schema import ModelConfig, StageConfig
 RATIO_SYMBOL = {4: "C", 128: "H", 0: "W"}
 
 
+V4_ATTENTION = "dsv4_hybrid"  # ModelConfig.attention_variant of Megatron dev's DeepSeek-V4 path
+
+
+def is_v4(model: ModelConfig) -> bool:
+    """The model trains on the V4 hybrid path (CSA/HCA attention, mHC, the '|' pattern): the V4 rules apply."""
+    return model.attention_variant == V4_ATTENTION
+
+
 def p_expert(model: ModelConfig) -> int:
-    """One SwiGLU routed expert without bias: P_expert = 3 h f (66,060,288 for V4-Pro)."""
-    return 3 * model.hidden_size * model.moe_ffn_hidden_size
+    """One gated routed expert: P_expert = 3 h f (66,060,288 for V4-Pro), + 2f + h biases with add_bias_linear."""
+    h, f = model.hidden_size, model.moe_ffn_hidden_size
+    return 3 * h * f + ((2 * f + h) if model.add_bias_linear else 0)
 
 
 def effective_layers(model: ModelConfig, stage: StageConfig | None = None) -> int:
@@ -44,15 +62,20 @@ def effective_layers(model: ModelConfig, stage: StageConfig | None = None) -> in
 
 
 def block_ratios(model: ModelConfig, num_blocks: int | None = None) -> tuple[int, ...]:
-    """CSA compress ratio of each decoder block (entry i of csa_compress_ratios; the last entry repeats)."""
+    """CSA compress ratio of each decoder block (entry i of csa_compress_ratios; the last entry repeats); 0 for
+    every block of a GPT-path model, which has no compressed attention."""
     n = model.num_layers if num_blocks is None else num_blocks
+    if not is_v4(model):
+        return (0,) * n
     r = list(model.csa_compress_ratios) or [0]
     return tuple(r[i] if i < len(r) else r[-1] for i in range(n))
 
 
 def mtp_ratio(model: ModelConfig) -> int:
     """CSA ratio of the MTP block: the entry right after the model's num_layers (all depths share it,
-    because Megatron requires identical MTP sub-patterns)."""
+    because Megatron requires identical MTP sub-patterns); 0 off the V4 path."""
+    if not is_v4(model):
+        return 0
     r = list(model.csa_compress_ratios) or [0]
     return r[model.num_layers] if model.num_layers < len(r) else r[-1]
 
@@ -66,6 +89,16 @@ def d_window(model: ModelConfig) -> int:
 
 def is_moe_block(model: ModelConfig, i: int) -> bool:
     return i >= model.num_dense_layers
+
+
+def is_window_block(model: ModelConfig, i: int) -> bool:
+    """Block i (0-based) attends a sliding window: Megatron windows every layer but each window_attn_skip_freq-th
+    (1-based layer_number % freq == 0 attends fully: megatron/core/transformer/utils.py is_layer_window_attention
+    in 0.19.2). Never on the V4 path, whose window is part of CSA/HCA."""
+    if is_v4(model) or not model.window_size:
+        return False
+    freq = model.window_attn_skip_freq
+    return not (freq and (i + 1) % freq == 0)
 
 
 @dataclass(frozen=True)
@@ -136,8 +169,42 @@ class ParamCounts:
         return sum(b.mhc for b in self.blocks)
 
 
+def mla_params(model: ModelConfig) -> int:
+    """Megatron's MLA (DeepSeek-V3): low-rank q and kv projections, a shared rope key, the output projection."""
+    h, nh = model.hidden_size, model.num_attention_heads
+    dqk, dr, dv = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
+    rq, rkv = model.q_lora_rank, model.kv_lora_rank
+    q = (h * rq + rq + rq * nh * (dqk + dr)) if rq else h * nh * (dqk + dr)
+    kv = h * (rkv + dr) + rkv + rkv * nh * (dqk + dv)
+    return q + kv + nh * dv * h
+
+
+def gqa_params(model: ModelConfig) -> int:
+    """Grouped-query attention (Qwen3, GPT-OSS): q, k, v, o projections, q/k norms, biases and sinks."""
+    h, nh, d = model.hidden_size, model.num_attention_heads, model.kv_channels
+    g = model.num_query_groups or nh
+    out = h * nh * d + 2 * h * g * d + nh * d * h
+    if model.qk_layernorm:
+        out += 2 * d
+    if model.add_bias_linear:  # qkv bias, o bias, and GPT-OSS's learnable softmax offset per head
+        out += (nh + 2 * g) * d + h + nh
+    return out
+
+
+def kv_elems(model: ModelConfig) -> int:
+    """Key + value elements per token one GPT-path attention layer builds (what ring CP passes round)."""
+    nh = model.num_attention_heads
+    if model.attention_variant == "mla":
+        return nh * (model.qk_head_dim + model.qk_pos_emb_head_dim) + nh * model.v_head_dim
+    return 2 * (model.num_query_groups or nh) * model.kv_channels
+
+
 def attention_params(model: ModelConfig, ratio: int) -> int:
-    """V4 attention of one block with CSA ratio 4 (CSA), 128 (HCA) or 0 (window only)."""
+    """Attention of one block: V4's with CSA ratio 4 (CSA), 128 (HCA) or 0 (window only), or the GPT path's."""
+    if model.attention_variant == "mla":
+        return mla_params(model)
+    if model.attention_variant == "gqa":
+        return gqa_params(model)
     if ratio not in RATIO_SYMBOL:
         raise ValueError(f"csa compress ratio {ratio} not in {sorted(RATIO_SYMBOL)}")
     h, nh, d = model.hidden_size, model.num_attention_heads, model.v_head_dim
@@ -174,7 +241,9 @@ def block_counts(model: ModelConfig, ratio: int, moe: bool) -> BlockCounts:
         router=(model.num_experts * h + model.num_experts) if moe else 0,
         routed_experts=model.num_experts * pe if moe else 0,
         shared_expert=3 * h * model.moe_shared_expert_intermediate_size if moe else 0,
-        dense_mlp=0 if moe else 3 * h * model.ffn_hidden_size,
+        dense_mlp=0
+        if moe
+        else 3 * h * model.ffn_hidden_size + ((2 * model.ffn_hidden_size + h) if model.add_bias_linear else 0),
         norms=2 * h,
         mhc=mhc_params(model),
         active_routed=model.moe_router_topk * pe if moe else 0,

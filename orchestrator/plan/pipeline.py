@@ -21,6 +21,7 @@ from orchestrator.plan.params import (
     _Frozen,
     block_ratios,
     effective_layers,
+    is_v4,
     model_key,
     mtp_ratio,
 )
@@ -28,6 +29,7 @@ from orchestrator.plan.params import (
 N = TypeVar("N", int, float)
 ATTENTION_SYMBOLS = frozenset("CHWD*+")  # one per block in an attention+MLP pattern
 MOE_SYMBOL, MLP_SYMBOL, PIPE, MTP_SEPARATOR = "E", "-", "|", "/"
+GPT_EMBEDDING, GPT_MTP, GPT_LOSS = "E", "m", "L"  # --pipeline-model-parallel-layout symbols besides 't'
 
 
 def microbatches(global_batch: int, mbs: int, d_a: int) -> int:
@@ -200,8 +202,24 @@ def _equal_shares(costs: Sequence[float], k: int, first: float, min_first: int) 
 def layer_pattern(model: ModelConfig, blocks_per_segment: Sequence[int]) -> str:
     """Megatron dev hybrid layer pattern: per block the attention symbol of its CSA ratio
     (4 -> C, 128 -> H, 0 -> W) then E (MoE) or - (dense MLP for the first num_dense_layers blocks);
-    '|' between segments; then '/' + the MTP block once per MTP depth (ratio entry after num_layers)."""
+    '|' between segments; then '/' + the MTP block once per MTP depth (ratio entry after num_layers).
+    A GPT-path model (mla, gqa) gets its --pipeline-model-parallel-layout instead (gpt_layout)."""
+    if not is_v4(model):
+        return gpt_layout(model, blocks_per_segment)
     return _pattern(model_key(model), tuple(blocks_per_segment))
+
+
+def gpt_layout(model: ModelConfig, blocks_per_segment: Sequence[int]) -> str:
+    """The GPT path's --pipeline-model-parallel-layout for these segments: 'E' (embedding) opens the first, 't'
+    per decoder layer ('t*n' for n), '|' between segments, 'm' per MTP depth and 'L' (loss) close the last, so the
+    MTP layers sit in the last virtual stage of the last rank as Megatron requires (megatron/core/transformer/
+    pipeline_parallel_layer_layout.py validate_layer_layout, 0.19.2). Segment i runs on PP rank i % PP."""
+    if any(b < 1 for b in blocks_per_segment):
+        raise ValueError("every segment needs >= 1 block")
+    segs = [(f"t*{b}" if b > 1 else "t") for b in blocks_per_segment]
+    segs[0] = GPT_EMBEDDING + segs[0]
+    segs[-1] += GPT_MTP * int(model.mtp_num_layers or 0) + GPT_LOSS
+    return PIPE.join(segs)
 
 
 @lru_cache(maxsize=4096)

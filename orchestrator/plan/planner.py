@@ -133,13 +133,16 @@ class _Env:
         memory_factor: memory.MemoryScale,
         workload: str,
         recipe: RecipeConfig | None = None,
+        routing_sigma: float = memory.DEFAULT_ROUTING_SIGMA,
     ):
         self.model, self.hw, self.stage = model, hw, stage
+        self.routing_sigma = routing_sigma
         self.factors, self.memory_factor, self.workload = factors, memory_factor, workload
         self.recipe = recipe or argv_mod.DEFAULT_RECIPE
         self.blocks = params.effective_layers(model, stage)
         self._split: dict[tuple[int, int], tuple[tuple[int, ...], str] | None] = {}
-        self._spans: dict[tuple[int, ...], tuple[int, int]] = {}
+        self._spans: dict[tuple[int, ...], tuple[int, int, int, int]] = {}
+        self.domain = ranks.allocated_domain(hw.gpus_per_nvlink_domain, hw.gpus_per_node)
         self._moe: dict[tuple[int, int, int], tuple[int, float, int]] = {}
         self._argv_memo: dict[tuple[str, tuple[Any, ...]], bool] = {}
         self._flops: dict[tuple[str, ...], flops.StepFlops] = {}
@@ -191,10 +194,17 @@ class _Env:
             ctx.__dict__["groups"] = g  # fills the cached_property: groups read only these six knobs
         return ctx
 
-    def spans(self, lay: Layout) -> tuple[int, int]:
+    def spans(self, lay: Layout) -> tuple[int, int, int, int]:
+        """(ep_nodes, cp_nodes, ep_domains, cp_domains): hosts and NVLink domains one EP / CP group spans."""
         key = (lay.tp, lay.cp, lay.ep, lay.etp, lay.pp, lay.use_tp_pp_dp_mapping)
         if key not in self._spans:
-            self._spans[key] = ranks.node_spans(lay, self.stage.gpus, self.stage.gpus_per_node)
+            nodes = ranks.node_spans(lay, self.stage.gpus, self.stage.gpus_per_node)
+            domains = (
+                nodes
+                if self.domain <= self.stage.gpus_per_node
+                else ranks.domain_spans(lay, self.stage.gpus, self.domain)
+            )
+            self._spans[key] = (*nodes, *domains)
         return self._spans[key]
 
     def moe_shape(self, lay: Layout) -> tuple[int, float, int]:
@@ -244,7 +254,9 @@ class _Env:
         key = _getter(MEMORY_READS)(lay)
         hit = self._mem.get(key)
         if hit is None:
-            mems = memory.stage_memory(self.model, self.hw, self.stage, lay, g, list(split))
+            mems = memory.stage_memory(
+                self.model, self.hw, self.stage, lay, g, list(split), routing_sigma=self.routing_sigma
+            )
             hit = self._mem[key] = (mems, memory.heaviest(mems))
         return hit
 
@@ -299,7 +311,7 @@ class _Env:
         over = R.violations(ctx, mem_rules)
         if over and check_memory:
             return Rejected(lay, over, memory_gb=ctx.memory_gb)
-        ep_nodes, cp_nodes = self.spans(lay)
+        ep_nodes, cp_nodes, ep_domains, cp_domains = self.spans(lay)
         st = steptime.step_time(
             self.model,
             self.hw,
@@ -311,6 +323,9 @@ class _Env:
             cp_nodes,
             factors=self.factors,
             recipe=self.recipe,
+            routing_sigma=self.routing_sigma,
+            ep_domains=ep_domains,
+            cp_domains=cp_domains,
         )
         fl = self.step_flops(lay)
         t_group, t_expert, per_rank = self.moe_shape(lay)
@@ -356,13 +371,16 @@ def evaluate(
     workload: str = "",
     check_memory: bool = True,
     recipe: RecipeConfig | None = None,
+    routing_sigma: float = memory.DEFAULT_ROUTING_SIGMA,
 ) -> Planned | Rejected:
     """Check one layout against every rule and, if legal, predict it. Used by the policy and the twin.
 
     check_memory=False skips the memory rule (the policy's raw model needs the components of a layout
     over HBM too); the Planned then says `feasible=False` when it does not fit. recipe: the workload's
-    training recipe (None: its defaults); its flags and overlaps feed the argv rules and the step time."""
-    env = _Env(model, hw, stage, factors, memory_factor, workload, recipe)
+    training recipe (None: its defaults); its flags and overlaps feed the argv rules and the step time.
+    routing_sigma: the per-expert load spread the memory and step-time models assume (0: force-balanced routing,
+    as Megatron-Bridge's published benchmarks run)."""
+    env = _Env(model, hw, stage, factors, memory_factor, workload, recipe, routing_sigma)
     ctx = env.ctx(layout)
     bad = R.violations(ctx, [r for r in R.RULES if r.phase in CHEAP_PHASES])
     if bad:
@@ -460,11 +478,12 @@ def plan(
     memory_factor: memory.MemoryScale = 1.0,
     workload: str = "",
     recipe: RecipeConfig | None = None,
+    routing_sigma: float = memory.DEFAULT_ROUTING_SIGMA,
 ) -> PlanResult:
-    """Every layout of stage.search: the feasible ones ranked, the rest rejected with rule ids. recipe: the
-    workload's training recipe (None: its defaults), as in evaluate()."""
+    """Every layout of stage.search: the feasible ones ranked, the rest rejected with rule ids. recipe and
+    routing_sigma: as in evaluate()."""
     t0 = time.perf_counter()
-    env = _Env(model, hw, stage, factors, memory_factor, workload, recipe)
+    env = _Env(model, hw, stage, factors, memory_factor, workload, recipe, routing_sigma)
     values = space.knob_values(stage.search)
     walk = _Walk(env, values)
     late_rules, mem_rules = _late_rules()

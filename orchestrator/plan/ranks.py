@@ -145,6 +145,21 @@ def node_spans(layout: Layout, n_gpus: int, gpus_per_node: int) -> tuple[int, in
     )
 
 
+def allocated_domain(gpus_per_nvlink_domain: int, gpus_per_node: int) -> int:
+    """GPUs of one NVLink domain a job's contiguous ranks fill: whole hosts, a power of two of them, at most the
+    domain. An NVL72 rack of 18 four-GPU trays gives a job 16 trays = 64 GPUs (Slurm's topology/block plugin
+    allocates racks in power-of-two blocks: slurm.conf TopologyPlugin=topology/block, topology.conf BlockSizes),
+    so EP64 fits one domain and EP128 does not; an 8-GPU NVLink node is its own domain."""
+    nodes = max(1, gpus_per_nvlink_domain // max(1, gpus_per_node))
+    return (1 << (nodes.bit_length() - 1)) * gpus_per_node
+
+
+def domain_spans(layout: Layout, n_gpus: int, domain_gpus: int) -> tuple[int, int]:
+    """(ep_domains, cp_domains): the most NVLink domains of `domain_gpus` consecutive ranks one EP group and one
+    CP group span (node_spans with the domain for the node: ranks fill domains in order)."""
+    return node_spans(layout, n_gpus, domain_gpus)
+
+
 def nodes_of(group: Sequence[int], gpus_per_node: int) -> int:
     """Distinct nodes holding the ranks of one group (rank r lives on node r // gpus_per_node)."""
     return len({r // gpus_per_node for r in group})

@@ -27,8 +27,9 @@ from functools import cached_property
 from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig
 from orchestrator.plan import recompute
 from orchestrator.plan.flags import flag_value
+from orchestrator.plan.flops import has_precision
 from orchestrator.plan.layout import Groups, Layout, groups
-from orchestrator.plan.params import d_window
+from orchestrator.plan.params import d_window, is_v4
 from orchestrator.plan.pipeline import moe_layers_through
 
 PHASES: tuple[str, ...] = ("layout", "pattern", "argv", "memory")
@@ -124,6 +125,7 @@ def _hash_layers_wrong(c: Ctx) -> bool:
 
 CAPACITY_LB_TYPES = frozenset({"aux_loss", "seq_aux_loss", "global_aux_loss", "none"})
 PAD_FLAG, HASH_FLAG = "--moe-pad-expert-input-to-capacity", "--moe-n-hash-layers"
+EP_OVERLAP_FLAG = "--overlap-moe-expert-parallel-comm"
 
 
 def _mnnvl(ctx: Ctx) -> bool:
@@ -135,6 +137,9 @@ def _vpp_group(ctx: Ctx) -> int:
 
 
 V4 = "Megatron-LM dev DSv4 path (dsv4_hybrid, d48bd6be0a85)"
+# The v4.* rules are rules of the V4 attention and its hybrid stack: each reads model.attention_variant (is_v4), so
+# a GPT-path model (DeepSeek-V3's MLA, Qwen3's and GPT-OSS's GQA on pretrain_gpt.py) may take TP > 1, core_attn
+# recompute, a --pipeline-model-parallel-layout and CP without packed input where Megatron allows them.
 
 RULES: tuple[Rule, ...] = (
     # ---- V4 path (Megatron-LM dev's DeepSeek-V4 implementation) ----
@@ -149,14 +154,14 @@ RULES: tuple[Rule, ...] = (
         "v4.cp_needs_packed_thd",
         "CP>1 on the V4 path needs packed THD input (stage.packed_sequences)",
         f"{V4}; dev TC:1566",
-        lambda c: c.layout.cp > 1 and not c.stage.packed_sequences,
+        lambda c: is_v4(c.model) and c.layout.cp > 1 and not c.stage.packed_sequences,
         ("cp",),
     ),
     Rule(
         "v4.packed_needs_cudnn",
         "the packed THD path needs the cuDNN attention backend",
         f"{V4}; dev TC:3796-3808",
-        lambda c: c.stage.packed_sequences and c.stage.attention_backend != "cudnn",
+        lambda c: is_v4(c.model) and c.stage.packed_sequences and c.stage.attention_backend != "cudnn",
     ),
     Rule(
         "mcore.attention_backend_known",
@@ -169,14 +174,14 @@ RULES: tuple[Rule, ...] = (
         "v4.cp_contiguous",
         "dsv4_hybrid with CP>1 needs --cp-partition-mode contiguous",
         f"{V4}; dev TC:1612",
-        lambda c: c.layout.cp > 1 and c.stage.cp_partition_mode != "contiguous",
+        lambda c: is_v4(c.model) and c.layout.cp > 1 and c.stage.cp_partition_mode != "contiguous",
         ("cp",),
     ),
     Rule(
         "v4.no_deterministic_packed",
         "the packed path has no deterministic mode",
         V4,
-        lambda c: c.stage.packed_sequences and c.stage.deterministic_mode,
+        lambda c: is_v4(c.model) and c.stage.packed_sequences and c.stage.deterministic_mode,
     ),
     Rule(
         "v4.static_cp_only",
@@ -190,14 +195,14 @@ RULES: tuple[Rule, ...] = (
         "v4.no_core_attn_recompute",
         "core_attn recompute is not supported on the V4 path",
         V4,
-        lambda c: "core_attn" in c.layout.recompute,
+        lambda c: is_v4(c.model) and "core_attn" in c.layout.recompute,
         ("recompute",),
     ),
     Rule(
         "v4.no_qkv_linear_offload",
         "qkv_linear offload is not supported on the V4 path",
         V4,
-        lambda c: "qkv_linear" in c.layout.offload,
+        lambda c: is_v4(c.model) and "qkv_linear" in c.layout.offload,
         ("offload",),
     ),
     Rule(
@@ -230,7 +235,7 @@ RULES: tuple[Rule, ...] = (
         "v4.pattern_excludes_layout_flags",
         "the hybrid '|' pattern forbids --pipeline-model-parallel-layout, VPP layer flags and account-for flags",
         "dev A:838-876 (mutually exclusive pipeline-split flags)",
-        lambda c: _has_flag(c, PATTERN_FORBIDDEN_FLAGS),
+        lambda c: is_v4(c.model) and _has_flag(c, PATTERN_FORBIDDEN_FLAGS),
         ("pp", "vpp"),
         "argv",
     ),
@@ -277,6 +282,24 @@ RULES: tuple[Rule, ...] = (
         "dev TC:1490",
         lambda c: c.model.num_attention_heads % c.layout.tp != 0,
         ("tp",),
+    ),
+    Rule(
+        "mcore.query_groups_div_tp",
+        "GQA: num_query_groups must be a multiple or a divisor of TP",
+        "dev TC:1505-1512",
+        lambda c: (
+            c.model.attention_variant == "gqa"
+            and bool(c.model.num_query_groups)
+            and (c.model.num_query_groups or 1) % c.layout.tp != 0
+            and c.layout.tp % (c.model.num_query_groups or 1) != 0
+        ),
+        ("tp",),
+    ),
+    Rule(
+        "mcore.precision_on_hardware",
+        "stage.precision must be bf16, fp8, fp8_cs or mxfp8, and MXFP8 needs Blackwell (hardware.peak_mxfp8_tflops)",
+        "dev megatron/core/enums.py Fp8Recipe; MXFP8 tensor cores: sm_100+ (TE's mxfp8 recipe)",
+        lambda c: not has_precision(c.hw, c.stage.precision),
     ),
     Rule(
         "mcore.gbs_div_mbs_dp",
@@ -415,6 +438,23 @@ RULES: tuple[Rule, ...] = (
         ("dispatcher", "flex_backend"),
         "argv",
     ),
+    Rule(
+        "mcore.ep_a2a_overlap",
+        "EP all-to-all overlap (--overlap-moe-expert-parallel-comm) needs EP > 1, VPP when PP > 1, an alltoall or "
+        "flex dispatcher and no moe recompute",
+        "dev TC:3379-3396, 3454",
+        lambda c: (
+            _has_flag(c, (EP_OVERLAP_FLAG,))
+            and (
+                c.layout.ep <= 1
+                or (c.layout.pp > 1 and c.layout.vpp <= 1)
+                or c.layout.dispatcher == "allgather"
+                or "moe" in c.layout.recompute
+            )
+        ),
+        ("ep", "pp", "vpp", "dispatcher", "recompute"),
+        "argv",
+    ),
     # ---- Recompute and offload ----
     Rule(
         "mcore.recompute_known",
@@ -459,6 +499,13 @@ RULES: tuple[Rule, ...] = (
         "dev TC:2423-2427",
         lambda c: "attn_proj" in c.layout.offload and "core_attn" not in c.layout.offload,
         ("offload",),
+    ),
+    Rule(
+        "mcore.mhc_recompute_needs_mhc",
+        "mhc recompute needs hyper-connections (a V4 model: hyper_connection_streams > 1)",
+        "dev TC:2197 (mhc is a recompute module of the hyper-connection layers only)",
+        lambda c: "mhc" in c.layout.recompute and c.model.hyper_connection_streams <= 1,
+        ("recompute",),
     ),
     Rule(
         "mcore.mhc_recompute_vs_norm_offload",

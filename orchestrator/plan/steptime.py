@@ -12,13 +12,18 @@ Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's
                routed experts at gemm_efficiency x T_expert / (T_expert + EXPERT_GEMM_HALF_TOKENS)
                (small expert batches run grouped GEMMs less efficiently), and x the hot-rank skew.
   a2a          per MoE layer 4 x t/TP x k x h x 2 B (dispatch + combine, fwd + bwd; x 1.5 when the
-               MoE layer is recomputed, which dispatches again), over NVLink when
-               ep_nodes == 1 (or one MNNVL domain with HybridEP), else the remote share
+               MoE layer is recomputed, which dispatches again), over NVLink when the EP group
+               stays in one NVLink domain (ep_domains == 1: one host, or on an NVL72 system one
+               64-GPU block of the rack, ranks.allocated_domain), else the remote share
                (1 - 1/ep_nodes) over the NIC; flex dispatchers send a token once per remote node;
                allgather moves the whole group's tokens; x skew (not for allgather: every rank gets
-               every token), / a2a_efficiency, x (1 - a2a_overlap).
+               every token), / a2a_efficiency, x (1 - a2a_overlap); with the recipe's EP A2A overlap
+               (--overlap-moe-expert-parallel-comm, argv.overlaps) only what outlasts the rank's compute,
+               max(0, a2a - compute), stays exposed.
   cp_exchange  CP > 1: each block gathers the other CP ranks' compressed KV (and CSA indexer keys)
-               plus a window of boundary rows, fwd + bwd, over NVLink if cp_nodes == 1 else the NIC.
+               plus a window of boundary rows, fwd + bwd, over NVLink if the CP group stays in one NVLink
+               domain (cp_domains; cp_nodes without domains) else the NIC; on the GPT path (mla, gqa) ring
+               attention passes every block's K and V (params.kv_elems) round the CP ranks instead.
   pp_p2p       PP > 1: 2 x VPP boundary transfers of t x h x mHC streams x 2 B per microbatch;
                exposed fully without VPP (Megatron turns p2p overlap off), half with VPP.
 Per step (slowest rank r*, m microbatches):
@@ -41,22 +46,37 @@ from functools import lru_cache
 
 from orchestrator.core.schema import HardwareConfig, ModelConfig, RecipeConfig, StageConfig
 from orchestrator.plan import moe as moe_model
-from orchestrator.plan import pipeline
+from orchestrator.plan import pipeline, ranks
 from orchestrator.plan.argv import DEFAULT_RECIPE, overlaps
-from orchestrator.plan.flops import peak_tflops, profile, recompute_block
+from orchestrator.plan.flops import FP8_PRECISIONS, peak_tflops, profile, recompute_block
 from orchestrator.plan.layout import Groups, Layout
-from orchestrator.plan.memory import DEFAULT_ROUTING_SIGMA, GRAD_BYTES, WEIGHT_BYTES
-from orchestrator.plan.params import ModelKey, _Frozen, block_ratios, model_key, param_counts
+from orchestrator.plan.memory import DEFAULT_ROUTING_SIGMA, GRAD_BYTES, WEIGHT_BYTES, block_activation_elems
+from orchestrator.plan.params import (
+    ModelKey,
+    _Frozen,
+    block_ratios,
+    is_moe_block,
+    is_v4,
+    kv_elems,
+    model_key,
+    mtp_ratio,
+    param_counts,
+)
 from orchestrator.plan.pipeline import bubble as bubble_fraction
 from orchestrator.plan.pipeline import checked_split, cumulative
 from orchestrator.plan.recompute import redispatches
 
-COMPONENTS = ("compute", "a2a", "cp_exchange", "pp_p2p", "bubble", "grad_sync", "optimizer")
+COMPONENTS = ("compute", "a2a", "cp_exchange", "pp_p2p", "bubble", "grad_sync", "optimizer", "tp_comm")
 
 EXPERT_GEMM_HALF_TOKENS = 256.0  # tokens per expert at which grouped GEMM reaches half its efficiency
 P2P_EXPOSED_WITH_VPP = 0.5  # share of PP p2p left on the critical path with interleaving (overlap on)
+# Memory-bound work a step cannot avoid (norms, activations, RoPE, permutations, casts): per activation element a
+# block keeps (memory.block_activation_elems) its producer writes it and its consumer reads it forward, backward
+# reads it and writes its gradient: 4 passes x 2 B. An FP8 stage also casts each GEMM operand (read BF16, write FP8
+# row- and column-wise): ~4 B more per element. Priors, not fits (docs/validate.md).
+ELEMENTWISE_BYTES = 8.0
+FP8_CAST_BYTES = 4.0
 OPTIMIZER_PASS_BYTES = 24  # per local param: read grad, read+write master and moment(s), write weight
-DEFAULT_HBM_GB_S = 3350.0  # H100 SXM; HardwareConfig.hbm_gb_s overrides when present
 
 
 @dataclass(frozen=True)
@@ -94,6 +114,10 @@ class _TimePrefix:
     mtp_embedding: float  # the last rank's embedding copy for MTP (PP > 1)
     last_dense: float  # output head, MTP non-expert params
     last_routed: float  # MTP routed experts
+    act: tuple[float, ...]  # activation elements per token each block writes (memory.block_activation_elems)
+    last_act: float  # the MTP blocks'
+    tp_colls: tuple[float, ...]  # sequence-parallel TP collectives per block per microbatch (fwd + bwd)
+    last_tp_colls: float
 
 
 @lru_cache(maxsize=512)
@@ -103,7 +127,11 @@ def _time_prefix(key: ModelKey, n: int, seq: int, recompute: tuple[str, ...]) ->
     pc = param_counts(m, n)
     rkv, di = m.kv_lora_rank, m.dsa_indexer_head_dim
 
+    gpt_kv = None if is_v4(m) else kv_elems(m) * 2.0  # the GPT path: ring CP passes each block's K and V
+
     def cp_bytes(ratio: int) -> tuple[float, float]:
+        if gpt_kv is not None:
+            return gpt_kv, 0.0
         seq_b = 0.0
         if ratio:  # one compressed KV entry (r_kv wide) per `ratio` tokens, BF16
             seq_b = rkv * 2.0 / ratio
@@ -138,7 +166,22 @@ def _time_prefix(key: ModelKey, n: int, seq: int, recompute: tuple[str, ...]) ->
             pc.output_head + depth * pc.mtp - depth * (pc.mtp_block.routed_experts if pc.mtp_block else 0)
         ),
         last_routed=float(depth * (pc.mtp_block.routed_experts if pc.mtp_block else 0)),
+        act=cumulative(
+            float(sum(block_activation_elems(m, r, is_moe_block(m, i)).values()))
+            for i, r in enumerate(block_ratios(m, n))
+        ),
+        last_act=float(depth * sum(block_activation_elems(m, mtp_ratio(m), True).values())) if mb else 0.0,
+        tp_colls=cumulative(_tp_collectives(m, is_moe_block(m, i)) for i in range(n)),
+        last_tp_colls=float(depth * _tp_collectives(m, True)) if mb else 0.0,
     )
+
+
+def _tp_collectives(model: ModelConfig, moe: bool) -> float:
+    """Sequence-parallel all-gathers + reduce-scatters of the b S / CP x h activation one block runs per
+    microbatch under TP: attention's all-gather and reduce-scatter forward and again backward (4), and as many
+    for a dense MLP or a shared expert (a TP MLP); routed experts with ETP 1 exchange tokens in the all-to-all."""
+    mlp = (not moe) or bool(model.moe_shared_expert_intermediate_size)
+    return 4.0 + (4.0 if mlp else 0.0)
 
 
 def expert_efficiency(t_expert: float) -> float:
@@ -173,9 +216,13 @@ def step_time(
     *,
     routing_sigma: float = DEFAULT_ROUTING_SIGMA,
     recipe: RecipeConfig | None = None,
+    ep_domains: int | None = None,
+    cp_domains: int | None = None,
 ) -> StepTime:
     """Predicted step time of `layout` (see the module docstring for every formula). recipe: the workload's
-    training recipe (None: RecipeConfig's defaults), which decides what grad sync overlaps."""
+    training recipe (None: RecipeConfig's defaults), which decides what grad sync overlaps. ep_domains /
+    cp_domains: NVLink domains one EP / CP group spans (ranks.domain_spans; None: as many as its nodes, a
+    HybridEP group that fits hardware.gpus_per_nvlink_domain counting as one)."""
     recipe = recipe or DEFAULT_RECIPE
     if factors:
         unknown = set(factors) - set(COMPONENTS)
@@ -197,10 +244,15 @@ def step_time(
     # all-to-all seconds per MoE layer per microbatch
     nvl = hw.nvlink_gb_s * 1e9
     nic = hw.nic_gb_s * 1e9
-    domain_gpus = max(1, ep_nodes) * stage.gpus_per_node
-    one_domain = ep_nodes <= 1 or (
-        layout.dispatcher == "flex" and layout.flex_backend == "hybridep" and domain_gpus <= hw.gpus_per_nvlink_domain
-    )
+    if ep_domains is None:
+        domain_gpus = max(1, ep_nodes) * stage.gpus_per_node
+        one_domain = ep_nodes <= 1 or (
+            layout.dispatcher == "flex"
+            and layout.flex_backend == "hybridep"
+            and domain_gpus <= hw.gpus_per_nvlink_domain
+        )
+    else:  # inside one NVLink domain every dispatcher runs on NVLink (NCCL and HybridEP use MNNVL)
+        one_domain = ep_domains <= 1
     remote, local = _remote_copies(layout.dispatcher, k, ep, 1 if one_domain else ep_nodes)
     passes = 4.0 * (1.5 if redispatches(layout.recompute) else 1.0)
     # ETP regroups the same GPUs: no change per GPU
@@ -208,17 +260,22 @@ def step_time(
     a2a_layer = max(remote * tok_bytes / nic, local * tok_bytes / nvl) / hw.a2a_efficiency if ep > 1 else 0.0
     a2a_layer *= 1.0 - hw.a2a_overlap
     # CP boundary exchange bandwidth, PP p2p seconds per boundary transfer
-    cp_bw = (nvl if cp_nodes <= 1 else nic) * hw.p2p_efficiency
-    stage_spans_nodes = stage.gpus // pp > stage.gpus_per_node
-    p2p_bw = (nic if stage_spans_nodes else nvl) * hw.p2p_efficiency
+    cp_bw = (nvl if (cp_nodes if cp_domains is None else cp_domains) <= 1 else nic) * hw.p2p_efficiency
+    p2p_bw = (nic if _pp_crosses_network(hw, stage, pp) else nvl) * hw.p2p_efficiency
     n_streams = max(1, model.hyper_connection_streams)
     p2p = 0.0
     if pp > 1:
         exposed = 1.0 if vpp <= 1 else P2P_EXPOSED_WITH_VPP
         p2p = 2 * vpp * (t * h * n_streams * 2.0 / tp) / p2p_bw * exposed
     sums = _rank_sums(px, bps, pp, vpp)
+    a2a_hidden = overlaps(recipe, stage).expert_a2a
     per_rank = []
-    for g, ex, at, rc, cps, cpf, moe_layers, _, _ in sums:
+    elem_bytes = ELEMENTWISE_BYTES + (FP8_CAST_BYTES if stage.precision in FP8_PRECISIONS else 0.0)
+    hbm = float(hw.hbm_gb_s) * 1e9
+    # one TP collective moves (TP-1)/TP of the full b S / CP x h tensor per GPU, on NVLink inside a host
+    tp_bw = (nvl if tp <= stage.gpus_per_node else nic) * hw.allreduce_efficiency
+    tp_coll = (tp - 1) / tp * b * S / cp * h * 2.0 / tp_bw if tp > 1 else 0.0
+    for g, ex, at, rc, cps, cpf, moe_layers, _, _, act, colls in sums:
         compute = (
             t
             / tp
@@ -226,17 +283,20 @@ def step_time(
                 (3 * g + rc) / (peak * hw.gemm_efficiency)
                 + 3 * at / (peak_attn * hw.attention_efficiency)
                 + 3 * ex * skew / (peak * eff_expert if eff_expert else peak)
+                + act * elem_bytes / hbm
             )
         )
         a2a = moe_layers * a2a_layer
+        if a2a_hidden:  # 1F1B A2A overlap: dispatch/combine run under the other microbatch's compute
+            a2a = max(0.0, a2a - compute)
         cpx = 2 * ((cp - 1) / cp * b * S * cps + cpf) / cp_bw if cp > 1 else 0.0
-        per_rank.append((compute, a2a, cpx, p2p))
+        per_rank.append((compute, a2a, cpx, p2p, colls * tp_coll))
     totals = [sum(x) for x in per_rank]
     slow = max(range(pp), key=lambda i: (totals[i], -i))
-    c_compute, c_a2a, c_cp, c_p2p = per_rank[slow]
+    c_compute, c_a2a, c_cp, c_p2p, c_tp = per_rank[slow]
     f = bubble_fraction(pp, m, vpp)
     # parameters per GPU on the rank holding the most: what grad sync and the optimizer step wait on
-    dense, routed = max(((d / tp, e / (ep * etp)) for *_, d, e in sums), key=sum)
+    dense, routed = max(((d / tp, e / (ep * etp)) for *_, d, e, _, _ in sums), key=sum)
     comp = {
         "compute": m * c_compute,
         "a2a": m * c_a2a,
@@ -245,6 +305,7 @@ def step_time(
         "bubble": m * totals[slow] * f / (1 - f) if f < 1 else 0.0,
         "grad_sync": _grad_sync(hw, stage, recipe, layout, dense, routed, d_a, d_e),
         "optimizer": _optimizer(model, hw, stage, recipe, layout, dense, routed, d_a, d_e),
+        "tp_comm": m * c_tp,
     }
     if factors:
         for c, x in factors.items():
@@ -268,6 +329,8 @@ def _rank_sums(px: _TimePrefix, bps: tuple[int, ...], pp: int, vpp: int) -> tupl
             px.moe,
             px.dense_params,
             px.routed_params,
+            px.act,
+            px.tp_colls,
         ),
         bps,
         pp,
@@ -283,6 +346,8 @@ def _rank_sums(px: _TimePrefix, bps: tuple[int, ...], pp: int, vpp: int) -> tupl
         px.last_moe,
         px.last_dense,
         px.last_routed,
+        px.last_act,
+        px.last_tp_colls,
     )
     out = []
     for r, acc in enumerate(map(list, sums)):
@@ -297,6 +362,23 @@ def _rank_sums(px: _TimePrefix, bps: tuple[int, ...], pp: int, vpp: int) -> tupl
     return tuple(out)
 
 
+def _dp_crosses_network(hw: HardwareConfig, stage: StageConfig, pp: int) -> bool:
+    """Whether one PP stage's N/PP GPUs (its data-parallel groups) reach past NVLink: more than a host, and more
+    than the NVLink domain a job's ranks fill (ranks.allocated_domain; an NVL72 rack: 64 GPUs)."""
+    per_stage = stage.gpus // pp
+    return per_stage > stage.gpus_per_node and per_stage > ranks.allocated_domain(
+        hw.gpus_per_nvlink_domain, hw.gpus_per_node
+    )
+
+
+def _pp_crosses_network(hw: HardwareConfig, stage: StageConfig, pp: int) -> bool:
+    """Whether PP neighbours (N/PP ranks apart) talk over the network: a stage wider than a host (the rule the
+    8-GPU systems have always used) unless the whole job sits in one NVLink domain."""
+    return stage.gpus // pp > stage.gpus_per_node and stage.gpus > ranks.allocated_domain(
+        hw.gpus_per_nvlink_domain, hw.gpus_per_node
+    )
+
+
 def _grad_sync(
     hw: HardwareConfig,
     stage: StageConfig,
@@ -307,7 +389,7 @@ def _grad_sync(
     d_a: int,
     d_e: int,
 ) -> float:
-    per_byte = 1.0 / (hw.nic_gb_s * 1e9 if stage.gpus // layout.pp > stage.gpus_per_node else hw.nvlink_gb_s * 1e9)
+    per_byte = 1.0 / (hw.nic_gb_s * 1e9 if _dp_crosses_network(hw, stage, layout.pp) else hw.nvlink_gb_s * 1e9)
     ov = overlaps(recipe, stage)
     hidden = 1.0 - hw.grad_sync_overlap
     if stage.use_distributed_optimizer:  # reduce-scatter FP32 grads, then all-gather BF16 params
@@ -339,7 +421,7 @@ def _optimizer(
     if stage.use_distributed_optimizer:
         dense, routed = dense / (d_a * layout.cp), routed / d_e
     local = dense + routed
-    hbm: float = getattr(hw, "hbm_gb_s", None) or DEFAULT_HBM_GB_S
+    hbm = float(hw.hbm_gb_s)
     seconds = local * OPTIMIZER_PASS_BYTES / (hbm * 1e9)
     if str(model.optimizer).lower().endswith("muon"):
         m_min = min(model.hidden_size, model.moe_ffn_hidden_size)

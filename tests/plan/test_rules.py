@@ -31,6 +31,7 @@ def lay(**kw):
 
 
 B8K = {"gpus": 8192}
+QWEN_GQA = {"attention_variant": "gqa", "num_attention_heads": 64, "num_query_groups": 4, "hyper_connection_streams": 1}
 # rule id -> (a context that violates it, a context that does not)
 CASES = {
     "v4.tp1_with_te": (ctx(lay(tp=2)), ctx()),
@@ -64,6 +65,15 @@ CASES = {
     "mcore.expert_grid": (ctx(lay(ep=384, pp=8)), ctx(lay(ep=128, pp=8))),
     "mcore.experts_div_ep": (ctx(lay(ep=256)), ctx(lay(ep=192))),
     "mcore.heads_div_tp": (ctx(lay(tp=3)), ctx(lay(tp=2))),
+    "mcore.query_groups_div_tp": (  # Qwen3-235B: 4 KV groups; TP 8 replicates them, TP 3 splits none evenly
+        ctx(lay(tp=3), model=QWEN_GQA),
+        ctx(lay(tp=8), model=QWEN_GQA),
+    ),
+    "mcore.ep_a2a_overlap": (  # PP8 without VPP under EP overlap; with VPP2 it is legal
+        ctx(argv=("--overlap-moe-expert-parallel-comm",)),
+        ctx(lay(vpp=2), argv=("--overlap-moe-expert-parallel-comm",)),
+    ),
+    "mcore.precision_on_hardware": (ctx(stage={"precision": "mxfp8"}), ctx(stage={"precision": "fp8_cs"})),
     "mcore.gbs_div_mbs_dp": (ctx(lay(mbs=3)), ctx(lay(mbs=2))),
     "mcore.seq_div_2cp": (ctx(stage={"seq_length": 8190}, layout=lay(cp=2)), ctx(lay(cp=2))),
     "mcore.tp_pp_dp_mapping": (ctx(lay(use_tp_pp_dp_mapping=True)), ctx(lay(use_tp_pp_dp_mapping=True, ep=1))),
@@ -124,6 +134,10 @@ CASES = {
     "mcore.attn_proj_offload_needs_core_attn": (
         ctx(lay(offload=("attn_proj",))),
         ctx(lay(offload=("attn_proj", "core_attn"))),
+    ),
+    "mcore.mhc_recompute_needs_mhc": (
+        ctx(lay(recompute=("mhc",)), model={"hyper_connection_streams": 1}),
+        ctx(lay(recompute=("mhc",))),
     ),
     "mcore.mhc_recompute_vs_norm_offload": (
         ctx(lay(recompute=("mhc",), offload=("attn_norm",))),

@@ -1,0 +1,132 @@
+"""`python -m orchestrator validate` (orchestrator/commands/validate.py): the published rows load with their
+source and release, the JSON has its fields, the calibration reads fit rows only, bad input is one error line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.commands import validate as V
+from orchestrator.config import available
+
+ROOT = Path(__file__).resolve().parents[2]
+FIELDS = {
+    "source",
+    "release",
+    "model",
+    "system",
+    "gpus",
+    "layout",
+    "measured_tokens_per_gpu",
+    "predicted_tokens_per_gpu",
+    "error",
+    "rank_pct",
+    "held_out",
+    "measured_tflops_per_gpu",
+    "predicted_tflops_per_gpu",
+    "calibrated_error",
+}
+
+
+def test_every_published_row_names_its_source_release_model_and_system():
+    data = yaml.safe_load(V.PUBLISHED.read_text())
+    assert data["source"]["repository"] == "https://github.com/NVIDIA-NeMo/Megatron-Bridge"
+    assert set(data["fit_releases"]) == {"26.02", "25.11"} and data["held_out_releases"] == ["25.09"]
+    rows = V.load_rows()
+    assert len(rows) == len(data["rows"]) >= 45
+    for r in rows:
+        assert r.release in data["fit_releases"] + data["held_out_releases"]
+        assert r.source.endswith(f"docs/performance-summary-archive.md#L{r.line}") and "/blob/067f987df03b/" in r.source
+        assert r.model in available("model") and r.system in available("hardware")
+        assert r.recipe and "@" in r.recipe  # the performance recipe the knobs were read from, and its commit
+        assert r.held_out == (r.release == "25.09")
+        assert r.tokens > 0 and r.tflops > 0
+    # the issue's anchor row: DeepSeek-V3 on 1,024 H100, 25.09, TP2 PP8 VP4 EP64, GBS 8192, 4K
+    anchor = [r for r in rows if r.model == "dsv3" and r.system == "h100"]
+    assert [(r.tp, r.pp, r.vp, r.ep, r.gbs, r.seq, r.gpus, r.release) for r in anchor] == [
+        (2, 8, 4, 64, 8192, 4096, 1024, "25.09")
+    ]
+
+
+def test_a_release_both_fitted_and_held_out_is_refused(tmp_path):
+    data = yaml.safe_load(V.PUBLISHED.read_text())
+    data["held_out_releases"] = ["25.09", "25.11"]
+    bad = tmp_path / "rows.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(V.UserError, match="both fitted and held out"):
+        V.load_rows(bad)
+
+
+@pytest.fixture(scope="module")
+def gb200_results():
+    """Every GB200 row predicted once (fit and held out)."""
+    return [V.predict(r) for r in V.load_rows() if r.system == "gb200"]
+
+
+def test_the_held_out_rows_are_never_fitted(gb200_results):
+    """Perturbing a 25.09 row's measurement leaves every factor unchanged; perturbing a fit row moves GB200's."""
+    base = V.fit_factors(gb200_results)
+    held = next(i for i, r in enumerate(gb200_results) if r.row.held_out)
+    # the fit row at the median (9 GB200 fit rows): moving it moves the median
+    fit = next(
+        i
+        for i, r in enumerate(gb200_results)
+        if not r.row.held_out and r.row.tokens / r.predicted_tokens == base["gb200"]
+    )
+
+    def perturbed(i: int) -> dict[str, float]:
+        out = list(gb200_results)
+        out[i] = replace(out[i], row=replace(out[i].row, tokens=out[i].row.tokens * 10))
+        return V.fit_factors(out)
+
+    assert perturbed(held) == base
+    assert perturbed(fit)["gb200"] != base["gb200"]
+    assert set(base) == {"gb200"}
+    ratios = sorted(r.row.tokens / r.predicted_tokens for r in gb200_results if not r.row.held_out)
+    assert ratios[0] <= base["gb200"] <= ratios[-1]
+
+
+def test_nvidias_layout_is_ranked_among_the_legal_layouts_of_its_row(gb200_results):
+    for r in gb200_results:
+        assert 0 <= r.rank < r.legal and 0.0 <= r.rank_pct < 1.0
+        assert r.legal > 100  # the row's whole space, not the one layout
+        if r.reason():
+            assert r.reason().startswith(("a rule rejects it", "the planner ranks"))
+
+
+def test_validate_json_prints_one_object_per_row_with_the_fields():
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "validate", "--format", "json", "--model", "qwen3_30b_a3b"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    )
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    published = [r for r in V.load_rows() if r.model == "qwen3_30b_a3b"]
+    assert len(rows) == len(published)
+    for obj, row in zip(rows, published):
+        assert set(obj) >= FIELDS
+        assert obj["measured_tokens_per_gpu"] == row.tokens and obj["held_out"] == row.held_out
+        assert obj["error"] == pytest.approx(obj["predicted_tokens_per_gpu"] / row.tokens - 1, abs=1e-3)
+        assert 0.0 <= obj["rank_pct"] <= 1.0
+        assert obj["layout"].startswith(f"TP{row.tp} PP{row.pp} VPP{row.vp} CP{row.cp} EP{row.ep}")
+
+
+def test_validate_refuses_overrides_with_one_error_line():
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "validate", "model=dsv3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: validate takes no config overrides")
