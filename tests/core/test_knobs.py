@@ -197,10 +197,20 @@ def _prediction():
 
 
 def _knob_lists(path: Path) -> list[str]:
-    """Literal lists/tuples/sets of knob names in a file: a knob list (>= 5 names, or >= 3 with vpp)."""
+    """Literal lists/tuples/sets of knob names in a file: a knob list (>= 5 names, or >= 3 with vpp). The knobs a
+    legality rule declares it reads (an argument of `Rule(...)` in plan/rules.py) are that rule's data, not a copy."""
     names = set(KNOB) | {k.column for k in KNOBS}
     out = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    declared = {
+        id(arg)
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "Rule"
+        for arg in call.args
+    }
+    for node in ast.walk(tree):
+        if id(node) in declared:
+            continue
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             hits = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names]
             if len(hits) >= 5 or (len(hits) >= 3 and "vpp" in hits):
