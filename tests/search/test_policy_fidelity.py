@@ -193,7 +193,8 @@ def test_the_loop_launches_each_attempt_at_its_fidelitys_window(tmp_path):
         for c in led.candidates("mf-loop"):
             for a in led.attempts(c.id):
                 spec = JobSpec.load(Path(a.job_dir) / "job.json")
-                window = (spec.stage.warmup_iters, spec.stage.measure_iters)
+                window = spec.window
+                assert spec.fidelity == a.fidelity and spec.stage.measure_iters == 40  # the stage is the stage
                 if c.round == 0:
                     assert a.fidelity == Fidelity.FULL and window == (6, 40)
                 elif a.fidelity == Fidelity.SCREEN:
