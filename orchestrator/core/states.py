@@ -125,7 +125,7 @@ class EdgeKind(StrEnum):
 
 
 class Fidelity(StrEnum):
-    """How long an attempt measures (issue 12 item 4): the windows of each live in orchestrator/search/fidelity.
+    """How long an attempt measures (issue 12 item 4): the windows of each live in orchestrator/schedule/fidelity.
 
     PROBE: start-up plus a few iterations, read for the max-reserved memory line (does it fit?); SCREEN: a short
     measured window that ranks many candidates; FULL: the stage's window, the only one a best is decided on."""

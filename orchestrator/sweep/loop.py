@@ -28,6 +28,7 @@ from orchestrator.ledger.leases import LeaseKeeper, holder_id
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger, SweepRow
 from orchestrator.plan.layout import Layout, Prediction
 from orchestrator.plan.planner import Planned
+from orchestrator.schedule import Schedule
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
 from orchestrator.sweep import observe
@@ -91,7 +92,8 @@ class Driver:
         self.opts = options or Options()
         self.name = sweep.name
         self.holder = holder_id()
-        self.policy = make_policy(cfg.policy)
+        self.policy = make_policy(cfg.policy)  # the searcher: which layouts
+        self.schedule = Schedule(cfg.policy)  # the rungs: at which fidelity, how many per round
         self.stage = cfg.required_stage()
         self.env = PlanEnv(cfg.model, cfg.hardware, self.stage, cfg.workload.name)
         self.poll_s = float(cfg.cluster.poll_interval_s)
@@ -271,7 +273,7 @@ class Driver:
         """Claim every planned candidate (their measurements at the fidelity their decision names) and, once the
         search has stopped, the finalists' jobs still needed; launch them all through `_launch`."""
         from orchestrator.runspec import attempt_dir, build_spec
-        from orchestrator.search.fidelity import decision_window
+        from orchestrator.schedule.fidelity import decision_window
 
         launches: list[Launch] = []
         for c in self.ledger.claim_for_submission(self.name, 10_000, self.holder):
@@ -446,7 +448,7 @@ class Driver:
 
     # ---- deciding the next round ------------------------------------------------------------------
     def _decide(self) -> str | None:
-        return next_round(self.ledger, self.cfg, self.sweep, self.policy, self.env, self.view)
+        return next_round(self.ledger, self.cfg, self.sweep, self.policy, self.env, self.view, self.schedule)
 
     # ---- output -----------------------------------------------------------------------------------
     def _show(self) -> None:

@@ -14,7 +14,7 @@ from orchestrator.evidence.metrics import GB_PER_MIB
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import CandidateRow, Ledger, SweepRow
 from orchestrator.plan.layout import Layout
-from orchestrator.search import fidelity
+from orchestrator.schedule import fidelity
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.types import Observation
 
@@ -126,7 +126,7 @@ NOISE_RUNS = 12  # the stage's step-time noise is pooled over its latest full-wi
 
 
 def step_cv(ledger: Ledger, sweeps: list[SweepRow]) -> float | None:
-    """The stage's measured step-time noise (policy/fidelity.robust_cv, pooled): what sizes a screen."""
+    """The stage's measured step-time noise (schedule/fidelity.robust_cv, pooled): what sizes a screen."""
     rows = [r for s in sweeps for r in ledger.measured(sweep=s.name) if r.fidelity == Fidelity.FULL]
     rows.sort(key=lambda r: r.attempt_id)
     return fidelity.pooled_cv(
