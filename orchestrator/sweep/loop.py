@@ -1,11 +1,14 @@
-"""The sweep loop: plan -> select within budget -> submit -> poll -> ingest -> decide, until done.
+"""The sweep loop: plan -> select within budget -> submit -> poll -> ingest -> decide, until done; then the
+finalists (parity gate, long-run window).
 
-Every decision reads the ledger (never memory carried from a previous process), and every side effect
-is written to the ledger right around it: an attempt is stored as a launch intent (its token is the Slurm
-job name) before sbatch, its job id as soon as sbatch returns, before anything waits on it; a result is
-recorded (idempotently, per attempt) before the candidate's status moves. So `kill -9` at any point, then
-`resume` (which adopts a launched intent by its token), loses no result and submits nothing twice. The
-lease is renewed by a thread (orchestrator.ledger.leases.LeaseKeeper), so no wait here can lose it.
+Every job is an attempt, and every attempt (a measurement at its fidelity, a finalist's parity or long-run
+job) goes out through ONE launch path, `Driver._launch`. Every decision reads the ledger (never memory
+carried from a previous process), and every side effect is written to the ledger right around it: an
+attempt is stored as a launch intent (its token is the Slurm job name) before sbatch, its job id as soon as
+sbatch returns, before anything waits on it; a result is recorded (idempotently, per attempt) before the
+candidate's status moves or a finalist's verdict is drawn from it. So `kill -9` at any point, then `resume`
+(which adopts a launched intent by its token), loses no result and submits nothing twice. The lease is
+renewed by a thread (orchestrator.ledger.leases.LeaseKeeper), so no wait here can lose it.
 """
 
 from __future__ import annotations
