@@ -238,3 +238,55 @@ def test_a_screened_only_candidate_or_a_probe_is_never_a_finalist(ledger_url):
             led.record_result(a.id, {"ok": True, "simulated": True, "step_p50_s": p50, "measure_iters": 5})
             led.set_candidate_status(c.id, "done", "measured")
         assert [c.key for c in finalists.pick(led, "pick", 3)] == [full.key]
+
+
+def test_a_finalists_job_is_retried_by_the_one_retry_decision_then_judged(ledger_url, tmp_path):
+    """A parity job lost to NODE_FAIL is asked for again (a new attempt, in a new folder), its reference is not;
+    a deterministic failure (OOM) ends it: a failing verdict, the candidate excluded. On both engines."""
+    from orchestrator.sweep.retry import retry_decision
+
+    cfg = _cfg(tmp_path)
+    cfg = dataclasses.replace(
+        cfg,
+        parity=dataclasses.replace(cfg.parity, enabled=True),
+        policy=dataclasses.replace(cfg.policy, promote_top_k=1),
+    )
+    pol = cfg.policy
+
+    def retry(fc, atts):
+        history = [a.failure_class or a.state for a in atts]
+        return retry_decision(fc, history, max_attempts=pol.max_attempts, retry_classes=pol.retry_classes)
+
+    with Ledger.open(ledger_url) as led:
+        (c,), _ = _sweep(led, cfg, LAYOUTS[1:2])  # CP2: its reference (CP1) is a job
+        m = led.new_attempt(c.id, job_dir=str(tmp_path / "m"), simulated=True)
+        led.record_result(m.id, {"ok": True, "simulated": True, "step_p50_s": 1.0, "measure_iters": 5})
+        fin = finalists.Finalists(cfg, led, SWEEP, retry)
+
+        def launch(step):  # what the driver's launch path writes, then the job's outcome
+            return [
+                led.new_attempt(
+                    x.candidate_id, job_id=f"j{i}", job_dir=x.spec.job_dir, simulated=True, role=x.spec.role
+                )
+                for i, x in enumerate(step.launches)
+            ]
+
+        first = launch(fin.step())
+        assert sorted(a.role for a in first) == [AttemptRole.PARITY, AttemptRole.PARITY_REFERENCE]
+        mine = next(a for a in first if a.role == AttemptRole.PARITY)
+        ref = next(a for a in first if a.role == AttemptRole.PARITY_REFERENCE)
+        curve = {"lm_loss": [2.0] * cfg.parity.steps, "grad_norm": [1.0] * cfg.parity.steps}
+        led.record_result(ref.id, {"ok": True, "simulated": True, "step_p50_s": 1.0, "measure_iters": 20, **curve})
+        led.record_result(mine.id, {"ok": False, "failure_class": "NODE_FAIL", "slurm_state": "NODE_FAIL"})
+        assert not led.parity(c.id)
+        second = fin.step()
+        (again,) = second.launches  # the candidate's run again, not the reference's
+        assert again.spec.role == AttemptRole.PARITY and again.spec.job_dir != mine.job_dir
+        (retried,) = launch(second)
+        led.record_result(retried.id, {"ok": False, "failure_class": "OOM", "slurm_state": "FAILED"})
+        third = fin.step()
+        assert third.launches == [] and third.notes
+        (row,) = led.parity(c.id)
+        assert not row.passed and row.detail.startswith("candidate run failed: OOM")
+        assert led.candidates(SWEEP)[0].status == "excluded"
+        assert fin.step().launches == [] and len(led.parity(c.id)) == 1  # decided once
