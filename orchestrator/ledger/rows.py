@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from orchestrator.core.ranking import Standing
-from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EdgeKind, Fidelity, SweepStatus
+from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EdgeKind, SweepStatus
 
 
 def _set(row: object, name: str, value: object) -> None:
@@ -184,16 +183,3 @@ class MeasuredRow:
 
     def __post_init__(self) -> None:
         _set(self, "status", CandidateStatus(self.status))
-
-    def standing(self) -> Standing:
-        """This measurement as the one ranking (orchestrator.core.ranking) sees it."""
-        m = self.metrics
-        return Standing(
-            p50_s=m.get("step_p50_s"),
-            p99_s=m.get("step_p99_s"),
-            peak_gb=m.get("peak_reserved_gb") or m.get("peak_allocated_gb"),
-            fidelity=Fidelity(self.fidelity),
-            partial=bool(self.partial),
-            excluded=self.status == CandidateStatus.EXCLUDED,
-            order=self.attempt_id,
-        )

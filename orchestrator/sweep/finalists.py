@@ -29,9 +29,9 @@ from enum import StrEnum
 from pathlib import Path
 
 from orchestrator import runspec
-from orchestrator.core.ranking import ranked
+from orchestrator.core.ranking import Standing, ranked
 from orchestrator.core.schema import RootConfig
-from orchestrator.core.states import AttemptRole, CandidateStatus
+from orchestrator.core.states import AttemptRole, CandidateStatus, Fidelity
 from orchestrator.evidence import parity as parity_mod
 from orchestrator.evidence.effective import effective_throughput
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger, MeasuredRow, ParityRow
@@ -59,10 +59,24 @@ class Step:
     notes: list[str] = field(default_factory=list)  # verdicts recorded by this step, for the live view
 
 
+def standing(m: MeasuredRow) -> Standing:
+    """A measured row as the one ranking (orchestrator.core.ranking) sees it."""
+    met = m.metrics
+    return Standing(
+        p50_s=met.get("step_p50_s"),
+        p99_s=met.get("step_p99_s"),
+        peak_gb=met.get("peak_reserved_gb") or met.get("peak_allocated_gb"),
+        fidelity=Fidelity(m.fidelity),
+        partial=bool(m.partial),
+        excluded=m.status == CandidateStatus.EXCLUDED,
+        order=m.attempt_id,
+    )
+
+
 def pick(ledger: Ledger, sweep: str, k: int) -> list[CandidateRow]:
     """The k best measured candidates by the one ranking: the finalists (no screen, no probe, nothing partial
     or excluded)."""
-    rows = ranked(ledger.measured(sweep=sweep), MeasuredRow.standing)[: max(0, k)]
+    rows = ranked(ledger.measured(sweep=sweep), standing)[: max(0, k)]
     by_id = {c.id: c for c in ledger.candidates(sweep)}
     return [by_id[m.candidate_id] for m in rows]
 
