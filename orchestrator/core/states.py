@@ -136,7 +136,7 @@ class Fidelity(StrEnum):
 
 
 class AttemptRole(StrEnum):
-    """What an attempt's job is for (attempt.role, revision 0008). Every job the sweep launches is an attempt
+    """What an attempt's job is for (attempt.role, revision 0009). Every job the sweep launches is an attempt
     of one candidate, launched, adopted, polled, collected and retried by the one driver path.
 
     MEASURE: the search's measurement of the candidate, at its fidelity (probe, screen or full): the only role

@@ -179,7 +179,7 @@ class Attempt(Base):
     launch_token: Mapped[str | None] = mapped_column(String(160))
     # How long it measured (states.Fidelity, revision 0007): only FULL results decide a best.
     fidelity: Mapped[str] = mapped_column(String(10), default=Fidelity.FULL, server_default=Fidelity.FULL)
-    # What the job is for (states.AttemptRole, revision 0008): only MEASURE attempts are the candidate's
+    # What the job is for (states.AttemptRole, revision 0009): only MEASURE attempts are the candidate's
     # measurement (latest_attempt_id / latest_result_id point at them); the finalists' jobs are evidence.
     role: Mapped[str] = mapped_column(String(20), default=AttemptRole.MEASURE, server_default=AttemptRole.MEASURE)
 

@@ -18,7 +18,7 @@ from orchestrator.schedule import fidelity
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.types import Observation
 
-FINALIST_EVENTS = ("finalist-cost",)  # one per finalist job, logged before those jobs were attempts (revision 0008)
+FINALIST_EVENTS = ("finalist-cost",)  # one per finalist job, logged before those jobs were attempts (revision 0009)
 
 
 def same_stage_sweeps(ledger: Ledger, sweep: SweepRow) -> list[SweepRow]:
@@ -149,7 +149,7 @@ def spent(ledger: Ledger, sweep: str, *, stage: StageConfig) -> Spent:
     """runs = candidates with an attempt. One attempt costs N x (start-up + its own window's iterations x
     mean step), else N x wall time, / 3600 (stage.budget.startup_s is charged to every launch that ran);
     the finalists' jobs (parity, long-run: attempts of their own roles) are charged the same way, under
-    "finalists"; a sweep older than revision 0008 adds what its finalist-cost events recorded."""
+    "finalists"; a sweep older than revision 0009 adds what its finalist-cost events recorded."""
     costs = queries.attempt_costs(ledger, sweep)
     n_gpus, startup = stage.gpus, stage.budget.startup_s
     by: dict[str, float] = {}

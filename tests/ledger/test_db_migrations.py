@@ -83,7 +83,7 @@ def test_upgrade_from_previous_revision_keeps_data(ledger_url):
                 ),
                 {"c": cand_id, "t": True, "now": now},
             )
-        # what the head revision (0008: attempt role) adds is not there yet at N-1
+        # what the head revision (0009: attempt role) adds is not there yet at N-1
         assert "role" not in {c["name"] for c in inspect(eng).get_columns("attempt")}
         if eng.dialect.name != "sqlite":  # a team database is never upgraded behind the user's back
             with pytest.raises(LedgerError, match=f"schema revision {previous}.*db upgrade"):
@@ -97,7 +97,7 @@ def test_upgrade_from_previous_revision_keeps_data(ledger_url):
         assert (sweep.name, sweep.status, sweep.provenance) == ("old", "running", {"project": "0.0.9"})
         (cand,) = led.candidates("old")
         assert cand.layout == {"ep": 64} and cand.created_at.year == 2026 and cand.decision is None
-        (att,) = led.attempts(cand.id)  # an attempt stored before revision 0008 measured its candidate
+        (att,) = led.attempts(cand.id)  # an attempt stored before revision 0009 measured its candidate
         assert (att.job_id, att.role) == ("7", "measure")
         led.record_calibration("old", 0, {"truth_a2a": 1.2}, {"mape": 0.05})  # the new table works
         assert len(led.calibrations("old")) == 1
