@@ -54,11 +54,10 @@ class Outcome:
 def candidates(cfg: RootConfig) -> tuple[PreflightRequest, dict[str, int]]:
     """The job's request (every candidate the planner keeps, with its argv) and each one's time limit."""
     from orchestrator.plan import planner
-    from orchestrator.runspec import build_spec, time_limit_min
+    from orchestrator.runspec import build_spec, launch_task
 
     stage = cfg.stage
     assert stage is not None
-    cluster = cfg.job_cluster()
     kept = planner.plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name).candidates
     req = PreflightRequest(entry_script=_entry_script(cfg), gpus_per_node=stage.gpus_per_node)
     limits: dict[str, int] = {}
@@ -66,7 +65,7 @@ def candidates(cfg: RootConfig) -> tuple[PreflightRequest, dict[str, int]]:
         spec = build_spec(cfg, p, sweep="preflight", attempt=1, job_dir=Path(cfg.cluster.folder) / "preflight")
         argv = list(spec.argv) + list(cfg.workload.extra_args)
         req.candidates.append(job.CandidateArgv(key=p.key, argv=argv, world=spec.n_gpus))
-        limits[p.key] = time_limit_min(spec, cluster)
+        limits[p.key] = launch_task(cfg, spec).time_min  # the limit its measurement launch would ask for
         backend = p.layout.flex_backend if p.layout.dispatcher == "flex" else None
         if backend and backend not in req.flex_backends:
             req.flex_backends.append(backend)

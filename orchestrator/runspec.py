@@ -1,13 +1,15 @@
-"""Planned candidate -> JobSpec (what a compute node runs) and its Slurm time limit.
+"""Planned candidate -> JobSpec (what a compute node runs) -> LaunchTask (`launch_task`, the one assembly), and
+its Slurm time limit.
 
 Why separate from the launcher: the spec is the contract between the orchestrator and the job
 (`orchestrator/core/spec.py`); building it needs the planner's argv and FLOP models, the launcher only needs
-the result. Pure apart from reading the config: no submitit, no files.
+the result. Pure apart from reading the config: no submitit, no files (the caller saves the spec).
 
 Besides the measurement job: a parity job (warm-up 0, `parity.steps` measured, same seed) and the
-long-run pair (`long_run_specs`): a job that saves a checkpoint at iteration X and exits (Megatron's
---save / --save-interval / --exit-interval), then one that restores it (--load) and trains on. Both
-keep the same --train-iters, so the learning-rate schedule of the restored run is the one saved.
+long-run pair (`long_run_save_spec`, `long_run_restore_spec`): a job that saves a checkpoint at iteration X
+and exits (Megatron's --save / --save-interval / --exit-interval), then one that restores it (--load) and
+trains on. Both keep the same --train-iters, so the learning-rate schedule of the restored run is the one
+saved. Every one of them is an attempt with its role (states.AttemptRole) and its own window in the spec.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from orchestrator.core.errors import UserError
 from orchestrator.core.paths import JobPaths
 from orchestrator.core.schema import ClusterConfig, RootConfig
 from orchestrator.core.spec import JobSpec
-from orchestrator.job.entry import command_problem
+from orchestrator.core.states import AttemptRole, Fidelity
+from orchestrator.job.entry import command_problem, run_task
+from orchestrator.launch import LaunchTask
 from orchestrator.plan import argv as plan_argv
 from orchestrator.plan import flops as plan_flops
 from orchestrator.plan.layout import Layout
@@ -64,21 +68,22 @@ def build_spec(
     window: tuple[int, int] | None = None,
     train_iters: int | None = None,
     extra_argv: Sequence[str] = (),
-    role: str = "measure",
+    role: AttemptRole = AttemptRole.MEASURE,
+    fidelity: Fidelity = Fidelity.FULL,
 ) -> JobSpec:
     """The JobSpec for one attempt: Megatron flags for warmup + measure iterations, env, FLOPs.
 
-    `window` = (warmup, measure) overrides the stage's (absolute iteration numbers: a restored run's
-    warm-up counts the iterations before the checkpoint); `train_iters` overrides warmup + measure;
-    `extra_argv` is appended to the candidate's flags (argparse: a later flag wins)."""
+    `window` = (warmup, measure), the stage's by default, goes into the spec's own fields (absolute iteration
+    numbers: a restored run's warm-up counts the iterations before the checkpoint), with the attempt's
+    `fidelity` and `role`; the stage stays the stage. `train_iters` overrides warmup + measure; `extra_argv`
+    is appended to the candidate's flags (argparse: a later flag wins)."""
     stage = cfg.stage
     if stage is None:
         raise ValueError("build_spec needs a stage")
-    if window is not None:
-        stage = dataclasses.replace(stage, warmup_iters=int(window[0]), measure_iters=int(window[1]))
+    warmup, measure = (stage.warmup_iters, stage.measure_iters) if window is None else (int(window[0]), int(window[1]))
     layout = planned.layout
     pred = planned.prediction
-    train_iters = int(train_iters) if train_iters is not None else stage.warmup_iters + stage.measure_iters
+    train_iters = int(train_iters) if train_iters is not None else warmup + measure
     argv = plan_argv.megatron_argv(
         cfg.model,
         stage,
@@ -112,14 +117,49 @@ def build_spec(
         recompute_flops_per_step=float(fl.recompute_flops),
         predicted=_prediction_dict(pred),
         effective=cfg.effective,
-        role=role,
+        role=AttemptRole(role),
+        fidelity=Fidelity(fidelity),
+        warmup_iters=warmup,
+        measure_iters=measure,
     )
 
 
-def parity_spec(cfg: RootConfig, planned: Planned, *, sweep: str, attempt: int, job_dir: Path | str) -> JobSpec:
-    """A correctness-gate run: no warm-up, `parity.steps` measured iterations, the sweep's seed and data."""
+def launch_task(cfg: RootConfig, spec: JobSpec, *, exclude: str = "") -> LaunchTask:
+    """The one JobSpec -> LaunchTask assembly (the sweep's attempts of every role, `run-one`, the preflight's
+    time limits): `run_task(spec)` on spec.n_gpus GPUs in spec.job_dir, named for the sweep, candidate, attempt
+    and role, with the Slurm time limit of its own window. `exclude`: nodes to keep off (a NODE_FAIL retry)."""
+    role = "" if spec.role == AttemptRole.MEASURE else f":{spec.role}"
+    return LaunchTask(
+        fn=run_task,
+        args=(spec,),
+        n_gpus=spec.n_gpus,
+        gpus_per_node=spec.gpus_per_node,
+        name=f"{spec.sweep}:{spec.candidate_key[:8]}:{spec.attempt}{role}",
+        folder=str(spec.job_dir),
+        time_min=time_limit_min(spec, cfg.cluster),
+        exclude=exclude,
+    )
+
+
+def parity_spec(
+    cfg: RootConfig,
+    planned: Planned,
+    *,
+    sweep: str,
+    attempt: int,
+    job_dir: Path | str,
+    role: AttemptRole = AttemptRole.PARITY,
+) -> JobSpec:
+    """A correctness-gate run (the candidate's, or with role PARITY_REFERENCE its reference layout's): no
+    warm-up, `parity.steps` measured iterations, the sweep's seed and data."""
     return build_spec(
-        cfg, planned, sweep=sweep, attempt=attempt, job_dir=job_dir, window=(0, int(cfg.parity.steps)), role="parity"
+        cfg,
+        planned,
+        sweep=sweep,
+        attempt=attempt,
+        job_dir=job_dir,
+        window=(0, int(cfg.parity.steps)),
+        role=role,
     )
 
 
@@ -133,6 +173,58 @@ def checkpoint_load_flags(ckpt_dir: Path | str) -> list[str]:
     return ["--load", str(ckpt_dir), "--exit-on-missing-checkpoint"]
 
 
+def long_run_windows(cfg: RootConfig) -> tuple[tuple[int, int], tuple[int, int], int]:
+    """(save job's window, restore job's window, --train-iters) of one long-run window
+    (cfg.effective.long_run_save_at = X, long_run_after_iters = A): job 1 trains X iterations, saves and exits;
+    job 2 loads and trains A more. Job 1 measures X - w1 iterations after w1 = min(stage warm-up, X // 2); job 2
+    measures A - w2 after the restore plus w2 = min(stage warm-up, A // 2) warm-up iterations (it restarts
+    cold). Both keep --train-iters X + A, so the learning-rate schedule of the restored run is the one saved."""
+    if cfg.stage is None:
+        raise ValueError("long-run specs need a stage")
+    x, a = int(cfg.effective.long_run_save_at), int(cfg.effective.long_run_after_iters)
+    if x < 2 or a < 2:
+        raise ValueError(f"long-run window needs save_at >= 2 and after_iters >= 2 (got {x}, {a})")
+    w1 = min(cfg.stage.warmup_iters, x // 2)
+    w2 = min(cfg.stage.warmup_iters, a // 2)
+    return (w1, x - w1), (x + w2, a - w2), x + a
+
+
+def long_run_save_spec(
+    cfg: RootConfig, planned: Planned, *, sweep: str, attempt: int, job_dir: Path | str, ckpt_dir: Path | str
+) -> JobSpec:
+    """The long-run window's first job: train to X, save to `ckpt_dir` and exit (see long_run_windows)."""
+    window, _, train = long_run_windows(cfg)
+    return build_spec(
+        cfg,
+        planned,
+        sweep=sweep,
+        attempt=attempt,
+        job_dir=job_dir,
+        window=window,
+        train_iters=train,
+        extra_argv=checkpoint_save_flags(ckpt_dir, int(cfg.effective.long_run_save_at)),
+        role=AttemptRole.LONG_RUN_SAVE,
+    )
+
+
+def long_run_restore_spec(
+    cfg: RootConfig, planned: Planned, *, sweep: str, attempt: int, job_dir: Path | str, ckpt_dir: Path | str
+) -> JobSpec:
+    """The long-run window's second job: load the save job's checkpoint from `ckpt_dir` and train on."""
+    _, window, train = long_run_windows(cfg)
+    return build_spec(
+        cfg,
+        planned,
+        sweep=sweep,
+        attempt=attempt,
+        job_dir=job_dir,
+        window=window,
+        train_iters=train,
+        extra_argv=checkpoint_load_flags(ckpt_dir),
+        role=AttemptRole.LONG_RUN_RESTORE,
+    )
+
+
 def long_run_specs(
     cfg: RootConfig,
     planned: Planned,
@@ -142,48 +234,18 @@ def long_run_specs(
     ckpt_dir: Path | str,
     folder: Path | str | None = None,
 ) -> tuple[JobSpec, JobSpec]:
-    """(save job, restore job) of one long-run window (cfg.effective.long_run_save_at = X,
-    long_run_after_iters = A): job 1 trains X iterations, saves and exits; job 2 loads and trains A more.
-
-    Windows: job 1 measures X - w1 iterations after w1 = min(stage warm-up, X // 2); job 2 measures
-    A - w2 after the restore plus w2 = min(stage warm-up, A // 2) warm-up iterations (it restarts cold).
-    Folders: `<folder>/save` and `<folder>/restore`, folder defaulting to
-    `<cluster.folder>/<sweep>/<key>/long-run-<attempt>/`."""
-    if cfg.stage is None:
-        raise ValueError("long_run_specs needs a stage")
-    x, a = int(cfg.effective.long_run_save_at), int(cfg.effective.long_run_after_iters)
-    if x < 2 or a < 2:
-        raise ValueError(f"long-run window needs save_at >= 2 and after_iters >= 2 (got {x}, {a})")
+    """(save job, restore job) of one long-run window in `<folder>/save` and `<folder>/restore`, folder
+    defaulting to `<cluster.folder>/<sweep>/<key>/long-run-<attempt>/` (the sweep launches each as an attempt
+    of its own, orchestrator/sweep/finalists.py)."""
     base = (
         Path(folder)
         if folder is not None
         else attempt_dir(cfg, sweep, planned.key, attempt).parent / f"long-run-{attempt}"
     )
-    w1 = min(cfg.stage.warmup_iters, x // 2)
-    w2 = min(cfg.stage.warmup_iters, a // 2)
-    save = build_spec(
-        cfg,
-        planned,
-        sweep=sweep,
-        attempt=attempt,
-        job_dir=base / "save",
-        window=(w1, x - w1),
-        train_iters=x + a,
-        extra_argv=checkpoint_save_flags(ckpt_dir, x),
-        role="long-run-save",
+    return (
+        long_run_save_spec(cfg, planned, sweep=sweep, attempt=attempt, job_dir=base / "save", ckpt_dir=ckpt_dir),
+        long_run_restore_spec(cfg, planned, sweep=sweep, attempt=attempt, job_dir=base / "restore", ckpt_dir=ckpt_dir),
     )
-    restore = build_spec(
-        cfg,
-        planned,
-        sweep=sweep,
-        attempt=attempt,
-        job_dir=base / "restore",
-        window=(x + w2, a - w2),
-        train_iters=x + a,
-        extra_argv=checkpoint_load_flags(ckpt_dir),
-        role="long-run-restore",
-    )
-    return save, restore
 
 
 def _prediction_dict(pred) -> dict:
@@ -209,7 +271,7 @@ def time_limit_min(spec: JobSpec, cluster: ClusterConfig, *, safety: float = TIM
     A real workload's limit also leaves room for one whole --distributed-timeout-minutes after start-up: a
     collective that hangs must end in torch's watchdog error (evidence: which group, which op) before Slurm's
     TIMEOUT hides it. A simulated one opens no process group."""
-    iters = spec.stage.warmup_iters + spec.stage.measure_iters
+    iters = sum(spec.window)
     step_s = float(spec.predicted.get("step_time_s") or 0.0)
     minutes = iters * step_s * safety / 60.0 + cluster.time_margin_min
     hang = 0 if spec.workload.simulated else distributed_timeout_min(spec.command) + cluster.time_margin_min

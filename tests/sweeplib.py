@@ -71,7 +71,8 @@ def wait_for(pred: Callable[[], T], timeout: float, what: str, every: float = 0.
 
 
 def all_attempts(ledger: Ledger, sweep: str):
-    return [a for c in ledger.candidates(sweep) for a in ledger.attempts(c.id)]
+    """Every attempt of the sweep, of every role (the finalists' jobs are attempts too)."""
+    return [a for c in ledger.candidates(sweep) for a in ledger.attempts(c.id, roles=None)]
 
 
 def assert_accounted(ledger: Ledger, sweep: str) -> None:

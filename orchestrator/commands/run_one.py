@@ -37,7 +37,7 @@ def run(args, overrides) -> int:
     from orchestrator.core.paths import JobPaths
     from orchestrator.evidence.collect import collect
     from orchestrator.plan import planner
-    from orchestrator.runspec import attempt_dir, build_spec, check_workload, time_limit_min
+    from orchestrator.runspec import attempt_dir, build_spec, check_workload, launch_task
     from orchestrator.sweep.setup import check_name
 
     overrides = list(overrides)
@@ -65,7 +65,7 @@ def run(args, overrides) -> int:
     folder = attempt_dir(cfg, sweep, planned.key, attempt)
     spec = build_spec(cfg, planned, sweep=sweep, attempt=attempt, job_dir=folder)
     spec.save(JobPaths(folder).spec)
-    state, job_id, kind = _launch_and_wait(cfg, spec, time_limit_min(spec, cfg.cluster))
+    state, job_id, kind = _launch_and_wait(cfg, spec, launch_task(cfg, spec))
     result = collect(folder, slurm_state=state.state, exit_code=state.exit_code, job_id=job_id)
     summary = summarize(args.candidate, planned, spec, result, job_id=job_id, cluster=kind)
     if args.format == "json":
@@ -80,25 +80,14 @@ def _next_attempt(candidate_dir: Path) -> int:
     return max(taken, default=0) + 1
 
 
-def _launch_and_wait(cfg, spec, time_min: int):
+def _launch_and_wait(cfg, spec, task):
     """Submit through orchestrator.launch and poll until the job is terminal; Ctrl-C cancels it."""
-    from orchestrator.job.entry import run_task
-    from orchestrator.launch import LaunchTask
     from orchestrator.launch.auto import make_launcher
 
     launcher, reason = make_launcher(cfg.job_cluster())
     print(
         f"launching candidate {spec.candidate_key} on {launcher.kind} ({reason}); job folder {spec.job_dir}",
         file=sys.stderr,
-    )
-    task = LaunchTask(
-        fn=run_task,
-        args=(spec,),
-        n_gpus=spec.n_gpus,
-        gpus_per_node=spec.gpus_per_node,
-        name=f"{spec.sweep}:{spec.candidate_key[:8]}:{spec.attempt}",
-        folder=spec.job_dir,
-        time_min=time_min,
     )
     sub = launcher.submit([task])[0]
     interval = min(1.0, cfg.cluster.poll_interval_s)

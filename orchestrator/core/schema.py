@@ -143,7 +143,7 @@ class BudgetConfig:
 
 @dataclass
 class ScreenConfig:
-    """Multi-fidelity rounds (orchestrator/search/fidelity.py): a short window ranks, the full one decides.
+    """Multi-fidelity rounds (orchestrator/schedule/fidelity.py): a short window ranks, the full one decides.
 
     The screen's measured window is sized from the step-time noise the ledger has measured: the p50's 95%
     confidence interval must be narrower than `resolution` (relative), clamped to [min_measure_iters, the

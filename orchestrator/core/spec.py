@@ -8,6 +8,7 @@ instrumented Megatron) reads it through ORCH_JOB_SPEC, and `collect` re-reads it
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import os
 import typing
@@ -17,11 +18,15 @@ from typing import Any
 
 from orchestrator.core.paths import atomic_write
 from orchestrator.core.schema import EffectiveConfig, HardwareConfig, ModelConfig, StageConfig, WorkloadConfig
+from orchestrator.core.states import AttemptRole, Fidelity
 
 
 @dataclass
 class JobSpec:
-    """One attempt of one candidate. `argv` is the candidate's Megatron flags only (no command)."""
+    """One attempt of one candidate. `argv` is the candidate's Megatron flags only (no command).
+
+    The attempt's own window (`warmup_iters`, `measure_iters`), its fidelity and its role are fields of their
+    own: `stage` is the stage's config as given, never rewritten to carry a screen's or a finalist's window."""
 
     sweep: str
     candidate_key: str
@@ -42,7 +47,20 @@ class JobSpec:
     recompute_flops_per_step: float = 0.0
     predicted: dict[str, Any] = field(default_factory=dict)  # Prediction as a dict
     effective: EffectiveConfig = field(default_factory=EffectiveConfig)  # Q_effective inputs (collect)
-    role: str = "measure"  # measure | parity | long-run-save | long-run-restore
+    role: AttemptRole = AttemptRole.MEASURE  # what the job is for (states.AttemptRole)
+    fidelity: Fidelity = Fidelity.FULL  # the rung a measure attempt runs at (states.Fidelity)
+    # the window this attempt runs: iterations 1..warmup_iters warm up, the next measure_iters are measured
+    # (absolute iteration numbers: a restored run's warm-up counts the iterations before its checkpoint).
+    # None only in a job.json written before the window was the spec's own: the stage's window then.
+    warmup_iters: int | None = None
+    measure_iters: int | None = None
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """(warm-up, measured iterations) of this attempt: what the job, the twin and `collect` read."""
+        w = self.stage.warmup_iters if self.warmup_iters is None else self.warmup_iters
+        n = self.stage.measure_iters if self.measure_iters is None else self.measure_iters
+        return int(w), int(n)
 
     @property
     def command(self) -> list[str]:
@@ -85,6 +103,8 @@ def _coerce(tp: Any, value: Any) -> Any:
         return value
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(tp, value)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp(value)
     origin = typing.get_origin(tp)
     if origin is typing.Union:  # Optional[X]
         inner = [a for a in typing.get_args(tp) if a is not type(None)]

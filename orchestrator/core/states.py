@@ -1,4 +1,5 @@
-"""The state vocabularies: an attempt's Slurm state, a candidate's and a sweep's status, a lineage edge.
+"""The state vocabularies: an attempt's Slurm state and role, a candidate's and a sweep's status, a lineage edge,
+a fidelity.
 
 One owner for each word. The ledger stores these strings, launch/ reads Slurm's and the sweep loop moves
 candidates between statuses; each imports the enum from here. StrEnum: a member IS its string, so the
@@ -124,7 +125,7 @@ class EdgeKind(StrEnum):
 
 
 class Fidelity(StrEnum):
-    """How long an attempt measures (issue 12 item 4): the windows of each live in orchestrator/search/fidelity.
+    """How long an attempt measures (issue 12 item 4): the windows of each live in orchestrator/schedule/fidelity.
 
     PROBE: start-up plus a few iterations, read for the max-reserved memory line (does it fit?); SCREEN: a short
     measured window that ranks many candidates; FULL: the stage's window, the only one a best is decided on."""
@@ -132,3 +133,26 @@ class Fidelity(StrEnum):
     PROBE = "probe"
     SCREEN = "screen"
     FULL = "full"
+
+
+class AttemptRole(StrEnum):
+    """What an attempt's job is for (attempt.role, revision 0009). Every job the sweep launches is an attempt
+    of one candidate, launched, adopted, polled, collected and retried by the one driver path.
+
+    MEASURE: the search's measurement of the candidate, at its fidelity (probe, screen or full): the only role
+    whose result is the candidate's measurement (latest result, the best, calibration, noise). The finalists'
+    jobs (orchestrator/sweep/finalists.py) run after the search: PARITY (the candidate, `parity.steps` from the
+    sweep's seed) and PARITY_REFERENCE (its reference layout, same seed and steps), whose curves decide the
+    correctness gate; LONG_RUN_SAVE (train to X, save, exit) and LONG_RUN_RESTORE (load X, train on), whose
+    checkpoint timers give Q_effective. Their results are evidence about the candidate, never its measurement."""
+
+    MEASURE = "measure"
+    PARITY = "parity"
+    PARITY_REFERENCE = "parity-reference"
+    LONG_RUN_SAVE = "long-run-save"
+    LONG_RUN_RESTORE = "long-run-restore"
+
+    FINALIST: ClassVar[frozenset[AttemptRole]]
+
+
+AttemptRole.FINALIST = frozenset(AttemptRole) - {AttemptRole.MEASURE}

@@ -25,6 +25,7 @@ from orchestrator.core.failures import Failure
 from orchestrator.core.paths import JobPaths, atomic_write
 from orchestrator.core.result import JobResult
 from orchestrator.core.spec import JobSpec
+from orchestrator.core.states import AttemptRole
 from orchestrator.evidence import metrics as metrics_mod
 from orchestrator.evidence.classify import classify
 from orchestrator.evidence.effective import effective_throughput
@@ -66,7 +67,7 @@ def read_folder(job_dir: str | os.PathLike, job_id: str | None = None) -> JobFol
     spec = JobSpec.load(paths.spec) if paths.spec.exists() else None
     files = paths.rank_logs() + paths.node_logs() + paths.submitit_logs(job_id)
     sidecars, used = metrics_mod.load_sidecars(paths.sidecars())
-    window = (spec.stage.warmup_iters, spec.stage.measure_iters) if spec is not None else None
+    window = spec.window if spec is not None else None
     keep = Keep(window=window, timers=(SAVE_TIMER, LOAD_TIMER))
     return JobFolder(
         path=paths.folder,
@@ -109,11 +110,12 @@ def collect(
     result = JobResult(ok=False, simulated=folder.simulated, slurm_state=slurm_state, exit_code=exit_code)
     if spec is not None:
         stage, hw = spec.stage, spec.hardware
+        warmup, measure = spec.window  # the attempt's own window, not the stage's
         metrics_mod.compute(
             folder.logs,
             folder.sidecars,
-            warmup_iters=stage.warmup_iters,
-            measure_iters=stage.measure_iters,
+            warmup_iters=warmup,
+            measure_iters=measure,
             seq_length=stage.seq_length,
             n_gpus=spec.n_gpus,
             global_batch=stage.global_batch,
@@ -135,7 +137,7 @@ def collect(
     verdict.apply(result)
     result.ok = result.ok and result.measure_iters > 0
     if lost and result.failure_class in (None, Failure.NO_OUTPUT) and (result.partial or not result.ok):
-        asked = spec.stage.measure_iters if spec is not None else "?"
+        asked = spec.window[1] if spec is not None else "?"
         result.ok, result.failure_class = False, Failure.LOST
         result.failure_detail = (
             f"the job vanished after {result.measure_iters}/{asked} measured iterations with no exit status "
@@ -181,7 +183,7 @@ def checkpoint_metrics(folder: JobFolder, spec: JobSpec, result: JobResult) -> N
         result.ckpt_save_s = timers[SAVE_TIMER][1] / 1000.0
     if LOAD_TIMER in timers:
         result.ckpt_restore_s = timers[LOAD_TIMER][1] / 1000.0
-    if spec.role == "long-run-restore":
+    if spec.role == AttemptRole.LONG_RUN_RESTORE:
         if LOAD_TIMER not in timers:
             result.ok = False
             why = _missing_checkpoint_line(folder) or result.failure_detail or "no load-checkpoint timer in the log"

@@ -293,7 +293,7 @@ def _run_in_process(spec: JobSpec, renv: RankEnv, env: dict, output: RankOutput)
 
     entry = entry_script(spec.workload.command)
     argv = list(spec.argv) + list(spec.workload.extra_args)
-    window = (spec.stage.warmup_iters, spec.stage.measure_iters)
+    window = spec.window  # the attempt's own (a screen, a probe, a finalist's), not the stage's
     saved_env = dict(os.environ)
     os.environ.update(env)
     sys.stdout.flush()

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import func, insert, select
 
-from orchestrator.core.states import AttemptState, CandidateStatus
+from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus
 from orchestrator.ledger import models as m
 from orchestrator.ledger.convert import clean, now, to_row
 from orchestrator.ledger.errors import LedgerError
@@ -67,7 +67,8 @@ class Evidence(Store):
                 )
                 s.add(r)
                 s.flush()
-                c.latest_result_id = r.id
+                if a.role == AttemptRole.MEASURE:  # a finalist's result is evidence, never the measurement
+                    c.latest_result_id = r.id
             samples = [
                 {"attempt_id": attempt_id, "iteration": i, "step_time_s": t, "lm_loss": loss, "grad_norm": g}
                 for i, (t, loss, g) in enumerate(
@@ -156,13 +157,15 @@ class Evidence(Store):
     def measured(
         self, sweep: str | None = None, stage: str | None = None, model: str | None = None
     ) -> list[MeasuredRow]:
-        """Every candidate with a successful result, joined with its layout and predictions."""
+        """Every candidate with a successful measurement (its latest measure-role result), joined with its layout
+        and predictions: what the best, calibration and the step-time noise read. A finalist's job never is one."""
         with self._read() as s:
             q = (
                 select(m.Sweep, m.Candidate, m.Attempt, m.Result)
                 .join(m.Candidate, m.Candidate.sweep_id == m.Sweep.id)
                 .join(m.Result, m.Result.id == m.Candidate.latest_result_id)
                 .join(m.Attempt, m.Attempt.id == m.Result.attempt_id)
+                .where(m.Attempt.role == AttemptRole.MEASURE)
             )
             if sweep is not None:
                 q = q.where(m.Sweep.name == sweep)

@@ -16,7 +16,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from orchestrator.core.knobs import ledger_columns
-from orchestrator.core.states import AttemptState, CandidateStatus, EdgeKind, Fidelity, SweepStatus
+from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EdgeKind, Fidelity, SweepStatus
 from orchestrator.ledger import models as m
 from orchestrator.ledger.convert import as_datetime, chunks, clean, member, now, to_row
 from orchestrator.ledger.engine import make_engine, mask, parse_url, schema_state, sqlite_file, upgrade
@@ -375,9 +375,12 @@ class Ledger(Leases, Evidence):
         simulated: bool,
         launch_token: str | None = None,
         fidelity: str = Fidelity.FULL,
+        role: str = AttemptRole.MEASURE,
     ) -> AttemptRow:
-        """attempt_no = previous + 1, decided under the candidate's row lock. Without a job id it is a launch
-        intent (written before sbatch, `launch_token` names the job); `launched` then stores the id."""
+        """attempt_no = previous + 1 (over every role), decided under the candidate's row lock. Without a job id
+        it is a launch intent (written before sbatch, `launch_token` names the job); `launched` then stores the id.
+        Only a MEASURE attempt becomes the candidate's latest attempt: a finalist's job is evidence about it."""
+        role = member(AttemptRole, role, "attempt role")
         with self._write() as s:
             c = self._candidate(s, candidate_id, lock=True)
             n = s.scalar(select(func.max(m.Attempt.attempt_no)).where(m.Attempt.candidate_id == candidate_id)) or 0
@@ -390,6 +393,7 @@ class Ledger(Leases, Evidence):
                 simulated=bool(simulated),
                 launch_token=launch_token,
                 fidelity=member(Fidelity, fidelity, "fidelity"),
+                role=role,
                 state=AttemptState.PENDING,
                 log_paths=[],
                 sidecar_paths=[],
@@ -398,19 +402,25 @@ class Ledger(Leases, Evidence):
             )
             s.add(a)
             s.flush()
-            c.latest_attempt_id = a.id
+            if role == AttemptRole.MEASURE:
+                c.latest_attempt_id = a.id
             return to_row(AttemptRow, a)
 
     def launched(self, jobs: Sequence[tuple[int, str, int | None]], why: str = "job {job_id}") -> None:
         """Intents (attempt id, job id, array index) reached the cluster: job ids and the candidates' `submitted`,
         one transaction for a whole array (all recorded or none). A candidate no longer claimed (`cancel` ran
-        meanwhile) keeps its status; the id is kept, so the job can be stopped."""
+        meanwhile) keeps its status; the id is kept, so the job can be stopped. A finalist's job (a role other
+        than measure) leaves its measured candidate's status alone: its event names the role."""
         with self._write() as s:
             for attempt_id, job_id, array_index in jobs:
                 a = self._attempt(s, attempt_id)
                 c = self._candidate(s, a.candidate_id, lock=True)
                 a.job_id, a.array_index, a.submit_time, a.updated_at = str(job_id), array_index, now(), now()
                 reason = why.format(job_id=job_id)
+                if a.role != AttemptRole.MEASURE:
+                    msg = f"{a.role} {reason}"
+                    s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind="launched", message=msg))
+                    continue
                 if c.status != CandidateStatus.CLAIMED:
                     late = f"{reason} (candidate already {c.status})"
                     s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind="launched", message=late))
@@ -439,13 +449,19 @@ class Ledger(Leases, Evidence):
             s.flush()
             return to_row(AttemptRow, a)
 
-    def attempts(self, candidate_id: int) -> list[AttemptRow]:
+    def attempts(
+        self, candidate_id: int, *, roles: Collection[str] | None = (AttemptRole.MEASURE,)
+    ) -> list[AttemptRow]:
+        """The candidate's attempts in order: its measurements by default (what retries, the latest outcome and
+        the search read), `roles=` the finalists' jobs, `roles=None` every attempt."""
         with self._read() as s:
-            q = select(m.Attempt).where(m.Attempt.candidate_id == candidate_id).order_by(m.Attempt.attempt_no)
-            return [to_row(AttemptRow, a) for a in s.scalars(q)]
+            q = select(m.Attempt).where(m.Attempt.candidate_id == candidate_id)
+            if roles is not None:
+                q = q.where(m.Attempt.role.in_([member(AttemptRole, r, "attempt role") for r in roles]))
+            return [to_row(AttemptRow, a) for a in s.scalars(q.order_by(m.Attempt.attempt_no))]
 
     def live_attempts(self, sweep: str) -> list[AttemptRow]:
-        """Attempts not yet in a terminal Slurm state: what a resumed orchestrator must poll."""
+        """Attempts of every role not yet in a terminal Slurm state: what a resumed orchestrator must poll."""
         with self._read() as s:
             sw = self._sweep(s, sweep)
             q = (

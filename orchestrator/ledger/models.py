@@ -6,7 +6,8 @@ Why these shapes:
   (layout) as the source of truth for round-tripping.
 - Unique (sweep_id, key) and (candidate_id, attempt_no) make re-running a sweep idempotent.
 - candidate.latest_attempt_id / latest_result_id are pointers the ledger maintains in the same
-  transaction as the attempt / result, so `compare` over 100k runs is a join on primary keys.
+  transaction as the attempt / result, so `compare` over 100k runs is a join on primary keys. They point
+  at measure-role attempts only (attempt.role): a finalist's job never becomes the candidate's measurement.
   They carry no foreign key (that would make candidate <-> attempt a cycle).
 - Times are stored as naive UTC and handed back timezone-aware (SQLite has no time zones).
 """
@@ -34,7 +35,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
 
 from orchestrator.core.knobs import KNOBS, Knob, column_value
-from orchestrator.core.states import AttemptState, CandidateStatus, Fidelity, SweepStatus
+from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity, SweepStatus
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -182,6 +183,9 @@ class Attempt(Base):
     # or the device properties a sidecar recorded; the sweep plans with it instead of hardware.hbm_gb.
     gpu_capacity_gb: Mapped[float | None]
     gpu_capacity_source: Mapped[str | None] = mapped_column(String(40))
+    # What the job is for (states.AttemptRole, revision 0009): only MEASURE attempts are the candidate's
+    # measurement (latest_attempt_id / latest_result_id point at them); the finalists' jobs are evidence.
+    role: Mapped[str] = mapped_column(String(20), default=AttemptRole.MEASURE, server_default=AttemptRole.MEASURE)
 
 
 class Result(Base):

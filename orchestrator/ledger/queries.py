@@ -19,7 +19,7 @@ from sqlalchemy.orm import QueryableAttribute
 from sqlalchemy.sql.elements import ColumnElement
 
 from orchestrator.core.knobs import FIELDS, KNOB, KNOBS
-from orchestrator.core.states import Fidelity
+from orchestrator.core.states import AttemptRole, Fidelity
 from orchestrator.ledger import models as m
 from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.models import RESULT_METRICS
@@ -270,6 +270,7 @@ def best(ledger: Store, *, sweep: str | None = None, stage: str | None = None) -
             not_(m.Result.partial),
             m.Result.step_p50_s.is_not(None),
             m.Attempt.fidelity == Fidelity.FULL,
+            m.Attempt.role == AttemptRole.MEASURE,  # a finalist's parity / long-run job is no measurement
             not_(failing_parity),
         )
     )
@@ -333,6 +334,7 @@ class AttemptCost:
     fidelity: str = "full"  # states.Fidelity
     warmup_iters: int | None = None  # the window the attempt ran (its result's), None without a result
     measure_iters: int | None = None
+    role: str = "measure"  # states.AttemptRole: the finalists' jobs are charged like any attempt
 
 
 def attempt_costs(ledger: Store, sweep: str) -> list[AttemptCost]:
@@ -348,6 +350,7 @@ def attempt_costs(ledger: Store, sweep: str) -> list[AttemptCost]:
             m.Attempt.fidelity,
             m.Result.warmup_iters,
             m.Result.measure_iters_requested,
+            m.Attempt.role,
         )
         .join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
         .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from orchestrator.core.states import AttemptState, CandidateStatus, EdgeKind, SweepStatus
+from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EdgeKind, SweepStatus
 
 
 def _set(row: object, name: str, value: object) -> None:
@@ -101,9 +101,16 @@ class AttemptRow:
     updated_at: datetime
     launch_token: str | None = None  # the launch intent (Slurm job name); see Ledger.new_attempt
     fidelity: str = "full"  # states.Fidelity: probe | screen | full
+    role: AttemptRole = AttemptRole.MEASURE  # what the job is for; only MEASURE is the candidate's measurement
 
     def __post_init__(self) -> None:
         _set(self, "state", AttemptState.parse(self.state))  # a word Slurm adds later reads UNKNOWN: live
+        _set(self, "role", AttemptRole(self.role))
+
+    @property
+    def measures(self) -> bool:
+        """The search's measurement of its candidate (not a finalist's parity or long-run job)."""
+        return self.role == AttemptRole.MEASURE
 
     @property
     def terminal(self) -> bool:

@@ -1,4 +1,8 @@
-"""The policies: what to measure next, decided only from ledger observations.
+"""The searchers ("policies"): which layouts to measure next, ranked, decided only from ledger observations.
+
+A searcher only ranks and proposes layouts (`propose(env, inp, size=, fit=)` -> proposals, best first) and says
+when its search has converged; at which fidelity each is measured (probe, screen, full), how many fit in a
+round and its budget is the schedule's (orchestrator/schedule/), the same for every searcher.
 
 `calibrated_neighbours` (default): round 0 takes the best predicted layouts with diversity across EP, PP
 and CP; later rounds calibrate the planner on every measurement, re-rank, and spend the round on
@@ -16,8 +20,7 @@ import statistics
 
 from orchestrator.core.failures import Failure
 from orchestrator.core.schema import PolicyConfig, StageConfig
-from orchestrator.core.states import EdgeKind, Fidelity
-from orchestrator.search import fidelity
+from orchestrator.core.states import EdgeKind
 from orchestrator.search.calibrate import Fit, calibrate
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.moves import distinct_anchors, fit_residual, joint_pair, optimistic
@@ -31,13 +34,13 @@ from orchestrator.search.select import (
     oom_dominated,
     round_robin,
 )
-from orchestrator.search.types import Observation, Proposal, RoundInput, RoundPlan
+from orchestrator.search.types import Observation, Proposal, RoundInput
 
 DIVERSITY_SLACK = 1.5  # round 0 covers knob values only among layouts predicted within 1.5x of the best
 
 
 class Policy:
-    """Base: budget trimming and convergence; subclasses implement `propose`."""
+    """Base: the searcher's contract and its convergence; subclasses implement `propose`."""
 
     name = "base"
     calibrates = False
@@ -45,75 +48,25 @@ class Policy:
     def __init__(self, cfg: PolicyConfig):
         self.cfg = cfg
 
-    def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: StageConfig | None = None) -> RoundPlan:
+    def fit(self, env: PlanEnv, inp: RoundInput) -> Fit | None:
+        """The calibration this searcher ranks with (None: it ranks on the uncalibrated planner)."""
+        return None
+
+    def propose(
+        self,
+        env: PlanEnv,
+        inp: RoundInput,
+        *,
+        size: int,
+        fit: Fit | None = None,
+        source_stage: StageConfig | None = None,
+    ) -> list[Proposal]:
+        """Up to `size` new layouts to measure, best first (the schedule sets their fidelity and trims them)."""
         raise NotImplementedError
 
-    def round_size(self, inp: RoundInput, *, screening: bool = False) -> int:
-        size = self.cfg.round0_size if inp.round == 0 else self.cfg.round_size
-        if screening and self.cfg.screen_round_size:
-            size = self.cfg.screen_round_size
-        return max(0, min(size, inp.slots))
-
-    @staticmethod
-    def screened(env: PlanEnv, p: Proposal, cv: float | None) -> Proposal:
-        """The proposal at the screen's window (sized from the stage's measured noise), charged for it."""
-        st = env.stage
-        w, n = fidelity.window(st, Fidelity.SCREEN, fidelity.screen_iters(st, cv))
-        p.fidelity, p.measure_iters = Fidelity.SCREEN, n
-        p.est_gpu_hours = env.gpu_hours(p.predicted_step_s, w + n)
-        return p
-
-    def confirms(self, env: PlanEnv, inp: RoundInput) -> list[Proposal]:
-        """Screened contenders (fidelity.contenders) back at the full window: successive halving's next rung;
-        and layouts a fit probe found to fit, now measured at the full window."""
-        limit = min(env.stage.screen.confirm_per_round, inp.slots if inp.slots > 0 else 0)
-        out = [
-            Proposal(
-                key=r.key,
-                layout=r.layout,
-                predicted={},
-                reason=f"probed-fit: max reserved {r.peak_gb:.1f} GB of {r.hbm_gb:.0f} GB",
-                fidelity=Fidelity.FULL,
-                est_gpu_hours=env.gpu_hours(r.raw_step_s),
-            )
-            for r in inp.observations
-            if r.probed_fit
-        ]
-        for r in fidelity.contenders(inp.observations, inp.step_cv, limit):
-            hw = fidelity.half_width(inp.step_cv or 0.0, r.measure_iters or 1)
-            best = best_measured(inp.observations)
-            p = Proposal(
-                key=r.key,
-                layout=r.layout,
-                predicted={},
-                reason=f"confirm: screened p50 {r.measured_step_s:.4g}s +/- {hw:.1%}",
-                fidelity=Fidelity.FULL,
-                predicted_gain=(1.0 - r.measured_step_s / best.measured_step_s) if best else None,
-                uncertainty=hw,
-                est_gpu_hours=env.gpu_hours(r.measured_step_s),
-            )
-            out.append(p)
-        return out
-
-    @staticmethod
-    def within_budget(props: list[Proposal], slots: int, gpu_hours_left: float) -> list[Proposal]:
-        """Keep proposals in order while runs and (estimated) GPU-hours last."""
-        out: list[Proposal] = []
-        spent = 0.0
-        for p in props:
-            if len(out) >= slots:
-                break
-            if spent + p.est_gpu_hours > gpu_hours_left:
-                continue
-            out.append(p)
-            spent += p.est_gpu_hours
-        return out
-
-    def converged(self, rows: list[Observation], cv: float | None = None) -> bool:
-        """No gain > converge_gain over the best so far for converge_rounds consecutive rounds (round >= 1),
-        and no screened contender still waiting for its full-window confirmation."""
-        if fidelity.contenders(rows, cv, 1):
-            return False
+    def converged(self, rows: list[Observation]) -> bool:
+        """No gain > converge_gain over the best so far for converge_rounds consecutive rounds (round >= 1).
+        (A screened contender still waiting for its confirmation is the schedule's to say: Schedule.waiting.)"""
         rounds = sorted({r.round for r in rows})
         if len(rounds) <= self.cfg.converge_rounds:
             return False
@@ -187,11 +140,15 @@ class CalibratedNeighbours(Policy):
             return None
         return calibrate(rows, hbm_gb=env.hardware.hbm_gb, margin_gb=env.stage.memory_margin_gb)
 
-    def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: StageConfig | None = None) -> RoundPlan:
-        confirms = self.confirms(env, inp)
-        screening = inp.round > 0 and fidelity.use_screen(env.stage, inp.step_cv)
-        size = self.round_size(inp, screening=screening) - len(confirms)
-        fit = self.fit(env, inp)
+    def propose(
+        self,
+        env: PlanEnv,
+        inp: RoundInput,
+        *,
+        size: int,
+        fit: Fit | None = None,
+        source_stage: StageConfig | None = None,
+    ) -> list[Proposal]:
         factors, mem = (fit.factors, fit.memory_scale) if fit else (None, 1.0)
         seen = list(inp.observations) + list(inp.source)
         cands = [c for c in env.plan(factors, mem) if c.key not in inp.known_keys and not oom_dominated(c.layout, seen)]
@@ -199,56 +156,16 @@ class CalibratedNeighbours(Policy):
         def mk(c, reason, **kw) -> Proposal:
             return env.proposal(c, reason=reason, factors=factors, memory_factor=mem, **kw)
 
-        props: list[Proposal] = []
         best = best_measured(inp.observations)
         if inp.round == 0 and inp.source and source_stage is not None:
             n_new = max(1, size // 3)
             props = self._promotions(env, inp, source_stage, fit, size - n_new)
             taken = {p.key for p in props}
-            props += [mk(c, "model-top") for c in self._diverse(cands, size, taken)]
-        elif best is None:
-            props = [mk(c, "round0" if inp.round == 0 else "model-top") for c in self._diverse(cands, size, set())]
-        else:
-            trusted = fit is not None and fit.loo_mape is not None and fit.loo_mape <= self.cfg.model_trust_mape
-            props = self._local(inp, cands, best.measured_step_s, mk, size, trust_model=trusted, fit=fit)
-        if screening:
-            props = [self.screened(env, p, inp.step_cv) for p in props]
-        if best is not None and fit is not None and self.cfg.probes_per_round > 0:
-            props = self.probes(env, inp, fit, best.measured_step_s, {p.key for p in props}) + props
-        left = inp.gpu_hours_left - sum(c.est_gpu_hours for c in confirms)
-        props = self.within_budget(props, size, left)
-        why = f"{len(props)} proposals" + (f" screened, {len(confirms)} confirmed" if screening or confirms else "")
-        return RoundPlan(proposals=props, fit=fit, reason=f"{why} ({self.name})", confirms=confirms)
-
-    def probes(self, env: PlanEnv, inp: RoundInput, fit: Fit, best_step: float, taken: set[str]) -> list[Proposal]:
-        """Fit probes: the most promising layouts the calibrated memory model prunes while HBM lies inside its
-        error band (env.memory_band): start-up plus a few iterations read Megatron's max-reserved line, and
-        one that fits is measured next round (`confirms`), one that OOMs teaches the memory calibration."""
-        seen = list(inp.observations) + list(inp.source)
-        cut = best_step * (1.0 + self.cfg.max_predicted_loss)
-        pool = [
-            c
-            for c in env.memory_band(fit, fit.factors)
-            if not c.prediction.feasible
-            and c.key not in inp.known_keys
-            and c.key not in taken
-            and c.prediction.step_time_s <= cut
-            and not oom_dominated(c.layout, seen)
-        ]
-        out = []
-        w, n = fidelity.window(env.stage, Fidelity.PROBE)
-        for c in sorted(pool, key=lambda c: c.prediction.step_time_s)[: self.cfg.probes_per_round]:
-            p = env.proposal(
-                c,
-                reason=f"fit-probe: predicted {c.prediction.memory_gb:.1f} GB, HBM within the model's error band",
-                factors=fit.factors,
-                memory_factor=fit.memory_scale,
-                predicted_gain=1.0 - c.prediction.step_time_s / best_step,
-            )
-            p.fidelity, p.measure_iters = Fidelity.PROBE, n
-            p.est_gpu_hours = env.gpu_hours(c.prediction.step_time_s, w + n)
-            out.append(p)
-        return out
+            return props + [mk(c, "model-top") for c in self._diverse(cands, size, taken)]
+        if best is None:
+            return [mk(c, "round0" if inp.round == 0 else "model-top") for c in self._diverse(cands, size, set())]
+        trusted = fit is not None and fit.loo_mape is not None and fit.loo_mape <= self.cfg.model_trust_mape
+        return self._local(inp, cands, best.measured_step_s, mk, size, trust_model=trusted, fit=fit)
 
     def _diverse(self, cands: list, size: int, taken: set) -> list:
         pool = [c for c in cands if c.key not in taken]
@@ -356,8 +273,15 @@ class PredictedTopK(Policy):
 
     name = "predicted_topk"
 
-    def propose(self, env: PlanEnv, inp: RoundInput, *, source_stage: StageConfig | None = None) -> RoundPlan:
-        size = self.round_size(inp)
+    def propose(
+        self,
+        env: PlanEnv,
+        inp: RoundInput,
+        *,
+        size: int,
+        fit: Fit | None = None,
+        source_stage: StageConfig | None = None,
+    ) -> list[Proposal]:
         props: list[Proposal] = []
         if inp.round == 0 and inp.source and source_stage is not None:
             props = self._promotions(env, inp, source_stage, None, size)
@@ -367,5 +291,4 @@ class PredictedTopK(Policy):
                 break
             if c.key not in inp.known_keys and c.key not in taken:
                 props.append(env.proposal(c, reason="predicted-topk"))
-        props = self.within_budget(props, size, inp.gpu_hours_left)
-        return RoundPlan(proposals=props, fit=None, reason=f"{len(props)} proposals ({self.name})")
+        return props

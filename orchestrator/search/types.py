@@ -1,4 +1,5 @@
-"""Typed inputs and outputs of a policy. Pure data: the sweep loop builds them from ledger rows only.
+"""Typed inputs and outputs of a searcher and the schedule. Pure data: the sweep loop builds them from ledger rows
+only.
 
 Why the policy sees only these: the loop decides from the ledger (never from a previous process's memory),
 so a resumed orchestrator proposes exactly what a never-killed one would have.
@@ -82,7 +83,7 @@ class Proposal:
     # why, as the ledger stores it (candidate.decision): the move kind (the reason before any ':'), the
     # fidelity it is measured at, the predicted gain over the best measured step and its uncertainty (sd)
     fidelity: str = "full"
-    measure_iters: int | None = None  # a screen's measured window (policy/fidelity.screen_iters)
+    measure_iters: int | None = None  # a screen's measured window (schedule/fidelity.screen_iters)
     predicted_gain: float | None = None
     uncertainty: float | None = None
 
@@ -120,7 +121,7 @@ class RoundInput:
     slots: int  # runs the budget still allows this round
     gpu_hours_left: float
     source: list[Observation] = field(default_factory=list)  # promotion source stage (round 0 only)
-    step_cv: float | None = None  # measured step-time noise of this stage (policy/fidelity.robust_cv), if any
+    step_cv: float | None = None  # measured step-time noise of this stage (schedule/fidelity.robust_cv), if any
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Deciding the next round: stop (budget, rounds, convergence, nothing left) or add the policy's proposals.
+"""Deciding the next round: stop (budget, rounds, convergence, nothing left) or add the round the schedule makes
+of the searcher's proposals (orchestrator/schedule: fidelities, confirmations, probes, the round's size).
 
 Everything is read from the ledger at the moment of deciding, so a resumed orchestrator decides exactly
 what the killed one would have; the calibration is recorded once per round.
@@ -9,14 +10,19 @@ from __future__ import annotations
 from orchestrator.core.schema import RootConfig
 from orchestrator.core.states import CandidateStatus
 from orchestrator.ledger.ledger import CandidateIn, Ledger, SweepRow
+from orchestrator.schedule import Schedule
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.types import RoundInput
 from orchestrator.sweep import capacity, observe
 from orchestrator.sweep.setup import promotion_source
 
 
-def next_round(ledger: Ledger, cfg: RootConfig, sweep: SweepRow, policy, env: PlanEnv, view) -> str | None:
-    """None when a new round was added (or something is still queued); else why the sweep stops."""
+def next_round(
+    ledger: Ledger, cfg: RootConfig, sweep: SweepRow, policy, env: PlanEnv, view, schedule: Schedule | None = None
+) -> str | None:
+    """None when a new round was added (or something is still queued); else why the sweep stops. The searcher
+    (`policy`) proposes layouts, the schedule (orchestrator/schedule) their fidelities and the round's size."""
+    schedule = schedule or Schedule(cfg.policy)
     cands = ledger.candidates(sweep.name)
     if any(c.status in CandidateStatus.LIVE for c in cands):
         return None  # something is still queued (e.g. a retry): keep waiting
@@ -35,7 +41,7 @@ def next_round(ledger: Ledger, cfg: RootConfig, sweep: SweepRow, policy, env: Pl
     obs = observe.observations(ledger, sweeps, env)
     own = [o for o in obs if o.key in {c.key for c in cands}]
     cv = observe.step_cv(ledger, sweeps)
-    if policy.converged(own, cv):
+    if not schedule.waiting(own, cv) and policy.converged(own):
         return (
             f"converged: no gain > {cfg.policy.converge_gain:.0%} over the best for {cfg.policy.converge_rounds} rounds"
         )
@@ -55,7 +61,7 @@ def next_round(ledger: Ledger, cfg: RootConfig, sweep: SweepRow, policy, env: Pl
         source=source,
         step_cv=cv,
     )
-    plan = policy.propose(env, inp, source_stage=source_stage)
+    plan = schedule.plan(policy, env, inp, source_stage=source_stage)
     if plan.fit is not None and not any(cal.round == rnd for cal in ledger.calibrations(sweep.name)):
         f = plan.fit
         ledger.record_calibration(

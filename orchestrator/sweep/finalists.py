@@ -1,128 +1,92 @@
-"""Finalists: the correctness gate (parity vs a reference layout) and the long-run window (Q_effective).
+"""Finalists: the correctness gate (parity vs a reference layout) and the long-run window (Q_effective), for
+the top measured candidates once the search has stopped.
 
-Why separate from the sweep loop: both run extra jobs for a few measured candidates, outside the
-search budget's rounds, and record their verdicts in the ledger; the loop decides WHEN (see
-DESIGN/README), this module only knows HOW. Jobs go through the same launcher, job folders and
-`collect` as any attempt, but are not ledger attempts: they must not become a candidate's latest
-result. Their job ids and folders are logged as events as soon as they are submitted.
+Every finalist job is an attempt of its candidate (states.AttemptRole: parity, parity-reference,
+long-run-save, long-run-restore) and goes through the sweep driver's one launch path (orchestrator/sweep/loop.py:
+launch intent before sbatch, job id recorded as its array exists, adoption on resume, polling, collection,
+retries by sweep/retry.retry_decision). This module only says WHICH attempts are still needed and turns
+finished ones into verdicts. It keeps no state of its own: each `step` reads the ledger, so a driver killed at
+any moment resumes with exactly what is left: nothing runs twice, nothing is lost, each job is charged once
+(as an attempt, observe.spent).
 
-- run_parity: candidate and reference (the candidate's layout with `parity.reference` overrides, CP1 by
-  default) run `parity.steps` iterations from the same seed; lm loss and grad norm must agree within
-  the explicit tolerance. A failing candidate is `excluded` (orchestrator.ledger.queries.best skips failing parity).
-- run_long_run: save at X then exit, restore and train on (runspec.long_run_specs); the measured save /
-  restore seconds and post-restart tokens/s give Q_effective, stored on the candidate's result row.
+- pick: the top `policy.promote_top_k` by the one ranking (orchestrator.core.ranking: full window, not
+  partial, not excluded), recorded once in a `finalists` event, so an exclusion by the gate never pulls in
+  another candidate on resume (a later round's measurement makes a new pick).
+- parity: the candidate and its reference layout (`parity.reference` overrides, CP1 by default) run
+  `parity.steps` iterations from the same seed; lm loss and grad norm (the attempts' stored step samples)
+  must agree within the explicit tolerance. A failing candidate is `excluded` (never a best). A reference
+  shared by several finalists runs once, as an attempt of the first of them in pick order.
+- long run: save at X then exit, restore and train on (runspec.long_run_save_spec / long_run_restore_spec);
+  the measured save / restore seconds and post-restart tokens/s give Q_effective, stored on the candidate's
+  measured result (its measure attempt), and a `long-run` event records the outcome.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from orchestrator import runspec
-from orchestrator.core.paths import JobPaths
-from orchestrator.core.result import JobResult
+from orchestrator.core.ranking import Standing, ranked
 from orchestrator.core.schema import RootConfig
-from orchestrator.core.spec import JobSpec
+from orchestrator.core.states import AttemptRole, CandidateStatus, Fidelity
 from orchestrator.evidence import parity as parity_mod
-from orchestrator.evidence.collect import collect
 from orchestrator.evidence.effective import effective_throughput
-from orchestrator.job.entry import run_task
-from orchestrator.launch import JobState, LaunchTask
-from orchestrator.ledger.ledger import CandidateRow, Ledger, ParityRow
+from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger, MeasuredRow, ParityRow
 from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
-from orchestrator.sweep.retry import retry_decision
+from orchestrator.sweep.launches import Launch
 
-RETRY_ONCE = True  # a parity / long-run job lost to a retryable failure (NODE_FAIL ...) is resubmitted once
-OnPoll = Callable[[], None] | None  # called before every poll: the sweep loop's lease heartbeat
-
-
-# ------------------------------------------------------------------------------------------- jobs
-def run_jobs(
-    cfg: RootConfig,
-    ledger: Ledger,
-    launcher,
-    sweep: str,
-    specs: Sequence[JobSpec],
-    *,
-    kind: str,
-    candidate_id: int | None = None,
-    on_poll: OnPoll = None,
-) -> list[JobResult]:
-    """Submit every spec at once, poll until all are terminal, collect each folder (in order).
-    A retryable failure is resubmitted once. `on_poll` runs before each poll (a heartbeat; it may raise
-    to stop waiting)."""
-    results: list[JobResult | None] = [None] * len(specs)
-    retry_classes = cfg.policy.retry_classes
-    todo = list(range(len(specs)))
-    for round_no in range(2 if RETRY_ONCE else 1):
-        if not todo:
-            break
-        tasks = []
-        for i in todo:
-            spec = specs[i]
-            spec.save(JobPaths(spec.job_dir).spec)
-            tasks.append(
-                LaunchTask(
-                    fn=run_task,
-                    args=(spec,),
-                    n_gpus=spec.n_gpus,
-                    gpus_per_node=spec.gpus_per_node,
-                    name=f"{sweep}:{kind}:{spec.candidate_key[:8]}",
-                    folder=spec.job_dir,
-                    time_min=runspec.time_limit_min(spec, cfg.cluster),
-                )
-            )
-        subs = launcher.submit(tasks)
-        ids = {i: str(s.job_id) for i, s in zip(todo, subs)}
-        ledger.log_event(
-            sweep,
-            f"{kind}-submitted",
-            f"{kind}: {len(subs)} job(s) " + ", ".join(ids.values()),
-            candidate_id=candidate_id,
-            data={"jobs": [{"job_id": ids[i], "job_dir": specs[i].job_dir, "role": specs[i].role} for i in todo]},
-        )
-        states = _wait(launcher, list(ids.values()), float(cfg.cluster.poll_interval_s), on_poll)
-        retry = []
-        for i in todo:
-            st = states[ids[i]]
-            res = collect(specs[i].job_dir, slurm_state=st.state, exit_code=st.exit_code, job_id=ids[i])
-            results[i] = res
-            _charge(cfg, ledger, sweep, specs[i], res, ids[i], candidate_id)
-            again = retry_decision(res.failure_class, [res.failure_class], max_attempts=2, retry_classes=retry_classes)
-            if not res.ok and round_no == 0 and again[0]:
-                retry.append(i)
-        todo = retry
-    return [r for r in results if r is not None]
+PICK_EVENT = "finalists"  # data: keys (pick order), measured_through (the newest measure attempt then)
+LONG_RUN_EVENT = "long-run"  # one per finalist: its long-run figures, or why there are none
+Retry = Callable[[str, list[AttemptRow]], tuple[bool, str]]  # the driver's: (failure class, attempts) -> again?
 
 
-def _charge(cfg: RootConfig, ledger: Ledger, sweep: str, spec: JobSpec, res: JobResult, job_id: str, cid) -> None:
-    """A finalist job's GPU-hours (start-up + the iterations it ran x its mean step) into the ledger, where
-    observe.spent adds them to the sweep's budget."""
-    iters = (res.warmup_iters or 0) + (res.measure_iters or 0)
-    gpu_h = spec.n_gpus * (cfg.required_stage().budget.startup_s + (res.step_mean_s or 0.0) * iters) / 3600.0
-    ledger.log_event(
-        sweep,
-        "finalist-cost",
-        f"{spec.role} job {job_id}: {gpu_h:.2f} GPU-hours",
-        candidate_id=cid,
-        data={"job_id": job_id, "role": spec.role, "gpu_hours": gpu_h},
+class Outcome(StrEnum):
+    """Where a finalist's job of one role stands, from its attempts."""
+
+    LAUNCH = "launch"  # none ran yet (or only intents that never ran), or the last failed and is retried
+    LIVE = "live"  # one is pending or running
+    OK = "ok"  # the last one that ran left a result
+    FAILED = "failed"  # the last one that ran failed and is not retried
+
+
+@dataclass
+class Step:
+    launches: list[Launch] = field(default_factory=list)  # attempts still needed now
+    notes: list[str] = field(default_factory=list)  # verdicts recorded by this step, for the live view
+
+
+def standing(m: MeasuredRow) -> Standing:
+    """A measured row as the one ranking (orchestrator.core.ranking) sees it."""
+    met = m.metrics
+    return Standing(
+        p50_s=met.get("step_p50_s"),
+        p99_s=met.get("step_p99_s"),
+        peak_gb=met.get("peak_reserved_gb") or met.get("peak_allocated_gb"),
+        fidelity=Fidelity(m.fidelity),
+        partial=bool(m.partial),
+        excluded=m.status == CandidateStatus.EXCLUDED,
+        order=m.attempt_id,
     )
 
 
-def _wait(launcher, job_ids: list[str], poll_s: float, on_poll: OnPoll = None) -> dict[str, JobState]:
-    """Poll (one call for all) until every job is terminal."""
-    while True:
-        if on_poll is not None:
-            on_poll()
-        states = launcher.poll(job_ids)
-        if all(states[j].terminal for j in job_ids):
-            return states
-        time.sleep(poll_s)
+def pick(ledger: Ledger, sweep: str, k: int) -> list[CandidateRow]:
+    """The k best measured candidates by the one ranking: the finalists (no screen, no probe, nothing partial
+    or excluded)."""
+    rows = ranked(ledger.measured(sweep=sweep), standing)[: max(0, k)]
+    by_id = {c.id: c for c in ledger.candidates(sweep)}
+    return [by_id[m.candidate_id] for m in rows]
 
 
-def _planned(cfg: RootConfig, layout: Layout, key: str | None = None):
+def reference_layout(cfg: RootConfig, layout: Layout) -> Layout:
+    """The candidate's layout with `parity.reference` knobs overridden (CP1 by default)."""
+    return Layout.from_dict({**layout.to_dict(), **dict(cfg.parity.reference)})
+
+
+def _planned(cfg: RootConfig, layout: Layout, key: str | None = None) -> tuple[planner.Planned | None, str]:
     """The planner's verdict on `layout` in this stage: (Planned, "") or (None, why not)."""
     out = planner.evaluate(cfg.model, cfg.hardware, cfg.required_stage(), layout, workload=cfg.workload.name)
     if not isinstance(out, planner.Planned):
@@ -132,247 +96,305 @@ def _planned(cfg: RootConfig, layout: Layout, key: str | None = None):
     return (planner.Planned(out.layout, out.prediction, key=key) if key else out), ""
 
 
-def _folder(cfg: RootConfig, sweep: str, key: str, name: str) -> Path:
-    """`<cluster.folder>/<sweep>/<key>/<name>/` beside the candidate's attempt folders."""
-    return runspec.attempt_dir(cfg, sweep, key, 0).parent / name
+@dataclass(frozen=True)
+class _Gate:
+    """One finalist's parity set-up: its planned layout and its reference's (None: why not in `why`)."""
+
+    cand: CandidateRow
+    mine: planner.Planned | None
+    ref: planner.Planned | None
+    ref_key: str
+    same: bool  # the candidate's layout is the reference layout itself
+    why: str = ""
+
+    @property
+    def runs(self) -> bool:
+        return not self.same and self.mine is not None and self.ref is not None
 
 
-# ----------------------------------------------------------------------------------------- parity
-def reference_layout(cfg: RootConfig, layout: Layout) -> Layout:
-    """The candidate's layout with `parity.reference` knobs overridden (CP1 by default)."""
-    return Layout.from_dict({**layout.to_dict(), **dict(cfg.parity.reference)})
+class Finalists:
+    """The finalists of one sweep, read from the ledger at every `step`."""
 
+    def __init__(self, cfg: RootConfig, ledger: Ledger, sweep: str, retry: Retry):
+        self.cfg, self.ledger, self.sweep, self.retry = cfg, ledger, sweep, retry
+        self._chosen: list[CandidateRow] | None = None
 
-def run_parity(
-    cfg: RootConfig, ledger: Ledger, launcher, sweep: str, candidates: Sequence[CandidateRow], *, on_poll: OnPoll = None
-) -> list[ParityRow]:
-    """The correctness gate for `candidates`: one parity row each (in order). Candidates and their
-    references run together (one reference per distinct reference layout); a failing candidate is set to
-    `excluded` with the reason."""
-    p = cfg.parity
-    rows: dict[int, ParityRow] = {}
-    cand_specs: dict[int, JobSpec] = {}
-    ref_specs: dict[str, JobSpec] = {}
-    ref_of: dict[int, str] = {}
-    for c in candidates:
+    # ---- the pick -----------------------------------------------------------------------------------
+    def chosen(self) -> list[CandidateRow]:
+        """The recorded pick (the latest `finalists` event, while no newer measurement exists), else a fresh
+        one, recorded now."""
+        if self._chosen is not None:
+            return self._chosen
+        measured = self.ledger.measured(sweep=self.sweep)
+        through = max((m.attempt_id for m in measured), default=0)
+        events = self.ledger.events(self.sweep, kind=PICK_EVENT)
+        data = (events[-1].data or {}) if events else {}
+        if events and data.get("measured_through") == through:
+            keys = list(data.get("keys") or [])
+        else:
+            keys = [c.key for c in pick(self.ledger, self.sweep, self.cfg.policy.promote_top_k)]
+            shown = ", ".join(Layout.from_dict(c.layout).short() for c in self._rows(keys)) or "none measured"
+            self.ledger.log_event(
+                self.sweep,
+                PICK_EVENT,
+                f"finalists (top {self.cfg.policy.promote_top_k} by the measured ranking): {shown}",
+                data={"keys": keys, "measured_through": through},
+            )
+        self._chosen = self._rows(keys)
+        return self._chosen
+
+    def _rows(self, keys: Sequence[str]) -> list[CandidateRow]:
+        by_key = {c.key: c for c in self.ledger.candidates(self.sweep)}
+        return [by_key[k] for k in keys if k in by_key]
+
+    # ---- one step -----------------------------------------------------------------------------------
+    def step(self) -> Step:
+        """Record every verdict whose attempts are in; return the attempts still needed now. No launch and no
+        live finalist attempt means every verdict is recorded."""
+        out = Step()
+        numbers: dict[int, int] = {}  # next attempt number per candidate, within this step
+        chosen = self.chosen()
+        if self.cfg.parity.enabled:
+            self._parity(chosen, out, numbers)
+            chosen = [c for c in chosen if (rows := self.ledger.parity(c.id)) and all(p.passed for p in rows)]
+        if self.cfg.effective.long_run:
+            measured = {m.candidate_id: m for m in self.ledger.measured(sweep=self.sweep)}
+            for c in chosen:
+                self._long_run(c, measured.get(c.id), out, numbers)
+        return out
+
+    def _number(self, c: CandidateRow, numbers: dict[int, int]) -> int:
+        """The attempt number (over every role) a new attempt of `c` gets: its folder's and its spec's."""
+        numbers[c.id] = numbers.get(c.id, len(self.ledger.attempts(c.id, roles=None))) + 1
+        return numbers[c.id]
+
+    def _folder(self, key: str, name: str) -> Path:
+        """`<cluster.folder>/<sweep>/<key>/<name>/` beside the candidate's measurement folders."""
+        return runspec.attempt_dir(self.cfg, self.sweep, key, 0).parent / name
+
+    def _outcome(self, c: CandidateRow, role: AttemptRole) -> tuple[Outcome, AttemptRow | None]:
+        """Where `c`'s job of `role` stands; the last attempt that ran (a result to read, or a failure to name)."""
+        atts = self.ledger.attempts(c.id, roles=(role,))
+        if any(not a.terminal for a in atts):
+            return Outcome.LIVE, None
+        ran = [a for a in atts if not a.aborted]  # a launch intent that never ran is no try
+        if not ran:
+            return Outcome.LAUNCH, None
+        last = ran[-1]
+        if self.ledger.result(last.id) is not None:
+            return Outcome.OK, last
+        again, _ = self.retry(last.failure_class or last.state, ran)
+        return (Outcome.LAUNCH if again else Outcome.FAILED), last
+
+    # ---- parity -------------------------------------------------------------------------------------
+    def _gate(self, c: CandidateRow) -> _Gate:
         lay = Layout.from_dict(c.layout)
-        ref = reference_layout(cfg, lay)
+        ref = reference_layout(self.cfg, lay)
         if ref == lay:
-            rows[c.id] = ledger.record_parity(
-                c.id,
-                reference_key=c.key,
-                steps=0,
-                max_loss_diff=0.0,
-                max_grad_norm_diff=0.0,
-                tolerance=p.loss_rtol,
-                passed=True,
-                detail=f"{lay.short()} is the reference layout itself",
+            return _Gate(c, None, None, c.key, same=True, why=f"{lay.short()} is the reference layout itself")
+        mine, why = _planned(self.cfg, lay, key=c.key)
+        ref_planned, ref_why = _planned(self.cfg, ref)
+        if mine is None:
+            why = f"candidate {lay.short()} {why}"
+        elif ref_planned is None:
+            why = f"reference {ref.short()} {ref_why}: no reference to compare with"
+        return _Gate(c, mine, ref_planned, ref_planned.key if ref_planned else "", same=False, why=why)
+
+    def _parity(self, chosen: list[CandidateRow], out: Step, numbers: dict[int, int]) -> None:
+        gates = [self._gate(c) for c in chosen]
+        owner: dict[str, _Gate] = {}  # reference key -> the finalist whose attempt runs the reference
+        for g in gates:
+            if g.runs:
+                owner.setdefault(g.ref_key, g)
+        asked: set[str] = set()  # reference keys launched in this step (one launch per shared reference)
+        for g in gates:
+            c = g.cand
+            rows = self.ledger.parity(c.id)
+            if rows:  # decided; a kill between the row and the exclusion left the status behind
+                failed = next((p for p in rows if not p.passed), None)
+                if failed is not None and c.status != CandidateStatus.EXCLUDED:
+                    self.ledger.set_candidate_status(c.id, CandidateStatus.EXCLUDED, f"parity failed: {failed.detail}")
+                continue
+            row: ParityRow | None
+            if g.same:
+                row = self._verdict(c, c.key, None, g.why, passed=True)
+            elif not g.runs:
+                row = self._verdict(c, g.ref_key, None, g.why)
+            else:
+                row = self._compare(g, owner[g.ref_key], out, numbers, asked)
+            if row is not None:
+                out.notes.append(
+                    f"parity {Layout.from_dict(c.layout).short()}: "
+                    + ("passed" if row.passed else f"FAILED, excluded from promotion ({row.detail})")
+                )
+
+    def _compare(
+        self, g: _Gate, ref_owner: _Gate, out: Step, numbers: dict[int, int], asked: set[str]
+    ) -> ParityRow | None:
+        """The verdict once both runs are in (None: launched or still running)."""
+        assert g.mine is not None and g.ref is not None
+        c = g.cand
+        mine, mine_att = self._outcome(c, AttemptRole.PARITY)
+        ref, ref_att = self._outcome(ref_owner.cand, AttemptRole.PARITY_REFERENCE)
+        for who, state, att in (("candidate", mine, mine_att), ("reference", ref, ref_att)):
+            if state == Outcome.FAILED and att is not None:
+                fc = att.failure_class or att.state
+                return self._verdict(c, g.ref_key, None, f"{who} run failed: {fc} {att.failure_detail or ''}".strip())
+        if mine == Outcome.OK and ref == Outcome.OK and mine_att is not None and ref_att is not None:
+            p = self.cfg.parity
+            loss, grad = self._curves(mine_att)
+            ref_loss, ref_grad = self._curves(ref_att)
+            verdict = parity_mod.compare(
+                loss,
+                ref_loss,
+                grad,
+                ref_grad,
+                steps=p.steps,
+                loss_rtol=p.loss_rtol,
+                grad_norm_rtol=p.grad_norm_rtol,
             )
-            continue
-        mine, why = _planned(cfg, lay, key=c.key)
-        ref_planned, ref_why = _planned(cfg, ref)
-        if mine is None or ref_planned is None:
-            detail = (
-                f"candidate {lay.short()} {why}"
-                if mine is None
-                else f"reference {ref.short()} {ref_why}: no reference to compare with"
+            return self._verdict(c, g.ref_key, verdict, verdict.detail, passed=verdict.passed)
+        if mine == Outcome.LAUNCH:
+            n = self._number(c, numbers)
+            spec = runspec.parity_spec(
+                self.cfg, g.mine, sweep=self.sweep, attempt=n, job_dir=self._folder(c.key, f"parity-{n}")
             )
-            rows[c.id] = _verdict(ledger, c, ref_planned.key if ref_planned else "", None, detail, p.loss_rtol)
-            continue
-        n = len(ledger.parity(c.id)) + 1
-        cand_specs[c.id] = runspec.parity_spec(
-            cfg, mine, sweep=sweep, attempt=n, job_dir=_folder(cfg, sweep, c.key, f"parity-{n}")
+            out.launches.append(Launch(c.id, spec))
+        if ref == Outcome.LAUNCH and g.ref_key not in asked:
+            asked.add(g.ref_key)
+            o = ref_owner.cand
+            n = self._number(o, numbers)
+            folder = self._folder(g.ref_key, f"parity-reference-{o.key[:10]}-{n}")
+            spec = runspec.parity_spec(
+                self.cfg, g.ref, sweep=self.sweep, attempt=n, job_dir=folder, role=AttemptRole.PARITY_REFERENCE
+            )
+            out.launches.append(Launch(o.id, spec))
+        return None
+
+    def _curves(self, a: AttemptRow) -> tuple[list[float], list[float]]:
+        """(lm loss, grad norm) per measured iteration, as the attempt's result stored them."""
+        samples = self.ledger.step_samples(a.id)
+        return [x for _, _, x, _ in samples if x is not None], [g for _, _, _, g in samples if g is not None]
+
+    def _verdict(
+        self,
+        c: CandidateRow,
+        ref_key: str,
+        verdict: parity_mod.Parity | None,
+        detail: str,
+        *,
+        passed: bool = False,
+    ) -> ParityRow:
+        """Record the parity row (no verdict = failed: no promotion without evidence) and exclude on failure."""
+        row = self.ledger.record_parity(
+            c.id,
+            reference_key=ref_key,
+            steps=verdict.steps if verdict else 0,
+            max_loss_diff=verdict.max_loss_diff if verdict else (0.0 if passed else None),
+            max_grad_norm_diff=verdict.max_grad_norm_diff if verdict else (0.0 if passed else None),
+            tolerance=self.cfg.parity.loss_rtol,
+            passed=passed,
+            detail=detail,
         )
-        ref_of[c.id] = ref_planned.key
-        if ref_planned.key not in ref_specs:
-            ref_specs[ref_planned.key] = runspec.parity_spec(
-                cfg,
-                ref_planned,
-                sweep=sweep,
+        # record_parity already logged the "parity" event (verdict and detail) in the same transaction
+        if not passed:
+            self.ledger.set_candidate_status(c.id, CandidateStatus.EXCLUDED, f"parity failed: {detail}")
+        return row
+
+    # ---- long run -----------------------------------------------------------------------------------
+    def _long_run(self, c: CandidateRow, measured: MeasuredRow | None, out: Step, numbers: dict[int, int]) -> None:
+        """Save at X, restart, restore, train on; the figures go on the candidate's measured result.
+
+        Q_effective = steady tokens/s (the candidate's measurement) x effective fraction, with the save and
+        restore seconds this window measured."""
+        if self.ledger.events(self.sweep, kind=LONG_RUN_EVENT, candidate_id=c.id):
+            return  # decided
+        lay = Layout.from_dict(c.layout)
+        if measured is None:
+            return self._long_run_done(c, out, {"ok": False, "reason": "no measured result to attach the window to"})
+        planned, why = _planned(self.cfg, lay, key=c.key)
+        if planned is None:
+            return self._long_run_done(c, out, {"ok": False, "reason": f"{lay.short()} {why}"})
+        save_state, save = self._outcome(c, AttemptRole.LONG_RUN_SAVE)
+        if save_state == Outcome.LIVE:
+            return None
+        if save_state == Outcome.LAUNCH:
+            n = self._number(c, numbers)
+            folder = self._folder(c.key, f"long-run-save-{n}")
+            spec = runspec.long_run_save_spec(
+                self.cfg, planned, sweep=self.sweep, attempt=n, job_dir=folder, ckpt_dir=folder / "ckpt"
+            )
+            out.launches.append(Launch(c.id, spec))
+            return None
+        assert save is not None
+        saved = self.ledger.result(save.id) if save_state == Outcome.OK else None
+        if saved is None or saved.get("ckpt_save_s") is None:
+            why = "logged no save time" if saved is not None else f"failed: {save.failure_class or save.state}"
+            detail = f"save job {why} {save.failure_detail or ''}".strip()
+            return self._long_run_done(c, out, {"ok": False, "reason": detail, "folder": save.job_dir})
+        restore_state, restore = self._outcome(c, AttemptRole.LONG_RUN_RESTORE)
+        if restore_state == Outcome.LIVE:
+            return None
+        if restore_state == Outcome.LAUNCH:  # the checkpoint of the save that succeeded
+            n = self._number(c, numbers)
+            spec = runspec.long_run_restore_spec(
+                self.cfg,
+                planned,
+                sweep=self.sweep,
                 attempt=n,
-                job_dir=_folder(cfg, sweep, ref_planned.key, f"parity-reference-{c.key[:10]}-{n}"),
+                job_dir=self._folder(c.key, f"long-run-restore-{n}"),
+                ckpt_dir=Path(save.job_dir) / "ckpt",
             )
-    specs = list(cand_specs.values()) + list(ref_specs.values())
-    if specs:
-        results = run_jobs(cfg, ledger, launcher, sweep, specs, kind="parity", on_poll=on_poll)
-        by_dir = {s.job_dir: r for s, r in zip(specs, results)}
-        for cid, spec in cand_specs.items():
-            c = next(x for x in candidates if x.id == cid)
-            ref_spec = ref_specs[ref_of[cid]]
-            rows[cid] = _compare(ledger, c, ref_of[cid], by_dir[spec.job_dir], by_dir[ref_spec.job_dir], cfg)
-    return [rows[c.id] for c in candidates]
-
-
-def _compare(
-    ledger: Ledger, c: CandidateRow, ref_key: str, mine: JobResult, ref: JobResult, cfg: RootConfig
-) -> ParityRow:
-    p = cfg.parity
-    for who, r in (("candidate", mine), ("reference", ref)):
-        if not r.ok:
-            return _verdict(
-                ledger,
-                c,
-                ref_key,
-                None,
-                f"{who} run failed: {r.failure_class or '?'} {r.failure_detail}".strip(),
-                p.loss_rtol,
-            )
-    verdict = parity_mod.compare(
-        mine.lm_loss,
-        ref.lm_loss,
-        mine.grad_norm,
-        ref.grad_norm,
-        steps=p.steps,
-        loss_rtol=p.loss_rtol,
-        grad_norm_rtol=p.grad_norm_rtol,
-    )
-    return _verdict(ledger, c, ref_key, verdict, verdict.detail, p.loss_rtol)
-
-
-def _verdict(
-    ledger: Ledger, c: CandidateRow, ref_key: str, verdict: parity_mod.Parity | None, detail: str, tolerance: float
-) -> ParityRow:
-    """Record the parity row (no verdict = failed: no promotion without evidence) and exclude on failure."""
-    passed = bool(verdict and verdict.passed)
-    row = ledger.record_parity(
-        c.id,
-        reference_key=ref_key,
-        steps=verdict.steps if verdict else 0,
-        max_loss_diff=verdict.max_loss_diff if verdict else None,
-        max_grad_norm_diff=verdict.max_grad_norm_diff if verdict else None,
-        tolerance=tolerance,
-        passed=passed,
-        detail=detail,
-    )
-    # record_parity already logged the "parity" event (verdict and detail) in the same transaction
-    if not passed:
-        ledger.set_candidate_status(c.id, "excluded", f"parity failed: {detail}")
-    return row
-
-
-# --------------------------------------------------------------------------------------- long run
-def run_long_run(
-    cfg: RootConfig, ledger: Ledger, launcher, sweep: str, candidate: CandidateRow, *, on_poll: OnPoll = None
-) -> dict:
-    """Save at X, restart, restore, train on; store the measured figures on the candidate's latest result.
-
-    Q_effective = steady tokens/s (the candidate's measured result) x effective fraction, with the save
-    and restore seconds this window measured. Returns what was stored plus `ok` / `reason`."""
-    c = candidate
-    lay = Layout.from_dict(c.layout)
-    measured = next((m for m in ledger.measured(sweep=sweep) if m.candidate_id == c.id), None)
-    if measured is None:
-        return _long_run_done(ledger, sweep, c, {"ok": False, "reason": "no measured result to attach the window to"})
-    planned, why = _planned(cfg, lay, key=c.key)
-    if planned is None:
-        return _long_run_done(ledger, sweep, c, {"ok": False, "reason": f"{lay.short()} {why}"})
-    n = sum(1 for e in ledger.events(sweep, kind="long-run", candidate_id=c.id)) + 1
-    folder = _folder(cfg, sweep, c.key, f"long-run-{n}")
-    save_spec, restore_spec = runspec.long_run_specs(
-        cfg, planned, sweep=sweep, attempt=n, ckpt_dir=folder / "ckpt", folder=folder
-    )
-    (save,) = run_jobs(cfg, ledger, launcher, sweep, [save_spec], kind="long-run", candidate_id=c.id, on_poll=on_poll)
-    if not save.ok or save.ckpt_save_s is None:
-        return _long_run_done(
-            ledger,
-            sweep,
-            c,
-            {
-                "ok": False,
-                "reason": f"save job failed: {save.failure_class} {save.failure_detail}".strip(),
-                "folder": str(folder),
-            },
+            out.launches.append(Launch(c.id, spec))
+            return None
+        assert restore is not None
+        restored = self.ledger.result(restore.id) if restore_state == Outcome.OK else None
+        if restored is None or restored.get("ckpt_restore_s") is None:
+            why = "logged no load time" if restored is not None else f"failed: {restore.failure_class or restore.state}"
+            detail = f"restore job {why} {restore.failure_detail or ''}".strip()
+            return self._long_run_done(c, out, {"ok": False, "reason": detail, "folder": restore.job_dir})
+        steady = measured.metrics.get("tokens_per_s") or saved.get("tokens_per_s")
+        if steady is None:
+            return self._long_run_done(c, out, {"ok": False, "reason": "no tokens/s measured"})
+        eff = self.cfg.effective
+        e = effective_throughput(
+            steady,
+            n_gpus=self.cfg.required_stage().gpus,
+            save_s=saved["ckpt_save_s"],
+            restore_s=restored["ckpt_restore_s"],
+            checkpoint_interval_s=eff.checkpoint_interval_s,
+            interruption_rate_per_gpu_hour=eff.interruption_rate_per_gpu_hour,
+            restart_overhead_s=eff.restart_overhead_s,
         )
-    (restore,) = run_jobs(
-        cfg, ledger, launcher, sweep, [restore_spec], kind="long-run", candidate_id=c.id, on_poll=on_poll
-    )
-    if not restore.ok or restore.ckpt_restore_s is None:
-        why = f"failed: {restore.failure_class} {restore.failure_detail}" if not restore.ok else "logged no load time"
-        return _long_run_done(
-            ledger, sweep, c, {"ok": False, "reason": f"restore job {why}".strip(), "folder": str(folder)}
-        )
-    steady = measured.metrics.get("tokens_per_s") or save.tokens_per_s
-    if steady is None:
-        return _long_run_done(ledger, sweep, c, {"ok": False, "reason": "no tokens/s measured", "folder": str(folder)})
-    eff = cfg.effective
-    e = effective_throughput(
-        steady,
-        n_gpus=cfg.required_stage().gpus,
-        save_s=save.ckpt_save_s,
-        restore_s=restore.ckpt_restore_s,
-        checkpoint_interval_s=eff.checkpoint_interval_s,
-        interruption_rate_per_gpu_hour=eff.interruption_rate_per_gpu_hour,
-        restart_overhead_s=eff.restart_overhead_s,
-    )
-    values = {
-        "ckpt_save_s": save.ckpt_save_s,
-        "ckpt_restore_s": restore.ckpt_restore_s,
-        "tokens_per_s_after_restart": restore.tokens_per_s_after_restart,
-        "effective_fraction": e.effective_fraction,
-        "q_effective": e.q_effective,
-    }
-    ledger.update_result_metrics(measured.attempt_id, **values)
-    return _long_run_done(
-        ledger,
-        sweep,
-        c,
-        {
+        values = {
+            "ckpt_save_s": saved["ckpt_save_s"],
+            "ckpt_restore_s": restored["ckpt_restore_s"],
+            "tokens_per_s_after_restart": restored.get("tokens_per_s_after_restart"),
+            "effective_fraction": e.effective_fraction,
+            "q_effective": e.q_effective,
+        }
+        self.ledger.update_result_metrics(measured.attempt_id, **values)  # idempotent: a resume writes the same
+        info = {
             "ok": True,
             "reason": "",
             "attempt_id": measured.attempt_id,
+            "save_attempt_id": save.id,
+            "restore_attempt_id": restore.id,
             "tokens_per_s": steady,
             **values,
-            "folder": str(folder),
             "interruptions_per_day": e.interruptions_per_day,
-        },
-    )
+        }
+        return self._long_run_done(c, out, info)
 
-
-def _long_run_done(ledger: Ledger, sweep: str, c: CandidateRow, info: dict) -> dict:
-    lay = Layout.from_dict(c.layout).short()
-    if info["ok"]:
-        msg = (
-            f"{lay}: save {info['ckpt_save_s']:.2f}s, restore {info['ckpt_restore_s']:.2f}s, "
-            f"{info['tokens_per_s_after_restart'] or 0:,.0f} tok/s after restart, "
-            f"Q_effective {info['q_effective']:,.0f} tok/s ({info['effective_fraction']:.1%})"
-        )
-    else:
-        msg = f"{lay}: no long-run figures: {info['reason']}"
-    ledger.log_event(sweep, "long-run", msg, candidate_id=c.id, data=info)
-    return info
-
-
-# --------------------------------------------------------------------------------------- together
-def pick(ledger: Ledger, sweep: str, k: int) -> list[CandidateRow]:
-    """The k fastest measured candidates (non-partial step p50, never excluded): the finalists."""
-    rows = [
-        m
-        for m in ledger.measured(sweep=sweep)
-        if m.status != "excluded" and not m.partial and m.metrics.get("step_p50_s") is not None
-    ]
-    rows.sort(key=lambda m: (m.metrics["step_p50_s"], m.metrics.get("step_p99_s") or 0.0, m.candidate_id))
-    by_id = {c.id: c for c in ledger.candidates(sweep)}
-    return [by_id[m.candidate_id] for m in rows[: max(0, k)]]
-
-
-def run_finalists(
-    cfg: RootConfig, ledger: Ledger, launcher, sweep: str, k: int | None = None, *, on_poll: OnPoll = None
-) -> dict:
-    """What the sweep loop calls once its search has stopped: the top k (policy.promote_top_k) measured
-    candidates go through the correctness gate (parity.enabled), and those that pass through the long-run
-    window (effective.long_run). Idempotent: a candidate with a parity row, or a result that already has
-    ckpt_save_s, is not run again (a resumed sweep does not repeat them)."""
-    k = cfg.policy.promote_top_k if k is None else k
-    chosen = pick(ledger, sweep, k)
-    out: dict = {"finalists": [c.key for c in chosen], "parity": {}, "long_run": {}}
-    if cfg.parity.enabled:
-        fresh = [c for c in chosen if not ledger.parity(c.id)]
-        for row in run_parity(cfg, ledger, launcher, sweep, fresh, on_poll=on_poll):
-            out["parity"][row.candidate_id] = row.passed
-        chosen = [c for c in chosen if all(p.passed for p in ledger.parity(c.id))]
-    if cfg.effective.long_run:
-        measured = {m.candidate_id: m for m in ledger.measured(sweep=sweep)}
-        for c in chosen:
-            if measured[c.id].metrics.get("ckpt_save_s") is None:
-                out["long_run"][c.id] = run_long_run(cfg, ledger, launcher, sweep, c, on_poll=on_poll)
-    return out
+    def _long_run_done(self, c: CandidateRow, out: Step, info: dict) -> None:
+        lay = Layout.from_dict(c.layout).short()
+        if info["ok"]:
+            msg = (
+                f"{lay}: save {info['ckpt_save_s']:.2f}s, restore {info['ckpt_restore_s']:.2f}s, "
+                f"{info['tokens_per_s_after_restart'] or 0:,.0f} tok/s after restart, "
+                f"Q_effective {info['q_effective']:,.0f} tok/s ({info['effective_fraction']:.1%})"
+            )
+        else:
+            msg = f"{lay}: no long-run figures: {info['reason']}"
+        self.ledger.log_event(self.sweep, LONG_RUN_EVENT, msg, candidate_id=c.id, data=info)
+        out.notes.append(f"long-run {msg}")

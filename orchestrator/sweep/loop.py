@@ -1,11 +1,14 @@
-"""The sweep loop: plan -> select within budget -> submit -> poll -> ingest -> decide, until done.
+"""The sweep loop: plan -> select within budget -> submit -> poll -> ingest -> decide, until done; then the
+finalists (parity gate, long-run window).
 
-Every decision reads the ledger (never memory carried from a previous process), and every side effect
-is written to the ledger right around it: an attempt is stored as a launch intent (its token is the Slurm
-job name) before sbatch, its job id as soon as sbatch returns, before anything waits on it; a result is
-recorded (idempotently, per attempt) before the candidate's status moves. So `kill -9` at any point, then
-`resume` (which adopts a launched intent by its token), loses no result and submits nothing twice. The
-lease is renewed by a thread (orchestrator.ledger.leases.LeaseKeeper), so no wait here can lose it.
+Every job is an attempt, and every attempt (a measurement at its fidelity, a finalist's parity or long-run
+job) goes out through ONE launch path, `Driver._launch`. Every decision reads the ledger (never memory
+carried from a previous process), and every side effect is written to the ledger right around it: an
+attempt is stored as a launch intent (its token is the Slurm job name) before sbatch, its job id as soon as
+sbatch returns, before anything waits on it; a result is recorded (idempotently, per attempt) before the
+candidate's status moves or a finalist's verdict is drawn from it. So `kill -9` at any point, then `resume`
+(which adopts a launched intent by its token), loses no result and submits nothing twice. The lease is
+renewed by a thread (orchestrator.ledger.leases.LeaseKeeper), so no wait here can lose it.
 """
 
 from __future__ import annotations
@@ -18,21 +21,27 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.core.failures import Failure
 from orchestrator.core.paths import JobPaths
 from orchestrator.core.schema import RootConfig
-from orchestrator.core.states import AttemptState, CandidateStatus, SweepStatus
+from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, SweepStatus
 from orchestrator.ledger.leases import LeaseKeeper, holder_id
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger, SweepRow
 from orchestrator.plan.layout import Layout, Prediction
 from orchestrator.plan.planner import Planned
+from orchestrator.schedule import Schedule
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
 from orchestrator.sweep import observe
 from orchestrator.sweep.decide import next_round
+from orchestrator.sweep.launches import Launch
 from orchestrator.sweep.retry import retry_decision
 from orchestrator.sweep.view import Snapshot, View
+
+if TYPE_CHECKING:
+    from orchestrator.sweep.finalists import Finalists
 
 _PRED_FIELDS = {f.name for f in dataclasses.fields(Prediction)}
 FAULT_ENV = "ORCH_FAULT"  # tests only: inject a crash at a named point of the loop (fault_point)
@@ -86,7 +95,8 @@ class Driver:
         self.opts = options or Options()
         self.name = sweep.name
         self.holder = holder_id()
-        self.policy = make_policy(cfg.policy)
+        self.policy = make_policy(cfg.policy)  # the searcher: which layouts
+        self.schedule = Schedule(cfg.policy)  # the rungs: at which fidelity, how many per round
         self.stage = cfg.required_stage()
         self.env = PlanEnv(cfg.model, cfg.hardware, self.stage, cfg.workload.name)
         self.poll_s = float(cfg.cluster.poll_interval_s)
@@ -94,6 +104,7 @@ class Driver:
         self._t0 = time.monotonic()
         self.stats = {"polls": 0, "sleep_s": 0.0, "submitted": 0}  # for `make bench`: control-plane time
         self._dirty = True  # something changed since the view was last drawn
+        self.finalists: Finalists | None = None  # set once the search has stopped (see _finalists)
 
     # ---- lease ------------------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -156,42 +167,29 @@ class Driver:
                 return "cancelled (orchestrator cancel)"
             reason = self._decide()
             if reason:
-                self._finalists()
-                return reason
+                return self._finalists() or reason
 
-    def _finalists(self) -> None:
-        """Once the search stops: the correctness gate and the long-run window for the top measured
-        candidates (orchestrator/sweep/finalists.py; idempotent, so a resumed sweep does not repeat them)."""
+    def _finalists(self) -> str | None:
+        """Once the search stops: the correctness gate and the long-run window for the top measured candidates.
+        Their jobs are attempts like any other (orchestrator/sweep/finalists.py says which are still needed and
+        records the verdicts): `_submit_planned` launches them through the one launch path and `_wait` polls,
+        collects and retries them. Returns why the driving stopped early (wall limit, cancel), else None."""
         if not (self.cfg.parity.enabled or self.cfg.effective.long_run):
-            return
-        from orchestrator.sweep.finalists import run_finalists
+            return None
+        from orchestrator.sweep.finalists import Finalists
 
-        self.view.event(
-            "finalists: "
-            + " + ".join(
-                w
-                for w, on in (
-                    ("parity gate", self.cfg.parity.enabled),
-                    ("long-run window", self.cfg.effective.long_run),
-                )
-                if on
-            )
-        )
+        parts = [
+            w
+            for w, on in (("parity gate", self.cfg.parity.enabled), ("long-run window", self.cfg.effective.long_run))
+            if on
+        ]
+        self.view.event("finalists: " + " + ".join(parts))
         from orchestrator.sweep.capacity import effective_config
 
         cfg = effective_config(self.ledger, self.cfg, self.name)  # the GPUs' measured capacity, not the config's
-        out = run_finalists(cfg, self.ledger, self.launcher, self.name, on_poll=self._heartbeat)
-        for cid, passed in out["parity"].items():
-            self.view.event(f"parity candidate {cid}: {'passed' if passed else 'FAILED, excluded from promotion'}")
-        for cid, lr in out["long_run"].items():
-            if lr.get("ok"):
-                self.view.event(
-                    f"long-run candidate {cid}: save {lr['ckpt_save_s']:.2f}s restore "
-                    f"{lr['ckpt_restore_s']:.2f}s Q_effective {lr['q_effective']:,.0f} tok/s"
-                )
-            else:
-                self.view.event(f"long-run candidate {cid}: {lr.get('reason')}")
-        self._dirty = True
+        self.finalists = Finalists(cfg, self.ledger, self.name, self._retry)
+        self._submit_planned()
+        return self._wait()  # returns None once nothing is launched or live: every verdict recorded
 
     def _cancelled(self) -> bool:
         sweep = self.ledger.get_sweep(self.name)
@@ -273,64 +271,77 @@ class Driver:
                 continue
             why = f"job {job.job_id} was cancelled before its id was recorded" if job else "no job reached the cluster"
             self.ledger.update_attempt(a.id, state=AttemptState.CANCELLED, failure_detail=f"launch aborted: {why}")
-            self.ledger.set_candidate_status(a.candidate_id, CandidateStatus.PLANNED, f"launch aborted ({why})")
+            if a.measures:  # a finalist's job is asked for again by the finalists' next step
+                self.ledger.set_candidate_status(a.candidate_id, CandidateStatus.PLANNED, f"launch aborted ({why})")
             self.view.event(f"launch intent {a.launch_token} released: {why}")
 
     def _submit_planned(self) -> int:
-        """Claim every planned candidate and submit them as one array. Crash-consistent: each attempt is first
-        written as an intent whose token names the Slurm job (`_adopt` finds it after a kill), and each job id
-        is stored the moment its array exists; a record that fails cancels every job of the call."""
-        from orchestrator.job.entry import run_task
-        from orchestrator.launch import LaunchTask
-        from orchestrator.runspec import attempt_dir, build_spec, time_limit_min
-        from orchestrator.search.fidelity import decision_window
+        """Claim every planned candidate (their measurements at the fidelity their decision names) and, once the
+        search has stopped, the finalists' jobs still needed; launch them all through `_launch`."""
+        from orchestrator.runspec import attempt_dir, build_spec
+        from orchestrator.schedule.fidelity import decision_window
 
-        claimed = self.ledger.claim_for_submission(self.name, 10_000, self.holder)
-        if not claimed:
-            return 0
-        tasks = []
-        fidelities: list[str] = []
-        for c in claimed:
+        launches: list[Launch] = []
+        for c in self.ledger.claim_for_submission(self.name, 10_000, self.holder):
             atts = self.ledger.attempts(c.id)
-            attempt = len(atts) + 1
+            attempt = len(self.ledger.attempts(c.id, roles=None)) + 1  # numbered over every role
             # A retry after NODE_FAIL keeps off the node(s) it failed on ("retried on healthy nodes").
             failed = [x for x in atts if not x.aborted]
             exclude = (failed[-1].node_list or "") if failed and failed[-1].failure_class == Failure.NODE_FAIL else ""
             folder = attempt_dir(self.cfg, self.name, c.key, attempt)
             fid, win = decision_window(self.stage, c.decision)  # screen, probe or the stage's full window
-            fidelities.append(fid)
             spec = build_spec(
-                self.cfg, planned_from_row(c), sweep=self.name, attempt=attempt, job_dir=folder, window=win
+                self.cfg,
+                planned_from_row(c),
+                sweep=self.name,
+                attempt=attempt,
+                job_dir=folder,
+                window=win,
+                fidelity=fid,
             )
-            spec.save(JobPaths(folder).spec)
-            tasks.append(
-                LaunchTask(
-                    fn=run_task,
-                    args=(spec,),
-                    n_gpus=spec.n_gpus,
-                    gpus_per_node=spec.gpus_per_node,
-                    name=f"{self.name}:{c.key[:8]}:{attempt}",
-                    folder=str(folder),
-                    time_min=time_limit_min(spec, self.cfg.cluster),
-                    exclude=exclude,
-                )
-            )
+            launches.append(Launch(c.id, spec, exclude))
+        if self.finalists is not None:
+            step = self.finalists.step()
+            for note in step.notes:
+                self.view.event(note)
+            self._dirty = self._dirty or bool(step.notes)
+            launches += step.launches
+        return self._launch(launches)
+
+    def _launch(self, launches: Sequence[Launch]) -> int:
+        """THE launch path of every attempt (measure, screen, probe, parity, long-run): submit them as arrays.
+        Crash-consistent: each attempt is first written as an intent whose token names the Slurm job (`_adopt`
+        finds it after a kill), and each job id is stored the moment its array exists; a record that fails
+        cancels every job of the call."""
+        from orchestrator.runspec import launch_task
+
+        if not launches:
+            return 0
+        tasks = []
+        for x in launches:
+            x.spec.save(JobPaths(x.spec.job_dir).spec)
+            tasks.append(launch_task(self.cfg, x.spec, exclude=x.exclude))
         intents: list[AttemptRow] = [None] * len(tasks)  # type: ignore[list-item]  # every slot is filled below
         for group in self.launcher.arrays(tasks):
             token = f"{self.name}.{secrets.token_hex(4)}"
             for k, i in enumerate(group):
                 tasks[i].token = token
                 intents[i] = self.ledger.new_attempt(
-                    claimed[i].id,
+                    launches[i].candidate_id,
                     array_index=k if len(group) > 1 else None,
                     job_dir=tasks[i].folder,
                     simulated=self.cfg.workload.simulated,
                     launch_token=token,
-                    fidelity=fidelities[i],
+                    fidelity=launches[i].spec.fidelity,
+                    role=launches[i].spec.role,
                 )
+        # tests inject a crash between the intents and sbatch, or sbatch and the record (`finalists-` for a call
+        # that launches a finalist's job: it comes after the search's launches)
+        where = "" if all(x.spec.role == AttemptRole.MEASURE for x in launches) else "finalists-"
+        fault_point(f"{where}intent")
 
         def record(pairs) -> None:  # called as each array exists: its job ids into the ledger before any waiting
-            fault_point("record")
+            fault_point(f"{where}record")
             self.ledger.launched([(intents[i].id, str(sub.job_id), sub.array_index) for i, sub in pairs])
             if getattr(self.launcher, "starts_on_submit", False):  # local jobs run (and end) while submit() waits
                 self._poll(self.ledger.live_attempts(self.name))
@@ -385,7 +396,7 @@ class Driver:
                 self._dirty = True
             if st.terminal:
                 self._ingest(a, st, cands[a.candidate_id])
-            elif st.state == AttemptState.RUNNING:
+            elif st.state == AttemptState.RUNNING and a.measures:
                 c = cands[a.candidate_id]
                 if c.status == CandidateStatus.SUBMITTED:
                     self.ledger.set_candidate_status(
@@ -402,6 +413,10 @@ class Driver:
         )
         self.ledger.record_result(a.id, res.to_dict())
         self._dirty = True
+        if not a.measures:  # a finalist's job: its verdict is the finalists' next step (retries too)
+            what = "done" if res.ok else f"{res.failure_class or a.state}"
+            self.view.event(f"{a.role} job {a.job_id} {what} ({Layout.from_dict(c.layout).short()})")
+            return
         atts = self.ledger.attempts(a.candidate_id)
         self._settle(c, next(x for x in atts if x.id == a.id), atts)
 
@@ -439,7 +454,7 @@ class Driver:
 
     # ---- deciding the next round ------------------------------------------------------------------
     def _decide(self) -> str | None:
-        return next_round(self.ledger, self.cfg, self.sweep, self.policy, self.env, self.view)
+        return next_round(self.ledger, self.cfg, self.sweep, self.policy, self.env, self.view, self.schedule)
 
     # ---- output -----------------------------------------------------------------------------------
     def _show(self) -> None:

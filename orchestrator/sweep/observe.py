@@ -9,16 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from orchestrator.core.schema import StageConfig
-from orchestrator.core.states import AttemptState, CandidateStatus, Fidelity
+from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity
 from orchestrator.evidence.metrics import GB_PER_MIB
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import CandidateRow, Ledger, SweepRow
 from orchestrator.plan.layout import Layout
-from orchestrator.search import fidelity
+from orchestrator.schedule import fidelity
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.types import Observation
 
-FINALIST_EVENTS = ("finalist-cost",)  # orchestrator/sweep/finalists.py logs one per finalist job it ran
+FINALIST_EVENTS = ("finalist-cost",)  # one per finalist job, logged before those jobs were attempts (revision 0009)
 
 
 def same_stage_sweeps(ledger: Ledger, sweep: SweepRow) -> list[SweepRow]:
@@ -126,7 +126,7 @@ NOISE_RUNS = 12  # the stage's step-time noise is pooled over its latest full-wi
 
 
 def step_cv(ledger: Ledger, sweeps: list[SweepRow]) -> float | None:
-    """The stage's measured step-time noise (policy/fidelity.robust_cv, pooled): what sizes a screen."""
+    """The stage's measured step-time noise (schedule/fidelity.robust_cv, pooled): what sizes a screen."""
     rows = [r for s in sweeps for r in ledger.measured(sweep=s.name) if r.fidelity == Fidelity.FULL]
     rows.sort(key=lambda r: r.attempt_id)
     return fidelity.pooled_cv(
@@ -148,7 +148,8 @@ class Spent:
 def spent(ledger: Ledger, sweep: str, *, stage: StageConfig) -> Spent:
     """runs = candidates with an attempt. One attempt costs N x (start-up + its own window's iterations x
     mean step), else N x wall time, / 3600 (stage.budget.startup_s is charged to every launch that ran);
-    the finalists (parity, long-run) charge what their events recorded."""
+    the finalists' jobs (parity, long-run: attempts of their own roles) are charged the same way, under
+    "finalists"; a sweep older than revision 0009 adds what its finalist-cost events recorded."""
     costs = queries.attempt_costs(ledger, sweep)
     n_gpus, startup = stage.gpus, stage.budget.startup_s
     by: dict[str, float] = {}
@@ -161,11 +162,11 @@ def spent(ledger: Ledger, sweep: str, *, stage: StageConfig) -> Spent:
             gpu_s = n_gpus * (startup + a.step_mean_s * iters)
         elif a.start_time and a.end_time:
             gpu_s = n_gpus * (startup + max(0.0, (a.end_time - a.start_time).total_seconds()))
-        f = str(a.fidelity or Fidelity.FULL)
+        f = str(a.fidelity or Fidelity.FULL) if a.role == AttemptRole.MEASURE else "finalists"
         by[f] = by.get(f, 0.0) + gpu_s / 3600.0
-    fin = finalist_gpu_hours(ledger, sweep)
+    fin = finalist_gpu_hours(ledger, sweep)  # finalists' jobs of sweeps run before they were attempts
     if fin:
-        by["finalists"] = fin
+        by["finalists"] = by.get("finalists", 0.0) + fin
     return Spent(
         runs=len({a.candidate_id for a in costs}),
         attempts=len(costs),

@@ -271,9 +271,9 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
     executing each claimed candidate in-process (see the module docstring)."""
     from orchestrator.core.result import JobResult, RankMemory
     from orchestrator.plan.layout import Layout
+    from orchestrator.schedule.fidelity import decision_window
     from orchestrator.search import make_policy
     from orchestrator.search.env import PlanEnv
-    from orchestrator.search.fidelity import decision_window
     from orchestrator.sweep import observe
     from orchestrator.sweep.decide import next_round
     from orchestrator.sweep.retry import retry_decision

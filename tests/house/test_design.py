@@ -88,6 +88,15 @@ def test_the_search_never_reads_the_ledger():
     assert "orchestrator/ledger" not in actual_graph()["orchestrator/search"]
 
 
+def test_a_searcher_never_schedules_and_the_driver_never_builds_a_task_itself():
+    """The schedule (fidelity rungs) stands on the searchers, never the other way round; the driver reaches the
+    compute node's code only through runspec's one spec -> task assembly."""
+    edges = actual_graph()
+    assert "orchestrator/search" in edges["orchestrator/schedule"]
+    assert "orchestrator/schedule" not in edges["orchestrator/search"]
+    assert "orchestrator/job" not in edges["orchestrator/sweep"] | edges["orchestrator/commands"]
+
+
 def test_the_room_graph_has_no_cycle():
     """No two rooms import each other, directly or around a loop: every arrow runs down a floor."""
     edges = actual_graph()

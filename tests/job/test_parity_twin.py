@@ -33,7 +33,7 @@ def _pair(tmp_path: Path, *extra: str):
         pl = planner.evaluate(cfg.model, cfg.hardware, cfg.stage, lay, workload="twin")
         assert isinstance(pl, planner.Planned), pl
         spec = runspec.parity_spec(cfg, pl, sweep="parity", attempt=1, job_dir=tmp_path / name)
-        assert spec.stage.warmup_iters == 0 and spec.stage.measure_iters == cfg.parity.steps
+        assert spec.window == (0, cfg.parity.steps) and spec.stage == cfg.stage  # the stage is not rewritten
         run_task(spec)
         res = collect(spec.job_dir, slurm_state="COMPLETED", exit_code=0)
         assert res.ok and len(res.lm_loss) == cfg.parity.steps == len(res.grad_norm), res.failure_detail

@@ -64,6 +64,7 @@ def test_time_limit_leaves_room_for_the_distributed_timeout():
     def spec(argv, simulated=False):
         return SimpleNamespace(
             stage=stage,
+            window=(stage.warmup_iters, stage.measure_iters),  # JobSpec.window: the attempt's own
             predicted={"step_time_s": 1.0},
             command=["python", "x.py", *argv],
             workload=SimpleNamespace(simulated=simulated),

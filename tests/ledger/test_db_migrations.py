@@ -48,8 +48,9 @@ def test_upgrade_from_previous_revision_keeps_data(ledger_url):
                 )
                 .returning(m.Sweep.__table__.c.id)
             ).scalar_one()
-            conn.execute(
-                insert(m.Candidate.__table__).values(
+            cand_id = conn.execute(
+                insert(m.Candidate.__table__)
+                .values(
                     sweep_id=sweep_id,
                     key="k" * 32,
                     tp=1,
@@ -72,14 +73,23 @@ def test_upgrade_from_previous_revision_keeps_data(ledger_url):
                     created_at=now,
                     updated_at=now,
                 )
+                .returning(m.Candidate.__table__.c.id)
+            ).scalar_one()
+            conn.execute(  # the columns of revision N-1 only (the model's defaults name the new one)
+                text(
+                    "INSERT INTO attempt (candidate_id, attempt_no, job_id, job_dir, state, log_paths, sidecar_paths,"
+                    " simulated, created_at, updated_at) VALUES (:c, 1, '7', '/r/a-1', 'COMPLETED', '[]', '[]',"
+                    " :t, :now, :now)"
+                ),
+                {"c": cand_id, "t": True, "now": now},
             )
-        # what the head revision (0008: the GPU capacity an attempt's evidence stated) adds is not there yet at N-1
-        assert "gpu_capacity_gb" not in {c["name"] for c in inspect(eng).get_columns("attempt")}
+        # what the head revision (0009: attempt role) adds is not there yet at N-1
+        assert "role" not in {c["name"] for c in inspect(eng).get_columns("attempt")}
         if eng.dialect.name != "sqlite":  # a team database is never upgraded behind the user's back
             with pytest.raises(LedgerError, match=f"schema revision {previous}.*db upgrade"):
                 Ledger.open(ledger_url)
         assert E.upgrade(eng).up_to_date
-        assert "gpu_capacity_gb" in {c["name"] for c in inspect(eng).get_columns("attempt")}
+        assert "role" in {c["name"] for c in inspect(eng).get_columns("attempt")}
     finally:
         eng.dispose()
     with Ledger.open(ledger_url) as led:
@@ -87,6 +97,8 @@ def test_upgrade_from_previous_revision_keeps_data(ledger_url):
         assert (sweep.name, sweep.status, sweep.provenance) == ("old", "running", {"project": "0.0.9"})
         (cand,) = led.candidates("old")
         assert cand.layout == {"ep": 64} and cand.created_at.year == 2026 and cand.decision is None
+        (att,) = led.attempts(cand.id)  # an attempt stored before revision 0009 measured its candidate
+        assert (att.job_id, att.role) == ("7", "measure")
         led.record_calibration("old", 0, {"truth_a2a": 1.2}, {"mape": 0.05})  # the new table works
         assert len(led.calibrations("old")) == 1
 

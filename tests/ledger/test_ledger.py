@@ -239,6 +239,35 @@ def test_record_result_stores_everything_once(ledger):
     assert row.predicted["step_time_s"] == 10.0 and row.simulated
 
 
+def test_a_finalist_attempt_is_never_the_candidates_measurement(ledger):
+    """Every job is an attempt with a role; only a measure attempt is the candidate's latest attempt and result,
+    what `measured` (the best, calibration, noise), `queries.best` and the default `attempts` read."""
+    from orchestrator.core.states import AttemptRole
+    from orchestrator.ledger import queries
+
+    cand = ledger.add_candidates("s1", make_items(1))[0]
+    meas = ledger.new_attempt(cand.id, job_dir="/runs/x/attempt-1", simulated=True)
+    ledger.record_result(meas.id, job_result(2.0))
+    fin = ledger.new_attempt(
+        cand.id, job_dir="/runs/x/parity-2", simulated=True, role=AttemptRole.PARITY, launch_token="s1.fin"
+    )
+    assert (fin.attempt_no, fin.role, fin.measures) == (2, AttemptRole.PARITY, False)
+    ledger.launched([(fin.id, "81", None)])
+    ledger.record_result(fin.id, job_result(1.0))  # faster, and still never the measurement
+    c = ledger.candidates("s1")[0]
+    assert (c.latest_attempt_id, c.latest_result_id is not None, c.status) == (meas.id, True, "planned")
+    (row,) = ledger.measured(sweep="s1")
+    assert row.attempt_id == meas.id and row.metrics["step_p50_s"] == 2.0
+    assert queries.best(ledger, sweep="s1")["attempt"]["id"] == meas.id
+    assert [a.id for a in ledger.attempts(cand.id)] == [meas.id]
+    assert [a.id for a in ledger.attempts(cand.id, roles=AttemptRole.FINALIST)] == [fin.id]
+    assert [a.role for a in ledger.attempts(cand.id, roles=None)] == [AttemptRole.MEASURE, AttemptRole.PARITY]
+    assert ledger.result(fin.id)["step_p50_s"] == 1.0 and len(ledger.step_samples(fin.id)) == 5  # its evidence
+    assert any("parity job 81" in e.message for e in ledger.events("s1", kind="launched"))
+    with pytest.raises(LedgerError, match="attempt role"):
+        ledger.new_attempt(cand.id, job_dir="/runs/x/y", simulated=True, role="bogus")
+
+
 def test_failed_result_updates_attempt_without_result_row(ledger):
     cand = ledger.add_candidates("s1", make_items(1))[0]
     att = ledger.new_attempt(cand.id, job_dir="/runs/x", simulated=True)

@@ -15,7 +15,8 @@ from orchestrator.config import compose
 from orchestrator.core.schema import ScreenConfig, StageConfig
 from orchestrator.core.states import Fidelity
 from orchestrator.plan.layout import Layout
-from orchestrator.search import fidelity, make_policy
+from orchestrator.schedule import Schedule, fidelity
+from orchestrator.search import make_policy
 from orchestrator.search.select import best_measured
 from orchestrator.search.types import Observation, RoundInput
 from orchestrator.sweep import observe
@@ -89,12 +90,14 @@ def test_a_screened_p50_never_decides_the_best():
     rows = [obs("full", 10.0), obs("screen", 9.0, Fidelity.SCREEN, n=25)]
     assert best_measured(rows).key == "full"
     assert best_measured([obs("screen", 9.0, Fidelity.SCREEN)]) is None
-    pol = make_policy(compose(["+stage=1k"]).cfg.policy)
-    # a contender still waiting for its confirmation blocks convergence
+    cfg = compose(["+stage=1k"]).cfg.policy
+    pol, schedule = make_policy(cfg), Schedule(cfg)
+    # a contender still waiting for its confirmation blocks convergence (the schedule's to say)
     n = pol.cfg.converge_rounds  # flat for the policy's convergence rounds, whatever the default
     flat = [obs(f"r{i}", 10.0, rnd=i) for i in range(n)]
-    assert pol.converged(flat + [obs("e", 10.0, rnd=n)], 0.02)
-    assert not pol.converged(flat + [obs("e", 9.0, Fidelity.SCREEN, n=25, rnd=n)], 0.02)
+    done = flat + [obs("e", 10.0, rnd=n)]
+    assert pol.converged(done) and not schedule.waiting(done, 0.02)
+    assert schedule.waiting(flat + [obs("e", 9.0, Fidelity.SCREEN, n=25, rnd=n)], 0.02)
 
 
 def _sweep(tmp_path, target, *extra):
@@ -155,8 +158,7 @@ def test_screen_fastest_but_confirmed_slower_is_not_the_best(tmp_path):
             gpu_hours_left=1e9,
             step_cv=0.02,
         )
-        pol = make_policy(cfg.policy)
-        assert c.key in [p.key for p in pol.confirms(_env(cfg), inp)]  # ... it is confirmed next
+        assert c.key in [p.key for p in Schedule(cfg.policy).confirms(_env(cfg), inp)]  # ... it is confirmed next
 
 
 def _env(cfg):
@@ -193,7 +195,8 @@ def test_the_loop_launches_each_attempt_at_its_fidelitys_window(tmp_path):
         for c in led.candidates("mf-loop"):
             for a in led.attempts(c.id):
                 spec = JobSpec.load(Path(a.job_dir) / "job.json")
-                window = (spec.stage.warmup_iters, spec.stage.measure_iters)
+                window = spec.window
+                assert spec.fidelity == a.fidelity and spec.stage.measure_iters == 40  # the stage is the stage
                 if c.round == 0:
                     assert a.fidelity == Fidelity.FULL and window == (6, 40)
                 elif a.fidelity == Fidelity.SCREEN:
@@ -225,5 +228,31 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_found_to_fit_then_meas
         per_probe, per_full = spent.by_fidelity["probe"] / len(probes), spent.by_fidelity["full"] / len(full)
         assert 0 < per_probe < 0.1 * per_full
         # a probe's few iterations are never a step measurement: no probe-only layout is ever the best
+        best = observe.best_of(led, "mf")
+        assert [m.fidelity for m in led.measured(sweep="mf") if m.key == best["key"]] == [Fidelity.FULL]
+
+
+def test_any_searcher_gets_the_rungs_predicted_topk_screens_once_noise_is_measured(tmp_path):
+    """The rungs are the schedule's, not a searcher's (orchestrator/schedule): predicted_topk, which never looks
+    at a measurement to choose layouts, still runs round 0 at the full window, screens its later rounds at the
+    window sized from the measured noise (any contender goes back to the full window), and its best is a
+    full-window result."""
+    target = lib.Target("twin:balanced")
+    cfg, led, run = _sweep(tmp_path, target, "policy.name=predicted_topk")
+    with led:
+        by_round: dict[int, set] = {}
+        for rnd, *_, fid, _batch in run.launches:
+            by_round.setdefault(rnd, set()).add(fid)
+        assert by_round[0] == {Fidelity.FULL}  # no noise known yet
+        assert any(Fidelity.SCREEN in f for r, f in by_round.items() if r > 0), by_round
+        cands = led.candidates("mf")
+        assert all((c.decision or {}).get("kind") in ("predicted-topk", "confirm") for c in cands)
+        confirmed = [c for c in cands if (c.decision or {}).get("kind") == "confirm"]
+        assert all([a.fidelity for a in led.attempts(c.id)] == [Fidelity.SCREEN, Fidelity.FULL] for c in confirmed)
+        screened = [c for c in cands if c.decision and c.decision.get("fidelity") == Fidelity.SCREEN]
+        full = sum(fidelity.window(cfg.stage, Fidelity.FULL))
+        assert screened and all(
+            sum(fidelity.window(cfg.stage, Fidelity.SCREEN, c.decision["measure_iters"])) < full for c in screened
+        )
         best = observe.best_of(led, "mf")
         assert [m.fidelity for m in led.measured(sweep="mf") if m.key == best["key"]] == [Fidelity.FULL]

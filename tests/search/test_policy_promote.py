@@ -7,9 +7,15 @@ import pytest
 from orchestrator.config import compose
 from orchestrator.core.schema import PolicyConfig
 from orchestrator.plan.layout import groups
+from orchestrator.schedule import Schedule
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.types import Observation, RoundInput
+
+
+def round_plan(policy, env, inp, **kw):
+    """One round as the sweep makes it: the schedule (rungs, round size, budget) around the searcher."""
+    return Schedule(policy.cfg).plan(policy, env, inp, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +50,8 @@ def test_promotion_maps_measured_top_k_with_edges(envs, name):
     src_env, dst_env = envs
     source = _measured(src_env)
     pol = make_policy(PolicyConfig(name=name, round0_size=6, promote_top_k=3))
-    plan = pol.propose(
+    plan = round_plan(
+        pol,
         dst_env,
         RoundInput(round=0, observations=[], known_keys=set(), slots=16, gpu_hours_left=float("inf"), source=source),
         source_stage=src_env.stage,

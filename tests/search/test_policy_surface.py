@@ -14,6 +14,7 @@ import pytest
 
 from orchestrator.config import compose
 from orchestrator.core.schema import PolicyConfig
+from orchestrator.schedule import Schedule
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.select import best_measured
@@ -21,6 +22,11 @@ from orchestrator.search.types import Observation, RoundInput
 
 HBM = 110.0  # the surface's capacity: some layouts OOM, most run
 SURFACE = Path(__file__).resolve().parent.parent / "workloads" / "surface.py"
+
+
+def round_plan(policy, env, inp, **kw):
+    """One round as the sweep makes it: the schedule (rungs, round size, budget) around the searcher."""
+    return Schedule(policy.cfg).plan(policy, env, inp, **kw)
 
 
 def _surface():
@@ -71,7 +77,8 @@ def simulate(name: str, env, *, runs: int = 14, rounds: int = 4):
     policy = make_policy(PolicyConfig(name=name, round0_size=6, round_size=4))
     obs, fits = [], []
     for rnd in range(rounds):
-        plan = policy.propose(
+        plan = round_plan(
+            policy,
             env,
             RoundInput(
                 round=rnd,
@@ -105,8 +112,8 @@ def test_calibrated_policy_beats_predicted_topk_on_a_surface_the_model_gets_wron
 
 def test_round0_is_diverse_across_ep_pp_cp(env):
     policy = make_policy(PolicyConfig(round0_size=6))
-    plan = policy.propose(
-        env, RoundInput(round=0, observations=[], known_keys=set(), slots=6, gpu_hours_left=float("inf"))
+    plan = round_plan(
+        policy, env, RoundInput(round=0, observations=[], known_keys=set(), slots=6, gpu_hours_left=float("inf"))
     )
     lays = [p.layout for p in plan.proposals]
     assert len(lays) == 6
@@ -118,11 +125,12 @@ def test_round0_is_diverse_across_ep_pp_cp(env):
 def test_later_rounds_are_one_factor_neighbours_of_the_measured_best(env):
     surface = _surface()
     policy = make_policy(PolicyConfig(round0_size=6, round_size=4, top_k_neighbours=1))
-    r0 = policy.propose(
-        env, RoundInput(round=0, observations=[], known_keys=set(), slots=20, gpu_hours_left=float("inf"))
+    r0 = round_plan(
+        policy, env, RoundInput(round=0, observations=[], known_keys=set(), slots=20, gpu_hours_left=float("inf"))
     )
     obs = [measure(surface, env, p) for p in r0.proposals]
-    r1 = policy.propose(
+    r1 = round_plan(
+        policy,
         env,
         RoundInput(round=1, observations=obs, known_keys={o.key for o in obs}, slots=20, gpu_hours_left=float("inf")),
     )
@@ -134,11 +142,11 @@ def test_later_rounds_are_one_factor_neighbours_of_the_measured_best(env):
 
 def test_budget_limits_proposals(env):
     policy = make_policy(PolicyConfig(round0_size=6))
-    plan = policy.propose(
-        env, RoundInput(round=0, observations=[], known_keys=set(), slots=2, gpu_hours_left=float("inf"))
+    plan = round_plan(
+        policy, env, RoundInput(round=0, observations=[], known_keys=set(), slots=2, gpu_hours_left=float("inf"))
     )
     assert len(plan.proposals) == 2
-    cheap = policy.propose(env, RoundInput(round=0, observations=[], known_keys=set(), slots=6, gpu_hours_left=0.0))
+    cheap = round_plan(policy, env, RoundInput(round=0, observations=[], known_keys=set(), slots=6, gpu_hours_left=0.0))
     assert cheap.proposals == []
 
 

@@ -19,7 +19,7 @@ import pytest
 from orchestrator.config import compose
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.plan.layout import Layout
-from orchestrator.search import fidelity
+from orchestrator.schedule import fidelity
 from orchestrator.sweep import observe
 from tests.bench import searchlib as lib
 from tests.sweeplib import cli, ledger_url, sweep_args

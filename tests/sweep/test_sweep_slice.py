@@ -24,7 +24,7 @@ def test_slice_sweep_gates_finalists_and_never_promotes_a_divergent_layout(tmp_p
     )
     proc = cli("sweep", *args, "--plain", timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "parity candidate" in proc.stdout
+    assert "parity " in proc.stdout and "FAILED, excluded from promotion" in proc.stdout  # the live view says
     with Ledger.open(ledger_url(tmp_path)) as led:
         assert_accounted(led, "slice-a")
         measured = {m.candidate_id: Layout.from_dict(m.layout) for m in led.measured(sweep="slice-a")}

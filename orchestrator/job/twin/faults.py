@@ -85,7 +85,7 @@ class Injected:
         """Seeded per attempt, so every rank agrees; strikes after the warm-up and after `start` (a restore)."""
         t = job.twin
         rng = job_rng(job, "faults")
-        lo = min(job.train_iters, max(start + 1, job.stage.warmup_iters + 1))
+        lo = min(job.train_iters, max(start + 1, job.warmup_iters + 1))
         nccl_at = rng.randint(lo, job.train_iters) if rng.random() < t.nccl_timeout_rate else None
         crash_at = rng.randint(lo, job.train_iters) if rng.random() < t.crash_rate else None
         return cls(nccl_at, crash_at, _nccl_group(job, rng))

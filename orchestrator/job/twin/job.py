@@ -40,6 +40,7 @@ class TwinJob:
     attempt: int
     train_iters: int
     log_interval: int
+    warmup_iters: int = 0  # the attempt's warm-up (JobSpec.window): iterations after it are its measured window
     model_flops: float = 0.0  # per step; 0 = take the truth's
     entry: str = f"{MEGATRON}/pretrain_hybrid.py"
     argv: tuple[str, ...] = ()  # the flags as given (Megatron's argv-phase assertions read them)
@@ -106,6 +107,7 @@ def load_job(argv: Sequence[str], environ=os.environ) -> TwinJob:
         global_batch=int(gbs) if gbs else stage.global_batch,
         seq_length=int(seq) if seq else stage.seq_length,
     )
+    warmup, measure = spec.window if spec else (stage.warmup_iters, stage.measure_iters)
     rank = int(environ.get("RANK", world - 1))
     key = spec.candidate_key if spec else hashlib.sha256(" ".join(argv).encode()).hexdigest()[:16]
     job_dir = environ.get("ORCH_JOB_DIR") or (spec.job_dir if spec else None)
@@ -122,8 +124,9 @@ def load_job(argv: Sequence[str], environ=os.environ) -> TwinJob:
         job_dir=Path(job_dir) if job_dir else None,
         key=key,
         attempt=spec.attempt if spec else 0,
-        train_iters=int(flag(flags, "train_iters") or stage.warmup_iters + stage.measure_iters),
+        train_iters=int(flag(flags, "train_iters") or warmup + measure),
         log_interval=max(1, int(flag(flags, "log_interval") or 1)),
+        warmup_iters=warmup,
         model_flops=spec.model_flops_per_step if spec else 0.0,
         argv=tuple(argv),
         pattern=str(flag(flags, "hybrid_layer_pattern", "") or ""),

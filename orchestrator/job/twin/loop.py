@@ -102,7 +102,7 @@ def train(job: TwinJob, surface: truth.Surface) -> int:
             text.err(faults.crash(job))
             return 1
         window.append(step)
-        if it > job.stage.warmup_iters:
+        if it > job.warmup_iters:
             measured += 1
         if it % job.log_interval and it != start + 1:
             continue

@@ -82,7 +82,7 @@ def write_sidecars(job: TwinJob, surface: truth.Surface, measured: int) -> list[
             "source": "twin",
             "rank": r,
             "pp_stage": stage_idx,
-            "window": {"warmup_iters": job.stage.warmup_iters, "measure_iters": measured},
+            "window": {"warmup_iters": job.warmup_iters, "measure_iters": measured},
             "peak_allocated_mb": round(max_alloc, 2),
             "peak_reserved_mb": round(max_reserved, 2),
             "gpu_total_memory_bytes": round(truth.capacity_gb(job.hw, job.twin) * 1e9),  # get_device_properties

@@ -41,6 +41,13 @@ def _pid_alive(pid: str) -> bool:
     return True
 
 
+def _task_ended(folder: str, job_id: str) -> bool:
+    """submitit pickled the task's outcome (success or exception): the job ran to its end by itself."""
+    from submitit.core.utils import JobPaths as SubmititPaths
+
+    return SubmititPaths(JobPaths(os.path.abspath(folder)).submitit_folder, job_id=job_id).result_pickle.exists()
+
+
 def local_gpus() -> int:
     """NVIDIA GPUs this machine shows (/dev/nvidiaN device nodes; 0 on a CPU box), read without CUDA."""
     names = os.listdir("/dev") if os.path.isdir("/dev") else []
@@ -106,8 +113,9 @@ class LocalLauncher(Launcher):
         return out
 
     def find(self, intents: list[tuple[str, int | None, str]], since: datetime) -> dict[tuple[str, int | None], Found]:
-        """The folder's launch.json names the process; a finished one is COMPLETED when it left its result,
-        else CANCELLED (stopped before its record, or killed): nothing runs there any more."""
+        """The folder's launch.json names the process; a finished one is COMPLETED when it left its result or
+        ended by itself (submitit pickled its outcome: an orphan of a killed orchestrator ran to its end, and its
+        folder is the evidence), else CANCELLED (stopped before its record, or killed): nothing runs there."""
         out: dict[tuple[str, int | None], Found] = {}
         for token, idx, folder in intents:
             paths = JobPaths(folder)
@@ -123,7 +131,7 @@ class LocalLauncher(Launcher):
                 AttemptState.RUNNING
                 if alive
                 else AttemptState.COMPLETED
-                if paths.result.exists()
+                if paths.result.exists() or _task_ended(folder, jid)
                 else AttemptState.CANCELLED
             )
             out[(token, idx)] = Found(job_id=jid, state=state)

@@ -1,9 +1,11 @@
-"""Multi-fidelity rounds (issue 12 item 4): the window of each fidelity, the screen's length, the contenders.
+"""The fidelity rungs' arithmetic (issue 12 item 4): the window of each fidelity, the screen's length, the
+contenders. The schedule (orchestrator/schedule/rungs.py) decides with it; the driver launches the window
+`decision_window` reads from a candidate's decision; observe sizes the stage's noise with it.
 
 Why: every candidate paying the stage's full window (1k: 300 warm-up + 50 measured iterations) spends the
 budget on layouts a short window already shows to be slower. A screen ranks many candidates cheaply; the
 ones it cannot separate from the best are confirmed at the full window, and only full-window results ever
-decide a best (orchestrator.ledger.queries.best, observe.best_of, the policy's `best_measured`).
+decide a best (orchestrator.core.ranking: queries.best, observe.best_of, the searcher's `best_measured`).
 
 The screen's measured window is sized from measured step-time noise, never guessed: the p50 of n samples
 has a standard error of about sqrt(pi/2) * sigma / sqrt(n) (the median of a normal sample), so its 95%
