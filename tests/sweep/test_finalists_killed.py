@@ -113,7 +113,12 @@ def test_kill_9_while_a_finalists_job_runs_then_resume_runs_it_once(tmp_path, le
     length = STEPS if role == AttemptRole.PARITY else 6
 
     def running() -> list[str]:  # a job of `role` inside its window, not at its end
-        got = [p for p in _finalist_folders(tmp_path, name) if Path(p).name.startswith(f"{role}-")]
+        longer = [r for r in AttemptRole if r != role and r.startswith(role)]  # parity-reference is no parity job
+        got = [
+            p
+            for p in _finalist_folders(tmp_path, name)
+            if Path(p).name.startswith(f"{role}-") and not any(Path(p).name.startswith(f"{r}-") for r in longer)
+        ]
         return [p for p in got if 0 < last_iteration(p) < length - 1]
 
     with running_sweep(args, log=tmp_path / "first.log") as run:
