@@ -374,7 +374,7 @@ class Ledger(Leases, Evidence):
         job_dir: str,
         simulated: bool,
         launch_token: str | None = None,
-        fidelity: str = Fidelity.FULL,
+        fidelity: Fidelity | str = Fidelity.FULL,
     ) -> AttemptRow:
         """attempt_no = previous + 1, decided under the candidate's row lock. Without a job id it is a launch
         intent (written before sbatch, `launch_token` names the job); `launched` then stores the id."""
