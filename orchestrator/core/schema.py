@@ -195,36 +195,76 @@ class JobResources:
 
 
 @dataclass
-class ClusterConfig:
-    """Where jobs run. kind: auto (sbatch if it answers, else local), slurm or local.
+class SlurmConfig:
+    """What only the Slurm launcher (orchestrator/launch/slurm) reads, apart as submitit prefixes its Slurm
+    executor's parameters (slurm_partition, ...): `cluster.slurm.partition=gpu`.
 
-    The orchestrator runs where it is started (a login node); with `container.image` set only the job's
-    tasks run inside the container, with `python` the interpreter submitit starts there."""
+    The orchestrator runs where it is started (a login node); with `container.image` set only the job's tasks
+    run inside the container, with `python` the interpreter submitit starts there."""
 
-    kind: str = "auto"
-    folder: str = "./runs"
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    python: str | None = None  # the Python that runs each task (submitit's `python=`); None = this process's
+    max_array_size: int = 1000  # tasks per sbatch array: a round is split into arrays of at most this many
+    array_parallelism: int = 64  # an array's tasks running at once (%N)
+    # A sweep bound to Slurm whose client or controller does not answer (sbatch --version / sinfo) waits this
+    # long, retrying with a growing pause, before `resume` / `cancel` give up with one error line.
+    wait_s: float = 300.0
+    sbatch_extra: dict[str, Any] = field(default_factory=dict)  # extra #SBATCH options, e.g. {reservation: r}
+    srun_args: list[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)  # shell lines the batch script runs before srun
+
+
+@dataclass
+class LocalConfig:
+    """What only the local launcher (orchestrator/launch/local, submitit's LocalExecutor) reads."""
+
+    max_workers: int = 2  # jobs running at once on this machine
+
+
+# Keys that were flat under `cluster` before they moved to cluster.slurm / cluster.local: a sweep's stored
+# snapshot from before still loads (`legacy_cluster`), and an override naming one is told where it went.
+LEGACY_CLUSTER_KEYS: dict[str, str] = {
+    **{k: f"slurm.{k}" for k in ("partition", "account", "qos", "constraint", "container", "python")},
+    **{k: f"slurm.{k}" for k in ("max_array_size", "array_parallelism", "sbatch_extra", "srun_args", "setup")},
+    "slurm_wait_s": "slurm.wait_s",
+    "local_max_workers": "local.max_workers",
+}
+
+
+def legacy_cluster(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """A config snapshot (plain dict) with its flat legacy cluster keys moved under slurm / local."""
+    cluster = snapshot.get("cluster")
+    if not isinstance(cluster, dict) or not set(cluster) & set(LEGACY_CLUSTER_KEYS):
+        return snapshot
+    moved = {k: v for k, v in cluster.items() if k not in LEGACY_CLUSTER_KEYS}
+    for old, new in LEGACY_CLUSTER_KEYS.items():
+        if old in cluster:
+            group, key = new.split(".")
+            moved.setdefault(group, {})[key] = cluster[old]
+    return {**snapshot, "cluster": moved}
+
+
+@dataclass
+class ClusterConfig:
+    """Where jobs run. kind: auto (sbatch if it answers, else local), slurm or local. What every launcher reads
+    is here; what one backend alone reads is in its own sub-config (`slurm`, `local`)."""
+
+    kind: str = "auto"
+    folder: str = "./runs"
     # Resources: None = the workload's default (workload.resources; real Megatron asks for whole nodes).
     exclusive: bool | None = None
     cpus_per_task: int | None = None
     mem: str | None = None
-    container: ContainerConfig = field(default_factory=ContainerConfig)
-    python: str | None = None  # the Python that runs each task (submitit's `python=`); None = this process's
+    # A job's time limit: its predicted run time plus this margin, and never under min_time_min
+    # (orchestrator.runspec.time_limit_min; Slurm's --time, the local executor's timeout alike).
     time_margin_min: int = 10
     min_time_min: int = 5
-    max_array_size: int = 1000
-    array_parallelism: int = 64
     poll_interval_s: float = 5.0
-    # A sweep bound to Slurm whose client or controller does not answer (sbatch --version / sinfo) waits this
-    # long, retrying with a growing pause, before `resume` / `cancel` give up with one error line.
-    slurm_wait_s: float = 300.0
-    signal_delay_s: int = 30
-    sbatch_extra: dict[str, Any] = field(default_factory=dict)  # extra #SBATCH options (not containers)
-    srun_args: list[str] = field(default_factory=list)
-    setup: list[str] = field(default_factory=list)
+    signal_delay_s: int = 30  # the warning signal this long before the time limit (Slurm's --signal, local's)
     env: dict[str, str] = field(
         default_factory=lambda: {
             "CUDA_DEVICE_MAX_CONNECTIONS": "1",
@@ -237,7 +277,26 @@ class ClusterConfig:
     # the default range (29500-31499) stays below Linux's ephemeral ports (32768+).
     master_port: int = 29500
     master_port_span: int = 2000
-    local_max_workers: int = 2
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    local: LocalConfig = field(default_factory=LocalConfig)
+
+    # Transitional read-only aliases for modules another branch of issue 17 owns (orchestrator/preflight.py,
+    # orchestrator/runspec.py): remove once they read cluster.slurm.* themselves.
+    @property
+    def partition(self) -> str | None:
+        return self.slurm.partition
+
+    @property
+    def account(self) -> str | None:
+        return self.slurm.account
+
+    @property
+    def qos(self) -> str | None:
+        return self.slurm.qos
+
+    @property
+    def container(self) -> ContainerConfig:
+        return self.slurm.container
 
 
 @dataclass
