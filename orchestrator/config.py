@@ -20,9 +20,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.core.errors import UserError
-from orchestrator.core.schema import RootConfig, StageConfig
+from orchestrator.core.schema import LEGACY_CLUSTER_KEYS, RootConfig, StageConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+SCHEMA = "schema"  # the ConfigStore name conf/config.yaml's defaults list starts with
 GROUPS = ("stage", "model", "hardware", "cluster", "ledger", "policy", "workload")
 # `scheme://user:PASSWORD@`: a password (any characters but white space, up to the last @ of the URL).
 _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)(\S*)@")
@@ -83,8 +84,14 @@ def config_keys() -> list[str]:
 
 
 def nearest_key(key: str) -> str:
-    """ "; did you mean 'policy.name'?" for a typo'd key (difflib), else where the keys are listed."""
-    close = difflib.get_close_matches(key.lstrip("+~"), config_keys(), n=1, cutoff=0.6)
+    """ "; did you mean 'policy.name'?" for a typo'd key (difflib), else where the keys are listed. A key that
+    moved under cluster.slurm / cluster.local is named where it went."""
+    bare = key.lstrip("+~")
+    group, _, rest = bare.partition(".")
+    head, _, tail = rest.partition(".")
+    if group == "cluster" and head in LEGACY_CLUSTER_KEYS:
+        return f"; it moved: cluster.{'.'.join(p for p in (LEGACY_CLUSTER_KEYS[head], tail) if p)}"
+    close = difflib.get_close_matches(bare, config_keys(), n=1, cutoff=0.6)
     if close:
         return f"; did you mean '{close[0]}'?"
     return " (the keys are the fields of orchestrator/core/schema.py and the YAML files under conf/)"
@@ -112,6 +119,15 @@ def _hydra_message(msg: str, overrides: Sequence[str]) -> str:
     return f"invalid override: {msg}"
 
 
+def register_schema() -> None:
+    """The typed schema as the first entry of conf/config.yaml's defaults list (Hydra's structured config
+    schema): every key exists before a YAML sets it, so `policy.round_size=3` overrides a default no YAML
+    restates, and a YAML key the schema lacks fails at composition."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA, node=RootConfig)
+
+
 def compose(overrides: Sequence[str] = (), *, require_stage: bool = False, command: str = "plan") -> Composed:
     """Compose conf/config.yaml with overrides, validate against RootConfig, return both forms.
     `command` names the subcommand in the example a missing stage is answered with."""
@@ -129,24 +145,29 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False, comma
             + f" (e.g. `python -m orchestrator {command} +stage=1k{extra}`)"
         )
     GlobalHydra.instance().clear()
+    register_schema()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             raw = hydra_compose(config_name="config", overrides=overrides)
     except HydraException as exc:
+        cause = exc.__cause__
+        if isinstance(cause, OmegaConfBaseException):  # the schema refused a key or a value
+            key = str(getattr(cause, "full_key", "") or "")
+            named = [o.split("=", 1)[0] for o in overrides if key and o.split("=", 1)[0].startswith(key)]
+            if " not in " in str(cause) and named:  # `polcy.name=x`: an override of a key the schema lacks
+                raise ConfigError(f"unknown config key '{named[0]}'{nearest_key(named[0])}") from None
+            raise ConfigError(_value_message(cause)) from None
         msg = str(exc).strip().splitlines()[0]
         raise ConfigError(_hydra_message(msg, overrides)) from None
     finally:
         GlobalHydra.instance().clear()
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(RootConfig), raw)
+        # As plain data, so a key the schema lacks (added with +) is refused here rather than carried along.
+        plain = OmegaConf.create(OmegaConf.to_container(raw, resolve=False))
+        merged = OmegaConf.merge(OmegaConf.structured(RootConfig), plain)
         typed: RootConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]  # structured: a RootConfig
     except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or "?"
-        first = str(exc).strip().splitlines()[0]
-        fix = "Fix the override or the YAML file under conf/."
-        if " not in " in first and key != "?":  # an added (+) key the schema does not have: a typo?
-            fix = f"No such config key{nearest_key(key)}"
-        raise ConfigError(f"invalid config value at '{key}': {first}. {fix}") from None
+        raise ConfigError(_value_message(exc)) from None
     from orchestrator.launch.slurm import container
 
     try:
@@ -154,6 +175,16 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False, comma
     except UserError as exc:
         raise ConfigError(str(exc)) from None
     return Composed(cfg=typed, raw=merged)
+
+
+def _value_message(exc: OmegaConfBaseException) -> str:
+    """One line for a value or key the schema refuses, naming the key and the fix."""
+    key = getattr(exc, "full_key", None) or "?"
+    first = str(exc).strip().splitlines()[0]
+    fix = "Fix the override or the YAML file under conf/."
+    if " not in " in first and key != "?":  # an added (+) key the schema does not have: a typo?
+        fix = f"No such config key{nearest_key(key)}"
+    return f"invalid config value at '{key}': {first}. {fix}"
 
 
 def stage_or_error(composed: Composed) -> StageConfig:

@@ -123,15 +123,17 @@ def slurm_checks(cluster: ClusterConfig, stage: StageConfig, limits: dict[str, i
     """Partition, node shape, account and QoS rows; the candidates whose time limit no partition allows."""
     if cluster.kind == "local":
         return [Check("Slurm limits", CheckStatus.WARN, "cluster=local: not checked", "run with cluster=slurm")], {}
-    info = _ask(["sinfo", "-h", "-o", "%P|%l|%G|%c|%D"] + (["-p", cluster.partition] if cluster.partition else []))
+    info = _ask(
+        ["sinfo", "-h", "-o", "%P|%l|%G|%c|%D"] + (["-p", cluster.slurm.partition] if cluster.slurm.partition else [])
+    )
     if info is None:
         return [Check("Slurm partition", CheckStatus.WARN, "sinfo gave no answer", "check Slurm from this host")], {}
     rows = [line.split("|") for line in info.splitlines() if line.count("|") == 4]
     default = [r for r in rows if r[0].endswith("*")]
-    part = cluster.partition or (default[0][0].rstrip("*") if default else rows[0][0].rstrip("*") if rows else "")
+    part = cluster.slurm.partition or (default[0][0].rstrip("*") if default else rows[0][0].rstrip("*") if rows else "")
     mine = [r for r in rows if r[0].rstrip("*") == part]
     if not mine:
-        return [Check("Slurm partition", CheckStatus.FAIL, f"no partition {part!r}", "set cluster.partition")], {}
+        return [Check("Slurm partition", CheckStatus.FAIL, f"no partition {part!r}", "set cluster.slurm.partition")], {}
     checks, rejected = [], {}
     max_time = slurm_minutes(mine[0][1])
     longest = max(limits.values(), default=0)
@@ -199,20 +201,22 @@ def _account_checks(cluster: ClusterConfig, nodes: int, minutes: int) -> list[Ch
     rows = [line.split("|") for line in assoc.splitlines() if line.count("|") == 3]
     accounts = {r[0] for r in rows}
     out = []
-    if cluster.account and cluster.account not in accounts:
+    if cluster.slurm.account and cluster.slurm.account not in accounts:
         out.append(
             Check(
                 "account",
                 CheckStatus.FAIL,
-                f"{user} has no association with {cluster.account}",
-                f"set cluster.account to one of {sorted(accounts)}",
+                f"{user} has no association with {cluster.slurm.account}",
+                f"set cluster.slurm.account to one of {sorted(accounts)}",
             )
         )
     else:
         out.append(
-            Check("account", CheckStatus.PASS, cluster.account or f"default ({', '.join(sorted(accounts)) or '-'})")
+            Check(
+                "account", CheckStatus.PASS, cluster.slurm.account or f"default ({', '.join(sorted(accounts)) or '-'})"
+            )
         )
-    qos = cluster.qos
+    qos = cluster.slurm.qos
     if qos:
         q = _ask(["sacctmgr", "-nP", "show", "qos", "where", f"name={qos}", "format=name,maxwall,maxtresperjob"])
         row = (q or "").splitlines()[0].split("|") if q and q.strip() else None
@@ -222,7 +226,7 @@ def _account_checks(cluster: ClusterConfig, nodes: int, minutes: int) -> list[Ch
                     f"QoS {qos}",
                     CheckStatus.FAIL if q is not None else CheckStatus.WARN,
                     "unknown QoS" if q is not None else "sacctmgr gave no answer",
-                    "set cluster.qos",
+                    "set cluster.slurm.qos",
                 )
             )
         else:
@@ -295,7 +299,7 @@ def run_job(cfg: RootConfig, req: PreflightRequest) -> tuple[list[Check], dict[s
         "preflight job",
         CheckStatus.FAIL,
         f"job {sub.job_id} {state.state} without a report: {tail[:200]}",
-        "the task's Python (cluster.python) must import submitit and this project (mounted, on PYTHONPATH)",
+        "the task's Python (cluster.slurm.python) must import submitit and this project (mounted, on PYTHONPATH)",
     )
     return [check], {}, str(folder), sub.job_id
 

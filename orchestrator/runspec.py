@@ -47,11 +47,11 @@ def attempt_dir(cfg: RootConfig, sweep: str, candidate_key: str, attempt: int) -
 def check_workload(cfg: RootConfig) -> None:
     """UserError when workload.command cannot start (orchestrator.job.entry.command_problem), before anything is
     written.
-    Jobs that run in a container (cluster.container.image) find the command in the image, and a real
+    Jobs that run in a container (cluster.slurm.container.image) find the command in the image, and a real
     in-process workload's entry script lives in the Megatron checkout of the compute nodes, which the
     sweep's preflight job checks there (orchestrator/preflight.py): only an empty command is refused."""
     command = list(cfg.workload.command)
-    if command and (cfg.cluster.container.image or (cfg.workload.in_process and not cfg.workload.simulated)):
+    if command and (cfg.cluster.slurm.container.image or (cfg.workload.in_process and not cfg.workload.simulated)):
         return
     problem = command_problem(command, in_process=cfg.workload.in_process)
     if problem is not None:

@@ -1,6 +1,6 @@
-"""`best`: the fastest layout of one sweep by MEASURED step time (tie-break p99, then lower peak reserved memory).
+"""`best`: the measured best layout of one sweep, as orchestrator.core.ranking decides it (ranking.RULE).
 
-Never chosen on predictions; only non-partial successful results count, and a candidate that failed a parity
+Never chosen on predictions; only complete full-window results count, and a candidate that failed a parity
 check is excluded. Without `--sweep` it answers for the most recent sweep (of `--stage`, if given) and says
 which: the best across every stage would compare a 64-GPU slice with a 1k stage. A table on a terminal, JSON
 (every metric, job id, log paths) with `--format json` or through a pipe; `--flags` prints its Megatron flags.
@@ -12,11 +12,12 @@ import json
 import sys
 
 from orchestrator.commands._shared import open_ledger
+from orchestrator.core import metrics
 from orchestrator.core.errors import UserError
 
 NAME = "best"
 HELP = (
-    "The best measured layout of a sweep (step p50, then p99, then memory headroom) with its evidence; "
+    "The best measured layout of a sweep (step p50, then p99, then lower peak memory) with its evidence; "
     "default: the most recent sweep."
 )
 
@@ -78,17 +79,16 @@ def summary_rows(hit: dict) -> list[tuple[str, str]]:
 
     m, a = hit["metrics"], hit["attempt"]
 
-    def num(key: str, unit: str = "", fmt: str = ".3f") -> str:
-        v = m.get(key)
-        return "-" if v is None else f"{v:{fmt}}{unit}"
+    def num(key: str) -> str:  # as the metric registry prints it, with its unit
+        return metrics.text(key, m.get(key))
 
     sim = " (simulated)" if hit["simulated"] else ""
     return [
         ("layout", Layout.from_dict(hit["layout"]).short()),
-        ("step p50 / p99", f"{num('step_p50_s', ' s')} / {num('step_p99_s', ' s')}{sim}"),
-        ("tokens/s/GPU", num("tokens_per_s_per_gpu", "", ".1f")),
-        ("peak reserved memory", num("peak_reserved_gb", " GB", ".1f")),
-        ("token drop", num("token_drop_fraction", "", ".4f")),
+        ("step p50 / p99", f"{num(metrics.STEP_P50)} / {num(metrics.STEP_P99)}{sim}"),
+        ("tokens/s/GPU", num("tokens_per_s_per_gpu")),
+        ("peak reserved memory", num("peak_reserved_gb")),
+        ("token drop", num("token_drop_fraction")),
         ("job", f"{a['job_id']} ({a['state']}) attempt {a['attempt_no']}, round {hit['round']}"),
         ("job folder", str(a["job_dir"])),
         ("chosen on", hit["chosen_on"]),

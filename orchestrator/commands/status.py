@@ -6,7 +6,9 @@ import json
 from datetime import UTC, datetime
 
 from orchestrator.config import compose
+from orchestrator.core import metrics
 from orchestrator.core.errors import UserError
+from orchestrator.core.metrics import STEP_P50
 from orchestrator.ledger.leases import LeaseInfo
 from orchestrator.plan.layout import Layout
 from orchestrator.report import path
@@ -78,7 +80,7 @@ def gather(ledger, name: str) -> dict:
                 "edge": c.edge_kind,
                 "pred_step_s": c.predicted.get("step_time_s"),
                 "decision": c.decision,
-                "step_p50_s": res.get("step_p50_s") if res else None,
+                STEP_P50: res.get(STEP_P50) if res else None,
             }
         )
     leases = [e for e in ledger.events(name, kind="lease")]
@@ -139,7 +141,7 @@ def run(args, overrides) -> int:
             f"{'-' if b is None else f'{b:.1%}'} -> {'-' if a is None else f'{a:.1%}'}"
         )
     for r in info["candidates"]:
-        meas = f"{r['step_p50_s']:.3f}s" if r["step_p50_s"] else "-"
+        meas = metrics.text(STEP_P50, r[STEP_P50])
         print(
             f"  r{r['round']} {r['status']:9s} job {r['job_id'] or '-':>10} {r['state'] or '-':10s} "
             f"{r['failure_class'] or '':14s} {meas:>9} {r['layout']}"
@@ -149,5 +151,6 @@ def run(args, overrides) -> int:
         for line in path.lines(info["search_path"]):
             print(line)
     if info["best"]:
-        print(f"  best (measured{sim}): {info['best']['layout']}  step p50 {info['best']['step_p50_s']:.3f}s")
+        b = info["best"]
+        print(f"  best (measured{sim}): {b['layout']}  step p50 {metrics.text(STEP_P50, b[STEP_P50])}")
     return 0

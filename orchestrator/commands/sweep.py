@@ -11,7 +11,9 @@ import shlex
 import sys
 
 from orchestrator.config import compose, redact, stage_or_error
+from orchestrator.core import metrics
 from orchestrator.core.errors import UserError
+from orchestrator.core.metrics import STEP_P50
 from orchestrator.plan.planner import plan
 from orchestrator.sweep import Options, observe, run_sweep
 from orchestrator.sweep.view import View
@@ -125,7 +127,7 @@ def report(outcome, args, cfg=None, overrides=()) -> int:
     if outcome.best:
         b = outcome.best
         how = "measured, simulated" if outcome.spent.simulated else "measured"
-        print(f"best layout ({how}): {b['layout']}  step p50 {b['step_p50_s']:.3f} s")
+        print(f"best layout ({how}): {b['layout']}  step p50 {metrics.text(STEP_P50, b[STEP_P50])}")
     if steps:
         print("next:")
         if "flags" in steps:

@@ -78,7 +78,14 @@ class ModelConfig:
     vocab_size: int = 129280
     mtp_num_layers: int = 1
     hyper_connection_streams: int = 4  # mHC residual streams (1: a plain residual, every model but V4)
-    optimizer: str = "adam"  # adam | muon (conf/model/dsv4_pro.yaml says why adam)
+    # adam | muon. Adam, not Muon: Megatron dev's own DeepSeek-V4-Pro recipe (examples/moe_recipes/
+    # deepseek_v4_pro/gb300/*.yaml) trains with Adam and the ZeRO-1 distributed optimizer, the gradient
+    # reduce-scatter + parameter all-gather the step-time model and the overlap flags describe. With muon, dev
+    # turns --use-distributed-optimizer into its layer-wise optimizer (megatron/training/arguments.py:1858-1860
+    # at d48bd6be0a85), whose default layout all-reduces the Muon matrices' gradients (arguments.py:4320-4330),
+    # and needs the emerging-optimizers package. muon stays available (8 B/param of state in the memory model,
+    # Newton-Schulz steps in the step-time model) for runs that reproduce V4's own training.
+    optimizer: str = "adam"
     # Reference totals from the guide, used as sanity checks of the parameter model
     total_params_b: float = 1600.0
     active_params_b: float = 49.0
@@ -86,7 +93,8 @@ class ModelConfig:
 
 @dataclass
 class HardwareConfig:
-    """One accelerator type plus its node and network. Bandwidths are GB/s per GPU, one direction."""
+    """One accelerator type plus its node and network. Bandwidths are GB/s per GPU, one direction. The defaults
+    are an NVIDIA H100 SXM 80GB, 8 per NVLink domain, one 400 Gb/s NIC per GPU (conf/hardware/h100.yaml)."""
 
     name: str = "h100"
     peak_bf16_tflops: float = 989.0  # dense, no sparsity
@@ -151,11 +159,11 @@ class ScreenConfig:
 
     enabled: bool = True
     # The guide's rule holds for screens too: warm-up must still cover compile, allocation and graph capture
-    # (a screen only shortens the measured window's length and, where the stage's warm-up is for routing to
-    # settle, how long it settles).
-    warmup_iters: int = 20
+    # (the first few iterations). A stage's own warm-up (300 at 1k-16k) is for dropless routing to settle,
+    # which only the confirming full window waits for; a screen's is capped at the stage's.
+    warmup_iters: int = 50
     min_measure_iters: int = 10
-    resolution: float = 0.01  # the relative step difference a screen must resolve
+    resolution: float = 0.01  # the p50's 95% CI must be narrower than 1% of the step
     confirm_per_round: int = 2  # contenders confirmed at the full window per round, at most
     probe_iters: int = 5  # a fit probe: start-up plus this many iterations, read for max reserved memory
 
@@ -210,36 +218,76 @@ class JobResources:
 
 
 @dataclass
-class ClusterConfig:
-    """Where jobs run. kind: auto (sbatch if it answers, else local), slurm or local.
+class SlurmConfig:
+    """What only the Slurm launcher (orchestrator/launch/slurm) reads, apart as submitit prefixes its Slurm
+    executor's parameters (slurm_partition, ...): `cluster.slurm.partition=gpu`.
 
-    The orchestrator runs where it is started (a login node); with `container.image` set only the job's
-    tasks run inside the container, with `python` the interpreter submitit starts there."""
+    The orchestrator runs where it is started (a login node); with `container.image` set only the job's tasks
+    run inside the container, with `python` the interpreter submitit starts there."""
 
-    kind: str = "auto"
-    folder: str = "./runs"
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    python: str | None = None  # the Python that runs each task (submitit's `python=`); None = this process's
+    max_array_size: int = 1000  # tasks per sbatch array: a round is split into arrays of at most this many
+    array_parallelism: int = 64  # an array's tasks running at once (%N)
+    # A sweep bound to Slurm whose client or controller does not answer (sbatch --version / sinfo) waits this
+    # long, retrying with a growing pause, before `resume` / `cancel` give up with one error line.
+    wait_s: float = 300.0
+    sbatch_extra: dict[str, Any] = field(default_factory=dict)  # extra #SBATCH options, e.g. {reservation: r}
+    srun_args: list[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)  # shell lines the batch script runs before srun
+
+
+@dataclass
+class LocalConfig:
+    """What only the local launcher (orchestrator/launch/local, submitit's LocalExecutor) reads."""
+
+    max_workers: int = 2  # jobs running at once on this machine
+
+
+# Keys that were flat under `cluster` before they moved to cluster.slurm / cluster.local: a sweep's stored
+# snapshot from before still loads (`legacy_cluster`), and an override naming one is told where it went.
+LEGACY_CLUSTER_KEYS: dict[str, str] = {
+    **{k: f"slurm.{k}" for k in ("partition", "account", "qos", "constraint", "container", "python")},
+    **{k: f"slurm.{k}" for k in ("max_array_size", "array_parallelism", "sbatch_extra", "srun_args", "setup")},
+    "slurm_wait_s": "slurm.wait_s",
+    "local_max_workers": "local.max_workers",
+}
+
+
+def legacy_cluster(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """A config snapshot (plain dict) with its flat legacy cluster keys moved under slurm / local."""
+    cluster = snapshot.get("cluster")
+    if not isinstance(cluster, dict) or not set(cluster) & set(LEGACY_CLUSTER_KEYS):
+        return snapshot
+    moved = {k: v for k, v in cluster.items() if k not in LEGACY_CLUSTER_KEYS}
+    for old, new in LEGACY_CLUSTER_KEYS.items():
+        if old in cluster:
+            group, key = new.split(".")
+            moved.setdefault(group, {})[key] = cluster[old]
+    return {**snapshot, "cluster": moved}
+
+
+@dataclass
+class ClusterConfig:
+    """Where jobs run. kind: auto (sbatch if it answers, else local), slurm or local. What every launcher reads
+    is here; what one backend alone reads is in its own sub-config (`slurm`, `local`)."""
+
+    kind: str = "auto"
+    folder: str = "./runs"
     # Resources: None = the workload's default (workload.resources; real Megatron asks for whole nodes).
     exclusive: bool | None = None
     cpus_per_task: int | None = None
     mem: str | None = None
-    container: ContainerConfig = field(default_factory=ContainerConfig)
-    python: str | None = None  # the Python that runs each task (submitit's `python=`); None = this process's
+    # A job's time limit: its predicted run time plus this margin, and never under min_time_min
+    # (orchestrator.runspec.time_limit_min; Slurm's --time, the local executor's timeout alike).
     time_margin_min: int = 10
     min_time_min: int = 5
-    max_array_size: int = 1000
-    array_parallelism: int = 64
     poll_interval_s: float = 5.0
-    # A sweep bound to Slurm whose client or controller does not answer (sbatch --version / sinfo) waits this
-    # long, retrying with a growing pause, before `resume` / `cancel` give up with one error line.
-    slurm_wait_s: float = 300.0
-    signal_delay_s: int = 30
-    sbatch_extra: dict[str, Any] = field(default_factory=dict)  # extra #SBATCH options (not containers)
-    srun_args: list[str] = field(default_factory=list)
-    setup: list[str] = field(default_factory=list)
+    signal_delay_s: int = 30  # the warning signal this long before the time limit (Slurm's --signal, local's)
     env: dict[str, str] = field(
         default_factory=lambda: {
             "CUDA_DEVICE_MAX_CONNECTIONS": "1",
@@ -252,7 +300,8 @@ class ClusterConfig:
     # the default range (29500-31499) stays below Linux's ephemeral ports (32768+).
     master_port: int = 29500
     master_port_span: int = 2000
-    local_max_workers: int = 2
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    local: LocalConfig = field(default_factory=LocalConfig)
 
 
 @dataclass
@@ -270,18 +319,22 @@ class LedgerConfig:
 
 @dataclass
 class PolicyConfig:
+    """The search (orchestrator/search): calibrate the analytic models on measurements, then explore one-factor
+    neighbours of the best. The tuned values were tuned on tests/bench/bench_search.py (every surface, seeds 0-2)."""
+
     name: str = "calibrated_neighbours"
     round0_size: int = 6
     round_size: int = 4
-    # a round that screens (stage.screen) proposes this many instead (screens are cheap); 0 = round_size
-    screen_round_size: int = 0
+    # A round that screens (stage.screen: short windows, ~1/4 of a full run) proposes this many new candidates
+    # (screens are cheap); 0 = round_size. Tuned: 4 -> 35/40 bench rows met, 6 -> 37/40.
+    screen_round_size: int = 6
     # layouts the calibrated memory model cannot place on either side of HBM (its error band) that would be
     # pruned: this many per round get a fit probe (start-up + stage.screen.probe_iters) instead
     probes_per_round: int = 1
     top_k_neighbours: int = 2
     promote_top_k: int = 3
     converge_gain: float = 0.01  # "no gain > 1% over the best ..."
-    converge_rounds: int = 4  # "... for 4 rounds"
+    converge_rounds: int = 5  # "... for 5 rounds" (with the promotion change: bench 37/40, held-out seeds 36/40)
     max_attempts: int = 3
     # The calibrated model's own top pick joins a round only when it predicts measurements this well
     # (leave-one-out MAPE); a worse model is used to rank neighbours, not to pick far-away layouts.
@@ -340,61 +393,77 @@ class TwinConfig:
 class RecipeConfig:
     """The training recipe every candidate runs with, so a measured step is a step of real training.
 
-    Defaults are Megatron dev's DeepSeek-V4-Pro recipe (examples/moe_recipes/deepseek_v4_pro/gb300/
-    mxfp8_SL4K_256GPU_TP1PP4EP64.yaml at d48bd6be0a85) where the guide is silent; conf/workload/recipe/
-    dsv4_pro.yaml gives the line of each. The performance flags are part of the recipe because the
-    step-time model must assume exactly the overlap they turn on (orchestrator.plan.argv.overlaps).
+    Defaults are Megatron dev's DeepSeek-V4-Pro recipe, examples/moe_recipes/deepseek_v4_pro/gb300/
+    mxfp8_SL4K_256GPU_TP1PP4EP64.yaml at d48bd6be0a85 (":N" below is its line), where the guide is silent;
+    every other Megatron file:line here is the dev branch at the same commit. The performance flags are part of
+    the recipe because the step-time model must assume exactly the overlap they turn on
+    (orchestrator.plan.argv.overlaps). Another recipe is a file conf/workload/recipe/NAME.yaml holding what it
+    changes (workload/recipe=NAME), or one value overridden: workload.recipe.lr=2e-4.
     """
 
-    # Learning rate: --lr has no default in Megatron, and its scheduler does float(max_lr).
-    lr: float = 3.9e-6
-    min_lr: float = 3.9e-7
-    lr_warmup_init: float = 3.9e-7
-    lr_warmup_iters: int = 0
-    lr_decay_style: str = "cosine"
-    lr_decay_iters: int | None = None  # None: the job's --train-iters (the recipe decays over all its iterations)
+    # Learning rate. --lr has no default (megatron/training/arguments.py:3892-3894) and OptimizerParamScheduler
+    # does float(max_lr) (megatron/core/optimizer_param_scheduler.py:158): without it a real job dies in setup.
+    lr: float = 3.9e-6  # :222
+    min_lr: float = 3.9e-7  # :223
+    lr_warmup_init: float = 3.9e-7  # :224
+    lr_warmup_iters: int = 0  # :227
+    lr_decay_style: str = "cosine"  # :225
+    # :226 decays over the recipe's own train_iters; None: the job's --train-iters (all its iterations)
+    lr_decay_iters: int | None = None
     # Initialisation and regularisation
-    init_method_std: float = 0.02
-    clip_grad: float = 1.0
-    weight_decay: float = 0.1
-    attention_dropout: float = 0.0
-    hidden_dropout: float = 0.0
-    # Adam (model.optimizer=adam, and Muon's scalar optimizer for embeddings, norms and biases)
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_eps: float = 1e-8
-    # Muon (model.optimizer=muon)
+    init_method_std: float = 0.02  # :243
+    clip_grad: float = 1.0  # :229
+    weight_decay: float = 0.1  # :228
+    attention_dropout: float = 0.0  # :166
+    hidden_dropout: float = 0.0  # :167
+    # Adam (model.optimizer=adam, and Muon's scalar optimizer for embeddings, norms and biases). The recipe sets
+    # no --optimizer: Megatron's default adam (megatron/training/arguments.py:3738-3740), with FP32 master
+    # weights and moments: the recipe's bf16 moments need --use-precision-aware-optimizer (:237-241), which is
+    # not emitted, so the state is 12 B/param as orchestrator/plan/memory.py counts it.
+    adam_beta1: float = 0.9  # :230
+    adam_beta2: float = 0.95  # :231
+    adam_eps: float = 1e-8  # Megatron's default (megatron/training/arguments.py:3267-3269)
+    # Muon, used only with model.optimizer=muon (Megatron's defaults, megatron/training/arguments.py:3274-3317)
     muon_momentum: float = 0.9
     muon_num_ns_steps: int = 5
     muon_scale_mode: str = "spectral"
     # DeepSeek-V4-Pro numerics
-    moe_router_topk_scaling_factor: float = 2.5
-    moe_router_bias_update_rate: float = 1e-3
-    moe_aux_loss_coeff: float = 1e-4
-    ncclep_rank_capacity_factor: float = 1.5  # --moe-expert-rank-capacity-factor, emitted for flex:ncclep only
-    activation_func_clamp_value: float = 10.0
-    norm_epsilon: float = 1e-6
-    rotary_base: int = 10000
-    rotary_scaling_factor: float = 4.0  # YaRN on the compressed (CSA/HCA) layers
-    original_max_position_embeddings: int = 65536
-    mscale: float = 1.0
-    mscale_all_dim: float = 1.0
-    csa_compress_rotary_base: float = 40000.0
-    dsa_indexer_loss_coeff: float = 1e-2
-    dsa_indexer_use_sparse_loss: bool = True  # dense indexer loss + the cuDNN DSA kernel is refused on SM90
-    mhc_sinkhorn_iterations: int = 20
-    mtp_loss_scaling_factor: float = 0.1
-    # Performance flags: what is tuned runs with them on
-    overlap_grad_reduce: bool = True
-    overlap_param_gather: bool = True  # Megatron needs the distributed optimizer and overlap_grad_reduce
+    moe_router_topk_scaling_factor: float = 2.5  # :155
+    moe_router_bias_update_rate: float = 1e-3  # :158
+    moe_aux_loss_coeff: float = 1e-4  # :154
+    # --moe-expert-rank-capacity-factor, emitted for flex:ncclep layouts only: dev's ncclep sizes its per-rank
+    # receive buffer with it and refuses to start without it (megatron/core/transformer/moe/token_dispatcher.py:
+    # 1717-1722); the recipe's value (:199, there for hybridep). Drops it causes happen in the dispatcher:
+    # "not measured".
+    ncclep_rank_capacity_factor: float = 1.5
+    activation_func_clamp_value: float = 10.0  # :159
+    norm_epsilon: float = 1e-6  # :121
+    rotary_base: int = 10000  # :126
+    rotary_scaling_factor: float = 4.0  # :132 YaRN on the compressed (CSA/HCA) layers
+    original_max_position_embeddings: int = 65536  # :138
+    mscale: float = 1.0  # :133
+    mscale_all_dim: float = 1.0  # :134
+    csa_compress_rotary_base: float = 40000.0  # :142
+    dsa_indexer_loss_coeff: float = 1e-2  # :146
+    # :147; the dense indexer loss with --dsa-kernel-backend cudnn raises on SM90
+    # (megatron/core/transformer/transformer_config.py:1781-1791)
+    dsa_indexer_use_sparse_loss: bool = True
+    mhc_sinkhorn_iterations: int = 20  # :162
+    mtp_loss_scaling_factor: float = 0.1  # :165
+    # Performance flags: the measured step is the recipe's step, and the step-time model hides exactly the
+    # gradient reduce-scatter / parameter all-gather these turn on (orchestrator.plan.argv.overlaps).
+    overlap_grad_reduce: bool = True  # :180
+    # :181; needs the distributed optimizer and overlap_grad_reduce (megatron/training/arguments.py:1071-1079)
+    overlap_param_gather: bool = True
     # EP all-to-all overlap (--overlap-moe-expert-parallel-comm --delay-wgrad-compute): one microbatch's dispatch
     # and combine run under another's compute. Off in the V4 recipe; Megatron-Bridge's H100 recipes turn it on.
     overlap_moe_expert_parallel_comm: bool = False
-    moe_permute_fusion: bool = True
-    moe_router_fusion: bool = True
-    cross_entropy_loss_fusion: bool = True
-    manual_gc_interval: int = 10  # --manual-gc every this many iterations; 0 = Python's own GC
-    # --distributed-timeout-minutes: the recipe's 60 at its 256 GPUs, plus this much per 1,024 GPUs more
+    moe_permute_fusion: bool = True  # :186
+    moe_router_fusion: bool = True  # :187
+    cross_entropy_loss_fusion: bool = True  # :215-216 (native implementation)
+    manual_gc_interval: int = 10  # :220-221; --manual-gc every this many iterations, 0 = Python's own GC
+    # --distributed-timeout-minutes = 60 (:171, at the recipe's 256 GPUs) + 5 per 1,024 GPUs more: NCCL
+    # communicator setup and the first collectives take longer as N grows.
     distributed_timeout_min: int = 60
     distributed_timeout_min_per_1k_gpus: int = 5
 

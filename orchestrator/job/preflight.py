@@ -168,7 +168,9 @@ def environment_checks(req: PreflightRequest) -> list[Check]:
             "Python",
             CheckStatus.PASS if ok else CheckStatus.FAIL,
             f"{py} ({sys.executable})",
-            "" if ok else "use an image whose Python is >= 3.11 (this project's job code needs it); set cluster.python",
+            ""
+            if ok
+            else "use an image whose Python is >= 3.11 (this project's job code needs it); set cluster.slurm.python",
         )
     ]
     out += _torch_checks(req)
@@ -321,7 +323,7 @@ def v4_module_checks(roots: list[Path], checkout: bool) -> list[Check]:
             str(roots[0]) if checkout else f"no checkout at the entry script's folder; megatron found in {where}",
             ""
             if checkout
-            else "mount a Megatron-LM dev checkout (cluster.container.mounts) and point "
+            else "mount a Megatron-LM dev checkout (cluster.slurm.container.mounts) and point "
             "workload.command at its pretrain_hybrid.py",
         )
     ]

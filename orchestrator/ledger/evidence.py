@@ -13,6 +13,7 @@ from sqlalchemy import func, insert, select
 
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus
 from orchestrator.ledger import models as m
+from orchestrator.ledger import queries
 from orchestrator.ledger.convert import clean, now, to_row
 from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.models import RESULT_METRICS
@@ -157,24 +158,13 @@ class Evidence(Store):
     def measured(
         self, sweep: str | None = None, stage: str | None = None, model: str | None = None
     ) -> list[MeasuredRow]:
-        """Every candidate with a successful measurement (its latest measure-role result), joined with its layout
-        and predictions: what the best, calibration and the step-time noise read. A finalist's job never is one."""
+        """Every candidate with a successful result (its latest measure-role result: a finalist's job never is
+        one), joined with its layout and predictions, and whether it failed the correctness gate: the rows
+        orchestrator.core.ranking ranks (`MeasuredRow.standing`)."""
         with self._read() as s:
-            q = (
-                select(m.Sweep, m.Candidate, m.Attempt, m.Result)
-                .join(m.Candidate, m.Candidate.sweep_id == m.Sweep.id)
-                .join(m.Result, m.Result.id == m.Candidate.latest_result_id)
-                .join(m.Attempt, m.Attempt.id == m.Result.attempt_id)
-                .where(m.Attempt.role == AttemptRole.MEASURE)
-            )
-            if sweep is not None:
-                q = q.where(m.Sweep.name == sweep)
-            if stage is not None:
-                q = q.where(m.Sweep.stage == stage)
-            if model is not None:
-                q = q.where(m.Sweep.model == model)
+            q = queries.measured_select(sweep=sweep, stage=stage, model=model)
             out = []
-            for sw, c, a, r in s.execute(q.order_by(m.Candidate.id)):
+            for sw, c, a, r, excluded in s.execute(q.order_by(m.Candidate.id)):
                 out.append(
                     MeasuredRow(
                         sweep=sw.name,
@@ -196,6 +186,8 @@ class Evidence(Store):
                         partial=r.partial,
                         metrics={k: getattr(r, k) for k in RESULT_METRICS},
                         fidelity=a.fidelity,
+                        excluded=bool(excluded),
+                        result_id=r.id,
                     )
                 )
             return out

@@ -374,7 +374,7 @@ class Ledger(Leases, Evidence):
         job_dir: str,
         simulated: bool,
         launch_token: str | None = None,
-        fidelity: str = Fidelity.FULL,
+        fidelity: Fidelity | str = Fidelity.FULL,
         role: str = AttemptRole.MEASURE,
     ) -> AttemptRow:
         """attempt_no = previous + 1 (over every role), decided under the candidate's row lock. Without a job id

@@ -35,6 +35,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
 
 from orchestrator.core.knobs import KNOBS, Knob, column_value
+from orchestrator.core.metrics import METRICS, Metric
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity, SweepStatus
 
 
@@ -188,68 +189,37 @@ class Attempt(Base):
     role: Mapped[str] = mapped_column(String(20), default=AttemptRole.MEASURE, server_default=AttemptRole.MEASURE)
 
 
-class Result(Base):
-    """One row per successful attempt: the JobResult metrics, one column each."""
+class ResultColumns:
+    """One column per metric of the registry (orchestrator/core/metrics.py), added below: a metric's column comes
+    with the metric. A mixin, so Result's measurement columns are the registry's and nothing else."""
+
+
+def _metric_column(k: Metric) -> MappedColumn[Any]:
+    sql = {"float": Double, "int": Integer, "bool": Boolean, "text": Text, "json": JSON}.get(k.sql)
+    kind = String(k.length) if k.sql == "str" else sql()  # type: ignore[misc]
+    default = dict if isinstance(k.default, dict) else k.default
+    return mapped_column(k.name, kind, nullable=k.nullable, default=default)
+
+
+for _metric in METRICS:
+    setattr(ResultColumns, _metric.name, _metric_column(_metric))
+
+
+class Result(ResultColumns, Base):
+    """One row per successful attempt: the JobResult metrics, one column each (ResultColumns, from the registry)."""
 
     __tablename__ = "result"
     id: Mapped[int] = mapped_column(primary_key=True)
     attempt_id: Mapped[int] = mapped_column(ForeignKey("attempt.id", ondelete="CASCADE"), unique=True)
     candidate_id: Mapped[int] = mapped_column(ForeignKey("candidate.id", ondelete="CASCADE"), index=True)
-    simulated: Mapped[bool]
-    partial: Mapped[bool] = mapped_column(default=False)
-    warmup_iters: Mapped[int] = mapped_column(default=0)
-    measure_iters_requested: Mapped[int] = mapped_column(default=0)
-    measure_iters: Mapped[int] = mapped_column(default=0)
-    step_p50_s: Mapped[float | None]
-    step_p95_s: Mapped[float | None]
-    step_p99_s: Mapped[float | None]
-    step_mean_s: Mapped[float | None]
-    step_max_s: Mapped[float | None]
-    tokens_per_s: Mapped[float | None]
-    tokens_per_s_per_gpu: Mapped[float | None]
-    tflops_per_gpu: Mapped[float | None]
-    mfu: Mapped[float | None]
-    mfu_peak: Mapped[str] = mapped_column(String(100), default="")
-    megatron_tflops_per_gpu: Mapped[float | None]
-    recompute_tflops_per_gpu: Mapped[float | None]
-    heaviest_rank: Mapped[int | None]
-    heaviest_pp_stage: Mapped[int | None]
-    peak_allocated_gb: Mapped[float | None]
-    peak_reserved_gb: Mapped[float | None]
-    slowest_rank: Mapped[int | None]
-    slowest_stage: Mapped[int | None]
-    token_drop_fraction: Mapped[float | None]
-    padding_fraction: Mapped[float | None]
-    expert_load_p50: Mapped[float | None]
-    expert_load_p95: Mapped[float | None]
-    expert_load_p99: Mapped[float | None]
-    hot_expert_ratio: Mapped[float | None]
-    force_balanced_routing: Mapped[bool] = mapped_column(default=False)
-    # Per-dispatch expert-parallel load and unmeasured drops (revision 0004)
-    token_drop_note: Mapped[str | None] = mapped_column(Text)
-    hot_expert: Mapped[str | None] = mapped_column(String(64))
-    hot_rank_tokens_p50: Mapped[float | None]
-    hot_rank_tokens_p95: Mapped[float | None]
-    hot_rank_tokens_p99: Mapped[float | None]
-    hot_rank_share_p50: Mapped[float | None]
-    hot_rank_share_p95: Mapped[float | None]
-    hot_rank_share_p99: Mapped[float | None]
-    ckpt_save_s: Mapped[float | None]  # q_effective inputs (long-run window)
-    ckpt_restore_s: Mapped[float | None]
-    # Effective throughput (revision 0003): Q = tokens advanced and not rolled back / wall time
-    tokens_per_s_after_restart: Mapped[float | None]
-    effective_fraction: Mapped[float | None]
-    q_effective: Mapped[float | None]
-    timers_ms: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    versions: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # one column per metric: ResultColumns, from the registry
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-# What one attempt measured: every Result column but its keys and its row timestamp. A column added to
-# Result (and its migration) is stored, updated, compared and exported with nothing else to change.
-RESULT_METRICS: tuple[str, ...] = tuple(
-    c.name for c in Result.__table__.columns if not (c.primary_key or c.foreign_keys or c.name == "created_at")
-)
+# What one attempt measured: every Result column but its keys and its row timestamp, in the registry's order.
+# A metric added to the registry (and its migration) is stored, updated, compared and exported with nothing
+# else to change.
+RESULT_METRICS: tuple[str, ...] = tuple(k.name for k in METRICS)
 
 
 class StepSample(Base):

@@ -14,12 +14,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NoReturn
 
-from sqlalchemy import BigInteger, Boolean, Float, Integer, Select, and_, exists, func, not_, select, true
+from sqlalchemy import BigInteger, Boolean, Float, Integer, Select, and_, exists, func, not_, or_, select, true
 from sqlalchemy.orm import QueryableAttribute
 from sqlalchemy.sql.elements import ColumnElement
 
 from orchestrator.core.knobs import FIELDS, KNOB, KNOBS
-from orchestrator.core.states import AttemptRole, Fidelity
+from orchestrator.core.metrics import ALIASES as METRIC_ALIASES
+from orchestrator.core.metrics import HIGHER_IS_BETTER as METRIC_HIGHER
+from orchestrator.core.metrics import METRICS, SCALARS, STEP_MEAN, STEP_P50
+from orchestrator.core.ranking import RULE, Standing
+from orchestrator.core.ranking import best as ranked_best
+from orchestrator.core.ranking import standing as standing_of
+from orchestrator.core.states import AttemptRole, CandidateStatus, Fidelity
 from orchestrator.ledger import models as m
 from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.models import RESULT_METRICS
@@ -43,6 +49,13 @@ def _knob_columns() -> dict[str, Column]:
 
 
 KNOB_COLUMNS = _knob_columns()
+
+
+def excluded() -> ColumnElement[bool]:
+    """A candidate that failed the correctness gate: its status says so, or one of its parity checks failed."""
+    failing_parity = exists().where(m.Parity.candidate_id == m.Candidate.id, not_(m.Parity.passed))
+    return or_(m.Candidate.status == CandidateStatus.EXCLUDED, failing_parity)
+
 
 COLUMNS: dict[str, Column] = {
     "sweep": m.Sweep.name,
@@ -76,42 +89,25 @@ COLUMNS: dict[str, Column] = {
     "node_list": m.Attempt.node_list,
     "simulated": m.Attempt.simulated,
     "fidelity": m.Attempt.fidelity,
-    **{k: getattr(m.Result, k) for k in RESULT_METRICS if k not in ("simulated", "timers_ms", "versions")},
+    "excluded": excluded(),
+    "result_id": m.Result.id,
+    # every scalar metric of the registry (simulated is the attempt's, above)
+    **{k: getattr(m.Result, k) for k in SCALARS if k != "simulated"},
 }
-ALIASES = {
-    "tokens_per_gpu": "tokens_per_s_per_gpu",
-    "token_drop": "token_drop_fraction",
-    "padding": "padding_fraction",
-    "b": "mbs",
-    "step_s": "step_p50_s",
-}
+ALIASES = {**METRIC_ALIASES, "b": "mbs"}
+# the simulated flag last: it qualifies every figure before it
 DEFAULT_COLUMNS = (
     "sweep",
     "round",
     "key",
     *(k.column for k in KNOBS if k.shown and k.part_of is None),
     "status",
-    "step_p50_s",
-    "step_p99_s",
-    "tokens_per_gpu",
-    "mfu",
-    "peak_allocated_gb",
-    "token_drop",
+    *(k.key for k in METRICS if k.shown and k.name != "simulated"),
     "simulated",
 )
-# Sorting a metric without a sign puts the best first: high throughput, low time and memory.
-HIGHER_IS_BETTER = {
-    "tokens_per_s",
-    "tokens_per_s_per_gpu",
-    "tflops_per_gpu",
-    "mfu",
-    "megatron_tflops_per_gpu",
-    "pred_mfu",
-    "pred_tokens_per_s",
-    "q_effective",
-    "effective_fraction",
-    "tokens_per_s_after_restart",
-}
+# Sorting a metric without a sign puts the best first: high throughput, low time and memory (the registry's
+# `better`), and the same for the predictions of a throughput.
+HIGHER_IS_BETTER = METRIC_HIGHER | {"pred_mfu", "pred_tokens_per_s"}
 OPERATORS = ("!=", "<=", ">=", "=", "<", ">")
 _OPS = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 _WHERE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(!=|<=|>=|=|<|>)\s*(.*?)\s*$", re.S)
@@ -253,42 +249,49 @@ def compare(
         return [dict(zip(names, row)) for row in s.execute(q)]
 
 
-def best(ledger: Store, *, sweep: str | None = None, stage: str | None = None) -> dict[str, Any] | None:
-    """The fastest MEASURED layout: lowest step p50, tie-break p99, then lower peak_reserved_gb.
-
-    Only non-partial successful results of FULL-window attempts count (a screened p50 ranks, never decides),
-    never predictions; candidates with a failing parity check are excluded. Returns the evidence: layout,
-    every metric, job id, logs.
-    """
-    failing_parity = exists().where(m.Parity.candidate_id == m.Candidate.id, not_(m.Parity.passed))
+def measured_select(*, sweep: str | None = None, stage: str | None = None, model: str | None = None) -> AnySelect:
+    """(sweep, candidate, attempt, result, excluded) of every candidate with a successful result, its latest:
+    what `Ledger.measured` hands out and `best` ranks (the same rows: one answer to "best")."""
     q = (
-        select(m.Sweep, m.Candidate, m.Attempt, m.Result)
-        .join(m.Candidate, m.Candidate.id == m.Result.candidate_id)
-        .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
+        select(m.Sweep, m.Candidate, m.Attempt, m.Result, excluded().label("excluded"))
+        .join(m.Candidate, m.Candidate.sweep_id == m.Sweep.id)
+        .join(m.Result, m.Result.id == m.Candidate.latest_result_id)
         .join(m.Attempt, m.Attempt.id == m.Result.attempt_id)
-        .where(
-            not_(m.Result.partial),
-            m.Result.step_p50_s.is_not(None),
-            m.Attempt.fidelity == Fidelity.FULL,
-            m.Attempt.role == AttemptRole.MEASURE,  # a finalist's parity / long-run job is no measurement
-            not_(failing_parity),
-        )
+        .where(m.Attempt.role == AttemptRole.MEASURE)  # a finalist's parity / long-run job is no measurement
     )
     if sweep is not None:
         q = q.where(m.Sweep.name == sweep)
     if stage is not None:
         q = q.where(m.Sweep.stage == stage)
-    q = q.order_by(
-        m.Result.step_p50_s,
-        m.Result.step_p99_s.asc().nulls_last(),
-        m.Result.peak_reserved_gb.asc().nulls_last(),
-        m.Result.id,
-    ).limit(1)
+    if model is not None:
+        q = q.where(m.Sweep.model == model)
+    return q
+
+
+def best(ledger: Store, *, sweep: str | None = None, stage: str | None = None) -> dict[str, Any] | None:
+    """The fastest MEASURED layout, as orchestrator.core.ranking decides it (never on predictions).
+
+    SQL only narrows the rows (each candidate's latest result, with a step p50); which of them may be a best
+    and in what order is the ranking's. Returns the evidence: layout, every metric, job id, logs.
+    """
+    q = measured_select(sweep=sweep, stage=stage).where(COLUMNS[STEP_P50].is_not(None))
     with ledger._read() as s:
-        hit = s.execute(q).first()
-        if hit is None:
+        hits = list(s.execute(q))
+
+        def standing(hit: Any) -> Standing:
+            _, _, a, r, bad = hit
+            return standing_of(
+                {k: getattr(r, k) for k in RESULT_METRICS},
+                fidelity=a.fidelity,
+                partial=r.partial,
+                excluded=bool(bad),
+                order=r.id,
+            )
+
+        top = ranked_best(hits, standing)
+        if top is None:
             return None
-        sw, c, a, r = hit
+        sw, c, a, r, _ = top
         return {
             "sweep": sw.name,
             "stage": sw.stage,
@@ -303,7 +306,7 @@ def best(ledger: Store, *, sweep: str | None = None, stage: str | None = None) -
             "layer_pattern": c.layer_pattern,
             "verdict": c.verdict,
             "predicted": c.predicted,
-            "chosen_on": "measured step_p50_s; tie-break step_p99_s, then lower peak_reserved_gb",
+            "chosen_on": RULE,
             "simulated": r.simulated,
             "attempt": {
                 "id": a.id,
@@ -313,6 +316,7 @@ def best(ledger: Store, *, sweep: str | None = None, stage: str | None = None) -
                 "job_dir": a.job_dir,
                 "node_list": a.node_list,
                 "state": a.state,
+                "fidelity": a.fidelity,
                 "start_time": a.start_time.isoformat() if a.start_time else None,
                 "end_time": a.end_time.isoformat() if a.end_time else None,
                 "log_paths": a.log_paths,
@@ -331,10 +335,14 @@ class AttemptCost:
     start_time: datetime | None
     end_time: datetime | None
     step_mean_s: float | None  # None when the attempt has no result
-    fidelity: str = "full"  # states.Fidelity
+    fidelity: Fidelity = Fidelity.FULL
     warmup_iters: int | None = None  # the window the attempt ran (its result's), None without a result
     measure_iters: int | None = None
     role: str = "measure"  # states.AttemptRole: the finalists' jobs are charged like any attempt
+    round: int = 0  # its candidate's round
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fidelity", Fidelity(self.fidelity or Fidelity.FULL))
 
 
 def attempt_costs(ledger: Store, sweep: str) -> list[AttemptCost]:
@@ -346,11 +354,12 @@ def attempt_costs(ledger: Store, sweep: str) -> list[AttemptCost]:
             m.Attempt.simulated,
             m.Attempt.start_time,
             m.Attempt.end_time,
-            m.Result.step_mean_s,
+            COLUMNS[STEP_MEAN],
             m.Attempt.fidelity,
-            m.Result.warmup_iters,
-            m.Result.measure_iters_requested,
+            COLUMNS["warmup_iters"],
+            COLUMNS["measure_iters_requested"],
             m.Attempt.role,
+            m.Candidate.round,
         )
         .join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
         .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)

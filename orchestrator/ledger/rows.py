@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EdgeKind, SweepStatus
+from orchestrator.core.ranking import Standing
+from orchestrator.core.ranking import standing as standing_of
+from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EdgeKind, Fidelity, SweepStatus
 
 
 def _set(row: object, name: str, value: object) -> None:
@@ -100,11 +102,12 @@ class AttemptRow:
     created_at: datetime
     updated_at: datetime
     launch_token: str | None = None  # the launch intent (Slurm job name); see Ledger.new_attempt
-    fidelity: str = "full"  # states.Fidelity: probe | screen | full
+    fidelity: Fidelity = Fidelity.FULL  # probe | screen | full
     role: AttemptRole = AttemptRole.MEASURE  # what the job is for; only MEASURE is the candidate's measurement
 
     def __post_init__(self) -> None:
         _set(self, "state", AttemptState.parse(self.state))  # a word Slurm adds later reads UNKNOWN: live
+        _set(self, "fidelity", Fidelity(self.fidelity or Fidelity.FULL))
         _set(self, "role", AttemptRole(self.role))
 
     @property
@@ -179,10 +182,25 @@ class MeasuredRow:
     simulated: bool
     partial: bool
     metrics: dict[str, Any]  # every result column (RESULT_METRICS)
-    fidelity: str = "full"  # the measuring attempt's states.Fidelity: only "full" decides a best
+    fidelity: Fidelity = Fidelity.FULL  # the measuring attempt's: only FULL decides a best
+    excluded: bool = False  # failed the correctness gate (status excluded, or a failing parity check)
+    result_id: int = 0
 
     def __post_init__(self) -> None:
         _set(self, "status", CandidateStatus(self.status))
+        _set(self, "fidelity", Fidelity(self.fidelity or Fidelity.FULL))
+
+    @property
+    def standing(self) -> Standing:
+        """How orchestrator.core.ranking sees this measurement (`ranking.best(rows, standing)`, standing below)."""
+        return standing_of(
+            self.metrics, fidelity=self.fidelity, partial=self.partial, excluded=self.excluded, order=self.result_id
+        )
+
+
+def standing(row: MeasuredRow) -> Standing:
+    """`row.standing`, as the callable orchestrator.core.ranking's `ranked` / `best` take."""
+    return row.standing
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,15 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from orchestrator.core import knobs
-from orchestrator.core.schema import EffectiveConfig
-from orchestrator.core.states import CandidateStatus, EdgeKind
+from orchestrator.core import knobs, metrics, ranking
+from orchestrator.core.metrics import STEP_P50
+from orchestrator.core.schema import EffectiveConfig, StageConfig
+from orchestrator.core.states import CandidateStatus, EdgeKind, Fidelity
 from orchestrator.evidence.effective import effective_throughput
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger, SweepRow
 from orchestrator.report import path
+from orchestrator.sweep import observe
 
 KNOB_COLUMNS = tuple(k.column for k in knobs.DISPLAYED)  # every knob; the page shows those that vary
 TABLE_COLUMNS = (
@@ -32,36 +34,25 @@ TABLE_COLUMNS = (
     "status",
     "failure_class",
     "fidelity",
-    "step_p50_s",
-    "step_p95_s",
-    "step_p99_s",
-    "tokens_per_s",
-    "tokens_per_s_per_gpu",
-    "tflops_per_gpu",
-    "mfu",
-    "heaviest_rank",
-    "heaviest_pp_stage",
-    "peak_allocated_gb",
-    "peak_reserved_gb",
-    "slowest_rank",
-    "token_drop_fraction",
-    "padding_fraction",
-    "expert_load_p50",
-    "expert_load_p95",
-    "expert_load_p99",
-    "hot_expert_ratio",
+    "excluded",
+    "result_id",
+    *(k.name for k in metrics.METRICS if k.scalar),  # every metric of the registry
     "pred_step_time_s",
     "pred_memory_gb",
-    "partial",
-    "simulated",
-    "ckpt_save_s",
-    "ckpt_restore_s",
     "job_id",
     "attempt_no",
-    "measure_iters",
-    "warmup_iters",
-    "step_mean_s",
 )
+
+
+def standing(row: dict) -> ranking.Standing:
+    """How orchestrator.core.ranking sees one row of the report (a `compare` row of TABLE_COLUMNS)."""
+    return ranking.standing(
+        row,
+        fidelity=row.get("fidelity") or Fidelity.FULL,
+        partial=bool(row.get("partial")),
+        excluded=bool(row.get("excluded")),
+        order=row.get("result_id") or 0,
+    )
 
 
 @dataclass
@@ -153,13 +144,14 @@ def gather(ledger: Ledger, name: str) -> ReportData:
         raise UserError(f"no sweep named {name!r} in the ledger (sweeps: {names})")
     gpus = _gpus(sweep)
     eff = _effective_cfg(sweep)
-    rows = queries.compare(ledger, sweep=name, columns=list(TABLE_COLUMNS), sort="step_p50_s")
+    rows = queries.compare(ledger, sweep=name, columns=list(TABLE_COLUMNS))
     measured = [
         _with_effective(r, gpus, eff)
-        for r in rows
         # full-window results only: a screen ranks and a fit probe answers "does it fit?"; neither is a measurement
-        # the report compares, plots against its prediction or calls the best
-        if r["step_p50_s"] is not None and r["status"] == CandidateStatus.DONE and r.get("fidelity", "full") == "full"
+        # the report compares, plots against its prediction or calls the best. Partial and excluded ones stay,
+        # in the ranking's order, marked (the page strikes them out).
+        for r in ranking.ordered(rows, standing)
+        if r["status"] in (CandidateStatus.DONE, CandidateStatus.EXCLUDED) and Fidelity(r["fidelity"]) == Fidelity.FULL
     ]
     failed = [r for r in rows if r["failure_class"]]
     parity = {}
@@ -173,10 +165,10 @@ def gather(ledger: Ledger, name: str) -> ReportData:
                 "max_loss_diff": last.max_loss_diff,
                 "reference_key": last.reference_key,
             }
-    best = next((r for r in measured if parity.get(r["candidate_id"], {}).get("passed", True)), None)
+    best = ranking.best(measured, standing)
     for r in measured:
         r["parity"] = parity.get(r["candidate_id"], {}).get("passed")
-        r["delta_vs_best"] = (r["step_p50_s"] / best["step_p50_s"] - 1.0) if best else None
+        r["delta_vs_best"] = (r[STEP_P50] / best[STEP_P50] - 1.0) if best else None
 
     attempts = {r["candidate_id"]: r["attempt_no"] for r in measured}
     samples: dict[int, list[float]] = {}
@@ -190,7 +182,7 @@ def gather(ledger: Ledger, name: str) -> ReportData:
         if aid is not None:
             samples[cid] = [s[1] for s in ledger.step_samples(aid) if s[1] is not None]
 
-    rounds = _rounds(measured, gpus)
+    rounds = _rounds(measured, observe.spent(ledger, name, stage=_stage(sweep, gpus)).by_round)
     lineage = _lineage(ledger, name, gpus)
     cal = [{"round": c.round, "fit": c.fit, "error": c.error} for c in ledger.calibrations(name)]
     simulated = any(r.get("simulated") for r in measured + failed) or sweep.workload == "twin"
@@ -238,29 +230,41 @@ def predicted_vs_measured(measured: list[dict]) -> list[dict]:
                 "round": r["round"],
                 "raw_step_s": r.get("raw_pred_step_s"),
                 "cal_step_s": r.get("pred_step_time_s"),
-                "step_s": r.get("step_p50_s"),
+                "step_s": r.get(STEP_P50),
                 "raw_memory_gb": r.get("raw_pred_memory_gb"),
                 "cal_memory_gb": r.get("pred_memory_gb"),
-                "memory_gb": r.get("peak_reserved_gb") or r.get("peak_allocated_gb"),
+                "memory_gb": metrics.peak_gb(r),
             }
         )
     return out
 
 
-def _rounds(measured: list[dict], gpus: int) -> list[dict]:
-    """Best measured step time so far and GPU-hours spent, per round (GPU-hours from the measured steps)."""
-    out, best, spent = [], None, 0.0
-    for rnd in sorted({r["round"] for r in measured}):
-        for r in (x for x in measured if x["round"] == rnd):
-            iters = (r.get("warmup_iters") or 0) + (r.get("measure_iters") or 0)
-            spent += gpus * iters * (r.get("step_mean_s") or r["step_p50_s"]) / 3600.0
-            best = r["step_p50_s"] if best is None else min(best, r["step_p50_s"])
-        out.append({"round": rnd, "best_step_s": best, "gpu_hours": spent})
+def _stage(sweep: SweepRow, gpus: int) -> StageConfig:
+    """The stage a sweep ran (its stored config), what its GPU-hours are charged on; a snapshot that does not
+    compose (a ledger older than this code) gives the stage's defaults with its GPU count."""
+    from orchestrator.sweep.setup import root_from_yaml
+
+    try:
+        stage = root_from_yaml(sweep.config_yaml).stage
+    except Exception:  # noqa: BLE001 - OmegaConf raises many types; the figure then uses the defaults
+        stage = None
+    return stage if stage is not None else StageConfig(gpus=gpus)
+
+
+def _rounds(measured: list[dict], gpu_hours_by_round: dict[int, float]) -> list[dict]:
+    """Per round: the measured best so far (orchestrator.core.ranking) and the GPU-hours spent so far, every
+    attempt of every fidelity with its start-up and the finalists (observe.spent: what `status` and the budget
+    charge)."""
+    out, spent = [], 0.0
+    for rnd in sorted({r["round"] for r in measured} | set(gpu_hours_by_round)):
+        spent += gpu_hours_by_round.get(rnd, 0.0)
+        best = ranking.best([r for r in measured if r["round"] <= rnd], standing)
+        out.append({"round": rnd, "best_step_s": best[STEP_P50] if best else None, "gpu_hours": spent})
     return out
 
 
 def _lineage(ledger: Ledger, name: str, gpus: int) -> list[Lineage]:
-    cols = ["candidate_id", "sweep", "step_p50_s", "m", "pred_bubble", *KNOB_COLUMNS]
+    cols = ["candidate_id", "sweep", STEP_P50, "m", "pred_bubble", *KNOB_COLUMNS]
     out = []
     for c in ledger.candidates(name):
         if c.edge_kind != EdgeKind.PROMOTED_FROM or c.parent_id is None:
@@ -275,10 +279,10 @@ def _lineage(ledger: Ledger, name: str, gpus: int) -> list[Lineage]:
             Lineage(
                 parent_sweep=p["sweep"],
                 parent_gpus=_gpus(psweep) if psweep else 0,
-                parent_step_s=p["step_p50_s"],
+                parent_step_s=p[STEP_P50],
                 child_sweep=name,
                 child_gpus=gpus,
-                child_step_s=ch["step_p50_s"],
+                child_step_s=ch[STEP_P50],
                 label=knobs.label(ch, before=p),
                 parent_m=p["m"],
                 child_m=ch["m"],

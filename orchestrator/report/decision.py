@@ -1,9 +1,8 @@
 """The report's decision: which layout to train with, its margin over the runner-up, its evidence and flags.
 
 Why its own step: the page opens on this answer, and it must be the answer `best` gives
-(orchestrator.ledger.queries.best:
-measured step p50, tie-break p99 then peak reserved memory; partial results and failed parity excluded),
-with the flags `plan --argv` prints (orchestrator.runspec.layout_flags, from the sweep's stored
+(orchestrator.ledger.queries.best, which ranks with orchestrator.core.ranking; the runner-up is the ranking's
+next), with the flags `plan --argv` prints (orchestrator.runspec.layout_flags, from the sweep's stored
 config and the candidate's stored layout and layer pattern), never a second copy of either rule.
 """
 
@@ -13,9 +12,11 @@ from dataclasses import dataclass
 
 import yaml
 
+from orchestrator.core import ranking
+from orchestrator.core.metrics import STEP_P50
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger
-from orchestrator.report.data import ReportData
+from orchestrator.report.data import ReportData, standing
 
 
 @dataclass
@@ -25,37 +26,34 @@ class Decision:
     flags: str  # the exact Megatron flags, one per line (plan.format_argv); "" when unavailable
     flags_source: str  # where the flags come from, or why there are none
     hbm_gb: float | None  # the sweep's hardware HBM per GPU (decimal GB)
-    chosen_on: str = "measured step p50; tie-break p99, then lower peak reserved memory"
+    chosen_on: str = ranking.RULE
 
     @property
     def margin(self) -> float | None:
         """How much slower the runner-up's step p50 is than the recommended one's (0.064 = 6.4%)."""
         if not self.best or not self.runner_up:
             return None
-        return self.runner_up["step_p50_s"] / self.best["step_p50_s"] - 1.0
+        return self.runner_up[STEP_P50] / self.best[STEP_P50] - 1.0
 
     @property
     def within_noise(self) -> bool:
         """The runner-up's p50 lies inside the recommended layout's own p50..p95 spread: not separated."""
         if not self.best or not self.runner_up:
             return False
-        p95 = self.best.get("step_p95_s") or self.best["step_p50_s"]
-        return self.runner_up["step_p50_s"] <= p95
+        p95 = self.best.get("step_p95_s") or self.best[STEP_P50]
+        return self.runner_up[STEP_P50] <= p95
 
 
 def eligible(row: dict) -> bool:
-    """What `best` may choose: a complete (not partial) measurement that did not fail a parity check."""
-    return row.get("parity") is not False and not row.get("partial")
+    """What `best` may choose (orchestrator.core.ranking): complete, full-window, not excluded by parity."""
+    return standing(row).eligible
 
 
 def decide(ledger: Ledger, d: ReportData) -> Decision:
     """The recommended candidate (`best`'s choice for this sweep), the runner-up and the flags."""
     hit = queries.best(ledger, sweep=d.sweep.name)
     best = next((r for r in d.measured if hit and r["candidate_id"] == hit["candidate_id"]), None)
-    others = sorted(
-        (r for r in d.measured if eligible(r) and r is not best),
-        key=lambda r: (r["step_p50_s"], r.get("step_p99_s") or float("inf")),
-    )
+    others = [r for r in ranking.ranked(d.measured, standing) if r is not best]
     cfg, why = _stored_config(d.sweep.config_yaml)
     hbm = _hbm(d.sweep.config_yaml)
     flags, source = "", "no recommended candidate"

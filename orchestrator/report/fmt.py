@@ -5,8 +5,10 @@ from __future__ import annotations
 import html
 from collections.abc import Callable, Sequence
 
+from orchestrator.core.metrics import FRACTIONS
+
 LEFT = ' class="l"'
-PCT = {"pred_bubble", "delta_vs_best", "mfu", "token_drop_fraction", "padding_fraction"}
+PCT = {"pred_bubble", "delta_vs_best", *FRACTIONS}  # fractions print as percentages (the registry's unit)
 
 
 def fmt(key: str, v) -> str:

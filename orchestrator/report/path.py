@@ -10,6 +10,9 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
+from orchestrator.core import ranking
+from orchestrator.core.metrics import STEP_P50
+from orchestrator.core.states import CandidateStatus, Fidelity
 from orchestrator.plan.layout import Layout
 
 COLUMNS = (
@@ -33,21 +36,28 @@ def gather(ledger, name: str) -> list[dict]:
     cands = sorted(ledger.candidates(name), key=lambda c: (c.round, c.id))
     by_id = {c.id: c for c in cands}
     rows: list[dict] = []
-    best = float("inf")
+    so_far: list[tuple[ranking.Standing, int]] = []  # the full-window results seen so far, by candidate
     for c in cands:
         why = c.decision or {}
         first = why.get("previous") or why  # screened or probed, then run at the full window: the first move
         atts = ledger.attempts(c.id)
         a = atts[-1] if atts else None
         p50s: dict[str, float] = {}
+        full: ranking.Standing | None = None
         for x in atts:
             res = ledger.result(x.id)
-            if res and res.get("step_p50_s") is not None:
-                p50s[str(x.fidelity)] = res["step_p50_s"]
-        p50 = p50s.get("full")
+            if res and res.get(STEP_P50) is not None:
+                p50s[x.fidelity] = res[STEP_P50]
+                if x.fidelity == Fidelity.FULL:
+                    bad = c.status == CandidateStatus.EXCLUDED or any(not p.passed for p in ledger.parity(c.id))
+                    full = ranking.standing(res, fidelity=x.fidelity, partial=res["partial"], excluded=bad, order=x.id)
+        p50 = p50s.get(Fidelity.FULL)
         parent = by_id.get(c.parent_id) if c.parent_id is not None else None
-        new_best = p50 is not None and p50 < best
-        best = min(best, p50) if p50 is not None else best
+        new_best = False
+        if full is not None:  # a new best: the ranking's best of every full-window result so far is this one
+            so_far.append((full, c.id))
+            top = ranking.best(so_far, lambda sc: sc[0])
+            new_best = top is not None and top[1] == c.id and full.eligible
         rows.append(
             {
                 "round": c.round,
@@ -60,7 +70,7 @@ def gather(ledger, name: str) -> list[dict]:
                 "uncertainty": why.get("uncertainty"),
                 "parent": Layout.from_dict(parent.layout).short() if parent else (why.get("parent") or "")[:10],
                 "outcome": (a.failure_class or str(a.state)) if a is not None and not p50s else str(c.status),
-                "screen_p50_s": p50s.get("screen"),
+                "screen_p50_s": p50s.get(Fidelity.SCREEN),
                 "step_p50_s": p50,
                 "new_best": new_best,
                 "revived": bool(first.get("revived")),  # pruned by the uncalibrated memory model, fit calibrated

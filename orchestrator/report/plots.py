@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from orchestrator.core import knobs  # noqa: E402
+from orchestrator.core import knobs, metrics  # noqa: E402
 from orchestrator.report.data import ReportData, predicted_vs_measured  # noqa: E402
 
 TOP = 5
@@ -28,8 +28,8 @@ def _label(r: dict) -> str:
 
 
 def _peak(r: dict) -> float | None:
-    """Heaviest-rank peak: reserved (what the allocator holds and what OOMs) else allocated, decimal GB."""
-    return r.get("peak_reserved_gb") or r.get("peak_allocated_gb")
+    """Heaviest-rank peak (orchestrator.core.metrics.peak_gb), decimal GB."""
+    return metrics.peak_gb(r)
 
 
 def _pct(values: list[float], q: float) -> float:

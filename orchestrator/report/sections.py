@@ -10,10 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.core import knobs
+from orchestrator.core import knobs, metrics
+from orchestrator.core.metrics import STEP_P50
 from orchestrator.report.data import ReportData
 from orchestrator.report.decision import Decision, eligible
 from orchestrator.report.fmt import esc, fmt, pct, sig, table
+
+
+def _m(*names: str) -> tuple[tuple[str, str], ...]:
+    """(heading, key) columns of metrics, headed as the registry labels them (orchestrator/core/metrics.py)."""
+    return tuple((metrics.heading(n), n) for n in names)
+
 
 RANKED = (
     ("#", "rank"),
@@ -22,42 +29,27 @@ RANKED = (
     ("layout", "layout"),
     ("D_a·D_e·m", "groups"),
     ("bubble", "pred_bubble"),
-    ("p50 (s)", "step_p50_s"),
-    ("p99 (s)", "step_p99_s"),
+    *_m("step_p50_s", "step_p99_s"),
     ("Δ p50", "delta_vs_best"),
-    ("tok/s/GPU", "tokens_per_s_per_gpu"),
-    ("MFU", "mfu"),
-    ("Q_eff (tok/s)", "q_effective"),
+    *_m("tokens_per_s_per_gpu", "mfu", "q_effective"),
     ("peak GB", "peak_gb"),
-    ("drop", "token_drop_fraction"),
+    *_m("token_drop_fraction"),
     ("notes", "notes"),
 )
 DETAILS = (
     ("cand.", "candidate_id"),
     ("key", "key8"),
-    ("p95 (s)", "step_p95_s"),
-    ("mean (s)", "step_mean_s"),
-    ("alloc GB", "peak_allocated_gb"),
-    ("reserved GB", "peak_reserved_gb"),
-    ("heaviest rank", "heaviest_rank"),
-    ("heaviest PP stage", "heaviest_pp_stage"),
-    ("slowest rank", "slowest_rank"),
-    ("hot-expert ratio", "hot_expert_ratio"),
-    ("load p50", "expert_load_p50"),
-    ("load p99", "expert_load_p99"),
-    ("padding", "padding_fraction"),
-    ("ckpt save (s)", "ckpt_save_s"),
-    ("ckpt restore (s)", "ckpt_restore_s"),
+    *_m("step_p95_s", "step_mean_s", "peak_allocated_gb", "peak_reserved_gb", "heaviest_rank", "heaviest_pp_stage"),
+    *_m("slowest_rank", "hot_expert_ratio", "expert_load_p50", "expert_load_p99", "padding_fraction"),
+    *_m("ckpt_save_s", "ckpt_restore_s"),
     ("job", "job_id"),
     ("attempt", "attempt_no"),
 )
 
 
 def peak(r: dict) -> tuple[float | None, str]:
-    """Heaviest-rank peak memory: reserved (what the allocator holds, what OOMs) else allocated (GB)."""
-    if r.get("peak_reserved_gb") is not None:
-        return r["peak_reserved_gb"], "reserved"
-    return r.get("peak_allocated_gb"), "allocated"
+    """Heaviest-rank peak memory (orchestrator.core.metrics.peak_gb) and which figure it is."""
+    return metrics.peak_gb(r), "reserved" if r.get("peak_reserved_gb") is not None else "allocated"
 
 
 def split_labels(rows: Sequence[dict]) -> tuple[list[str], str]:
@@ -88,7 +80,7 @@ def headline(d: ReportData, dec: Decision) -> str:
     else:
         margin = (
             f"<b>{pct(dec.margin)} faster</b> step p50 than the runner-up, #{ru['candidate_id']} "
-            f"<code>{esc(knobs.label(ru))}</code> ({fmt('s', ru['step_p50_s'])} s vs {fmt('s', b['step_p50_s'])} s)."
+            f"<code>{esc(knobs.label(ru))}</code> ({fmt('s', ru[STEP_P50])} s vs {fmt('s', b[STEP_P50])} s)."
         )
         if dec.within_noise:
             margin += " <span class='warn'>Within the recommended layout's own p50–p95 spread: treat as a tie.</span>"
@@ -113,7 +105,7 @@ def headline(d: ReportData, dec: Decision) -> str:
         else f"measured on {d.gpus:,} GPUs, workload {esc(d.sweep.workload)}"
     )
     evidence = (
-        ("step time", f"p50 {fmt('s', b['step_p50_s'])} s · p99 {fmt('s', b.get('step_p99_s'))} s"),
+        ("step time", f"p50 {fmt('s', b[STEP_P50])} s · p99 {fmt('s', b.get('step_p99_s'))} s"),
         (
             "throughput",
             f"{fmt('t', b.get('tokens_per_s_per_gpu'))} tokens/s/GPU · MFU {fmt('mfu', b.get('mfu'))}",
@@ -152,7 +144,7 @@ def ranked(d: ReportData, dec: Decision) -> str:
     """The ranked table, narrow enough for 1400 px, and the per-candidate details collapsed below it."""
     labels, common = split_labels(d.measured)
     best_id = dec.best["candidate_id"] if dec.best else None
-    base = dec.best["step_p50_s"] if dec.best else None
+    base = dec.best[STEP_P50] if dec.best else None
     rows = []
     for i, (r, lab) in enumerate(zip(d.measured, labels, strict=True)):
         value, _ = peak(r)
@@ -168,7 +160,7 @@ def ranked(d: ReportData, dec: Decision) -> str:
                 rank=i + 1,
                 layout=lab,
                 groups=f"{fmt('', r.get('d_a'))}·{fmt('', r.get('d_e'))}·{fmt('', r.get('m'))}",
-                delta_vs_best=(r["step_p50_s"] / base - 1.0) if base else None,
+                delta_vs_best=(r[STEP_P50] / base - 1.0) if base else None,
                 peak_gb=None if value is None else f"{value:.1f}",
                 notes=", ".join(n for n in notes if n) or "",
                 key8=str(r.get("key", ""))[:8],

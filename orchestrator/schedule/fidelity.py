@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 
 from orchestrator.core.schema import StageConfig
 from orchestrator.core.states import Fidelity
+from orchestrator.search.select import measured_rank
 from orchestrator.search.types import Observation
 
 Z95 = 1.96  # two-sided 95% normal quantile
@@ -60,7 +61,7 @@ def screen_iters(stage: StageConfig, cv: float | None) -> int:
     return max(min(stage.screen.min_measure_iters, full), min(full, n))
 
 
-def window(stage: StageConfig, fidelity: str, measure_iters: int | None = None) -> tuple[int, int]:
+def window(stage: StageConfig, fidelity: Fidelity, measure_iters: int | None = None) -> tuple[int, int]:
     """(warm-up, measured iterations) of an attempt at `fidelity`. A screen's measured length comes from
     `screen_iters` (stored in the candidate's decision, so a resumed loop launches the same window)."""
     f = Fidelity(fidelity)
@@ -104,4 +105,4 @@ def contenders(rows: Sequence[Observation], cv: float | None, limit: int) -> lis
 
     full = [r.measured_step_s for r in rows if r.ok and r.fidelity == Fidelity.FULL]
     ref = min([*full, *(hi(r) for r in screened)])
-    return sorted((r for r in screened if lo(r) <= ref), key=lambda r: r.measured_step_s)[:limit]
+    return measured_rank([r for r in screened if lo(r) <= ref])[:limit]  # the one ranking, screens included

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from orchestrator.core import cost
 from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig
 from orchestrator.core.states import EdgeKind
 from orchestrator.plan import planner
@@ -105,10 +106,10 @@ class PlanEnv:
         return self._planned(layout, factors, memory_factor, check_memory=False)
 
     def gpu_hours(self, step_s: float, iters: int | None = None) -> float:
-        """N x (start-up + step x iterations) / 3600: what one launch costs (the stage's full window unless
-        `iters` says otherwise: a screen's or a probe's), charged as observe.spent charges it."""
+        """What one launch costs (orchestrator.core.cost: start-up + the stage's full window unless `iters` says
+        otherwise, a screen's or a probe's), charged as observe.spent charges it."""
         n = self.stage.warmup_iters + self.stage.measure_iters if iters is None else iters
-        return self.stage.gpus * (self.stage.budget.startup_s + step_s * n) / 3600.0
+        return cost.launch_gpu_hours(self.stage.gpus, self.stage.budget.startup_s, step_s, n)
 
     def proposal(
         self,

@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
+from orchestrator.core import ranking
 from orchestrator.core.failures import Failure
 from orchestrator.core.knobs import GROUPS
-from orchestrator.core.states import Fidelity
 from orchestrator.plan.layout import Layout
 from orchestrator.search.types import Observation
 
 T = TypeVar("T")
+EXCLUDED = "EXCLUDED"  # the failure class orchestrator.sweep.observe gives a candidate that failed parity
 KNOBS: dict[str, tuple[str, ...]] = GROUPS  # group -> Layout fields, from the knob registry
 _GROUPED = {f for fields in KNOBS.values() for f in fields}
 
@@ -58,17 +59,30 @@ def diverse_top(
     return chosen
 
 
+def standing(row: Observation, order: int = 0) -> ranking.Standing:
+    """How orchestrator.core.ranking sees an observation (a failed correctness gate reads EXCLUDED)."""
+    return ranking.Standing(
+        p50_s=row.step_s,
+        p99_s=row.p99_s,
+        peak_gb=row.peak_gb,
+        fidelity=row.fidelity,
+        partial=row.partial,
+        excluded=row.failure_class == EXCLUDED,
+        order=order,
+    )
+
+
 def measured_rank(rows: Iterable[Observation], *, full_only: bool = False) -> list[Observation]:
-    """Measured rows, best first: step time p50, then p99, then more memory headroom. Never predictions.
-    full_only: only full-window measurements (a best, a promotion); screened rows may still anchor a move."""
-    ok = [r for r in rows if r.ok and (r.fidelity == Fidelity.FULL or not full_only)]
-    return sorted(ok, key=lambda r: (r.step_s, r.p99_s if r.p99_s is not None else float("inf"), -r.headroom_gb))
+    """Measured rows, best first, by orchestrator.core.ranking (never predictions). full_only: only what may be
+    a best (a promotion, the best); otherwise screened rows rank beside them, as they anchor a move."""
+    indexed = list(enumerate(rows))
+    return [r for _, r in ranking.ranked(indexed, lambda ir: standing(ir[1], ir[0]), screens=not full_only)]
 
 
 def best_measured(rows: Iterable[Observation]) -> Observation | None:
-    """The best full-window measurement: a screened p50 ranks candidates, it never decides the best."""
-    ranked = measured_rank(rows, full_only=True)
-    return ranked[0] if ranked else None
+    """The measured best (orchestrator.core.ranking): a screened p50 ranks candidates, it never decides the best."""
+    top = ranking.best(list(enumerate(rows)), lambda ir: standing(ir[1], ir[0]))
+    return top[1] if top is not None else None
 
 
 def round_robin(lists: Sequence[Sequence[T]], limit: int, *, key: Callable[[T], str]) -> list[T]:

@@ -38,8 +38,12 @@ class Observation:
     # peak of each PP stage (Megatron prints one memory line per stage from its DP-rank-0 ranks)
     raw_memory_terms: tuple[dict[str, float], ...] = ()
     stage_peaks_gb: dict[int, float] = field(default_factory=dict)
-    fidelity: str = "full"  # states.Fidelity of the measurement (step_s): screen rows rank, never decide a best
+    fidelity: Fidelity = Fidelity.FULL  # of the measurement (step_s): screen rows rank, never decide a best
     measure_iters: int | None = None  # iterations its p50 is over (the screen's CI)
+    partial: bool = False  # its job stopped before the window ended: it ranks nothing (orchestrator.core.ranking)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fidelity", Fidelity(self.fidelity or Fidelity.FULL))
 
     @property
     def ok(self) -> bool:
@@ -82,10 +86,13 @@ class Proposal:
     est_gpu_hours: float = 0.0
     # why, as the ledger stores it (candidate.decision): the move kind (the reason before any ':'), the
     # fidelity it is measured at, the predicted gain over the best measured step and its uncertainty (sd)
-    fidelity: str = "full"
+    fidelity: Fidelity = Fidelity.FULL
     measure_iters: int | None = None  # a screen's measured window (schedule/fidelity.screen_iters)
     predicted_gain: float | None = None
     uncertainty: float | None = None
+
+    def __post_init__(self) -> None:
+        self.fidelity = Fidelity(self.fidelity or Fidelity.FULL)
 
     @property
     def kind(self) -> str:

@@ -29,12 +29,13 @@ from enum import StrEnum
 from pathlib import Path
 
 from orchestrator import runspec
-from orchestrator.core.ranking import Standing, ranked
+from orchestrator.core.ranking import ranked
 from orchestrator.core.schema import RootConfig
-from orchestrator.core.states import AttemptRole, CandidateStatus, Fidelity
+from orchestrator.core.states import AttemptRole, CandidateStatus
 from orchestrator.evidence import parity as parity_mod
 from orchestrator.evidence.effective import effective_throughput
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger, MeasuredRow, ParityRow
+from orchestrator.ledger.rows import standing
 from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
 from orchestrator.sweep.launches import Launch
@@ -57,20 +58,6 @@ class Outcome(StrEnum):
 class Step:
     launches: list[Launch] = field(default_factory=list)  # attempts still needed now
     notes: list[str] = field(default_factory=list)  # verdicts recorded by this step, for the live view
-
-
-def standing(m: MeasuredRow) -> Standing:
-    """A measured row as the one ranking (orchestrator.core.ranking) sees it."""
-    met = m.metrics
-    return Standing(
-        p50_s=met.get("step_p50_s"),
-        p99_s=met.get("step_p99_s"),
-        peak_gb=met.get("peak_reserved_gb") or met.get("peak_allocated_gb"),
-        fidelity=Fidelity(m.fidelity),
-        partial=bool(m.partial),
-        excluded=m.status == CandidateStatus.EXCLUDED,
-        order=m.attempt_id,
-    )
 
 
 def pick(ledger: Ledger, sweep: str, k: int) -> list[CandidateRow]:

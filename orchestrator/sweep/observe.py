@@ -8,14 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from orchestrator.core import cost, ranking
+from orchestrator.core.metrics import STEP_P50, STEP_P99, peak_gb
 from orchestrator.core.schema import StageConfig
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity
 from orchestrator.evidence.metrics import GB_PER_MIB
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import CandidateRow, Ledger, SweepRow
+from orchestrator.ledger.rows import standing
 from orchestrator.plan.layout import Layout
 from orchestrator.schedule import fidelity
 from orchestrator.search.env import PlanEnv
+from orchestrator.search.select import EXCLUDED
 from orchestrator.search.types import Observation
 
 FINALIST_EVENTS = ("finalist-cost",)  # one per finalist job, logged before those jobs were attempts (revision 0009)
@@ -73,12 +77,15 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
     """Each candidate with its latest outcome: measured metrics, or the failure class of its last attempt."""
     measured: dict[int, dict] = {}
     attempt_of: dict[int, int] = {}
-    fidelity_of: dict[int, str] = {}
+    fidelity_of: dict[int, Fidelity] = {}
+    partial: set[int] = set()
     for s in sweeps:
         for row in ledger.measured(sweep=s.name):
             measured[row.candidate_id] = row.metrics
             attempt_of[row.candidate_id] = row.attempt_id
             fidelity_of[row.candidate_id] = row.fidelity
+            if row.partial:
+                partial.add(row.candidate_id)
     out: list[Observation] = []
     for s in sweeps:
         for c in ledger.candidates(s.name):
@@ -90,15 +97,13 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
             met = measured.get(c.id)
             fc = None
             if c.status == CandidateStatus.EXCLUDED:  # failed the correctness gate: never a best, a parent or promoted
-                met, fc = None, "EXCLUDED"
+                met, fc = None, EXCLUDED
             elif c.status in (CandidateStatus.FAILED, CandidateStatus.CANCELLED):  # unmeasured, or screened /
                 atts = ledger.attempts(c.id)  # probed and then its full window failed (never re-queued again)
                 fc = (atts[-1].failure_class or atts[-1].state) if atts else AttemptState.FAILED
             elif met is None:
                 continue  # not measured yet: nothing to learn
-            peak = None
-            if met:
-                peak = met.get("peak_reserved_gb") or met.get("peak_allocated_gb")
+            peak = peak_gb(met) if met else None
             out.append(
                 Observation(
                     key=c.key,
@@ -107,8 +112,8 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
                     raw_step_s=step,
                     raw_memory_gb=mem,
                     # a fit probe's few iterations answer "does it fit?" (its peak), never "how fast?"
-                    step_s=met.get("step_p50_s") if met and fidelity_of[c.id] != Fidelity.PROBE else None,
-                    p99_s=met.get("step_p99_s") if met and fidelity_of[c.id] != Fidelity.PROBE else None,
+                    step_s=met.get(STEP_P50) if met and fidelity_of[c.id] != Fidelity.PROBE else None,
+                    p99_s=met.get(STEP_P99) if met and fidelity_of[c.id] != Fidelity.PROBE else None,
                     peak_gb=peak,
                     failure_class=fc,
                     round=c.round,
@@ -117,6 +122,7 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
                     stage_peaks_gb=stage_peaks(ledger.rank_memory(attempt_of[c.id])) if met else {},
                     fidelity=fidelity_of.get(c.id, Fidelity.FULL),
                     measure_iters=(met.get("measure_iters") or None) if met else None,
+                    partial=c.id in partial,
                 )
             )
     return out
@@ -143,42 +149,52 @@ class Spent:
     gpu_hours: float  # every attempt of every fidelity, and the finalists
     simulated: bool
     by_fidelity: dict[str, float] = field(default_factory=dict)  # probe | screen | full | finalists -> GPU-hours
+    by_round: dict[int, float] = field(default_factory=dict)  # candidate round -> GPU-hours (finalists: the last)
+
+
+def attempt_cost(stage: StageConfig, a: queries.AttemptCost) -> float:
+    """GPU-hours of one attempt (orchestrator.core.cost): its own window's iterations x its measured mean step,
+    else the wall time it held its GPUs, plus stage.budget.startup_s for a launch that ran."""
+    iters = (a.warmup_iters or 0) + (a.measure_iters or 0)
+    if a.step_mean_s and not iters:  # a result without its window: the window its fidelity runs
+        iters = sum(fidelity.window(stage, a.fidelity))
+    wall = (a.end_time - a.start_time).total_seconds() if a.start_time and a.end_time else None
+    return cost.attempt_gpu_hours(
+        stage.gpus, stage.budget.startup_s, step_mean_s=a.step_mean_s, iterations=iters, wall_s=wall
+    )
 
 
 def spent(ledger: Ledger, sweep: str, *, stage: StageConfig) -> Spent:
-    """runs = candidates with an attempt. One attempt costs N x (start-up + its own window's iterations x
-    mean step), else N x wall time, / 3600 (stage.budget.startup_s is charged to every launch that ran);
-    the finalists' jobs (parity, long-run: attempts of their own roles) are charged the same way, under
-    "finalists"; a sweep older than revision 0009 adds what its finalist-cost events recorded."""
+    """runs = candidates with an attempt; GPU-hours = `attempt_cost` of every attempt of every fidelity and role
+    (the finalists' parity and long-run jobs are attempts of their own roles, charged under "finalists"; a sweep
+    older than revision 0009 adds what its finalist-cost events recorded). The budget check, `status`, the live
+    view and the report all read this one figure."""
     costs = queries.attempt_costs(ledger, sweep)
-    n_gpus, startup = stage.gpus, stage.budget.startup_s
     by: dict[str, float] = {}
+    by_round: dict[int, float] = {}
     for a in costs:
-        gpu_s = 0.0
-        if a.step_mean_s:
-            iters = (a.warmup_iters or 0) + (a.measure_iters or 0)
-            if not iters:  # a result without its window: the window its fidelity runs
-                iters = sum(fidelity.window(stage, a.fidelity or Fidelity.FULL))
-            gpu_s = n_gpus * (startup + a.step_mean_s * iters)
-        elif a.start_time and a.end_time:
-            gpu_s = n_gpus * (startup + max(0.0, (a.end_time - a.start_time).total_seconds()))
-        f = str(a.fidelity or Fidelity.FULL) if a.role == AttemptRole.MEASURE else "finalists"
-        by[f] = by.get(f, 0.0) + gpu_s / 3600.0
+        gpu_h = attempt_cost(stage, a)
+        f = str(a.fidelity) if a.role == AttemptRole.MEASURE else "finalists"
+        by[f] = by.get(f, 0.0) + gpu_h
+        by_round[a.round] = by_round.get(a.round, 0.0) + gpu_h
     fin = finalist_gpu_hours(ledger, sweep)  # finalists' jobs of sweeps run before they were attempts
     if fin:
         by["finalists"] = by.get("finalists", 0.0) + fin
+        last = max(by_round, default=0)
+        by_round[last] = by_round.get(last, 0.0) + fin
     return Spent(
         runs=len({a.candidate_id for a in costs}),
         attempts=len(costs),
         gpu_hours=sum(by.values()),
         simulated=any(a.simulated for a in costs),
-        by_fidelity=by,
+        by_fidelity={str(k): v for k, v in by.items()},
+        by_round=by_round,
     )
 
 
 def fidelity_split(by: dict[str, float]) -> str:
     """' (probe 1.0, screen 2.0, full 3.0, finalists 0.5)': where the GPU-hours went, per fidelity."""
-    order = ("probe", "screen", "full", "finalists")
+    order = (*Fidelity, "finalists")
     parts = [f"{k} {by[k]:.1f}" for k in order if by.get(k)]
     return f" ({', '.join(parts)})" if parts else ""
 
@@ -206,26 +222,16 @@ def status_counts(cands: list[CandidateRow]) -> dict[str, int]:
 
 
 def best_of(ledger: Ledger, sweep: str) -> dict | None:
-    """Measured best of one sweep (p50, then p99, then headroom), full-window results only (a screened p50
-    ranks, never decides): for the live view and the summary."""
-    rows = [r for r in ledger.measured(sweep=sweep) if r.fidelity == Fidelity.FULL]
-    if not rows:
+    """The measured best of one sweep, as orchestrator.core.ranking decides it (the rows `best` ranks): for the
+    live view, `status` and the sweep's last line."""
+    r = ranking.best(ledger.measured(sweep=sweep), standing)
+    if r is None:
         return None
-
-    def rank(r):
-        m = r.metrics
-        return (
-            m.get("step_p50_s") or float("inf"),
-            m.get("step_p99_s") or float("inf"),
-            m.get("peak_reserved_gb") or m.get("peak_allocated_gb") or 0.0,
-        )
-
-    r = min(rows, key=rank)
     return {
         "key": r.key,
         "layout": Layout.from_dict(r.layout).short(),
-        "step_p50_s": r.metrics.get("step_p50_s"),
-        "step_p99_s": r.metrics.get("step_p99_s"),
+        STEP_P50: r.metrics.get(STEP_P50),
+        STEP_P99: r.metrics.get(STEP_P99),
         "simulated": r.simulated,
         "candidate_id": r.candidate_id,
     }

@@ -7,6 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from orchestrator.core import metrics
+from orchestrator.core.metrics import STEP_P50
+
 if TYPE_CHECKING:
     from rich.live import Live
 
@@ -26,7 +29,7 @@ class Snapshot:
         c = self.counts
         best = "-"
         if self.best:
-            best = f"{self.best['step_p50_s']:.3f}s {self.best['layout']}"
+            best = f"{metrics.text(STEP_P50, self.best[STEP_P50])} {self.best['layout']}"
         gh = f"{self.gpu_hours:.1f} GPU-h" + (" (simulated)" if self.simulated else "")
         return (
             f"[{self.sweep}] round {self.round} queued {c['queued']} running {c['running']} done {c['done']} "
@@ -85,7 +88,7 @@ class View:
         b = snap.best
         t.add_row(
             *(str(snap.counts[k]) for k in ("queued", "running", "done", "failed")),
-            f"{b['step_p50_s']:.3f}s" if b else "-",
+            metrics.text(STEP_P50, b[STEP_P50]) if b else "-",
             b["layout"] if b else "-",
             f"{snap.gpu_hours:.1f}" + (" simulated" if snap.simulated else ""),
         )

@@ -18,7 +18,7 @@ evaluation of the target, whose result is recorded through the same Ledger calls
 8k sweep promotes from the same policy's 1k sweep in its ledger, as `sweep +stage=8k` does (its cost is the
 8k sweep's own). Everything is seeded: the same arguments print the same figures.
 
-Cost, the same for every method: N x (start-up + iterations x true step) / 3600 GPU-hours per launch, each
+Cost, the same for every method: orchestrator.core.cost at the true step, N x (start-up + iterations x step), each
 launch its own window (a screen's short one, a confirmation's full one; the split per fidelity is printed);
 an OOM runs start-up and one iteration. Start-up defaults to 300 s: at 1k-8k GPUs, process launch on every
 node, NCCL communicator set-up, model build and the distributed optimizer's allocation, and the first

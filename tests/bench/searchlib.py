@@ -12,8 +12,9 @@ step times its job would print, the peak memory, or an OOM) and its JobResult go
 calls a collected job's result goes through (new_attempt, update_attempt, record_result, then the candidate's
 status, retried or not by orchestrator/sweep/retry.retry_decision). So a sweep takes seconds, not hours.
 
-Cost, the same for every method: one launch = N x (start-up + iterations x true step) / 3600 GPU-hours;
-a launch that does not fit runs start-up and its first iteration, then dies (OOM).
+Cost, the same for every method: one launch costs what orchestrator.core.cost charges it at the true step
+(N x (start-up + iterations x step)); a launch that does not fit runs start-up and its first iteration, then
+dies (OOM).
 """
 
 from __future__ import annotations
@@ -124,9 +125,10 @@ class Target:
 
 
 def launch_gpu_hours(n_gpus: int, startup_s: float, iters: int, launch: Launch) -> float:
-    """N x (start-up + iterations run x true step) / 3600; a launch that does not fit runs one iteration."""
-    ran = iters if launch.fits else 1
-    return n_gpus * (startup_s + ran * launch.step_s) / 3600.0
+    """orchestrator.core.cost's launch at the true step; a launch that does not fit runs one iteration."""
+    from orchestrator.core import cost
+
+    return cost.launch_gpu_hours(n_gpus, startup_s, launch.step_s, iters if launch.fits else 1)
 
 
 def p50_of_window(cfg, launch: Launch, warmup: int | None = None) -> float:

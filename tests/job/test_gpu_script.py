@@ -99,7 +99,7 @@ def test_gemm_smoke_prints_measured_beside_the_planner(tmp_path):
     proc = _checks("gemm", str(tmp_path / "s.json"), "--smoke")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / "s.json").read_text())
-    assert doc["planner"]["hidden"] == 7168 and doc["planner"]["moe_ffn"] == 3072  # conf/model/dsv4_pro.yaml
+    assert doc["planner"]["hidden"] == 7168 and doc["planner"]["moe_ffn"] == 3072  # ModelConfig (dsv4_pro)
     assert [r["tokens_per_expert"] for r in doc["rows"]] == [16, 32]
     for r in doc["rows"]:
         assert r["planner_efficiency"] == round(

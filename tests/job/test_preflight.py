@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator import cli
 from orchestrator import preflight as pf
-from orchestrator.core.schema import ClusterConfig, StageConfig
+from orchestrator.core.schema import ClusterConfig, SlurmConfig, StageConfig
 from orchestrator.job import preflight as job
 from orchestrator.job.preflight import CheckStatus, PreflightRequest
 
@@ -145,7 +145,7 @@ def test_slurm_rows_from_the_local_cluster(slurm_cluster):
     got = {r.name: r for r in big}
     assert got["nodes"].status is CheckStatus.FAIL and got["GPUs per node (Slurm)"].status is CheckStatus.FAIL
     assert got["CPUs per node"].status is CheckStatus.FAIL and "cluster.cpus_per_task=" in got["CPUs per node"].fix
-    unknown, _ = pf.slurm_checks(ClusterConfig(kind="slurm", qos="no-such-qos"), stage, {})
+    unknown, _ = pf.slurm_checks(ClusterConfig(kind="slurm", slurm=SlurmConfig(qos="no-such-qos")), stage, {})
     assert {r.name: r for r in unknown}["QoS no-such-qos"].status is CheckStatus.FAIL
 
 

@@ -8,29 +8,30 @@ import pytest
 
 from orchestrator import cli
 from orchestrator.config import ConfigError, compose
-from orchestrator.core.schema import ClusterConfig, ContainerConfig, StageConfig
+from orchestrator.core.schema import ClusterConfig, ContainerConfig, SlurmConfig, StageConfig
 from orchestrator.launch.slurm import container
 from orchestrator.runspec import DEFAULT_DISTRIBUTED_TIMEOUT_MIN, distributed_timeout_min, time_limit_min
 
 
 def test_sbatch_extra_container_image_is_refused_naming_the_setting(capsys):
-    rc = cli.main(["plan", "+stage=smoke", "cluster=slurm", "+cluster.sbatch_extra.container-image=img"])
+    rc = cli.main(["plan", "+stage=smoke", "cluster=slurm", "+cluster.slurm.sbatch_extra.container-image=img"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and err[0].startswith("error: cluster.sbatch_extra has container-image")
-    assert "cluster.container.image" in err[0] and "cluster.python" in err[0]
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: cluster.slurm.sbatch_extra has container-image")
+    assert "cluster.slurm.container.image" in err[0] and "cluster.slurm.python" in err[0]
 
 
 def test_image_without_the_python_inside_it_is_refused():
-    with pytest.raises(ConfigError, match="cluster.python"):
-        compose(["cluster=slurm", "cluster.container.image=img"])
-    with pytest.raises(ConfigError, match="without cluster.container.image"):
-        compose(["cluster=slurm", "cluster.container.mounts=[/a:/a]"])
-    cfg = compose(["cluster=slurm", "cluster.container.image=img", "cluster.python=python3"]).cfg
+    with pytest.raises(ConfigError, match="cluster.slurm.python"):
+        compose(["cluster=slurm", "cluster.slurm.container.image=img"])
+    with pytest.raises(ConfigError, match="without cluster.slurm.container.image"):
+        compose(["cluster=slurm", "cluster.slurm.container.mounts=[/a:/a]"])
+    cfg = compose(["cluster=slurm", "cluster.slurm.container.image=img", "cluster.slurm.python=python3"]).cfg
     assert container.python(cfg.cluster) == "python3"
 
 
 def test_mounts_add_the_project_and_the_runs_folder(tmp_path):
-    c = ClusterConfig(folder=str(tmp_path), container=ContainerConfig(image="img", mounts=["/d:/d:ro"]), python="p")
+    slurm = SlurmConfig(container=ContainerConfig(image="img", mounts=["/d:/d:ro"]), python="p")
+    c = ClusterConfig(folder=str(tmp_path), slurm=slurm)
     flags = container.srun_flags(c)
     assert flags[0] == "--container-image=img"
     assert (
@@ -76,3 +77,23 @@ def test_time_limit_leaves_room_for_the_distributed_timeout():
     assert time_limit_min(spec(["--distributed-timeout-minutes", "60"]), cluster) == 60 + 10
     windows = math.ceil(5 * 1.0 * 2.0 / 60 + 10)  # (warmup + measure) x step x TIME_SAFETY + margin
     assert time_limit_min(spec(["--distributed-timeout-minutes", "60"], simulated=True), cluster) == windows  # twin
+
+
+def test_backend_settings_live_under_their_backend_and_old_snapshots_still_load():
+    """cluster.slurm.* and cluster.local.* (as submitit prefixes its executors' parameters); an override of a
+    key from before names where it went; a sweep stored with the flat keys still loads (resume, report)."""
+    import yaml
+
+    from orchestrator.sweep.setup import root_from_yaml
+
+    cfg = compose(["cluster=slurm", "cluster.slurm.partition=gpu", "cluster.local.max_workers=3"]).cfg
+    assert (cfg.cluster.slurm.partition, cfg.cluster.local.max_workers) == ("gpu", 3)
+    assert cfg.job_cluster().slurm.partition == "gpu"
+    with pytest.raises(ConfigError, match=r"cluster.partition'; it moved: cluster.slurm.partition$"):
+        compose(["cluster=slurm", "cluster.partition=gpu"])
+    snapshot = yaml.safe_load(compose(["+stage=smoke"]).to_yaml())
+    slurm, local = snapshot["cluster"].pop("slurm"), snapshot["cluster"].pop("local")
+    old = {**{k: v for k, v in slurm.items() if k != "wait_s"}, "slurm_wait_s": 42.0, "partition": "old"}
+    snapshot["cluster"].update(old, local_max_workers=local["max_workers"] + 5)
+    back = root_from_yaml(yaml.safe_dump(snapshot)).cluster
+    assert (back.slurm.partition, back.slurm.wait_s, back.local.max_workers) == ("old", 42.0, 7)

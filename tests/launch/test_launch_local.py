@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from orchestrator.core.schema import ClusterConfig
+from orchestrator.core.schema import ClusterConfig, LocalConfig
 from orchestrator.launch import LaunchError, LaunchTask, Submitted
 from orchestrator.launch.auto import make_launcher
 from orchestrator.launch.local import LocalLauncher
@@ -40,7 +40,7 @@ def _importable_tests(monkeypatch):
 
 def local_cluster(**kw) -> ClusterConfig:
     env = {"ORCH_TEST_ENV": "from-cluster-env"}
-    return ClusterConfig(kind="local", min_time_min=1, local_max_workers=2, env=env, **kw)
+    return ClusterConfig(kind="local", min_time_min=1, local=LocalConfig(max_workers=2), env=env, **kw)
 
 
 def task(fn, folder, *args, time_min=1) -> LaunchTask:
@@ -112,9 +112,9 @@ def test_local_cancel_and_reattach(tmp_path):
 
 
 def test_local_slots_limit_concurrency(tmp_path):
-    """local_max_workers=1: the second job starts only after the first ended."""
+    """cluster.local.max_workers=1: the second job starts only after the first ended."""
     launcher = LocalLauncher(local_cluster(), slot_poll_s=0.05)
-    launcher.cluster.local_max_workers = 1
+    launcher.cluster.local.max_workers = 1
     t0, seen = time.monotonic(), []
     a, b = launcher.submit(
         [task(sleep_for, tmp_path / "a", 2.0), task(sleep_for, tmp_path / "b", 0.1)],

@@ -7,7 +7,7 @@ from datetime import UTC
 import pytest
 from submitit.slurm.slurm import _make_sbatch_string
 
-from orchestrator.core.schema import ClusterConfig, ContainerConfig
+from orchestrator.core.schema import ClusterConfig, ContainerConfig, SlurmConfig
 from orchestrator.core.states import AttemptState
 from orchestrator.launch import LaunchTask
 from orchestrator.launch.base import LaunchError, shape, state_of
@@ -129,20 +129,22 @@ def test_shape_one_task_per_gpu():
 def test_sbatch_parameters_from_cluster():
     cluster = ClusterConfig(
         kind="slurm",
-        partition="batch",
-        account="acct",
-        qos="high",
-        constraint="h100",
         exclusive=True,
         min_time_min=5,
         signal_delay_s=30,
-        array_parallelism=16,
-        sbatch_extra={"reservation": "resv"},
-        container=ContainerConfig(image="nvcr.io/nvidia/pytorch:25.01-py3", mounts=["/data:/data"]),
-        python="/usr/bin/python",
-        srun_args=["--mpi=pmix"],
-        setup=["module load cuda"],
         env={"NCCL_IB_TIMEOUT": "19"},
+        slurm=SlurmConfig(
+            partition="batch",
+            account="acct",
+            qos="high",
+            constraint="h100",
+            array_parallelism=16,
+            sbatch_extra={"reservation": "resv"},
+            container=ContainerConfig(image="nvcr.io/nvidia/pytorch:25.01-py3", mounts=["/data:/data"]),
+            python="/usr/bin/python",
+            srun_args=["--mpi=pmix"],
+            setup=["module load cuda"],
+        ),
     )
     params = SlurmLauncher(cluster).parameters([lt(1024, 8, "sw:a:1", 3), lt(1024, 8, "sw:b:1", 40)])
     assert (params["nodes"], params["ntasks_per_node"], params["gpus_per_node"]) == (128, 8, 8)

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from orchestrator.core.paths import JobPaths
-from orchestrator.core.schema import ClusterConfig
+from orchestrator.core.schema import ClusterConfig, SlurmConfig
 from orchestrator.launch import LaunchTask
 from orchestrator.launch.auto import make_launcher
 from orchestrator.launch.slurm import SlurmLauncher
@@ -82,12 +82,11 @@ def launchers():
         launcher.cancel(list(launcher._folders))
 
 
-def cluster(**kw) -> ClusterConfig:
-    base = dict(
-        kind="slurm", min_time_min=1, signal_delay_s=30, array_parallelism=4, env={"ORCH_TEST_ENV": "from-cluster-env"}
+def cluster(max_array_size: int = 1000) -> ClusterConfig:
+    slurm = SlurmConfig(array_parallelism=4, max_array_size=max_array_size)
+    return ClusterConfig(
+        kind="slurm", min_time_min=1, signal_delay_s=30, env={"ORCH_TEST_ENV": "from-cluster-env"}, slurm=slurm
     )
-    base.update(kw)
-    return ClusterConfig(**base)
 
 
 def task(folder, value, sleep_s=0.0, n_gpus=1, gpus_per_node=8, time_min=2, name="t") -> LaunchTask:

@@ -26,12 +26,12 @@ from orchestrator.launch.slurm.container import PROJECT_ROOT
 GOLDEN = Path(__file__).parent.parent / "golden"
 IMAGE = "nvcr.io#nvidia/pytorch:25.09-py3"
 CONTAINER = [
-    f"cluster.container.image='{IMAGE}'",  # Hydra needs the quotes for the '#'
-    "cluster.container.mounts=[/lustre/data:/data:ro]",
-    "cluster.container.workdir=/workspace",
-    "cluster.python=/usr/bin/python",
+    f"cluster.slurm.container.image='{IMAGE}'",  # Hydra needs the quotes for the '#'
+    "cluster.slurm.container.mounts=[/lustre/data:/data:ro]",
+    "cluster.slurm.container.workdir=/workspace",
+    "cluster.slurm.python=/usr/bin/python",
 ]
-SITE = ["cluster.partition=batch", "cluster.account=llm", "cluster.qos=normal"]
+SITE = ["cluster.slurm.partition=batch", "cluster.slurm.account=llm", "cluster.slurm.qos=normal"]
 CASES = {
     # name: (overrides, tasks as (N, gpus per node), time limit)
     "megatron_1k_container": (["+stage=1k", "workload=megatron", *SITE, *CONTAINER], [(1024, 8)], 120),

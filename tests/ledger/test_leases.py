@@ -189,7 +189,7 @@ def test_a_holder_blocked_on_a_free_slot_keeps_its_lease(tmp_path):
         tmp_path,
         "blocked",
         "policy.round0_size=3",
-        "++cluster.local_max_workers=1",
+        "cluster.local.max_workers=1",
         *SLOW_LOCAL,
         f"++ledger.lease_ttl_s={ttl}",
     )

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text
 
 from orchestrator.core.result import JobResult, RankMemory
-from orchestrator.core.states import AttemptState, EdgeKind
+from orchestrator.core.states import AttemptState, EdgeKind, Fidelity
 from orchestrator.launch.base import state_of
 from orchestrator.ledger.errors import LeaseHeld, LedgerError
 from orchestrator.ledger.ledger import CandidateIn, Ledger
@@ -345,6 +345,28 @@ def test_calibration_and_parity_exclusion_data(ledger):
     assert ledger.parity(cand.id) == [p] and not p.passed
 
 
+def test_rows_hand_out_fidelity_members_and_whether_a_candidate_is_excluded(ledger):
+    """Fidelity is converted once, at the ledger boundary: every row that holds one holds the enum member; a
+    measured row says whether its candidate failed the correctness gate (what orchestrator.core.ranking reads)."""
+    from orchestrator.ledger import queries
+    from orchestrator.search.types import Observation, Proposal
+
+    cands = ledger.add_candidates("s1", make_items(2))
+    for c, fid in zip(cands, ("screen", "full"), strict=True):
+        a = ledger.new_attempt(c.id, job_id=f"j{c.id}", job_dir="-", simulated=True, fidelity=fid)
+        ledger.record_result(a.id, job_result(1.0))
+    ledger.set_candidate_status(cands[1].id, "excluded", "parity failed")
+    rows = [*ledger.attempts(cands[0].id), *ledger.measured(sweep="s1"), *queries.attempt_costs(ledger, "s1")]
+    obs = Observation(key="k", layout=Layout(), raw_components={}, raw_step_s=1.0, raw_memory_gb=1.0, fidelity="probe")
+    prop = Proposal(key="k", layout=Layout(), predicted={}, reason="round0", fidelity="screen")
+    assert all(type(x.fidelity) is Fidelity for x in [*rows, obs, prop]), [type(x.fidelity) for x in rows]
+    assert [(r.fidelity, r.excluded) for r in ledger.measured(sweep="s1")] == [
+        (Fidelity.SCREEN, False),
+        (Fidelity.FULL, True),
+    ]
+    assert queries.best(ledger, sweep="s1") is None  # a screen never decides, an excluded candidate never wins
+
+
 def test_sqlite_pragmas_and_begin_immediate(tmp_path):
     url = f"sqlite:///{tmp_path / 'sub' / 'ledger.sqlite'}"  # the parent folder is created when asked
     with Ledger.open(url, create_dir=True) as led:
@@ -393,12 +415,18 @@ def _imports(path) -> list[str]:
 
 
 # stdlib-only vocabulary modules orchestrator/ledger/ may read (they import nothing of the project themselves)
-DB_MAY_IMPORT = {"orchestrator.core.states", "orchestrator.core.knobs"}
+DB_MAY_IMPORT = {
+    "orchestrator.core.states",
+    "orchestrator.core.knobs",
+    "orchestrator.core.metrics",
+    "orchestrator.core.ranking",
+}
 
 
 def test_db_package_imports_only_the_vocabularies():
     """Data flows one way: orchestrator/ledger/ imports nothing of the orchestrator above it but the stdlib-only
-    state enums (shared with launch/, one owner of Slurm's words) and the knob registry (its ledger columns)."""
+    state enums (shared with launch/, one owner of Slurm's words), the knob and metric registries (its ledger
+    columns) and the ranking rule (`best` ranks with it)."""
     import sys
     from pathlib import Path
 
@@ -411,4 +439,4 @@ def test_db_package_imports_only_the_vocabularies():
         assert set(outside) <= DB_MAY_IMPORT, (path, outside)
     for vocab in DB_MAY_IMPORT:
         names = _imports(root / (vocab.replace(".", "/") + ".py"))
-        assert all(n.split(".")[0] in sys.stdlib_module_names for n in names), (vocab, names)
+        assert all(n.split(".")[0] in sys.stdlib_module_names or n in DB_MAY_IMPORT for n in names), (vocab, names)

@@ -312,7 +312,7 @@ def test_cp_divides_activations_and_adam_costs_more_than_muon():
     g = groups(lay, 1024, 4096)
     m_muon = memory.heaviest(memory.stage_memory(muon, HW, STAGE, lay, g, split_for(lay)))
     assert m_muon.optimizer < a.optimizer
-    assert MODEL.optimizer == "adam"  # conf/model/dsv4_pro.yaml: Megatron dev's DSv4-Pro recipe trains with Adam
+    assert MODEL.optimizer == "adam"  # ModelConfig.optimizer: Megatron dev's DSv4-Pro recipe trains with Adam
 
 
 def test_full_recompute_keeps_both_layer_inputs_of_every_block():

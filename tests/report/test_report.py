@@ -336,3 +336,52 @@ def test_a_twin_sweeps_report_opens_on_the_decision_at_1400px(tmp_path):
     assert shot.stat().st_size > 20_000
     if os.environ.get("REPORT_SCREENSHOT"):  # keep a copy to look at: REPORT_SCREENSHOT=/some/file.png
         shutil.copy(shot, os.environ["REPORT_SCREENSHOT"])
+
+
+def test_status_the_report_and_the_budget_charge_one_sweep_the_same_gpu_hours(tmp_path):
+    """Issue 17's "four cost formulas": a sweep with a full, a screen and a probe attempt (an OOM that held its
+    GPUs for 30 s) and a launch that never started. `status`, the report's GPU-hours per round and the budget
+    check all charge what orchestrator.core.cost charges: start-up for every launch that ran, and each attempt
+    its own window."""
+    from datetime import UTC, datetime, timedelta
+
+    from orchestrator.commands import status
+    from orchestrator.config import compose
+    from orchestrator.search import make_policy
+    from orchestrator.search.env import PlanEnv
+    from orchestrator.sweep.decide import next_round
+    from orchestrator.sweep.view import View
+
+    composed = compose(["+stage=smoke", "cluster=local", "stage.budget.startup_s=60"])
+    cfg, n = composed.cfg, composed.cfg.stage.gpus
+    t0 = datetime(2025, 1, 1, tzinfo=UTC)
+    with Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}") as ledger:
+        ledger.create_or_get_sweep(
+            "cost", stage="smoke", config_yaml=composed.to_yaml(), model="tiny", hardware="h200", workload="twin",
+            provenance={},
+        )  # fmt: skip
+        lays = [Layout(pp=1, ep=e) for e in (4, 8, 16, 32)]
+        rows = ledger.add_candidates(
+            "cost", [CandidateIn(key=f"k{i}", layout=lay.to_dict(), round=min(i, 1)) for i, lay in enumerate(lays)]
+        )
+        runs = [("full", 5, 10, 2.0), ("screen", 2, 4, 1.5)]
+        for c, (fid, warm, meas, step) in zip(rows, runs, strict=False):
+            a = ledger.new_attempt(c.id, job_id=f"j{c.id}", job_dir="-", simulated=True, fidelity=fid)
+            res = dict(_result(step, random.Random(c.id), peak=20.0), warmup_iters=warm, measure_iters=meas)
+            ledger.record_result(a.id, dict(res, measure_iters_requested=meas, step_mean_s=step))
+            ledger.set_candidate_status(c.id, "done")
+        probe = ledger.new_attempt(rows[2].id, job_id="p", job_dir="-", simulated=True, fidelity="probe")
+        ledger.update_attempt(probe.id, state="OUT_OF_MEMORY", start_time=t0, end_time=t0 + timedelta(seconds=30))
+        ledger.set_candidate_status(rows[2].id, "failed", "OOM")
+        never = ledger.new_attempt(rows[3].id, job_id="c", job_dir="-", simulated=True)
+        ledger.update_attempt(never.id, state="CANCELLED")
+        ledger.set_candidate_status(rows[3].id, "cancelled")
+        expected = n * ((60 + 2.0 * 15) + (60 + 1.5 * 6) + (60 + 30)) / 3600
+
+        by_status = status.gather(ledger, "cost")["gpu_hours"]
+        by_report = gather(ledger, "cost").rounds[-1]["gpu_hours"]
+        cfg.stage.budget.max_gpu_hours = expected
+        env = PlanEnv(cfg.model, cfg.hardware, cfg.stage, cfg.workload.name)
+        stop = next_round(ledger, cfg, ledger.get_sweep("cost"), make_policy(cfg.policy), env, View(live=False))
+    assert by_status == pytest.approx(expected) and by_report == pytest.approx(expected)
+    assert stop == f"budget spent: {expected:.1f}/{expected:.0f} simulated GPU-hours"

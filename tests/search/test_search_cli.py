@@ -3,7 +3,7 @@ workload.command, end to end through the CLI and the local executor; its reporte
 read back and judged against the stand-in's true surface with the search benchmark's cost model; the
 benchmark's in-process sweep launches exactly what the CLI's sweep launched.
 
-The goal is asserted (the defaults in conf/stage/1k.yaml and conf/policy/default.yaml are tuned for it
+The goal is asserted (conf/stage/1k.yaml and the schema's PolicyConfig defaults are tuned for it
 on every bench surface): the reported best within 2% of the true best, at <= 1/3 of random search's median
 cost to 2% and <= 10% of the exhaustive grid; the figures are printed too (pytest -s shows them).
 """

@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.config import compose
 from orchestrator.core.errors import UserError
-from orchestrator.core.schema import ClusterConfig
+from orchestrator.core.schema import ClusterConfig, SlurmConfig
 from orchestrator.launch.auto import launcher_for, wait_for_slurm
 from orchestrator.launch.local import LocalLauncher
 from orchestrator.ledger.ledger import Ledger
@@ -29,7 +29,7 @@ def flaky(fails: int):
 def test_wait_for_slurm_backs_off_and_says_so():
     probe, calls = flaky(3)
     said, slept = [], []
-    why = wait_for_slurm(ClusterConfig(slurm_wait_s=300), said.append, probe=probe, sleep=slept.append)
+    why = wait_for_slurm(ClusterConfig(slurm=SlurmConfig(wait_s=300)), said.append, probe=probe, sleep=slept.append)
     assert why == "probe 4" and len(calls) == 4
     assert slept == [2.0, 4.0, 8.0] and len(said) == 3 and all("retrying in" in s for s in said)
 
@@ -37,7 +37,7 @@ def test_wait_for_slurm_backs_off_and_says_so():
 def test_wait_for_slurm_gives_up_with_one_line():
     probe, calls = flaky(10**6)
     with pytest.raises(UserError) as err:
-        wait_for_slurm(ClusterConfig(slurm_wait_s=0), [].append, probe=probe, sleep=lambda s: None)
+        wait_for_slurm(ClusterConfig(slurm=SlurmConfig(wait_s=0)), [].append, probe=probe, sleep=lambda s: None)
     assert "Slurm does not answer after 0s (probe 1)" in str(err.value) and "\n" not in str(err.value)
     assert len(calls) == 1
 

@@ -33,7 +33,7 @@ SLOW = [
     f"stage.measure_iters={MEASURE}",
     "policy.round0_size=2",
     "stage.budget.max_rounds=1",
-    "++cluster.local_max_workers=2",
+    "cluster.local.max_workers=2",
 ]
 
 

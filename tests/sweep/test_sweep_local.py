@@ -343,3 +343,33 @@ def test_nccl_timeout_is_retried_up_to_max_attempts(tmp_path):
         assert len({a.job_id for a in atts}) == 2 and [a.attempt_no for a in atts] == [1, 2]
         assert Path(atts[1].job_dir).name == "attempt-2"
         assert led.events("nccl", kind="retry")
+
+
+def test_sweep_status_and_best_name_one_layout_when_the_fastest_is_partial_or_excluded(tmp_path):
+    """Issue 17's "two answers to best": the fastest result is partial, the next failed parity. The sweep's
+    last line (a continued sweep prints its outcome again), `status --json` and `best` all name the third,
+    the measured best by orchestrator.core.ranking."""
+    args = sweep_args(tmp_path, "one-best", "policy.round0_size=4", "policy.round_size=2", "stage.budget.max_rounds=1")
+    first = cli("sweep", *args, "--json", timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        rows = sorted(led.measured(sweep="one-best"), key=lambda r: r.metrics["step_p50_s"])
+        assert len(rows) >= 3, [r.key for r in rows]
+        fastest, second, third = rows[:3]
+        led.update_result_metrics(fastest.attempt_id, partial=True)  # stopped before its window ended
+        led.record_parity(
+            second.candidate_id, reference_key=third.key, steps=10, max_loss_diff=0.5, max_grad_norm_diff=0.1,
+            tolerance=0.01, passed=False,
+        )  # fmt: skip
+    again = cli("sweep", *args, "--json", timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    last = json.loads(again.stdout[again.stdout.index("{") :])["best"]
+    plain = cli("sweep", *args, "--plain", timeout=300)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    best_line = next(line for line in plain.stdout.splitlines() if line.startswith("best layout"))
+    status = json.loads(cli("status", "one-best", f"ledger.url={ledger_url(tmp_path)}", "--json").stdout)["best"]
+    best = cli("best", "--sweep", "one-best", f"ledger.url={ledger_url(tmp_path)}", "--json")
+    assert best.returncode == 0, best.stderr
+    named = {"sweep": last["key"], "status": status["key"], "best": json.loads(best.stdout)["key"]}
+    assert named == {"sweep": third.key, "status": third.key, "best": third.key}, (fastest.key, second.key, named)
+    assert last["layout"] in best_line

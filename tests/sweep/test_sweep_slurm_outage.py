@@ -36,7 +36,7 @@ ARGS = [
     "++workload.twin.max_sleep_s=2.0",  # ~2 s per iteration: the jobs run through the outage
     "stage.warmup_iters=3",
     f"stage.measure_iters={MEASURE}",
-    "++cluster.slurm_wait_s=20",
+    "cluster.slurm.wait_s=20",
 ]
 
 
@@ -50,7 +50,7 @@ def test_resume_waits_for_slurm_and_never_falls_back_to_local(tmp_path, slurm_cl
         run.kill()  # the orchestrator only: its jobs run on
     assert "cluster: slurm" in run.output()
 
-    # Slurm stays down longer than cluster.slurm_wait_s: one error line, exit 2, nothing ingested or released
+    # Slurm stays down longer than cluster.slurm.wait_s: one error line, exit 2, nothing ingested or released
     shims.down(1000)
     out = cli("resume", "s-out", f"ledger.url={url}", "--plain", timeout=300, env=shims.env)
     assert out.returncode == 2, out.stderr[-3000:] + out.stdout[-3000:]

@@ -27,7 +27,7 @@ def test_plain_mode_prints_one_line_per_change():
         v.event("round 2: ...")
     lines = out.getvalue().splitlines()
     assert len(lines) == 3
-    assert "done 2" in lines[1] and "best 1.234s TP1 PP8" in lines[1] and "(simulated)" in lines[1]
+    assert "done 2" in lines[1] and "best 1.234 s TP1 PP8" in lines[1] and "(simulated)" in lines[1]
 
 
 def test_not_a_tty_defaults_to_plain():

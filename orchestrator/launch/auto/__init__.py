@@ -66,8 +66,8 @@ def wait_for_slurm(
     max_pause_s: float = 30.0,
 ) -> str:
     """Until Slurm answers: probe, then pause 2, 4, 8 ... (at most 30) s, saying so each time, for at most
-    `cluster.slurm_wait_s`. A UserError (one line, the last reason) when it still does not answer."""
-    budget = max(0.0, float(cluster.slurm_wait_s))
+    `cluster.slurm.wait_s`. A UserError (one line, the last reason) when it still does not answer."""
+    budget = max(0.0, float(cluster.slurm.wait_s))
     start, pause = time.monotonic(), first_pause_s
     while True:
         ok, why = probe()
@@ -77,7 +77,7 @@ def wait_for_slurm(
         if left <= 0:
             raise UserError(
                 f"Slurm does not answer after {budget:.0f}s ({why}); this sweep's jobs run on Slurm, so it is "
-                "not resumed elsewhere: run the same command again once sinfo answers (cluster.slurm_wait_s "
+                "not resumed elsewhere: run the same command again once sinfo answers (cluster.slurm.wait_s "
                 "sets the wait)"
             )
         pause = min(pause, max_pause_s, left)

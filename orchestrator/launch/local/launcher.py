@@ -1,6 +1,6 @@
 """The local executor: submitit LocalExecutor, one process per job standing for all its ranks.
 
-Why a slot limit: the laptop/CI box has few cores, so at most `cluster.local_max_workers` jobs run at
+Why a slot limit: the laptop/CI box has few cores, so at most `cluster.local.max_workers` jobs run at
 once; submit() waits for a free slot, so every job id it returns is a real, started process.
 """
 
@@ -82,7 +82,7 @@ class LocalLauncher(Launcher):
 
         out = []
         for i, t in enumerate(tasks):
-            while self._running() >= max(1, self.cluster.local_max_workers):
+            while self._running() >= max(1, self.cluster.local.max_workers):
                 time.sleep(self.slot_poll_s)
             time_min = max(self.cluster.min_time_min, int(t.time_min))
             executor = submitit.LocalExecutor(folder=JobPaths(os.path.abspath(t.folder)).submitit_folder)

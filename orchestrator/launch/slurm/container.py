@@ -3,7 +3,7 @@
 Why on srun: with `#SBATCH --container-image` pyxis runs the whole batch script inside the container, and
 `srun` cannot be used from there (pyxis FAQ); submitit's batch script is one `srun` line that starts
 `<python> -u -m submitit.core._submit` on every task. So the image, mounts and working directory go into
-submitit's `srun_args`, and `<python>` is the container's interpreter (`cluster.python`, submitit's
+submitit's `srun_args`, and `<python>` is the container's interpreter (`cluster.slurm.python`, submitit's
 executor `python=`), not the login node's `sys.executable`. The orchestrator itself runs outside.
 
 Inside the container the task imports this project (the pickled job function) and writes its job folder,
@@ -26,31 +26,32 @@ PYXIS_OPTIONS = ("container-image", "container-mounts", "container-workdir", "co
 
 def check(cluster: ClusterConfig) -> None:
     """Refuse container settings that cannot work, naming the setting that does."""
-    misplaced = sorted(k for k in cluster.sbatch_extra if str(k).lstrip("-") in PYXIS_OPTIONS)
+    slurm = cluster.slurm
+    misplaced = sorted(k for k in slurm.sbatch_extra if str(k).lstrip("-") in PYXIS_OPTIONS)
     if misplaced:
         raise UserError(
-            f"cluster.sbatch_extra has {', '.join(misplaced)}: pyxis would run the whole batch script inside "
-            "the container, where srun cannot start the tasks; use cluster.container.image / "
-            "cluster.container.mounts / cluster.container.workdir (put on srun) and cluster.python instead"
+            f"cluster.slurm.sbatch_extra has {', '.join(misplaced)}: pyxis would run the whole batch script "
+            "inside the container, where srun cannot start the tasks; use cluster.slurm.container.image / "
+            "mounts / workdir (put on srun) and cluster.slurm.python instead"
         )
-    image = cluster.container.image
-    if image and not cluster.python:
+    image = slurm.container.image
+    if image and not slurm.python:
         raise UserError(
-            f"cluster.container.image={image} is set but cluster.python is not: set cluster.python to the Python "
-            "inside the image (e.g. cluster.python=/usr/bin/python); without it submitit starts the login "
+            f"cluster.slurm.container.image={image} is set but cluster.slurm.python is not: set it to the Python "
+            "inside the image (e.g. cluster.slurm.python=/usr/bin/python); without it submitit starts the login "
             "node's interpreter inside the container"
         )
-    if not image and (cluster.container.mounts or cluster.container.workdir):
+    if not image and (slurm.container.mounts or slurm.container.workdir):
         raise UserError(
-            "cluster.container.mounts / workdir are set without cluster.container.image: set the image too, "
-            "or drop them"
+            "cluster.slurm.container.mounts / workdir are set without cluster.slurm.container.image: set the "
+            "image too, or drop them"
         )
 
 
 def mounts(cluster: ClusterConfig) -> list[str]:
     """The configured mounts, then the project checkout and cluster.folder at their own paths."""
     own = [str(PROJECT_ROOT), os.path.abspath(os.path.expanduser(cluster.folder))]
-    out = list(cluster.container.mounts)
+    out = list(cluster.slurm.container.mounts)
     taken = {m.split(":")[0] for m in out}
     out += [f"{p}:{p}" for p in dict.fromkeys(own) if p not in taken]
     return out
@@ -58,22 +59,22 @@ def mounts(cluster: ClusterConfig) -> list[str]:
 
 def srun_flags(cluster: ClusterConfig) -> list[str]:
     """pyxis flags for submitit's `srun_args` ([] without an image)."""
-    image = cluster.container.image
+    image = cluster.slurm.container.image
     if not image:
         return []
     flags = [f"--container-image={image}", f"--container-mounts={','.join(mounts(cluster))}"]
-    if cluster.container.workdir:
-        flags.append(f"--container-workdir={cluster.container.workdir}")
+    if cluster.slurm.container.workdir:
+        flags.append(f"--container-workdir={cluster.slurm.container.workdir}")
     return flags
 
 
 def setup_lines(cluster: ClusterConfig) -> list[str]:
     """Batch-script lines that let the container's Python import this project (pyxis passes the env on)."""
-    if not cluster.container.image:
+    if not cluster.slurm.container.image:
         return []
     return [f"export PYTHONPATH={shlex.quote(str(PROJECT_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}"]
 
 
 def python(cluster: ClusterConfig) -> str | None:
     """submitit's executor `python=` (a shell command, e.g. `/usr/bin/python`): None = this process's own."""
-    return cluster.python or None
+    return cluster.slurm.python or None

@@ -1,7 +1,7 @@
 """Slurm through submitit: a round goes out as job arrays, one sacct call polls everything.
 
-Why arrays: one sbatch per chunk of `cluster.max_array_size` tasks (not one per candidate) keeps the
-controller load flat; `cluster.array_parallelism` caps how many run at once. Tasks that need a
+Why arrays: one sbatch per chunk of `cluster.slurm.max_array_size` tasks (not one per candidate) keeps the
+controller load flat; `cluster.slurm.array_parallelism` caps how many run at once. Tasks that need a
 different shape (nodes x tasks_per_node x GPUs) cannot share an array, so they are grouped first.
 """
 
@@ -39,7 +39,7 @@ REQUEUE_KEYS = ("requeue", "no_requeue")  # sbatch_extra may not hand the requeu
 
 def env_setup(cluster: ClusterConfig) -> list[str]:
     """Shell lines run before the tasks start: the cluster's setup, then its environment variables."""
-    return list(cluster.setup) + [f"export {k}={shlex.quote(str(v))}" for k, v in cluster.env.items()]
+    return list(cluster.slurm.setup) + [f"export {k}={shlex.quote(str(v))}" for k, v in cluster.env.items()]
 
 
 def node_log_flags(folder: str, array: bool) -> list[str]:
@@ -80,7 +80,7 @@ class SlurmLauncher(Launcher):
     def parameters(self, tasks: list[LaunchTask], folder: str | None = None) -> dict[str, Any]:
         """submitit SlurmExecutor parameters for one array of same-shape tasks (`folder`: submitit's,
         for the per-node task logs)."""
-        c = self.cluster
+        c, s = self.cluster, self.cluster.slurm
         nodes, per_node, gpus = shape(tasks[0])
         params: dict[str, Any] = {
             "job_name": tasks[0].token or _array_name(tasks),  # a token names the launch intent (find)
@@ -89,14 +89,14 @@ class SlurmLauncher(Launcher):
             "nodes": nodes,
             "ntasks_per_node": per_node,
             "signal_delay_s": c.signal_delay_s,
-            "array_parallelism": c.array_parallelism,
+            "array_parallelism": s.array_parallelism,
             "setup": container.setup_lines(c) + env_setup(c),
         }
         if gpus:
             params["gpus_per_node"] = gpus
         for key in ("partition", "account", "qos", "constraint"):
-            if getattr(c, key):
-                params[key] = getattr(c, key)
+            if getattr(s, key):
+                params[key] = getattr(s, key)
         if c.exclusive:
             params["exclusive"] = True
         if c.cpus_per_task:
@@ -108,10 +108,10 @@ class SlurmLauncher(Launcher):
         # The orchestrator owns every rerun: Slurm never requeues a job (a NODE_FAIL requeue would rerun the
         # task under the same id into the same folder while the loop retries it too). sbatch(1) --no-requeue;
         # submitit writes `#SBATCH --<key>` for a True value (submitit/slurm/slurm.py: _as_sbatch_flag).
-        extra = {k: v for k, v in c.sbatch_extra.items() if k.replace("-", "_") not in REQUEUE_KEYS}
+        extra = {k: v for k, v in s.sbatch_extra.items() if k.replace("-", "_") not in REQUEUE_KEYS}
         params["additional_parameters"] = {**extra, "no_requeue": True}
         logs = node_log_flags(folder, len(tasks) > 1) if folder else []
-        srun = container.srun_flags(c) + logs + list(c.srun_args)
+        srun = container.srun_flags(c) + logs + list(s.srun_args)
         if srun:
             params["srun_args"] = srun
         return params
@@ -122,7 +122,7 @@ class SlurmLauncher(Launcher):
 
     def submit_command(self, folder: str) -> str:
         """What submitit's srun line runs on every task: `<python> -u -m submitit.core._submit <folder>`, with
-        cluster.python (the container's interpreter) when set."""
+        cluster.slurm.python (the container's interpreter) when set."""
         python = container.python(self.cluster) or shlex.quote(sys.executable)
         return " ".join([python, "-u -m submitit.core._submit", shlex.quote(folder)])
 
@@ -138,12 +138,12 @@ class SlurmLauncher(Launcher):
         return _make_sbatch_string(command=self.submit_command(folder), folder=folder, **params)
 
     def arrays(self, tasks: list[LaunchTask]) -> list[list[int]]:
-        """One array per (shape, excluded nodes), in chunks of `cluster.max_array_size`: sbatch options hold
+        """One array per (shape, excluded nodes), in chunks of `cluster.slurm.max_array_size`: sbatch options hold
         for a whole array."""
         groups: dict[tuple[tuple[int, int, int], str], list[int]] = defaultdict(list)
         for i, t in enumerate(tasks):
             groups[(shape(t), t.exclude)].append(i)
-        size = max(1, int(self.cluster.max_array_size))
+        size = max(1, int(self.cluster.slurm.max_array_size))
         return [idxs[k : k + size] for idxs in groups.values() for k in range(0, len(idxs), size)]
 
     def submit(self, tasks: list[LaunchTask], on_submitted: OnSubmitted | None = None) -> list[Submitted]:
