@@ -10,12 +10,13 @@ from orchestrator.plan.layout import groups
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.types import Observation, RoundInput
+from tests.bench.searchlib import FIXED_MEGATRON
 
 
 @pytest.fixture(scope="module")
 def envs():
-    src = compose(["+stage=1k"]).cfg
-    dst = compose(["+stage=8k"]).cfg
+    src = compose(["+stage=1k", *FIXED_MEGATRON]).cfg
+    dst = compose(["+stage=8k", *FIXED_MEGATRON]).cfg
     return (PlanEnv(src.model, src.hardware, src.stage, "twin"), PlanEnv(dst.model, dst.hardware, dst.stage, "twin"))
 
 
