@@ -234,6 +234,7 @@ class Result(Base):
     q_effective: Mapped[float | None]
     timers_ms: Mapped[dict[str, Any]] = mapped_column(default=dict)
     versions: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    run_env: Mapped[dict[str, Any]] = mapped_column(default=dict)  # NCCL/NVTE env of the ranks (revision 0008)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -242,6 +243,8 @@ class Result(Base):
 RESULT_METRICS: tuple[str, ...] = tuple(
     c.name for c in Result.__table__.columns if not (c.primary_key or c.foreign_keys or c.name == "created_at")
 )
+# The metrics that are JSON documents, not numbers: stored as given, never compared or filtered on.
+JSON_METRICS = frozenset({"simulated", "timers_ms", "versions", "run_env"})
 
 
 class StepSample(Base):

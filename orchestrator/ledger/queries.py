@@ -76,7 +76,7 @@ COLUMNS: dict[str, Column] = {
     "node_list": m.Attempt.node_list,
     "simulated": m.Attempt.simulated,
     "fidelity": m.Attempt.fidelity,
-    **{k: getattr(m.Result, k) for k in RESULT_METRICS if k not in ("simulated", "timers_ms", "versions")},
+    **{k: getattr(m.Result, k) for k in RESULT_METRICS if k not in m.JSON_METRICS},
 }
 ALIASES = {
     "tokens_per_gpu": "tokens_per_s_per_gpu",
