@@ -537,7 +537,7 @@ def lift_notes(stage: StageConfig) -> list[str]:
     """One line per rule a Megatron fix removes: held until the fix is found, or lifted for this stage."""
     lifted = set(stage.lifted_rules)
     return [
-        f"rule {r.id} lifted (stage.lifted_rules: the cluster's checkout carries {r.lifted_by})"
+        f"rule {r.id} lifted by stage.lifted_rules (a real sweep sets it only when preflight finds {r.lifted_by})"
         if r.id in lifted
         else f"rule {r.id} holds until preflight finds {r.lifted_by} in the cluster's Megatron checkout"
         for r in RULES
