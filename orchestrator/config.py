@@ -112,7 +112,11 @@ def _hydra_message(msg: str, overrides: Sequence[str]) -> str:
         )
     unknown = re.match(r"Could not override '([\w.]+)'\.$", msg)
     if unknown:
-        return f"unknown config key '{unknown.group(1)}'{nearest_key(unknown.group(1))}"
+        key = unknown.group(1)
+        if key in config_keys():  # a schema field the composed YAML does not set: Hydra wants it added
+            given = next((o for o in overrides if o.startswith(f"{key}=")), f"{key}=VALUE")
+            return f"{given}: write +{given} (no YAML file of the config sets {key}, so it is added with a `+`)"
+        return f"unknown config key '{key}'{nearest_key(key)}"
     for group in GROUPS:
         if f"'{group}'" in msg or f"{group}/" in msg or f"{group}=" in msg:
             return f"invalid override: {msg} (available {group} options: {', '.join(available(group))})"
@@ -169,10 +173,13 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False, comma
     except OmegaConfBaseException as exc:
         raise ConfigError(_value_message(exc)) from None
     from orchestrator.launch.slurm import container
+    from orchestrator.plan import rules
 
     try:
         container.check(typed.cluster)
-    except UserError as exc:
+        if typed.stage is not None:
+            rules.check_lifted(typed.stage.lifted_rules)
+    except (UserError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     return Composed(cfg=typed, raw=merged)
 

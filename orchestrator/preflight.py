@@ -34,6 +34,9 @@ class Outcome:
     rejected: dict[str, str] = field(default_factory=dict)  # candidate key -> why it is never launched
     folder: str = ""
     job_id: str | None = None
+    megatron: dict = field(default_factory=dict)  # the node's checkout: commit, tested commit, path
+    container: dict = field(default_factory=dict)  # cluster.slurm.container.image and its digest (container_check)
+    lifted: list[str] = field(default_factory=list)  # rules whose Megatron fix the checkout carries
 
     @property
     def ok(self) -> bool:
@@ -48,23 +51,30 @@ class Outcome:
             "rejected": self.rejected,
             "folder": self.folder,
             "job_id": self.job_id,
+            "megatron": self.megatron,
+            "container": self.container,
+            "lifted": self.lifted,
         }
 
 
 def candidates(cfg: RootConfig) -> tuple[PreflightRequest, dict[str, int]]:
     """The job's request (every candidate the planner keeps, with its argv) and each one's time limit."""
-    from orchestrator.plan import planner
+    import dataclasses
+
+    from orchestrator.plan import planner, rules
     from orchestrator.runspec import build_spec, launch_task
 
     stage = cfg.stage
     assert stage is not None
-    kept = planner.plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name).candidates
+    # every candidate the sweep could launch: also those a rule holds back until the node shows its fix
+    superset = dataclasses.replace(stage, lifted_rules=sorted(rules.LIFTABLE))
+    kept = planner.plan(cfg.model, cfg.hardware, superset, workload=cfg.workload.name).candidates
     req = PreflightRequest(entry_script=_entry_script(cfg), gpus_per_node=stage.gpus_per_node)
     limits: dict[str, int] = {}
     for p in kept:
         spec = build_spec(cfg, p, sweep="preflight", attempt=1, job_dir=Path(cfg.cluster.folder) / "preflight")
         argv = list(spec.argv) + list(cfg.workload.extra_args)
-        req.candidates.append(job.CandidateArgv(key=p.key, argv=argv, world=spec.n_gpus))
+        req.candidates.append(job.CandidateArgv(key=p.key, argv=argv, world=spec.n_gpus, env=dict(spec.env)))
         limits[p.key] = launch_task(cfg, spec).time_min  # the limit its measurement launch would ask for
         backend = p.layout.flex_backend if p.layout.dispatcher == "flex" else None
         if backend and backend not in req.flex_backends:
@@ -72,6 +82,9 @@ def candidates(cfg: RootConfig) -> tuple[PreflightRequest, dict[str, int]]:
         req.cudnn_dsa = req.cudnn_dsa or _flag_value(argv, "--dsa-kernel-backend") == "cudnn"
         req.muon = req.muon or "muon" in (_flag_value(argv, "--optimizer") or "")
         req.packed_cp = req.packed_cp or (stage.packed_sequences and p.layout.cp > 1)
+        fused = "--moe-router-fusion" in argv and _flag_value(argv, "--moe-router-score-function") == "sqrtsoftplus"
+        req.router_fusion_sqrtsoftplus = req.router_fusion_sqrtsoftplus or fused
+        req.csa = req.csa or "C" in (_flag_value(argv, "--hybrid-layer-pattern") or "")
     return req, limits
 
 
@@ -245,9 +258,30 @@ def _account_checks(cluster: ClusterConfig, nodes: int, minutes: int) -> list[Ch
     return out
 
 
+def container_check(cluster: ClusterConfig) -> tuple[Check | None, dict]:
+    """(the row, {"image", "digest"}) of cluster.slurm.container.image; (None, {}) without a container. An image
+    without a digest (a registry tag, which can change under its name) is a warning naming the fix."""
+    from orchestrator.launch.slurm.container import image_digest
+
+    image = cluster.slurm.container.image
+    if not image:
+        return None, {}
+    digest = image_digest(image)
+    if digest:
+        return Check("container image", CheckStatus.PASS, f"{image} ({digest})"), {"image": image, "digest": digest}
+    return Check(
+        "container image",
+        CheckStatus.WARN,
+        f"{image}: no digest, the tag may name another image tomorrow",
+        "pin it: cluster.slurm.container.image=<registry>/<image>@sha256:<digest>, or a squashfs file",
+    ), {"image": image, "digest": None}
+
+
 # ------------------------------------------------------------------------------------------- the job
-def run_job(cfg: RootConfig, req: PreflightRequest) -> tuple[list[Check], dict[str, str], str, str | None]:
-    """Launch the 1-node preflight job, wait, read its report: (checks, rejected, folder, job id)."""
+def run_job(
+    cfg: RootConfig, req: PreflightRequest
+) -> tuple[list[Check], dict[str, str], str, str | None, PreflightReport | None]:
+    """Launch the 1-node preflight job, wait, read its report: (checks, rejected, folder, job id, report)."""
     from orchestrator.launch import LaunchError, LaunchTask
     from orchestrator.launch.auto import make_launcher
 
@@ -275,6 +309,7 @@ def run_job(cfg: RootConfig, req: PreflightRequest) -> tuple[list[Check], dict[s
             {},
             str(folder),
             None,
+            None,
         )
     interval = 0.2
     while True:
@@ -285,7 +320,7 @@ def run_job(cfg: RootConfig, req: PreflightRequest) -> tuple[list[Check], dict[s
         interval = min(cluster.poll_interval_s, interval * 1.5)
     if JobPaths(folder).preflight.exists():
         report = PreflightReport.load(folder)
-        return report.checks, report.rejected, str(folder), sub.job_id
+        return report.checks, report.rejected, str(folder), sub.job_id, report
     logs = JobPaths(folder).submitit_logs(sub.job_id)
     tail = next(
         (
@@ -301,7 +336,7 @@ def run_job(cfg: RootConfig, req: PreflightRequest) -> tuple[list[Check], dict[s
         f"job {sub.job_id} {state.state} without a report: {tail[:200]}",
         "the task's Python (cluster.slurm.python) must import submitit and this project (mounted, on PYTHONPATH)",
     )
-    return [check], {}, str(folder), sub.job_id
+    return [check], {}, str(folder), sub.job_id, None
 
 
 def run(cfg: RootConfig) -> Outcome:
@@ -310,8 +345,17 @@ def run(cfg: RootConfig) -> Outcome:
     assert stage is not None
     req, limits = candidates(cfg)
     slurm_rows, too_long = slurm_checks(cfg.job_cluster(), stage, limits)
-    checks, rejected, folder, job_id = run_job(cfg, req)
-    return Outcome(checks=checks + slurm_rows, rejected={**too_long, **rejected}, folder=folder, job_id=job_id)
+    checks, rejected, folder, job_id, report = run_job(cfg, req)
+    container_row, container = container_check(cfg.job_cluster())
+    return Outcome(
+        checks=checks + slurm_rows + ([container_row] if container_row else []),
+        rejected={**too_long, **rejected},
+        folder=folder,
+        job_id=job_id,
+        megatron=dict(report.megatron) if report else {},
+        container=container,
+        lifted=list(report.lifted) if report else [],
+    )
 
 
 def print_table(outcome: Outcome, *, show_rejected: int = 10) -> None:

@@ -26,6 +26,7 @@ from orchestrator.core.schema import ClusterConfig, RootConfig
 from orchestrator.core.spec import JobSpec
 from orchestrator.core.states import AttemptRole, Fidelity
 from orchestrator.job.entry import command_problem, run_task
+from orchestrator.job.node import CONTAINER_ENV
 from orchestrator.launch import LaunchTask
 from orchestrator.plan import argv as plan_argv
 from orchestrator.plan import flops as plan_flops
@@ -96,6 +97,9 @@ def build_spec(
     )
     fl = plan_flops.step_flops(cfg.model, stage, layout)
     env = {**{k: str(v) for k, v in cfg.cluster.env.items()}, **{k: str(v) for k, v in cfg.workload.env.items()}}
+    env.update(plan_argv.megatron_env(layout))  # what this layout's Megatron asserts (NVTE_CPU_OFFLOAD_V1)
+    if cfg.cluster.slurm.container.image:  # the task records the image it ran in (orchestrator.job.node)
+        env[CONTAINER_ENV] = str(cfg.cluster.slurm.container.image)
     folder = Path(job_dir) if job_dir is not None else attempt_dir(cfg, sweep, planned.key, attempt)
     return JobSpec(
         sweep=sweep,

@@ -4,6 +4,9 @@ Never chosen on predictions; only complete full-window results count, and a cand
 check is excluded. Without `--sweep` it answers for the most recent sweep (of `--stage`, if given) and says
 which: the best across every stage would compare a 64-GPU slice with a 1k stage. A table on a terminal, JSON
 (every metric, job id, log paths) with `--format json` or through a pipe; `--flags` prints its Megatron flags.
+Each answer carries the winner's evidence bundle (orchestrator.evidence.bundle: Megatron commit, container
+digest, TE / DeepEP / NCCL versions, nodes, NCCL/NVTE env, parity verdict); with `--flags` it goes to stderr as
+`# ` lines, so stdout stays the flags alone.
 """
 
 from __future__ import annotations
@@ -96,6 +99,21 @@ def summary_rows(hit: dict) -> list[tuple[str, str]]:
     ]
 
 
+def _bundle(ledger, sweep, hit: dict):
+    """The winner's evidence bundle: the result's versions and env, its parity rows, the sweep's provenance."""
+    import yaml
+
+    from orchestrator.evidence import bundle
+
+    try:
+        enabled = bool(((yaml.safe_load(sweep.config_yaml) or {}).get("parity") or {}).get("enabled"))
+    except (yaml.YAMLError, AttributeError):
+        enabled = None
+    return bundle.of_best(
+        hit, parity=ledger.parity(hit["candidate_id"]), provenance=sweep.provenance, parity_enabled=enabled
+    )
+
+
 def run(args, overrides) -> int:
     from orchestrator.ledger import queries
 
@@ -103,6 +121,7 @@ def run(args, overrides) -> int:
         sweep = pick_sweep(ledger, args.sweep, args.stage)
         hit = queries.best(ledger, sweep=sweep.name)
         url = ledger.url
+        bundle = _bundle(ledger, sweep, hit) if hit is not None else None
     if args.sweep is None:
         scope = f" of stage {args.stage}" if args.stage else ""
         print(
@@ -119,10 +138,12 @@ def run(args, overrides) -> int:
         from orchestrator.runspec import format_argv
 
         print(format_argv(flags_of(hit, sweep.config_yaml)))
+        for k, v in bundle.rows() if bundle else ():
+            print(f"# {k}: {v}", file=sys.stderr)
         return 0
     fmt = args.format or ("table" if sys.stdout.isatty() else "json")
     if fmt == "json":
-        json.dump(hit, sys.stdout, indent=1, default=str)
+        json.dump({**hit, "bundle": bundle.to_dict() if bundle else None}, sys.stdout, indent=1, default=str)
         print()
         return 0
     from rich.console import Console
@@ -131,7 +152,7 @@ def run(args, overrides) -> int:
     table = Table(title=f"best of sweep {sweep.name} (stage {sweep.stage})", title_justify="left", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
-    for k, v in summary_rows(hit):
+    for k, v in summary_rows(hit) + (bundle.rows() if bundle else []):
         table.add_row(k, v)
     console = Console()
     console.print(table)

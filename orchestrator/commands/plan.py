@@ -136,11 +136,12 @@ def megatron_flags(cfg, stage, p: Planned) -> list[str]:
 
 
 def _header(cfg, stage, res: PlanResult) -> str:
-    return (
+    head = (
         f"# plan {stage.name}: N={stage.gpus} B={stage.global_batch} S={stage.seq_length} model={cfg.model.name} "
         f"hardware={cfg.hardware.name}; {res.raw_count} raw layouts, {len(res.candidates)} legal and feasible "
         f"({res.elapsed_s:.2f} s). Note: {NOTE}."
     )
+    return "\n".join([head, *(f"# {line}" for line in R.lift_notes(stage))])
 
 
 def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
@@ -233,6 +234,8 @@ def run(args, overrides) -> int:
             "seq_length": stage.seq_length,
             "raw_count": res.raw_count,
             "legal_count": len(res.candidates),
+            "lifted_rules": list(stage.lifted_rules),
+            "rule_notes": R.lift_notes(stage),
             "elapsed_s": round(res.elapsed_s, 4),
             "candidates": [row(i, p) for i, p in enumerate(res.candidates[: args.top])],
         }

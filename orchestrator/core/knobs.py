@@ -110,11 +110,20 @@ def parse_dispatcher(label: Any) -> tuple[str, str | None]:
 class Layout:
     """The knobs of one candidate. Frozen and hashable so the planner can dedupe and key it."""
 
-    tp: int = knob(1, flags=("--tensor-model-parallel-size",), label="TP{}", search=(1,), walk=2)
+    # A knob's flags are every flag its value decides (argv writes the first; the rest follow from it): the
+    # layout flags, the only ones two layouts of one stage differ in (tests/plan/test_argv.py diffs them).
+    tp: int = knob(1, flags=("--tensor-model-parallel-size", "--sequence-parallel"), label="TP{}", search=(1,), walk=2)
     pp: int = knob(1, flags=("--pipeline-model-parallel-size",), label="PP{}", search=(4, 8, 16), walk=0, group="pp")
     # virtual pipeline stages per PP rank (1 = no interleaving): the pattern has PP x VPP '|' segments
     vpp: int = knob(1, flags=("--hybrid-layer-pattern",), label="VPP{}", search=(1, 2), walk=1, group="pp")
-    cp: int = knob(1, flags=("--context-parallel-size",), label="CP{}", search=(1, 2, 4), walk=3, group="cp")
+    cp: int = knob(
+        1,
+        flags=("--context-parallel-size", "--cp-comm-type", "--cp-partition-mode", "--max-seqlen-per-dp-cp-rank"),
+        label="CP{}",
+        search=(1, 2, 4),
+        walk=3,
+        group="cp",
+    )
     ep: int = knob(1, flags=("--expert-model-parallel-size",), label="EP{}", search=(32, 64, 128), walk=5, group="ep")
     etp: int = knob(1, flags=("--expert-tensor-parallel-size",), label="ETP{}", search=(1,), walk=6)
     mbs: int = knob(1, flags=("--micro-batch-size",), label="MBS{}", search=(1, 2), walk=4, group="mbs")  # b
@@ -148,8 +157,11 @@ class Layout:
         group="dispatcher",
         parse=parse_dispatcher,
     )
-    flex_backend: str | None = knob(
-        None, flags=("--moe-flex-dispatcher-backend",), column="backend", part_of="dispatcher"
+    flex_backend: str | None = knob(  # ncclep also sizes its receive buffer (--moe-expert-rank-capacity-factor)
+        None,
+        flags=("--moe-flex-dispatcher-backend", "--moe-expert-rank-capacity-factor"),
+        column="backend",
+        part_of="dispatcher",
     )
     capacity_factor: float | None = knob(  # None = dropless
         None, flags=("--moe-expert-capacity-factor",), label="cf={}", search=(None,), walk=10, shown=False
@@ -191,6 +203,7 @@ def _registry() -> tuple[Knob, ...]:
 
 KNOBS: tuple[Knob, ...] = _registry()  # in Layout's field order: the order tables and labels print them
 KNOB: dict[str, Knob] = {k.name: k for k in KNOBS}
+LAYOUT_FLAGS: frozenset[str] = frozenset(f for k in KNOBS for f in k.flags)  # the flags a layout decides
 # The knobs a stage searches, in the planner's walk order; every other knob is part_of one of them.
 SEARCHED: tuple[Knob, ...] = tuple(sorted((k for k in KNOBS if k.walk is not None), key=lambda k: k.walk or 0))
 # knob -> the Layout fields one of its search values sets (itself, then its parts)

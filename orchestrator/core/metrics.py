@@ -334,6 +334,14 @@ METRICS: tuple[Metric, ...] = (
         default={},
     ),
     Metric("versions", "json", "", "versions", "versions the job reported (Megatron, torch, TE)", default={}),
+    Metric(
+        "run_env",
+        "json",
+        "",
+        "run env",
+        "the NCCL/NVTE environment the ranks ran with (orchestrator.job.node)",
+        default={},
+    ),
 )
 METRIC: dict[str, Metric] = {m.name: m for m in METRICS}
 ALIASES: dict[str, str] = {a: m.name for m in METRICS for a in (*([m.alias] if m.alias else []), *m.also)}

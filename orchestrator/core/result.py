@@ -98,7 +98,10 @@ class JobResult:
     # Provenance
     log_paths: list[str] = field(default_factory=list)
     sidecar_paths: list[str] = field(default_factory=list)
+    # What the ranks ran with (orchestrator.job.node, from the sidecars): torch, CUDA, NCCL, Transformer Engine,
+    # DeepEP, megatron_core, megatron_commit, container_image / container_digest; "simulated" on the twin
     versions: dict[str, str] = field(default_factory=dict)
+    run_env: dict[str, str] = field(default_factory=dict)  # NCCL_* / NVTE_* / ... as the ranks saw them
 
     @property
     def retryable(self) -> bool:

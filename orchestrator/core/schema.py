@@ -193,6 +193,9 @@ class StageConfig:
     transformer_engine: bool = True
     memory_margin_gb: float = 4.0  # feasible = heaviest rank + margin <= HBM
     num_layers_override: int | None = None  # slice stage: fewer blocks, same h and E
+    # Legality rules a Megatron fix removes (orchestrator.plan.rules.LIFTABLE), lifted for this stage. A real
+    # sweep sets it from preflight's evidence (the fix found in the cluster's checkout), whatever it said here.
+    lifted_rules: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -38,7 +38,8 @@ Sidecar JSON schema (`sidecar-rank-<r>.json`, one object per rank; every key but
                   "hot_rank_tokens": [int, ...], "hot_rank_share": [float, ...], "hot_rank": [int, ...],
                   "hot_expert": int, "hot_expert_ratio": float}, ...],  # layer (orchestrator.job.expert_load)
      "force_balanced_routing": bool,
-     "lm_loss": [[iteration, value], ...]}
+     "lm_loss": [[iteration, value], ...],
+     "node": str, "versions": {name: str}, "env": {NAME: str}}   # orchestrator.job.node.facts
 Derived: token_drop_fraction = sum(dropped) / sum(routed), None (with token_drop_note) when any rank could
 not measure it; padding_fraction = sum(padded) / (sum(routed) - sum(dropped) + sum(padded)) (share of expert
 input slots that are padding); expert-load p50/p95/p99 are percentiles over experts of the summed
@@ -46,7 +47,9 @@ tokens_per_expert. With ep_load: hot_rank_tokens_p50/p95/p99 and hot_rank_share_
 over every sampled dispatch (all MoE layers, all EP groups) of the tokens the hottest EP rank received and of
 its share of the dispatch (1/EP when balanced); hot_expert_ratio and hot_expert are the most loaded expert
 of one layer over the window against that layer's mean ("layer 12 expert 301"). Without ep_load (the twin)
-hot_expert_ratio = max / mean of the summed tokens_per_expert.
+hot_expert_ratio = max / mean of the summed tokens_per_expert. versions and run_env are the sidecars' "versions"
+and "env" merged over ranks; a name whose value differs between ranks keeps every value ("a | b"): a job whose
+nodes ran different software is evidence too.
 """
 
 from __future__ import annotations
@@ -295,6 +298,17 @@ def _ep_load(layers: Sequence[Mapping]) -> dict[str, float | str | None]:
     return out
 
 
+def merged(sidecars: Sequence[Mapping], key: str) -> dict[str, str]:
+    """The sidecars' `key` dicts merged over ranks, sorted by name; differing values joined with " | "."""
+    seen: dict[str, list[str]] = {}
+    for sc in sidecars:
+        for name, value in (sc.get(key) or {}).items():
+            values = seen.setdefault(str(name), [])
+            if str(value) not in values:
+                values.append(str(value))
+    return {name: " | ".join(seen[name]) for name in sorted(seen)}
+
+
 def compute(
     logs: Sequence[ParsedLog],
     sidecars: Sequence[Mapping] = (),
@@ -366,6 +380,7 @@ def compute(
     for k, v in moe_evidence(sidecars).items():
         setattr(res, k, v)
     res.force_balanced_routing = any(bool(sc.get("force_balanced_routing")) for sc in sidecars)
+    res.versions, res.run_env = merged(sidecars, "versions"), merged(sidecars, "env")
 
     res.lm_loss = [r.losses["lm loss"] for r in measured if "lm loss" in r.losses]
     if not res.lm_loss:

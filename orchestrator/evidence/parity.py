@@ -1,15 +1,21 @@
 """Numerical parity between a candidate layout and a reference layout (the correctness gate).
 
 Why: a faster layout that computes something else must never win the performance race. Both runs
-use the same seed, data, masks and loss normalisation; we compare lm loss and grad norm step by
-step. The packed THD path has no deterministic mode, so equality is judged within an explicit
-relative tolerance from config, never exactly.
+use the same seed and the stage's one data path: orchestrator.plan.argv gives every layout of a stage the
+same data flags (with packed sequences the THD varlen dataset, its packing scheduler and per-token loss, at
+CP=1 too), so the reference and the candidate see the same data, masks and loss normalisation, and their
+argv differ only in layout flags (`data_differences` says which others differ; tests/plan/test_argv.py holds
+the reference and a CP>1 candidate to none). We compare lm loss and grad norm step by step. The packed THD
+path has no deterministic mode, so equality is judged within an explicit relative tolerance from config,
+never exactly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from orchestrator.core.knobs import LAYOUT_FLAGS
 
 
 @dataclass(frozen=True)
@@ -56,3 +62,26 @@ def compare(
         "; ".join(bad) if bad else f"{n} steps within loss rtol {loss_rtol:.0e}, grad-norm rtol {grad_norm_rtol:.0e}"
     )
     return Parity(not bad, n, dl, dg, detail)
+
+
+def _flags(argv: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """flag -> its values (argparse: the last occurrence wins)."""
+    out: dict[str, tuple[str, ...]] = {}
+    flag: str | None = None
+    values: list[str] = []
+    for tok in [*argv, "--"]:
+        if tok.startswith("--"):
+            if flag is not None:
+                out[flag] = tuple(values)
+            flag, values = tok, []
+        else:
+            values.append(tok)
+    return out
+
+
+def data_differences(argv: Sequence[str], ref_argv: Sequence[str]) -> dict[str, tuple[tuple[str, ...] | None, ...]]:
+    """The flags other than layout flags (orchestrator.core.knobs.LAYOUT_FLAGS) whose values differ between a
+    candidate's and its reference's argv: flag -> (candidate's values, reference's; None = absent). Empty when
+    both train on the same data with the same loss: the only comparison parity makes sense of."""
+    a, b = _flags(argv), _flags(ref_argv)
+    return {f: (a.get(f), b.get(f)) for f in sorted(set(a) | set(b)) if f not in LAYOUT_FLAGS and a.get(f) != b.get(f)}

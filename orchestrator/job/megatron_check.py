@@ -12,11 +12,18 @@ a GPU and Transformer Engine.
 Which Megatron: whatever `import megatron` finds (a dev checkout first on sys.path, or the megatron-core
 wheel). When that parser predates the V4 path (no --csa-compress-ratios), the flags argv.py marks dev-only
 are dropped and the dev hybrid symbols C/H/W become D (same layer count, same '|' segments), so everything
-else is still checked against it.
+else is still checked against it: that is for checking against the wheel on a CPU machine. `strict` (what
+preflight asks of a node's checkout, which is what the job runs) gives the parser the argv as it is, so a
+checkout without the V4 path refuses it (PR #6756, "merge main into dev", drops --csa-compress-ratios and
+makes dsv4_hybrid an invalid choice).
 
 On a machine without CUDA, `import_megatron` makes megatron-core importable (a stand-in for the one module
 that imports triton, Python 3.12's typing.override on 3.11) and `as_arch` answers Megatron's GPU queries as
-the target GPU would (9 = Hopper) while the check runs. torch and megatron are imported only inside
+the target GPU would (9 = Hopper) while the check runs. `as_te` makes Megatron see a given Transformer Engine
+version (megatron/core/utils.py:296-336 at dev d48bd6be0a85 caches it in `_te_version`): its checks gate on it
+(fine-grained offloading with TE >= 2.10 asserts NVTE_CPU_OFFLOAD_V1=1, megatron/training/arguments.py:2126-2133),
+so "whatever is installed" (none here) is not the version a node has. `env` is the job's environment, applied
+while Megatron reads it. torch and megatron are imported only inside
 functions: this module imports on a bare orchestrator install.
 """
 
@@ -39,6 +46,7 @@ from orchestrator.plan.flags import DEV_PATTERN_SYMBOLS, split_dev
 
 PAGED_STASH = "megatron.core.transformer.moe.ops.paged_stash"  # imports triton unconditionally
 HOPPER_ARCH = 9  # get_device_arch_version() on H100/H200
+NODE_TE = "2.13.0"  # the Transformer Engine a V4 node needs (--moe-router-fusion with sqrtsoftplus, preflight)
 V4_PARSER_FLAG = "--csa-compress-ratios"  # a parser that knows it takes the V4 flags as they are
 PATTERN_FLAG = "--hybrid-layer-pattern"
 
@@ -97,6 +105,36 @@ def as_arch(arch: int = HOPPER_ARCH) -> Iterator[None]:
         _restore_env("CUDA_DEVICE_MAX_CONNECTIONS", saved_env)
 
 
+@contextlib.contextmanager
+def as_te(version: str | None) -> Iterator[None]:
+    """While active, Megatron's is_te_min_version answers as Transformer Engine `version` would (None: the
+    installed one, nothing patched)."""
+    if version is None:
+        yield
+        return
+    from packaging.version import Version
+
+    utils: Any = importlib.import_module("megatron.core.utils")
+    saved = utils._te_version  # get_te_version()'s cache (megatron/core/utils.py:318-324 at dev d48bd6be0a85)
+    utils._te_version = Version(version)
+    try:
+        yield
+    finally:
+        utils._te_version = saved
+
+
+@contextlib.contextmanager
+def job_env(env: dict[str, str] | None) -> Iterator[None]:
+    """While active, os.environ carries the job's environment (what validate_args reads with os.getenv)."""
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update({k: str(v) for k, v in (env or {}).items()})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            _restore_env(k, v)
+
+
 def _restore_env(key: str, value: str | None) -> None:
     if value is None:
         os.environ.pop(key, None)
@@ -104,8 +142,10 @@ def _restore_env(key: str, value: str | None) -> None:
         os.environ[key] = value
 
 
-def for_parser(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(the argv the imported Megatron's parser can take, the dev-only flags dropped for it)."""
+def for_parser(argv: Sequence[str], *, strict: bool = False) -> tuple[list[str], list[str]]:
+    """(the argv the imported Megatron's parser can take, the dev-only flags dropped for it); strict: as given."""
+    if strict:
+        return list(argv), []
     arguments = sys.modules["megatron.training.arguments"]
     parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
     known = {opt for action in parser._actions for opt in action.option_strings}
@@ -134,15 +174,23 @@ def _message(exc: BaseException, stderr: str) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def validated_args(argv: Sequence[str], world_size: int, *, arch: int = HOPPER_ARCH) -> argparse.Namespace:
+def validated_args(
+    argv: Sequence[str],
+    world_size: int,
+    *,
+    arch: int = HOPPER_ARCH,
+    te_version: str | None = None,
+    env: dict[str, str] | None = None,
+) -> argparse.Namespace:
     """Megatron's parse_args + validate_args on `argv` (as given) with WORLD_SIZE=world_size and RANK=0,
-    as pretrain does; raises what Megatron raises. stdout (validate_args' report) is swallowed."""
+    as pretrain does, in the job's `env`, seeing Transformer Engine `te_version` (None: the installed one);
+    raises what Megatron raises. stdout (validate_args' report) is swallowed."""
     arguments = sys.modules["megatron.training.arguments"]
     saved = (sys.argv, os.environ.get("WORLD_SIZE"), os.environ.get("RANK"))
     sys.argv = ["pretrain_hybrid.py", *argv]
     os.environ["WORLD_SIZE"], os.environ["RANK"] = str(world_size), "0"
     try:
-        with contextlib.redirect_stdout(io.StringIO()), as_arch(arch):
+        with contextlib.redirect_stdout(io.StringIO()), as_arch(arch), as_te(te_version), job_env(env):
             args = arguments.parse_args()
             arguments.validate_args(args)
         return args
@@ -177,19 +225,30 @@ def training_setup(args: argparse.Namespace, *, transformer_config: bool, arch: 
 
 
 def check_candidate(
-    argv: Sequence[str], world_size: int, *, arch: int = HOPPER_ARCH, transformer_config: bool | None = None
+    argv: Sequence[str],
+    world_size: int,
+    *,
+    arch: int = HOPPER_ARCH,
+    transformer_config: bool | None = None,
+    te_version: str | None = None,
+    env: dict[str, str] | None = None,
+    strict: bool = False,
 ) -> str | None:
     """None when Megatron would start training with `argv` on `world_size` GPUs, else Megatron's message.
 
     transformer_config: also build the TransformerConfig (None: only where CUDA is available, since its
-    kernel checks need a GPU). Imports Megatron on first use (import_megatron)."""
+    kernel checks need a GPU). te_version: the Transformer Engine Megatron sees (None: the installed one);
+    env: the job's environment (JobSpec.env); strict: no dev-only flag dropped for an older parser (for_parser).
+    Imports Megatron on first use (import_megatron)."""
     import_megatron()
     import torch
 
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            args = validated_args(for_parser(argv)[0], world_size, arch=arch)
+            args = validated_args(
+                for_parser(argv, strict=strict)[0], world_size, arch=arch, te_version=te_version, env=env
+            )
             build_tc = torch.cuda.is_available() if transformer_config is None else transformer_config
             training_setup(args, transformer_config=build_tc, arch=arch)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure is the candidate's verdict

@@ -14,7 +14,8 @@ and it records where megatron.core came from (`megatron_path`).
 The sidecar `sidecar-rank-<r>.json` is written in `finally` and, for exits that skip it, at atexit
 (once): CUDA allocator peaks of this rank (Megatron's memory line covers only DP-rank-0 GPUs), the GPU's total
 memory (what the sweep plans with instead of hardware.hbm_gb), the router evidence from
-orchestrator.job.instrument, and "simulated": false.
+orchestrator.job.instrument, what the node ran with (orchestrator.job.node: versions, the checkout's git
+commit, the container, the NCCL/NVTE environment) and "simulated": false.
 
 Imports stay stdlib at module level: torch and megatron are imported only inside main().
 """
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.paths import JobPaths, atomic_write
-from orchestrator.job import instrument
+from orchestrator.job import instrument, node
 
 
 def _megatron_facts() -> dict[str, Any]:
@@ -64,11 +65,18 @@ def _megatron_facts() -> dict[str, Any]:
 
 
 def write_sidecar(
-    out_dir: str | os.PathLike[str], rank: int, counter: instrument.RouterCounter | None, error: str | None = None
+    out_dir: str | os.PathLike[str],
+    rank: int,
+    counter: instrument.RouterCounter | None,
+    error: str | None = None,
+    checkout: Path | None = None,
 ) -> Path:
-    """Atomically write this rank's sidecar."""
+    """Atomically write this rank's sidecar (`checkout`: the Megatron tree whose commit it records)."""
     doc: dict[str, Any] = {"simulated": False, "source": "megatron_run", "rank": rank}
     doc.update(_megatron_facts())
+    here = node.facts(checkout)
+    doc["node"], doc["env"] = here["node"], here["env"]
+    doc["versions"] = {**here["versions"], **doc["versions"]}
     doc.update(instrument.peak_memory_mb())
     doc.update(instrument.device_memory())
     if counter is not None:
@@ -108,7 +116,7 @@ def main(
 
     def finish() -> None:
         if not written:
-            written.append(write_sidecar(out_dir, rank, counter, error))
+            written.append(write_sidecar(out_dir, rank, counter, error, script.parent))
 
     atexit.register(finish)
     sys.argv = [str(script), *argv]

@@ -5,10 +5,15 @@ container's, and only a compute node has the GPUs and NCCL. Rank 0 runs every ch
 candidate's argv with Megatron's own parser, and writes `preflight.json` (JobPaths.preflight); the
 orchestrator (orchestrator/preflight.py) adds the Slurm rows and prints one table.
 
-Megatron's dev branch (commit d48bd6be0a85) is the only place the V4 path lives; each module below is
-named with the file and line that defines it there. A file is checked on disk (with its defining line),
-not imported: importing megatron.core on a machine without its kernels fails for unrelated reasons.
-Stdlib only at module level: torch, megatron and the kernels are imported inside the checks.
+Megatron's dev branch (orchestrator.core.megatron.TESTED_COMMIT) is the only place the V4 path lives; each
+module below is named with the file and line that defines it there. A file is checked on disk (with its
+defining line), not imported: importing megatron.core on a machine without its kernels fails for unrelated
+reasons. Stdlib only at module level: torch, megatron and the kernels are imported inside the checks.
+
+The checkout's commit is read from its git metadata (orchestrator.job.checkout) and recorded in the report:
+the tested commit passes, another one is a warning naming both, a checkout without git metadata fails (no
+run could say which Megatron it measured). The fixes orchestrator.job.checkout detects in the checkout's code
+lift the legality rules they remove (`lifted`: the sweep plans with them, orchestrator.plan.rules).
 """
 
 from __future__ import annotations
@@ -24,10 +29,18 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core.megatron import TESTED, TESTED_COMMIT, short
 from orchestrator.core.paths import JobPaths, atomic_write
+from orchestrator.job import checkout as checkout_mod
 
 MIN_PYTHON = (3, 11)  # this project's job code (pyproject.toml requires-python); Megatron-LM needs >= 3.10
 MIN_TE = (2, 9)  # megatron/core/transformer/transformer_config.py:3680 (sequence packing needs TE >= 2.9.0)
+# --moe-router-fusion with --moe-router-score-function sqrtsoftplus raises below TE 2.13
+# (megatron/core/transformer/moe/moe_utils.py:742-745 at dev d48bd6be0a85)
+MIN_TE_ROUTER_FUSION_SQRTSOFTPLUS = (2, 13)
+# Every CSA (ratio 4) layer's indexer rotates its activations with fast_hadamard_transform and asserts it is
+# installed (megatron/core/transformer/experimental_attention_variant/dsa.py:30-34,264-269; csa.py:1192,1374,1591)
+HADAMARD = "fast_hadamard_transform"
 
 
 class CheckStatus(StrEnum):
@@ -94,6 +107,7 @@ class CandidateArgv:
     key: str
     argv: list[str]  # the candidate's flags + workload.extra_args, as the job gets them
     world: int  # N
+    env: dict[str, str] = field(default_factory=dict)  # the job's environment (JobSpec.env): validate_args reads it
 
 
 @dataclass
@@ -107,34 +121,108 @@ class PreflightRequest:
     cudnn_dsa: bool = False  # --dsa-kernel-backend cudnn
     muon: bool = False  # --optimizer muon (emerging_optimizers)
     packed_cp: bool = False  # packed THD input with CP > 1 somewhere in the space (TE >= 2.9)
+    router_fusion_sqrtsoftplus: bool = False  # --moe-router-fusion with sqrtsoftplus scores (TE >= 2.13)
+    csa: bool = False  # a CSA (ratio 4, 'C') layer in some candidate's pattern: fast_hadamard_transform
 
 
 @dataclass
 class PreflightReport:
     checks: list[Check]
     rejected: dict[str, str]  # candidate key -> Megatron's message
+    # the node's checkout: {"commit", "tested_commit", "path"} (orchestrator.job.checkout)
+    megatron: dict[str, Any] = field(default_factory=dict)
+    lifted: list[str] = field(default_factory=list)  # rule ids whose Megatron fix the checkout carries
 
     def save(self, job_dir: str | os.PathLike) -> Path:
-        doc = {"checks": [asdict(c) for c in self.checks], "rejected": self.rejected}
+        doc = {
+            "checks": [asdict(c) for c in self.checks],
+            "rejected": self.rejected,
+            "megatron": self.megatron,
+            "lifted": self.lifted,
+        }
         return atomic_write(JobPaths(job_dir).preflight, json.dumps(doc, indent=1))
 
     @classmethod
     def load(cls, job_dir: str | os.PathLike) -> PreflightReport:
         doc = json.loads(JobPaths(job_dir).preflight.read_text())
-        return cls([Check.from_dict(c) for c in doc["checks"]], dict(doc["rejected"]))
+        return cls(
+            [Check.from_dict(c) for c in doc["checks"]],
+            dict(doc["rejected"]),
+            dict(doc.get("megatron") or {}),
+            list(doc.get("lifted") or []),
+        )
 
 
 def run(request: PreflightRequest, job_dir: str) -> dict[str, Any]:
     """The job function: rank 0 checks and writes the report; the other tasks of the node only start."""
     if os.environ.get("SLURM_PROCID", "0") != "0":
         return {}
-    checks = environment_checks(request)
-    roots, checkout = megatron_roots(request.entry_script)
-    checks += v4_module_checks(roots, checkout)
-    summary, rejected = validate_candidates(request, roots if checkout else [])
-    report = PreflightReport([*checks, summary], rejected)
+    report = check(request)
     report.save(job_dir)
     return {"failed": [c.name for c in report.checks if c.status is CheckStatus.FAIL]}
+
+
+def check(request: PreflightRequest) -> PreflightReport:
+    """Every row of this node: the environment, the checkout (commit, V4 modules, fixes), Megatron's verdicts."""
+    checks = environment_checks(request)
+    roots, checkout = megatron_roots(request.entry_script)
+    commit_row, commit = commit_check(roots[0] if checkout else None)
+    checks += [*v4_module_checks(roots, checkout), commit_row]
+    fix_rows, lifted = fix_checks(roots[0] if checkout else None)
+    checks += fix_rows
+    summary, rejected = validate_candidates(request, roots if checkout else [])
+    megatron = {
+        "commit": commit,
+        "tested_commit": TESTED_COMMIT,
+        "path": str(roots[0]) if checkout else None,
+    }
+    return PreflightReport([*checks, summary], rejected, megatron, lifted)
+
+
+def commit_check(root: Path | None) -> tuple[Check, str | None]:
+    """(the row, the commit): the checkout's commit against the tested one."""
+    name = "Megatron commit"
+    if root is None:
+        return Check(name, CheckStatus.FAIL, "no checkout", "see the Megatron checkout row"), None
+    commit = checkout_mod.git_commit(root)
+    if commit is None:
+        return Check(
+            name,
+            CheckStatus.FAIL,
+            f"{root} has no git metadata: the commit every result would be measured with is unrecorded",
+            f"mount a git checkout of Megatron-LM (git clone, with its .git), e.g. {TESTED} "
+            f"(git checkout {TESTED_COMMIT})",
+        ), None
+    if checkout_mod.is_tested(commit):
+        return Check(name, CheckStatus.PASS, f"{commit} ({TESTED}, the tested commit)"), commit
+    return Check(
+        name,
+        CheckStatus.WARN,
+        f"{commit} is not the tested commit {TESTED_COMMIT} ({TESTED}): the flags, rules and checks were "
+        f"verified against {short(TESTED_COMMIT)}, this cluster runs {short(commit)}",
+        f"check out {TESTED_COMMIT} in the checkout, or accept that {short(commit)} may differ",
+    ), commit
+
+
+def fix_checks(root: Path | None) -> tuple[list[Check], list[str]]:
+    """One row per known Megatron fix (orchestrator.job.checkout.FIXES): found, it lifts its legality rule."""
+    rows, lifted = [], []
+    for rule, (what, detect) in checkout_mod.FIXES.items():
+        found = detect(root) if root is not None else None
+        if found:
+            lifted.append(rule)
+            rows.append(Check(f"Megatron fix: {what}", CheckStatus.PASS, f"found in the checkout: rule {rule} lifted"))
+        else:
+            why = "not found in the checkout" if found is False else "cannot tell (no checkout, or no such code)"
+            rows.append(
+                Check(
+                    f"Megatron fix: {what}",
+                    CheckStatus.WARN,
+                    f"{why}: rule {rule} holds (those layouts are not planned)",
+                    "apply the fix to the checkout to plan them",
+                )
+            )
+    return rows, lifted
 
 
 def _version(*dists: str) -> str | None:
@@ -174,28 +262,9 @@ def environment_checks(req: PreflightRequest) -> list[Check]:
         )
     ]
     out += _torch_checks(req)
-    te = _version("transformer_engine", "transformer-engine", "transformer_engine_torch")
-    need = ".".join(map(str, MIN_TE))
-    if te is None:
-        out.append(
-            Check(
-                "Transformer Engine",
-                CheckStatus.FAIL,
-                "not installed",
-                f"use an image with Transformer Engine >= {need} (NGC PyTorch images ship it)",
-            )
-        )
-    elif req.packed_cp and not _at_least(te, MIN_TE):
-        out.append(
-            Check(
-                "Transformer Engine",
-                CheckStatus.FAIL,
-                f"{te}: packed THD with CP > 1 needs >= {need}",
-                f"upgrade Transformer Engine to >= {need}, or search cp: [1] only",
-            )
-        )
-    else:
-        out.append(Check("Transformer Engine", CheckStatus.PASS, te))
+    out.append(te_check(req, _version("transformer_engine", "transformer-engine", "transformer_engine_torch")))
+    if req.csa:
+        out.append(hadamard_check())
     for backend in req.flex_backends:
         out.append(_deepep_check(backend))
     if req.cudnn_dsa:
@@ -212,6 +281,57 @@ def environment_checks(req: PreflightRequest) -> list[Check]:
             )
         )
     return out
+
+
+def te_floor(req: PreflightRequest) -> tuple[tuple[int, ...], str, str]:
+    """(the lowest Transformer Engine the space runs on, why, the fix that lowers it)."""
+    floor, why, fix = MIN_TE, "the V4 path", ""
+    if req.packed_cp:
+        why, fix = "packed THD with CP > 1 (transformer_config.py:3680)", "or search cp: [1] only"
+    if req.router_fusion_sqrtsoftplus:
+        floor = MIN_TE_ROUTER_FUSION_SQRTSOFTPLUS
+        why = "--moe-router-fusion with sqrtsoftplus scores (moe_utils.py:742-745)"
+        fix = "or set workload.recipe.moe_router_fusion=false"
+    return floor, why, fix
+
+
+def te_check(req: PreflightRequest, te: str | None) -> Check:
+    """Transformer Engine installed, at the floor the space needs (te_floor)."""
+    floor, why, fix = te_floor(req)
+    need = ".".join(map(str, floor))
+    if te is None:
+        return Check(
+            "Transformer Engine",
+            CheckStatus.FAIL,
+            "not installed",
+            f"use an image with Transformer Engine >= {need} (NGC PyTorch images ship it)",
+        )
+    if not _at_least(te, floor):
+        return Check(
+            "Transformer Engine",
+            CheckStatus.FAIL,
+            f"{te}: {why} needs >= {need}",
+            f"upgrade Transformer Engine to >= {need}" + (f", {fix}" if fix else ""),
+        )
+    return Check("Transformer Engine", CheckStatus.PASS, f"{te} (>= {need}: {why})")
+
+
+def hadamard_check() -> Check:
+    """fast_hadamard_transform importable with its kernel: every CSA (ratio 4) layer calls it."""
+    name = f"{HADAMARD} (CSA ratio-4 layers)"
+    why = "every CSA layer's indexer calls hadamard_transform (dsa.py:264-269 asserts it is installed)"
+    fix = (
+        f"build {HADAMARD} into the image from its git repository (github.com/Dao-AILab/fast-hadamard-transform, "
+        "on a machine with CUDA and network); its sdist on the package index is a stub that downloads the "
+        "kernel at build time, so `pip install fast-hadamard-transform` fails on an offline node"
+    )
+    try:
+        module = importlib.import_module(HADAMARD)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the answer
+        return Check(name, CheckStatus.FAIL, f"import {HADAMARD}: {type(exc).__name__}: {exc}; {why}", fix)
+    if not callable(getattr(module, "hadamard_transform", None)):
+        return Check(name, CheckStatus.FAIL, f"{HADAMARD} has no hadamard_transform; {why}", fix)
+    return Check(name, CheckStatus.PASS, _version(HADAMARD, "fast-hadamard-transform") or "found")
 
 
 def _torch_checks(req: PreflightRequest) -> list[Check]:
@@ -342,17 +462,24 @@ def v4_module_checks(roots: list[Path], checkout: bool) -> list[Check]:
     return out
 
 
-def validate_candidate_argv(argv: list[str], world: int) -> str | None:
+def validate_candidate_argv(
+    argv: list[str], world: int, env: dict[str, str] | None = None, te_version: str | None = None
+) -> str | None:
     """Megatron's own verdict on one candidate, None when accepted, else Megatron's message: the
-    training-ready check (orchestrator.job.megatron_check: parse_args + validate_args, the optimizer config and
-    the LR scheduler as pretrain builds them, and the TransformerConfig where CUDA answers)."""
+    training-ready check (orchestrator.job.megatron_check: parse_args + validate_args in the job's `env`, the
+    optimizer config and the LR scheduler as pretrain builds them, and the TransformerConfig where CUDA
+    answers). te_version: the Transformer Engine Megatron sees (None: this node's). Strict: the node's Megatron
+    gets the argv as the job will, no dev-only flag dropped for a parser that lacks the V4 path."""
     from orchestrator.job.megatron_check import check_candidate
 
-    return check_candidate(argv, world)
+    return check_candidate(argv, world, env=env, te_version=te_version, strict=True)
 
 
-def validate_candidates(req: PreflightRequest, checkout: list[Path]) -> tuple[Check, dict[str, str]]:
-    """Megatron's verdict on every candidate (the checkout first on sys.path); a rejected one is never launched."""
+def validate_candidates(
+    req: PreflightRequest, checkout: list[Path], *, te_version: str | None = None
+) -> tuple[Check, dict[str, str]]:
+    """Megatron's verdict on every candidate (the checkout first on sys.path); a rejected one is never launched.
+    te_version: the Transformer Engine Megatron sees (None: this node's; a CPU test names the node's)."""
     name = f"Megatron accepts the {len(req.candidates)} candidates"
     for root in reversed(checkout):
         sys.path.insert(0, str(root))
@@ -367,7 +494,7 @@ def validate_candidates(req: PreflightRequest, checkout: list[Path]) -> tuple[Ch
         ), {}
     rejected = {}
     for cand in req.candidates:
-        verdict = validate_candidate_argv(cand.argv, cand.world)
+        verdict = validate_candidate_argv(cand.argv, cand.world, cand.env, te_version)
         if verdict is not None:
             rejected[cand.key] = verdict
     accepted = len(req.candidates) - len(rejected)

@@ -16,7 +16,7 @@ from orchestrator.ledger import models as m
 from orchestrator.ledger import queries
 from orchestrator.ledger.convert import clean, now, to_row
 from orchestrator.ledger.errors import LedgerError
-from orchestrator.ledger.models import RESULT_METRICS
+from orchestrator.ledger.models import JSON_METRICS, RESULT_METRICS
 from orchestrator.ledger.rows import CalibrationRow, CapacityRow, MeasuredRow, ParityRow
 from orchestrator.ledger.store import Store
 
@@ -58,7 +58,9 @@ class Evidence(Store):
             if ok:
                 values = {k: result[k] for k in RESULT_METRICS if k in result and result[k] is not None}
                 values.update(
-                    timers_ms=clean(result.get("timers_ms") or {}), versions=clean(result.get("versions") or {})
+                    timers_ms=clean(result.get("timers_ms") or {}),
+                    versions=clean(result.get("versions") or {}),
+                    run_env=clean(result.get("run_env") or {}),
                 )
                 r = m.Result(
                     attempt_id=attempt_id,
@@ -104,7 +106,7 @@ class Evidence(Store):
         """Set result columns of one attempt's stored result (a later measurement about the same run, e.g.
         a finalist's long-run window: ckpt_save_s, q_effective ...). Unknown names and a missing result row
         are LedgerErrors. Returns the row's metrics after the update."""
-        unknown = set(metrics) - set(RESULT_METRICS) or set(metrics) & {"simulated", "timers_ms", "versions"}
+        unknown = set(metrics) - set(RESULT_METRICS) or set(metrics) & JSON_METRICS
         if unknown:
             raise LedgerError(f"update_result_metrics: not updatable {sorted(unknown)}")
         with self._write() as s:

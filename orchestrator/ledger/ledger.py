@@ -210,6 +210,14 @@ class Ledger(Leases, Evidence):
                 s.add(m.Event(sweep_id=sweep.id, kind="launcher", message=f"jobs run on {kind}"))
             return str(prov["launcher"])
 
+    def add_provenance(self, name: str, part: str, data: dict[str, Any]) -> None:
+        """Set provenance[part] of a sweep (what a later step learned about what it runs with, e.g. the node's
+        Megatron commit from preflight), with an event saying so."""
+        with self._write() as s:
+            sweep = self._sweep(s, name)
+            sweep.provenance = {**dict(sweep.provenance or {}), part: clean(data)}
+            s.add(m.Event(sweep_id=sweep.id, kind="provenance", message=f"provenance {part}: {clean(data)}"[:500]))
+
     # ---- candidates ---------------------------------------------------------------------------
 
     def add_candidates(self, sweep: str, items: Sequence[CandidateIn]) -> list[CandidateRow]:

@@ -220,6 +220,8 @@ class Result(ResultColumns, Base):
 # A metric added to the registry (and its migration) is stored, updated, compared and exported with nothing
 # else to change.
 RESULT_METRICS: tuple[str, ...] = tuple(k.name for k in METRICS)
+# The metrics that are documents or the attempt's own flag, not figures: stored as given, never updated later.
+JSON_METRICS: frozenset[str] = frozenset({"simulated"} | {k.name for k in METRICS if not k.scalar})
 
 
 class StepSample(Base):

@@ -28,6 +28,14 @@ Choices (Megatron file:line at dev d48bd6be0a85):
   routing); its router numerics are the model's (ModelConfig.moe_router_*), and CP > 1 runs Megatron's
   ring attention on ordinary (BSHD) batches: --cp-comm-type p2p, no packed-THD flags.
 - --deterministic-mode drops --cross-entropy-loss-fusion (megatron/training/determinism.py:24).
+- One data path per stage: with stage.packed_sequences every layout, CP=1 included, reads the packed THD
+  input (--use-varlen-dataset, the packing scheduler, --calculate-per-token-loss), which dev accepts at CP=1
+  (tests/plan/test_argv.py runs dev's validate_args on it). Only the CP flags (--cp-comm-type,
+  --cp-partition-mode) depend on CP, so the parity reference (CP=1) and a CP>1 candidate train on the same
+  data with the same masks and loss normalisation, and their step times compare one pipeline.
+- The job environment (`megatron_env`): NVTE_CPU_OFFLOAD_V1=1 with --fine-grained-activation-offloading, which
+  dev asserts for TE >= 2.10 (megatron/training/arguments.py:2126-2133) and its DSv4-Pro recipe sets
+  (examples/moe_recipes/deepseek_v4_pro/gb300/mxfp8_SL4K_256GPU_TP1PP4EP64.yaml:108).
 """
 
 from __future__ import annotations
@@ -323,14 +331,23 @@ def _memory(a: _Argv, layout: Layout) -> None:
         a.add("--offload-modules", *layout.offload)
 
 
+OFFLOAD_ENV = {"NVTE_CPU_OFFLOAD_V1": "1"}  # dev A:2126-2133: fine-grained offloading with TE >= 2.10
+
+
+def megatron_env(layout: Layout) -> dict[str, str]:
+    """The environment variables this layout's Megatron job needs beyond the cluster's (JobSpec.env adds them)."""
+    return dict(OFFLOAD_ENV) if layout.offload else {}
+
+
 def _cp(a: _Argv, stage: StageConfig, layout: Layout, mock_data: bool, v4: bool = True) -> None:
-    if layout.cp <= 1:
+    """The CP flags (CP>1 only) and the stage's data path, the same for every layout of the stage."""
+    if layout.cp > 1:
+        a.add("--cp-comm-type", "p2p")
+        if v4:
+            a.add("--cp-partition-mode", stage.cp_partition_mode)  # dsv4_hybrid with CP requires contiguous
+    if not v4:  # the GPT path: ordinary batches for every layout (ring attention when CP > 1)
         return
-    a.add("--cp-comm-type", "p2p")
-    if not v4:  # the GPT path: ring attention on ordinary batches
-        return
-    a.add("--cp-partition-mode", stage.cp_partition_mode)  # dsv4_hybrid with CP requires contiguous
-    if stage.packed_sequences:  # contiguous CP needs THD input from the packing scheduler
+    if stage.packed_sequences:  # contiguous CP needs THD input from the packing scheduler; CP=1 reads it too
         a.add("--sequence-packing-scheduler", "dp_balanced")
         a.add("--max-seqlen-per-dp-cp-rank", stage.seq_length // layout.cp)
         a.add("--calculate-per-token-loss")

@@ -139,6 +139,7 @@ class _Env:
         self.routing_sigma = routing_sigma
         self.factors, self.memory_factor, self.workload = factors, memory_factor, workload
         self.recipe = recipe or argv_mod.DEFAULT_RECIPE
+        self.rules = R.active(stage)  # every rule but those stage.lifted_rules lifts
         self.blocks = params.effective_layers(model, stage)
         self._split: dict[tuple[int, int], tuple[tuple[int, ...], str] | None] = {}
         self._spans: dict[tuple[int, ...], tuple[int, int, int, int]] = {}
@@ -356,8 +357,8 @@ class _Env:
         return Planned(lay, pred, ident=self.ident)
 
 
-def _late_rules() -> tuple[tuple[R.Rule, ...], tuple[R.Rule, ...]]:
-    return R.by_phase("argv"), R.by_phase("memory")
+def _late_rules(rules: Sequence[R.Rule] = R.RULES) -> tuple[tuple[R.Rule, ...], tuple[R.Rule, ...]]:
+    return R.by_phase("argv", rules), R.by_phase("memory", rules)
 
 
 def evaluate(
@@ -382,10 +383,10 @@ def evaluate(
     as Megatron-Bridge's published benchmarks run)."""
     env = _Env(model, hw, stage, factors, memory_factor, workload, recipe, routing_sigma)
     ctx = env.ctx(layout)
-    bad = R.violations(ctx, [r for r in R.RULES if r.phase in CHEAP_PHASES])
+    bad = R.violations(ctx, [r for r in env.rules if r.phase in CHEAP_PHASES])
     if bad:
         return Rejected(layout, bad)
-    return env.finish(ctx, *_late_rules(), memo_argv=False, check_memory=check_memory)
+    return env.finish(ctx, *_late_rules(env.rules), memo_argv=False, check_memory=check_memory)
 
 
 class _Walk:
@@ -400,9 +401,9 @@ class _Walk:
         self.env, self.values = env, values
         self.knobs = space.KNOBS
         level = {k: i for i, k in enumerate(self.knobs)}
-        self.order = {r.id: i for i, r in enumerate(R.RULES)}
+        self.order = {r.id: i for i, r in enumerate(env.rules)}
         by_level: dict[int, list[R.Rule]] = {}
-        for rule in R.RULES:
+        for rule in env.rules:
             if rule.phase in CHEAP_PHASES:
                 lv = max((level[space.FIELD_KNOB[f]] for f in rule.needs), default=-1)
                 by_level.setdefault(lv, []).append(rule)
@@ -486,7 +487,7 @@ def plan(
     env = _Env(model, hw, stage, factors, memory_factor, workload, recipe, routing_sigma)
     values = space.knob_values(stage.search)
     walk = _Walk(env, values)
-    late_rules, mem_rules = _late_rules()
+    late_rules, mem_rules = _late_rules(env.rules)
     planned: list[Planned] = []
     late: list[Rejected] = []
 

@@ -4,8 +4,8 @@ Why data: every rejection must name the rule, its one-line reason and where it c
 file:line, or the public paper a model follows: A = megatron/training/arguments.py, TC =
 megatron/core/transformer/transformer_config.py, MPC = megatron/core/model_parallel_config.py, PS =
 megatron/core/parallel_state.py, SCH = megatron/core/pipeline_parallel/schedules.py; "dev X:L" = Megatron-LM
-dev at d48bd6be0a85, "main X:L" = main at d98e8a64dd), and the planner must check cheap rules before
-costly ones. Each Rule says which Layout fields it reads (`needs`), so the planner checks it once per
+dev at orchestrator.core.megatron.TESTED_COMMIT, "main X:L" = main at d98e8a64dd), and the planner must check
+cheap rules before costly ones. Each Rule says which Layout fields it reads (`needs`), so the planner checks it once per
 combination of those fields, and which `phase` it belongs to:
 
 - "layout":  reads only the knobs, the groups (D_a, D_e, m) and the stage/model/hardware.
@@ -14,16 +14,22 @@ combination of those fields, and which `phase` it belongs to:
              names the knobs that decide argv.py's flags in question (tests/plan/test_rules.py checks it).
 - "memory":  reads the predicted heaviest-rank memory; checked last, only for survivors.
 
+A rule that a known Megatron fix removes names it (`lifted_by`): it holds until preflight finds the fix in the
+cluster's checkout (orchestrator.job.preflight reads the checkout's code for the fixed behaviour), and the sweep
+then passes its id in `stage.lifted_rules` (evidence: the preflight event in the ledger). `active(stage)` is the
+rule set a stage is planned and checked with.
+
 A predicate returns True when the rule is VIOLATED; predicates of later phases return False while their
 input is missing (None), so `violations()` is defined on any Ctx.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from orchestrator.core.megatron import TESTED
 from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig
 from orchestrator.plan import recompute
 from orchestrator.plan.flags import flag_value
@@ -104,6 +110,7 @@ class Rule:
     predicate: Callable[[Ctx], bool] = field(compare=False, repr=False)
     needs: tuple[str, ...] = ()  # Layout fields the predicate reads (beyond stage/model/hardware)
     phase: str = "layout"
+    lifted_by: str = ""  # the Megatron fix that removes this rule (preflight detects it in the checkout)
 
     def violated(self, ctx: Ctx) -> bool:
         return bool(self.predicate(ctx))
@@ -136,10 +143,19 @@ def _vpp_group(ctx: Ctx) -> int:
     return ctx.layout.pp  # --microbatch-group-size-per-virtual-pipeline-stage defaults to PP (dev MPC:426)
 
 
-V4 = "Megatron-LM dev DSv4 path (dsv4_hybrid, d48bd6be0a85)"
+V4 = f"{TESTED} DSv4 path (dsv4_hybrid)"
 # The v4.* rules are rules of the V4 attention and its hybrid stack: each reads model.attention_variant (is_v4), so
 # a GPT-path model (DeepSeek-V3's MLA, Qwen3's and GPT-OSS's GQA on pretrain_gpt.py) may take TP > 1, core_attn
 # recompute, a --pipeline-model-parallel-layout and CP without packed input where Megatron allows them.
+FULL_RECOMPUTE_HASH_MHC = "v4.full_recompute_hash_mhc"
+PR_6704 = "Megatron-LM PR #6704 (Fix full recompute for hybrid mHC and MTP layers)"
+
+
+def _full_recompute_drops_input_ids(c: Ctx) -> bool:
+    """Full recompute on a model whose hash-routed MoE layers sit inside mHC wrappers."""
+    m = c.model
+    return "full" in c.layout.recompute and m.moe_n_hash_layers > 0 and (m.hyper_connection_streams or 0) > 1
+
 
 RULES: tuple[Rule, ...] = (
     # ---- V4 path (Megatron-LM dev's DeepSeek-V4 implementation) ----
@@ -253,6 +269,19 @@ RULES: tuple[Rule, ...] = (
         "dev TC:941-945 (only hybridep supports MNNVL)",
         lambda c: _mnnvl(c) and _flex(c.layout, "deepep", "ncclep"),
         ("dispatcher", "flex_backend"),
+    ),
+    Rule(
+        FULL_RECOMPUTE_HASH_MHC,
+        "full recompute crashes with hash-routed layers + mHC: checkpointed_forward sends each "
+        "HyperConnectionHybridLayer down its non-TransformerLayer branch, which drops input_ids, and the first "
+        "hash-routed MoE layer asserts",
+        "dev megatron/core/recompute.py:95-108 (input_ids popped for a non-TransformerLayer); "
+        "megatron/core/transformer/moe/router.py:811-815 (hash routing asserts input_ids); "
+        "megatron/core/models/hybrid/hybrid_block.py:70,947-959 (the mHC wrapper, HybridStack's full recompute); "
+        f"fixed by the unmerged {PR_6704}",
+        _full_recompute_drops_input_ids,
+        ("recompute",),
+        lifted_by=PR_6704,
     ),
     # ---- Megatron grids and batch ----
     Rule(
@@ -536,6 +565,37 @@ RULES: tuple[Rule, ...] = (
 
 BY_ID = {r.id: r for r in RULES}
 assert len(BY_ID) == len(RULES), "duplicate rule id"
+LIFTABLE = frozenset(r.id for r in RULES if r.lifted_by)
+
+
+def check_lifted(ids: Iterable[str]) -> list[str]:
+    """The ids as given, or ValueError naming one that no Megatron fix lifts (only LIFTABLE rules can be)."""
+    ids = list(ids)
+    bad = [i for i in ids if i not in LIFTABLE]
+    if bad:
+        raise ValueError(
+            f"stage.lifted_rules names {', '.join(bad)}: only rules a Megatron fix removes can be lifted "
+            f"({', '.join(sorted(LIFTABLE)) or 'none'})"
+        )
+    return ids
+
+
+def lift_notes(stage: StageConfig) -> list[str]:
+    """One line per rule a Megatron fix removes: held until the fix is found, or lifted for this stage."""
+    lifted = set(stage.lifted_rules)
+    return [
+        f"rule {r.id} lifted by stage.lifted_rules (a real sweep sets it only when preflight finds {r.lifted_by})"
+        if r.id in lifted
+        else f"rule {r.id} holds until preflight finds {r.lifted_by} in the cluster's Megatron checkout"
+        for r in RULES
+        if r.lifted_by
+    ]
+
+
+def active(stage: StageConfig | None = None) -> tuple[Rule, ...]:
+    """The rules a stage is planned and checked with: every rule but those in stage.lifted_rules."""
+    lifted = set(check_lifted(stage.lifted_rules)) if stage is not None else set()
+    return RULES if not lifted else tuple(r for r in RULES if r.id not in lifted)
 
 
 def violations(ctx: Ctx, rules: Sequence[Rule] = RULES) -> list[Rule]:

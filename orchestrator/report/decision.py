@@ -14,6 +14,7 @@ import yaml
 
 from orchestrator.core import ranking
 from orchestrator.core.metrics import STEP_P50
+from orchestrator.evidence import bundle as bundle_mod
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.report.data import ReportData, standing
@@ -27,6 +28,7 @@ class Decision:
     flags_source: str  # where the flags come from, or why there are none
     hbm_gb: float | None  # the sweep's hardware HBM per GPU (decimal GB)
     chosen_on: str = ranking.RULE
+    bundle: bundle_mod.Bundle | None = None  # what the recommended job ran with (orchestrator.evidence.bundle)
 
     @property
     def margin(self) -> float | None:
@@ -56,10 +58,24 @@ def decide(ledger: Ledger, d: ReportData) -> Decision:
     others = [r for r in ranking.ranked(d.measured, standing) if r is not best]
     cfg, why = _stored_config(d.sweep.config_yaml)
     hbm = _hbm(d.sweep.config_yaml)
-    flags, source = "", "no recommended candidate"
+    flags, source, bundle = "", "no recommended candidate", None
     if best is not None:
         flags, source = _flags(ledger, d.sweep.name, best["candidate_id"], cfg, why, hit)
-    return Decision(best=best, runner_up=others[0] if others else None, flags=flags, flags_source=source, hbm_gb=hbm)
+    if hit is not None:
+        bundle = bundle_mod.of_best(
+            hit,
+            parity=ledger.parity(hit["candidate_id"]),
+            provenance=d.sweep.provenance,
+            parity_enabled=cfg.parity.enabled if cfg is not None else None,
+        )
+    return Decision(
+        best=best,
+        runner_up=others[0] if others else None,
+        flags=flags,
+        flags_source=source,
+        hbm_gb=hbm,
+        bundle=bundle,
+    )
 
 
 def _stored_config(text: str):

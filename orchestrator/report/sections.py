@@ -63,6 +63,18 @@ def _simulated(d: ReportData, r: dict) -> bool:
     return bool(r.get("simulated")) or d.simulated
 
 
+def _bundle(dec: Decision) -> str:
+    """What the recommended job ran with (orchestrator.evidence.bundle), folded under a one-line summary so the
+    first screen still reaches the ranked table."""
+    if dec.bundle is None:
+        return ""
+    rows = dec.bundle.rows()
+    got = dict(rows)
+    summary = f"Ran with Megatron {got['Megatron commit'].split(' ')[0][:12]} · TE {got['Transformer Engine']}"
+    table = "".join(f"<tr><th>{esc(h)}</th><td>{esc(v)}</td></tr>" for h, v in rows)
+    return f"<details id='bundle'><summary>{esc(summary)}</summary><table class='evidence'>{table}</table></details>"
+
+
 def headline(d: ReportData, dec: Decision) -> str:
     """The decision in one card: the layout, its margin, its evidence, then its exact Megatron flags."""
     b = dec.best
@@ -129,11 +141,12 @@ def headline(d: ReportData, dec: Decision) -> str:
         else f"<div class='flags-head'>Megatron flags</div><p class='note' id='flags-missing'>Not available: "
         f"{esc(dec.flags_source)}. `python -m orchestrator best --sweep {esc(d.sweep.name)}` shows the layout.</p>"
     )
+    ran_with = _bundle(dec)
     return (
         "<section id='decision' class='decision'><div class='verdict'>"
         f"<div class='kicker'>Recommended layout {badge}</div>"
         f"<div class='layout' id='recommended-layout'>{esc(knobs.label(b))}</div>"
-        f"<p id='margin'>{margin}</p><table class='evidence' id='evidence'>{rows}</table>"
+        f"<p id='margin'>{margin}</p><table class='evidence' id='evidence'>{rows}</table>{ran_with}"
         f"<p class='note'>Chosen on {esc(dec.chosen_on)}, as <code>best</code> chooses; partial results and "
         "layouts that failed parity are out.</p></div>"
         f"<div class='flags'>{flags}</div></section>"

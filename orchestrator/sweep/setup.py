@@ -56,6 +56,12 @@ def holder_dead(holder: str) -> bool:
 
 
 def provenance(cfg: RootConfig) -> dict:
+    """What the sweep runs with, as this host sees it: package versions, the workload, the cluster env, the
+    Megatron commit it was tested against and, with a container, the image and its digest (preflight adds the
+    node's checkout commit: `preflight_gate`)."""
+    from orchestrator.core.megatron import TESTED_COMMIT
+    from orchestrator.launch.slurm.container import image_digest
+
     versions = {}
     for pkg in ("dsv4-orchestrator", "submitit", "sqlalchemy", "hydra-core", "megatron-core", "torch"):
         with contextlib.suppress(metadata.PackageNotFoundError):
@@ -70,6 +76,12 @@ def provenance(cfg: RootConfig) -> dict:
             "simulated": cfg.workload.simulated,
         },
         "env": dict(cfg.cluster.env),
+        "megatron": {"tested_commit": TESTED_COMMIT},
+        **(
+            {"container": {"image": image, "digest": image_digest(image, hash_file=False)}}
+            if (image := cfg.cluster.slurm.container.image)
+            else {}
+        ),
     }
 
 
@@ -97,18 +109,23 @@ def preflight_gate(ledger: Ledger, cfg: RootConfig, name: str, *, skip: bool, vi
     """A real workload's sweep runs preflight once, before round 0, and refuses to launch when it fails.
 
     Once: not when the sweep already has candidates or a passed (or skipped) preflight. The outcome, or the
-    skipping, is a ledger event (orchestrator.preflight.EVENT) whose `rejected` keys are never launched."""
+    skipping, is a ledger event (orchestrator.preflight.EVENT) whose `rejected` keys are never launched; the
+    node's Megatron commit goes into the sweep's provenance. Whichever way, the passed preflight's evidence
+    decides the stage's lifted rules (`lift_rules`), on resume too."""
     from orchestrator import preflight
 
-    if cfg.workload.simulated or ledger.candidates(name):
+    if cfg.workload.simulated:
         return
-    if any((e.data or {}).get("ok") for e in ledger.events(name, kind=preflight.EVENT)):
+    passed = [e for e in ledger.events(name, kind=preflight.EVENT) if (e.data or {}).get("ok")]
+    if passed or ledger.candidates(name):
+        lift_rules(cfg, (passed[-1].data or {}) if passed else {}, view)
         return
     if skip:
         ledger.log_event(
             name, preflight.EVENT, "preflight skipped (--skip-preflight)", data={"ok": True, "skipped": True}
         )
         view.event("preflight skipped (--skip-preflight): recorded in the ledger")
+        lift_rules(cfg, {}, view)
         return
     stage = cfg.stage.name if cfg.stage is not None else "the stage"
     view.event(f"preflight: a 1-node job checks the container, Megatron and {stage}'s candidates ...")
@@ -116,6 +133,10 @@ def preflight_gate(ledger: Ledger, cfg: RootConfig, name: str, *, skip: bool, vi
     failed = [c.name for c in outcome.checks if str(c.status) == "fail"]
     verdict = "passed" if outcome.ok else f"failed: {', '.join(failed)}"
     ledger.log_event(name, preflight.EVENT, f"preflight {verdict}", data=outcome.to_dict())
+    if outcome.megatron:
+        ledger.add_provenance(name, "megatron", {**outcome.megatron, "source": "preflight job"})
+    if outcome.container:
+        ledger.add_provenance(name, "container", outcome.container)
     view.event(f"preflight {verdict}; {len(outcome.rejected)} candidate(s) rejected, never launched")
     if not outcome.ok:
         preflight.print_table(outcome)
@@ -123,3 +144,25 @@ def preflight_gate(ledger: Ledger, cfg: RootConfig, name: str, *, skip: bool, vi
             f"preflight failed ({len(failed)} row(s) above, job folder {outcome.folder}): fix them and run the "
             "sweep again, or pass --skip-preflight to launch anyway"
         )
+    lift_rules(cfg, outcome.to_dict(), view)
+
+
+def lift_rules(cfg: RootConfig, evidence: dict, view) -> None:
+    """stage.lifted_rules from preflight's evidence (its `lifted`: the fixes the node's checkout carries), not
+    from the configuration: a rule is lifted only where the checkout was seen to carry its fix, and the
+    output says which rule and why, or that a configured lift was overruled."""
+    from orchestrator.plan import rules
+
+    stage = cfg.stage
+    if stage is None:
+        return
+    lifted = sorted(r for r in evidence.get("lifted") or [] if r in rules.LIFTABLE)
+    configured = sorted(stage.lifted_rules)
+    if configured != lifted:
+        view.event(
+            f"stage.lifted_rules={configured} replaced by preflight's evidence {lifted}: a rule is lifted only "
+            "where the cluster's checkout carries its fix"
+        )
+    for rid in lifted:
+        view.event(f"rule {rid} lifted: the cluster's Megatron checkout carries {rules.BY_ID[rid].lifted_by}")
+    stage.lifted_rules = lifted

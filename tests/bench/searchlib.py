@@ -50,6 +50,10 @@ def _load(path: Path):
 
 
 # ------------------------------------------------------------------------------------------------ targets
+# The rule v4.full_recompute_hash_mhc lifted (orchestrator.plan.rules): a stand-in Megatron that carries the fix.
+FIXED_MEGATRON = ["++stage.lifted_rules=[v4.full_recompute_hash_mhc]"]
+
+
 @dataclass(frozen=True)
 class Launch:
     """What one launch of a layout does on a target: its true step, whether it fits, the per-iteration
@@ -79,11 +83,18 @@ class Target:
         return self.name.split(":", 1)[1]
 
     def overrides(self) -> list[str]:
-        """What makes the sweep's config describe this target (its workload), as Hydra overrides."""
+        """What makes the sweep's config describe this target (its workload), as Hydra overrides, on the space
+        of a Megatron with the fix of PR #6704 (FIXED_MEGATRON): the search is benchmarked where full
+        recompute is legal, as its figures were measured."""
         if self.kind == "twin":
-            return [f"workload.twin.surface={self.label}", f"workload.twin.seed={self.seed}"]
+            return [*FIXED_MEGATRON, f"workload.twin.surface={self.label}", f"workload.twin.seed={self.seed}"]
         script = WORKLOADS / f"{self.label}.py"
-        return [f"workload.command=[python,{script}]", f"workload.name={self.label}", "workload.simulated=true"]
+        return [
+            *FIXED_MEGATRON,
+            f"workload.command=[python,{script}]",
+            f"workload.name={self.label}",
+            "workload.simulated=true",
+        ]
 
     def launch(self, cfg, layout, pattern: str, key: str, attempt: int = 1, window=None) -> Launch:
         """Run one layout for a window (warm-up, measured iterations; the stage's by default), in-process: the

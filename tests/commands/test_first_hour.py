@@ -147,3 +147,20 @@ def test_lease_view_tells_a_dead_holder_from_a_live_one_and_another_host():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_best_gives_the_winners_evidence_bundle_beside_its_flags(swept):
+    """`best --flags`: stdout is the flags alone (pipeable), stderr the bundle as `# ` lines; the JSON and the
+    table carry it too. A twin sweep's versions are marked simulated; the env is what the ranks got."""
+    _, _, url = swept
+    got = cli("best", "--sweep", "older", "--flags", url)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.lstrip().startswith("--") and "# " not in got.stdout
+    said = dict(line[2:].split(": ", 1) for line in got.stderr.splitlines() if line.startswith("# "))
+    assert said["Megatron commit"].startswith("simulated") and said["NCCL"].startswith("simulated")
+    assert "NCCL_IB_TIMEOUT=19" in said["NCCL/NVTE env"] and said["parity"].startswith("not run")
+    assert {"container", "Transformer Engine", "DeepEP", "nodes"} <= set(said)
+    doc = json.loads(cli("best", "--sweep", "older", "--format", "json", url).stdout)
+    assert doc["bundle"]["versions"]["transformer_engine"] == "simulated" and doc["bundle"]["simulated"]
+    table = cli("best", "--sweep", "older", "--format", "table", url)
+    assert "Megatron commit" in table.stdout and "NCCL/NVTE env" in table.stdout

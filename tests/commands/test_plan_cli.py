@@ -27,6 +27,9 @@ def pick(cands, **knobs):
 
 # The guide's A, B, C: TP1 PP8 EP64 ETP1 b=1 (recompute and dispatcher left open by the guide).
 GUIDE = dict(tp=1, pp=8, vpp=1, ep=64, etp=1, mbs=1, dispatcher="alltoall", offload=[])
+# They fit only with full recompute, which needs the fix of Megatron-LM PR #6704 (v4.full_recompute_hash_mhc).
+RULE = "v4.full_recompute_hash_mhc"
+FIXED = f"+stage.lifted_rules=[{RULE}]"
 
 
 def test_no_stage_lists_the_stages():
@@ -60,10 +63,10 @@ def test_bad_argv_index():
 def test_json_1k_contains_config_a():
     """The default hardware is h200: the memory model puts A at ~100 GB per GPU even with full recompute
     (see tests/plan/test_planner.py::test_config_a_on_1k), so on h100 A is rejected by mem.exceeds_hbm only."""
-    r = cli("+stage=1k", "--format", "json")
+    r = cli("+stage=1k", "--format", "json", FIXED)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert "analytic estimates" in out["note"]
+    assert "analytic estimates" in out["note"] and out["lifted_rules"] == [RULE]
     assert (out["stage"], out["model"], out["hardware"]) == ("1k", "dsv4_pro", "h200")
     assert out["raw_count"] >= out["legal_count"] == len(out["candidates"]) > 0
     a = pick(out["candidates"], cp=1, **GUIDE)[0]
@@ -75,7 +78,7 @@ def test_json_1k_contains_config_a():
 
 
 def test_json_8k_contains_configs_b_and_c_and_rejects_b_with_vpp():
-    r = cli("+stage=8k", "--format", "json", "--show-rejected")
+    r = cli("+stage=8k", "--format", "json", "--show-rejected", FIXED)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     b = pick(out["candidates"], cp=1, **GUIDE)[0]
@@ -92,6 +95,22 @@ def test_json_8k_contains_configs_b_and_c_and_rejects_b_with_vpp():
     assert b_vpp and all("mcore.vpp_group_bounds" in x["rules"] for x in b_vpp)
     assert all(x["reasons"] and x["reasons"][0].startswith(x["rules"][0] + ": ") for x in out["rejected"])
     assert out["raw_count"] == len(out["candidates"]) + len(out["rejected"])
+
+
+def test_1k_proposes_no_full_recompute_while_the_rule_holds_and_names_it():
+    """`plan +stage=1k` on dev d48bd6be0a85 (the default: the rule holds): no full-recompute candidate, the
+    header says why and what lifts it, and --show-rejected names the rule with its source."""
+    r = cli("+stage=1k", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["candidates"] and not [c for c in out["candidates"] if "full" in c["recompute"]]
+    assert out["lifted_rules"] == [] and "holds until preflight finds" in out["rule_notes"][0]
+    lifted = json.loads(cli("+stage=1k", "--format", "json", FIXED).stdout)
+    assert [c for c in lifted["candidates"] if "full" in c["recompute"]]
+    shown = cli("+stage=1k", "--show-rejected", "--top", "3")
+    assert shown.returncode == 0, shown.stderr
+    assert RULE in shown.stdout and "recompute.py:95-108" in shown.stdout.replace("\n", "")
+    assert f"rule {RULE} holds until preflight finds Megatron-LM PR #6704" in shown.stdout
 
 
 def test_table_header_columns_and_rejections():

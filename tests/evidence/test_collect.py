@@ -47,6 +47,31 @@ def test_finished_job(smoke, tmp_path):
     assert on_disk == res and not list(Path(spec.job_dir).glob("*.tmp"))
 
 
+def test_the_result_carries_what_the_ranks_ran_with_marked_simulated_on_the_twin(smoke, tmp_path):
+    """The sidecars' node facts (orchestrator.job.node) reach the JobResult: versions (the twin's marked
+    simulated) and the NCCL/NVTE environment the ranks really got (cluster.env via the spec)."""
+    cfg, (planned, *_) = smoke
+    spec = make_spec(cfg, planned, tmp_path / "job")
+    run_task(spec)
+    res = collect(spec.job_dir, exit_code=0)
+    for name in ("megatron_commit", "transformer_engine", "deep_ep", "nccl"):
+        assert res.versions[name] == "simulated", res.versions
+    assert res.run_env["NCCL_IB_TIMEOUT"] == cfg.cluster.env["NCCL_IB_TIMEOUT"] == "19"
+    assert res.run_env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and "PATH" not in res.run_env
+    assert load_result(spec.job_dir).run_env == res.run_env
+
+
+def test_ranks_that_ran_different_software_keep_every_value():
+    from orchestrator.evidence.metrics import merged
+
+    sidecars = [
+        {"rank": 0, "versions": {"transformer_engine": "2.13.0", "nccl": "2.27.3"}, "env": {"NCCL_ALGO": "Ring"}},
+        {"rank": 8, "versions": {"transformer_engine": "2.12.0", "nccl": "2.27.3"}, "env": {"NCCL_ALGO": "Ring"}},
+    ]
+    assert merged(sidecars, "versions") == {"nccl": "2.27.3", "transformer_engine": "2.13.0 | 2.12.0"}
+    assert merged(sidecars, "env") == {"NCCL_ALGO": "Ring"} and merged([{"rank": 0}], "env") == {}
+
+
 def test_partial_window_after_nccl_timeout(smoke, tmp_path):
     cfg, (planned, *_) = smoke
     spec = make_spec(cfg, planned, tmp_path / "job", nccl_timeout_rate=1.0)

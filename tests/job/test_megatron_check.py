@@ -132,3 +132,72 @@ def test_overlap_off_in_the_recipe_is_off_in_megatron(megatron):
     assert MC.check_candidate(argv, stage.gpus) is None
     args = MC.validated_args(MC.for_parser(argv)[0], stage.gpus)
     assert not args.overlap_grad_reduce and not args.overlap_param_gather
+
+
+# --- the Transformer Engine a node has, the environment a job gets ------------------------------------------
+
+
+def offloading_argvs(every: bool = False) -> list[tuple[str, list[str], int, dict[str, str]]]:
+    """(key, argv, N, env) of 16k's offloading candidates (the only stage that offloads), as the sweep builds
+    them (runspec.build_spec: argv + JobSpec.env), the rule v4.full_recompute_hash_mhc lifted so that every
+    candidate a fixed Megatron would run is among them: one per distinct (offload, recompute, CP, dispatcher,
+    b), or `every` one."""
+    from orchestrator import runspec
+    from orchestrator.config import compose
+    from orchestrator.plan import planner
+    from orchestrator.plan import rules as R
+
+    cfg = compose(["+stage=16k", "workload=megatron", f"+stage.lifted_rules=[{R.FULL_RECOMPUTE_HASH_MHC}]"]).cfg
+    out, seen = [], set()
+    for p in planner.plan(cfg.model, cfg.hardware, cfg.stage, workload="megatron").candidates:
+        lay = p.layout
+        kind = (lay.offload, lay.recompute, lay.cp, lay.dispatcher, lay.mbs)
+        if not lay.offload or (not every and kind in seen):
+            continue
+        seen.add(kind)
+        spec = runspec.build_spec(cfg, p, sweep="s", attempt=1, job_dir="/tmp/offload")
+        out.append((p.key, list(spec.argv), spec.n_gpus, dict(spec.env)))
+    return out
+
+
+def test_megatron_sees_the_node_te_version_and_asserts_the_offload_env(megatron):
+    """Megatron's offload assertion (arguments.py:2126-2133 at dev; :1858 in 0.19.2) gates on the TE version it
+    sees: with TE 2.13 assumed an offloading argv passes only in its job environment (NVTE_CPU_OFFLOAD_V1=1),
+    with TE 2.9 the variable is not needed; no TE version given = the installed one (none here)."""
+    _key, argv, world, env = offloading_argvs()[0]
+    assert env["NVTE_CPU_OFFLOAD_V1"] == "1" and "--fine-grained-activation-offloading" in argv
+    assert MC.check_candidate(argv, world, te_version=MC.NODE_TE, env=env) is None
+    bare = {k: v for k, v in env.items() if k != "NVTE_CPU_OFFLOAD_V1"}
+    refused = MC.check_candidate(argv, world, te_version=MC.NODE_TE, env=bare) or ""
+    assert "NVTE_CPU_OFFLOAD_V1 should be set to 1" in refused
+    assert MC.check_candidate(argv, world, te_version="2.9.0", env=bare) is None
+    import os
+
+    assert "NVTE_CPU_OFFLOAD_V1" not in os.environ  # the job's env was applied while Megatron read it, then undone
+
+
+def test_dev_accepts_the_packed_data_at_cp1_and_every_kind_of_offloading_argv_with_te_2_13(tmp_path):
+    """Megatron dev's own parse_args + validate_args + optimizer/scheduler setup (the exported dev tree first
+    on sys.path, TE 2.13 assumed): the guide's A and B (CP1, now on the packed THD path) and C (CP4), and one
+    offloading argv of every (offload, recompute, CP, dispatcher, b) the 16k stage plans, in its job env.
+    The same argv without NVTE_CPU_OFFLOAD_V1 is refused by dev, naming it."""
+    import json
+
+    from tests.megatron_env import DEV, megatron_tree, run_in_tree
+    from tests.plan.test_argv import CONFIGS as GUIDE
+
+    cases = [
+        {"key": f"guide-{n}", "argv": build(lay, st), "world": st.gpus, "env": {}, "te": MC.NODE_TE}
+        for n, (lay, st) in GUIDE.items()
+    ]
+    offload = offloading_argvs()
+    cases += [{"key": k, "argv": a, "world": w, "env": e, "te": MC.NODE_TE} for k, a, w, e in offload]
+    _k, a, w, _e = offload[0]
+    cases.append({"key": "no-env", "argv": a, "world": w, "env": {}, "te": MC.NODE_TE})
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps(cases))
+    out = run_in_tree(megatron_tree(DEV), "tests.job.megatron_probe", str(path), "--no-preflight")
+    assert "orch-megatron-trees" in out["megatron"]  # dev's tree answered, not the wheel
+    verdicts = out["verdicts"]
+    assert "NVTE_CPU_OFFLOAD_V1 should be set to 1" in (verdicts.pop("no-env") or "")
+    assert len(verdicts) == len(cases) - 1 > 3 and not {k: v for k, v in verdicts.items() if v}, verdicts

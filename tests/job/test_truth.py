@@ -88,8 +88,9 @@ def test_every_surface_has_its_constants_and_they_differ():
 
 @pytest.fixture(scope="module")
 def grid8k():
-    """Every legal 8k layout (Megatron's rules, any memory) with the pattern the sweep would send."""
-    cfg = compose(["+stage=8k"]).cfg
+    """Every legal 8k layout (Megatron's rules, any memory) with the pattern the sweep would send. Full recompute
+    included (the rules a Megatron fix lifts, lifted): the truth's memory is the machine's, whichever Megatron."""
+    cfg = compose(["+stage=8k", "+stage.lifted_rules=[v4.full_recompute_hash_mhc]"]).cfg
     legal = planner.plan(cfg.model, dataclasses.replace(cfg.hardware, hbm_gb=math.inf), cfg.stage).candidates
     return cfg, legal
 

@@ -418,3 +418,80 @@ def test_compress_ratios_follow_the_pattern(blocks):
         # the model's own list has 10 entries: what the argv carried before, refused by dev
         with pytest.raises(AssertionError):
             dev_compress_ratios_check(pattern, list(model.csa_compress_ratios))
+
+
+# --- one data path per stage ------------------------------------------------------------------
+
+
+def flag_values(argv: list) -> dict:
+    """flag -> the tokens after it (up to the next flag)."""
+    out, flag = {}, None
+    for tok in argv:
+        if tok.startswith("--"):
+            flag = tok
+            out[flag] = ()
+        elif flag is not None:
+            out[flag] += (tok,)
+    return out
+
+
+def test_parity_reference_and_a_cp4_candidate_differ_only_in_layout_flags():
+    """The correctness gate compares the same data: the CP1 reference (parity.reference) and a CP>1 candidate of
+    the same stage, built as the sweep builds them (runspec.parity_spec), differ only in flags the knob
+    registry says a layout decides; both read the packed THD varlen dataset with per-token loss."""
+    from orchestrator import runspec
+    from orchestrator.config import compose
+    from orchestrator.core.knobs import LAYOUT_FLAGS
+    from orchestrator.evidence.parity import data_differences
+    from orchestrator.plan import planner
+    from orchestrator.sweep.finalists import reference_layout
+
+    cfg = compose(["+stage=8k", "workload=megatron"]).cfg
+    res = planner.plan(cfg.model, cfg.hardware, cfg.stage, workload=cfg.workload.name)
+    pairs = (
+        (p, planner.evaluate(cfg.model, cfg.hardware, cfg.stage, reference_layout(cfg, p.layout), check_memory=False))
+        for p in res.candidates
+        if p.layout.cp > 1
+    )
+    cand, ref = next((p, r) for p, r in pairs if isinstance(r, planner.Planned))  # a reference Megatron can run
+    assert ref.layout.cp == 1 and cand.layout.cp > 1
+    a = runspec.parity_spec(cfg, cand, sweep="s", attempt=1, job_dir="/tmp/parity-a").argv
+    b = runspec.parity_spec(cfg, ref, sweep="s", attempt=1, job_dir="/tmp/parity-b").argv
+    assert data_differences(a, b) == {}
+    fa, fb = flag_values(a), flag_values(b)
+    differing = {f for f in set(fa) | set(fb) if fa.get(f) != fb.get(f)}
+    assert "--context-parallel-size" in differing and differing <= LAYOUT_FLAGS, differing - LAYOUT_FLAGS
+    for flag in ("--use-varlen-dataset", "--calculate-per-token-loss", "--sequence-packing-scheduler"):
+        assert flag in a and flag in b, flag
+    # the check is not vacuous: a data flag that differs is named
+    assert "--use-varlen-dataset" in data_differences(a, [t for t in b if t != "--use-varlen-dataset"])
+
+
+def test_every_layout_of_a_packed_stage_reads_the_same_data():
+    """CP1 and CP4 of config B/C's stage emit the same data and loss flags; unpacked stages emit none."""
+    data = ("--use-varlen-dataset", "--calculate-per-token-loss", "--varlen-mock-dataset-config-json")
+    cp1, cp4 = build(*CONFIGS["B"]), build(*CONFIGS["C"])
+    for flag in data:
+        assert flag in cp1 and flag in cp4 and F.flag_value(cp1, flag) == F.flag_value(cp4, flag), flag
+    assert F.flag_value(cp1, "--max-seqlen-per-dp-cp-rank") == "8192"  # S / CP
+    assert F.flag_value(cp4, "--max-seqlen-per-dp-cp-rank") == "2048"
+    unpacked = build(CONFIGS["A"][0], replace(STAGE_1K, packed_sequences=False, attention_backend="flash"))
+    assert not set(data) & set(unpacked)
+
+
+def test_offloading_layouts_carry_nvte_cpu_offload_v1_in_the_job_environment():
+    """dev asserts NVTE_CPU_OFFLOAD_V1=1 with fine-grained offloading on TE >= 2.10 (megatron/training/
+    arguments.py:2126-2133): every offloading candidate's JobSpec.env carries it, the others do not need it."""
+    from orchestrator import runspec
+    from orchestrator.config import compose
+    from orchestrator.plan import planner
+
+    assert A.megatron_env(Layout(offload=("expert_fc1",))) == {"NVTE_CPU_OFFLOAD_V1": "1"}
+    assert A.megatron_env(Layout()) == {}
+    cfg = compose(["+stage=16k", "workload=megatron"]).cfg
+    res = planner.plan(cfg.model, cfg.hardware, cfg.stage, workload="megatron")
+    off = [p for p in res.candidates if p.layout.offload]
+    assert off and len(off) < len(res.candidates)
+    for p in off[:50] + [p for p in res.candidates if not p.layout.offload][:5]:
+        env = runspec.build_spec(cfg, p, sweep="s", attempt=1, job_dir="/tmp/x").env
+        assert (env.get("NVTE_CPU_OFFLOAD_V1") == "1") == bool(p.layout.offload), p.layout.short()

@@ -13,18 +13,23 @@ from hypothesis import strategies as st
 from orchestrator.config import compose
 from orchestrator.core.schema import HardwareConfig, ModelConfig, SearchConfig, StageConfig
 from orchestrator.plan import pipeline, space
+from orchestrator.plan import rules as R
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.planner import Planned, Rejected, evaluate, plan
 
+# The guide's A, B, C fit only with full recompute, which dev d48bd6be0a85 cannot run with hash layers + mHC
+# (v4.full_recompute_hash_mhc): their tests plan as on a checkout with the fix (PR #6704), the rule lifted.
+FIXED = (f"+stage.lifted_rules=[{R.FULL_RECOMPUTE_HASH_MHC}]",)
+
 
 @cache
-def cfg(stage: str, hardware: str = "h100"):
-    return compose([f"+stage={stage}", f"hardware={hardware}"]).cfg
+def cfg(stage: str, hardware: str = "h100", overrides: tuple[str, ...] = FIXED):
+    return compose([f"+stage={stage}", f"hardware={hardware}", *overrides]).cfg
 
 
 @cache
-def planned(stage: str, hardware: str = "h100"):
-    c = cfg(stage, hardware)
+def planned(stage: str, hardware: str = "h100", overrides: tuple[str, ...] = FIXED):
+    c = cfg(stage, hardware, overrides)
     return plan(c.model, c.hardware, c.stage)
 
 
@@ -73,6 +78,20 @@ def test_configs_b_and_c_on_8k():
     assert round(c.prediction.bubble, 3) == 0.304
     assert (c.prediction.t_group, c.prediction.t_expert) == (131072, 2048)
     assert b.prediction.t_group == 524288 and b.prediction.t_expert == 8192
+
+
+@pytest.mark.parametrize("stage", ["1k", "8k", "16k"])
+def test_no_full_recompute_is_planned_while_the_rule_holds(stage):
+    """On dev d48bd6be0a85 (the rule held, the default) no candidate recomputes fully; each full-recompute
+    layout is rejected with the rule; lifted (the fix found), the same stage plans them again."""
+    held = planned(stage, "h200", ())
+    assert held.candidates and not [p for p in held.candidates if "full" in p.layout.recompute]
+    full = [r for r in held.rejected if "full" in r.layout.recompute and len(r.layout.recompute) == 1]
+    assert full and all(R.FULL_RECOMPUTE_HASH_MHC in r.rule_ids for r in full)
+    lifted = planned(stage, "h200")
+    assert [p for p in lifted.candidates if "full" in p.layout.recompute]
+    held_keys = {p.key for p in held.candidates}
+    assert held_keys < {p.key for p in lifted.candidates}  # lifting adds candidates, removes none
 
 
 def test_config_b_with_vpp_is_rejected_by_the_vpp_rule():

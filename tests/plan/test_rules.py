@@ -148,6 +148,11 @@ CASES = {
         ctx(lay(offload=("expert_fc1",)), argv=("--offload-modules", "x")),
     ),
     "mem.exceeds_hbm": (ctx(memory_gb=77.0), ctx(memory_gb=75.0)),  # h100: 80 GB, margin 4 GB
+    # V4-Pro: 3 hash-routed MoE layers inside mHC wrappers (4 streams): full recompute drops their input_ids
+    "v4.full_recompute_hash_mhc": (
+        ctx(lay(recompute=("full",))),
+        ctx(lay(recompute=("full",)), model={"hyper_connection_streams": 1}),
+    ),
 }
 
 
@@ -254,3 +259,16 @@ def test_argv_rules_read_only_the_knobs_they_declare(a, b):
         ca, cm = ctx(a, argv=env.argv(a)), ctx(mixed, argv=env.argv(mixed))
         assert ca.argv and cm.argv
         assert r.violated(ca) == r.violated(cm), r.id
+
+
+def test_a_lifted_rule_is_not_checked_and_only_a_fix_can_lift_one():
+    """stage.lifted_rules (set from preflight's evidence) removes exactly the rules a Megatron fix removes."""
+    held = R.active(STAGE)
+    assert R.BY_ID[R.FULL_RECOMPUTE_HASH_MHC] in held and held == R.RULES
+    lifted = R.active(replace(STAGE, lifted_rules=[R.FULL_RECOMPUTE_HASH_MHC]))
+    assert [r.id for r in R.RULES if r not in lifted] == [R.FULL_RECOMPUTE_HASH_MHC]
+    with pytest.raises(ValueError, match="only rules a Megatron fix removes"):
+        R.active(replace(STAGE, lifted_rules=["mcore.dense_grid"]))
+    notes = R.lift_notes(STAGE)
+    assert len(notes) == 1 and "holds until preflight finds" in notes[0] and "#6704" in notes[0]
+    assert "lifted" in R.lift_notes(replace(STAGE, lifted_rules=[R.FULL_RECOMPUTE_HASH_MHC]))[0]

@@ -11,6 +11,7 @@ from orchestrator.schedule import Schedule
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.types import Observation, RoundInput
+from tests.bench.searchlib import FIXED_MEGATRON
 
 
 def round_plan(policy, env, inp, **kw):
@@ -20,8 +21,8 @@ def round_plan(policy, env, inp, **kw):
 
 @pytest.fixture(scope="module")
 def envs():
-    src = compose(["+stage=1k"]).cfg
-    dst = compose(["+stage=8k"]).cfg
+    src = compose(["+stage=1k", *FIXED_MEGATRON]).cfg
+    dst = compose(["+stage=8k", *FIXED_MEGATRON]).cfg
     return (PlanEnv(src.model, src.hardware, src.stage, "twin"), PlanEnv(dst.model, dst.hardware, dst.stage, "twin"))
 
 

@@ -78,3 +78,53 @@ def test_sweep_command_stops_before_round_zero(tmp_path, capsys):
     assert rc == 2 and "error: preflight failed" in err and "--skip-preflight" in err
     with Ledger.open(url) as ledger:
         assert not ledger.candidates("pf") and ledger.events("pf", kind=pf.EVENT)[0].data["ok"] is False
+
+
+class Said:
+    """A view that keeps what the sweep said."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def event(self, text: str) -> None:
+        self.lines.append(text)
+
+
+RULE = "v4.full_recompute_hash_mhc"
+
+
+def test_preflight_evidence_lifts_a_rule_and_beats_the_configuration(real, monkeypatch):
+    """The stage's lifted rules come from the passed preflight's evidence (the node's checkout carries the fix),
+    recorded in the ledger, re-applied on resume; a lift the configuration asks for without evidence is
+    overruled, and the output says which and why."""
+    cfg, ledger, _ = real
+    good = pf.Outcome(
+        checks=[Check("Megatron fix", CheckStatus.PASS, "found")],
+        lifted=[RULE],
+        megatron={"commit": "abc123", "tested_commit": "d48bd6be0a85"},
+    )
+    monkeypatch.setattr(pf, "run", lambda cfg: good)
+    said = Said()
+    preflight_gate(ledger, cfg, "s", skip=False, view=said)
+    assert cfg.stage.lifted_rules == [RULE]
+    assert any(f"rule {RULE} lifted" in line and "#6704" in line for line in said.lines), said.lines
+    assert ledger.get_sweep("s").provenance["megatron"]["commit"] == "abc123"  # the node's commit, recorded
+    resumed = compose(["+stage=smoke", "workload=megatron", "cluster=local"]).cfg
+    preflight_gate(ledger, resumed, "s", skip=False, view=Said())  # the event's evidence, not a second job
+    assert resumed.stage.lifted_rules == [RULE]
+
+
+def test_a_configured_lift_without_the_fix_is_overruled(real, monkeypatch):
+    cfg, ledger, _ = real
+    cfg.stage.lifted_rules = [RULE]  # the user claims the fix; the node's checkout does not have it
+    monkeypatch.setattr(pf, "run", lambda cfg: pf.Outcome(checks=[Check("Python", CheckStatus.PASS, "3.12")]))
+    said = Said()
+    preflight_gate(ledger, cfg, "s", skip=False, view=said)
+    assert cfg.stage.lifted_rules == []
+    assert any("replaced by preflight's evidence" in line for line in said.lines), said.lines
+    ledger.create_or_get_sweep(
+        "skip", stage="smoke", config_yaml="", model="tiny", hardware="h200", workload="megatron", provenance={}
+    )
+    skipped = compose(["+stage=smoke", "workload=megatron", f"+stage.lifted_rules=[{RULE}]"]).cfg
+    preflight_gate(ledger, skipped, "skip", skip=True, view=Said())  # no preflight: no evidence, the rule holds
+    assert skipped.stage.lifted_rules == []

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 from orchestrator.core.paths import JobPaths, atomic_write
+from orchestrator.job.node import simulated_facts
 from orchestrator.job.twin import truth
 from orchestrator.job.twin.job import TwinJob, coords, dp0_ranks, flag, job_rng, rng_for
 from orchestrator.plan.layout import groups
@@ -88,6 +89,7 @@ def write_sidecars(job: TwinJob, surface: truth.Surface, measured: int) -> list[
             "gpu_total_memory_bytes": round(truth.capacity_gb(job.hw, job.twin) * 1e9),  # get_device_properties
             "capacity_factor": job.layout.capacity_factor,
             "force_balanced_routing": bool(flag(job.flags, "moe_router_force_load_balancing", False)),
+            **simulated_facts(),  # what a node would report, its versions marked simulated
         }
         if coords(job, r)["tp"] == 0:  # TP replicas see the same tokens: only TP rank 0 counts them
             doc.update(routing(job, r, measured))

@@ -12,7 +12,9 @@ so both are mounted at their own paths and the project goes first on PYTHONPATH.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -46,6 +48,27 @@ def check(cluster: ClusterConfig) -> None:
             "cluster.slurm.container.mounts / workdir are set without cluster.slurm.container.image: set the "
             "image too, or drop them"
         )
+
+
+_PINNED = re.compile(r"@(sha256:[0-9a-f]{64})$")
+
+
+def image_digest(image: str | None, *, hash_file: bool = True) -> str | None:
+    """The image's content digest: the `@sha256:...` a registry reference pins, else (hash_file) the sha256 of
+    a local squashfs file; None for an unpinned registry tag (which may change under the same name)."""
+    if not image:
+        return None
+    pinned = _PINNED.search(image)
+    if pinned:
+        return pinned.group(1)
+    path = Path(os.path.expanduser(image))
+    if hash_file and path.is_file():
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+        return f"sha256:{h.hexdigest()}"
+    return None
 
 
 def mounts(cluster: ClusterConfig) -> list[str]:
