@@ -37,7 +37,7 @@ FINALISTS = [
     "++workload.twin.diverge_when={cp: 4}",
     "++workload.twin.time_scale=1",
     "++workload.twin.max_sleep_s=0.25",  # ~0.25 s per iteration: jobs stay running long enough to be killed
-    "++cluster.local_max_workers=4",
+    "++cluster.local.max_workers=4",
 ]
 
 

@@ -155,6 +155,8 @@ def test_a_gpu_smaller_than_its_hardware_group_is_planned_with_after_the_first_o
         tmp_path,
         "small-gpu",
         f"++workload.twin.gpu_capacity_gb={gib96}",
+        # full recompute legal (a Megatron with PR #6704's fix): today's few legal 1k layouts all OOM at 96 GiB
+        "++stage.lifted_rules=[v4.full_recompute_hash_mhc]",
         "policy.round0_size=4",
         "policy.round_size=3",
         "stage.budget.max_rounds=2",
