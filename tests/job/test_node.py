@@ -46,7 +46,12 @@ def test_the_job_environment_names_the_container_image(smoke):
     _, (planned, *_) = smoke
     image = f"nvcr.io/nvidia/pytorch@{DIGEST}"
     cfg = compose(
-        ["+stage=smoke", "cluster=slurm", f"cluster.slurm.container.image={image}", "cluster.slurm.python=/usr/bin/python"]
+        [
+            "+stage=smoke",
+            "cluster=slurm",
+            f"cluster.slurm.container.image={image}",
+            "cluster.slurm.python=/usr/bin/python",
+        ]
     ).cfg
     assert build_spec(cfg, planned, sweep="s", attempt=1, job_dir="/tmp/j").env[node.CONTAINER_ENV] == image
     plain = compose(["+stage=smoke"]).cfg
