@@ -19,6 +19,7 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from orchestrator.core import bounds
 from orchestrator.core.errors import UserError
 from orchestrator.core.schema import LEGACY_CLUSTER_KEYS, RootConfig, StageConfig
 
@@ -83,6 +84,24 @@ def config_keys() -> list[str]:
     return walk(RootConfig, "")
 
 
+def mapping_keys() -> set[str]:
+    """The dotted keys whose value is a mapping (cluster.env, cluster.slurm.sbatch_extra): entries are added."""
+
+    def walk(cls: type, prefix: str) -> set[str]:
+        out: set[str] = set()
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            args = typing.get_args(hints[f.name]) or (hints[f.name],)
+            inner = [t for t in args if isinstance(t, type) and dataclasses.is_dataclass(t)]
+            if inner:
+                out |= walk(inner[0], f"{prefix}{f.name}.")
+            elif typing.get_origin(hints[f.name]) is dict:
+                out.add(f"{prefix}{f.name}")
+        return out
+
+    return walk(RootConfig, "")
+
+
 def nearest_key(key: str) -> str:
     """ "; did you mean 'policy.name'?" for a typo'd key (difflib), else where the keys are listed. A key that
     moved under cluster.slurm / cluster.local is named where it went."""
@@ -95,6 +114,19 @@ def nearest_key(key: str) -> str:
     if close:
         return f"; did you mean '{close[0]}'?"
     return " (the keys are the fields of orchestrator/core/schema.py and the YAML files under conf/)"
+
+
+def unknown_key(key: str, overrides: Sequence[str]) -> str:
+    """The message for an override of a key the composed config lacks: `++` where the schema has the key or
+    the key is a new entry of a mapping (cluster.env.FOO), else the nearest key."""
+    bare = key.lstrip("+~")
+    given = next((o.lstrip("+~") for o in overrides if o.lstrip("+~").startswith(f"{bare}=")), f"{bare}=VALUE")
+    if bare in config_keys():  # a schema field the composed config does not hold: Hydra wants it added
+        return f"{given}: write ++{given} (the composed config has no {bare}: `++` adds or sets it)"
+    parent = bare.rpartition(".")[0]
+    if parent in mapping_keys():
+        return f"{given}: write ++{given} ({parent} is a mapping: `++` adds an entry to it)"
+    return f"unknown config key '{key}'{nearest_key(key)}"
 
 
 def _hydra_message(msg: str, overrides: Sequence[str]) -> str:
@@ -112,11 +144,7 @@ def _hydra_message(msg: str, overrides: Sequence[str]) -> str:
         )
     unknown = re.match(r"Could not override '([\w.]+)'\.$", msg)
     if unknown:
-        key = unknown.group(1)
-        if key in config_keys():  # a schema field the composed YAML does not set: Hydra wants it added
-            given = next((o for o in overrides if o.startswith(f"{key}=")), f"{key}=VALUE")
-            return f"{given}: write +{given} (no YAML file of the config sets {key}, so it is added with a `+`)"
-        return f"unknown config key '{key}'{nearest_key(key)}"
+        return unknown_key(unknown.group(1), overrides)
     for group in GROUPS:
         if f"'{group}'" in msg or f"{group}/" in msg or f"{group}=" in msg:
             return f"invalid override: {msg} (available {group} options: {', '.join(available(group))})"
@@ -148,6 +176,13 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False, comma
             + ", ".join(available("stage"))
             + f" (e.g. `python -m orchestrator {command} +stage=1k{extra}`)"
         )
+    stage_chosen = any(o.lstrip("+~").startswith("stage=") for o in overrides)
+    staged = [o for o in overrides if o.lstrip("+~").startswith("stage.")]
+    if staged and not stage_chosen:  # Hydra would fail on a None root (an AssertionError, not a message)
+        raise ConfigError(
+            f"{staged[0]}: no stage is chosen, so there is no stage to set it in: add +stage=NAME, one of: "
+            + ", ".join(available("stage"))
+        )
     GlobalHydra.instance().clear()
     register_schema()
     try:
@@ -159,7 +194,7 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False, comma
             key = str(getattr(cause, "full_key", "") or "")
             named = [o.split("=", 1)[0] for o in overrides if key and o.split("=", 1)[0].startswith(key)]
             if " not in " in str(cause) and named:  # `polcy.name=x`: an override of a key the schema lacks
-                raise ConfigError(f"unknown config key '{named[0]}'{nearest_key(named[0])}") from None
+                raise ConfigError(unknown_key(named[0], overrides)) from None
             raise ConfigError(_value_message(cause)) from None
         msg = str(exc).strip().splitlines()[0]
         raise ConfigError(_hydra_message(msg, overrides)) from None
@@ -175,6 +210,9 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False, comma
     from orchestrator.launch.slurm import container
     from orchestrator.plan import rules
 
+    out_of_range = bounds.violation(typed)  # before any command writes a row or a file
+    if out_of_range is not None:
+        raise ConfigError(out_of_range.message())
     try:
         container.check(typed.cluster)
         if typed.stage is not None:

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, TypeVar
 
+from orchestrator.core.bounds import ranged_list
+
 T = TypeVar("T")
 
 
@@ -289,11 +291,20 @@ def search_fields() -> list[tuple[str, Any, Any]]:
         (
             k.name,
             list[list[str]] if k.base is tuple else types.GenericAlias(list, (k.type,)),
-            field(default_factory=_lists(k.search)),
+            ranged_list(_lists(k.search), **_search_range(k)),
         )
         for k in KNOBS
         if k.search is not None
     ]
+
+
+def _search_range(k: Knob) -> dict[str, Any]:
+    """A search list holds at least one value; a count knob's values are >= 1, a float knob's > 0."""
+    if k.base is int:
+        return {"lo": 1, "nonempty": True}
+    if k.base is float:
+        return {"gt": 0, "nonempty": True}
+    return {"nonempty": True}
 
 
 def _lists(values: tuple[Any, ...]) -> Callable[[], list[Any]]:

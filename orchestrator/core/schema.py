@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, make_dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.core.bounds import ranged, ranged_list
 from orchestrator.core.errors import UserError
 from orchestrator.core.failures import DEFAULT_RETRY_CLASSES
 from orchestrator.core.knobs import search_fields
@@ -33,51 +34,55 @@ class ModelConfig:
     --pipeline-model-parallel-layout). The csa_*/dsa_*/o_*/mHC/hash fields are read on the V4 path only."""
 
     name: str = "dsv4_pro"
-    num_layers: int = 61  # Transformer blocks (the guide's 61)
-    hidden_size: int = 7168  # h
-    num_attention_heads: int = 128
-    kv_channels: int = 512
+    num_layers: int = ranged(61, 1)  # Transformer blocks (the guide's 61)
+    hidden_size: int = ranged(7168, 1)  # h
+    num_attention_heads: int = ranged(128, 1)
+    kv_channels: int = ranged(512, 1)
     # MLA / V4 attention dimensions (Megatron dev recipe names)
-    q_lora_rank: int = 1536
-    kv_lora_rank: int = 512
-    qk_pos_emb_head_dim: int = 64
-    v_head_dim: int = 512
-    o_groups: int = 16
-    o_lora_rank: int = 1024
+    q_lora_rank: int = ranged(1536, 1)
+    kv_lora_rank: int = ranged(512, 1)
+    qk_pos_emb_head_dim: int = ranged(64, 1)
+    v_head_dim: int = ranged(512, 1)
+    o_groups: int = ranged(16, 1)
+    o_lora_rank: int = ranged(1024, 1)
     attention_variant: str = "dsv4_hybrid"  # ATTENTION_VARIANTS: CSA/HCA hybrid attention (V4) | mla | gqa
-    qk_head_dim: int = 128  # MLA (mla): per-head q/k width without the rope part (--qk-head-dim); V4 derives its own
-    num_query_groups: int | None = None  # GQA (gqa): key/value head groups (--num-query-groups)
+    qk_head_dim: int = ranged(
+        128, 1
+    )  # MLA (mla): per-head q/k width without the rope part (--qk-head-dim); V4 derives its own
+    num_query_groups: int | None = ranged(None, 1)  # GQA (gqa): key/value head groups (--num-query-groups)
     qk_layernorm: bool = True
-    window_size: int | None = None  # sliding-window attention, tokens attended incl. itself (GPT-OSS: 128)
-    window_attn_skip_freq: int | None = None  # every n-th layer attends fully (GPT-OSS: 2); None: all windowed
+    window_size: int | None = ranged(None, 1)  # sliding-window attention, tokens attended incl. itself (GPT-OSS: 128)
+    window_attn_skip_freq: int | None = ranged(
+        None, 1
+    )  # every n-th layer attends fully (GPT-OSS: 2); None: all windowed
     add_bias_linear: bool = False  # biases in the linear layers (GPT-OSS)
     glu_activation: str = "swiglu"  # swiglu | quick_geglu (GPT-OSS): both gated, three matrices per MLP
-    rotary_base: int | None = None  # None: workload.recipe.rotary_base (the V4 recipe's)
-    csa_window_size: int = 128  # D_window lower bound for CP boundary exchange
-    csa_compress_ratios: list[int] = field(default_factory=lambda: [128, 128, 4] + [128, 4] * 29 + [0])
-    dsa_indexer_heads: int = 64
-    dsa_indexer_head_dim: int = 128
-    dsa_indexer_topk: int = 1024
+    rotary_base: int | None = ranged(None, 1)  # None: workload.recipe.rotary_base (the V4 recipe's)
+    csa_window_size: int = ranged(128, 1)  # D_window lower bound for CP boundary exchange
+    csa_compress_ratios: list[int] = ranged_list(lambda: [128, 128, 4] + [128, 4] * 29 + [0], 0)
+    dsa_indexer_heads: int = ranged(64, 1)
+    dsa_indexer_head_dim: int = ranged(128, 1)
+    dsa_indexer_topk: int = ranged(1024, 1)
     # Dense FFN (only used for layers that are not MoE)
-    ffn_hidden_size: int = 18432
-    num_dense_layers: int = 0  # leading dense blocks; V4-Pro: every block is MoE
+    ffn_hidden_size: int = ranged(18432, 1)
+    num_dense_layers: int = ranged(0, 0)  # leading dense blocks; V4-Pro: every block is MoE
     # MoE
-    num_experts: int = 384  # E
-    moe_router_topk: int = 6  # k
-    moe_ffn_hidden_size: int = 3072  # f
-    moe_shared_expert_intermediate_size: int = 3072  # one shared expert
-    moe_n_hash_layers: int = 3
+    num_experts: int = ranged(384, 1)  # E
+    moe_router_topk: int = ranged(6, 1)  # k
+    moe_ffn_hidden_size: int = ranged(3072, 1)  # f
+    moe_shared_expert_intermediate_size: int = ranged(3072, 0)  # one shared expert
+    moe_n_hash_layers: int = ranged(3, 0)
     # Router (the GPT path reads these; the V4 path writes its recipe's values, workload.recipe)
     moe_router_score_function: str = "sqrtsoftplus"
     moe_router_enable_expert_bias: bool = True
-    moe_router_topk_scaling_factor: float | None = None  # GPT path only (V4: workload.recipe's)
-    moe_router_num_groups: int | None = None  # group-limited routing (DeepSeek-V3: 8 groups, top 4)
-    moe_router_group_topk: int | None = None
+    moe_router_topk_scaling_factor: float | None = ranged(None, gt=0)  # GPT path only (V4: workload.recipe's)
+    moe_router_num_groups: int | None = ranged(None, 1)  # group-limited routing (DeepSeek-V3: 8 groups, top 4)
+    moe_router_group_topk: int | None = ranged(None, 1)
     moe_router_load_balancing_type: str = "seq_aux_loss"
     # Other structure
-    vocab_size: int = 129280
-    mtp_num_layers: int = 1
-    hyper_connection_streams: int = 4  # mHC residual streams (1: a plain residual, every model but V4)
+    vocab_size: int = ranged(129280, 1)
+    mtp_num_layers: int = ranged(1, 0)
+    hyper_connection_streams: int = ranged(4, 1)  # mHC residual streams (1: a plain residual, every model but V4)
     # adam | muon. Adam, not Muon: Megatron dev's own DeepSeek-V4-Pro recipe (examples/moe_recipes/
     # deepseek_v4_pro/gb300/*.yaml) trains with Adam and the ZeRO-1 distributed optimizer, the gradient
     # reduce-scatter + parameter all-gather the step-time model and the overlap flags describe. With muon, dev
@@ -87,8 +92,8 @@ class ModelConfig:
     # Newton-Schulz steps in the step-time model) for runs that reproduce V4's own training.
     optimizer: str = "adam"
     # Reference totals from the guide, used as sanity checks of the parameter model
-    total_params_b: float = 1600.0
-    active_params_b: float = 49.0
+    total_params_b: float = ranged(1600.0, gt=0)
+    active_params_b: float = ranged(49.0, gt=0)
 
 
 @dataclass
@@ -97,25 +102,27 @@ class HardwareConfig:
     are an NVIDIA H100 SXM 80GB, 8 per NVLink domain, one 400 Gb/s NIC per GPU (conf/hardware/h100.yaml)."""
 
     name: str = "h100"
-    peak_bf16_tflops: float = 989.0  # dense, no sparsity
-    peak_fp8_tflops: float = 1979.0
-    peak_mxfp8_tflops: float | None = None  # MXFP8 needs Blackwell (sm_100+); None: the part has none
-    hbm_gb: float = 80.0  # decimal GB
-    hbm_gb_s: float = 3350.0  # HBM bandwidth, GB/s (the optimizer step and quantisation passes read it)
-    nvlink_gb_s: float = 450.0
-    nic_gb_s: float = 50.0  # 400 Gb/s NIC per GPU
-    gpus_per_node: int = 8  # GPUs of one host (GB200/GB300 compute trays: 4)
-    gpus_per_nvlink_domain: int = 8  # NVL72 systems: 72 (an EP/CP group inside one domain runs on NVLink)
+    peak_bf16_tflops: float = ranged(989.0, gt=0)  # dense, no sparsity
+    peak_fp8_tflops: float = ranged(1979.0, gt=0)
+    peak_mxfp8_tflops: float | None = ranged(None, gt=0)  # MXFP8 needs Blackwell (sm_100+); None: the part has none
+    hbm_gb: float = ranged(80.0, gt=0)  # decimal GB
+    hbm_gb_s: float = ranged(3350.0, gt=0)  # HBM bandwidth, GB/s (the optimizer step and quantisation passes read it)
+    nvlink_gb_s: float = ranged(450.0, gt=0)
+    nic_gb_s: float = ranged(50.0, gt=0)  # 400 Gb/s NIC per GPU
+    gpus_per_node: int = ranged(8, 1)  # GPUs of one host (GB200/GB300 compute trays: 4)
+    gpus_per_nvlink_domain: int = ranged(8, 1)  # NVL72 systems: 72 (an EP/CP group inside one domain runs on NVLink)
     # Step-time model constants (calibrated later from the ledger; see orchestrator/plan/steptime.py)
-    gemm_efficiency: float = 0.55  # achieved / peak on large BF16 GEMMs
-    attention_efficiency: float = 0.40
-    a2a_efficiency: float = 0.60  # achieved / link bandwidth for MoE all-to-all
-    p2p_efficiency: float = 0.70
-    allreduce_efficiency: float = 0.70
-    grad_sync_overlap: float = 0.80  # share of DP grad sync hidden when the recipe overlaps it (argv.overlaps)
-    a2a_overlap: float = 0.0  # fraction of EP all-to-all hidden (EP overlap off by default)
-    runtime_overhead_gb: float = 3.0  # CUDA context, NCCL, allocator fragmentation
-    workspace_gb: float = 2.0  # fused kernels, cuBLAS workspace
+    gemm_efficiency: float = ranged(0.55, None, 1, gt=0)  # achieved / peak on large BF16 GEMMs
+    attention_efficiency: float = ranged(0.40, None, 1, gt=0)
+    a2a_efficiency: float = ranged(0.60, None, 1, gt=0)  # achieved / link bandwidth for MoE all-to-all
+    p2p_efficiency: float = ranged(0.70, None, 1, gt=0)
+    allreduce_efficiency: float = ranged(0.70, None, 1, gt=0)
+    grad_sync_overlap: float = ranged(
+        0.80, 0, 1
+    )  # share of DP grad sync hidden when the recipe overlaps it (argv.overlaps)
+    a2a_overlap: float = ranged(0.0, 0, 1)  # fraction of EP all-to-all hidden (EP overlap off by default)
+    runtime_overhead_gb: float = ranged(3.0, 0)  # CUDA context, NCCL, allocator fragmentation
+    workspace_gb: float = ranged(2.0, 0)  # fused kernels, cuBLAS workspace
 
 
 if TYPE_CHECKING:
@@ -141,12 +148,12 @@ else:
 
 @dataclass
 class BudgetConfig:
-    max_runs: int = 24
-    max_gpu_hours: float = 2000.0  # every attempt (probe, screen, full) and the finalists count
-    max_rounds: int = 6
+    max_runs: int = ranged(24, 1)
+    max_gpu_hours: float = ranged(2000.0, gt=0)  # every attempt (probe, screen, full) and the finalists count
+    max_rounds: int = ranged(6, 1)
     # Charged to every launch on top of its iterations: process start, model build, first step (minutes at
     # scale). GPU-hours of one attempt = N x (startup_s + its window's iterations x mean step) / 3600.
-    startup_s: float = 0.0
+    startup_s: float = ranged(0.0, 0)
 
 
 @dataclass
@@ -161,11 +168,11 @@ class ScreenConfig:
     # The guide's rule holds for screens too: warm-up must still cover compile, allocation and graph capture
     # (the first few iterations). A stage's own warm-up (300 at 1k-16k) is for dropless routing to settle,
     # which only the confirming full window waits for; a screen's is capped at the stage's.
-    warmup_iters: int = 50
-    min_measure_iters: int = 10
-    resolution: float = 0.01  # the p50's 95% CI must be narrower than 1% of the step
-    confirm_per_round: int = 2  # contenders confirmed at the full window per round, at most
-    probe_iters: int = 5  # a fit probe: start-up plus this many iterations, read for max reserved memory
+    warmup_iters: int = ranged(50, 0)
+    min_measure_iters: int = ranged(10, 1)
+    resolution: float = ranged(0.01, None, 1, gt=0)  # the p50's 95% CI must be narrower than 1% of the step
+    confirm_per_round: int = ranged(2, 0)  # contenders confirmed at the full window per round, at most
+    probe_iters: int = ranged(5, 1)  # a fit probe: start-up plus this many iterations, read for max reserved memory
 
 
 @dataclass
@@ -173,12 +180,12 @@ class StageConfig:
     """One scale stage (1k, 8k, 16k, smoke, slice)."""
 
     name: str = "1k"
-    gpus: int = 1024  # N
-    gpus_per_node: int = 8
-    global_batch: int = 4096  # B, packed sequences
-    seq_length: int = 8192  # S
-    warmup_iters: int = 20
-    measure_iters: int = 30
+    gpus: int = ranged(1024, 1)  # N
+    gpus_per_node: int = ranged(8, 1)
+    global_batch: int = ranged(4096, 1)  # B, packed sequences
+    seq_length: int = ranged(8192, 1)  # S
+    warmup_iters: int = ranged(20, 0)
+    measure_iters: int = ranged(30, 1)
     promotes_from: str | None = None
     search: SearchConfig = field(default_factory=SearchConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
@@ -191,8 +198,8 @@ class StageConfig:
     cp_partition_mode: str = "contiguous"
     deterministic_mode: bool = False
     transformer_engine: bool = True
-    memory_margin_gb: float = 4.0  # feasible = heaviest rank + margin <= HBM
-    num_layers_override: int | None = None  # slice stage: fewer blocks, same h and E
+    memory_margin_gb: float = ranged(4.0, 0)  # feasible = heaviest rank + margin <= HBM
+    num_layers_override: int | None = ranged(None, 1)  # slice stage: fewer blocks, same h and E
     # Legality rules a Megatron fix removes (orchestrator.plan.rules.LIFTABLE), lifted for this stage. A real
     # sweep sets it from preflight's evidence (the fix found in the cluster's checkout), whatever it said here.
     lifted_rules: list[str] = field(default_factory=list)
@@ -216,7 +223,7 @@ class JobResources:
     """What one job asks Slurm for beyond its GPUs. A None leaves Slurm's default (or the workload's)."""
 
     exclusive: bool | None = None  # whole nodes: no other job's dataloaders or NCCL traffic on them
-    cpus_per_task: int | None = None  # per GPU: dataloader workers + NCCL proxy threads + the main thread
+    cpus_per_task: int | None = ranged(None, 1)  # per GPU: dataloader workers + NCCL proxy threads + the main thread
     mem: str | None = None  # per node: "0" = all of the node's memory, or e.g. "1800G"
 
 
@@ -234,11 +241,11 @@ class SlurmConfig:
     constraint: str | None = None
     container: ContainerConfig = field(default_factory=ContainerConfig)
     python: str | None = None  # the Python that runs each task (submitit's `python=`); None = this process's
-    max_array_size: int = 1000  # tasks per sbatch array: a round is split into arrays of at most this many
-    array_parallelism: int = 64  # an array's tasks running at once (%N)
+    max_array_size: int = ranged(1000, 1)  # tasks per sbatch array: a round is split into arrays of at most this many
+    array_parallelism: int = ranged(64, 1)  # an array's tasks running at once (%N)
     # A sweep bound to Slurm whose client or controller does not answer (sbatch --version / sinfo) waits this
     # long, retrying with a growing pause, before `resume` / `cancel` give up with one error line.
-    wait_s: float = 300.0
+    wait_s: float = ranged(300.0, 0)
     sbatch_extra: dict[str, Any] = field(default_factory=dict)  # extra #SBATCH options, e.g. {reservation: r}
     srun_args: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)  # shell lines the batch script runs before srun
@@ -248,7 +255,7 @@ class SlurmConfig:
 class LocalConfig:
     """What only the local launcher (orchestrator/launch/local, submitit's LocalExecutor) reads."""
 
-    max_workers: int = 2  # jobs running at once on this machine
+    max_workers: int = ranged(2, 1)  # jobs running at once on this machine
 
 
 # Keys that were flat under `cluster` before they moved to cluster.slurm / cluster.local: a sweep's stored
@@ -283,14 +290,16 @@ class ClusterConfig:
     folder: str = "./runs"
     # Resources: None = the workload's default (workload.resources; real Megatron asks for whole nodes).
     exclusive: bool | None = None
-    cpus_per_task: int | None = None
+    cpus_per_task: int | None = ranged(None, 1)
     mem: str | None = None
     # A job's time limit: its predicted run time plus this margin, and never under min_time_min
     # (orchestrator.runspec.time_limit_min; Slurm's --time, the local executor's timeout alike).
-    time_margin_min: int = 10
-    min_time_min: int = 5
-    poll_interval_s: float = 5.0
-    signal_delay_s: int = 30  # the warning signal this long before the time limit (Slurm's --signal, local's)
+    time_margin_min: int = ranged(10, 0)
+    min_time_min: int = ranged(5, 1)
+    poll_interval_s: float = ranged(5.0, gt=0)
+    signal_delay_s: int = ranged(
+        30, 0
+    )  # the warning signal this long before the time limit (Slurm's --signal, local's)
     env: dict[str, str] = field(
         default_factory=lambda: {
             "CUDA_DEVICE_MAX_CONNECTIONS": "1",
@@ -301,8 +310,8 @@ class ClusterConfig:
     )
     # MASTER_PORT = master_port + job id % master_port_span: two jobs sharing a node do not collide, and
     # the default range (29500-31499) stays below Linux's ephemeral ports (32768+).
-    master_port: int = 29500
-    master_port_span: int = 2000
+    master_port: int = ranged(29500, 1, 65535)
+    master_port_span: int = ranged(2000, 1, 65535)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     local: LocalConfig = field(default_factory=LocalConfig)
 
@@ -316,8 +325,8 @@ class LedgerConfig:
     url: str = "sqlite:///./ledger.sqlite"
     create_dir: bool = False
     echo: bool = False
-    lease_ttl_s: float = 60.0
-    busy_timeout_ms: int = 30000
+    lease_ttl_s: float = ranged(60.0, gt=0)
+    busy_timeout_ms: int = ranged(30000, 0)
 
 
 @dataclass
@@ -326,29 +335,33 @@ class PolicyConfig:
     neighbours of the best. The tuned values were tuned on tests/bench/bench_search.py (every surface, seeds 0-2)."""
 
     name: str = "calibrated_neighbours"
-    round0_size: int = 6
-    round_size: int = 4
+    round0_size: int = ranged(6, 1)
+    round_size: int = ranged(4, 1)
     # A round that screens (stage.screen: short windows, ~1/4 of a full run) proposes this many new candidates
     # (screens are cheap); 0 = round_size. Tuned: 4 -> 35/40 bench rows met, 6 -> 37/40.
-    screen_round_size: int = 6
+    screen_round_size: int = ranged(6, 0)
     # layouts the calibrated memory model cannot place on either side of HBM (its error band) that would be
     # pruned: this many per round get a fit probe (start-up + stage.screen.probe_iters) instead
-    probes_per_round: int = 1
-    top_k_neighbours: int = 2
-    promote_top_k: int = 3
-    converge_gain: float = 0.01  # "no gain > 1% over the best ..."
-    converge_rounds: int = 5  # "... for 5 rounds" (with the promotion change: bench 37/40, held-out seeds 36/40)
-    max_attempts: int = 3
+    probes_per_round: int = ranged(1, 0)
+    top_k_neighbours: int = ranged(2, 0)
+    promote_top_k: int = ranged(3, 0)
+    converge_gain: float = ranged(0.01, 0)  # "no gain > 1% over the best ..."
+    converge_rounds: int = ranged(
+        5, 1
+    )  # "... for 5 rounds" (with the promotion change: bench 37/40, held-out seeds 36/40)
+    max_attempts: int = ranged(3, 1)
     # The calibrated model's own top pick joins a round only when it predicts measurements this well
     # (leave-one-out MAPE); a worse model is used to rank neighbours, not to pick far-away layouts.
-    model_trust_mape: float = 0.10
+    model_trust_mape: float = ranged(0.10, 0)
     # Part of each round for the residual model's picks (orchestrator/search/moves.py): the unmeasured layouts
     # with the best optimistic bound, calibrated x exp(residual mean - explore x residual sd).
-    model_picks: int = 1
-    explore: float = 1.0
+    model_picks: int = ranged(1, 0)
+    explore: float = ranged(1.0, 0)
     joint_moves: bool = True  # two-knob moves over coupled knobs (CP+PP, EP+dispatcher, recompute+mbs/PP)
-    anchor_distance: int = 1  # anchors differ from each other in at least this many of EP, PP, CP
-    max_predicted_loss: float = 0.15  # skip moves whose optimistic estimate is this much slower than the best
+    anchor_distance: int = ranged(1, 0)  # anchors differ from each other in at least this many of EP, PP, CP
+    max_predicted_loss: float = ranged(
+        0.15, 0
+    )  # skip moves whose optimistic estimate is this much slower than the best
     # Failure classes resubmitted (how often: orchestrator.core.failures); the default is the table's retried classes.
     retry_classes: list[str] = field(default_factory=lambda: list(DEFAULT_RETRY_CLASSES))
 
@@ -368,28 +381,30 @@ class TwinSurface(StrEnum):
 class TwinConfig:
     """The simulated workload's hidden performance surface and fault injection (simulated only)."""
 
-    seed: int = 0  # moves the surface's hidden constants (and so its optimum), and the run-to-run noise
+    seed: int = ranged(0, 0)  # moves the surface's hidden constants (and so its optimum), and the run-to-run noise
     # The machine the twin simulates (its own formulas, not the planner's); each surface stresses one effect.
     surface: TwinSurface = TwinSurface.balanced
-    time_scale: float = 0.001  # sleep = simulated step time x time_scale
-    max_sleep_s: float = 0.004  # per iteration: a 1k job (350 iterations) sleeps ~1.4 s in all
-    noise_sigma: float = 0.03  # lognormal step-time noise
-    tail_prob: float = 0.03  # probability of a slow (straggler) step (the surface raises it with EP node span)
-    tail_factor: float = 1.6
-    routing_skew: float = 0.25  # lognormal sigma of per-expert load
-    nccl_timeout_rate: float = 0.0
-    crash_rate: float = 0.0
+    time_scale: float = ranged(0.001, 0)  # sleep = simulated step time x time_scale
+    max_sleep_s: float = ranged(0.004, 0)  # per iteration: a 1k job (350 iterations) sleeps ~1.4 s in all
+    noise_sigma: float = ranged(0.03, 0)  # lognormal step-time noise
+    tail_prob: float = ranged(
+        0.03, 0, 1
+    )  # probability of a slow (straggler) step (the surface raises it with EP node span)
+    tail_factor: float = ranged(1.6, 0)
+    routing_skew: float = ranged(0.25, 0)  # lognormal sigma of per-expert load
+    nccl_timeout_rate: float = ranged(0.0, 0, 1)
+    crash_rate: float = ranged(0.0, 0, 1)
     force_oom: bool = False
     # The GPU the twin emulates holds this many decimal GB (what torch reports as its total memory: the OOM
     # message's capacity, get_device_properties().total_memory); None: hardware.hbm_gb. Smaller than the
     # hardware group says emulates a cluster whose GPUs are not what the config assumes.
-    gpu_capacity_gb: float | None = None
+    gpu_capacity_gb: float | None = ranged(None, gt=0)
     # Checkpoint storage: a save writes the rank's weights + optimizer state at this rate (GB/s per GPU).
-    ckpt_gb_s: float = 5.0
+    ckpt_gb_s: float = ranged(5.0, gt=0)
     # Injected numerical divergence (correctness gate): layouts whose knobs match every entry (e.g.
     # {"cp": 4}) drift away from the shared loss / grad-norm curve, by up to diverge_scale relative.
     diverge_when: dict[str, int] = field(default_factory=dict)
-    diverge_scale: float = 0.05
+    diverge_scale: float = ranged(0.05, 0)
 
 
 @dataclass
@@ -406,53 +421,53 @@ class RecipeConfig:
 
     # Learning rate. --lr has no default (megatron/training/arguments.py:3892-3894) and OptimizerParamScheduler
     # does float(max_lr) (megatron/core/optimizer_param_scheduler.py:158): without it a real job dies in setup.
-    lr: float = 3.9e-6  # :222
-    min_lr: float = 3.9e-7  # :223
-    lr_warmup_init: float = 3.9e-7  # :224
-    lr_warmup_iters: int = 0  # :227
+    lr: float = ranged(3.9e-6, 0)  # :222
+    min_lr: float = ranged(3.9e-7, 0)  # :223
+    lr_warmup_init: float = ranged(3.9e-7, 0)  # :224
+    lr_warmup_iters: int = ranged(0, 0)  # :227
     lr_decay_style: str = "cosine"  # :225
     # :226 decays over the recipe's own train_iters; None: the job's --train-iters (all its iterations)
-    lr_decay_iters: int | None = None
+    lr_decay_iters: int | None = ranged(None, 1)
     # Initialisation and regularisation
-    init_method_std: float = 0.02  # :243
-    clip_grad: float = 1.0  # :229
-    weight_decay: float = 0.1  # :228
-    attention_dropout: float = 0.0  # :166
-    hidden_dropout: float = 0.0  # :167
+    init_method_std: float = ranged(0.02, 0)  # :243
+    clip_grad: float = ranged(1.0, 0)  # :229
+    weight_decay: float = ranged(0.1, 0)  # :228
+    attention_dropout: float = ranged(0.0, 0, 1)  # :166
+    hidden_dropout: float = ranged(0.0, 0, 1)  # :167
     # Adam (model.optimizer=adam, and Muon's scalar optimizer for embeddings, norms and biases). The recipe sets
     # no --optimizer: Megatron's default adam (megatron/training/arguments.py:3738-3740), with FP32 master
     # weights and moments: the recipe's bf16 moments need --use-precision-aware-optimizer (:237-241), which is
     # not emitted, so the state is 12 B/param as orchestrator/plan/memory.py counts it.
-    adam_beta1: float = 0.9  # :230
-    adam_beta2: float = 0.95  # :231
-    adam_eps: float = 1e-8  # Megatron's default (megatron/training/arguments.py:3267-3269)
+    adam_beta1: float = ranged(0.9, 0, 1)  # :230
+    adam_beta2: float = ranged(0.95, 0, 1)  # :231
+    adam_eps: float = ranged(1e-8, gt=0)  # Megatron's default (megatron/training/arguments.py:3267-3269)
     # Muon, used only with model.optimizer=muon (Megatron's defaults, megatron/training/arguments.py:3274-3317)
-    muon_momentum: float = 0.9
-    muon_num_ns_steps: int = 5
+    muon_momentum: float = ranged(0.9, 0, 1)
+    muon_num_ns_steps: int = ranged(5, 1)
     muon_scale_mode: str = "spectral"
     # DeepSeek-V4-Pro numerics
-    moe_router_topk_scaling_factor: float = 2.5  # :155
-    moe_router_bias_update_rate: float = 1e-3  # :158
-    moe_aux_loss_coeff: float = 1e-4  # :154
+    moe_router_topk_scaling_factor: float = ranged(2.5, gt=0)  # :155
+    moe_router_bias_update_rate: float = ranged(1e-3, 0)  # :158
+    moe_aux_loss_coeff: float = ranged(1e-4, 0)  # :154
     # --moe-expert-rank-capacity-factor, emitted for flex:ncclep layouts only: dev's ncclep sizes its per-rank
     # receive buffer with it and refuses to start without it (megatron/core/transformer/moe/token_dispatcher.py:
     # 1717-1722); the recipe's value (:199, there for hybridep). Drops it causes happen in the dispatcher:
     # "not measured".
-    ncclep_rank_capacity_factor: float = 1.5
-    activation_func_clamp_value: float = 10.0  # :159
-    norm_epsilon: float = 1e-6  # :121
-    rotary_base: int = 10000  # :126
-    rotary_scaling_factor: float = 4.0  # :132 YaRN on the compressed (CSA/HCA) layers
-    original_max_position_embeddings: int = 65536  # :138
-    mscale: float = 1.0  # :133
-    mscale_all_dim: float = 1.0  # :134
-    csa_compress_rotary_base: float = 40000.0  # :142
-    dsa_indexer_loss_coeff: float = 1e-2  # :146
+    ncclep_rank_capacity_factor: float = ranged(1.5, gt=0)
+    activation_func_clamp_value: float = ranged(10.0, gt=0)  # :159
+    norm_epsilon: float = ranged(1e-6, gt=0)  # :121
+    rotary_base: int = ranged(10000, gt=0)  # :126
+    rotary_scaling_factor: float = ranged(4.0, gt=0)  # :132 YaRN on the compressed (CSA/HCA) layers
+    original_max_position_embeddings: int = ranged(65536, 1)  # :138
+    mscale: float = ranged(1.0, 0)  # :133
+    mscale_all_dim: float = ranged(1.0, 0)  # :134
+    csa_compress_rotary_base: float = ranged(40000.0, gt=0)  # :142
+    dsa_indexer_loss_coeff: float = ranged(1e-2, 0)  # :146
     # :147; the dense indexer loss with --dsa-kernel-backend cudnn raises on SM90
     # (megatron/core/transformer/transformer_config.py:1781-1791)
     dsa_indexer_use_sparse_loss: bool = True
-    mhc_sinkhorn_iterations: int = 20  # :162
-    mtp_loss_scaling_factor: float = 0.1  # :165
+    mhc_sinkhorn_iterations: int = ranged(20, 1)  # :162
+    mtp_loss_scaling_factor: float = ranged(0.1, 0)  # :165
     # Performance flags: the measured step is the recipe's step, and the step-time model hides exactly the
     # gradient reduce-scatter / parameter all-gather these turn on (orchestrator.plan.argv.overlaps).
     overlap_grad_reduce: bool = True  # :180
@@ -464,11 +479,11 @@ class RecipeConfig:
     moe_permute_fusion: bool = True  # :186
     moe_router_fusion: bool = True  # :187
     cross_entropy_loss_fusion: bool = True  # :215-216 (native implementation)
-    manual_gc_interval: int = 10  # :220-221; --manual-gc every this many iterations, 0 = Python's own GC
+    manual_gc_interval: int = ranged(10, 0)  # :220-221; --manual-gc every this many iterations, 0 = Python's own GC
     # --distributed-timeout-minutes = 60 (:171, at the recipe's 256 GPUs) + 5 per 1,024 GPUs more: NCCL
     # communicator setup and the first collectives take longer as N grows.
-    distributed_timeout_min: int = 60
-    distributed_timeout_min_per_1k_gpus: int = 5
+    distributed_timeout_min: int = ranged(60, 1)
+    distributed_timeout_min_per_1k_gpus: int = ranged(5, 0)
 
 
 @dataclass
@@ -495,14 +510,14 @@ class EffectiveConfig:
     = 419 / (54 x 24 x 16384) per GPU-hour.
     """
 
-    checkpoint_interval_s: float = 3600.0  # training time between checkpoint saves
-    interruption_rate_per_gpu_hour: float = 419.0 / (54 * 24 * 16384)
-    restart_overhead_s: float = 600.0  # detect + reschedule + re-initialise, before the restore itself
-    default_save_s: float = 60.0  # used when no long-run window measured the save
-    default_restore_s: float = 120.0
+    checkpoint_interval_s: float = ranged(3600.0, gt=0)  # training time between checkpoint saves
+    interruption_rate_per_gpu_hour: float = ranged(419.0 / (54 * 24 * 16384), 0)
+    restart_overhead_s: float = ranged(600.0, 0)  # detect + reschedule + re-initialise, before the restore itself
+    default_save_s: float = ranged(60.0, 0)  # used when no long-run window measured the save
+    default_restore_s: float = ranged(120.0, 0)
     long_run: bool = False  # run a save/restart/restore window per finalist
-    long_run_save_at: int = 10  # iteration at which the long-run window saves and ends the first job
-    long_run_after_iters: int = 10  # iterations measured after the restart
+    long_run_save_at: int = ranged(10, 1)  # iteration at which the long-run window saves and ends the first job
+    long_run_after_iters: int = ranged(10, 1)  # iterations measured after the restart
 
 
 @dataclass
@@ -510,9 +525,9 @@ class ParityConfig:
     """Correctness gate: a candidate must match a reference layout's loss / grad norm per step."""
 
     enabled: bool = False
-    steps: int = 20
-    loss_rtol: float = 2e-3  # the packed path has no deterministic mode: tolerance is explicit
-    grad_norm_rtol: float = 2e-2
+    steps: int = ranged(20, 1)
+    loss_rtol: float = ranged(2e-3, 0)  # the packed path has no deterministic mode: tolerance is explicit
+    grad_norm_rtol: float = ranged(2e-2, 0)
     reference: dict[str, int] = field(default_factory=lambda: {"cp": 1})  # knobs overridden for the reference
 
 

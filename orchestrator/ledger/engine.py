@@ -65,12 +65,19 @@ def mask(url: str | URL) -> str:
 
 
 def sqlite_file(url: URL, *, create: bool, create_dir: bool = False) -> Path | None:
-    """The SQLite file a URL names (None: in memory, or not SQLite), checked before anything opens it.
+    """The SQLite file a URL names (None: not SQLite), checked before anything opens it; an in-memory one is
+    refused (a ledger outlives the process that writes it).
 
     Only a command that may create a ledger passes `create` (sqlite3 would make any missing file), and
     then only in an existing folder unless `create_dir`: a typo'd path is an error, not a new tree."""
-    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+    if url.get_backend_name() != "sqlite":
         return None
+    if url.database in (None, "", ":memory:") or url.query.get("mode") == "memory":
+        raise LedgerError(
+            f"ledger.url {mask(url)} is an in-memory database: the sweep's results would vanish when it exits, and "
+            "status, resume and the jobs' lease keeper would each see an empty one; give a file, e.g. "
+            "ledger.url=sqlite:///./ledger.sqlite"
+        )
     path = Path(url.database)
     if path.exists() or path.is_symlink():
         if not path.is_file():

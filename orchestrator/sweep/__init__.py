@@ -6,6 +6,7 @@ setup (names, stored config, promotion source).
 
 from __future__ import annotations
 
+from orchestrator.core import bounds
 from orchestrator.core.errors import UserError
 from orchestrator.core.schema import RootConfig
 from orchestrator.ledger.ledger import Ledger, SweepRow
@@ -142,4 +143,7 @@ def resume_sweep(
     if cluster_given:
         cfg.cluster = current.cluster
     cfg.sweep.name = name
+    out_of_range = bounds.violation(cfg)  # a sweep stored before its field had a range
+    if out_of_range is not None:
+        raise UserError(f"sweep {name} was stored with {out_of_range.message()}: start a new sweep with a fixed value")
     return run_sweep(cfg, sweep.config_yaml, options=options, view=view, launcher=launcher)

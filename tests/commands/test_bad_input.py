@@ -202,3 +202,41 @@ def test_a_sweep_without_a_stage_shows_a_sweep_example(cwd, tmp_path):
     line = refused(cwd, "sweep", "cluster=local", "--plain")
     assert "no stage given" in line and "`python -m orchestrator sweep +stage=1k" in line and " plan " not in line
     assert tree(tmp_path) == {"work", "work/here"}
+
+
+# ------------------------------------------------------------------------------------------- ranges
+@pytest.mark.parametrize(
+    "override",
+    [
+        "stage.screen.resolution=0",
+        "stage.gpus=-8",
+        "stage.search.pp=[]",
+        "ledger.lease_ttl_s=nan",
+        "stage.budget.max_gpu_hours=0",
+        "stage.budget.max_runs=-1",
+    ],
+)
+def test_a_value_out_of_range_is_one_error_line_and_nothing_is_written(cwd, tmp_path, override):
+    line = refused(cwd, "sweep", *STAGE, override, "--plain")
+    assert f"error: {override.split('=')[0]}=" in line and "is out of range: it must be" in line, line
+    assert tree(tmp_path) == {"work", "work/here"}  # no ledger file, so no sweep row; no job folder
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+def test_an_in_memory_ledger_is_refused_before_the_sweep_runs(cwd, tmp_path, url):
+    line = refused(cwd, "sweep", *STAGE, f"ledger.url={url}", "--plain")
+    assert "in-memory database" in line and "ledger.url=sqlite:///./ledger.sqlite" in line, line
+    assert tree(tmp_path) == {"work", "work/here"}  # no job folder: round 0 never ran
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (["plan", "+stage=smoke", "cluster.env.FOO=1"], "write ++cluster.env.FOO=1 (cluster.env is a mapping"),
+        (["plan", "+stage=smoke", "cluster.slurm.sbatch_extra.reservation=r"], "write ++cluster.slurm.sbatch_extra"),
+        (["status", "stage.gpus=3"], "stage.gpus=3: no stage is chosen"),  # was a traceback
+    ],
+)
+def test_a_key_the_composed_config_lacks_names_the_plus_plus_fix(cwd, args, hint):
+    line = refused(cwd, *args)
+    assert hint in line and "did you mean" not in line, line

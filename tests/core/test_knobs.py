@@ -236,7 +236,10 @@ def test_registry_imports_only_the_standard_library():
         {"orchestrator", "omegaconf", "hydra", "sqlalchemy", "numpy", "yaml"}
     ) + "))"  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "['orchestrator', 'orchestrator.core', 'orchestrator.core.knobs']"
+    assert (
+        out.stdout.strip()
+        == "['orchestrator', 'orchestrator.core', 'orchestrator.core.bounds', 'orchestrator.core.knobs']"
+    )
 
 
 NEW_KNOB = """
