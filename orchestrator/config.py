@@ -20,14 +20,13 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.core import bounds
+from orchestrator.core import redact as core_redact
 from orchestrator.core.errors import UserError
 from orchestrator.core.schema import LEGACY_CLUSTER_KEYS, RootConfig, StageConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 SCHEMA = "schema"  # the ConfigStore name conf/config.yaml's defaults list starts with
 GROUPS = ("stage", "model", "hardware", "cluster", "ledger", "policy", "workload")
-# `scheme://user:PASSWORD@`: a password (any characters but white space, up to the last @ of the URL).
-_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)(\S*)@")
 
 
 class ConfigError(UserError):
@@ -37,10 +36,7 @@ class ConfigError(UserError):
 def redact(message: str, overrides: Sequence[str] = ()) -> str:
     """`message` without the password of any URL in it or in the overrides (Hydra quotes a bad override
     whole, and a password with `,` or `'` is one): never print a secret, whatever the error."""
-    secrets = {m.group(2) for o in overrides for m in _URL_PASSWORD.finditer(o) if m.group(2)}
-    for secret in sorted(secrets, key=len, reverse=True):
-        message = message.replace(secret, "***")
-    return _URL_PASSWORD.sub(lambda m: m.group(1) + ("***" if m.group(2) else "") + "@", message)
+    return core_redact.redact(message, known=[s for o in overrides for s in core_redact.secrets_in(o)])
 
 
 def available(group: str) -> list[str]:

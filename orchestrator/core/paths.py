@@ -20,11 +20,15 @@ Stdlib only: it runs on compute nodes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from orchestrator.core.errors import UserError
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)")
 
@@ -197,3 +201,24 @@ def _fsync_dir(folder: Path) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# A write that fails because of the file system, not the code: one error line naming the folder, no traceback.
+_FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded", errno.EROFS: "read-only"}
+
+
+@contextlib.contextmanager
+def folder_writes(folder: str | os.PathLike[str], resume: str) -> Iterator[None]:
+    """Writes under a job folder: a full disk (or quota, a read-only mount) is a UserError naming the folder
+    and the fix (free space, then `resume`), instead of an OSError traceback. Nothing is lost: the ledger's
+    launch intents let `resume` adopt or relaunch whatever was or was not submitted."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _FULL:
+            raise
+        where = Path(exc.filename).parent if exc.filename else Path(folder)
+        raise UserError(
+            f"cannot write under the job folder {where}: {_FULL[exc.errno]} ({exc.strerror}); free space there "
+            f"(or set cluster.folder elsewhere), then `{resume}`"
+        ) from None

@@ -24,8 +24,9 @@ from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DatabaseError, DBAPIError, NoSuchModuleError
 
+from orchestrator.core.redact import redact
 from orchestrator.ledger.errors import LedgerError
 
 log = logging.getLogger("db")
@@ -44,7 +45,7 @@ def parse_url(url: str | URL) -> URL:
             raise LedgerError(f"ledger URL variable {var} is not set; export {var}=postgresql+psycopg://...")
         url = os.environ[var]
     try:
-        parsed = make_url(url)
+        parsed = make_url(_raw_at_encoded(url))
     except ArgumentError:
         raise LedgerError("ledger.url is not a database URL; expected e.g. sqlite:///./ledger.sqlite") from None
     except ValueError:  # make_url's int(port)
@@ -56,10 +57,21 @@ def parse_url(url: str | URL) -> URL:
     return parsed
 
 
+def _raw_at_encoded(url: str) -> str:
+    """`user:p@ss@host` as libpq reads it, with the userinfo ending at the last `@`: SQLAlchemy ends it at the
+    first, so the password's tail would become the host (and be quoted in every connection error)."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if not sep or netloc.count("@") < 2:
+        return url
+    userinfo, _, host = netloc.rpartition("@")
+    return f"{scheme}://{userinfo.replace('@', '%40')}@{host}{slash}{path}"
+
+
 def mask(url: str | URL) -> str:
     """The URL with its password replaced by ***; used in every message and log line."""
     try:
-        return parse_url(url).render_as_string(hide_password=True)
+        return redact(parse_url(url).render_as_string(hide_password=True))  # and the query's password=, passfile=
     except LedgerError:
         return "<invalid ledger URL>"
 
@@ -99,8 +111,11 @@ def sqlite_file(url: URL, *, create: bool, create_dir: bool = False) -> Path | N
 
 
 def scrub(message: str, url: URL) -> str:
-    """Remove the password from a driver message, in case the driver echoed it."""
-    return message.replace(url.password, "***") if url.password else message
+    """Remove the password from a driver message, in case the driver echoed it (from the userinfo or the
+    query), and any other secret the message quotes."""
+    query = [v for k, v in url.query.items() if k.lower() in ("password", "passfile")]
+    known = [str(url.password or ""), *(x for v in query for x in ((v,) if isinstance(v, str) else v))]
+    return redact(message, known=known)
 
 
 def make_engine(
@@ -209,9 +224,16 @@ class SchemaState:
 def schema_state(engine: Engine) -> SchemaState:
     """Read the database's revision; raise LedgerError when it is newer than this code."""
     with connect(engine) as conn:
-        ctx = MigrationContext.configure(conn)
-        heads = ctx.get_current_heads()
-        has_tables = bool(inspect(conn).get_table_names())
+        try:
+            ctx = MigrationContext.configure(conn)
+            heads = ctx.get_current_heads()
+            has_tables = bool(inspect(conn).get_table_names())
+        except DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
+            detail = scrub(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc), engine.url)
+            raise LedgerError(
+                f"the ledger at {mask(engine.url)} cannot be read ({detail}): restore it from a backup or point "
+                "ledger.url at another ledger"
+            ) from None
     script = script_directory()
     current = heads[0] if heads else None
     known = {r.revision for r in script.walk_revisions()}

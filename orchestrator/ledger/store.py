@@ -14,14 +14,16 @@ which hand out typed rows. Concurrency model:
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Self
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DatabaseError, DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from orchestrator.ledger import models as m
@@ -36,6 +38,9 @@ class Store:
         self.engine = engine
         self._write_engine = write_engine(engine)
         self.dialect = engine.dialect.name
+        self._file = _file_identity(engine)  # the SQLite file this store opened: (path, (device, inode))
+        self._revision: str | None = None  # the schema revision the first write saw
+        self._wal: tuple[int, int] | None = None  # the (device, inode) of its -wal file at the last write
 
     @property
     def url(self) -> str:
@@ -58,14 +63,51 @@ class Store:
     @contextmanager
     def _write(self) -> Iterator[Session]:
         with self._guard(), Session(self._write_engine, expire_on_commit=False) as s, s.begin():
+            self._same_ledger(s)
             yield s
+
+    def _same_ledger(self, s: Session) -> None:
+        """Every write transaction first checks that the ledger is still the one this store opened: the same
+        SQLite file (a file deleted or replaced under a running sweep would take its writes nowhere, or into
+        a stranger's file) and the same schema revision (a schema dropped or reset). A LedgerError stops the
+        writer at once, before it writes anything more."""
+        if self._file is not None:
+            path, opened = self._file
+            now = _identity(path)
+            if now != opened:
+                self._drop_stale_wal(path)
+                what = "deleted" if now is None else "replaced by another file"
+                raise LedgerError(f"the ledger file {path} was {what} while this process used it: stopping")
+            self._wal = _identity(path + "-wal")
+        try:
+            revision = s.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        except DBAPIError:
+            raise LedgerError(f"the ledger at {self.url} lost its schema while in use: stopping") from None
+        if self._revision is None:
+            self._revision = revision
+        elif revision != self._revision:
+            raise LedgerError(
+                f"the ledger at {self.url} changed schema revision while in use ({self._revision} -> {revision}): "
+                "stopping"
+            )
+
+    def _drop_stale_wal(self, path: str) -> None:
+        """Our write-ahead log, left beside a file that is no longer ours: SQLite would replay its frames into
+        whatever file is opened at `path` next (the replacement, or a new ledger), so it goes with its file."""
+        if self._wal is not None and _identity(path + "-wal") == self._wal:
+            for suffix in ("-wal", "-shm"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path + suffix)
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
-        """Driver errors (server gone, disk full, lock timeout) become one LedgerError, password masked."""
+        """Driver errors (server gone, disk full, lock timeout, a corrupt file) become one LedgerError, password
+        masked. A constraint violation stays itself: its caller reads the winner of the race."""
         try:
             yield
-        except OperationalError as exc:
+        except IntegrityError:
+            raise
+        except DatabaseError as exc:
             detail = scrub(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc), self.engine.url)
             raise LedgerError(f"ledger {self.url}: {detail}") from exc
 
@@ -99,3 +141,20 @@ class Store:
         if a is None:
             raise LedgerError(f"no attempt with id {attempt_id}")
         return a
+
+
+def _file_identity(engine: Engine) -> tuple[str, tuple[int, int]] | None:
+    """The SQLite file an engine names and its (device, inode) now; None for PostgreSQL or no file yet."""
+    db = engine.url.database
+    if engine.dialect.name != "sqlite" or not db or db == ":memory:":
+        return None
+    found = _identity(db)
+    return None if found is None else (os.path.abspath(db), found)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.core.failures import Failure
-from orchestrator.core.paths import JobPaths
+from orchestrator.core.paths import JobPaths, folder_writes
 from orchestrator.core.schema import RootConfig
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, SweepStatus
 from orchestrator.ledger.leases import LeaseKeeper, holder_id
@@ -318,8 +318,10 @@ class Driver:
         if not launches:
             return 0
         tasks = []
+        resume = f"python -m orchestrator resume {self.name}"
         for x in launches:
-            x.spec.save(JobPaths(x.spec.job_dir).spec)
+            with folder_writes(x.spec.job_dir, resume):
+                x.spec.save(JobPaths(x.spec.job_dir).spec)
             tasks.append(launch_task(self.cfg, x.spec, exclude=x.exclude))
         intents: list[AttemptRow] = [None] * len(tasks)  # type: ignore[list-item]  # every slot is filled below
         for group in self.launcher.arrays(tasks):
@@ -347,7 +349,8 @@ class Driver:
                 self._poll(self.ledger.live_attempts(self.name))
                 self._show()
 
-        subs = self.launcher.submit(tasks, on_submitted=record)  # Slurm: one array, one sbatch
+        with folder_writes(self.cfg.cluster.folder, resume):
+            subs = self.launcher.submit(tasks, on_submitted=record)  # Slurm: one array, one sbatch
         self.stats["submitted"] += len(subs)
         self._dirty = True
         self.view.event(

@@ -155,3 +155,21 @@ def test_auto_falls_back_to_local(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(shims))
     launcher, reason = make_launcher(ClusterConfig(kind="auto"))
     assert launcher.kind == "local" and "Unable to contact slurm controller" in reason
+
+
+def test_a_hung_local_job_killed_at_its_time_limit_is_timeout_and_retried_once(tmp_path):
+    """Killed at its limit with the warning mark in its folder: TIMEOUT as on Slurm, not CRASH ("exit code 1")."""
+    from orchestrator.core.failures import retried_by_default
+    from orchestrator.core.paths import JobPaths
+    from orchestrator.evidence.classify import classify
+
+    launcher = LocalLauncher(local_cluster(signal_delay_s=5))  # min_time_min=1: killed after 60 s
+    (sub,) = launcher.submit([task(sleep_for, tmp_path / "hung", 600.0)])
+    state = wait_terminal(launcher, [sub.job_id], timeout_s=300)[sub.job_id]
+    assert list(tmp_path.joinpath("hung").glob(JobPaths.TIME_LIMIT_MARK.format(rank="*")))  # the warning came
+    assert state.state == "TIMEOUT", state
+    verdict = classify([], slurm_state=state.state, exit_code=state.exit_code)
+    assert verdict.failure_class == "TIMEOUT" and retried_by_default(verdict.failure_class)
+    fresh = LocalLauncher(local_cluster())  # after a restart only the folder is left: the mark still says so
+    fresh.attach([sub])
+    assert fresh.poll([sub.job_id])[sub.job_id].state == "TIMEOUT"

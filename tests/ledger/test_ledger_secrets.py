@@ -140,27 +140,38 @@ def test_libpq_finds_the_password_in_pgpassword_or_pgpass(role, tmp_path):
     assert "Wr0ngPw" not in r.stderr + r.stdout and r.stderr.startswith("error: ")
 
 
-@pytest.fixture
-def pg_url_with_password(_pg_ledger_db) -> str:
-    """The shared server (trust: any password is accepted) with a password in the URL, schema reset."""
+# Every form libpq / SQLAlchemy take a password in (the secret, how the URL carries it, the masked text stored).
+URL_FORMS = {
+    "userinfo": ("Plain-Secret-42", "postgres:{}@127.0.0.1:5432/{db}", "postgres:***@127.0.0.1"),
+    "raw @": ("Raw@At-Secret-43", "postgres:{}@127.0.0.1:5432/{db}", "postgres:***@127.0.0.1"),
+    "query password=": ("Query-Secret-44", "postgres@127.0.0.1:5432/{db}?password={}", "?password=***"),
+    "query passfile=": ("/tmp/no-such-pgpass-Secret-45", "postgres@127.0.0.1:5432/{db}?passfile={}", "?passfile=***"),
+}
+
+
+@pytest.fixture(params=list(URL_FORMS))
+def pg_url_with_password(request, _pg_ledger_db) -> tuple[str, str, str]:
+    """The shared server (trust: any password is accepted) with a password in the URL, schema reset:
+    (url, secret, what the stored snapshot holds instead)."""
     import psycopg
 
     with psycopg.connect(PG_DSN + f" dbname={_pg_ledger_db}", autocommit=True) as conn:
         conn.execute("DROP SCHEMA public CASCADE")
         conn.execute("CREATE SCHEMA public")
-    return f"postgresql+psycopg://postgres:Plain-Secret-42@127.0.0.1:5432/{_pg_ledger_db}"
+    secret, form, stored = URL_FORMS[request.param]
+    return "postgresql+psycopg://" + form.format(secret, db=_pg_ledger_db), secret, stored
 
 
 @pytest.mark.postgres
 def test_the_stored_config_and_every_export_mask_the_password(pg_url_with_password, tmp_path):
-    secret = "Plain-Secret-42"
+    pg_url_with_password, secret, masked = pg_url_with_password
     args = [
-        a if not a.startswith("ledger.url=") else f"ledger.url={pg_url_with_password}"
+        a if not a.startswith("ledger.url=") else f"ledger.url='{pg_url_with_password}'"  # quoted: = and ? in it
         for a in sweep_args(tmp_path, "masked", "policy.round0_size=1", "stage.budget.max_rounds=1")
     ]
     outputs = [cli("sweep", *args, "--plain", timeout=300)]
     assert outputs[0].returncode == 0, outputs[0].stderr[-2000:]
-    url = f"ledger.url={pg_url_with_password}"
+    url = f"ledger.url='{pg_url_with_password}'"
     out_csv = tmp_path / "sweep.csv"
     outputs.append(cli("ledger", "export", "--table", "sweep", "--out", str(out_csv), url))
     outputs.append(cli("ledger", "sweeps", "--format", "json", url))
@@ -169,10 +180,13 @@ def test_the_stored_config_and_every_export_mask_the_password(pg_url_with_passwo
         assert r.returncode == 0, r.stderr[-2000:]
         assert secret not in r.stdout + r.stderr
     (row,) = list(csv.DictReader(out_csv.open()))
-    assert secret not in out_csv.read_text() and "postgres:***@127.0.0.1" in row["config_yaml"]
+    assert secret not in out_csv.read_text() and masked in row["config_yaml"]
+    assert not any(tail in r.stdout + r.stderr for r in outputs for tail in secret.split("@") if len(tail) > 4)
     import psycopg
 
-    dbname = pg_url_with_password.rsplit("/", 1)[1]
+    from orchestrator.ledger.engine import parse_url
+
+    dbname = parse_url(pg_url_with_password).database
     with psycopg.connect(PG_DSN + f" dbname={dbname}") as conn:
         stored = conn.execute("SELECT config_yaml FROM sweep").fetchone()[0]
     assert secret not in stored and "***" in stored

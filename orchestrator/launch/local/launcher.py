@@ -10,6 +10,7 @@ import json
 import os
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from orchestrator.core.paths import JobPaths, atomic_write
@@ -145,6 +146,10 @@ class LocalLauncher(Launcher):
                 return state_of(AttemptState.COMPLETED, node_list="localhost")
             if _pid_alive(jid):
                 return state_of(AttemptState.RUNNING, node_list="localhost")
+            if folder and _time_limit_warned(folder):
+                return state_of(
+                    AttemptState.TIMEOUT, reason="local time limit (its warning mark)", node_list="localhost"
+                )
             return state_of(AttemptState.FAILED, reason=f"local job lost (no process, no {JobPaths.RESULT})")
         times: dict[str, Any] = {"node_list": "localhost", "start": self._start.get(jid)}  # JobState fields
         if not job.done():
@@ -155,15 +160,20 @@ class LocalLauncher(Launcher):
         times.update(end=end, exit_code=code)
         if jid in self._cancelled:
             return state_of(AttemptState.CANCELLED, reason="cancelled", **times)
+        timed_out = (end - self._start[jid]).total_seconds() >= self._timeout_s[jid]
         if job.paths.result_pickle.exists():
             import submitit
 
             outcome, _ = submitit.core.utils.pickle_load(job.paths.result_pickle)
+            folder = self._folders.get(jid)
+            if outcome != "success" and (timed_out or (folder is not None and _time_limit_warned(folder))):
+                # killed at its limit (submitit's SIGINT pickles the KeyboardInterrupt): TIMEOUT, as on Slurm
+                return state_of(AttemptState.TIMEOUT, reason="local time limit", **times)
             if outcome != "success" and not code:
                 # submitit's controller exits 0 after pickling the task's exception: the task failed.
                 times["exit_code"] = 1
             return state_of(AttemptState.COMPLETED if outcome == "success" else AttemptState.FAILED, **times)
-        if (end - self._start[jid]).total_seconds() >= self._timeout_s[jid]:
+        if timed_out:
             return state_of(AttemptState.TIMEOUT, reason="local time limit", **times)
         return state_of(AttemptState.FAILED, reason=f"no result (exit code {code})", **times)
 
@@ -185,3 +195,8 @@ class LocalLauncher(Launcher):
                 raise LaunchError(f"local job {job_id}: unknown (after a restart, call attach())")
             return read_result(folder)
         return job.result()
+
+
+def _time_limit_warned(folder: str) -> bool:
+    """Whether a rank of the job got the time-limit warning (orchestrator.launch.task records it)."""
+    return any(Path(folder).glob(JobPaths.TIME_LIMIT_MARK.format(rank="*")))

@@ -1,0 +1,79 @@
+"""The ledger replaced, deleted or corrupted under a running process: every write transaction first checks
+that its ledger is still the file (inode) and schema it opened, and stops with one LedgerError; a corrupt
+file is one error line from `status`, not a traceback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator.ledger.errors import LedgerError
+from orchestrator.ledger.ledger import Ledger
+from tests.sweeplib import ROOT
+
+
+def _sweep(led: Ledger, name: str) -> None:
+    led.create_or_get_sweep(name, stage="smoke", config_yaml="{}", model="m", hardware="h", workload="w", provenance={})
+
+
+def test_a_deleted_ledger_stops_the_next_write(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    with Ledger.open(f"sqlite:///{path}") as led:
+        _sweep(led, "a")
+        for f in tmp_path.glob("ledger.sqlite*"):
+            f.unlink()
+        with pytest.raises(LedgerError, match="was deleted while this process used it"):
+            _sweep(led, "b")
+    assert not path.exists()  # nothing wrote a new ledger in its place
+
+
+def test_a_replaced_ledger_stops_the_next_write_and_the_replacement_is_left_intact(tmp_path):
+    path, other = tmp_path / "ledger.sqlite", tmp_path / "other.sqlite"
+    with Ledger.open(f"sqlite:///{other}") as theirs:
+        _sweep(theirs, "theirs")
+    with Ledger.open(f"sqlite:///{path}") as led:
+        _sweep(led, "a")
+        shutil.copy(other, tmp_path / "swap.sqlite")
+        os.replace(tmp_path / "swap.sqlite", path)  # a new inode at the same path
+        with pytest.raises(LedgerError, match="was replaced by another file"):
+            _sweep(led, "b")
+    with Ledger.open(f"sqlite:///{path}", create=False) as now:
+        assert [s.name for s in now.list_sweeps()] == ["theirs"]
+        assert now.engine.connect().exec_driver_sql("PRAGMA integrity_check").scalar() == "ok"
+
+
+def test_a_dropped_schema_stops_the_next_write(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    with Ledger.open(f"sqlite:///{path}") as led:
+        _sweep(led, "a")
+        with led.engine.begin() as conn:
+            conn.exec_driver_sql("DROP TABLE alembic_version")
+        with pytest.raises(LedgerError, match="lost its schema"):
+            _sweep(led, "b")
+
+
+@pytest.mark.parametrize("damage", ["not a database", "malformed pages"])
+def test_status_on_a_corrupt_ledger_is_one_error_line(tmp_path, damage):
+    path = tmp_path / "ledger.sqlite"
+    if damage == "not a database":
+        path.write_bytes(b"this is not a database\n" * 512)
+    else:  # a real ledger whose pages after the header are overwritten: SQLite opens it, queries fail
+        with Ledger.open(f"sqlite:///{path}") as led:
+            _sweep(led, "a")
+        data = bytearray(path.read_bytes())
+        data[100:] = b"\xff" * (len(data) - 100)
+        path.write_bytes(bytes(data))
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "status", f"ledger.url=sqlite:///{path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-2000:]
+    assert str(path) in lines[0], lines[0]
