@@ -133,9 +133,10 @@ def _hydra_message(msg: str, overrides: Sequence[str]) -> str:
         group = missing_plus.group(1)
         given = next((o for o in overrides if o.startswith(f"{group}=")), f"{group}=NAME")
         return f"{given}: write +{given} (no {group} is chosen by default, so it is added with a `+`)"
-    if "ledger.url" in msg:
+    url_with_equals = any(o.lstrip("+").startswith("ledger.url=") and "=" in o.split("=", 1)[1] for o in overrides)
+    if "ledger.url" in msg or (url_with_equals and "mismatched input" in msg):  # `?password=x` needs quotes
         return (
-            f"invalid override: {msg} (quote a URL holding , or ': 'ledger.url=\"...\"', or leave the password "
+            f"invalid override: {msg} (quote a URL holding , ' or =: 'ledger.url=\"...\"', or leave the password "
             "out of the URL: libpq reads PGPASSWORD or ~/.pgpass)"
         )
     unknown = re.match(r"Could not override '([\w.]+)'\.$", msg)
