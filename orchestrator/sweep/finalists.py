@@ -203,8 +203,8 @@ class Finalists:
                     self.ledger.set_candidate_status(c.id, CandidateStatus.EXCLUDED, f"parity failed: {failed.detail}")
                 continue
             row: ParityRow | None
-            if g.same:
-                row = self._verdict(c, c.key, None, g.why, passed=True)
+            if g.same:  # nothing different to compare with: recorded as not compared, never "passed against itself"
+                row = self._verdict(c, "", None, f"not compared: {g.why}", passed=True)
             elif not g.runs:
                 row = self._verdict(c, g.ref_key, None, g.why)
             else:
