@@ -39,10 +39,13 @@ TIME_SAFETY = 2.0  # the measured step may be this much slower than predicted be
 DEFAULT_DISTRIBUTED_TIMEOUT_MIN = 10
 
 
-def attempt_dir(cfg: RootConfig, sweep: str, candidate_key: str, attempt: int) -> Path:
-    """`<cluster.folder>/<sweep>/<candidate_key>/attempt-<n>/` (orchestrator.core.paths.JobPaths names the folder and
-    its files)."""
-    return JobPaths.of_attempt(cfg.cluster.folder, sweep, candidate_key, attempt).folder
+def attempt_dir(
+    cfg: RootConfig, sweep: str, candidate_key: str, attempt: int, *, number: int | None = None, layout=None
+) -> Path:
+    """`<cluster.folder>/<sweep>/c<number>-<layout label>-<key>/attempt-<n>/` (the key alone without a number;
+    orchestrator.core.paths.JobPaths names the folder and its files)."""
+    label = layout.short() if layout is not None else ""
+    return JobPaths.of_attempt(cfg.cluster.folder, sweep, candidate_key, attempt, number=number, label=label).folder
 
 
 def check_workload(cfg: RootConfig) -> None:
