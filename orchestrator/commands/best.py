@@ -25,13 +25,13 @@ from orchestrator.core.errors import UserError
 NAME = "best"
 HELP = (
     "The best measured layout of a sweep (step p50, then p99, then lower peak memory) with its evidence; "
-    "default: the most recent sweep."
+    "default: the most recently started sweep."
 )
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--sweep", default=None, help="sweep name (default: the most recent sweep)")
-    parser.add_argument("--stage", default=None, help="the most recent sweep of this stage (e.g. 1k)")
+    parser.add_argument("--sweep", default=None, help="sweep name (default: the most recently started sweep)")
+    parser.add_argument("--stage", default=None, help="the most recently started sweep of this stage (e.g. 1k)")
     parser.add_argument(
         "--format", choices=["json", "table"], default=None, help="default: table on a terminal, else json"
     )
