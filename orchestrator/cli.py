@@ -28,6 +28,7 @@ COMMANDS = [
     "db",
     "ledger",
     "report",
+    "export",
     "validate",
 ]
 

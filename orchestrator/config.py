@@ -15,14 +15,16 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from typing import TYPE_CHECKING
 
 from orchestrator.core import bounds
 from orchestrator.core import redact as core_redact
 from orchestrator.core.errors import UserError
 from orchestrator.core.schema import LEGACY_CLUSTER_KEYS, RootConfig, StageConfig
+
+if TYPE_CHECKING:  # OmegaConf and Hydra are imported where a config is composed: `--help` never loads them
+    from omegaconf import DictConfig, ListConfig
+    from omegaconf.errors import OmegaConfBaseException
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 SCHEMA = "schema"  # the ConfigStore name conf/config.yaml's defaults list starts with
@@ -52,6 +54,8 @@ class Composed:
     def to_yaml(self) -> str:
         """The snapshot a sweep stores: its ledger URL masked (exports and reports show the snapshot;
         `resume` takes the URL from the caller). `${oc.env:...}` and `env:VAR` stay as written."""
+        from omegaconf import OmegaConf
+
         from orchestrator.ledger.engine import ENV_PREFIX, mask
 
         raw = self.raw.copy()
@@ -164,6 +168,8 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False, comma
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     overrides = list(overrides)
     if require_stage and not any(o.lstrip("+~").startswith("stage=") for o in overrides):

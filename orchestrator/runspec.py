@@ -39,10 +39,13 @@ TIME_SAFETY = 2.0  # the measured step may be this much slower than predicted be
 DEFAULT_DISTRIBUTED_TIMEOUT_MIN = 10
 
 
-def attempt_dir(cfg: RootConfig, sweep: str, candidate_key: str, attempt: int) -> Path:
-    """`<cluster.folder>/<sweep>/<candidate_key>/attempt-<n>/` (orchestrator.core.paths.JobPaths names the folder and
-    its files)."""
-    return JobPaths.of_attempt(cfg.cluster.folder, sweep, candidate_key, attempt).folder
+def attempt_dir(
+    cfg: RootConfig, sweep: str, candidate_key: str, attempt: int, *, number: int | None = None, layout=None
+) -> Path:
+    """`<cluster.folder>/<sweep>/c<number>-<layout label>-<key>/attempt-<n>/` (the key alone without a number;
+    orchestrator.core.paths.JobPaths names the folder and its files)."""
+    label = layout.short() if layout is not None else ""
+    return JobPaths.of_attempt(cfg.cluster.folder, sweep, candidate_key, attempt, number=number, label=label).folder
 
 
 def check_workload(cfg: RootConfig) -> None:
@@ -282,9 +285,11 @@ def time_limit_min(spec: JobSpec, cluster: ClusterConfig, *, safety: float = TIM
     return max(int(cluster.min_time_min), math.ceil(minutes), hang)
 
 
-def layout_flags(cfg, stage, layout: Layout, layer_pattern: str) -> list[str]:
+def layout_flags(cfg, stage, layout: Layout, layer_pattern: str, train=None) -> list[str]:
     """A layout's Megatron flags as a job of this stage would get them; also the report's flags block
-    for a measured candidate (its layout and layer pattern from the ledger, cfg the sweep's stored config)."""
+    for a measured candidate (its layout and layer pattern from the ledger, cfg the sweep's stored config).
+    train (a TrainConfig): the same layout on that training run instead (`best --flags --train`): its data,
+    length, checkpoints and its own extra_args in place of the measurement's (workload.extra_args)."""
     return list(
         plan_argv.megatron_argv(
             cfg.model,
@@ -294,7 +299,8 @@ def layout_flags(cfg, stage, layout: Layout, layer_pattern: str) -> list[str]:
             train_iters=stage.warmup_iters + stage.measure_iters,
             mock_data=cfg.workload.mock_data,
             recipe=cfg.workload.recipe,
-            extra=cfg.workload.extra_args,
+            extra=cfg.workload.extra_args if train is None else train.extra_args,
+            train=train,
         )
     )
 

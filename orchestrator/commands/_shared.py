@@ -8,12 +8,14 @@ command (that made compare <-> ledger a cycle). The ledger URL comes from the co
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from orchestrator.config import compose
 from orchestrator.core.errors import UserError
 
+PIPE_WIDTH = 400  # through a pipe there is no terminal to fit: whole rows for grep, a file or a pager
 INT_MAX = 2**31 - 1  # the ledger's integer columns (PostgreSQL INTEGER) and a sane LIMIT
 
 
@@ -48,6 +50,15 @@ def open_ledger(overrides: Sequence[str]):
     return Ledger.open(cfg.url, create=False, echo=cfg.echo, busy_timeout_ms=cfg.busy_timeout_ms)
 
 
+def console():
+    """A rich Console as wide as the terminal; through a pipe (no terminal to fit), wide enough for whole rows."""
+    from rich.console import Console
+
+    if sys.stdout.isatty():
+        return Console()
+    return Console(width=PIPE_WIDTH)
+
+
 def _cell(value: Any, key: str = "") -> str:
     if value is None:
         return "-"
@@ -61,7 +72,6 @@ def _cell(value: Any, key: str = "") -> str:
 
 
 def print_table(rows: Sequence[dict[str, Any]], *, title: str = "", columns: list[str] | None = None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     cols = columns or (list(rows[0]) if rows else [])
@@ -70,4 +80,4 @@ def print_table(rows: Sequence[dict[str, Any]], *, title: str = "", columns: lis
         table.add_column(c, overflow="fold")
     for r in rows:
         table.add_row(*[_cell(r.get(c), c) for c in cols])
-    Console(width=max(120, 12 * len(cols))).print(table)
+    console().print(table)

@@ -1,12 +1,16 @@
 """`best`: the measured best layout of one sweep, as orchestrator.core.ranking decides it (ranking.RULE).
 
 Never chosen on predictions; only complete full-window results count, and a candidate that failed a parity
-check is excluded. Without `--sweep` it answers for the most recent sweep (of `--stage`, if given) and says
-which: the best across every stage would compare a 64-GPU slice with a 1k stage. A table on a terminal, JSON
+check is excluded. Without `--sweep` it answers for the most recently started sweep (of `--stage`, if given) and
+says which: the best across every stage would compare a 64-GPU slice with a 1k stage, and a `resume` of an
+old sweep must not change the answer. A table on a terminal, JSON
 (every metric, job id, log paths) with `--format json` or through a pipe; `--flags` prints its Megatron flags.
 Each answer carries the winner's evidence bundle (orchestrator.evidence.bundle: Megatron commit, container
 digest, TE / DeepEP / NCCL versions, nodes, NCCL/NVTE env, parity verdict); with `--flags` it goes to stderr as
-`# ` lines, so stdout stays the flags alone.
+`# ` lines, so stdout stays the flags alone. `--flags` is the measurement's recipe (mock data, a few hundred
+iterations, no checkpoints) and says so; `--flags --train` puts the same layout and performance flags on the
+training run of the `train` config group (orchestrator.core.schema.TrainConfig: data, tokenizer, length,
+save/load, evaluation), rebuilt by orchestrator.plan.argv from the sweep's stored config.
 """
 
 from __future__ import annotations
@@ -21,13 +25,13 @@ from orchestrator.core.errors import UserError
 NAME = "best"
 HELP = (
     "The best measured layout of a sweep (step p50, then p99, then lower peak memory) with its evidence; "
-    "default: the most recent sweep."
+    "default: the most recently started sweep."
 )
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--sweep", default=None, help="sweep name (default: the most recent sweep)")
-    parser.add_argument("--stage", default=None, help="the most recent sweep of this stage (e.g. 1k)")
+    parser.add_argument("--sweep", default=None, help="sweep name (default: the most recently started sweep)")
+    parser.add_argument("--stage", default=None, help="the most recently started sweep of this stage (e.g. 1k)")
     parser.add_argument(
         "--format", choices=["json", "table"], default=None, help="default: table on a terminal, else json"
     )
@@ -35,10 +39,16 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--flags", action="store_true", help="print the exact Megatron flags the best layout's job ran with"
     )
+    parser.add_argument(
+        "--train",
+        action="store_true",
+        help="with --flags: the best layout on the training run of conf/train/ (data, tokenizer, save/load, eval)",
+    )
 
 
 def pick_sweep(ledger, name: str | None, stage: str | None):
-    """The sweep `best` answers for: the named one, else the most recently updated (of `stage`, if given).
+    """The sweep `best` answers for: the named one, else the most recently started (of `stage`, if given):
+    started, not touched, so a `resume` of an old sweep does not change which one answers.
     A UserError lists the sweeps when there is no such sweep."""
     sweeps = ledger.list_sweeps()
     known = ", ".join(s.name for s in sweeps) or "none"
@@ -53,7 +63,7 @@ def pick_sweep(ledger, name: str | None, stage: str | None):
     if not pool:
         where = f" of stage {stage}" if stage else ""
         raise UserError(f"no sweep{where} in {ledger.url} (sweeps: {known}); run one: `python -m orchestrator sweep`")
-    return max(pool, key=lambda s: (s.updated_at, s.id))
+    return max(pool, key=lambda s: (s.created_at, s.id))
 
 
 def flags_of(hit: dict, config_yaml: str) -> list[str]:
@@ -74,6 +84,18 @@ def flags_of(hit: dict, config_yaml: str) -> list[str]:
 
     cfg = root_from_yaml(config_yaml)
     return layout_flags(cfg, cfg.required_stage(), Layout.from_dict(hit["layout"]), hit["layer_pattern"])
+
+
+def train_flags_of(hit: dict, config_yaml: str, train) -> list[str]:
+    """The best layout on a training run (`train`, a TrainConfig): the sweep's stored model, stage, recipe and
+    layout through the same argv builder the jobs got theirs from, with the run's data, length and checkpoints."""
+    from orchestrator.plan.layout import Layout
+    from orchestrator.runspec import layout_flags
+    from orchestrator.sweep.setup import root_from_yaml
+
+    cfg = root_from_yaml(config_yaml)
+    layout = Layout.from_dict(hit["layout"])
+    return layout_flags(cfg, cfg.required_stage(), layout, hit["layer_pattern"], train=train)
 
 
 def summary_rows(hit: dict) -> list[tuple[str, str]]:
@@ -117,6 +139,11 @@ def _bundle(ledger, sweep, hit: dict):
 def run(args, overrides) -> int:
     from orchestrator.ledger import queries
 
+    if args.train and not args.flags:
+        raise UserError("--train goes with --flags: `python -m orchestrator best --flags --train`")
+    from orchestrator.config import compose
+
+    train = compose(overrides).cfg.train if args.train else None
     with open_ledger(overrides) as ledger:
         sweep = pick_sweep(ledger, args.sweep, args.stage)
         hit = queries.best(ledger, sweep=sweep.name)
@@ -125,7 +152,7 @@ def run(args, overrides) -> int:
     if args.sweep is None:
         scope = f" of stage {args.stage}" if args.stage else ""
         print(
-            f"best of sweep {sweep.name} (stage {sweep.stage}; the most recent sweep{scope}: "
+            f"best of sweep {sweep.name} (stage {sweep.stage}; the most recently started sweep{scope}: "
             "--sweep NAME or --stage STAGE picks another)",
             file=sys.stderr,
         )
@@ -137,7 +164,25 @@ def run(args, overrides) -> int:
     if args.flags:
         from orchestrator.runspec import format_argv
 
-        print(format_argv(flags_of(hit, sweep.config_yaml)))
+        if train is not None:
+            from orchestrator.plan.argv import train_placeholders
+
+            print(format_argv(train_flags_of(hit, sweep.config_yaml, train)))
+            print("# recipe: training run (conf/train/: data, tokenizer, length, save/load, eval)", file=sys.stderr)
+            missing = ", ".join(f"train.{name}" for name in train_placeholders(train))
+            if missing:
+                print(
+                    f"# unset: {missing} are <placeholders>: fill them once in conf/train/default.yaml "
+                    "(or pass train.save=DIR ...)",
+                    file=sys.stderr,
+                )
+        else:
+            print(format_argv(flags_of(hit, sweep.config_yaml)))
+            print(
+                "# recipe: measurement (mock data, NullTokenizer, warm-up + window iterations, no save/load); "
+                "add --train for the training run",
+                file=sys.stderr,
+            )
         for k, v in bundle.rows() if bundle else ():
             print(f"# {k}: {v}", file=sys.stderr)
         return 0

@@ -9,8 +9,6 @@ from __future__ import annotations
 from orchestrator.config import compose
 from orchestrator.core.failures import Failure
 from orchestrator.core.states import AttemptState, CandidateStatus, SweepStatus
-from orchestrator.sweep import bound_launcher, open_ledger, stored_config, stored_sweep
-from orchestrator.sweep.view import View
 
 NAME = "cancel"
 HELP = "Cancel every live job of a sweep (scancel on Slurm) and record the cancellation in the ledger."
@@ -21,6 +19,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args, overrides) -> int:
+    from orchestrator.sweep import bound_launcher, open_ledger, stored_config, stored_sweep
+    from orchestrator.sweep.view import View
+
     current = compose(overrides).cfg
     with open_ledger(current) as ledger:
         cfg = stored_config(ledger, args.name, current)

@@ -145,10 +145,11 @@ def _header(cfg, stage, res: PlanResult) -> str:
 
 
 def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(260, Console().width))  # a wide table: never squeeze the guide's names
+    from orchestrator.commands._shared import console as make_console
+
+    console = make_console()  # the terminal's width (a pipe: whole rows)
     console.print(_header(cfg, stage, res), markup=False, highlight=False)
     # a knob that is not always shown gets a column when the stage searches several values of it
     varying = [k for k, values in knob_values(stage.search).items() if len(values) > 1]
@@ -157,17 +158,16 @@ def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
     table = Table(show_lines=False)
     for col in columns:
         table.add_column(col, no_wrap=True, min_width=len(col), justify="left" if col in TEXT else "right")
-    for i, p in enumerate(res.candidates[:top]):
-        d = row(i, p)
-        for col in knob_cols:
-            d[col] = knobs.text(d[col])
-        pat = d["layer_pattern"]
-        d["layer_pattern"] = pat if len(pat) <= PATTERN_WIDTH else pat[: PATTERN_WIDTH - 1] + "…"
-        d["T_expert"] = f"{d['T_expert']:g}"
-        for col, fmt in FLOAT_FORMATS.items():
-            d[col] = format(d[col], fmt)
-        table.add_row(*(str(d[c]) for c in columns))
+    groups = grouped(res.candidates, top, knob_cols)
+    for cells in groups:
+        table.add_row(*(cells[c] for c in columns))
     console.print(table)
+    if any("," in g["candidate"] for g in groups):
+        console.print(
+            "rows with identical predictions are one row (the knobs they differ in are counted): "
+            "`plan --argv N` takes any candidate listed",
+            highlight=False,
+        )
     if show_rejected:
         counts = Counter(rid for r in res.rejected for rid in r.rule_ids)
         legend = Table(title=f"{len(res.rejected)} rejected layouts, by rule (a layout may break several)")
@@ -183,6 +183,44 @@ def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
         for r in res.rejected[:top]:
             detail.add_row(r.layout.short(), ", ".join(r.rule_ids))
         console.print(detail)
+
+
+def _cells(i: int, p: Planned, knob_cols: list[str]) -> dict[str, str]:
+    d = row(i, p)
+    for col in knob_cols:
+        d[col] = knobs.text(d[col])
+    pat = d["layer_pattern"]
+    d["layer_pattern"] = pat if len(pat) <= PATTERN_WIDTH else pat[: PATTERN_WIDTH - 1] + "…"
+    d["T_expert"] = f"{d['T_expert']:g}"
+    for col, fmt in FLOAT_FORMATS.items():
+        d[col] = format(d[col], fmt)
+    return {k: str(v) for k, v in d.items()}
+
+
+def grouped(candidates: list[Planned], top: int, knob_cols: list[str]) -> list[dict[str, str]]:
+    """The table's first `top` rows, neighbours with identical predictions as one row: the models cannot tell
+    them apart (a dispatcher pair often), so they are one choice to the reader. Its candidate cell lists every
+    index; a knob they differ in says how many values ("2 dispatchers")."""
+    out: list[dict[str, str]] = []
+    members: list[list[dict[str, str]]] = []
+    for i, p in enumerate(candidates):
+        cells = _cells(i, p, knob_cols)
+        if members and all(cells[c] == members[-1][0][c] for c in PREDICTION_COLUMNS):
+            members[-1].append(cells)
+            continue
+        if len(members) == top:
+            break
+        members.append([cells])
+    for group in members:
+        first = dict(group[0])
+        if len(group) > 1:
+            first["candidate"] = ",".join(g["candidate"] for g in group)
+            for col in knob_cols:
+                values = {g[col] for g in group}
+                if len(values) > 1:
+                    first[col] = f"{len(values)} {col}s"
+        out.append(first)
+    return out
 
 
 def _csv(res: PlanResult, top: int | None) -> str:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from orchestrator.commands.sweep import options, report
 from orchestrator.config import compose
-from orchestrator.sweep import resume_sweep
-from orchestrator.sweep.view import View
 
 NAME = "resume"
 HELP = "Continue a sweep after a crash or kill: re-attach to its jobs by stored id, ingest, retry, go on."
@@ -30,6 +28,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args, overrides) -> int:
+    from orchestrator.sweep import resume_sweep
+    from orchestrator.sweep.view import View
+
     composed = compose(overrides)
     cluster_given = any(o.lstrip("+").startswith("cluster") for o in overrides)
     view = View(live=False) if args.plain else View()

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from orchestrator.config import compose
 from orchestrator.core import metrics
 from orchestrator.core.errors import UserError
 from orchestrator.core.metrics import STEP_P50
-from orchestrator.ledger.leases import LeaseInfo
 from orchestrator.plan.layout import Layout
 from orchestrator.report import path
-from orchestrator.sweep import capacity, observe, open_ledger
-from orchestrator.sweep.setup import root_from_yaml
+
+if TYPE_CHECKING:  # the ledger and the driver are imported where used: `--help` stays light
+    from orchestrator.ledger.leases import LeaseInfo
 
 NAME = "status"
 HELP = "Show a sweep's state from the ledger: counts, jobs, calibration, best so far, who holds the lease."
@@ -55,6 +56,9 @@ def lease_line(lease: dict | None, last_event: str | None) -> str:
 
 
 def gather(ledger, name: str) -> dict:
+    from orchestrator.sweep import capacity, observe
+    from orchestrator.sweep.setup import root_from_yaml
+
     sweep = ledger.get_sweep(name)
     if sweep is None:
         raise UserError(f"no sweep named '{name}' in {ledger.url}")
@@ -108,6 +112,8 @@ def gather(ledger, name: str) -> dict:
 
 
 def run(args, overrides) -> int:
+    from orchestrator.sweep import observe, open_ledger
+
     if args.name and "=" in args.name:  # `status ledger.url=...`: an override, not a sweep name
         overrides, args.name = [args.name, *list(overrides)], None
     cfg = compose(overrides).cfg

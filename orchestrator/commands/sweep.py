@@ -9,14 +9,16 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from typing import TYPE_CHECKING
 
 from orchestrator.config import compose, redact, stage_or_error
 from orchestrator.core import metrics
 from orchestrator.core.errors import UserError
 from orchestrator.core.metrics import STEP_P50
 from orchestrator.plan.planner import plan
-from orchestrator.sweep import Options, observe, run_sweep
-from orchestrator.sweep.view import View
+
+if TYPE_CHECKING:  # the driver (SQLAlchemy, the launchers) is imported by run(): `--help` stays light
+    from orchestrator.sweep import Options
 
 NAME = "sweep"
 HELP = "Run (or continue) a ledger-driven sweep of parallel layouts: +stage=1k cluster=auto|slurm|local."
@@ -47,6 +49,8 @@ def add_arguments(parser) -> None:
 
 
 def options(args) -> Options:
+    from orchestrator.sweep import Options
+
     return Options(
         retry={c.upper() for c in args.retry},
         max_wall_s=args.max_wall,
@@ -98,6 +102,8 @@ def next_steps(outcome, cfg, overrides) -> dict[str, str]:
 
 
 def report(outcome, args, cfg=None, overrides=()) -> int:
+    from orchestrator.sweep import observe
+
     steps = next_steps(outcome, cfg, overrides) if cfg is not None else {}
     if args.json:
         print(
@@ -140,6 +146,9 @@ def report(outcome, args, cfg=None, overrides=()) -> int:
 
 
 def run(args, overrides) -> int:
+    from orchestrator.sweep import run_sweep
+    from orchestrator.sweep.view import View
+
     composed = compose(overrides, require_stage=True, command=NAME)
     cfg = composed.cfg
     # An impossible stage is refused before anything is written to the ledger.

@@ -4,7 +4,8 @@ Why one owner: the launcher, the job (entry, twin, megatron_run), collect and th
 job folder; a name spelled twice drifts (there were two constants for result.json). Like submitit's
 JobPaths, a JobPaths is built from the folder and hands out paths; nothing else spells a name.
 
-Layout of one attempt (`JobPaths.of_attempt`): `<cluster.folder>/<sweep>/<candidate_key>/attempt-<n>/`
+Layout of one attempt (`JobPaths.of_attempt`): `<cluster.folder>/<sweep>/<candidate folder>/attempt-<n>/`, the
+candidate folder `c<number>-<layout label>-<key>` (`candidate_folder`: readable, and still named by its key)
     job.json                      the JobSpec (written before submission; re-read by collect)
     rank-<r>.out, rank-<r>.err    stdout / stderr of each evidence rank (orchestrator.plan.ranks.evidence_ranks)
     node-<host>.log               the other ranks of one node: their lines labelled `<rank>: `, bounded per rank
@@ -31,6 +32,17 @@ from pathlib import Path
 from orchestrator.core.errors import UserError
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)")
+_UNSAFE = re.compile(r"[^A-Za-z0-9=+.-]+")  # no ":" (container mounts, PATH-like lists split on it)
+
+
+def candidate_folder(candidate_key: str, number: int | None = None, label: str = "") -> str:
+    """A candidate's folder name: `c<number>-<label>-<key>` (the ledger's candidate number `status` and the
+    report show, the layout's short label, then the key every record names it by; `TP1-PP8-...`), or the
+    key alone for a layout that is no candidate of its own (a parity reference)."""
+    if number is None:
+        return candidate_key
+    slug = _UNSAFE.sub("_", label.replace(" ", "-")).strip("-_")
+    return "-".join(part for part in (f"c{number}", slug, candidate_key) if part)
 
 
 @dataclass(frozen=True)
@@ -62,9 +74,19 @@ class JobPaths:
         object.__setattr__(self, "folder", Path(folder))
 
     @classmethod
-    def of_attempt(cls, root: str | os.PathLike, sweep: str, candidate_key: str, attempt: int) -> JobPaths:
-        """`<root>/<sweep>/<candidate_key>/attempt-<n>/` (root = cluster.folder, resolved)."""
-        return cls(Path(root).expanduser().resolve() / sweep / candidate_key / cls.ATTEMPT.format(n=attempt))
+    def of_attempt(
+        cls,
+        root: str | os.PathLike,
+        sweep: str,
+        candidate_key: str,
+        attempt: int,
+        *,
+        number: int | None = None,
+        label: str = "",
+    ) -> JobPaths:
+        """`<root>/<sweep>/<candidate folder>/attempt-<n>/` (root = cluster.folder, resolved; `candidate_folder`)."""
+        name = candidate_folder(candidate_key, number, label)
+        return cls(Path(root).expanduser().resolve() / sweep / name / cls.ATTEMPT.format(n=attempt))
 
     @property
     def spec(self) -> Path:

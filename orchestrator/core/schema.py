@@ -532,6 +532,31 @@ class ParityConfig:
 
 
 @dataclass
+class TrainConfig:
+    """The training run `best --flags --train` puts a sweep's winner on: what a site fills in once
+    (conf/train/default.yaml, or its own train/NAME.yaml on Hydra's search path, selected with train=NAME).
+
+    Only the measurement's data, run length, checkpoints, evaluation and logging are replaced; the layout, the
+    model, the recipe (workload.recipe) and the performance flags are the measured ones (orchestrator.plan.argv).
+    None fields are the site's to fill: the flags then carry a `<train.FIELD>` placeholder Megatron cannot
+    mistake for a real path, and `best` names what is missing. Flag names are Megatron's
+    (megatron/training/arguments.py: _add_data_args, _add_checkpointing_args, _add_validation_args)."""
+
+    data_path: list[str] | None = None  # --data-path: the indexed dataset prefixes (optionally weight, prefix...)
+    split: str = "99,1,0"  # --split train,valid,test: a validation share for --eval-interval to read
+    tokenizer_type: str = "HuggingFaceTokenizer"  # a real tokenizer: the measurement's NullTokenizer is no text
+    tokenizer_model: str | None = None  # --tokenizer-model: a local path or a Hugging Face id
+    train_iters: int = 500_000  # --train-iters of the run (the measurement's is warm-up + window, a few hundred)
+    save: str | None = None  # --save: the checkpoint folder (on a filesystem every node shares)
+    load: str | None = None  # --load: None resumes from `save` (a restarted job continues where it saved)
+    save_interval: int = 1000  # --save-interval in iterations
+    eval_interval: int = 1000  # --eval-interval in iterations
+    eval_iters: int = 10  # --eval-iters per evaluation (the measurement runs none)
+    log_interval: int = 10  # --log-interval (the measurement logs every step to time it)
+    extra_args: list[str] = field(default_factory=list)  # appended last (argparse: a later flag wins)
+
+
+@dataclass
 class SweepConfig:
     name: str | None = None
 
@@ -547,6 +572,7 @@ class RootConfig:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     effective: EffectiveConfig = field(default_factory=EffectiveConfig)
     parity: ParityConfig = field(default_factory=ParityConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
     stage: StageConfig | None = None
 
     def required_stage(self) -> StageConfig:

@@ -96,7 +96,11 @@ def sqlite_file(url: URL, *, create: bool, create_dir: bool = False) -> Path | N
             raise LedgerError(f"{mask(url)} is not a regular file; point ledger.url at a .sqlite file")
         return path
     if not create:
-        raise LedgerError(f"no ledger at {mask(url)} (run a sweep or `python -m orchestrator db upgrade`)")
+        raise LedgerError(  # where it looked (a relative URL is read from the current folder) and both fixes
+            f"no ledger at {mask(url)}: looked for {path.resolve()} (from {Path.cwd()}); cd to the project folder "
+            "the sweep ran in, or pass ledger.url=sqlite:////ABSOLUTE/PATH/ledger.sqlite (no ledger yet: run a "
+            "sweep or `python -m orchestrator db upgrade`)"
+        )
     if not path.parent.is_dir():
         if not create_dir:
             raise LedgerError(

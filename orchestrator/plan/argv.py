@@ -33,6 +33,11 @@ Choices (Megatron file:line at dev d48bd6be0a85):
   (tests/plan/test_argv.py runs dev's validate_args on it). Only the CP flags (--cp-comm-type,
   --cp-partition-mode) depend on CP, so the parity reference (CP=1) and a CP>1 candidate train on the same
   data with the same masks and loss normalisation, and their step times compare one pipeline.
+- A training run (`train`, orchestrator.core.schema.TrainConfig: `best --flags --train`): the same layout, model,
+  recipe and performance flags on the site's data (--data-path, --split, a real tokenizer), its run length
+  (--train-iters; --lr-decay-iters follows it unless the recipe sets one), --save/--load, evaluation and a
+  coarser --log-interval; never --mock-data or the NullTokenizer. An unset site field is written as
+  `<train.FIELD>` (`train_placeholders` names them), which no Megatron run mistakes for a real path.
 - The job environment (`megatron_env`): NVTE_CPU_OFFLOAD_V1=1 with --fine-grained-activation-offloading, which
   dev asserts for TE >= 2.10 (megatron/training/arguments.py:2126-2133) and its DSv4-Pro recipe sets
   (examples/moe_recipes/deepseek_v4_pro/gb300/mxfp8_SL4K_256GPU_TP1PP4EP64.yaml:108).
@@ -49,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.knobs import KNOB, KNOBS
-from orchestrator.core.schema import ModelConfig, RecipeConfig, StageConfig
+from orchestrator.core.schema import ModelConfig, RecipeConfig, StageConfig, TrainConfig
 from orchestrator.plan.flags import FLAGS
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.params import RATIO_SYMBOL, effective_layers, is_v4
@@ -416,14 +421,18 @@ def megatron_argv(
     mock_data: bool = True,
     recipe: RecipeConfig | None = None,
     extra: Iterable[str] = (),
+    train: TrainConfig | None = None,
 ) -> list[str]:
     """Megatron flags for one candidate. model: ModelConfig, stage: StageConfig (orchestrator.core.schema).
 
     layer_pattern is the hybrid pattern with '|' between PP x VPP segments (orchestrator.plan.pipeline).
     recipe: the workload's training recipe (None: RecipeConfig's defaults, the dev DSv4-Pro recipe).
-    `extra` is appended last (argparse: a later flag wins).
+    train: a training run's data, length, checkpoints and evaluation in place of the measurement's (then
+    train_iters and mock_data are ignored). `extra` is appended last (argparse: a later flag wins).
     """
     recipe = recipe or DEFAULT_RECIPE
+    if train is not None:
+        train_iters, mock_data = train.train_iters, False
     segments = pattern_segments(layer_pattern)
     if segments != layout.pp * layout.vpp:
         raise ValueError(f"pattern has {segments} segments, layout needs PP x VPP = {layout.pp * layout.vpp}")
@@ -459,7 +468,9 @@ def megatron_argv(
     if stage.deterministic_mode:
         a.add("--deterministic-mode")
     _runtime(a, stage, recipe)
-    if mock_data:
+    if train is not None:
+        _train_data(a, train)
+    elif mock_data:
         a.add("--mock-data")
         a.add("--tokenizer-type", "NullTokenizer")
         a.add("--vocab-size", model.vocab_size)
@@ -469,14 +480,46 @@ def megatron_argv(
         if k.name not in _READ and k.flags[0] not in written:
             _knob(a, layout, k.name)
     a.add("--train-iters", train_iters)
-    a.add("--eval-iters", 0)
-    a.add("--log-interval", 1)
+    if train is not None:
+        _train_run(a, train)
+    else:
+        a.add("--eval-iters", 0)
+        a.add("--log-interval", 1)
     a.add("--log-throughput")
     a.add("--timing-log-level", TIMING_LOG_LEVEL)
     a.add("--timing-log-option", "minmax")
-    a.add("--log-memory-interval", 1)
+    a.add("--log-memory-interval", train.log_interval if train is not None else 1)
     a.add("--logging-level", 20)
     return a.items + [str(x) for x in extra]
+
+
+def train_placeholders(train: TrainConfig) -> list[str]:
+    """The TrainConfig fields a site has not filled (None): written as `<train.FIELD>` in the flags."""
+    return [name for name in ("data_path", "tokenizer_model", "save") if getattr(train, name) is None]
+
+
+def _placeholder(train: TrainConfig, name: str) -> str:
+    value = getattr(train, name)
+    return f"<train.{name}>" if value is None else str(value)
+
+
+def _train_data(a: _Argv, train: TrainConfig) -> None:
+    """A training run's data: the site's indexed dataset and a real tokenizer (never --mock-data)."""
+    a.add("--data-path", *(train.data_path or [_placeholder(train, "data_path")]))
+    a.add("--split", train.split)
+    a.add("--tokenizer-type", train.tokenizer_type)
+    a.add("--tokenizer-model", _placeholder(train, "tokenizer_model"))
+
+
+def _train_run(a: _Argv, train: TrainConfig) -> None:
+    """A training run's checkpoints (load: save unless set), evaluation and logging."""
+    save = _placeholder(train, "save")
+    a.add("--save", save)
+    a.add("--load", train.load or save)
+    a.add("--save-interval", train.save_interval)
+    a.add("--eval-interval", train.eval_interval)
+    a.add("--eval-iters", train.eval_iters)
+    a.add("--log-interval", train.log_interval)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -150,6 +150,14 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--mock-data": (MAIN, bool),
     "--tokenizer-type": (MAIN, str),
     "--vocab-size": (MAIN, int),
+    # a training run's data, checkpoints and evaluation (orchestrator.core.schema.TrainConfig)
+    "--data-path": (MAIN, list),
+    "--split": (MAIN, str),
+    "--tokenizer-model": (MAIN, str),
+    "--save": (MAIN, str),
+    "--load": (MAIN, str),
+    "--save-interval": (MAIN, int),
+    "--eval-interval": (MAIN, int),
     # context parallel and packed (THD) input
     "--cp-comm-type": (MAIN, list),
     "--cp-partition-mode": (DEV, str),

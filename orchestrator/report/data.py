@@ -80,6 +80,23 @@ class Lineage:
 
 
 @dataclass
+class Spend:
+    """What the sweep cost and why it ended: the figure `status` and the budget check charge (observe.spent,
+    orchestrator.core.cost over the ledger's attempts), against the stage's budget."""
+
+    gpu_hours: float  # every attempt of every fidelity (probe, screen, full) and the finalists
+    by_fidelity: dict[str, float]
+    runs: int
+    rounds: int  # rounds the sweep planned (0..last)
+    max_gpu_hours: float  # the stage's budget, as the sweep stored it
+    max_runs: int
+    max_rounds: int
+    stop: str | None  # the driver's last "stop" event: why it stopped (None: never stopped yet)
+    status: str  # the sweep's status (running, done, interrupted, cancelled)
+    simulated: bool
+
+
+@dataclass
 class ReportData:
     sweep: SweepRow
     gpus: int
@@ -94,6 +111,7 @@ class ReportData:
     provenance: dict = field(default_factory=dict)
     effective_note: str = ""
     search_path: list[dict] = field(default_factory=list)  # orchestrator/report/path.py gather
+    spend: Spend | None = None  # total spend, rounds, budget and the stop reason
 
 
 def _gpus(sweep: SweepRow) -> int:
@@ -182,7 +200,9 @@ def gather(ledger: Ledger, name: str) -> ReportData:
         if aid is not None:
             samples[cid] = [s[1] for s in ledger.step_samples(aid) if s[1] is not None]
 
-    rounds = _rounds(measured, observe.spent(ledger, name, stage=_stage(sweep, gpus)).by_round)
+    stage = _stage(sweep, gpus)
+    spent = observe.spent(ledger, name, stage=stage)
+    rounds = _rounds(measured, spent.by_round)
     lineage = _lineage(ledger, name, gpus)
     cal = [{"round": c.round, "fit": c.fit, "error": c.error} for c in ledger.calibrations(name)]
     simulated = any(r.get("simulated") for r in measured + failed) or sweep.workload == "twin"
@@ -205,6 +225,26 @@ def gather(ledger: Ledger, name: str) -> ReportData:
         provenance=sweep.provenance or {},
         effective_note=note,
         search_path=path.gather(ledger, name),
+        spend=_spend(ledger, sweep, stage, spent),
+    )
+
+
+def _spend(ledger: Ledger, sweep: SweepRow, stage: StageConfig, spent: observe.Spent) -> Spend:
+    """Spend, budget and the stop reason of one sweep (the budget is the stage's as the sweep stored it)."""
+    stops = ledger.events(sweep.name, kind="stop")
+    planned = [c.round for c in ledger.candidates(sweep.name)]
+    b = stage.budget
+    return Spend(
+        gpu_hours=spent.gpu_hours,
+        by_fidelity=dict(spent.by_fidelity),
+        runs=spent.runs,
+        rounds=max(planned) + 1 if planned else 0,
+        max_gpu_hours=b.max_gpu_hours,
+        max_runs=b.max_runs,
+        max_rounds=b.max_rounds,
+        stop=stops[-1].message if stops else None,
+        status=str(sweep.status),
+        simulated=spent.simulated,
     )
 
 

@@ -4,6 +4,10 @@ Why its own step: the page opens on this answer, and it must be the answer `best
 (orchestrator.ledger.queries.best, which ranks with orchestrator.core.ranking; the runner-up is the ranking's
 next), with the flags `plan --argv` prints (orchestrator.runspec.layout_flags, from the sweep's stored
 config and the candidate's stored layout and layer pattern), never a second copy of either rule.
+
+The verdict follows from the evidence: a tie only when the two p50s' 95% confidence intervals overlap (from
+each layout's own step times, with the screen's arithmetic, orchestrator.schedule.fidelity), and a runner-up
+whose p99 is much better is named, since a straggler-heavy tail costs every step of a long run.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from orchestrator.evidence import bundle as bundle_mod
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.report.data import ReportData, standing
+from orchestrator.schedule import fidelity
+
+P99_MUCH_BETTER = 0.10  # the runner-up's p99 this much lower (relative) is named beside the recommendation
 
 
 @dataclass
@@ -37,13 +44,37 @@ class Decision:
             return None
         return self.runner_up[STEP_P50] / self.best[STEP_P50] - 1.0
 
+    best_interval: tuple[float, float] | None = None  # the recommended p50's 95% confidence interval (s)
+    runner_interval: tuple[float, float] | None = None  # the runner-up's
+
     @property
     def within_noise(self) -> bool:
-        """The runner-up's p50 lies inside the recommended layout's own p50..p95 spread: not separated."""
-        if not self.best or not self.runner_up:
+        """The two p50 intervals overlap: the measurements do not separate the two layouts (a tie). Unknown
+        intervals (no stored step times) are no evidence of a tie."""
+        if self.best_interval is None or self.runner_interval is None:
             return False
-        p95 = self.best.get("step_p95_s") or self.best[STEP_P50]
-        return self.runner_up[STEP_P50] <= p95
+        return self.runner_interval[0] <= self.best_interval[1] and self.best_interval[0] <= self.runner_interval[1]
+
+    @property
+    def p99_gain(self) -> float | None:
+        """How much lower the runner-up's p99 is (0.23 = 23%) when that is at least P99_MUCH_BETTER, else None."""
+        if not self.best or not self.runner_up:
+            return None
+        mine, theirs = self.best.get("step_p99_s"), self.runner_up.get("step_p99_s")
+        if not mine or not theirs:
+            return None
+        gain = 1.0 - theirs / mine
+        return gain if gain >= P99_MUCH_BETTER else None
+
+
+def p50_interval(p50: float | None, samples: list[float]) -> tuple[float, float] | None:
+    """The 95% confidence interval of a p50 from its window's step times (robust noise, the median's standard
+    error: orchestrator.schedule.fidelity), None when too few times were stored to say."""
+    cv = fidelity.robust_cv(samples)
+    if not p50 or cv is None:
+        return None
+    h = fidelity.half_width(cv, len(samples)) * p50
+    return (p50 - h, p50 + h)
 
 
 def eligible(row: dict) -> bool:
@@ -68,9 +99,16 @@ def decide(ledger: Ledger, d: ReportData) -> Decision:
             provenance=d.sweep.provenance,
             parity_enabled=cfg.parity.enabled if cfg is not None else None,
         )
+    runner = others[0] if others else None
+
+    def interval(row: dict | None) -> tuple[float, float] | None:
+        return p50_interval(row[STEP_P50], d.samples.get(row["candidate_id"], [])) if row else None
+
     return Decision(
         best=best,
-        runner_up=others[0] if others else None,
+        runner_up=runner,
+        best_interval=interval(best),
+        runner_interval=interval(runner),
         flags=flags,
         flags_source=source,
         hbm_gb=hbm,

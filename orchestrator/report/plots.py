@@ -123,7 +123,8 @@ def calibration(d: ReportData) -> bytes | None:
 
 
 def rounds(d: ReportData) -> bytes | None:
-    """Best measured step so far per round, and cumulative GPU-hours spent."""
+    """Best measured step so far per round, and cumulative GPU-hours spent: every attempt of every fidelity
+    (probe, screen, full) and the finalists, the figure `status` charges (ReportData.rounds, observe.spent)."""
     if not d.rounds:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
@@ -132,8 +133,14 @@ def rounds(d: ReportData) -> bytes | None:
     ax.set_xlabel("round")
     ax.set_ylabel("best step time (s)")
     ax2 = ax.twinx()
-    ax2.bar(xs, [r["gpu_hours"] for r in d.rounds], alpha=0.25, color="#edae49", label="GPU-hours (cumulative)")
-    ax2.set_ylabel("GPU-hours" + (" (simulated)" if d.simulated else ""))
+    ax2.bar(
+        xs,
+        [r["gpu_hours"] for r in d.rounds],
+        alpha=0.25,
+        color="#edae49",
+        label="GPU-hours, every fidelity (cumulative)",
+    )
+    ax2.set_ylabel("GPU-hours, all fidelities" + (" (simulated)" if d.simulated else ""))
     ax.set_xticks(xs)
     ax.set_title("Progress per round")
     ax.grid(alpha=0.3)

@@ -75,6 +75,55 @@ def _bundle(dec: Decision) -> str:
     return f"<details id='bundle'><summary>{esc(summary)}</summary><table class='evidence'>{table}</table></details>"
 
 
+def _interval(iv: tuple[float, float] | None) -> str:
+    return "unknown" if iv is None else f"{fmt('s', iv[0])}–{fmt('s', iv[1])} s"
+
+
+def _separation(dec: Decision) -> str:
+    """Tie or not, from the two p50s' 95% intervals (Decision.within_noise): never a tie claimed without them."""
+    ivs = f"p50 95% intervals {_interval(dec.best_interval)} and {_interval(dec.runner_interval)}"
+    if dec.best_interval is None or dec.runner_interval is None:
+        return f"<span class='note' id='tie'>Not enough stored step times to bound the p50s ({ivs}).</span>"
+    if dec.within_noise:
+        return f"<span class='warn' id='tie'>The {ivs} overlap: treat as a tie.</span>"
+    return f"<span id='tie'>Separated: the {ivs} do not overlap.</span>"
+
+
+def _parity(d: ReportData, dec: Decision, b: dict) -> str:
+    """The recommended layout's correctness gate, plainly "NOT CHECKED" when no other layout was compared with it."""
+    par = d.parity.get(b["candidate_id"])
+    ref = str(par["reference_key"] or "") if par else ""
+    if par is None or not ref or ref == b.get("key"):
+        why = (par or {}).get("detail") or (
+            dec.bundle.parity if dec.bundle is not None else "no parity run for this candidate"
+        )
+        return (
+            "<span class='warn' id='parity-verdict'>NOT CHECKED: the recommended layout was never compared with a "
+            f"reference layout ({esc(why)}). Run its parity gate: parity.enabled=true, or +stage=slice.</span>"
+        )
+    text = ("passed" if par["passed"] else "FAILED") + f" against reference {ref[:8]}"
+    if par.get("max_loss_diff") is not None:
+        text += f", max loss diff {sig(par['max_loss_diff'])}"
+    return f"<span id='parity-verdict'>{esc(text)}</span>"
+
+
+def spend(d: ReportData) -> str:
+    """Total spend (every fidelity and the finalists, as `status` charges it), rounds, budget, why it stopped."""
+    s = d.spend
+    if s is None:
+        return ""
+    sim = " simulated" if s.simulated else ""
+    share = f" ({pct(s.gpu_hours / s.max_gpu_hours)})" if s.max_gpu_hours else ""
+    split = ", ".join(f"{k} {v:,.1f}" for k, v in s.by_fidelity.items() if v)
+    stop = s.stop or f"not stopped yet (status {s.status})"
+    return (
+        "<p class='note' id='spend'>"
+        f"Spent <b>{s.gpu_hours:,.1f}{sim} GPU-hours</b> of the {s.max_gpu_hours:,.0f} budgeted{share}"
+        f"{' (' + esc(split) + ')' if split else ''}; {s.runs} of {s.max_runs} runs, {s.rounds} of "
+        f"{s.max_rounds} rounds. Stopped: {esc(stop)}.</p>"
+    )
+
+
 def headline(d: ReportData, dec: Decision) -> str:
     """The decision in one card: the layout, its margin, its evidence, then its exact Megatron flags."""
     b = dec.best
@@ -82,7 +131,7 @@ def headline(d: ReportData, dec: Decision) -> str:
         why = "no successful, complete measurement that passed parity" if d.measured or d.failed else "nothing measured"
         return (
             "<section id='decision' class='decision none'><div class='verdict'><div class='kicker'>No recommended "
-            f"layout yet</div><p>{esc(why)}: run or resume the sweep.</p></div></section>"
+            f"layout yet</div><p>{esc(why)}: run or resume the sweep.</p>{spend(d)}</div></section>"
         )
     sim = _simulated(d, b)
     badge = "<span class='badge sim'>SIMULATED</span>" if sim else "<span class='badge meas'>MEASURED</span>"
@@ -94,8 +143,13 @@ def headline(d: ReportData, dec: Decision) -> str:
             f"<b>{pct(dec.margin)} faster</b> step p50 than the runner-up, #{ru['candidate_id']} "
             f"<code>{esc(knobs.label(ru))}</code> ({fmt('s', ru[STEP_P50])} s vs {fmt('s', b[STEP_P50])} s)."
         )
-        if dec.within_noise:
-            margin += " <span class='warn'>Within the recommended layout's own p50–p95 spread: treat as a tie.</span>"
+        margin += " " + _separation(dec)
+        if dec.p99_gain is not None:
+            margin += (
+                f" <span class='warn' id='p99-note'>The runner-up's p99 is {pct(dec.p99_gain)} lower "
+                f"({fmt('s', ru.get('step_p99_s'))} s vs {fmt('s', b.get('step_p99_s'))} s): if the tail matters "
+                f"more than the median (stragglers stall every rank), train with #{ru['candidate_id']}.</span>"
+            )
     value, kind = peak(b)
     mem = "not measured" if value is None else f"{value:.1f} GB {kind}"
     if value is not None and dec.hbm_gb:
@@ -104,13 +158,7 @@ def headline(d: ReportData, dec: Decision) -> str:
         mem += f"; heaviest rank {b['heaviest_rank']}"
     drop = b.get("token_drop_fraction")
     drop_text = "not measured" if drop is None else "0 (no drops measured)" if drop == 0 else pct(drop, 2)
-    par = d.parity.get(b["candidate_id"])
-    if par is None:
-        parity = "not checked (no parity run for this candidate)"
-    else:
-        parity = ("passed" if par["passed"] else "FAILED") + f" against {str(par['reference_key'])[:8]}"
-        if par.get("max_loss_diff") is not None:
-            parity += f", max loss diff {sig(par['max_loss_diff'])}"
+    parity = _parity(d, dec, b)
     source = (
         f"SIMULATED: twin workload ({esc(d.sweep.workload)}), not a measurement of Megatron on GPUs"
         if sim
@@ -124,7 +172,7 @@ def headline(d: ReportData, dec: Decision) -> str:
         ),
         ("peak memory", esc(mem)),
         ("token drop", esc(drop_text)),
-        ("parity", esc(parity)),
+        ("parity", parity),
         (
             "evidence",
             f"{source}; candidate #{b['candidate_id']} round {b['round']}, job {esc(b.get('job_id'))} "
@@ -146,7 +194,7 @@ def headline(d: ReportData, dec: Decision) -> str:
         "<section id='decision' class='decision'><div class='verdict'>"
         f"<div class='kicker'>Recommended layout {badge}</div>"
         f"<div class='layout' id='recommended-layout'>{esc(knobs.label(b))}</div>"
-        f"<p id='margin'>{margin}</p><table class='evidence' id='evidence'>{rows}</table>{ran_with}"
+        f"<p id='margin'>{margin}</p><table class='evidence' id='evidence'>{rows}</table>{spend(d)}{ran_with}"
         f"<p class='note'>Chosen on {esc(dec.chosen_on)}, as <code>best</code> chooses; partial results and "
         "layouts that failed parity are out.</p></div>"
         f"<div class='flags'>{flags}</div></section>"

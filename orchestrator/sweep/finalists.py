@@ -155,9 +155,13 @@ class Finalists:
         numbers[c.id] = numbers.get(c.id, len(self.ledger.attempts(c.id, roles=None))) + 1
         return numbers[c.id]
 
-    def _folder(self, key: str, name: str) -> Path:
-        """`<cluster.folder>/<sweep>/<key>/<name>/` beside the candidate's measurement folders."""
-        return runspec.attempt_dir(self.cfg, self.sweep, key, 0).parent / name
+    def _folder(self, key: str, name: str, cand: CandidateRow | None = None) -> Path:
+        """`<cluster.folder>/<sweep>/<candidate folder>/<name>/` beside the candidate's measurement folders (a
+        reference layout that is no candidate: its key alone)."""
+        if cand is None:
+            return runspec.attempt_dir(self.cfg, self.sweep, key, 0).parent / name
+        lay = Layout.from_dict(cand.layout)
+        return runspec.attempt_dir(self.cfg, self.sweep, key, 0, number=cand.id, layout=lay).parent / name
 
     def _outcome(self, c: CandidateRow, role: AttemptRole) -> tuple[Outcome, AttemptRow | None]:
         """Where `c`'s job of `role` stands; the last attempt that ran (a result to read, or a failure to name)."""
@@ -203,8 +207,8 @@ class Finalists:
                     self.ledger.set_candidate_status(c.id, CandidateStatus.EXCLUDED, f"parity failed: {failed.detail}")
                 continue
             row: ParityRow | None
-            if g.same:
-                row = self._verdict(c, c.key, None, g.why, passed=True)
+            if g.same:  # nothing different to compare with: recorded as not compared, never "passed against itself"
+                row = self._verdict(c, "", None, f"not compared: {g.why}", passed=True)
             elif not g.runs:
                 row = self._verdict(c, g.ref_key, None, g.why)
             else:
@@ -244,7 +248,7 @@ class Finalists:
         if mine == Outcome.LAUNCH:
             n = self._number(c, numbers)
             spec = runspec.parity_spec(
-                self.cfg, g.mine, sweep=self.sweep, attempt=n, job_dir=self._folder(c.key, f"parity-{n}")
+                self.cfg, g.mine, sweep=self.sweep, attempt=n, job_dir=self._folder(c.key, f"parity-{n}", c)
             )
             out.launches.append(Launch(c.id, spec))
         if ref == Outcome.LAUNCH and g.ref_key not in asked:
@@ -307,7 +311,7 @@ class Finalists:
             return None
         if save_state == Outcome.LAUNCH:
             n = self._number(c, numbers)
-            folder = self._folder(c.key, f"long-run-save-{n}")
+            folder = self._folder(c.key, f"long-run-save-{n}", c)
             spec = runspec.long_run_save_spec(
                 self.cfg, planned, sweep=self.sweep, attempt=n, job_dir=folder, ckpt_dir=folder / "ckpt"
             )
@@ -329,7 +333,7 @@ class Finalists:
                 planned,
                 sweep=self.sweep,
                 attempt=n,
-                job_dir=self._folder(c.key, f"long-run-restore-{n}"),
+                job_dir=self._folder(c.key, f"long-run-restore-{n}", c),
                 ckpt_dir=Path(save.job_dir) / "ckpt",
             )
             out.launches.append(Launch(c.id, spec))

@@ -288,7 +288,7 @@ class Driver:
             # A retry after NODE_FAIL keeps off the node(s) it failed on ("retried on healthy nodes").
             failed = [x for x in atts if not x.aborted]
             exclude = (failed[-1].node_list or "") if failed and failed[-1].failure_class == Failure.NODE_FAIL else ""
-            folder = attempt_dir(self.cfg, self.name, c.key, attempt)
+            folder = attempt_dir(self.cfg, self.name, c.key, attempt, number=c.id, layout=Layout.from_dict(c.layout))
             fid, win = decision_window(self.stage, c.decision)  # screen, probe or the stage's full window
             spec = build_spec(
                 self.cfg,

@@ -65,17 +65,48 @@ def test_a_sweep_ends_with_the_best_layout_and_what_to_do_next(swept):
 
 
 def test_best_defaults_to_the_most_recent_sweep_and_says_so(swept):
-    _, _, url = swept
+    tmp, _, url = swept
     got = cli("best", url)
     assert got.returncode == 0, got.stderr
     assert json.loads(got.stdout)["sweep"] == "newer"  # not the fastest step across every stage
-    assert "best of sweep newer (stage gpu1; the most recent sweep" in got.stderr
+    assert "best of sweep newer (stage gpu1; the most recently started sweep" in got.stderr
+    # touching the older sweep (as a `resume` does) does not change which sweep answers: started, not touched
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(ledger_url(tmp))
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE sweep SET updated_at = :t WHERE name = 'older'"), {"t": datetime(2100, 1, 1)})
+    engine.dispose()
+    got = cli("best", url)
+    assert got.returncode == 0 and json.loads(got.stdout)["sweep"] == "newer", got.stderr
     got = cli("best", "--stage", "smoke", "--format", "json", url)
     assert got.returncode == 0 and json.loads(got.stdout)["sweep"] == "older", got.stderr
     assert "best of sweep older (stage smoke" in got.stderr
     got = cli("best", "--sweep", "older", "--format", "table", url)
     assert got.returncode == 0 and "best of sweep older (stage smoke)" in got.stdout, got.stderr
     assert "python -m orchestrator best --sweep older --flags" in got.stdout and "step p50 / p99" in got.stdout
+
+
+def test_best_flags_train_is_the_training_run_and_plain_flags_says_it_measures(swept):
+    """`best --flags --train`: the measured layout on conf/train/'s run (no mock data, a real tokenizer, the
+    run's length, save/load, eval); plain `--flags` says on stderr that it is the measurement recipe."""
+    _, _, url = swept
+    plain = cli("best", "--sweep", "older", "--flags", url)
+    assert plain.returncode == 0 and "# recipe: measurement" in plain.stderr, plain.stderr
+    got = cli("best", "--sweep", "older", "--flags", "--train", url, "train.data_path=[/d/text]", "train.save=/ck")
+    assert got.returncode == 0, got.stderr
+    flags = shlex.split(got.stdout.replace("\\\n", " "))
+    measured = shlex.split(plain.stdout.replace("\\\n", " "))
+    assert "--mock-data" not in flags and "NullTokenizer" not in flags and "--mock-data" in measured
+    assert flags[flags.index("--data-path") + 1] == "/d/text" and "--tokenizer-model" in flags
+    assert flags[flags.index("--save") + 1] == flags[flags.index("--load") + 1] == "/ck"
+    assert flags[flags.index("--train-iters") + 1] != measured[measured.index("--train-iters") + 1]
+    assert int(flags[flags.index("--eval-iters") + 1]) > 0
+    for knob in ("--tensor-model-parallel-size", "--expert-model-parallel-size", "--micro-batch-size"):
+        assert flags[flags.index(knob) + 1] == measured[measured.index(knob) + 1]  # the winner's layout
+    assert "# recipe: training run" in got.stderr and "train.tokenizer_model" in got.stderr  # the one left unset
+    wrong = cli("best", "--sweep", "older", "--train", url)
+    assert wrong.returncode == 2 and wrong.stderr.startswith("error: --train goes with --flags"), wrong.stderr
 
 
 def test_best_of_a_sweep_that_does_not_exist_lists_the_sweeps(swept):

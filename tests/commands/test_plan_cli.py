@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
+import os
+import re
 import subprocess
 import sys
 from functools import cache
@@ -197,3 +200,52 @@ def test_impossible_stage_writes_no_ledger(tmp_path):
     )
     assert r.returncode == 2 and "no legal layout that fits" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "ledger.sqlite").exists() and not (tmp_path / "runs").exists()
+
+
+def test_identical_predictions_are_one_row_and_the_table_fits_the_terminal():
+    """Issue 21: dispatcher pairs with identical predictions filled half the top 20; tables were forced to
+    260 columns. A group is one row listing its candidates and counting the knob values they differ in;
+    with $COLUMNS (a terminal's width) every line fits it."""
+    from orchestrator.commands import plan as P
+    from orchestrator.config import compose
+    from orchestrator.plan.planner import plan
+
+    cfg = compose(["+stage=1k"]).cfg
+    res = plan(cfg.model, cfg.hardware, cfg.stage, workload=cfg.workload.name, recipe=cfg.workload.recipe)
+    rows = P.grouped(res.candidates, 20, ["dispatcher"])
+    pred = [tuple(r[c] for c in P.PREDICTION_COLUMNS) for r in rows]
+    assert all(a != b for a, b in itertools.pairwise(pred))  # neighbours differ: no duplicate rows
+    listed = [int(i) for r in rows for i in r["candidate"].split(",")]
+    assert listed == list(range(len(listed)))  # every candidate, in order, once
+    pairs = [r for r in rows if "," in r["candidate"]]
+    assert pairs and all(r["dispatcher"].endswith(" dispatchers") for r in pairs if r["dispatcher"][0].isdigit())
+    out = _on_a_terminal([PY, "-m", "orchestrator", "plan", "+stage=1k", "--top", "5"], columns=100)
+    table = [line for line in out.splitlines() if line.strip() and not line.startswith("#")]
+    assert len(table) > 3 and max(len(line) for line in table) <= 100, max(table, key=len)
+
+
+def _on_a_terminal(argv: list[str], *, columns: int) -> str:
+    """What argv prints on a pseudo-terminal `columns` wide (its own size, as a real terminal reports it)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=slave, stderr=subprocess.DEVNULL, env=env)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=300) == 0
+    text = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)  # rich's colours on a terminal

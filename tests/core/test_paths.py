@@ -76,3 +76,13 @@ def test_atomic_write_leaves_no_partial_file_when_the_writer_fails(tmp_path, mon
     with pytest.raises(OSError):
         atomic_write(tmp_path / "fresh.json", "x")
     assert os.listdir(tmp_path) == ["job.json"]  # a new file appears whole or not at all
+
+
+def test_a_candidate_folder_reads_as_its_number_and_layout_and_ends_with_its_key():
+    from orchestrator.core.paths import candidate_folder
+
+    key = "0123456789abcdef" * 2
+    name = candidate_folder(key, 7, "TP1 PP8 VPP1 CP1 EP64 ETP1 MBS1 rc=mhc+mla_up_proj flex:deepep")
+    assert name == f"c7-TP1-PP8-VPP1-CP1-EP64-ETP1-MBS1-rc=mhc+mla_up_proj-flex_deepep-{key}"
+    assert candidate_folder(key) == key  # a layout that is no candidate (a parity reference): its key alone
+    assert "/" not in candidate_folder(key, 1, "a/b c") and candidate_folder(key, 1, "a/b c").endswith(key)

@@ -495,3 +495,41 @@ def test_offloading_layouts_carry_nvte_cpu_offload_v1_in_the_job_environment():
     for p in off[:50] + [p for p in res.candidates if not p.layout.offload][:5]:
         env = runspec.build_spec(cfg, p, sweep="s", attempt=1, job_dir="/tmp/x").env
         assert (env.get("NVTE_CPU_OFFLOAD_V1") == "1") == bool(p.layout.offload), p.layout.short()
+
+
+# --- a training run (best --flags --train) ------------------------------------------------------------
+
+
+def test_a_training_run_keeps_the_layout_and_replaces_the_measurement(megatron_args):
+    """The train argv is the measured layout's, on real data with a real tokenizer, its own length, save/load
+    and evaluation: Megatron's parser and validate_args accept it and read those values back."""
+    from orchestrator.core.schema import TrainConfig
+
+    layout, stage = CONFIGS["A"]
+    train = TrainConfig(data_path=["/data/a_text_document"], tokenizer_model="/tok", save="/ckpt", train_iters=1234)
+    argv = A.megatron_argv(
+        MODEL, stage, layout, layer_pattern=pattern_for(MODEL, layout.pp), train_iters=350, train=train
+    )
+    measured = build(layout, stage)
+    assert "--mock-data" in measured and "--mock-data" not in argv and "NullTokenizer" not in argv
+    assert A.layout_from_argv(argv) == A.layout_from_argv(measured) == layout
+    args = check_with_megatron(megatron_args, layout, stage, argv)
+    assert args.data_path == ["/data/a_text_document"] and args.tokenizer_type == "HuggingFaceTokenizer"
+    assert args.tokenizer_model == "/tok" and (args.save, args.load) == ("/ckpt", "/ckpt")
+    assert (args.train_iters, args.lr_decay_iters) == (1234, 1234)  # the decay follows the run, not the window
+    assert (args.eval_iters, args.eval_interval, args.save_interval) == (10, 1000, 1000)
+    assert not args.mock_data
+
+
+def test_unset_training_fields_are_placeholders_named():
+    from orchestrator.core.schema import TrainConfig
+
+    layout, stage = CONFIGS["A"]
+    train = TrainConfig(save="/ckpt", load="/other")
+    argv = A.megatron_argv(
+        MODEL, stage, layout, layer_pattern=pattern_for(MODEL, layout.pp), train_iters=1, train=train
+    )
+    assert A.train_placeholders(train) == ["data_path", "tokenizer_model"]
+    assert F.flag_value(argv, "--data-path") == "<train.data_path>"
+    assert F.flag_value(argv, "--tokenizer-model") == "<train.tokenizer_model>"
+    assert (F.flag_value(argv, "--save"), F.flag_value(argv, "--load")) == ("/ckpt", "/other")

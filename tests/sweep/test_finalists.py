@@ -106,6 +106,9 @@ def test_parity_and_long_run_end_to_end(tmp_path):
 
         cp1, cp2, cp4 = (led.parity(by_cp[cp].id) for cp in (1, 2, 4))
         assert cp1[0].passed and cp1[0].steps == 0 and "reference layout itself" in cp1[0].detail
+        assert cp1[0].reference_key == "" and cp1[0].detail.startswith("not compared")  # never against itself
+        for c, rows in ((by_cp[1], cp1), (by_cp[2], cp2), (by_cp[4], cp4)):
+            assert all(r.reference_key != c.key for r in rows), (c.layout, rows)
         assert cp2[0].passed and cp2[0].steps == cfg.parity.steps and cp2[0].max_loss_diff < cfg.parity.loss_rtol
         assert cp2[0].reference_key == by_cp[1].key  # CP2's reference is the CP1 layout
         assert not cp4[0].passed and cp4[0].max_loss_diff > cfg.parity.loss_rtol and "step" in cp4[0].detail

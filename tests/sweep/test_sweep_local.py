@@ -68,7 +68,8 @@ def test_job_json_carries_the_ledger_key(tmp_path):
         for c in cands:
             (a,) = led.attempts(c.id)
             spec = JobSpec.load(Path(a.job_dir) / "job.json")
-            assert spec.candidate_key == c.key == Path(a.job_dir).parent.name
+            folder = Path(a.job_dir).parent.name  # c<number>-<layout label>-<key>: readable, named by its key
+            assert spec.candidate_key == c.key and folder.startswith(f"c{c.id}-TP") and folder.endswith(c.key)
             assert (spec.sweep, spec.attempt) == ("keys", 1)
 
 
