@@ -16,6 +16,7 @@ from orchestrator.core.errors import UserError
 from orchestrator.core.metrics import STEP_P50
 from orchestrator.plan.planner import plan
 from orchestrator.sweep import Options, observe, run_sweep
+from orchestrator.sweep.preview import preview
 from orchestrator.sweep.view import View
 
 NAME = "sweep"
@@ -43,6 +44,20 @@ def add_arguments(parser) -> None:
         "--skip-preflight",
         action="store_true",
         help="real workloads: launch without the preflight job (the skipping is recorded in the ledger)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the resolved config, the budget (GPU-hours, cluster-days) and round 0's layouts with their "
+        "predicted cost; launch nothing, write nothing",
+    )
+    parser.add_argument(
+        "--cfg",
+        nargs="?",
+        const="job",
+        choices=("job",),
+        default=None,
+        help="print the resolved config as YAML (Hydra's --cfg job) and exit",
     )
 
 
@@ -140,13 +155,22 @@ def report(outcome, args, cfg=None, overrides=()) -> int:
 
 
 def run(args, overrides) -> int:
-    composed = compose(overrides, require_stage=True, command=NAME)
+    composed = compose(overrides, require_stage=not getattr(args, "cfg", None), command=NAME)
+    if getattr(args, "cfg", None):
+        print(composed.to_yaml(), end="")
+        return 0
     cfg = composed.cfg
     # An impossible stage is refused before anything is written to the ledger.
     stage = stage_or_error(composed)
     res = plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name)
     if not res.candidates:
         raise UserError(res.why_empty(stage))
+    # The price before the spend: the same block a dry run prints (on stderr under --json: stdout is the JSON).
+    for line in preview(cfg).lines():
+        print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
+    if getattr(args, "dry_run", False):
+        print("dry run: nothing launched, nothing written (drop --dry-run to run the sweep)")
+        return 0
     view = View(live=False) if args.plain else View()
     outcome = run_sweep(composed.cfg, composed.to_yaml(), options=options(args), view=view)
     return report(outcome, args, cfg, overrides)
