@@ -79,6 +79,23 @@ def _legacy_kind(ledger: Ledger, name: str) -> str | None:
     return said[-1] if said else None
 
 
+def stage_task(cfg: RootConfig):
+    """A task of the stage's shape (N GPUs, GPUs per node, the workload's resources): what every measurement of
+    the sweep asks of the cluster, compared with the partition before the sweep exists (`check_fits`)."""
+    from orchestrator.launch import LaunchTask
+
+    stage = cfg.required_stage()
+    return LaunchTask(
+        fn=print,
+        args=(),
+        n_gpus=stage.gpus,
+        gpus_per_node=stage.gpus_per_node,
+        name=f"stage {stage.name}'s",
+        folder=".",
+        time_min=0,
+    )
+
+
 def run_sweep(
     cfg: RootConfig, config_yaml: str, *, options: Options | None = None, view: View | None = None, launcher=None
 ) -> Outcome:
@@ -89,6 +106,9 @@ def run_sweep(
     name = default_name(cfg)
     check_workload(cfg)
     with open_ledger(cfg, create=True) as ledger, view:
+        if ledger.get_sweep(name) is None:  # a new sweep: one the cluster can never run is refused unwritten
+            launcher = launcher or pick_launcher(cfg, view)
+            launcher.check_fits([stage_task(cfg)])
         sweep = ledger.create_or_get_sweep(
             name,
             stage=cfg.stage.name,
