@@ -15,6 +15,7 @@ from orchestrator.core import metrics
 from orchestrator.core.errors import UserError
 from orchestrator.core.metrics import STEP_P50
 from orchestrator.plan.planner import plan
+from orchestrator.runspec import check_workload
 from orchestrator.sweep import Options, observe, run_sweep
 from orchestrator.sweep.preview import preview
 from orchestrator.sweep.view import View
@@ -165,6 +166,7 @@ def run(args, overrides) -> int:
     res = plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name)
     if not res.candidates:
         raise UserError(res.why_empty(stage))
+    check_workload(cfg)  # a command that cannot start here (preflight-lite on cluster=local) is refused first
     # The price before the spend: the same block a dry run prints (on stderr under --json: stdout is the JSON).
     for line in preview(cfg).lines():
         print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
