@@ -245,11 +245,11 @@ class SlurmLauncher(Launcher):
         pending job asked about and raise Unrunnable with the reason and the fix: waiting would wait forever."""
         if not pending:
             return
-        reasons = partition.pending_reasons(pending)
-        part = self.target()
-        for jid, reason in reasons.items():
-            if reason.startswith("ReqNodeNotAvail"):  # drained now? ask Slurm again, not the cached answer
-                part = self._partition = partition.read(self.cluster.slurm.partition)
+        for jid, reason in partition.pending_reasons(pending).items():
+            if partition.fatal_reason(reason, None) is None and not reason.startswith("ReqNodeNotAvail"):
+                continue  # Resources, Priority, Dependency ...: waiting helps (no partition read)
+            # the partition as it is now (drained?), not the answer cached at the first check
+            part = self._partition = partition.read(self.cluster.slurm.partition)
             fatal = partition.fatal_reason(reason, part)
             if fatal is None:
                 continue
