@@ -18,6 +18,7 @@ from orchestrator.plan.planner import plan
 from orchestrator.runspec import check_workload
 from orchestrator.sweep import Options, observe, run_sweep
 from orchestrator.sweep.preview import preview
+from orchestrator.sweep.setup import default_name
 from orchestrator.sweep.view import View
 
 NAME = "sweep"
@@ -167,12 +168,13 @@ def run(args, overrides) -> int:
     if not res.candidates:
         raise UserError(res.why_empty(stage))
     check_workload(cfg)  # a command that cannot start here (preflight-lite on cluster=local) is refused first
-    # The price before the spend: the same block a dry run prints (on stderr under --json: stdout is the JSON).
-    for line in preview(cfg).lines():
-        print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
+    default_name(cfg)  # an unsafe sweep name too: a refused sweep prints nothing but its error line
+    # The price before the spend: a dry run prints it and stops; a sweep prints it first, once its ledger opens.
+    price = preview(cfg).lines()
     if getattr(args, "dry_run", False):
+        print("\n".join(price))
         print("dry run: nothing launched, nothing written (drop --dry-run to run the sweep)")
         return 0
     view = View(live=False) if args.plain else View()
-    outcome = run_sweep(composed.cfg, composed.to_yaml(), options=options(args), view=view)
+    outcome = run_sweep(composed.cfg, composed.to_yaml(), options=options(args), view=view, preface=price)
     return report(outcome, args, cfg, overrides)

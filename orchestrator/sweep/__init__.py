@@ -6,6 +6,8 @@ setup (names, stored config, promotion source).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from orchestrator.core.errors import UserError
 from orchestrator.core.schema import RootConfig
 from orchestrator.ledger.ledger import Ledger, SweepRow
@@ -97,15 +99,24 @@ def stage_task(cfg: RootConfig):
 
 
 def run_sweep(
-    cfg: RootConfig, config_yaml: str, *, options: Options | None = None, view: View | None = None, launcher=None
+    cfg: RootConfig,
+    config_yaml: str,
+    *,
+    options: Options | None = None,
+    view: View | None = None,
+    launcher=None,
+    preface: Sequence[str] = (),
 ) -> Outcome:
-    """Create the sweep (or continue the one with this name) and drive it to its end."""
+    """Create the sweep (or continue the one with this name) and drive it to its end. `preface`: the lines said
+    first, once the ledger is open (the price before the spend, orchestrator/sweep/preview.py)."""
     if cfg.stage is None:
         raise UserError("no stage given: add +stage=NAME (e.g. +stage=1k)")
     view = view or View()
     name = default_name(cfg)
     check_workload(cfg)
     with open_ledger(cfg, create=True) as ledger, view:
+        for line in preface:
+            view.event(line)
         if ledger.get_sweep(name) is None:  # a new sweep: one the cluster can never run is refused unwritten
             launcher = launcher or pick_launcher(cfg, view)
             launcher.check_fits([stage_task(cfg)])
