@@ -210,6 +210,8 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False, comma
         typed: RootConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]  # structured: a RootConfig
     except OmegaConfBaseException as exc:
         raise ConfigError(_value_message(exc)) from None
+    if typed.stage is not None:
+        check_shape(typed)
     from orchestrator.launch.slurm import container
     from orchestrator.plan import rules
 
@@ -223,6 +225,25 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False, comma
     except (UserError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     return Composed(cfg=typed, raw=merged)
+
+
+def check_shape(cfg: RootConfig) -> None:
+    """A stage of more than one node fills whole nodes: N a multiple of its GPUs per node (the hardware's)."""
+    stage = cfg.required_stage()
+    n, gpn = stage.gpus, stage.gpus_per_node
+    if n < 1:
+        raise ConfigError(
+            f"stage {stage.name} has no size: add stage.gpus=N, a multiple of the {gpn} GPUs per node of hardware "
+            f"{cfg.hardware.name} (e.g. `+stage={stage.name} stage.gpus={64 * gpn}`)"
+        )
+    if gpn < 1:
+        raise ConfigError(f"stage.gpus_per_node={gpn} must be positive (hardware.gpus_per_node is a host's GPUs)")
+    if n > gpn and n % gpn:
+        lo, hi = n // gpn * gpn, -(-n // gpn) * gpn
+        raise ConfigError(
+            f"stage.gpus={n} is not a multiple of the {gpn} GPUs per node of hardware {cfg.hardware.name} "
+            f"(stage.gpus_per_node): use stage.gpus={lo} or stage.gpus={hi}"
+        )
 
 
 def _value_message(exc: OmegaConfBaseException) -> str:

@@ -15,6 +15,7 @@ import getpass
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,9 +24,13 @@ from orchestrator.core.paths import JobPaths
 from orchestrator.core.schema import ClusterConfig, RootConfig, StageConfig
 from orchestrator.job import preflight as job
 from orchestrator.job.preflight import Check, CheckStatus, PreflightReport, PreflightRequest
+from orchestrator.launch.slurm.partition import gres_gpus, slurm_minutes
 
 EVENT = "preflight"  # the ledger event kind a sweep records its preflight (or its skipping) under
 JOB_TIME_MIN = 15  # the preflight job: imports + one validate_args per candidate
+# How long the job may wait in the queue (on top of its time limit) before preflight gives up and cancels it:
+# a busy partition delays it, a job that can never start is caught sooner (the launcher's checks).
+MAX_PENDING_S = 1800.0
 
 
 @dataclass
@@ -37,6 +42,8 @@ class Outcome:
     megatron: dict = field(default_factory=dict)  # the node's checkout: commit, tested commit, path
     container: dict = field(default_factory=dict)  # cluster.slurm.container.image and its digest (container_check)
     lifted: list[str] = field(default_factory=list)  # rules whose Megatron fix the checkout carries
+    static: int = 0  # the last `static` checks are the rows from this host (Slurm, container), printed first
+    refusal: str = ""  # the stage's jobs can never run on the partition: its size and the fix (one line)
 
     @property
     def ok(self) -> bool:
@@ -54,6 +61,7 @@ class Outcome:
             "megatron": self.megatron,
             "container": self.container,
             "lifted": self.lifted,
+            "refusal": self.refusal,
         }
 
 
@@ -112,26 +120,6 @@ def _ask(cmd: list[str]) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def slurm_minutes(text: str) -> int | None:
-    """Slurm's time format (`infinite`, `MM`, `MM:SS`, `HH:MM:SS`, `D-HH[:MM[:SS]]`) -> minutes; None = no limit."""
-    text = text.strip()
-    if not text or text in ("infinite", "UNLIMITED", "Partition_Limit", "n/a"):
-        return None
-    days, _, rest = text.rpartition("-")
-    parts = [int(x) for x in rest.split(":")]
-    if days:
-        h, m = [*parts, 0, 0][:2]
-        return int(days) * 1440 + h * 60 + m
-    if len(parts) == 3:
-        return parts[0] * 60 + parts[1] + (1 if parts[2] else 0)
-    return parts[0] + (1 if len(parts) == 2 and parts[1] else 0)
-
-
-def _gres_gpus(gres: str) -> int | None:
-    m = re.search(r"gpu(?::[\w.-]+)?:(\d+)", gres)
-    return int(m.group(1)) if m else None
-
-
 def slurm_checks(cluster: ClusterConfig, stage: StageConfig, limits: dict[str, int]) -> tuple[list[Check], dict]:
     """Partition, node shape, account and QoS rows; the candidates whose time limit no partition allows."""
     if cluster.kind == "local":
@@ -169,7 +157,7 @@ def slurm_checks(cluster: ClusterConfig, stage: StageConfig, limits: dict[str, i
             "" if not rejected else "shorten stage.warmup_iters/measure_iters or use a partition with more time",
         )
     )
-    gpus = {g for r in mine if (g := _gres_gpus(r[2])) is not None}
+    gpus = {g for r in mine if (g := gres_gpus(r[2])) is not None}
     if not gpus:
         checks.append(Check("GPUs per node", CheckStatus.WARN, f"sinfo Gres {mine[0][2]!r}: no gpu count", ""))
     else:
@@ -303,7 +291,7 @@ def run_job(
     try:
         sub = launcher.submit([task])[0]
     except LaunchError as exc:
-        fix = "the Slurm rows below say which limit; fix cluster.* and run preflight again"
+        fix = "the Slurm rows above say which limit; fix cluster.* and run preflight again"
         return (
             [Check("preflight job", CheckStatus.FAIL, f"not submitted: {str(exc)[:300]}", fix)],
             {},
@@ -312,10 +300,20 @@ def run_job(
             None,
         )
     interval = 0.2
+    deadline = time.monotonic() + task.time_min * 60 + MAX_PENDING_S
     while True:
-        state = launcher.poll([sub.job_id]).get(sub.job_id)
+        try:
+            state = launcher.poll([sub.job_id]).get(sub.job_id)
+        except LaunchError as exc:  # pending for a reason that never clears: the launcher cancelled it
+            return [Check("preflight job", CheckStatus.FAIL, str(exc)[:400], "")], {}, str(folder), sub.job_id, None
         if state is not None and state.terminal:
             break
+        if time.monotonic() > deadline:
+            launcher.cancel([sub.job_id])
+            why = f"job {sub.job_id} still {state.state if state else 'unknown'} after {MAX_PENDING_S:.0f} s "
+            why += "beyond its time limit: cancelled"
+            fix = "see `squeue -j JOB -o %r` for why it waits; run preflight when the partition has a free node"
+            return [Check("preflight job", CheckStatus.FAIL, why, fix)], {}, str(folder), sub.job_id, None
         time.sleep(interval)
         interval = min(cluster.poll_interval_s, interval * 1.5)
     if JobPaths(folder).preflight.exists():
@@ -339,35 +337,69 @@ def run_job(
     return [check], {}, str(folder), sub.job_id, None
 
 
-def run(cfg: RootConfig) -> Outcome:
-    """Every row: the Slurm rows from here, then the job's rows."""
+def stage_refusal(cfg: RootConfig) -> str | None:
+    """One line when the stage's jobs can never run on the Slurm partition (its size and the fix), else None."""
+    if cfg.job_cluster().kind == "local" or cfg.stage is None:
+        return None
+    from orchestrator.launch.slurm import partition
+
+    cluster, stage = cfg.job_cluster(), cfg.stage
+    part = partition.read(cluster.slurm.partition)
+    if part is None:
+        return None
+    gpn = stage.gpus_per_node
+    req = partition.Request(
+        what=f"stage {stage.name}'s jobs",
+        nodes=-(-stage.gpus // gpn),
+        cpus_per_node=(cluster.cpus_per_task or 1) * min(gpn, stage.gpus),
+        gpus_per_node=min(gpn, stage.gpus),
+    )
+    return partition.refusal([req], part)
+
+
+def run(cfg: RootConfig, *, on_static: Callable[[list[Check]], None] | None = None) -> Outcome:
+    """Every row: the static rows from here first (handed to `on_static` before any job is submitted), then
+    the job's rows. The job is not waited on when it can never run (the launcher refuses it before sbatch,
+    or Slurm keeps it pending for a reason that never clears) nor beyond its time limit plus `MAX_PENDING_S`."""
     stage = cfg.stage
     assert stage is not None
     req, limits = candidates(cfg)
     slurm_rows, too_long = slurm_checks(cfg.job_cluster(), stage, limits)
-    checks, rejected, folder, job_id, report = run_job(cfg, req)
     container_row, container = container_check(cfg.job_cluster())
+    static = slurm_rows + ([container_row] if container_row else [])
+    if on_static is not None:
+        on_static(static)
+    checks, rejected, folder, job_id, report = run_job(cfg, req)
     return Outcome(
-        checks=checks + slurm_rows + ([container_row] if container_row else []),
+        checks=checks + static,
         rejected={**too_long, **rejected},
         folder=folder,
         job_id=job_id,
         megatron=dict(report.megatron) if report else {},
         container=container,
         lifted=list(report.lifted) if report else [],
+        static=len(static),
+        refusal=stage_refusal(cfg) or "",
     )
 
 
-def print_table(outcome: Outcome, *, show_rejected: int = 10) -> None:
-    """The table (rich), then the first rejected candidates with the reason."""
+def print_static(checks: list[Check]) -> None:
+    """The rows this host answers (Slurm's limits, the container), before any job is submitted."""
+    print_table(Outcome(checks=checks), title="preflight: the cluster's limits, checked from here (before the job)")
+
+
+def print_table(outcome: Outcome, *, show_rejected: int = 10, title: str = "", skip_static: bool = False) -> None:
+    """The table (rich), then the first rejected candidates with the reason (`skip_static`: without the rows
+    `print_static` already showed)."""
     from rich.console import Console
     from rich.table import Table
 
     colour = {"pass": "green", "warn": "yellow", "fail": "red"}
-    table = Table(title=f"preflight: {'PASS' if outcome.ok else 'FAIL'}  (job folder {outcome.folder})")
+    table = Table(title=title or f"preflight: {'PASS' if outcome.ok else 'FAIL'}  (job folder {outcome.folder})")
     for col in ("check", "result", "detail", "fix"):
         table.add_column(col, overflow="fold")
-    for c in outcome.checks:
+    rows = outcome.checks[: len(outcome.checks) - outcome.static] if skip_static else outcome.checks
+    for c in rows:
         table.add_row(c.name, f"[{colour[str(c.status)]}]{c.status}[/]", c.detail, c.fix)
     console = Console(width=200)
     console.print(table)

@@ -25,7 +25,7 @@ from orchestrator.core.paths import JobPaths
 from orchestrator.core.schema import ClusterConfig, RootConfig
 from orchestrator.core.spec import JobSpec
 from orchestrator.core.states import AttemptRole, Fidelity
-from orchestrator.job.entry import command_problem, run_task
+from orchestrator.job.entry import command_problem, entry_script, run_task
 from orchestrator.job.node import CONTAINER_ENV
 from orchestrator.launch import LaunchTask
 from orchestrator.plan import argv as plan_argv
@@ -50,12 +50,26 @@ def attempt_dir(
 
 def check_workload(cfg: RootConfig) -> None:
     """UserError when workload.command cannot start (orchestrator.job.entry.command_problem), before anything is
-    written.
+    written. A real in-process workload on cluster=local runs on this host: preflight-lite
+    (orchestrator.job.preflight.lite) refuses it when the Megatron checkout or a module it needs is missing.
     Jobs that run in a container (cluster.slurm.container.image) find the command in the image, and a real
     in-process workload's entry script lives in the Megatron checkout of the compute nodes, which the
     sweep's preflight job checks there (orchestrator/preflight.py): only an empty command is refused."""
     command = list(cfg.workload.command)
-    if command and (cfg.cluster.slurm.container.image or (cfg.workload.in_process and not cfg.workload.simulated)):
+    real = cfg.workload.in_process and not cfg.workload.simulated
+    if command and real and cfg.cluster.kind == "local":  # the job runs here: preflight-lite, before any job
+        from orchestrator.job import preflight
+
+        missing = preflight.lite(entry_script(command))
+        if missing:
+            raise UserError(
+                f"workload={cfg.workload.name} cannot run on this host (cluster=local): {'; '.join(missing)}. Fix: "
+                "clone Megatron-LM's dev branch (git clone -b dev https://github.com/NVIDIA/Megatron-LM) and point "
+                "workload.command=[python,<checkout>/pretrain_hybrid.py] at it, in a Python with torch and "
+                "Transformer Engine; or run on Slurm (cluster=slurm), where preflight checks the nodes"
+            )
+        return
+    if command and (cfg.cluster.slurm.container.image or real):
         return
     problem = command_problem(command, in_process=cfg.workload.in_process)
     if problem is not None:

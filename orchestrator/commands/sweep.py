@@ -46,6 +46,20 @@ def add_arguments(parser) -> None:
         action="store_true",
         help="real workloads: launch without the preflight job (the skipping is recorded in the ledger)",
     )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the resolved config, the budget (GPU-hours, cluster-days) and round 0's layouts with their "
+        "predicted cost; launch nothing, write nothing",
+    )
+    parser.add_argument(
+        "--cfg",
+        nargs="?",
+        const="job",
+        choices=("job",),
+        default=None,
+        help="print the resolved config as YAML (Hydra's --cfg job) and exit",
+    )
 
 
 def options(args) -> Options:
@@ -146,16 +160,30 @@ def report(outcome, args, cfg=None, overrides=()) -> int:
 
 
 def run(args, overrides) -> int:
+    from orchestrator.runspec import check_workload
     from orchestrator.sweep import run_sweep
+    from orchestrator.sweep.preview import preview
+    from orchestrator.sweep.setup import default_name
     from orchestrator.sweep.view import View
 
-    composed = compose(overrides, require_stage=True, command=NAME)
+    composed = compose(overrides, require_stage=not getattr(args, "cfg", None), command=NAME)
+    if getattr(args, "cfg", None):
+        print(composed.to_yaml(), end="")
+        return 0
     cfg = composed.cfg
     # An impossible stage is refused before anything is written to the ledger.
     stage = stage_or_error(composed)
     res = plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name)
     if not res.candidates:
         raise UserError(res.why_empty(stage))
+    check_workload(cfg)  # a command that cannot start here (preflight-lite on cluster=local) is refused first
+    default_name(cfg)  # an unsafe sweep name too: a refused sweep prints nothing but its error line
+    # The price before the spend: a dry run prints it and stops; a sweep prints it first, once its ledger opens.
+    price = preview(cfg).lines()
+    if getattr(args, "dry_run", False):
+        print("\n".join(price))
+        print("dry run: nothing launched, nothing written (drop --dry-run to run the sweep)")
+        return 0
     view = View(live=False) if args.plain else View()
-    outcome = run_sweep(composed.cfg, composed.to_yaml(), options=options(args), view=view)
+    outcome = run_sweep(composed.cfg, composed.to_yaml(), options=options(args), view=view, preface=price)
     return report(outcome, args, cfg, overrides)

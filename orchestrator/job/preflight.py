@@ -247,6 +247,27 @@ def _found(module: str) -> bool:
         return False
 
 
+# Preflight-lite: what a real Megatron job on THIS host needs before it is worth launching (seconds, no job).
+LITE_MODULES = ("torch", "transformer_engine")  # imported by pretrain_hybrid.py before any work is done
+
+
+def lite(entry_script: str) -> list[str]:
+    """What this host lacks for a real Megatron job (cluster=local: the job runs here): the checkout's entry
+    script, its `megatron` package, the modules it imports first. Found on disk (find_spec), never imported;
+    [] when nothing is missing. The full check is the preflight job (`run`)."""
+    problems = []
+    if not os.path.isfile(entry_script):
+        problems.append(f"no Megatron-LM checkout: {entry_script} does not exist")
+    else:
+        roots, _ = megatron_roots(entry_script)
+        if not any((r / "megatron" / "core").is_dir() for r in roots):
+            problems.append(f"no megatron/core beside {entry_script} nor an installed megatron-core")
+    missing = [m for m in LITE_MODULES if not _found(m)]
+    if missing:
+        problems.append(f"Python module(s) {', '.join(missing)} not importable by {sys.executable}")
+    return problems
+
+
 def environment_checks(req: PreflightRequest) -> list[Check]:
     """Python, torch + CUDA, GPUs of this node, NCCL, Transformer Engine, and the optional kernels."""
     py = ".".join(map(str, sys.version_info[:3]))

@@ -5,6 +5,6 @@ pyxis containers, launch intents found by job name) and `local/` (processes on t
 is the registry that picks one (`make_launcher`, `launcher_for`). This face imports no backend, so a
 backend can import the interface without a cycle."""
 
-from orchestrator.launch.base import JobState, Launcher, LaunchError, LaunchTask, Submitted
+from orchestrator.launch.base import JobState, Launcher, LaunchError, LaunchTask, Submitted, Unrunnable
 
-__all__ = ["JobState", "LaunchError", "LaunchTask", "Launcher", "Submitted"]
+__all__ = ["JobState", "LaunchError", "LaunchTask", "Launcher", "Submitted", "Unrunnable"]

@@ -25,6 +25,13 @@ class LaunchError(RuntimeError):
     """A submission or a result read failed; the message says which job and why."""
 
 
+class Unrunnable(LaunchError):
+    """A job the cluster can never run (bigger than its partition, a pending reason that never clears): one
+    line naming the limit and the fix, and nothing of it left queued."""
+
+    user_facing = True
+
+
 @dataclass
 class LaunchTask:
     """One candidate attempt: `fn(*args)` runs once per rank (one task per GPU) in `folder`."""
@@ -113,6 +120,11 @@ class Launcher(ABC):
 
     def __init__(self) -> None:
         self._folders: dict[str, str] = {}
+
+    def check_fits(self, tasks: list[LaunchTask]) -> None:
+        """Raise Unrunnable when a task can never run on this cluster (before anything is submitted or written).
+        The local executor runs what it is given."""
+        return None
 
     def attach(self, submitted: Iterable[Submitted]) -> None:
         """Re-attach after a restart: remember where stored job ids keep their files."""

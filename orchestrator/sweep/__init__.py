@@ -6,6 +6,8 @@ setup (names, stored config, promotion source).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from orchestrator.core import bounds
 from orchestrator.core.errors import UserError
 from orchestrator.core.schema import RootConfig
@@ -80,16 +82,45 @@ def _legacy_kind(ledger: Ledger, name: str) -> str | None:
     return said[-1] if said else None
 
 
+def stage_task(cfg: RootConfig):
+    """A task of the stage's shape (N GPUs, GPUs per node, the workload's resources): what every measurement of
+    the sweep asks of the cluster, compared with the partition before the sweep exists (`check_fits`)."""
+    from orchestrator.launch import LaunchTask
+
+    stage = cfg.required_stage()
+    return LaunchTask(
+        fn=print,
+        args=(),
+        n_gpus=stage.gpus,
+        gpus_per_node=stage.gpus_per_node,
+        name=f"stage {stage.name}'s",
+        folder=".",
+        time_min=0,
+    )
+
+
 def run_sweep(
-    cfg: RootConfig, config_yaml: str, *, options: Options | None = None, view: View | None = None, launcher=None
+    cfg: RootConfig,
+    config_yaml: str,
+    *,
+    options: Options | None = None,
+    view: View | None = None,
+    launcher=None,
+    preface: Sequence[str] = (),
 ) -> Outcome:
-    """Create the sweep (or continue the one with this name) and drive it to its end."""
+    """Create the sweep (or continue the one with this name) and drive it to its end. `preface`: the lines said
+    first, once the ledger is open (the price before the spend, orchestrator/sweep/preview.py)."""
     if cfg.stage is None:
         raise UserError("no stage given: add +stage=NAME (e.g. +stage=1k)")
     view = view or View()
     name = default_name(cfg)
     check_workload(cfg)
     with open_ledger(cfg, create=True) as ledger, view:
+        for line in preface:
+            view.event(line)
+        if ledger.get_sweep(name) is None:  # a new sweep: one the cluster can never run is refused unwritten
+            launcher = launcher or pick_launcher(cfg, view)
+            launcher.check_fits([stage_task(cfg)])
         sweep = ledger.create_or_get_sweep(
             name,
             stage=cfg.stage.name,

@@ -323,6 +323,7 @@ class Driver:
             with folder_writes(x.spec.job_dir, resume):
                 x.spec.save(JobPaths(x.spec.job_dir).spec)
             tasks.append(launch_task(self.cfg, x.spec, exclude=x.exclude))
+        self.launcher.check_fits(tasks)  # a job the partition can never run: refused before any intent
         intents: list[AttemptRow] = [None] * len(tasks)  # type: ignore[list-item]  # every slot is filled below
         for group in self.launcher.arrays(tasks):
             token = f"{self.name}.{secrets.token_hex(4)}"

@@ -60,7 +60,8 @@ def test_skip_is_recorded_and_the_twin_needs_no_preflight(real, monkeypatch):
 
 
 def test_sweep_command_stops_before_round_zero(tmp_path, capsys):
-    """On this CPU machine the real preflight fails: the sweep exits 2 and launches nothing."""
+    """On this CPU machine (no Megatron checkout at the default path) preflight-lite refuses the local sweep:
+    exit 2, nothing launched, no ledger written (tests/commands/test_preflight_lite.py has the details)."""
     url = f"sqlite:///{tmp_path / 'l.sqlite'}"
     rc = cli.main(
         [
@@ -75,9 +76,8 @@ def test_sweep_command_stops_before_round_zero(tmp_path, capsys):
         ]
     )
     err = capsys.readouterr().err
-    assert rc == 2 and "error: preflight failed" in err and "--skip-preflight" in err
-    with Ledger.open(url) as ledger:
-        assert not ledger.candidates("pf") and ledger.events("pf", kind=pf.EVENT)[0].data["ok"] is False
+    assert rc == 2 and "error: workload=megatron cannot run on this host (cluster=local)" in err, err
+    assert not (tmp_path / "l.sqlite").exists() and not (tmp_path / "runs").exists()
 
 
 class Said:

@@ -27,10 +27,11 @@ from orchestrator.launch.base import (
     LaunchTask,
     OnSubmitted,
     Submitted,
+    Unrunnable,
     read_result,
     shape,
 )
-from orchestrator.launch.slurm import container, sacct
+from orchestrator.launch.slurm import container, partition, sacct
 from orchestrator.launch.slurm import intents as intents_mod
 from orchestrator.launch.task import RunInFolder
 
@@ -75,6 +76,7 @@ class SlurmLauncher(Launcher):
         self.sbatch_calls = 0
         self.sacct_calls = 0
         self.scancel_calls = 0
+        self._partition: partition.Partition | None = None  # read once, at the first check (partition.read)
 
     # -- submit ---------------------------------------------------------------------------------------
     def parameters(self, tasks: list[LaunchTask], folder: str | None = None) -> dict[str, Any]:
@@ -146,7 +148,40 @@ class SlurmLauncher(Launcher):
         size = max(1, int(self.cluster.slurm.max_array_size))
         return [idxs[k : k + size] for idxs in groups.values() for k in range(0, len(idxs), size)]
 
+    def target(self) -> partition.Partition | None:
+        """The partition jobs go to (cluster.slurm.partition, else Slurm's default); None when Slurm is silent."""
+        if self._partition is None:
+            self._partition = partition.read(self.cluster.slurm.partition)
+        return self._partition
+
+    def requests(self, tasks: list[LaunchTask]) -> list[partition.Request]:
+        """What each array of `tasks` asks of a node, as sbatch will be told (`parameters`)."""
+        out = []
+        for chunk in self.arrays(tasks):
+            group = [tasks[i] for i in chunk]
+            p = self.parameters(group)
+            names = sorted({t.name.split(":", 1)[0] for t in group})
+            out.append(
+                partition.Request(
+                    what=f"{', '.join(names)} job(s)",
+                    nodes=int(p["nodes"]),
+                    cpus_per_node=int(p.get("cpus_per_task") or 1) * int(p["ntasks_per_node"]),
+                    gpus_per_node=int(p.get("gpus_per_node") or 0),
+                    time_min=max(int(t.time_min) for t in group),
+                )
+            )
+        return out
+
+    def check_fits(self, tasks: list[LaunchTask]) -> None:
+        """Unrunnable when a job asks for more nodes, CPUs or GPUs per node, or time than its partition has:
+        sbatch would take it and Slurm would keep it pending forever (PartitionConfig)."""
+        part = self.target()
+        why = partition.refusal(self.requests(tasks), part) if part is not None and tasks else None
+        if why:
+            raise Unrunnable(why)
+
     def submit(self, tasks: list[LaunchTask], on_submitted: OnSubmitted | None = None) -> list[Submitted]:
+        self.check_fits(tasks)
         out: list[Submitted] = [None] * len(tasks)  # type: ignore[list-item]  # every slot is filled below
         for chunk in self.arrays(tasks):
             subs = self._submit_array([tasks[i] for i in chunk])
@@ -200,7 +235,30 @@ class SlurmLauncher(Launcher):
             error, found = str(exc), {}
         # A job sacct does not list yet (accounting lags 1-2 s) or a failed query stays live: UNKNOWN.
         why = f"sacct failed: {error[:200]}" if error else "not in accounting yet"
-        return {j: sacct.state_for(found, j) or JobState(state=AttemptState.UNKNOWN, reason=why) for j in ids}
+        states = {j: sacct.state_for(found, j) or JobState(state=AttemptState.UNKNOWN, reason=why) for j in ids}
+        self.stop_if_stuck([j for j, st in states.items() if st.state == AttemptState.PENDING])
+        return states
+
+    def stop_if_stuck(self, pending: list[str]) -> None:
+        """Read Slurm's reason for the pending jobs (one squeue); when one never clears (PartitionConfig,
+        PartitionNodeLimit, PartitionTimeLimit, ReqNodeNotAvail on a drained partition ...), cancel every
+        pending job asked about and raise Unrunnable with the reason and the fix: waiting would wait forever."""
+        if not pending:
+            return
+        for jid, reason in partition.pending_reasons(pending).items():
+            if partition.fatal_reason(reason, None) is None and not reason.startswith("ReqNodeNotAvail"):
+                continue  # Resources, Priority, Dependency ...: waiting helps (no partition read)
+            # the partition as it is now (drained?), not the answer cached at the first check
+            part = self._partition = partition.read(self.cluster.slurm.partition)
+            fatal = partition.fatal_reason(reason, part)
+            if fatal is None:
+                continue
+            self.cancel(sorted({j.split("_")[0] for j in pending}))
+            size = f"; {part.size()}" if part is not None else ""
+            raise Unrunnable(
+                f"job {jid} pends with reason {reason}: {fatal}{size}; cancelled the {len(pending)} pending job(s) "
+                "of this call (fix the request and run again)"
+            )
 
     def cancel(self, job_ids: list[str]) -> None:
         ids = [str(j) for j in job_ids]

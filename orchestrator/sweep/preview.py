@@ -1,0 +1,82 @@
+"""The price before the spend: what a sweep would run, printed by `sweep --dry-run` and first by every sweep.
+
+Why its own module: the admin who lends the GPUs must see the resolved config, the stage's budget in GPU-hours
+and in days of the stage's own cluster, and the first round's layouts with their predicted cost before one
+job is submitted. It plans round 0 exactly as the driver would (the same searcher and schedule on an empty
+ledger), reads no ledger and writes none; every cost comes from orchestrator/core/cost.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from orchestrator.core import cost
+from orchestrator.core.schema import RootConfig
+from orchestrator.schedule import Schedule
+from orchestrator.search import make_policy
+from orchestrator.search.env import PlanEnv
+from orchestrator.search.types import Proposal, RoundInput
+
+HOURS_PER_DAY = 24.0
+
+
+@dataclass
+class Preview:
+    """The block: the config line, the budget line, round 0's proposals (each with its predicted GPU-hours)."""
+
+    config: str
+    budget_gpu_hours: float
+    cluster_days: float  # the budget as days of the stage's N GPUs, all of them busy (cost.cluster_hours / 24)
+    budget: str
+    proposals: list[Proposal] = field(default_factory=list)
+    note: str = ""  # why round 0 may differ from this one (a promoted stage, a continued sweep)
+
+    @property
+    def round0_gpu_hours(self) -> float:
+        return sum(p.est_gpu_hours for p in self.proposals)
+
+    def lines(self) -> list[str]:
+        out = [self.config, self.budget]
+        share = self.round0_gpu_hours / self.budget_gpu_hours if self.budget_gpu_hours > 0 else 0.0
+        out.append(
+            f"round 0: {len(self.proposals)} layout(s), predicted {self.round0_gpu_hours:,.0f} GPU-hours "
+            f"({share:.0%} of the budget)" + (f"; {self.note}" if self.note else "")
+        )
+        for i, p in enumerate(self.proposals, 1):
+            out.append(
+                f"  {i}. {p.layout.short()}  {p.fidelity}, predicted step {p.predicted_step_s:.2f} s, "
+                f"{p.est_gpu_hours:,.0f} GPU-hours"
+            )
+        return out
+
+
+def preview(cfg: RootConfig) -> Preview:
+    """What a new sweep of `cfg` would spend and launch first (nothing is launched or written)."""
+    from orchestrator.ledger.engine import mask
+
+    stage = cfg.required_stage()
+    hw, budget = cfg.hardware, stage.budget
+    nodes = stage.gpus // max(1, stage.gpus_per_node)
+    sim = " SIMULATED" if cfg.workload.simulated else ""
+    config = (
+        f"config: stage {stage.name} N={stage.gpus:,} GPUs = {nodes:,} nodes x {stage.gpus_per_node}, "
+        f"B={stage.global_batch} S={stage.seq_length}, window {stage.warmup_iters} warm-up + {stage.measure_iters} "
+        f"measured; model {cfg.model.name}; hardware {hw.name} ({hw.hbm_gb:g} GB); workload {cfg.workload.name}{sim}; "
+        f"cluster {cfg.cluster.kind}; policy {cfg.policy.name}; ledger {mask(cfg.ledger.url)}"
+    )
+    days = cost.cluster_hours(budget.max_gpu_hours, stage.gpus) / HOURS_PER_DAY
+    line = (
+        f"budget: {budget.max_gpu_hours:,.0f} GPU-hours = {days:.1f} days of the stage's {stage.gpus:,} GPUs; "
+        f"at most {budget.max_runs} runs and {budget.max_rounds} rounds; start-up {budget.startup_s:g} s per launch"
+    )
+    env = PlanEnv(cfg.model, hw, stage, cfg.workload.name)
+    inp = RoundInput(
+        round=0, observations=[], known_keys=set(), slots=budget.max_runs, gpu_hours_left=budget.max_gpu_hours
+    )
+    plan = Schedule(cfg.policy).plan(make_policy(cfg.policy), env, inp)
+    note = (
+        f"the sweep starts from the ledger's latest {stage.promotes_from} winners (shown without them)"
+        if stage.promotes_from
+        else ""
+    )
+    return Preview(config, budget.max_gpu_hours, days, line, plan.proposals, note)

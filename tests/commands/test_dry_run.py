@@ -1,0 +1,50 @@
+"""`sweep --dry-run` and `--cfg` (issue 21): the price before the spend, nothing launched, nothing written."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from orchestrator.config import compose
+from orchestrator.core import cost
+from orchestrator.sweep.preview import preview
+from tests.sweeplib import cli, ledger_url, sweep_args
+
+
+def test_dry_run_prints_budget_and_cluster_days_and_launches_nothing(tmp_path):
+    args = ["+stage=1k", f"ledger.url={ledger_url(tmp_path)}", f"cluster.folder={tmp_path / 'runs'}"]
+    got = cli("sweep", *args, "--dry-run", timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
+    cfg = compose(args).cfg
+    budget = cfg.stage.budget.max_gpu_hours
+    days = cost.cluster_hours(budget, cfg.stage.gpus) / 24
+    line = re.search(r"^budget: ([\d,]+) GPU-hours = ([\d.]+) days of the stage's 1,024 GPUs", got.stdout, re.M)
+    assert line, got.stdout
+    assert float(line[1].replace(",", "")) == budget and float(line[2]) == round(days, 1)
+    assert "config: stage 1k N=1,024 GPUs = 128 nodes x 8" in got.stdout
+    layouts = re.findall(r"^  \d+\. (TP\d+ .+?)  \w+, predicted step [\d.]+ s, ([\d,]+) GPU-hours$", got.stdout, re.M)
+    assert layouts, got.stdout
+    pv = preview(cfg)  # the driver's round 0 on an empty ledger: the same layouts, costed by core/cost
+    assert [lay for lay, _ in layouts] == [p.layout.short() for p in pv.proposals]
+    assert [float(h.replace(",", "")) for _, h in layouts] == [round(p.est_gpu_hours) for p in pv.proposals]
+    assert "nothing launched" in got.stdout
+    assert not (tmp_path / "ledger.sqlite").exists() and not (tmp_path / "runs").exists()
+
+
+def test_cfg_prints_the_resolved_config_as_yaml_with_overrides_applied(tmp_path):
+    got = cli("sweep", "+stage=1k", "stage.gpus=512", "hardware=gb200", "--cfg", timeout=120)
+    assert got.returncode == 0, got.stderr[-2000:]
+    cfg = yaml.safe_load(got.stdout)
+    assert cfg["stage"]["gpus"] == 512 and cfg["hardware"]["name"] == "gb200"
+    assert cfg["stage"]["budget"]["max_gpu_hours"] == 220000.0
+
+
+def test_a_real_sweep_starts_with_the_same_block(tmp_path):
+    args = sweep_args(tmp_path, "priced", "stage.budget.max_runs=2", "policy.round0_size=2")
+    dry = cli("sweep", *args, "--dry-run")
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    real = cli("sweep", *args, "--plain")
+    assert real.returncode == 0, real.stderr[-2000:]
+    block = dry.stdout.splitlines()[:-1]  # all but the dry run's last line
+    assert real.stdout.splitlines()[: len(block)] == block
