@@ -426,6 +426,12 @@ class RecipeConfig:
     adam_beta1: float = 0.9  # :230
     adam_beta2: float = 0.95  # :231
     adam_eps: float = 1e-8  # Megatron's default (megatron/training/arguments.py:3267-3269)
+    # Precision-aware optimizer (megatron-core 0.19.2 megatron/training/arguments.py:3500-3515): "bf16" here emits
+    # --use-precision-aware-optimizer with --main-grads-dtype / --exp-avg-dtype (both moments); the memory model
+    # and grad sync count their bytes (plan/memory.optimizer_bytes). Megatron-Bridge's DeepSeek-V3 recipe sets
+    # both to bf16; the V4 recipe above keeps FP32 (not emitted).
+    main_grads_dtype: str = "fp32"
+    exp_avg_dtype: str = "fp32"
     # Muon, used only with model.optimizer=muon (Megatron's defaults, megatron/training/arguments.py:3274-3317)
     muon_momentum: float = 0.9
     muon_num_ns_steps: int = 5

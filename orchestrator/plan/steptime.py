@@ -29,7 +29,8 @@ Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's
 Per step (slowest rank r*, m microbatches):
   compute, a2a, cp_exchange, pp_p2p = m x (rank r*'s per-microbatch value)
   bubble     = m x T(r*) x f / (1 - f), f = pipeline.bubble(PP, m, VPP)  (= T (PP-1) / VPP)
-  grad_sync  = ring reduce-scatter of FP32 grads + all-gather of BF16 params (all-reduce without the
+  grad_sync  = ring reduce-scatter of FP32 grads (BF16 with the recipe's precision-aware optimizer:
+               memory.optimizer_bytes) + all-gather of BF16 params (all-reduce without the
                distributed optimizer), dense over D_a x CP, expert over D_e, sharing the NIC when the
                stage's N/PP GPUs span nodes, / allreduce_efficiency; the reduce x (1 - grad_sync_overlap)
                only when the argv overlaps it (--overlap-grad-reduce), the all-gather only with
@@ -50,7 +51,7 @@ from orchestrator.plan import pipeline, ranks
 from orchestrator.plan.argv import DEFAULT_RECIPE, overlaps
 from orchestrator.plan.flops import FP8_PRECISIONS, peak_tflops, profile, recompute_block
 from orchestrator.plan.layout import Groups, Layout
-from orchestrator.plan.memory import DEFAULT_ROUTING_SIGMA, GRAD_BYTES, WEIGHT_BYTES, block_activation_elems
+from orchestrator.plan.memory import DEFAULT_ROUTING_SIGMA, WEIGHT_BYTES, block_activation_elems, optimizer_bytes
 from orchestrator.plan.params import (
     ModelKey,
     _Frozen,
@@ -303,7 +304,7 @@ def step_time(
         "cp_exchange": m * c_cp,
         "pp_p2p": m * c_p2p,
         "bubble": m * totals[slow] * f / (1 - f) if f < 1 else 0.0,
-        "grad_sync": _grad_sync(hw, stage, recipe, layout, dense, routed, d_a, d_e),
+        "grad_sync": _grad_sync(model, hw, stage, recipe, layout, dense, routed, d_a, d_e),
         "optimizer": _optimizer(model, hw, stage, recipe, layout, dense, routed, d_a, d_e),
         "tp_comm": m * c_tp,
     }
@@ -380,6 +381,7 @@ def _pp_crosses_network(hw: HardwareConfig, stage: StageConfig, pp: int) -> bool
 
 
 def _grad_sync(
+    model: ModelConfig,
     hw: HardwareConfig,
     stage: StageConfig,
     recipe: RecipeConfig,
@@ -392,12 +394,13 @@ def _grad_sync(
     per_byte = 1.0 / (hw.nic_gb_s * 1e9 if _dp_crosses_network(hw, stage, layout.pp) else hw.nvlink_gb_s * 1e9)
     ov = overlaps(recipe, stage)
     hidden = 1.0 - hw.grad_sync_overlap
+    grad_bytes = optimizer_bytes(model, stage, recipe)[0]  # FP32, or the precision-aware optimizer's BF16
     if stage.use_distributed_optimizer:  # reduce-scatter FP32 grads, then all-gather BF16 params
-        per_param = GRAD_BYTES * (hidden if ov.grad_reduce else 1.0) + WEIGHT_BYTES * (
+        per_param = grad_bytes * (hidden if ov.grad_reduce else 1.0) + WEIGHT_BYTES * (
             hidden if ov.param_gather else 1.0
         )
     else:  # all-reduce of FP32 grads
-        per_param = 2 * GRAD_BYTES * (hidden if ov.grad_reduce else 1.0)
+        per_param = 2 * grad_bytes * (hidden if ov.grad_reduce else 1.0)
     g_d, g_e = d_a * layout.cp, d_e
     moved = 0.0
     if g_d > 1:
