@@ -18,7 +18,8 @@ Per GPU of PP rank r (blocks from its segments r, r+PP, ...):
               dense weights) and expert state over D_e.
   activations per token per block (elements, BF16): block input n h (n = mHC streams), mHC mid streams,
               norms, MLA/V4 projections (q up n_h d dominates), compressor/indexer, core attention
-              output, MoE dispatch/expert/combine tensors (x hot-rank routing skew), shared expert.
+              output, MoE dispatch/expert tensors (x hot-rank routing skew; not the expert output,
+              NOT_SAVED), shared expert.
               A --recompute-modules set drops its modules' tensors; "full" keeps the input of every
               layer, and a block is two hybrid layers (attention symbol, MoE symbol), so two n h inputs
               per block (recompute.FULL_INPUTS_PER_BLOCK), plus one block's working set;
@@ -61,6 +62,11 @@ FLEX_BUFFER_GB = 1.0  # DeepEP / HybridEP / NCCL-EP registered buffers (order of
 DEFAULT_ROUTING_SIGMA = 0.25  # lognormal sigma of per-expert load once the router settles (a prior)
 
 EXPERT_TENSORS = frozenset(("moe_input", "expert_fc1", "moe_act", "expert_fc2"))
+# Written by a block but saved for backward by no op: Megatron applies the routing probabilities inside the
+# experts' activation (megatron-core 0.19.2 megatron/core/transformer/moe/experts.py:807-833, weighted SwiGLU /
+# GEGLU with permuted_probs) and unpermutes the expert output without them (token_dispatcher.py:884-891), so the
+# fc2 output's only consumer is a permutation that keeps nothing. steptime's memory-bound passes still count it.
+NOT_SAVED = frozenset(("expert_fc2",))
 # The terms calibration scales separately (orchestrator/search/calibrate.py): model states (weights, grads,
 # optimizer: exact byte counts), activations (the analytic estimate most often wrong, 2-3x), buffers
 # (dispatch receive buffers, workspace, runtime: allocator- and library-dependent).
@@ -206,7 +212,7 @@ def _kept(tensors: dict[str, int], recompute: tuple[str, ...], offload: tuple[st
     full = float(sum(tensors.values()))
     if FULL in recompute:
         return float(tensors["input"] * FULL_INPUTS_PER_BLOCK), 0.0, full
-    drop = dropped(recompute, offload)
+    drop = dropped(recompute, offload) | NOT_SAVED
     dense = sum(v for k, v in tensors.items() if k not in drop and k not in EXPERT_TENSORS)
     expert = sum(v for k, v in tensors.items() if k not in drop and k in EXPERT_TENSORS)
     return float(dense), float(expert), 0.0

@@ -286,3 +286,15 @@ def test_the_precision_aware_optimizer_is_emitted_counted_and_built_as_megatron_
         assert config.use_precision_aware_optimizer and config.exp_avg_sq_dtype == torch.bfloat16
     with pytest.raises(ValueError, match="main_grads_dtype"):
         memory.optimizer_bytes(m, stage, replace(bf16, main_grads_dtype="fp8"))
+
+
+def test_the_expert_output_is_written_but_not_kept():
+    """Megatron applies the routing probabilities in the experts' activation and unpermutes without them, so no op
+    saves the fc2 output (memory.NOT_SAVED): the memory model keeps the expert input, fc1 output and activation
+    only, while the step's memory-bound passes (block_activation_elems) still count the fc2 output."""
+    from orchestrator.plan import memory
+
+    m = model("qwen3_30b_a3b")
+    t = memory.block_activation_elems(m, 0, True)
+    assert "expert_fc2" in t and "expert_fc2" in memory.NOT_SAVED
+    assert memory._kept(t, (), ())[1] == t["moe_input"] + t["expert_fc1"] + t["moe_act"]
