@@ -8,7 +8,11 @@ and nothing else.
 
 Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's segments):
   compute      3 x forward FLOPs (+ recompute forwards) / TP, at peak(precision) x efficiency:
-               dense GEMMs at gemm_efficiency; core attention at attention_efficiency (BF16 peak);
+               dense GEMMs at gemm_efficiency; the output head at the BF16 peak (Megatron's LM head is a
+               plain ColumnParallelLinear outside FP8 unless --fp8-output-proj with MXFP8: megatron-core 0.19.2
+               megatron/core/models/gpt/gpt_model.py:264-268, fp8_utils.py:692-707, never emitted; the V4
+               path's hybrid_model.py:310 always);
+               core attention at attention_efficiency (BF16 peak);
                routed experts at gemm_efficiency x T_expert / (T_expert + EXPERT_GEMM_HALF_TOKENS)
                (small expert batches run grouped GEMMs less efficiently), and x the hot-rank skew.
   a2a          per MoE layer 4 x t/TP x k x h x 2 B (dispatch + combine, fwd + bwd; x 1.5 when the
@@ -104,7 +108,8 @@ class _TimePrefix:
     cp_fixed: tuple[float, ...]  # CP window boundary bytes per block
     dense_params: tuple[float, ...]
     routed_params: tuple[float, ...]
-    last_gemm: float  # head(s) + MTP blocks' non-expert work per token
+    last_gemm: float  # MTP blocks' non-expert work per token
+    last_head: float  # the output head's uses (main logits + each MTP depth): BF16 in every precision
     last_expert: float
     last_attn: float
     last_recompute: float
@@ -154,7 +159,8 @@ def _time_prefix(key: ModelKey, n: int, seq: int, recompute: tuple[str, ...]) ->
         cp_fixed=cumulative(c[1] for c in cps),
         dense_params=cumulative(b.dense for b in pc.blocks),
         routed_params=cumulative(b.routed_experts for b in pc.blocks),
-        last_gemm=prof.head * (1 + depth) + depth * ((mb.gemm if mb else 0.0) + prof.mtp_extra),
+        last_gemm=depth * ((mb.gemm if mb else 0.0) + prof.mtp_extra),
+        last_head=prof.head * (1 + depth),
         last_expert=depth * (mb.expert if mb else 0.0),
         last_attn=depth * (mb.attn if mb else 0.0),
         last_recompute=depth * (recompute_block(mb, recompute) if mb else 0.0),
@@ -276,12 +282,14 @@ def step_time(
     # one TP collective moves (TP-1)/TP of the full b S / CP x h tensor per GPU, on NVLink inside a host
     tp_bw = (nvl if tp <= stage.gpus_per_node else nic) * hw.allreduce_efficiency
     tp_coll = (tp - 1) / tp * b * S / cp * h * 2.0 / tp_bw if tp > 1 else 0.0
-    for g, ex, at, rc, cps, cpf, moe_layers, _, _, act, colls in sums:
+    for r, (g, ex, at, rc, cps, cpf, moe_layers, _, _, act, colls) in enumerate(sums):
+        head = px.last_head if r == pp - 1 else 0.0
         compute = (
             t
             / tp
             * (
                 (3 * g + rc) / (peak * hw.gemm_efficiency)
+                + 3 * head / (peak_attn * hw.gemm_efficiency)
                 + 3 * at / (peak_attn * hw.attention_efficiency)
                 + 3 * ex * skew / (peak * eff_expert if eff_expert else peak)
                 + act * elem_bytes / hbm

@@ -298,3 +298,20 @@ def test_the_expert_output_is_written_but_not_kept():
     t = memory.block_activation_elems(m, 0, True)
     assert "expert_fc2" in t and "expert_fc2" in memory.NOT_SAVED
     assert memory._kept(t, (), ())[1] == t["moe_input"] + t["expert_fc1"] + t["moe_act"]
+
+
+def test_the_output_head_runs_at_the_bf16_peak_in_an_fp8_stage():
+    """The LM head is no FP8 module (a plain ColumnParallelLinear): a bigger vocabulary costs the same compute in an
+    MXFP8 stage as in a BF16 one."""
+    m = model("qwen3_30b_a3b")
+    hw = hardware("gb200")
+    stage = _stage(gpus=8, global_batch=512, gpus_per_node=hw.gpus_per_node)
+    lay = Layout(ep=8, mbs=4, dispatcher="flex", flex_backend="hybridep")
+
+    def compute(vocab: int, precision: str) -> float:
+        p = evaluate(replace(m, vocab_size=vocab), hw, replace(stage, precision=precision), lay, check_memory=False)
+        assert isinstance(p, Planned)
+        return p.prediction.step_components["compute"]
+
+    grow = {p: compute(2 * m.vocab_size, p) - compute(m.vocab_size, p) for p in ("bf16", "mxfp8")}
+    assert grow["bf16"] > 0 and grow["mxfp8"] == pytest.approx(grow["bf16"], rel=1e-9)
