@@ -89,6 +89,8 @@ class Row:
     held_out: bool
     source: str
     variant: str = "main"
+    main_grads_dtype: str = "fp32"  # the model recipe's optimizer dtypes (the file's optimizer_dtypes)
+    exp_avg_dtype: str = "fp32"
 
     def layout(self) -> Layout:
         name, _, backend = self.dispatcher.partition(":")
@@ -114,6 +116,7 @@ def load_rows(path: Path = PUBLISHED) -> list[Row]:
     data = yaml.safe_load(path.read_text())
     src, held = data["source"], set(data["held_out_releases"])
     fit = set(data["fit_releases"])
+    dtypes = data.get("optimizer_dtypes") or {}
     if held & fit:
         raise UserError(f"{path}: releases {sorted(held & fit)} are both fitted and held out")
     rows = []
@@ -121,6 +124,7 @@ def load_rows(path: Path = PUBLISHED) -> list[Row]:
         kw = dict(r)
         kw["recompute"] = tuple(kw.get("recompute") or ())
         kw["held_out"] = kw["release"] in held
+        kw.update(dtypes.get(kw["model"], {}))
         kw["source"] = f"{src['repository']}/blob/{src['commit'][:12]}/{src['file']}#L{kw['line']}"
         rows.append(Row(**kw))
     return rows
@@ -181,9 +185,15 @@ def row_stage(row: Row, model: ModelConfig, hw: HardwareConfig) -> StageConfig:
 
 
 def row_recipe(row: Row) -> RecipeConfig:
-    """The training recipe's switches the row's performance recipe sets and the step model reads: EP all-to-all
-    overlap (Megatron-Bridge's moe_a2a_overlap -> --overlap-moe-expert-parallel-comm)."""
-    return replace(DEFAULT_RECIPE, overlap_moe_expert_parallel_comm=row.a2a_overlap)
+    """The training recipe's switches the row's performance recipe sets and the planner reads: EP all-to-all
+    overlap (Megatron-Bridge's moe_a2a_overlap -> --overlap-moe-expert-parallel-comm) and the optimizer's dtypes
+    (the precision-aware optimizer's BF16 grads and moments: memory and grad sync)."""
+    return replace(
+        DEFAULT_RECIPE,
+        overlap_moe_expert_parallel_comm=row.a2a_overlap,
+        main_grads_dtype=row.main_grads_dtype,
+        exp_avg_dtype=row.exp_avg_dtype,
+    )
 
 
 @dataclass

@@ -57,6 +57,7 @@ from orchestrator.core.knobs import KNOB, KNOBS
 from orchestrator.core.schema import ModelConfig, RecipeConfig, StageConfig, TrainConfig
 from orchestrator.plan.flags import FLAGS
 from orchestrator.plan.layout import Layout
+from orchestrator.plan.memory import precision_aware
 from orchestrator.plan.params import RATIO_SYMBOL, effective_layers, is_v4
 from orchestrator.plan.pipeline import hash_layer_number
 from orchestrator.plan.recompute import FULL_RECOMPUTE_NUM_LAYERS
@@ -376,6 +377,11 @@ def _optimizer(a: _Argv, model: ModelConfig, stage: StageConfig, recipe: RecipeC
     a.add("--optimizer", model.optimizer)
     if stage.use_distributed_optimizer:
         a.add("--use-distributed-optimizer")
+    if precision_aware(model, stage, r):  # the dtypes memory.optimizer_bytes counts
+        a.add("--use-precision-aware-optimizer")
+        a.add("--main-grads-dtype", r.main_grads_dtype)
+        a.add("--exp-avg-dtype", r.exp_avg_dtype)
+        a.add("--exp-avg-sq-dtype", r.exp_avg_dtype)
     ov = overlaps(r, stage)
     if ov.grad_reduce:
         a.add("--overlap-grad-reduce")

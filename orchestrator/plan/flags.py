@@ -96,6 +96,10 @@ FLAGS: dict[str, tuple[str, type]] = {
     # optimizer / precision / kernels
     "--optimizer": (MAIN, str),
     "--use-distributed-optimizer": (MAIN, bool),
+    "--use-precision-aware-optimizer": (MAIN, bool),
+    "--main-grads-dtype": (MAIN, str),
+    "--exp-avg-dtype": (MAIN, str),
+    "--exp-avg-sq-dtype": (MAIN, str),
     "--overlap-grad-reduce": (MAIN, bool),
     "--overlap-param-gather": (MAIN, bool),
     "--bf16": (MAIN, bool),

@@ -10,12 +10,16 @@ Per GPU of PP rank r (blocks from its segments r, r+PP, ...):
   weights     BF16, 2 B/param: routed experts / (EP x ETP); everything else / TP
   grads       FP32 main grads, 4 B/param, not sharded (the distributed optimizer is ZeRO-1)
   optimizer   FP32 master + moments: Adam 12 B/param; Muon 8 B/param for matrices (embedding and head
-              use Adam, Megatron's scalar optimizer). With --use-distributed-optimizer dense state is
+              use Adam, Megatron's scalar optimizer). A recipe's precision-aware optimizer (optimizer_bytes:
+              Adam with the distributed optimizer) keeps its main grads and moments in their dtypes: BF16 both
+              (Megatron-Bridge's DeepSeek-V3 recipe) = 2 B grads and 4 + 2 + 2 = 8 B of state per param.
+              With --use-distributed-optimizer dense state is
               sharded over D_a x CP (Megatron's data-parallel-with-CP group: CP ranks hold the same
               dense weights) and expert state over D_e.
   activations per token per block (elements, BF16): block input n h (n = mHC streams), mHC mid streams,
               norms, MLA/V4 projections (q up n_h d dominates), compressor/indexer, core attention
-              output, MoE dispatch/expert/combine tensors (x hot-rank routing skew), shared expert.
+              output, MoE dispatch/expert tensors (x hot-rank routing skew; not the expert output,
+              NOT_SAVED), shared expert.
               A --recompute-modules set drops its modules' tensors; "full" keeps the input of every
               layer, and a block is two hybrid layers (attention symbol, MoE symbol), so two n h inputs
               per block (recompute.FULL_INPUTS_PER_BLOCK), plus one block's working set;
@@ -36,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig
+from orchestrator.core.schema import HardwareConfig, ModelConfig, RecipeConfig, StageConfig
 from orchestrator.plan import moe as moe_model
 from orchestrator.plan import pipeline
 from orchestrator.plan.layout import Groups, Layout
@@ -49,12 +53,20 @@ WEIGHT_BYTES = 2
 GRAD_BYTES = 4
 ADAM_BYTES = 12
 MUON_BYTES = 8
+MASTER_BYTES = 4  # FP32 master weights (--main-params-dtype fp32, Megatron's default)
+# bytes of the dtypes --main-grads-dtype / --exp-avg-dtype take (megatron/training/arguments.py:3504-3515)
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 ACT_BYTES = 2
 LOGIT_BYTES = 4
 FLEX_BUFFER_GB = 1.0  # DeepEP / HybridEP / NCCL-EP registered buffers (order of magnitude)
 DEFAULT_ROUTING_SIGMA = 0.25  # lognormal sigma of per-expert load once the router settles (a prior)
 
 EXPERT_TENSORS = frozenset(("moe_input", "expert_fc1", "moe_act", "expert_fc2"))
+# Written by a block but saved for backward by no op: Megatron applies the routing probabilities inside the
+# experts' activation (megatron-core 0.19.2 megatron/core/transformer/moe/experts.py:807-833, weighted SwiGLU /
+# GEGLU with permuted_probs) and unpermutes the expert output without them (token_dispatcher.py:884-891), so the
+# fc2 output's only consumer is a permutation that keeps nothing. steptime's memory-bound passes still count it.
+NOT_SAVED = frozenset(("expert_fc2",))
 # The terms calibration scales separately (orchestrator/search/calibrate.py): model states (weights, grads,
 # optimizer: exact byte counts), activations (the analytic estimate most often wrong, 2-3x), buffers
 # (dispatch receive buffers, workspace, runtime: allocator- and library-dependent).
@@ -200,7 +212,7 @@ def _kept(tensors: dict[str, int], recompute: tuple[str, ...], offload: tuple[st
     full = float(sum(tensors.values()))
     if FULL in recompute:
         return float(tensors["input"] * FULL_INPUTS_PER_BLOCK), 0.0, full
-    drop = dropped(recompute, offload)
+    drop = dropped(recompute, offload) | NOT_SAVED
     dense = sum(v for k, v in tensors.items() if k not in drop and k not in EXPERT_TENSORS)
     expert = sum(v for k, v in tensors.items() if k not in drop and k in EXPERT_TENSORS)
     return float(dense), float(expert), 0.0
@@ -264,8 +276,26 @@ def in_flight(rank: int, pp: int, vpp: int, m: int) -> float:
     return chunks / vpp
 
 
-def _opt_bytes(model: ModelConfig) -> int:
-    return MUON_BYTES if str(model.optimizer).lower().endswith("muon") else ADAM_BYTES
+def precision_aware(model: ModelConfig, stage: StageConfig, recipe: RecipeConfig | None) -> bool:
+    """Whether the recipe asks for Megatron's precision-aware optimizer (a main-grad or moment dtype other than
+    FP32) where Megatron builds one: Adam with the distributed optimizer (megatron/core/optimizer/
+    optimizer_config.py:430-436 asserts both). argv emits the flags exactly when this is true."""
+    if recipe is None or (recipe.main_grads_dtype, recipe.exp_avg_dtype) == ("fp32", "fp32"):
+        return False
+    for name, dtype in (("main_grads_dtype", recipe.main_grads_dtype), ("exp_avg_dtype", recipe.exp_avg_dtype)):
+        if dtype not in DTYPE_BYTES or (name == "main_grads_dtype" and dtype not in ("fp32", "bf16")):
+            raise ValueError(f"recipe.{name}={dtype!r}: Megatron takes {', '.join(DTYPE_BYTES)} (grads: fp32, bf16)")
+    return str(model.optimizer).lower() == "adam" and bool(stage.use_distributed_optimizer)
+
+
+def optimizer_bytes(model: ModelConfig, stage: StageConfig, recipe: RecipeConfig | None = None) -> tuple[int, int]:
+    """(main-grad bytes, optimizer-state bytes) per parameter: FP32 grads and Adam's 12 B (Muon's 8 B for
+    matrices), or with the precision-aware optimizer the recipe's grad dtype and FP32 master + two moments in
+    the recipe's moment dtype."""
+    if precision_aware(model, stage, recipe):
+        assert recipe is not None
+        return DTYPE_BYTES[recipe.main_grads_dtype], MASTER_BYTES + 2 * DTYPE_BYTES[recipe.exp_avg_dtype]
+    return GRAD_BYTES, MUON_BYTES if str(model.optimizer).lower().endswith("muon") else ADAM_BYTES
 
 
 def stage_memory(
@@ -276,8 +306,10 @@ def stage_memory(
     groups: Groups,
     blocks_per_segment: Sequence[int],
     routing_sigma: float = DEFAULT_ROUTING_SIGMA,
+    recipe: RecipeConfig | None = None,
 ) -> list[StageMemory]:
-    """Peak memory of one GPU on each PP rank (summing its virtual segments), decimal GB."""
+    """Peak memory of one GPU on each PP rank (summing its virtual segments), decimal GB. recipe: the training
+    recipe, whose optimizer dtypes set the grad and state bytes (optimizer_bytes; None: FP32)."""
     pp, vpp, tp, cp, ep, etp = layout.pp, layout.vpp, layout.tp, layout.cp, layout.ep, layout.etp
     bps, n = checked_split(model, stage, layout, blocks_per_segment)
     key = model_key(model)
@@ -288,7 +320,8 @@ def stage_memory(
     dist = bool(stage.use_distributed_optimizer)
     dense_shard = d_a * cp if dist else 1
     expert_shard = d_e if dist else 1
-    ob, adam = _opt_bytes(model), ADAM_BYTES
+    grad_b, ob = optimizer_bytes(model, stage, recipe)
+    adam = ob if precision_aware(model, stage, recipe) else ADAM_BYTES
     h, v = model.hidden_size, model.vocab_size
     skew = moe_model.rank_skew(routing_sigma, model.num_experts, ep, layout.capacity_factor)
     tokens = layout.mbs * stage.seq_length / cp / tp  # per GPU per microbatch
@@ -331,7 +364,7 @@ def stage_memory(
                 embedding=emb_p / tp * weights_gb,
                 head=head_p / tp * weights_gb,
                 mtp=((mtp_routed / (ep * etp)) + mtp_dense / tp) * weights_gb,
-                grads=(routed_g + dense_g + extra_g) * GRAD_BYTES / GB,
+                grads=(routed_g + dense_g + extra_g) * grad_b / GB,
                 optimizer=(routed_g * ob / expert_shard + dense_g * ob / dense_shard + extra_g * adam / dense_shard)
                 / GB,
                 activations=act / GB,

@@ -256,7 +256,14 @@ class _Env:
         hit = self._mem.get(key)
         if hit is None:
             mems = memory.stage_memory(
-                self.model, self.hw, self.stage, lay, g, list(split), routing_sigma=self.routing_sigma
+                self.model,
+                self.hw,
+                self.stage,
+                lay,
+                g,
+                list(split),
+                routing_sigma=self.routing_sigma,
+                recipe=self.recipe,
             )
             hit = self._mem[key] = (mems, memory.heaviest(mems))
         return hit

@@ -8,7 +8,11 @@ and nothing else.
 
 Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's segments):
   compute      3 x forward FLOPs (+ recompute forwards) / TP, at peak(precision) x efficiency:
-               dense GEMMs at gemm_efficiency; core attention at attention_efficiency (BF16 peak);
+               dense GEMMs at gemm_efficiency; the output head at the BF16 peak (Megatron's LM head is a
+               plain ColumnParallelLinear outside FP8 unless --fp8-output-proj with MXFP8: megatron-core 0.19.2
+               megatron/core/models/gpt/gpt_model.py:264-268, fp8_utils.py:692-707, never emitted; the V4
+               path's hybrid_model.py:310 always);
+               core attention at attention_efficiency (BF16 peak);
                routed experts at gemm_efficiency x T_expert / (T_expert + EXPERT_GEMM_HALF_TOKENS)
                (small expert batches run grouped GEMMs less efficiently), and x the hot-rank skew.
   a2a          per MoE layer 4 x t/TP x k x h x 2 B (dispatch + combine, fwd + bwd; x 1.5 when the
@@ -29,7 +33,8 @@ Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's
 Per step (slowest rank r*, m microbatches):
   compute, a2a, cp_exchange, pp_p2p = m x (rank r*'s per-microbatch value)
   bubble     = m x T(r*) x f / (1 - f), f = pipeline.bubble(PP, m, VPP)  (= T (PP-1) / VPP)
-  grad_sync  = ring reduce-scatter of FP32 grads + all-gather of BF16 params (all-reduce without the
+  grad_sync  = ring reduce-scatter of FP32 grads (BF16 with the recipe's precision-aware optimizer:
+               memory.optimizer_bytes) + all-gather of BF16 params (all-reduce without the
                distributed optimizer), dense over D_a x CP, expert over D_e, sharing the NIC when the
                stage's N/PP GPUs span nodes, / allreduce_efficiency; the reduce x (1 - grad_sync_overlap)
                only when the argv overlaps it (--overlap-grad-reduce), the all-gather only with
@@ -50,7 +55,7 @@ from orchestrator.plan import pipeline, ranks
 from orchestrator.plan.argv import DEFAULT_RECIPE, overlaps
 from orchestrator.plan.flops import FP8_PRECISIONS, peak_tflops, profile, recompute_block
 from orchestrator.plan.layout import Groups, Layout
-from orchestrator.plan.memory import DEFAULT_ROUTING_SIGMA, GRAD_BYTES, WEIGHT_BYTES, block_activation_elems
+from orchestrator.plan.memory import DEFAULT_ROUTING_SIGMA, WEIGHT_BYTES, block_activation_elems, optimizer_bytes
 from orchestrator.plan.params import (
     ModelKey,
     _Frozen,
@@ -103,7 +108,8 @@ class _TimePrefix:
     cp_fixed: tuple[float, ...]  # CP window boundary bytes per block
     dense_params: tuple[float, ...]
     routed_params: tuple[float, ...]
-    last_gemm: float  # head(s) + MTP blocks' non-expert work per token
+    last_gemm: float  # MTP blocks' non-expert work per token
+    last_head: float  # the output head's uses (main logits + each MTP depth): BF16 in every precision
     last_expert: float
     last_attn: float
     last_recompute: float
@@ -153,7 +159,8 @@ def _time_prefix(key: ModelKey, n: int, seq: int, recompute: tuple[str, ...]) ->
         cp_fixed=cumulative(c[1] for c in cps),
         dense_params=cumulative(b.dense for b in pc.blocks),
         routed_params=cumulative(b.routed_experts for b in pc.blocks),
-        last_gemm=prof.head * (1 + depth) + depth * ((mb.gemm if mb else 0.0) + prof.mtp_extra),
+        last_gemm=depth * ((mb.gemm if mb else 0.0) + prof.mtp_extra),
+        last_head=prof.head * (1 + depth),
         last_expert=depth * (mb.expert if mb else 0.0),
         last_attn=depth * (mb.attn if mb else 0.0),
         last_recompute=depth * (recompute_block(mb, recompute) if mb else 0.0),
@@ -275,12 +282,14 @@ def step_time(
     # one TP collective moves (TP-1)/TP of the full b S / CP x h tensor per GPU, on NVLink inside a host
     tp_bw = (nvl if tp <= stage.gpus_per_node else nic) * hw.allreduce_efficiency
     tp_coll = (tp - 1) / tp * b * S / cp * h * 2.0 / tp_bw if tp > 1 else 0.0
-    for g, ex, at, rc, cps, cpf, moe_layers, _, _, act, colls in sums:
+    for r, (g, ex, at, rc, cps, cpf, moe_layers, _, _, act, colls) in enumerate(sums):
+        head = px.last_head if r == pp - 1 else 0.0
         compute = (
             t
             / tp
             * (
                 (3 * g + rc) / (peak * hw.gemm_efficiency)
+                + 3 * head / (peak_attn * hw.gemm_efficiency)
                 + 3 * at / (peak_attn * hw.attention_efficiency)
                 + 3 * ex * skew / (peak * eff_expert if eff_expert else peak)
                 + act * elem_bytes / hbm
@@ -303,7 +312,7 @@ def step_time(
         "cp_exchange": m * c_cp,
         "pp_p2p": m * c_p2p,
         "bubble": m * totals[slow] * f / (1 - f) if f < 1 else 0.0,
-        "grad_sync": _grad_sync(hw, stage, recipe, layout, dense, routed, d_a, d_e),
+        "grad_sync": _grad_sync(model, hw, stage, recipe, layout, dense, routed, d_a, d_e),
         "optimizer": _optimizer(model, hw, stage, recipe, layout, dense, routed, d_a, d_e),
         "tp_comm": m * c_tp,
     }
@@ -380,6 +389,7 @@ def _pp_crosses_network(hw: HardwareConfig, stage: StageConfig, pp: int) -> bool
 
 
 def _grad_sync(
+    model: ModelConfig,
     hw: HardwareConfig,
     stage: StageConfig,
     recipe: RecipeConfig,
@@ -392,12 +402,13 @@ def _grad_sync(
     per_byte = 1.0 / (hw.nic_gb_s * 1e9 if _dp_crosses_network(hw, stage, layout.pp) else hw.nvlink_gb_s * 1e9)
     ov = overlaps(recipe, stage)
     hidden = 1.0 - hw.grad_sync_overlap
+    grad_bytes = optimizer_bytes(model, stage, recipe)[0]  # FP32, or the precision-aware optimizer's BF16
     if stage.use_distributed_optimizer:  # reduce-scatter FP32 grads, then all-gather BF16 params
-        per_param = GRAD_BYTES * (hidden if ov.grad_reduce else 1.0) + WEIGHT_BYTES * (
+        per_param = grad_bytes * (hidden if ov.grad_reduce else 1.0) + WEIGHT_BYTES * (
             hidden if ov.param_gather else 1.0
         )
     else:  # all-reduce of FP32 grads
-        per_param = 2 * GRAD_BYTES * (hidden if ov.grad_reduce else 1.0)
+        per_param = 2 * grad_bytes * (hidden if ov.grad_reduce else 1.0)
     g_d, g_e = d_a * layout.cp, d_e
     moved = 0.0
     if g_d > 1:

@@ -243,3 +243,75 @@ def test_plan_argv_0_of_a_new_model_is_training_ready(name, system):
     argv = [t.strip("'") for t in out.stdout.replace("\\\n", " ").split()]
     assert "--hybrid-layer-pattern" not in argv and "--num-experts" in argv
     assert MC.check_candidate(argv, 1024, arch=10) is None
+
+
+@pytest.mark.megatron
+def test_the_precision_aware_optimizer_is_emitted_counted_and_built_as_megatron_builds_it():
+    """Megatron-Bridge's DeepSeek-V3 recipe (recipes/deepseek/deepseek_v3.py:161-165 at c0b9a0003) trains with
+    --use-precision-aware-optimizer, BF16 main grads and BF16 moments: the argv carries the flags, megatron-core
+    0.19.2 parses it (grads not accumulated in FP32) and builds it where Transformer Engine is, and the memory model
+    counts 2 B of grads and 4 + 2 + 2 B of state per parameter (12 B and 4 B without), the grad sync half the bytes."""
+    import torch
+
+    from orchestrator.plan import memory
+
+    m, hw = model("dsv3"), hardware("h100")
+    stage = _stage(gpus=1024, global_batch=8192)
+    lay = Layout(tp=2, pp=8, vpp=4, ep=64, recompute=("mla_up_proj", "mlp"))
+    bf16 = replace(A.DEFAULT_RECIPE, main_grads_dtype="bf16", exp_avg_dtype="bf16")
+    assert memory.optimizer_bytes(m, stage, bf16) == (2, 8)
+    assert memory.optimizer_bytes(m, stage, A.DEFAULT_RECIPE) == (memory.GRAD_BYTES, memory.ADAM_BYTES)
+    assert not memory.precision_aware(m, replace(stage, use_distributed_optimizer=False), bf16)
+    fp32, pa = (evaluate(m, hw, stage, lay, check_memory=False, recipe=r) for r in (A.DEFAULT_RECIPE, bf16))
+    assert isinstance(fp32, Planned) and isinstance(pa, Planned)
+    assert pa.prediction.memory_gb < fp32.prediction.memory_gb - 5  # the 1,024-H100 anchor row's heaviest rank
+    g32, g16 = (p.prediction.step_components["grad_sync"] for p in (fp32, pa))
+    assert g16 == pytest.approx(g32 * (2 + 2) / (4 + 2), rel=1e-6)  # BF16 reduce-scatter, BF16 param all-gather
+    argv = A.megatron_argv(m, stage, lay, layer_pattern=pa.prediction.layer_pattern, train_iters=10, recipe=bf16)
+    flags = A.parse_flags(argv)
+    assert flags["use_precision_aware_optimizer"] and flags["main_grads_dtype"] == flags["exp_avg_dtype"] == "bf16"
+    assert "--use-precision-aware-optimizer" not in A.megatron_argv(
+        m, stage, lay, layer_pattern=pa.prediction.layer_pattern, train_iters=10
+    )
+    MC.import_megatron()
+    args = MC.validated_args(MC.for_parser(argv)[0], stage.gpus)
+    assert not args.accumulate_allreduce_grads_in_fp32 and args.main_grads_dtype == torch.bfloat16
+    try:  # Megatron builds this optimizer from Transformer Engine's FusedAdam only (optimizer_config.py:445-468)
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        with pytest.raises(RuntimeError, match="requires FusedAdam from TransformerEngine"):
+            MC.training_setup(args, transformer_config=False)
+    else:
+        config = MC.training_setup(args, transformer_config=False)
+        assert config.use_precision_aware_optimizer and config.exp_avg_sq_dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="main_grads_dtype"):
+        memory.optimizer_bytes(m, stage, replace(bf16, main_grads_dtype="fp8"))
+
+
+def test_the_expert_output_is_written_but_not_kept():
+    """Megatron applies the routing probabilities in the experts' activation and unpermutes without them, so no op
+    saves the fc2 output (memory.NOT_SAVED): the memory model keeps the expert input, fc1 output and activation
+    only, while the step's memory-bound passes (block_activation_elems) still count the fc2 output."""
+    from orchestrator.plan import memory
+
+    m = model("qwen3_30b_a3b")
+    t = memory.block_activation_elems(m, 0, True)
+    assert "expert_fc2" in t and "expert_fc2" in memory.NOT_SAVED
+    assert memory._kept(t, (), ())[1] == t["moe_input"] + t["expert_fc1"] + t["moe_act"]
+
+
+def test_the_output_head_runs_at_the_bf16_peak_in_an_fp8_stage():
+    """The LM head is no FP8 module (a plain ColumnParallelLinear): a bigger vocabulary costs the same compute in an
+    MXFP8 stage as in a BF16 one."""
+    m = model("qwen3_30b_a3b")
+    hw = hardware("gb200")
+    stage = _stage(gpus=8, global_batch=512, gpus_per_node=hw.gpus_per_node)
+    lay = Layout(ep=8, mbs=4, dispatcher="flex", flex_backend="hybridep")
+
+    def compute(vocab: int, precision: str) -> float:
+        p = evaluate(replace(m, vocab_size=vocab), hw, replace(stage, precision=precision), lay, check_memory=False)
+        assert isinstance(p, Planned)
+        return p.prediction.step_components["compute"]
+
+    grow = {p: compute(2 * m.vocab_size, p) - compute(m.vocab_size, p) for p in ("bf16", "mxfp8")}
+    assert grow["bf16"] > 0 and grow["mxfp8"] == pytest.approx(grow["bf16"], rel=1e-9)
