@@ -233,8 +233,9 @@ def check_shape(cfg: RootConfig) -> None:
     n, gpn = stage.gpus, stage.gpus_per_node
     if n < 1:
         raise ConfigError(
-            f"stage {stage.name} has no size: add stage.gpus=N, a multiple of the {gpn} GPUs per node of hardware "
-            f"{cfg.hardware.name} (e.g. `+stage={stage.name} stage.gpus={64 * gpn}`)"
+            f"stage.gpus={n} is out of range: it must be an integer >= 1 (stage {stage.name} has no size: add "
+            f"stage.gpus=N, a multiple of the {gpn} GPUs per node of hardware "
+            f"{cfg.hardware.name}, e.g. `+stage={stage.name} stage.gpus={64 * gpn}`)"
         )
     if gpn < 1:
         raise ConfigError(f"stage.gpus_per_node={gpn} must be positive (hardware.gpus_per_node is a host's GPUs)")

@@ -552,13 +552,13 @@ class TrainConfig:
     split: str = "99,1,0"  # --split train,valid,test: a validation share for --eval-interval to read
     tokenizer_type: str = "HuggingFaceTokenizer"  # a real tokenizer: the measurement's NullTokenizer is no text
     tokenizer_model: str | None = None  # --tokenizer-model: a local path or a Hugging Face id
-    train_iters: int = 500_000  # --train-iters of the run (the measurement's is warm-up + window, a few hundred)
+    train_iters: int = ranged(500_000, 1)  # --train-iters of the run (the measurement runs warm-up + window)
     save: str | None = None  # --save: the checkpoint folder (on a filesystem every node shares)
     load: str | None = None  # --load: None resumes from `save` (a restarted job continues where it saved)
-    save_interval: int = 1000  # --save-interval in iterations
-    eval_interval: int = 1000  # --eval-interval in iterations
-    eval_iters: int = 10  # --eval-iters per evaluation (the measurement runs none)
-    log_interval: int = 10  # --log-interval (the measurement logs every step to time it)
+    save_interval: int = ranged(1000, 1)  # --save-interval in iterations
+    eval_interval: int = ranged(1000, 1)  # --eval-interval in iterations
+    eval_iters: int = ranged(10, 0)  # --eval-iters per evaluation (the measurement runs none)
+    log_interval: int = ranged(10, 1)  # --log-interval (the measurement logs every step to time it)
     extra_args: list[str] = field(default_factory=list)  # appended last (argparse: a later flag wins)
 
 
