@@ -86,7 +86,7 @@ def assert_accounted(ledger: Ledger, sweep: str) -> None:
     assert all(ids) and len(ids) == len(set(ids)), ids
     for c in cands:
         if c.status == CandidateStatus.DONE:
-            assert ledger.result(ledger.attempts(c.id)[-1].id) is not None
+            assert ledger.evidence.result(ledger.attempts(c.id)[-1].id) is not None
 
 
 def last_iteration(job_dir: str) -> int:
@@ -246,7 +246,7 @@ def assert_slurm_accounted(ledger: Ledger, sweep: str, shims: SlurmShims) -> dic
     twice = [[a.job_id for a in cand] for cand in per_cand if sum(1 for a in cand if not a.failure_class) > 1]
     lost = []
     for a in atts:
-        res = ledger.result(a.id)
+        res = ledger.evidence.result(a.id)
         if (
             str(a.job_id) in runs
             and runs[str(a.job_id)][-1] == AttemptState.COMPLETED

@@ -132,7 +132,7 @@ def _bundle(ledger, sweep, hit: dict):
     except (yaml.YAMLError, AttributeError):
         enabled = None
     return bundle.of_best(
-        hit, parity=ledger.parity(hit["candidate_id"]), provenance=sweep.provenance, parity_enabled=enabled
+        hit, parity=ledger.evidence.parity(hit["candidate_id"]), provenance=sweep.provenance, parity_enabled=enabled
     )
 
 

@@ -70,7 +70,7 @@ def gather(ledger, name: str) -> dict:
     for c in cands:
         atts = ledger.attempts(c.id)
         a = atts[-1] if atts else None
-        res = ledger.result(a.id) if a else None
+        res = ledger.evidence.result(a.id) if a else None
         rows.append(
             {
                 "round": c.round,
@@ -102,9 +102,9 @@ def gather(ledger, name: str) -> dict:
         "best": observe.best_of(ledger, name),
         "gpu_capacity": capacity.view(ledger, name, cfg.hardware),
         "last_lease_event": leases[-1].message if leases else None,
-        "lease": lease_view(ledger.lease(name)),
+        "lease": lease_view(ledger.leases.lease(name)),
         "calibrations": [
-            {"round": c.round, **c.error, "method": c.fit.get("method")} for c in ledger.calibrations(name)
+            {"round": c.round, **c.error, "method": c.fit.get("method")} for c in ledger.evidence.calibrations(name)
         ],
         "candidates": rows,
         "search_path": path.gather(ledger, name),

@@ -1,8 +1,8 @@
 """The ledger: every sweep, candidate, attempt and measured result, in SQLite or PostgreSQL.
 
-Public entry point: `orchestrator.ledger.ledger.Ledger.open(url)`. Queries for `compare`/`best` live in
-`orchestrator.ledger.queries`, exports in `orchestrator.ledger.export`. Nothing here imports orchestrator/ or jobs/:
-the ledger
+Public entry point: `orchestrator.ledger.ledger.Ledger.open(url)`; its parts are `ledger.leases` and
+`ledger.evidence`, over one shared `Store`. Queries for `compare`/`best` live in `orchestrator.ledger.queries`,
+exports in `orchestrator.ledger.export`. Nothing here imports anything of orchestrator/ but core/: the ledger
 knows Megatron and Slurm only through column names.
 """
 

@@ -18,10 +18,15 @@ from orchestrator.ledger.convert import clean, now, to_row
 from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.models import JSON_METRICS, RESULT_METRICS
 from orchestrator.ledger.rows import CalibrationRow, CapacityRow, MeasuredRow, ParityRow
-from orchestrator.ledger.store import Store
+from orchestrator.ledger.store import Store, find_attempt, find_candidate, find_sweep
 
 
-class Evidence(Store):
+class Evidence:
+    """What attempts measured, and the verdicts: `ledger.evidence` (it holds the ledger's Store)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
     # ---- results ------------------------------------------------------------------------------
 
     def record_result(self, attempt_id: int, result: dict[str, Any]) -> None:
@@ -29,10 +34,10 @@ class Evidence(Store):
 
         Idempotent per attempt: a second call for the same attempt changes nothing.
         """
-        with self._write() as s:
-            cand_id = self._attempt(s, attempt_id).candidate_id
-            c = self._candidate(s, cand_id, lock=True)  # lock order: candidate, then attempt
-            a = self._attempt(s, attempt_id, lock=True)
+        with self.store.write() as s:
+            cand_id = find_attempt(s, attempt_id).candidate_id
+            c = find_candidate(s, cand_id, lock=True)  # lock order: candidate, then attempt
+            a = find_attempt(s, attempt_id, lock=True)
             seen = s.scalar(select(func.count()).select_from(m.StepSample).where(m.StepSample.attempt_id == attempt_id))
             seen = seen or s.scalar(
                 select(func.count()).select_from(m.RankMemory).where(m.RankMemory.attempt_id == attempt_id)
@@ -98,7 +103,7 @@ class Evidence(Store):
 
     def result(self, attempt_id: int) -> dict[str, Any] | None:
         """The stored metrics of one attempt (RESULT_METRICS), or None when it did not succeed."""
-        with self._read() as s:
+        with self.store.read() as s:
             r = s.scalars(select(m.Result).where(m.Result.attempt_id == attempt_id)).one_or_none()
             return None if r is None else {k: getattr(r, k) for k in RESULT_METRICS}
 
@@ -109,7 +114,7 @@ class Evidence(Store):
         unknown = set(metrics) - set(RESULT_METRICS) or set(metrics) & JSON_METRICS
         if unknown:
             raise LedgerError(f"update_result_metrics: not updatable {sorted(unknown)}")
-        with self._write() as s:
+        with self.store.write() as s:
             r = s.scalars(select(m.Result).where(m.Result.attempt_id == attempt_id).with_for_update()).one_or_none()
             if r is None:
                 raise LedgerError(f"attempt {attempt_id} has no stored result to update")
@@ -120,7 +125,7 @@ class Evidence(Store):
 
     def step_samples(self, attempt_id: int) -> list[tuple[int, float | None, float | None, float | None]]:
         """(iteration, step_time_s, lm_loss, grad_norm) of the measured window, in order."""
-        with self._read() as s:
+        with self.store.read() as s:
             q = (
                 select(m.StepSample.iteration, m.StepSample.step_time_s, m.StepSample.lm_loss, m.StepSample.grad_norm)
                 .where(m.StepSample.attempt_id == attempt_id)
@@ -130,8 +135,8 @@ class Evidence(Store):
 
     def gpu_capacities(self, sweep: str) -> list[CapacityRow]:
         """Every attempt of the sweep whose evidence stated the GPU's capacity, in attempt order."""
-        with self._read() as s:
-            sw = self._sweep(s, sweep)
+        with self.store.read() as s:
+            sw = find_sweep(s, sweep)
             q = (
                 select(m.Attempt)
                 .join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
@@ -144,7 +149,7 @@ class Evidence(Store):
             ]
 
     def rank_memory(self, attempt_id: int) -> list[dict[str, Any]]:
-        with self._read() as s:
+        with self.store.read() as s:
             q = select(m.RankMemory).where(m.RankMemory.attempt_id == attempt_id).order_by(m.RankMemory.rank)
             return [
                 {
@@ -163,7 +168,7 @@ class Evidence(Store):
         """Every candidate with a successful result (its latest measure-role result: a finalist's job never is
         one), joined with its layout and predictions, and whether it failed the correctness gate: the rows
         orchestrator.core.ranking ranks (`MeasuredRow.standing`)."""
-        with self._read() as s:
+        with self.store.read() as s:
             q = queries.measured_select(sweep=sweep, stage=stage, model=model)
             out = []
             for sw, c, a, r, excluded in s.execute(q.order_by(m.Candidate.id)):
@@ -197,16 +202,16 @@ class Evidence(Store):
     # ---- calibration, parity ------------------------------------------------------------------
 
     def record_calibration(self, sweep: str, round: int, fit: dict[str, Any], error: dict[str, Any]) -> CalibrationRow:
-        with self._write() as s:
-            sw = self._sweep(s, sweep)
+        with self.store.write() as s:
+            sw = find_sweep(s, sweep)
             cal = m.Calibration(sweep_id=sw.id, round=round, fit=clean(fit), error=clean(error), created_at=now())
             s.add(cal)
             s.flush()
             return to_row(CalibrationRow, cal)
 
     def calibrations(self, sweep: str) -> list[CalibrationRow]:
-        with self._read() as s:
-            sw = self._sweep(s, sweep)
+        with self.store.read() as s:
+            sw = find_sweep(s, sweep)
             q = select(m.Calibration).where(m.Calibration.sweep_id == sw.id).order_by(m.Calibration.id)
             return [to_row(CalibrationRow, c) for c in s.scalars(q)]
 
@@ -223,8 +228,8 @@ class Evidence(Store):
         detail: str = "",
     ) -> ParityRow:
         """A failing parity row excludes the candidate from `best`."""
-        with self._write() as s:
-            c = self._candidate(s, candidate_id)
+        with self.store.write() as s:
+            c = find_candidate(s, candidate_id)
             p = m.Parity(
                 candidate_id=candidate_id,
                 reference_key=reference_key,
@@ -249,6 +254,6 @@ class Evidence(Store):
             return to_row(ParityRow, p)
 
     def parity(self, candidate_id: int) -> list[ParityRow]:
-        with self._read() as s:
+        with self.store.read() as s:
             q = select(m.Parity).where(m.Parity.candidate_id == candidate_id).order_by(m.Parity.id)
             return [to_row(ParityRow, p) for p in s.scalars(q)]

@@ -16,17 +16,18 @@ from sqlalchemy import select
 from orchestrator.ledger import models as m
 from orchestrator.ledger import queries
 from orchestrator.ledger.errors import LedgerError
-from orchestrator.ledger.store import Store
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from orchestrator.ledger.ledger import Ledger
 
 ALL_COLUMNS = tuple(queries.COLUMNS)
 TABLES = tuple(sorted(m.Base.metadata.tables))
 
 
 def rows(
-    ledger: Store, *, table: str | None = None, columns: Sequence[str] | None = None, **filters: Any
+    ledger: Ledger, *, table: str | None = None, columns: Sequence[str] | None = None, **filters: Any
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """(column names, rows): the joined view with every column by default, or one raw table."""
     if table is None:
@@ -35,12 +36,12 @@ def rows(
     if table not in m.Base.metadata.tables:
         raise LedgerError(f"unknown table '{table}'; tables: {', '.join(TABLES)}")
     t = m.Base.metadata.tables[table]
-    with ledger._read() as s:
+    with ledger.store.read() as s:
         out = [dict(r._mapping) for r in s.execute(select(t).order_by(*t.primary_key.columns))]
     return [c.name for c in t.columns], out
 
 
-def to_dataframe(ledger: Store, **kwargs: Any) -> pd.DataFrame:
+def to_dataframe(ledger: Ledger, **kwargs: Any) -> pd.DataFrame:
     """A pandas DataFrame for notebooks: `to_dataframe(Ledger.open(url), sweep="s1")`."""
     try:
         import pandas as pd
@@ -50,7 +51,7 @@ def to_dataframe(ledger: Store, **kwargs: Any) -> pd.DataFrame:
     return pd.DataFrame.from_records(data, columns=cols)
 
 
-def export(ledger: Store, path: str | Path, fmt: str | None = None, **kwargs: Any) -> int:
+def export(ledger: Ledger, path: str | Path, fmt: str | None = None, **kwargs: Any) -> int:
     """Write CSV or Parquet (format from `fmt` or the file suffix); returns the number of rows."""
     path = Path(path)
     fmt = (fmt or path.suffix.lstrip(".") or "csv").lower()

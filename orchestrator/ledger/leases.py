@@ -24,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from orchestrator.ledger import models as m
 from orchestrator.ledger.convert import now
 from orchestrator.ledger.errors import LeaseHeld, LedgerError
-from orchestrator.ledger.store import Store
+from orchestrator.ledger.store import Store, find_sweep
 
 log = logging.getLogger("db")
 
@@ -89,14 +89,19 @@ class LeaseInfo:
     expired: bool
 
 
-class Leases(Store):
+class Leases:
+    """The lease rows of one database: `ledger.leases` (it holds the ledger's Store, it is not a Ledger)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
     def acquire_lease(self, sweep: str, holder: str, ttl_s: float) -> None:
         """Take (or renew) the sweep's lease in one transaction. Another holder's lease is taken over
         (logged) when that holder is dead on this host, or expired on another host; else LeaseHeld."""
         for _ in range(3):
             try:
-                with self._write() as s:
-                    sw = self._sweep(s, sweep)
+                with self.store.write() as s:
+                    sw = find_sweep(s, sweep)
                     t = now()
                     lease = s.scalars(select(m.Lease).where(m.Lease.sweep_id == sw.id).with_for_update()).one_or_none()
                     if lease is None:
@@ -134,8 +139,8 @@ class Leases(Store):
 
     def heartbeat(self, sweep: str, holder: str, ttl_s: float | None = None) -> None:
         """Extend our lease by its TTL; LeaseHeld if someone took it over (we must stop driving)."""
-        with self._write() as s:
-            sw = self._sweep(s, sweep)
+        with self.store.write() as s:
+            sw = find_sweep(s, sweep)
             lease = s.scalars(select(m.Lease).where(m.Lease.sweep_id == sw.id).with_for_update()).one_or_none()
             if lease is None or lease.holder != holder:
                 if lease is not None:
@@ -146,8 +151,8 @@ class Leases(Store):
             lease.heartbeat_at, lease.expires_at = t, t + timedelta(seconds=ttl)
 
     def release_lease(self, sweep: str, holder: str) -> None:
-        with self._write() as s:
-            sw = self._sweep(s, sweep)
+        with self.store.write() as s:
+            sw = find_sweep(s, sweep)
             # A DELETE's result is a CursorResult (Session.execute is typed for SELECTs): it counts the rows.
             deleted = s.execute(delete(m.Lease).where(m.Lease.sweep_id == sw.id, m.Lease.holder == holder))
             gone = cast("CursorResult[Any]", deleted).rowcount
@@ -156,8 +161,8 @@ class Leases(Store):
 
     def lease(self, sweep: str) -> LeaseInfo | None:
         """The sweep's lease now (None: nobody drives it), with the holder's liveness as seen from here."""
-        with self._read() as s:
-            sw = self._sweep(s, sweep)
+        with self.store.read() as s:
+            sw = find_sweep(s, sweep)
             lease = s.scalars(select(m.Lease).where(m.Lease.sweep_id == sw.id)).one_or_none()
             if lease is None:
                 return None
@@ -177,13 +182,14 @@ class LeaseKeeper:
     a lock (SQLite busy_timeout, PostgreSQL lock_timeout + statement_timeout): a blocked renew fails fast
     and is retried. `lost` is set when another holder took the lease; the loop checks it (`check`)."""
 
-    def __init__(self, ledger: Store, sweep: str, holder: str, ttl_s: float) -> None:
+    def __init__(self, store: Store, sweep: str, holder: str, ttl_s: float) -> None:
         from orchestrator.ledger.engine import make_engine
 
         self.sweep, self.holder, self.ttl = sweep, holder, float(ttl_s)
         self.every = max(0.05, self.ttl / 3)
         wait_ms = int(max(100.0, min(2000.0, 1000 * self.ttl / 6)))
-        self._store = Leases(make_engine(ledger.engine.url, busy_timeout_ms=wait_ms, lock_timeout_ms=wait_ms))
+        self._store = Store(make_engine(store.engine.url, busy_timeout_ms=wait_ms, lock_timeout_ms=wait_ms))
+        self._leases = Leases(self._store)
         self._stop = threading.Event()
         self.lost: LeaseHeld | None = None
         self.renewals = 0
@@ -199,7 +205,7 @@ class LeaseKeeper:
         wait = self.every
         while not self._stop.wait(wait):
             try:
-                self._store.heartbeat(self.sweep, self.holder, self.ttl)
+                self._leases.heartbeat(self.sweep, self.holder, self.ttl)
                 self.renewals += 1
                 wait = self.every
             except LeaseHeld as held:

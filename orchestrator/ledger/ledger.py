@@ -1,10 +1,11 @@
-"""The Ledger API the sweep loop, policy and reports call. Every method is one short transaction and
-returns typed dataclass rows, never ORM objects (they would outlive their session).
+"""The Ledger the sweep loop, policy and reports call: opening a database, and its sweeps, candidates,
+attempts and events. Every method is one short transaction and returns typed dataclass rows, never ORM
+objects (they would outlive their session).
 
-One storage interface in parts: orchestrator.ledger.store (engine, sessions, the concurrency model),
-orchestrator.ledger.leases (who drives
-a sweep), orchestrator.ledger.evidence (results, samples, calibration, parity); this module adds opening, sweeps,
-candidates, attempts and events. States and statuses are orchestrator.core.states' enums.
+Its other jobs are parts it holds, each with the same Store (orchestrator.ledger.store: engine, sessions,
+the concurrency model): `ledger.leases` (orchestrator.ledger.leases: who drives a sweep) and
+`ledger.evidence` (orchestrator.ledger.evidence: results, samples, calibration, parity). States and statuses
+are orchestrator.core.states' enums.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from orchestrator.core.knobs import ledger_columns
@@ -33,6 +34,7 @@ from orchestrator.ledger.rows import (  # re-exported (__all__): callers import 
     ParityRow,
     SweepRow,
 )
+from orchestrator.ledger.store import Store, find_attempt, find_candidate, find_sweep
 
 __all__ = [
     "AttemptRow",
@@ -94,8 +96,35 @@ def _candidate_values(sweep_id: int, item: CandidateIn) -> dict[str, Any]:
     )
 
 
-class Ledger(Leases, Evidence):
-    """One database. Open with `Ledger.open(url)`; use as a context manager or call close()."""
+class Ledger:
+    """One database. Open with `Ledger.open(url)`; use as a context manager or call close(). Leases are
+    `ledger.leases`, results and verdicts `ledger.evidence`: parts over the same Store, not base classes."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.store = Store(engine)
+        self.leases = Leases(self.store)
+        self.evidence = Evidence(self.store)
+
+    @property
+    def engine(self) -> Engine:
+        return self.store.engine
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    @property
+    def dialect(self) -> str:
+        return self.store.dialect
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ---- opening ------------------------------------------------------------------------------
 
@@ -148,9 +177,9 @@ class Ledger(Leases, Evidence):
         provenance: dict[str, Any],
     ) -> SweepRow:
         """Idempotent: a second call returns the existing sweep; a different stage/model/... is refused."""
-        with self._write() as s:
+        with self.store.write() as s:
             stmt = (
-                self._insert(m.Sweep)
+                self.store.insert(m.Sweep)
                 .values(
                     name=name,
                     stage=stage,
@@ -167,7 +196,7 @@ class Ledger(Leases, Evidence):
                 .returning(m.Sweep.id)
             )
             new_id = s.execute(stmt).scalar_one_or_none()
-            sweep = self._sweep(s, name)
+            sweep = find_sweep(s, name)
             if new_id is not None:
                 s.add(m.Event(sweep_id=sweep.id, kind="created", message=f"sweep {name} created (stage {stage})"))
             else:
@@ -181,18 +210,18 @@ class Ledger(Leases, Evidence):
             return to_row(SweepRow, sweep)
 
     def get_sweep(self, name: str) -> SweepRow | None:
-        with self._read() as s:
+        with self.store.read() as s:
             sweep = s.scalars(select(m.Sweep).where(m.Sweep.name == name)).one_or_none()
             return None if sweep is None else to_row(SweepRow, sweep)
 
     def list_sweeps(self) -> list[SweepRow]:
-        with self._read() as s:
+        with self.store.read() as s:
             return [to_row(SweepRow, x) for x in s.scalars(select(m.Sweep).order_by(m.Sweep.id))]
 
     def set_sweep_status(self, name: str, status: str) -> None:
         status = member(SweepStatus, status, "sweep status")
-        with self._write() as s:
-            sweep = self._sweep(s, name)
+        with self.store.write() as s:
+            sweep = find_sweep(s, name)
             if sweep.status != status:
                 s.add(m.Event(sweep_id=sweep.id, kind="sweep-status", message=f"{sweep.status} -> {status}"))
                 sweep.status = status
@@ -201,8 +230,8 @@ class Ledger(Leases, Evidence):
         """The launcher kind the sweep's jobs run on (provenance["launcher"]): the first call stores `kind`,
         every later one returns what is stored. A sweep never changes launcher: its stored job ids mean
         nothing to another one (a Slurm id is no local process)."""
-        with self._write() as s:
-            sweep = self._sweep(s, name)
+        with self.store.write() as s:
+            sweep = find_sweep(s, name)
             prov = dict(sweep.provenance or {})
             if not prov.get("launcher"):
                 prov["launcher"] = kind
@@ -213,8 +242,8 @@ class Ledger(Leases, Evidence):
     def add_provenance(self, name: str, part: str, data: dict[str, Any]) -> None:
         """Set provenance[part] of a sweep (what a later step learned about what it runs with, e.g. the node's
         Megatron commit from preflight), with an event saying so."""
-        with self._write() as s:
-            sweep = self._sweep(s, name)
+        with self.store.write() as s:
+            sweep = find_sweep(s, name)
             sweep.provenance = {**dict(sweep.provenance or {}), part: clean(data)}
             s.add(m.Event(sweep_id=sweep.id, kind="provenance", message=f"provenance {part}: {clean(data)}"[:500]))
 
@@ -224,12 +253,12 @@ class Ledger(Leases, Evidence):
         """Insert new keys, return every item's row (existing rows are returned, not duplicated)."""
         if not items:
             return []
-        with self._write() as s:
-            sw = self._sweep(s, sweep)
+        with self.store.write() as s:
+            sw = find_sweep(s, sweep)
             ids = self._ids_by_key(s, sw.id, [i.key for i in items])
             fresh = {i.key: i for i in items if i.key not in ids}  # later duplicates in `items` collapse
             if fresh:
-                stmt = self._insert(m.Candidate).on_conflict_do_nothing(index_elements=["sweep_id", "key"])
+                stmt = self.store.insert(m.Candidate).on_conflict_do_nothing(index_elements=["sweep_id", "key"])
                 inserted = {}
                 # the caller's order becomes id order, which claim_for_submission follows within a round
                 values = [_candidate_values(sw.id, i) for i in fresh.values()]
@@ -296,8 +325,8 @@ class Ledger(Leases, Evidence):
     def candidates(
         self, sweep: str, *, status: str | Collection[str] | None = None, round: int | None = None
     ) -> list[CandidateRow]:
-        with self._read() as s:
-            sw = self._sweep(s, sweep)
+        with self.store.read() as s:
+            sw = find_sweep(s, sweep)
             q = select(m.Candidate).where(m.Candidate.sweep_id == sw.id)
             if status is not None:
                 q = q.where(m.Candidate.status.in_([status] if isinstance(status, str) else list(status)))
@@ -306,8 +335,8 @@ class Ledger(Leases, Evidence):
             return [to_row(CandidateRow, c) for c in s.scalars(q.order_by(m.Candidate.id))]
 
     def candidate_by_key(self, sweep: str, key: str) -> CandidateRow | None:
-        with self._read() as s:
-            sw = self._sweep(s, sweep)
+        with self.store.read() as s:
+            sw = find_sweep(s, sweep)
             c = s.scalars(
                 select(m.Candidate).where(m.Candidate.sweep_id == sw.id, m.Candidate.key == key)
             ).one_or_none()
@@ -315,8 +344,8 @@ class Ledger(Leases, Evidence):
 
     def claim_for_submission(self, sweep: str, limit: int, holder: str) -> list[CandidateRow]:
         """Atomically move up to `limit` planned candidates (lowest round first) to claimed."""
-        with self._write() as s:
-            sw = self._sweep(s, sweep)
+        with self.store.write() as s:
+            sw = find_sweep(s, sweep)
             q = (
                 select(m.Candidate)
                 .where(m.Candidate.sweep_id == sw.id, m.Candidate.status == CandidateStatus.PLANNED)
@@ -347,8 +376,8 @@ class Ledger(Leases, Evidence):
 
     def set_candidate_status(self, candidate_id: int, status: str, reason: str | None = None) -> None:
         status = member(CandidateStatus, status, "candidate status")
-        with self._write() as s:
-            self._move(s, self._candidate(s, candidate_id, lock=True), status, reason)
+        with self.store.write() as s:
+            self._move(s, find_candidate(s, candidate_id, lock=True), status, reason)
 
     @staticmethod
     def _move(s: Session, c: m.Candidate, status: str, reason: str | None) -> None:
@@ -366,8 +395,8 @@ class Ledger(Leases, Evidence):
     def requeue(self, candidate_id: int, decision: dict[str, Any], reason: str) -> None:
         """A measured candidate back to `planned` with a new decision (e.g. a screened layout confirmed at the
         full window), in one transaction: a resumed loop finds it planned with the decision that explains why."""
-        with self._write() as s:
-            c = self._candidate(s, candidate_id, lock=True)
+        with self.store.write() as s:
+            c = find_candidate(s, candidate_id, lock=True)
             self._move(s, c, CandidateStatus.PLANNED, reason)
             c.decision = clean(decision)
 
@@ -389,8 +418,8 @@ class Ledger(Leases, Evidence):
         it is a launch intent (written before sbatch, `launch_token` names the job); `launched` then stores the id.
         Only a MEASURE attempt becomes the candidate's latest attempt: a finalist's job is evidence about it."""
         role = member(AttemptRole, role, "attempt role")
-        with self._write() as s:
-            c = self._candidate(s, candidate_id, lock=True)
+        with self.store.write() as s:
+            c = find_candidate(s, candidate_id, lock=True)
             n = s.scalar(select(func.max(m.Attempt.attempt_no)).where(m.Attempt.candidate_id == candidate_id)) or 0
             a = m.Attempt(
                 candidate_id=candidate_id,
@@ -419,10 +448,10 @@ class Ledger(Leases, Evidence):
         one transaction for a whole array (all recorded or none). A candidate no longer claimed (`cancel` ran
         meanwhile) keeps its status; the id is kept, so the job can be stopped. A finalist's job (a role other
         than measure) leaves its measured candidate's status alone: its event names the role."""
-        with self._write() as s:
+        with self.store.write() as s:
             for attempt_id, job_id, array_index in jobs:
-                a = self._attempt(s, attempt_id)
-                c = self._candidate(s, a.candidate_id, lock=True)
+                a = find_attempt(s, attempt_id)
+                c = find_candidate(s, a.candidate_id, lock=True)
                 a.job_id, a.array_index, a.submit_time, a.updated_at = str(job_id), array_index, now(), now()
                 reason = why.format(job_id=job_id)
                 if a.role != AttemptRole.MEASURE:
@@ -441,8 +470,8 @@ class Ledger(Leases, Evidence):
         unknown = set(changes) - ATTEMPT_FIELDS
         if unknown:
             raise ValueError(f"update_attempt: unknown fields {sorted(unknown)}; allowed {sorted(ATTEMPT_FIELDS)}")
-        with self._write() as s:
-            a = self._attempt(s, attempt_id)
+        with self.store.write() as s:
+            a = find_attempt(s, attempt_id)
             for k, v in changes.items():
                 if k.endswith("_time"):
                     v = as_datetime(v)
@@ -462,7 +491,7 @@ class Ledger(Leases, Evidence):
     ) -> list[AttemptRow]:
         """The candidate's attempts in order: its measurements by default (what retries, the latest outcome and
         the search read), `roles=` the finalists' jobs, `roles=None` every attempt."""
-        with self._read() as s:
+        with self.store.read() as s:
             q = select(m.Attempt).where(m.Attempt.candidate_id == candidate_id)
             if roles is not None:
                 q = q.where(m.Attempt.role.in_([member(AttemptRole, r, "attempt role") for r in roles]))
@@ -470,8 +499,8 @@ class Ledger(Leases, Evidence):
 
     def live_attempts(self, sweep: str) -> list[AttemptRow]:
         """Attempts of every role not yet in a terminal Slurm state: what a resumed orchestrator must poll."""
-        with self._read() as s:
-            sw = self._sweep(s, sweep)
+        with self.store.read() as s:
+            sw = find_sweep(s, sweep)
             q = (
                 select(m.Attempt)
                 .join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
@@ -491,8 +520,8 @@ class Ledger(Leases, Evidence):
         candidate_id: int | None = None,
         data: dict[str, Any] | None = None,
     ) -> None:
-        with self._write() as s:
-            sw = self._sweep(s, sweep)
+        with self.store.write() as s:
+            sw = find_sweep(s, sweep)
             s.add(
                 m.Event(
                     sweep_id=sw.id,
@@ -504,8 +533,8 @@ class Ledger(Leases, Evidence):
             )
 
     def events(self, sweep: str, *, kind: str | None = None, candidate_id: int | None = None) -> list[EventRow]:
-        with self._read() as s:
-            sw = self._sweep(s, sweep)
+        with self.store.read() as s:
+            sw = find_sweep(s, sweep)
             q = select(m.Event).where(m.Event.sweep_id == sw.id)
             if kind is not None:
                 q = q.where(m.Event.kind == kind)

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sqlalchemy import BigInteger, Boolean, Float, Integer, Select, and_, exists, func, not_, or_, select, true
 from sqlalchemy.orm import QueryableAttribute
@@ -29,7 +29,9 @@ from orchestrator.core.states import AttemptRole, CandidateStatus, Fidelity
 from orchestrator.ledger import models as m
 from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.models import RESULT_METRICS
-from orchestrator.ledger.store import Store
+
+if TYPE_CHECKING:
+    from orchestrator.ledger.ledger import Ledger
 
 # A registry entry: a mapped attribute (m.Candidate.tp) or an expression over them (the joined dispatcher).
 Column = ColumnElement[Any] | QueryableAttribute[Any]
@@ -214,7 +216,7 @@ def joined(columns: Sequence[str]) -> AnySelect:
 
 
 def compare(
-    ledger: Store,
+    ledger: Ledger,
     *,
     sweep: str | None = None,
     stage: str | None = None,
@@ -245,13 +247,13 @@ def compare(
             raise LedgerError("--limit must be at least 1")
         top = _joins(select(m.Candidate.id)).where(cond).order_by(*order).limit(limit).subquery()
         q = joined(cols).join(top, top.c.id == m.Candidate.id).order_by(*order)
-    with ledger._read() as s:
+    with ledger.store.read() as s:
         return [dict(zip(names, row)) for row in s.execute(q)]
 
 
 def measured_select(*, sweep: str | None = None, stage: str | None = None, model: str | None = None) -> AnySelect:
     """(sweep, candidate, attempt, result, excluded) of every candidate with a successful result, its latest:
-    what `Ledger.measured` hands out and `best` ranks (the same rows: one answer to "best")."""
+    what `ledger.evidence.measured` hands out and `best` ranks (the same rows: one answer to "best")."""
     q = (
         select(m.Sweep, m.Candidate, m.Attempt, m.Result, excluded().label("excluded"))
         .join(m.Candidate, m.Candidate.sweep_id == m.Sweep.id)
@@ -268,14 +270,14 @@ def measured_select(*, sweep: str | None = None, stage: str | None = None, model
     return q
 
 
-def best(ledger: Store, *, sweep: str | None = None, stage: str | None = None) -> dict[str, Any] | None:
+def best(ledger: Ledger, *, sweep: str | None = None, stage: str | None = None) -> dict[str, Any] | None:
     """The fastest MEASURED layout, as orchestrator.core.ranking decides it (never on predictions).
 
     SQL only narrows the rows (each candidate's latest result, with a step p50); which of them may be a best
     and in what order is the ranking's. Returns the evidence: layout, every metric, job id, logs.
     """
     q = measured_select(sweep=sweep, stage=stage).where(COLUMNS[STEP_P50].is_not(None))
-    with ledger._read() as s:
+    with ledger.store.read() as s:
         hits = list(s.execute(q))
 
         def standing(hit: Any) -> Standing:
@@ -345,7 +347,7 @@ class AttemptCost:
         object.__setattr__(self, "fidelity", Fidelity(self.fidelity or Fidelity.FULL))
 
 
-def attempt_costs(ledger: Store, sweep: str) -> list[AttemptCost]:
+def attempt_costs(ledger: Ledger, sweep: str) -> list[AttemptCost]:
     """Every attempt of `sweep` with its result's mean step, in ONE joined query: the live view asks on
     every change, so the cost must not be a query per candidate."""
     q = (
@@ -367,5 +369,5 @@ def attempt_costs(ledger: Store, sweep: str) -> list[AttemptCost]:
         .where(m.Sweep.name == sweep)
         .order_by(m.Attempt.id)
     )
-    with ledger._read() as s:
+    with ledger.store.read() as s:
         return [AttemptCost(*row) for row in s.execute(q)]

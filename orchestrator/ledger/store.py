@@ -1,8 +1,8 @@
-"""The part of the Ledger every other part builds on: the engine, read and write sessions, row lookups.
+"""The one database handle the ledger's parts share: the engine, read and write sessions, row lookups.
 
-Sessions never leave orchestrator/ledger/: `_read()` and `_write()` are for the Ledger's own methods and
-orchestrator.ledger.queries,
-which hand out typed rows. Concurrency model:
+The Ledger (sweeps, candidates, attempts, events), its `leases` and its `evidence` each hold this Store (by
+composition: one object per job, no mixins), and so do orchestrator.ledger.queries and .export through
+`ledger.store`. Sessions never leave orchestrator/ledger/: those parts hand out typed rows. Concurrency model:
 - Writes run in `_write()`: BEGIN IMMEDIATE on SQLite (one writer at a time, others wait
   busy_timeout), READ COMMITTED plus row locks on PostgreSQL.
 - Inserts that two processes may race on (sweep name, candidate key) use INSERT ... ON CONFLICT DO
@@ -32,7 +32,7 @@ from orchestrator.ledger.errors import LedgerError
 
 
 class Store:
-    """One database engine and its sessions; the Ledger's parts (leases, results, ...) extend it."""
+    """One database engine and its sessions; the Ledger and its parts (leases, evidence) hold one."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -56,12 +56,12 @@ class Store:
         self.close()
 
     @contextmanager
-    def _read(self) -> Iterator[Session]:
+    def read(self) -> Iterator[Session]:
         with self._guard(), Session(self.engine, expire_on_commit=False) as s:
             yield s
 
     @contextmanager
-    def _write(self) -> Iterator[Session]:
+    def write(self) -> Iterator[Session]:
         with self._guard(), Session(self._write_engine, expire_on_commit=False) as s, s.begin():
             self._same_ledger(s)
             yield s
@@ -111,36 +111,35 @@ class Store:
             detail = scrub(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc), self.engine.url)
             raise LedgerError(f"ledger {self.url}: {detail}") from exc
 
-    def _insert(self, model: Any) -> Any:
+    def insert(self, model: Any) -> Any:
         return (pg_insert if self.dialect == "postgresql" else sqlite_insert)(model)
 
-    # ---- lookups inside a session -------------------------------------------------------------
 
-    @staticmethod
-    def _sweep(s: Session, name: str) -> m.Sweep:
-        sweep = s.scalars(select(m.Sweep).where(m.Sweep.name == name)).one_or_none()
-        if sweep is None:
-            known = s.scalars(select(m.Sweep.name).order_by(m.Sweep.id.desc()).limit(10)).all()
-            raise LedgerError(
-                f"no sweep named '{name}' in the ledger" + (f"; recent: {', '.join(known)}" if known else "")
-            )
-        return sweep
+# ---- lookups inside a session (the parts share them) --------------------------------------------
 
-    @staticmethod
-    def _candidate(s: Session, candidate_id: int, *, lock: bool = False) -> m.Candidate:
-        q = select(m.Candidate).where(m.Candidate.id == candidate_id)
-        c = s.scalars(q.with_for_update() if lock else q).one_or_none()
-        if c is None:
-            raise LedgerError(f"no candidate with id {candidate_id}")
-        return c
 
-    @staticmethod
-    def _attempt(s: Session, attempt_id: int, *, lock: bool = False) -> m.Attempt:
-        q = select(m.Attempt).where(m.Attempt.id == attempt_id)
-        a = s.scalars(q.with_for_update() if lock else q).one_or_none()
-        if a is None:
-            raise LedgerError(f"no attempt with id {attempt_id}")
-        return a
+def find_sweep(s: Session, name: str) -> m.Sweep:
+    sweep = s.scalars(select(m.Sweep).where(m.Sweep.name == name)).one_or_none()
+    if sweep is None:
+        known = s.scalars(select(m.Sweep.name).order_by(m.Sweep.id.desc()).limit(10)).all()
+        raise LedgerError(f"no sweep named '{name}' in the ledger" + (f"; recent: {', '.join(known)}" if known else ""))
+    return sweep
+
+
+def find_candidate(s: Session, candidate_id: int, *, lock: bool = False) -> m.Candidate:
+    q = select(m.Candidate).where(m.Candidate.id == candidate_id)
+    c = s.scalars(q.with_for_update() if lock else q).one_or_none()
+    if c is None:
+        raise LedgerError(f"no candidate with id {candidate_id}")
+    return c
+
+
+def find_attempt(s: Session, attempt_id: int, *, lock: bool = False) -> m.Attempt:
+    q = select(m.Attempt).where(m.Attempt.id == attempt_id)
+    a = s.scalars(q.with_for_update() if lock else q).one_or_none()
+    if a is None:
+        raise LedgerError(f"no attempt with id {attempt_id}")
+    return a
 
 
 def _file_identity(engine: Engine) -> tuple[str, tuple[int, int]] | None:

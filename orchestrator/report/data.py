@@ -174,7 +174,7 @@ def gather(ledger: Ledger, name: str) -> ReportData:
     failed = [r for r in rows if r["failure_class"]]
     parity = {}
     for r in measured:
-        checks = ledger.parity(r["candidate_id"])
+        checks = ledger.evidence.parity(r["candidate_id"])
         if checks:
             last = checks[-1]
             parity[r["candidate_id"]] = {
@@ -198,13 +198,13 @@ def gather(ledger: Ledger, name: str) -> ReportData:
     for cid in attempts:
         aid = cand_attempt.get(cid)
         if aid is not None:
-            samples[cid] = [s[1] for s in ledger.step_samples(aid) if s[1] is not None]
+            samples[cid] = [s[1] for s in ledger.evidence.step_samples(aid) if s[1] is not None]
 
     stage = _stage(sweep, gpus)
     spent = observe.spent(ledger, name, stage=stage)
     rounds = _rounds(measured, spent.by_round)
     lineage = _lineage(ledger, name, gpus)
-    cal = [{"round": c.round, "fit": c.fit, "error": c.error} for c in ledger.calibrations(name)]
+    cal = [{"round": c.round, "fit": c.fit, "error": c.error} for c in ledger.evidence.calibrations(name)]
     simulated = any(r.get("simulated") for r in measured + failed) or sweep.workload == "twin"
     note = (
         "Q_effective uses measured checkpoint save/restore times where a long-run window ran, else the configured "

@@ -95,7 +95,7 @@ def decide(ledger: Ledger, d: ReportData) -> Decision:
     if hit is not None:
         bundle = bundle_mod.of_best(
             hit,
-            parity=ledger.parity(hit["candidate_id"]),
+            parity=ledger.evidence.parity(hit["candidate_id"]),
             provenance=d.sweep.provenance,
             parity_enabled=cfg.parity.enabled if cfg is not None else None,
         )

@@ -45,11 +45,13 @@ def gather(ledger, name: str) -> list[dict]:
         p50s: dict[str, float] = {}
         full: ranking.Standing | None = None
         for x in atts:
-            res = ledger.result(x.id)
+            res = ledger.evidence.result(x.id)
             if res and res.get(STEP_P50) is not None:
                 p50s[x.fidelity] = res[STEP_P50]
                 if x.fidelity == Fidelity.FULL:
-                    bad = c.status == CandidateStatus.EXCLUDED or any(not p.passed for p in ledger.parity(c.id))
+                    bad = c.status == CandidateStatus.EXCLUDED or any(
+                        not p.passed for p in ledger.evidence.parity(c.id)
+                    )
                     full = ranking.standing(res, fidelity=x.fidelity, partial=res["partial"], excluded=bad, order=x.id)
         p50 = p50s.get(Fidelity.FULL)
         parent = by_id.get(c.parent_id) if c.parent_id is not None else None

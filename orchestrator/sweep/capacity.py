@@ -62,7 +62,7 @@ class Capacity:
 
 def measured(ledger: Ledger, sweep: str, hw: HardwareConfig) -> Capacity | None:
     """The smallest GPU capacity any attempt of `sweep` stated (the first attempt that stated it), or None."""
-    rows = ledger.gpu_capacities(sweep)
+    rows = ledger.evidence.gpu_capacities(sweep)
     if not rows:
         return None
     low = min(rows, key=lambda r: (r.gb, r.attempt_id))

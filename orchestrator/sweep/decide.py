@@ -62,9 +62,9 @@ def next_round(
         step_cv=cv,
     )
     plan = schedule.plan(policy, env, inp, source_stage=source_stage)
-    if plan.fit is not None and not any(cal.round == rnd for cal in ledger.calibrations(sweep.name)):
+    if plan.fit is not None and not any(cal.round == rnd for cal in ledger.evidence.calibrations(sweep.name)):
         f = plan.fit
-        ledger.record_calibration(
+        ledger.evidence.record_calibration(
             sweep.name,
             rnd,
             f.to_dict(),

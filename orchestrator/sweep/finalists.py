@@ -63,7 +63,7 @@ class Step:
 def pick(ledger: Ledger, sweep: str, k: int) -> list[CandidateRow]:
     """The k best measured candidates by the one ranking: the finalists (no screen, no probe, nothing partial
     or excluded)."""
-    rows = ranked(ledger.measured(sweep=sweep), standing)[: max(0, k)]
+    rows = ranked(ledger.evidence.measured(sweep=sweep), standing)[: max(0, k)]
     by_id = {c.id: c for c in ledger.candidates(sweep)}
     return [by_id[m.candidate_id] for m in rows]
 
@@ -112,7 +112,7 @@ class Finalists:
         one, recorded now."""
         if self._chosen is not None:
             return self._chosen
-        measured = self.ledger.measured(sweep=self.sweep)
+        measured = self.ledger.evidence.measured(sweep=self.sweep)
         through = max((m.attempt_id for m in measured), default=0)
         events = self.ledger.events(self.sweep, kind=PICK_EVENT)
         data = (events[-1].data or {}) if events else {}
@@ -143,9 +143,9 @@ class Finalists:
         chosen = self.chosen()
         if self.cfg.parity.enabled:
             self._parity(chosen, out, numbers)
-            chosen = [c for c in chosen if (rows := self.ledger.parity(c.id)) and all(p.passed for p in rows)]
+            chosen = [c for c in chosen if (rows := self.ledger.evidence.parity(c.id)) and all(p.passed for p in rows)]
         if self.cfg.effective.long_run:
-            measured = {m.candidate_id: m for m in self.ledger.measured(sweep=self.sweep)}
+            measured = {m.candidate_id: m for m in self.ledger.evidence.measured(sweep=self.sweep)}
             for c in chosen:
                 self._long_run(c, measured.get(c.id), out, numbers)
         return out
@@ -172,7 +172,7 @@ class Finalists:
         if not ran:
             return Outcome.LAUNCH, None
         last = ran[-1]
-        if self.ledger.result(last.id) is not None:
+        if self.ledger.evidence.result(last.id) is not None:
             return Outcome.OK, last
         again, _ = self.retry(last.failure_class or last.state, ran)
         return (Outcome.LAUNCH if again else Outcome.FAILED), last
@@ -200,7 +200,7 @@ class Finalists:
         asked: set[str] = set()  # reference keys launched in this step (one launch per shared reference)
         for g in gates:
             c = g.cand
-            rows = self.ledger.parity(c.id)
+            rows = self.ledger.evidence.parity(c.id)
             if rows:  # decided; a kill between the row and the exclusion left the status behind
                 failed = next((p for p in rows if not p.passed), None)
                 if failed is not None and c.status != CandidateStatus.EXCLUDED:
@@ -264,7 +264,7 @@ class Finalists:
 
     def _curves(self, a: AttemptRow) -> tuple[list[float], list[float]]:
         """(lm loss, grad norm) per measured iteration, as the attempt's result stored them."""
-        samples = self.ledger.step_samples(a.id)
+        samples = self.ledger.evidence.step_samples(a.id)
         return [x for _, _, x, _ in samples if x is not None], [g for _, _, _, g in samples if g is not None]
 
     def _verdict(
@@ -277,7 +277,7 @@ class Finalists:
         passed: bool = False,
     ) -> ParityRow:
         """Record the parity row (no verdict = failed: no promotion without evidence) and exclude on failure."""
-        row = self.ledger.record_parity(
+        row = self.ledger.evidence.record_parity(
             c.id,
             reference_key=ref_key,
             steps=verdict.steps if verdict else 0,
@@ -318,7 +318,7 @@ class Finalists:
             out.launches.append(Launch(c.id, spec))
             return None
         assert save is not None
-        saved = self.ledger.result(save.id) if save_state == Outcome.OK else None
+        saved = self.ledger.evidence.result(save.id) if save_state == Outcome.OK else None
         if saved is None or saved.get("ckpt_save_s") is None:
             why = "logged no save time" if saved is not None else f"failed: {save.failure_class or save.state}"
             detail = f"save job {why} {save.failure_detail or ''}".strip()
@@ -339,7 +339,7 @@ class Finalists:
             out.launches.append(Launch(c.id, spec))
             return None
         assert restore is not None
-        restored = self.ledger.result(restore.id) if restore_state == Outcome.OK else None
+        restored = self.ledger.evidence.result(restore.id) if restore_state == Outcome.OK else None
         if restored is None or restored.get("ckpt_restore_s") is None:
             why = "logged no load time" if restored is not None else f"failed: {restore.failure_class or restore.state}"
             detail = f"restore job {why} {restore.failure_detail or ''}".strip()
@@ -364,7 +364,9 @@ class Finalists:
             "effective_fraction": e.effective_fraction,
             "q_effective": e.q_effective,
         }
-        self.ledger.update_result_metrics(measured.attempt_id, **values)  # idempotent: a resume writes the same
+        self.ledger.evidence.update_result_metrics(
+            measured.attempt_id, **values
+        )  # idempotent: a resume writes the same
         info = {
             "ok": True,
             "reason": "",

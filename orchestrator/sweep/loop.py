@@ -109,7 +109,7 @@ class Driver:
     # ---- lease ------------------------------------------------------------------------------------
     def run(self) -> Outcome:
         self._take_lease()
-        self.keeper = LeaseKeeper(self.ledger, self.name, self.holder, self.ttl).start()
+        self.keeper = LeaseKeeper(self.ledger.store, self.name, self.holder, self.ttl).start()
         try:
             self.ledger.set_sweep_status(self.name, SweepStatus.RUNNING)
             self.ledger.log_event(self.name, "driver", f"{self.holder} drives the sweep on {self.launcher.kind}")
@@ -133,7 +133,7 @@ class Driver:
         finally:
             self.keeper.stop()
             if self.keeper.lost is None:
-                self._safely(lambda: self.ledger.release_lease(self.name, self.holder))
+                self._safely(lambda: self.ledger.leases.release_lease(self.name, self.holder))
 
     @staticmethod
     def _safely(fn) -> None:
@@ -146,7 +146,7 @@ class Driver:
     def _take_lease(self) -> None:
         """Take the sweep's lease. A live holder is refused (LeaseHeld names it); a holder that is a dead
         process on this host (an orchestrator killed with -9) is taken over at once (orchestrator.ledger.leases)."""
-        self.ledger.acquire_lease(self.name, self.holder, self.ttl)
+        self.ledger.leases.acquire_lease(self.name, self.holder, self.ttl)
 
     def _heartbeat(self) -> None:
         """The keeper thread renews the lease; the loop only learns here that another holder took it."""
@@ -415,7 +415,7 @@ class Driver:
         res = collect(
             Path(a.job_dir), slurm_state=None if lost else st.state, exit_code=None if lost else st.exit_code, lost=lost
         )
-        self.ledger.record_result(a.id, res.to_dict())
+        self.ledger.evidence.record_result(a.id, res.to_dict())
         self._dirty = True
         if not a.measures:  # a finalist's job: its verdict is the finalists' next step (retries too)
             what = "done" if res.ok else f"{res.failure_class or a.state}"
@@ -427,7 +427,7 @@ class Driver:
     def _settle(self, c: CandidateRow, a: AttemptRow, atts: list[AttemptRow] | None = None) -> None:
         """A terminal attempt decides its candidate: done, retried (new attempt later) or failed."""
         lay = Layout.from_dict(c.layout).short()
-        if self.ledger.result(a.id) is not None:
+        if self.ledger.evidence.result(a.id) is not None:
             self.ledger.set_candidate_status(c.id, CandidateStatus.DONE, f"job {a.job_id} measured")
             return
         fc = a.failure_class or a.state

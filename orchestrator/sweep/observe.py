@@ -80,7 +80,7 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
     fidelity_of: dict[int, Fidelity] = {}
     partial: set[int] = set()
     for s in sweeps:
-        for row in ledger.measured(sweep=s.name):
+        for row in ledger.evidence.measured(sweep=s.name):
             measured[row.candidate_id] = row.metrics
             attempt_of[row.candidate_id] = row.attempt_id
             fidelity_of[row.candidate_id] = row.fidelity
@@ -119,7 +119,7 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
                     round=c.round,
                     hbm_gb=env.hardware.hbm_gb,
                     raw_memory_terms=_raw_terms(env, c, layout),
-                    stage_peaks_gb=stage_peaks(ledger.rank_memory(attempt_of[c.id])) if met else {},
+                    stage_peaks_gb=stage_peaks(ledger.evidence.rank_memory(attempt_of[c.id])) if met else {},
                     fidelity=fidelity_of.get(c.id, Fidelity.FULL),
                     measure_iters=(met.get("measure_iters") or None) if met else None,
                     partial=c.id in partial,
@@ -133,10 +133,11 @@ NOISE_RUNS = 12  # the stage's step-time noise is pooled over its latest full-wi
 
 def step_cv(ledger: Ledger, sweeps: list[SweepRow]) -> float | None:
     """The stage's measured step-time noise (schedule/fidelity.robust_cv, pooled): what sizes a screen."""
-    rows = [r for s in sweeps for r in ledger.measured(sweep=s.name) if r.fidelity == Fidelity.FULL]
+    rows = [r for s in sweeps for r in ledger.evidence.measured(sweep=s.name) if r.fidelity == Fidelity.FULL]
     rows.sort(key=lambda r: r.attempt_id)
     return fidelity.pooled_cv(
-        fidelity.robust_cv([t for _, t, _, _ in ledger.step_samples(r.attempt_id) if t]) for r in rows[-NOISE_RUNS:]
+        fidelity.robust_cv([t for _, t, _, _ in ledger.evidence.step_samples(r.attempt_id) if t])
+        for r in rows[-NOISE_RUNS:]
     )
 
 
@@ -224,7 +225,7 @@ def status_counts(cands: list[CandidateRow]) -> dict[str, int]:
 def best_of(ledger: Ledger, sweep: str) -> dict | None:
     """The measured best of one sweep, as orchestrator.core.ranking decides it (the rows `best` ranks): for the
     live view, `status` and the sweep's last line."""
-    r = ranking.best(ledger.measured(sweep=sweep), standing)
+    r = ranking.best(ledger.evidence.measured(sweep=sweep), standing)
     if r is None:
         return None
     return {

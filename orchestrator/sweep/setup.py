@@ -97,7 +97,7 @@ def promotion_source(ledger: Ledger, cfg: RootConfig) -> tuple[SweepRow, RootCon
             f"{src_stage} sweep of model {cfg.model.name}: run `python -m orchestrator sweep +stage={src_stage}` first"
         )
     src = max(cands, key=lambda s: s.id)
-    if not ledger.measured(sweep=src.name):
+    if not ledger.evidence.measured(sweep=src.name):
         raise UserError(
             f"sweep {src.name} (stage {src_stage}) has no measured candidate to promote; "
             f"resume it first: python -m orchestrator resume {src.name}"

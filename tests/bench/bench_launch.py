@@ -29,7 +29,7 @@ def _cpu() -> float:
 
 
 def main() -> bool | None:
-    from orchestrator.core.schema import ClusterConfig
+    from orchestrator.core.schema import ClusterConfig, SlurmConfig
     from orchestrator.launch import LaunchTask
     from orchestrator.launch.auto import slurm_available
     from orchestrator.launch.slurm import SlurmLauncher
@@ -38,7 +38,7 @@ def main() -> bool | None:
     if not ok:
         print(f"   skipped: no Slurm cluster answers ({why}); start one with bash tests/cluster/slurm_local.sh up")
         return None
-    cluster = ClusterConfig(kind="slurm", min_time_min=5, array_parallelism=16, max_array_size=1000)
+    cluster = ClusterConfig(kind="slurm", min_time_min=5, slurm=SlurmConfig(array_parallelism=16, max_array_size=1000))
     launcher = SlurmLauncher(cluster)
     root = tempfile.mkdtemp(prefix="bench-launch-")
     # time.sleep(0): a stdlib function, so the job unpickles it on any node; the work is nothing.
@@ -84,8 +84,8 @@ def main() -> bool | None:
     per_job_cpu_ms = 1000 * (submit_cpu + poll_cpu) / N_JOBS
     per_poll = launcher.sacct_calls / polls
     print(
-        f"   {N_JOBS} jobs in {launcher.sbatch_calls} sbatch call(s) (arrays of <= {cluster.max_array_size}, "
-        f"{cluster.array_parallelism} at once); final states {finals}"
+        f"   {N_JOBS} jobs in {launcher.sbatch_calls} sbatch call(s) (arrays of <= {cluster.slurm.max_array_size}, "
+        f"{cluster.slurm.array_parallelism} at once); final states {finals}"
     )
     print(
         f"   submit: {submit_wall:.2f} s wall, {submit_cpu:.2f} s CPU; poll: {polls} polls, "

@@ -166,7 +166,7 @@ def sample_rate(led) -> float:
     ).to_dict()
     t0 = time.perf_counter()
     for a in atts:
-        led.record_result(a.id, res)
+        led.evidence.record_result(a.id, res)
     return RESULTS * SAMPLES / (time.perf_counter() - t0)
 
 

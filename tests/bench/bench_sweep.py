@@ -77,7 +77,7 @@ def main() -> bool:
             t0 = time.perf_counter()
             out = driver.run()
             wall = time.perf_counter() - t0
-            done = len(ledger.measured(sweep="bench"))
+            done = len(ledger.evidence.measured(sweep="bench"))
         jobs = driver.stats["submitted"]
         control = wall - driver.stats["sleep_s"]
         sacct = getattr(launcher, "sacct_calls", None)

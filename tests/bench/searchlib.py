@@ -330,7 +330,9 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
                 end = clock + timedelta(hours=cost / st.gpus)
                 ledger.update_attempt(a.id, start_time=clock, end_time=end, node_list="in-process")
                 clock = end
-                ledger.record_result(a.id, _result(cfg, run, JobResult, RankMemory, pp=lay.pp, window=win).to_dict())
+                ledger.evidence.record_result(
+                    a.id, _result(cfg, run, JobResult, RankMemory, pp=lay.pp, window=win).to_dict()
+                )
                 p50 = p50_of_window(cfg, run, win[0]) if run.fits else None
                 out.launches.append((c.round, lay, cost, p50, run.step_s, fid, batch))
                 if run.fits:

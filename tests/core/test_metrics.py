@@ -131,8 +131,8 @@ led.create_or_get_sweep("p", stage="s", config_yaml="", model="m", hardware="h",
 (c,) = led.add_candidates("p", [CandidateIn(key="k", layout={})])
 a = led.new_attempt(c.id, job_id="1", job_dir="-", simulated=True)
 res = JobResult(ok=True, simulated=True, measure_iters=1, step_p50_s=1.0, nccl_busbw_gb_s=42.0)
-led.record_result(a.id, res.to_dict())
-checks["stored"] = led.result(a.id)["nccl_busbw_gb_s"] == 42.0
+led.evidence.record_result(a.id, res.to_dict())
+checks["stored"] = led.evidence.result(a.id)["nccl_busbw_gb_s"] == 42.0
 checks["best"] = queries.best(led, sweep="p")["metrics"]["nccl_busbw_gb_s"] == 42.0
 rows = queries.compare(led, sweep="p", sort="nccl_busbw_gb_s", columns=["key", "nccl_busbw_gb_s"])
 checks["sorted"] = rows == [{"key": "k", "nccl_busbw_gb_s": 42.0}]

@@ -105,7 +105,7 @@ def test_the_ledger_keeps_the_bundle_and_the_report_shows_it(ledger_url, tmp_pat
             versions={"megatron_commit": TESTED_COMMIT, "transformer_engine": "2.13.0", "nccl": "2.27.3"},
             run_env={"NCCL_IB_TIMEOUT": "19"},
         )
-        ledger.record_result(a.id, result)
+        ledger.evidence.record_result(a.id, result)
         ledger.set_candidate_status(c.id, "done")
         got = queries.best(ledger, sweep="s")
         assert got["metrics"]["run_env"] == {"NCCL_IB_TIMEOUT": "19"}

@@ -39,7 +39,7 @@ def _worker(url: str, idx: int, barrier, out) -> None:
             provenance={"worker": idx},
         )
         try:
-            led.acquire_lease("race", f"w{idx}", ttl_s=600)
+            led.leases.acquire_lease("race", f"w{idx}", ttl_s=600)
             lease = True
         except LeaseHeld:
             lease = False
@@ -55,10 +55,10 @@ def _worker(url: str, idx: int, barrier, out) -> None:
                 led.set_candidate_status(cand.id, "submitted")
                 att = led.new_attempt(cand.id, job_id=f"{idx}_{len(mine)}", job_dir=f"/runs/{cand.key}", simulated=True)
                 led.update_attempt(att.id, state="RUNNING", node_list=f"node{idx}")
-                led.record_result(att.id, job_result(1.0 + idx / 10, n=SAMPLES))
+                led.evidence.record_result(att.id, job_result(1.0 + idx / 10, n=SAMPLES))
                 led.set_candidate_status(cand.id, "done")
         att = led.new_attempt(hot_id, job_dir="/runs/hot", simulated=True)  # 8 writers, one candidate
-        led.record_result(att.id, job_result(5.0, n=SAMPLES))
+        led.evidence.record_result(att.id, job_result(5.0, n=SAMPLES))
         led.log_event("race", "worker", f"w{idx} done", data={"claimed": len(mine)})
         led.close()
         out.put(("ok", idx, mine, time.perf_counter() - t0, lease))

@@ -99,8 +99,8 @@ def test_upgrade_from_previous_revision_keeps_data(ledger_url):
         assert cand.layout == {"ep": 64} and cand.created_at.year == 2026 and cand.decision is None
         (att,) = led.attempts(cand.id)  # an attempt stored before revision 0009 measured its candidate
         assert (att.job_id, att.role) == ("7", "measure")
-        led.record_calibration("old", 0, {"truth_a2a": 1.2}, {"mape": 0.05})  # the new table works
-        assert len(led.calibrations("old")) == 1
+        led.evidence.record_calibration("old", 0, {"truth_a2a": 1.2}, {"mape": 0.05})  # the new table works
+        assert len(led.evidence.calibrations("old")) == 1
 
 
 def test_too_new_database_is_refused(ledger_url):

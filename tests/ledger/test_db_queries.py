@@ -51,9 +51,9 @@ def filled(ledger_url):
     }
     for i, res in measured.items():
         att = led.new_attempt(cands[i].id, job_id=f"100_{i}", job_dir=f"/runs/s1/{i}", simulated=True)
-        led.record_result(att.id, res)
+        led.evidence.record_result(att.id, res)
         led.set_candidate_status(cands[i].id, "done")
-    led.record_parity(
+    led.evidence.record_parity(
         cands[4].id,
         reference_key=cands[0].key,
         steps=10,
@@ -63,7 +63,7 @@ def filled(ledger_url):
         passed=False,
     )
     fail = led.new_attempt(cands[5].id, job_dir="/runs/s1/5", simulated=True)
-    led.record_result(fail.id, {"ok": False, "simulated": True, "failure_class": "OOM"})
+    led.evidence.record_result(fail.id, {"ok": False, "simulated": True, "failure_class": "OOM"})
     led.set_candidate_status(cands[5].id, "failed", "OOM")
     yield led, cands
     led.close()

@@ -223,18 +223,18 @@ def test_record_result_stores_everything_once(ledger):
     att = ledger.new_attempt(cand.id, job_dir="/runs/x", simulated=True)
     ledger.update_attempt(att.id, exit_code=0, state="COMPLETED")
     res = job_result(2.0)
-    ledger.record_result(att.id, res)
+    ledger.evidence.record_result(att.id, res)
     assert ledger.attempts(cand.id)[0].exit_code == 0  # a JobResult without an exit code keeps sacct's
-    ledger.record_result(att.id, job_result(9.0))  # idempotent: the first result stays
-    stored = ledger.result(att.id)
+    ledger.evidence.record_result(att.id, job_result(9.0))  # idempotent: the first result stays
+    stored = ledger.evidence.result(att.id)
     assert stored["step_p50_s"] == 2.0 and stored["ckpt_save_s"] == 12.5 and stored["versions"] == {"torch": "2.13"}
-    samples = ledger.step_samples(att.id)
+    samples = ledger.evidence.step_samples(att.id)
     assert [s[1] for s in samples] == pytest.approx(res["step_times_s"])
     assert [s[2] for s in samples] == pytest.approx(res["lm_loss"])
-    assert [r["rank"] for r in ledger.rank_memory(att.id)] == [0, 1, 2, 3]
+    assert [r["rank"] for r in ledger.evidence.rank_memory(att.id)] == [0, 1, 2, 3]
     after = ledger.attempts(cand.id)[0]
     assert after.state == "COMPLETED" and after.log_paths == ["/runs/a/rank-0.out"]
-    (row,) = ledger.measured(sweep="s1")
+    (row,) = ledger.evidence.measured(sweep="s1")
     assert row.key == cand.key and row.metrics["tokens_per_s_per_gpu"] == res["tokens_per_s_per_gpu"]
     assert row.predicted["step_time_s"] == 10.0 and row.simulated
 
@@ -247,22 +247,24 @@ def test_a_finalist_attempt_is_never_the_candidates_measurement(ledger):
 
     cand = ledger.add_candidates("s1", make_items(1))[0]
     meas = ledger.new_attempt(cand.id, job_dir="/runs/x/attempt-1", simulated=True)
-    ledger.record_result(meas.id, job_result(2.0))
+    ledger.evidence.record_result(meas.id, job_result(2.0))
     fin = ledger.new_attempt(
         cand.id, job_dir="/runs/x/parity-2", simulated=True, role=AttemptRole.PARITY, launch_token="s1.fin"
     )
     assert (fin.attempt_no, fin.role, fin.measures) == (2, AttemptRole.PARITY, False)
     ledger.launched([(fin.id, "81", None)])
-    ledger.record_result(fin.id, job_result(1.0))  # faster, and still never the measurement
+    ledger.evidence.record_result(fin.id, job_result(1.0))  # faster, and still never the measurement
     c = ledger.candidates("s1")[0]
     assert (c.latest_attempt_id, c.latest_result_id is not None, c.status) == (meas.id, True, "planned")
-    (row,) = ledger.measured(sweep="s1")
+    (row,) = ledger.evidence.measured(sweep="s1")
     assert row.attempt_id == meas.id and row.metrics["step_p50_s"] == 2.0
     assert queries.best(ledger, sweep="s1")["attempt"]["id"] == meas.id
     assert [a.id for a in ledger.attempts(cand.id)] == [meas.id]
     assert [a.id for a in ledger.attempts(cand.id, roles=AttemptRole.FINALIST)] == [fin.id]
     assert [a.role for a in ledger.attempts(cand.id, roles=None)] == [AttemptRole.MEASURE, AttemptRole.PARITY]
-    assert ledger.result(fin.id)["step_p50_s"] == 1.0 and len(ledger.step_samples(fin.id)) == 5  # its evidence
+    assert (
+        ledger.evidence.result(fin.id)["step_p50_s"] == 1.0 and len(ledger.evidence.step_samples(fin.id)) == 5
+    )  # its evidence
     assert any("parity job 81" in e.message for e in ledger.events("s1", kind="launched"))
     with pytest.raises(LedgerError, match="attempt role"):
         ledger.new_attempt(cand.id, job_dir="/runs/x/y", simulated=True, role="bogus")
@@ -279,12 +281,12 @@ def test_failed_result_updates_attempt_without_result_row(ledger):
         exit_code=1,
         rank_memory=[RankMemory(rank=0, pp_stage=0, allocated_mb=79000.0, reserved_mb=80000.0)],
     ).to_dict()
-    ledger.record_result(att.id, bad)
-    ledger.record_result(att.id, bad)
-    assert ledger.result(att.id) is None and ledger.measured() == []
+    ledger.evidence.record_result(att.id, bad)
+    ledger.evidence.record_result(att.id, bad)
+    assert ledger.evidence.result(att.id) is None and ledger.evidence.measured() == []
     a = ledger.attempts(cand.id)[0]
     assert (a.state, a.failure_class, a.failure_detail) == ("FAILED", "OOM", "CUDA out of memory")
-    assert ledger.rank_memory(att.id)[0]["reserved_mb"] == 80000.0  # the OOM's peaks are evidence
+    assert ledger.evidence.rank_memory(att.id)[0]["reserved_mb"] == 80000.0  # the OOM's peaks are evidence
 
 
 def test_record_result_is_one_transaction(ledger):
@@ -293,8 +295,8 @@ def test_record_result_is_one_transaction(ledger):
     res = job_result(2.0)
     res["rank_memory"].append(dict(res["rank_memory"][0]))  # duplicate rank: violates (attempt, rank)
     with pytest.raises(Exception):
-        ledger.record_result(att.id, res)
-    assert ledger.result(att.id) is None and ledger.step_samples(att.id) == []
+        ledger.evidence.record_result(att.id, res)
+    assert ledger.evidence.result(att.id) is None and ledger.evidence.step_samples(att.id) == []
     assert ledger.candidate_by_key("s1", cand.key).latest_result_id is None
 
 
@@ -313,26 +315,26 @@ def test_status_changes_are_audited(ledger):
 
 
 def test_leases(ledger):
-    ledger.acquire_lease("s1", "orch-a", ttl_s=60)
-    ledger.acquire_lease("s1", "orch-a", ttl_s=60)  # renew
+    ledger.leases.acquire_lease("s1", "orch-a", ttl_s=60)
+    ledger.leases.acquire_lease("s1", "orch-a", ttl_s=60)  # renew
     with pytest.raises(LeaseHeld) as held:
-        ledger.acquire_lease("s1", "orch-b", ttl_s=60)
+        ledger.leases.acquire_lease("s1", "orch-b", ttl_s=60)
     assert held.value.holder == "orch-a" and held.value.user_facing
-    ledger.heartbeat("s1", "orch-a")
-    ledger.release_lease("s1", "orch-a")
-    ledger.acquire_lease("s1", "orch-b", ttl_s=0.05)
+    ledger.leases.heartbeat("s1", "orch-a")
+    ledger.leases.release_lease("s1", "orch-a")
+    ledger.leases.acquire_lease("s1", "orch-b", ttl_s=0.05)
     time.sleep(0.1)
-    ledger.acquire_lease("s1", "orch-c", ttl_s=60)  # stale: taken over
+    ledger.leases.acquire_lease("s1", "orch-c", ttl_s=60)  # stale: taken over
     assert "stale lease of orch-b" in ledger.events("s1", kind="lease")[-1].message
     with pytest.raises(LeaseHeld):
-        ledger.heartbeat("s1", "orch-b")  # the old holder learns it lost the sweep
+        ledger.leases.heartbeat("s1", "orch-b")  # the old holder learns it lost the sweep
 
 
 def test_calibration_and_parity_exclusion_data(ledger):
     cand = ledger.add_candidates("s1", make_items(1))[0]
-    cal = ledger.record_calibration("s1", 1, {"truth_a2a": 1.3}, {"mape_step": 0.04})
-    assert ledger.calibrations("s1") == [cal]
-    p = ledger.record_parity(
+    cal = ledger.evidence.record_calibration("s1", 1, {"truth_a2a": 1.3}, {"mape_step": 0.04})
+    assert ledger.evidence.calibrations("s1") == [cal]
+    p = ledger.evidence.record_parity(
         cand.id,
         reference_key="a" * 32,
         steps=20,
@@ -342,7 +344,7 @@ def test_calibration_and_parity_exclusion_data(ledger):
         passed=False,
         detail="loss diverges at step 7",
     )
-    assert ledger.parity(cand.id) == [p] and not p.passed
+    assert ledger.evidence.parity(cand.id) == [p] and not p.passed
 
 
 def test_rows_hand_out_fidelity_members_and_whether_a_candidate_is_excluded(ledger):
@@ -354,13 +356,13 @@ def test_rows_hand_out_fidelity_members_and_whether_a_candidate_is_excluded(ledg
     cands = ledger.add_candidates("s1", make_items(2))
     for c, fid in zip(cands, ("screen", "full"), strict=True):
         a = ledger.new_attempt(c.id, job_id=f"j{c.id}", job_dir="-", simulated=True, fidelity=fid)
-        ledger.record_result(a.id, job_result(1.0))
+        ledger.evidence.record_result(a.id, job_result(1.0))
     ledger.set_candidate_status(cands[1].id, "excluded", "parity failed")
-    rows = [*ledger.attempts(cands[0].id), *ledger.measured(sweep="s1"), *queries.attempt_costs(ledger, "s1")]
+    rows = [*ledger.attempts(cands[0].id), *ledger.evidence.measured(sweep="s1"), *queries.attempt_costs(ledger, "s1")]
     obs = Observation(key="k", layout=Layout(), raw_components={}, raw_step_s=1.0, raw_memory_gb=1.0, fidelity="probe")
     prop = Proposal(key="k", layout=Layout(), predicted={}, reason="round0", fidelity="screen")
     assert all(type(x.fidelity) is Fidelity for x in [*rows, obs, prop]), [type(x.fidelity) for x in rows]
-    assert [(r.fidelity, r.excluded) for r in ledger.measured(sweep="s1")] == [
+    assert [(r.fidelity, r.excluded) for r in ledger.evidence.measured(sweep="s1")] == [
         (Fidelity.SCREEN, False),
         (Fidelity.FULL, True),
     ]

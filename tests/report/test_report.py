@@ -101,10 +101,10 @@ def _fill(ledger: Ledger) -> None:
             ledger.set_candidate_status(c.id, "failed", "OOM")
             continue
         ledger.update_attempt(a.id, state="COMPLETED", exit_code=0)
-        ledger.record_result(a.id, _result(1.1 + 0.13 * i, rng, peak=18 + 2 * (i % 3), drop=0.01 * i))
+        ledger.evidence.record_result(a.id, _result(1.1 + 0.13 * i, rng, peak=18 + 2 * (i % 3), drop=0.01 * i))
         ledger.set_candidate_status(c.id, "done")
-    ledger.record_calibration("s1", 1, {"compute": 1.2, "a2a": 1.3}, {"mape_before": 0.2, "mape_after": 0.05})
-    ledger.record_parity(
+    ledger.evidence.record_calibration("s1", 1, {"compute": 1.2, "a2a": 1.3}, {"mape_before": 0.2, "mape_after": 0.05})
+    ledger.evidence.record_parity(
         rows[0].id,
         reference_key=rows[1].key,
         steps=10,
@@ -129,13 +129,13 @@ def _fill(ledger: Ledger) -> None:
             )
         ],
     )[0]
-    with ledger._write() as s:  # link across sweeps the way the sweep loop records promoted-from edges
+    with ledger.store.write() as s:  # link across sweeps the way the sweep loop records promoted-from edges
         from orchestrator.ledger import models as m
 
         s.get(m.Candidate, child.id).parent_id = rows[1].id
     a = ledger.new_attempt(child.id, job_id="2000", job_dir="/tmp/k", simulated=True)
     ledger.update_attempt(a.id, state="COMPLETED", exit_code=0)
-    ledger.record_result(a.id, _result(0.7, rng, peak=15))
+    ledger.evidence.record_result(a.id, _result(0.7, rng, peak=15))
     ledger.set_candidate_status(child.id, "done")
 
 
@@ -243,7 +243,7 @@ def test_a_sweep_without_results_has_no_recommendation(tmp_path):
 def test_calibration_table_is_formatted_and_empty_series_say_so(tmp_path):
     with Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}") as ledger:
         _fill(ledger)
-        ledger.record_calibration(
+        ledger.evidence.record_calibration(
             "s1",
             2,
             {
@@ -368,7 +368,7 @@ def test_status_the_report_and_the_budget_charge_one_sweep_the_same_gpu_hours(tm
         for c, (fid, warm, meas, step) in zip(rows, runs, strict=False):
             a = ledger.new_attempt(c.id, job_id=f"j{c.id}", job_dir="-", simulated=True, fidelity=fid)
             res = dict(_result(step, random.Random(c.id), peak=20.0), warmup_iters=warm, measure_iters=meas)
-            ledger.record_result(a.id, dict(res, measure_iters_requested=meas, step_mean_s=step))
+            ledger.evidence.record_result(a.id, dict(res, measure_iters_requested=meas, step_mean_s=step))
             ledger.set_candidate_status(c.id, "done")
         probe = ledger.new_attempt(rows[2].id, job_id="p", job_dir="-", simulated=True, fidelity="probe")
         ledger.update_attempt(probe.id, state="OUT_OF_MEMORY", start_time=t0, end_time=t0 + timedelta(seconds=30))
@@ -452,7 +452,7 @@ def test_the_report_states_spend_rounds_budget_and_why_it_stopped(tmp_path):
         by_status = status.gather(ledger, "s1")["gpu_hours"]
         page = render(d, tmp_path / "out", dec).read_text()
         assert dec.best is not None
-        rows = ledger.parity(d.measured[0]["candidate_id"])
+        rows = ledger.evidence.parity(d.measured[0]["candidate_id"])
     assert (
         d.spend
         and d.spend.gpu_hours == pytest.approx(by_status)

@@ -214,7 +214,7 @@ def test_a_layout_the_uncalibrated_model_prunes_is_revived_and_measured(memory_s
     assert (reported.predicted or {}).get("revived")
     assert run.reported_true_s < best_kept * 0.9
     # the calibration the ledger recorded is per term and has moved activations down
-    fits = [c.fit for c in ledger.calibrations("revive")]
+    fits = [c.fit for c in ledger.evidence.calibrations("revive")]
     assert fits and fits[-1]["memory_method"].startswith("terms") and fits[-1]["memory_factors"]["activations"] < 0.8
     # the search path (status, report) marks exactly the revived proposals
     from orchestrator.report import path

@@ -120,11 +120,11 @@ def test_a_sweep_screens_then_confirms_and_reports_only_a_confirmed_best(tmp_pat
         for c in confirmed:  # the ledger keeps both measurements and the fidelity of each
             atts = led.attempts(c.id)
             assert [a.fidelity for a in atts] == [Fidelity.SCREEN, Fidelity.FULL]
-            screen, full = (led.result(a.id) for a in atts)
+            screen, full = (led.evidence.result(a.id) for a in atts)
             assert (screen["warmup_iters"], full["warmup_iters"]) == (50, 300)
             assert screen["measure_iters_requested"] < full["measure_iters_requested"] == 50
         best = observe.best_of(led, "mf")
-        (row,) = [m for m in led.measured(sweep="mf") if m.key == best["key"]]
+        (row,) = [m for m in led.evidence.measured(sweep="mf") if m.key == best["key"]]
         assert row.fidelity == Fidelity.FULL
         # spent: each attempt its own window plus start-up, split per fidelity, the total what the bench charged
         spent = observe.spent(led, "mf", stage=cfg.stage)
@@ -141,11 +141,13 @@ def test_screen_fastest_but_confirmed_slower_is_not_the_best(tmp_path):
     target = lib.Target("twin:balanced")
     cfg, led, _ = _sweep(tmp_path, target)
     with led:
-        full = {m.key: m.metrics["step_p50_s"] for m in led.measured(sweep="mf") if m.fidelity == Fidelity.FULL}
+        full = {
+            m.key: m.metrics["step_p50_s"] for m in led.evidence.measured(sweep="mf") if m.fidelity == Fidelity.FULL
+        }
         # forge one candidate's screen as the fastest of all, never confirmed
         c = next(c for c in led.candidates("mf") if c.key not in full and c.status == "done")  # screened only
         a = led.new_attempt(c.id, job_id="forged", job_dir="-", simulated=True, fidelity=Fidelity.SCREEN)
-        led.record_result(a.id, {"ok": True, "simulated": True, "step_p50_s": min(full.values()) * 0.5})
+        led.evidence.record_result(a.id, {"ok": True, "simulated": True, "step_p50_s": min(full.values()) * 0.5})
         assert observe.best_of(led, "mf")["key"] != c.key
         from orchestrator.ledger import queries
 
@@ -218,7 +220,7 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_found_to_fit_then_meas
             assert c.predicted["raw_memory_gb"] + margin > hbm  # the uncalibrated model prunes it
             probe, full = led.attempts(c.id)
             assert (probe.fidelity, full.fidelity) == (Fidelity.PROBE, Fidelity.FULL)
-            p, f = led.result(probe.id), led.result(full.id)
+            p, f = led.evidence.result(probe.id), led.evidence.result(full.id)
             assert p["warmup_iters"] == 0 and p["measure_iters_requested"] == cfg.stage.screen.probe_iters
             assert p["peak_reserved_gb"] <= hbm and f["measure_iters_requested"] == cfg.stage.measure_iters
         spent = observe.spent(led, "mf", stage=cfg.stage)
@@ -229,7 +231,7 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_found_to_fit_then_meas
         assert 0 < per_probe < 0.1 * per_full
         # a probe's few iterations are never a step measurement: no probe-only layout is ever the best
         best = observe.best_of(led, "mf")
-        assert [m.fidelity for m in led.measured(sweep="mf") if m.key == best["key"]] == [Fidelity.FULL]
+        assert [m.fidelity for m in led.evidence.measured(sweep="mf") if m.key == best["key"]] == [Fidelity.FULL]
 
 
 def test_any_searcher_gets_the_rungs_predicted_topk_screens_once_noise_is_measured(tmp_path):
@@ -255,4 +257,4 @@ def test_any_searcher_gets_the_rungs_predicted_topk_screens_once_noise_is_measur
             sum(fidelity.window(cfg.stage, Fidelity.SCREEN, c.decision["measure_iters"])) < full for c in screened
         )
         best = observe.best_of(led, "mf")
-        assert [m.fidelity for m in led.measured(sweep="mf") if m.key == best["key"]] == [Fidelity.FULL]
+        assert [m.fidelity for m in led.evidence.measured(sweep="mf") if m.key == best["key"]] == [Fidelity.FULL]

@@ -69,10 +69,10 @@ def test_the_sweep_goes_through_the_ledger_and_its_gap_is_against_the_true_best(
     assert sweep.reason and 0 < len(sweep.launches) <= 5
     attempts = [a for c in ledger.candidates("tiny") for a in ledger.attempts(c.id)]
     assert len(attempts) == len(sweep.launches)
-    measured = ledger.measured(sweep="tiny")
+    measured = ledger.evidence.measured(sweep="tiny")
     assert len(measured) == sum(1 for x in sweep.launches if x[3] is not None)
     assert {c.status for c in ledger.candidates("tiny")} <= {"done", "failed"}
-    assert all(a.failure_class == "OOM" for a in attempts if ledger.result(a.id) is None)
+    assert all(a.failure_class == "OOM" for a in attempts if ledger.evidence.result(a.id) is None)
     # the reported best is the best measured p50; its gap is its true step over the grid's true best
     best = min(measured, key=lambda r: r.metrics["step_p50_s"])
     assert Layout.from_dict(best.layout) == sweep.reported

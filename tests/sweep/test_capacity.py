@@ -54,7 +54,7 @@ def _sweep(led: Ledger, name: str, *states: tuple[bool, float | None, str]):
             res.step_p50_s, res.measure_iters, res.peak_reserved_gb = 50.0, 10, 90.0
         else:
             res.failure_class, res.exit_code = "OOM", 1
-        led.record_result(a.id, res.to_dict())
+        led.evidence.record_result(a.id, res.to_dict())
         led.set_candidate_status(row.id, "done" if ok else "failed", "test")
     return cfg, sweep, env
 
@@ -97,7 +97,7 @@ def test_the_smallest_statement_wins_and_names_its_job(ledger_url):
         _cfg, _sweep_row, env = _sweep(
             led, "mixed", (True, 150.11, CAPACITY_FROM_DEVICE), (False, GIB96_GB, CAPACITY_FROM_OOM)
         )
-        assert [r.gb for r in led.gpu_capacities("mixed")] == [150.11, GIB96_GB]
+        assert [r.gb for r in led.evidence.gpu_capacities("mixed")] == [150.11, GIB96_GB]
         cap = capacity.measured(led, "mixed", env.hardware)
         assert (cap.gb, cap.job_id, cap.source) == (GIB96_GB, "101", CAPACITY_FROM_OOM)
 

@@ -100,11 +100,11 @@ def test_parity_and_long_run_end_to_end(tmp_path):
     with Ledger.open(cfg.ledger.url) as led:
         cands, after, log = _drive(cfg, led, LAYOUTS)
         by_cp = {c.layout["cp"]: c for c in cands}
-        measured = {m.candidate_id: m for m in led.measured(sweep=SWEEP)}
+        measured = {m.candidate_id: m for m in led.evidence.measured(sweep=SWEEP)}
         assert set(measured) == {c.id for c in cands}
         assert all(m.fidelity == Fidelity.FULL and m.attempt_no == 1 for m in measured.values())  # never a finalist
 
-        cp1, cp2, cp4 = (led.parity(by_cp[cp].id) for cp in (1, 2, 4))
+        cp1, cp2, cp4 = (led.evidence.parity(by_cp[cp].id) for cp in (1, 2, 4))
         assert cp1[0].passed and cp1[0].steps == 0 and "reference layout itself" in cp1[0].detail
         assert cp1[0].reference_key == "" and cp1[0].detail.startswith("not compared")  # never against itself
         for c, rows in ((by_cp[1], cp1), (by_cp[2], cp2), (by_cp[4], cp4)):
@@ -145,12 +145,12 @@ def test_parity_and_long_run_end_to_end(tmp_path):
             (ev,) = led.events(SWEEP, kind="long-run", candidate_id=by_cp[cp].id)
             info = ev.data
             assert info["ok"] and "Q_effective" in ev.message, info
-            stored = led.result(info["attempt_id"])
+            stored = led.evidence.result(info["attempt_id"])
             assert info["attempt_id"] == measured[by_cp[cp].id].attempt_id  # on the measurement, not a finalist
             for k in ("ckpt_save_s", "ckpt_restore_s", "tokens_per_s_after_restart", "effective_fraction"):
                 assert stored[k] == pytest.approx(info[k]) and stored[k] > 0, k
             assert stored["q_effective"] < stored["tokens_per_s"] and stored["effective_fraction"] < 1
-            assert stored["ckpt_save_s"] == pytest.approx(led.result(info["save_attempt_id"])["ckpt_save_s"])
+            assert stored["ckpt_save_s"] == pytest.approx(led.evidence.result(info["save_attempt_id"])["ckpt_save_s"])
         assert not led.events(SWEEP, kind="long-run", candidate_id=by_cp[4].id)  # excluded: no window
         # every finalist job is charged once, as an attempt (no finalist-cost event any more)
         assert not led.events(SWEEP, kind="finalist-cost")
@@ -185,7 +185,7 @@ def test_parity_with_an_illegal_reference_fails_without_running(tmp_path):
     cfg = dataclasses.replace(cfg, parity=dataclasses.replace(cfg.parity, enabled=True, reference={"ep": 7}))
     with Ledger.open(cfg.ledger.url) as led:
         (c,), after, _ = _drive(cfg, led, LAYOUTS[1:2])
-        (row,) = led.parity(c.id)
+        (row,) = led.evidence.parity(c.id)
         assert not row.passed and "reference" in row.detail and "no reference to compare with" in row.detail
         assert after[c.id].status == "excluded"
         assert led.attempts(c.id, roles=None) == led.attempts(c.id)  # nothing ran for the gate
@@ -198,17 +198,17 @@ def test_update_result_metrics(ledger_url):
         )
         (c,) = led.add_candidates("u", [CandidateIn(key="k1", layout=Layout(ep=8).to_dict())])
         ok = led.new_attempt(c.id, job_dir="/tmp/a1", simulated=True)
-        led.record_result(ok.id, {"ok": True, "simulated": True, "step_p50_s": 1.5, "tokens_per_s": 1000.0})
-        after = led.update_result_metrics(ok.id, ckpt_save_s=2.5, q_effective=900.0, effective_fraction=0.9)
+        led.evidence.record_result(ok.id, {"ok": True, "simulated": True, "step_p50_s": 1.5, "tokens_per_s": 1000.0})
+        after = led.evidence.update_result_metrics(ok.id, ckpt_save_s=2.5, q_effective=900.0, effective_fraction=0.9)
         assert after["ckpt_save_s"] == 2.5 and after["q_effective"] == 900.0 and after["tokens_per_s"] == 1000.0
-        assert led.result(ok.id)["effective_fraction"] == 0.9
+        assert led.evidence.result(ok.id)["effective_fraction"] == 0.9
         with pytest.raises(LedgerError, match="not updatable"):
-            led.update_result_metrics(ok.id, nonsense=1.0)
+            led.evidence.update_result_metrics(ok.id, nonsense=1.0)
         with pytest.raises(LedgerError, match="not updatable"):
-            led.update_result_metrics(ok.id, timers_ms={})
+            led.evidence.update_result_metrics(ok.id, timers_ms={})
         failed = led.new_attempt(c.id, job_dir="/tmp/a2", simulated=True)
         with pytest.raises(LedgerError, match="no stored result"):
-            led.update_result_metrics(failed.id, q_effective=1.0)
+            led.evidence.update_result_metrics(failed.id, q_effective=1.0)
 
 
 def test_a_resumed_driver_runs_no_finalist_job_again(tmp_path):
@@ -223,7 +223,7 @@ def test_a_resumed_driver_runs_no_finalist_job_again(tmp_path):
         assert outcome.reason == "max_rounds 1 reached"
         assert {c.id: len(led.attempts(c.id, roles=None)) for c in cands} == before
         assert [e.data["keys"] for e in led.events(SWEEP, kind="finalists")] == picked and len(picked[0]) == 2
-        assert sum(len(led.parity(c.id)) for c in cands) == 2
+        assert sum(len(led.evidence.parity(c.id)) for c in cands) == 2
 
 
 def test_a_screened_only_candidate_or_a_probe_is_never_a_finalist(ledger_url):
@@ -238,7 +238,7 @@ def test_a_screened_only_candidate_or_a_probe_is_never_a_finalist(ledger_url):
         runs = ((full, Fidelity.FULL, 3.0), (screened, Fidelity.SCREEN, 2.0), (probed, Fidelity.PROBE, 1.0))
         for c, fid, p50 in runs:
             a = led.new_attempt(c.id, job_dir=f"/r/{c.key}", simulated=True, fidelity=fid)
-            led.record_result(a.id, {"ok": True, "simulated": True, "step_p50_s": p50, "measure_iters": 5})
+            led.evidence.record_result(a.id, {"ok": True, "simulated": True, "step_p50_s": p50, "measure_iters": 5})
             led.set_candidate_status(c.id, "done", "measured")
         assert [c.key for c in finalists.pick(led, "pick", 3)] == [full.key]
 
@@ -263,7 +263,7 @@ def test_a_finalists_job_is_retried_by_the_one_retry_decision_then_judged(ledger
     with Ledger.open(ledger_url) as led:
         (c,), _ = _sweep(led, cfg, LAYOUTS[1:2])  # CP2: its reference (CP1) is a job
         m = led.new_attempt(c.id, job_dir=str(tmp_path / "m"), simulated=True)
-        led.record_result(m.id, {"ok": True, "simulated": True, "step_p50_s": 1.0, "measure_iters": 5})
+        led.evidence.record_result(m.id, {"ok": True, "simulated": True, "step_p50_s": 1.0, "measure_iters": 5})
         fin = finalists.Finalists(cfg, led, SWEEP, retry)
 
         def launch(step):  # what the driver's launch path writes, then the job's outcome
@@ -279,17 +279,19 @@ def test_a_finalists_job_is_retried_by_the_one_retry_decision_then_judged(ledger
         mine = next(a for a in first if a.role == AttemptRole.PARITY)
         ref = next(a for a in first if a.role == AttemptRole.PARITY_REFERENCE)
         curve = {"lm_loss": [2.0] * cfg.parity.steps, "grad_norm": [1.0] * cfg.parity.steps}
-        led.record_result(ref.id, {"ok": True, "simulated": True, "step_p50_s": 1.0, "measure_iters": 20, **curve})
-        led.record_result(mine.id, {"ok": False, "failure_class": "NODE_FAIL", "slurm_state": "NODE_FAIL"})
-        assert not led.parity(c.id)
+        led.evidence.record_result(
+            ref.id, {"ok": True, "simulated": True, "step_p50_s": 1.0, "measure_iters": 20, **curve}
+        )
+        led.evidence.record_result(mine.id, {"ok": False, "failure_class": "NODE_FAIL", "slurm_state": "NODE_FAIL"})
+        assert not led.evidence.parity(c.id)
         second = fin.step()
         (again,) = second.launches  # the candidate's run again, not the reference's
         assert again.spec.role == AttemptRole.PARITY and again.spec.job_dir != mine.job_dir
         (retried,) = launch(second)
-        led.record_result(retried.id, {"ok": False, "failure_class": "OOM", "slurm_state": "FAILED"})
+        led.evidence.record_result(retried.id, {"ok": False, "failure_class": "OOM", "slurm_state": "FAILED"})
         third = fin.step()
         assert third.launches == [] and third.notes
-        (row,) = led.parity(c.id)
+        (row,) = led.evidence.parity(c.id)
         assert not row.passed and row.detail.startswith("candidate run failed: OOM")
         assert led.candidates(SWEEP)[0].status == "excluded"
-        assert fin.step().launches == [] and len(led.parity(c.id)) == 1  # decided once
+        assert fin.step().launches == [] and len(led.evidence.parity(c.id)) == 1  # decided once

@@ -75,20 +75,22 @@ def assert_finalists_ran_once(led: Ledger, name: str, folders: set[str]) -> dict
     twice = {k: [a.job_id for a in v] for k, v in ran.items() if len(v) != 1}
     assert not twice, twice
     atts = [v[0] for v in ran.values()]
-    assert all(a.job_id and led.result(a.id) is not None for a in atts), [(a.role, a.job_id, a.state) for a in atts]
+    assert all(a.job_id and led.evidence.result(a.id) is not None for a in atts), [
+        (a.role, a.job_id, a.state) for a in atts
+    ]
     assert {a.job_dir for a in atts} == folders  # every job that ran is the ledger's, and nothing else ran
     assert len(atts) == len(folders)
     # verdicts: one parity row per finalist; a failing one is excluded; a long-run window for each that passed
     for key in pick:
         c = cands[key]
-        (row,) = led.parity(c.id)
+        (row,) = led.evidence.parity(c.id)
         if Layout.from_dict(c.layout).cp == 4:
             assert not row.passed and c.status == CandidateStatus.EXCLUDED
             assert not led.events(name, kind="long-run", candidate_id=c.id)
         else:
             assert row.passed and c.status == CandidateStatus.DONE, (row.detail, c.status)
             (ev,) = led.events(name, kind="long-run", candidate_id=c.id)
-            assert ev.data["ok"] and led.result(ev.data["attempt_id"])["q_effective"] > 0, ev.data
+            assert ev.data["ok"] and led.evidence.result(ev.data["attempt_id"])["q_effective"] > 0, ev.data
     # charged once: one cost row per job that ran (an aborted intent costs nothing), no event charges besides
     costs = [x for x in queries.attempt_costs(led, name) if x.role != AttemptRole.MEASURE]
     assert sum(1 for x in costs if x.step_mean_s or x.start_time) == len(atts)
@@ -96,7 +98,7 @@ def assert_finalists_ran_once(led: Ledger, name: str, folders: set[str]) -> dict
     spent = observe.spent(led, name, stage=_stage(led, name))
     assert spent.by_fidelity["finalists"] > 0
     # a finalist's job is never the candidate's measurement
-    assert all(m.attempt_no == 1 for m in led.measured(sweep=name))
+    assert all(m.attempt_no == 1 for m in led.evidence.measured(sweep=name))
     return {"jobs": len(atts), "pick": len(pick)}
 
 
@@ -130,7 +132,7 @@ def test_kill_9_while_a_finalists_job_runs_then_resume_runs_it_once(tmp_path, le
         got = assert_finalists_ran_once(led, name, _finalist_folders(tmp_path, name))
         for p in mid:  # the job killed with its orchestrator was collected (adopted), not launched again
             (a,) = [a for c in led.candidates(name) for a in led.attempts(c.id, roles=None) if a.job_dir == p]
-            assert a.role == role and led.result(a.id) is not None
+            assert a.role == role and led.evidence.result(a.id) is not None
     print(f"killed during {role}: {got}")
 
 
@@ -143,7 +145,7 @@ def test_kill_9_between_a_finalists_intent_and_its_record_then_resume_launches_o
         intents = [a for c in led.candidates(name) for a in led.attempts(c.id, roles=AttemptRole.FINALIST)]
         assert intents and not any(a.job_id for a in intents)  # written before the launch, no id recorded
         assert all(a.launch_token for a in intents)
-        measured = {m.candidate_id for m in led.measured(sweep=name)}
+        measured = {m.candidate_id for m in led.evidence.measured(sweep=name)}
         assert len(measured) == 4  # the search's measurements were all in before the finalists began
     if point == "finalists-record":  # the one job launched before the kill lives on (its folder says so)
         launched = wait_for(lambda: _finalist_folders(tmp_path, name), 60, "the launched job's rank logs")

@@ -61,12 +61,12 @@ def test_jobs_killed_with_their_orchestrator_are_measured_again(tmp_path):
             cand = led.attempts(c.id)
             first, last = cand[0], cand[-1]
             if first.id in killed:  # killed mid-window: LOST, retried once in attempt-2, never a result
-                assert first.failure_class == Failure.LOST and led.result(first.id) is None, first
+                assert first.failure_class == Failure.LOST and led.evidence.result(first.id) is None, first
                 assert [Path(x.job_dir).name for x in cand] == ["attempt-1", "attempt-2"]
             assert c.status == CandidateStatus.DONE, (c.key, c.status)
-            res = led.result(last.id)
+            res = led.evidence.result(last.id)
             lost += res is None or bool(res["partial"]) or res["measure_iters"] != MEASURE
-            duplicates += sum(1 for x in cand if led.result(x.id) is not None) - 1
+            duplicates += sum(1 for x in cand if led.evidence.result(x.id) is not None) - 1
         ids = [a.job_id for a in all_attempts(led, "killed")]
         untracked += sum(1 for j in ids if _pid_alive(j))  # local job ids are pids: nothing left running
         assert len({x.job_dir for x in all_attempts(led, "killed")}) == len(ids)  # no folder reused

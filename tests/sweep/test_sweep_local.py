@@ -35,10 +35,10 @@ def test_smoke_sweep_runs_two_rounds_and_fills_the_ledger(tmp_path):
         assert {c.round for c in cands} == {0, 1}
         assert len([c for c in cands if c.round == 0]) == 3
         assert_accounted(led, "smoke-e2e")
-        measured = led.measured(sweep="smoke-e2e")
+        measured = led.evidence.measured(sweep="smoke-e2e")
         assert measured and all(m.simulated for m in measured)
         assert all(a.simulated and a.job_id for a in all_attempts(led, "smoke-e2e"))
-        cal = led.calibrations("smoke-e2e")
+        cal = led.evidence.calibrations("smoke-e2e")
         assert [c.round for c in cal] == [1]
         assert cal[0].error["step_mape_before"] is not None and cal[0].error["step_mape_after"] is not None
         # round 1 explores one-factor neighbours of a measured layout
@@ -90,7 +90,7 @@ def test_promotion_records_promoted_from_edges(tmp_path):
         src_ids = {c.id: c for c in led.candidates("p-src")}
         promoted = [c for c in led.candidates("p-dst") if c.edge_kind == EdgeKind.PROMOTED_FROM]
         assert promoted and all(c.parent_id in src_ids for c in promoted)
-        measured_src = {m.candidate_id for m in led.measured(sweep="p-src")}
+        measured_src = {m.candidate_id for m in led.evidence.measured(sweep="p-src")}
         assert all(c.parent_id in measured_src for c in promoted)  # only measured layouts are promoted
         for c in promoted:  # same global batch on twice the GPUs: D_a grows or CP restores m
             parent = src_ids[c.parent_id]
@@ -117,7 +117,7 @@ def test_second_orchestrator_is_refused_naming_the_holder(tmp_path):
             workload=cfg.workload.name,
             provenance={},
         )
-        led.acquire_lease("held", "otherhost:4242", 60)
+        led.leases.acquire_lease("held", "otherhost:4242", 60)
     proc = cli("sweep", *sweep_args(tmp_path, "held"), timeout=120)
     assert proc.returncode == 2
     assert "otherhost:4242" in proc.stderr and proc.stderr.startswith("error:")
@@ -176,7 +176,7 @@ def test_a_gpu_smaller_than_its_hardware_group_is_planned_with_after_the_first_o
     first_oom = next(i for i, ln in enumerate(lines) if " OOM: " in ln)
     assert first_oom < lines.index(warned[0]) < next(i for i, ln in enumerate(lines) if ln.startswith("round 1:"))
     with Ledger.open(ledger_url(tmp_path)) as led:
-        stated = led.gpu_capacities("small-gpu")
+        stated = led.evidence.gpu_capacities("small-gpu")
         assert stated and stated[0].source == "OOM message" and stated[0].gb == gib96
         margin = 4.0  # the 1k stage's memory_margin_gb (the schema's default)
         round0 = [c for c in led.candidates("small-gpu") if c.round == 0]
@@ -208,7 +208,7 @@ def test_external_workload_script_is_honoured(tmp_path):
     proc = cli("sweep", *args, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
-        measured = led.measured(sweep="ext")
+        measured = led.evidence.measured(sweep="ext")
         assert measured
         for m in measured:
             job = Path(led.attempts(m.candidate_id)[-1].job_dir)
@@ -237,7 +237,9 @@ def test_kill_9_then_resume_loses_nothing_and_submits_nothing_twice(tmp_path):
             if not a.aborted:
                 per_cand.setdefault(a.candidate_id, []).append(a)
         assert all(len(v) == 1 for v in per_cand.values()), "a candidate was submitted twice"
-        assert len(led.measured(sweep="killme")) == sum(1 for c in led.candidates("killme") if c.status == "done")
+        assert len(led.evidence.measured(sweep="killme")) == sum(
+            1 for c in led.candidates("killme") if c.status == "done"
+        )
 
 
 def test_cancel_stops_every_live_job_and_records_it(tmp_path):
@@ -271,7 +273,7 @@ def test_sweep_on_each_ledger_engine(ledger_url, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     with Ledger.open(ledger_url) as led:
         assert_accounted(led, "engines")
-        assert len(led.measured(sweep="engines")) == 2
+        assert len(led.evidence.measured(sweep="engines")) == 2
 
 
 def test_cluster_auto_falls_back_to_local_and_says_why(tmp_path):
@@ -356,11 +358,11 @@ def test_sweep_status_and_best_name_one_layout_when_the_fastest_is_partial_or_ex
     first = cli("sweep", *args, "--json", timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
-        rows = sorted(led.measured(sweep="one-best"), key=lambda r: r.metrics["step_p50_s"])
+        rows = sorted(led.evidence.measured(sweep="one-best"), key=lambda r: r.metrics["step_p50_s"])
         assert len(rows) >= 3, [r.key for r in rows]
         fastest, second, third = rows[:3]
-        led.update_result_metrics(fastest.attempt_id, partial=True)  # stopped before its window ended
-        led.record_parity(
+        led.evidence.update_result_metrics(fastest.attempt_id, partial=True)  # stopped before its window ended
+        led.evidence.record_parity(
             second.candidate_id, reference_key=third.key, steps=10, max_loss_diff=0.5, max_grad_norm_diff=0.1,
             tolerance=0.01, passed=False,
         )  # fmt: skip

@@ -80,10 +80,10 @@ def test_slurm_sweep_two_rounds_end_to_end(tmp_path, slurm_cluster):
         assert_accounted(led, "s-e2e")
         atts = all_attempts(led, "s-e2e")
         assert all(a.job_id and a.job_id.split("_")[0].isdigit() for a in atts)
-        assert all(a.state == "COMPLETED" and a.node_list for a in atts if led.result(a.id))
+        assert all(a.state == "COMPLETED" and a.node_list for a in atts if led.evidence.result(a.id))
         # each round went out as one array: one sbatch call per round
         assert sbatch_calls(env) == len(base_ids(atts)) == 2
-        assert led.measured(sweep="s-e2e") and led.calibrations("s-e2e")
+        assert led.evidence.measured(sweep="s-e2e") and led.evidence.calibrations("s-e2e")
 
 
 def test_slurm_kill_9_then_resume(tmp_path, slurm_cluster):
@@ -163,7 +163,7 @@ def test_node_down_is_node_fail_and_retried_on_a_healthy_node(tmp_path, slurm_cl
         assert atts[0].failure_class == "NODE_FAIL", [(x.state, x.failure_class) for x in atts]
         assert len(atts) == 2 and c.status == "done"
         # the retry ran to completion on healthy nodes: the sweep excluded the node(s) the first attempt failed on
-        assert atts[1].state == "COMPLETED" and atts[1].node_list and led.result(atts[1].id) is not None
+        assert atts[1].state == "COMPLETED" and atts[1].node_list and led.evidence.result(atts[1].id) is not None
         assert node not in _expand(atts[1].node_list), (node, atts[1].node_list)
         # each attempt in its own folder; the failed one was never rerun (no second run, no result.json)
         assert [Path(x.job_dir).name for x in atts] == ["attempt-1", "attempt-2"]
@@ -239,7 +239,7 @@ def test_slurm_oom_and_external_workload(tmp_path, slurm_cluster):
         for c in led.candidates("s-oom"):
             atts = led.attempts(c.id)
             assert c.status == "failed" and [a.failure_class for a in atts] == ["OOM"]
-        measured = led.measured(sweep="s-ext")
+        measured = led.evidence.measured(sweep="s-ext")
         assert measured
         cand = next(c for c in led.candidates("s-ext") if c.id == measured[0].candidate_id)
         job = JobPaths(led.attempts(cand.id)[-1].job_dir)
@@ -311,7 +311,7 @@ def test_one_sacct_call_per_poll_for_the_whole_sweep(tmp_path, slurm_cluster):
         )
         driver = Driver(led, cfg, sweep, launcher, View(live=False, stream=open(os.devnull, "w")))
         out = driver.run()
-        assert out.spent.runs == 4 and len(led.measured(sweep="s-count")) == 4
+        assert out.spent.runs == 4 and len(led.evidence.measured(sweep="s-count")) == 4
     assert launcher.sbatch_calls == 1  # four candidates, one array
     assert driver.stats["polls"] >= 2 and launcher.sacct_calls == driver.stats["polls"]
 

@@ -59,7 +59,7 @@ def test_resume_waits_for_slurm_and_never_falls_back_to_local(tmp_path, slurm_cl
     assert "retrying in" in out.stdout and "cluster: local" not in out.stdout + out.stderr
     with Ledger.open(url) as led:
         atts = all_attempts(led, "s-out")
-        assert len(atts) == 2 and not any(led.result(a.id) for a in atts)
+        assert len(atts) == 2 and not any(led.evidence.result(a.id) for a in atts)
         assert all(not AttemptState.parse(a.state).terminal and a.failure_class is None for a in atts), atts
         assert {c.status for c in led.candidates("s-out")} <= CandidateStatus.IN_FLIGHT
 
@@ -76,7 +76,7 @@ def test_resume_waits_for_slurm_and_never_falls_back_to_local(tmp_path, slurm_cl
         got = assert_slurm_accounted(led, "s-out", shims)
         for c in led.candidates("s-out"):
             (a,) = led.attempts(c.id)  # re-attached by id, never relaunched
-            res = led.result(a.id)
+            res = led.evidence.result(a.id)
             assert c.status == CandidateStatus.DONE and a.state == AttemptState.COMPLETED, (c.status, a.state)
             assert res is not None and not res["partial"] and res["measure_iters"] == MEASURE, res
     print(f"s-out: {got}")
