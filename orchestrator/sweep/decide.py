@@ -37,16 +37,17 @@ def next_round(
         return f"budget spent: {spent.runs}/{budget.max_runs} runs"
     if spent.gpu_hours >= budget.max_gpu_hours:
         return f"budget spent: {spent.gpu_hours:.1f}/{budget.max_gpu_hours:.0f}{sims} GPU-hours"
-    sweeps = observe.same_stage_sweeps(ledger, sweep)
-    obs = observe.observations(ledger, sweeps, env)
-    own = [o for o in obs if o.key in {c.key for c in cands}]
-    cv = observe.step_cv(ledger, sweeps)
-    if not schedule.waiting(own, cv) and policy.converged(own):
+    # Only this sweep's rows: another sweep of the stage (same keys) is never read, neither its measurements
+    # nor its screens (issue 22: a second confirm once quoted the other sweep's p50). A sweep learns from
+    # another only by promotion, from the source it names by id (setup.promotion_source).
+    obs = observe.observations(ledger, [sweep], env)
+    cv = observe.step_cv(ledger, [sweep])
+    if not schedule.waiting(obs, cv) and policy.converged(obs):
         return (
             f"converged: no gain > {cfg.policy.converge_gain:.0%} over the best for {cfg.policy.converge_rounds} rounds"
         )
     source, source_stage = [], None
-    promotion = promotion_source(ledger, cfg) if rnd == 0 else None  # None: the stage promotes from none
+    promotion = promotion_source(ledger, cfg, sweep) if rnd == 0 else None  # None: the stage promotes from none
     if promotion is not None:
         src_sweep, src_cfg = promotion
         src_env = PlanEnv(src_cfg.model, src_cfg.hardware, src_cfg.required_stage(), src_cfg.workload.name)
@@ -81,7 +82,7 @@ def next_round(
             f"{_pct(f.mape_before)} -> {_pct(f.mape_after)}, {f.memory_summary()}"
         )
     by_key = {c.key: c for c in cands}
-    plan.confirms = [p for p in plan.confirms if p.key in by_key]  # another sweep's screen is not ours to rerun
+    plan.confirms = [p for p in plan.confirms if p.key in by_key]  # a confirm re-runs this sweep's own screen
     if not plan.proposals and not plan.confirms:
         return "search exhausted: the policy has nothing new to measure within the budget"
     for p in plan.confirms:  # a screened contender runs again at the full window: same candidate, new attempt
