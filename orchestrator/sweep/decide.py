@@ -85,12 +85,15 @@ def next_round(
     plan.confirms = [p for p in plan.confirms if p.key in by_key]  # a confirm re-runs this sweep's own screen
     if not plan.proposals and not plan.confirms:
         return "search exhausted: the policy has nothing new to measure within the budget"
-    for p in plan.confirms:  # a screened contender runs again at the full window: same candidate, new attempt
-        c = by_key[p.key]
-        ledger.requeue(c.id, {**p.decision(), "previous": c.decision}, p.reason)
-    ledger.add_candidates(
+    from orchestrator.sweep.loop import fault_point  # tests kill the process inside the round's transaction
+
+    ledger.record_round(  # ONE transaction: the re-queued contenders, the new candidates, the round's event
         sweep.name,
-        [
+        # a screened contender runs again at the full window: same candidate, new attempt
+        requeues=[
+            (by_key[p.key].id, {**p.decision(), "previous": by_key[p.key].decision}, p.reason) for p in plan.confirms
+        ],
+        items=[
             CandidateIn(
                 key=p.key,
                 layout=p.layout.to_dict(),
@@ -103,18 +106,19 @@ def next_round(
             )
             for p in plan.proposals
         ],
-    )
-    ledger.log_event(
-        sweep.name,
-        "round",
-        f"round {rnd}: {plan.reason}",
-        data={
-            "keys": [p.key for p in plan.proposals],
-            "reasons": [p.reason for p in plan.proposals],
-            "fidelities": [p.fidelity for p in plan.proposals],
-            "confirms": [p.key for p in plan.confirms],
-            "step_cv": cv,
-        },
+        event=(
+            "round",
+            f"round {rnd}: {plan.reason}",
+            {
+                "keys": [p.key for p in plan.proposals],
+                "reasons": [p.reason for p in plan.proposals],
+                "fidelities": [p.fidelity for p in plan.proposals],
+                "confirms": [p.key for p in plan.confirms],
+                "step_cv": cv,
+            },
+        ),
+        # a split needs both halves: tests kill there (ORCH_FAULT=round-decision:kill) only in such a round
+        between=(lambda: fault_point("round-decision")) if plan.confirms and plan.proposals else None,
     )
     view.event(
         f"round {rnd}: "
