@@ -13,21 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.ledger.ledger import Ledger
-from tests.sweep.test_sweep_isolation import _decisions
+from tests.sweep.test_sweep_isolation import SCREENED, _decisions
 from tests.sweeplib import cli, sweep_args
-
-SCREENED = [  # short screens once noise is measured, so later rounds confirm contenders and propose new ones
-    "policy.round0_size=3",
-    "policy.round_size=3",
-    "stage.budget.max_rounds=5",
-    "stage.budget.max_runs=16",
-    "stage.warmup_iters=6",
-    "stage.measure_iters=40",
-    "stage.screen.enabled=true",
-    "stage.screen.warmup_iters=3",
-    "stage.screen.min_measure_iters=4",
-    "stage.screen.resolution=0.2",
-]
 
 
 def _args(tmp_path: Path, folder: str) -> list[str]:

@@ -15,12 +15,23 @@ from pathlib import Path
 from orchestrator.ledger.ledger import Ledger
 from tests.sweeplib import cli, sweep_args
 
-ROUNDS = ["policy.round0_size=4", "policy.round_size=3", "stage.budget.max_rounds=4", "stage.budget.max_runs=14"]
+SCREENED = [  # short screens once noise is measured, so later rounds confirm contenders and propose new ones
+    "policy.round0_size=3",
+    "policy.round_size=3",
+    "stage.budget.max_rounds=5",
+    "stage.budget.max_runs=16",
+    "stage.warmup_iters=6",
+    "stage.measure_iters=40",
+    "stage.screen.enabled=true",
+    "stage.screen.warmup_iters=3",
+    "stage.screen.min_measure_iters=4",
+    "stage.screen.resolution=0.2",
+]
 
 
 def _sweep(tmp_path: Path, folder: str, name: str, seed: int) -> None:
     (tmp_path / folder).mkdir(exist_ok=True)
-    args = sweep_args(tmp_path / folder, name, *ROUNDS, f"++workload.twin.seed={seed}")
+    args = sweep_args(tmp_path / folder, name, *SCREENED, f"++workload.twin.seed={seed}")
     proc = cli("sweep", *args, "--plain", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
 
