@@ -11,7 +11,9 @@ candidate folder `c<number>-<layout label>-<key>` (`candidate_folder`: readable,
     node-<host>.log               the other ranks of one node: their lines labelled `<rank>: `, bounded per rank
     sidecar-rank-<r>.json         per-rank evidence (router counts, allocator peaks), evidence ranks only
     time-limit-warning-rank-<r>   Slurm's early time-limit warning reached rank r
-    result.json                   the collected JobResult
+    result.json                   the collected JobResult (written by the orchestrator, never read as a verdict)
+    launch.json                   a local launch's record (token, process id), written after the process starts
+    job-started.json, job-exit.json  a local job's own start record and exit marker (token, job id, outcome)
     preflight.json                a preflight job's checks (orchestrator.job.preflight)
 plus submitit's own `<job id>_<task>_log.out|err` (here, or for an array under a parent's .submitit/<job id>/).
 
@@ -59,6 +61,10 @@ class JobPaths:
     SIDECAR = "sidecar-rank-{rank}.json"
     PREFLIGHT = "preflight.json"
     LAUNCH = "launch.json"  # the local executor's record of a launch: {"token", "job_id"} (the process id)
+    # The job's own evidence (a local job: launch/task.RunInFolder), written by the job, not the orchestrator:
+    # found after a kill that came before launch.json, and never confused with a stray result.json.
+    STARTED = "job-started.json"  # {"token", "job_id", "pid"}, as the job starts
+    EXITED = "job-exit.json"  # {"token", "job_id", "outcome": "ok" | "error"}, as it returns or raises
     NODE_LOG = "node-{node}.log"
     NODE_LOG_GLOB = NODE_LOG.format(node="*")
     TIME_LIMIT_MARK = "time-limit-warning-rank-{rank}"
@@ -99,6 +105,14 @@ class JobPaths:
     @property
     def launch(self) -> Path:
         return self.folder / self.LAUNCH
+
+    @property
+    def started(self) -> Path:
+        return self.folder / self.STARTED
+
+    @property
+    def exited(self) -> Path:
+        return self.folder / self.EXITED
 
     def stdout(self, rank: int) -> Path:
         return self.folder / self.RANK_OUT.format(rank=rank)

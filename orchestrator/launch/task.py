@@ -4,24 +4,35 @@ Why: submitit answers the warning signal it asks Slurm for (USR2, `signal_delay_
 raising "timed-out and not checkpointable" in rank 0, so a job that runs past its limit would end as a
 FAILED job `signal_delay_s` early. The orchestrator wants Slurm's own verdict (TIMEOUT) and the full
 time, so the warning is only recorded in the job folder and the job runs until Slurm stops it.
+
+With a launch token (the local executor), the job also leaves its own evidence: `job-started.json` as it
+starts and `job-exit.json` as it returns or raises (core/paths JobPaths.STARTED / EXITED). A local job has
+no scheduler to ask after a kill -9 of its orchestrator; these files, written by the job itself, are what
+`LocalLauncher.find` adopts it by (a job that ran, or ran to its end, before its id was recorded).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.core.paths import JobPaths
+from orchestrator.core.paths import JobPaths, atomic_write
 
 
 class RunInFolder:
     def __init__(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], folder: str, env: dict[str, str] | None = None
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        folder: str,
+        env: dict[str, str] | None = None,
+        token: str = "",
     ) -> None:
-        self.fn, self.args, self.folder, self.env = fn, tuple(args), folder, dict(env or {})
+        self.fn, self.args, self.folder, self.env, self.token = fn, tuple(args), folder, dict(env or {}), token
 
     def _warned(self, signum: int, frame: Any) -> None:
         rank = os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0"))
@@ -35,4 +46,19 @@ class RunInFolder:
         os.environ.update(self.env)
         os.makedirs(self.folder, exist_ok=True)
         signal.signal(signal.SIGUSR2, self._warned)
-        return self.fn(*self.args)
+        if not self.token:
+            return self.fn(*self.args)
+        paths = JobPaths(self.folder)
+        self._mark(paths.started, pid=os.getpid())
+        try:
+            out = self.fn(*self.args)
+        except Exception:  # a failure is an end too; a KeyboardInterrupt (cancel) is not: no marker
+            self._mark(paths.exited, outcome="error")
+            raise
+        self._mark(paths.exited, outcome="ok")
+        return out
+
+    def _mark(self, path: Any, **fields: Any) -> None:
+        """The job's own record, naming its launch (token) and job id (submitit's local id: the controller's pid)."""
+        job_id = os.environ.get("SUBMITIT_LOCAL_JOB_ID") or os.environ.get("SLURM_JOB_ID") or ""
+        atomic_write(path, json.dumps({"token": self.token, "job_id": job_id, "at": time.time(), **fields}))

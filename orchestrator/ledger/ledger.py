@@ -10,7 +10,7 @@ are orchestrator.core.states' enums.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from sqlalchemy import Engine, func, insert, select, update
@@ -254,42 +254,43 @@ class Ledger:
         if not items:
             return []
         with self.store.write() as s:
-            sw = find_sweep(s, sweep)
-            ids = self._ids_by_key(s, sw.id, [i.key for i in items])
-            fresh = {i.key: i for i in items if i.key not in ids}  # later duplicates in `items` collapse
-            if fresh:
-                stmt = self.store.insert(m.Candidate).on_conflict_do_nothing(index_elements=["sweep_id", "key"])
-                inserted = {}
-                # the caller's order becomes id order, which claim_for_submission follows within a round
-                values = [_candidate_values(sw.id, i) for i in fresh.values()]
-                for chunk in chunks(values, 1000):
-                    for cid, key in s.execute(stmt.returning(m.Candidate.id, m.Candidate.key), list(chunk)):
-                        inserted[key] = cid
-                ids.update(inserted)
-                ids.update(self._ids_by_key(s, sw.id, [k for k in fresh if k not in inserted]))
-                parents = self._parent_ids(s, sw.id, [fresh[k] for k in inserted], ids)
-                if parents:
-                    s.execute(update(m.Candidate), [{"id": inserted[k], "parent_id": p} for k, p in parents.items()])
-                events = [
-                    {
-                        "sweep_id": sw.id,
-                        "candidate_id": cid,
-                        "kind": CandidateStatus.PLANNED,  # the event of a status is named by it
-                        "created_at": now(),
-                        "message": f"round {fresh[k].round}: {fresh[k].status}"
-                        + (
-                            f" ({fresh[k].edge_kind} {(fresh[k].parent_key or '')[:10]})" if fresh[k].parent_key else ""
-                        ),
-                    }
-                    for k, cid in inserted.items()
-                ]
-                if events:
-                    s.execute(insert(m.Event), events)
-            order = [ids[i.key] for i in items]
-            rows: dict[int, m.Candidate] = {}
-            for id_chunk in chunks(order):
-                rows.update({c.id: c for c in s.scalars(select(m.Candidate).where(m.Candidate.id.in_(id_chunk)))})
-            return [to_row(CandidateRow, rows[cid]) for cid in order]
+            return self._add_candidates(s, sweep, items)
+
+    def _add_candidates(self, s: Session, sweep: str, items: Sequence[CandidateIn]) -> list[CandidateRow]:
+        sw = find_sweep(s, sweep)
+        ids = self._ids_by_key(s, sw.id, [i.key for i in items])
+        fresh = {i.key: i for i in items if i.key not in ids}  # later duplicates in `items` collapse
+        if fresh:
+            stmt = self.store.insert(m.Candidate).on_conflict_do_nothing(index_elements=["sweep_id", "key"])
+            inserted = {}
+            # the caller's order becomes id order, which claim_for_submission follows within a round
+            values = [_candidate_values(sw.id, i) for i in fresh.values()]
+            for chunk in chunks(values, 1000):
+                for cid, key in s.execute(stmt.returning(m.Candidate.id, m.Candidate.key), list(chunk)):
+                    inserted[key] = cid
+            ids.update(inserted)
+            ids.update(self._ids_by_key(s, sw.id, [k for k in fresh if k not in inserted]))
+            parents = self._parent_ids(s, sw.id, [fresh[k] for k in inserted], ids)
+            if parents:
+                s.execute(update(m.Candidate), [{"id": inserted[k], "parent_id": p} for k, p in parents.items()])
+            events = [
+                {
+                    "sweep_id": sw.id,
+                    "candidate_id": cid,
+                    "kind": CandidateStatus.PLANNED,  # the event of a status is named by it
+                    "created_at": now(),
+                    "message": f"round {fresh[k].round}: {fresh[k].status}"
+                    + (f" ({fresh[k].edge_kind} {(fresh[k].parent_key or '')[:10]})" if fresh[k].parent_key else ""),
+                }
+                for k, cid in inserted.items()
+            ]
+            if events:
+                s.execute(insert(m.Event), events)
+        order = [ids[i.key] for i in items]
+        rows: dict[int, m.Candidate] = {}
+        for id_chunk in chunks(order):
+            rows.update({c.id: c for c in s.scalars(select(m.Candidate).where(m.Candidate.id.in_(id_chunk)))})
+        return [to_row(CandidateRow, rows[cid]) for cid in order]
 
     @staticmethod
     def _ids_by_key(s: Session, sweep_id: int, keys: Sequence[str]) -> dict[str, int]:
@@ -396,9 +397,36 @@ class Ledger:
         """A measured candidate back to `planned` with a new decision (e.g. a screened layout confirmed at the
         full window), in one transaction: a resumed loop finds it planned with the decision that explains why."""
         with self.store.write() as s:
-            c = find_candidate(s, candidate_id, lock=True)
-            self._move(s, c, CandidateStatus.PLANNED, reason)
-            c.decision = clean(decision)
+            self._requeue(s, candidate_id, decision, reason)
+
+    def _requeue(self, s: Session, candidate_id: int, decision: dict[str, Any], reason: str) -> None:
+        c = find_candidate(s, candidate_id, lock=True)
+        self._move(s, c, CandidateStatus.PLANNED, reason)
+        c.decision = clean(decision)
+
+    def record_round(
+        self,
+        sweep: str,
+        *,
+        requeues: Sequence[tuple[int, dict[str, Any], str]],
+        items: Sequence[CandidateIn],
+        event: tuple[str, str, dict[str, Any]],
+        between: Callable[[], None] | None = None,
+    ) -> list[CandidateRow]:
+        """A round's whole decision in ONE transaction: the screened contenders re-queued at the full window
+        (candidate id, decision, reason), the new candidates, and the round's event (kind, message, data). A
+        kill or a failed write anywhere in it leaves none of the round, so a resumed loop decides the same
+        round again (issue 22: a kill between the re-queue and the new candidates split the round).
+        `between` runs after the re-queues, inside the transaction (tests inject a fault there)."""
+        with self.store.write() as s:
+            for cid, decision, reason in requeues:
+                self._requeue(s, cid, decision, reason)
+            if between is not None:
+                between()
+            rows = self._add_candidates(s, sweep, items) if items else []
+            kind, message, data = event
+            s.add(m.Event(sweep_id=find_sweep(s, sweep).id, kind=kind, message=message, data=clean(data)))
+            return rows
 
     # ---- attempts -----------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 The Ledger (sweeps, candidates, attempts, events), its `leases` and its `evidence` each hold this Store (by
 composition: one object per job, no mixins), and so do orchestrator.ledger.queries and .export through
 `ledger.store`. Sessions never leave orchestrator/ledger/: those parts hand out typed rows. Concurrency model:
-- Writes run in `_write()`: BEGIN IMMEDIATE on SQLite (one writer at a time, others wait
+- Writes run in `write()`: BEGIN IMMEDIATE on SQLite (one writer at a time, others wait
   busy_timeout), READ COMMITTED plus row locks on PostgreSQL.
 - Inserts that two processes may race on (sweep name, candidate key) use INSERT ... ON CONFLICT DO
   NOTHING and then read the winner, so re-running is idempotent and nobody gets an IntegrityError.

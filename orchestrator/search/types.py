@@ -124,7 +124,7 @@ class RoundInput:
 
     round: int
     observations: list[Observation]  # every candidate of this stage and model with its latest outcome
-    known_keys: set[str]  # every key already in the ledger for this stage: never launched again
+    known_keys: set[str]  # every key already in this sweep (or rejected by its preflight): never launched again
     slots: int  # runs the budget still allows this round
     gpu_hours_left: float
     source: list[Observation] = field(default_factory=list)  # promotion source stage (round 0 only)

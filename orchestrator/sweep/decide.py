@@ -37,16 +37,17 @@ def next_round(
         return f"budget spent: {spent.runs}/{budget.max_runs} runs"
     if spent.gpu_hours >= budget.max_gpu_hours:
         return f"budget spent: {spent.gpu_hours:.1f}/{budget.max_gpu_hours:.0f}{sims} GPU-hours"
-    sweeps = observe.same_stage_sweeps(ledger, sweep)
-    obs = observe.observations(ledger, sweeps, env)
-    own = [o for o in obs if o.key in {c.key for c in cands}]
-    cv = observe.step_cv(ledger, sweeps)
-    if not schedule.waiting(own, cv) and policy.converged(own):
+    # Only this sweep's rows: another sweep of the stage (same keys) is never read, neither its measurements
+    # nor its screens (issue 22: a second confirm once quoted the other sweep's p50). A sweep learns from
+    # another only by promotion, from the source it names by id (setup.promotion_source).
+    obs = observe.observations(ledger, [sweep], env)
+    cv = observe.step_cv(ledger, [sweep])
+    if not schedule.waiting(obs, cv) and policy.converged(obs):
         return (
             f"converged: no gain > {cfg.policy.converge_gain:.0%} over the best for {cfg.policy.converge_rounds} rounds"
         )
     source, source_stage = [], None
-    promotion = promotion_source(ledger, cfg) if rnd == 0 else None  # None: the stage promotes from none
+    promotion = promotion_source(ledger, cfg, sweep) if rnd == 0 else None  # None: the stage promotes from none
     if promotion is not None:
         src_sweep, src_cfg = promotion
         src_env = PlanEnv(src_cfg.model, src_cfg.hardware, src_cfg.required_stage(), src_cfg.workload.name)
@@ -81,15 +82,18 @@ def next_round(
             f"{_pct(f.mape_before)} -> {_pct(f.mape_after)}, {f.memory_summary()}"
         )
     by_key = {c.key: c for c in cands}
-    plan.confirms = [p for p in plan.confirms if p.key in by_key]  # another sweep's screen is not ours to rerun
+    plan.confirms = [p for p in plan.confirms if p.key in by_key]  # a confirm re-runs this sweep's own screen
     if not plan.proposals and not plan.confirms:
         return "search exhausted: the policy has nothing new to measure within the budget"
-    for p in plan.confirms:  # a screened contender runs again at the full window: same candidate, new attempt
-        c = by_key[p.key]
-        ledger.requeue(c.id, {**p.decision(), "previous": c.decision}, p.reason)
-    ledger.add_candidates(
+    from orchestrator.sweep.loop import fault_point  # tests kill the process inside the round's transaction
+
+    ledger.record_round(  # ONE transaction: the re-queued contenders, the new candidates, the round's event
         sweep.name,
-        [
+        # a screened contender runs again at the full window: same candidate, new attempt
+        requeues=[
+            (by_key[p.key].id, {**p.decision(), "previous": by_key[p.key].decision}, p.reason) for p in plan.confirms
+        ],
+        items=[
             CandidateIn(
                 key=p.key,
                 layout=p.layout.to_dict(),
@@ -102,18 +106,19 @@ def next_round(
             )
             for p in plan.proposals
         ],
-    )
-    ledger.log_event(
-        sweep.name,
-        "round",
-        f"round {rnd}: {plan.reason}",
-        data={
-            "keys": [p.key for p in plan.proposals],
-            "reasons": [p.reason for p in plan.proposals],
-            "fidelities": [p.fidelity for p in plan.proposals],
-            "confirms": [p.key for p in plan.confirms],
-            "step_cv": cv,
-        },
+        event=(
+            "round",
+            f"round {rnd}: {plan.reason}",
+            {
+                "keys": [p.key for p in plan.proposals],
+                "reasons": [p.reason for p in plan.proposals],
+                "fidelities": [p.fidelity for p in plan.proposals],
+                "confirms": [p.key for p in plan.confirms],
+                "step_cv": cv,
+            },
+        ),
+        # a split needs both halves: tests kill there (ORCH_FAULT=round-decision:kill) only in such a round
+        between=(lambda: fault_point("round-decision")) if plan.confirms and plan.proposals else None,
     )
     view.event(
         f"round {rnd}: "

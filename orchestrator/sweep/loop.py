@@ -393,8 +393,8 @@ class Driver:
                 changes["state"] = st.state
             for attr, col in (("start", "start_time"), ("end", "end_time"), ("node_list", "node_list")):
                 v = getattr(st, attr, None)
-                if v and getattr(a, col) is None:
-                    changes[col] = v
+                if v and (getattr(a, col) is None or (col == "node_list" and v != a.node_list)):
+                    changes[col] = v  # the node: the latest run's (a requeued job moves), as sacct lists it
             if changes:
                 a = self.ledger.update_attempt(a.id, **changes)
                 self._dirty = True

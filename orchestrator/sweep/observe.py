@@ -25,21 +25,11 @@ from orchestrator.search.types import Observation
 FINALIST_EVENTS = ("finalist-cost",)  # one per finalist job, logged before those jobs were attempts (revision 0009)
 
 
-def same_stage_sweeps(ledger: Ledger, sweep: SweepRow) -> list[SweepRow]:
-    """Sweeps whose candidates share this sweep's key space (stage, model, hardware, workload)."""
-    return [
-        s
-        for s in ledger.list_sweeps()
-        if (s.stage, s.model, s.hardware, s.workload) == (sweep.stage, sweep.model, sweep.hardware, sweep.workload)
-    ]
-
-
 def known_keys(ledger: Ledger, sweep: SweepRow) -> set[str]:
-    """Every candidate key in the ledger for this stage, and those this sweep's preflight rejected (Megatron's
-    validation, the partition's MaxTime): a key here is never launched (again)."""
-    return {c.key for s in same_stage_sweeps(ledger, sweep) for c in ledger.candidates(s.name)} | rejected_keys(
-        ledger, sweep.name
-    )
+    """This sweep's candidate keys and those its preflight rejected (Megatron's validation, the partition's
+    MaxTime): a key here is never launched (again). Another sweep's keys are its own business: sweeps of one
+    stage never read each other's rows (issue 22)."""
+    return {c.key for c in ledger.candidates(sweep.name)} | rejected_keys(ledger, sweep.name)
 
 
 def rejected_keys(ledger: Ledger, sweep: str) -> set[str]:

@@ -85,11 +85,25 @@ def provenance(cfg: RootConfig) -> dict:
     }
 
 
-def promotion_source(ledger: Ledger, cfg: RootConfig) -> tuple[SweepRow, RootConfig] | None:
-    """The most recent sweep of the stage this stage promotes from, same model; None if it promotes from none."""
+PROMOTES_FROM = "promotes-from"  # the event naming, by id, the sweep this one promotes from
+
+
+def promotion_source(ledger: Ledger, cfg: RootConfig, sweep: SweepRow) -> tuple[SweepRow, RootConfig] | None:
+    """The sweep this one promotes from: the most recent sweep of the stage it promotes from (same model), chosen
+    once and recorded by id (a `promotes-from` event), so a resumed sweep reads the same source even after
+    another sweep of that stage began; None if the stage promotes from none."""
     src_stage = cfg.required_stage().promotes_from
     if not src_stage:
         return None
+    chosen = [(e.data or {}).get("sweep_id") for e in ledger.events(sweep.name, kind=PROMOTES_FROM)]
+    if chosen:
+        src = next((s for s in ledger.list_sweeps() if s.id == chosen[0]), None)
+        if src is None:
+            raise UserError(
+                f"sweep {sweep.name} promotes from sweep id {chosen[0]}, which is no longer in the ledger "
+                f"{ledger.url}: start a new sweep of stage {cfg.required_stage().name}"
+            )
+        return src, root_from_yaml(src.config_yaml)
     cands = [s for s in ledger.list_sweeps() if s.stage == src_stage and s.model == cfg.model.name]
     if not cands:
         raise UserError(
@@ -102,6 +116,7 @@ def promotion_source(ledger: Ledger, cfg: RootConfig) -> tuple[SweepRow, RootCon
             f"sweep {src.name} (stage {src_stage}) has no measured candidate to promote; "
             f"resume it first: python -m orchestrator resume {src.name}"
         )
+    ledger.log_event(sweep.name, PROMOTES_FROM, f"promotes from sweep {src.name}", data={"sweep_id": src.id})
     return src, root_from_yaml(src.config_yaml)
 
 

@@ -32,6 +32,13 @@ def sleep_for(folder: str, seconds: float) -> None:
     time.sleep(seconds)
 
 
+def run_until(folder: str, gate: str) -> None:
+    """Runs until the test creates `gate` (an event, not a time), then returns."""
+    deadline = time.monotonic() + 300
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 @pytest.fixture(autouse=True)
 def _importable_tests(monkeypatch):
     """Jobs unpickle these test functions by module name, whatever the cwd."""
@@ -43,9 +50,16 @@ def local_cluster(**kw) -> ClusterConfig:
     return ClusterConfig(kind="local", min_time_min=1, local=LocalConfig(max_workers=2), env=env, **kw)
 
 
-def task(fn, folder, *args, time_min=1) -> LaunchTask:
+def task(fn, folder, *args, time_min=1, token="") -> LaunchTask:
     return LaunchTask(
-        fn=fn, args=(str(folder), *args), n_gpus=1, gpus_per_node=1, name="t", folder=str(folder), time_min=time_min
+        fn=fn,
+        args=(str(folder), *args),
+        n_gpus=1,
+        gpus_per_node=1,
+        name="t",
+        folder=str(folder),
+        time_min=time_min,
+        token=token,
     )
 
 
@@ -112,18 +126,23 @@ def test_local_cancel_and_reattach(tmp_path):
 
 
 def test_local_slots_limit_concurrency(tmp_path):
-    """cluster.local.max_workers=1: the second job starts only after the first ended."""
+    """cluster.local.max_workers=1: the second job starts only after the first ended (their order, never a
+    duration: each id reaches the caller as its job starts, and the first had ended when the second's came)."""
     launcher = LocalLauncher(local_cluster(), slot_poll_s=0.05)
     launcher.cluster.local.max_workers = 1
-    t0, seen = time.monotonic(), []
+    seen: list[tuple[int, str, bool]] = []
+
+    def on_submitted(pairs) -> None:  # is the first job still running when this id arrives?
+        for i, sub in pairs:
+            first = seen[0][1] if seen else sub.job_id
+            seen.append((i, sub.job_id, not launcher.poll([first])[first].terminal))
+
     a, b = launcher.submit(
-        [task(sleep_for, tmp_path / "a", 2.0), task(sleep_for, tmp_path / "b", 0.1)],
-        on_submitted=lambda pairs: seen.extend((i, sub.job_id, time.monotonic() - t0) for i, sub in pairs),
+        [task(sleep_for, tmp_path / "a", 2.0), task(sleep_for, tmp_path / "b", 0.1)], on_submitted=on_submitted
     )
-    assert time.monotonic() - t0 >= 2.0
-    # Each id reaches the caller as soon as its job started, not when the whole round is out.
     assert [(i, jid) for i, jid, _ in seen] == [(0, a.job_id), (1, b.job_id)]
-    assert seen[0][2] < 1.5 <= seen[1][2]
+    assert seen[0][2] is True  # the first id came while its job ran (not when the whole round was out)
+    assert seen[1][2] is False  # the second id came once the first job had ended: one slot
     states = wait_terminal(launcher, [a.job_id, b.job_id])
     assert states[a.job_id].end <= states[b.job_id].start
 
@@ -173,3 +192,56 @@ def test_a_hung_local_job_killed_at_its_time_limit_is_timeout_and_retried_once(t
     fresh = LocalLauncher(local_cluster())  # after a restart only the folder is left: the mark still says so
     fresh.attach([sub])
     assert fresh.poll([sub.job_id])[sub.job_id].state == "TIMEOUT"
+
+
+# ---- adoption after a kill -9 of the orchestrator (issue 22 item 2) ------------------------------------------
+
+
+def _wait_file(path, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_find_adopts_a_job_that_ended_before_its_launch_record(tmp_path):
+    """Killed just after submitit's local submit returned (before launch.json, before the ledger's record):
+    the job ran to its end as an orphan. A new orchestrator finds it by the job's own evidence (its start
+    record and exit marker, submitit's folder), COMPLETED under its own id: adopted, never launched again."""
+    from orchestrator.core.paths import JobPaths
+
+    launcher = LocalLauncher(local_cluster())
+    (sub,) = launcher.submit([task(square_and_record, tmp_path / "a", 5, token="sw.0001")])
+    assert wait_terminal(launcher, [sub.job_id])[sub.job_id].state == "COMPLETED"
+    paths = JobPaths(tmp_path / "a")
+    paths.launch.unlink()  # what a kill between submit() and the record leaves: no launch.json
+    paths.result.unlink()  # and no result.json: only the orchestrator writes that
+    found = LocalLauncher(local_cluster()).find([("sw.0001", None, str(tmp_path / "a"))], since=None)  # type: ignore[arg-type]
+    assert {k: (f.job_id, f.state) for k, f in found.items()} == {("sw.0001", None): (sub.job_id, "COMPLETED")}
+    # another launch's token is not this folder's job
+    assert not LocalLauncher(local_cluster()).find([("sw.other", None, str(tmp_path / "a"))], since=None)  # type: ignore[arg-type]
+
+
+def test_find_adopts_a_running_job_without_launch_record_and_a_stray_result_is_no_verdict(tmp_path):
+    """A job still running when its orchestrator died is RUNNING (adopted), and a stray result.json in its folder
+    does not make the re-attached job COMPLETED: only the job's own exit decides (issue 22 item 4)."""
+    from orchestrator.core.paths import JobPaths
+
+    gate = str(tmp_path / "gate")
+    launcher = LocalLauncher(local_cluster())
+    (sub,) = launcher.submit([task(run_until, tmp_path / "a", gate, time_min=5, token="sw.0002")])
+    paths = JobPaths(tmp_path / "a")
+    _wait_file(paths.started)
+    paths.launch.unlink()
+    paths.result.write_text(json.dumps({"ok": True, "measure_iters": 3}))  # stray: nobody collected it
+    fresh = LocalLauncher(local_cluster())
+    found = fresh.find([("sw.0002", None, str(tmp_path / "a"))], since=None)  # type: ignore[arg-type]
+    assert {k: (f.job_id, f.state) for k, f in found.items()} == {("sw.0002", None): (sub.job_id, "RUNNING")}
+    fresh.attach([sub])
+    assert fresh.poll([sub.job_id])[sub.job_id].state == "RUNNING"  # not COMPLETED by the stray file
+    open(gate, "w").close()
+    _wait_file(paths.exited)
+    wait_terminal(launcher, [sub.job_id])
+    st = fresh.poll([sub.job_id])[sub.job_id]
+    assert (st.state, st.exit_code) == ("COMPLETED", 0)
+    assert json.loads(paths.exited.read_text())["job_id"] == sub.job_id

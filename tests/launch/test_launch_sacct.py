@@ -194,3 +194,26 @@ def test_a_pending_array_cancelled_whole_is_listed_under_its_base_id():
     assert sacct.state_for(found, "44193803_0") is None  # another array: nothing borrowed
     listed = sacct.parse("7_0|COMPLETED|0:0|n1|Unknown|Unknown|None\n7|CANCELLED|0:0|n1|Unknown|Unknown|None\n")
     assert sacct.state_for(listed, "7_0").state == "COMPLETED"  # a task's own row wins over the base's
+
+
+# Real sacct output of one 4-task array (`sbatch --array=0-3 -N1 --gpus-per-node=8`, Slurm on n1..n4), the
+# fields JobID|State|ExitCode|NodeList|Start|End|Reason: first as the array starts (one row under the bare base
+# id, naming the node of the task whose raw id is the base: the last), then each task under its own id.
+ARRAY_STARTING = "44531889|PENDING|0:0|n4|2026-12-01T14:14:49|Unknown|None\n"
+ARRAY_RUNNING = """\
+44531889_0|RUNNING|0:0|n1|2026-12-01T14:14:49|Unknown|None
+44531889_1|RUNNING|0:0|n2|2026-12-01T14:14:49|Unknown|None
+44531889_2|RUNNING|0:0|n3|2026-12-01T14:14:49|Unknown|None
+44531889_3|RUNNING|0:0|n4|2026-12-01T14:14:49|Unknown|None
+"""
+
+
+def test_array_tasks_get_their_own_node_never_the_base_rows():
+    """Issue 22 item 5: every task took the base row's node (n4) and kept it; task _0 ran on n1."""
+    tasks = [f"44531889_{i}" for i in range(4)]
+    starting = sacct.parse(ARRAY_STARTING)
+    for t in tasks:
+        st = sacct.state_for(starting, t)
+        assert st is not None and st.state == "PENDING" and st.node_list is None and st.start is None, (t, st)
+    running = sacct.parse(ARRAY_RUNNING)
+    assert {t: sacct.state_for(running, t).node_list for t in tasks} == dict(zip(tasks, ["n1", "n2", "n3", "n4"]))

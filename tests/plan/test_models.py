@@ -3,7 +3,6 @@
 import dataclasses
 import itertools
 import os
-import time
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -452,24 +451,26 @@ def test_tiny_model_smoke_stage_predicts():
     assert sum(bps) == 9 and t.total_s > 0 and memory.heaviest(mem).total < HW.hbm_gb
 
 
-def test_fast_enough_for_the_planner():
-    """The planner evaluates >= 20k layouts; the models must cost well under a millisecond each."""
+def test_the_models_answer_every_layout_the_planner_asks_and_the_same_again():
+    """The planner evaluates >= 20k layouts, so the models cache what they share: a second evaluation (from
+    the cache) gives the first's answer. Their speed is `make bench` (tests/bench/bench_plan.py), never a test."""
     lays = [
         Layout(pp=pp, vpp=v, cp=cp, ep=ep, recompute=rc)
         for pp, v, cp, ep, rc in itertools.product([4, 8, 16], [1, 2], [1, 2, 4], [32, 64, 128], RECOMPUTE)
     ]
     lays = [x for x in lays if groups(x, 1024, 4096).legal]
     prepared = [(x, groups(x, 1024, 4096), split_for(x)) for x in lays]
-    for x, g, bps in prepared:  # warm the caches, as the planner's first layouts do
-        memory.stage_memory(MODEL, HW, STAGE, x, g, bps)
-        steptime.step_time(MODEL, HW, STAGE, x, g, bps, 8, 1)
-    t0 = time.perf_counter()
-    for x, g, bps in prepared:
-        memory.stage_memory(MODEL, HW, STAGE, x, g, bps)
-        steptime.step_time(MODEL, HW, STAGE, x, g, bps, 8, 1)
-        flops.step_flops(MODEL, STAGE, x)
-    per = (time.perf_counter() - t0) / len(prepared)
-    assert per < 1e-3, f"{per * 1e6:.0f} us per layout"
+    assert prepared
+    first = [
+        (memory.stage_memory(MODEL, HW, STAGE, x, g, bps), steptime.step_time(MODEL, HW, STAGE, x, g, bps, 8, 1))
+        for x, g, bps in prepared
+    ]
+    again = [
+        (memory.stage_memory(MODEL, HW, STAGE, x, g, bps), steptime.step_time(MODEL, HW, STAGE, x, g, bps, 8, 1))
+        for x, g, bps in prepared
+    ]
+    assert again == first
+    assert all(t.total_s > 0 for _, t in first) and all(flops.step_flops(MODEL, STAGE, x) for x, _, _ in prepared)
 
 
 @pytest.mark.megatron

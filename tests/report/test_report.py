@@ -442,7 +442,7 @@ def test_the_report_states_spend_rounds_budget_and_why_it_stopped(tmp_path):
     composed = compose(["+stage=smoke", "cluster=local"])
     with Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}") as ledger:
         _fill(ledger)
-        with ledger._write() as s:  # a stored config that composes: the smoke stage's budget
+        with ledger.store.write() as s:  # a stored config that composes: the smoke stage's budget
             from orchestrator.ledger import models as m
 
             s.query(m.Sweep).filter_by(name="s1").one().config_yaml = composed.to_yaml()

@@ -80,3 +80,38 @@ def _pid_alive(pid: str) -> bool:
     except (OSError, ValueError):
         return False
     return True
+
+
+def test_a_stray_result_in_a_running_jobs_folder_is_never_its_measurement(tmp_path):
+    """Issue 22 item 4: the orchestrator is killed while its jobs run on; a result.json (3 measured iterations,
+    ok) appears in each running job's folder. Before, `resume` took the file as the job's end: the re-attached
+    job was COMPLETED, its half window stored as the candidate's measurement (and a best) while it ran on.
+    Now only the job's own exit decides: each job is collected once it ended, with its whole window."""
+    import json
+
+    from orchestrator.core.paths import JobPaths
+
+    long = 60  # ~0.5 s per iteration: the jobs still run when `resume` first polls them
+    args = sweep_args(tmp_path, "stray", *SLOW, f"stage.measure_iters={long}")
+    with running_sweep(args, log=tmp_path / "first.log") as run:
+        atts = run.attempts(2, timeout=180)
+        wait_for(
+            lambda: all(WARMUP < last_iteration(a.job_dir) < WARMUP + 6 for a in atts),
+            180,
+            "both jobs inside their measurement window",
+            every=0.1,
+        )
+        run.kill()  # the orchestrator only: its jobs live on
+    for a in atts:
+        JobPaths(a.job_dir).result.write_text(json.dumps({"ok": True, "measure_iters": 3, "partial": True}))
+    proc = cli("resume", "stray", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        assert_accounted(led, "stray")
+        for a in atts:
+            (again,) = [x for x in all_attempts(led, "stray") if x.id == a.id]
+            res = led.evidence.result(a.id)
+            assert res is not None and not res["partial"] and res["measure_iters"] == long, (again.state, res)
+        assert len(all_attempts(led, "stray")) == 2  # adopted, nothing launched twice
+        best = [line for line in proc.stdout.splitlines() if line.startswith("best layout")]
+        assert best, proc.stdout[-2000:]

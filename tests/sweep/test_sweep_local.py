@@ -231,7 +231,11 @@ def test_kill_9_then_resume_loses_nothing_and_submits_nothing_twice(tmp_path):
         assert_accounted(led, "killme")
         after = all_attempts(led, "killme")
         for aid, job in before.items():  # every job submitted before the kill was re-attached, not resubmitted
-            assert next(a for a in after if a.id == aid).job_id == job
+            again = next(a for a in after if a.id == aid)
+            if job is not None:
+                assert again.job_id == job
+            else:  # killed between the launch and its record: adopted from the job's own evidence, or released
+                assert again.job_id or again.aborted, again
         per_cand = {}
         for a in after:  # a launch intent still waiting for a local slot at the kill never ran: released
             if not a.aborted:

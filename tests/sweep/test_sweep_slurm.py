@@ -31,6 +31,7 @@ from tests.sweeplib import (
     slurm_shims,
     sweep_args,
     wait_for,
+    wrong_nodes,
 )
 
 pytestmark = pytest.mark.slurm
@@ -320,3 +321,17 @@ def _expand(node_list: str) -> set:
     """Slurm's compressed node list ("n[1-2],n4") as a set of names, via scontrol."""
     out = subprocess.run(["scontrol", "show", "hostnames", node_list], capture_output=True, text=True, check=True)
     return set(out.stdout.split())
+
+
+def test_each_array_task_records_the_node_it_ran_on(tmp_path, slurm_cluster):
+    """Issue 22 item 5: sacct lists a starting array under its base id, with the node of the task whose raw id
+    is the base; every task took that node and kept it (a NODE_FAIL retry then excluded the wrong node). One
+    array of four one-node jobs: each attempt's node is its own task's, as sacct lists `<base>_<i>`."""
+    args = sweep_args(tmp_path, "s-nodes", "policy.round0_size=4", "stage.budget.max_rounds=1", *NODE8, cluster="slurm")
+    proc = cli("sweep", *args, "--plain", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        atts = all_attempts(led, "s-nodes")
+        assert len(atts) == 4 and len({str(a.job_id).split("_")[0] for a in atts}) == 1  # one array
+        assert all(a.node_list for a in atts), [(a.job_id, a.node_list) for a in atts]
+        assert not wrong_nodes(led, "s-nodes"), wrong_nodes(led, "s-nodes")

@@ -42,6 +42,25 @@ def _pid_alive(pid: str) -> bool:
     return True
 
 
+def _read_json(path: Any) -> dict | None:
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def _submitit_job_ids(folder: str) -> list[str]:
+    """Job ids submitit started in this folder (its `.submitit/<pid>/` folders, newest first): the submitted
+    pickle lands there before submit() returns, so a kill before launch.json still leaves the id behind."""
+    root = JobPaths(folder).folder / JobPaths.SUBMITIT
+    try:
+        dirs = [d for d in root.iterdir() if d.is_dir() and d.name.isdigit()]
+    except OSError:
+        return []
+    return [d.name for d in sorted(dirs, key=lambda d: d.stat().st_mtime, reverse=True)]
+
+
 def _task_ended(folder: str, job_id: str) -> bool:
     """submitit pickled the task's outcome (success or exception): the job ran to its end by itself."""
     from submitit.core.utils import JobPaths as SubmititPaths
@@ -98,7 +117,7 @@ class LocalLauncher(Launcher):
             )
             # cluster.env is set inside the job, not by shell setup lines: without a shell in between,
             # cancel()'s SIGINT reaches submitit's controller, which stops the tasks.
-            job = executor.submit(RunInFolder(t.fn, t.args, t.folder, env=dict(self.cluster.env)))
+            job = executor.submit(RunInFolder(t.fn, t.args, t.folder, env=dict(self.cluster.env), token=t.token))
             jid = str(job.job_id)
             self._jobs[jid], self._folders[jid] = job, t.folder
             self._timeout_s[jid], self._start[jid] = 60.0 * time_min, _now()
@@ -114,25 +133,29 @@ class LocalLauncher(Launcher):
         return out
 
     def find(self, intents: list[tuple[str, int | None, str]], since: datetime) -> dict[tuple[str, int | None], Found]:
-        """The folder's launch.json names the process; a finished one is COMPLETED when it left its result or
-        ended by itself (submitit pickled its outcome: an orphan of a killed orchestrator ran to its end, and its
-        folder is the evidence), else CANCELLED (stopped before its record, or killed): nothing runs there."""
+        """Adopt a launch from its folder's own evidence (a local job has no scheduler to ask): launch.json, the
+        job's start record and exit marker (launch/task.RunInFolder) and submitit's per-job folder name the
+        process, so a job killed with its orchestrator before launch.json was written is still found. RUNNING
+        while its process lives; COMPLETED when it ended by itself (its exit marker, or submitit's pickled
+        outcome); FAILED when it started and vanished (adopted: collecting it says LOST, and it is retried);
+        CANCELLED when nothing ever ran there. result.json is the orchestrator's, never evidence."""
         out: dict[tuple[str, int | None], Found] = {}
         for token, idx, folder in intents:
             paths = JobPaths(folder)
-            try:
-                rec = json.loads(paths.launch.read_text())
-            except (OSError, ValueError):
+            recs = [r for r in (_read_json(paths.launch), _read_json(paths.started), _read_json(paths.exited)) if r]
+            if any(r.get("token") != token for r in recs):
+                continue  # another launch's folder
+            ids = [str(r["job_id"]) for r in recs if r.get("job_id")] + _submitit_job_ids(folder)
+            if not ids:
                 continue
-            if rec.get("token") != token:
-                continue
-            jid = str(rec.get("job_id"))
-            alive = _pid_alive(jid)
+            jid = ids[0]
             state = (
                 AttemptState.RUNNING
-                if alive
+                if _pid_alive(jid)
                 else AttemptState.COMPLETED
-                if paths.result.exists() or _task_ended(folder, jid)
+                if paths.exited.exists() or _task_ended(folder, jid)
+                else AttemptState.FAILED
+                if paths.started.exists()
                 else AttemptState.CANCELLED
             )
             out[(token, idx)] = Found(job_id=jid, state=state)
@@ -141,16 +164,7 @@ class LocalLauncher(Launcher):
     def _state(self, jid: str) -> JobState:
         job = self._jobs.get(jid)
         if job is None:  # re-attached after a restart: only the folder and the pid are left
-            folder = self._folders.get(jid)
-            if folder and JobPaths(folder).result.exists():
-                return state_of(AttemptState.COMPLETED, node_list="localhost")
-            if _pid_alive(jid):
-                return state_of(AttemptState.RUNNING, node_list="localhost")
-            if folder and _time_limit_warned(folder):
-                return state_of(
-                    AttemptState.TIMEOUT, reason="local time limit (its warning mark)", node_list="localhost"
-                )
-            return state_of(AttemptState.FAILED, reason=f"local job lost (no process, no {JobPaths.RESULT})")
+            return self._reattached_state(jid)
         times: dict[str, Any] = {"node_list": "localhost", "start": self._start.get(jid)}  # JobState fields
         if not job.done():
             return state_of(AttemptState.RUNNING, **times)
@@ -176,6 +190,24 @@ class LocalLauncher(Launcher):
         if timed_out:
             return state_of(AttemptState.TIMEOUT, reason="local time limit", **times)
         return state_of(AttemptState.FAILED, reason=f"no result (exit code {code})", **times)
+
+    def _reattached_state(self, jid: str) -> JobState:
+        """A job of an earlier orchestrator: its process, else its own exit evidence. A result.json proves
+        nothing (the orchestrator writes it, and a stray one sat in a job's folder while the job ran on)."""
+        if _pid_alive(jid):
+            return state_of(AttemptState.RUNNING, node_list="localhost")
+        folder = self._folders.get(jid)
+        exited = _read_json(JobPaths(folder).exited) if folder else None
+        ok = bool(exited and str(exited.get("job_id")) == jid and exited.get("outcome") == "ok")
+        if not ok and folder and _time_limit_warned(folder):  # killed at its limit: TIMEOUT, as on Slurm
+            return state_of(AttemptState.TIMEOUT, reason="local time limit (its warning mark)", node_list="localhost")
+        if exited and str(exited.get("job_id")) == jid:
+            return state_of(
+                AttemptState.COMPLETED if ok else AttemptState.FAILED, node_list="localhost", exit_code=0 if ok else 1
+            )
+        if folder and _task_ended(folder, jid):
+            return state_of(AttemptState.COMPLETED, node_list="localhost")
+        return state_of(AttemptState.FAILED, reason="local job lost (no process, no exit marker of its own)")
 
     def poll(self, job_ids: list[str]) -> dict[str, JobState]:
         return {str(j): self._state(str(j)) for j in job_ids}

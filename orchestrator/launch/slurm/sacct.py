@@ -93,8 +93,14 @@ def parse(text: str) -> dict[str, JobState]:
 def state_for(states: dict[str, JobState], job_id: str) -> JobState | None:
     """The state of one job id in `parse`'s map. An array task sacct does not list takes its array's row
     under the bare base id: an array cancelled while still pending is one record, listed as `123`, never
-    as `123_0` or `123_[0-1]` (seen with Slurm 22.05), and its tasks must not stay UNKNOWN (live) forever."""
+    as `123_0` or `123_[0-1]` (seen with Slurm 22.05), and its tasks must not stay UNKNOWN (live) forever.
+
+    Only the state is borrowed, never the node or the times: that row is the array's, and the node it names
+    is the one task whose raw id is the base (the last task, as Slurm numbers them), so each task that took
+    it was recorded on that task's node (issue 22: task _0 ran on n1, the ledger said n4, and a NODE_FAIL
+    retry excluded the wrong node). A task's node comes from its own row, `123_0`, once sacct lists it."""
     jid = str(job_id)
     if jid in states:
         return states[jid]
-    return states.get(jid.split("_")[0]) if "_" in jid else None
+    base = states.get(jid.split("_")[0]) if "_" in jid else None
+    return None if base is None else replace(base, node_list=None, start=None)
