@@ -29,9 +29,11 @@ from orchestrator.search.select import (
     best_measured,
     changed_knob,
     diverse_top,
+    fit_dominated,
     knob_value,
     measured_rank,
     oom_dominated,
+    ran,
     round_robin,
 )
 from orchestrator.search.types import Observation, Proposal, RoundInput
@@ -151,9 +153,18 @@ class CalibratedNeighbours(Policy):
     ) -> list[Proposal]:
         factors, mem = (fit.factors, fit.memory_scale) if fit else (None, 1.0)
         seen = list(inp.observations) + list(inp.source)
-        cands = [c for c in env.plan(factors, mem) if c.key not in inp.known_keys and not oom_dominated(c.layout, seen)]
+        here = list(inp.observations)  # only this stage's runs say what fits on its GPUs
+
+        def known_fit(lay) -> bool:
+            return fit_dominated(lay, here)
+
+        planned = env.plan_with_evidence(factors, mem, known_fit) if any(map(ran, here)) else env.plan(factors, mem)
+        cands = [c for c in planned if c.key not in inp.known_keys and not oom_dominated(c.layout, seen)]
 
         def mk(c, reason, **kw) -> Proposal:
+            if not env.fits(c.prediction.memory_gb):  # kept by evidence (plan_with_evidence), not by the model
+                gb = c.prediction.memory_gb
+                reason += f" (known to fit: needs no more memory than a layout that ran; model {gb:.0f} GB)"
             return env.proposal(c, reason=reason, factors=factors, memory_factor=mem, **kw)
 
         best = best_measured(inp.observations)

@@ -73,6 +73,7 @@ class Target:
 
     name: str
     seed: int = 0
+    extra: tuple[str, ...] = ()  # more Hydra overrides (e.g. a GPU smaller than its hardware group)
 
     @property
     def kind(self) -> str:
@@ -87,13 +88,19 @@ class Target:
         of a Megatron with the fix of PR #6704 (FIXED_MEGATRON): the search is benchmarked where full
         recompute is legal, as its figures were measured."""
         if self.kind == "twin":
-            return [*FIXED_MEGATRON, f"workload.twin.surface={self.label}", f"workload.twin.seed={self.seed}"]
+            return [
+                *FIXED_MEGATRON,
+                f"workload.twin.surface={self.label}",
+                f"workload.twin.seed={self.seed}",
+                *self.extra,
+            ]
         script = WORKLOADS / f"{self.label}.py"
         return [
             *FIXED_MEGATRON,
             f"workload.command=[python,{script}]",
             f"workload.name={self.label}",
             "workload.simulated=true",
+            *self.extra,
         ]
 
     def launch(self, cfg, layout, pattern: str, key: str, attempt: int = 1, window=None) -> Launch:
