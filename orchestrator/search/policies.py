@@ -38,6 +38,7 @@ from orchestrator.search.select import (
 )
 from orchestrator.search.types import Observation, Proposal, RoundInput
 
+ROUND0_KNOBS = ("ep", "recompute", "pp", "cp")  # knob groups round 0 covers (select.diverse_top)
 DIVERSITY_SLACK = 1.5  # round 0 covers knob values only among layouts predicted within 1.5x of the best
 
 
@@ -85,17 +86,30 @@ class Policy:
     def _promotions(
         self, env: PlanEnv, inp: RoundInput, source_stage: StageConfig, fit: Fit | None, limit: int
     ) -> list[Proposal]:
-        """The source stage's measured top-K, each mapped to this stage (CP restores m, EP kept/widened)."""
+        """The source stage's winner and the best evidence of each of its regions (EP, PP, CP; a screened result
+        is evidence too), up to promote_top_k, each mapped to this stage (CP restores m, EP kept/widened). The
+        winner always leads: when the memory model (calibrated on another stage's GPUs' counts) prunes every
+        mapping of it, its first legal mapping goes anyway and its run decides."""
         factors, mem = (fit.factors, fit.memory_scale) if fit else (None, 1.0)
         per_source: list[list[Proposal]] = []
 
         def fits(lay) -> bool:
             return env.evaluate(lay, factors, mem) is not None
 
-        for src in measured_rank(inp.source, full_only=True)[: self.cfg.promote_top_k]:
+        def legal(lay) -> bool:  # every rule but memory
+            return env.evaluate_unchecked(lay, factors, mem) is not None
+
+        full = measured_rank(inp.source, full_only=True)
+        winner = full[:1]
+        regions = distinct_anchors(inp.source, self.cfg.promote_top_k, knobs=("ep", "pp", "cp"))
+        sources = winner + [r for r in regions if not winner or r.key != winner[0].key]
+        for i, src in enumerate(sources[: self.cfg.promote_top_k]):
             props = []
-            for lay in promoted_layouts(src.layout, source_stage, env.stage, feasible=fits):
-                planned = env.evaluate(lay, factors, mem)
+            mapped = promoted_layouts(src.layout, source_stage, env.stage, feasible=fits)
+            if not mapped and winner and i == 0:
+                mapped = promoted_layouts(src.layout, source_stage, env.stage, feasible=legal)[:1]
+            for lay in mapped:
+                planned = env.evaluate(lay, factors, mem) or env.evaluate_unchecked(lay, factors, mem)
                 if planned is not None and planned.key not in inp.known_keys:
                     props.append(
                         env.proposal(
@@ -186,7 +200,9 @@ class CalibratedNeighbours(Policy):
         near = [c for c in pool if c.prediction.step_time_s <= cut]
         if len(near) < size:
             near = pool[: max(size, len(near))]
-        return diverse_top(near, max(0, size - len(taken)), layout_of=lambda c: c.layout)
+        # EP and recompute first: round 0 spreads over EP sizes and recompute levels (not five full-recompute
+        # runs), so calibration sees what each costs before it has to choose between them
+        return diverse_top(near, max(0, size - len(taken)), layout_of=lambda c: c.layout, knobs=ROUND0_KNOBS)
 
     def _local(
         self, inp: RoundInput, cands: list, best_step: float, mk, size: int, *, trust_model: bool, fit: Fit | None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from orchestrator.core import cost, ranking
+from orchestrator.core.failures import Failure
 from orchestrator.core.metrics import STEP_P50, STEP_P99, peak_gb
 from orchestrator.core.schema import StageConfig
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity
@@ -144,7 +145,7 @@ def step_cv(ledger: Ledger, sweeps: list[SweepRow]) -> float | None:
 class Spent:
     """Budget consumed by one sweep. GPU-hours are simulated when the workload is (the twin)."""
 
-    runs: int  # candidates launched at least once
+    runs: int  # candidates measured at least once (screen or full, not an OOM): what max_runs counts
     attempts: int
     gpu_hours: float  # every attempt of every fidelity, and the finalists
     simulated: bool
@@ -164,8 +165,17 @@ def attempt_cost(stage: StageConfig, a: queries.AttemptCost) -> float:
     )
 
 
+def uses_a_run(a: queries.AttemptCost) -> bool:
+    """A measurement uses up one of stage.budget.max_runs; a fit probe (a few iterations, to read the peak) and
+    an OOM (start-up and one iteration: it teaches the memory model) do not, so a GPU that holds less than
+    the config says cannot spend the sweep's runs on layouts that never measured anything. Their GPU-hours
+    still count against max_gpu_hours."""
+    return a.role == AttemptRole.MEASURE and a.fidelity != Fidelity.PROBE and a.failure_class != Failure.OOM
+
+
 def spent(ledger: Ledger, sweep: str, *, stage: StageConfig) -> Spent:
-    """runs = candidates with an attempt; GPU-hours = `attempt_cost` of every attempt of every fidelity and role
+    """runs = candidates with a measurement that is not a probe nor an OOM (`uses_a_run`); GPU-hours =
+    `attempt_cost` of every attempt of every fidelity and role
     (the finalists' parity and long-run jobs are attempts of their own roles, charged under "finalists"; a sweep
     older than revision 0009 adds what its finalist-cost events recorded). The budget check, `status`, the live
     view and the report all read this one figure."""
@@ -183,7 +193,7 @@ def spent(ledger: Ledger, sweep: str, *, stage: StageConfig) -> Spent:
         last = max(by_round, default=0)
         by_round[last] = by_round.get(last, 0.0) + fin
     return Spent(
-        runs=len({a.candidate_id for a in costs}),
+        runs=len({a.candidate_id for a in costs if uses_a_run(a)}),
         attempts=len(costs),
         gpu_hours=sum(by.values()),
         simulated=any(a.simulated for a in costs),
