@@ -290,6 +290,9 @@ class ClusterConfig:
     time_margin_min: int = 10
     min_time_min: int = 5
     poll_interval_s: float = 5.0
+    # The side pool a sweep's small probes (a job on at most this many GPUs, e.g. one-GPU rank probes) run on in
+    # parallel, beside the full-scale jobs: what `status`'s cluster_hours (time to a decision) assumes.
+    probe_gpus: int = 8
     signal_delay_s: int = 30  # the warning signal this long before the time limit (Slurm's --signal, local's)
     env: dict[str, str] = field(
         default_factory=lambda: {

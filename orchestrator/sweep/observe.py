@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from orchestrator.core import cost, ranking
 from orchestrator.core.failures import Failure
 from orchestrator.core.metrics import STEP_P50, STEP_P99, peak_gb
-from orchestrator.core.schema import StageConfig
+from orchestrator.core.schema import ClusterConfig, StageConfig
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity
 from orchestrator.evidence.metrics import GB_PER_MIB
 from orchestrator.ledger import queries
@@ -151,6 +151,14 @@ class Spent:
     simulated: bool
     by_fidelity: dict[str, float] = field(default_factory=dict)  # probe | screen | full | finalists -> GPU-hours
     by_round: dict[int, float] = field(default_factory=dict)  # candidate round -> GPU-hours (finalists: the last)
+    # time to the decision (orchestrator.core.cost.decision_hours): full-scale jobs one after another on the
+    # stage's cluster, small probes in parallel on the side pool (cluster.probe_gpus)
+    cluster_hours: float = 0.0
+    probe_pool_hours: float = 0.0
+
+    @property
+    def decision_hours(self) -> float:
+        return max(self.cluster_hours, self.probe_pool_hours)
 
 
 def attempt_cost(stage: StageConfig, a: queries.AttemptCost) -> float:
@@ -173,7 +181,7 @@ def uses_a_run(a: queries.AttemptCost) -> bool:
     return a.role == AttemptRole.MEASURE and a.fidelity != Fidelity.PROBE and a.failure_class != Failure.OOM
 
 
-def spent(ledger: Ledger, sweep: str, *, stage: StageConfig) -> Spent:
+def spent(ledger: Ledger, sweep: str, *, stage: StageConfig, probe_gpus: int | None = None) -> Spent:
     """runs = candidates with a measurement that is not a probe nor an OOM (`uses_a_run`); GPU-hours =
     `attempt_cost` of every attempt of every fidelity and role
     (the finalists' parity and long-run jobs are attempts of their own roles, charged under "finalists"; a sweep
@@ -182,8 +190,10 @@ def spent(ledger: Ledger, sweep: str, *, stage: StageConfig) -> Spent:
     costs = queries.attempt_costs(ledger, sweep)
     by: dict[str, float] = {}
     by_round: dict[int, float] = {}
+    jobs: list[tuple[int, float]] = []
     for a in costs:
         gpu_h = attempt_cost(stage, a)
+        jobs.append((stage.gpus, gpu_h))  # every attempt runs on the stage's GPUs (attempt_cost charges them)
         f = str(a.fidelity) if a.role == AttemptRole.MEASURE else "finalists"
         by[f] = by.get(f, 0.0) + gpu_h
         by_round[a.round] = by_round.get(a.round, 0.0) + gpu_h
@@ -192,6 +202,9 @@ def spent(ledger: Ledger, sweep: str, *, stage: StageConfig) -> Spent:
         by["finalists"] = by.get("finalists", 0.0) + fin
         last = max(by_round, default=0)
         by_round[last] = by_round.get(last, 0.0) + fin
+        jobs.append((stage.gpus, fin))
+    pool = ClusterConfig().probe_gpus if probe_gpus is None else probe_gpus  # the schema owns the default
+    full_h, pool_h = cost.decision_hours(jobs, stage.gpus, pool)
     return Spent(
         runs=len({a.candidate_id for a in costs if uses_a_run(a)}),
         attempts=len(costs),
@@ -199,6 +212,8 @@ def spent(ledger: Ledger, sweep: str, *, stage: StageConfig) -> Spent:
         simulated=any(a.simulated for a in costs),
         by_fidelity={str(k): v for k, v in by.items()},
         by_round=by_round,
+        cluster_hours=full_h,
+        probe_pool_hours=pool_h,
     )
 
 
