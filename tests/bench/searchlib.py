@@ -268,6 +268,13 @@ class SweepRun:
                 return spent
         return math.inf
 
+    def decision_hours(self, cluster_gpus: int, probe_gpus: int) -> float:
+        """Time to the decision (orchestrator.core.cost.decision_hours): every launch here runs on the stage's
+        GPUs, one after another."""
+        from orchestrator.core import cost
+
+        return max(cost.decision_hours([(cluster_gpus, x[2]) for x in self.launches], cluster_gpus, probe_gpus))
+
     def gpu_hours_by(self) -> dict[str, float]:
         """GPU-hours per fidelity (probe, screen, full)."""
         out: dict[str, float] = {}
