@@ -28,6 +28,7 @@ from orchestrator.search.promote import promoted_layouts
 from orchestrator.search.select import (
     best_measured,
     changed_knob,
+    diverse_top,
     fit_dominated,
     knob_value,
     measured_rank,
@@ -123,31 +124,6 @@ class Policy:
         return round_robin(per_source, limit, key=lambda p: p.key)
 
 
-def spread(items: list, size: int) -> list:
-    """Round 0's picks, best predicted first among ties: each pick first covers an EP size or recompute level
-    not yet chosen, then keeps them balanced (the fewest picks sharing its EP size or recompute level), then
-    covers PP and CP values. Why: round 0 was five of six full-recompute runs; calibration must see what each
-    EP size and recompute level costs before the model chooses between them."""
-    chosen: list = []
-    pool = list(items)
-    while pool and len(chosen) < size:
-
-        def key(i: int) -> tuple:
-            lay = pool[i].layout
-            seen = [c.layout for c in chosen]
-            new_main = sum(all(knob_value(x, k) != knob_value(lay, k) for x in seen) for k in ("ep", "recompute"))
-            crowd = (
-                max(sum(knob_value(x, k) == knob_value(lay, k) for x in seen) for k in ("ep", "recompute"))
-                if seen
-                else 0
-            )
-            new_rest = sum(all(knob_value(x, k) != knob_value(lay, k) for x in seen) for k in ("pp", "cp"))
-            return (new_main, -crowd, new_rest, -i)
-
-        chosen.append(pool.pop(max(range(len(pool)), key=key)))
-    return chosen
-
-
 def knob_effects(rows: list[Observation]) -> dict[tuple, list[float]]:
     """(knob, from, to) -> measured step ratios of every pair of measured layouts differing only in that knob.
 
@@ -223,7 +199,7 @@ class CalibratedNeighbours(Policy):
         near = [c for c in pool if c.prediction.step_time_s <= cut]
         if len(near) < size:
             near = pool[: max(size, len(near))]
-        return spread(near, max(0, size - len(taken)))
+        return diverse_top(near, max(0, size - len(taken)), layout_of=lambda c: c.layout)
 
     def _local(
         self, inp: RoundInput, cands: list, best_step: float, mk, size: int, *, trust_model: bool, fit: Fit | None

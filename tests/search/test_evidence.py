@@ -89,16 +89,3 @@ def test_a_layout_known_to_fit_is_not_fit_probed(setting):
     sched = Schedule(dataclasses.replace(cfg.policy, probes_per_round=10_000))
     probed = {p.key for p in sched.probes(env, inp, fit, 1.0, set())}
     assert pruned.key not in probed
-
-
-def test_round0_spreads_over_ep_sizes_and_recompute_levels(setting):
-    """Round 0 is not five full-recompute runs of one EP: calibration sees what each EP size and recompute
-    level costs before it has to choose between them."""
-    cfg, env, _, _ = setting
-    policy = make_policy(dataclasses.replace(cfg.policy, name="calibrated_neighbours"))
-    inp = RoundInput(round=0, observations=[], known_keys=set(), slots=100, gpu_hours_left=1e12)
-    props = policy.propose(env, inp, size=cfg.policy.round0_size)
-    assert len(props) == cfg.policy.round0_size
-    assert len({p.layout.ep for p in props}) >= 2
-    assert len({p.layout.recompute for p in props}) >= 2
-    assert sum("full" in p.layout.recompute for p in props) < len(props) - 1
