@@ -10,6 +10,7 @@ from orchestrator.config import compose
 from orchestrator.core import metrics
 from orchestrator.core.errors import UserError
 from orchestrator.core.metrics import STEP_P50
+from orchestrator.core.states import Fidelity
 from orchestrator.plan.layout import Layout
 from orchestrator.report import path
 
@@ -65,7 +66,7 @@ def gather(ledger, name: str) -> dict:
     cfg = root_from_yaml(sweep.config_yaml)
     stage = cfg.required_stage()
     cands = ledger.candidates(name)
-    spent = observe.spent(ledger, name, stage=stage)
+    spent = observe.spent(ledger, name, stage=stage, probe_gpus=cfg.cluster.probe_gpus)
     rows = []
     for c in cands:
         atts = ledger.attempts(c.id)
@@ -97,7 +98,15 @@ def gather(ledger, name: str) -> dict:
         "runs": spent.runs,
         "attempts": spent.attempts,
         "gpu_hours": spent.gpu_hours,
-        "gpu_hours_by_fidelity": spent.by_fidelity,
+        # every fidelity named, 0.0 where none ran (probe, screen, full, finalists)
+        "gpu_hours_by_fidelity": {**{str(f): 0.0 for f in (*Fidelity, "finalists")}, **spent.by_fidelity},
+        "cluster_hours": {
+            "decision": spent.decision_hours,
+            "cluster": spent.cluster_hours,
+            "probe_pool": spent.probe_pool_hours,
+            "cluster_gpus": stage.gpus,
+            "probe_gpus": cfg.cluster.probe_gpus,
+        },
         "simulated": spent.simulated,
         "best": observe.best_of(ledger, name),
         "gpu_capacity": capacity.view(ledger, name, cfg.hardware),
@@ -136,6 +145,7 @@ def run(args, overrides) -> int:
         f"  queued {c['queued']}  running {c['running']}  done {c['done']}  failed {c['failed']}  "
         f"runs {info['runs']}  attempts {info['attempts']}  {info['gpu_hours']:.1f} GPU-hours{sim}"
         + observe.fidelity_split(info["gpu_hours_by_fidelity"])
+        + f"; {info['cluster_hours']['decision']:.1f} h to a decision on {info['cluster_hours']['cluster_gpus']} GPUs"
     )
     print(f"  {lease_line(info['lease'], info['last_lease_event'])}")
     if info["gpu_capacity"] and info["gpu_capacity"]["line"]:

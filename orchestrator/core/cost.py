@@ -37,3 +37,13 @@ def attempt_gpu_hours(
 def cluster_hours(gpu_hours: float, n_gpus: int) -> float:
     """Wall-clock hours a cluster of `n_gpus` GPUs spends on `gpu_hours` run one job after another."""
     return gpu_hours / n_gpus if n_gpus > 0 else 0.0
+
+
+def decision_hours(jobs: list[tuple[int, float]], cluster_gpus: int, probe_gpus: int) -> tuple[float, float]:
+    """(cluster hours, side-pool hours) of a sweep's jobs, each (GPUs, GPU-hours): a job on more than
+    `probe_gpus` GPUs runs on the stage's cluster, one after another (its GPU-hours over `cluster_gpus`); a
+    smaller one (a probe) runs in parallel on the side pool of `probe_gpus` GPUs. The decision takes the
+    longer of the two."""
+    big = sum(h for n, h in jobs if n > probe_gpus)
+    small = sum(h for n, h in jobs if n <= probe_gpus)
+    return cluster_hours(big, cluster_gpus), cluster_hours(small, probe_gpus)

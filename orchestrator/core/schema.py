@@ -297,9 +297,11 @@ class ClusterConfig:
     time_margin_min: int = ranged(10, 0)
     min_time_min: int = ranged(5, 1)
     poll_interval_s: float = ranged(5.0, gt=0)
-    signal_delay_s: int = ranged(
-        30, 0
-    )  # the warning signal this long before the time limit (Slurm's --signal, local's)
+    # The side pool a sweep's small probes (a job on at most this many GPUs, e.g. one-GPU rank probes) run on in
+    # parallel, beside the full-scale jobs: what `status`'s cluster_hours (time to a decision) assumes.
+    probe_gpus: int = ranged(8, 1)
+    # the warning signal this long before the time limit (Slurm's --signal, local's)
+    signal_delay_s: int = ranged(30, 0)
     env: dict[str, str] = field(
         default_factory=lambda: {
             "CUDA_DEVICE_MAX_CONNECTIONS": "1",
@@ -375,6 +377,8 @@ class TwinSurface(StrEnum):
     memory = "memory"
     imbalance = "imbalance"
     tails = "tails"
+    mixed = "mixed"  # the held-out generator: every effect drawn wide (the bench tunes on none of its seeds)
+    overpredicted = "overpredicted"  # memory ~2x smaller than predicted and EP128 wins (issue 19)
 
 
 @dataclass

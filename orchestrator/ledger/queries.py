@@ -342,6 +342,7 @@ class AttemptCost:
     measure_iters: int | None = None
     role: str = "measure"  # states.AttemptRole: the finalists' jobs are charged like any attempt
     round: int = 0  # its candidate's round
+    failure_class: str | None = None  # an OOM does not use up a run (observe.spent)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fidelity", Fidelity(self.fidelity or Fidelity.FULL))
@@ -362,6 +363,7 @@ def attempt_costs(ledger: Ledger, sweep: str) -> list[AttemptCost]:
             COLUMNS["measure_iters_requested"],
             m.Attempt.role,
             m.Candidate.round,
+            m.Attempt.failure_class,
         )
         .join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
         .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)

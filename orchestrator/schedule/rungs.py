@@ -19,7 +19,7 @@ from orchestrator.core.states import Fidelity
 from orchestrator.schedule import fidelity
 from orchestrator.search.calibrate import Fit
 from orchestrator.search.env import PlanEnv
-from orchestrator.search.select import best_measured, oom_dominated
+from orchestrator.search.select import best_measured, fit_dominated, oom_dominated
 from orchestrator.search.types import Observation, Proposal, RoundInput, RoundPlan
 
 
@@ -118,6 +118,7 @@ class Schedule:
             and c.key not in taken
             and c.prediction.step_time_s <= cut
             and not oom_dominated(c.layout, seen)
+            and not fit_dominated(c.layout, inp.observations)  # known to fit: proposed, not probed
         ]
         out = []
         w, n = fidelity.window(env.stage, Fidelity.PROBE)

@@ -7,6 +7,7 @@ predictions, and so the cost estimate (GPU-hours) lives in one place.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator.core import cost
@@ -36,6 +37,28 @@ class PlanEnv:
             workload=self.workload,
         )
         return [c for c in res.candidates if c.prediction.feasible]
+
+    def plan_with_evidence(
+        self,
+        factors: dict[str, float] | None,
+        memory_factor: MemoryScale,
+        known_fit: Callable[[Layout], bool],
+    ) -> list:
+        """`plan`, plus every legal layout the memory model prunes that evidence says fits (`known_fit`: it needs
+        no more memory than a layout that ran, select.fit_dominated): evidence beats the model. Best first."""
+        base = self.plan(factors, memory_factor)
+        keys = {c.key for c in base}
+        hw = dataclasses.replace(self.hardware, hbm_gb=float("inf"))
+        res = planner.plan(self.model, hw, self.stage, factors=factors or None, workload=self.workload)
+        extra = []
+        for c in res.candidates:
+            if known_fit(c.layout):
+                cal = self.evaluate_unchecked(c.layout, factors, memory_factor)
+                if cal is not None and cal.key not in keys:
+                    extra.append(cal)
+        if not extra:
+            return base
+        return sorted(base + extra, key=lambda p: (p.prediction.step_time_s, p.prediction.memory_gb))
 
     def evaluate(self, layout: Layout, factors: dict[str, float] | None = None, memory_factor: MemoryScale = 1.0):
         """Planned when legal and feasible under this calibration, else None."""

@@ -29,9 +29,11 @@ from orchestrator.search.select import (
     best_measured,
     changed_knob,
     diverse_top,
+    fit_dominated,
     knob_value,
     measured_rank,
     oom_dominated,
+    ran,
     round_robin,
 )
 from orchestrator.search.types import Observation, Proposal, RoundInput
@@ -83,17 +85,30 @@ class Policy:
     def _promotions(
         self, env: PlanEnv, inp: RoundInput, source_stage: StageConfig, fit: Fit | None, limit: int
     ) -> list[Proposal]:
-        """The source stage's measured top-K, each mapped to this stage (CP restores m, EP kept/widened)."""
+        """The source stage's winner and the best evidence of each of its regions (EP, PP, CP; a screened result
+        is evidence too), up to promote_top_k, each mapped to this stage (CP restores m, EP kept/widened). The
+        winner always leads: when the memory model (calibrated on another stage's GPUs' counts) prunes every
+        mapping of it, its first legal mapping goes anyway and its run decides."""
         factors, mem = (fit.factors, fit.memory_scale) if fit else (None, 1.0)
         per_source: list[list[Proposal]] = []
 
         def fits(lay) -> bool:
             return env.evaluate(lay, factors, mem) is not None
 
-        for src in measured_rank(inp.source, full_only=True)[: self.cfg.promote_top_k]:
+        def legal(lay) -> bool:  # every rule but memory
+            return env.evaluate_unchecked(lay, factors, mem) is not None
+
+        full = measured_rank(inp.source, full_only=True)
+        winner = full[:1]
+        regions = distinct_anchors(inp.source, self.cfg.promote_top_k, knobs=("ep", "pp", "cp"))
+        sources = winner + [r for r in regions if not winner or r.key != winner[0].key]
+        for i, src in enumerate(sources[: self.cfg.promote_top_k]):
             props = []
-            for lay in promoted_layouts(src.layout, source_stage, env.stage, feasible=fits):
-                planned = env.evaluate(lay, factors, mem)
+            mapped = promoted_layouts(src.layout, source_stage, env.stage, feasible=fits)
+            if not mapped and winner and i == 0:
+                mapped = promoted_layouts(src.layout, source_stage, env.stage, feasible=legal)[:1]
+            for lay in mapped:
+                planned = env.evaluate(lay, factors, mem) or env.evaluate_unchecked(lay, factors, mem)
                 if planned is not None and planned.key not in inp.known_keys:
                     props.append(
                         env.proposal(
@@ -151,9 +166,18 @@ class CalibratedNeighbours(Policy):
     ) -> list[Proposal]:
         factors, mem = (fit.factors, fit.memory_scale) if fit else (None, 1.0)
         seen = list(inp.observations) + list(inp.source)
-        cands = [c for c in env.plan(factors, mem) if c.key not in inp.known_keys and not oom_dominated(c.layout, seen)]
+        here = list(inp.observations)  # only this stage's runs say what fits on its GPUs
+
+        def known_fit(lay) -> bool:
+            return fit_dominated(lay, here)
+
+        planned = env.plan_with_evidence(factors, mem, known_fit) if any(map(ran, here)) else env.plan(factors, mem)
+        cands = [c for c in planned if c.key not in inp.known_keys and not oom_dominated(c.layout, seen)]
 
         def mk(c, reason, **kw) -> Proposal:
+            if not env.fits(c.prediction.memory_gb):  # kept by evidence (plan_with_evidence), not by the model
+                gb = c.prediction.memory_gb
+                reason += f" (known to fit: needs no more memory than a layout that ran; model {gb:.0f} GB)"
             return env.proposal(c, reason=reason, factors=factors, memory_factor=mem, **kw)
 
         best = best_measured(inp.observations)

@@ -126,3 +126,14 @@ def needs_more_memory(a: Layout, b: Layout) -> bool:
 def oom_dominated(layout: Layout, rows: Iterable[Observation]) -> bool:
     """A layout that needs at least as much memory as one that measured OOM will OOM too: skip it."""
     return any(r.failure_class == Failure.OOM and needs_more_memory(layout, r.layout) for r in rows)
+
+
+def ran(row: Observation) -> bool:
+    """The layout ran on this stage's GPUs: measured, or a fit probe that read its peak (no OOM)."""
+    return row.failure_class is None and (row.ok or row.probed_fit)
+
+
+def fit_dominated(layout: Layout, rows: Iterable[Observation]) -> bool:
+    """A layout that needs no more memory than one that ran (needs_more_memory, the knob order) fits too:
+    evidence, so the memory model never prunes it (the mirror of oom_dominated)."""
+    return any(ran(r) and needs_more_memory(r.layout, layout) for r in rows)

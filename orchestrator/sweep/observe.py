@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from orchestrator.core import cost, ranking
+from orchestrator.core.failures import Failure
 from orchestrator.core.metrics import STEP_P50, STEP_P99, peak_gb
-from orchestrator.core.schema import StageConfig
+from orchestrator.core.schema import ClusterConfig, StageConfig
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity
 from orchestrator.evidence.metrics import GB_PER_MIB
 from orchestrator.ledger import queries
@@ -135,12 +136,20 @@ def step_cv(ledger: Ledger, sweeps: list[SweepRow]) -> float | None:
 class Spent:
     """Budget consumed by one sweep. GPU-hours are simulated when the workload is (the twin)."""
 
-    runs: int  # candidates launched at least once
+    runs: int  # candidates measured at least once (screen or full, not an OOM): what max_runs counts
     attempts: int
     gpu_hours: float  # every attempt of every fidelity, and the finalists
     simulated: bool
     by_fidelity: dict[str, float] = field(default_factory=dict)  # probe | screen | full | finalists -> GPU-hours
     by_round: dict[int, float] = field(default_factory=dict)  # candidate round -> GPU-hours (finalists: the last)
+    # time to the decision (orchestrator.core.cost.decision_hours): full-scale jobs one after another on the
+    # stage's cluster, small probes in parallel on the side pool (cluster.probe_gpus)
+    cluster_hours: float = 0.0
+    probe_pool_hours: float = 0.0
+
+    @property
+    def decision_hours(self) -> float:
+        return max(self.cluster_hours, self.probe_pool_hours)
 
 
 def attempt_cost(stage: StageConfig, a: queries.AttemptCost) -> float:
@@ -155,16 +164,27 @@ def attempt_cost(stage: StageConfig, a: queries.AttemptCost) -> float:
     )
 
 
-def spent(ledger: Ledger, sweep: str, *, stage: StageConfig) -> Spent:
-    """runs = candidates with an attempt; GPU-hours = `attempt_cost` of every attempt of every fidelity and role
+def uses_a_run(a: queries.AttemptCost) -> bool:
+    """A measurement uses up one of stage.budget.max_runs; a fit probe (a few iterations, to read the peak) and
+    an OOM (start-up and one iteration: it teaches the memory model) do not, so a GPU that holds less than
+    the config says cannot spend the sweep's runs on layouts that never measured anything. Their GPU-hours
+    still count against max_gpu_hours."""
+    return a.role == AttemptRole.MEASURE and a.fidelity != Fidelity.PROBE and a.failure_class != Failure.OOM
+
+
+def spent(ledger: Ledger, sweep: str, *, stage: StageConfig, probe_gpus: int | None = None) -> Spent:
+    """runs = candidates with a measurement that is not a probe nor an OOM (`uses_a_run`); GPU-hours =
+    `attempt_cost` of every attempt of every fidelity and role
     (the finalists' parity and long-run jobs are attempts of their own roles, charged under "finalists"; a sweep
     older than revision 0009 adds what its finalist-cost events recorded). The budget check, `status`, the live
     view and the report all read this one figure."""
     costs = queries.attempt_costs(ledger, sweep)
     by: dict[str, float] = {}
     by_round: dict[int, float] = {}
+    jobs: list[tuple[int, float]] = []
     for a in costs:
         gpu_h = attempt_cost(stage, a)
+        jobs.append((stage.gpus, gpu_h))  # every attempt runs on the stage's GPUs (attempt_cost charges them)
         f = str(a.fidelity) if a.role == AttemptRole.MEASURE else "finalists"
         by[f] = by.get(f, 0.0) + gpu_h
         by_round[a.round] = by_round.get(a.round, 0.0) + gpu_h
@@ -173,13 +193,18 @@ def spent(ledger: Ledger, sweep: str, *, stage: StageConfig) -> Spent:
         by["finalists"] = by.get("finalists", 0.0) + fin
         last = max(by_round, default=0)
         by_round[last] = by_round.get(last, 0.0) + fin
+        jobs.append((stage.gpus, fin))
+    pool = ClusterConfig().probe_gpus if probe_gpus is None else probe_gpus  # the schema owns the default
+    full_h, pool_h = cost.decision_hours(jobs, stage.gpus, pool)
     return Spent(
-        runs=len({a.candidate_id for a in costs}),
+        runs=len({a.candidate_id for a in costs if uses_a_run(a)}),
         attempts=len(costs),
         gpu_hours=sum(by.values()),
         simulated=any(a.simulated for a in costs),
         by_fidelity={str(k): v for k, v in by.items()},
         by_round=by_round,
+        cluster_hours=full_h,
+        probe_pool_hours=pool_h,
     )
 
 

@@ -24,6 +24,14 @@ an OOM runs start-up and one iteration. Start-up defaults to 300 s: at 1k-8k GPU
 node, NCCL communicator set-up, model build and the distributed optimizer's allocation, and the first
 step's compilation take minutes (--startup-s to change it).
 
+Tune vs held-out: the rows above are the tune set (the surfaces and seeds the defaults were tuned on). The
+held-out set (HELDOUT: the twin's `mixed` generator, every effect drawn wide, and `overpredicted`, memory ~2x
+over-predicted with EP128 winning, on seeds no tuning used, one on a GPU smaller than its hardware group)
+runs the default policy after them, and the last table prints both sets' figures side by side, per stage:
+rows meeting the goal, gaps, mean GPU-hours and hours to a decision (full-scale jobs one after another on the
+stage's cluster, orchestrator.core.cost.decision_hours). Keep a change only when the held-out figures do not
+get worse. --no-heldout / --heldout-only run one set; --heldout-orders sizes its random search.
+
 Plug in a policy: --policy NAME (repeatable) and Hydra overrides with --set key=value (e.g. --set
 policy.round_size=6 --set stage.budget.max_runs=40), applied to every sweep. --seed S (repeatable) runs
 every twin surface under each seed (tune on several, not on one); --target / --stage narrow the run.
@@ -32,6 +40,7 @@ every twin surface under each seed (tune on several, not on one); --target / --s
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 import time
@@ -51,6 +60,17 @@ TARGETS = (
     "ext:surface",
     "ext:cliffs",
 )
+# Held out: surfaces the defaults were never tuned on (orchestrator/job/twin/truth/surfaces.py `mixed`, every
+# effect drawn wide; `overpredicted`, memory ~2x over-predicted and EP128 winning), on seeds no tuning used, one
+# of them on a GPU smaller than its hardware group. A change is kept only when these figures do not get worse.
+HELDOUT = (
+    ("twin:mixed", 100, ()),
+    ("twin:mixed", 101, ()),
+    ("twin:mixed", 102, ()),
+    ("twin:mixed", 103, ("workload.twin.gpu_capacity_gb=120",)),
+    ("twin:overpredicted", 100, ()),
+)
+HELDOUT_ORDERS = 100
 STAGES = ("1k", "8k")
 POLICIES = ("calibrated_neighbours", "predicted_topk")
 STARTUP_S = 300.0
@@ -75,6 +95,7 @@ class Row:
     gap: float
     random_gap_at_budget: float  # median
     reason: str
+    decision_h: float = math.nan  # hours to the decision on a cluster of the stage's size
 
     @property
     def misses(self) -> list[str]:
@@ -106,18 +127,26 @@ def run(
     seeds=(0,),
     verbose=False,
     out=sys.stdout,
+    specs=None,
 ) -> list[Row]:
-    """Every (target, stage, policy) row, printed as it is measured. Twin targets run once per seed."""
+    """Every (target, stage, policy) row, printed as it is measured. Twin targets run once per seed; `specs`
+    ((name, seed, extra overrides), e.g. HELDOUT) replaces targets x seeds."""
     from orchestrator.config import compose
     from tests.bench import searchlib as lib
 
     rows: list[Row] = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-search-"))
-    runs = [(t, s) for t in targets for s in (seeds if t.startswith("twin:") else (0,))]
-    for name, seed in runs:
-        target = lib.Target(name, seed=seed)
-        if name.startswith("twin:") and len(seeds) > 1:
+    if specs is None:
+        specs = [(t, s, ()) for t in targets for s in (seeds if t.startswith("twin:") else (0,))]
+        label_seed = len(seeds) > 1
+    else:
+        label_seed = True
+    for name, seed, extra in specs:
+        target = lib.Target(name, seed=seed, extra=tuple(extra))
+        if name.startswith("twin:") and label_seed:
             name = f"{name}/s{seed}"
+        if extra:
+            name += "+" + ",".join(x.rsplit(".", 1)[-1].replace("gpu_capacity_gb=", "gpu") for x in extra)
         ledgers = {p: lib.fresh_ledger(str(_mk(tmp / name.replace(":", "-").replace("/", "-") / p))) for p in policies}
         for stage in stages:
             grid = rnd = None
@@ -157,11 +186,13 @@ def run(
                     gap=grid.gap(sw.reported_true_s),
                     random_gap_at_budget=float(np.median(rnd.gap_at(sw.gpu_hours))),
                     reason=sw.reason,
+                    decision_h=sw.decision_hours(cfg.stage.gpus, cfg.cluster.probe_gpus),
                 )
                 rows.append(row)
                 split = ", ".join(f"{k} {_gh(v)}" for k, v in sorted(sw.gpu_hours_by().items()))
                 print(
-                    f"   {policy}: {row.launches} launches, {_gh(row.sweep_gpu_h)} GPU-h [{split}] (to 2%: "
+                    f"   {policy}: {row.launches} launches, {_gh(row.sweep_gpu_h)} GPU-h [{split}], "
+                    f"{row.decision_h:.0f} h on {cfg.stage.gpus} GPUs (to 2%: "
                     f"{_gh(row.sweep_to_goal)}), reported {sw.reported.short() if sw.reported else '-'} gap "
                     f"{_pct(row.gap)}; random at that budget: median gap {_pct(row.random_gap_at_budget)}; "
                     f"stop: {row.reason}; " + ("met" if not row.misses else "MISSED: " + "; ".join(row.misses)),
@@ -187,6 +218,34 @@ def _source_ran(stage: str, stages) -> bool:
 
     src = compose([f"+stage={stage}"]).cfg.stage.promotes_from
     return not src or (src in stages and list(stages).index(src) < list(stages).index(stage))
+
+
+def figures(rows: list[Row]) -> dict[str, str]:
+    """One set's figures (tune or held-out), as the side-by-side table prints them."""
+    out: dict[str, str] = {"rows met": f"{sum(not r.misses for r in rows)}/{len(rows)}"}
+    for st in STAGES:
+        rs = [r for r in rows if r.stage == st]
+        if not rs:
+            continue
+        gaps = [r.gap for r in rs]
+        out[f"{st} met"] = f"{sum(not r.misses for r in rs)}/{len(rs)}"
+        out[f"{st} within 2%"] = f"{sum(g <= 0.02 for g in gaps)}/{len(rs)}"
+        out[f"{st} mean gap"] = _pct(float(np.mean(gaps)))
+        out[f"{st} worst gap"] = _pct(float(np.max(gaps)))
+        out[f"{st} mean GPU-h"] = _gh(float(np.mean([r.sweep_gpu_h for r in rs])))
+        out[f"{st} mean hours to decide"] = f"{np.mean([r.decision_h for r in rs]):.0f} h"
+        out[f"{st} mean cost / random's"] = f"{np.mean([r.sweep_gpu_h / r.random_to_goal for r in rs]):.2f}"
+    return out
+
+
+def side_by_side(tune: list[Row], held: list[Row], policy: str, out=sys.stdout) -> None:
+    """The tune set's and the held-out set's figures for `policy`, one line per figure."""
+    a = figures([r for r in tune if r.policy == policy])
+    b = figures([r for r in held if r.policy == policy])
+    print(f"\n{policy}: tune vs held-out", file=out)
+    print(f"{'figure':<26}{'tune':>12}{'held-out':>12}", file=out)
+    for k in dict.fromkeys([*a, *b]):
+        print(f"{k:<26}{a.get(k, '-'):>12}{b.get(k, '-'):>12}", file=out)
 
 
 def summary(rows: list[Row], out=sys.stdout) -> bool:
@@ -219,19 +278,39 @@ def main(argv=None) -> bool:
     p.add_argument("--orders", type=int, default=ORDERS, help="random-search orders")
     p.add_argument("--seed", type=int, action="append", help="repeatable: twin.seed (and the random orders' seed)")
     p.add_argument("--verbose", action="store_true", help="print each sweep's rounds")
+    p.add_argument("--heldout-orders", type=int, default=HELDOUT_ORDERS, help="random-search orders, held-out set")
+    p.add_argument("--no-heldout", action="store_true", help="the tune set only")
+    p.add_argument("--heldout-only", action="store_true", help="the held-out set only")
     a = p.parse_args(argv or [])
     t0 = time.perf_counter()
-    rows = run(
-        targets=a.target or TARGETS,
-        stages=a.stage or STAGES,
-        policies=a.policy or POLICIES,
-        overrides=a.set,
-        startup_s=a.startup_s,
-        orders=a.orders,
-        seeds=a.seed or (0,),
-        verbose=a.verbose,
-    )
-    ok = summary(rows)
+    policies = a.policy or POLICIES
+    rows: list[Row] = []
+    if not a.heldout_only:
+        print("== tune set", flush=True)
+        rows = run(
+            targets=a.target or TARGETS,
+            stages=a.stage or STAGES,
+            policies=policies,
+            overrides=a.set,
+            startup_s=a.startup_s,
+            orders=a.orders,
+            seeds=a.seed or (0,),
+            verbose=a.verbose,
+        )
+    held: list[Row] = []
+    if not a.no_heldout:  # the default policy only: held-out rows judge the defaults
+        print("== held-out set (never tuned on)", flush=True)
+        held = run(
+            stages=a.stage or STAGES,
+            policies=policies[:1],
+            overrides=a.set,
+            startup_s=a.startup_s,
+            orders=a.heldout_orders,
+            verbose=a.verbose,
+            specs=HELDOUT,
+        )
+    ok = summary(rows + held)
+    side_by_side(rows, held, policies[0])
     print(f"bench_search: {time.perf_counter() - t0:.0f} s wall, start-up {a.startup_s:.0f} s per launch")
     return ok
 

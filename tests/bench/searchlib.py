@@ -73,6 +73,7 @@ class Target:
 
     name: str
     seed: int = 0
+    extra: tuple[str, ...] = ()  # more Hydra overrides (e.g. a GPU smaller than its hardware group)
 
     @property
     def kind(self) -> str:
@@ -87,13 +88,19 @@ class Target:
         of a Megatron with the fix of PR #6704 (FIXED_MEGATRON): the search is benchmarked where full
         recompute is legal, as its figures were measured."""
         if self.kind == "twin":
-            return [*FIXED_MEGATRON, f"workload.twin.surface={self.label}", f"workload.twin.seed={self.seed}"]
+            return [
+                *FIXED_MEGATRON,
+                f"workload.twin.surface={self.label}",
+                f"workload.twin.seed={self.seed}",
+                *self.extra,
+            ]
         script = WORKLOADS / f"{self.label}.py"
         return [
             *FIXED_MEGATRON,
             f"workload.command=[python,{script}]",
             f"workload.name={self.label}",
             "workload.simulated=true",
+            *self.extra,
         ]
 
     def launch(self, cfg, layout, pattern: str, key: str, attempt: int = 1, window=None) -> Launch:
@@ -260,6 +267,13 @@ class SweepRun:
             if grid.gap(best[1]) <= GOAL_GAP:
                 return spent
         return math.inf
+
+    def decision_hours(self, cluster_gpus: int, probe_gpus: int) -> float:
+        """Time to the decision (orchestrator.core.cost.decision_hours): every launch here runs on the stage's
+        GPUs, one after another."""
+        from orchestrator.core import cost
+
+        return max(cost.decision_hours([(cluster_gpus, x[2]) for x in self.launches], cluster_gpus, probe_gpus))
 
     def gpu_hours_by(self) -> dict[str, float]:
         """GPU-hours per fidelity (probe, screen, full)."""

@@ -132,7 +132,13 @@ def test_a_sweep_screens_then_confirms_and_reports_only_a_confirmed_best(tmp_pat
         assert spent.gpu_hours == pytest.approx(run.gpu_hours, rel=0.05)  # the measured mean step vs the true one
         from orchestrator.commands import status
 
-        assert status.gather(led, "mf")["gpu_hours_by_fidelity"] == spent.by_fidelity  # `status --json` shows it
+        shown = status.gather(led, "mf")  # `status --json`: GPU-hours per fidelity, every one named
+        assert set(shown["gpu_hours_by_fidelity"]) == {"probe", "screen", "full", "finalists"}
+        assert {k: v for k, v in shown["gpu_hours_by_fidelity"].items() if v} == spent.by_fidelity
+        # time to the decision: every job here is full scale, one after another on the stage's cluster
+        hours = shown["cluster_hours"]
+        assert hours["decision"] == pytest.approx(spent.gpu_hours / cfg.stage.gpus) == hours["cluster"]
+        assert hours["probe_pool"] == 0.0 and hours["cluster_gpus"] == cfg.stage.gpus
         assert spent.by_fidelity["screen"] == pytest.approx(run.gpu_hours_by()["screen"], rel=0.05)  # measured mean
 
 

@@ -59,8 +59,13 @@ def test_promotion_maps_measured_top_k_with_edges(envs, name):
     )
     promoted = [p for p in plan.proposals if p.edge_kind == "promoted-from"]
     assert promoted and len(plan.proposals) <= 6
-    top3 = {o.key for o in sorted(source, key=lambda o: o.step_s)[:3]}
-    assert {p.parent_key for p in promoted} <= top3
+    # the winner, then the best measured layout of each other region (EP, PP, CP), up to promote_top_k
+    best_of_region: dict[tuple, Observation] = {}
+    for o in sorted(source, key=lambda o: o.step_s):
+        best_of_region.setdefault((o.layout.ep, o.layout.pp, o.layout.cp), o)
+    winner = min(source, key=lambda o: o.step_s)
+    assert promoted[0].parent_key == winner.key
+    assert {p.parent_key for p in promoted} <= {o.key for o in best_of_region.values()}
     for p in promoted:
         parent = next(o for o in source if o.key == p.parent_key)
         assert p.layout.ep >= parent.layout.ep and p.layout.cp >= parent.layout.cp
@@ -71,3 +76,58 @@ def test_promotion_maps_measured_top_k_with_edges(envs, name):
     if name == "calibrated_neighbours":
         assert plan.fit is not None and plan.fit.n_step == 5  # calibrated on the source stage
         assert any(p.edge_kind is None for p in plan.proposals)  # plus new layouts the model predicts well
+
+
+def test_the_source_winner_is_promoted_even_when_the_memory_model_prunes_every_mapping(envs):
+    """The 1k winner's 8k mappings must not all fall to a memory filter borrowed from 1k rows: its first legal
+    mapping goes anyway (its run decides), while the other sources' pruned mappings stay out."""
+    from orchestrator.search.calibrate import Fit
+
+    src_env, dst_env = envs
+    source = _measured(src_env)
+    pol = make_policy(PolicyConfig(name="calibrated_neighbours", promote_top_k=3))
+    pessimist = Fit(
+        method="ratio", memory_factor=100.0, memory_factors={"states": 100.0, "activations": 100.0, "buffers": 100.0}
+    )
+    inp = RoundInput(round=0, observations=[], known_keys=set(), slots=16, gpu_hours_left=float("inf"), source=source)
+    props = pol._promotions(dst_env, inp, src_env.stage, pessimist, 6)
+    winner = min(source, key=lambda o: o.step_s)
+    assert [p.parent_key for p in props] == [winner.key]
+    assert not dst_env.fits(props[0].predicted["memory_gb"])  # the model prunes it; it is promoted all the same
+    # the uncalibrated model keeps some mappings: the winner's still leads
+    props = pol._promotions(dst_env, inp, src_env.stage, None, 6)
+    assert props[0].parent_key == winner.key
+
+
+def test_promotion_carries_the_best_evidence_of_each_region_screened_results_included(envs):
+    """A region (EP, PP, CP) measured only at screen fidelity on the source stage still reaches the next stage."""
+    from orchestrator.core.states import Fidelity
+
+    src_env, dst_env = envs
+    source = _measured(src_env)
+    regions = {(o.layout.ep, o.layout.pp, o.layout.cp) for o in source}
+    other = next(
+        c
+        for c in src_env.plan()
+        if c.layout.ep not in {o.layout.ep for o in source} and (c.layout.ep, c.layout.pp, c.layout.cp) not in regions
+    )
+    p = src_env.proposal(other, reason="x")
+    screened = Observation(
+        key=other.key,
+        layout=other.layout,
+        raw_components=p.predicted["raw_components"],
+        raw_step_s=p.predicted["raw_step_time_s"],
+        raw_memory_gb=p.predicted["raw_memory_gb"],
+        step_s=min(o.step_s for o in source) * 1.01,
+        peak_gb=p.predicted["raw_memory_gb"],
+        hbm_gb=80.0,
+        fidelity=Fidelity.SCREEN,
+        measure_iters=12,
+    )
+    pol = make_policy(PolicyConfig(name="calibrated_neighbours", promote_top_k=3))
+    inp = RoundInput(
+        round=0, observations=[], known_keys=set(), slots=16, gpu_hours_left=float("inf"), source=[*source, screened]
+    )
+    parents = [p.parent_key for p in pol._promotions(dst_env, inp, src_env.stage, None, 12)]
+    assert parents[0] == min(source, key=lambda o: o.step_s).key  # the full-window winner first
+    assert screened.key in parents

@@ -127,3 +127,22 @@ def test_nothing_stated_keeps_the_config(ledger_url):
         _cfg, _s, env = _sweep(led, "none", (True, None, ""), (False, None, ""))
         assert capacity.plan_env(led, "none", env, Events()) is env
         assert capacity.measured(led, "none", env.hardware) is None and capacity.view(led, "none", env.hardware) is None
+
+
+def test_oom_launches_do_not_use_up_max_runs(ledger_url):
+    """On a GPU smaller than its hardware group, OOMs must not spend the sweep's runs: each OOM costs its
+    GPU-hours (start-up and an iteration) but not a run; a measured candidate does."""
+    with Ledger.open(ledger_url, create=True) as led:
+        cfg, _, _ = _sweep(
+            led, "ooms", (True, None, ""), (False, GIB96_GB, CAPACITY_FROM_OOM), (False, GIB96_GB, CAPACITY_FROM_OOM)
+        )
+        spent = observe.spent(led, "ooms", stage=cfg.required_stage())
+        assert (spent.runs, spent.attempts) == (1, 3)
+        # a probe is no run either
+        (cand,) = led.add_candidates(
+            "ooms", [CandidateIn(key="probe-only", layout=led.candidates("ooms")[0].layout, predicted={})]
+        )
+        a = led.new_attempt(cand.id, job_id="200", job_dir="(test)", simulated=True, fidelity="probe")
+        led.record_result(a.id, JobResult(ok=True, simulated=True, peak_reserved_gb=90.0).to_dict())
+        again = observe.spent(led, "ooms", stage=cfg.required_stage())
+        assert (again.runs, again.attempts) == (1, 4)

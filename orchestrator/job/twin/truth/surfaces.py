@@ -16,6 +16,13 @@ moves where that effect bites, so twin.seed moves the optimum, not only the nois
   tails      every all-to-all waits for the slowest EP rank: a fixed per-pass jitter (so many small
              microbatches pay more than few large ones) and a relative one, both growing with the EP
              group's node span; stragglers (p99) whose rate grows with the span too (drawn strengths).
+  mixed      the held-out generator (tests/bench tunes on none of its seeds): every effect at once, drawn
+             wide: each activation term 0.5-3x its tensors, the grouped-GEMM knee anywhere from 200 to
+             3,000 tokens per expert, NIC bandwidth, span knees and falloffs, dispatcher overlap, stage
+             imbalance, so its optimum sits where no named surface put one.
+  overpredicted  memory over-predicted about 2x (every activation term about half its tensors), GEMMs
+             efficient at a few hundred tokens per expert and dispatchers that hold up across nodes: the
+             wide-EP (EP128), no-recompute region a pessimistic memory model prunes holds the optimum.
 """
 
 from __future__ import annotations
@@ -169,6 +176,51 @@ def _tails(r: random.Random) -> Quirks:
     )
 
 
+def _mixed(r: random.Random) -> Quirks:
+    q = _balanced(r)
+    backends = {
+        name: Backend(
+            bw=b.bw * r.uniform(0.7, 1.3),
+            overlap=r.uniform(0.0, 0.7) if name.startswith("flex") else r.uniform(0.0, 0.2),
+            knee=r.choice((2, 4, 8, 16)),
+            falloff=r.uniform(0.2, 1.0),
+        )
+        for name, b in q.backends.items()
+    }
+    return replace(
+        q,
+        act={g: _lu(r, 0.5, 3.0) for g in ("attn", "moe", "mhc", "norm")},
+        exp_t_half=_lu(r, 200, 3000),
+        exp_power=r.uniform(1.0, 1.6),
+        exp_tile=r.choice((64, 128, 256)),
+        nic_eff=r.uniform(0.45, 0.9),
+        congestion=r.uniform(0.15, 0.7),
+        backends=backends,
+        block_cost={s: _lu(r, 0.7, 1.5) for s in ("C", "H", "W")},
+        head_cost=_lu(r, 1.0, 3.5),
+        first_stage_blocks=r.uniform(0.2, 2.0),
+        frag=r.uniform(0.04, 0.12),
+    )
+
+
+def _overpredicted(r: random.Random) -> Quirks:
+    q = _balanced(r)
+    backends = {
+        name: replace(b, bw=b.bw * 1.3, knee=max(b.knee, 16), falloff=0.2, overlap=min(0.9, b.overlap * 2.0 + 0.2))
+        for name, b in q.backends.items()
+    }
+    return replace(
+        q,
+        act={g: r.uniform(0.4, 0.6) for g in ("attn", "moe", "mhc", "norm")},
+        exp_t_half=_lu(r, 3000, 5000),
+        exp_power=r.uniform(1.4, 1.7),
+        nic_eff=r.uniform(0.85, 0.95),
+        congestion=r.uniform(0.02, 0.08),
+        backends=backends,
+        frag=r.uniform(0.03, 0.06),
+    )
+
+
 DRAWS = {
     TwinSurface.balanced: _balanced,
     TwinSurface.gemm: _gemm,
@@ -176,6 +228,8 @@ DRAWS = {
     TwinSurface.memory: _memory,
     TwinSurface.imbalance: _imbalance,
     TwinSurface.tails: _tails,
+    TwinSurface.mixed: _mixed,
+    TwinSurface.overpredicted: _overpredicted,
 }
 
 
