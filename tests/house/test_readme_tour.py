@@ -43,7 +43,10 @@ def test_every_tour_command_runs_as_written(tmp_path):
         r = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         took.append(f"{time.monotonic() - t0:5.1f}s  {cmd.split('#')[0].strip()}")
         assert r.returncode == 0, f"`{cmd}` exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-        if " sweep " in cmd:  # a sweep ends by saying what to do next
+        if "--dry-run" in cmd:  # the price before the spend, and nothing written
+            assert "GPU-hours" in r.stdout and "days of the stage's" in r.stdout, r.stdout[-2000:]
+            assert not (tmp_path / "ledger.sqlite").exists()
+        elif " sweep " in cmd:  # a sweep ends by saying what to do next
             assert "best layout (measured, simulated)" in r.stdout and "the report" in r.stdout, r.stdout[-2000:]
         if cmd.split("#")[0].strip() == "python -m orchestrator best":
             assert "best of sweep 1k-dsv4_pro-h200" in r.stderr, r.stderr

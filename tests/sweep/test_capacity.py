@@ -143,6 +143,6 @@ def test_oom_launches_do_not_use_up_max_runs(ledger_url):
             "ooms", [CandidateIn(key="probe-only", layout=led.candidates("ooms")[0].layout, predicted={})]
         )
         a = led.new_attempt(cand.id, job_id="200", job_dir="(test)", simulated=True, fidelity="probe")
-        led.record_result(a.id, JobResult(ok=True, simulated=True, peak_reserved_gb=90.0).to_dict())
+        led.evidence.record_result(a.id, JobResult(ok=True, simulated=True, peak_reserved_gb=90.0).to_dict())
         again = observe.spent(led, "ooms", stage=cfg.required_stage())
         assert (again.runs, again.attempts) == (1, 4)
