@@ -217,7 +217,9 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_found_to_fit_then_meas
     """twin:memory (its activations are far below the planner's): the fit probe decides what the model's error
     band cannot, for start-up plus a few iterations; one that fits is then measured at the full window."""
     target = lib.Target("twin:memory")
-    cfg, led, run = _sweep(tmp_path, target)
+    # a 12 GB margin: since the planner stopped counting the expert fc2 output (never kept for backward), its
+    # uncalibrated band on this surface prunes a layout that fits only with a cautious site's margin
+    cfg, led, run = _sweep(tmp_path, target, "stage.memory_margin_gb=12")
     with led:
         hbm, margin = cfg.hardware.hbm_gb, cfg.stage.memory_margin_gb
         probed = [c for c in led.candidates("mf") if (c.decision or {}).get("previous", {}).get("kind") == "fit-probe"]
