@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import getpass
 import re
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from orchestrator.core.paths import JobPaths
 from orchestrator.core.schema import ClusterConfig, RootConfig, StageConfig
 from orchestrator.job import preflight as job
 from orchestrator.job.preflight import Check, CheckStatus, PreflightReport, PreflightRequest
-from orchestrator.launch.slurm.partition import gres_gpus, slurm_minutes
+from orchestrator.launch.slurm.partition import ask, gres_gpus, slurm_minutes
 
 EVENT = "preflight"  # the ledger event kind a sweep records its preflight (or its skipping) under
 JOB_TIME_MIN = 15  # the preflight job: imports + one validate_args per candidate
@@ -111,20 +110,11 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------- Slurm rows
-def _ask(cmd: list[str]) -> str | None:
-    """stdout of a Slurm client command, or None when it is missing or fails."""
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
-
-
 def slurm_checks(cluster: ClusterConfig, stage: StageConfig, limits: dict[str, int]) -> tuple[list[Check], dict]:
     """Partition, node shape, account and QoS rows; the candidates whose time limit no partition allows."""
     if cluster.kind == "local":
         return [Check("Slurm limits", CheckStatus.WARN, "cluster=local: not checked", "run with cluster=slurm")], {}
-    info = _ask(
+    info = ask(
         ["sinfo", "-h", "-o", "%P|%l|%G|%c|%D"] + (["-p", cluster.slurm.partition] if cluster.slurm.partition else [])
     )
     if info is None:
@@ -196,7 +186,7 @@ def slurm_checks(cluster: ClusterConfig, stage: StageConfig, limits: dict[str, i
 
 def _account_checks(cluster: ClusterConfig, nodes: int, minutes: int) -> list[Check]:
     user = getpass.getuser()
-    assoc = _ask(["sacctmgr", "-nP", "show", "assoc", "where", f"user={user}", "format=account,qos,maxnodes,maxwall"])
+    assoc = ask(["sacctmgr", "-nP", "show", "assoc", "where", f"user={user}", "format=account,qos,maxnodes,maxwall"])
     if assoc is None:
         return [Check("account / QoS", CheckStatus.WARN, "sacctmgr gave no answer", "ask the admins for your limits")]
     rows = [line.split("|") for line in assoc.splitlines() if line.count("|") == 3]
@@ -219,7 +209,7 @@ def _account_checks(cluster: ClusterConfig, nodes: int, minutes: int) -> list[Ch
         )
     qos = cluster.slurm.qos
     if qos:
-        q = _ask(["sacctmgr", "-nP", "show", "qos", "where", f"name={qos}", "format=name,maxwall,maxtresperjob"])
+        q = ask(["sacctmgr", "-nP", "show", "qos", "where", f"name={qos}", "format=name,maxwall,maxtresperjob"])
         row = (q or "").splitlines()[0].split("|") if q and q.strip() else None
         if row is None or len(row) < 3:
             out.append(

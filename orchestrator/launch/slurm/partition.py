@@ -90,7 +90,8 @@ def gres_gpus(gres: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _ask(cmd: list[str]) -> str | None:
+def ask(cmd: list[str]) -> str | None:
+    """stdout of a Slurm client command, or None when it is missing or fails."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
@@ -125,13 +126,13 @@ def parse(scontrol: str, sinfo: str) -> Partition | None:
 def read(name: str | None) -> Partition | None:
     """The named partition (else the default one) as Slurm says now; None when Slurm does not answer."""
     if not name:
-        info = _ask(["sinfo", "-h", "-o", "%P"]) or ""
+        info = ask(["sinfo", "-h", "-o", "%P"]) or ""
         names = [x.strip() for x in info.splitlines() if x.strip()]
         name = next((n.rstrip("*") for n in names if n.endswith("*")), names[0].rstrip("*") if names else "")
         if not name:
             return None
-    show = _ask(["scontrol", "show", "partition", "-o", name])
-    nodes = _ask(["sinfo", "-h", "-p", name, "-o", "%c|%G|%t|%D"])
+    show = ask(["scontrol", "show", "partition", "-o", name])
+    nodes = ask(["sinfo", "-h", "-p", name, "-o", "%c|%G|%t|%D"])
     if show is None or nodes is None:
         return None
     return parse(show, nodes)
@@ -185,7 +186,7 @@ def pending_reasons(job_ids: Sequence[str]) -> dict[str, str]:
     ids = sorted({str(j).split("_")[0] for j in job_ids})
     if not ids:
         return {}
-    out = _ask(["squeue", "-h", "-r", "-t", "PD", "-j", ",".join(ids), "-o", "%i|%r"]) or ""
+    out = ask(["squeue", "-h", "-r", "-t", "PD", "-j", ",".join(ids), "-o", "%i|%r"]) or ""
     rows = [line.split("|", 1) for line in out.splitlines() if "|" in line]
     return {jid.strip(): why.strip() for jid, why in rows}
 
