@@ -88,13 +88,16 @@ def build_spec(
     extra_argv: Sequence[str] = (),
     role: AttemptRole = AttemptRole.MEASURE,
     fidelity: Fidelity = Fidelity.FULL,
+    probe_ranks: Sequence[int] = (),
 ) -> JobSpec:
     """The JobSpec for one attempt: Megatron flags for warmup + measure iterations, env, FLOPs.
 
     `window` = (warmup, measure), the stage's by default, goes into the spec's own fields (absolute iteration
     numbers: a restored run's warm-up counts the iterations before the checkpoint), with the attempt's
     `fidelity` and `role`; the stage stays the stage. `train_iters` overrides warmup + measure; `extra_argv`
-    is appended to the candidate's flags (argparse: a later flag wins)."""
+    is appended to the candidate's flags (argparse: a later flag wins). `probe_ranks` makes it a one-GPU rank
+    probe: the flags get `--fake-process-group` (plan_argv.probe_argv) and each listed rank of the N-GPU job
+    runs alone on one GPU (orchestrator.job.entry sets its RANK, WORLD_SIZE = N)."""
     stage = cfg.stage
     if stage is None:
         raise ValueError("build_spec needs a stage")
@@ -112,6 +115,8 @@ def build_spec(
         recipe=cfg.workload.recipe,
         extra=[str(a) for a in extra_argv],
     )
+    if probe_ranks:
+        argv = plan_argv.probe_argv(argv)
     fl = plan_flops.step_flops(cfg.model, stage, layout)
     env = {**{k: str(v) for k, v in cfg.cluster.env.items()}, **{k: str(v) for k, v in cfg.workload.env.items()}}
     env.update(plan_argv.megatron_env(layout))  # what this layout's Megatron asserts (NVTE_CPU_OFFLOAD_V1)
@@ -142,18 +147,20 @@ def build_spec(
         fidelity=Fidelity(fidelity),
         warmup_iters=warmup,
         measure_iters=measure,
+        probe_ranks=[int(r) for r in probe_ranks],
     )
 
 
 def launch_task(cfg: RootConfig, spec: JobSpec, *, exclude: str = "") -> LaunchTask:
     """The one JobSpec -> LaunchTask assembly (the sweep's attempts of every role, `run-one`, the preflight's
-    time limits): `run_task(spec)` on spec.n_gpus GPUs in spec.job_dir, named for the sweep, candidate, attempt
-    and role, with the Slurm time limit of its own window. `exclude`: nodes to keep off (a NODE_FAIL retry)."""
+    time limits): `run_task(spec)` on spec.launch_gpus GPUs (N, or one per probed rank) in spec.job_dir, named
+    for the sweep, candidate, attempt and role, with the Slurm time limit of its own window. `exclude`: nodes
+    to keep off (a NODE_FAIL retry)."""
     role = "" if spec.role == AttemptRole.MEASURE else f":{spec.role}"
     return LaunchTask(
         fn=run_task,
         args=(spec,),
-        n_gpus=spec.n_gpus,
+        n_gpus=spec.launch_gpus,
         gpus_per_node=spec.gpus_per_node,
         name=f"{spec.sweep}:{spec.candidate_key[:8]}:{spec.attempt}{role}",
         folder=str(spec.job_dir),

@@ -34,6 +34,17 @@ def attempt_gpu_hours(
     return 0.0
 
 
+def launch_gpus(stage_gpus: int, probed_ranks: int = 0) -> int:
+    """GPUs one launch holds: a one-GPU rank probe (Megatron's --fake-process-group) holds one GPU per rank it
+    probes (each its own 1-GPU task), any other launch the stage's N."""
+    return max(1, probed_ranks) if probed_ranks > 0 else stage_gpus
+
+
+def rank_probe_gpu_hours(probed_ranks: int, startup_s: float, step_s: float, iterations: int) -> float:
+    """GPU-hours of one rank probe: each probed rank is 1 GPU x (start-up + iterations x its compute-only step)."""
+    return launch_gpu_hours(launch_gpus(0, probed_ranks), startup_s, step_s, iterations)
+
+
 def cluster_hours(gpu_hours: float, n_gpus: int) -> float:
     """Wall-clock hours a cluster of `n_gpus` GPUs spends on `gpu_hours` run one job after another."""
     return gpu_hours / n_gpus if n_gpus > 0 else 0.0

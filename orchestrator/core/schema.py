@@ -199,6 +199,10 @@ class StageConfig:
     deterministic_mode: bool = False
     transformer_engine: bool = True
     memory_margin_gb: float = ranged(4.0, 0)  # feasible = heaviest rank + margin <= HBM
+    # What a one-GPU rank probe (--fake-process-group) cannot see: NCCL's and the dispatcher's buffers. A probed
+    # layout is known to fit when its probe's peak + this <= HBM; once full-scale runs of probed layouts exist,
+    # the margin is learned from them (their peak minus their probe's: orchestrator.search.select.probe_margin_gb)
+    probe_margin_gb: float = ranged(6.0, 0)
     num_layers_override: int | None = ranged(None, 1)  # slice stage: fewer blocks, same h and E
     # Legality rules a Megatron fix removes (orchestrator.plan.rules.LIFTABLE), lifted for this stage. A real
     # sweep sets it from preflight's evidence (the fix found in the cluster's checkout), whatever it said here.

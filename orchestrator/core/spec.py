@@ -54,6 +54,16 @@ class JobSpec:
     # None only in a job.json written before the window was the spec's own: the stage's window then.
     warmup_iters: int | None = None
     measure_iters: int | None = None
+    # a one-GPU rank probe (fidelity probe): the ranks of the N-GPU job it runs, each alone on one GPU with
+    # Megatron's --fake-process-group (orchestrator.plan.ranks.probe_ranks); empty for every other job
+    probe_ranks: list[int] = field(default_factory=list)
+
+    @property
+    def launch_gpus(self) -> int:
+        """GPUs the launch holds (orchestrator.core.cost.launch_gpus): N, or one per probed rank."""
+        from orchestrator.core.cost import launch_gpus
+
+        return launch_gpus(self.n_gpus, len(self.probe_ranks))
 
     @property
     def window(self) -> tuple[int, int]:

@@ -92,6 +92,8 @@ def rank_env(spec: JobSpec, job_env=None) -> RankEnv:
     if job_env is None:
         job_env = _submitit_env()
     port = master_port(spec, _job_id(job_env))
+    if spec.probe_ranks:  # a rank probe: this task's one GPU runs one rank of the N-GPU job (--fake-process-group)
+        return rank_envs(spec, job_env)[0]
     if job_env is not None and job_env.cluster == "slurm":
         hosts = list(job_env.hostnames) or [job_env.hostname]
         return RankEnv(
@@ -111,6 +113,26 @@ def rank_env(spec: JobSpec, job_env=None) -> RankEnv:
         master_port=port,
         single_process=True,
     )
+
+
+def rank_envs(spec: JobSpec, job_env=None) -> list[RankEnv]:
+    """The processes this task runs, one after another. One, except a rank probe (spec.probe_ranks) off Slurm:
+    there one process per probed rank, each alone. A rank probe's process is rank RANK of WORLD_SIZE = N on
+    its own GPU (LOCAL_RANK = the task's); under Slurm task i of the job probes spec.probe_ranks[i]."""
+    if not spec.probe_ranks:
+        return [rank_env(spec, job_env)]
+    if job_env is None:
+        job_env = _submitit_env()
+    port = master_port(spec, _job_id(job_env))
+    world = max(1, int(spec.n_gpus))
+
+    def probe(rank: int, local: int) -> RankEnv:
+        return RankEnv(rank, world, local, "127.0.0.1", port, single_process=False)
+
+    if job_env is not None and job_env.cluster == "slurm":
+        i = min(int(job_env.global_rank), len(spec.probe_ranks) - 1)
+        return [probe(spec.probe_ranks[i], int(job_env.local_rank))]
+    return [probe(r, 0) for r in spec.probe_ranks]
 
 
 def _job_id(job_env) -> str | None:
@@ -158,7 +180,7 @@ def resolve_command(spec: JobSpec) -> list:
 def is_evidence_rank(spec: JobSpec, renv: RankEnv) -> bool:
     """Does this rank keep files of its own (orchestrator.plan.ranks.evidence_ranks)? The one process of a
     local job speaks for the whole job, so it does; so does every rank of a layout N does not divide."""
-    if renv.single_process:
+    if renv.single_process or spec.probe_ranks:
         return True
     from orchestrator.plan import ranks
     from orchestrator.plan.layout import Layout
@@ -214,14 +236,17 @@ def run_task(spec: JobSpec | str | os.PathLike) -> dict:
     job_dir.mkdir(parents=True, exist_ok=True)
     if not paths.spec.exists():
         spec.save(paths.spec)
-    renv = rank_env(spec)
-    env = task_env(spec, renv, job_dir)
-    evidence = is_evidence_rank(spec, renv)
-    with RankOutput(paths, renv.rank, evidence) as output:
-        if spec.workload.in_process:
-            code = _run_in_process(spec, renv, env, output)
-        else:
-            code = _run_subprocess(resolve_command(spec), env, job_dir, output)
+    code = 0
+    for renv in rank_envs(spec):  # one process; a rank probe off Slurm: each probed rank in turn
+        env = task_env(spec, renv, job_dir)
+        evidence = is_evidence_rank(spec, renv)
+        with RankOutput(paths, renv.rank, evidence) as output:
+            if spec.workload.in_process:
+                code = _run_in_process(spec, renv, env, output)
+            else:
+                code = _run_subprocess(resolve_command(spec), env, job_dir, output)
+        if code != 0:
+            break
     outcome = TaskOutcome(
         rank=renv.rank,
         returncode=code,

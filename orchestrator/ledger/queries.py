@@ -343,9 +343,17 @@ class AttemptCost:
     role: str = "measure"  # states.AttemptRole: the finalists' jobs are charged like any attempt
     round: int = 0  # its candidate's round
     failure_class: str | None = None  # an OOM does not use up a run (observe.spent)
+    decision: dict[str, Any] | None = None  # its candidate's (a rank probe's names the ranks it runs)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fidelity", Fidelity(self.fidelity or Fidelity.FULL))
+
+    @property
+    def probed_ranks(self) -> int:
+        """How many one-GPU rank-probe tasks the attempt ran (0: a launch on the stage's N GPUs)."""
+        if self.fidelity != Fidelity.PROBE or self.role != "measure":
+            return 0
+        return len((self.decision or {}).get("probe_ranks") or ())
 
 
 def attempt_costs(ledger: Ledger, sweep: str) -> list[AttemptCost]:
@@ -364,6 +372,7 @@ def attempt_costs(ledger: Ledger, sweep: str) -> list[AttemptCost]:
             m.Attempt.role,
             m.Candidate.round,
             m.Attempt.failure_class,
+            m.Candidate.decision,
         )
         .join(m.Candidate, m.Candidate.id == m.Attempt.candidate_id)
         .join(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)

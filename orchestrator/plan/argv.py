@@ -345,6 +345,43 @@ def megatron_env(layout: Layout) -> dict[str, str]:
     return dict(OFFLOAD_ENV) if layout.offload else {}
 
 
+PROBE_FLAG = "--fake-process-group"  # dev megatron/training/arguments.py:4312, initialize.py:343 (torch's FakeStore)
+PROBE_DISPATCHER = "alltoall"  # dev arguments.py:1932-1935: the fake process group refuses the flex dispatcher
+FLEX_ONLY_FLAGS = ("--moe-flex-dispatcher-backend", "--moe-expert-rank-capacity-factor")
+
+
+def probe_argv(argv: Sequence[str]) -> list[str]:
+    """A one-GPU rank probe's flags: the layout's own plus `--fake-process-group`, with which one process builds
+    and trains the partition of rank RANK of a WORLD_SIZE job and skips every collective (dev
+    megatron/training/initialize.py:343-350: backend 'fake' over torch's FakeStore; validate_args turns off the
+    NaN check and the gloo groups for it, arguments.py:1932-1941). dev refuses the flex dispatcher with it
+    (arguments.py:1933-1935), so a flex layout is probed with alltoall: its dispatcher buffers are part of
+    what a probe cannot see, as NCCL's are (the margin learned from full-scale runs covers them)."""
+    out: list[str] = []
+    skip = False
+    it = list(argv)
+    for i, tok in enumerate(it):
+        if skip:
+            skip = False
+            continue
+        if tok in FLEX_ONLY_FLAGS:
+            skip = i + 1 < len(it) and not it[i + 1].startswith("--")
+            continue
+        if tok == "--moe-token-dispatcher-type" and i + 1 < len(it) and it[i + 1] == "flex":
+            out += [tok, PROBE_DISPATCHER]
+            skip = True
+            continue
+        if tok == PROBE_FLAG:
+            continue
+        out.append(tok)
+    return [*out, PROBE_FLAG]
+
+
+def probe_env(rank: int, world_size: int, local_rank: int = 0) -> dict[str, str]:
+    """The rank variables of a rank probe: the probed rank of the full job's world on this task's one GPU."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank)}
+
+
 def _cp(a: _Argv, stage: StageConfig, layout: Layout, mock_data: bool, v4: bool = True) -> None:
     """The CP flags (CP>1 only) and the stage's data path, the same for every layout of the stage."""
     if layout.cp > 1:

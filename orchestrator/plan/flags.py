@@ -152,6 +152,9 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--distributed-timeout-minutes": (MAIN, int),
     # data
     "--mock-data": (MAIN, bool),
+    # a one-GPU rank probe: one process trains rank RANK of a WORLD_SIZE job, every collective skipped
+    # (dev megatron/training/arguments.py:4312; also in megatron-core 0.19.2)
+    "--fake-process-group": (MAIN, bool),
     "--tokenizer-type": (MAIN, str),
     "--vocab-size": (MAIN, int),
     # a training run's data, checkpoints and evaluation (orchestrator.core.schema.TrainConfig)

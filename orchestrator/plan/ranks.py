@@ -182,3 +182,18 @@ def evidence_ranks(layout: Layout, world_size: int, order: str | None = None) ->
         out.add(p * d_stride["pp"])
         out.update(p * e_stride["pp"] + e * e_stride["ep"] for e in range(layout.ep))
     return frozenset(out)
+
+
+def probe_ranks(
+    layout: Layout, world_size: int, heaviest_stage: int | None = None, order: str | None = None
+) -> list[int]:
+    """The ranks that bound a layout's memory, one per pipeline stage that can be the heaviest: the first PP
+    stage (the most microbatches in flight), the last (output head, loss, MTP; the last rank, which prints
+    Megatron's iteration lines) and `heaviest_stage` (the planner's heaviest), deduplicated, in stage order.
+    A one-GPU rank probe (Megatron's --fake-process-group) runs each of them on its own GPU."""
+    order = order or order_for(layout)
+    dense, _ = _grid_sizes(layout, world_size, order)
+    stride = _strides(dense, order)["pp"]
+    last = layout.pp - 1
+    stages = {0, last} | ({min(max(0, int(heaviest_stage)), last)} if heaviest_stage is not None else set())
+    return [world_size - 1 if p == last else p * stride for p in sorted(stages)]

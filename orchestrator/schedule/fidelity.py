@@ -80,6 +80,12 @@ def decision_window(stage: StageConfig, decision: dict | None) -> tuple[Fidelity
     return f, window(stage, f, d.get("measure_iters"))
 
 
+def probe_ranks(decision: dict | None) -> list[int]:
+    """The ranks a rank probe runs, from its stored decision (orchestrator.plan.ranks.probe_ranks chose them);
+    a probe decided before rank probes carries none and runs as it was decided: at full scale on N GPUs."""
+    return [int(r) for r in (decision or {}).get("probe_ranks") or ()]
+
+
 def use_screen(stage: StageConfig, cv: float | None) -> bool:
     """Screen new candidates only once noise is measured and a screen is actually shorter than the full window."""
     if cv is None or not stage.screen.enabled:

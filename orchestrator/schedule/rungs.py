@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from orchestrator.core.schema import PolicyConfig, StageConfig
 from orchestrator.core.states import Fidelity
+from orchestrator.plan import ranks
 from orchestrator.schedule import fidelity
 from orchestrator.search.calibrate import Fit
 from orchestrator.search.env import PlanEnv
@@ -105,9 +106,12 @@ class Schedule:
         return out
 
     def probes(self, env: PlanEnv, inp: RoundInput, fit: Fit, best_step: float, taken: set[str]) -> list[Proposal]:
-        """Fit probes: the most promising layouts the calibrated memory model prunes while HBM lies inside its
-        error band (env.memory_band): start-up plus a few iterations read Megatron's max-reserved line, and
-        one that fits is measured next round (`confirms`), one that OOMs teaches the memory calibration."""
+        """Rank probes: the most promising layouts the calibrated memory model prunes while HBM lies inside its
+        error band (env.memory_band), never one already known to fit or dominated by an OOM. Each runs the
+        ranks that bound the layout (ranks.probe_ranks: first PP stage, last, the planner's heaviest) alone
+        on one GPU each with Megatron's --fake-process-group for start-up plus a few iterations, reading
+        max reserved memory. One found to fit (its peak plus the learned probe margin under HBM,
+        select.probe_margin_gb) is measured next round (`confirms`); one that OOMs teaches the calibration."""
         seen = list(inp.observations) + list(inp.source)
         cut = best_step * (1.0 + self.cfg.max_predicted_loss)
         pool = [
@@ -121,30 +125,37 @@ class Schedule:
             and not fit_dominated(c.layout, inp.observations)  # known to fit: proposed, not probed
         ]
         out = []
-        w, n = fidelity.window(env.stage, Fidelity.PROBE)
+        _, n = fidelity.window(env.stage, Fidelity.PROBE)
         for c in sorted(pool, key=lambda c: c.prediction.step_time_s)[: self.cfg.probes_per_round]:
+            bound = ranks.probe_ranks(c.layout, env.stage.gpus, c.prediction.heaviest_stage)
             p = env.proposal(
                 c,
-                reason=f"fit-probe: predicted {c.prediction.memory_gb:.1f} GB, HBM within the model's error band",
+                reason=(
+                    f"fit-probe: predicted {c.prediction.memory_gb:.1f} GB, HBM within the model's error band; "
+                    f"rank probe of ranks {', '.join(map(str, bound))} on one GPU each"
+                ),
                 factors=fit.factors,
                 memory_factor=fit.memory_scale,
                 predicted_gain=1.0 - c.prediction.step_time_s / best_step,
             )
-            p.fidelity, p.measure_iters = Fidelity.PROBE, n
-            p.est_gpu_hours = env.gpu_hours(c.prediction.step_time_s, w + n)
+            p.fidelity, p.measure_iters, p.probe_ranks = Fidelity.PROBE, n, tuple(bound)
+            p.est_gpu_hours = env.probe_gpu_hours(len(bound), c.prediction.step_time_s)
             out.append(p)
         return out
 
     @staticmethod
     def within_budget(props: list[Proposal], slots: int, gpu_hours_left: float) -> list[Proposal]:
-        """Keep proposals in order while runs and (estimated) GPU-hours last."""
+        """Keep proposals in order while runs and (estimated) GPU-hours last. A rank probe takes no slot: it
+        uses no run (observe.uses_a_run), only its few one-GPU hours."""
         out: list[Proposal] = []
-        spent = 0.0
+        spent, runs = 0.0, 0
         for p in props:
-            if len(out) >= slots:
-                break
+            probe = p.fidelity == Fidelity.PROBE
+            if not probe and runs >= slots:
+                continue
             if spent + p.est_gpu_hours > gpu_hours_left:
                 continue
             out.append(p)
             spent += p.est_gpu_hours
+            runs += 0 if probe else 1
         return out

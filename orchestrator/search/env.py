@@ -134,6 +134,12 @@ class PlanEnv:
         n = self.stage.warmup_iters + self.stage.measure_iters if iters is None else iters
         return cost.launch_gpu_hours(self.stage.gpus, self.stage.budget.startup_s, step_s, n)
 
+    def probe_gpu_hours(self, probed_ranks: int, step_s: float) -> float:
+        """What one rank probe costs (orchestrator.core.cost.rank_probe_gpu_hours): each probed rank one GPU for
+        start-up + stage.screen.probe_iters iterations; `step_s` (the full step) bounds its compute-only step."""
+        st = self.stage
+        return cost.rank_probe_gpu_hours(probed_ranks, st.budget.startup_s, step_s, st.screen.probe_iters)
+
     def proposal(
         self,
         planned,

@@ -128,8 +128,17 @@ def oom_dominated(layout: Layout, rows: Iterable[Observation]) -> bool:
     return any(r.failure_class == Failure.OOM and needs_more_memory(layout, r.layout) for r in rows)
 
 
+def probe_margin_gb(pairs: Iterable[tuple[float, float]], default: float) -> float:
+    """What a one-GPU rank probe cannot see (NCCL and dispatcher buffers), learned: the largest full-scale peak
+    minus its own layout's probe peak, over (full-scale peak, probe peak) pairs of probed layouts that then
+    ran at full scale; `default` (stage.probe_margin_gb) until one did. Never below 0."""
+    seen = [full - probe for full, probe in pairs]
+    return max(0.0, *seen) if seen else default
+
+
 def ran(row: Observation) -> bool:
-    """The layout ran on this stage's GPUs: measured, or a fit probe that read its peak (no OOM)."""
+    """The layout ran on this stage's GPUs: measured, or a rank probe found it to fit (`probed_fit`: its peak
+    plus the probe margin under HBM)."""
     return row.failure_class is None and (row.ok or row.probed_fit)
 
 

@@ -41,6 +41,9 @@ class Observation:
     fidelity: Fidelity = Fidelity.FULL  # of the measurement (step_s): screen rows rank, never decide a best
     measure_iters: int | None = None  # iterations its p50 is over (the screen's CI)
     partial: bool = False  # its job stopped before the window ended: it ranks nothing (orchestrator.core.ranking)
+    # a rank probe's row: peak_gb (and stage_peaks_gb) are its measured peak + this, what a full-scale run would
+    # reserve (what the probe cannot see: NCCL and dispatcher buffers, select.probe_margin_gb)
+    probe_margin_gb: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fidelity", Fidelity(self.fidelity or Fidelity.FULL))
@@ -51,8 +54,14 @@ class Observation:
 
     @property
     def probed_fit(self) -> bool:
-        """A fit probe ran it and it fit (its peak is measured, its speed is not): due a real measurement."""
-        return self.fidelity == Fidelity.PROBE and self.peak_gb is not None and self.failure_class is None
+        """A fit probe ran it and it fit: its peak (a rank probe's: + the probe margin) is under HBM; its speed
+        is not measured. Known to fit, so due a real measurement."""
+        return (
+            self.fidelity == Fidelity.PROBE
+            and self.peak_gb is not None
+            and self.failure_class is None
+            and (not self.hbm_gb or self.peak_gb <= self.hbm_gb)
+        )
 
     @property
     def measured_step_s(self) -> float:
@@ -90,6 +99,7 @@ class Proposal:
     measure_iters: int | None = None  # a screen's measured window (schedule/fidelity.screen_iters)
     predicted_gain: float | None = None
     uncertainty: float | None = None
+    probe_ranks: tuple[int, ...] = ()  # a rank probe's ranks of the N-GPU job (orchestrator.plan.ranks.probe_ranks)
 
     def __post_init__(self) -> None:
         self.fidelity = Fidelity(self.fidelity or Fidelity.FULL)
@@ -111,6 +121,7 @@ class Proposal:
             "uncertainty": self.uncertainty,
             "parent": self.parent_key,
             "revived": "revived" in self.predicted,  # pruned by the uncalibrated memory model, fits calibrated
+            **({"probe_ranks": list(self.probe_ranks)} if self.probe_ranks else {}),
         }
 
     @property

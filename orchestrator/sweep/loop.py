@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from orchestrator.core.failures import Failure
 from orchestrator.core.paths import JobPaths, folder_writes
 from orchestrator.core.schema import RootConfig
-from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, SweepStatus
+from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity, SweepStatus
 from orchestrator.ledger.leases import LeaseKeeper, holder_id
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger, SweepRow
 from orchestrator.plan.layout import Layout, Prediction
@@ -279,7 +279,7 @@ class Driver:
         """Claim every planned candidate (their measurements at the fidelity their decision names) and, once the
         search has stopped, the finalists' jobs still needed; launch them all through `_launch`."""
         from orchestrator.runspec import attempt_dir, build_spec
-        from orchestrator.schedule.fidelity import decision_window
+        from orchestrator.schedule.fidelity import decision_window, probe_ranks
 
         launches: list[Launch] = []
         for c in self.ledger.claim_for_submission(self.name, 10_000, self.holder):
@@ -298,6 +298,7 @@ class Driver:
                 job_dir=folder,
                 window=win,
                 fidelity=fid,
+                probe_ranks=probe_ranks(c.decision) if fid == Fidelity.PROBE else (),
             )
             launches.append(Launch(c.id, spec, exclude))
         if self.finalists is not None:

@@ -19,6 +19,7 @@ from orchestrator.ledger.ledger import CandidateRow, Ledger, SweepRow
 from orchestrator.ledger.rows import standing
 from orchestrator.plan.layout import Layout
 from orchestrator.schedule import fidelity
+from orchestrator.search import select
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.select import EXCLUDED
 from orchestrator.search.types import Observation
@@ -70,6 +71,8 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
     attempt_of: dict[int, int] = {}
     fidelity_of: dict[int, Fidelity] = {}
     partial: set[int] = set()
+    probe_peak: dict[int, float] = {}  # candidate -> its rank probe's measured peak
+    scale_peak: dict[int, float] = {}  # candidate -> its full-scale (screen or full) measured peak
     for s in sweeps:
         for row in ledger.evidence.measured(sweep=s.name):
             measured[row.candidate_id] = row.metrics
@@ -77,9 +80,18 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
             fidelity_of[row.candidate_id] = row.fidelity
             if row.partial:
                 partial.add(row.candidate_id)
+            pk = peak_gb(row.metrics) if row.metrics else None
+            if pk:
+                (probe_peak if row.fidelity == Fidelity.PROBE else scale_peak)[row.candidate_id] = pk
+    cands = {s.name: ledger.candidates(s.name) for s in sweeps}
+    rank_probed = {c.id for cs in cands.values() for c in cs if fidelity.probe_ranks(c.decision)}
+    margin = select.probe_margin_gb(
+        ((scale_peak[c], p) for c, p in probe_peak.items() if c in scale_peak and c in rank_probed),
+        env.stage.probe_margin_gb,
+    )
     out: list[Observation] = []
     for s in sweeps:
-        for c in ledger.candidates(s.name):
+        for c in cands[s.name]:
             layout = Layout.from_dict(c.layout)
             raw = _raw(env, c, layout)
             if raw is None:
@@ -95,6 +107,9 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
             elif met is None:
                 continue  # not measured yet: nothing to learn
             peak = peak_gb(met) if met else None
+            probed = fidelity_of.get(c.id) == Fidelity.PROBE and bool(met) and c.id in rank_probed
+            extra = margin if probed else 0.0  # a rank probe's peak + what it cannot see
+            peaks = stage_peaks(ledger.evidence.rank_memory(attempt_of[c.id])) if met else {}
             out.append(
                 Observation(
                     key=c.key,
@@ -105,15 +120,16 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
                     # a fit probe's few iterations answer "does it fit?" (its peak), never "how fast?"
                     step_s=met.get(STEP_P50) if met and fidelity_of[c.id] != Fidelity.PROBE else None,
                     p99_s=met.get(STEP_P99) if met and fidelity_of[c.id] != Fidelity.PROBE else None,
-                    peak_gb=peak,
+                    peak_gb=peak + extra if peak is not None else None,
                     failure_class=fc,
                     round=c.round,
                     hbm_gb=env.hardware.hbm_gb,
                     raw_memory_terms=_raw_terms(env, c, layout),
-                    stage_peaks_gb=stage_peaks(ledger.evidence.rank_memory(attempt_of[c.id])) if met else {},
+                    stage_peaks_gb={k: v + extra for k, v in peaks.items()},
                     fidelity=fidelity_of.get(c.id, Fidelity.FULL),
                     measure_iters=(met.get("measure_iters") or None) if met else None,
                     partial=c.id in partial,
+                    probe_margin_gb=extra,
                 )
             )
     return out
@@ -159,8 +175,9 @@ def attempt_cost(stage: StageConfig, a: queries.AttemptCost) -> float:
     if a.step_mean_s and not iters:  # a result without its window: the window its fidelity runs
         iters = sum(fidelity.window(stage, a.fidelity))
     wall = (a.end_time - a.start_time).total_seconds() if a.start_time and a.end_time else None
+    gpus = cost.launch_gpus(stage.gpus, a.probed_ranks)  # a rank probe: one GPU per probed rank
     return cost.attempt_gpu_hours(
-        stage.gpus, stage.budget.startup_s, step_mean_s=a.step_mean_s, iterations=iters, wall_s=wall
+        gpus, stage.budget.startup_s, step_mean_s=a.step_mean_s, iterations=iters, wall_s=wall
     )
 
 
@@ -184,7 +201,7 @@ def spent(ledger: Ledger, sweep: str, *, stage: StageConfig, probe_gpus: int | N
     jobs: list[tuple[int, float]] = []
     for a in costs:
         gpu_h = attempt_cost(stage, a)
-        jobs.append((stage.gpus, gpu_h))  # every attempt runs on the stage's GPUs (attempt_cost charges them)
+        jobs.append((cost.launch_gpus(stage.gpus, a.probed_ranks), gpu_h))  # a rank probe: on the side pool
         f = str(a.fidelity) if a.role == AttemptRole.MEASURE else "finalists"
         by[f] = by.get(f, 0.0) + gpu_h
         by_round[a.round] = by_round.get(a.round, 0.0) + gpu_h

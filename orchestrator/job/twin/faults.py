@@ -87,6 +87,8 @@ class Injected:
         rng = job_rng(job, "faults")
         lo = min(job.train_iters, max(start + 1, job.warmup_iters + 1))
         nccl_at = rng.randint(lo, job.train_iters) if rng.random() < t.nccl_timeout_rate else None
+        if job.probe:  # a fake process group runs no collective: nothing to time out
+            nccl_at = None
         crash_at = rng.randint(lo, job.train_iters) if rng.random() < t.crash_rate else None
         return cls(nccl_at, crash_at, _nccl_group(job, rng))
 

@@ -45,10 +45,16 @@ class TwinJob:
     entry: str = f"{MEGATRON}/pretrain_hybrid.py"
     argv: tuple[str, ...] = ()  # the flags as given (Megatron's argv-phase assertions read them)
     pattern: str = ""  # --hybrid-layer-pattern: which blocks each pipeline segment runs
+    probe: bool = False  # --fake-process-group: this process is rank RANK of WORLD_SIZE alone on one GPU
 
     def case(self) -> truth.Case:
         """The job as the simulated machine sees it (stage.gpus is the world size)."""
         return truth.Case(self.model, self.hw, self.stage, self.twin, self.layout, self.pattern)
+
+    def surface(self) -> truth.Surface:
+        """The truth of this job; a rank probe sees only its own rank's (truth.rank_probe)."""
+        s = truth.evaluate(self.case())
+        return truth.rank_probe(s, coords(self, self.rank)["pp"]) if self.probe else s
 
 
 def flag(flags: dict[str, object], name: str, default=None):
@@ -130,6 +136,7 @@ def load_job(argv: Sequence[str], environ=os.environ) -> TwinJob:
         model_flops=spec.model_flops_per_step if spec else 0.0,
         argv=tuple(argv),
         pattern=str(flag(flags, "hybrid_layer_pattern", "") or ""),
+        probe=bool(flag(flags, "fake_process_group", False)),
     )
 
 
@@ -166,8 +173,9 @@ def dp0_ranks(job: TwinJob) -> list[int]:
 
 
 def reported_ranks(job: TwinJob) -> list[int]:
-    """The ranks this process speaks for: itself, or every DP-rank-0 rank in single-process mode."""
-    return dp0_ranks(job) if job.single_process else [job.rank]
+    """The ranks this process speaks for: itself (a rank probe always), or every DP-rank-0 rank in
+    single-process mode."""
+    return dp0_ranks(job) if job.single_process and not job.probe else [job.rank]
 
 
 def speaks_rank0(job: TwinJob) -> bool:

@@ -62,7 +62,7 @@ def run(job: TwinJob) -> int:
     if illegal is not None:
         text.err(faults.assertion(job, illegal))
         return 1
-    surface = truth.evaluate(job.case())
+    surface = job.surface()
     dying = faults.oom_ranks(job, surface)
     if dying is not None:  # the whole job dies; ranks of an over-HBM stage print torch's OOM
         if dying:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig, TwinConfig
 from orchestrator.job.twin.truth import machine
@@ -51,6 +51,10 @@ class Surface:
     stage_s: tuple[float, ...]  # per-microbatch seconds of each pipeline stage (the slowest paces the pipeline)
     stage_gb: tuple[float, ...]  # peak reserved memory of one rank per pipeline stage (GB)
     stage_allocated_gb: tuple[float, ...]
+    # a one-GPU rank probe of a stage's rank (Megatron's --fake-process-group): what it reserves (no NCCL nor
+    # dispatcher buffers) and one step of its compute alone (no collective, no all-to-all, no bubble)
+    stage_probe_gb: tuple[float, ...]
+    stage_probe_s: tuple[float, ...]
     checkpoint_gb: tuple[float, ...]  # per stage: what one rank writes (weights + optimizer state)
     flops_per_step: float
     tail_prob: float  # probability of a straggler step for this layout
@@ -102,11 +106,31 @@ def evaluate(case: Case) -> Surface:
         stage_s=r.stage_s,
         stage_gb=tuple(s.reserved for s in r.memory),
         stage_allocated_gb=tuple(s.allocated for s in r.memory),
+        stage_probe_gb=tuple(s.probe_reserved for s in r.memory),
+        stage_probe_s=r.probe_s,
         checkpoint_gb=tuple(s.weights + s.optimizer for s in r.memory),
         flops_per_step=r.flops_per_step,
         tail_prob=min(0.5, twin.tail_prob * r.tail_scale),
         tail_factor=twin.tail_factor,
         noise_sigma=twin.noise_sigma,
+    )
+
+
+def rank_probe(surface: Surface, stage_idx: int) -> Surface:
+    """The surface one rank of `stage_idx` shows alone on one GPU under a fake process group: its own
+    memory (no NCCL, no dispatcher buffers) on every stage's slot, and its compute-only step, with no
+    gradient sync. The twin's probe mode runs on it (orchestrator/job/twin/loop.py)."""
+    i = min(stage_idx, len(surface.stage_gb) - 1)
+    gb, alloc, step = surface.stage_probe_gb[i], surface.stage_allocated_gb[i], surface.stage_probe_s[i]
+    n = len(surface.stage_gb)
+    return replace(
+        surface,
+        step_s=step,
+        forward_backward_s=max(0.0, step - surface.optimizer_s),
+        grad_sync_s=0.0,
+        stage_gb=(gb,) * n,
+        stage_allocated_gb=(alloc - (surface.stage_gb[i] - gb),) * n,
+        tail_prob=0.0,  # no straggler to wait for: no collective
     )
 
 

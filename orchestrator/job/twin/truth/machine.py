@@ -21,6 +21,7 @@ from orchestrator.job.twin.truth.surfaces import Quirks
 GB = 1e9
 HBM_GB_S = 4000.0  # HBM bandwidth for memory-bound passes (optimizer, loss)
 PCIE_GB_S = 40.0  # activation offload to host
+NCCL_GB = 1.0  # of the runtime's reserve: NCCL's communicators and buffers (a fake process group has none)
 OPT_BYTES = {"muon": 8.0, "adam": 12.0}  # FP32 master + optimizer moments per parameter
 
 
@@ -61,6 +62,12 @@ class StageMem:
     def reserved(self) -> float:
         return self.allocated * (1.0 + self.frag) + self.runtime
 
+    @property
+    def probe_reserved(self) -> float:
+        """What one rank reserves alone under a fake process group: no dispatcher buffers (a probe runs no
+        all-to-all, and a flex layout is probed with alltoall) and no NCCL communicator memory."""
+        return (self.allocated - self.buffers) * (1.0 + self.frag) + self.runtime - NCCL_GB
+
 
 @dataclass(frozen=True)
 class Run:
@@ -71,6 +78,9 @@ class Run:
     grad_sync_s: float
     optimizer_s: float
     stage_s: tuple[float, ...]  # per-microbatch time of each PP stage
+    # one step of one rank of each PP stage run alone (Megatron's --fake-process-group): its m microbatches'
+    # compute and its optimizer step; no collective, no all-to-all, no pipeline bubble
+    probe_s: tuple[float, ...]
     memory: tuple[StageMem, ...]
     tail_scale: float  # x the twin's tail_prob
     flops_per_step: float
@@ -150,21 +160,35 @@ def run(model: ModelConfig, hw: HardwareConfig, stage: StageConfig, lay, sh: Sha
     spread = math.sqrt(2 * math.log(ep)) * (1 + q.span_jitter * math.log2(ep_span)) if ep > 1 else 0.0
 
     memo: dict[int, float] = {}  # blocks of one kind are one object (shape.py)
+    memo_c: dict[int, float] = {}
 
-    def block_s(bl: Block) -> float:
-        if id(bl) in memo:
-            return memo[id(bl)]
+    def block_fwd(bl: Block) -> float:
         fwd = t * (
             bl.gemm_flops / (peak * eff_dense)
             + bl.attn_flops / (peak_attn * eff_attn) / tp
             + bl.expert_flops * hot / (peak * max(eff_exp, 1e-6))
         )
-        fwd *= q.block_cost.get(bl.symbol, 1.0)
+        return fwd * q.block_cost.get(bl.symbol, 1.0)
+
+    def offload_s(bl: Block) -> float:
+        if not offloaded:  # out in forward, back in backward, half of it behind compute
+            return 0.0
+        return t * sum(v for name, v in bl.tensors if name in offloaded) * 2.0 * 2 / (PCIE_GB_S * GB) * 0.5
+
+    def block_compute_s(bl: Block) -> float:
+        """The block's own kernels (and offload copies) alone: no all-to-all, no EP wait, no CP exchange."""
+        if id(bl) not in memo_c:
+            memo_c[id(bl)] = (3.0 + redo) * block_fwd(bl) + offload_s(bl)
+        return memo_c[id(bl)]
+
+    def block_s(bl: Block) -> float:
+        if id(bl) in memo:
+            return memo[id(bl)]
+        fwd = block_fwd(bl)
         s = (3.0 + redo) * fwd * (1.0 + q.jitter * spread)
         if bl.moe:
             s += a2a + passes * q.sync_jitter_s * spread
-        if offloaded:  # out in forward, back in backward, half of it behind compute
-            s += t * sum(v for name, v in bl.tensors if name in offloaded) * 2.0 * 2 / (PCIE_GB_S * GB) * 0.5
+        s += offload_s(bl)
         if cp > 1:
             ratio = RATIO_OF[bl.symbol]
             kv = (S / ratio if ratio else 0.0) * (cp - 1) / cp * b * model.kv_lora_rank * 2.0
@@ -180,14 +204,17 @@ def run(model: ModelConfig, hw: HardwareConfig, stage: StageConfig, lay, sh: Sha
         p2p = 2 * vpp * hop * q.p2p_exposed * (1.4 if vpp == 1 else 1.0) + vpp * q.chunk_overhead_s
     n_blocks = sum(len(seg) for seg in sh.segments)
     mean_block = sum(block_s(bl) for seg in sh.segments for bl in seg) / max(1, n_blocks)
-    stage_s, grad_s, opt_s, mems = [], [], [], []
+    mean_compute = sum(block_compute_s(bl) for seg in sh.segments for bl in seg) / max(1, n_blocks)
+    stage_s, compute_s, grad_s, opt_s, mems = [], [], [], [], []
     opt_b = OPT_BYTES.get(str(model.optimizer).lower(), 12.0)
     dist = stage.use_distributed_optimizer
     for r in range(pp):
         kinds = sh.rank_kinds(r, pp)
         ts = sum(block_s(bl) * c for bl, c in kinds) + (p2p if pp > 1 else 0.0)
+        tc = sum(block_compute_s(bl) * c for bl, c in kinds)
         if r == 0:
             ts += q.first_stage_blocks * mean_block
+            tc += q.first_stage_blocks * mean_compute
         dense = sum(bl.dense_params * c for bl, c in kinds) / tp
         expert = sum(bl.expert_params * c for bl, c in kinds) / (ep * etp)
         extra = (
@@ -198,7 +225,9 @@ def run(model: ModelConfig, hw: HardwareConfig, stage: StageConfig, lay, sh: Sha
             gemm = heads * t * sh.head_flops / (peak * eff_dense)
             loss = heads * t * model.vocab_size / tp * 4.0 * 3 / (HBM_GB_S * GB)
             ts += (3.0 * gemm + loss) * q.head_cost
+            tc += (3.0 * gemm + loss) * q.head_cost
         stage_s.append(ts)
+        compute_s.append(tc)
         # gradient reduce-scatter + parameter all-gather over DP, hidden behind the last backward only
         g_d, g_e = d_a * cp, d_e
         moved = (dense + extra) * (g_d - 1) / g_d + expert * (g_e - 1) / g_e
@@ -221,6 +250,7 @@ def run(model: ModelConfig, hw: HardwareConfig, stage: StageConfig, lay, sh: Sha
         grad_sync_s=grad,
         optimizer_s=opt,
         stage_s=tuple(stage_s),
+        probe_s=tuple(m * c + o for c, o in zip(compute_s, opt_s, strict=True)),
         memory=tuple(mems),
         tail_scale=tail,
         flops_per_step=3.0 * flops_tok * stage.global_batch * S,
