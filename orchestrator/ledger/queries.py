@@ -353,7 +353,10 @@ class AttemptCost:
         """How many one-GPU rank-probe tasks the attempt ran (0: a launch on the stage's N GPUs)."""
         if self.fidelity != Fidelity.PROBE or self.role != "measure":
             return 0
-        return len((self.decision or {}).get("probe_ranks") or ())
+        d = self.decision or {}
+        while d and not d.get("probe_ranks"):  # a confirmed probe keeps its probe's decision as `previous`
+            d = d.get("previous") or {}
+        return len(d.get("probe_ranks") or ())
 
 
 def attempt_costs(ledger: Ledger, sweep: str) -> list[AttemptCost]:

@@ -81,9 +81,15 @@ def decision_window(stage: StageConfig, decision: dict | None) -> tuple[Fidelity
 
 
 def probe_ranks(decision: dict | None) -> list[int]:
-    """The ranks a rank probe runs, from its stored decision (orchestrator.plan.ranks.probe_ranks chose them);
-    a probe decided before rank probes carries none and runs as it was decided: at full scale on N GPUs."""
-    return [int(r) for r in (decision or {}).get("probe_ranks") or ()]
+    """The ranks a rank probe runs, from its stored decision (orchestrator.plan.ranks.probe_ranks chose them),
+    or the decision it was probed under before a confirmation replaced it (`previous`, sweep/decide.py); a
+    probe decided before rank probes carries none and runs as it was decided: at full scale on N GPUs."""
+    d = decision or {}
+    while d:
+        if d.get("probe_ranks"):
+            return [int(r) for r in d["probe_ranks"]]
+        d = d.get("previous") or {}
+    return []
 
 
 def use_screen(stage: StageConfig, cv: float | None) -> bool:

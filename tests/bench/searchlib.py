@@ -65,6 +65,7 @@ class Launch:
     peak_gb: float
     stage_gb: tuple[float, ...]
     capacity_gb: float | None = None  # what the GPU holds, as the target's OOM message states it
+    stages: tuple[int, ...] = ()  # a rank probe: the PP stage of each probed rank (stage_gb is theirs)
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,36 @@ class Target:
         fits = mem <= cap
         times = tuple(megatron_io.step_times(step, iters)) if fits else ()
         return Launch(step, fits, times, mem, (mem,), cap)
+
+    def probe(self, cfg, layout, pattern: str, key: str, probe_ranks, attempt: int = 1, window=None) -> Launch:
+        """A one-GPU rank probe of `probe_ranks` (the job's `--fake-process-group` path, in-process): each rank's
+        own memory without NCCL and dispatcher buffers, its compute-only step; fits when every probed rank
+        does. step_s is the slowest probed rank's (each is charged as 1 GPU x its time)."""
+        from orchestrator.plan import ranks as plan_ranks
+
+        iters = sum(window) if window else cfg.stage.warmup_iters + cfg.stage.measure_iters
+        if self.kind == "twin":
+            from orchestrator.job.twin import truth
+            from orchestrator.job.twin.job import steps_rng
+
+            tw = dataclasses.replace(cfg.workload.twin, surface=self.label, seed=self.seed)
+            s = truth.evaluate(truth.Case(cfg.model, cfg.hardware, cfg.stage, tw, layout, pattern))
+            cap = truth.capacity_gb(cfg.hardware, tw)
+            stages = tuple(plan_ranks.coords(layout, cfg.stage.gpus, r)["pp"] for r in probe_ranks)
+            views = [truth.rank_probe(s, p) for p in stages]
+            gb = tuple(v.stage_gb[0] for v in views)
+            fits = max(gb) <= cap
+            slow = max(views, key=lambda v: v.step_s)
+            times = tuple(truth.step_times(slow, iters, steps_rng(tw.seed, key, attempt))) if fits else ()
+            return Launch(slow.step_s, fits, times, max(gb), gb, cap, stages)
+        import megatron_io
+
+        full = self.launch(cfg, layout, pattern, key, attempt, window)
+        step, mem = megatron_io.probe(full.step_s, full.peak_gb)
+        cap = full.capacity_gb or mem
+        fits = mem <= cap
+        times = tuple(megatron_io.step_times(step, iters)) if fits else ()
+        return Launch(step, fits, times, mem, (mem,), cap, (layout.pp - 1,))
 
 
 def launch_gpu_hours(n_gpus: int, startup_s: float, iters: int, launch: Launch) -> float:
@@ -269,11 +300,12 @@ class SweepRun:
         return math.inf
 
     def decision_hours(self, cluster_gpus: int, probe_gpus: int) -> float:
-        """Time to the decision (orchestrator.core.cost.decision_hours): every launch here runs on the stage's
-        GPUs, one after another."""
+        """Time to the decision (orchestrator.core.cost.decision_hours): full-scale launches on the stage's GPUs
+        one after another, rank probes (1-GPU tasks) in parallel on the side pool."""
         from orchestrator.core import cost
 
-        return max(cost.decision_hours([(cluster_gpus, x[2]) for x in self.launches], cluster_gpus, probe_gpus))
+        jobs = [(1 if x[5] == "probe" else cluster_gpus, x[2]) for x in self.launches]  # rank probes: 1-GPU tasks
+        return max(cost.decision_hours(jobs, cluster_gpus, probe_gpus))
 
     def gpu_hours_by(self) -> dict[str, float]:
         """GPU-hours per fidelity (probe, screen, full)."""
@@ -296,9 +328,10 @@ class _Events:
 def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> SweepRun:
     """Drive one sweep to its end with orchestrator/sweep/decide.next_round and the configured policy,
     executing each claimed candidate in-process (see the module docstring)."""
+    from orchestrator.core.cost import rank_probe_gpu_hours
     from orchestrator.core.result import JobResult, RankMemory
     from orchestrator.plan.layout import Layout
-    from orchestrator.schedule.fidelity import decision_window
+    from orchestrator.schedule.fidelity import decision_window, probe_ranks
     from orchestrator.search import make_policy
     from orchestrator.search.env import PlanEnv
     from orchestrator.sweep import observe
@@ -332,8 +365,14 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
                 lay = Layout.from_dict(c.layout)
                 history = ledger.attempts(c.id)
                 fid, win = decision_window(st, c.decision)  # the window the loop would launch (screen / full)
-                run = target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(history) + 1, window=win)
-                cost = launch_gpu_hours(st.gpus, startup_s, sum(win), run)
+                probed = probe_ranks(c.decision) if fid == "probe" else []
+                if probed:  # a one-GPU rank probe of each bounding rank, charged 1 GPU x its time each
+                    run = target.probe(cfg, lay, c.layer_pattern, c.key, probed, attempt=len(history) + 1, window=win)
+                    iters = sum(win) if run.fits else 1
+                    cost = rank_probe_gpu_hours(len(probed), startup_s, run.step_s, iters)
+                else:
+                    run = target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(history) + 1, window=win)
+                    cost = launch_gpu_hours(st.gpus, startup_s, sum(win), run)
                 a = ledger.new_attempt(
                     c.id,
                     job_id=f"inproc-{c.id}-{len(history) + 1}",
@@ -341,7 +380,7 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
                     simulated=True,
                     fidelity=fid,
                 )
-                end = clock + timedelta(hours=cost / st.gpus)
+                end = clock + timedelta(hours=cost / (len(probed) or st.gpus))
                 ledger.update_attempt(a.id, start_time=clock, end_time=end, node_list="in-process")
                 clock = end
                 ledger.evidence.record_result(
@@ -388,7 +427,14 @@ def _result(cfg, run: Launch, JobResult, RankMemory, *, pp: int = 1, window=None
         )
     window = list(run.times[warmup:])
     s = summarize(window)
-    heaviest = max(range(len(run.stage_gb)), key=lambda i: run.stage_gb[i])
+    mems: list = []
+    if run.stages:  # a rank probe: one memory line per probed rank (its PP stage), nothing else
+        heaviest = run.stages[max(range(len(run.stage_gb)), key=lambda i: run.stage_gb[i])]
+        mems = [
+            RankMemory(rank=i, pp_stage=p, allocated_mb=None, reserved_mb=gb * 1e9 / 2**20, source="in-process")
+            for i, (p, gb) in enumerate(zip(run.stages, run.stage_gb, strict=True))
+        ]
+    heaviest = heaviest if run.stages else max(range(len(run.stage_gb)), key=lambda i: run.stage_gb[i])
     tokens = st.global_batch * st.seq_length / s.p50
     return JobResult(
         ok=True,
@@ -407,7 +453,9 @@ def _result(cfg, run: Launch, JobResult, RankMemory, *, pp: int = 1, window=None
         tokens_per_s_per_gpu=tokens / st.gpus,
         heaviest_pp_stage=heaviest,
         peak_reserved_gb=run.peak_gb,
-        rank_memory=[
+        rank_memory=mems
+        if run.stages
+        else [
             RankMemory(rank=i, pp_stage=i, allocated_mb=None, reserved_mb=gb * 1e9 / 2**20, source="in-process")
             for i, gb in enumerate(run.stage_gb)
         ]

@@ -3,8 +3,9 @@
 A stand-in is `python tests/workloads/<name>.py <Megatron flags>` with torchrun-style RANK / WORLD_SIZE:
 it reads its layout from the flags (VPP from the `--hybrid-layer-pattern` segments, as Megatron does),
 evaluates its own synthetic surface, then prints torch's CUDA OOM (exit 1) when the layout does not fit,
-else Megatron's iteration lines (rank WORLD_SIZE-1) and a memory line after the first iteration. Every
-stand-in prints a [SIMULATED] banner first: its numbers are synthetic.
+else Megatron's iteration lines (rank WORLD_SIZE-1) and a memory line after the first iteration. With
+`--fake-process-group` it is a one-GPU rank probe of rank RANK (`probe`). Every stand-in prints a
+[SIMULATED] banner first: its numbers are synthetic.
 
 `Point` is the layout as a stand-in sees it; each stand-in's `evaluate(point) -> (step_s, memory_gb)` is
 the same function its job runs, so the search benchmark (tests/bench/bench_search.py) reads the true
@@ -92,13 +93,29 @@ def point_from_argv(argv: list[str], n: int) -> tuple[Point, int]:
     return point, a.train_iters
 
 
+PROBE_FLAG = "--fake-process-group"
+PROBE_UNSEEN_GB = 3.0  # what a stand-in's one-GPU rank probe does not reserve: NCCL and dispatcher buffers
+PROBE_COMPUTE_SHARE = 0.7  # of its step: the compute a rank probe runs alone (no all-to-all, no bubble)
+
+
+def probe(step: float, mem: float) -> tuple[float, float]:
+    """A rank probe of the layout (`--fake-process-group`: rank RANK of WORLD_SIZE alone on one GPU, every
+    collective skipped): (its compute-only step, what it reserves). A stand-in knows only its heaviest rank,
+    so every probed rank shows it, less the buffers a probe cannot see."""
+    return step * PROBE_COMPUTE_SHARE, max(0.0, mem - PROBE_UNSEEN_GB)
+
+
 def main(evaluate: Callable[[Point], tuple[float, float]], banner: str, hbm: float, argv=None) -> int:
-    """Run one job of a stand-in: OOM (exit 1) or `--train-iters` Megatron iteration lines."""
+    """Run one job of a stand-in: OOM (exit 1) or `--train-iters` Megatron iteration lines. With
+    `--fake-process-group` it is a rank probe (`probe`): this rank alone, RANK of WORLD_SIZE."""
     n = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    point, iters = point_from_argv(list(sys.argv[1:] if argv is None else argv), n)
+    args = list(sys.argv[1:] if argv is None else argv)
+    point, iters = point_from_argv(args, n)
     print(f"[SIMULATED] {banner}", flush=True)
     step, mem = evaluate(point)
+    if PROBE_FLAG in args:
+        step, mem = probe(step, mem)
     if mem > hbm:
         print(
             f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {rank} has a total "
