@@ -190,7 +190,10 @@ def probe_ranks(
     """The ranks that bound a layout's memory, one per pipeline stage that can be the heaviest: the first PP
     stage (the most microbatches in flight), the last (output head, loss, MTP; the last rank, which prints
     Megatron's iteration lines) and `heaviest_stage` (the planner's heaviest), deduplicated, in stage order.
-    A one-GPU rank probe (Megatron's --fake-process-group) runs each of them on its own GPU."""
+    A one-GPU rank probe (Megatron's --fake-process-group) runs each of them on its own GPU. A stage is
+    probed on its TP-0 CP-0 DP-0 rank, which prints Megatron's memory line (report_memory prints on DP-rank 0
+    only, dev megatron/training/utils/common_utils.py:311-317); the last stage on the last rank, which
+    prints the iteration line (its peak is in its sidecar)."""
     order = order or order_for(layout)
     dense, _ = _grid_sizes(layout, world_size, order)
     stride = _strides(dense, order)["pp"]

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig
 from orchestrator.plan import argv as A
 from orchestrator.plan import flags as F
+from orchestrator.plan import ranks
 from orchestrator.plan.layout import Layout, groups
 from tests.megatron_env import as_hopper, import_megatron
 
@@ -91,11 +92,11 @@ def main_argv(argv: list) -> tuple:
     return keep, dropped
 
 
-def megatron_validate(arguments, argv: list, world: int):
-    """parse_args + validate_args exactly as pretrain does, with WORLD_SIZE = N, on a pretend H100."""
+def megatron_validate(arguments, argv: list, world: int, rank: int = 0):
+    """parse_args + validate_args exactly as pretrain does, with WORLD_SIZE = N (and RANK), on a pretend H100."""
     saved = (sys.argv, os.environ.get("WORLD_SIZE"), os.environ.get("RANK"))
     sys.argv = ["pretrain_hybrid.py", *argv]
-    os.environ["WORLD_SIZE"], os.environ["RANK"] = str(world), "0"
+    os.environ["WORLD_SIZE"], os.environ["RANK"] = str(world), str(rank)
     try:
         with contextlib.redirect_stdout(io.StringIO()), as_hopper():
             args = arguments.parse_args()
@@ -145,6 +146,41 @@ def test_guide_configs_pass_megatron_validation(megatron_args, name):
     args = check_with_megatron(megatron_args, layout, stage, build(layout, stage))
     expected_d_a, expected_m = {"A": (128, 32), "B": (1024, 4), "C": (256, 16)}[name]
     assert (args.data_parallel_size, args.global_batch_size // args.data_parallel_size) == (expected_d_a, expected_m)
+
+
+PROBED = {  # a rank probe of the guide's configs, and of a flex (DeepEP) layout with VPP
+    **CONFIGS,
+    "flex": (Layout(tp=1, pp=4, vpp=2, cp=1, ep=64, etp=1, mbs=1, dispatcher="flex", flex_backend="deepep"), STAGE_1K),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROBED))
+def test_rank_probe_argv_passes_megatron_validation(megatron_args, name):
+    """A one-GPU rank probe runs the layout's own flags plus --fake-process-group (dev
+    megatron/training/arguments.py:4312; initialize.py:343-350 opens backend 'fake' over torch's FakeStore)
+    with RANK = the probed rank and WORLD_SIZE = N: Megatron's parser and validate_args accept it for every
+    bounding rank, keep the layout's parallel sizes, and turn off the NaN check and the gloo groups
+    (dev arguments.py:1932-1941, the same in 0.19.2). dev refuses the flex dispatcher with a fake process
+    group (arguments.py:1933-1935), so a flex layout is probed with alltoall."""
+    layout, stage = PROBED[name]
+    argv = A.probe_argv(build(layout, stage))
+    assert argv[-1] == A.PROBE_FLAG and argv.count(A.PROBE_FLAG) == 1
+    keep, dropped = main_argv(argv)
+    assert set(dropped) <= F.DEV_ONLY_FLAGS
+    bound = ranks.probe_ranks(layout, stage.gpus, layout.pp // 2)
+    assert bound[0] == 0 and bound[-1] == stage.gpus - 1 and len(bound) == len(set(bound)) <= 3
+    for rank in bound:
+        args = megatron_validate(megatron_args, keep, stage.gpus, rank)
+        assert args.fake_process_group and (args.rank, args.world_size) == (rank, stage.gpus)
+        assert not args.check_for_nan_in_loss_and_grad and not args.use_gloo_process_groups
+        assert (args.pipeline_model_parallel_size, args.expert_model_parallel_size) == (layout.pp, layout.ep)
+        assert args.moe_token_dispatcher_type == ("alltoall" if layout.dispatcher == "flex" else layout.dispatcher)
+        # the last rank prints the iteration line (its peak is in its sidecar); the others are DP-rank 0,
+        # the ranks Megatron's report_memory prints the memory line on (dev common_utils.py:311-317)
+        assert rank == stage.gpus - 1 or ranks.coords(layout, stage.gpus, rank)["dp"] == 0
+    # the probe is the layout apart from the flag (and a flex dispatcher's): the same model, batch and recipe
+    plain = set(build(layout, stage)) - {"flex", "deepep", "--moe-flex-dispatcher-backend"}
+    assert plain <= set(argv) | {"alltoall"}
 
 
 @st.composite
