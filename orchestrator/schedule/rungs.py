@@ -82,7 +82,11 @@ class Schedule:
                 key=r.key,
                 layout=r.layout,
                 predicted={},
-                reason=f"probed-fit: max reserved {r.peak_gb:.1f} GB of {r.hbm_gb:.0f} GB",
+                reason=(
+                    f"probed-fit: max reserved {r.measured_peak_gb - r.probe_margin_gb:.1f} GB"
+                    + (f" + {r.probe_margin_gb:.1f} GB probe margin" if r.probe_margin_gb else "")
+                    + f" of {r.hbm_gb:.0f} GB"
+                ),
                 fidelity=Fidelity.FULL,
                 est_gpu_hours=env.gpu_hours(r.raw_step_s),
             )

@@ -170,7 +170,9 @@ class Target:
         cap = full.capacity_gb or mem
         fits = mem <= cap
         times = tuple(megatron_io.step_times(step, iters)) if fits else ()
-        return Launch(step, fits, times, mem, (mem,), cap, (layout.pp - 1,))
+        # each probed rank prints its memory line (a stand-in knows one figure): one per probed rank's stage
+        stages = tuple(plan_ranks.coords(layout, cfg.stage.gpus, r)["pp"] for r in probe_ranks)
+        return Launch(step, fits, times, mem, (mem,) * len(stages), cap, stages)
 
 
 def launch_gpu_hours(n_gpus: int, startup_s: float, iters: int, launch: Launch) -> float:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from orchestrator.config import compose
+from orchestrator.core.cost import rank_probe_gpu_hours
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.plan.layout import Layout
 from orchestrator.schedule import fidelity
@@ -56,15 +57,15 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
         d = c.decision if c.decision["fidelity"] == a.fidelity else c.decision.get("previous") or c.decision
         return fidelity.window(cfg.stage, a.fidelity, d.get("measure_iters"))
 
-    cost = sum(
-        lib.launch_gpu_hours(
-            cfg.stage.gpus,
-            STARTUP_S,
-            sum(window(c, a)),
-            target.launch(cfg, Layout.from_dict(c.layout), c.layer_pattern, c.key, window=window(c, a)),
-        )
-        for c, a in launched
-    )
+    def charged(c, a) -> float:  # a full-scale launch on N GPUs; a rank probe 1 GPU per probed rank
+        lay, win, probed = Layout.from_dict(c.layout), window(c, a), fidelity.probe_ranks(c.decision)
+        if a.fidelity == "probe" and probed:
+            run = target.probe(cfg, lay, c.layer_pattern, c.key, probed, window=win)
+            return rank_probe_gpu_hours(len(probed), STARTUP_S, run.step_s, sum(win) if run.fits else 1)
+        run = target.launch(cfg, lay, c.layer_pattern, c.key, window=win)
+        return lib.launch_gpu_hours(cfg.stage.gpus, STARTUP_S, sum(win), run)
+
+    cost = sum(charged(c, a) for c, a in launched)
     random_median = float(np.median(rnd.cost_to_goal))
     # the benchmark's in-process sweep (same decision loop, execution replaced) launches the same layouts
     composed = compose(["+stage=1k", "cluster=local", *target.overrides()])
