@@ -417,8 +417,47 @@ def table(results: Sequence[Result], summary: Summary) -> str:
     return "\n".join(lines)
 
 
+def features(r: Result) -> dict[str, str]:
+    """What distinguishes one row from another, for grouping the errors (`validate --format groups`)."""
+    row, model = r.row, _model(r.row.model)
+    t_expert = model.moe_router_topk * row.ep * row.mbs * row.seq / (row.cp * model.num_experts)
+    return {
+        "system": row.system,
+        "host": "grace" if row.system.startswith("gb") else "x86",
+        "model": row.model.removesuffix("_nomtp"),
+        "precision": "bf16" if row.precision == "bf16" else "fp8",
+        "dispatcher": row.dispatcher,
+        "a2a_overlap": str(row.a2a_overlap),
+        "TP": str(row.tp),
+        "EP": str(row.ep),
+        "PP": str(row.pp),
+        "VP>1": str(row.vp > 1),
+        "MBS": str(row.mbs),
+        "T_expert": "<=2048" if t_expert <= 2048 else ("<=8192" if t_expert <= 8192 else ">8192"),
+        "release": row.release,
+    }
+
+
+def groups(results: Sequence[Result]) -> str:
+    """The median signed error (uncalibrated, and calibrated) of the rows sharing each feature value: where the
+    step model's error has structure a per-system factor cannot carry."""
+    by: dict[str, dict[str, list[Result]]] = {}
+    for r in results:
+        for k, v in features(r).items():
+            by.setdefault(k, {}).setdefault(v, []).append(r)
+    lines = [f"{'feature':12} value: rows, median error uncalibrated / calibrated"]
+    for k, vals in by.items():
+        cells = [
+            f"{v}: {len(rs)}, {statistics.median(x.error for x in rs):+.0%} / "
+            f"{statistics.median(x.calibrated_error for x in rs):+.0%}"
+            for v, rs in sorted(vals.items())
+        ]
+        lines.append(f"{k:12} " + " | ".join(cells))
+    return "\n".join(lines)
+
+
 def add_arguments(parser) -> None:
-    parser.add_argument("--format", choices=["table", "json"], default="table")
+    parser.add_argument("--format", choices=["table", "json", "groups"], default="table")
     parser.add_argument("--release", action="append", default=[], help="only these releases (repeatable)")
     parser.add_argument("--model", action="append", default=[], help="only these models (repeatable)")
 
@@ -441,6 +480,8 @@ def run(args, overrides: list[str]) -> int:
     if args.format == "json":
         for r in results:
             sys.stdout.write(json.dumps(r.to_dict(), sort_keys=True) + "\n")
+    elif args.format == "groups":
+        print(groups(results))
     else:
         print(table(results, summary))
     return 0

@@ -24,6 +24,7 @@ Per GPU of PP rank r (blocks from its segments r, r+PP, ...):
               layer, and a block is two hybrid layers (attention symbol, MoE symbol), so two n h inputs
               per block (recompute.FULL_INPUTS_PER_BLOCK), plus one block's working set;
               --offload-modules drops the offloaded tensors.
+              An FP8 stage keeps its FP8 linear layers' inputs in FP8 (FP8_SAVED: 1 B each).
               Tokens per microbatch and GPU: b S / CP, divided by TP (sequence parallel).
               In flight on rank r: 1F1B min(m, PP - r) microbatches; interleaved (VPP v)
               min(m v, 2 (PP - r - 1) + (v - 1) PP + 1) chunks of ~1/v of the rank's blocks.
@@ -43,6 +44,7 @@ from functools import lru_cache
 from orchestrator.core.schema import HardwareConfig, ModelConfig, RecipeConfig, StageConfig
 from orchestrator.plan import moe as moe_model
 from orchestrator.plan import pipeline
+from orchestrator.plan.flops import FP8_PRECISIONS
 from orchestrator.plan.layout import Groups, Layout
 from orchestrator.plan.params import ModelKey, _Frozen, block_ratios, is_moe_block, model_key, param_counts
 from orchestrator.plan.pipeline import checked_split, cumulative
@@ -67,6 +69,14 @@ EXPERT_TENSORS = frozenset(("moe_input", "expert_fc1", "moe_act", "expert_fc2"))
 # GEGLU with permuted_probs) and unpermutes the expert output without them (token_dispatcher.py:884-891), so the
 # fc2 output's only consumer is a permutation that keeps nothing. steptime's memory-bound passes still count it.
 NOT_SAVED = frozenset(("expert_fc2",))
+# Kept in FP8 (1 B, not 2) by an FP8 stage: the inputs of FP8 linear layers, which Transformer Engine saves for
+# the weight gradient already quantized: "Stores linear layer inputs in FP8 instead of BF16" (megatron-core dev
+# d48bd6be megatron/core/transformer/moe/README.md:459). The attention norm's output (input of the fused norm +
+# QKV or q/kv-down projection), the experts' fc1 input (the permuted tokens) and fc2 input (the activation
+# output). Not the pre-MLP norm's output (the router, a BF16/FP32 linear, reads it), nor what attention kernels,
+# norms or activation functions save (BF16). steptime's memory-bound passes are unchanged.
+FP8_SAVED = frozenset(("attn_norm", "moe_input", "moe_act"))
+FP8_BYTES = 1
 # The terms calibration scales separately (orchestrator/search/calibrate.py): model states (weights, grads,
 # optimizer: exact byte counts), activations (the analytic estimate most often wrong, 2-3x), buffers
 # (dispatch receive buffers, workspace, runtime: allocator- and library-dependent).
@@ -207,14 +217,18 @@ def block_activation_elems(model: ModelConfig, ratio: int, moe: bool) -> dict[st
     return t
 
 
-def _kept(tensors: dict[str, int], recompute: tuple[str, ...], offload: tuple[str, ...]) -> tuple[float, float, float]:
-    """(dense elems, expert elems, full working elems) per token after recompute and offload (recompute.py)."""
+def _kept(
+    tensors: dict[str, int], recompute: tuple[str, ...], offload: tuple[str, ...], fp8: bool = False
+) -> tuple[float, float, float]:
+    """(dense elems, expert elems, full working elems) per token after recompute and offload (recompute.py), in
+    BF16-element equivalents: an FP8 stage's FP8_SAVED tensors count FP8_BYTES / ACT_BYTES each."""
     full = float(sum(tensors.values()))
     if FULL in recompute:
         return float(tensors["input"] * FULL_INPUTS_PER_BLOCK), 0.0, full
     drop = dropped(recompute, offload) | NOT_SAVED
-    dense = sum(v for k, v in tensors.items() if k not in drop and k not in EXPERT_TENSORS)
-    expert = sum(v for k, v in tensors.items() if k not in drop and k in EXPERT_TENSORS)
+    w = {k: (FP8_BYTES / ACT_BYTES if fp8 and k in FP8_SAVED else 1.0) for k in tensors}
+    dense = sum(v * w[k] for k, v in tensors.items() if k not in drop and k not in EXPERT_TENSORS)
+    expert = sum(v * w[k] for k, v in tensors.items() if k not in drop and k in EXPERT_TENSORS)
     return float(dense), float(expert), 0.0
 
 
@@ -233,17 +247,17 @@ class _Prefix:
 
 
 @lru_cache(maxsize=512)
-def _prefix(key: ModelKey, n: int, recompute: tuple[str, ...], offload: tuple[str, ...]) -> _Prefix:
+def _prefix(key: ModelKey, n: int, recompute: tuple[str, ...], offload: tuple[str, ...], fp8: bool = False) -> _Prefix:
     m = _Frozen(key)
     pc = param_counts(m, n)
     kept, working = [], 0.0
     for i, r in enumerate(block_ratios(m, n)):
         t = block_activation_elems(m, r, is_moe_block(m, i))
-        kept.append(_kept(t, recompute, offload))
+        kept.append(_kept(t, recompute, offload, fp8))
         working = max(working, float(sum(t.values())) if FULL in recompute else 0.0)
     mtp = (0.0, 0.0)
     if pc.mtp_block is not None:
-        kd, ke, _ = _kept(block_activation_elems(m, pc.mtp_block.ratio, True), recompute, offload)
+        kd, ke, _ = _kept(block_activation_elems(m, pc.mtp_block.ratio, True), recompute, offload, fp8)
         mtp = (kd, ke)
     return _Prefix(
         dense_params=cumulative(b.dense for b in pc.blocks),
@@ -314,7 +328,7 @@ def stage_memory(
     bps, n = checked_split(model, stage, layout, blocks_per_segment)
     key = model_key(model)
     pc = param_counts(model, n)
-    px = _prefix(key, n, tuple(layout.recompute), tuple(layout.offload))
+    px = _prefix(key, n, tuple(layout.recompute), tuple(layout.offload), stage.precision in FP8_PRECISIONS)
     d_a, d_e = groups.d_a or 1, groups.d_e or 1
     m = groups.m or 1
     dist = bool(stage.use_distributed_optimizer)

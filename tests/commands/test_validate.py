@@ -130,3 +130,17 @@ def test_validate_refuses_overrides_with_one_error_line():
     )
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: validate takes no config overrides")
+
+
+def test_validate_groups_gives_each_feature_value_its_rows_median_error(gb200_results):
+    """`validate --format groups`: one line per feature, each value with its row count and median signed error."""
+    V.calibrate(gb200_results)
+    out = V.groups(gb200_results).splitlines()
+    by = {line.split()[0]: line for line in out[1:]}
+    assert set(by) == set(V.features(gb200_results[0]))
+    assert f"gb200: {len(gb200_results)}," in by["system"]
+    hybrid = [r for r in gb200_results if r.row.dispatcher == "flex:hybridep"]
+    med = sorted(r.error for r in hybrid)[len(hybrid) // 2] if len(hybrid) % 2 else None
+    assert f"flex:hybridep: {len(hybrid)}," in by["dispatcher"]
+    if med is not None:
+        assert f"flex:hybridep: {len(hybrid)}, {med:+.0%} /" in by["dispatcher"]
