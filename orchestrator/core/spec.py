@@ -54,6 +54,15 @@ class JobSpec:
     # None only in a job.json written before the window was the spec's own: the stage's window then.
     warmup_iters: int | None = None
     measure_iters: int | None = None
+    # What the ledger knew of this attempt as it launched (the sweep driver sets them, `Driver._launch`), so a
+    # ledger lost under a running sweep can be rebuilt from the job folders (`ledger ingest`,
+    # orchestrator/evidence/ingest.py): the attempt's launch token (its ledger `attempt.launch_token`; the job's
+    # own start and exit markers name it too), its candidate's round and decision, and the sweep's stored config
+    # snapshot (passwords masked, as in the ledger). Empty in a spec written by `run-one` or before they existed.
+    launch_token: str = ""
+    round: int | None = None
+    decision: dict[str, Any] | None = None
+    sweep_config: str = ""
 
     @property
     def window(self) -> tuple[int, int]:
