@@ -100,11 +100,7 @@ def ingest(folder: str, overrides: list[str]) -> int:
     for x in judged:
         if x.spec is not None:
             check_name(x.spec.sweep, source=f"the sweep name in {x.folder}/job.json")
-    found = [
-        Measured(x.spec, x.result.to_dict(), str(x.folder), x.job_id, x.started_at, x.ended_at)
-        for x in judged
-        if x.spec is not None and x.result is not None
-    ]
+    found = [Measured(**x.record()) for x in judged if x.result is not None]
     out, where = Summary(), "not opened: nothing to store"
     if found:  # a folder of skipped jobs writes nothing, not even a new ledger file
         with open_for_writing(cfg, create=True) as ledger:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,53 @@ class OnDisk:
     started_at: float | None = None  # the job's own start record and exit marker (epoch seconds)
     ended_at: float | None = None
     skipped: str = ""
+
+    def record(self) -> dict[str, Any]:
+        """What the ledger stores of a trusted folder (orchestrator/ledger/ingest.py `Measured`'s fields)."""
+        spec, result = self.spec, self.result
+        if spec is None or result is None:
+            raise ValueError(f"{self.folder} holds no trusted measurement: {self.skipped}")
+        config_yaml, config_from = snapshot(spec)
+        return dict(
+            sweep=spec.sweep,
+            stage=spec.stage.name,
+            model=spec.model.name,
+            hardware=spec.hardware.name,
+            workload=spec.workload.name,
+            config_yaml=config_yaml,
+            config_from=config_from,
+            key=spec.candidate_key,
+            layout=spec.layout,
+            predicted=spec.predicted,
+            round=int(spec.round or 0),
+            decision=spec.decision,
+            attempt=int(spec.attempt),
+            launch_token=spec.launch_token,
+            fidelity=str(spec.fidelity),
+            role=str(spec.role),
+            simulated=bool(result.simulated or spec.workload.simulated),
+            result=result.to_dict(),
+            job_dir=str(self.folder),
+            job_id=self.job_id,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+        )
+
+
+def snapshot(spec: JobSpec) -> tuple[str, str]:
+    """The sweep's config snapshot and where it came from: the one its job.json carries, else (a job.json of an
+    older orchestrator) one rebuilt from the spec's groups (model, stage, hardware, workload; every other group
+    at its default). JSON is YAML, so `resume` reads either."""
+    if spec.sweep_config:
+        return spec.sweep_config, "the snapshot in its job.json"
+    rebuilt: dict[str, Any] = {
+        "model": asdict(spec.model),
+        "stage": asdict(spec.stage),
+        "hardware": asdict(spec.hardware),
+        "workload": asdict(spec.workload),
+        "sweep": {"name": spec.sweep},
+    }
+    return json.dumps(rebuilt, default=str, sort_keys=True), "its job.json's groups (other groups at their defaults)"
 
 
 def job_folders(root: str | os.PathLike[str]) -> list[Path]:
