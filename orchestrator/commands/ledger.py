@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -88,6 +89,8 @@ def run(args, overrides) -> int:
 def ingest(folder: str, overrides: list[str]) -> int:
     """Judge every job folder under FOLDER (orchestrator/evidence/ingest.py), then store the trusted ones
     (orchestrator/ledger/ingest.py). A bad FOLDER or sweep name is refused before the ledger is opened."""
+    from orchestrator.core.paths import JobPaths
+    from orchestrator.core.spec import JobSpec
     from orchestrator.evidence.ingest import job_folders, judge
     from orchestrator.ledger.ingest import Measured, Summary
     from orchestrator.ledger.ingest import ingest as store
@@ -96,10 +99,11 @@ def ingest(folder: str, overrides: list[str]) -> int:
 
     cfg = compose(overrides).cfg
     folders = job_folders(folder)  # UserError: missing, no job folder, a link leading out
+    for f in folders:  # a sweep name names folders and ledger rows: an unsafe one is refused before any write
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            name = JobSpec.load(JobPaths(f).spec).sweep
+            check_name(name, source=f"the sweep name in {JobPaths(f).spec}")
     judged = [judge(f) for f in folders]
-    for x in judged:
-        if x.spec is not None:
-            check_name(x.spec.sweep, source=f"the sweep name in {x.folder}/job.json")
     found = [Measured(**x.record()) for x in judged if x.result is not None]
     out, where = Summary(), "not opened: nothing to store"
     if found:  # a folder of skipped jobs writes nothing, not even a new ledger file

@@ -182,7 +182,7 @@ def test_a_finalists_job_is_skipped_not_stored_as_a_measurement(finished_sweep, 
     assert not (tmp_path / "ledger.sqlite").exists()  # nothing to store: no ledger written
 
 
-@pytest.mark.parametrize("bad", ["missing", "empty", "a file", "escaping link"])
+@pytest.mark.parametrize("bad", ["missing", "empty", "a file", "escaping link", "unsafe sweep name"])
 def test_a_bad_folder_is_one_error_line_and_nothing_written(finished_sweep, tmp_path, capsys, bad):
     folder = tmp_path / "runs"
     if bad == "empty":
@@ -192,13 +192,18 @@ def test_a_bad_folder_is_one_error_line_and_nothing_written(finished_sweep, tmp_
     elif bad == "escaping link":
         folder.mkdir()
         (folder / "elsewhere").symlink_to(_folders(finished_sweep / "runs" / "done")[0])
+    elif bad == "unsafe sweep name":  # a name that would lead folders and rows out of place
+        job = folder / "c1" / "attempt-1"
+        shutil.copytree(_folders(finished_sweep / "runs" / "done")[0], job)
+        JobPaths(job).spec.write_text(json.dumps({**_read(JobPaths(job).spec), "sweep": "../../etc"}))
     url = _url(tmp_path / "ledger.sqlite")
     rc, out, err = _ingest(capsys, folder, url)
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: "), err
     assert not out
     assert not (tmp_path / "ledger.sqlite").exists()
     what = {"missing": "does not exist", "empty": "holds no job folder", "a file": "is not a folder"}
-    assert what.get(bad, "outside") in err[0]
+    what |= {"escaping link": "outside", "unsafe sweep name": "is not a safe name"}
+    assert what[bad] in err[0], err
 
 
 def test_resume_collects_a_result_on_disk_whose_attempt_row_lacks_it(tmp_path, monkeypatch, capsys):
