@@ -1,16 +1,23 @@
-"""`ledger export|sweeps|events`: read the ledger outside a sweep (exports for notebooks, audit log)."""
+"""`ledger export|sweeps|events|ingest`: the ledger outside a sweep (exports for notebooks, audit log), and
+`ledger ingest FOLDER`: the measurements of job folders stored into a ledger that lost them (docs/faults.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from pathlib import Path
 
 from orchestrator.commands._shared import open_ledger, print_table, split_verb
+from orchestrator.config import compose
 from orchestrator.core.errors import UserError
 
 NAME = "ledger"
-HELP = "Ledger utilities: `ledger export --out FILE.csv|.parquet`, `ledger sweeps`, `ledger events --sweep NAME`."
-VERBS = ("export", "sweeps", "events")
+HELP = (
+    "Ledger utilities: `ledger export --out FILE.csv|.parquet`, `ledger sweeps`, `ledger events --sweep NAME`, "
+    "`ledger ingest FOLDER` (a sweep's job folders into the ledger, e.g. after it was deleted)."
+)
+VERBS = ("export", "sweeps", "events", "ingest")
 
 
 def add_arguments(parser) -> None:
@@ -28,6 +35,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args, overrides) -> int:
+    words = [o for o in overrides if "=" not in o]
+    if words[:1] == ["ingest"]:
+        if len(words) != 2:
+            raise UserError(f"usage: python -m orchestrator {NAME} ingest FOLDER [ledger.url=...]")
+        return ingest(words[1], [o for o in overrides if "=" in o])
     verb, overrides = split_verb(overrides, VERBS, NAME)
     with open_ledger(overrides) as ledger:
         if verb == "export":
@@ -71,4 +83,42 @@ def run(args, overrides) -> int:
             print()
         else:
             print_table(rows, title=f"ledger {ledger.url}: {verb}")
+    return 0
+
+
+def ingest(folder: str, overrides: list[str]) -> int:
+    """Judge every job folder under FOLDER (orchestrator/evidence/ingest.py), then store the trusted ones
+    (orchestrator/ledger/ingest.py). A bad FOLDER or sweep name is refused before the ledger is opened."""
+    from orchestrator.core.paths import JobPaths
+    from orchestrator.core.spec import JobSpec
+    from orchestrator.evidence.ingest import job_folders, judge
+    from orchestrator.ledger.ingest import Measured, Summary
+    from orchestrator.ledger.ingest import ingest as store
+    from orchestrator.sweep import open_ledger as open_for_writing
+    from orchestrator.sweep.setup import check_name
+
+    cfg = compose(overrides).cfg
+    folders = job_folders(folder)  # UserError: missing, no job folder, a link leading out
+    for f in folders:  # a sweep name names folders and ledger rows: an unsafe one is refused before any write
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            name = JobSpec.load(JobPaths(f).spec).sweep
+            check_name(name, source=f"the sweep name in {JobPaths(f).spec}")
+    judged = [judge(f) for f in folders]
+    found = [Measured(**x.record()) for x in judged if x.result is not None]
+    out, where = Summary(), "not opened: nothing to store"
+    if found:  # a folder of skipped jobs writes nothing, not even a new ledger file
+        with open_for_writing(cfg, create=True) as ledger:
+            out = store(ledger, found, source=str(Path(folder).expanduser().resolve()))
+            where = ledger.url
+    skipped = [(str(x.folder), x.skipped) for x in judged if x.result is None] + out.skipped
+    sweeps = ", ".join(out.sweeps) or "-"
+    print(
+        f"ingested {len(out.ingested)} measured result(s), {len(out.present)} already present, {len(skipped)} "
+        f"skipped, of {len(judged)} job folder(s) (sweep {sweeps}; ledger {where})"
+    )
+    for path, why in skipped:
+        print(f"  skipped {path}: {why}")
+    if out.sweeps:
+        first = out.sweeps[0]
+        print(f"next: python -m orchestrator best --sweep {first}   (or status, report, resume {first})")
     return 0

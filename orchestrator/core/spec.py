@@ -57,6 +57,15 @@ class JobSpec:
     # a one-GPU rank probe (fidelity probe): the ranks of the N-GPU job it runs, each alone on one GPU with
     # Megatron's --fake-process-group (orchestrator.plan.ranks.probe_ranks); empty for every other job
     probe_ranks: list[int] = field(default_factory=list)
+    # What the ledger knew of this attempt as it launched (the sweep driver sets them, `Driver._launch`), so a
+    # ledger lost under a running sweep can be rebuilt from the job folders (`ledger ingest`,
+    # orchestrator/evidence/ingest.py): the attempt's launch token (its ledger `attempt.launch_token`; the job's
+    # own start and exit markers name it too), its candidate's round and decision, and the sweep's stored config
+    # snapshot (passwords masked, as in the ledger). Empty in a spec written by `run-one` or before they existed.
+    launch_token: str = ""
+    round: int | None = None
+    decision: dict[str, Any] | None = None
+    sweep_config: str = ""
 
     @property
     def launch_gpus(self) -> int:

@@ -5,10 +5,11 @@ raising "timed-out and not checkpointable" in rank 0, so a job that runs past it
 FAILED job `signal_delay_s` early. The orchestrator wants Slurm's own verdict (TIMEOUT) and the full
 time, so the warning is only recorded in the job folder and the job runs until Slurm stops it.
 
-With a launch token (the local executor), the job also leaves its own evidence: `job-started.json` as it
-starts and `job-exit.json` as it returns or raises (core/paths JobPaths.STARTED / EXITED). A local job has
-no scheduler to ask after a kill -9 of its orchestrator; these files, written by the job itself, are what
-`LocalLauncher.find` adopts it by (a job that ran, or ran to its end, before its id was recorded).
+With a launch token (the sweep's launches, on either launcher), the job also leaves its own evidence:
+`job-started.json` as it starts and `job-exit.json` as it returns or raises (core/paths JobPaths.STARTED /
+EXITED; on Slurm every task of the job writes them). A local job has no scheduler to ask after a kill -9 of
+its orchestrator; these files, written by the job itself, are what `LocalLauncher.find` adopts it by (a job
+that ran, or ran to its end, before its id was recorded), and what `ledger ingest` trusts a folder by.
 """
 
 from __future__ import annotations

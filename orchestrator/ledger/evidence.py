@@ -75,7 +75,7 @@ class Evidence:
                 )
                 s.add(r)
                 s.flush()
-                if a.role == AttemptRole.MEASURE:  # a finalist's result is evidence, never the measurement
+                if a.role == AttemptRole.MEASURE and not _newer_result(s, c, a):  # a finalist's: evidence only
                     c.latest_result_id = r.id
             samples = [
                 {"attempt_id": attempt_id, "iteration": i, "step_time_s": t, "lm_loss": loss, "grad_norm": g}
@@ -257,3 +257,12 @@ class Evidence:
         with self.store.read() as s:
             q = select(m.Parity).where(m.Parity.candidate_id == candidate_id).order_by(m.Parity.id)
             return [to_row(ParityRow, p) for p in s.scalars(q)]
+
+
+def _newer_result(s: Any, c: m.Candidate, a: m.Attempt) -> bool:
+    """The candidate's latest result is of a later attempt than `a` (an older folder ingested after it)."""
+    if c.latest_result_id is None:
+        return False
+    q = select(m.Attempt.attempt_no).join(m.Result, m.Result.attempt_id == m.Attempt.id)
+    later = s.scalar(q.where(m.Result.id == c.latest_result_id))
+    return later is not None and later > a.attempt_no

@@ -441,17 +441,27 @@ class Ledger:
         launch_token: str | None = None,
         fidelity: Fidelity | str = Fidelity.FULL,
         role: str = AttemptRole.MEASURE,
+        attempt_no: int | None = None,
     ) -> AttemptRow:
         """attempt_no = previous + 1 (over every role), decided under the candidate's row lock. Without a job id
         it is a launch intent (written before sbatch, `launch_token` names the job); `launched` then stores the id.
-        Only a MEASURE attempt becomes the candidate's latest attempt: a finalist's job is evidence about it."""
+        Only a MEASURE attempt becomes the candidate's latest attempt: a finalist's job is evidence about it.
+        `attempt_no`: an attempt rebuilt from its job folder (`ledger ingest`) keeps its folder's number (a
+        LedgerError when another attempt of the candidate has it); it is the latest only above every stored one."""
         role = member(AttemptRole, role, "attempt role")
         with self.store.write() as s:
             c = find_candidate(s, candidate_id, lock=True)
             n = s.scalar(select(func.max(m.Attempt.attempt_no)).where(m.Attempt.candidate_id == candidate_id)) or 0
+            if attempt_no is not None:
+                taken = select(m.Attempt.id).where(
+                    m.Attempt.candidate_id == candidate_id, m.Attempt.attempt_no == attempt_no
+                )
+                if s.scalar(taken) is not None:
+                    raise LedgerError(f"candidate {c.key[:10]} already has an attempt {attempt_no}")
+            number = n + 1 if attempt_no is None else int(attempt_no)
             a = m.Attempt(
                 candidate_id=candidate_id,
-                attempt_no=n + 1,
+                attempt_no=number,
                 job_id=None if job_id is None else str(job_id),
                 array_index=array_index,
                 job_dir=str(job_dir),
@@ -467,7 +477,7 @@ class Ledger:
             )
             s.add(a)
             s.flush()
-            if role == AttemptRole.MEASURE:
+            if role == AttemptRole.MEASURE and number > n:
                 c.latest_attempt_id = a.id
             return to_row(AttemptRow, a)
 

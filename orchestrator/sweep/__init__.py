@@ -140,18 +140,22 @@ def run_sweep(
         return Driver(ledger, cfg, sweep, launcher, view, options).run()
 
 
-def stored_sweep(ledger: Ledger, name: str) -> SweepRow:
-    """The sweep named `name`; a UserError naming the known ones when the ledger has none by that name."""
+def stored_sweep(ledger: Ledger, name: str, folder: str = "") -> SweepRow:
+    """The sweep named `name`; a UserError naming the known ones when the ledger has none by that name (and,
+    with the job folders' root `folder`, how to rebuild its rows from them when its ledger was lost)."""
     sweep = ledger.get_sweep(name)
     if sweep is None:
         known = [s.name for s in ledger.list_sweeps()][-10:]
-        raise UserError(f"no sweep named '{name}' in {ledger.url}" + (f"; known: {', '.join(known)}" if known else ""))
+        hint = f"; known: {', '.join(known)}" if known else ""
+        if folder:
+            hint += f"; if its ledger was lost: python -m orchestrator ledger ingest {folder}/{name}"
+        raise UserError(f"no sweep named '{name}' in {ledger.url}{hint}")
     return sweep
 
 
 def stored_config(ledger: Ledger, name: str, current: RootConfig) -> RootConfig:
     """The config a sweep was created with; the ledger (and cluster, if given now) come from the caller."""
-    cfg = root_from_yaml(stored_sweep(ledger, name).config_yaml)
+    cfg = root_from_yaml(stored_sweep(ledger, name, str(current.cluster.folder)).config_yaml)
     cfg.ledger = current.ledger
     return cfg
 

@@ -284,7 +284,9 @@ class Driver:
         launches: list[Launch] = []
         for c in self.ledger.claim_for_submission(self.name, 10_000, self.holder):
             atts = self.ledger.attempts(c.id)
-            attempt = len(self.ledger.attempts(c.id, roles=None)) + 1  # numbered over every role
+            # numbered over every role, after the highest stored number (a ledger rebuilt by `ledger ingest`
+            # may lack a failed attempt whose folder is still on disk)
+            attempt = max((x.attempt_no for x in self.ledger.attempts(c.id, roles=None)), default=0) + 1
             # A retry after NODE_FAIL keeps off the node(s) it failed on ("retried on healthy nodes").
             failed = [x for x in atts if not x.aborted]
             exclude = (failed[-1].node_list or "") if failed and failed[-1].failure_class == Failure.NODE_FAIL else ""
@@ -300,6 +302,7 @@ class Driver:
                 fidelity=fid,
                 probe_ranks=probe_ranks(c.decision) if fid == Fidelity.PROBE else (),
             )
+            spec.round, spec.decision = c.round, c.decision
             launches.append(Launch(c.id, spec, exclude))
         if self.finalists is not None:
             step = self.finalists.step()
@@ -318,18 +321,22 @@ class Driver:
 
         if not launches:
             return 0
-        tasks = []
         resume = f"python -m orchestrator resume {self.name}"
+        tasks = [launch_task(self.cfg, x.spec, exclude=x.exclude) for x in launches]
+        self.launcher.check_fits(tasks)  # a job the partition can never run: refused before any intent
+        groups = self.launcher.arrays(tasks)
+        for group in groups:  # each array's token goes into its tasks and their job.json (`ledger ingest` reads it)
+            token = f"{self.name}.{secrets.token_hex(4)}"
+            for i in group:
+                tasks[i].token = launches[i].spec.launch_token = token
         for x in launches:
+            x.spec.sweep_config = self.sweep.config_yaml
             with folder_writes(x.spec.job_dir, resume):
                 x.spec.save(JobPaths(x.spec.job_dir).spec)
-            tasks.append(launch_task(self.cfg, x.spec, exclude=x.exclude))
-        self.launcher.check_fits(tasks)  # a job the partition can never run: refused before any intent
         intents: list[AttemptRow] = [None] * len(tasks)  # type: ignore[list-item]  # every slot is filled below
-        for group in self.launcher.arrays(tasks):
-            token = f"{self.name}.{secrets.token_hex(4)}"
+        for group in groups:
+            token = tasks[group[0]].token
             for k, i in enumerate(group):
-                tasks[i].token = token
                 intents[i] = self.ledger.new_attempt(
                     launches[i].candidate_id,
                     array_index=k if len(group) > 1 else None,

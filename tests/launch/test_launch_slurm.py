@@ -241,3 +241,20 @@ def test_a_failed_record_cancels_that_whole_array_and_find_sees_the_rest(tmp_pat
     found = launcher.find([(tok[0], 0, ""), (tok[0], 1, ""), (tok[1], 0, ""), (tok[1], 1, "")], since)
     assert {k: f.job_id for k, f in found.items() if k[0] == tok[0]} == {(tok[0], 0): ids[0], (tok[0], 1): ids[1]}
     assert all(f.state == AttemptState.CANCELLED for k, f in found.items() if k[0] == tok[1])
+
+
+def test_a_task_with_a_launch_token_leaves_its_own_start_and_exit_markers(slurm_cluster, tmp_path, counted, launchers):
+    """Every task of a sweep's launch (a token) writes job-started.json and job-exit.json naming the token and
+    its job id, on Slurm as locally: what `ledger ingest` trusts a folder by when the ledger lost its rows."""
+    from orchestrator.core.states import AttemptState
+
+    launcher = launchers(cluster())
+    t = task(tmp_path / "job", 3)
+    t.token = f"markers-{tmp_path.name[-8:]}.a"
+    [sub] = launcher.submit([t])
+    states = poll_until(launcher, [sub.job_id], lambda st: st[sub.job_id].terminal)
+    assert states[sub.job_id].state == AttemptState.COMPLETED, states
+    paths = JobPaths(tmp_path / "job")
+    started, exited = json.loads(paths.started.read_text()), json.loads(paths.exited.read_text())
+    assert started["token"] == exited["token"] == t.token and exited["outcome"] == "ok"
+    assert exited["job_id"] == sub.job_id

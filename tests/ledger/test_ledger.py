@@ -444,3 +444,54 @@ def test_db_package_imports_only_the_vocabularies():
     for vocab in DB_MAY_IMPORT:
         names = _imports(root / (vocab.replace(".", "/") + ".py"))
         assert all(n.split(".")[0] in sys.stdlib_module_names or n in DB_MAY_IMPORT for n in names), (vocab, names)
+
+
+def test_ingest_stores_each_folder_once_by_token_and_an_older_attempt_never_becomes_the_latest(ledger):
+    """orchestrator/ledger/ingest.py (`ledger ingest`): a measurement rebuilt from its job folder is stored once
+    (by launch token), keeps its folder's attempt number, and one of an older attempt ingested after a newer
+    one leaves the newer the candidate's latest; a number taken by another launch is skipped, not stored."""
+    from orchestrator.ledger.ingest import Measured, ingest
+
+    item = make_items(1)[0]
+
+    def found(attempt: int, token: str, step_s: float) -> Measured:
+        return Measured(
+            sweep="rebuilt",
+            stage="1k",
+            model="dsv4_pro",
+            hardware="h100",
+            workload="twin",
+            config_yaml="{}",
+            config_from="test",
+            key=item.key,
+            layout=item.layout,
+            predicted=item.predicted,
+            round=2,
+            decision={"kind": "neighbour"},
+            attempt=attempt,
+            launch_token=token,
+            fidelity="full",
+            role="measure",
+            simulated=True,
+            result=job_result(step_s),
+            job_dir=f"/runs/rebuilt/c1/attempt-{attempt}",
+            job_id=f"{100 + attempt}",
+        )
+
+    out = ingest(ledger, [found(2, "rebuilt.b", 1.0)], source="/runs/rebuilt")
+    assert (len(out.ingested), len(out.present), out.skipped) == (1, 0, [])
+    out = ingest(ledger, [found(1, "rebuilt.a", 2.0), found(2, "rebuilt.b", 1.0)], source="/runs/rebuilt")
+    assert (len(out.ingested), len(out.present)) == (1, 1)
+    out = ingest(ledger, [found(1, "rebuilt.other", 3.0)], source="/runs/rebuilt")
+    assert out.ingested == [] and "another launch" in out.skipped[0][1]
+    (cand,) = ledger.candidates("rebuilt")
+    atts = ledger.attempts(cand.id)
+    assert [(a.attempt_no, a.launch_token, a.job_id) for a in atts] == [
+        (1, "rebuilt.a", "101"),
+        (2, "rebuilt.b", "102"),
+    ]
+    assert cand.round == 2 and cand.decision == {"kind": "neighbour"} and cand.latest_attempt_id == atts[1].id
+    (row,) = ledger.evidence.measured(sweep="rebuilt")
+    assert row.attempt_id == atts[1].id and row.metrics["step_p50_s"] == 1.0
+    assert "ingested" in ledger.get_sweep("rebuilt").provenance
+    assert [e.kind for e in ledger.events("rebuilt", kind="ingested")] == ["ingested", "ingested"]

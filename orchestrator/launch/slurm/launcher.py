@@ -207,7 +207,7 @@ class SlurmLauncher(Launcher):
         executor.update_parameters(**self.parameters(tasks, folder))
         try:
             with executor.batch():
-                jobs = [executor.submit(RunInFolder(t.fn, t.args, t.folder)) for t in tasks]
+                jobs = [executor.submit(RunInFolder(t.fn, t.args, t.folder, token=t.token)) for t in tasks]
         except Exception as exc:
             raise LaunchError(f"sbatch failed for {len(tasks)} task(s) ({tasks[0].name} ...): {exc}") from exc
         finally:
