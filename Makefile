@@ -5,6 +5,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# pytest workers: the suite mostly waits on jobs, sweeps and Slurm, so more workers than cores still pays
+TEST_WORKERS ?= 3
 STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
 
 .PHONY: install run test lint bench services services-down clean
@@ -37,7 +39,7 @@ services-down:
 	bash tests/cluster/services.sh down --undo
 
 test: install services lint
-	$(PY) -m pytest tests; rc=$$?; \
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 lint: install

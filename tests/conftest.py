@@ -3,9 +3,13 @@
 `smoke`: the smoke stage's config (fast twin) and its feasible candidates, for tests that build job specs.
 
 `ledger_url`: every ledger test runs twice, against a SQLite file and against the real PostgreSQL on
-127.0.0.1:5432 (user postgres, trust). One database per test session (orch_test_<pid>), emptied
-before each test and dropped at the end. PostgreSQL unreachable: the test fails when CI is set
-(CI must prove both engines), otherwise it is skipped.
+127.0.0.1:5432 (user postgres, trust). One database per test session (orch_test_<pid>: one per xdist
+worker), emptied before each test and dropped at the end. PostgreSQL unreachable: the test fails when CI is
+set (CI must prove both engines), otherwise it is skipped.
+
+`make test` runs the suite on several pytest-xdist workers (`--dist loadgroup`). Every test that uses the one
+local Slurm cluster (marked `slurm` or asking for `slurm_cluster`) is put in one group, so they run one after
+another on one worker: they drain nodes, count sbatch and sacct calls, and check that nothing is left pending.
 """
 
 from __future__ import annotations
@@ -15,6 +19,13 @@ import os
 import pytest
 
 PG_DSN = "host=127.0.0.1 port=5432 user=postgres connect_timeout=5"
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The tests of the shared Slurm cluster go to one xdist worker (see the module docstring)."""
+    for item in items:
+        if "slurm" in item.keywords or "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 @pytest.fixture(scope="session")
