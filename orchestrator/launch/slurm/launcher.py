@@ -8,10 +8,12 @@ different shape (nodes x tasks_per_node x GPUs) cannot share an array, so they a
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import datetime
 from os.path import commonpath
 from typing import Any
@@ -54,6 +56,28 @@ def node_log_flags(folder: str, array: bool) -> list[str]:
     if array:  # as submitit names an array's logs
         out, err = out.replace("%j", "%A_%a"), err.replace("%j", "%A_%a")
     return ["--label", "--output", out, "--error", err]
+
+
+def shares_a_node(task: LaunchTask) -> bool:
+    """A task of fewer GPUs than a node holds (a one-GPU rank probe) shares its node: never `--exclusive` and
+    never all of the node's memory, so Slurm packs up to `gpus_per_node` of them on one node."""
+    return 0 < task.n_gpus < task.gpus_per_node
+
+
+def mem_share(mem: str, gpus_per_node: int, node_mem_mb: Callable[[], int | None]) -> str | None:
+    """A shared task's `--mem`: its GPUs' share of the per-node `mem` ("1800G" on 8 GPUs: "225G"); for "0" (all
+    of a node's memory) the share of the partition's node memory (`node_mem_mb`), or no `--mem` when Slurm does
+    not say it (Slurm's own per-CPU default)."""
+    per = max(1, int(gpus_per_node))
+    m = re.fullmatch(r"(\d+)([KMGT]?)", mem.strip().upper())
+    if m is None:
+        return mem
+    value, unit = int(m.group(1)), m.group(2) or "M"
+    if value == 0:
+        total = node_mem_mb()
+        return f"{total // per}M" if total else None
+    mb = value * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
+    return f"{max(1, int(mb // per))}M"
 
 
 def _array_name(tasks: list[LaunchTask]) -> str:
@@ -99,12 +123,15 @@ class SlurmLauncher(Launcher):
         for key in ("partition", "account", "qos", "constraint"):
             if getattr(s, key):
                 params[key] = getattr(s, key)
-        if c.exclusive:
+        shared = shares_a_node(tasks[0])
+        if c.exclusive and not shared:
             params["exclusive"] = True
         if c.cpus_per_task:
             params["cpus_per_task"] = int(c.cpus_per_task)
         if c.mem is not None:
-            params["mem"] = str(c.mem)  # "0": all of each node's memory
+            mem = mem_share(str(c.mem), tasks[0].gpus_per_node, self._node_mem_mb) if shared else str(c.mem)
+            if mem:
+                params["mem"] = mem  # "0": all of each node's memory
         if tasks[0].exclude:
             params["exclude"] = tasks[0].exclude
         # The orchestrator owns every rerun: Slurm never requeues a job (a NODE_FAIL requeue would rerun the
@@ -117,6 +144,11 @@ class SlurmLauncher(Launcher):
         if srun:
             params["srun_args"] = srun
         return params
+
+    def _node_mem_mb(self) -> int | None:
+        """The partition's smallest node memory in MB (`sinfo %m`), read once; None when Slurm does not say."""
+        part = self.target()
+        return part.mem_mb if part is not None else None
 
     def executor_folder(self, tasks: list[LaunchTask]) -> str:
         """submitit's own folder (sbatch script, pickles, logs), next to the tasks' job folders."""
