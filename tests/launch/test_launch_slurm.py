@@ -11,6 +11,7 @@ import os
 import shutil
 import stat
 import time
+from datetime import UTC, datetime
 
 import pytest
 
@@ -316,11 +317,19 @@ def test_a_rounds_rank_probes_are_one_array_of_one_gpu_tasks_each_its_own_rank(
     assert all(len(b) >= 2 for b in bounds)
     launcher = launchers(cluster())
     assert launcher.arrays(tasks) == [[0, 1]]  # one array for the round's probes
+    token = f"probes.{os.getpid()}"
+    for t in tasks:
+        t.token = token
+    since = datetime.now(UTC)
     subs = launcher.submit(tasks)
     assert launcher.sbatch_calls == 1 == counted("sbatch")
     base = subs[0].job_id.split("_")[0]
     assert subs[0].job_id == f"{base}_[0-{len(bounds[0]) - 1}]" and subs[0].array_index == 0
     assert subs[1].job_id == f"{base}_[{len(bounds[0])}-{len(bounds[0]) + len(bounds[1]) - 1}]"
+    # adopted on resume by its launch intent: each probe as all of its tasks (up to the next intent's index)
+    intents = [(token, s.array_index, s.folder) for s in subs]
+    found = launcher.find(intents, since)
+    assert [found[(token, s.array_index)].job_id for s in subs] == [s.job_id for s in subs]
     states = poll_until(launcher, [s.job_id for s in subs], lambda st: all(s.terminal for s in st.values()))
     assert {s.state for s in states.values()} == {"COMPLETED"}
     for sub, bound in zip(subs, bounds):
