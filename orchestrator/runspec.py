@@ -153,14 +153,16 @@ def build_spec(
 
 def launch_task(cfg: RootConfig, spec: JobSpec, *, exclude: str = "") -> LaunchTask:
     """The one JobSpec -> LaunchTask assembly (the sweep's attempts of every role, `run-one`, the preflight's
-    time limits): `run_task(spec)` on spec.launch_gpus GPUs (N, or one per probed rank) in spec.job_dir, named
-    for the sweep, candidate, attempt and role, with the Slurm time limit of its own window. `exclude`: nodes
-    to keep off (a NODE_FAIL retry)."""
+    time limits): `run_task(spec)` on N GPUs in spec.job_dir, or a rank probe's ranks as that many separate
+    one-GPU tasks (`LaunchTask.alone`: on Slurm array tasks of the round's one array of one-GPU tasks, packed on
+    shared nodes), named for the sweep, candidate, attempt and role, with the Slurm time limit of its own
+    window. `exclude`: nodes to keep off (a NODE_FAIL retry)."""
     role = "" if spec.role == AttemptRole.MEASURE else f":{spec.role}"
     return LaunchTask(
         fn=run_task,
         args=(spec,),
-        n_gpus=spec.launch_gpus,
+        n_gpus=1 if spec.probe_ranks else spec.launch_gpus,
+        alone=max(1, len(spec.probe_ranks)),
         gpus_per_node=spec.gpus_per_node,
         name=f"{spec.sweep}:{spec.candidate_key[:8]}:{spec.attempt}{role}",
         folder=str(spec.job_dir),

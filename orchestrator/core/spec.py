@@ -20,6 +20,10 @@ from orchestrator.core.paths import atomic_write
 from orchestrator.core.schema import EffectiveConfig, HardwareConfig, ModelConfig, StageConfig, WorkloadConfig
 from orchestrator.core.states import AttemptRole, Fidelity
 
+# Which probed rank a one-GPU task of a rank probe runs (0-based into JobSpec.probe_ranks): set per task by a
+# launcher that runs a probe's ranks as separate tasks (Slurm array tasks: orchestrator.launch LaunchTask.alone)
+ALONE_INDEX_ENV = "ORCH_ALONE_INDEX"
+
 
 @dataclass
 class JobSpec:

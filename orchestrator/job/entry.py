@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any
 
 from orchestrator.core.paths import JobPaths
-from orchestrator.core.spec import JobSpec
+from orchestrator.core.spec import ALONE_INDEX_ENV, JobSpec
 from orchestrator.job.ranklog import RankOutput
 
 # Slurm's stop (time limit, scancel) and Ctrl-C reach the workload. USR2 is not forwarded: it is
@@ -117,8 +117,9 @@ def rank_env(spec: JobSpec, job_env=None) -> RankEnv:
 
 def rank_envs(spec: JobSpec, job_env=None) -> list[RankEnv]:
     """The processes this task runs, one after another. One, except a rank probe (spec.probe_ranks) off Slurm:
-    there one process per probed rank, each alone. A rank probe's process is rank RANK of WORLD_SIZE = N on
-    its own GPU (LOCAL_RANK = the task's); under Slurm task i of the job probes spec.probe_ranks[i]."""
+        there one process per probed rank, each alone. A rank probe's process is rank RANK of WORLD_SIZE = N on
+        its own GPU (LOCAL_RANK = the task's); a task the launcher started alone (ALONE_INDEX_ENV = i: one Slurm array
+    task of one GPU) probes spec.probe_ranks[i] with LOCAL_RANK 0; else task i of the job probes spec.probe_ranks[i]."""
     if not spec.probe_ranks:
         return [rank_env(spec, job_env)]
     if job_env is None:
@@ -129,6 +130,9 @@ def rank_envs(spec: JobSpec, job_env=None) -> list[RankEnv]:
     def probe(rank: int, local: int) -> RankEnv:
         return RankEnv(rank, world, local, "127.0.0.1", port, single_process=False)
 
+    alone = os.environ.get(ALONE_INDEX_ENV)
+    if alone is not None and alone.isdigit():  # one array task of its own (the launcher's LaunchTask.alone)
+        return [probe(spec.probe_ranks[min(int(alone), len(spec.probe_ranks) - 1)], 0)]
     if job_env is not None and job_env.cluster == "slurm":
         i = min(int(job_env.global_rank), len(spec.probe_ranks) - 1)
         return [probe(spec.probe_ranks[i], int(job_env.local_rank))]

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from orchestrator.core.paths import JobPaths
+from orchestrator.core.spec import ALONE_INDEX_ENV as ALONE_INDEX_ENV
 from orchestrator.core.states import AttemptState
 
 # Called once per submission (a Slurm array, a local job) with (index into the tasks, Submitted) pairs.
@@ -45,6 +46,29 @@ class LaunchTask:
     time_min: int  # wall limit the caller computed (windows + margin)
     exclude: str = ""  # Slurm node list to avoid (a NODE_FAIL retry keeps off the node that failed)
     token: str = ""  # launch intent (the ledger's launch_token): the Slurm job name, so `find` can ask for it
+    # A one-GPU rank probe of k ranks: k separate tasks of n_gpus each (array tasks on Slurm, packed on shared
+    # nodes), task i with core.spec ALONE_INDEX_ENV=i; its Submitted names them all ("123_[4-6]"). 1 = one job.
+    alone: int = 1
+
+
+def merged(states: list[JobState]) -> JobState:
+    """One attempt's state from its tasks' (a rank probe's one-GPU array tasks): live while any task is live
+    (running once one runs), else the first task that did not complete (its exit code and signal), else the
+    first; nodes joined, the earliest start and the latest end."""
+    live = [s for s in states if not s.terminal]
+    if live:
+        pick = next((s for s in live if s.state == AttemptState.RUNNING), live[0])
+    else:
+        pick = next((s for s in states if s.state != AttemptState.COMPLETED), states[0])
+    nodes = ",".join(dict.fromkeys(s.node_list for s in states if s.node_list)) or None
+    starts = [s.start for s in states if s.start]
+    ends = [s.end for s in states if s.end]
+    return replace(
+        pick,
+        node_list=nodes,
+        start=min(starts) if starts else None,
+        end=max(ends) if ends and not live else None,
+    )
 
 
 @dataclass
@@ -133,8 +157,21 @@ class Launcher(ABC):
 
     def arrays(self, tasks: list[LaunchTask]) -> list[list[int]]:
         """How `submit` splits `tasks` into submissions (indexes into `tasks`), so the caller can give each
-        one a token before anything is submitted. Task k of a submission of several gets array index k."""
+        one a token before anything is submitted. The tasks of a submission of several take consecutive array
+        indexes in order, `alone` of them each (`array_indexes`)."""
         return [[i] for i in range(len(tasks))]
+
+    @staticmethod
+    def array_indexes(tasks: list[LaunchTask], group: list[int]) -> list[int | None]:
+        """The first array index of each task of one submission (`arrays`'s group): None for a lone job."""
+        if len(group) == 1 and tasks[group[0]].alone <= 1:
+            return [None]
+        out: list[int | None] = []
+        k = 0
+        for i in group:
+            out.append(k)
+            k += max(1, tasks[i].alone)
+        return out
 
     @abstractmethod
     def find(self, intents: list[tuple[str, int | None, str]], since: datetime) -> dict[tuple[str, int | None], Found]:

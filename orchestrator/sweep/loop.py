@@ -336,10 +336,10 @@ class Driver:
         intents: list[AttemptRow] = [None] * len(tasks)  # type: ignore[list-item]  # every slot is filled below
         for group in groups:
             token = tasks[group[0]].token
-            for k, i in enumerate(group):
+            for i, index in zip(group, self.launcher.array_indexes(tasks, group)):  # a rank probe: its first task's
                 intents[i] = self.ledger.new_attempt(
                     launches[i].candidate_id,
-                    array_index=k if len(group) > 1 else None,
+                    array_index=index,
                     job_dir=tasks[i].folder,
                     simulated=self.cfg.workload.simulated,
                     launch_token=token,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core import cost
+from orchestrator.core.spec import ALONE_INDEX_ENV
 from orchestrator.core.states import Fidelity
 from orchestrator.evidence.collect import collect
 from orchestrator.job import entry
@@ -58,10 +59,15 @@ def test_a_rank_probe_job_runs_each_bounding_rank_alone_and_reads_its_memory(pip
         probe_ranks=bound,
     )
     assert spec.argv[-1] == A.PROBE_FLAG and spec.n_gpus == n
-    assert launch_task(cfg, spec).n_gpus == len(bound) == spec.launch_gpus  # one GPU per probed rank
+    task = launch_task(cfg, spec)  # one one-GPU task per probed rank (Slurm: array tasks of their own)
+    assert (task.n_gpus, task.alone) == (1, len(bound)) and spec.launch_gpus == len(bound)
     # off Slurm one process per probed rank, each rank RANK of WORLD_SIZE = N, alone
     envs = entry.rank_envs(spec)
     assert [(e.rank, e.world_size, e.single_process) for e in envs] == [(r, n, False) for r in bound]
+    for i, r in enumerate(bound):  # an array task started alone (ALONE_INDEX_ENV = i) runs probed rank i only
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(ALONE_INDEX_ENV, str(i))
+            assert [(e.rank, e.world_size, e.local_rank) for e in entry.rank_envs(spec)] == [(r, n, 0)]
     entry.run_task(spec)
     probe = collect(tmp_path / "probe")
     full_spec = build_spec(cfg, planned, sweep="p", attempt=1, job_dir=tmp_path / "full", window=(0, 5))

@@ -11,6 +11,7 @@ import os
 import shutil
 import stat
 import time
+from datetime import UTC, datetime
 
 import pytest
 
@@ -258,3 +259,88 @@ def test_a_task_with_a_launch_token_leaves_its_own_start_and_exit_markers(slurm_
     started, exited = json.loads(paths.started.read_text()), json.loads(paths.exited.read_text())
     assert started["token"] == exited["token"] == t.token and exited["outcome"] == "ok"
     assert exited["job_id"] == sub.job_id
+
+
+def probe_rank(spec_path: str) -> int:
+    """Stands for a rank probe's task: the rank the job's entry gives this one-GPU task, left in its folder."""
+    from orchestrator.core.spec import JobSpec
+    from orchestrator.job import entry
+
+    spec = JobSpec.load(spec_path)
+    [renv] = entry.rank_envs(spec)
+    with open(os.path.join(spec.job_dir, f"probe-rank-{renv.rank}.json"), "w") as fh:
+        json.dump(
+            {
+                "rank": renv.rank,
+                "world": renv.world_size,
+                "local": renv.local_rank,
+                "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "ntasks": os.environ.get("SLURM_NTASKS"),
+                "array_task": os.environ.get("SLURM_ARRAY_TASK_ID"),
+            },
+            fh,
+        )
+    return renv.rank
+
+
+def test_a_rounds_rank_probes_are_one_array_of_one_gpu_tasks_each_its_own_rank(
+    slurm_cluster, smoke, tmp_path, counted, launchers
+):
+    """Two probes of 2-3 ranks each: ONE sbatch, an array of one-GPU tasks (one task per rank, each with one
+    GPU), each task running its own RANK of WORLD_SIZE = N with LOCAL_RANK 0; each probe is one attempt whose
+    id names its tasks ("123_[0-2]"), polled and finished as one."""
+    from orchestrator.core.states import Fidelity
+    from orchestrator.plan import ranks
+    from orchestrator.runspec import build_spec, launch_task
+
+    cfg, cands = smoke
+    layouts = [c for c in cands if c.layout.pp > 1][:2]
+    assert len(layouts) == 2
+    tasks, bounds = [], []
+    for i, planned in enumerate(layouts):
+        bound = ranks.probe_ranks(planned.layout, cfg.stage.gpus, planned.prediction.heaviest_stage)
+        spec = build_spec(
+            cfg,
+            planned,
+            sweep="p",
+            attempt=1,
+            job_dir=tmp_path / f"probe{i}",
+            fidelity=Fidelity.PROBE,
+            probe_ranks=bound,
+        )
+        os.makedirs(spec.job_dir)
+        spec.save(JobPaths(spec.job_dir).spec)
+        t = launch_task(cfg, spec)
+        t.fn, t.args = probe_rank, (str(JobPaths(spec.job_dir).spec),)
+        tasks.append(t)
+        bounds.append(bound)
+    assert all(len(b) >= 2 for b in bounds)
+    launcher = launchers(cluster())
+    assert launcher.arrays(tasks) == [[0, 1]]  # one array for the round's probes
+    token = f"probes.{os.getpid()}"
+    for t in tasks:
+        t.token = token
+    since = datetime.now(UTC)
+    subs = launcher.submit(tasks)
+    assert launcher.sbatch_calls == 1 == counted("sbatch")
+    base = subs[0].job_id.split("_")[0]
+    assert subs[0].job_id == f"{base}_[0-{len(bounds[0]) - 1}]" and subs[0].array_index == 0
+    assert subs[1].job_id == f"{base}_[{len(bounds[0])}-{len(bounds[0]) + len(bounds[1]) - 1}]"
+    # adopted on resume by its launch intent: each probe as all of its tasks (up to the next intent's index)
+    intents = [(token, s.array_index, s.folder) for s in subs]
+    found = launcher.find(intents, since)
+    assert [found[(token, s.array_index)].job_id for s in subs] == [s.job_id for s in subs]
+    states = poll_until(launcher, [s.job_id for s in subs], lambda st: all(s.terminal for s in st.values()))
+    assert {s.state for s in states.values()} == {"COMPLETED"}
+    for sub, bound in zip(subs, bounds):
+        seen = [json.loads((tmp_path / sub.folder / f"probe-rank-{r}.json").read_text()) for r in bound]
+        assert [(x["rank"], x["world"], x["local"], x["ntasks"]) for x in seen] == [
+            (r, cfg.stage.gpus, 0, "1") for r in bound
+        ]
+        assert all(x["gpus"] is not None and "," not in x["gpus"] for x in seen)  # one GPU each
+    tasks_run = sorted(
+        int(x["array_task"])
+        for s, b in zip(subs, bounds)
+        for x in (json.loads((tmp_path / s.folder / f"probe-rank-{r}.json").read_text()) for r in b)
+    )
+    assert tasks_run == list(range(sum(map(len, bounds))))  # every array task ran one rank

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,21 @@ def test_batch_script_is_what_submitit_writes(tmp_path, monkeypatch):
     executor.update_parameters(**launcher.parameters([task], folder))
     expected = executor._make_submission_file_text(executor._submitit_command_str, "uid")
     assert launcher.batch_script([task]) == expected
+
+
+def test_a_one_gpu_probe_task_shares_its_node_under_workload_megatron(tmp_path):
+    """workload=megatron asks for whole nodes (--exclusive, --mem=0); a one-GPU rank-probe task must not: it
+    asks for its GPU, its CPUs and its GPU's share of the node's memory, so Slurm packs 8 on a node."""
+    cfg = compose(["cluster=slurm", f"cluster.folder={tmp_path}", "+stage=1k", "workload=megatron"]).cfg
+    launcher = SlurmLauncher(cfg.job_cluster())
+    launcher._node_mem_mb = lambda: 2_048_000  # type: ignore[method-assign]  # sinfo %m of a 2 TB node
+    probe = LaunchTask(fn=run_task, args=(), n_gpus=1, gpus_per_node=8, name="p:1", folder=str(tmp_path), time_min=9)
+    full = LaunchTask(fn=run_task, args=(), n_gpus=1024, gpus_per_node=8, name="f:1", folder=str(tmp_path), time_min=9)
+    p, f = launcher.parameters([probe, probe]), launcher.parameters([full])
+    assert "exclusive" not in p and (p["nodes"], p["ntasks_per_node"], p["gpus_per_node"]) == (1, 1, 1)
+    assert p["cpus_per_task"] == 8 and p["mem"] == "256000M"  # one eighth of the node
+    assert f["exclusive"] is True and f["mem"] == "0"  # a full-scale job still takes whole nodes
+    launcher._node_mem_mb = lambda: None  # type: ignore[method-assign]  # Slurm does not say: no --mem at all
+    assert "mem" not in launcher.parameters([probe])
+    sized = SlurmLauncher(replace(cfg.job_cluster(), mem="1800G"))
+    assert sized.parameters([probe])["mem"] == "230400M"  # 1800G / 8

@@ -8,10 +8,13 @@ different shape (nodes x tasks_per_node x GPUs) cannot share an array, so they a
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from os.path import commonpath
 from typing import Any
@@ -20,6 +23,7 @@ from orchestrator.core.paths import JobPaths
 from orchestrator.core.schema import ClusterConfig
 from orchestrator.core.states import AttemptState
 from orchestrator.launch.base import (
+    ALONE_INDEX_ENV,
     Found,
     JobState,
     Launcher,
@@ -28,6 +32,7 @@ from orchestrator.launch.base import (
     OnSubmitted,
     Submitted,
     Unrunnable,
+    merged,
     read_result,
     shape,
 )
@@ -54,6 +59,40 @@ def node_log_flags(folder: str, array: bool) -> list[str]:
     if array:  # as submitit names an array's logs
         out, err = out.replace("%j", "%A_%a"), err.replace("%j", "%A_%a")
     return ["--label", "--output", out, "--error", err]
+
+
+def shares_a_node(task: LaunchTask) -> bool:
+    """A task of fewer GPUs than a node holds (a one-GPU rank probe) shares its node: never `--exclusive` and
+    never all of the node's memory, so Slurm packs up to `gpus_per_node` of them on one node."""
+    return 0 < task.n_gpus < task.gpus_per_node
+
+
+def mem_share(mem: str, gpus_per_node: int, node_mem_mb: Callable[[], int | None]) -> str | None:
+    """A shared task's `--mem`: its GPUs' share of the per-node `mem` ("1800G" on 8 GPUs: "225G"); for "0" (all
+    of a node's memory) the share of the partition's node memory (`node_mem_mb`), or no `--mem` when Slurm does
+    not say it (Slurm's own per-CPU default)."""
+    per = max(1, int(gpus_per_node))
+    m = re.fullmatch(r"(\d+)([KMGT]?)", mem.strip().upper())
+    if m is None:
+        return mem
+    value, unit = int(m.group(1)), m.group(2) or "M"
+    if value == 0:
+        total = node_mem_mb()
+        return f"{total // per}M" if total else None
+    mb = value * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
+    return f"{max(1, int(mb // per))}M"
+
+
+def array_size(tasks: list[LaunchTask]) -> int:
+    """Array tasks these LaunchTasks become: one each, a rank probe's `alone` tasks each."""
+    return sum(max(1, t.alone) for t in tasks)
+
+
+def span(ids: list[str]) -> str:
+    """One attempt's consecutive array tasks in Slurm's notation: ["123_4", "123_5", "123_6"] -> "123_[4-6]"
+    (what scancel takes, and sacct.expand_job_id reads back)."""
+    base, first, last = ids[0].split("_")[0], ids[0].split("_")[1], ids[-1].split("_")[1]
+    return f"{base}_[{first}-{last}]"
 
 
 def _array_name(tasks: list[LaunchTask]) -> str:
@@ -99,12 +138,15 @@ class SlurmLauncher(Launcher):
         for key in ("partition", "account", "qos", "constraint"):
             if getattr(s, key):
                 params[key] = getattr(s, key)
-        if c.exclusive:
+        shared = shares_a_node(tasks[0])
+        if c.exclusive and not shared:
             params["exclusive"] = True
         if c.cpus_per_task:
             params["cpus_per_task"] = int(c.cpus_per_task)
         if c.mem is not None:
-            params["mem"] = str(c.mem)  # "0": all of each node's memory
+            mem = mem_share(str(c.mem), tasks[0].gpus_per_node, self._node_mem_mb) if shared else str(c.mem)
+            if mem:
+                params["mem"] = mem  # "0": all of each node's memory
         if tasks[0].exclude:
             params["exclude"] = tasks[0].exclude
         # The orchestrator owns every rerun: Slurm never requeues a job (a NODE_FAIL requeue would rerun the
@@ -112,11 +154,16 @@ class SlurmLauncher(Launcher):
         # submitit writes `#SBATCH --<key>` for a True value (submitit/slurm/slurm.py: _as_sbatch_flag).
         extra = {k: v for k, v in s.sbatch_extra.items() if k.replace("-", "_") not in REQUEUE_KEYS}
         params["additional_parameters"] = {**extra, "no_requeue": True}
-        logs = node_log_flags(folder, len(tasks) > 1) if folder else []
+        logs = node_log_flags(folder, array_size(tasks) > 1) if folder else []
         srun = container.srun_flags(c) + logs + list(s.srun_args)
         if srun:
             params["srun_args"] = srun
         return params
+
+    def _node_mem_mb(self) -> int | None:
+        """The partition's smallest node memory in MB (`sinfo %m`), read once; None when Slurm does not say."""
+        part = self.target()
+        return part.mem_mb if part is not None else None
 
     def executor_folder(self, tasks: list[LaunchTask]) -> str:
         """submitit's own folder (sbatch script, pickles, logs), next to the tasks' job folders."""
@@ -135,18 +182,27 @@ class SlurmLauncher(Launcher):
 
         folder = self.executor_folder(tasks)
         params = self.parameters(tasks, folder)
-        if len(tasks) > 1:
-            params["map_count"] = len(tasks)
+        if array_size(tasks) > 1:
+            params["map_count"] = array_size(tasks)
         return _make_sbatch_string(command=self.submit_command(folder), folder=folder, **params)
 
     def arrays(self, tasks: list[LaunchTask]) -> list[list[int]]:
-        """One array per (shape, excluded nodes), in chunks of `cluster.slurm.max_array_size`: sbatch options hold
-        for a whole array."""
+        """One array per (shape, excluded nodes), in chunks of `cluster.slurm.max_array_size` array tasks (a rank
+        probe's `alone` tasks never split over two): sbatch options hold for a whole array."""
         groups: dict[tuple[tuple[int, int, int], str], list[int]] = defaultdict(list)
         for i, t in enumerate(tasks):
             groups[(shape(t), t.exclude)].append(i)
         size = max(1, int(self.cluster.slurm.max_array_size))
-        return [idxs[k : k + size] for idxs in groups.values() for k in range(0, len(idxs), size)]
+        out: list[list[int]] = []
+        for idxs in groups.values():
+            chunk: list[int] = []
+            for i in idxs:
+                if chunk and array_size([tasks[j] for j in chunk]) + max(1, tasks[i].alone) > size:
+                    out.append(chunk)
+                    chunk = []
+                chunk.append(i)
+            out.append(chunk)
+        return out
 
     def target(self) -> partition.Partition | None:
         """The partition jobs go to (cluster.slurm.partition, else Slurm's default); None when Slurm is silent."""
@@ -197,7 +253,25 @@ class SlurmLauncher(Launcher):
         return out
 
     def find(self, intents: list[tuple[str, int | None, str]], since: datetime) -> dict[tuple[str, int | None], Found]:
-        return intents_mod.find(intents, since=since)
+        """As `intents.find`, an intent of several array tasks (a rank probe) found as all of them: from its
+        own index up to the next intent's of its token (the last: the highest index Slurm knows)."""
+        found = intents_mod.find(intents, since=since)
+        starts: dict[str, list[int]] = defaultdict(list)
+        for token, idx, _ in intents:
+            if idx is not None:
+                starts[token].append(idx)
+        known: dict[str, list[int]] = defaultdict(list)
+        for token, idx in found:
+            if idx is not None:
+                known[token].append(idx)
+        for token, idxs in starts.items():
+            idxs.sort()
+            for lo, nxt in zip(idxs, [*idxs[1:], max(known[token], default=-1) + 1]):
+                first = found.get((token, lo))
+                if first is not None and nxt - 1 > lo:
+                    ids = [f"{first.job_id.split('_')[0]}_{k}" for k in range(lo, nxt)]
+                    found[(token, lo)] = replace(first, job_id=span(ids))
+        return found
 
     def _submit_array(self, tasks: list[LaunchTask]) -> list[Submitted]:
         import submitit
@@ -205,18 +279,29 @@ class SlurmLauncher(Launcher):
         folder = self.executor_folder(tasks)
         executor = submitit.SlurmExecutor(folder=folder, python=container.python(self.cluster))
         executor.update_parameters(**self.parameters(tasks, folder))
+
+        def alone_env(t: LaunchTask, k: int) -> dict[str, str] | None:
+            return {ALONE_INDEX_ENV: str(k)} if t.alone > 1 else None
+
         try:
             with executor.batch():
-                jobs = [executor.submit(RunInFolder(t.fn, t.args, t.folder, token=t.token)) for t in tasks]
+                jobs = [
+                    [
+                        executor.submit(RunInFolder(t.fn, t.args, t.folder, env=alone_env(t, k), token=t.token))
+                        for k in range(max(1, t.alone))
+                    ]
+                    for t in tasks
+                ]
         except Exception as exc:
             raise LaunchError(f"sbatch failed for {len(tasks)} task(s) ({tasks[0].name} ...): {exc}") from exc
         finally:
             self.sbatch_calls += 1
         subs = []
-        for t, job in zip(tasks, jobs):
-            jid = str(job.job_id)
+        for t, own in zip(tasks, jobs):
+            ids = [str(job.job_id) for job in own]
+            jid = ids[0] if len(ids) == 1 else span(ids)  # a rank probe's tasks: "123_[4-6]"
             subs.append(
-                Submitted(job_id=jid, array_index=int(jid.split("_")[1]) if "_" in jid else None, folder=t.folder)
+                Submitted(job_id=jid, array_index=int(ids[0].split("_")[1]) if "_" in ids[0] else None, folder=t.folder)
             )
             self._folders[jid] = t.folder
         return subs
@@ -226,18 +311,25 @@ class SlurmLauncher(Launcher):
         ids = [str(j) for j in job_ids]
         if not ids:
             return {}
+        members = {j: sacct.expand_job_id(j) for j in ids}  # a rank probe's one-GPU tasks: each its own row
         self.sacct_calls += 1
         try:
-            proc = subprocess.run(sacct.command(ids), capture_output=True, text=True, timeout=120)
+            proc = subprocess.run(
+                sacct.command([m for ms in members.values() for m in ms]), capture_output=True, text=True, timeout=120
+            )
             error = proc.stderr.strip() if proc.returncode else ""
             found = sacct.parse(proc.stdout) if not error else {}
         except (OSError, subprocess.TimeoutExpired) as exc:
             error, found = str(exc), {}
         # A job sacct does not list yet (accounting lags 1-2 s) or a failed query stays live: UNKNOWN.
         why = f"sacct failed: {error[:200]}" if error else "not in accounting yet"
-        states = {j: sacct.state_for(found, j) or JobState(state=AttemptState.UNKNOWN, reason=why) for j in ids}
-        self.stop_if_stuck([j for j, st in states.items() if st.state == AttemptState.PENDING])
-        return states
+        each = {
+            m: sacct.state_for(found, m) or JobState(state=AttemptState.UNKNOWN, reason=why)
+            for ms in members.values()
+            for m in ms
+        }
+        self.stop_if_stuck([m for m, st in each.items() if st.state == AttemptState.PENDING])
+        return {j: each[ms[0]] if len(ms) == 1 else merged([each[m] for m in ms]) for j, ms in members.items()}
 
     def stop_if_stuck(self, pending: list[str]) -> None:
         """Read Slurm's reason for the pending jobs (one squeue); when one never clears (PartitionConfig,

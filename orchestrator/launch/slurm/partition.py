@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # sinfo %t states of nodes that take no new job until an admin acts (https://slurm.schedmd.com/sinfo.html)
 UNUSABLE = ("down", "drain", "drng", "drained", "draining", "fail", "failg", "maint", "inval", "futr", "futu")
@@ -48,6 +48,7 @@ class Partition:
     max_time_min: int | None  # MaxTime; None = UNLIMITED
     max_nodes: int | None  # MaxNodes per job; None = UNLIMITED
     state: str = "UP"
+    mem_mb: int | None = None  # the smallest node's memory (sinfo %m), for a shared task's share
 
     def size(self) -> str:
         """`partition debug: 4 nodes x 8 CPUs x 8 GPUs, MaxTime UNLIMITED` (the words of every refusal)."""
@@ -135,7 +136,10 @@ def read(name: str | None) -> Partition | None:
     nodes = ask(["sinfo", "-h", "-p", name, "-o", "%c|%G|%t|%D"])
     if show is None or nodes is None:
         return None
-    return parse(show, nodes)
+    part = parse(show, nodes)
+    words = (ask(["sinfo", "-h", "-p", name, "-o", "%m"]) or "").split()
+    mems = [int(w.rstrip("+")) for w in words if w.rstrip("+").isdigit()]
+    return replace(part, mem_mb=min(mems)) if part is not None and mems else part
 
 
 def misfits(req: Request, part: Partition) -> list[tuple[str, str]]:
