@@ -15,6 +15,8 @@ another on one worker: they drain nodes, count sbatch and sacct calls, and check
 from __future__ import annotations
 
 import os
+import sys
+import sysconfig
 
 import pytest
 
@@ -26,6 +28,30 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if "slurm" in item.keywords or "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+def _megatron_modules() -> dict:
+    return {k: m for k, m in sys.modules.items() if k == "megatron" or k.startswith("megatron.")}
+
+
+@pytest.fixture(autouse=True)
+def _installed_megatron_after_each_test():
+    """A test that runs the node preflight in-process imports Megatron from a checkout put first on sys.path
+    (on a node that is its own process). Left in sys.modules, that checkout's code would be every later test's
+    Megatron on this worker, so which Megatron a test saw would depend on the order tests ran in: after such a
+    test, sys.path and the modules of the installed megatron-core are restored."""
+    path, before = list(sys.path), _megatron_modules()
+    yield
+    installed = sysconfig.get_paths()["purelib"]
+    foreign = [
+        k for k, m in _megatron_modules().items() if not str(getattr(m, "__file__", "") or "").startswith(installed)
+    ]
+    if foreign:
+        sys.path[:] = path
+        for k in _megatron_modules():
+            if before.get(k) is not sys.modules[k]:
+                del sys.modules[k]
+        sys.modules.update(before)
 
 
 @pytest.fixture(scope="session")
