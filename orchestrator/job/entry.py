@@ -91,9 +91,9 @@ def rank_env(spec: JobSpec, job_env=None) -> RankEnv:
     """
     if job_env is None:
         job_env = _submitit_env()
-    port = master_port(spec, _job_id(job_env))
     if spec.probe_ranks:  # a rank probe: this task's one GPU runs one rank of the N-GPU job (--fake-process-group)
         return rank_envs(spec, job_env)[0]
+    port = master_port(spec, _job_id(job_env))
     if job_env is not None and job_env.cluster == "slurm":
         hosts = list(job_env.hostnames) or [job_env.hostname]
         return RankEnv(
@@ -117,8 +117,8 @@ def rank_env(spec: JobSpec, job_env=None) -> RankEnv:
 
 def rank_envs(spec: JobSpec, job_env=None) -> list[RankEnv]:
     """The processes this task runs, one after another. One, except a rank probe (spec.probe_ranks) off Slurm:
-        there one process per probed rank, each alone. A rank probe's process is rank RANK of WORLD_SIZE = N on
-        its own GPU (LOCAL_RANK = the task's); a task the launcher started alone (ALONE_INDEX_ENV = i: one Slurm array
+    there one process per probed rank, each alone. A rank probe's process is rank RANK of WORLD_SIZE = N on
+    its own GPU (LOCAL_RANK = the task's); a task the launcher started alone (ALONE_INDEX_ENV = i: one Slurm array
     task of one GPU) probes spec.probe_ranks[i] with LOCAL_RANK 0; else task i of the job probes spec.probe_ranks[i]."""
     if not spec.probe_ranks:
         return [rank_env(spec, job_env)]
