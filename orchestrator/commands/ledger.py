@@ -1,5 +1,6 @@
 """`ledger export|sweeps|events|ingest`: the ledger outside a sweep (exports for notebooks, audit log), and
-`ledger ingest FOLDER`: the measurements of job folders stored into a ledger that lost them (docs/faults.md)."""
+`ledger ingest FOLDER`: the results of job folders (measurements, trusted failures such as an OOM, the
+finalists' jobs) stored into a ledger that lost them (docs/faults.md)."""
 
 from __future__ import annotations
 
@@ -87,15 +88,20 @@ def run(args, overrides) -> int:
 
 
 def ingest(folder: str, overrides: list[str]) -> int:
-    """Judge every job folder under FOLDER (orchestrator/evidence/ingest.py), then store the trusted ones
-    (orchestrator/ledger/ingest.py). A bad FOLDER or sweep name is refused before the ledger is opened."""
+    """Judge every job folder under FOLDER (orchestrator/evidence/ingest.py), store the trusted ones
+    (orchestrator/ledger/ingest.py), then record the finalists' verdicts their attempts decide
+    (orchestrator/sweep/finalists.py `verdicts`). A bad FOLDER or sweep name is refused before the ledger is
+    opened; a folder of skipped jobs writes nothing, and finalists' jobs alone create no ledger."""
     from orchestrator.core.paths import JobPaths
     from orchestrator.core.spec import JobSpec
+    from orchestrator.core.states import AttemptRole
     from orchestrator.evidence.ingest import job_folders, judge
-    from orchestrator.ledger.ingest import Measured, Summary
+    from orchestrator.ledger.errors import LedgerError
+    from orchestrator.ledger.ingest import Summary, Trusted
     from orchestrator.ledger.ingest import ingest as store
     from orchestrator.sweep import open_ledger as open_for_writing
-    from orchestrator.sweep.setup import check_name
+    from orchestrator.sweep.finalists import verdicts
+    from orchestrator.sweep.setup import check_name, root_from_yaml
 
     cfg = compose(overrides).cfg
     folders = job_folders(folder)  # UserError: missing, no job folder, a link leading out
@@ -104,20 +110,31 @@ def ingest(folder: str, overrides: list[str]) -> int:
             name = JobSpec.load(JobPaths(f).spec).sweep
             check_name(name, source=f"the sweep name in {JobPaths(f).spec}")
     judged = [judge(f) for f in folders]
-    found = [Measured(**x.record()) for x in judged if x.result is not None]
-    out, where = Summary(), "not opened: nothing to store"
-    if found:  # a folder of skipped jobs writes nothing, not even a new ledger file
-        with open_for_writing(cfg, create=True) as ledger:
+    found = [Trusted(**x.record()) for x in judged if x.result is not None]
+    out, where, notes = Summary(), "not opened: nothing to store", []
+    measured = any(x.role == AttemptRole.MEASURE for x in found)
+    try:
+        ledger = open_for_writing(cfg, create=True) if measured else open_for_writing(cfg) if found else None
+    except LedgerError as exc:  # finalists' jobs alone: their candidates must be in an existing ledger
+        ledger, where = None, f"not opened: {exc}"
+        out.skipped += [(x.job_dir, f"a {x.role} job: its candidate is in no ledger") for x in found]
+    if ledger is not None:
+        with ledger:
             out = store(ledger, found, source=str(Path(folder).expanduser().resolve()))
+            for name in out.finalists:  # the verdicts the lost ledger held, from the attempts now back in it
+                sweep = ledger.get_sweep(name)
+                notes += verdicts(ledger, name, root_from_yaml(sweep.config_yaml)) if sweep is not None else []
             where = ledger.url
     skipped = [(str(x.folder), x.skipped) for x in judged if x.result is None] + out.skipped
     sweeps = ", ".join(out.sweeps) or "-"
     print(
-        f"ingested {len(out.ingested)} measured result(s), {len(out.present)} already present, {len(skipped)} "
-        f"skipped, of {len(judged)} job folder(s) (sweep {sweeps}; ledger {where})"
+        f"ingested {out.counts()}, {len(out.present)} already present, {len(skipped)} skipped, "
+        f"of {len(judged)} job folder(s) (sweep {sweeps}; ledger {where})"
     )
     for path, why in skipped:
         print(f"  skipped {path}: {why}")
+    for note in notes:
+        print(f"  finalists: {note}")
     if out.sweeps:
         first = out.sweeps[0]
         print(f"next: python -m orchestrator best --sweep {first}   (or status, report, resume {first})")

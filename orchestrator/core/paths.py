@@ -64,7 +64,7 @@ class JobPaths:
     # The job's own evidence (a local job: launch/task.RunInFolder), written by the job, not the orchestrator:
     # found after a kill that came before launch.json, and never confused with a stray result.json.
     STARTED = "job-started.json"  # {"token", "job_id", "pid"}, as the job starts
-    EXITED = "job-exit.json"  # {"token", "job_id", "outcome": "ok" | "error"}, as it returns or raises
+    EXITED = "job-exit.json"  # {"token", "job_id", "outcome": "ok" | "error", "returncode"}, as it returns or raises
     NODE_LOG = "node-{node}.log"
     NODE_LOG_GLOB = NODE_LOG.format(node="*")
     TIME_LIMIT_MARK = "time-limit-warning-rank-{rank}"

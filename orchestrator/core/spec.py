@@ -65,8 +65,11 @@ class JobSpec:
     # ledger lost under a running sweep can be rebuilt from the job folders (`ledger ingest`,
     # orchestrator/evidence/ingest.py): the attempt's launch token (its ledger `attempt.launch_token`; the job's
     # own start and exit markers name it too), its candidate's round and decision, and the sweep's stored config
-    # snapshot (passwords masked, as in the ledger). Empty in a spec written by `run-one` or before they existed.
+    # snapshot (passwords masked, as in the ledger), and the key of the candidate the attempt is a row of (its
+    # own `candidate_key`, but for a parity reference shared by several finalists: an attempt of the first of
+    # them, sweep/finalists). Empty in a spec written by `run-one` or before they existed.
     launch_token: str = ""
+    owner_key: str = ""
     round: int | None = None
     decision: dict[str, Any] | None = None
     sweep_config: str = ""

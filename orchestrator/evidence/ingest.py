@@ -1,16 +1,32 @@
-"""Job folders on disk -> the measurements they can be trusted for: what `ledger ingest FOLDER` stores when a
+"""Job folders on disk -> the results they can be trusted for: what `ledger ingest FOLDER` stores when a
 ledger was lost (deleted or replaced under a running sweep, issue 22 item 3) while the results stayed in the
 job folders.
 
 A folder's evidence is trusted only when it is the job's own and complete:
-- its `job.json` is a measure attempt's (a finalist's job is evidence about a candidate, never its
-  measurement: `resume` asks for it again) and names its launch token (`JobSpec.launch_token`);
-- the job's own exit marker (`job-exit.json`, written by the job as it returned: orchestrator/launch/task.py)
-  exists, names that token (and so does its start record) and says it ended well;
+- its `job.json` names its launch token (`JobSpec.launch_token`) and, for a finalist's job, the candidate it
+  is an attempt of (`JobSpec.owner_key`: a parity reference shared by several finalists is the first's);
+- the job's own exit marker (`job-exit.json`, written by the job as it returned or raised:
+  orchestrator/launch/task.py) exists and names that token, and so does its start record;
 - the folder, collected again (orchestrator/evidence/collect.py; `result.json` is the orchestrator's, never
-  evidence), is a successful result of the attempt's whole window (a screen's or probe's own window counts).
-Anything else is listed as skipped with its reason, never stored as a measurement. Nothing here writes the
-ledger: orchestrator/ledger/ingest.py stores what this finds.
+  evidence), is either a successful result of the attempt's whole window (a screen's or probe's own window
+  counts), or a failure whose class the folder alone establishes (`TRUSTED_FAILURES`, below).
+Anything else is listed as skipped with its reason, never stored. A job with no exit marker (still running,
+or killed without a trace: kill -9, a node that died) is skipped: nothing says how it ended.
+
+Which failures the folder alone establishes. The driver classifies a failed job from its folder and from
+Slurm's word (sacct's state, orchestrator/evidence/classify.py); a lost ledger leaves only the folder. Trusted
+are the classes of orchestrator/core/failures.py TABLE that a rank's own log lines prove and that no retry
+runs again by default (`log` evidence, `Retry.NEVER`): INVALID_CONFIG and OOM, the layout's own verdicts that
+the search learns from (select.oom_dominated, calibration's OOM lower bounds, the capacity an OOM message
+states: orchestrator/sweep/capacity.py), and CRASH (a traceback or a non-zero exit of the workload itself),
+the outcome the driver would not retry either. A CRASH counts only when the exit marker records the rank's
+exit status and it is a plain non-zero exit (or the job ended well and collect still failed it, as a restore
+that loaded no checkpoint): a rank killed by a signal was most likely stopped from outside (time limit,
+preemption, a node failure, the host's OOM killer), which Slurm's word would name and the folder cannot. For
+the same reason a failed job that received Slurm's early time-limit warning is skipped. Classes the sweep
+retries (NCCL_TIMEOUT, TIMEOUT, PREEMPTED, NODE_FAIL, LOST) are no verdict on the layout: `resume` measures
+it again, as the driver would have; CANCELLED and NO_OUTPUT rest on Slurm's word or on nothing. Nothing here
+writes the ledger: orchestrator/ledger/ingest.py stores what this finds.
 """
 
 from __future__ import annotations
@@ -22,16 +38,21 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.errors import UserError
+from orchestrator.core.failures import TABLE, Failure, Retry, retried_by_default
 from orchestrator.core.paths import JobPaths
 from orchestrator.core.result import JobResult
 from orchestrator.core.spec import JobSpec
 from orchestrator.core.states import AttemptRole, AttemptState
 from orchestrator.evidence.collect import collect
 
+# what a folder alone proves (the module's rules): INVALID_CONFIG, OOM, CRASH
+TRUSTED_FAILURES: tuple[str, ...] = tuple(fc.name for fc in TABLE if fc.log and fc.retry is Retry.NEVER)
+
 
 @dataclass(frozen=True)
 class OnDisk:
-    """One job folder and what it can be trusted for: `result` set (a complete measurement) or `skipped` (why not)."""
+    """One job folder and what it can be trusted for: `result` set (a complete result or a trusted failure) or
+    `skipped` (why not)."""
 
     folder: Path
     spec: JobSpec | None = None
@@ -42,10 +63,10 @@ class OnDisk:
     skipped: str = ""
 
     def record(self) -> dict[str, Any]:
-        """What the ledger stores of a trusted folder (orchestrator/ledger/ingest.py `Measured`'s fields)."""
+        """What the ledger stores of a trusted folder (orchestrator/ledger/ingest.py `Trusted`'s fields)."""
         spec, result = self.spec, self.result
         if spec is None or result is None:
-            raise ValueError(f"{self.folder} holds no trusted measurement: {self.skipped}")
+            raise ValueError(f"{self.folder} holds no trusted result: {self.skipped}")
         config_yaml, config_from = snapshot(spec)
         return dict(
             sweep=spec.sweep,
@@ -56,6 +77,7 @@ class OnDisk:
             config_yaml=config_yaml,
             config_from=config_from,
             key=spec.candidate_key,
+            owner_key=spec.owner_key or spec.candidate_key,
             layout=spec.layout,
             predicted=spec.predicted,
             round=int(spec.round or 0),
@@ -123,12 +145,12 @@ def judge(folder: Path) -> OnDisk:
         spec = JobSpec.load(paths.spec)
     except (OSError, ValueError, TypeError) as exc:
         return OnDisk(folder, skipped=f"{JobPaths.SPEC} cannot be read ({type(exc).__name__}: {exc})"[:300])
-    if spec.role != AttemptRole.MEASURE:
-        why = f"a finalist's {spec.role} job: evidence about a candidate, not its measurement (resume runs it again)"
-        return OnDisk(folder, spec, skipped=why)
     token = spec.launch_token
     if not token:
         why = f"{JobPaths.SPEC} names no launch token (run-one, or an older orchestrator): nothing ties it to a launch"
+        return OnDisk(folder, spec, skipped=why)
+    if spec.role == AttemptRole.PARITY_REFERENCE and not spec.owner_key:
+        why = f"a parity reference whose {JobPaths.SPEC} names no finalist it ran for (an older orchestrator)"
         return OnDisk(folder, spec, skipped=why)
     exited, started = _read(paths.exited), _read(paths.started)
     if exited is None:
@@ -138,26 +160,39 @@ def judge(folder: Path) -> OnDisk:
         if rec is not None and rec.get("token") != token:
             why = f"its {what} names launch {rec.get('token')!r}, not this job's {token!r}: another launch's evidence"
             return OnDisk(folder, spec, skipped=why)
-    if exited.get("outcome") != "ok":
-        why = f"the job ended with an error (exit marker outcome {exited.get('outcome')!r}): no measurement"
-        return OnDisk(folder, spec, skipped=why)
+    outcome, code = exited.get("outcome"), exited.get("returncode")
+    if outcome not in ("ok", "error"):
+        return OnDisk(folder, spec, skipped=f"its exit marker says outcome {outcome!r}, neither 'ok' nor 'error'")
     job_id = str(exited.get("job_id") or "")
-    result = collect(folder, slurm_state=AttemptState.COMPLETED, exit_code=0, job_id=job_id or None)
-    asked = spec.window[1]
-    if not result.ok:
-        why = f"not a measurement: {result.failure_class or 'failed'}: {result.failure_detail or ''}".rstrip(": ")
+    if outcome == "ok":
+        result = collect(folder, slurm_state=AttemptState.COMPLETED, exit_code=0, job_id=job_id or None)
+    else:  # the job raised: a rank's non-zero exit (its status, when the marker records it)
+        status = code if isinstance(code, int) and code != 0 else 1
+        result = collect(folder, slurm_state=AttemptState.FAILED, exit_code=status, job_id=job_id or None)
+    why = _untrusted(paths, result, spec.window[1], ended_well=outcome == "ok", code=code)
+    if why:
         return OnDisk(folder, spec, skipped=why[:300])
-    if result.partial or result.measure_iters < asked:
-        why = f"partial: {result.measure_iters}/{asked} measured iterations of its window, never a measurement"
-        return OnDisk(folder, spec, skipped=why)
-    return OnDisk(
-        folder,
-        spec,
-        result,
-        job_id=job_id,
-        started_at=_at(started),
-        ended_at=_at(exited),
-    )
+    return OnDisk(folder, spec, result, job_id=job_id, started_at=_at(started), ended_at=_at(exited))
+
+
+def _untrusted(paths: JobPaths, result: JobResult, asked: int, *, ended_well: bool, code: Any) -> str:
+    """Why a collected result is no evidence to store ("" when it is: the module's rules)."""
+    if result.ok:
+        if result.partial or result.measure_iters < asked:
+            return f"partial: {result.measure_iters}/{asked} measured iterations of its window, never a measurement"
+        return ""
+    fc = result.failure_class or "failed"
+    what = f"failed with {fc}" + (f" ({result.failure_detail[:120]})" if result.failure_detail else "")
+    if fc not in TRUSTED_FAILURES:
+        if retried_by_default(fc):
+            return f"{what}: a class the sweep retries, no verdict on the layout (resume measures it again)"
+        return f"{what}: no verdict its folder alone can give (Slurm's word names it)"
+    if not ended_well and any(paths.folder.glob(JobPaths.TIME_LIMIT_MARK.format(rank="*"))):
+        return f"{what}: Slurm's time limit was near (its warning is in the folder), and Slurm's word decides then"
+    if fc == Failure.CRASH and not ended_well and not (isinstance(code, int) and code > 0):
+        why = "killed by a signal (stopped from outside?)" if isinstance(code, int) else "no exit status recorded"
+        return f"{what}: {why}; Slurm's word, which the folder lacks, would name the cause"
+    return ""
 
 
 def scan(root: str | os.PathLike[str]) -> list[OnDisk]:

@@ -37,7 +37,10 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class TaskFailed(RuntimeError):
-    """A rank's workload exited non-zero (or was killed by a signal)."""
+    """A rank's workload exited non-zero (or was killed by a signal): `returncode` (negative: the signal),
+    which the job's exit marker records (orchestrator/launch/task.py; `ledger ingest` reads it)."""
+
+    returncode: int | None = None
 
 
 @dataclass
@@ -261,7 +264,9 @@ def run_task(spec: JobSpec | str | os.PathLike) -> dict:
     )
     if code != 0:
         how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        raise TaskFailed(f"rank {renv.rank} {how}; see {output.where}")
+        failed = TaskFailed(f"rank {renv.rank} {how}; see {output.where}")
+        failed.returncode = code
+        raise failed
     return asdict(outcome)
 
 

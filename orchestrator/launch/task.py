@@ -53,8 +53,9 @@ class RunInFolder:
         self._mark(paths.started, pid=os.getpid())
         try:
             out = self.fn(*self.args)
-        except Exception:  # a failure is an end too; a KeyboardInterrupt (cancel) is not: no marker
-            self._mark(paths.exited, outcome="error")
+        except Exception as exc:  # a failure is an end too; a KeyboardInterrupt (cancel) is not: no marker
+            code = getattr(exc, "returncode", None)  # the rank's exit status (job/entry TaskFailed); < 0: a signal
+            self._mark(paths.exited, outcome="error", returncode=code if isinstance(code, int) else None)
             raise
         self._mark(paths.exited, outcome="ok")
         return out

@@ -1,18 +1,29 @@
-"""Re-ingest measurements found in job folders into a ledger (`ledger ingest FOLDER`): the rows a lost ledger
+"""Re-ingest the results found in job folders into a ledger (`ledger ingest FOLDER`): the rows a lost ledger
 held, rebuilt through the Ledger's own methods (the sweep, its candidate by layout key, the attempt by its
-launch token, the result through `ledger.evidence.record_result`: there is no second way to store a result).
+launch token and number, the result through `ledger.evidence.record_result`: there is no second way to store
+a result, so a failed attempt gets its failure class, detail and stated GPU capacity exactly as the driver
+records them).
 
-Which folders are trusted is orchestrator/evidence/ingest.py's rule; this module only stores what it is given.
-Idempotent: an attempt already recorded with a result is left alone, so ingesting twice adds nothing.
+What is stored: a measure attempt's result (the candidate DONE) or trusted failure (the candidate FAILED, as
+the driver settles a failure it does not retry: the search's observations read its class), and a finalist's
+job (parity, parity-reference, long-run-save, long-run-restore) as an attempt of its role of the candidate it
+ran for, which must be in the ledger already (its measurement is ingested with it): its result is evidence
+about that candidate, never its measurement. The candidate's status follows its latest measure attempt, and
+only when this ingest stored that attempt: a verdict already in the ledger is never overwritten. The
+finalists' verdicts are the sweep's to record (orchestrator/sweep/finalists.py `verdicts`, which the command
+calls). Which folders are trusted is orchestrator/evidence/ingest.py's rule; this module only stores what it
+is given. Idempotent: an attempt already recorded with a result or a failure is left alone, so ingesting
+twice adds nothing.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.core.states import CandidateStatus
+from orchestrator.core.states import AttemptRole, CandidateStatus
 from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.ledger import CandidateIn, Ledger
 
@@ -20,9 +31,9 @@ INGESTED = "ingested"  # the sweep's provenance part and event kind of rows rebu
 
 
 @dataclass(frozen=True)
-class Measured:
-    """A trusted measurement of one job folder, as its job.json names it (orchestrator/evidence/ingest.py
-    `OnDisk.measured` builds it: the ledger reads no JobSpec)."""
+class Trusted:
+    """A trusted result of one job folder (a measurement, a finalist's result, or a trusted failure), as its
+    job.json names it (orchestrator/evidence/ingest.py `OnDisk.record` builds it: the ledger reads no JobSpec)."""
 
     sweep: str
     stage: str
@@ -31,7 +42,8 @@ class Measured:
     workload: str
     config_yaml: str  # the sweep's config snapshot (its job.json's, else rebuilt from the spec's groups)
     config_from: str  # where config_yaml came from, in words (the sweep's `ingested` provenance)
-    key: str  # the candidate's layout key
+    key: str  # the job's layout key (a parity reference's: the reference layout's)
+    owner_key: str  # the key of the candidate it is an attempt of (its own but for a shared parity reference)
     layout: dict[str, Any]
     predicted: dict[str, Any]
     round: int
@@ -41,7 +53,7 @@ class Measured:
     fidelity: str
     role: str
     simulated: bool
-    result: dict[str, Any]  # JobResult.to_dict()
+    result: dict[str, Any]  # JobResult.to_dict(): ok, or a trusted failure
     job_dir: str
     job_id: str = ""
     started_at: float | None = None
@@ -51,15 +63,26 @@ class Measured:
 @dataclass
 class Summary:
     ingested: list[str] = field(default_factory=list)  # job folders stored now
-    present: list[str] = field(default_factory=list)  # already recorded with a result: left alone
+    present: list[str] = field(default_factory=list)  # already recorded with a result or a failure: left alone
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (job folder, why)
     sweeps: list[str] = field(default_factory=list)  # the sweeps they belong to, in order
+    kinds: Counter[str] = field(default_factory=Counter)  # of those stored now: measured, failed, finalists'
+    finalists: list[str] = field(default_factory=list)  # sweeps with finalists' attempts in the ledger now
+
+    def counts(self) -> str:
+        """The stored results in words: "3 result(s) (2 measured, 1 failed, 0 finalists' jobs)"."""
+        k = self.kinds
+        return (
+            f"{len(self.ingested)} result(s) ({k['measured']} measured, {k['failed']} failed, "
+            f"{k['finalists']} finalists' jobs)"
+        )
 
 
-def ingest(ledger: Ledger, found: Sequence[Measured], *, source: str) -> Summary:
-    """Store every measurement of `found` not yet in `ledger`; `source` (the folder) goes into the events."""
+def ingest(ledger: Ledger, found: Sequence[Trusted], *, source: str) -> Summary:
+    """Store every result of `found` not yet in `ledger`; `source` (the folder) goes into the events. Measure
+    attempts first, so a finalist's job finds the candidate it ran for."""
     out = Summary()
-    order = sorted(found, key=lambda x: (x.sweep, x.key, x.attempt))
+    order = sorted(found, key=lambda x: (x.role != AttemptRole.MEASURE, x.sweep, x.owner_key, x.attempt))
     for name in dict.fromkeys(x.sweep for x in order):  # refused before anything is written
         lease = ledger.leases.lease(name) if ledger.get_sweep(name) is not None else None
         if lease is not None and lease.alive is not False and not lease.expired:
@@ -67,12 +90,18 @@ def ingest(ledger: Ledger, found: Sequence[Measured], *, source: str) -> Summary
                 f"sweep {name} is driven by {lease.holder} right now: its driver collects its own jobs; "
                 "ingest once it has stopped (or `resume` it)"
             )
+    stored: dict[tuple[str, str], set[int]] = {}  # (sweep, candidate key) -> its measure attempts stored now
     for item in order:
-        name = item.sweep
-        if name not in out.sweeps:
+        name, ok = item.sweep, bool(item.result.get("ok"))
+        measure = item.role == AttemptRole.MEASURE
+        if measure and name not in out.sweeps:
             _sweep(ledger, item, source)
             out.sweeps.append(name)
-        cand = ledger.candidate_by_key(name, item.key)
+        cand = ledger.candidate_by_key(name, item.owner_key) if ledger.get_sweep(name) is not None else None
+        if cand is None and not measure:
+            why = f"a {item.role} job of candidate {item.owner_key[:10]}, which is in no ledger row"
+            out.skipped.append((item.job_dir, f"{why}: ingest its measurement's folder with it"))
+            continue
         if cand is None:
             (cand,) = ledger.add_candidates(
                 name,
@@ -83,20 +112,24 @@ def ingest(ledger: Ledger, found: Sequence[Measured], *, source: str) -> Summary
                         layer_pattern=str(item.predicted.get("layer_pattern") or ""),
                         predicted=item.predicted,
                         round=item.round,
-                        status=CandidateStatus.DONE,
+                        status=CandidateStatus.DONE if ok else CandidateStatus.FAILED,
                         decision=item.decision,
                     )
                 ],
             )
+        if name not in out.sweeps:
+            out.sweeps.append(name)
         atts = ledger.attempts(cand.id, roles=None)
-        mine = next((a for a in atts if a.launch_token == item.launch_token), None)
-        if mine is not None and ledger.evidence.result(mine.id) is not None:
+        mine = next((a for a in atts if a.launch_token == item.launch_token and a.attempt_no == item.attempt), None)
+        if mine is not None and (ledger.evidence.result(mine.id) is not None or (mine.terminal and mine.failure_class)):
             out.present.append(item.job_dir)
+            if not measure and name not in out.finalists:
+                out.finalists.append(name)
             continue
         if mine is None:
             other = next((a for a in atts if a.attempt_no == item.attempt), None)
             if other is not None:
-                why = f"attempt {item.attempt} of {item.key[:10]} is in the ledger as another launch"
+                why = f"attempt {item.attempt} of {item.owner_key[:10]} is in the ledger as another launch"
                 out.skipped.append((item.job_dir, f"{why} ({other.launch_token or 'no token'})"))
                 continue
             mine = ledger.new_attempt(
@@ -118,14 +151,38 @@ def ingest(ledger: Ledger, found: Sequence[Measured], *, source: str) -> Summary
             ledger.update_attempt(mine.id, **times)
         ledger.evidence.record_result(mine.id, item.result)
         out.ingested.append(item.job_dir)
+        out.kinds["finalists" if not measure else "measured" if ok else "failed"] += 1
+        if measure:
+            stored.setdefault((name, cand.key), set()).add(mine.id)
+        elif name not in out.finalists:
+            out.finalists.append(name)
+    for (name, key), ids in stored.items():
+        _settle(ledger, name, key, ids)
     for name in out.sweeps:
         n = sum(1 for x in order if x.sweep == name and x.job_dir in out.ingested)
         if n:
-            ledger.log_event(name, INGESTED, f"{n} measured result(s) ingested from {source}", data={"n": n})
+            ledger.log_event(name, INGESTED, f"{n} result(s) ingested from {source}", data={"n": n})
     return out
 
 
-def _sweep(ledger: Ledger, item: Measured, source: str) -> None:
+def _settle(ledger: Ledger, sweep: str, key: str, stored: set[int]) -> None:
+    """The candidate's status from its latest measure attempt, as the driver settles it (measured: done; a
+    failure it does not retry: failed), when that attempt is one this ingest stored."""
+    cand = ledger.candidate_by_key(sweep, key)
+    assert cand is not None  # stored just now
+    last = max(ledger.attempts(cand.id), key=lambda a: a.attempt_no)
+    if last.id not in stored:
+        return
+    if ledger.evidence.result(last.id) is not None:
+        status, why = CandidateStatus.DONE, f"job {last.job_id or '?'} measured (ingested from its job folder)"
+    else:
+        status = CandidateStatus.FAILED
+        why = f"{last.failure_class or last.state}: ingested from its job folder ({(last.failure_detail or '')[:160]})"
+    if cand.status != CandidateStatus.EXCLUDED and (cand.status != status or not cand.reason):
+        ledger.set_candidate_status(cand.id, status, why)
+
+
+def _sweep(ledger: Ledger, item: Trusted, source: str) -> None:
     """Find the item's sweep, or create it from the config snapshot its job.json gave (marked as ingested)."""
     if ledger.get_sweep(item.sweep) is not None:
         return

@@ -391,3 +391,15 @@ class Finalists:
             msg = f"{lay}: no long-run figures: {info['reason']}"
         self.ledger.log_event(self.sweep, LONG_RUN_EVENT, msg, candidate_id=c.id, data=info)
         out.notes.append(f"long-run {msg}")
+
+
+def verdicts(ledger: Ledger, sweep: str, cfg: RootConfig) -> list[str]:
+    """Record the verdicts a sweep's finalist attempts already decide, launching nothing: `ledger ingest`, once
+    it stored those attempts, so a rebuilt ledger shows the verdicts (parity rows, exclusions, long-run figures)
+    the lost one held; the attempts still needed are `resume`'s to launch. `cfg`: the sweep's stored config,
+    with the GPUs' measured capacity (as the driver's finalists see it) and the driver's retry decision."""
+    from orchestrator.sweep.capacity import effective_config
+    from orchestrator.sweep.retry import retry_attempts
+
+    cfg = effective_config(ledger, cfg, sweep)
+    return Finalists(cfg, ledger, sweep, lambda fc, atts: retry_attempts(fc, atts, cfg.policy)).step().notes

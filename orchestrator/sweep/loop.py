@@ -37,7 +37,7 @@ from orchestrator.search.env import PlanEnv
 from orchestrator.sweep import observe
 from orchestrator.sweep.decide import next_round
 from orchestrator.sweep.launches import Launch
-from orchestrator.sweep.retry import retry_decision
+from orchestrator.sweep.retry import retry_attempts
 from orchestrator.sweep.view import Snapshot, View
 
 if TYPE_CHECKING:
@@ -329,8 +329,9 @@ class Driver:
             token = f"{self.name}.{secrets.token_hex(4)}"
             for i in group:
                 tasks[i].token = launches[i].spec.launch_token = token
+        keys = {c.id: c.key for c in self._cands()}
         for x in launches:
-            x.spec.sweep_config = self.sweep.config_yaml
+            x.spec.sweep_config, x.spec.owner_key = self.sweep.config_yaml, keys.get(x.candidate_id, "")
             with folder_writes(x.spec.job_dir, resume):
                 x.spec.save(JobPaths(x.spec.job_dir).spec)
         intents: list[AttemptRow] = [None] * len(tasks)  # type: ignore[list-item]  # every slot is filled below
@@ -456,13 +457,7 @@ class Driver:
             self.view.event(f"job {a.job_id} {fc}: not retried ({why}) {lay}")
 
     def _retry(self, fc: str, atts: list[AttemptRow]) -> tuple:
-        return retry_decision(
-            fc,
-            [x.failure_class or x.state for x in atts if not x.aborted],  # a launch that never ran is no try
-            max_attempts=self.cfg.policy.max_attempts,
-            retry_classes=self.cfg.policy.retry_classes,
-            asked=self.opts.retry,
-        )
+        return retry_attempts(fc, atts, self.cfg.policy, asked=self.opts.retry)
 
     # ---- deciding the next round ------------------------------------------------------------------
     def _decide(self) -> str | None:

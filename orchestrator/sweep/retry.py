@@ -10,8 +10,10 @@ table retries ALWAYS (LOST: the job gave no verdict; a sweep's stored retry_clas
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from orchestrator.core.failures import BY_NAME, DEFAULT_RETRY_CLASSES, Retry
+from orchestrator.core.schema import PolicyConfig
 
 
 def retry_decision(
@@ -36,3 +38,16 @@ def retry_decision(
         seen = sum(1 for x in history if x == fc)
         return (True, f"{fc} is retried once") if seen <= 1 else (False, f"{fc} already retried once")
     return True, f"attempt {len(history) + 1} of {max_attempts}"
+
+
+def retry_attempts(fc: str | None, attempts: Sequence[Any], policy: PolicyConfig, asked: Iterable[str] = ()):
+    """`retry_decision` for an attempt of `attempts` (ledger AttemptRows, this one included) under `policy`: the
+    history is their classes (else states), a launch intent that never ran (`aborted`) no try. The driver's
+    (measure attempts and finalists) and `ledger ingest`'s (the verdicts of finalists' attempts it stored)."""
+    return retry_decision(
+        fc,
+        [x.failure_class or x.state for x in attempts if not x.aborted],
+        max_attempts=policy.max_attempts,
+        retry_classes=policy.retry_classes,
+        asked=asked,
+    )

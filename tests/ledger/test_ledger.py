@@ -450,12 +450,12 @@ def test_ingest_stores_each_folder_once_by_token_and_an_older_attempt_never_beco
     """orchestrator/ledger/ingest.py (`ledger ingest`): a measurement rebuilt from its job folder is stored once
     (by launch token), keeps its folder's attempt number, and one of an older attempt ingested after a newer
     one leaves the newer the candidate's latest; a number taken by another launch is skipped, not stored."""
-    from orchestrator.ledger.ingest import Measured, ingest
+    from orchestrator.ledger.ingest import Trusted, ingest
 
     item = make_items(1)[0]
 
-    def found(attempt: int, token: str, step_s: float) -> Measured:
-        return Measured(
+    def found(attempt: int, token: str, step_s: float) -> Trusted:
+        return Trusted(
             sweep="rebuilt",
             stage="1k",
             model="dsv4_pro",
@@ -464,6 +464,7 @@ def test_ingest_stores_each_folder_once_by_token_and_an_older_attempt_never_beco
             config_yaml="{}",
             config_from="test",
             key=item.key,
+            owner_key=item.key,
             layout=item.layout,
             predicted=item.predicted,
             round=2,
@@ -495,3 +496,66 @@ def test_ingest_stores_each_folder_once_by_token_and_an_older_attempt_never_beco
     assert row.attempt_id == atts[1].id and row.metrics["step_p50_s"] == 1.0
     assert "ingested" in ledger.get_sweep("rebuilt").provenance
     assert [e.kind for e in ledger.events("rebuilt", kind="ingested")] == ["ingested", "ingested"]
+
+
+def test_ingest_stores_a_failure_as_the_driver_does_and_a_finalists_job_under_the_candidate_it_ran_for(ledger):
+    """A trusted OOM comes back as the driver records it (class, detail, the stated capacity; the candidate
+    failed, its latest attempt); twice adds nothing. A finalist's job of a candidate in no row is skipped; a
+    shared parity reference (its own layout key) is an attempt of the finalist it ran for, never a measurement."""
+    from orchestrator.ledger.ingest import Trusted, ingest
+
+    a, b = make_items(2)
+    oom = JobResult(
+        ok=False,
+        simulated=True,
+        failure_class="OOM",
+        failure_detail="torch.OutOfMemoryError: CUDA out of memory. GPU 0 has a total capacity of 96.00 GiB",
+        gpu_capacity_gb=103.079215104,
+        gpu_capacity_source="OOM message",
+        slurm_state="FAILED",
+        exit_code=1,
+    ).to_dict()
+
+    def found(item, attempt: int, token: str, result: dict, role: str = "measure", owner: str = "") -> Trusted:
+        return Trusted(
+            sweep="back",
+            stage="1k",
+            model="dsv4_pro",
+            hardware="h200",
+            workload="twin",
+            config_yaml="{}",
+            config_from="test",
+            key=item.key,
+            owner_key=owner or item.key,
+            layout=item.layout,
+            predicted=item.predicted,
+            round=0,
+            decision=None,
+            attempt=attempt,
+            launch_token=token,
+            fidelity="full",
+            role=role,
+            simulated=True,
+            result=result,
+            job_dir=f"/runs/back/{item.key[:6]}/{role}-{attempt}",
+            job_id=f"{200 + attempt}",
+        )
+
+    ref = found(b, 2, "back.f", job_result(1.0), role="parity-reference", owner=a.key)  # b's layout, a's attempt
+    out = ingest(ledger, [ref, found(a, 1, "back.m", oom)], source="/runs/back")
+    assert len(out.ingested) == 2 and out.kinds == {"failed": 1, "finalists": 1} and out.finalists == ["back"]
+    (cand,) = ledger.candidates("back")  # b is no candidate: its layout ran only as a's reference
+    assert cand.key == a.key and cand.status == "failed" and cand.reason.startswith("OOM: ")
+    m, r = ledger.attempts(cand.id, roles=None)
+    assert (m.role, m.state, m.failure_class, m.exit_code) == ("measure", "FAILED", "OOM", 1)
+    assert "CUDA out of memory" in (m.failure_detail or "")
+    assert cand.latest_attempt_id == m.id and ledger.evidence.result(m.id) is None
+    assert (r.role, r.attempt_no) == ("parity-reference", 2) and ledger.evidence.result(r.id) is not None
+    assert ledger.evidence.measured(sweep="back") == []  # a finalist's result is no measurement
+    assert [(c.gb, c.source) for c in ledger.evidence.gpu_capacities("back")] == [(103.079215104, "OOM message")]
+
+    out = ingest(ledger, [ref, found(a, 1, "back.m", oom)], source="/runs/back")  # again: nothing added
+    assert out.ingested == [] and len(out.present) == 2
+    out = ingest(ledger, [found(b, 1, "back.x", job_result(1.0), role="parity")], source="/runs/back")
+    assert out.ingested == [] and "in no ledger row" in out.skipped[0][1]
+    assert len(ledger.attempts(cand.id, roles=None)) == 2

@@ -106,12 +106,17 @@ def test_a_ledger_deleted_mid_sweep_is_rebuilt_from_the_job_folders_with_nothing
     rc, out, err = _ingest(capsys, runs, url)
     assert rc == 0 and not err, err
     skipped = len(_folders(runs)) - len(on_disk)
-    assert out[0].startswith(f"ingested {len(on_disk)} measured result(s), 0 already present, {skipped} skipped"), out
+    n = len(on_disk)
+    assert out[0].startswith(
+        f"ingested {n} result(s) ({n} measured, 0 failed, 0 finalists' jobs), 0 already present, {skipped} skipped"
+    ), out
     stored = _stored(url, "pulled")
     assert sorted(stored) == sorted(on_disk)  # every result on disk, each exactly once
 
     rc, out, _ = _ingest(capsys, runs, url)  # again: nothing added
-    assert rc == 0 and out[0].startswith(f"ingested 0 measured result(s), {len(on_disk)} already present"), out
+    assert rc == 0 and out[0].startswith(
+        f"ingested 0 result(s) (0 measured, 0 failed, 0 finalists' jobs), {n} already"
+    ), out
     assert sorted(_stored(url, "pulled")) == sorted(on_disk)
 
     assert main(["best", "--sweep", "pulled", "--format", "json", f"ledger.url={url}"]) == 0
@@ -161,7 +166,9 @@ def test_only_a_jobs_own_complete_evidence_is_stored(finished_sweep, tmp_path, c
     url = _url(tmp_path / "ledger.sqlite")
     rc, out, err = _ingest(capsys, root, url)
     assert rc == 0 and not err, err
-    assert out[0].startswith("ingested 1 measured result(s), 0 already present, 4 skipped"), out
+    assert out[0].startswith(
+        "ingested 1 result(s) (1 measured, 0 failed, 0 finalists' jobs), 0 already present, 4 skipped"
+    ), out
     why = {ln.split(": ", 1)[0].split()[-1]: ln.split(": ", 1)[1] for ln in out[1:] if ln.startswith("  skipped ")}
     assert "no launch token" in why[cases["no-token"]]
     assert "no exit marker" in why[cases["no-exit"]]
@@ -170,16 +177,147 @@ def test_only_a_jobs_own_complete_evidence_is_stored(finished_sweep, tmp_path, c
     assert _stored(url, "done") == [cases["intact"]]
 
 
-def test_a_finalists_job_is_skipped_not_stored_as_a_measurement(finished_sweep, tmp_path, capsys):
+def test_a_finalists_job_is_an_attempt_of_its_role_and_needs_its_candidate_in_the_ledger(
+    finished_sweep, tmp_path, capsys
+):
+    """A finalist's job alone (its candidate in no ledger) is skipped and writes no ledger; beside its
+    candidate's measurement it comes back as an attempt of its role, never the candidate's measurement."""
     src = _folders(finished_sweep / "runs" / "done")[0]
+    meas = tmp_path / "done" / "c" / "attempt-1"
+    shutil.copytree(src, meas)
     dst = tmp_path / "done" / "c" / "parity-2"
     shutil.copytree(src, dst)
     spec = _read(JobPaths(dst).spec)
-    JobPaths(dst).spec.write_text(json.dumps({**spec, "role": str(AttemptRole.PARITY)}))
-    rc, out, _ = _ingest(capsys, dst, _url(tmp_path / "ledger.sqlite"))
-    assert rc == 0 and out[0].startswith("ingested 0 measured result(s), 0 already present, 1 skipped"), out
-    assert "not its measurement" in out[1]
+    JobPaths(dst).spec.write_text(json.dumps({**spec, "role": str(AttemptRole.PARITY), "attempt": 2}))
+    url = _url(tmp_path / "ledger.sqlite")
+    rc, out, _ = _ingest(capsys, dst, url)
+    assert rc == 0 and out[0].startswith("ingested 0 result(s) (0 measured, 0 failed, 0 finalists' jobs), 0 already"), (
+        out
+    )
+    assert "its candidate is in no ledger" in out[1]
     assert not (tmp_path / "ledger.sqlite").exists()  # nothing to store: no ledger written
+
+    rc, out, _ = _ingest(capsys, tmp_path / "done", url)
+    assert rc == 0 and out[0].startswith("ingested 2 result(s) (1 measured, 0 failed, 1 finalists' jobs)"), out
+    assert _stored(url, "done") == [str(meas.resolve())]  # the parity job is no measurement
+    with Ledger.open(url, create=False) as led:
+        (c,) = led.candidates("done")
+        assert [(a.role, a.attempt_no) for a in led.attempts(c.id, roles=None)] == [("measure", 1), ("parity", 2)]
+        assert c.status == CandidateStatus.DONE and c.latest_result_id is not None
+
+
+def test_a_failure_is_stored_only_when_its_folder_alone_proves_it(finished_sweep, tmp_path, capsys):
+    """Copies of measured folders whose job raised (exit marker outcome 'error'): a plain non-zero exit is a
+    CRASH, stored as the driver would (the candidate failed); a rank killed by a signal, a marker without the
+    rank's exit status, or a job that got Slurm's time-limit warning is skipped (Slurm's word would decide)."""
+    good = _folders(finished_sweep / "runs" / "done")
+    root = tmp_path / "done"
+    cases = {}
+    for name, src in zip(("crash", "signal", "no-status", "time-limit"), good, strict=False):
+        dst = root / name / "attempt-1"
+        shutil.copytree(src, dst)
+        paths = JobPaths(dst)
+        marker = {**_read(paths.exited), "outcome": "error", "returncode": {"signal": -15}.get(name, 1)}
+        if name == "no-status":  # an older orchestrator's marker
+            del marker["returncode"]
+        elif name == "time-limit":
+            paths.time_limit_mark(0).write_text("signal 12\n")
+        paths.exited.write_text(json.dumps(marker))
+        cases[name] = str(dst.resolve())
+    url = _url(tmp_path / "ledger.sqlite")
+    rc, out, err = _ingest(capsys, root, url)
+    assert rc == 0 and not err, err
+    assert out[0].startswith(
+        "ingested 1 result(s) (0 measured, 1 failed, 0 finalists' jobs), 0 already present, 3 skipped"
+    ), out
+    why = {ln.split(": ", 1)[0].split()[-1]: ln.split(": ", 1)[1] for ln in out[1:] if ln.startswith("  skipped ")}
+    assert "failed with CRASH" in why[cases["signal"]] and "killed by a signal" in why[cases["signal"]]
+    assert "no exit status recorded" in why[cases["no-status"]]
+    assert "time limit was near" in why[cases["time-limit"]]
+    with Ledger.open(url, create=False) as led:
+        (c,) = led.candidates("done")
+        (a,) = led.attempts(c.id)
+        assert a.job_dir == cases["crash"] and a.failure_class == "CRASH" and a.state == AttemptState.FAILED
+        assert c.status == CandidateStatus.FAILED and c.reason.startswith("CRASH: ")
+        assert led.evidence.result(a.id) is None
+    rc, out, _ = _ingest(capsys, root, url)  # again: nothing added
+    assert rc == 0 and out[0].startswith("ingested 0 result(s) (0 measured, 0 failed, 0 finalists' jobs), 1 already"), (
+        out
+    )
+
+
+def _move_aside(tmp: Path) -> str:
+    """The sweep's ledger moved out of the way (what the driver recorded, to compare with): its URL there."""
+    kept = tmp / "before"
+    kept.mkdir()
+    for f in tmp.glob("ledger.sqlite*"):
+        f.rename(kept / f.name)
+    return _url(kept / "ledger.sqlite")
+
+
+def _verdicts(url: str, sweep: str) -> dict:
+    """Per candidate key: status, the failure classes of its measure attempts, its parity rows, its long-run
+    figures; and the sweep's stated GPU capacity: what `status`, `report` and `best` show."""
+    out: dict = {}
+    with Ledger.open(url, create=False) as led:
+        for c in led.candidates(sweep):
+            runs = [
+                (ev.data["ok"], ev.data.get("q_effective"))
+                for ev in led.events(sweep, kind="long-run", candidate_id=c.id)
+            ]
+            out[c.key] = (
+                c.status,
+                [a.failure_class for a in led.attempts(c.id)],
+                [(p.passed, p.reference_key, p.steps, p.max_loss_diff, p.detail) for p in led.evidence.parity(c.id)],
+                runs,
+            )
+        out["capacity"] = [(x.gb, x.source) for x in led.evidence.gpu_capacities(sweep)]
+    return out
+
+
+def test_a_sweep_of_ooms_comes_back_failed_as_the_driver_recorded_it(tmp_path, monkeypatch, capsys):
+    """Every job OOMs (the twin's force_oom); the ledger is lost. Ingest brings each back FAILED with class OOM,
+    its message and the capacity it states, as the driver recorded them; the search's observations see the
+    OOMs; a second ingest adds nothing; resume runs none of them again."""
+    from orchestrator.search.env import PlanEnv
+    from orchestrator.sweep import observe
+    from orchestrator.sweep.setup import root_from_yaml
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    args = sweep_args(tmp_path, "ooms", "++workload.twin.force_oom=true", *TINY)
+    assert main(["sweep", *args, "--plain"]) == 1  # measured nothing
+    capsys.readouterr()
+    before = _move_aside(tmp_path)
+    runs = tmp_path / "runs" / "ooms"
+    url = _url(tmp_path / "rebuilt.sqlite")
+    rc, out, err = _ingest(capsys, runs, url)
+    n = len(_folders(runs))
+    assert rc == 0 and not err and n >= 2, err
+    assert out[0].startswith(f"ingested {n} result(s) (0 measured, {n} failed, 0 finalists' jobs), 0 already"), out
+    was, now = _verdicts(before, "ooms"), _verdicts(url, "ooms")
+    assert now == was and all(v[:2] == (CandidateStatus.FAILED, ["OOM"]) for k, v in now.items() if k != "capacity")
+    assert now["capacity"] and all(src == "OOM message" for _, src in now["capacity"])  # the OOM's own words
+    with Ledger.open(url, create=False) as led:
+        sweep = led.get_sweep("ooms")
+        cfg = root_from_yaml(sweep.config_yaml)
+        env = PlanEnv(cfg.model, cfg.hardware, cfg.required_stage(), cfg.workload.name)
+        obs = observe.observations(led, [sweep], env)
+        assert len(obs) == n and {o.failure_class for o in obs} == {"OOM"}  # what oom_dominated and calibration read
+        details = {a.job_dir: a.failure_detail for a in all_attempts(led, "ooms")}
+        assert all("CUDA out of memory" in d for d in details.values()), details
+
+    rc, out, _ = _ingest(capsys, runs, url)  # again: nothing added
+    assert rc == 0 and out[0].startswith(
+        f"ingested 0 result(s) (0 measured, 0 failed, 0 finalists' jobs), {n} already"
+    ), out
+    assert _verdicts(url, "ooms") == now
+
+    assert main(["resume", "ooms", f"ledger.url={url}", "--plain"]) in (0, 1)
+    capsys.readouterr()
+    with Ledger.open(url, create=False) as led:  # no OOMed layout launched again
+        for c in led.candidates("ooms"):
+            if c.key in was:
+                assert len(led.attempts(c.id, roles=None)) == 1, c.key
 
 
 @pytest.mark.parametrize("bad", ["missing", "empty", "a file", "escaping link", "unsafe sweep name"])
@@ -235,3 +373,59 @@ def test_resume_collects_a_result_on_disk_whose_attempt_row_lacks_it(tmp_path, m
         assert len(all_attempts(led, "uncollected")) == before  # collected, not launched again
         cand = next(c for c in led.candidates("uncollected") if c.id == victim.candidate_id)
         assert cand.status == CandidateStatus.DONE
+
+
+FINALISTS = (  # tests/sweep/test_finalists_killed.py's sweep, on a fast twin
+    "parity.enabled=true",
+    "++effective.long_run=true",
+    "++effective.long_run_save_at=6",
+    "++effective.long_run_after_iters=6",
+    "policy.promote_top_k=3",
+    "policy.round0_size=4",
+    "stage.budget.max_runs=4",
+    "++workload.twin.diverge_when={cp: 2}",  # round 0's CP2 finalists fail the gate against their CP1 references
+)
+
+
+def test_the_finalists_jobs_come_back_with_their_verdicts_and_resume_runs_none_again(tmp_path, monkeypatch, capsys):
+    """A sweep ran to its end through the finalists (parity, a shared parity reference, long-run save and
+    restore); its ledger is lost. Ingest brings every finalist job back as an attempt of its role, the verdicts
+    shown are the ones the driver recorded (parity rows, the excluded candidate, the long-run figures, `best`),
+    and resume launches no finalist's job again."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    assert main(["sweep", *sweep_args(tmp_path, "fin", *FINALISTS, stage="slice"), "--plain"]) == 0
+    capsys.readouterr()
+    before = _move_aside(tmp_path)
+    assert main(["best", "--sweep", "fin", "--format", "json", f"ledger.url={before}"]) == 0
+    best = json.loads(capsys.readouterr().out)["key"]
+    with Ledger.open(before, create=False) as led:
+        roles = sorted(a.role for a in all_attempts(led, "fin"))
+    assert {AttemptRole.PARITY, AttemptRole.PARITY_REFERENCE, AttemptRole.LONG_RUN_RESTORE} <= set(roles), roles
+
+    runs = tmp_path / "runs" / "fin"
+    url = _url(tmp_path / "rebuilt.sqlite")
+    rc, out, err = _ingest(capsys, runs, url)
+    assert rc == 0 and not err, err
+    n_fin = sum(1 for r in roles if r != AttemptRole.MEASURE)
+    assert f"({len(roles) - n_fin} measured, 0 failed, {n_fin} finalists' jobs), 0 already present, 0 skipped" in out[0]
+    assert any(ln.startswith("  finalists: parity ") for ln in out), out
+    was, now = _verdicts(before, "fin"), _verdicts(url, "fin")
+    assert now == was
+    assert any(v[0] == CandidateStatus.EXCLUDED and not v[2][0][0] for v in now.values() if isinstance(v, tuple))
+    assert sum(1 for v in now.values() if isinstance(v, tuple) and v[3] and v[3][0][0]) >= 1  # long-run figures
+    with Ledger.open(url, create=False) as led:
+        assert sorted(a.role for a in all_attempts(led, "fin")) == roles
+        measures = {a.id for a in all_attempts(led, "fin") if a.measures}  # a finalist's job is no measurement
+        assert {m.attempt_id for m in led.evidence.measured(sweep="fin")} <= measures
+    assert main(["best", "--sweep", "fin", "--format", "json", f"ledger.url={url}"]) == 0
+    assert json.loads(capsys.readouterr().out)["key"] == best
+
+    rc, out, _ = _ingest(capsys, runs, url)  # again: nothing added
+    assert rc == 0 and out[0].startswith(
+        f"ingested 0 result(s) (0 measured, 0 failed, 0 finalists' jobs), {len(roles)}"
+    )
+    assert main(["resume", "fin", f"ledger.url={url}", "--plain"]) == 0
+    capsys.readouterr()
+    with Ledger.open(url, create=False) as led:  # nothing launched again, nothing measured again
+        assert sorted(a.role for a in all_attempts(led, "fin")) == roles
+    assert _verdicts(url, "fin") == was
