@@ -23,11 +23,19 @@ import pytest
 PG_DSN = "host=127.0.0.1 port=5432 user=postgres connect_timeout=5"
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    """The tests of the shared Slurm cluster go to one xdist worker (see the module docstring)."""
+    """The tests of the shared Slurm cluster go to one xdist worker (see the module docstring). First of the
+    hook's implementations: xdist's own (on each worker) reads the `xdist_group` marks into the node ids its
+    scheduler groups by, and a mark added after it groups nothing (the driver test and the 4-node test then
+    ran at once on two workers, and the driver's job waited behind the 4-node job until its time ran out)."""
     for item in items:
-        if "slurm" in item.keywords or "slurm_cluster" in getattr(item, "fixturenames", ()):
+        if _uses_slurm(item):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+def _uses_slurm(item) -> bool:
+    return "slurm" in item.keywords or "slurm_cluster" in getattr(item, "fixturenames", ())
 
 
 def _megatron_modules() -> dict:

@@ -117,3 +117,15 @@ def test_gpu_request_beyond_node_is_refused(slurm_cluster):
     )
     assert sub.returncode != 0
     assert "Requested node configuration is not available" in sub.stderr
+
+
+def test_the_slurm_tests_share_one_xdist_worker(request):
+    """Under `make test` (pytest-xdist, --dist loadgroup) a Slurm test's node id carries its group, which is what
+    puts every Slurm test on one worker (tests/conftest.py). Without it, the 4-node job of the test above and the
+    driver test's job ran at once, and the driver waited behind it until its time limit."""
+    cfg = request.config
+    if hasattr(cfg, "workerinput") and getattr(cfg.option, "loadgroup", False):
+        assert request.node.nodeid.endswith("@slurm"), (
+            f"{request.node.nodeid} is in no xdist group: pytest {pytest.__version__} with this pytest-xdist does "
+            "not group by xdist_group (pyproject.toml's dev extra pins pytest < 9.2 for it: `make install`)"
+        )
