@@ -7,8 +7,9 @@ included, gets multi-fidelity rounds: once the stage's step-time noise is measur
 at the short window sized from it; screened contenders the screen cannot separate from the best go back to
 the full window (successive halving's next rung); with a calibrated memory model, the most promising layouts
 it prunes inside its error band get a fit probe, and one that fits is measured next round. Probe first
-(`policy.probe_first`): after round 0 every new layout is rank-probed before any full-scale launch (one GPU
-per probed rank, a few GPU-hours next to a launch on N GPUs), and is measured at scale only once its composed
+(`policy.probe_first`): after round 0 every new layout beyond the searcher's first `policy.direct_per_round`
+is rank-probed before any full-scale launch (one GPU per probed rank, a few GPU-hours next to a launch on N
+GPUs), and is measured at scale only once its composed
 step (orchestrator/search/compose.py: the probe's measured compute + the calibrated communication) is within
 `policy.probe_pass` of the best measured step.
 

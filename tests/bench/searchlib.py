@@ -168,7 +168,12 @@ class Target:
             return Launch(slow.step_s, fits, times, max(gb), gb, cap, stages)
         import megatron_io
 
-        full = self.launch(cfg, layout, pattern, key, attempt, window)
+        from orchestrator.plan.argv import PROBE_DISPATCHER
+
+        # the job's probe argv runs a flex layout with alltoall (argv.probe_argv): the stand-in sees that layout
+        flex = layout.dispatcher == "flex"
+        seen = dataclasses.replace(layout, dispatcher=PROBE_DISPATCHER, flex_backend=None) if flex else layout
+        full = self.launch(cfg, seen, pattern, key, attempt, window)
         step, mem = megatron_io.probe(full.step_s, full.peak_gb)
         cap = full.capacity_gb or mem
         fits = mem <= cap

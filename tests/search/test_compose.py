@@ -3,6 +3,7 @@ communication; communication fitted on full runs' residuals; a probe never a ste
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -186,11 +187,12 @@ def test_after_round_0_the_searchers_proposals_beyond_its_first_few_are_probed_f
     )
     from orchestrator.search import make_policy
 
-    plan = Schedule(cfg.policy).plan(make_policy(cfg.policy), env, inp)
+    policy = dataclasses.replace(cfg.policy, direct_per_round=1)  # of the round's 4: 1 at scale, 3 probed
+    plan = Schedule(policy).plan(make_policy(policy), env, inp)
     new = [p for p in plan.proposals if not p.reason.startswith("fit-probe")]
     direct = [p for p in new if p.fidelity != Fidelity.PROBE]
     first = [p for p in new if "probe first" in p.reason]
-    assert len(direct) == min(cfg.policy.direct_per_round, len(new))
+    assert len(direct) == 1
     assert first and all(p.fidelity == Fidelity.PROBE and p.probe_ranks for p in first)
     assert all(p.probe_ranks[-1] == cfg.stage.gpus - 1 for p in first)  # the last rank: it prints the step
     full_h = env.gpu_hours(first[0].predicted_step_s)
