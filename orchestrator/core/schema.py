@@ -173,6 +173,9 @@ class ScreenConfig:
     resolution: float = ranged(0.01, None, 1, gt=0)  # the p50's 95% CI must be narrower than 1% of the step
     confirm_per_round: int = ranged(2, 0)  # contenders confirmed at the full window per round, at most
     probe_iters: int = ranged(5, 1)  # a fit probe: start-up plus this many iterations, read for max reserved memory
+    # ... after this many warm-up iterations: its p50 is the rank's compute-only step (the composed step,
+    # orchestrator/search/compose.py), so the first iterations (compile, allocator) stay out of it
+    probe_warmup_iters: int = ranged(10, 0)
 
 
 @dataclass
@@ -349,6 +352,23 @@ class PolicyConfig:
     # layouts the calibrated memory model cannot place on either side of HBM (its error band) that would be
     # pruned: this many per round get a fit probe (start-up + stage.screen.probe_iters) instead
     probes_per_round: int = ranged(1, 0)
+    # Probe first (orchestrator/schedule/rungs.py): after round 0 the searcher's first direct_per_round
+    # proposals go at scale as ever and the rest get a one-GPU rank probe (its compute-only step, a few
+    # GPU-hours) before any launch at scale; one is measured at scale once its composed step (the probe's
+    # compute + the calibrated communication, orchestrator/search/compose.py) is within probe_pass of the best
+    # measured step. Bench (tests/bench/bench_search.py, docs/search.md): every proposal probed (direct 0)
+    # missed tune 8k rows (a round more per layout, within max_rounds): probe_pass 0.05 6 of the first 12
+    # rows, 0.15 4/16, 0.30 3/16; 0.15 with 3 direct missed twin:gemm 8k; 0.15 with 2 met 16/16 (1k mean
+    # 59.4k GPU-h, 8k 108.8k) but held out twin:overpredicted 1k then stopped 9.5% short (max_rounds), and
+    # 0.15 with 4 too; 5 direct (of screen_round_size 6) with 0.05 keeps every held-out row and gap and
+    # lowers both stages' mean GPU-hours.
+    probe_first: bool = True
+    probe_pass: float = ranged(0.05, 0)
+    direct_per_round: int = ranged(5, 0)
+    # ... and round 0 runs only its first this many proposals at scale, probing the rest (0: all at scale).
+    # Tried with 3 (and 2 direct): 1k mean 41.7k GPU-h tune, 59.8k held out, but twin:balanced 8k missed by
+    # 3.0% and held-out twin:overpredicted 1k by 17.2%: off.
+    round0_full: int = ranged(0, 0)
     top_k_neighbours: int = ranged(2, 0)
     promote_top_k: int = ranged(3, 0)
     converge_gain: float = ranged(0.01, 0)  # "no gain > 1% over the best ..."

@@ -90,3 +90,6 @@ class Prediction:
     layer_pattern: str = ""  # HybridModel pattern with | stage boundaries
     # per PP rank, the raw (uncalibrated) memory terms (memory.TERMS -> GB): what per-term calibration fits
     memory_terms_by_stage: tuple[dict[str, float], ...] = ()
+    # the compute-only step a one-GPU rank probe of the last rank measures (steptime.StepTime.probe_s), raw:
+    # what orchestrator/search/compose.py divides a probe's measurement by
+    probe_step_s: float = 0.0

@@ -360,6 +360,7 @@ class _Env:
             mfu=flops.mfu(fl.model_flops, st.total_s, self.stage.gpus, self.hw, self.stage.precision),
             tokens_per_s=self.tokens / st.total_s if st.total_s > 0 else 0.0,
             layer_pattern=pattern or "",
+            probe_step_s=st.probe_s,
         )
         return Planned(lay, pred, ident=self.ident)
 

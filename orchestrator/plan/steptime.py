@@ -92,6 +92,9 @@ class StepTime:
     components: dict[str, float] = field(default_factory=dict)
     slowest_stage: int = 0
     stage_times_s: tuple[float, ...] = ()  # per-microbatch time of each PP rank (compute + exposed comm)
+    # what a one-GPU rank probe of the last rank times (its iteration lines: Megatron prints them on the last
+    # rank): its m microbatches' compute and the optimizer step, no collective; uncalibrated (no factors)
+    probe_s: float = 0.0
 
     def tokens_per_s(self, tokens_per_step: int) -> float:
         return tokens_per_step / self.total_s if self.total_s > 0 else 0.0
@@ -316,10 +319,13 @@ def step_time(
         "optimizer": _optimizer(model, hw, stage, recipe, layout, dense, routed, d_a, d_e),
         "tp_comm": m * c_tp,
     }
+    probe = m * per_rank[pp - 1][0] + comp["optimizer"]
     if factors:
         for c, x in factors.items():
             comp[c] *= float(x)
-    return StepTime(total_s=sum(comp.values()), components=comp, slowest_stage=slow, stage_times_s=tuple(totals))
+    return StepTime(
+        total_s=sum(comp.values()), components=comp, slowest_stage=slow, stage_times_s=tuple(totals), probe_s=probe
+    )
 
 
 @lru_cache(maxsize=4096)

@@ -68,7 +68,7 @@ def window(stage: StageConfig, fidelity: Fidelity, measure_iters: int | None = N
     if f == Fidelity.FULL:
         return stage.warmup_iters, stage.measure_iters
     if f == Fidelity.PROBE:
-        return 0, stage.screen.probe_iters
+        return stage.screen.probe_warmup_iters, stage.screen.probe_iters
     return min(stage.screen.warmup_iters, stage.warmup_iters), int(measure_iters or stage.measure_iters)
 
 

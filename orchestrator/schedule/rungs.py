@@ -6,7 +6,12 @@ round's size and budget are the same decision whatever searched. So every search
 included, gets multi-fidelity rounds: once the stage's step-time noise is measured, new layouts are screened
 at the short window sized from it; screened contenders the screen cannot separate from the best go back to
 the full window (successive halving's next rung); with a calibrated memory model, the most promising layouts
-it prunes inside its error band get a fit probe, and one that fits is measured next round.
+it prunes inside its error band get a fit probe, and one that fits is measured next round. Probe first
+(`policy.probe_first`): after round 0 every new layout beyond the searcher's first `policy.direct_per_round`
+is rank-probed before any full-scale launch (one GPU per probed rank, a few GPU-hours next to a launch on N
+GPUs), and is measured at scale only once its composed
+step (orchestrator/search/compose.py: the probe's measured compute + the calibrated communication) is within
+`policy.probe_pass` of the best measured step.
 
 The driver (orchestrator/sweep/decide.py) calls `Schedule.plan`, which asks the searcher for `size`
 proposals, and `Schedule.waiting` before the searcher's own convergence test.
@@ -33,14 +38,21 @@ class Schedule:
     def plan(self, searcher, env: PlanEnv, inp: RoundInput, *, source_stage: StageConfig | None = None) -> RoundPlan:
         """One round: confirmations first, then the searcher's proposals (screened once noise is measured), fit
         probes ahead of them, all trimmed to the round's slots and the GPU-hours left."""
-        confirms = self.confirms(env, inp)
-        screening = self.screening(env, inp)
-        size = self.round_size(inp, screening=screening) - len(confirms)
         fit = searcher.fit(env, inp)
+        screening = self.screening(env, inp)
+        confirms = self.confirms(env, inp, fit, screening=screening)
+        size = self.round_size(inp, screening=screening) - len(confirms)
         props = searcher.propose(env, inp, size=size, fit=fit, source_stage=source_stage)
+        best = best_measured(inp.observations)
         if screening:
             props = [self.screened(env, p, inp.step_cv) for p in props]
-        best = best_measured(inp.observations)
+        first = self.cfg.probe_first and best is not None and fit is not None and inp.round > 0
+        if first:  # the searcher's best few at scale, as ever; the rest probed before any launch at scale
+            keep = self.cfg.direct_per_round
+            props = props[:keep] + [self.probe_first(env, p) for p in props[keep:]]
+        elif self.cfg.probe_first and self.cfg.round0_full and inp.round == 0:  # the first few at scale
+            keep = self.cfg.round0_full
+            props = props[:keep] + [self.probe_first(env, p) for p in props[keep:]]
         if best is not None and fit is not None and self.cfg.probes_per_round > 0:
             props = self.probes(env, inp, fit, best.measured_step_s, {p.key for p in props}) + props
         left = inp.gpu_hours_left - sum(c.est_gpu_hours for c in confirms)
@@ -65,34 +77,36 @@ class Schedule:
         return max(0, min(size, inp.slots))
 
     @staticmethod
-    def screened(env: PlanEnv, p: Proposal, cv: float | None) -> Proposal:
-        """The proposal at the screen's window (sized from the stage's measured noise), charged for it."""
+    def screened(env: PlanEnv, p: Proposal, cv: float | None, step_s: float | None = None) -> Proposal:
+        """The proposal at the screen's window (sized from the stage's measured noise), charged for it (at
+        `step_s`, else its predicted step)."""
         st = env.stage
         w, n = fidelity.window(st, Fidelity.SCREEN, fidelity.screen_iters(st, cv))
         p.fidelity, p.measure_iters = Fidelity.SCREEN, n
-        p.est_gpu_hours = env.gpu_hours(p.predicted_step_s, w + n)
+        p.est_gpu_hours = env.gpu_hours(step_s or p.predicted_step_s, w + n)
         return p
 
-    def confirms(self, env: PlanEnv, inp: RoundInput) -> list[Proposal]:
+    def confirms(
+        self, env: PlanEnv, inp: RoundInput, fit: Fit | None = None, *, screening: bool = False
+    ) -> list[Proposal]:
         """Screened contenders (fidelity.contenders) back at the full window: successive halving's next rung;
-        and layouts a fit probe found to fit, now measured at the full window."""
+        and layouts a probe found to fit (`passed`), now measured at scale (screened when the round screens)."""
         limit = min(env.stage.screen.confirm_per_round, inp.slots if inp.slots > 0 else 0)
-        out = [
-            Proposal(
+        out = []
+        for r, why in self.passed(inp, fit):
+            p = Proposal(
                 key=r.key,
                 layout=r.layout,
                 predicted={},
                 reason=(
                     f"probed-fit: max reserved {r.measured_peak_gb - r.probe_margin_gb:.1f} GB"
                     + (f" + {r.probe_margin_gb:.1f} GB probe margin" if r.probe_margin_gb else "")
-                    + f" of {r.hbm_gb:.0f} GB"
+                    + f" of {r.hbm_gb:.0f} GB{why}"
                 ),
                 fidelity=Fidelity.FULL,
                 est_gpu_hours=env.gpu_hours(r.raw_step_s),
             )
-            for r in inp.observations
-            if r.probed_fit
-        ]
+            out.append(self.screened(env, p, inp.step_cv, r.raw_step_s) if screening else p)
         for r in fidelity.contenders(inp.observations, inp.step_cv, limit):
             hw = fidelity.half_width(inp.step_cv or 0.0, r.measure_iters or 1)
             best = best_measured(inp.observations)
@@ -108,6 +122,34 @@ class Schedule:
             )
             out.append(p)
         return out
+
+    def passed(self, inp: RoundInput, fit: Fit | None) -> list[tuple[Observation, str]]:
+        """Probed layouts that fit and are due a measurement at scale, best composed step first, with why: every
+        one while nothing is measured or calibrated; else those whose composed step (Fit.predict_row: the
+        probe's compute + the calibrated communication) is within policy.probe_pass of the best measured
+        step, at most a round's worth. A probe without its compute-only step (a fit probe of old) passes."""
+        rows = [r for r in inp.observations if r.probed_fit]
+        best = best_measured(inp.observations)
+        if fit is None or best is None:
+            return [(r, "") for r in rows]
+        cut = best.measured_step_s * (1.0 + self.cfg.probe_pass)
+        scored = sorted((fit.predict_row(r), i, r) for i, r in enumerate(rows))
+        out = [
+            (r, f"; composed step {s:.4g}s vs best {best.measured_step_s:.4g}s" if r.probe_scale else "")
+            for s, _, r in scored
+            if s <= cut or r.probe_scale is None
+        ]
+        return out[: max(1, self.round_size(inp))]
+
+    def probe_first(self, env: PlanEnv, p: Proposal) -> Proposal:
+        """A new layout as a rank probe (the ranks that bound it, ranks.probe_ranks, one GPU each): its
+        compute-only step composes its prediction before a launch at scale is spent on it (`passed`)."""
+        bound = ranks.probe_ranks(p.layout, env.stage.gpus, p.predicted.get("heaviest_stage"))
+        _, n = fidelity.window(env.stage, Fidelity.PROBE)
+        p.fidelity, p.measure_iters, p.probe_ranks = Fidelity.PROBE, n, tuple(bound)
+        p.reason += f" (probe first: ranks {', '.join(map(str, bound))} on one GPU each)"
+        p.est_gpu_hours = env.probe_gpu_hours(len(bound), p.predicted_step_s)
+        return p
 
     def probes(self, env: PlanEnv, inp: RoundInput, fit: Fit, best_step: float, taken: set[str]) -> list[Proposal]:
         """Rank probes: the most promising layouts the calibrated memory model prunes while HBM lies inside its

@@ -1,6 +1,8 @@
 """Calibrate the planner's step-time and memory models on measurements from the ledger.
 
-Step time: measured ~= sum_c f_c x component_c (the planner's components, uncalibrated). The factors
+Step time: measured ~= sum_c f_c x component_c (the planner's components, uncalibrated). For a layout a rank
+probe timed, compute and optimizer are the probe's measurement (compose.py: the composed step) and only the
+rest is fitted, on the run's residual (measured full step - the probe-measured part). The factors
 f_c >= 0 are fitted by non-negative least squares on *relative* residuals (layouts differ by several x
 in step time; a 10% miss matters equally on each), regularized toward 1 so a component the
 measurements cannot separate keeps its analytic value. With few rows, or when leave-one-out says the
@@ -24,7 +26,7 @@ import numpy as np
 
 from orchestrator.core.failures import Failure
 from orchestrator.plan.memory import TERMS
-from orchestrator.search import memfit
+from orchestrator.search import compose, memfit
 from orchestrator.search.types import Observation
 
 REG = 0.01  # pull toward 1 per component, in units of squared relative error
@@ -67,8 +69,14 @@ class Fit:
         fs = ", ".join(f"{t} {v:.2f}" for t, v in self.memory_factors.items())
         return f"memory per term: {fs} (band +-{self.memory_band:.0%})"
 
-    def predict(self, components: dict[str, float]) -> float:
-        return sum(self.factors.get(c, 1.0) * v for c, v in components.items())
+    def predict(self, components: dict[str, float], probe_scale: float | None = None) -> float:
+        """The calibrated step of raw planner components; with a rank probe's `probe_scale` the composed step
+        (compose.step: the probe's measured compute + the calibrated communication)."""
+        return compose.step(self.factors, components, probe_scale)
+
+    def predict_row(self, row: Observation) -> float:
+        """`predict` for an observation: composed when its layout was probed."""
+        return self.predict(row.raw_components, row.probe_scale)
 
 
 def nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-10) -> np.ndarray:
@@ -103,9 +111,12 @@ def _mape(pred: Sequence[float], meas: Sequence[float]) -> float | None:
 
 
 def _fit_components(rows: list[Observation], names: list[str]) -> dict[str, float]:
-    """Regularized NNLS on relative residuals over the components that vary in these rows."""
+    """Regularized NNLS on relative residuals over the components that vary in these rows. A probed row's
+    compute and optimizer are measured (compose.split): it fits the rest on its residual."""
     y = np.array([r.step_s for r in rows], dtype=float)
-    a = np.array([[r.raw_components.get(c, 0.0) for c in names] for r in rows], dtype=float) / y[:, None]
+    parts = [compose.split(r.raw_components, r.probe_scale) for r in rows]
+    a = np.array([[rest.get(c, 0.0) for c in names] for _, rest in parts], dtype=float) / y[:, None]
+    target = np.array([1.0 - fixed / yi for (fixed, _), yi in zip(parts, y, strict=True)])
     live = [i for i, c in enumerate(names) if a[:, i].max() > 1e-6]
     factors = {c: 1.0 for c in names}
     if not live:
@@ -113,7 +124,7 @@ def _fit_components(rows: list[Observation], names: list[str]) -> dict[str, floa
     a_live = a[:, live]
     reg = np.sqrt(REG) * np.eye(len(live))
     a_aug = np.vstack([a_live, reg])
-    b_aug = np.concatenate([np.ones(len(rows)), np.sqrt(REG) * np.ones(len(live))])
+    b_aug = np.concatenate([target, np.sqrt(REG) * np.ones(len(live))])
     x = nnls(a_aug, b_aug)
     for i, j in enumerate(live):
         factors[names[j]] = float(x[i])
@@ -121,7 +132,14 @@ def _fit_components(rows: list[Observation], names: list[str]) -> dict[str, floa
 
 
 def _ratio(rows: list[Observation]) -> float:
-    return float(statistics.median(r.measured_step_s / r.raw_step_s for r in rows if r.raw_step_s > 0))
+    """The one factor: median of measured / predicted over what calibration scales (a probed row's residual
+    over its unmeasured components)."""
+    ratios = []
+    for r in rows:
+        fixed, rest = compose.split(r.raw_components, r.probe_scale)
+        if sum(rest.values()) > 0:
+            ratios.append(max(0.0, r.measured_step_s - fixed) / sum(rest.values()))
+    return float(statistics.median(ratios)) if ratios else 1.0
 
 
 def _component_names(rows: list[Observation]) -> list[str]:
@@ -134,7 +152,7 @@ def _component_names(rows: list[Observation]) -> list[str]:
 
 
 def _predict(factors: dict[str, float], row: Observation) -> float:
-    return sum(factors.get(c, 1.0) * v for c, v in row.raw_components.items())
+    return compose.step(factors, row.raw_components, row.probe_scale)
 
 
 def _loo(rows: list[Observation], names: list[str], method: str) -> float | None:
@@ -144,7 +162,8 @@ def _loo(rows: list[Observation], names: list[str], method: str) -> float | None
     for i, held in enumerate(rows):
         rest = rows[:i] + rows[i + 1 :]
         if method == "ratio":
-            pred = _ratio(rest) * held.raw_step_s
+            ratio = _ratio(rest)
+            pred = _predict(dict.fromkeys(names, ratio), held)
         else:
             pred = _predict(_fit_components(rest, names), held)
         errs.append(abs(pred - held.measured_step_s) / held.measured_step_s)

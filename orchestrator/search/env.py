@@ -91,6 +91,13 @@ class PlanEnv:
         p = out.prediction
         return dict(p.step_components), p.step_time_s, p.memory_gb
 
+    def raw_probe_s(self, layout: Layout) -> float | None:
+        """The planner's uncalibrated compute-only step of the rank a rank probe times (Prediction.probe_step_s)."""
+        out = planner.evaluate(
+            self.model, self.hardware, self.stage, layout, workload=self.workload, check_memory=False
+        )
+        return out.prediction.probe_step_s or None if isinstance(out, planner.Planned) else None
+
     def raw_memory_terms(self, layout: Layout) -> tuple[dict[str, float], ...]:
         """The planner's uncalibrated memory terms per PP stage (memory.TERMS -> GB); () when illegal."""
         out = planner.evaluate(
@@ -136,9 +143,11 @@ class PlanEnv:
 
     def probe_gpu_hours(self, probed_ranks: int, step_s: float) -> float:
         """What one rank probe costs (orchestrator.core.cost.rank_probe_gpu_hours): each probed rank one GPU for
-        start-up + stage.screen.probe_iters iterations; `step_s` (the full step) bounds its compute-only step."""
+        start-up + its window (stage.screen.probe_warmup_iters + probe_iters); `step_s` (the full step) bounds
+        its compute-only step."""
         st = self.stage
-        return cost.rank_probe_gpu_hours(probed_ranks, st.budget.startup_s, step_s, st.screen.probe_iters)
+        iters = st.screen.probe_warmup_iters + st.screen.probe_iters
+        return cost.rank_probe_gpu_hours(probed_ranks, st.budget.startup_s, step_s, iters)
 
     def proposal(
         self,

@@ -44,9 +44,21 @@ class Observation:
     # a rank probe's row: peak_gb (and stage_peaks_gb) are its measured peak + this, what a full-scale run would
     # reserve (what the probe cannot see: NCCL and dispatcher buffers, select.probe_margin_gb)
     probe_margin_gb: float = 0.0
+    # a rank probe of this layout (its latest; kept once the layout ran at full scale): the p50 of the
+    # compute-only step it measured (the last rank's: orchestrator/search/compose.py) and the planner's raw
+    # view of the same number (Prediction.probe_step_s). Never a step measurement: step_s stays the full run's.
+    probe_step_s: float | None = None
+    raw_probe_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fidelity", Fidelity(self.fidelity or Fidelity.FULL))
+
+    @property
+    def probe_scale(self) -> float | None:
+        """Measured / predicted compute-only step of its rank probe (compose.components), None unprobed."""
+        if self.probe_step_s and self.raw_probe_s and self.probe_step_s > 0 and self.raw_probe_s > 0:
+            return self.probe_step_s / self.raw_probe_s
+        return None
 
     @property
     def ok(self) -> bool:

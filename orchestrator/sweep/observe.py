@@ -48,6 +48,12 @@ def _raw(env: PlanEnv, cand: CandidateRow, layout: Layout):
     return env.raw(layout)  # candidates added by other tools (run-one, plan --save) carry no raw numbers
 
 
+def _raw_probe(env: PlanEnv, cand: CandidateRow, layout: Layout) -> float | None:
+    """The planner's raw compute-only step of the rank a probe times (Prediction.probe_step_s)."""
+    v = (cand.predicted or {}).get("probe_step_s")
+    return float(v) if v else env.raw_probe_s(layout)
+
+
 def stage_peaks(ranks: list[dict]) -> dict[int, float]:
     """PP stage -> its measured peak in GB (max over the stage's ranks; reserved, else allocated): what
     per-term memory calibration fits. Ranks without a known stage are left out."""
@@ -73,8 +79,11 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
     partial: set[int] = set()
     probe_peak: dict[int, float] = {}  # candidate -> its rank probe's measured peak
     scale_peak: dict[int, float] = {}  # candidate -> its full-scale (screen or full) measured peak
+    probe_step: dict[int, float] = {}  # candidate -> its latest probe's measured p50 (kept after a full run)
     for s in sweeps:
         for row in ledger.evidence.measured(sweep=s.name):
+            if row.fidelity == Fidelity.PROBE and row.metrics and row.metrics.get(STEP_P50):
+                probe_step[row.candidate_id] = float(row.metrics[STEP_P50])
             measured[row.candidate_id] = row.metrics
             attempt_of[row.candidate_id] = row.attempt_id
             fidelity_of[row.candidate_id] = row.fidelity
@@ -117,7 +126,8 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
                     raw_components=dict(comps),
                     raw_step_s=step,
                     raw_memory_gb=mem,
-                    # a fit probe's few iterations answer "does it fit?" (its peak), never "how fast?"
+                    # a probe answers "does it fit?" (its peak) and "how fast is its compute alone?" (probe_step_s,
+                    # the composed step: orchestrator/search/compose.py), never "how fast is the step?"
                     step_s=met.get(STEP_P50) if met and fidelity_of[c.id] != Fidelity.PROBE else None,
                     p99_s=met.get(STEP_P99) if met and fidelity_of[c.id] != Fidelity.PROBE else None,
                     peak_gb=peak + extra if peak is not None else None,
@@ -130,6 +140,9 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
                     measure_iters=(met.get("measure_iters") or None) if met else None,
                     partial=c.id in partial,
                     probe_margin_gb=extra,
+                    # a rank probe's compute-only step (a fit probe of old ran at full scale: no such step)
+                    probe_step_s=probe_step.get(c.id) if c.id in rank_probed else None,
+                    raw_probe_s=_raw_probe(env, c, layout) if c.id in probe_step and c.id in rank_probed else None,
                 )
             )
     return out

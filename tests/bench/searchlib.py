@@ -145,7 +145,9 @@ class Target:
     def probe(self, cfg, layout, pattern: str, key: str, probe_ranks, attempt: int = 1, window=None) -> Launch:
         """A one-GPU rank probe of `probe_ranks` (the job's `--fake-process-group` path, in-process): each rank's
         own memory without NCCL and dispatcher buffers, its compute-only step; fits when every probed rank
-        does. step_s is the slowest probed rank's (each is charged as 1 GPU x its time)."""
+        does. step_s is the slowest probed rank's (each is charged as 1 GPU x its time); the step times are the
+        last rank's, as in the job folder: only the last rank prints Megatron's iteration lines (the twin's
+        loop.is_last_rank), so its compute-only p50 is all a probe measures of speed."""
         from orchestrator.plan import ranks as plan_ranks
 
         iters = sum(window) if window else cfg.stage.warmup_iters + cfg.stage.measure_iters
@@ -161,11 +163,17 @@ class Target:
             gb = tuple(v.stage_gb[0] for v in views)
             fits = max(gb) <= cap
             slow = max(views, key=lambda v: v.step_s)
-            times = tuple(truth.step_times(slow, iters, steps_rng(tw.seed, key, attempt))) if fits else ()
+            printing = views[list(probe_ranks).index(max(probe_ranks))]  # rank N - 1 prints the iteration lines
+            times = tuple(truth.step_times(printing, iters, steps_rng(tw.seed, key, attempt))) if fits else ()
             return Launch(slow.step_s, fits, times, max(gb), gb, cap, stages)
         import megatron_io
 
-        full = self.launch(cfg, layout, pattern, key, attempt, window)
+        from orchestrator.plan.argv import PROBE_DISPATCHER
+
+        # the job's probe argv runs a flex layout with alltoall (argv.probe_argv): the stand-in sees that layout
+        flex = layout.dispatcher == "flex"
+        seen = dataclasses.replace(layout, dispatcher=PROBE_DISPATCHER, flex_backend=None) if flex else layout
+        full = self.launch(cfg, seen, pattern, key, attempt, window)
         step, mem = megatron_io.probe(full.step_s, full.peak_gb)
         cap = full.capacity_gb or mem
         fits = mem <= cap

@@ -117,10 +117,14 @@ def test_a_sweep_screens_then_confirms_and_reports_only_a_confirmed_best(tmp_pat
         cands = {c.id: c for c in led.candidates("mf")}
         confirmed = [c for c in cands.values() if (c.decision or {}).get("kind") == "confirm"]
         assert confirmed
-        for c in confirmed:  # the ledger keeps both measurements and the fidelity of each
+        for c in confirmed:  # the ledger keeps every measurement and the fidelity of each
             atts = led.attempts(c.id)
-            assert [a.fidelity for a in atts] == [Fidelity.SCREEN, Fidelity.FULL]
-            screen, full = (led.evidence.result(a.id) for a in atts)
+            # probe first (policy.probe_first): a new layout's rank probe came before its screen
+            assert [a.fidelity for a in atts] in (
+                [Fidelity.SCREEN, Fidelity.FULL],
+                [Fidelity.PROBE, Fidelity.SCREEN, Fidelity.FULL],
+            )
+            screen, full = (led.evidence.result(a.id) for a in atts[-2:])
             assert (screen["warmup_iters"], full["warmup_iters"]) == (50, 300)
             assert screen["measure_iters_requested"] < full["measure_iters_requested"] == 50
         best = observe.best_of(led, "mf")
@@ -212,8 +216,29 @@ def test_the_loop_launches_each_attempt_at_its_fidelitys_window(tmp_path):
                     assert a.fidelity == Fidelity.FULL and window == (6, 40)
                 elif a.fidelity == Fidelity.SCREEN:
                     assert window == (3, c.decision["measure_iters"]) and 4 <= window[1] < 40
+                elif a.fidelity == Fidelity.PROBE:  # probe first: warm-up, then the compute-only window
+                    screen = spec.stage.screen
+                    assert window == (screen.probe_warmup_iters, screen.probe_iters)
+                    _probe_step_is_what_the_bench_hands_the_searcher(spec, c, led.evidence.result(a.id))
                 seen.add((c.round, str(a.fidelity)))
-        assert (1, "screen") in seen
+        assert (1, "screen") in seen or (1, "probe") in seen
+
+
+def _probe_step_is_what_the_bench_hands_the_searcher(spec, cand, result):
+    """The job's probe p50 (only the last rank prints iteration lines) is the bench's in-process probe's: the
+    last PP stage's compute-only step (truth.rank_probe), never another probed rank's."""
+    from types import SimpleNamespace
+
+    from orchestrator.job.twin import truth
+
+    cfg = SimpleNamespace(model=spec.model, hardware=spec.hardware, stage=spec.stage, workload=spec.workload)
+    lay, tw = Layout.from_dict(cand.layout), spec.workload.twin
+    run = lib.Target(f"twin:{tw.surface}", seed=tw.seed).probe(
+        cfg, lay, cand.layer_pattern, cand.key, spec.probe_ranks, window=spec.window
+    )
+    s = truth.evaluate(truth.Case(spec.model, spec.hardware, spec.stage, tw, lay, cand.layer_pattern))
+    assert result["step_p50_s"] == pytest.approx(truth.rank_probe(s, lay.pp - 1).step_s, rel=0.1)
+    assert lib.p50_of_window(cfg, run, spec.window[0]) == pytest.approx(result["step_p50_s"], rel=0.1)
 
 
 def test_a_layout_the_uncalibrated_model_prunes_is_probed_on_one_gpu_found_to_fit_then_measured(tmp_path):
@@ -237,15 +262,17 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_on_one_gpu_found_to_fi
             bound = c.decision["previous"]["probe_ranks"]  # the ranks that bound it, each probed on one GPU
             assert bound == ranks.probe_ranks(lay, cfg.stage.gpus, c.predicted["heaviest_stage"])
             assert bound[0] == 0 and bound[-1] == cfg.stage.gpus - 1
-            probe, full = led.attempts(c.id)
-            assert (probe.fidelity, full.fidelity) == (Fidelity.PROBE, Fidelity.FULL)
+            probe, full, *_ = led.attempts(c.id)  # then measured at scale: screened when the round screens
+            assert probe.fidelity == Fidelity.PROBE and full.fidelity in (Fidelity.FULL, Fidelity.SCREEN)
             p, f = led.evidence.result(probe.id), led.evidence.result(full.id)
-            assert p["warmup_iters"] == 0 and p["measure_iters_requested"] == cfg.stage.screen.probe_iters
+            assert p["warmup_iters"] == cfg.stage.screen.probe_warmup_iters
+            assert p["measure_iters_requested"] == cfg.stage.screen.probe_iters
             # found to fit: its peak (no NCCL, no dispatcher buffers) + the probe margin is under HBM; the
             # full-scale run then reserves more than the probe saw
             assert p["peak_reserved_gb"] + cfg.stage.probe_margin_gb <= hbm
             assert p["peak_reserved_gb"] < f["peak_reserved_gb"] <= hbm
-            assert f["measure_iters_requested"] == cfg.stage.measure_iters
+            if full.fidelity == Fidelity.FULL:
+                assert f["measure_iters_requested"] == cfg.stage.measure_iters
         spent = observe.spent(led, "mf", stage=cfg.stage, probe_gpus=cfg.cluster.probe_gpus)
         probes = [x for x in run.launches if x[5] == Fidelity.PROBE]
         full = [x for x in run.launches if x[5] == Fidelity.FULL]

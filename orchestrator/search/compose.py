@@ -1,0 +1,60 @@
+"""The composed step: a rank probe's measured compute with the calibrated communication (issue 19 item 3).
+
+A one-GPU rank probe (Megatron's --fake-process-group) runs one rank's partition of the N-GPU job with every
+collective skipped, so its step is that rank's compute alone: its m microbatches' kernels and the optimizer
+step, with no all-to-all, CP exchange, PP point-to-point, gradient sync, TP collective nor bubble. Only the
+last rank prints Megatron's iteration lines (`print_rank_last`, dev megatron/training/training.py:3468), so a
+probe's p50 is the last PP stage's compute-only step (`Observation.probe_step_s`); the planner's view of the
+same number is `Prediction.probe_step_s` (`Observation.raw_probe_s`).
+
+Why compose: the planner's compute is where its structure is most wrong (grouped-GEMM efficiency as a function
+of tokens per expert, the kernels' efficiency curves, what each block costs), and one factor per component
+fitted across layouts cannot follow an error that differs layout by layout. A probe measures it for the layout
+itself, for a few one-GPU hours. So for a probed layout the compute and optimizer components are the planner's
+scaled by `probe_scale` (measured / predicted compute-only step), the bubble (m x the stage time x f / (1 - f))
+by the stage time that scaling gives, and the communication components keep their calibrated factors.
+Calibration (calibrate.py) fits those factors on full-scale runs; for a run whose layout was probed, on its
+residual: measured full step minus the probe-measured part. Without a probe a layout is predicted as before.
+
+A probe is never a step measurement: it is no best, no full-window result, no row of the step NNLS by itself
+(orchestrator.core.ranking: a probe row's `step_s` is None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+MEASURED = ("compute", "optimizer")  # what a rank probe times (scaled by the probe, factor 1)
+PER_MICROBATCH = ("compute", "a2a", "cp_exchange", "pp_p2p", "tp_comm")  # m x the slowest rank's: its stage time
+
+
+def components(raw: Mapping[str, float], probe_scale: float | None) -> dict[str, float]:
+    """The raw planner components with a probe's measured compute in place (`probe_scale` = measured /
+    predicted compute-only step): compute and optimizer x scale, the bubble x the ratio of stage times (the
+    bubble is the stage time x f / (1 - f)). None: the raw components unchanged."""
+    out = dict(raw)
+    if probe_scale is None:
+        return out
+    stage = sum(raw.get(c, 0.0) for c in PER_MICROBATCH)
+    for c in MEASURED:
+        if c in out:
+            out[c] = raw[c] * probe_scale
+    if stage > 0 and "bubble" in out:
+        out["bubble"] = raw["bubble"] * (stage + raw.get("compute", 0.0) * (probe_scale - 1.0)) / stage
+    return out
+
+
+def split(raw: Mapping[str, float], probe_scale: float | None) -> tuple[float, dict[str, float]]:
+    """(seconds a probe measured, the components calibration still scales). Without a probe: (0, raw)."""
+    comp = components(raw, probe_scale)
+    if probe_scale is None:
+        return 0.0, comp
+    fixed = sum(comp.pop(c, 0.0) for c in MEASURED)
+    return fixed, comp
+
+
+def step(factors: Mapping[str, float], raw: Mapping[str, float], probe_scale: float | None = None) -> float:
+    """The composed step: the probe-measured part + sum of factor x component over what it cannot see;
+    the calibrated planner (sum of factor x component) without a probe."""
+    fixed, rest = split(raw, probe_scale)
+    return fixed + sum(factors.get(c, 1.0) * v for c, v in rest.items())
