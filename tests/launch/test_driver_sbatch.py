@@ -83,6 +83,8 @@ def test_the_driver_job_runs_a_sweep_to_its_end(slurm_cluster, tmp_path):
         assert end == "COMPLETED", _cluster_picture(job, out)
         assert f"driver {job} on " in log and "stops driving after" in log and '"reason":' in log
         with Ledger.open(ledger_url(tmp_path)) as led:
-            assert led.get_sweep("driven") is not None and led.evidence.measured(sweep="driven"), log[-3000:]
+            assert led.get_sweep("driven") is not None and led.evidence.measured(sweep="driven"), _cluster_picture(
+                job, out
+            )
     finally:
         subprocess.run(["scancel", job], capture_output=True)
