@@ -20,6 +20,17 @@ T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST_TWIN = ["++workload.twin.time_scale=0.000001", "++workload.twin.max_sleep_s=0.001"]
+# A sweep whose finalists run: the correctness gate (parity) and the long-run save/restore, round 0 four layouts
+# (add ++workload.twin.diverge_when={...} for the finalists that fail the gate)
+FINALISTS_SWEEP = (
+    "parity.enabled=true",
+    "++effective.long_run=true",
+    "++effective.long_run_save_at=6",
+    "++effective.long_run_after_iters=6",
+    "policy.promote_top_k=3",
+    "policy.round0_size=4",
+    "stage.budget.max_runs=4",
+)
 
 
 def sweep_args(tmp_path: Path, name: str, *extra: str, stage: str = "smoke", cluster: str = "local") -> list[str]:

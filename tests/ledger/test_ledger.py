@@ -446,35 +446,53 @@ def test_db_package_imports_only_the_vocabularies():
         assert all(n.split(".")[0] in sys.stdlib_module_names or n in DB_MAY_IMPORT for n in names), (vocab, names)
 
 
+def trusted(item: CandidateIn, sweep: str, attempt: int, token: str, result: dict, **kw):
+    """One job folder's trusted row (orchestrator/ledger/ingest.py `Trusted`) of `item` in `sweep`: a twin
+    measure attempt at the full window on 1k dsv4_pro, `kw` overriding any field."""
+    from orchestrator.ledger.ingest import Trusted
+
+    row = dict(
+        sweep=sweep,
+        stage="1k",
+        model="dsv4_pro",
+        hardware="h200",
+        workload="twin",
+        config_yaml="{}",
+        config_from="test",
+        key=item.key,
+        owner_key=item.key,
+        layout=item.layout,
+        predicted=item.predicted,
+        round=0,
+        decision=None,
+        attempt=attempt,
+        launch_token=token,
+        fidelity="full",
+        role="measure",
+        simulated=True,
+        result=result,
+    )
+    return Trusted(**{**row, **kw})
+
+
 def test_ingest_stores_each_folder_once_by_token_and_an_older_attempt_never_becomes_the_latest(ledger):
     """orchestrator/ledger/ingest.py (`ledger ingest`): a measurement rebuilt from its job folder is stored once
     (by launch token), keeps its folder's attempt number, and one of an older attempt ingested after a newer
     one leaves the newer the candidate's latest; a number taken by another launch is skipped, not stored."""
-    from orchestrator.ledger.ingest import Trusted, ingest
+    from orchestrator.ledger.ingest import ingest
 
     item = make_items(1)[0]
 
-    def found(attempt: int, token: str, step_s: float) -> Trusted:
-        return Trusted(
-            sweep="rebuilt",
-            stage="1k",
-            model="dsv4_pro",
+    def found(attempt: int, token: str, step_s: float):
+        return trusted(
+            item,
+            "rebuilt",
+            attempt,
+            token,
+            job_result(step_s),
             hardware="h100",
-            workload="twin",
-            config_yaml="{}",
-            config_from="test",
-            key=item.key,
-            owner_key=item.key,
-            layout=item.layout,
-            predicted=item.predicted,
             round=2,
             decision={"kind": "neighbour"},
-            attempt=attempt,
-            launch_token=token,
-            fidelity="full",
-            role="measure",
-            simulated=True,
-            result=job_result(step_s),
             job_dir=f"/runs/rebuilt/c1/attempt-{attempt}",
             job_id=f"{100 + attempt}",
         )
@@ -502,7 +520,7 @@ def test_ingest_stores_a_failure_as_the_driver_does_and_a_finalists_job_under_th
     """A trusted OOM comes back as the driver records it (class, detail, the stated capacity; the candidate
     failed, its latest attempt); twice adds nothing. A finalist's job of a candidate in no row is skipped; a
     shared parity reference (its own layout key) is an attempt of the finalist it ran for, never a measurement."""
-    from orchestrator.ledger.ingest import Trusted, ingest
+    from orchestrator.ledger.ingest import ingest
 
     a, b = make_items(2)
     oom = JobResult(
@@ -516,27 +534,15 @@ def test_ingest_stores_a_failure_as_the_driver_does_and_a_finalists_job_under_th
         exit_code=1,
     ).to_dict()
 
-    def found(item, attempt: int, token: str, result: dict, role: str = "measure", owner: str = "") -> Trusted:
-        return Trusted(
-            sweep="back",
-            stage="1k",
-            model="dsv4_pro",
-            hardware="h200",
-            workload="twin",
-            config_yaml="{}",
-            config_from="test",
-            key=item.key,
-            owner_key=owner or item.key,
-            layout=item.layout,
-            predicted=item.predicted,
-            round=0,
-            decision=None,
-            attempt=attempt,
-            launch_token=token,
-            fidelity="full",
+    def found(item, attempt: int, token: str, result: dict, role: str = "measure", owner: str = ""):
+        return trusted(
+            item,
+            "back",
+            attempt,
+            token,
+            result,
             role=role,
-            simulated=True,
-            result=result,
+            owner_key=owner or item.key,
             job_dir=f"/runs/back/{item.key[:6]}/{role}-{attempt}",
             job_id=f"{200 + attempt}",
         )

@@ -23,17 +23,11 @@ from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.plan.layout import Layout
 from orchestrator.sweep import observe
-from tests.sweeplib import cli, last_iteration, running_sweep, sweep_args, wait_for
+from tests.sweeplib import FINALISTS_SWEEP, cli, last_iteration, running_sweep, sweep_args, wait_for
 
 STEPS = 20  # parity.steps (the default): a parity job lasts ~STEPS x 0.25 s
 FINALISTS = [
-    "parity.enabled=true",
-    "++effective.long_run=true",
-    "++effective.long_run_save_at=6",
-    "++effective.long_run_after_iters=6",
-    "policy.promote_top_k=3",
-    "policy.round0_size=4",
-    "stage.budget.max_runs=4",
+    *FINALISTS_SWEEP,
     "++workload.twin.diverge_when={cp: 4}",
     "++workload.twin.time_scale=1",
     "++workload.twin.max_sleep_s=0.25",  # ~0.25 s per iteration: jobs stay running long enough to be killed

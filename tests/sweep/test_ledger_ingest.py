@@ -19,7 +19,7 @@ from orchestrator.cli import main
 from orchestrator.core.paths import JobPaths
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus
 from orchestrator.ledger.ledger import Ledger
-from tests.sweeplib import ROOT, all_attempts, sweep_args, wait_for
+from tests.sweeplib import FINALISTS_SWEEP, ROOT, all_attempts, sweep_args, wait_for
 
 TINY = ("policy.round0_size=2", "stage.budget.max_rounds=2")
 
@@ -376,13 +376,7 @@ def test_resume_collects_a_result_on_disk_whose_attempt_row_lacks_it(tmp_path, m
 
 
 FINALISTS = (  # tests/sweep/test_finalists_killed.py's sweep, on a fast twin
-    "parity.enabled=true",
-    "++effective.long_run=true",
-    "++effective.long_run_save_at=6",
-    "++effective.long_run_after_iters=6",
-    "policy.promote_top_k=3",
-    "policy.round0_size=4",
-    "stage.budget.max_runs=4",
+    *FINALISTS_SWEEP,
     "++workload.twin.diverge_when={cp: 2}",  # round 0's CP2 finalists fail the gate against their CP1 references
 )
 
