@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from orchestrator.core.states import AttemptState, CandidateStatus
-from orchestrator.ledger.ledger import AttemptRow, Ledger
+from orchestrator.ledger.ledger import AttemptRow, Ledger, SweepRow
 
 T = TypeVar("T")
 
@@ -45,6 +45,20 @@ def sweep_args(tmp_path: Path, name: str, *extra: str, stage: str = "smoke", clu
         *FAST_TWIN,
         *extra,
     ]
+
+
+def new_sweep(ledger: Ledger, name: str, composed) -> SweepRow:
+    """A sweep row for a composed config (orchestrator.config.compose), as `sweep` creates it."""
+    cfg = composed.cfg
+    return ledger.create_or_get_sweep(
+        name,
+        stage=cfg.required_stage().name,
+        config_yaml=composed.to_yaml(),
+        model=cfg.model.name,
+        hardware=cfg.hardware.name,
+        workload=cfg.workload.name,
+        provenance={},
+    )
 
 
 def ledger_url(tmp_path: Path) -> str:

@@ -74,6 +74,8 @@ class JobPaths:
     # submitit at `<folder>/.submitit/%j`; slurmstepd's `*** JOB ... CANCELLED ... ***` lands in its logs.
     SUBMITIT = ".submitit"
     SUBMITIT_GLOBS = ("*_log.out", "*_log.err", f"{SUBMITIT}/*/*_log.out", f"{SUBMITIT}/*/*_log.err")
+    # the sweep's seed (stage.warm_start): the routing-settled weights a full-window launch saves at its end
+    SEED_CHECKPOINT = "seed-checkpoint"
     SUBMITIT_LOOKUP_DEPTH = 4  # an array's .submitit/<job id>/ sits at the common parent of its job folders
 
     def __init__(self, folder: str | os.PathLike) -> None:
@@ -97,6 +99,10 @@ class JobPaths:
     @property
     def spec(self) -> Path:
         return self.folder / self.SPEC
+
+    @property
+    def seed_checkpoint(self) -> Path:
+        return self.folder / self.SEED_CHECKPOINT
 
     @property
     def result(self) -> Path:

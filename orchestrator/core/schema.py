@@ -179,6 +179,25 @@ class ScreenConfig:
 
 
 @dataclass
+class WarmStartConfig:
+    """Warm start (orchestrator/schedule/fidelity.py): a stage's long warm-up (300 iterations at 1k-16k) is for
+    dropless routing to settle, a property of the weights (the router's and its expert bias, a persistent
+    buffer: Megatron dev megatron/core/transformer/moe/router.py:234-241), not of the layout. So the sweep's
+    first full-window launch saves its weights at its end (the seed: --save, no optimizer, no RNG), and every
+    later launch of the sweep, and of a sweep promoted from it, loads them (--load --finetune: iteration 0,
+    no optimizer state) and warms up only for compile, allocation and graph capture. A torch_dist checkpoint
+    loads under any other parallel layout (Megatron docs/api-guide/core/dist_checkpointing.md; EP included:
+    megatron/core/transformer/moe/README.md, Upcycling)."""
+
+    enabled: bool = True
+    warmup_iters: int = ranged(50, 0)  # a warm-started launch's warm-up (capped at its fidelity's own)
+    # Charged on top of start-up: writing / reading the seed's bf16 weights (V4-Pro: 1.6T x 2 B = 3.2 TB, 25 GB
+    # per node of 128, a few GB/s per node from a parallel file system)
+    save_s: float = ranged(60.0, 0)
+    load_s: float = ranged(60.0, 0)
+
+
+@dataclass
 class StageConfig:
     """One scale stage (1k, 8k, 16k, smoke, slice)."""
 
@@ -193,6 +212,7 @@ class StageConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     screen: ScreenConfig = field(default_factory=ScreenConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     # Training semantics that the rules depend on
     precision: str = "bf16"  # PRECISIONS: bf16 | fp8 (blockwise) | fp8_cs (tensorwise current scaling) | mxfp8
     use_distributed_optimizer: bool = True
@@ -346,8 +366,9 @@ class PolicyConfig:
     name: str = "calibrated_neighbours"
     round0_size: int = ranged(6, 1)
     round_size: int = ranged(4, 1)
-    # A round that screens (stage.screen: short windows, ~1/4 of a full run) proposes this many new candidates
-    # (screens are cheap); 0 = round_size. Tuned: 4 -> 35/40 bench rows met, 6 -> 37/40.
+    # A round that screens (stage.screen: short windows, ~1/4 of a full run), or whose launches all load the
+    # sweep's seed (stage.warm_start: as short), proposes this many new candidates; 0 = round_size. Tuned: 4 ->
+    # 35/40 bench rows met, 6 -> 37/40; with the warm start's rounds too, held out 9/10 -> 10/10 (docs/search.md).
     screen_round_size: int = ranged(6, 0)
     # layouts the calibrated memory model cannot place on either side of HBM (its error band) that would be
     # pruned: this many per round get a fit probe (start-up + stage.screen.probe_iters) instead

@@ -343,13 +343,17 @@ class Ledger:
             ).one_or_none()
             return None if c is None else to_row(CandidateRow, c)
 
-    def claim_for_submission(self, sweep: str, limit: int, holder: str) -> list[CandidateRow]:
-        """Atomically move up to `limit` planned candidates (lowest round first) to claimed."""
+    def claim_for_submission(
+        self, sweep: str, limit: int, holder: str, *, skip: Collection[int] = ()
+    ) -> list[CandidateRow]:
+        """Atomically move up to `limit` planned candidates (lowest round first) to claimed, none of `skip`
+        (candidates that wait for the sweep's seed: orchestrator/sweep/seeding.py)."""
         with self.store.write() as s:
             sw = find_sweep(s, sweep)
             q = (
                 select(m.Candidate)
                 .where(m.Candidate.sweep_id == sw.id, m.Candidate.status == CandidateStatus.PLANNED)
+                .where(m.Candidate.id.not_in(list(skip)))
                 .order_by(m.Candidate.round, m.Candidate.id)
                 .limit(limit)
                 .with_for_update(skip_locked=True)
@@ -398,6 +402,18 @@ class Ledger:
         full window), in one transaction: a resumed loop finds it planned with the decision that explains why."""
         with self.store.write() as s:
             self._requeue(s, candidate_id, decision, reason)
+
+    def redecide(self, candidate_id: int, decision: dict[str, Any], reason: str) -> bool:
+        """Replace a planned candidate's decision before its launch (the wait for the sweep's seed resolved,
+        orchestrator/sweep/seeding.py), with the event that says why; False (and nothing written) when it
+        is no longer planned."""
+        with self.store.write() as s:
+            c = find_candidate(s, candidate_id, lock=True)
+            if c.status != CandidateStatus.PLANNED:
+                return False
+            self._move(s, c, CandidateStatus.PLANNED, reason)
+            c.decision = clean(decision)
+            return True
 
     def _requeue(self, s: Session, candidate_id: int, decision: dict[str, Any], reason: str) -> None:
         c = find_candidate(s, candidate_id, lock=True)

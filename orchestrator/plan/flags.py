@@ -164,6 +164,12 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--save": (MAIN, str),
     "--load": (MAIN, str),
     "--save-interval": (MAIN, int),
+    # warm start (orchestrator.core.schema.WarmStartConfig): the seed saves weights only, later launches load them
+    "--finetune": (MAIN, bool),
+    "--no-load-optim": (MAIN, bool),
+    "--no-load-rng": (MAIN, bool),
+    "--no-save-optim": (MAIN, bool),
+    "--no-save-rng": (MAIN, bool),
     "--eval-interval": (MAIN, int),
     # context parallel and packed (THD) input
     "--cp-comm-type": (MAIN, list),

@@ -61,23 +61,50 @@ def screen_iters(stage: StageConfig, cv: float | None) -> int:
     return max(min(stage.screen.min_measure_iters, full), min(full, n))
 
 
-def window(stage: StageConfig, fidelity: Fidelity, measure_iters: int | None = None) -> tuple[int, int]:
+def window(
+    stage: StageConfig, fidelity: Fidelity, measure_iters: int | None = None, *, warm: bool = False
+) -> tuple[int, int]:
     """(warm-up, measured iterations) of an attempt at `fidelity`. A screen's measured length comes from
-    `screen_iters` (stored in the candidate's decision, so a resumed loop launches the same window)."""
+    `screen_iters` (stored in the candidate's decision, so a resumed loop launches the same window). `warm`:
+    the launch loads the sweep's seed (stage.warm_start), whose routing has settled, so it warms up only
+    stage.warm_start.warmup_iters (at most its fidelity's own warm-up)."""
     f = Fidelity(fidelity)
-    if f == Fidelity.FULL:
-        return stage.warmup_iters, stage.measure_iters
     if f == Fidelity.PROBE:
         return stage.screen.probe_warmup_iters, stage.screen.probe_iters
-    return min(stage.screen.warmup_iters, stage.warmup_iters), int(measure_iters or stage.measure_iters)
+    if f == Fidelity.FULL:
+        w, n = stage.warmup_iters, stage.measure_iters
+    else:
+        w, n = min(stage.screen.warmup_iters, stage.warmup_iters), int(measure_iters or stage.measure_iters)
+    return (min(w, stage.warm_start.warmup_iters) if warm else w), n
 
 
 def decision_window(stage: StageConfig, decision: dict | None) -> tuple[Fidelity, tuple[int, int]]:
     """The fidelity and window the next attempt of a candidate runs, from its stored decision (candidates
-    added before multi-fidelity rounds, or by other tools, carry none: full)."""
+    added before multi-fidelity rounds, or by other tools, carry none: full; one that does not `warms` cold)."""
     d = decision or {}
     f = Fidelity(d.get("fidelity") or Fidelity.FULL)
-    return f, window(stage, f, d.get("measure_iters"))
+    return f, window(stage, f, d.get("measure_iters"), warm=warms(d))
+
+
+def warm_start_on(stage: StageConfig) -> bool:
+    """stage.warm_start applies where it saves something: a stage whose own warm-up is longer than a warm
+    start's (1k-16k: 300 against 50; the smoke and slice stages' short warm-ups launch as they are)."""
+    return stage.warm_start.enabled and stage.warm_start.warmup_iters < stage.warmup_iters
+
+
+def warms(decision: dict | None) -> bool:
+    """The launch loads the sweep's seed: it names it (`warm_from`), or waits for it (`after_seed`: it goes
+    only once the seed is there, orchestrator/sweep/seeding.py, and then names it)."""
+    d = decision or {}
+    return bool(d.get("warm_from") or d.get("after_seed"))
+
+
+def startup_s(stage: StageConfig, decision: dict | None) -> float:
+    """Seconds a launch of this decision pays beyond its iterations: stage.budget.startup_s, plus reading the
+    seed (warm_start.load_s) when it warm-starts, plus writing it (warm_start.save_s) when it saves one."""
+    d, ws = decision or {}, stage.warm_start
+    load = ws.load_s if warms(d) else 0.0
+    return stage.budget.startup_s + load + (ws.save_s if d.get("seed_save") else 0.0)
 
 
 def probe_ranks(decision: dict | None) -> list[int]:
@@ -92,12 +119,13 @@ def probe_ranks(decision: dict | None) -> list[int]:
     return []
 
 
-def use_screen(stage: StageConfig, cv: float | None) -> bool:
-    """Screen new candidates only once noise is measured and a screen is actually shorter than the full window."""
+def use_screen(stage: StageConfig, cv: float | None, *, warm: bool = False) -> bool:
+    """Screen new candidates only once noise is measured and a screen is actually shorter than the full window
+    (`warm`: both load the sweep's seed, so both warm up only stage.warm_start.warmup_iters)."""
     if cv is None or not stage.screen.enabled:
         return False
-    w, n = window(stage, Fidelity.SCREEN, screen_iters(stage, cv))
-    return w + n < stage.warmup_iters + stage.measure_iters
+    w, n = window(stage, Fidelity.SCREEN, screen_iters(stage, cv), warm=warm)
+    return w + n < sum(window(stage, Fidelity.FULL, warm=warm))
 
 
 def contenders(rows: Sequence[Observation], cv: float | None, limit: int) -> list[Observation]:

@@ -41,7 +41,8 @@ class Schedule:
         fit = searcher.fit(env, inp)
         screening = self.screening(env, inp)
         confirms = self.confirms(env, inp, fit, screening=screening)
-        size = self.round_size(inp, screening=screening) - len(confirms)
+        short = screening or self.warm_window(env, inp)  # a round of short launches proposes more of them
+        size = self.round_size(inp, screening=short) - len(confirms)
         props = searcher.propose(env, inp, size=size, fit=fit, source_stage=source_stage)
         best = best_measured(inp.observations)
         if screening:
@@ -55,6 +56,8 @@ class Schedule:
             props = props[:keep] + [self.probe_first(env, p) for p in props[keep:]]
         if best is not None and fit is not None and self.cfg.probes_per_round > 0:
             props = self.probes(env, inp, fit, best.measured_step_s, {p.key for p in props}) + props
+        if not inp.seedless:
+            self.warm(env, [*confirms, *props], inp.seed)
         left = inp.gpu_hours_left - sum(c.est_gpu_hours for c in confirms)
         props = self.within_budget(props, size, left)
         why = f"{len(props)} proposals" + (f" screened, {len(confirms)} confirmed" if screening or confirms else "")
@@ -66,9 +69,15 @@ class Schedule:
 
     # ---- the rungs ----------------------------------------------------------------------------------
     @staticmethod
+    def warm_window(env: PlanEnv, inp: RoundInput) -> bool:
+        """Every launch at scale of this round loads the sweep's seed (stage.warm_start)."""
+        return inp.seed is not None and not inp.seedless and fidelity.warm_start_on(env.stage)
+
+    @staticmethod
     def screening(env: PlanEnv, inp: RoundInput) -> bool:
-        """New layouts are screened after round 0, once noise is measured and a screen is shorter than a full run."""
-        return inp.round > 0 and fidelity.use_screen(env.stage, inp.step_cv)
+        """New layouts are screened after round 0, once noise is measured and a screen is shorter than a full run
+        (a warm one once the sweep has a seed)."""
+        return inp.round > 0 and fidelity.use_screen(env.stage, inp.step_cv, warm=Schedule.warm_window(env, inp))
 
     def round_size(self, inp: RoundInput, *, screening: bool = False) -> int:
         size = self.cfg.round0_size if inp.round == 0 else self.cfg.round_size
@@ -83,8 +92,35 @@ class Schedule:
         st = env.stage
         w, n = fidelity.window(st, Fidelity.SCREEN, fidelity.screen_iters(st, cv))
         p.fidelity, p.measure_iters = Fidelity.SCREEN, n
-        p.est_gpu_hours = env.gpu_hours(step_s or p.predicted_step_s, w + n)
+        p.charge_step_s = step_s or p.charge_step_s
+        p.est_gpu_hours = env.gpu_hours(p.charge_step_s or p.predicted_step_s, w + n)
         return p
+
+    @staticmethod
+    def warm(env: PlanEnv, props: list[Proposal], seed: str | None) -> None:
+        """Warm start (stage.warm_start, where it shortens the warm-up: fidelity.warm_start_on): once the sweep
+        has a seed (observe.seed) every launch at scale loads it and warms up only warm_start.warmup_iters.
+        Without one, the round's first full-window launch saves it at its end and the round's other
+        full-window launches wait for it (`after_seed`: they go once it is there, orchestrator/sweep/
+        seeding.py), so only one launch of a sweep waits out the stage's own warm-up; a screen before any seed
+        runs cold. Each is charged for its window and the seconds loading or saving adds (fidelity.startup_s).
+        A rank probe neither loads nor saves: its compute does not wait for routing."""
+        st = env.stage
+        if not fidelity.warm_start_on(st):
+            return
+        saver = None
+        for p in props:
+            if p.fidelity == Fidelity.PROBE:
+                continue
+            p.warm_from = seed
+            if seed is None and p.fidelity == Fidelity.FULL:
+                p.seed_save, p.after_seed = saver is None, saver is not None
+                saver = saver or p
+            d = p.decision()
+            w, n = fidelity.window(st, p.fidelity, p.measure_iters, warm=fidelity.warms(d))
+            p.est_gpu_hours = env.gpu_hours(
+                p.charge_step_s or p.predicted_step_s, w + n, startup_s=fidelity.startup_s(st, d)
+            )
 
     def confirms(
         self, env: PlanEnv, inp: RoundInput, fit: Fit | None = None, *, screening: bool = False
@@ -105,6 +141,7 @@ class Schedule:
                 ),
                 fidelity=Fidelity.FULL,
                 est_gpu_hours=env.gpu_hours(r.raw_step_s),
+                charge_step_s=r.raw_step_s,
             )
             out.append(self.screened(env, p, inp.step_cv, r.raw_step_s) if screening else p)
         for r in fidelity.contenders(inp.observations, inp.step_cv, limit):
@@ -119,6 +156,7 @@ class Schedule:
                 predicted_gain=(1.0 - r.measured_step_s / best.measured_step_s) if best else None,
                 uncertainty=hw,
                 est_gpu_hours=env.gpu_hours(r.measured_step_s),
+                charge_step_s=r.measured_step_s,
             )
             out.append(p)
         return out

@@ -135,11 +135,13 @@ class PlanEnv:
         """Planned under this calibration even when over HBM (prediction.feasible says whether it fits)."""
         return self._planned(layout, factors, memory_factor, check_memory=False)
 
-    def gpu_hours(self, step_s: float, iters: int | None = None) -> float:
+    def gpu_hours(self, step_s: float, iters: int | None = None, *, startup_s: float | None = None) -> float:
         """What one launch costs (orchestrator.core.cost: start-up + the stage's full window unless `iters` says
-        otherwise, a screen's or a probe's), charged as observe.spent charges it."""
+        otherwise, a screen's or a probe's; `startup_s` a warm start's, schedule/fidelity.startup_s), charged
+        as observe.spent charges it."""
         n = self.stage.warmup_iters + self.stage.measure_iters if iters is None else iters
-        return cost.launch_gpu_hours(self.stage.gpus, self.stage.budget.startup_s, step_s, n)
+        s = self.stage.budget.startup_s if startup_s is None else startup_s
+        return cost.launch_gpu_hours(self.stage.gpus, s, step_s, n)
 
     def probe_gpu_hours(self, probed_ranks: int, step_s: float) -> float:
         """What one rank probe costs (orchestrator.core.cost.rank_probe_gpu_hours): each probed rank one GPU for

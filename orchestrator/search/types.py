@@ -112,6 +112,11 @@ class Proposal:
     predicted_gain: float | None = None
     uncertainty: float | None = None
     probe_ranks: tuple[int, ...] = ()  # a rank probe's ranks of the N-GPU job (orchestrator.plan.ranks.probe_ranks)
+    # warm start (stage.warm_start, Schedule.warm): this launch saves the sweep's seed at its end, or loads it
+    warm_from: str | None = None  # the seed's checkpoint folder
+    charge_step_s: float | None = None  # the step est_gpu_hours is charged at (None: the predicted step)
+    seed_save: bool = False
+    after_seed: bool = False  # waits for the seed its round's first launch saves (orchestrator/sweep/seeding.py)
 
     def __post_init__(self) -> None:
         self.fidelity = Fidelity(self.fidelity or Fidelity.FULL)
@@ -134,6 +139,9 @@ class Proposal:
             "parent": self.parent_key,
             "revived": "revived" in self.predicted,  # pruned by the uncalibrated memory model, fits calibrated
             **({"probe_ranks": list(self.probe_ranks)} if self.probe_ranks else {}),
+            **({"warm_from": self.warm_from} if self.warm_from else {}),
+            **({"seed_save": True} if self.seed_save else {}),
+            **({"after_seed": True} if self.after_seed else {}),
         }
 
     @property
@@ -152,6 +160,8 @@ class RoundInput:
     gpu_hours_left: float
     source: list[Observation] = field(default_factory=list)  # promotion source stage (round 0 only)
     step_cv: float | None = None  # measured step-time noise of this stage (schedule/fidelity.robust_cv), if any
+    seed: str | None = None  # the routing-settled checkpoint later launches load (observe.seed), once one was saved
+    seedless: bool = False  # a launch measured that was to save the seed and saved none: no warm start again
 
 
 @dataclass

@@ -47,8 +47,11 @@ def next_round(
             f"converged: no gain > {cfg.policy.converge_gain:.0%} over the best for {cfg.policy.converge_rounds} rounds"
         )
     source, source_stage = [], None
-    promotion = promotion_source(ledger, cfg, sweep) if rnd == 0 else None  # None: the stage promotes from none
-    if promotion is not None:
+    promotion = promotion_source(ledger, cfg, sweep)  # None: the stage promotes from none
+    # the routing-settled weights later launches load (stage.warm_start): this sweep's, else its source's
+    seed = observe.seed(ledger, sweep) or (observe.seed(ledger, promotion[0]) if promotion else None)
+    seedless = seed is None and observe.seedless(ledger, sweep) is not None
+    if promotion is not None and rnd == 0:
         src_sweep, src_cfg = promotion
         src_env = PlanEnv(src_cfg.model, src_cfg.hardware, src_cfg.required_stage(), src_cfg.workload.name)
         source, source_stage = observe.observations(ledger, [src_sweep], src_env), src_cfg.stage
@@ -61,6 +64,8 @@ def next_round(
         gpu_hours_left=budget.max_gpu_hours - spent.gpu_hours,
         source=source,
         step_cv=cv,
+        seed=seed,
+        seedless=seedless,
     )
     plan = schedule.plan(policy, env, inp, source_stage=source_stage)
     if plan.fit is not None and not any(cal.round == rnd for cal in ledger.evidence.calibrations(sweep.name)):

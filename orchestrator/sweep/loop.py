@@ -278,11 +278,14 @@ class Driver:
     def _submit_planned(self) -> int:
         """Claim every planned candidate (their measurements at the fidelity their decision names) and, once the
         search has stopped, the finalists' jobs still needed; launch them all through `_launch`."""
-        from orchestrator.runspec import attempt_dir, build_spec
+        from orchestrator.runspec import attempt_dir, build_spec, warm_start_flags
         from orchestrator.schedule.fidelity import decision_window, probe_ranks
+        from orchestrator.sweep import seeding
 
         launches: list[Launch] = []
-        for c in self.ledger.claim_for_submission(self.name, 10_000, self.holder):
+        sweep = self.ledger.get_sweep(self.name)
+        wait = seeding.waiting(self.ledger, sweep) if sweep is not None else set()  # the seed first (warm start)
+        for c in self.ledger.claim_for_submission(self.name, 10_000, self.holder, skip=wait):
             atts = self.ledger.attempts(c.id)
             # numbered over every role, after the highest stored number (a ledger rebuilt by `ledger ingest`
             # may lack a failed attempt whose folder is still on disk)
@@ -301,6 +304,8 @@ class Driver:
                 window=win,
                 fidelity=fid,
                 probe_ranks=probe_ranks(c.decision) if fid == Fidelity.PROBE else (),
+                # the seed's save, or the load of it (stage.warm_start); a probe's decision carries neither
+                extra_argv=warm_start_flags(c.decision, folder, sum(win)) if fid != Fidelity.PROBE else (),
             )
             spec.round, spec.decision = c.round, c.decision
             launches.append(Launch(c.id, spec, exclude))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from orchestrator.core import cost, ranking
 from orchestrator.core.failures import Failure
 from orchestrator.core.metrics import STEP_P50, STEP_P99, peak_gb
+from orchestrator.core.paths import CheckpointPaths, JobPaths
 from orchestrator.core.schema import ClusterConfig, StageConfig
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity
 from orchestrator.evidence.metrics import GB_PER_MIB
@@ -189,8 +190,41 @@ def attempt_cost(stage: StageConfig, a: queries.AttemptCost) -> float:
         iters = sum(fidelity.window(stage, a.fidelity))
     wall = (a.end_time - a.start_time).total_seconds() if a.start_time and a.end_time else None
     gpus = cost.launch_gpus(stage.gpus, a.probed_ranks)  # a rank probe: one GPU per probed rank
-    return cost.attempt_gpu_hours(
-        gpus, stage.budget.startup_s, step_mean_s=a.step_mean_s, iterations=iters, wall_s=wall
+    startup = fidelity.startup_s(stage, a.decision) if a.role == AttemptRole.MEASURE else stage.budget.startup_s
+    return cost.attempt_gpu_hours(gpus, startup, step_mean_s=a.step_mean_s, iterations=iters, wall_s=wall)
+
+
+def _seed_runs(ledger: Ledger, sweep: SweepRow) -> list[str]:
+    """The checkpoint folders of the sweep's launches that were to save its seed and measured (candidate done,
+    its full-window attempt without a failure: Megatron saves after the last iteration), first first."""
+    out = []
+    for c in ledger.candidates(sweep.name):
+        if not (c.decision or {}).get("seed_save") or c.status not in (CandidateStatus.DONE, CandidateStatus.EXCLUDED):
+            continue
+        out += [
+            str(JobPaths(a.job_dir).seed_checkpoint)
+            for a in ledger.attempts(c.id)
+            if a.fidelity == Fidelity.FULL and a.failure_class is None
+        ]
+    return out
+
+
+def seed(ledger: Ledger, sweep: SweepRow) -> str | None:
+    """The sweep's seed (stage.warm_start): the first seed run whose Megatron tracker file
+    (latest_checkpointed_iteration.txt) is on disk; None before any."""
+    return next((f for f in _seed_runs(ledger, sweep) if CheckpointPaths(f).tracker.is_file()), None)
+
+
+def seedless(ledger: Ledger, sweep: SweepRow) -> str | None:
+    """Why the sweep runs cold from now on, when a launch measured that was to save the seed and no seed is on
+    disk: the workload does not honour --save (or the seed was removed). None otherwise."""
+    runs = _seed_runs(ledger, sweep)
+    if not runs or seed(ledger, sweep) is not None:
+        return None
+    return (
+        f"warm start off: a launch that was to save the seed measured but left no checkpoint at {runs[0]} "
+        "(the workload does not honour --save, or the seed was removed); later launches wait out the stage's "
+        "own warm-up"
     )
 
 

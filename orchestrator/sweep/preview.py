@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.core import cost
 from orchestrator.core.schema import RootConfig
-from orchestrator.schedule import Schedule
+from orchestrator.schedule import Schedule, fidelity
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.types import Proposal, RoundInput
@@ -43,9 +43,10 @@ class Preview:
             f"({share:.0%} of the budget)" + (f"; {self.note}" if self.note else "")
         )
         for i, p in enumerate(self.proposals, 1):
+            seed = "; saves the seed" if p.seed_save else "; loads the seed" if p.after_seed or p.warm_from else ""
             out.append(
                 f"  {i}. {p.layout.short()}  {p.fidelity}, predicted step {p.predicted_step_s:.2f} s, "
-                f"{p.est_gpu_hours:,.0f} GPU-hours"
+                f"{p.est_gpu_hours:,.0f} GPU-hours{seed}"
             )
         return out
 
@@ -58,10 +59,13 @@ def preview(cfg: RootConfig) -> Preview:
     hw, budget = cfg.hardware, stage.budget
     nodes = stage.gpus // max(1, stage.gpus_per_node)
     sim = " SIMULATED" if cfg.workload.simulated else ""
+    warm = stage.warm_start.warmup_iters
+    seeded = f" (the seed's launch; the rest load it: {warm})" if fidelity.warm_start_on(stage) else ""
     config = (
         f"config: stage {stage.name} N={stage.gpus:,} GPUs = {nodes:,} nodes x {stage.gpus_per_node}, "
-        f"B={stage.global_batch} S={stage.seq_length}, window {stage.warmup_iters} warm-up + {stage.measure_iters} "
-        f"measured; model {cfg.model.name}; hardware {hw.name} ({hw.hbm_gb:g} GB); workload {cfg.workload.name}{sim}; "
+        f"B={stage.global_batch} S={stage.seq_length}, window {stage.warmup_iters} warm-up{seeded} + "
+        f"{stage.measure_iters} measured; model {cfg.model.name}; hardware {hw.name} ({hw.hbm_gb:g} GB); "
+        f"workload {cfg.workload.name}{sim}; "
         f"cluster {cfg.cluster.kind}; policy {cfg.policy.name}; ledger {mask(cfg.ledger.url)}"
     )
     days = cost.cluster_hours(budget.max_gpu_hours, stage.gpus) / HOURS_PER_DAY

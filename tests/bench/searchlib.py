@@ -207,8 +207,11 @@ class Grid:
     patterns: list[str]
     true_s: np.ndarray  # true step; inf where the layout does not fit
     measured_s: np.ndarray  # measured p50 of one launch; inf where it does not fit
-    cost: np.ndarray  # GPU-hours of one launch
+    cost: np.ndarray  # GPU-hours of one launch (warm-started from the seed when stage.warm_start is on)
     launches: list[Launch]
+    # what a launch costs more as the first of its run (stage.warm_start: no seed yet, it waits out the stage's
+    # own warm-up and saves one): random search and the grid pay it once, as the sweep's round 0 does
+    first_extra: np.ndarray | None = None
 
     @property
     def best(self) -> int:
@@ -220,27 +223,37 @@ class Grid:
 
     @property
     def exhaustive_gpu_hours(self) -> float:
-        return float(self.cost.sum())
+        return float(self.cost.sum() + (self.first_extra.max() if self.first_extra is not None else 0.0))
 
     def gap(self, true_s: float) -> float:
         return true_s / self.best_s - 1.0
 
 
 def build_grid(cfg, target: Target, startup_s: float) -> Grid:
+    from orchestrator.core.states import Fidelity
     from orchestrator.plan import planner
+    from orchestrator.schedule import fidelity
 
     hw = dataclasses.replace(cfg.hardware, hbm_gb=math.inf)
-    legal = planner.plan(cfg.model, hw, cfg.stage, workload=cfg.workload.name).candidates
-    iters = cfg.stage.warmup_iters + cfg.stage.measure_iters
+    st = cfg.stage
+    legal = planner.plan(cfg.model, hw, st, workload=cfg.workload.name).candidates
     launches = [target.launch(cfg, c.layout, c.prediction.layer_pattern, c.key) for c in legal]
+    cold = np.array([launch_gpu_hours(st.gpus, startup_s, st.warmup_iters + st.measure_iters, x) for x in launches])
+    cost, first_extra = cold, None
+    if fidelity.warm_start_on(st):  # the same launches as the sweep's: the first saves the seed, the rest load it
+        ws, warm_iters = st.warm_start, sum(fidelity.window(st, Fidelity.FULL, warm=True))
+        cost = np.array([launch_gpu_hours(st.gpus, startup_s + ws.load_s, warm_iters, x) for x in launches])
+        saving = np.array([launch_gpu_hours(st.gpus, ws.save_s, 0, x) if x.fits else 0.0 for x in launches])
+        first_extra = cold + saving - cost
     return Grid(
         layouts=[c.layout for c in legal],
         keys=[c.key for c in legal],
         patterns=[c.prediction.layer_pattern for c in legal],
         true_s=np.array([x.step_s if x.fits else math.inf for x in launches]),
         measured_s=np.array([p50_of_window(cfg, x) if x.fits else math.inf for x in launches]),
-        cost=np.array([launch_gpu_hours(cfg.stage.gpus, startup_s, iters, x) for x in launches]),
+        cost=cost,
         launches=launches,
+        first_extra=first_extra,
     )
 
 
@@ -275,7 +288,10 @@ def random_search(grid: Grid, orders: int, seed: int) -> RandomSearch:
     last = np.maximum.accumulate(pos, axis=1)  # position of the reported best so far (-1: none yet)
     reported = perms[np.arange(orders)[:, None], np.maximum(last, 0)]
     gap = np.where(last >= 0, grid.true_s[reported] / grid.best_s - 1.0, np.inf)
-    return RandomSearch(cum_cost=np.cumsum(grid.cost[perms], axis=1), gap=gap)
+    cum = np.cumsum(grid.cost[perms], axis=1)
+    if grid.first_extra is not None:  # each order's first launch saves the seed the others load
+        cum = cum + grid.first_extra[perms[:, 0]][:, None]
+    return RandomSearch(cum_cost=cum, gap=gap)
 
 
 # ------------------------------------------------------------------------------------------------- sweep
@@ -339,17 +355,20 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
     """Drive one sweep to its end with orchestrator/sweep/decide.next_round and the configured policy,
     executing each claimed candidate in-process (see the module docstring)."""
     from orchestrator.core.cost import rank_probe_gpu_hours
+    from orchestrator.core.paths import CheckpointPaths, JobPaths, atomic_write
     from orchestrator.core.result import JobResult, RankMemory
     from orchestrator.plan.layout import Layout
+    from orchestrator.schedule import fidelity
     from orchestrator.schedule.fidelity import decision_window, probe_ranks
     from orchestrator.search import make_policy
     from orchestrator.search.env import PlanEnv
-    from orchestrator.sweep import observe
+    from orchestrator.sweep import observe, seeding
     from orchestrator.sweep.decide import next_round
     from orchestrator.sweep.retry import retry_decision
 
     cfg = composed.cfg
     st = cfg.stage
+    jobs = Path(ledger.url.split(":///", 1)[1]).parent / "jobs" / name  # beside the ledger: the seeds' trackers
     sweep = ledger.create_or_get_sweep(
         name,
         stage=st.name,
@@ -370,7 +389,7 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
         if reason:
             out.reason = reason
             break
-        while claimed := ledger.claim_for_submission(name, 10_000, HOLDER):
+        while claimed := ledger.claim_for_submission(name, 10_000, HOLDER, skip=seeding.waiting(ledger, sweep)):
             for c in claimed:
                 lay = Layout.from_dict(c.layout)
                 history = ledger.attempts(c.id)
@@ -382,11 +401,15 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
                     cost = rank_probe_gpu_hours(len(probed), startup_s, run.step_s, iters)
                 else:
                     run = target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(history) + 1, window=win)
-                    cost = launch_gpu_hours(st.gpus, startup_s, sum(win), run)
+                    extra = fidelity.startup_s(st, c.decision) - st.budget.startup_s  # a warm start's load / save
+                    cost = launch_gpu_hours(st.gpus, startup_s + extra, sum(win), run)
+                job_dir = jobs / f"{c.id}-{len(history) + 1}"
+                if run.fits and (c.decision or {}).get("seed_save"):  # the seed a job saves after its window
+                    atomic_write(CheckpointPaths(JobPaths(job_dir).seed_checkpoint).tracker, str(sum(win)))
                 a = ledger.new_attempt(
                     c.id,
                     job_id=f"inproc-{c.id}-{len(history) + 1}",
-                    job_dir="(in-process)",
+                    job_dir=str(job_dir),
                     simulated=True,
                     fidelity=fid,
                 )

@@ -23,8 +23,15 @@ def test_dry_run_prints_budget_and_cluster_days_and_launches_nothing(tmp_path):
     assert line, got.stdout
     assert float(line[1].replace(",", "")) == budget and float(line[2]) == round(days, 1)
     assert "config: stage 1k N=1,024 GPUs = 128 nodes x 8" in got.stdout
-    layouts = re.findall(r"^  \d+\. (TP\d+ .+?)  \w+, predicted step [\d.]+ s, ([\d,]+) GPU-hours$", got.stdout, re.M)
+    layouts = re.findall(
+        r"^  \d+\. (TP\d+ .+?)  \w+, predicted step [\d.]+ s, ([\d,]+) GPU-hours(?:; (saves|loads) the seed)?$",
+        got.stdout,
+        re.M,
+    )
     assert layouts, got.stdout
+    # the warm start: the first launch saves the seed, the rest of round 0 load it, each costed for its window
+    assert [seed for *_, seed in layouts] == ["saves"] + ["loads"] * (len(layouts) - 1)
+    layouts = [(lay, h) for lay, h, _ in layouts]
     pv = preview(cfg)  # the driver's round 0 on an empty ledger: the same layouts, costed by core/cost
     assert [lay for lay, _ in layouts] == [p.layout.short() for p in pv.proposals]
     assert [float(h.replace(",", "")) for _, h in layouts] == [round(p.est_gpu_hours) for p in pv.proposals]

@@ -179,10 +179,12 @@ def test_megatron_sees_the_node_te_version_and_asserts_the_offload_env(megatron)
 def test_dev_accepts_the_packed_data_at_cp1_and_every_kind_of_offloading_argv_with_te_2_13(tmp_path):
     """Megatron dev's own parse_args + validate_args + optimizer/scheduler setup (the exported dev tree first
     on sys.path, TE 2.13 assumed): the guide's A and B (CP1, now on the packed THD path) and C (CP4), and one
-    offloading argv of every (offload, recompute, CP, dispatcher, b) the 16k stage plans, in its job env.
-    The same argv without NVTE_CPU_OFFLOAD_V1 is refused by dev, naming it."""
+    offloading argv of every (offload, recompute, CP, dispatcher, b) the 16k stage plans, in its job env, and
+    the warm start's seed save and load of it under another layout (stage.warm_start). The same argv
+    without NVTE_CPU_OFFLOAD_V1 is refused by dev, naming it."""
     import json
 
+    from orchestrator.runspec import warm_start_flags
     from tests.megatron_env import DEV, megatron_tree, run_in_tree
     from tests.plan.test_argv import CONFIGS as GUIDE
 
@@ -194,6 +196,15 @@ def test_dev_accepts_the_packed_data_at_cp1_and_every_kind_of_offloading_argv_wi
     cases += [{"key": k, "argv": a, "world": w, "env": e, "te": MC.NODE_TE} for k, a, w, e in offload]
     _k, a, w, _e = offload[0]
     cases.append({"key": "no-env", "argv": a, "world": w, "env": {}, "te": MC.NODE_TE})
+    # stage.warm_start: the seed's save (guide A) and another layout's load of it (guide C at 8k)
+    (lay_a, st_a), (lay_c, st_c) = GUIDE["A"], GUIDE["C"]
+    seed = tmp_path / "attempt-1" / "seed-checkpoint"
+    for key, (lay, st, dec) in {
+        "warm-save": (lay_a, st_a, {"seed_save": True}),
+        "warm-load": (lay_c, st_c, {"warm_from": str(seed)}),
+    }.items():
+        argv = build(lay, st) + warm_start_flags(dec, tmp_path / "attempt-1", st.warmup_iters + st.measure_iters)
+        cases.append({"key": key, "argv": argv, "world": st.gpus, "env": {}, "te": MC.NODE_TE})
     path = tmp_path / "cases.json"
     path.write_text(json.dumps(cases))
     out = run_in_tree(megatron_tree(DEV), "tests.job.megatron_probe", str(path), "--no-preflight")

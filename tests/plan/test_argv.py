@@ -569,3 +569,26 @@ def test_unset_training_fields_are_placeholders_named():
     assert F.flag_value(argv, "--data-path") == "<train.data_path>"
     assert F.flag_value(argv, "--tokenizer-model") == "<train.tokenizer_model>"
     assert (F.flag_value(argv, "--save"), F.flag_value(argv, "--load")) == ("/ckpt", "/other")
+
+
+def test_warm_start_argv_passes_megatron_validation(megatron_args, tmp_path):
+    """stage.warm_start: the seed's launch saves its weights once, after its last iteration, without optimizer
+    or RNG state; a later launch of another layout loads them as a fine-tune (iteration 0, no optimizer state)
+    and stops if they are missing. Megatron's parser and validate_args accept both and read them as meant, in
+    torch_dist, the format that loads under another parallel layout (docs/api-guide/core/dist_checkpointing.md)."""
+    from orchestrator.core.paths import JobPaths
+    from orchestrator.runspec import warm_start_flags
+
+    seeder, later = CONFIGS["A"][0], Layout(tp=1, pp=4, cp=1, ep=32, etp=1, mbs=1)
+    n = STAGE_1K.warmup_iters + STAGE_1K.measure_iters
+    save = warm_start_flags({"fidelity": "full", "seed_save": True}, tmp_path / "attempt-1", n)
+    args = check_with_megatron(megatron_args, seeder, STAGE_1K, build(seeder) + save)
+    seed = str(JobPaths(tmp_path / "attempt-1").seed_checkpoint)
+    assert args.save == seed and args.save_interval == args.train_iters == n  # once, at the end of the window
+    assert args.no_save_optim and args.no_save_rng and args.load is None and not args.finetune
+    assert args.ckpt_format == "torch_dist"
+    load = warm_start_flags({"fidelity": "full", "warm_from": seed}, tmp_path / "attempt-2", 100)
+    args = check_with_megatron(megatron_args, later, STAGE_1K, build(later) + load)
+    assert args.load == seed and args.finetune and args.no_load_optim and args.no_load_rng
+    assert args.exit_on_missing_checkpoint and args.save is None
+    assert warm_start_flags({"fidelity": "screen"}, tmp_path, 60) == []  # no seed asked for, none given

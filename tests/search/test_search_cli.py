@@ -55,7 +55,7 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
 
     def window(c, a):  # the window each attempt ran: a screen's or probe's (its first decision), else the full one
         d = c.decision if c.decision["fidelity"] == a.fidelity else c.decision.get("previous") or c.decision
-        return fidelity.window(cfg.stage, a.fidelity, d.get("measure_iters"))
+        return fidelity.window(cfg.stage, a.fidelity, d.get("measure_iters"), warm=bool(d.get("warm_from")))
 
     def charged(c, a) -> float:  # a full-scale launch on N GPUs; a rank probe 1 GPU per probed rank
         lay, win, probed = Layout.from_dict(c.layout), window(c, a), fidelity.probe_ranks(c.decision)
@@ -63,7 +63,8 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
             run = target.probe(cfg, lay, c.layer_pattern, c.key, probed, window=win)
             return rank_probe_gpu_hours(len(probed), STARTUP_S, run.step_s, sum(win) if run.fits else 1)
         run = target.launch(cfg, lay, c.layer_pattern, c.key, window=win)
-        return lib.launch_gpu_hours(cfg.stage.gpus, STARTUP_S, sum(win), run)
+        seed_s = fidelity.startup_s(cfg.stage, c.decision) - cfg.stage.budget.startup_s  # the seed's save or load
+        return lib.launch_gpu_hours(cfg.stage.gpus, STARTUP_S + seed_s, sum(win), run)
 
     cost = sum(charged(c, a) for c, a in launched)
     random_median = float(np.median(rnd.cost_to_goal))

@@ -13,6 +13,7 @@ from orchestrator.evidence.metrics import CAPACITY_FROM_DEVICE, CAPACITY_FROM_OO
 from orchestrator.ledger.ledger import CandidateIn, Ledger
 from orchestrator.search.env import PlanEnv
 from orchestrator.sweep import capacity, observe
+from tests.sweeplib import new_sweep
 
 GIB96_GB = 96 * 2**30 / 1e9  # what "GPU 0 has a total capacity of 96.00 GiB" holds, in hbm_gb's decimal GB
 
@@ -29,15 +30,7 @@ def _sweep(led: Ledger, name: str, *states: tuple[bool, float | None, str]):
     """A 1k sweep (hardware=h200: hbm_gb 141) whose first candidates ran: (ok, stated GB, source) each."""
     composed = compose(["+stage=1k"])
     cfg = composed.cfg
-    sweep = led.create_or_get_sweep(
-        name,
-        stage="1k",
-        config_yaml=composed.to_yaml(),
-        model=cfg.model.name,
-        hardware=cfg.hardware.name,
-        workload=cfg.workload.name,
-        provenance={},
-    )
+    sweep = new_sweep(led, name, composed)
     env = PlanEnv(cfg.model, cfg.hardware, cfg.required_stage(), cfg.workload.name)
     planned = env.plan()[: len(states)]
     rows = led.add_candidates(

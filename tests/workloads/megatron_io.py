@@ -4,8 +4,10 @@ A stand-in is `python tests/workloads/<name>.py <Megatron flags>` with torchrun-
 it reads its layout from the flags (VPP from the `--hybrid-layer-pattern` segments, as Megatron does),
 evaluates its own synthetic surface, then prints torch's CUDA OOM (exit 1) when the layout does not fit,
 else Megatron's iteration lines (rank WORLD_SIZE-1) and a memory line after the first iteration. With
-`--fake-process-group` it is a one-GPU rank probe of rank RANK (`probe`). Every stand-in prints a
-[SIMULATED] banner first: its numbers are synthetic.
+`--fake-process-group` it is a one-GPU rank probe of rank RANK (`probe`). Checkpoints (the warm start,
+docs/search.md): `--save DIR` writes Megatron's tracker file after the last iteration; `--load DIR` reads it,
+and with `--exit-on-missing-checkpoint` a missing one exits 0 without training, as Megatron does. Every
+stand-in prints a [SIMULATED] banner first: its numbers are synthetic.
 
 `Point` is the layout as a stand-in sees it; each stand-in's `evaluate(point) -> (step_s, memory_gb)` is
 the same function its job runs, so the search benchmark (tests/bench/bench_search.py) reads the true
@@ -93,6 +95,7 @@ def point_from_argv(argv: list[str], n: int) -> tuple[Point, int]:
     return point, a.train_iters
 
 
+TRACKER = "latest_checkpointed_iteration.txt"  # Megatron's (orchestrator.core.paths.CheckpointPaths.TRACKER)
 PROBE_FLAG = "--fake-process-group"
 PROBE_UNSEEN_GB = 3.0  # what a stand-in's one-GPU rank probe does not reserve: NCCL and dispatcher buffers
 PROBE_COMPUTE_SHARE = 0.7  # of its step: the compute a rank probe runs alone (no all-to-all, no bubble)
@@ -125,6 +128,17 @@ def main(evaluate: Callable[[Point], tuple[float, float]], banner: str, hbm: flo
         )
         return 1
     last = rank == n - 1
+    speaks = rank == 0 or bool(os.environ.get("ORCH_SINGLE_PROCESS"))  # Megatron's rank 0 (one process: it)
+    if "--load" in args:
+        tracker = os.path.join(args[args.index("--load") + 1], TRACKER)
+        if not os.path.isfile(tracker):
+            print(f"WARNING: could not find the metadata file {tracker}", flush=True)
+            if "--exit-on-missing-checkpoint" in args:
+                print(">> '--exit-on-missing-checkpoint' set ... exiting. <<", flush=True)
+                return 0
+        elif speaks:
+            saved = open(tracker).read().strip()
+            print(f" loading distributed checkpoint from {os.path.dirname(tracker)} at iteration {saved}", flush=True)
     for it, seconds in enumerate(step_times(step, iters), start=1):
         time.sleep(0.001)
         if last:
@@ -144,4 +158,10 @@ def main(evaluate: Callable[[Point], tuple[float, float]], banner: str, hbm: flo
                 f"{mb * 0.95:.2f} | reserved: {mb:.2f} | max reserved: {mb:.2f}",
                 flush=True,
             )
+    if "--save" in args and speaks:  # after the last iteration, as Megatron's save at --save-interval
+        folder = args[args.index("--save") + 1]
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, TRACKER), "w") as fh:
+            fh.write(str(iters))
+        print(f"  successfully saved checkpoint from iteration {iters:7d} to {folder}", flush=True)
     return 0

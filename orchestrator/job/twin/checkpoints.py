@@ -26,6 +26,7 @@ class Checkpointing:
     save_interval: int
     exit_interval: int
     exit_on_missing: bool
+    finetune: bool  # --finetune: load the weights of any layout's checkpoint, start at iteration 0
 
     @classmethod
     def of(cls, job: TwinJob) -> Checkpointing:
@@ -41,6 +42,7 @@ class Checkpointing:
             save_interval=int(flag(f, "save_interval", 0) or 0),
             exit_interval=int(flag(f, "exit_interval", 0) or 0),
             exit_on_missing=bool(flag(f, "exit_on_missing_checkpoint", False)),
+            finetune=bool(flag(f, "finetune", False)),
         )
 
 

@@ -81,6 +81,8 @@ def train(job: TwinJob, surface: truth.Surface) -> int:
             start = load_checkpoint(job, surface, ck)
         except LoadFailed as exc:
             return exc.code
+        if ck.finetune:  # Megatron: the weights only, training restarts at iteration 0 (checkpointing.py:2309)
+            start = 0
     times = truth.step_times(surface, max(0, job.train_iters - start), steps_rng(t.seed, job.key, job.attempt, start))
     injected = faults.Injected.draw(job, start)
     last = is_last_rank(job)

@@ -1,0 +1,43 @@
+"""The warm start's order inside a round (stage.warm_start): which planned launches must wait for the seed.
+
+Schedule.warm (orchestrator/schedule/rungs.py) plans a round without a seed as one launch that saves it
+(`seed_save`) and the others waiting for it (`after_seed`). Before each claim the driver (and the bench) asks
+`waiting`: once the seed is there (observe.seed), every waiting launch is re-decided to load it
+(`warm_from`); while the launch that saves it is still queued or running, they wait; if it ended without a
+seed (an OOM, a crash), the first waiting launch saves one instead, at the stage's own warm-up, and the others
+wait for that; if it measured but left no checkpoint (a workload that does not honour --save), none waits
+again and the sweep runs cold (`observe.seedless`, the re-decision's event says why). So a round never waits
+on nothing, and a resumed driver resolves the same wait the same way: the decision it launches under is in
+the ledger before the launch.
+"""
+
+from __future__ import annotations
+
+from orchestrator.core.states import CandidateStatus
+from orchestrator.ledger.ledger import Ledger, SweepRow
+from orchestrator.sweep import observe
+
+
+def waiting(ledger: Ledger, sweep: SweepRow) -> set[int]:
+    """Ids of planned candidates that must not launch yet; the ones that may go are re-decided first."""
+    cands = ledger.candidates(sweep.name)
+    held = [c for c in cands if c.status == CandidateStatus.PLANNED and (c.decision or {}).get("after_seed")]
+    if not held:
+        return set()
+    seed = observe.seed(ledger, sweep)
+    if seed is not None:
+        for c in held:
+            d = {k: v for k, v in (c.decision or {}).items() if k != "after_seed"}
+            ledger.redecide(c.id, {**d, "warm_from": seed}, f"warm start: loads the seed {seed}")
+        return set()
+    if any((c.decision or {}).get("seed_save") and c.status in CandidateStatus.LIVE for c in cands):
+        return {c.id for c in held}
+    off = observe.seedless(ledger, sweep)
+    if off is not None:  # a seeder measured and saved nothing: no launch waits for a seed again
+        for c in held:
+            ledger.redecide(c.id, {k: v for k, v in (c.decision or {}).items() if k != "after_seed"}, off)
+        return set()
+    first, rest = held[0], held[1:]
+    d = {k: v for k, v in (first.decision or {}).items() if k != "after_seed"}
+    ledger.redecide(first.id, {**d, "seed_save": True}, "warm start: no seed was saved, this launch saves it")
+    return {c.id for c in rest}
