@@ -99,12 +99,13 @@ def warms(decision: dict | None) -> bool:
     return bool(d.get("warm_from") or d.get("after_seed"))
 
 
-def startup_s(stage: StageConfig, decision: dict | None) -> float:
+def startup_s(stage: StageConfig, decision: dict | None, *, measured: bool = True) -> float:
     """Seconds a launch of this decision pays beyond its iterations: stage.budget.startup_s, plus reading the
-    seed (warm_start.load_s) when it warm-starts, plus writing it (warm_start.save_s) when it saves one."""
+    seed (warm_start.load_s) when it warm-starts, plus writing it (warm_start.save_s) when it saves one and
+    got to the save (`measured`: an OOM ends before it)."""
     d, ws = decision or {}, stage.warm_start
     load = ws.load_s if warms(d) else 0.0
-    return stage.budget.startup_s + load + (ws.save_s if d.get("seed_save") else 0.0)
+    return stage.budget.startup_s + load + (ws.save_s if d.get("seed_save") and measured else 0.0)
 
 
 def probe_ranks(decision: dict | None) -> list[int]:

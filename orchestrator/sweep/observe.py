@@ -190,7 +190,10 @@ def attempt_cost(stage: StageConfig, a: queries.AttemptCost) -> float:
         iters = sum(fidelity.window(stage, a.fidelity))
     wall = (a.end_time - a.start_time).total_seconds() if a.start_time and a.end_time else None
     gpus = cost.launch_gpus(stage.gpus, a.probed_ranks)  # a rank probe: one GPU per probed rank
-    startup = fidelity.startup_s(stage, a.decision) if a.role == AttemptRole.MEASURE else stage.budget.startup_s
+    base = stage.budget.startup_s
+    startup = (
+        fidelity.startup_s(stage, a.decision, measured=bool(a.step_mean_s)) if a.role == AttemptRole.MEASURE else base
+    )
     return cost.attempt_gpu_hours(gpus, startup, step_mean_s=a.step_mean_s, iterations=iters, wall_s=wall)
 
 

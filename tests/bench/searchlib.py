@@ -401,7 +401,8 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
                     cost = rank_probe_gpu_hours(len(probed), startup_s, run.step_s, iters)
                 else:
                     run = target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(history) + 1, window=win)
-                    extra = fidelity.startup_s(st, c.decision) - st.budget.startup_s  # a warm start's load / save
+                    # a warm start's load / save (an OOM never gets to the save)
+                    extra = fidelity.startup_s(st, c.decision, measured=run.fits) - st.budget.startup_s
                     cost = launch_gpu_hours(st.gpus, startup_s + extra, sum(win), run)
                 job_dir = jobs / f"{c.id}-{len(history) + 1}"
                 if run.fits and (c.decision or {}).get("seed_save"):  # the seed a job saves after its window

@@ -63,7 +63,7 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
             run = target.probe(cfg, lay, c.layer_pattern, c.key, probed, window=win)
             return rank_probe_gpu_hours(len(probed), STARTUP_S, run.step_s, sum(win) if run.fits else 1)
         run = target.launch(cfg, lay, c.layer_pattern, c.key, window=win)
-        seed_s = fidelity.startup_s(cfg.stage, c.decision) - cfg.stage.budget.startup_s  # the seed's save or load
+        seed_s = fidelity.startup_s(cfg.stage, c.decision, measured=run.fits) - cfg.stage.budget.startup_s
         return lib.launch_gpu_hours(cfg.stage.gpus, STARTUP_S + seed_s, sum(win), run)
 
     cost = sum(charged(c, a) for c, a in launched)
