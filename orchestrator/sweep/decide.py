@@ -14,7 +14,7 @@ from orchestrator.schedule import Schedule
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.types import RoundInput
 from orchestrator.sweep import capacity, observe
-from orchestrator.sweep.setup import promotion_source
+from orchestrator.sweep.setup import promotion_source, recorded_source
 
 
 def next_round(
@@ -47,11 +47,13 @@ def next_round(
             f"converged: no gain > {cfg.policy.converge_gain:.0%} over the best for {cfg.policy.converge_rounds} rounds"
         )
     source, source_stage = [], None
-    promotion = promotion_source(ledger, cfg, sweep)  # None: the stage promotes from none
+    promotion = promotion_source(ledger, cfg, sweep) if rnd == 0 else None  # None: the stage promotes from none
     # the routing-settled weights later launches load (stage.warm_start): this sweep's, else its source's
-    seed = observe.seed(ledger, sweep) or (observe.seed(ledger, promotion[0]) if promotion else None)
+    seed = observe.seed(ledger, sweep)
+    if seed is None and (src := promotion[0] if promotion else recorded_source(ledger, sweep)) is not None:
+        seed = observe.seed(ledger, src)
     seedless = seed is None and observe.seedless(ledger, sweep) is not None
-    if promotion is not None and rnd == 0:
+    if promotion is not None:
         src_sweep, src_cfg = promotion
         src_env = PlanEnv(src_cfg.model, src_cfg.hardware, src_cfg.required_stage(), src_cfg.workload.name)
         source, source_stage = observe.observations(ledger, [src_sweep], src_env), src_cfg.stage

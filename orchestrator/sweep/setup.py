@@ -88,6 +88,13 @@ def provenance(cfg: RootConfig) -> dict:
 PROMOTES_FROM = "promotes-from"  # the event naming, by id, the sweep this one promotes from
 
 
+def recorded_source(ledger: Ledger, sweep: SweepRow) -> SweepRow | None:
+    """The sweep this one recorded as its promotion source (its `promotes-from` event), if it is still in the
+    ledger; None otherwise (nothing chosen, nothing to promote from, or the source deleted since)."""
+    chosen = [(e.data or {}).get("sweep_id") for e in ledger.events(sweep.name, kind=PROMOTES_FROM)]
+    return next((s for s in ledger.list_sweeps() if chosen and s.id == chosen[0]), None)
+
+
 def promotion_source(ledger: Ledger, cfg: RootConfig, sweep: SweepRow) -> tuple[SweepRow, RootConfig] | None:
     """The sweep this one promotes from: the most recent sweep of the stage it promotes from (same model), chosen
     once and recorded by id (a `promotes-from` event), so a resumed sweep reads the same source even after
@@ -97,7 +104,7 @@ def promotion_source(ledger: Ledger, cfg: RootConfig, sweep: SweepRow) -> tuple[
         return None
     chosen = [(e.data or {}).get("sweep_id") for e in ledger.events(sweep.name, kind=PROMOTES_FROM)]
     if chosen:
-        src = next((s for s in ledger.list_sweeps() if s.id == chosen[0]), None)
+        src = recorded_source(ledger, sweep)
         if src is None:
             raise UserError(
                 f"sweep {sweep.name} promotes from sweep id {chosen[0]}, which is no longer in the ledger "

@@ -163,3 +163,22 @@ def test_a_seeder_that_fails_hands_the_seed_to_the_first_waiting_launch(tmp_path
             assert why and "left no checkpoint" in why and str(tmp_path / "b") in why
             assert "warm_from" not in decision(c) and "warm_from" not in decision(d)
             assert {e.candidate_id for e in led.events("s") if why in (e.message or "")} == {c.id, d.id}
+
+
+def test_an_8k_sweep_loads_its_1k_sources_seed_from_round_zero(tmp_path):
+    """Promotion (1k -> 8k): the 8k sweep saves no seed of its own; every launch at scale, round 0 included,
+    loads the seed of the 1k sweep it promotes from, in every round (setup.recorded_source)."""
+    from orchestrator.config import compose
+    from tests.bench import searchlib as lib
+
+    target = lib.Target("twin:balanced")
+    small = ["stage.budget.max_runs=7", "stage.budget.max_rounds=2", *target.overrides()]
+    with lib.fresh_ledger(str(tmp_path)) as led:
+        lib.run_sweep(led, compose(["+stage=1k", "cluster=local", *small]), target, "one", 300.0)
+        seed = observe.seed(led, led.get_sweep("one"))
+        assert seed is not None
+        lib.run_sweep(led, compose(["+stage=8k", "cluster=local", *small]), target, "eight", 300.0)
+        cands = [c for c in led.candidates("eight") if c.decision.get("fidelity") != Fidelity.PROBE]
+        assert {c.round for c in cands} == {0, 1}
+        assert all(c.decision.get("warm_from") == seed and not c.decision.get("seed_save") for c in cands)
+        assert observe.seed(led, led.get_sweep("eight")) is None
