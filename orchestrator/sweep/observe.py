@@ -190,10 +190,9 @@ def attempt_cost(stage: StageConfig, a: queries.AttemptCost) -> float:
         iters = sum(fidelity.window(stage, a.fidelity))
     wall = (a.end_time - a.start_time).total_seconds() if a.start_time and a.end_time else None
     gpus = cost.launch_gpus(stage.gpus, a.probed_ranks)  # a rank probe: one GPU per probed rank
-    base = stage.budget.startup_s
-    startup = (
-        fidelity.startup_s(stage, a.decision, measured=bool(a.step_mean_s)) if a.role == AttemptRole.MEASURE else base
-    )
+    startup = stage.budget.startup_s  # a finalist's job neither loads nor saves a seed
+    if a.role == AttemptRole.MEASURE:
+        startup = fidelity.startup_s(stage, a.decision, measured=bool(a.step_mean_s))
     return cost.attempt_gpu_hours(gpus, startup, step_mean_s=a.step_mean_s, iterations=iters, wall_s=wall)
 
 
@@ -212,17 +211,21 @@ def _seed_runs(ledger: Ledger, sweep: SweepRow) -> list[str]:
     return out
 
 
+def _saved(folder: str) -> bool:
+    """Megatron's tracker file (latest_checkpointed_iteration.txt) is on disk: the checkpoint was written."""
+    return CheckpointPaths(folder).tracker.is_file()
+
+
 def seed(ledger: Ledger, sweep: SweepRow) -> str | None:
-    """The sweep's seed (stage.warm_start): the first seed run whose Megatron tracker file
-    (latest_checkpointed_iteration.txt) is on disk; None before any."""
-    return next((f for f in _seed_runs(ledger, sweep) if CheckpointPaths(f).tracker.is_file()), None)
+    """The sweep's seed (stage.warm_start): the first seed run whose checkpoint is on disk; None before any."""
+    return next((f for f in _seed_runs(ledger, sweep) if _saved(f)), None)
 
 
 def seedless(ledger: Ledger, sweep: SweepRow) -> str | None:
     """Why the sweep runs cold from now on, when a launch measured that was to save the seed and no seed is on
     disk: the workload does not honour --save (or the seed was removed). None otherwise."""
     runs = _seed_runs(ledger, sweep)
-    if not runs or seed(ledger, sweep) is not None:
+    if not runs or any(_saved(f) for f in runs):
         return None
     return (
         f"warm start off: a launch that was to save the seed measured but left no checkpoint at {runs[0]} "

@@ -18,6 +18,11 @@ from orchestrator.ledger.ledger import Ledger, SweepRow
 from orchestrator.sweep import observe
 
 
+def _released(decision: dict | None) -> dict:
+    """The decision without its wait (`after_seed`), to which the resolution adds what the launch does."""
+    return {k: v for k, v in (decision or {}).items() if k != "after_seed"}
+
+
 def waiting(ledger: Ledger, sweep: SweepRow) -> set[int]:
     """Ids of planned candidates that must not launch yet; the ones that may go are re-decided first."""
     cands = ledger.candidates(sweep.name)
@@ -27,17 +32,16 @@ def waiting(ledger: Ledger, sweep: SweepRow) -> set[int]:
     seed = observe.seed(ledger, sweep)
     if seed is not None:
         for c in held:
-            d = {k: v for k, v in (c.decision or {}).items() if k != "after_seed"}
-            ledger.redecide(c.id, {**d, "warm_from": seed}, f"warm start: loads the seed {seed}")
+            ledger.redecide(c.id, {**_released(c.decision), "warm_from": seed}, f"warm start: loads the seed {seed}")
         return set()
     if any((c.decision or {}).get("seed_save") and c.status in CandidateStatus.LIVE for c in cands):
         return {c.id for c in held}
     off = observe.seedless(ledger, sweep)
     if off is not None:  # a seeder measured and saved nothing: no launch waits for a seed again
         for c in held:
-            ledger.redecide(c.id, {k: v for k, v in (c.decision or {}).items() if k != "after_seed"}, off)
+            ledger.redecide(c.id, _released(c.decision), off)
         return set()
     first, rest = held[0], held[1:]
-    d = {k: v for k, v in (first.decision or {}).items() if k != "after_seed"}
-    ledger.redecide(first.id, {**d, "seed_save": True}, "warm start: no seed was saved, this launch saves it")
+    why = "warm start: no seed was saved, this launch saves it"
+    ledger.redecide(first.id, {**_released(first.decision), "seed_save": True}, why)
     return {c.id for c in rest}

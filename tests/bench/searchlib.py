@@ -241,9 +241,11 @@ def build_grid(cfg, target: Target, startup_s: float) -> Grid:
     cold = np.array([launch_gpu_hours(st.gpus, startup_s, st.warmup_iters + st.measure_iters, x) for x in launches])
     cost, first_extra = cold, None
     if fidelity.warm_start_on(st):  # the same launches as the sweep's: the first saves the seed, the rest load it
-        ws, warm_iters = st.warm_start, sum(fidelity.window(st, Fidelity.FULL, warm=True))
-        cost = np.array([launch_gpu_hours(st.gpus, startup_s + ws.load_s, warm_iters, x) for x in launches])
-        saving = np.array([launch_gpu_hours(st.gpus, ws.save_s, 0, x) if x.fits else 0.0 for x in launches])
+        warm_iters = sum(fidelity.window(st, Fidelity.FULL, warm=True))
+        load_s = fidelity.startup_s(st, {"after_seed": True}) - st.budget.startup_s  # what reading the seed adds
+        save_s = fidelity.startup_s(st, {"seed_save": True}) - st.budget.startup_s  # ... and writing it
+        cost = np.array([launch_gpu_hours(st.gpus, startup_s + load_s, warm_iters, x) for x in launches])
+        saving = np.array([launch_gpu_hours(st.gpus, save_s, 0, x) if x.fits else 0.0 for x in launches])
         first_extra = cold + saving - cost
     return Grid(
         layouts=[c.layout for c in legal],
