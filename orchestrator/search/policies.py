@@ -66,21 +66,24 @@ class Policy:
         """Up to `size` new layouts to measure, best first (the schedule sets their fidelity and trims them)."""
         raise NotImplementedError
 
-    def converged(self, rows: list[Observation]) -> bool:
-        """No gain > converge_gain over the best so far for converge_rounds consecutive rounds (round >= 1).
-        (A screened contender still waiting for its confirmation is the schedule's to say: Schedule.waiting.)"""
-        rounds = sorted({r.round for r in rows})
-        if len(rounds) <= self.cfg.converge_rounds:
-            return False
+    def converged(self, rows: list[Observation], converge_rounds: int) -> bool:
+        """No gain > converge_gain over the best so far for `converge_rounds` (the stage's budget) consecutive
+        rounds (round >= 1). (A screened contender still waiting for its confirmation is the schedule's to say:
+        Schedule.waiting.)"""
+        return self.stale_rounds(rows) >= converge_rounds
+
+    def stale_rounds(self, rows: list[Observation]) -> int:
+        """The latest rounds in a row that brought no gain > converge_gain over the best before them (a round
+        before any measured best counts as neither)."""
         best_by_round = []
-        for rnd in rounds:
+        for rnd in sorted({r.round for r in rows}):
             b = best_measured([r for r in rows if r.round <= rnd])
             best_by_round.append(b.measured_step_s if b else float("inf"))
         streak = 0
         for prev, cur in itertools.pairwise(best_by_round):
             gained = prev != float("inf") and cur < prev * (1.0 - self.cfg.converge_gain)
             streak = 0 if gained or prev == float("inf") else streak + 1
-        return streak >= self.cfg.converge_rounds
+        return streak
 
     def _promotions(
         self, env: PlanEnv, inp: RoundInput, source_stage: StageConfig, fit: Fit | None, limit: int

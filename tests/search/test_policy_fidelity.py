@@ -90,13 +90,13 @@ def test_a_screened_p50_never_decides_the_best():
     rows = [obs("full", 10.0), obs("screen", 9.0, Fidelity.SCREEN, n=25)]
     assert best_measured(rows).key == "full"
     assert best_measured([obs("screen", 9.0, Fidelity.SCREEN)]) is None
-    cfg = compose(["+stage=1k"]).cfg.policy
-    pol, schedule = make_policy(cfg), Schedule(cfg)
+    root = compose(["+stage=1k"]).cfg
+    pol, schedule = make_policy(root.policy), Schedule(root.policy)
     # a contender still waiting for its confirmation blocks convergence (the schedule's to say)
-    n = pol.cfg.converge_rounds  # flat for the policy's convergence rounds, whatever the default
+    n = root.stage.budget.converge_rounds  # flat for the stage's convergence rounds, whatever the default
     flat = [obs(f"r{i}", 10.0, rnd=i) for i in range(n)]
     done = flat + [obs("e", 10.0, rnd=n)]
-    assert pol.converged(done) and not schedule.waiting(done, 0.02)
+    assert pol.converged(done, n) and not schedule.waiting(done, 0.02)
     assert schedule.waiting(flat + [obs("e", 9.0, Fidelity.SCREEN, n=25, rnd=n)], 0.02)
 
 

@@ -71,11 +71,15 @@ def test_round_robin_interleaves_and_dedupes():
 
 
 def test_convergence_needs_two_rounds_without_gain():
-    pol = make_policy(PolicyConfig(converge_gain=0.01, converge_rounds=2))
-    assert not pol.converged([obs("a", 10, rnd=0), obs("b", 9, rnd=1), obs("c", 8.5, rnd=2)])
-    assert not pol.converged([obs("a", 10, rnd=0), obs("b", 9.95, rnd=1)])
-    assert pol.converged([obs("a", 10, rnd=0), obs("b", 9.95, rnd=1), obs("c", 10.5, rnd=2)])
-    assert not pol.converged([obs("a", 10, rnd=0), obs("b", 9.95, rnd=1), obs("c", 9.0, rnd=2)])
+    pol = make_policy(PolicyConfig(converge_gain=0.01))
+    assert not pol.converged([obs("a", 10, rnd=0), obs("b", 9, rnd=1), obs("c", 8.5, rnd=2)], 2)
+    assert not pol.converged([obs("a", 10, rnd=0), obs("b", 9.95, rnd=1)], 2)
+    assert pol.converged([obs("a", 10, rnd=0), obs("b", 9.95, rnd=1), obs("c", 10.5, rnd=2)], 2)
+    assert not pol.converged([obs("a", 10, rnd=0), obs("b", 9.95, rnd=1), obs("c", 9.0, rnd=2)], 2)
+    # one round: round 1 without a gain ends it, round 1 with one does not
+    assert pol.converged([obs("a", 10, rnd=0), obs("b", 9.95, rnd=1)], 1)
+    assert not pol.converged([obs("a", 10, rnd=0), obs("b", 9.0, rnd=1)], 1)
+    assert not pol.converged([obs("a", 10, rnd=0)], 1)  # round 0 alone never converges
 
 
 def test_registry_names_both_policies():

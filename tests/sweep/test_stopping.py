@@ -1,0 +1,46 @@
+"""stage.budget.converge_rounds: the driver (orchestrator/sweep/decide.py) stops a sweep at the first round
+after which the stage's own number of rounds in a row brought no gain > policy.converge_gain, and not before.
+Run on the real decision loop and ledger of the bench harness (tests/bench/searchlib.py) on the twin."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from orchestrator.config import compose
+from orchestrator.core.states import Fidelity
+from tests.bench import searchlib as lib
+
+
+def _stale_after(best_by_round: list[float], gain: float) -> list[int]:
+    """For each round, the rounds in a row up to it without a gain > `gain` over the best before them."""
+    out, streak = [], 0
+    for i, cur in enumerate(best_by_round):
+        prev = best_by_round[i - 1] if i else math.inf
+        streak = 0 if prev == math.inf or cur < prev * (1.0 - gain) else streak + 1
+        out.append(streak)
+    return out
+
+
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_a_sweep_stops_at_the_first_round_its_stage_calls_converged(tmp_path, rounds):
+    target = lib.Target("twin:balanced")
+    composed = compose(
+        ["+stage=1k", "cluster=local", *target.overrides(), "stage.budget.startup_s=300"]
+        + [f"stage.budget.converge_rounds={rounds}", "stage.budget.max_rounds=8", "stage.budget.max_runs=200"]
+    )
+    led = lib.fresh_ledger(str(tmp_path))
+    with led:
+        run = lib.run_sweep(led, composed, target, "stop", startup_s=300.0)
+    assert run.reason.startswith("converged"), run.reason
+    assert f"for {rounds} round" in run.reason
+    last = max(x[0] for x in run.launches)
+    best, best_by_round = math.inf, []
+    for rnd in range(last + 1):  # a confirmation counts for its candidate's round, as the policy reads it
+        full = [x[3] for x in run.launches if x[0] == rnd and x[5] == Fidelity.FULL and x[3] is not None]
+        best = min([best, *full])
+        best_by_round.append(best)
+    stale = _stale_after(best_by_round, composed.cfg.policy.converge_gain)
+    assert stale[-1] >= rounds  # the stop: the stage's rounds without a gain ...
+    assert all(s < rounds for s in stale[:-1])  # ... reached only at the last round planned
