@@ -8,8 +8,9 @@ import math
 
 import pytest
 
-from orchestrator.config import compose
+from orchestrator.config import ConfigError, compose
 from orchestrator.core.states import Fidelity
+from orchestrator.sweep.setup import root_from_yaml
 from tests.bench import searchlib as lib
 
 
@@ -44,3 +45,19 @@ def test_a_sweep_stops_at_the_first_round_its_stage_calls_converged(tmp_path, ro
     stale = _stale_after(best_by_round, composed.cfg.policy.converge_gain)
     assert stale[-1] >= rounds  # the stop: the stage's rounds without a gain ...
     assert all(s < rounds for s in stale[:-1])  # ... reached only at the last round planned
+
+
+def test_a_sweep_stored_before_the_rule_moved_resumes_with_its_own_rounds():
+    """policy.converge_rounds moved to stage.budget.converge_rounds: a stored snapshot from before (resume,
+    promotion, the report) keeps the rounds it was created with; an override of the old key names the new."""
+    import yaml
+
+    snapshot = yaml.safe_load(compose(["+stage=1k"]).to_yaml())
+    assert snapshot["stage"]["budget"].pop("converge_rounds") == 2  # conf/stage/1k.yaml
+    snapshot["policy"]["converge_rounds"] = 4  # as it was stored then
+    back = root_from_yaml(yaml.safe_dump(snapshot))
+    assert back.stage.budget.converge_rounds == 4
+    snapshot["stage"]["budget"]["converge_rounds"] = 3  # the new key, where both are: the new one wins
+    assert root_from_yaml(yaml.safe_dump(snapshot)).stage.budget.converge_rounds == 3
+    with pytest.raises(ConfigError, match=r"policy.converge_rounds.*it moved: stage.budget.converge_rounds$"):
+        compose(["+stage=1k", "policy.converge_rounds=3"])
