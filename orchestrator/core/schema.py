@@ -12,6 +12,7 @@ k (moe_router_topk), h (hidden_size), f (moe_ffn_hidden_size).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, make_dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -319,7 +320,7 @@ MOVED_KEYS: dict[str, str] = {"policy.converge_rounds": "stage.budget.converge_r
 
 
 def legacy_moved(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """A config snapshot (plain dict, not changed) with each key of MOVED_KEYS moved where it went, unless the
+    """A copy of a config snapshot (plain dict) with each key of MOVED_KEYS moved where it went, unless the
     snapshot already holds the new key there; a snapshot without the new key's group (no stage) drops it."""
 
     def group(tree: Any, path: list[str]) -> Any:
@@ -327,33 +328,16 @@ def legacy_moved(snapshot: dict[str, Any]) -> dict[str, Any]:
             tree = tree.get(part) if isinstance(tree, dict) else None
         return tree
 
-    out = {**snapshot}
+    out = copy.deepcopy(snapshot)
     for old, new in MOVED_KEYS.items():
         *old_path, old_key = old.split(".")
         *new_path, new_key = new.split(".")
-        source = group(out, old_path)
-        if not isinstance(source, dict) or old_key not in source:
-            continue
-        value = source[old_key]
-        out[old_path[0]] = _without(out[old_path[0]], old_path[1:], old_key)
-        target = group(out, new_path)
-        if isinstance(target, dict) and new_key not in target:
-            out[new_path[0]] = _with(out[new_path[0]], new_path[1:], new_key, value)
+        source, target = group(out, old_path), group(out, new_path)
+        if isinstance(source, dict) and old_key in source:
+            value = source.pop(old_key)
+            if isinstance(target, dict):
+                target.setdefault(new_key, value)
     return out
-
-
-def _without(tree: dict, path: list[str], key: str) -> dict:
-    """A copy of `tree` without `key` at `path`."""
-    if not path:
-        return {k: v for k, v in tree.items() if k != key}
-    return {**tree, path[0]: _without(tree[path[0]], path[1:], key)}
-
-
-def _with(tree: dict, path: list[str], key: str, value: Any) -> dict:
-    """A copy of `tree` with `key` = `value` at `path`."""
-    if not path:
-        return {**tree, key: value}
-    return {**tree, path[0]: _with(tree[path[0]], path[1:], key, value)}
 
 
 @dataclass
