@@ -65,6 +65,9 @@ class JobPaths:
     # found after a kill that came before launch.json, and never confused with a stray result.json.
     STARTED = "job-started.json"  # {"token", "job_id", "pid"}, as the job starts
     EXITED = "job-exit.json"  # {"token", "job_id", "outcome": "ok" | "error", "returncode"}, as it returns or raises
+    # The orchestrator's mark that it stopped this job at its early cut (orchestrator/sweep/cutoff.py), written
+    # before the cancel: {"step_s", "after", "skip", "median_s", "job_id"}; collect reads the cut's window from it.
+    CUT = "cut.json"
     NODE_LOG = "node-{node}.log"
     NODE_LOG_GLOB = NODE_LOG.format(node="*")
     TIME_LIMIT_MARK = "time-limit-warning-rank-{rank}"
@@ -103,6 +106,10 @@ class JobPaths:
     @property
     def seed_checkpoint(self) -> Path:
         return self.folder / self.SEED_CHECKPOINT
+
+    @property
+    def cut(self) -> Path:
+        return self.folder / self.CUT
 
     @property
     def result(self) -> Path:

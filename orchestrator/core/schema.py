@@ -181,6 +181,14 @@ class ScreenConfig:
     # ... after this many warm-up iterations: its p50 is the rank's compute-only step (the composed step,
     # orchestrator/search/compose.py), so the first iterations (compile, allocator) stay out of it
     probe_warmup_iters: int = ranged(10, 0)
+    # The early cut (orchestrator/schedule/fidelity.py CutLine: a median stopping rule, as Ray Tune's trial
+    # schedulers stop trials the searcher proposed): once the sweep has a full-window best, a launch at scale
+    # whose median step over iterations cut_warmup_iters+1..cut_after is above best p50 x (1 + cut_margin) is
+    # stopped there and kept as a screen of those iterations (it ranks, never decides a best).
+    cut: bool = True
+    cut_margin: float = ranged(0.10, gt=0)
+    cut_after: int = ranged(15, 2)
+    cut_warmup_iters: int = ranged(5, 0)  # compile, allocator, NCCL set-up: out of the median, as in a screen
 
 
 @dataclass

@@ -60,14 +60,16 @@ class JobFolder:
         )
 
 
-def read_folder(job_dir: str | os.PathLike, job_id: str | None = None) -> JobFolder:
-    """Parse the folder's files, keeping of each what the metrics read (orchestrator.evidence.keep): the spec's window
-    and the checkpoint timers, so a log of any size parses in flat memory."""
+def read_folder(
+    job_dir: str | os.PathLike, job_id: str | None = None, window: tuple[int, int] | None = None
+) -> JobFolder:
+    """Parse the folder's files, keeping of each what the metrics read (orchestrator.evidence.keep): the window
+    (`window`, else the spec's) and the checkpoint timers, so a log of any size parses in flat memory."""
     paths = JobPaths(job_dir)
     spec = JobSpec.load(paths.spec) if paths.spec.exists() else None
     files = paths.rank_logs() + paths.node_logs() + paths.submitit_logs(job_id)
     sidecars, used = metrics_mod.load_sidecars(paths.sidecars())
-    window = spec.window if spec is not None else None
+    window = window or (spec.window if spec is not None else None)
     keep = Keep(window=window, timers=(SAVE_TIMER, LOAD_TIMER))
     return JobFolder(
         path=paths.folder,
@@ -76,6 +78,45 @@ def read_folder(job_dir: str | os.PathLike, job_id: str | None = None) -> JobFol
         sidecars=sidecars,
         sidecar_paths=used,
     )
+
+
+def iteration_times(job_dir: str | os.PathLike, upto: int) -> list[float]:
+    """Seconds of iterations 1..upto as far as a (running) job's logs have them, in order, stopping at the first
+    one missing: what the early cut (orchestrator/sweep/cutoff.py) reads while the job runs."""
+    folder = read_folder(job_dir, window=(0, upto))
+    by_it = {r.iteration: r.elapsed_ms for log in folder.logs for r in log.iterations}
+    out = []
+    for i in range(1, upto + 1):
+        if i not in by_it:
+            break
+        out.append(by_it[i] / 1000.0)
+    return out
+
+
+def as_cut(result: JobResult, mark: dict) -> None:
+    """A job the sweep stopped at its early cut is the measurement of the iterations the cut read, not a failure:
+    its cancel (CANCELLED, a signal's exit) is the sweep's own doing. Any other failure stands, and so does a
+    cut whose iterations the logs no longer hold in full (not a measurement)."""
+    _, n = cut_window(mark) or (0, 0)
+    if result.failure_class not in (None, Failure.CANCELLED) or result.measure_iters < n:
+        return
+    result.ok, result.failure_class, result.partial = True, None, False
+    result.failure_detail, result.nccl_group = "", None  # the cancel's own line: the sweep's cut event says why
+
+
+def read_cut(job_dir: str | os.PathLike) -> dict | None:
+    """The sweep's mark that it stopped this job at its early cut (JobPaths.CUT), or None."""
+    path = JobPaths(job_dir).cut
+    try:
+        mark = json.loads(path.read_text())
+        return mark if isinstance(mark, dict) and {"after", "skip"} <= set(mark) else None
+    except (OSError, ValueError):
+        return None
+
+
+def cut_window(mark: dict | None) -> tuple[int, int] | None:
+    """(warm-up, measured iterations) of a cut job's result: the iterations its cut read (schedule/fidelity.CutLine)."""
+    return (int(mark["skip"]), int(mark["after"]) - int(mark["skip"])) if mark else None
 
 
 def pp_of_rank(spec: JobSpec) -> Callable[[int], int | None]:
@@ -105,12 +146,13 @@ def collect(
     `job_id` also finds submitit's logs of an array job under a parent folder's .submitit/.
     `lost`: the launcher lost the job (no process, no exit status, no result of its own: killed with its
     orchestrator). A window it did not finish is then LOST (retried), never a partial measurement or NO_OUTPUT."""
-    folder = read_folder(job_dir, job_id)
+    cut = read_cut(job_dir)
+    folder = read_folder(job_dir, job_id, window=cut_window(cut))
     spec = folder.spec
     result = JobResult(ok=False, simulated=folder.simulated, slurm_state=slurm_state, exit_code=exit_code)
     if spec is not None:
         stage, hw = spec.stage, spec.hardware
-        warmup, measure = spec.window  # the attempt's own window, not the stage's
+        warmup, measure = cut_window(cut) or spec.window  # the attempt's own window (or its cut's), not the stage's
         metrics_mod.compute(
             folder.logs,
             folder.sidecars,
@@ -136,6 +178,8 @@ def collect(
         verdict = verdict.with_stderr(stderr_head(JobPaths(folder.path)))
     verdict.apply(result)
     result.ok = result.ok and result.measure_iters > 0
+    if cut is not None:
+        as_cut(result, cut)
     if lost and result.failure_class in (None, Failure.NO_OUTPUT) and (result.partial or not result.ok):
         asked = spec.window[1] if spec is not None else "?"
         result.ok, result.failure_class = False, Failure.LOST

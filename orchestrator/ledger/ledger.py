@@ -63,6 +63,7 @@ ATTEMPT_FIELDS = frozenset(
         "sidecar_paths",
         "job_dir",
         "simulated",
+        "fidelity",  # a launch cut early becomes the screen of what it ran (orchestrator/sweep/cutoff.py)
     }
 )
 
@@ -533,6 +534,8 @@ class Ledger:
                     v = str(v)
                 elif k == "state":
                     v = member(AttemptState, v, "attempt state")
+                elif k == "fidelity":
+                    v = member(Fidelity, v, "fidelity")
                 elif k in ("log_paths", "sidecar_paths"):
                     v = [str(p) for p in v or []]
                 setattr(a, k, v)

@@ -7,6 +7,11 @@ budget on layouts a short window already shows to be slower. A screen ranks many
 ones it cannot separate from the best are confirmed at the full window, and only full-window results ever
 decide a best (orchestrator.core.ranking: queries.best, observe.best_of, the searcher's `best_measured`).
 
+The early cut (`CutLine`) is the same idea inside one launch: a launch at scale whose first iterations are
+already clearly slower than the best full-window step stops there (the sweep driver reads its iteration
+lines and cancels it, orchestrator/sweep/cutoff.py; the bench cuts its in-process launches with the same
+line), and what it ran is kept as a screen of those iterations.
+
 The screen's measured window is sized from measured step-time noise, never guessed: the p50 of n samples
 has a standard error of about sqrt(pi/2) * sigma / sqrt(n) (the median of a normal sample), so its 95%
 confidence interval is narrower than a relative `resolution` when n >= (1.96 * sqrt(pi/2) * cv / res)^2.
@@ -16,7 +21,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 
 from orchestrator.core.schema import StageConfig
 from orchestrator.core.states import Fidelity
@@ -147,3 +153,48 @@ def contenders(rows: Sequence[Observation], cv: float | None, limit: int) -> lis
     full = [r.measured_step_s for r in rows if r.ok and r.fidelity == Fidelity.FULL]
     ref = min([*full, *(hi(r) for r in screened)])
     return measured_rank([r for r in screened if lo(r) <= ref])[:limit]  # the one ranking, screens included
+
+
+@dataclass(frozen=True)
+class CutLine:
+    """The early cut of one launch (stage.screen.cut*), stored in its candidate's decision (`cut`) so a resumed
+    driver applies the same line: stop once iterations skip+1..after are run and their median step is above
+    `step_s` (the sweep's best full-window p50 x (1 + cut_margin) when the round was planned). What ran is a
+    screen of `after - skip` measured iterations after `skip` warm-up ones: it ranks, never decides a best."""
+
+    step_s: float
+    after: int
+    skip: int
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """(warm-up, measured iterations) of the result a cut launch leaves."""
+        return self.skip, self.after - self.skip
+
+    def due(self, times: Sequence[float]) -> float | None:
+        """The median step that cuts the launch, given its per-iteration seconds from iteration 1 on; None while
+        fewer than `after` have run or when the median is at or under the line."""
+        if len(times) < self.after:
+            return None
+        med = statistics.median(times[self.skip : self.after])
+        return med if med > self.step_s else None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def of(cls, decision: Mapping | None) -> CutLine | None:
+        """The line a candidate's decision carries (None: never cut: a decision of before the cut, a probe, or a
+        launch planned before the sweep had a full-window best)."""
+        d = (decision or {}).get("cut")
+        return cls(float(d["step_s"]), int(d["after"]), int(d["skip"])) if d else None
+
+
+def cut_line(stage: StageConfig, best_step_s: float | None, fidelity: Fidelity, iters: int) -> CutLine | None:
+    """The early cut of a launch at `fidelity` running `iters` iterations, against the best full-window p50: none
+    for a rank probe (it measures compute, and is short), without a best, or where the launch would end by
+    stage.screen.cut_after anyway."""
+    sc = stage.screen
+    if not sc.cut or best_step_s is None or Fidelity(fidelity) == Fidelity.PROBE or iters <= sc.cut_after:
+        return None
+    return CutLine(best_step_s * (1.0 + sc.cut_margin), sc.cut_after, min(sc.cut_warmup_iters, sc.cut_after - 1))

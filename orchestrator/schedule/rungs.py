@@ -58,6 +58,7 @@ class Schedule:
             props = self.probes(env, inp, fit, best.measured_step_s, {p.key for p in props}) + props
         if not inp.seedless:
             self.warm(env, [*confirms, *props], inp.seed)
+        self.cut(env, [*confirms, *props], best.measured_step_s if best else None)
         left = inp.gpu_hours_left - sum(c.est_gpu_hours for c in confirms)
         props = self.within_budget(props, size, left)
         why = f"{len(props)} proposals" + (f" screened, {len(confirms)} confirmed" if screening or confirms else "")
@@ -121,6 +122,17 @@ class Schedule:
             p.est_gpu_hours = env.gpu_hours(
                 p.charge_step_s or p.predicted_step_s, w + n, startup_s=fidelity.startup_s(st, d)
             )
+
+    @staticmethod
+    def cut(env: PlanEnv, props: list[Proposal], best_step_s: float | None) -> None:
+        """The early cut (stage.screen.cut*, fidelity.CutLine) of every launch at scale, against the best
+        full-window p50 as the round is planned. Each stays charged for its whole window: the cut is a saving
+        measured when it happens (observe.spent charges the iterations a result ran), never one assumed."""
+        st = env.stage
+        for p in props:
+            w, n = fidelity.window(st, p.fidelity, p.measure_iters, warm=fidelity.warms(p.decision()))
+            line = fidelity.cut_line(st, best_step_s, p.fidelity, w + n)
+            p.cut = line.to_dict() if line else None
 
     def confirms(
         self, env: PlanEnv, inp: RoundInput, fit: Fit | None = None, *, screening: bool = False

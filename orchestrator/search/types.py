@@ -117,6 +117,7 @@ class Proposal:
     charge_step_s: float | None = None  # the step est_gpu_hours is charged at (None: the predicted step)
     seed_save: bool = False
     after_seed: bool = False  # waits for the seed its round's first launch saves (orchestrator/sweep/seeding.py)
+    cut: dict | None = None  # its early cut (schedule/fidelity.CutLine.to_dict), set by Schedule.cut
 
     def __post_init__(self) -> None:
         self.fidelity = Fidelity(self.fidelity or Fidelity.FULL)
@@ -142,6 +143,7 @@ class Proposal:
             **({"warm_from": self.warm_from} if self.warm_from else {}),
             **({"seed_save": True} if self.seed_save else {}),
             **({"after_seed": True} if self.after_seed else {}),
+            **({"cut": self.cut} if self.cut else {}),
         }
 
     @property

@@ -34,7 +34,7 @@ from orchestrator.plan.planner import Planned
 from orchestrator.schedule import Schedule
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
-from orchestrator.sweep import observe
+from orchestrator.sweep import cutoff, observe
 from orchestrator.sweep.decide import next_round
 from orchestrator.sweep.launches import Launch
 from orchestrator.sweep.retry import retry_attempts
@@ -104,6 +104,7 @@ class Driver:
         self._t0 = time.monotonic()
         self.stats = {"polls": 0, "sleep_s": 0.0, "submitted": 0}  # for `make bench`: control-plane time
         self._dirty = True  # something changed since the view was last drawn
+        self._uncut: set[int] = set()  # attempts the early cut no longer reads (past their line, or cut)
         self.finalists: Finalists | None = None  # set once the search has stopped (see _finalists)
 
     # ---- lease ------------------------------------------------------------------------------------
@@ -419,12 +420,41 @@ class Driver:
                     self.ledger.set_candidate_status(
                         c.id, CandidateStatus.RUNNING, f"job {a.job_id} on {st.node_list or '?'}"
                     )
+                self._cut(a, c)
+
+    def _cut(self, a: AttemptRow, c: CandidateRow) -> None:
+        """The early cut (sweep/cutoff.py): stop a running launch whose first iterations are over its line."""
+        if a.id in self._uncut:
+            return
+        found = cutoff.check(a, c)
+        if found is None or found.done:
+            self._uncut.add(a.id)
+            return
+        if found.median_s is None:
+            return
+        if found.marked:  # marked by a driver that died before its cancel
+            self.launcher.cancel([str(a.job_id)])
+            self._uncut.add(a.id)
+            return
+        cutoff.mark(a, found)
+        self.launcher.cancel([str(a.job_id)])
+        why = (
+            f"cut early: median step {found.median_s:.4g}s over iterations {found.line.skip + 1}-{found.line.after}"
+            f" is above its line {found.line.step_s:.4g}s"
+        )
+        self.ledger.log_event(
+            self.name, "cut", why, candidate_id=c.id, data={"job_id": a.job_id, **found.line.to_dict()}
+        )
+        self.view.event(f"job {a.job_id} {why} ({Layout.from_dict(c.layout).short()})")
+        self._uncut.add(a.id)
 
     def _ingest(self, a: AttemptRow, st, c: CandidateRow) -> None:
         """Collect the job folder into a JobResult, store it (idempotent per attempt), settle the candidate."""
         from orchestrator.evidence.collect import collect
 
         lost = bool(st.reason and "lost" in st.reason)  # re-attached, outcome unknown: the folder decides
+        if a.measures and cutoff.settle(self.ledger, a):  # a screen of what it ran, before its result is stored
+            a = next(x for x in self.ledger.attempts(a.candidate_id) if x.id == a.id)
         res = collect(
             Path(a.job_dir), slurm_state=None if lost else st.state, exit_code=None if lost else st.exit_code, lost=lost
         )

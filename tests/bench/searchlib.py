@@ -359,6 +359,7 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
     from orchestrator.core.cost import rank_probe_gpu_hours
     from orchestrator.core.paths import CheckpointPaths, JobPaths, atomic_write
     from orchestrator.core.result import JobResult, RankMemory
+    from orchestrator.core.states import Fidelity
     from orchestrator.plan.layout import Layout
     from orchestrator.schedule import fidelity
     from orchestrator.schedule.fidelity import decision_window, probe_ranks
@@ -403,8 +404,13 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
                     cost = rank_probe_gpu_hours(len(probed), startup_s, run.step_s, iters)
                 else:
                     run = target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(history) + 1, window=win)
-                    # a warm start's load / save (an OOM never gets to the save)
-                    extra = fidelity.startup_s(st, c.decision, measured=run.fits) - st.budget.startup_s
+                    line = fidelity.CutLine.of(c.decision)  # the early cut, as the driver applies it (sweep/cutoff)
+                    cut = line.due(run.times) if line and run.fits else None
+                    if line and cut is not None:  # what ran is a screen of its first line.after iterations
+                        fid, win = Fidelity.SCREEN, line.window
+                        run = dataclasses.replace(run, times=run.times[: line.after])
+                    # a warm start's load / save (an OOM never gets to the save, nor does a cut launch)
+                    extra = fidelity.startup_s(st, c.decision, measured=run.fits and cut is None) - st.budget.startup_s
                     cost = launch_gpu_hours(st.gpus, startup_s + extra, sum(win), run)
                 job_dir = jobs / f"{c.id}-{len(history) + 1}"
                 if run.fits and (c.decision or {}).get("seed_save"):  # the seed a job saves after its window

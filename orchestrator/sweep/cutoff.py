@@ -1,0 +1,63 @@
+"""The early cut, applied to running jobs: the driver reads a launch's iteration lines as it polls and stops
+it once its line (schedule/fidelity.CutLine, in its candidate's decision) says it is clearly slower than the
+sweep's best full-window step.
+
+Why in the driver and not on the compute node: the driver already polls every live job, reads job folders
+through evidence/ and cancels through the launcher; one scancel stops every rank of the job at once, where
+a rank stopping itself leaves the others waiting in a collective. The mark (JobPaths.CUT) is written
+before the cancel, so whatever the order the driver dies in, the folder says what the job was: collect
+reads the cut's window from it (evidence/collect.as_cut), and `settle` makes the attempt the screen of what
+it ran before its result is recorded, so it never counts as a full window (orchestrator.core.ranking).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from orchestrator.core.paths import JobPaths, atomic_write
+from orchestrator.core.states import Fidelity
+from orchestrator.evidence.collect import iteration_times, read_cut
+from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger
+from orchestrator.schedule.fidelity import CutLine
+
+
+@dataclass(frozen=True)
+class Check:
+    """One look at a running launch: `median_s` set when its cut is due; `done` once it can no longer be cut
+    (it ran past its line's iterations under the line), so the driver stops reading its folder."""
+
+    line: CutLine
+    median_s: float | None = None
+    done: bool = False
+    marked: bool = False  # its folder holds the mark already (a driver that died before the cancel): cancel again
+
+
+def check(a: AttemptRow, c: CandidateRow) -> Check | None:
+    """The cut's verdict on a running measure attempt so far; None when it has no line (a probe, a launch planned
+    before the sweep had a best, cut disabled)."""
+    line = CutLine.of(c.decision)
+    if line is None or a.fidelity not in (Fidelity.FULL, Fidelity.SCREEN) or not a.job_dir:
+        return None
+    if (done := read_cut(a.job_dir)) is not None:
+        return Check(line, float(done.get("median_s") or 0.0), marked=True)
+    times = iteration_times(a.job_dir, line.after)
+    med = line.due(times)
+    return Check(line, med, done=med is None and len(times) >= line.after)
+
+
+def mark(a: AttemptRow, found: Check) -> None:
+    """Write the cut's mark into the job folder (before the cancel: see the module docstring)."""
+    assert found.median_s is not None
+    body = {**found.line.to_dict(), "median_s": found.median_s, "job_id": a.job_id}
+    atomic_write(JobPaths(a.job_dir).cut, json.dumps(body, indent=1))
+
+
+def settle(ledger: Ledger, a: AttemptRow) -> bool:
+    """A terminal attempt whose folder holds the cut's mark becomes a screen (before its result is recorded).
+    True when it was cut."""
+    if not a.job_dir or read_cut(a.job_dir) is None:
+        return False
+    if a.fidelity != Fidelity.SCREEN:
+        ledger.update_attempt(a.id, fidelity=Fidelity.SCREEN)
+    return True

@@ -1,0 +1,132 @@
+"""The early cut (stage.screen.cut*): a launch at scale whose first iterations are clearly slower than the sweep's
+best full-window step stops there and is kept as a screen of what it ran. The rule (schedule/fidelity.CutLine),
+the schedule writing it into decisions, collect reading a cut folder, the in-process sweep (the bench's) and the
+real driver cutting a running job on the local executor."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.core.schema import ScreenConfig, StageConfig
+from orchestrator.core.states import Fidelity
+from orchestrator.evidence.collect import collect
+from orchestrator.job.entry import run_task
+from orchestrator.ledger.ledger import Ledger
+from orchestrator.schedule import fidelity
+from orchestrator.schedule.fidelity import CutLine
+from orchestrator.sweep import observe
+from tests.evidence.test_collect import make_spec
+from tests.search.test_policy_fidelity import _sweep
+from tests.sweeplib import cli, ledger_url, sweep_args
+
+STAGE = StageConfig(warmup_iters=300, measure_iters=50)
+
+
+@given(
+    times=st.lists(st.floats(0.5, 2.0), max_size=30),
+    after=st.integers(2, 20),
+    skip=st.integers(0, 19),
+    line=st.floats(0.5, 2.0),
+)
+def test_a_cut_is_due_once_its_iterations_ran_and_their_median_is_over_the_line(times, after, skip, line):
+    cut = CutLine(line, after, min(skip, after - 1))
+    got = cut.due(times)
+    if len(times) < after:
+        assert got is None
+        return
+    med = statistics.median(times[cut.skip : after])
+    assert got == (med if med > line else None)
+    assert cut.due([*times[:after], *([99.0] * 5)]) == got  # iterations past the line's do not move it
+    assert cut.window == (cut.skip, after - cut.skip)
+    assert CutLine.of({"cut": cut.to_dict()}) == cut
+
+
+def test_the_line_is_the_best_full_step_plus_the_margin_and_only_where_a_cut_saves_something():
+    line = fidelity.cut_line(STAGE, 10.0, Fidelity.FULL, 350)
+    sc = STAGE.screen
+    assert line == CutLine(10.0 * (1 + sc.cut_margin), sc.cut_after, sc.cut_warmup_iters)
+    assert fidelity.cut_line(STAGE, None, Fidelity.FULL, 350) is None  # no full-window best yet
+    assert fidelity.cut_line(STAGE, 10.0, Fidelity.PROBE, 350) is None  # a probe measures compute: never cut
+    assert fidelity.cut_line(STAGE, 10.0, Fidelity.SCREEN, sc.cut_after) is None  # it ends there anyway
+    off = dataclasses.replace(STAGE, screen=ScreenConfig(cut=False))
+    assert fidelity.cut_line(off, 10.0, Fidelity.FULL, 350) is None
+    assert CutLine.of({"fidelity": "full"}) is None and CutLine.of(None) is None
+
+
+def test_a_cut_folder_is_the_screen_of_the_iterations_its_cut_read(smoke, tmp_path):
+    """collect: the mark turns the sweep's own cancel into the measurement of iterations skip+1..after; without
+    the mark the same cancel is CANCELLED; a mark whose iterations the logs lack is no measurement."""
+    cfg, (planned, *_) = smoke
+    spec = make_spec(cfg, planned, tmp_path / "job")
+    run_task(spec)
+    folder = tmp_path / "job"
+    plain = collect(folder, slurm_state="CANCELLED")
+    assert not plain.ok and plain.failure_class == "CANCELLED"
+    (folder / "cut.json").write_text(json.dumps({"step_s": 0.001, "after": 8, "skip": 2, "median_s": 0.5}))
+    res = collect(folder, slurm_state="CANCELLED")
+    assert res.ok and res.failure_class is None and not res.partial
+    assert (res.warmup_iters, res.measure_iters_requested, res.measure_iters) == (2, 6, 6)
+    assert len(res.step_times_s) == 6 and res.step_p50_s == pytest.approx(statistics.median(res.step_times_s))
+    (folder / "cut.json").write_text(json.dumps({"step_s": 0.001, "after": 999, "skip": 2, "median_s": 0.5}))
+    lacking = collect(folder, slurm_state="CANCELLED")
+    assert not lacking.ok and lacking.failure_class == "CANCELLED"
+
+
+def test_an_in_process_sweep_cuts_slow_launches_and_never_reports_one(tmp_path):
+    """The bench's sweep (the product's decisions, in-process launches cut by the same line): launches planned
+    once a best exists carry the line; each cut one is a screen of cut_after - cut_warmup_iters iterations whose
+    median is over its line; the reported best is a full window; and the sweep spends less than without cuts."""
+    from tests.bench import searchlib as lib
+
+    target = lib.Target("twin:gemm")
+    cfg, led, run = _sweep(tmp_path / "on", target)
+    _, led_off, run_off = _sweep(tmp_path / "off", target, "stage.screen.cut=false")
+    sc = cfg.stage.screen
+    with led, led_off:
+        cands = led.candidates("mf")
+        assert not any((c.decision or {}).get("cut") for c in cands if c.round == 0)  # no best to cut against
+        lined = [c for c in cands if (c.decision or {}).get("cut")]
+        assert lined and all((c.decision or {}).get("fidelity") != Fidelity.PROBE for c in lined)
+        best = observe.best_of(led, "mf")
+        cut = []
+        for c in lined:
+            line = CutLine.of(c.decision)
+            assert line is not None and line.step_s >= best["step_p50_s"] * (1 + sc.cut_margin) * (1 - 1e-9)
+            for a in led.attempts(c.id):
+                res = led.evidence.result(a.id)
+                if res and res["measure_iters"] == sc.cut_after - sc.cut_warmup_iters and a.fidelity == "screen":
+                    cut.append(c.key)
+                    assert res["warmup_iters"] == sc.cut_warmup_iters
+                    assert res["step_p50_s"] > line.step_s  # the median of the iterations its cut read
+        assert cut and best["key"] not in cut
+        assert run.gpu_hours < run_off.gpu_hours
+        assert not any((c.decision or {}).get("cut") for c in led_off.candidates("mf"))
+
+
+def test_the_driver_cuts_a_running_job_that_is_over_its_line(tmp_path):
+    """The real loop on the local executor: jobs slow enough to be read while they run, a line a hair over the
+    best. Each cut job is cancelled once its first iterations are in (the `cut` event), kept as a screen of
+    them, never retried and never the best; the best is a full window."""
+    slow = ["++workload.twin.time_scale=10.0", "++workload.twin.max_sleep_s=0.4"]
+    cut = ["++stage.screen.cut_margin=0.0001", "++stage.screen.cut_after=4", "++stage.screen.cut_warmup_iters=1"]
+    p = cli("sweep", *sweep_args(tmp_path, "cut", *slow, *cut, "policy.round0_size=1"), timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        events = led.events("cut", kind="cut")
+        assert events, [e.message for e in led.events("cut")][-20:]
+        best = observe.best_of(led, "cut")
+        for e in events:
+            (c,) = [c for c in led.candidates("cut") if c.id == e.candidate_id]
+            atts = led.attempts(c.id)
+            assert len(atts) == 1 and atts[0].fidelity == Fidelity.SCREEN  # cut once, not retried
+            res = led.evidence.result(atts[0].id)
+            assert res["step_p50_s"] and (res["warmup_iters"], res["measure_iters"]) == (1, 3)
+            assert c.key != best["key"] and c.status == "done"
+        measured = [m for m in led.evidence.measured(sweep="cut") if m.key == best["key"]]
+        assert measured and measured[0].fidelity == Fidelity.FULL
