@@ -21,6 +21,8 @@ from orchestrator.evidence.collect import iteration_times, read_cut
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger
 from orchestrator.schedule.fidelity import CutLine
 
+EVENT = "cut"  # the ledger event of each cut (message: the median and the line; data: the job id and the line)
+
 
 @dataclass(frozen=True)
 class Check:

@@ -432,18 +432,16 @@ class Driver:
             return
         if found.median_s is None:
             return
-        if found.marked:  # marked by a driver that died before its cancel
-            self.launcher.cancel([str(a.job_id)])
-            self._uncut.add(a.id)
-            return
-        cutoff.mark(a, found)
+        if not found.marked:  # else marked by a driver that died before its cancel: cancel it now
+            cutoff.mark(a, found)
+            fault_point("cut-marked")
         self.launcher.cancel([str(a.job_id)])
         why = (
             f"cut early: median step {found.median_s:.4g}s over iterations {found.line.skip + 1}-{found.line.after}"
-            f" is above its line {found.line.step_s:.4g}s"
+            f" is above its line {found.line.step_s:.4g}s" + (" (marked before a restart)" if found.marked else "")
         )
         self.ledger.log_event(
-            self.name, "cut", why, candidate_id=c.id, data={"job_id": a.job_id, **found.line.to_dict()}
+            self.name, cutoff.EVENT, why, candidate_id=c.id, data={"job_id": a.job_id, **found.line.to_dict()}
         )
         self.view.event(f"job {a.job_id} {why} ({Layout.from_dict(c.layout).short()})")
         self._uncut.add(a.id)

@@ -20,7 +20,7 @@ from orchestrator.job.entry import run_task
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.schedule import fidelity
 from orchestrator.schedule.fidelity import CutLine
-from orchestrator.sweep import observe
+from orchestrator.sweep import cutoff, observe
 from tests.evidence.test_collect import make_spec
 from tests.search.test_policy_fidelity import _sweep
 from tests.sweeplib import cli, ledger_url, sweep_args
@@ -118,7 +118,7 @@ def test_the_driver_cuts_a_running_job_that_is_over_its_line(tmp_path):
     p = cli("sweep", *sweep_args(tmp_path, "cut", *slow, *cut, "policy.round0_size=1"), timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
-        events = led.events("cut", kind="cut")
+        events = led.events("cut", kind=cutoff.EVENT)
         assert events, [e.message for e in led.events("cut")][-20:]
         best = observe.best_of(led, "cut")
         for e in events:
@@ -130,3 +130,38 @@ def test_the_driver_cuts_a_running_job_that_is_over_its_line(tmp_path):
             assert c.key != best["key"] and c.status == "done"
         measured = [m for m in led.evidence.measured(sweep="cut") if m.key == best["key"]]
         assert measured and measured[0].fidelity == Fidelity.FULL
+
+
+@pytest.mark.slurm
+def test_on_slurm_a_cut_is_scancelled_and_a_driver_killed_before_its_cancel_cancels_on_resume(tmp_path, slurm_cluster):
+    """The real cluster: the first cut's mark is written, then the driver is killed (kill -9) before its
+    scancel; `resume` finds the job still running with its mark, scancels it, and collects it as the screen of
+    the iterations its cut read. Every cut job is Slurm's CANCELLED and no failure; nothing is submitted twice."""
+    slow = ["++workload.twin.time_scale=50", "++workload.twin.max_sleep_s=1.0", "stage.measure_iters=40"]
+    node8 = ["stage.gpus=8", "++cluster.poll_interval_s=0.5", "++cluster.min_time_min=5"]
+    small = ["policy.round0_size=1", "policy.round_size=3", "stage.budget.max_rounds=2", "stage.budget.max_runs=4"]
+    cut = ["++stage.screen.cut_margin=0.0001", "++stage.screen.cut_after=4", "++stage.screen.cut_warmup_iters=1"]
+    args = sweep_args(tmp_path, "s-cut", *slow, *node8, *small, *cut, cluster="slurm")
+    killed = cli("sweep", *args, "--plain", timeout=600, env={"ORCH_FAULT": "cut-marked:kill"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    marked = list((tmp_path / "runs").rglob("cut.json"))
+    assert len(marked) == 1
+    resumed = cli("resume", "s-cut", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:] + resumed.stdout[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        cands = led.candidates("s-cut")
+        assert all(len(led.attempts(c.id)) == 1 for c in cands), "a candidate was launched twice"
+        cut_atts = [a for c in cands for a in led.attempts(c.id) if a.fidelity == Fidelity.SCREEN]
+        folders = {str(p.parent) for p in (tmp_path / "runs").rglob("cut.json")}
+        assert cut_atts and {a.job_dir for a in cut_atts} == folders and str(marked[0].parent) in folders
+        events = led.events("s-cut", kind=cutoff.EVENT)  # one per cut, the resumed driver's for the killed one's
+        assert sorted(e.candidate_id for e in events) == sorted(a.candidate_id for a in cut_atts)
+        assert sum("marked before a restart" in e.message for e in events) == 1
+        for a in cut_atts:
+            res = led.evidence.result(a.id)
+            assert a.state == "CANCELLED" and a.failure_class is None, (a.state, a.failure_class)
+            assert res is not None and (res["warmup_iters"], res["measure_iters"]) == (1, 3)
+        best = observe.best_of(led, "s-cut")
+        assert best is not None and best["key"] not in {
+            c.key for c in cands if c.id in {a.candidate_id for a in cut_atts}
+        }
