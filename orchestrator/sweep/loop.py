@@ -284,7 +284,7 @@ class Driver:
         from orchestrator.sweep import seeding
 
         launches: list[Launch] = []
-        wait = seeding.waiting(self.ledger, self.sweep)  # the seed first (warm start)
+        wait = seeding.waiting(self.ledger, self.sweep, self.stage)  # the seed first (warm start)
         for c in self.ledger.claim_for_submission(self.name, 10_000, self.holder, skip=wait):
             atts = self.ledger.attempts(c.id)
             # numbered over every role, after the highest stored number (a ledger rebuilt by `ledger ingest`

@@ -13,8 +13,11 @@ the ledger before the launch.
 
 from __future__ import annotations
 
+from orchestrator.core.metrics import STEP_P50
+from orchestrator.core.schema import StageConfig
 from orchestrator.core.states import CandidateStatus
 from orchestrator.ledger.ledger import Ledger, SweepRow
+from orchestrator.schedule import fidelity
 from orchestrator.sweep import observe
 
 
@@ -23,16 +26,30 @@ def _released(decision: dict | None) -> dict:
     return {k: v for k, v in (decision or {}).items() if k != "after_seed"}
 
 
-def waiting(ledger: Ledger, sweep: SweepRow) -> set[int]:
-    """Ids of planned candidates that must not launch yet; the ones that may go are re-decided first."""
+def _with_cut(decision: dict, stage: StageConfig | None, best_s: float | None) -> dict:
+    """A released launch planned before any best (round 0) gets its early cut now, against the best the seed's
+    launch measured (Schedule.cut gives every other launch its line as it is planned)."""
+    if stage is None or decision.get("cut"):
+        return decision
+    f, (w, n) = fidelity.decision_window(stage, decision)
+    line = fidelity.cut_line(stage, best_s, f, w + n)
+    return {**decision, "cut": line.to_dict()} if line else decision
+
+
+def waiting(ledger: Ledger, sweep: SweepRow, stage: StageConfig | None = None) -> set[int]:
+    """Ids of planned candidates that must not launch yet; the ones that may go are re-decided first (with
+    their early cut, given the `stage`)."""
     cands = ledger.candidates(sweep.name)
     held = [c for c in cands if c.status == CandidateStatus.PLANNED and (c.decision or {}).get("after_seed")]
     if not held:
         return set()
     seed = observe.seed(ledger, sweep)
     if seed is not None:
+        best = observe.best_of(ledger, sweep.name)
+        best_s = float(best[STEP_P50]) if best and best.get(STEP_P50) else None
         for c in held:
-            ledger.redecide(c.id, {**_released(c.decision), "warm_from": seed}, f"warm start: loads the seed {seed}")
+            d = _with_cut({**_released(c.decision), "warm_from": seed}, stage, best_s)
+            ledger.redecide(c.id, d, f"warm start: loads the seed {seed}")
         return set()
     if any((c.decision or {}).get("seed_save") and c.status in CandidateStatus.LIVE for c in cands):
         return {c.id for c in held}

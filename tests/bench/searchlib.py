@@ -392,7 +392,7 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
         if reason:
             out.reason = reason
             break
-        while claimed := ledger.claim_for_submission(name, 10_000, HOLDER, skip=seeding.waiting(ledger, sweep)):
+        while claimed := ledger.claim_for_submission(name, 10_000, HOLDER, skip=seeding.waiting(ledger, sweep, st)):
             for c in claimed:
                 lay = Layout.from_dict(c.layout)
                 history = ledger.attempts(c.id)

@@ -80,7 +80,8 @@ def test_a_cut_folder_is_the_screen_of_the_iterations_its_cut_read(smoke, tmp_pa
 
 def test_an_in_process_sweep_cuts_slow_launches_and_never_reports_one(tmp_path):
     """The bench's sweep (the product's decisions, in-process launches cut by the same line): launches planned
-    once a best exists carry the line; each cut one is a screen of cut_after - cut_warmup_iters iterations whose
+    once a best exists carry the line, and so do round 0's launches that waited for the seed (released after
+    the seed's launch measured the first best); each cut one is a screen of cut_after - cut_warmup_iters iterations whose
     median is over its line; the reported best is a full window; and the sweep spends less than without cuts."""
     from tests.bench import searchlib as lib
 
@@ -90,7 +91,10 @@ def test_an_in_process_sweep_cuts_slow_launches_and_never_reports_one(tmp_path):
     sc = cfg.stage.screen
     with led, led_off:
         cands = led.candidates("mf")
-        assert not any((c.decision or {}).get("cut") for c in cands if c.round == 0)  # no best to cut against
+        r0 = [c for c in cands if c.round == 0]
+        assert not any((c.decision or {}).get("cut") for c in r0 if (c.decision or {}).get("seed_save"))  # no best
+        waited = [c for c in r0 if (c.decision or {}).get("warm_from")]  # released once the seed's launch measured
+        assert waited and all((c.decision or {}).get("cut") for c in waited)
         lined = [c for c in cands if (c.decision or {}).get("cut")]
         assert lined and all((c.decision or {}).get("fidelity") != Fidelity.PROBE for c in lined)
         best = observe.best_of(led, "mf")
