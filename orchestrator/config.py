@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from orchestrator.core import bounds
 from orchestrator.core import redact as core_redact
 from orchestrator.core.errors import UserError
-from orchestrator.core.schema import LEGACY_CLUSTER_KEYS, MOVED_KEYS, RootConfig, StageConfig
+from orchestrator.core.schema import RootConfig, StageConfig, moved_to
 
 if TYPE_CHECKING:  # OmegaConf and Hydra are imported where a config is composed: `--help` never loads them
     from omegaconf import DictConfig, ListConfig
@@ -104,14 +104,10 @@ def mapping_keys() -> set[str]:
 
 def nearest_key(key: str) -> str:
     """ "; did you mean 'policy.name'?" for a typo'd key (difflib), else where the keys are listed. A key that
-    moved (under cluster.slurm / cluster.local, or a key of MOVED_KEYS) is named where it went."""
+    moved (orchestrator.core.schema.MOVED_KEYS) is named where it went."""
     bare = key.lstrip("+~")
-    group, _, rest = bare.partition(".")
-    head, _, tail = rest.partition(".")
-    if group == "cluster" and head in LEGACY_CLUSTER_KEYS:
-        return f"; it moved: cluster.{'.'.join(p for p in (LEGACY_CLUSTER_KEYS[head], tail) if p)}"
-    if bare in MOVED_KEYS:
-        return f"; it moved: {MOVED_KEYS[bare]}"
+    if (went := moved_to(bare)) is not None:
+        return f"; it moved: {went}"
     close = difflib.get_close_matches(bare, config_keys(), n=1, cutoff=0.6)
     if close:
         return f"; did you mean '{close[0]}'?"

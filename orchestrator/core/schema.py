@@ -298,51 +298,54 @@ class LocalConfig:
     max_workers: int = ranged(2, 1)  # jobs running at once on this machine
 
 
-# Keys that were flat under `cluster` before they moved to cluster.slurm / cluster.local: a sweep's stored
-# snapshot from before still loads (`legacy_cluster`), and an override naming one is told where it went.
-LEGACY_CLUSTER_KEYS: dict[str, str] = {
-    **{k: f"slurm.{k}" for k in ("partition", "account", "qos", "constraint", "container", "python")},
-    **{k: f"slurm.{k}" for k in ("max_array_size", "array_parallelism", "sbatch_extra", "srun_args", "setup")},
-    "slurm_wait_s": "slurm.wait_s",
-    "local_max_workers": "local.max_workers",
+# Keys that moved, old dotted path -> new: a sweep's stored snapshot from before loads with each value where its
+# key went (`legacy_moved`: resume, promotion and the report read the sweep as it was created, so a resumed sweep
+# stops as the killed one would have), and an override naming an old key is told the new one
+# (orchestrator.config.nearest_key). The cluster's backend settings were flat under `cluster` before they moved
+# to cluster.slurm / cluster.local; the convergence rounds moved from the policy to the stage's budget.
+MOVED_KEYS: dict[str, str] = {
+    **{
+        f"cluster.{k}": f"cluster.slurm.{k}"
+        for k in (
+            *("partition", "account", "qos", "constraint", "container", "python"),
+            *("max_array_size", "array_parallelism", "sbatch_extra", "srun_args", "setup"),
+        )
+    },
+    "cluster.slurm_wait_s": "cluster.slurm.wait_s",
+    "cluster.local_max_workers": "cluster.local.max_workers",
+    "policy.converge_rounds": "stage.budget.converge_rounds",
 }
 
 
-def legacy_cluster(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """A config snapshot (plain dict) with its flat legacy cluster keys moved under slurm / local."""
-    cluster = snapshot.get("cluster")
-    if not isinstance(cluster, dict) or not set(cluster) & set(LEGACY_CLUSTER_KEYS):
-        return snapshot
-    moved = {k: v for k, v in cluster.items() if k not in LEGACY_CLUSTER_KEYS}
-    for old, new in LEGACY_CLUSTER_KEYS.items():
-        if old in cluster:
-            group, key = new.split(".")
-            moved.setdefault(group, {})[key] = cluster[old]
-    return {**snapshot, "cluster": moved}
-
-
-# Keys that moved to another group: a sweep's stored snapshot from before loads with its value where the key
-# went (`legacy_moved`: a resumed sweep stops as the killed one would have), and an override naming the old
-# key is told the new one (orchestrator.config.nearest_key).
-MOVED_KEYS: dict[str, str] = {"policy.converge_rounds": "stage.budget.converge_rounds"}
+def moved_to(key: str) -> str | None:
+    """Where an old key (or a key below one) went, else None."""
+    for old, new in MOVED_KEYS.items():
+        if key == old or key.startswith(old + "."):
+            return new + key[len(old) :]
+    return None
 
 
 def legacy_moved(snapshot: dict[str, Any]) -> dict[str, Any]:
     """A copy of a config snapshot (plain dict) with each key of MOVED_KEYS moved where it went, unless the
-    snapshot already holds the new key there; a snapshot without the new key's group (no stage) drops it."""
+    snapshot already holds the new key there. The groups on the way are made under the new key's top group;
+    a snapshot without that group (a stage-less one, for a stage's key) drops the old key."""
 
-    def group(tree: Any, path: list[str]) -> Any:
+    def group(tree: Any, path: list[str], *, make: bool = False) -> Any:
         for part in path:
+            if make and isinstance(tree, dict) and not isinstance(tree.get(part), dict):
+                tree[part] = {}
             tree = tree.get(part) if isinstance(tree, dict) else None
         return tree
 
     out = copy.deepcopy(snapshot)
     for old, new in MOVED_KEYS.items():
         *old_path, old_key = old.split(".")
-        *new_path, new_key = new.split(".")
-        source, target = group(out, old_path), group(out, new_path)
+        top, *new_path = new.split(".")
+        *new_path, new_key = new_path
+        source = group(out, old_path)
         if isinstance(source, dict) and old_key in source:
             value = source.pop(old_key)
+            target = group(out.get(top), new_path, make=True) if isinstance(out.get(top), dict) else None
             if isinstance(target, dict):
                 target.setdefault(new_key, value)
     return out

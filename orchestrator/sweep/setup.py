@@ -11,7 +11,7 @@ from importlib import metadata
 from omegaconf import OmegaConf
 
 from orchestrator.core.errors import UserError
-from orchestrator.core.schema import RootConfig, legacy_cluster, legacy_moved
+from orchestrator.core.schema import RootConfig, legacy_moved
 from orchestrator.ledger.leases import holder_alive
 from orchestrator.ledger.ledger import Ledger, SweepRow
 
@@ -43,10 +43,10 @@ def default_name(cfg: RootConfig) -> str:
 
 def root_from_yaml(text: str) -> RootConfig:
     """The typed config a sweep was created with (its stored snapshot), e.g. for resume or promotion. A snapshot
-    from before the cluster's backend settings moved under cluster.slurm / cluster.local, or from before a key
-    of MOVED_KEYS moved, loads as well."""
+    from before a key of MOVED_KEYS moved (the cluster's backend settings, the convergence rounds) loads as
+    well, each value where its key went."""
     raw = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
-    snapshot = legacy_moved(legacy_cluster({str(k): v for k, v in raw.items()})) if isinstance(raw, dict) else raw
+    snapshot = legacy_moved({str(k): v for k, v in raw.items()}) if isinstance(raw, dict) else raw
     merged = OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.create(snapshot))
     return OmegaConf.to_object(merged)  # type: ignore[return-value]  # structured: a RootConfig
 

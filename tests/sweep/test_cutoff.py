@@ -81,8 +81,9 @@ def test_a_cut_folder_is_the_screen_of_the_iterations_its_cut_read(smoke, tmp_pa
 def test_an_in_process_sweep_cuts_slow_launches_and_never_reports_one(tmp_path):
     """The bench's sweep (the product's decisions, in-process launches cut by the same line): launches planned
     once a best exists carry the line, and so do round 0's launches that waited for the seed (released after
-    the seed's launch measured the first best); each cut one is a screen of cut_after - cut_warmup_iters iterations whose
-    median is over its line; the reported best is a full window; and the sweep spends less than without cuts."""
+    the seed's launch measured the first best); each cut one is a screen of cut_after - cut_warmup_iters
+    iterations whose median is over its line; the reported best is a full window; and the sweep spends less
+    than without cuts."""
     from tests.bench import searchlib as lib
 
     target = lib.Target("twin:gemm")

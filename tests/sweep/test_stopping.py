@@ -61,3 +61,39 @@ def test_a_sweep_stored_before_the_rule_moved_resumes_with_its_own_rounds():
     assert root_from_yaml(yaml.safe_dump(snapshot)).stage.budget.converge_rounds == 3
     with pytest.raises(ConfigError, match=r"policy.converge_rounds.*it moved: stage.budget.converge_rounds$"):
         compose(["+stage=1k", "policy.converge_rounds=3"])
+
+
+def test_every_moved_key_is_told_where_it_went_and_its_stored_value_loads_there():
+    """One table of moved keys (schema.MOVED_KEYS) serves both: an override of an old key (or of a key below it)
+    names the new one, and a stored snapshot holding the old key loads its value at the new one, making the
+    groups on the way; a snapshot that also holds the new key keeps the new one."""
+    import copy
+
+    import yaml
+
+    from orchestrator.config import nearest_key
+    from orchestrator.core.schema import MOVED_KEYS, legacy_moved, moved_to
+
+    base = yaml.safe_load(compose(["+stage=1k"]).to_yaml())
+    for old, new in MOVED_KEYS.items():
+        assert nearest_key(old) == f"; it moved: {new}" and moved_to(f"{old}.x") == f"{new}.x"
+        *path, key = old.split(".")
+        snap = copy.deepcopy(base)
+        *new_path, new_key = new.split(".")
+        if new.startswith(f"{old.rsplit('.', 1)[0]}."):  # moved into a group below: a snapshot from before lacks it
+            snap[path[0]].pop(new_path[1], None)
+        else:  # moved elsewhere: a snapshot from before lacks the new key
+            holder = snap
+            for part in new_path:
+                holder = holder[part]
+            holder.pop(new_key)
+        node = snap
+        for part in path:
+            node = node[part]
+        node[key] = "stored"
+        back = legacy_moved(snap)
+        node = back
+        for part in new.split("."):
+            node = node[part]
+        assert node == "stored", (old, new)
+    assert moved_to("cluster.folder") is None and moved_to("policy.name") is None
