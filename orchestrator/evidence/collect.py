@@ -82,9 +82,12 @@ def read_folder(
 
 def iteration_times(job_dir: str | os.PathLike, upto: int) -> list[float]:
     """Seconds of iterations 1..upto as far as a (running) job's logs have them, in order, stopping at the first
-    one missing: what the early cut (orchestrator/sweep/cutoff.py) reads while the job runs."""
-    folder = read_folder(job_dir, window=(0, upto))
-    by_it = {r.iteration: r.elapsed_ms for log in folder.logs for r in log.iterations}
+    one missing: what the early cut (orchestrator/sweep/cutoff.py) reads while the job runs, every poll. Only the
+    evidence ranks' own files: Megatron's iteration line is the last rank's, an evidence rank
+    (plan/ranks.evidence_ranks), and a 1k job's node logs (every other rank's output) are not read each poll."""
+    keep = Keep(window=(0, upto))
+    logs = [parse_file(p, keep=keep) for p in JobPaths(job_dir).rank_logs() if p.is_file()]
+    by_it = {r.iteration: r.elapsed_ms for log in logs for r in log.iterations}
     out = []
     for i in range(1, upto + 1):
         if i not in by_it:

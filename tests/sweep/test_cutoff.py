@@ -59,6 +59,21 @@ def test_the_line_is_the_best_full_step_plus_the_margin_and_only_where_a_cut_sav
     assert CutLine.of({"fidelity": "full"}) is None and CutLine.of(None) is None
 
 
+def test_a_running_jobs_iteration_times_stop_at_the_first_missing_iteration(tmp_path):
+    """What the driver reads every poll: the evidence rank's iteration lines in order, up to the first gap (a
+    coarser --log-interval never cuts), never another rank's node log."""
+    from orchestrator.evidence.collect import iteration_times
+    from orchestrator.job.twin.text import iteration_line
+
+    def line(it: int, ms: float) -> str:
+        return iteration_line(it, 50, it * 8, ms, 100.0, 1e-4, 8, [("lm loss", 2.0)], 1.0)
+
+    (tmp_path / "rank-7.out").write_text("\n".join(line(i, 1000.0 * i) for i in (1, 2, 3, 5, 6)) + "\n")
+    (tmp_path / "node-n1.log").write_text(f"3: {line(4, 4000.0)}\n")  # another rank's output, never read
+    assert iteration_times(tmp_path, 6) == [1.0, 2.0, 3.0]
+    assert iteration_times(tmp_path, 2) == [1.0, 2.0]
+
+
 def test_a_cut_folder_is_the_screen_of_the_iterations_its_cut_read(smoke, tmp_path):
     """collect: the mark turns the sweep's own cancel into the measurement of iterations skip+1..after; without
     the mark the same cancel is CANCELLED; a mark whose iterations the logs lack is no measurement."""
