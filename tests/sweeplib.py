@@ -19,6 +19,10 @@ from orchestrator.ledger.ledger import AttemptRow, Ledger, SweepRow
 T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
+# The early cut (stage.screen.cut) stops a running job the driver reads over its line: whether a poll catches a
+# fast twin job while it runs is timing, so sweeps whose windows are long enough to be cut and that test something
+# else turn it off (tests/sweep/test_cutoff.py tests the cut itself, and in-process sweeps cut deterministically).
+UNCUT = "stage.screen.cut=false"
 FAST_TWIN = ["++workload.twin.time_scale=0.000001", "++workload.twin.max_sleep_s=0.001"]
 # A sweep whose finalists run: the correctness gate (parity) and the long-run save/restore, round 0 four layouts
 # (add ++workload.twin.diverge_when={...} for the finalists that fail the gate)

@@ -100,8 +100,11 @@ def test_a_screened_p50_never_decides_the_best():
     assert schedule.waiting(flat + [obs("e", 9.0, Fidelity.SCREEN, n=25, rnd=n)], 0.02)
 
 
-def _sweep(tmp_path, target, *extra):
-    composed = compose(["+stage=1k", "cluster=local", *target.overrides(), "stage.budget.startup_s=300", *extra])
+def _sweep(tmp_path, target, *extra, cut: bool = False):
+    """An in-process 1k sweep; without the early cut unless `cut` (these tests check the rungs' sequences, a cut
+    turns a launch into a screen: tests/sweep/test_cutoff.py)."""
+    off = [] if cut else ["stage.screen.cut=false"]
+    composed = compose(["+stage=1k", "cluster=local", *target.overrides(), "stage.budget.startup_s=300", *off, *extra])
     led = lib.fresh_ledger(str(tmp_path))
     run = lib.run_sweep(led, composed, target, "mf", startup_s=300.0)
     return composed.cfg, led, run
@@ -191,7 +194,7 @@ def test_the_loop_launches_each_attempt_at_its_fidelitys_window(tmp_path):
 
     from orchestrator.core.spec import JobSpec
     from orchestrator.ledger.ledger import Ledger
-    from tests.sweeplib import cli, ledger_url, sweep_args
+    from tests.sweeplib import UNCUT, cli, ledger_url, sweep_args
 
     small = [
         "policy.round0_size=3",
@@ -204,6 +207,7 @@ def test_the_loop_launches_each_attempt_at_its_fidelitys_window(tmp_path):
         "stage.screen.warmup_iters=3",
         "stage.screen.min_measure_iters=4",
         "stage.screen.resolution=0.2",
+        UNCUT,
     ]
     proc = cli("sweep", *sweep_args(tmp_path, "mf-loop", *small), "--json", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]

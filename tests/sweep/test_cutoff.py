@@ -102,8 +102,8 @@ def test_an_in_process_sweep_cuts_slow_launches_and_never_reports_one(tmp_path):
     from tests.bench import searchlib as lib
 
     target = lib.Target("twin:gemm")
-    cfg, led, run = _sweep(tmp_path / "on", target)
-    _, led_off, run_off = _sweep(tmp_path / "off", target, "stage.screen.cut=false")
+    cfg, led, run = _sweep(tmp_path / "on", target, cut=True)
+    _, led_off, run_off = _sweep(tmp_path / "off", target)
     sc = cfg.stage.screen
     with led, led_off:
         cands = led.candidates("mf")

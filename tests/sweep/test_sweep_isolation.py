@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.ledger.ledger import Ledger
-from tests.sweeplib import cli, sweep_args
+from tests.sweeplib import UNCUT, cli, sweep_args
 
 SCREENED = [  # short screens once noise is measured, so later rounds confirm contenders and propose new ones
     "policy.round0_size=3",
@@ -26,6 +26,7 @@ SCREENED = [  # short screens once noise is measured, so later rounds confirm co
     "stage.screen.warmup_iters=3",
     "stage.screen.min_measure_iters=4",
     "stage.screen.resolution=0.2",
+    UNCUT,
 ]
 
 
