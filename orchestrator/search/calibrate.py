@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+from scipy import optimize
 
 from orchestrator.core.failures import Failure
 from orchestrator.plan.memory import TERMS
@@ -79,30 +80,10 @@ class Fit:
         return self.predict(row.raw_components, row.probe_scale)
 
 
-def nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-10) -> np.ndarray:
-    """Lawson-Hanson non-negative least squares: argmin ||a x - b|| subject to x >= 0."""
-    _, n = a.shape
-    x = np.zeros(n)
-    passive = np.zeros(n, dtype=bool)
-    w = a.T @ (b - a @ x)
-    for _ in range(3 * n + 10):
-        if passive.all() or w[~passive].max() <= tol:
-            break
-        j = int(np.argmax(np.where(passive, -np.inf, w)))
-        passive[j] = True
-        while True:
-            z = np.zeros(n)
-            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
-            if (z[passive] > tol).all():
-                x = z
-                break
-            bad = passive & (z <= tol)
-            alpha = np.min(x[bad] / np.maximum(x[bad] - z[bad], 1e-300))
-            x = x + alpha * (z - x)
-            passive &= x > tol
-            x[~passive] = 0.0
-        w = a.T @ (b - a @ x)
-    return x
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin ||a x - b|| subject to x >= 0 (scipy's Lawson-Hanson active-set solver): factors are never negative."""
+    x, _ = optimize.nnls(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
+    return np.asarray(x, dtype=float)
 
 
 def _mape(pred: Sequence[float], meas: Sequence[float]) -> float | None:
