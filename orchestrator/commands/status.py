@@ -57,7 +57,7 @@ def lease_line(lease: dict | None, last_event: str | None) -> str:
 
 
 def gather(ledger, name: str) -> dict:
-    from orchestrator.sweep import capacity, observe
+    from orchestrator.sweep import capacity, cutoff, observe
     from orchestrator.sweep.setup import root_from_yaml
 
     sweep = ledger.get_sweep(name)
@@ -67,6 +67,8 @@ def gather(ledger, name: str) -> dict:
     stage = cfg.required_stage()
     cands = ledger.candidates(name)
     spent = observe.spent(ledger, name, stage=stage, probe_gpus=cfg.cluster.probe_gpus)
+    cuts = ledger.events(name, kind=cutoff.EVENT)  # the early cut: one event per launch it stopped
+    cut_ids = {e.candidate_id for e in cuts}
     rows = []
     for c in cands:
         atts = ledger.attempts(c.id)
@@ -82,6 +84,7 @@ def gather(ledger, name: str) -> dict:
                 "job_id": a.job_id if a else None,
                 "state": a.state if a else None,
                 "failure_class": a.failure_class if a else None,
+                "cut": c.id in cut_ids,
                 "edge": c.edge_kind,
                 "pred_step_s": c.predicted.get("step_time_s"),
                 "decision": c.decision,
@@ -108,6 +111,7 @@ def gather(ledger, name: str) -> dict:
             "probe_gpus": cfg.cluster.probe_gpus,
         },
         "simulated": spent.simulated,
+        "cut_early": len(cuts),
         "best": observe.best_of(ledger, name),
         "gpu_capacity": capacity.view(ledger, name, cfg.hardware),
         "last_lease_event": leases[-1].message if leases else None,
@@ -148,6 +152,11 @@ def run(args, overrides) -> int:
         + f"; {info['cluster_hours']['decision']:.1f} h to a decision on {info['cluster_hours']['cluster_gpus']} GPUs"
     )
     print(f"  {lease_line(info['lease'], info['last_lease_event'])}")
+    if info["cut_early"]:
+        print(
+            f"  cut early: {info['cut_early']} launch(es) slower than the best stopped after their first iterations"
+            " (kept as screens of them)"
+        )
     if info["gpu_capacity"] and info["gpu_capacity"]["line"]:
         print(f"  {info['gpu_capacity']['line']}")
     for cal in info["calibrations"]:
@@ -160,7 +169,7 @@ def run(args, overrides) -> int:
         meas = metrics.text(STEP_P50, r[STEP_P50])
         print(
             f"  r{r['round']} {r['status']:9s} job {r['job_id'] or '-':>10} {r['state'] or '-':10s} "
-            f"{r['failure_class'] or '':14s} {meas:>9} {r['layout']}"
+            f"{r['failure_class'] or ('cut early' if r['cut'] else ''):14s} {meas:>9} {r['layout']}"
         )
     if info["search_path"]:
         print("  search path (round, move, fidelity, predicted gain ± sd, outcome, step p50, layout):")

@@ -150,6 +150,14 @@ def test_the_driver_cuts_a_running_job_that_is_over_its_line(tmp_path):
             assert c.key != best["key"] and c.status == "done"
         measured = [m for m in led.evidence.measured(sweep="cut") if m.key == best["key"]]
         assert measured and measured[0].fidelity == Fidelity.FULL
+        cut_keys = {c.key for c in led.candidates("cut") if c.id in {e.candidate_id for e in events}}
+    shown = cli("status", "cut", f"ledger.url={ledger_url(tmp_path)}", "--json")  # what `status` tells the user
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    info = json.loads(shown.stdout)
+    assert info["cut_early"] == len(events) and info["gpu_hours_by_fidelity"]["screen"] > 0
+    assert {r["key"] for r in info["candidates"] if r["cut"]} == cut_keys
+    text = cli("status", "cut", f"ledger.url={ledger_url(tmp_path)}").stdout
+    assert f"cut early: {len(events)} launch(es)" in text and text.count("cut early") == len(events) + 1
 
 
 @pytest.mark.slurm
