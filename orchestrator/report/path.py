@@ -33,8 +33,11 @@ COLUMNS = (
 def gather(ledger, name: str) -> list[dict]:
     """One row per candidate of the sweep, in proposal order (round, then id): decision and outcome. A screened
     candidate shows its screen p50; one confirmed shows both; only a full-window p50 can be a new best."""
+    from orchestrator.sweep import cutoff
+
     cands = sorted(ledger.candidates(name), key=lambda c: (c.round, c.id))
     by_id = {c.id: c for c in cands}
+    cut = {e.candidate_id for e in ledger.events(name, kind=cutoff.EVENT)}  # stopped by the early cut
     rows: list[dict] = []
     so_far: list[tuple[ranking.Standing, int]] = []  # the full-window results seen so far, by candidate
     for c in cands:
@@ -71,7 +74,11 @@ def gather(ledger, name: str) -> list[dict]:
                 "predicted_gain": why.get("predicted_gain"),
                 "uncertainty": why.get("uncertainty"),
                 "parent": Layout.from_dict(parent.layout).short() if parent else (why.get("parent") or "")[:10],
-                "outcome": (a.failure_class or str(a.state)) if a is not None and not p50s else str(c.status),
+                "outcome": (
+                    (a.failure_class or str(a.state))
+                    if a is not None and not p50s
+                    else ("cut early" if c.id in cut else str(c.status))
+                ),
                 "screen_p50_s": p50s.get(Fidelity.SCREEN),
                 "step_p50_s": p50,
                 "new_best": new_best,

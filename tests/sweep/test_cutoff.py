@@ -157,7 +157,9 @@ def test_the_driver_cuts_a_running_job_that_is_over_its_line(tmp_path):
     assert info["cut_early"] == len(events) and info["gpu_hours_by_fidelity"]["screen"] > 0
     assert {r["key"] for r in info["candidates"] if r["cut"]} == cut_keys
     text = cli("status", "cut", f"ledger.url={ledger_url(tmp_path)}").stdout
-    assert f"cut early: {len(events)} launch(es)" in text and text.count("cut early") == len(events) + 1
+    # the summary line, then each cut row of the jobs table and of the search path (outcome)
+    assert f"cut early: {len(events)} launch(es)" in text and text.count("cut early") == 2 * len(events) + 1
+    assert sum(r["outcome"] == "cut early" for r in info["search_path"]) == len(events)
 
 
 @pytest.mark.slurm
