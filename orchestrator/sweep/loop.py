@@ -104,7 +104,8 @@ class Driver:
         self._t0 = time.monotonic()
         self.stats = {"polls": 0, "sleep_s": 0.0, "submitted": 0}  # for `make bench`: control-plane time
         self._dirty = True  # something changed since the view was last drawn
-        self._uncut: set[int] = set()  # attempts the early cut no longer reads (past their line, or cut)
+        self._uncut: set[int] = set()  # attempts the early cut no longer reads (past their line, or no line)
+        self._cut_sent: set[int] = set()  # attempts this driver cut (their event logged)
         self.finalists: Finalists | None = None  # set once the search has stopped (see _finalists)
 
     # ---- lease ------------------------------------------------------------------------------------
@@ -432,19 +433,24 @@ class Driver:
             return
         if found.median_s is None:
             return
-        if not found.marked:  # else marked by a driver that died before its cancel: cancel it now
+        # Marked already: by this driver at an earlier poll (the job still runs: a scancel that did not take is
+        # sent again, a second one is harmless) or by a driver that died before its cancel.
+        if not found.marked:
             cutoff.mark(a, found)
             fault_point("cut-marked")
         self.launcher.cancel([str(a.job_id)])
+        if a.id in self._cut_sent:
+            return
+        self._cut_sent.add(a.id)
+        restarted = found.marked
         why = (
             f"cut early: median step {found.median_s:.4g}s over iterations {found.line.skip + 1}-{found.line.after}"
-            f" is above its line {found.line.step_s:.4g}s" + (" (marked before a restart)" if found.marked else "")
+            f" is above its line {found.line.step_s:.4g}s" + (" (marked before a restart)" if restarted else "")
         )
         self.ledger.log_event(
             self.name, cutoff.EVENT, why, candidate_id=c.id, data={"job_id": a.job_id, **found.line.to_dict()}
         )
         self.view.event(f"job {a.job_id} {why} ({Layout.from_dict(c.layout).short()})")
-        self._uncut.add(a.id)
 
     def _ingest(self, a: AttemptRow, st, c: CandidateRow) -> None:
         """Collect the job folder into a JobResult, store it (idempotent per attempt), settle the candidate."""
