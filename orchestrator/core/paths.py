@@ -66,7 +66,8 @@ class JobPaths:
     STARTED = "job-started.json"  # {"token", "job_id", "pid"}, as the job starts
     EXITED = "job-exit.json"  # {"token", "job_id", "outcome": "ok" | "error", "returncode"}, as it returns or raises
     # The orchestrator's mark that it stopped this job at its early cut (orchestrator/sweep/cutoff.py), written
-    # before the cancel: {"step_s", "after", "skip", "median_s", "job_id"}; collect reads the cut's window from it.
+    # before the cancel: {"step_s", "after", "skip", "warmup_iters", "measure_iters", "median_s", "job_id"};
+    # collect reads the result's window from it (warmup_iters, measure_iters).
     CUT = "cut.json"
     NODE_LOG = "node-{node}.log"
     NODE_LOG_GLOB = NODE_LOG.format(node="*")

@@ -112,14 +112,15 @@ def read_cut(job_dir: str | os.PathLike) -> dict | None:
     path = JobPaths(job_dir).cut
     try:
         mark = json.loads(path.read_text())
-        return mark if isinstance(mark, dict) and {"after", "skip"} <= set(mark) else None
+        return mark if isinstance(mark, dict) and {"warmup_iters", "measure_iters"} <= set(mark) else None
     except (OSError, ValueError):
         return None
 
 
 def cut_window(mark: dict | None) -> tuple[int, int] | None:
-    """(warm-up, measured iterations) of a cut job's result: the iterations its cut read (schedule/fidelity.CutLine)."""
-    return (int(mark["skip"]), int(mark["after"]) - int(mark["skip"])) if mark else None
+    """(warm-up, measured iterations) of a cut job's result, as its mark states them (the iterations its cut read:
+    schedule/fidelity.CutLine.window, written by sweep/cutoff.mark)."""
+    return (int(mark["warmup_iters"]), int(mark["measure_iters"])) if mark else None
 
 
 def pp_of_rank(spec: JobSpec) -> Callable[[int], int | None]:

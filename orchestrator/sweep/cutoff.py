@@ -51,7 +51,9 @@ def check(a: AttemptRow, c: CandidateRow) -> Check | None:
 def mark(a: AttemptRow, found: Check) -> None:
     """Write the cut's mark into the job folder (before the cancel: see the module docstring)."""
     assert found.median_s is not None
-    body = {**found.line.to_dict(), "median_s": found.median_s, "job_id": a.job_id}
+    warmup, measure = found.line.window  # the window collect reads the result over (evidence/collect.cut_window)
+    body = {**found.line.to_dict(), "warmup_iters": warmup, "measure_iters": measure}
+    body.update(median_s=found.median_s, job_id=a.job_id)
     atomic_write(JobPaths(a.job_dir).cut, json.dumps(body, indent=1))
 
 

@@ -83,12 +83,13 @@ def test_a_cut_folder_is_the_screen_of_the_iterations_its_cut_read(smoke, tmp_pa
     folder = tmp_path / "job"
     plain = collect(folder, slurm_state="CANCELLED")
     assert not plain.ok and plain.failure_class == "CANCELLED"
-    (folder / "cut.json").write_text(json.dumps({"step_s": 0.001, "after": 8, "skip": 2, "median_s": 0.5}))
+    mark = {"step_s": 0.001, "warmup_iters": 2, "measure_iters": 6, "median_s": 0.5}
+    (folder / "cut.json").write_text(json.dumps(mark))
     res = collect(folder, slurm_state="CANCELLED")
     assert res.ok and res.failure_class is None and not res.partial
     assert (res.warmup_iters, res.measure_iters_requested, res.measure_iters) == (2, 6, 6)
     assert len(res.step_times_s) == 6 and res.step_p50_s == pytest.approx(statistics.median(res.step_times_s))
-    (folder / "cut.json").write_text(json.dumps({"step_s": 0.001, "after": 999, "skip": 2, "median_s": 0.5}))
+    (folder / "cut.json").write_text(json.dumps({**mark, "measure_iters": 997}))
     lacking = collect(folder, slurm_state="CANCELLED")
     assert not lacking.ok and lacking.failure_class == "CANCELLED"
 
