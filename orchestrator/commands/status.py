@@ -67,8 +67,7 @@ def gather(ledger, name: str) -> dict:
     stage = cfg.required_stage()
     cands = ledger.candidates(name)
     spent = observe.spent(ledger, name, stage=stage, probe_gpus=cfg.cluster.probe_gpus)
-    cuts = ledger.events(name, kind=cutoff.EVENT)  # the early cut: one event per launch it stopped
-    cut_ids = {e.candidate_id for e in cuts}
+    cut_ids = cutoff.cut_candidates(ledger, name)  # the launches the early cut stopped
     rows = []
     for c in cands:
         atts = ledger.attempts(c.id)
@@ -111,7 +110,7 @@ def gather(ledger, name: str) -> dict:
             "probe_gpus": cfg.cluster.probe_gpus,
         },
         "simulated": spent.simulated,
-        "cut_early": len(cuts),
+        "cut_early": len(cut_ids),
         "best": observe.best_of(ledger, name),
         "gpu_capacity": capacity.view(ledger, name, cfg.hardware),
         "last_lease_event": leases[-1].message if leases else None,

@@ -151,12 +151,13 @@ def collect(
     `lost`: the launcher lost the job (no process, no exit status, no result of its own: killed with its
     orchestrator). A window it did not finish is then LOST (retried), never a partial measurement or NO_OUTPUT."""
     cut = read_cut(job_dir)
-    folder = read_folder(job_dir, job_id, window=cut_window(cut))
+    cut_win = cut_window(cut)
+    folder = read_folder(job_dir, job_id, window=cut_win)
     spec = folder.spec
     result = JobResult(ok=False, simulated=folder.simulated, slurm_state=slurm_state, exit_code=exit_code)
     if spec is not None:
         stage, hw = spec.stage, spec.hardware
-        warmup, measure = cut_window(cut) or spec.window  # the attempt's own window (or its cut's), not the stage's
+        warmup, measure = cut_win or spec.window  # the attempt's own window (or its cut's), not the stage's
         metrics_mod.compute(
             folder.logs,
             folder.sidecars,

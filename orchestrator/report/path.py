@@ -37,7 +37,7 @@ def gather(ledger, name: str) -> list[dict]:
 
     cands = sorted(ledger.candidates(name), key=lambda c: (c.round, c.id))
     by_id = {c.id: c for c in cands}
-    cut = {e.candidate_id for e in ledger.events(name, kind=cutoff.EVENT)}  # stopped by the early cut
+    cut = cutoff.cut_candidates(ledger, name)  # stopped by the early cut
     rows: list[dict] = []
     so_far: list[tuple[ranking.Standing, int]] = []  # the full-window results seen so far, by candidate
     for c in cands:

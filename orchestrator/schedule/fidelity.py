@@ -190,11 +190,12 @@ class CutLine:
         return cls(float(d["step_s"]), int(d["after"]), int(d["skip"])) if d else None
 
 
-def cut_line(stage: StageConfig, best_step_s: float | None, fidelity: Fidelity, iters: int) -> CutLine | None:
-    """The early cut of a launch at `fidelity` running `iters` iterations, against the best full-window p50: none
-    for a rank probe (it measures compute, and is short), without a best, or where the launch would end by
-    stage.screen.cut_after anyway."""
+def cut_line(stage: StageConfig, best_step_s: float | None, decision: dict | None) -> CutLine | None:
+    """The early cut of a launch of `decision` (its fidelity and window: `decision_window`), against the best
+    full-window p50: none for a rank probe (it measures compute, and is short), without a best, or where the
+    launch would end by stage.screen.cut_after anyway."""
     sc = stage.screen
-    if not sc.cut or best_step_s is None or Fidelity(fidelity) == Fidelity.PROBE or iters <= sc.cut_after:
+    f, (w, n) = decision_window(stage, decision)
+    if not sc.cut or best_step_s is None or f == Fidelity.PROBE or w + n <= sc.cut_after:
         return None
     return CutLine(best_step_s * (1.0 + sc.cut_margin), sc.cut_after, min(sc.cut_warmup_iters, sc.cut_after - 1))

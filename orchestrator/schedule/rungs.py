@@ -128,10 +128,8 @@ class Schedule:
         """The early cut (stage.screen.cut*, fidelity.CutLine) of every launch at scale, against the best
         full-window p50 as the round is planned. Each stays charged for its whole window: the cut is a saving
         measured when it happens (observe.spent charges the iterations a result ran), never one assumed."""
-        st = env.stage
         for p in props:
-            w, n = fidelity.window(st, p.fidelity, p.measure_iters, warm=fidelity.warms(p.decision()))
-            line = fidelity.cut_line(st, best_step_s, p.fidelity, w + n)
+            line = fidelity.cut_line(env.stage, best_step_s, p.decision())
             p.cut = line.to_dict() if line else None
 
     def confirms(

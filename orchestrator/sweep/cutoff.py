@@ -32,7 +32,7 @@ class Check:
     line: CutLine
     median_s: float | None = None
     done: bool = False
-    marked: bool = False  # its folder holds the mark already (a driver that died before the cancel): cancel again
+    marked: bool = False  # its folder holds the mark already (an earlier poll, or a driver that died): cancel again
 
 
 def check(a: AttemptRow, c: CandidateRow) -> Check | None:
@@ -41,8 +41,8 @@ def check(a: AttemptRow, c: CandidateRow) -> Check | None:
     line = CutLine.of(c.decision)
     if line is None or a.fidelity not in (Fidelity.FULL, Fidelity.SCREEN) or not a.job_dir:
         return None
-    if (done := read_cut(a.job_dir)) is not None:
-        return Check(line, float(done.get("median_s") or 0.0), marked=True)
+    if (marked := read_cut(a.job_dir)) is not None:
+        return Check(line, float(marked.get("median_s") or 0.0), marked=True)
     times = iteration_times(a.job_dir, line.after)
     med = line.due(times)
     return Check(line, med, done=med is None and len(times) >= line.after)
@@ -57,11 +57,14 @@ def mark(a: AttemptRow, found: Check) -> None:
     atomic_write(JobPaths(a.job_dir).cut, json.dumps(body, indent=1))
 
 
-def settle(ledger: Ledger, a: AttemptRow) -> bool:
-    """A terminal attempt whose folder holds the cut's mark becomes a screen (before its result is recorded).
-    True when it was cut."""
-    if not a.job_dir or read_cut(a.job_dir) is None:
-        return False
-    if a.fidelity != Fidelity.SCREEN:
-        ledger.update_attempt(a.id, fidelity=Fidelity.SCREEN)
-    return True
+def settle(ledger: Ledger, a: AttemptRow) -> AttemptRow:
+    """A terminal attempt whose folder holds the cut's mark becomes a screen (before its result is recorded);
+    the attempt as it now stands."""
+    if a.job_dir and a.fidelity != Fidelity.SCREEN and read_cut(a.job_dir) is not None:
+        return ledger.update_attempt(a.id, fidelity=Fidelity.SCREEN)
+    return a
+
+
+def cut_candidates(ledger: Ledger, sweep: str) -> set[int]:
+    """Ids of the sweep's candidates the cut stopped (its events: `status`, the search path)."""
+    return {e.candidate_id for e in ledger.events(sweep, kind=EVENT) if e.candidate_id is not None}

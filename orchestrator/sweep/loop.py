@@ -442,10 +442,9 @@ class Driver:
         if a.id in self._cut_sent:
             return
         self._cut_sent.add(a.id)
-        restarted = found.marked
         why = (
             f"cut early: median step {found.median_s:.4g}s over iterations {found.line.skip + 1}-{found.line.after}"
-            f" is above its line {found.line.step_s:.4g}s" + (" (marked before a restart)" if restarted else "")
+            f" is above its line {found.line.step_s:.4g}s" + (" (marked before a restart)" if found.marked else "")
         )
         self.ledger.log_event(
             self.name, cutoff.EVENT, why, candidate_id=c.id, data={"job_id": a.job_id, **found.line.to_dict()}
@@ -457,8 +456,8 @@ class Driver:
         from orchestrator.evidence.collect import collect
 
         lost = bool(st.reason and "lost" in st.reason)  # re-attached, outcome unknown: the folder decides
-        if a.measures and cutoff.settle(self.ledger, a):  # a screen of what it ran, before its result is stored
-            a = next(x for x in self.ledger.attempts(a.candidate_id) if x.id == a.id)
+        if a.measures:  # a cut launch: the screen of what it ran, before its result is stored
+            a = cutoff.settle(self.ledger, a)
         res = collect(
             Path(a.job_dir), slurm_state=None if lost else st.state, exit_code=None if lost else st.exit_code, lost=lost
         )

@@ -31,8 +31,7 @@ def _with_cut(decision: dict, stage: StageConfig | None, best_s: float | None) -
     launch measured (Schedule.cut gives every other launch its line as it is planned)."""
     if stage is None or decision.get("cut"):
         return decision
-    f, (w, n) = fidelity.decision_window(stage, decision)
-    line = fidelity.cut_line(stage, best_s, f, w + n)
+    line = fidelity.cut_line(stage, best_s, decision)
     return {**decision, "cut": line.to_dict()} if line else decision
 
 
