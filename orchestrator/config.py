@@ -226,7 +226,8 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False, comma
 
 
 def check_shape(cfg: RootConfig) -> None:
-    """A stage of more than one node fills whole nodes: N a multiple of its GPUs per node (the hardware's)."""
+    """A stage of more than one node fills whole nodes: N a multiple of its GPUs per node (the hardware's); the
+    early cut's median has iterations to be over."""
     stage = cfg.required_stage()
     n, gpn = stage.gpus, stage.gpus_per_node
     if n < 1:
@@ -242,6 +243,13 @@ def check_shape(cfg: RootConfig) -> None:
         raise ConfigError(
             f"stage.gpus={n} is not a multiple of the {gpn} GPUs per node of hardware {cfg.hardware.name} "
             f"(stage.gpus_per_node): use stage.gpus={lo} or stage.gpus={hi}"
+        )
+    sc = stage.screen
+    if sc.cut_warmup_iters >= sc.cut_after:  # the cut's median would be of no iteration
+        raise ConfigError(
+            f"stage.screen.cut_warmup_iters={sc.cut_warmup_iters} must be below stage.screen.cut_after="
+            f"{sc.cut_after} (the early cut's median is over iterations cut_warmup_iters+1..cut_after): lower it, "
+            f"e.g. stage.screen.cut_warmup_iters={sc.cut_after // 3}"
         )
 
 

@@ -198,4 +198,4 @@ def cut_line(stage: StageConfig, best_step_s: float | None, decision: dict | Non
     f, (w, n) = decision_window(stage, decision)
     if not sc.cut or best_step_s is None or f == Fidelity.PROBE or w + n <= sc.cut_after:
         return None
-    return CutLine(best_step_s * (1.0 + sc.cut_margin), sc.cut_after, min(sc.cut_warmup_iters, sc.cut_after - 1))
+    return CutLine(best_step_s * (1.0 + sc.cut_margin), sc.cut_after, sc.cut_warmup_iters)

@@ -136,7 +136,9 @@ def test_the_driver_cuts_a_running_job_that_is_over_its_line(tmp_path):
     """The real loop on the local executor: jobs slow enough to be read while they run, a line a hair over the
     best. Each cut job is cancelled once its first iterations are in (the `cut` event), kept as a screen of
     them, never retried and never the best; the best is a full window."""
-    slow = ["++workload.twin.time_scale=10.0", "++workload.twin.max_sleep_s=0.4"]
+    # every iteration sleeps 1 s (time_scale large enough that each step sleeps max_sleep_s): a job the cut reads at
+    # its 4th iteration runs 11 s more, however loaded the box (the driver polls every 0.3 s)
+    slow = ["++workload.twin.time_scale=100000", "++workload.twin.max_sleep_s=1.0"]
     cut = ["++stage.screen.cut_margin=0.0001", "++stage.screen.cut_after=4", "++stage.screen.cut_warmup_iters=1"]
     p = cli("sweep", *sweep_args(tmp_path, "cut", *slow, *cut, "policy.round0_size=1"), timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -170,7 +172,8 @@ def test_on_slurm_a_cut_is_scancelled_and_a_driver_killed_before_its_cancel_canc
     """The real cluster: the first cut's mark is written, then the driver is killed (kill -9) before its
     scancel; `resume` finds the job still running with its mark, scancels it, and collects it as the screen of
     the iterations its cut read. Every cut job is Slurm's CANCELLED and no failure; nothing is submitted twice."""
-    slow = ["++workload.twin.time_scale=50", "++workload.twin.max_sleep_s=1.0", "stage.measure_iters=40"]
+    # ~1 s per iteration, 105 in all: the marked job outlives the killed driver and the resume by ~100 s
+    slow = ["++workload.twin.time_scale=100000", "++workload.twin.max_sleep_s=1.0", "stage.measure_iters=100"]
     node8 = ["stage.gpus=8", "++cluster.poll_interval_s=0.5", "++cluster.min_time_min=5"]
     small = ["policy.round0_size=1", "policy.round_size=3", "stage.budget.max_rounds=2", "stage.budget.max_runs=4"]
     cut = ["++stage.screen.cut_margin=0.0001", "++stage.screen.cut_after=4", "++stage.screen.cut_warmup_iters=1"]
@@ -198,3 +201,15 @@ def test_on_slurm_a_cut_is_scancelled_and_a_driver_killed_before_its_cancel_canc
         assert best is not None and best["key"] not in {
             c.key for c in cands if c.id in {a.candidate_id for a in cut_atts}
         }
+
+
+def test_a_cut_with_no_iterations_to_read_is_refused_naming_the_fix(tmp_path):
+    """cut_warmup_iters at or past cut_after leaves the median nothing: one error naming both keys and a value
+    that works, a non-zero exit, and no ledger written."""
+    from orchestrator.config import ConfigError, compose
+
+    with pytest.raises(ConfigError, match=r"cut_warmup_iters=15 must be below stage.screen.cut_after=15.*=5$"):
+        compose(["+stage=1k", "stage.screen.cut_warmup_iters=15"])
+    p = cli("sweep", *sweep_args(tmp_path, "badcut", "stage.screen.cut_warmup_iters=9", "stage.screen.cut_after=4"))
+    assert p.returncode != 0 and "stage.screen.cut_warmup_iters=9 must be below" in p.stderr
+    assert not (tmp_path / "ledger.sqlite").exists()
