@@ -83,7 +83,8 @@ def read_folder(
 def iteration_times(job_dir: str | os.PathLike, upto: int) -> list[float]:
     """Seconds of iterations 1..upto as far as a (running) job's logs have them, in order, stopping at the first
     one missing: what the early cut (orchestrator/sweep/cutoff.py) reads while the job runs, every poll. Only the
-    evidence ranks' own files: Megatron's iteration line is the last rank's, an evidence rank
+    evidence ranks' own files: Megatron's iteration line ("elapsed time per iteration (ms)", printed by
+    print_rank_last: dev megatron/training/training.py:3574, 3653) is the last rank's, an evidence rank
     (plan/ranks.evidence_ranks), and a 1k job's node logs (every other rank's output) are not read each poll."""
     keep = Keep(window=(0, upto))
     logs = [parse_file(p, keep=keep) for p in JobPaths(job_dir).rank_logs() if p.is_file()]
