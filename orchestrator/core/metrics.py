@@ -100,6 +100,15 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric("measure_iters_requested", "int", "", "window asked", "the job spec's measured window", default=0, fmt="d"),
     Metric("measure_iters", "int", "", "window", f"iterations measured: {LOG}", default=0, fmt="d"),
+    Metric(
+        "settled_iters",
+        "int",
+        "",
+        "settled after",
+        "leading iterations (warm-up included) whose step ran above the window's steady p50: rank logs, the "
+        "iteration lines from iteration 1 (orchestrator.evidence.metrics.settled_iters); what a warm start learns",
+        fmt="d",
+    ),
     # Step time over the measured window
     Metric(
         "step_p50_s",

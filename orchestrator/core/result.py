@@ -41,6 +41,7 @@ class JobResult:
     measure_iters_requested: int = 0
     measure_iters: int = 0  # actually measured
     partial: bool = False
+    settled_iters: int | None = None  # leading iterations above the steady step (evidence/metrics.settled_iters)
     # Step time over the measurement window (seconds)
     step_times_s: list[float] = field(default_factory=list)
     step_p50_s: float | None = None

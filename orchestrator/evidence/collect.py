@@ -64,13 +64,14 @@ def read_folder(
     job_dir: str | os.PathLike, job_id: str | None = None, window: tuple[int, int] | None = None
 ) -> JobFolder:
     """Parse the folder's files, keeping of each what the metrics read (orchestrator.evidence.keep): the window
-    (`window`, else the spec's) and the checkpoint timers, so a log of any size parses in flat memory."""
+    (`window`, else the spec's) with its warm-up's iteration lines and the checkpoint timers, so a log of any
+    size parses in flat memory."""
     paths = JobPaths(job_dir)
     spec = JobSpec.load(paths.spec) if paths.spec.exists() else None
     files = paths.rank_logs() + paths.node_logs() + paths.submitit_logs(job_id)
     sidecars, used = metrics_mod.load_sidecars(paths.sidecars())
     window = window or (spec.window if spec is not None else None)
-    keep = Keep(window=window, timers=(SAVE_TIMER, LOAD_TIMER))
+    keep = Keep(window=window, timers=(SAVE_TIMER, LOAD_TIMER), warmup=True)
     return JobFolder(
         path=paths.folder,
         spec=spec,

@@ -4,10 +4,10 @@ Why: a job's output can run to gigabytes (a long run, a chatty rank, NCCL debug,
 parser finds a record in nearly every line of it. orchestrator.evidence.parse streams the records; a Keep decides
 which of
 them a ParsedLog holds (`Retainer`):
-- iteration lines of the measured window (warm-up excluded), plus the last one before it and the first one
-  after it: orchestrator.evidence.metrics sees whether the job got past the window (partial) and on which side of the
-  window a
-  rank-0 straggler line's timestamp falls;
+- iteration lines of the measured window (warm-up excluded, unless `warmup`: a job folder's collect keeps the
+  warm-up's too, for how many iterations its step took to settle), plus the last one before it and the first one
+  after it: orchestrator.evidence.metrics sees whether the job got past the window (partial) and on which side of
+  the window a rank-0 straggler line's timestamp falls;
 - timer blocks printed after a window iteration, and any block holding one of `timers` (the checkpoint
   save/restore timers are logged outside the window);
 - straggler lines placed inside the window (those of a file without iteration lines cannot be placed yet:
@@ -43,6 +43,7 @@ class Keep:
 
     window: tuple[int, int] | None = None  # (warmup, measure)
     timers: tuple[str, ...] = ()
+    warmup: bool = False  # keep the warm-up's iteration lines too (what metrics.settled_iters reads)
     max_records: int = MAX_RECORDS
 
     def in_window(self, iteration: int | None) -> bool:
@@ -102,7 +103,7 @@ class Retainer:
         window = self.keep.window
         if window is None:
             self._append(rec)
-        elif self.keep.in_window(rec.iteration):
+        elif self.keep.in_window(rec.iteration) or (self.keep.warmup and rec.iteration <= window[0]):
             at = self._at.get((rec.rank, rec.iteration))
             if at is not None:  # the same iteration again (a requeued run appends): the last one counts
                 self.log.iterations[at] = rec

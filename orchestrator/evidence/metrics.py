@@ -91,6 +91,42 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return xs[lo] + (h - lo) * (xs[hi] - xs[lo])
 
 
+MAD_SIGMA = 1.4826  # sigma = 1.4826 x median absolute deviation for a normal sample (robust to tails)
+MIN_SAMPLES = 8  # fewer per-iteration times than this say nothing about the noise
+
+
+def robust_cv(times: Sequence[float]) -> float | None:
+    """Coefficient of variation of one window's per-iteration step times, from the median absolute deviation:
+    a straggler iteration moves a mean/stdev a lot and the median (what the screen ranks on) hardly at all."""
+    xs = [t for t in times if t and t > 0]
+    if len(xs) < MIN_SAMPLES:
+        return None
+    med = statistics.median(xs)
+    mad = statistics.median(abs(x - med) for x in xs)
+    return MAD_SIGMA * mad / med
+
+
+SETTLE_RUN = 5  # iterations whose median must be at the steady step: one straggler neither starts nor ends it
+SETTLE_MIN = 0.02  # the steady line is at least 2% above the window's p50 ...
+SETTLE_SIGMAS = 2.5  # ... and 2.5 noise sigmas above it (the window's robust CV)
+
+
+def settled_iters(times: Sequence[tuple[int, float]], steady_s: float, cv: float | None) -> int | None:
+    """How many leading iterations of a launch ran above its steady step (iteration 1 on, warm-up included):
+    the iteration before the first one that is itself, and whose next SETTLE_RUN iterations' median is, under
+    steady_s x (1 + max(SETTLE_MIN, SETTLE_SIGMAS x cv)). None when it never settles inside what ran.
+    Why: a warm-started launch warms up only for compile, allocation and NCCL set-up, and how long that takes
+    is a property of the cluster and the software, not something a config can know (the sweep learns it:
+    orchestrator/schedule/fidelity.py learned_warmup)."""
+    pts = sorted(dict(times).items())
+    line = steady_s * (1.0 + max(SETTLE_MIN, SETTLE_SIGMAS * (cv or 0.0)))
+    for k in range(len(pts) - SETTLE_RUN + 1):
+        it, t = pts[k]
+        if t <= line and statistics.median(x for _, x in pts[k : k + SETTLE_RUN]) <= line:
+            return it - 1
+    return None
+
+
 def summarize(values: Sequence[float]) -> Summary:
     if not values:
         return Summary(None, None, None, None, None)
@@ -344,6 +380,8 @@ def compute(
     res.step_p50_s, res.step_p95_s, res.step_p99_s = s.p50, s.p95, s.p99
     res.step_mean_s, res.step_max_s = s.mean, s.max
     if s.p50:
+        everything = [(r.iteration, r.elapsed_ms / 1000.0) for log in logs for r in log.iterations]
+        res.settled_iters = settled_iters(everything, s.p50, robust_cv(steps))
         gbs = global_batch or (
             statistics.median(r.global_batch_size for r in measured if r.global_batch_size)
             if any(r.global_batch_size for r in measured)

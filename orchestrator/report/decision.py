@@ -19,6 +19,7 @@ import yaml
 from orchestrator.core import ranking
 from orchestrator.core.metrics import STEP_P50
 from orchestrator.evidence import bundle as bundle_mod
+from orchestrator.evidence.metrics import robust_cv
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.report.data import ReportData, standing
@@ -70,7 +71,7 @@ class Decision:
 def p50_interval(p50: float | None, samples: list[float]) -> tuple[float, float] | None:
     """The 95% confidence interval of a p50 from its window's step times (robust noise, the median's standard
     error: orchestrator.schedule.fidelity), None when too few times were stored to say."""
-    cv = fidelity.robust_cv(samples)
+    cv = robust_cv(samples)
     if not p50 or cv is None:
         return None
     h = fidelity.half_width(cv, len(samples)) * p50

@@ -31,19 +31,6 @@ from orchestrator.search.types import Observation
 
 Z95 = 1.96  # two-sided 95% normal quantile
 MEDIAN_SE = math.sqrt(math.pi / 2.0)  # SE(median) / SE(mean) for a normal sample
-MAD_SIGMA = 1.4826  # sigma = 1.4826 x median absolute deviation for a normal sample (robust to tails)
-MIN_SAMPLES = 8  # fewer per-iteration times than this say nothing about the noise
-
-
-def robust_cv(times: Sequence[float]) -> float | None:
-    """Coefficient of variation of one window's per-iteration step times, from the median absolute deviation:
-    a straggler iteration moves a mean/stdev a lot and the median (what the screen ranks on) hardly at all."""
-    xs = [t for t in times if t and t > 0]
-    if len(xs) < MIN_SAMPLES:
-        return None
-    med = statistics.median(xs)
-    mad = statistics.median(abs(x - med) for x in xs)
-    return MAD_SIGMA * mad / med
 
 
 def pooled_cv(cvs: Iterable[float | None]) -> float | None:
@@ -68,12 +55,18 @@ def screen_iters(stage: StageConfig, cv: float | None) -> int:
 
 
 def window(
-    stage: StageConfig, fidelity: Fidelity, measure_iters: int | None = None, *, warm: bool = False
+    stage: StageConfig,
+    fidelity: Fidelity,
+    measure_iters: int | None = None,
+    *,
+    warm: bool = False,
+    warmup: int | None = None,
 ) -> tuple[int, int]:
     """(warm-up, measured iterations) of an attempt at `fidelity`. A screen's measured length comes from
     `screen_iters` (stored in the candidate's decision, so a resumed loop launches the same window). `warm`:
     the launch loads the sweep's seed (stage.warm_start), whose routing has settled, so it warms up only
-    stage.warm_start.warmup_iters (at most its fidelity's own warm-up)."""
+    stage.warm_start.warmup_iters, or `warmup` where the sweep learned a shorter one (`learned_warmup`), and
+    never longer than its fidelity's own warm-up."""
     f = Fidelity(fidelity)
     if f == Fidelity.PROBE:
         return stage.screen.probe_warmup_iters, stage.screen.probe_iters
@@ -81,15 +74,33 @@ def window(
         w, n = stage.warmup_iters, stage.measure_iters
     else:
         w, n = min(stage.screen.warmup_iters, stage.warmup_iters), int(measure_iters or stage.measure_iters)
-    return (min(w, stage.warm_start.warmup_iters) if warm else w), n
+    if not warm:
+        return w, n
+    return min(w, stage.warm_start.warmup_iters, stage.warm_start.warmup_iters if warmup is None else warmup), n
+
+
+def learned_warmup(stage: StageConfig, settled: Sequence[int]) -> int | None:
+    """The warm-up a warm-started launch needs, from what this sweep's warm launches did (evidence beats
+    configuration): warm_start.learn_factor x the most leading iterations any of them ran above its steady
+    step (orchestrator.evidence.metrics.settled_iters), at least warm_start.learn_floor and at most
+    warm_start.warmup_iters; None (the configured warm-up) before warm_start.learn_after of them measured it.
+    A launch whose transient outlasted its warm-up says so (its settled_iters is its warm-up or more), so the
+    learned figure only grows with evidence that it was too short."""
+    ws = stage.warm_start
+    if not ws.learn or len(settled) < ws.learn_after:
+        return None
+    need = math.ceil(ws.learn_factor * max(settled))
+    return max(min(ws.learn_floor, ws.warmup_iters), min(ws.warmup_iters, need))
 
 
 def decision_window(stage: StageConfig, decision: dict | None) -> tuple[Fidelity, tuple[int, int]]:
     """The fidelity and window the next attempt of a candidate runs, from its stored decision (candidates
-    added before multi-fidelity rounds, or by other tools, carry none: full; one that does not `warms` cold)."""
+    added before multi-fidelity rounds, or by other tools, carry none: full; one that does not `warms` cold;
+    a warm one's learned warm-up is stored with it, `warmup_iters`)."""
     d = decision or {}
     f = Fidelity(d.get("fidelity") or Fidelity.FULL)
-    return f, window(stage, f, d.get("measure_iters"), warm=warms(d))
+    w = d.get("warmup_iters")
+    return f, window(stage, f, d.get("measure_iters"), warm=warms(d), warmup=None if w is None else int(w))
 
 
 def warm_start_on(stage: StageConfig) -> bool:

@@ -14,7 +14,7 @@ from orchestrator.core.metrics import STEP_P50, STEP_P99, peak_gb
 from orchestrator.core.paths import CheckpointPaths, JobPaths
 from orchestrator.core.schema import ClusterConfig, StageConfig
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity
-from orchestrator.evidence.metrics import GB_PER_MIB
+from orchestrator.evidence.metrics import GB_PER_MIB, robust_cv
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import CandidateRow, Ledger, SweepRow
 from orchestrator.ledger.rows import standing
@@ -157,9 +157,21 @@ def step_cv(ledger: Ledger, sweeps: list[SweepRow]) -> float | None:
     rows = [r for s in sweeps for r in ledger.evidence.measured(sweep=s.name) if r.fidelity == Fidelity.FULL]
     rows.sort(key=lambda r: r.attempt_id)
     return fidelity.pooled_cv(
-        fidelity.robust_cv([t for _, t, _, _ in ledger.evidence.step_samples(r.attempt_id) if t])
-        for r in rows[-NOISE_RUNS:]
+        robust_cv([t for _, t, _, _ in ledger.evidence.step_samples(r.attempt_id) if t]) for r in rows[-NOISE_RUNS:]
     )
+
+
+def settled(ledger: Ledger, sweeps: list[SweepRow]) -> tuple[int, ...]:
+    """How many leading iterations each of these sweeps' warm-started measurements (full, screened or cut: each
+    candidate's latest) ran above its steady step (its result's settled_iters): what a warm start's warm-up is
+    learned from (schedule/fidelity.learned_warmup). A cold launch's warm-up also waits for routing: not read."""
+    out = []
+    for s in sweeps:
+        warm = {c.id for c in ledger.candidates(s.name) if fidelity.warms(c.decision)}
+        for r in ledger.evidence.measured(sweep=s.name):
+            if r.candidate_id in warm and r.fidelity != Fidelity.PROBE and r.metrics.get("settled_iters") is not None:
+                out.append(int(r.metrics["settled_iters"]))
+    return tuple(out)
 
 
 @dataclass

@@ -4,6 +4,7 @@ evidence."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from orchestrator.evidence.metrics import (
     moe_evidence,
     percentile,
     rank_memory,
+    settled_iters,
     summarize,
     window,
 )
@@ -278,3 +280,29 @@ def test_straggler_lines_from_rank0_file_are_placed_by_timestamp():
     assert all(s.after_iteration is None for s in rank0.stragglers)
     res = compute([rank0, last], warmup_iters=2, measure_iters=2, seq_length=8, n_gpus=8)
     assert res.slowest_rank == 3  # rank 7 was slowest only during warmup
+
+
+def test_settled_iters_counts_the_leading_iterations_above_the_steady_step():
+    """A launch's start-up transient (compile, allocator, NCCL set-up: the twin's 1 + 2 exp(-i)) ends where an
+    iteration and the median of it and the next four are back at the steady step; one straggler moves nothing."""
+    steady = 2.0
+    times = [steady * (1 + 2 * math.exp(-i)) for i in range(60)]  # iteration i + 1
+    assert settled_iters(list(enumerate(times, 1)), steady, 0.0) == 5  # iteration 6: 1.3% over, under the 2% floor
+    assert settled_iters(list(enumerate(times, 1)), steady, 0.02) == 4  # noisier: 2.5 sigma = 5% (iteration 5: 3.7%)
+    straggled = [t * (3.0 if i in (30, 45) else 1.0) for i, t in enumerate(times)]
+    assert settled_iters(list(enumerate(straggled, 1)), steady, 0.0) == 5
+    assert settled_iters(list(enumerate([steady] * 20, 1)), steady, 0.0) == 0  # nothing to wait out
+    assert settled_iters(list(enumerate([1.5 * steady] * 20, 1)), steady, 0.0) is None  # never settled
+    # the same iteration printed twice (a requeued run appends): the last counts; iterations from 51 on only
+    # (a log kept from its window): counted from iteration 1, as Megatron numbers them
+    again = [(1, 9.0), (1, steady), *((i, steady) for i in range(2, 10))]
+    assert settled_iters(again, steady, 0.0) == 0
+    assert settled_iters([(i, steady) for i in range(51, 60)], steady, 0.0) == 50
+
+
+def test_compute_reads_the_warm_up_for_settled_iters():
+    """compute() fills settled_iters from every iteration line it is given, the warm-up's too (collect keeps
+    them: orchestrator.evidence.keep, Keep.warmup); the window's p50 is the steady step."""
+    ms = [3000.0, 1700.0, 1250.0, 1100.0] + [1000.0] * 56
+    res = compute([synthetic_log(ms)], warmup_iters=10, measure_iters=50, seq_length=4096, n_gpus=8)
+    assert res.step_p50_s == pytest.approx(1.0) and res.settled_iters == 4

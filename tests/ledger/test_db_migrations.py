@@ -83,13 +83,13 @@ def test_upgrade_from_previous_revision_keeps_data(ledger_url):
                 ),
                 {"c": cand_id, "t": True, "now": now},
             )
-        # what the head revision (0010: each result's run_env) adds is not there yet at N-1
-        assert "run_env" not in {c["name"] for c in inspect(eng).get_columns("result")}
+        # what the head revision (0011: each result's settled_iters) adds is not there yet at N-1
+        assert "settled_iters" not in {c["name"] for c in inspect(eng).get_columns("result")}
         if eng.dialect.name != "sqlite":  # a team database is never upgraded behind the user's back
             with pytest.raises(LedgerError, match=f"schema revision {previous}.*db upgrade"):
                 Ledger.open(ledger_url)
         assert E.upgrade(eng).up_to_date
-        assert "run_env" in {c["name"] for c in inspect(eng).get_columns("result")}
+        assert "settled_iters" in {c["name"] for c in inspect(eng).get_columns("result")}
     finally:
         eng.dispose()
     with Ledger.open(ledger_url) as led:

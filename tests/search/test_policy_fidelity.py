@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from orchestrator.config import compose
 from orchestrator.core.schema import ScreenConfig, StageConfig
 from orchestrator.core.states import Fidelity
+from orchestrator.evidence.metrics import robust_cv
 from orchestrator.plan.layout import Layout
 from orchestrator.schedule import Schedule, fidelity
 from orchestrator.search import make_policy
@@ -62,11 +63,11 @@ def test_no_noise_measured_means_the_full_window():
 def test_noise_is_measured_robustly_from_per_iteration_times():
     rng = random.Random(0)
     times = [1.0 * math.exp(rng.gauss(0, 0.02)) for _ in range(400)]
-    assert fidelity.robust_cv(times) == pytest.approx(0.02, rel=0.15)
+    assert robust_cv(times) == pytest.approx(0.02, rel=0.15)
     stragglers = times[:]
     stragglers[::20] = [5.0] * len(stragglers[::20])  # 5% of iterations 5x slower hardly move it
-    assert fidelity.robust_cv(stragglers) < 0.03
-    assert fidelity.robust_cv(times[:3]) is None
+    assert robust_cv(stragglers) < 0.03
+    assert robust_cv(times[:3]) is None
     # 2% noise at a 1% resolution: (1.96 * 1.2533 * 2)^2 = 24.1 -> 25 iterations instead of 50
     assert fidelity.screen_iters(STAGE, 0.02) == 25
     assert fidelity.window(STAGE, Fidelity.SCREEN, 25) == (50, 25)
