@@ -204,6 +204,13 @@ class WarmStartConfig:
 
     enabled: bool = True
     warmup_iters: int = ranged(50, 0)  # a warm-started launch's warm-up (capped at its fidelity's own)
+    # Evidence beats configuration: once `learn_after` warm-started launches measured how many leading iterations
+    # ran above their steady step (settled_iters), later ones warm up learn_factor x the most any needed
+    # (at least learn_floor, at most warmup_iters): orchestrator/schedule/fidelity.py learned_warmup
+    learn: bool = True
+    learn_after: int = ranged(2, 1)
+    learn_factor: float = ranged(2.0, 1.0)
+    learn_floor: int = ranged(5, 0)
     # Charged on top of start-up: writing / reading the seed's bf16 weights (V4-Pro: 1.6T x 2 B = 3.2 TB, 25 GB
     # per node of 128, a few GB/s per node from a parallel file system)
     save_s: float = ranged(60.0, 0)

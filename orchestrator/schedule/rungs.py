@@ -56,12 +56,18 @@ class Schedule:
             props = props[:keep] + [self.probe_first(env, p) for p in props[keep:]]
         if best is not None and fit is not None and self.cfg.probes_per_round > 0:
             props = self.probes(env, inp, fit, best.measured_step_s, {p.key for p in props}) + props
+        learned = fidelity.learned_warmup(env.stage, inp.settled)
         if not inp.seedless:
-            self.warm(env, [*confirms, *props], inp.seed)
+            self.warm(env, [*confirms, *props], inp.seed, learned)
         self.cut(env, [*confirms, *props], best.measured_step_s if best else None)
         left = inp.gpu_hours_left - sum(c.est_gpu_hours for c in confirms)
         props = self.within_budget(props, size, left)
         why = f"{len(props)} proposals" + (f" screened, {len(confirms)} confirmed" if screening or confirms else "")
+        if learned is not None and any(p.warmup_iters is not None for p in [*confirms, *props]):
+            why += (
+                f"; warm-up {learned} iterations, learned from {len(inp.settled)} warm launches (settled after"
+                f" at most {max(inp.settled)}; configured warm_start.warmup_iters {env.stage.warm_start.warmup_iters})"
+            )
         return RoundPlan(proposals=props, fit=fit, reason=f"{why} ({searcher.name})", confirms=confirms)
 
     def waiting(self, rows: list[Observation], cv: float | None) -> bool:
@@ -98,9 +104,10 @@ class Schedule:
         return p
 
     @staticmethod
-    def warm(env: PlanEnv, props: list[Proposal], seed: str | None) -> None:
+    def warm(env: PlanEnv, props: list[Proposal], seed: str | None, warmup: int | None = None) -> None:
         """Warm start (stage.warm_start, where it shortens the warm-up: fidelity.warm_start_on): once the sweep
-        has a seed (observe.seed) every launch at scale loads it and warms up only warm_start.warmup_iters.
+        has a seed (observe.seed) every launch at scale loads it and warms up only warm_start.warmup_iters, or
+        `warmup` once the sweep's warm launches showed how long they take to settle (fidelity.learned_warmup).
         Without one, the round's first full-window launch saves it at its end and the round's other
         full-window launches wait for it (`after_seed`: they go once it is there, orchestrator/sweep/
         seeding.py), so only one launch of a sweep waits out the stage's own warm-up; a screen before any seed
@@ -117,8 +124,10 @@ class Schedule:
             if seed is None and p.fidelity == Fidelity.FULL:
                 p.seed_save, p.after_seed = saver is None, saver is not None
                 saver = saver or p
+            if fidelity.warms(p.decision()):
+                p.warmup_iters = warmup
             d = p.decision()
-            w, n = fidelity.window(st, p.fidelity, p.measure_iters, warm=fidelity.warms(d))
+            w, n = fidelity.window(st, p.fidelity, p.measure_iters, warm=fidelity.warms(d), warmup=p.warmup_iters)
             p.est_gpu_hours = env.gpu_hours(
                 p.charge_step_s or p.predicted_step_s, w + n, startup_s=fidelity.startup_s(st, d)
             )

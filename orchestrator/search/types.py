@@ -117,6 +117,7 @@ class Proposal:
     charge_step_s: float | None = None  # the step est_gpu_hours is charged at (None: the predicted step)
     seed_save: bool = False
     after_seed: bool = False  # waits for the seed its round's first launch saves (orchestrator/sweep/seeding.py)
+    warmup_iters: int | None = None  # a warm launch's learned warm-up (schedule/fidelity.learned_warmup), if any
     cut: dict | None = None  # its early cut (schedule/fidelity.CutLine.to_dict), set by Schedule.cut
 
     def __post_init__(self) -> None:
@@ -143,6 +144,7 @@ class Proposal:
             **({"warm_from": self.warm_from} if self.warm_from else {}),
             **({"seed_save": True} if self.seed_save else {}),
             **({"after_seed": True} if self.after_seed else {}),
+            **({"warmup_iters": self.warmup_iters} if self.warmup_iters is not None else {}),
             **({"cut": self.cut} if self.cut else {}),
         }
 
@@ -164,6 +166,9 @@ class RoundInput:
     step_cv: float | None = None  # measured step-time noise of this stage (schedule/fidelity.robust_cv), if any
     seed: str | None = None  # the routing-settled checkpoint later launches load (observe.seed), once one was saved
     seedless: bool = False  # a launch measured that was to save the seed and saved none: no warm start again
+    # how many leading iterations this sweep's warm-started launches ran above their steady step (settled_iters):
+    # what a warm start's warm-up is learned from (schedule/fidelity.learned_warmup)
+    settled: tuple[int, ...] = ()
 
 
 @dataclass

@@ -67,6 +67,7 @@ def next_round(
         step_cv=cv,
         seed=seed,
         seedless=seedless,
+        settled=observe.settled(ledger, [sweep]),
     )
     plan = schedule.plan(policy, env, inp, source_stage=source_stage)
     if plan.fit is not None and not any(cal.round == rnd for cal in ledger.evidence.calibrations(sweep.name)):

@@ -24,6 +24,7 @@ import importlib.util
 import math
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -190,6 +191,16 @@ def launch_gpu_hours(n_gpus: int, startup_s: float, iters: int, launch: Launch) 
     return cost.launch_gpu_hours(n_gpus, startup_s, launch.step_s, iters if launch.fits else 1)
 
 
+def settled_of(times, warmup: int) -> int | None:
+    """A launch's settled_iters as collect reports it from its iteration lines (iteration 1 on; the window's
+    p50 and noise are its steady step's)."""
+    from orchestrator.evidence.metrics import robust_cv, settled_iters, summarize
+
+    window = list(times[warmup:])
+    p50 = summarize(window).p50
+    return settled_iters(list(enumerate(times, 1)), p50, robust_cv(window)) if p50 else None
+
+
 def p50_of_window(cfg, launch: Launch, warmup: int | None = None) -> float:
     """The measured step: p50 of the window after warm-up (what collect reports as step_p50_s)."""
     from orchestrator.evidence.metrics import summarize
@@ -212,6 +223,19 @@ class Grid:
     # what a launch costs more as the first of its run (stage.warm_start: no seed yet, it waits out the stage's
     # own warm-up and saves one): random search and the grid pay it once, as the sweep's round 0 does
     first_extra: np.ndarray | None = None
+    # the learned warm-up (schedule/fidelity.learned_warmup), as the sweep learns it: each launch's settled_iters
+    # (nan: it did not fit), the GPU-hours one iteration of it costs, the warm-up its cost was charged at, and
+    # the rule: random search and the grid save what a shorter learned warm-up saves, as the sweep does
+    settled: np.ndarray | None = None
+    per_iter: np.ndarray | None = None
+    warm_warmup: int = 0
+    learned: Callable[[Sequence[int]], int | None] | None = None
+    teach: int = 0  # launches of any order that save nothing: the seed's and the warm ones before learn_after
+
+    def warmup_after(self, settled: Sequence[int]) -> int:
+        """The warm-up a warm launch runs once these warm launches measured their settled_iters."""
+        w = self.learned(settled) if self.learned else None
+        return self.warm_warmup if w is None else w
 
     @property
     def best(self) -> int:
@@ -223,7 +247,15 @@ class Grid:
 
     @property
     def exhaustive_gpu_hours(self) -> float:
-        return float(self.cost.sum() + (self.first_extra.max() if self.first_extra is not None else 0.0))
+        """Every layout once, in the dearest order: the first saves the seed, the next few warm up as configured
+        until they taught the learned warm-up, and the rest save what all of them teach (the learned warm-up
+        from every fitting launch: the longest any order learns)."""
+        saved = 0.0
+        if self.settled is not None and self.per_iter is not None:
+            w = self.warmup_after([int(x) for x in self.settled[np.isfinite(self.settled)]])
+            cheapest = np.sort(self.per_iter)[: max(0, len(self.per_iter) - self.teach)]
+            saved = float((self.warm_warmup - w) * cheapest.sum())
+        return float(self.cost.sum() - saved + (self.first_extra.max() if self.first_extra is not None else 0.0))
 
     def gap(self, true_s: float) -> float:
         return true_s / self.best_s - 1.0
@@ -239,7 +271,7 @@ def build_grid(cfg, target: Target, startup_s: float) -> Grid:
     legal = planner.plan(cfg.model, hw, st, workload=cfg.workload.name).candidates
     launches = [target.launch(cfg, c.layout, c.prediction.layer_pattern, c.key) for c in legal]
     cold = np.array([launch_gpu_hours(st.gpus, startup_s, st.warmup_iters + st.measure_iters, x) for x in launches])
-    cost, first_extra = cold, None
+    cost, first_extra, learn = cold, None, {}
     if fidelity.warm_start_on(st):  # the same launches as the sweep's: the first saves the seed, the rest load it
         warm_iters = sum(fidelity.window(st, Fidelity.FULL, warm=True))
         load_s = fidelity.startup_s(st, {"after_seed": True}) - st.budget.startup_s  # what reading the seed adds
@@ -247,6 +279,16 @@ def build_grid(cfg, target: Target, startup_s: float) -> Grid:
         cost = np.array([launch_gpu_hours(st.gpus, startup_s + load_s, warm_iters, x) for x in launches])
         saving = np.array([launch_gpu_hours(st.gpus, save_s, 0, x) if x.fits else 0.0 for x in launches])
         first_extra = cold + saving - cost
+        w_warm = fidelity.window(st, Fidelity.FULL, warm=True)[0]
+        settled = np.array([settled_of(x.times, w_warm) if x.fits else None for x in launches], dtype=float)
+        per_iter = np.array([launch_gpu_hours(st.gpus, 0.0, 1, x) if x.fits else 0.0 for x in launches])
+        learn = {
+            "settled": settled,
+            "per_iter": per_iter,
+            "warm_warmup": w_warm,
+            "learned": lambda xs: fidelity.learned_warmup(st, xs),
+            "teach": 1 + st.warm_start.learn_after,
+        }
     return Grid(
         layouts=[c.layout for c in legal],
         keys=[c.key for c in legal],
@@ -256,6 +298,7 @@ def build_grid(cfg, target: Target, startup_s: float) -> Grid:
         cost=cost,
         launches=launches,
         first_extra=first_extra,
+        **learn,
     )
 
 
@@ -290,10 +333,32 @@ def random_search(grid: Grid, orders: int, seed: int) -> RandomSearch:
     last = np.maximum.accumulate(pos, axis=1)  # position of the reported best so far (-1: none yet)
     reported = perms[np.arange(orders)[:, None], np.maximum(last, 0)]
     gap = np.where(last >= 0, grid.true_s[reported] / grid.best_s - 1.0, np.inf)
-    cum = np.cumsum(grid.cost[perms], axis=1)
+    cost = grid.cost[perms]
+    if grid.settled is not None and grid.per_iter is not None:  # later launches warm up what earlier ones taught
+        cost = cost - learned_saving(grid, perms)
+    cum = np.cumsum(cost, axis=1)
     if grid.first_extra is not None:  # each order's first launch saves the seed the others load
         cum = cum + grid.first_extra[perms[:, 0]][:, None]
     return RandomSearch(cum_cost=cum, gap=gap)
+
+
+def learned_saving(grid: Grid, perms: np.ndarray) -> np.ndarray:
+    """orders x launches: what each launch of each random order saves on the warm-up the launches before it
+    taught (position 0 saves the seed and runs cold; the sweep learns round by round, random launch by launch)."""
+    assert grid.settled is not None and grid.per_iter is not None
+    s = grid.settled[perms]
+    out = np.zeros(perms.shape)
+    memo: dict[tuple[int, int], int] = {}
+    for o in range(perms.shape[0]):
+        n, top = 0, -1  # warm launches that measured it so far, and the most any needed
+        for j in range(1, perms.shape[1]):
+            key = (n, top)
+            if key not in memo:  # learned_warmup reads only how many and the most
+                memo[key] = grid.warmup_after([top] * n)
+            out[o, j] = (grid.warm_warmup - memo[key]) * grid.per_iter[perms[o, j]]
+            if np.isfinite(s[o, j]):
+                n, top = n + 1, max(top, int(s[o, j]))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------- sweep
@@ -491,6 +556,7 @@ def _result(cfg, run: Launch, JobResult, RankMemory, *, pp: int = 1, window=None
         step_p99_s=s.p99,
         step_mean_s=s.mean,
         step_max_s=s.max,
+        settled_iters=settled_of(run.times, warmup),
         tokens_per_s=tokens,
         tokens_per_s_per_gpu=tokens / st.gpus,
         heaviest_pp_stage=heaviest,

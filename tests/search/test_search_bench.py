@@ -50,7 +50,16 @@ def test_a_launch_costs_start_up_plus_its_iterations(bench):
     assert not grid.launches[oom].fits and grid.cost[oom] == pytest.approx(
         st.gpus * (STARTUP_S + ws.load_s + oom_step) / 3600
     )
-    assert grid.exhaustive_gpu_hours == pytest.approx(grid.cost.sum() + grid.first_extra.max())
+    # the learned warm-up (schedule/fidelity.learned_warmup): the grid warms up what its launches' settling
+    # teaches, each iteration saved charged at that launch's true step
+    assert grid.settled is not None and grid.per_iter is not None
+    taught = [int(x) for x in grid.settled[np.isfinite(grid.settled)]]
+    w = grid.warmup_after(taught)
+    assert w == fidelity.learned_warmup(st, taught) < ws.warmup_iters == grid.warm_warmup
+    assert grid.per_iter[fits] == pytest.approx(st.gpus * step / 3600) and grid.per_iter[oom] == 0
+    cheapest = np.sort(grid.per_iter)[: len(grid.per_iter) - 1 - ws.learn_after]  # the seed's and the teachers' not
+    saved = (ws.warmup_iters - w) * cheapest.sum()
+    assert grid.exhaustive_gpu_hours == pytest.approx(grid.cost.sum() - saved + grid.first_extra.max())
 
 
 def test_the_true_best_is_the_fastest_layout_that_fits(bench):
@@ -62,16 +71,19 @@ def test_the_true_best_is_the_fastest_layout_that_fits(bench):
 
 
 def test_random_search_accounting(bench):
-    _, _, grid, rnd, *_ = bench
+    cfg, _, grid, rnd, *_ = bench
     to_goal = rnd.cost_to_goal
     assert np.isfinite(to_goal).all()  # every order reaches the goal before it runs out of layouts
     assert (to_goal <= grid.exhaustive_gpu_hours + 1e-6).all()
     near = grid.cost[np.isfinite(grid.true_s) & (grid.true_s <= grid.best_s * (1 + lib.GOAL_GAP))]
     assert (to_goal >= near.min() - 1e-6).all()  # at least one launch of a layout within 2%
     assert to_goal.min() < np.median(to_goal) < to_goal.max()  # orders differ
-    # every order launched everything once, its first launch also saving the seed
-    assert grid.first_extra is not None
-    assert (rnd.cum_cost[:, -1] >= grid.cost.sum() + grid.first_extra.min() - 1e-6).all()
+    # every order launched everything once, its first launch also saving the seed, the later ones warming up
+    # no less than the learned warm-up's floor
+    assert grid.first_extra is not None and grid.per_iter is not None
+    ws = cfg.stage.warm_start
+    floor = (ws.warmup_iters - ws.learn_floor) * grid.per_iter.sum()
+    assert (rnd.cum_cost[:, -1] >= grid.cost.sum() - floor + grid.first_extra.min() - 1e-6).all()
     assert (rnd.cum_cost[:, -1] <= grid.exhaustive_gpu_hours + 1e-6).all()
     assert np.isinf(rnd.gap_at(0.0)).all()  # nothing launched: nothing reported
     assert (rnd.gap_at(grid.exhaustive_gpu_hours) <= lib.GOAL_GAP).all()  # everything measured

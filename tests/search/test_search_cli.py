@@ -58,7 +58,10 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
 
     def window(c, a):  # the window each attempt ran: a screen's or probe's (its first decision), else the full one
         d = c.decision if c.decision["fidelity"] == a.fidelity else c.decision.get("previous") or c.decision
-        return fidelity.window(cfg.stage, a.fidelity, d.get("measure_iters"), warm=bool(d.get("warm_from")))
+        warmup = d.get("warmup_iters")  # a warm launch's learned warm-up (schedule/fidelity.learned_warmup)
+        return fidelity.window(
+            cfg.stage, a.fidelity, d.get("measure_iters"), warm=bool(d.get("warm_from")), warmup=warmup
+        )
 
     def charged(c, a) -> float:  # a full-scale launch on N GPUs; a rank probe 1 GPU per probed rank
         lay, win, probed = Layout.from_dict(c.layout), window(c, a), fidelity.probe_ranks(c.decision)
@@ -69,6 +72,14 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
         seed_s = fidelity.startup_s(cfg.stage, c.decision, measured=run.fits) - cfg.stage.budget.startup_s
         return lib.launch_gpu_hours(cfg.stage.gpus, STARTUP_S + seed_s, sum(win), run)
 
+    # the warm-up learned from evidence (schedule/fidelity.learned_warmup): the stand-in's steps settle at once,
+    # so once two warm launches said so the later ones warm up the floor, and each result ran what it was told
+    ws = cfg.stage.warm_start
+    learned = [(c, a) for c, a in launched if (c.decision or {}).get("warmup_iters") is not None]
+    assert learned and {c.decision["warmup_iters"] for c, _ in learned} == {ws.learn_floor} < {ws.warmup_iters}
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        ran = [led.evidence.result(a.id) for c, a in learned if a.fidelity == "full"]
+    assert ran and all(r is not None and r["warmup_iters"] == ws.learn_floor for r in ran)
     cost = sum(charged(c, a) for c, a in launched)
     random_median = float(np.median(rnd.cost_to_goal))
     # the benchmark's in-process sweep (same decision loop, execution replaced) launches the same layouts
