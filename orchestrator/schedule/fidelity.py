@@ -74,9 +74,9 @@ def window(
         w, n = stage.warmup_iters, stage.measure_iters
     else:
         w, n = min(stage.screen.warmup_iters, stage.warmup_iters), int(measure_iters or stage.measure_iters)
-    if not warm:
-        return w, n
-    return min(w, stage.warm_start.warmup_iters, stage.warm_start.warmup_iters if warmup is None else warmup), n
+    if warm:
+        w = min(w, stage.warm_start.warmup_iters, w if warmup is None else warmup)
+    return w, n
 
 
 def learned_warmup(stage: StageConfig, settled: Sequence[int]) -> int | None:

@@ -76,7 +76,8 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
     # so once two warm launches said so the later ones warm up the floor, and each result ran what it was told
     ws = cfg.stage.warm_start
     learned = [(c, a) for c, a in launched if (c.decision or {}).get("warmup_iters") is not None]
-    assert learned and {c.decision["warmup_iters"] for c, _ in learned} == {ws.learn_floor} < {ws.warmup_iters}
+    assert ws.learn_floor < ws.warmup_iters
+    assert learned and {c.decision["warmup_iters"] for c, _ in learned} == {ws.learn_floor}
     with Ledger.open(ledger_url(tmp_path)) as led:
         ran = [led.evidence.result(a.id) for c, a in learned if a.fidelity == "full"]
     assert ran and all(r is not None and r["warmup_iters"] == ws.learn_floor for r in ran)

@@ -73,8 +73,14 @@ def test_round_zero_saves_the_seed_and_every_later_launch_at_scale_loads_it(warm
             result = led.evidence.result(a.id)
             assert result["warmup_iters"] == WARM_UP and result["measure_iters_requested"] >= 1
             # how many leading iterations ran above the steady step, read from the job's own iteration lines:
-            # what later launches' warm-up is learned from (schedule/fidelity.learned_warmup)
-            assert result["settled_iters"] is not None and result["settled_iters"] >= 1
+            # what later launches' warm-up is learned from (schedule/fidelity.learned_warmup). The twin's start-up
+            # transient lasts a few iterations: a full window (40) sees it end; a 4-iteration screen may end
+            # before it settles, and then says nothing (None), never a figure it did not see
+            settled = result["settled_iters"]
+            if a.fidelity == Fidelity.FULL:
+                assert settled is not None and 1 <= settled < spec.warmup_iters + spec.measure_iters
+            else:
+                assert settled is None or settled >= 1
 
 
 def test_a_warm_start_is_charged_for_reading_the_seed_and_the_seed_for_writing_it(warm_sweep):
