@@ -112,8 +112,15 @@ def _recompute_level(layout: Layout) -> int | None:
 def needs_more_memory(a: Layout, b: Layout) -> bool:
     """True when `a` keeps at least as much per GPU as `b` on every memory knob (and differs nowhere else
     that matters): fewer or equal PP / TP / CP / EP shards, equal or larger micro-batch, no more recompute
-    and no more offload. Dispatcher and VPP are ignored (second-order for memory)."""
+    and no more offload, at the same VPP. The dispatcher is ignored (its buffers are second-order).
+    Why VPP must be equal: the first stage's activations in flight are not monotone in VPP. Megatron's
+    interleaved schedule warms up 2 (PP - 1) + (VPP - 1) x group microbatch-chunks of L / (PP x VPP) layers
+    each (megatron/core/pipeline_parallel/schedules.py:913-914 on dev), against PP microbatches of L / PP
+    layers without interleaving (:906): more than VPP 1, less the higher VPP goes. On twin:overpredicted an
+    OOM at PP4 VPP2 pruned PP4 VPP4, the 1k optimum, which fits (bench seed 100)."""
     if not (a.pp <= b.pp and a.tp <= b.tp and a.cp <= b.cp and a.ep <= b.ep and a.etp <= b.etp and a.mbs >= b.mbs):
+        return False
+    if a.vpp != b.vpp:
         return False
     if set(a.offload) - set(b.offload):
         return False

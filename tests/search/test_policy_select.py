@@ -137,6 +137,12 @@ def test_oom_dominance_prunes_layouts_needing_more_memory():
     assert not needs_more_memory(replace(oom, ep=64), oom)  # more EP shards: less memory per GPU
     assert not needs_more_memory(replace(oom, recompute=("full",)), oom)
     assert not needs_more_memory(replace(oom, recompute=("mla_up_proj",)), oom)  # selective sets: unordered
+    # another VPP is another number of microbatch-chunks in flight, more or less (schedules.py:906, :913-914)
+    interleaved = replace(oom, pp=4, vpp=2)
+    assert needs_more_memory(replace(interleaved, mbs=2), interleaved)
+    assert not needs_more_memory(replace(interleaved, vpp=4), interleaved)
+    assert not needs_more_memory(replace(interleaved, vpp=1), interleaved)
+    assert not oom_dominated(replace(interleaved, vpp=4), [obs("i", None, lay=interleaved, fc="OOM")])
     rows = [obs("o", None, lay=oom, fc="OOM"), obs("c", None, lay=replace(oom, pp=1), fc="CRASH")]
     assert oom_dominated(replace(oom, mbs=2), rows)
     assert not oom_dominated(replace(oom, pp=8), rows)
