@@ -206,8 +206,10 @@ class WarmStartConfig:
     warmup_iters: int = ranged(50, 0)  # a warm-started launch's warm-up (capped at its fidelity's own)
     # Evidence beats configuration: once `learn_after` warm-started launches measured how many leading iterations
     # ran above their steady step (settled_iters), later ones warm up learn_factor x the most any needed
-    # (at least learn_floor, at most warmup_iters): orchestrator/schedule/fidelity.py learned_warmup
-    learn: bool = True
+    # (at least learn_floor, at most warmup_iters): orchestrator/schedule/fidelity.py learned_warmup. Off by
+    # default: it cut the held-out 1k mean 30.5k -> 25.8k GPU-h but held out 10/10 -> 9/10 rows and fresh seeds
+    # 104-107 13/16 -> 11/16 (docs/search.md "The learned warm-up"); `learn=true` turns it on.
+    learn: bool = False
     learn_after: int = ranged(2, 1)
     learn_factor: float = ranged(2.0, 1.0)
     learn_floor: int = ranged(5, 0)
@@ -421,8 +423,11 @@ class PolicyConfig:
     # 35/40 bench rows met, 6 -> 37/40; with the warm start's rounds too, held out 9/10 -> 10/10 (docs/search.md).
     screen_round_size: int = ranged(6, 0)
     # layouts the calibrated memory model cannot place on either side of HBM (its error band) that would be
-    # pruned: this many per round get a fit probe (start-up + stage.screen.probe_iters) instead
-    probes_per_round: int = ranged(1, 0)
+    # pruned: this many per round get a fit probe (start-up + stage.screen.probe_iters) instead, the searcher's
+    # most promising first (Policy.estimate). A probe is one GPU per probed rank for minutes. 1 -> 3 with that
+    # ranking (docs/search.md "Fit probes where the searcher sees promise"): fresh twin seeds 104-111 at 1k
+    # 10/16 -> 14/16 rows met; 3 probes ranked by the calibrated step alone: 8/16.
+    probes_per_round: int = ranged(3, 0)
     # Probe first (orchestrator/schedule/rungs.py): after round 0 the searcher's first direct_per_round
     # proposals go at scale as ever and the rest get a one-GPU rank probe (its compute-only step, a few
     # GPU-hours) before any launch at scale; one is measured at scale once its composed step (the probe's

@@ -19,9 +19,12 @@ proposals, and `Schedule.waiting` before the searcher's own convergence test.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from orchestrator.core.schema import PolicyConfig, StageConfig
 from orchestrator.core.states import Fidelity
 from orchestrator.plan import ranks
+from orchestrator.plan.layout import Layout
 from orchestrator.schedule import fidelity
 from orchestrator.search.calibrate import Fit
 from orchestrator.search.env import PlanEnv
@@ -55,7 +58,8 @@ class Schedule:
             keep = self.cfg.round0_full
             props = props[:keep] + [self.probe_first(env, p) for p in props[keep:]]
         if best is not None and fit is not None and self.cfg.probes_per_round > 0:
-            props = self.probes(env, inp, fit, best.measured_step_s, {p.key for p in props}) + props
+            rate = searcher.estimate(inp, fit)
+            props = self.probes(env, inp, fit, best.measured_step_s, {p.key for p in props}, rate) + props
         learned = fidelity.learned_warmup(env.stage, inp.settled)
         if not inp.seedless:
             self.warm(env, [*confirms, *props], inp.seed, learned)
@@ -208,28 +212,39 @@ class Schedule:
         p.est_gpu_hours = env.probe_gpu_hours(len(bound), p.predicted_step_s)
         return p
 
-    def probes(self, env: PlanEnv, inp: RoundInput, fit: Fit, best_step: float, taken: set[str]) -> list[Proposal]:
+    def probes(
+        self,
+        env: PlanEnv,
+        inp: RoundInput,
+        fit: Fit,
+        best_step: float,
+        taken: set[str],
+        rate: Callable[[Layout, float], float] | None = None,
+    ) -> list[Proposal]:
         """Rank probes: the most promising layouts the calibrated memory model prunes while HBM lies inside its
-        error band (env.memory_band), never one already known to fit or dominated by an OOM. Each runs the
+        error band (env.memory_band), never one already known to fit or dominated by an OOM. Promising as the
+        searcher rates them (`rate`, Policy.estimate: calibrated_neighbours' optimistic bound), not by the
+        calibrated step alone, which is where the model is most wrong layout by layout. Each runs the
         ranks that bound the layout (ranks.probe_ranks: first PP stage, last, the planner's heaviest) alone
         on one GPU each with Megatron's --fake-process-group for start-up plus a few iterations, reading
         max reserved memory. One found to fit (its peak plus the learned probe margin under HBM,
         select.probe_margin_gb) is measured next round (`confirms`); one that OOMs teaches the calibration."""
         seen = list(inp.observations) + list(inp.source)
         cut = best_step * (1.0 + self.cfg.max_predicted_loss)
-        pool = [
-            c
-            for c in env.memory_band(fit, fit.factors)
-            if not c.prediction.feasible
-            and c.key not in inp.known_keys
-            and c.key not in taken
-            and c.prediction.step_time_s <= cut
-            and not oom_dominated(c.layout, seen)
-            and not fit_dominated(c.layout, inp.observations)  # known to fit: proposed, not probed
-        ]
+        rated = {}
+        for c in env.memory_band(fit, fit.factors):
+            if (
+                not c.prediction.feasible
+                and c.key not in inp.known_keys
+                and c.key not in taken
+                and not oom_dominated(c.layout, seen)
+                and not fit_dominated(c.layout, inp.observations)  # known to fit: proposed, not probed
+            ):
+                rated[c.key] = (rate(c.layout, c.prediction.step_time_s) if rate else c.prediction.step_time_s, c)
+        pool = sorted((x for x in rated.values() if x[0] <= cut), key=lambda x: x[0])
         out = []
         _, n = fidelity.window(env.stage, Fidelity.PROBE)
-        for c in sorted(pool, key=lambda c: c.prediction.step_time_s)[: self.cfg.probes_per_round]:
+        for _, c in pool[: self.cfg.probes_per_round]:
             bound = ranks.probe_ranks(c.layout, env.stage.gpus, c.prediction.heaviest_stage)
             p = env.proposal(
                 c,

@@ -18,7 +18,14 @@ STARTUP_S = 300.0
 def bench(tmp_path_factory):
     target = lib.Target("twin:memory", seed=1)
     composed = compose(
-        ["+stage=1k", "cluster=local", "stage.budget.max_runs=5", "stage.budget.max_rounds=2", *target.overrides()]
+        [
+            "+stage=1k",
+            "cluster=local",
+            "stage.budget.max_runs=5",
+            "stage.budget.max_rounds=2",
+            "stage.warm_start.learn=true",  # off by default; the bench's accounting of it is what is tested here
+            *target.overrides(),
+        ]
     )
     cfg = composed.cfg
     grid = lib.build_grid(cfg, target, STARTUP_S)

@@ -33,13 +33,15 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
     # no early cut: the real driver cuts a job only if it reads it while it runs (a stand-in's are done in a
     # blink), the in-process sweep always, so their costs would differ by timing (tests/sweep/test_cutoff.py)
     uncut = "stage.screen.cut=false"
-    args = sweep_args(tmp_path, "cliffs1k", *target.overrides(), uncut, stage="1k")
+    # the learned warm-up (off by default, docs/search.md): on here, so the CLI path of learning it is run
+    learn = "stage.warm_start.learn=true"
+    args = sweep_args(tmp_path, "cliffs1k", *target.overrides(), uncut, learn, stage="1k")
     proc = cli("sweep", *args, "--plain", timeout=800)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     got = cli("best", "--sweep", "cliffs1k", "--json", f"ledger.url={ledger_url(tmp_path)}")
     assert got.returncode == 0, got.stderr[-2000:]
     best = json.loads(got.stdout)
-    cfg = compose(["+stage=1k", "cluster=local", *target.overrides()]).cfg
+    cfg = compose(["+stage=1k", "cluster=local", *target.overrides(), learn]).cfg
     with Ledger.open(ledger_url(tmp_path)) as led:
         cands = led.candidates("cliffs1k")
         launched = [(c, a) for c in cands for a in led.attempts(c.id)]
@@ -84,7 +86,7 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
     cost = sum(charged(c, a) for c, a in launched)
     random_median = float(np.median(rnd.cost_to_goal))
     # the benchmark's in-process sweep (same decision loop, execution replaced) launches the same layouts
-    composed = compose(["+stage=1k", "cluster=local", *target.overrides(), uncut])
+    composed = compose(["+stage=1k", "cluster=local", *target.overrides(), uncut, learn])
     with lib.fresh_ledger(str(tmp_path / "inproc")) as led:
         inproc = lib.run_sweep(led, composed, target, "cliffs1k", STARTUP_S)
     assert sorted((x[0], x[1].short()) for x in inproc.launches) == sorted(
