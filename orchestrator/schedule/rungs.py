@@ -231,20 +231,22 @@ class Schedule:
         select.probe_margin_gb) is measured next round (`confirms`); one that OOMs teaches the calibration."""
         seen = list(inp.observations) + list(inp.source)
         cut = best_step * (1.0 + self.cfg.max_predicted_loss)
-        rated = {}
-        for c in env.memory_band(fit, fit.factors):
-            if (
-                not c.prediction.feasible
-                and c.key not in inp.known_keys
-                and c.key not in taken
-                and not oom_dominated(c.layout, seen)
-                and not fit_dominated(c.layout, inp.observations)  # known to fit: proposed, not probed
-            ):
-                rated[c.key] = (rate(c.layout, c.prediction.step_time_s) if rate else c.prediction.step_time_s, c)
-        pool = sorted((x for x in rated.values() if x[0] <= cut), key=lambda x: x[0])
+        rate = rate or (lambda _layout, step_s: step_s)
+        pool = [
+            c
+            for c in env.memory_band(fit, fit.factors)
+            if not c.prediction.feasible
+            and c.key not in inp.known_keys
+            and c.key not in taken
+            and not oom_dominated(c.layout, seen)
+            and not fit_dominated(c.layout, inp.observations)  # known to fit: proposed, not probed
+        ]
+        rated = sorted(
+            ((r, c) for c in pool if (r := rate(c.layout, c.prediction.step_time_s)) <= cut), key=lambda x: x[0]
+        )
         out = []
         _, n = fidelity.window(env.stage, Fidelity.PROBE)
-        for _, c in pool[: self.cfg.probes_per_round]:
+        for _, c in rated[: self.cfg.probes_per_round]:
             bound = ranks.probe_ranks(c.layout, env.stage.gpus, c.prediction.heaviest_stage)
             p = env.proposal(
                 c,

@@ -58,6 +58,13 @@ def _ran(planned, *, step=1.0, peak=136.0) -> Observation:
     )
 
 
+def _calibrated(cfg, env, row: Observation, slots: int = 100):
+    """calibrated_neighbours after one measured row: the policy, its round input and its calibration."""
+    policy = make_policy(dataclasses.replace(cfg.policy, name="calibrated_neighbours"))
+    inp = RoundInput(round=1, observations=[row], known_keys={row.key}, slots=slots, gpu_hours_left=1e12)
+    return policy, inp, policy.fit(env, inp)
+
+
 def test_a_layout_dominated_by_a_measured_fit_is_never_pruned(setting):
     cfg, env, ran, pruned = setting
     row = _ran(ran)
@@ -68,9 +75,7 @@ def test_a_layout_dominated_by_a_measured_fit_is_never_pruned(setting):
     assert pruned.key in keys and pruned.key not in [c.key for c in env.plan()]
     # the calibrated searcher keeps it among what it may propose, whatever its memory model says: asked for
     # every layout it would measure next, it proposes the pruned one
-    policy = make_policy(dataclasses.replace(cfg.policy, name="calibrated_neighbours"))
-    inp = RoundInput(round=1, observations=[row], known_keys={row.key}, slots=10_000, gpu_hours_left=1e12)
-    fit = policy.fit(env, inp)
+    policy, inp, fit = _calibrated(cfg, env, row, slots=10_000)
     assert fit is not None and not env.fits(
         env.evaluate_unchecked(pruned.layout, fit.factors, fit.memory_scale).prediction.memory_gb
     ), "the calibrated model must still prune it for this test to say anything"
@@ -87,9 +92,7 @@ def test_a_layout_known_to_fit_is_not_fit_probed(setting):
 
     cfg, env, ran, pruned = setting
     row = _ran(ran)
-    policy = make_policy(dataclasses.replace(cfg.policy, name="calibrated_neighbours"))
-    inp = RoundInput(round=1, observations=[row], known_keys={row.key}, slots=100, gpu_hours_left=1e12)
-    fit = policy.fit(env, inp)
+    _, inp, fit = _calibrated(cfg, env, row)
     sched = Schedule(dataclasses.replace(cfg.policy, probes_per_round=10_000))
     probed = {p.key for p in sched.probes(env, inp, fit, 1.0, set())}
     assert pruned.key not in probed
@@ -104,9 +107,7 @@ def test_fit_probes_go_where_the_searcher_sees_promise(setting):
 
     cfg, env, ran, _ = setting
     row = _ran(ran)
-    policy = make_policy(dataclasses.replace(cfg.policy, name="calibrated_neighbours"))
-    inp = RoundInput(round=1, observations=[row], known_keys={row.key}, slots=100, gpu_hours_left=1e12)
-    fit = policy.fit(env, inp)
+    policy, inp, fit = _calibrated(cfg, env, row)
     sched = Schedule(dataclasses.replace(cfg.policy, probes_per_round=1))
     band = [
         c
