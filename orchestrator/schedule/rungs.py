@@ -26,10 +26,15 @@ from orchestrator.core.states import Fidelity
 from orchestrator.plan import ranks
 from orchestrator.plan.layout import Layout
 from orchestrator.schedule import fidelity
+from orchestrator.search import compose
 from orchestrator.search.calibrate import Fit
 from orchestrator.search.env import PlanEnv
-from orchestrator.search.select import best_measured, fit_dominated, oom_dominated
+from orchestrator.search.select import best_measured, diverse_top, fit_dominated, oom_dominated, same_memory
 from orchestrator.search.types import Observation, Proposal, RoundInput, RoundPlan
+
+# Round 0's probes spread over these knob groups (select.diverse_top; "pp" carries VPP): the memory model's error
+# is per term, so which pruned region fits is what round 0 cannot know.
+ROUND0_PROBE_KNOBS = ("ep", "pp", "cp", "recompute")
 
 
 class Schedule:
@@ -54,12 +59,17 @@ class Schedule:
         if first:  # the searcher's best few at scale, as ever; the rest probed before any launch at scale
             keep = self.cfg.direct_per_round
             props = props[:keep] + [self.probe_first(env, p) for p in props[keep:]]
+        elif self.seed_on_evidence(env, inp):
+            props = [self.probe_first(env, p) for p in props]  # round 1 measures the best composed at scale
         elif self.cfg.probe_first and self.cfg.round0_full and inp.round == 0:  # the first few at scale
             keep = self.cfg.round0_full
             props = props[:keep] + [self.probe_first(env, p) for p in props[keep:]]
         if best is not None and fit is not None and self.cfg.probes_per_round > 0:
             rate = searcher.estimate(inp, fit)
             props = self.probes(env, inp, fit, best.measured_step_s, {p.key for p in props}, rate) + props
+        elif self.cfg.probe_led and inp.round == 0 and not inp.observations and self.cfg.round0_probes > 0:
+            taken = {p.key for p in props}
+            props = self.probes(env, inp, None, None, taken, limit=self.cfg.round0_probes) + props
         learned = fidelity.learned_warmup(env.stage, inp.settled)
         if not inp.seedless:
             self.warm(env, [*confirms, *props], inp.seed, learned)
@@ -79,6 +89,21 @@ class Schedule:
         return bool(fidelity.contenders(rows, cv, 1))
 
     # ---- the rungs ----------------------------------------------------------------------------------
+    def seed_on_evidence(self, env: PlanEnv, inp: RoundInput) -> bool:
+        """Round 0 rank-probes every layout before any launch at scale (policy.probe_led), so round 1's
+        launches are the probed fits best composed step first (`passed`), and the one that saves the seed is the
+        fastest the evidence knows. Why: that launch runs the stage's whole warm-up (300 iterations at 1k against
+        a warm launch's 50), and the uncalibrated model's favourite, which saved it before, was up to 4x slower
+        than the stage's best on unseen twin surfaces (10-16k of a 1k sweep's GPU-hours). Only where the warm
+        start is on and nothing is promoted (a promoted winner is measured evidence already)."""
+        return (
+            self.cfg.probe_first
+            and self.cfg.probe_led
+            and inp.round == 0
+            and not inp.source
+            and fidelity.warm_start_on(env.stage)
+        )
+
     @staticmethod
     def warm_window(env: PlanEnv, inp: RoundInput) -> bool:
         """Every launch at scale of this round loads the sweep's seed (stage.warm_start)."""
@@ -158,9 +183,12 @@ class Schedule:
                 layout=r.layout,
                 predicted={},
                 reason=(
-                    f"probed-fit: max reserved {r.measured_peak_gb - r.probe_margin_gb:.1f} GB"
+                    f"{'probed-fit' if r.probed_fit else 'probed-close'}: max reserved "
+                    f"{r.measured_peak_gb - r.probe_margin_gb:.1f} GB"
                     + (f" + {r.probe_margin_gb:.1f} GB probe margin" if r.probe_margin_gb else "")
-                    + f" of {r.hbm_gb:.0f} GB{why}"
+                    + f" of {r.hbm_gb:.0f} GB"
+                    + ("" if r.probed_fit else " (too close to call: the launch at scale decides)")
+                    + why
                 ),
                 fidelity=Fidelity.FULL,
                 est_gpu_hours=env.gpu_hours(r.raw_step_s),
@@ -185,12 +213,22 @@ class Schedule:
         return out
 
     def passed(self, inp: RoundInput, fit: Fit | None) -> list[tuple[Observation, str]]:
-        """Probed layouts that fit and are due a measurement at scale, best composed step first, with why: every
-        one while nothing is measured or calibrated; else those whose composed step (Fit.predict_row: the
-        probe's compute + the calibrated communication) is within policy.probe_pass of the best measured
-        step, at most a round's worth. A probe without its compute-only step (a fit probe of old) passes."""
-        rows = [r for r in inp.observations if r.probed_fit]
+        """Probed layouts due a measurement at scale (found to fit; probe-led, policy.probe_led, also those too
+        close to HBM to call with the probe margin, Observation.probe_ran, which only a launch at scale settles,
+        an OOM there costing start-up and an iteration), best composed step first, with why: every one while
+        nothing is measured or calibrated (probe-led round 0: the best round0_size by composed step); else those
+        whose composed step (Fit.predict_row: the probe's compute + the calibrated communication) is within
+        policy.probe_pass of the best measured step, at most a round's worth. A probe without its
+        compute-only step (a fit probe of old) passes."""
+        rows = [r for r in inp.observations if (r.probe_ran if self.cfg.probe_led else r.probed_fit)]
         best = best_measured(inp.observations)
+        if best is None and self.cfg.probe_led and any(r.probe_scale for r in rows):
+            # round 0 probed before any launch at scale: the best composed first (the first saves the seed)
+            def composed(r: Observation) -> float:
+                return fit.predict_row(r) if fit is not None else compose.step({}, r.raw_components, r.probe_scale)
+
+            ranked = sorted(rows, key=composed)[: max(1, self.cfg.round0_size)]
+            return [(r, f"; composed step {composed(r):.4g}s, nothing measured at scale yet") for r in ranked]
         if fit is None or best is None:
             return [(r, "") for r in rows]
         cut = best.measured_step_s * (1.0 + self.cfg.probe_pass)
@@ -216,10 +254,12 @@ class Schedule:
         self,
         env: PlanEnv,
         inp: RoundInput,
-        fit: Fit,
-        best_step: float,
+        fit: Fit | None,
+        best_step: float | None,
         taken: set[str],
         rate: Callable[[Layout, float], float] | None = None,
+        *,
+        limit: int | None = None,
     ) -> list[Proposal]:
         """Rank probes: the most promising layouts the calibrated memory model prunes while HBM lies inside its
         error band (env.memory_band), never one already known to fit or dominated by an OOM. Promising as the
@@ -228,25 +268,48 @@ class Schedule:
         ranks that bound the layout (ranks.probe_ranks: first PP stage, last, the planner's heaviest) alone
         on one GPU each with Megatron's --fake-process-group for start-up plus a few iterations, reading
         max reserved memory. One found to fit (its peak plus the learned probe margin under HBM,
-        select.probe_margin_gb) is measured next round (`confirms`); one that OOMs teaches the calibration."""
+        select.probe_margin_gb) is measured next round (`confirms`); one that OOMs teaches the calibration.
+
+        Probe-led (policy.probe_led): one probe per memory footprint (select.same_memory): layouts that differ
+        only in the dispatcher run the same probe (a flex layout is probed with alltoall, argv.probe_argv), so the
+        best rated of them stands for the rest, and what it finds covers them (select.fit_dominated,
+        oom_dominated), even a peak too close to HBM to call either way: a sibling's probe would read the same.
+        And round 0 (`fit` and `best_step` None, policy.round0_probes): before anything ran, the uncalibrated model's
+        band (memfit.DEFAULT_BAND) and its predicted step, with no reach: the memory model is the part of the
+        planner least to be trusted exactly where the fastest layouts lie (activations 1.6-3x high on issue 19's
+        unseen workloads), and a probe costs one GPU per probed rank for minutes, where a round-0 launch costs N."""
         seen = list(inp.observations) + list(inp.source)
-        cut = best_step * (1.0 + self.cfg.max_predicted_loss)
+        cut = best_step * (1.0 + self.cfg.max_predicted_loss) if best_step is not None else float("inf")
         rate = rate or (lambda _layout, step_s: step_s)
+        factors, mem = (fit.factors, fit.memory_scale) if fit is not None else (None, 1.0)
         pool = [
             c
-            for c in env.memory_band(fit, fit.factors)
+            for c in env.memory_band(fit, factors)
             if not c.prediction.feasible
             and c.key not in inp.known_keys
             and c.key not in taken
             and not oom_dominated(c.layout, seen)
             and not fit_dominated(c.layout, inp.observations)  # known to fit: proposed, not probed
+            and not (
+                self.cfg.probe_led
+                and any(r.fidelity == Fidelity.PROBE and same_memory(c.layout, r.layout) for r in inp.observations)
+            )
         ]
         rated = sorted(
             ((r, c) for c in pool if (r := rate(c.layout, c.prediction.step_time_s)) <= cut), key=lambda x: x[0]
         )
+        one_each: list = []  # one per memory footprint, the best rated first
+        for _, c in rated:
+            if not (self.cfg.probe_led and any(same_memory(c.layout, o.layout) for o in one_each)):
+                one_each.append(c)
+        n = self.cfg.probes_per_round if limit is None else limit
+        if best_step is None:  # round 0: nothing rates them yet, so cover the pruned region's knob values
+            chosen = diverse_top(one_each, n, layout_of=lambda c: c.layout, knobs=ROUND0_PROBE_KNOBS)
+        else:
+            chosen = one_each[:n]
         out = []
-        _, n = fidelity.window(env.stage, Fidelity.PROBE)
-        for _, c in rated[: self.cfg.probes_per_round]:
+        _, iters = fidelity.window(env.stage, Fidelity.PROBE)
+        for c in chosen:
             bound = ranks.probe_ranks(c.layout, env.stage.gpus, c.prediction.heaviest_stage)
             p = env.proposal(
                 c,
@@ -254,11 +317,11 @@ class Schedule:
                     f"fit-probe: predicted {c.prediction.memory_gb:.1f} GB, HBM within the model's error band; "
                     f"rank probe of ranks {', '.join(map(str, bound))} on one GPU each"
                 ),
-                factors=fit.factors,
-                memory_factor=fit.memory_scale,
-                predicted_gain=1.0 - c.prediction.step_time_s / best_step,
+                factors=factors,
+                memory_factor=mem,
+                predicted_gain=1.0 - c.prediction.step_time_s / best_step if best_step else None,
             )
-            p.fidelity, p.measure_iters, p.probe_ranks = Fidelity.PROBE, n, tuple(bound)
+            p.fidelity, p.measure_iters, p.probe_ranks = Fidelity.PROBE, iters, tuple(bound)
             p.est_gpu_hours = env.probe_gpu_hours(len(bound), c.prediction.step_time_s)
             out.append(p)
         return out

@@ -130,6 +130,12 @@ def needs_more_memory(a: Layout, b: Layout) -> bool:
     return ra <= rb
 
 
+def same_memory(a: Layout, b: Layout) -> bool:
+    """Each needs no more memory than the other along the knob order: they differ only where it looks away
+    (the dispatcher), so one rank probe answers for both (a flex layout is probed with alltoall anyway)."""
+    return needs_more_memory(a, b) and needs_more_memory(b, a)
+
+
 def oom_dominated(layout: Layout, rows: Iterable[Observation]) -> bool:
     """A layout that needs at least as much memory as one that measured OOM will OOM too: skip it."""
     return any(r.failure_class == Failure.OOM and needs_more_memory(layout, r.layout) for r in rows)

@@ -76,6 +76,13 @@ class Observation:
         )
 
     @property
+    def probe_ran(self) -> bool:
+        """A rank probe ran it without an OOM: it fits (`probed_fit`), or its peak is too close to HBM to call
+        once the probe margin is added. Either way only a launch at scale can say more, and an OOM there costs
+        start-up and an iteration, so such a layout is due one when it looks fast enough (Schedule.passed)."""
+        return self.fidelity == Fidelity.PROBE and self.peak_gb is not None and self.failure_class is None
+
+    @property
     def measured_step_s(self) -> float:
         """step_s of a row known to be measured (`ok`): the policy's arithmetic never meets a None."""
         if self.step_s is None:

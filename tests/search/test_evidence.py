@@ -11,7 +11,7 @@ from orchestrator.config import compose
 from orchestrator.plan import planner
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
-from orchestrator.search.select import fit_dominated, needs_more_memory
+from orchestrator.search.select import fit_dominated, needs_more_memory, ran
 from orchestrator.search.types import Observation, RoundInput
 from tests.bench import searchlib as lib
 
@@ -136,3 +136,122 @@ def test_fit_probes_go_where_the_searcher_sees_promise(setting):
         optimistic(50.0, *res.predict(slowest.layout), cfg.policy.explore)
     )
     assert policy.estimate(inp, None)(slowest.layout, 50.0) == 50.0  # uncalibrated: the prediction as it is
+
+
+def test_one_probe_per_memory_footprint(setting):
+    """Layouts that differ only in the dispatcher run the same probe (a flex layout is probed with alltoall,
+    argv.probe_argv), so a round probes one of them: the best rated."""
+    from orchestrator.schedule import Schedule
+    from orchestrator.search.select import same_memory
+
+    cfg, env, ran, _ = setting
+    row = _ran(ran)
+    policy, inp, fit = _calibrated(cfg, env, row)
+    band = [c for c in env.memory_band(fit, fit.factors) if not c.prediction.feasible]
+    siblings = [(a, b) for a in band for b in band if a.key != b.key and same_memory(a.layout, b.layout)]
+    assert siblings, "the test needs dispatcher siblings inside the memory model's error band"
+    a, b = siblings[0]
+    assert a.layout.dispatcher != b.layout.dispatcher or a.layout.flex_backend != b.layout.flex_backend
+    assert not same_memory(a.layout, dataclasses.replace(a.layout, mbs=a.layout.mbs * 2))
+    led = dataclasses.replace(cfg.policy, probes_per_round=10_000, probe_led=True)
+    probes = Schedule(led).probes(env, inp, fit, 1e9, set(), policy.estimate(inp, fit))
+    assert len(probes) >= 2
+    assert not any(same_memory(p.layout, q.layout) for i, p in enumerate(probes) for q in probes[:i])
+    # every footprint of the band is still probed once (none is lost to the deduplication)
+    footprints = [c for i, c in enumerate(band) if not any(same_memory(c.layout, o.layout) for o in band[:i])]
+    assert len(probes) == len([c for c in footprints if not fit_dominated(c.layout, [row])])
+    # not probe-led (the schema's default): each sibling is probed on its own
+    plain = Schedule(dataclasses.replace(led, probe_led=False)).probes(
+        env, inp, fit, 1e9, set(), policy.estimate(inp, fit)
+    )
+    assert len(plain) > len(probes)
+
+
+def test_round_0_probes_the_pruned_region_before_anything_ran(setting):
+    """Before any run the memory model is least to be trusted where the fastest layouts lie (issue 19: 1.6-3x
+    high), so round 0 also probes policy.round0_probes of the layouts the uncalibrated model prunes inside its
+    default band, spread over EP, PP (with VPP), CP and recompute, one per memory footprint (probe-led rounds,
+    policy.probe_led), beside round 0's own layouts."""
+    from orchestrator.schedule import Schedule
+    from orchestrator.search import memfit
+    from orchestrator.search.select import same_memory
+
+    cfg, env, _, _ = setting
+    led = dataclasses.replace(cfg.policy, name="calibrated_neighbours", probe_led=True)
+    policy = make_policy(led)
+    inp = RoundInput(round=0, observations=[], known_keys=set(), slots=100, gpu_hours_left=1e12)
+    plan = Schedule(led).plan(policy, env, inp)
+    probes = [p for p in plan.proposals if p.reason.startswith("fit-probe")]
+    own = [p for p in plan.proposals if not p.reason.startswith("fit-probe")]
+    assert len(probes) == led.round0_probes > 0
+    assert len(own) == led.round0_size and all(p.fidelity == "probe" for p in plan.proposals)
+    hbm, margin = cfg.hardware.hbm_gb, cfg.stage.memory_margin_gb
+    for p in probes:
+        raw = p.predicted["raw_memory_gb"]
+        assert raw + margin > hbm >= raw * (1 - memfit.DEFAULT_BAND)  # pruned, yet inside the model's band
+        assert p.probe_ranks and p.probe_ranks[0] == 0 and p.probe_ranks[-1] == cfg.stage.gpus - 1
+    assert not any(same_memory(p.layout, q.layout) for i, p in enumerate(probes) for q in probes[:i])
+    assert len({p.layout.ep for p in probes}) > 1 and len({(p.layout.pp, p.layout.vpp) for p in probes}) > 1
+    off = Schedule(dataclasses.replace(led, round0_probes=0)).plan(policy, env, inp)
+    assert [p.key for p in off.proposals] == [p.key for p in own]
+
+
+def test_round_0_probes_first_and_the_best_composed_saves_the_seed(setting):
+    """policy.probe_led: the cold launch that saves the seed (the stage's whole warm-up, ~7 warm
+    launches' worth at 1k) is chosen on evidence. Round 0 rank-probes every layout before any launch at scale;
+    round 1 measures the probed fits at scale, best composed step (the probe's compute + the communication)
+    first, so the fastest saves the seed and the rest wait for it; nothing that OOMed on its probe goes."""
+    from orchestrator.schedule import Schedule
+    from orchestrator.search import compose
+
+    cfg, env, _, _ = setting
+    pol = dataclasses.replace(cfg.policy, name="calibrated_neighbours", probe_led=True)
+    policy, sched = make_policy(pol), Schedule(pol)
+    inp0 = RoundInput(round=0, observations=[], known_keys=set(), slots=100, gpu_hours_left=1e12)
+    r0 = sched.plan(policy, env, inp0).proposals
+    assert len(r0) >= pol.round0_size and all(p.fidelity == "probe" for p in r0)  # nothing at scale yet
+    # the probes report: the first OOMs, the rest fit, each with its compute-only step (the reverse of the
+    # order the model predicted them in, so evidence, not the prediction, must decide the order)
+    rows = []
+    for i, p in enumerate(r0):
+        comps, raw_step, raw_mem = env.raw(p.layout)
+        oom, close = i == 0, i == len(r0) - 1  # the last ran, its peak + the probe margin over HBM: too close
+        rows.append(
+            Observation(
+                key=p.key,
+                layout=p.layout,
+                raw_components=comps,
+                raw_step_s=raw_step,
+                raw_memory_gb=raw_mem,
+                peak_gb=None if oom else cfg.hardware.hbm_gb + 1.0 if close else 100.0,
+                failure_class="OOM" if oom else None,
+                hbm_gb=cfg.hardware.hbm_gb,
+                fidelity="probe",
+                probe_step_s=None if oom else 10.0 * (len(r0) - i),
+                raw_probe_s=env.raw_probe_s(p.layout),
+            )
+        )
+    inp1 = RoundInput(round=1, observations=rows, known_keys={r.key for r in rows}, slots=100, gpu_hours_left=1e12)
+    plan = sched.plan(policy, env, inp1)
+    fits = [r for r in rows if r.failure_class is None]
+    fit = plan.fit
+
+    def composed(r):
+        return fit.predict_row(r) if fit is not None else compose.step({}, r.raw_components, r.probe_scale)
+
+    expected = [r.key for r in sorted(fits, key=composed)][: pol.round0_size]
+    assert expected[0] != fits[0].key  # the model's favourite among the fits is not the evidence's
+    confirms = [c for c in plan.confirms if c.reason.startswith("probed")]
+    assert [c.key for c in confirms] == expected and rows[0].key not in [c.key for c in plan.confirms]
+    # too close to call is no fit (nothing is dominated by it), but only a launch at scale settles it
+    last = rows[-1]
+    assert last.probe_ran and not last.probed_fit and not ran(last)
+    (close,) = [c for c in confirms if c.key == last.key]
+    assert close.reason.startswith("probed-close")
+    assert all(c.reason.startswith("probed-fit") for c in confirms if c.key != last.key)
+    assert all(c.fidelity == "full" for c in confirms)
+    first, *rest = confirms
+    assert first.seed_save and not first.after_seed and all(c.after_seed and not c.seed_save for c in rest)
+    # off (the schema's default): round 0 launches at scale as ever, and probes nothing
+    off = Schedule(dataclasses.replace(pol, probe_led=False)).plan(policy, env, inp0).proposals
+    assert [p.fidelity for p in off] == ["full"] * pol.round0_size
