@@ -290,18 +290,18 @@ class Schedule:
             and c.key not in taken
             and not oom_dominated(c.layout, seen)
             and not fit_dominated(c.layout, inp.observations)  # known to fit: proposed, not probed
-            and not (
-                self.cfg.probe_led
-                and any(r.fidelity == Fidelity.PROBE and same_memory(c.layout, r.layout) for r in inp.observations)
-            )
         ]
         rated = sorted(
             ((r, c) for c in pool if (r := rate(c.layout, c.prediction.step_time_s)) <= cut), key=lambda x: x[0]
         )
-        one_each: list = []  # one per memory footprint, the best rated first
+        # probe-led: one per memory footprint, the best rated first, none of a footprint a probe already read
+        covered = [r.layout for r in inp.observations if r.fidelity == Fidelity.PROBE]
+        one_each: list = []
         for _, c in rated:
-            if not (self.cfg.probe_led and any(same_memory(c.layout, o.layout) for o in one_each)):
-                one_each.append(c)
+            if self.cfg.probe_led and any(same_memory(c.layout, lay) for lay in covered):
+                continue
+            one_each.append(c)
+            covered.append(c.layout)
         n = self.cfg.probes_per_round if limit is None else limit
         if best_step is None:  # round 0: nothing rates them yet, so cover the pruned region's knob values
             chosen = diverse_top(one_each, n, layout_of=lambda c: c.layout, knobs=ROUND0_PROBE_KNOBS)

@@ -68,12 +68,7 @@ class Observation:
     def probed_fit(self) -> bool:
         """A fit probe ran it and it fit: its peak (a rank probe's: + the probe margin) is under HBM; its speed
         is not measured. Known to fit, so due a real measurement."""
-        return (
-            self.fidelity == Fidelity.PROBE
-            and self.peak_gb is not None
-            and self.failure_class is None
-            and (not self.hbm_gb or self.peak_gb <= self.hbm_gb)
-        )
+        return self.probe_ran and (not self.hbm_gb or (self.peak_gb or 0.0) <= self.hbm_gb)
 
     @property
     def probe_ran(self) -> bool:
