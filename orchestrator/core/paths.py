@@ -15,7 +15,7 @@ candidate folder `c<number>-<layout label>-<key>` (`candidate_folder`: readable,
     launch.json                   a local launch's record (token, process id), written after the process starts
     job-started.json, job-exit.json  a local job's own start record and exit marker (token, job id, outcome)
     preflight.json                a preflight job's checks (orchestrator.job.preflight)
-plus submitit's own `<job id>_<task>_log.out|err` (here, or for an array under a parent's .submitit/<job id>/).
+plus submitit's own `<job id>_<task>_log.out|err` (here, under .submitit/, or for an array under a parent's .submitit/).
 
 Stdlib only: it runs on compute nodes.
 """
@@ -74,13 +74,14 @@ class JobPaths:
     TIME_LIMIT_MARK = "time-limit-warning-rank-{rank}"
     RANK_LOG_GLOBS = (RANK_OUT.format(rank="*"), RANK_ERR.format(rank="*"))
     SIDECAR_GLOB = SIDECAR.format(rank="*")
-    # submitit's own folder (its pickles and task logs, one sub-folder per job id): the launchers point
-    # submitit at `<folder>/.submitit/%j`; slurmstepd's `*** JOB ... CANCELLED ... ***` lands in its logs.
+    # submitit's own folder (its pickles and task logs): the local launcher points submitit at
+    # `<folder>/.submitit/%j` (one sub-folder per process id), the Slurm launcher at `<folder>/.submitit` itself
+    # (`submitit_flat_folder`); slurmstepd's `*** JOB ... CANCELLED ... ***` lands in its logs.
     SUBMITIT = ".submitit"
-    SUBMITIT_GLOBS = ("*_log.out", "*_log.err", f"{SUBMITIT}/*/*_log.out", f"{SUBMITIT}/*/*_log.err")
+    SUBMITIT_GLOBS = tuple(f"{d}*_log.{ext}" for d in ("", f"{SUBMITIT}/", f"{SUBMITIT}/*/") for ext in ("out", "err"))
     # the sweep's seed (stage.warm_start): the routing-settled weights a full-window launch saves at its end
     SEED_CHECKPOINT = "seed-checkpoint"
-    SUBMITIT_LOOKUP_DEPTH = 4  # an array's .submitit/<job id>/ sits at the common parent of its job folders
+    SUBMITIT_LOOKUP_DEPTH = 4  # an array's .submitit/ sits at the common parent of its job folders
 
     def __init__(self, folder: str | os.PathLike) -> None:
         object.__setattr__(self, "folder", Path(folder))
@@ -166,12 +167,22 @@ class JobPaths:
         """What a submitit executor's `folder=` gets (`%j`: submitit puts the job id there)."""
         return str(self.folder / self.SUBMITIT / "%j")
 
+    @property
+    def submitit_flat_folder(self) -> str:
+        """What a Slurm submitit executor's `folder=` gets: `.submitit` itself, created before sbatch. Under
+        `.submitit/%j` submitit creates a job's folder only after sbatch returns (submitit/slurm/slurm.py:
+        `_internal_process_submissions`, `move_temporary_file`), and Slurm does not create an output file's
+        folder: a task that starts in that gap dies on "Could not open stdout file" (sacct FAILED)."""
+        return str(self.folder / self.SUBMITIT)
+
     def submitit_logs(self, job_id: str | None = None) -> list[Path]:
         """submitit's logs in this folder, and with `job_id` those of an array under a parent's .submitit/."""
         files = [p for pattern in self.SUBMITIT_GLOBS for p in sorted(self.folder.glob(pattern), key=_rank_order)]
         if job_id:
+            own = re.compile(rf"{re.escape(str(job_id))}_\d+_log\.(out|err)")
             for parent in list(self.folder.parents)[: self.SUBMITIT_LOOKUP_DEPTH]:
-                files += sorted((parent / self.SUBMITIT / str(job_id)).glob("*_log.*"), key=_rank_order)
+                found = [p for p in (parent / self.SUBMITIT).glob(f"{job_id}_*_log.*") if own.fullmatch(p.name)]
+                files += sorted(found, key=_rank_order)
         return files
 
     @staticmethod

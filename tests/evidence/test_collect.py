@@ -147,17 +147,20 @@ def test_job_that_never_started(smoke, tmp_path):
 
 
 def test_slurm_epilogue_in_an_arrays_submitit_log(smoke, tmp_path):
-    """An array's submitit logs sit at the common parent (.submitit/<job id>/): the time-limit line
-    slurmstepd writes there classifies the attempt even before sacct answers."""
+    """An array's submitit logs sit at the common parent (.submitit/<job id>_<task>_log.*, beside other
+    jobs' logs): the time-limit line slurmstepd writes there classifies the attempt even before sacct answers,
+    and another array task's log (123_40) is not read as this one's."""
     cfg, (planned, *_) = smoke
     job = tmp_path / "sweep" / "key" / "attempt-1"
     make_spec(cfg, planned, job)
-    logs = tmp_path / "sweep" / ".submitit" / "123_4"
+    logs = tmp_path / "sweep" / ".submitit"
     logs.mkdir(parents=True)
     (logs / "123_4_0_log.err").write_text(
         "slurmstepd: error: *** JOB 123 ON n1 CANCELLED AT 2026-11-29T11:00:00 DUE TO TIME LIMIT ***\n"
     )
+    (logs / "123_40_0_log.err").write_text("slurmstepd: error: *** JOB 123 ON n1 CANCELLED AT 2026-11-29 ***\n")
     assert collect(job).failure_class == "NO_OUTPUT"  # without the id the line is not found
     res = collect(job, job_id="123_4")
     assert res.failure_class == "TIMEOUT" and res.retryable and "TIME LIMIT" in res.failure_detail
     assert any(p.endswith("123_4_0_log.err") for p in res.log_paths)
+    assert not any(p.endswith("123_40_0_log.err") for p in res.log_paths)

@@ -3,7 +3,7 @@
 # Parameters
 #SBATCH --account=llm
 #SBATCH --cpus-per-task=8
-#SBATCH --error=<runs>/megatron_1k_container/cand0/attempt-1/.submitit/%j/%j_0_log.err
+#SBATCH --error=<runs>/megatron_1k_container/cand0/attempt-1/.submitit/%j_0_log.err
 #SBATCH --exclusive
 #SBATCH --gpus-per-node=8
 #SBATCH --job-name=megatron_1k_container:cand0:1
@@ -12,7 +12,7 @@
 #SBATCH --nodes=128
 #SBATCH --ntasks-per-node=8
 #SBATCH --open-mode=append
-#SBATCH --output=<runs>/megatron_1k_container/cand0/attempt-1/.submitit/%j/%j_0_log.out
+#SBATCH --output=<runs>/megatron_1k_container/cand0/attempt-1/.submitit/%j_0_log.out
 #SBATCH --partition=batch
 #SBATCH --qos=normal
 #SBATCH --signal=USR2@30
@@ -28,4 +28,4 @@ export TORCH_NCCL_AVOID_RECORD_STREAMS=1
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output <runs>/megatron_1k_container/cand0/attempt-1/.submitit/%j/%j_%t_log.out --error <runs>/megatron_1k_container/cand0/attempt-1/.submitit/%j/%j_%t_log.err '--container-image=nvcr.io#nvidia/pytorch:25.09-py3' --container-mounts=/lustre/data:/data:ro,<project>:<project>,<runs>:<runs> --container-workdir=/workspace --label --output <runs>/megatron_1k_container/cand0/attempt-1/.submitit/%j/%j_%N_log.out --error <runs>/megatron_1k_container/cand0/attempt-1/.submitit/%j/%j_%N_log.err /usr/bin/python -u -m submitit.core._submit <runs>/megatron_1k_container/cand0/attempt-1/.submitit/%j
+srun --unbuffered --output <runs>/megatron_1k_container/cand0/attempt-1/.submitit/%j_%t_log.out --error <runs>/megatron_1k_container/cand0/attempt-1/.submitit/%j_%t_log.err '--container-image=nvcr.io#nvidia/pytorch:25.09-py3' --container-mounts=/lustre/data:/data:ro,<project>:<project>,<runs>:<runs> --container-workdir=/workspace --label --output <runs>/megatron_1k_container/cand0/attempt-1/.submitit/%j_%N_log.out --error <runs>/megatron_1k_container/cand0/attempt-1/.submitit/%j_%N_log.err /usr/bin/python -u -m submitit.core._submit <runs>/megatron_1k_container/cand0/attempt-1/.submitit

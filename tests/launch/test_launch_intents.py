@@ -9,7 +9,6 @@ raises as a ledger that cannot be written, `record:kill` makes the orchestrator 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -91,13 +90,11 @@ def test_local_record_failure_leaves_nothing_running_and_resume_launches_once(tm
 
 
 def _slurm_jobs(tmp_path: Path, sweep: str) -> dict[str, AttemptState]:
-    """Every task Slurm ever got for this sweep (submitit keeps a folder per submitted task id), with its
-    state from `sacct -j` (a pending array cancelled before it started is absent from sacct's time window,
-    so the ids come from the folders, not from a `--name` query)."""
+    """Every task Slurm ever got for this sweep (submitit keeps a `<task id>_submitted.pkl` per submitted task),
+    with its state from `sacct -j` (a pending array cancelled before it started is absent from sacct's time
+    window, so the ids come from the files, not from a `--name` query)."""
     sub = tmp_path / "runs" / sweep / JobPaths.SUBMITIT
-    ids = sorted(
-        p.name for p in sub.iterdir() if re.fullmatch(r"\d+(_\d+)?", p.name) and (p.name + "_0") not in os.listdir(sub)
-    )
+    ids = sorted(m.group(1) for p in sub.iterdir() if (m := re.fullmatch(r"(\d+(?:_\d+)?)_submitted\.pkl", p.name)))
     bases = sorted({i.split("_")[0] for i in ids})
     out = subprocess.run(
         ["sacct", "-X", "-P", "-n", "-j", ",".join(bases), "-o", "JobID,State,JobName"],

@@ -177,6 +177,35 @@ def test_array_poll_cancel(slurm_cluster, timeout_job, tmp_path, counted, launch
     assert counted("sbatch") == 1  # nothing was submitted twice
 
 
+def test_an_array_task_started_before_submitit_placed_its_files_runs(slurm_cluster, tmp_path, monkeypatch, launchers):
+    """submitit moves an array's pickles into place only after sbatch returns, and Slurm does not create a log's
+    folder: a task Slurm starts in that gap must find its log folder and wait for its pickle. submitit's move is
+    held here until Slurm has started the first task (sacct: past PENDING), then let go; every task must run."""
+    import submitit.core.utils as submitit_utils
+
+    launcher = launchers(cluster())
+    move = submitit_utils.JobPaths.move_temporary_file
+    started: list[str] = []
+
+    def move_once_started(paths, tmp, name, keep_as_symlink=False):
+        jid = f"{str(paths.job_id).split('_')[0]}_0"  # the first move is the array's sbatch script (no index)
+        deadline = time.monotonic() + 240  # a guard only: the loop ends on Slurm's answer
+        while not started and time.monotonic() < deadline:
+            state = launcher.poll([jid])[jid].state
+            if state not in ("PENDING", "UNKNOWN"):
+                started.append(state)
+            time.sleep(0.5)
+        return move(paths, tmp, name, keep_as_symlink)
+
+    monkeypatch.setattr(submitit_utils.JobPaths, "move_temporary_file", move_once_started)
+    subs = launcher.submit([task(tmp_path / "a", 5), task(tmp_path / "b", 6)])
+    assert started == ["RUNNING"]  # the first task ran before its pickle was in place (not FAILED on its log)
+    ids = [s.job_id for s in subs]
+    states = poll_until(launcher, ids, lambda st: all(s.terminal for s in st.values()))
+    assert [states[j].state for j in ids] == ["COMPLETED", "COMPLETED"]
+    assert [launcher.result(j)["value"] for j in ids] == [5, 6]
+
+
 def test_multi_node_task_and_array_split(slurm_cluster, tmp_path, counted, launchers):
     """max_array_size=2: 5 same-shape tasks go out as 3 sbatch calls (2 + 2 + 1); a 2-node x 2-GPU task
     has its own shape, so its own sbatch."""

@@ -82,7 +82,7 @@ def test_containerized_1k_runs_the_tasks_in_the_container(tmp_path):
     assert "#SBATCH --container" not in header  # the batch script itself stays outside
     assert f"--container-image='{IMAGE}'" in srun or f"--container-image={IMAGE}" in srun
     assert "--container-mounts=/lustre/data:/data:ro,<project>:<project>,<runs>:<runs>" in srun
-    job = "<runs>/megatron_1k_container/cand0/attempt-1/.submitit/%j"
+    job = "<runs>/megatron_1k_container/cand0/attempt-1/.submitit"
     assert srun.endswith(f"/usr/bin/python -u -m submitit.core._submit {job}")
     assert "<python>" not in text  # never the login node's interpreter inside the container
     assert "export PYTHONPATH=<project>" in header  # the container's Python imports the pickled job
@@ -95,7 +95,7 @@ def test_twin_asks_for_no_whole_nodes(tmp_path):
     text = script_for("twin_smoke", tmp_path / "runs")
     assert "--exclusive" not in text and "--cpus-per-task" not in text and "--mem" not in text
     assert "#SBATCH --array=0-1%2" in text and "%A_%a_%N_log.out" in text
-    assert text.rstrip().endswith("<python> -u -m submitit.core._submit <runs>/twin_smoke/.submitit/%j")
+    assert text.rstrip().endswith("<python> -u -m submitit.core._submit <runs>/twin_smoke/.submitit")
 
 
 def test_batch_script_is_what_submitit_writes(tmp_path, monkeypatch):

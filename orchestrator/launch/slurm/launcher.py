@@ -166,8 +166,9 @@ class SlurmLauncher(Launcher):
         return part.mem_mb if part is not None else None
 
     def executor_folder(self, tasks: list[LaunchTask]) -> str:
-        """submitit's own folder (sbatch script, pickles, logs), next to the tasks' job folders."""
-        return JobPaths(os.path.commonpath([os.path.abspath(t.folder) for t in tasks])).submitit_folder
+        """submitit's own folder (sbatch script, pickles, logs), next to the tasks' job folders: flat, and
+        created before sbatch (JobPaths.submitit_flat_folder says why)."""
+        return JobPaths(os.path.commonpath([os.path.abspath(t.folder) for t in tasks])).submitit_flat_folder
 
     def submit_command(self, folder: str) -> str:
         """What submitit's srun line runs on every task: `<python> -u -m submitit.core._submit <folder>`, with
@@ -277,6 +278,7 @@ class SlurmLauncher(Launcher):
         import submitit
 
         folder = self.executor_folder(tasks)
+        os.makedirs(folder, exist_ok=True)
         executor = submitit.SlurmExecutor(folder=folder, python=container.python(self.cluster))
         executor.update_parameters(**self.parameters(tasks, folder))
 
