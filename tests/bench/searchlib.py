@@ -167,6 +167,7 @@ class Target:
             printing = views[list(probe_ranks).index(max(probe_ranks))]  # rank N - 1 prints the iteration lines
             times = tuple(truth.step_times(printing, iters, steps_rng(tw.seed, key, attempt))) if fits else ()
             return Launch(slow.step_s, fits, times, max(gb), gb, cap, stages)
+        _load(WORKLOADS / f"{self.label}.py")  # puts megatron_io on sys.path: a probe may come before any launch
         import megatron_io
 
         from orchestrator.plan.argv import PROBE_DISPATCHER
