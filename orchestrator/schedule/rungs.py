@@ -94,15 +94,12 @@ class Schedule:
         launches are the probed fits best composed step first (`passed`), and the one that saves the seed is the
         fastest the evidence knows. Why: that launch runs the stage's whole warm-up (300 iterations at 1k against
         a warm launch's 50), and the uncalibrated model's favourite, which saved it before, was up to 4x slower
-        than the stage's best on unseen twin surfaces (10-16k of a 1k sweep's GPU-hours). Only where the warm
-        start is on and nothing is promoted (a promoted winner is measured evidence already)."""
-        return (
-            self.cfg.probe_first
-            and self.cfg.probe_led
-            and inp.round == 0
-            and not inp.source
-            and fidelity.warm_start_on(env.stage)
-        )
+        than the stage's best on unseen twin surfaces (10-16k of a 1k sweep's GPU-hours). A promoted stage too:
+        the source's winner was measured on the source's GPU count, its mappings here are cold launches the
+        memory model placed, and without this the stage leaned on how much of its region the source's ledger
+        covered (docs/search.md: 8k missed 5 of 16 rows after a probe-led 1k, 0 of 16 with it). Only where the
+        warm start is on."""
+        return self.cfg.probe_first and self.cfg.probe_led and inp.round == 0 and fidelity.warm_start_on(env.stage)
 
     @staticmethod
     def warm_window(env: PlanEnv, inp: RoundInput) -> bool:
@@ -227,7 +224,7 @@ class Schedule:
             def composed(r: Observation) -> float:
                 return fit.predict_row(r) if fit is not None else compose.step({}, r.raw_components, r.probe_scale)
 
-            ranked = sorted(rows, key=composed)[: max(1, self.cfg.round0_size)]
+            ranked = sorted(rows, key=composed)[: max(1, min(self.cfg.round0_size, inp.slots))]
             return [(r, f"; composed step {composed(r):.4g}s, nothing measured at scale yet") for r in ranked]
         if fit is None or best is None:
             return [(r, "") for r in rows]

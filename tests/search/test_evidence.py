@@ -160,7 +160,7 @@ def test_one_probe_per_memory_footprint(setting):
     # every footprint of the band is still probed once (none is lost to the deduplication)
     footprints = [c for i, c in enumerate(band) if not any(same_memory(c.layout, o.layout) for o in band[:i])]
     assert len(probes) == len([c for c in footprints if not fit_dominated(c.layout, [row])])
-    # not probe-led (the schema's default): each sibling is probed on its own
+    # not probe-led (policy.probe_led=false): each sibling is probed on its own
     plain = Schedule(dataclasses.replace(led, probe_led=False)).probes(
         env, inp, fit, 1e9, set(), policy.estimate(inp, fit)
     )
@@ -252,6 +252,28 @@ def test_round_0_probes_first_and_the_best_composed_saves_the_seed(setting):
     assert all(c.fidelity == "full" for c in confirms)
     first, *rest = confirms
     assert first.seed_save and not first.after_seed and all(c.after_seed and not c.seed_save for c in rest)
-    # off (the schema's default): round 0 launches at scale as ever, and probes nothing
+    # off (policy.probe_led=false): round 0 launches at scale as ever, and probes nothing
     off = Schedule(dataclasses.replace(pol, probe_led=False)).plan(policy, env, inp0).proposals
     assert [p.fidelity for p in off] == ["full"] * pol.round0_size
+
+
+def test_a_promoted_stage_probes_its_promoted_mappings_before_any_launch_at_scale():
+    """policy.probe_led at a promoted stage (8k from 1k): the source's winner was measured on 1,024 GPUs, its 8k
+    mappings would be cold launches the memory model placed, so round 0 rank-probes them beside the model's own
+    picks, and nothing goes at scale before evidence from this stage's GPUs; off, the promoted mappings launch."""
+    from orchestrator.schedule import Schedule
+
+    src_cfg = compose(["+stage=1k", "cluster=local", *lib.FIXED_MEGATRON]).cfg
+    cfg = compose(["+stage=8k", "cluster=local", *lib.FIXED_MEGATRON]).cfg
+    src_env = PlanEnv(src_cfg.model, src_cfg.hardware, src_cfg.stage, src_cfg.workload.name)
+    env = PlanEnv(cfg.model, cfg.hardware, cfg.stage, cfg.workload.name)
+    source = [_ran(c, step=30.0 + i, peak=120.0) for i, c in enumerate(src_env.plan()[:4])]
+    pol = dataclasses.replace(cfg.policy, name="calibrated_neighbours", probe_led=True)
+    policy = make_policy(pol)
+    inp = RoundInput(round=0, observations=[], known_keys=set(), slots=100, gpu_hours_left=1e12, source=source)
+    props = Schedule(pol).plan(policy, env, inp, source_stage=src_cfg.stage).proposals
+    promoted = [p for p in props if p.reason.startswith("promoted")]
+    assert promoted and promoted[0].parent_key == source[0].key  # the source's winner leads
+    assert all(p.fidelity == "probe" and p.probe_ranks for p in props)  # nothing at scale yet
+    off = Schedule(dataclasses.replace(pol, probe_led=False)).plan(policy, env, inp, source_stage=src_cfg.stage)
+    assert [p.fidelity for p in off.proposals if p.reason.startswith("promoted")] == ["full"] * len(promoted)
