@@ -445,15 +445,17 @@ class PolicyConfig:
     # Tried with 3 (and 2 direct): 1k mean 41.7k GPU-h tune, 59.8k held out, but twin:balanced 8k missed by
     # 3.0% and held-out twin:overpredicted 1k by 17.2%: off.
     round0_full: int = ranged(0, 0)
-    # Probe-led rounds (docs/search.md "Round 0 on evidence"; built, off: not kept by the held-out rule). Round
-    # 0 rank-probes every layout before any launch at scale, so round 1 measures the probed fits best composed
-    # step first and the launch that saves the seed (the stage's whole warm-up) is the fastest the evidence
-    # knows, not the uncalibrated model's favourite; round 0 also probes round0_probes layouts the uncalibrated
-    # memory model prunes inside its default band (spread over EP, PP, CP and recompute); every round probes one
-    # layout per memory footprint; a probe too close to HBM to call is measured at scale when promising.
-    # Fresh twin seeds 104-111 (both stages): 1k mean 34.0k -> 23.4k GPU-h, rows met 30/32 -> 26/32 (the 8k
-    # stage on `overpredicted`); held out 25/26 -> 24/26, 1k 33.9k -> 26.7k.
-    probe_led: bool = False
+    # Probe-led rounds (docs/search.md "Round 0 on evidence"). Round 0 rank-probes every layout before any launch
+    # at scale, a promoted stage's mappings of its source's winners too, so round 1 measures the probed fits best
+    # composed step first and the launch that saves the seed (the stage's whole warm-up) is the fastest the
+    # evidence knows, not the uncalibrated model's favourite; round 0 also probes round0_probes layouts the
+    # uncalibrated memory model prunes inside its default band (spread over EP, PP, CP and recompute); every
+    # round probes one layout per memory footprint; a probe too close to HBM to call is measured at scale when
+    # promising. Against off (tests/bench/bench_search.py): held out 25/26 rows either way, 1k / 8k mean GPU-h
+    # 33.9k / 72.4k -> 26.7k / 71.9k; fresh seeds 104-111 30/32 -> 31/32, 34.0k / 70.6k -> 23.4k / 65.8k;
+    # tune seed 0 16/16 -> 14/16 (twin:imbalance and ext:surface at 8k). Probed only at 1k: the 8k rows fell
+    # to 26/32 fresh; the promoted winner's first mapping at scale: held out 23/26.
+    probe_led: bool = True
     round0_probes: int = ranged(6, 0)
     top_k_neighbours: int = ranged(2, 0)
     promote_top_k: int = ranged(3, 0)

@@ -8,10 +8,11 @@ ledger), reads no ledger and writes none; every cost comes from orchestrator/cor
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from orchestrator.core import cost
 from orchestrator.core.schema import RootConfig
+from orchestrator.core.states import Fidelity
 from orchestrator.schedule import Schedule, fidelity
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
@@ -30,6 +31,9 @@ class Preview:
     budget: str
     proposals: list[Proposal] = field(default_factory=list)
     note: str = ""  # why round 0 may differ from this one (a promoted stage, a continued sweep)
+    # probe-led (policy.probe_led): round 0 only probes, so the first launches at scale are round 1's; priced as
+    # round 0's own layouts at scale (what the probes pick among), with how many go
+    next_at_scale: list[Proposal] = field(default_factory=list)
 
     @property
     def round0_gpu_hours(self) -> float:
@@ -47,6 +51,13 @@ class Preview:
             out.append(
                 f"  {i}. {p.layout.short()}  {p.fidelity}, predicted step {p.predicted_step_s:.2f} s, "
                 f"{p.est_gpu_hours:,.0f} GPU-hours{seed}"
+            )
+        if self.next_at_scale:
+            hours = sum(p.est_gpu_hours for p in self.next_at_scale)
+            out.append(
+                f"round 1: the probed layouts that fit, best composed step first, at most {len(self.next_at_scale)}"
+                f" at scale (the first saves the seed): about {hours:,.0f} GPU-hours priced as round 0's own"
+                " layouts at scale"
             )
         return out
 
@@ -78,9 +89,13 @@ def preview(cfg: RootConfig) -> Preview:
         round=0, observations=[], known_keys=set(), slots=budget.max_runs, gpu_hours_left=budget.max_gpu_hours
     )
     plan = Schedule(cfg.policy).plan(make_policy(cfg.policy), env, inp)
+    after: list[Proposal] = []
+    if plan.proposals and all(p.fidelity == Fidelity.PROBE for p in plan.proposals):
+        at_scale = replace(cfg.policy, probe_led=False, round0_probes=0)
+        after = Schedule(at_scale).plan(make_policy(at_scale), env, inp).proposals
     note = (
         f"the sweep starts from the ledger's latest {stage.promotes_from} winners (shown without them)"
         if stage.promotes_from
         else ""
     )
-    return Preview(config, budget.max_gpu_hours, days, line, plan.proposals, note)
+    return Preview(config, budget.max_gpu_hours, days, line, plan.proposals, note, after)

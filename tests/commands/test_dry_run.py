@@ -29,10 +29,22 @@ def test_dry_run_prints_budget_and_cluster_days_and_launches_nothing(tmp_path):
         re.M,
     )
     assert layouts, got.stdout
-    # the warm start: the first launch saves the seed, the rest of round 0 load it, each costed for its window
-    assert [seed for *_, seed in layouts] == ["saves"] + ["loads"] * (len(layouts) - 1)
+    # probe-led (policy.probe_led): round 0 rank-probes every layout, one GPU per probed rank, so nothing
+    # saves or loads the seed yet; round 1 is priced as round 0's own layouts at scale, the first saving the seed
+    assert all(re.search(rf"{re.escape(lay)}  probe, ", got.stdout) for lay, *_ in layouts)
+    assert [seed for *_, seed in layouts] == [""] * len(layouts)
+    pv = preview(cfg)
+    first = pv.next_at_scale
+    assert first and first[0].seed_save and all(p.after_seed for p in first[1:])
+    assert len(first) == cfg.policy.round0_size and all(p.fidelity == "full" for p in first)
+    nxt = re.search(
+        r"^round 1: .* at most (\d+) at scale \(the first saves the seed\): about ([\d,]+) GPU", got.stdout, re.M
+    )
+    assert nxt and int(nxt[1]) == len(first), got.stdout
+    assert float(nxt[2].replace(",", "")) == round(sum(p.est_gpu_hours for p in first))
+    assert sum(p.est_gpu_hours for p in pv.proposals) < 0.01 * float(nxt[2].replace(",", ""))  # probes are cheap
     layouts = [(lay, h) for lay, h, _ in layouts]
-    pv = preview(cfg)  # the driver's round 0 on an empty ledger: the same layouts, costed by core/cost
+    # the driver's round 0 on an empty ledger: the same layouts, costed by core/cost
     assert [lay for lay, _ in layouts] == [p.layout.short() for p in pv.proposals]
     assert [float(h.replace(",", "")) for _, h in layouts] == [round(p.est_gpu_hours) for p in pv.proposals]
     assert "nothing launched" in got.stdout

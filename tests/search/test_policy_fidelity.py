@@ -118,7 +118,8 @@ def test_a_sweep_screens_then_confirms_and_reports_only_a_confirmed_best(tmp_pat
     cfg, led, run = _sweep(tmp_path, target, "stage.warm_start.enabled=false")
     with led:
         fids = [x[5] for x in run.launches]
-        assert fids[: cfg.policy.round0_size] == [Fidelity.FULL] * cfg.policy.round0_size  # no noise known yet
+        at_scale = [f for f in fids if f != Fidelity.PROBE]  # round 0's rank probes (policy.probe_led) aside
+        assert at_scale[: cfg.policy.round0_size] == [Fidelity.FULL] * cfg.policy.round0_size  # no noise known yet
         assert Fidelity.SCREEN in fids
         cands = {c.id: c for c in led.candidates("mf")}
         confirmed = [c for c in cands.values() if (c.decision or {}).get("kind") == "confirm"]
@@ -297,19 +298,26 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_on_one_gpu_found_to_fi
 
 def test_any_searcher_gets_the_rungs_predicted_topk_screens_once_noise_is_measured(tmp_path):
     """The rungs are the schedule's, not a searcher's (orchestrator/schedule): predicted_topk, which never looks
-    at a measurement to choose layouts, still runs round 0 at the full window, screens its later rounds at the
+    at a measurement to choose layouts, still runs its first round at scale (round 0, or round 1 after round 0's
+    rank probes, policy.probe_led) at the full window, screens its later rounds at the
     window sized from the measured noise (any contender goes back to the full window), and its best is a
-    full-window result."""
+    full-window result. Without the warm start, as the test above (with it, a probe-led sweep's launches at scale
+    are as short as a screen and are measured at the full window only)."""
     target = lib.Target("twin:balanced")
-    cfg, led, run = _sweep(tmp_path, target, "policy.name=predicted_topk")
+    cfg, led, run = _sweep(tmp_path, target, "policy.name=predicted_topk", "stage.warm_start.enabled=false")
     with led:
-        by_round: dict[int, set] = {}
-        for rnd, *_, fid, _batch in run.launches:
-            by_round.setdefault(rnd, set()).add(fid)
-        assert by_round[0] == {Fidelity.FULL}  # no noise known yet
-        assert any(Fidelity.SCREEN in f for r, f in by_round.items() if r > 0), by_round
+        by_round: dict[int, set] = {}  # by the round that launched them (a probed layout goes at scale later)
+        for *_, fid, batch in run.launches:
+            by_round.setdefault(batch, set()).add(fid)
+        at_scale = {r: f - {Fidelity.PROBE} for r, f in by_round.items() if f - {Fidelity.PROBE}}
+        first = min(at_scale)
+        assert at_scale[first] == {Fidelity.FULL}  # no noise known yet
+        assert any(Fidelity.SCREEN in f for r, f in at_scale.items() if r > first), by_round
         cands = led.candidates("mf")
-        assert all((c.decision or {}).get("kind") in ("predicted-topk", "confirm") for c in cands)
+        # its own picks, confirmations, and the schedule's rank probes of round 0 (policy.probe_led) and their
+        # measurements at scale
+        kinds = ("predicted-topk", "confirm", "fit-probe", "probed-fit", "probed-close")
+        assert all((c.decision or {}).get("kind") in kinds for c in cands)
         confirmed = [c for c in cands if (c.decision or {}).get("kind") == "confirm"]
         assert all([a.fidelity for a in led.attempts(c.id)] == [Fidelity.SCREEN, Fidelity.FULL] for c in confirmed)
         screened = [c for c in cands if c.decision and c.decision.get("fidelity") == Fidelity.SCREEN]
