@@ -54,8 +54,9 @@ class Preview:
             )
         if self.next_at_scale:
             hours = sum(p.est_gpu_hours for p in self.next_at_scale)
+            n = len(self.next_at_scale)
             out.append(
-                f"round 1: the probed layouts that fit, best composed step first, at most {len(self.next_at_scale)}"
+                f"after round 0: the probed layouts that fit, best composed step first, at most {n}"
                 f" at scale (the first saves the seed): about {hours:,.0f} GPU-hours priced as round 0's own"
                 " layouts at scale"
             )

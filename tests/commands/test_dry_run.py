@@ -38,7 +38,7 @@ def test_dry_run_prints_budget_and_cluster_days_and_launches_nothing(tmp_path):
     assert first and first[0].seed_save and all(p.after_seed for p in first[1:])
     assert len(first) == cfg.policy.round0_size and all(p.fidelity == "full" for p in first)
     nxt = re.search(
-        r"^round 1: .* at most (\d+) at scale \(the first saves the seed\): about ([\d,]+) GPU", got.stdout, re.M
+        r"^after round 0: .* at most (\d+) at scale \(the first saves the seed\): about ([\d,]+) GPU", got.stdout, re.M
     )
     assert nxt and int(nxt[1]) == len(first), got.stdout
     assert float(nxt[2].replace(",", "")) == round(sum(p.est_gpu_hours for p in first))

@@ -28,9 +28,35 @@ def _spec(job_dir: str) -> JobSpec:
 @pytest.fixture(scope="module")
 def warm_sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("warm")
-    out = cli("sweep", *sweep_args(tmp, "warm", *SCREENED, f"stage.warm_start.warmup_iters={WARM_UP}"), "--plain")
+    # round 0 at scale (policy.probe_led off): the warm start's own mechanics; probe-led, the test below
+    args = sweep_args(tmp, "warm", *SCREENED, f"stage.warm_start.warmup_iters={WARM_UP}", "policy.probe_led=false")
+    out = cli("sweep", *args, "--plain")
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
     return ledger_url(tmp)
+
+
+def test_probe_led_a_probed_layout_saves_the_seed_and_every_other_launch_at_scale_loads_it(tmp_path):
+    """policy.probe_led (the default): round 0 only rank-probes; the seed is saved by the first launch at scale,
+    a layout whose probe ran before it, and every other launch at scale loads it, none submitted before it ended."""
+    out = cli("sweep", *sweep_args(tmp_path, "led", *SCREENED, f"stage.warm_start.warmup_iters={WARM_UP}"), "--plain")
+    assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        seed = observe.seed(led, led.get_sweep("led"))
+        assert seed is not None
+        atts = [a for c in led.candidates("led") for a in led.attempts(c.id)]
+        round0 = [a for c in led.candidates("led") if c.round == 0 for a in led.attempts(c.id)[:1]]
+        assert round0 and all(a.fidelity == Fidelity.PROBE for a in round0)  # nothing at scale in round 0
+        at_scale = [a for a in atts if a.fidelity != Fidelity.PROBE]
+        (saver,) = [a for a in at_scale if str(JobPaths(a.job_dir).seed_checkpoint) == seed]
+        probed = [a for a in led.attempts(saver.candidate_id) if a.fidelity == Fidelity.PROBE]
+        assert probed and probed[0].end_time is not None and probed[0].end_time <= saver.submit_time
+        assert "--save" in _spec(saver.job_dir).argv
+        others = [a for a in at_scale if a.id != saver.id]
+        assert others and saver.end_time is not None
+        for a in others:
+            assert a.submit_time >= saver.end_time
+            spec = _spec(a.job_dir)
+            assert "--save" not in spec.argv and spec.argv[spec.argv.index("--load") + 1] == seed
 
 
 def test_round_zero_saves_the_seed_and_every_later_launch_at_scale_loads_it(warm_sweep):
