@@ -97,8 +97,8 @@ class Schedule:
         than the stage's best on unseen twin surfaces (10-16k of a 1k sweep's GPU-hours). A promoted stage too:
         the source's winner was measured on the source's GPU count, its mappings here are cold launches the
         memory model placed, and without this the stage leaned on how much of its region the source's ledger
-        covered (docs/search.md: 8k missed 5 of 16 rows after a probe-led 1k, 0 of 16 with it). Only where the
-        warm start is on."""
+        covered (docs/search.md, fresh seeds 104-111: 8k missed 5 of 16 rows after a probe-led 1k, 0 of 16 with
+        it; on the tune set two 8k rows miss with it). Only where the warm start is on."""
         return self.cfg.probe_first and self.cfg.probe_led and inp.round == 0 and fidelity.warm_start_on(env.stage)
 
     @staticmethod
