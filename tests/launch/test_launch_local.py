@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 
 import pytest
@@ -29,6 +30,12 @@ def boom(folder: str) -> None:
 
 
 def sleep_for(folder: str, seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def deaf_sleep(folder: str, seconds: float) -> None:
+    """A task that ignores SIGINT: only the controller's SIGKILL stops it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     time.sleep(seconds)
 
 
@@ -61,6 +68,14 @@ def task(fn, folder, *args, time_min=1, token="") -> LaunchTask:
         time_min=time_min,
         token=token,
     )
+
+
+def gone(pid: int) -> bool:
+    """No such process, or a zombie (killed; its orphan waits for a reaper this container may not run)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def wait_terminal(launcher, ids, timeout_s=120.0):
@@ -245,3 +260,38 @@ def test_find_adopts_a_running_job_without_launch_record_and_a_stray_result_is_n
     st = fresh.poll([sub.job_id])[sub.job_id]
     assert (st.state, st.exit_code) == ("COMPLETED", 0)
     assert json.loads(paths.exited.read_text())["job_id"] == sub.job_id
+
+
+def test_local_cancel_stops_the_tasks_quietly(tmp_path, capfd):
+    """cancel() signals the job's tasks, not submitit's controller: the controller (it shares our terminal)
+    then returns by itself, so no KeyboardInterrupt traceback of its reaches the user (`make run`'s early cut
+    printed one), the job still ends CANCELLED, and the task's process is gone."""
+    launcher = LocalLauncher(local_cluster())
+    (sub,) = launcher.submit([task(sleep_for, tmp_path / "a", 300, token="tok")])
+    started = tmp_path / "a" / "job-started.json"
+    deadline = time.monotonic() + 120
+    while not started.exists() and time.monotonic() < deadline:  # the task is running: an event, not a time
+        time.sleep(0.05)
+    task_pid = json.loads(started.read_text())["pid"]
+    launcher.cancel([sub.job_id])
+    assert wait_terminal(launcher, [sub.job_id])[sub.job_id].state == "CANCELLED"
+    launcher._jobs[sub.job_id]._process.wait()  # the controller itself has exited
+    assert gone(task_pid)
+    err = capfd.readouterr().err
+    assert "KeyboardInterrupt" not in err and "Traceback" not in err
+
+
+def test_local_cancel_falls_back_to_the_controller(tmp_path):
+    """A task deaf to SIGINT past the grace (0 here) is stopped by submitit's controller (SIGINT, then SIGKILL
+    to its tasks): the job still ends CANCELLED."""
+    launcher = LocalLauncher(local_cluster())
+    launcher.CANCEL_GRACE_S = 0.0
+    (sub,) = launcher.submit([task(deaf_sleep, tmp_path / "a", 300, token="tok")])
+    started = tmp_path / "a" / "job-started.json"
+    deadline = time.monotonic() + 120
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    launcher.cancel([sub.job_id])
+    assert wait_terminal(launcher, [sub.job_id])[sub.job_id].state == "CANCELLED"
+    launcher._jobs[sub.job_id]._process.wait()
+    assert gone(json.loads(started.read_text())["pid"])

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -68,15 +70,36 @@ def _task_ended(folder: str, job_id: str) -> bool:
     return SubmititPaths(JobPaths(os.path.abspath(folder)).submitit_folder, job_id=job_id).result_pickle.exists()
 
 
+def _child_pids(pid: str) -> list[int]:
+    """The processes `pid` started (Linux /proc: every thread's `children` list); [] where none, or no /proc."""
+    out: list[int] = []
+    try:
+        for thread in Path(f"/proc/{int(pid)}/task").iterdir():
+            out += [int(c) for c in (thread / "children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+    return out
+
+
 def local_gpus() -> int:
     """NVIDIA GPUs this machine shows (/dev/nvidiaN device nodes; 0 on a CPU box), read without CUDA."""
     names = os.listdir("/dev") if os.path.isdir("/dev") else []
     return sum(1 for n in names if n.startswith("nvidia") and n[6:].isdigit())
 
 
+@dataclass
+class _Cancel:
+    """A cancel in progress: when it began, the task pids it has signalled, whether it fell back to the controller."""
+
+    at: float
+    signalled: set[int] = field(default_factory=set)
+    controller_signalled: bool = False
+
+
 class LocalLauncher(Launcher):
     kind = "local"
     starts_on_submit = True
+    CANCEL_GRACE_S = 10.0  # how long cancelled tasks get to end on their SIGINT before the controller's
 
     def __init__(self, cluster: ClusterConfig, slot_poll_s: float = 0.1) -> None:
         super().__init__()
@@ -86,7 +109,7 @@ class LocalLauncher(Launcher):
         self._timeout_s: dict[str, float] = {}
         self._start: dict[str, datetime] = {}
         self._end: dict[str, datetime] = {}
-        self._cancelled: set[str] = set()
+        self._cancelled: dict[str, _Cancel] = {}
 
     def _running(self) -> int:
         running = 0
@@ -95,6 +118,8 @@ class LocalLauncher(Launcher):
                 self._end.setdefault(jid, _now())  # first time seen ended: its end time
             else:
                 running += 1
+                if jid in self._cancelled:
+                    self._stop(jid)
         return running
 
     def submit(self, tasks: list[LaunchTask], on_submitted: OnSubmitted | None = None) -> list[Submitted]:
@@ -167,6 +192,8 @@ class LocalLauncher(Launcher):
             return self._reattached_state(jid)
         times: dict[str, Any] = {"node_list": "localhost", "start": self._start.get(jid)}  # JobState fields
         if not job.done():
+            if jid in self._cancelled:
+                self._stop(jid)
             return state_of(AttemptState.RUNNING, **times)
         end = self._end.setdefault(jid, _now())
         proc = getattr(job, "_process", None)
@@ -216,8 +243,27 @@ class LocalLauncher(Launcher):
         for jid in map(str, job_ids):
             job = self._jobs.get(jid)
             if job is not None and not job.done():
-                self._cancelled.add(jid)
-                job.cancel()
+                self._cancelled.setdefault(jid, _Cancel(at=time.monotonic()))
+                self._stop(jid)
+
+    def _stop(self, jid: str) -> None:
+        """SIGINT each of the job's tasks once (a workload gets it forwarded: job/entry), so submitit's
+        controller sees them end and returns by itself. SIGINT to the controller (submitit's `LocalJob.cancel`)
+        stops them too, but its KeyboardInterrupt traceback lands on the user's terminal, which the controller
+        shares: that is the fallback, sent once, for tasks still up `CANCEL_GRACE_S` after the cancel (the
+        controller then SIGKILLs them). Called on every poll until the job is done: a controller still
+        starting its tasks at cancel() has them signalled by a later poll."""
+        stop = self._cancelled[jid]
+        if time.monotonic() - stop.at < self.CANCEL_GRACE_S:
+            for pid in set(_child_pids(jid)) - stop.signalled:
+                stop.signalled.add(pid)
+                try:
+                    os.kill(pid, signal.SIGINT)
+                except OSError:
+                    pass  # ended meanwhile
+        elif not stop.controller_signalled:
+            stop.controller_signalled = True
+            self._jobs[jid].cancel()
 
     def result(self, job_id: str) -> Any:
         job = self._jobs.get(str(job_id))
