@@ -218,6 +218,14 @@ def command_problem(command: Sequence[str], *, in_process: bool = False) -> str 
             return f"workload.command's entry script {entry} does not exist (workload.in_process runs it here)"
         return None
     exe = command[0]
+    script = _interpreted_script(command)
+    if script is not None and not os.path.isabs(script):
+        return (
+            f"workload.command's script {script} is a relative path (jobs run in their own folder, where it is not): "
+            f"make it absolute, e.g. workload.command=[{exe},{os.path.abspath(script)}]"
+        )
+    if script is not None and not os.path.isfile(script):
+        return f"workload.command's script {script} does not exist"
     if exe in ("python", "python3"):
         return None
     if os.sep not in exe:
@@ -230,6 +238,26 @@ def command_problem(command: Sequence[str], *, in_process: bool = False) -> str 
         return f"workload.command's program {exe} does not exist"
     if not os.access(exe, os.X_OK):
         return f"workload.command's program {exe} is not executable: chmod +x it, or run it as [bash,{exe}]"
+    return None
+
+
+INTERPRETERS = ("python", "python3", "bash", "sh")
+_TAKES_A_VALUE = ("-W", "-X", "-o", "-O")  # an interpreter option whose value is the next word, not a script
+
+
+def _interpreted_script(command: Sequence[str]) -> str | None:
+    """The script an interpreter in workload.command runs (`python x.py`, `bash x.sh`: its first word that is
+    not an option), or None: no interpreter, or a module or code string (`-m`, `-c`) instead of a script."""
+    if os.path.basename(command[0]) not in INTERPRETERS:
+        return None
+    words = iter(command[1:])
+    for word in words:
+        if word in ("-m", "-c"):
+            return None
+        if word in _TAKES_A_VALUE:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
     return None
 
 

@@ -158,6 +158,9 @@ def test_a_broken_workload_command_is_refused_before_round_0(cwd, tmp_path):
         f"[{tmp_path / 'missing'}]": "does not exist",
         f"[{plain}]": "is not executable",
         "[./relative.sh]": "relative path",
+        "[python,tests/workloads/cliffs.py]": "script tests/workloads/cliffs.py is a relative path",
+        f"[python,-u,{tmp_path / 'missing.py'}]": "does not exist",
+        "[bash,relative.sh]": "relative path",
     }
     for command, why in cases.items():
         assert why in refused(cwd, "sweep", *STAGE, f"workload.command={command}", "--plain")
