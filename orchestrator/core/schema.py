@@ -206,10 +206,10 @@ class WarmStartConfig:
     warmup_iters: int = ranged(50, 0)  # a warm-started launch's warm-up (capped at its fidelity's own)
     # Evidence beats configuration: once `learn_after` warm-started launches measured how many leading iterations
     # ran above their steady step (settled_iters), later ones warm up learn_factor x the most any needed
-    # (at least learn_floor, at most warmup_iters): orchestrator/schedule/fidelity.py learned_warmup. Off by
-    # default: it cut the held-out 1k mean 30.5k -> 25.8k GPU-h but held out 10/10 -> 9/10 rows and fresh seeds
-    # 104-107 13/16 -> 11/16 (docs/search.md "The learned warm-up"); `learn=true` turns it on.
-    learn: bool = False
+    # (at least learn_floor, at most warmup_iters): orchestrator/schedule/fidelity.py learned_warmup. On since the
+    # probe-led rounds: held out the same 25/26 rows, 1k mean 26.7k -> 23.4k GPU-h (docs/search.md "The learned
+    # warm-up"); `learn=false` warms every warm launch up `warmup_iters`.
+    learn: bool = True
     learn_after: int = ranged(2, 1)
     learn_factor: float = ranged(2.0, 1.0)
     learn_floor: int = ranged(5, 0)

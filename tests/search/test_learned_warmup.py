@@ -30,9 +30,9 @@ def stage():
 
 
 def test_the_warm_up_is_learned_once_enough_warm_launches_measured_it(stage):
-    # off by default (kept only where the held-out figures improve: docs/search.md), on with learn=true
-    assert compose(["+stage=1k", "cluster=local"]).cfg.stage.warm_start.learn is False
-    assert fidelity.learned_warmup(compose(["+stage=1k"]).cfg.stage, (3, 4)) is None
+    # on by default (kept where the held-out figures improved: docs/search.md), off with learn=false
+    assert compose(["+stage=1k", "cluster=local"]).cfg.stage.warm_start.learn is True
+    assert fidelity.learned_warmup(compose(["+stage=1k", "stage.warm_start.learn=false"]).cfg.stage, (3, 4)) is None
     ws = stage.warm_start
     assert (ws.learn, ws.learn_after, ws.learn_factor, ws.learn_floor, ws.warmup_iters) == (True, 2, 2.0, 5, 50)
     assert fidelity.learned_warmup(stage, ()) is None

@@ -24,7 +24,7 @@ def bench(tmp_path_factory):
             "cluster=local",
             "stage.budget.max_runs=5",
             "stage.budget.max_rounds=2",
-            "stage.warm_start.learn=true",  # off by default; the bench's accounting of it is what is tested here
+            "stage.warm_start.learn=true",  # the default, named: the bench's accounting of it is what is tested here
             *target.overrides(),
         ]
     )

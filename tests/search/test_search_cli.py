@@ -33,7 +33,7 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
     # no early cut: the real driver cuts a job only if it reads it while it runs (a stand-in's are done in a
     # blink), the in-process sweep always, so their costs would differ by timing (tests/sweep/test_cutoff.py)
     uncut = "stage.screen.cut=false"
-    # the learned warm-up (off by default, docs/search.md): on here, so the CLI path of learning it is run
+    # the learned warm-up (on by default, docs/search.md), named here: the CLI path of learning it is what is checked
     learn = "stage.warm_start.learn=true"
     args = sweep_args(tmp_path, "cliffs1k", *target.overrides(), uncut, learn, stage="1k")
     proc = cli("sweep", *args, "--plain", timeout=800)
