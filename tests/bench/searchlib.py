@@ -180,9 +180,10 @@ class Target:
         cap = full.capacity_gb or mem
         fits = mem <= cap
         times = tuple(megatron_io.step_times(step, iters)) if fits else ()
-        # each probed rank prints its memory line (a stand-in knows one figure): one per probed rank's stage
-        stages = tuple(plan_ranks.coords(layout, cfg.stage.gpus, r)["pp"] for r in probe_ranks)
-        return Launch(step, fits, times, mem, (mem,) * len(stages), cap, stages)
+        # a stand-in knows one figure, the first stage's rank 0's, and only that rank prints it (megatron_io);
+        # rank 0 is always probed (plan/ranks.probe_ranks: the first stage's DP-rank 0)
+        assert 0 in probe_ranks, probe_ranks
+        return Launch(step, fits, times, mem, (mem,), cap, (0,))
 
 
 def launch_gpu_hours(n_gpus: int, startup_s: float, iters: int, launch: Launch) -> float:
@@ -570,9 +571,9 @@ def _result(cfg, run: Launch, JobResult, RankMemory, *, pp: int = 1, window=None
         ]
         if len(run.stage_gb) > 1 or pp == 1
         else [
-            RankMemory(
-                rank=st.gpus - 1,
-                pp_stage=pp - 1,
+            RankMemory(  # a stand-in's one figure: the first stage's rank 0, as its memory line says (megatron_io)
+                rank=0,
+                pp_stage=0,
                 allocated_mb=None,
                 reserved_mb=run.peak_gb * 1e9 / 2**20,
                 source="in-process",

@@ -3,7 +3,9 @@
 A stand-in is `python tests/workloads/<name>.py <Megatron flags>` with torchrun-style RANK / WORLD_SIZE:
 it reads its layout from the flags (VPP from the `--hybrid-layer-pattern` segments, as Megatron does),
 evaluates its own synthetic surface, then prints torch's CUDA OOM (exit 1) when the layout does not fit,
-else Megatron's iteration lines (rank WORLD_SIZE-1) and a memory line after the first iteration. With
+else Megatron's iteration lines (rank WORLD_SIZE-1) and, after the first iteration, rank 0's memory line (a
+stand-in's one memory figure is its heaviest rank's, the first PP stage's; printed by rank 0, or by the one
+process of a local job, which stands for every rank). With
 `--fake-process-group` it is a one-GPU rank probe of rank RANK (`probe`). Checkpoints (the warm start,
 docs/search.md): `--save DIR` writes Megatron's tracker file after the last iteration; `--load DIR` reads it,
 and with `--exit-on-missing-checkpoint` a missing one exits 0 without training, as Megatron does. Every
@@ -151,10 +153,15 @@ def main(evaluate: Callable[[Point], tuple[float, float]], banner: str, hbm: flo
                 f" number of nan iterations:   0 |",
                 flush=True,
             )
-        if it == 1:
+        if it == 1 and speaks:
+            # The one figure a stand-in knows is its heaviest rank's: the first PP stage's DP-rank 0, where 1F1B
+            # keeps the most microbatches in flight. So it is that rank's memory line (Megatron prints one per
+            # stage, each from the stage's own DP-rank 0), printed by rank 0 or the one process that stands for
+            # every rank; printed as the last rank's, it calibrated the planner's last-stage terms on the first
+            # stage's peak.
             mb = mem * 1e9 / 2**20
             print(
-                f"[Rank {rank}] (after 1 iterations) memory (MB) | allocated: {mb * 0.8:.2f} | max allocated: "
+                f"[Rank 0] (after 1 iterations) memory (MB) | allocated: {mb * 0.8:.2f} | max allocated: "
                 f"{mb * 0.95:.2f} | reserved: {mb:.2f} | max reserved: {mb:.2f}",
                 flush=True,
             )
