@@ -252,7 +252,7 @@ def _interpreted_script(command: Sequence[str]) -> str | None:
         return None
     words = iter(command[1:])
     for word in words:
-        if word in ("-m", "-c"):
+        if word.startswith("-") and word[1:].isalpha() and word[-1] in "cm":  # -c, -m, and grouped: -lc, -um
             return None
         if word in _TAKES_A_VALUE:
             next(words, None)

@@ -12,7 +12,7 @@ import submitit
 
 from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig, WorkloadConfig
 from orchestrator.core.spec import JobSpec
-from orchestrator.job.entry import TaskFailed, master_port, rank_env, run_task
+from orchestrator.job.entry import TaskFailed, command_problem, master_port, rank_env, run_task
 
 ECHO = textwrap.dedent(
     """
@@ -150,3 +150,22 @@ def test_in_process_workload_keeps_files_and_exit_code(tmp_path):
     sidecar = json.loads((job / "sidecar-rank-7.json").read_text())
     assert sidecar["rank"] == 7 and sidecar["simulated"] is False
     assert os.environ.get("ORCH_JOB_DIR") is None  # the task's env is restored afterwards
+
+
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [
+        (["python", "x.py"], "script x.py is a relative path"),
+        (["python", "-u", "-W", "ignore", "x.py"], "script x.py is a relative path"),
+        (["bash", "-e", "run.sh"], "script run.sh is a relative path"),
+        (["python", "/no/such/x.py"], "script /no/such/x.py does not exist"),
+        (["python", "-m", "orchestrator.job.twin"], None),  # a module, not a script
+        (["python", "-um", "orchestrator.job.twin"], None),
+        (["bash", "-lc", "echo hi"], None),  # a code string
+        (["python", __file__], None),
+    ],
+)
+def test_an_interpreters_script_must_be_an_absolute_path_that_exists(command, why):
+    """A job runs in its own folder, so `python x.py` there finds nothing: refused before round 0, the fix named."""
+    problem = command_problem(command)
+    assert (problem is None) if why is None else (why in problem and ("absolute" in problem or "exist" in problem))
