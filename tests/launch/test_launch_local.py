@@ -274,9 +274,9 @@ def test_local_cancel_stops_the_tasks_quietly(tmp_path, capfd):
         time.sleep(0.05)
     task_pid = json.loads(started.read_text())["pid"]
     launcher.cancel([sub.job_id])
-    assert wait_terminal(launcher, [sub.job_id])[sub.job_id].state == "CANCELLED"
-    launcher._jobs[sub.job_id]._process.wait()  # the controller itself has exited
+    assert launcher._jobs[sub.job_id].done()  # stopped before cancel() returned: a caller may exit right after
     assert gone(task_pid)
+    assert launcher.poll([sub.job_id])[sub.job_id].state == "CANCELLED"
     err = capfd.readouterr().err
     assert "KeyboardInterrupt" not in err and "Traceback" not in err
 
@@ -295,3 +295,15 @@ def test_local_cancel_falls_back_to_the_controller(tmp_path):
     assert wait_terminal(launcher, [sub.job_id])[sub.job_id].state == "CANCELLED"
     launcher._jobs[sub.job_id]._process.wait()
     assert gone(json.loads(started.read_text())["pid"])
+
+
+def test_local_cancel_right_after_submit_stops_the_job(tmp_path):
+    """A job cancelled as soon as submit() returned (its record failed: the caller then exits) may have no task
+    yet: its controller is signalled before cancel() returns, and the job ends CANCELLED, its task never run or
+    stopped."""
+    launcher = LocalLauncher(local_cluster())
+    (sub,) = launcher.submit([task(sleep_for, tmp_path / "a", 300, token="tok")])
+    launcher.cancel([sub.job_id])
+    assert wait_terminal(launcher, [sub.job_id])[sub.job_id].state == "CANCELLED"
+    started = tmp_path / "a" / "job-started.json"
+    assert not started.exists() or gone(json.loads(started.read_text())["pid"])

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -81,25 +80,26 @@ def _child_pids(pid: str) -> list[int]:
     return out
 
 
+def _interrupt(pids: list[int]) -> bool:
+    """SIGINT each of `pids`; whether there was any to signal."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGINT)
+        except OSError:
+            pass  # ended meanwhile
+    return bool(pids)
+
+
 def local_gpus() -> int:
     """NVIDIA GPUs this machine shows (/dev/nvidiaN device nodes; 0 on a CPU box), read without CUDA."""
     names = os.listdir("/dev") if os.path.isdir("/dev") else []
     return sum(1 for n in names if n.startswith("nvidia") and n[6:].isdigit())
 
 
-@dataclass
-class _Cancel:
-    """A cancel in progress: when it began, the task pids it has signalled, whether it fell back to the controller."""
-
-    at: float
-    signalled: set[int] = field(default_factory=set)
-    controller_signalled: bool = False
-
-
 class LocalLauncher(Launcher):
     kind = "local"
     starts_on_submit = True
-    CANCEL_GRACE_S = 10.0  # how long cancelled tasks get to end on their SIGINT before the controller's
+    CANCEL_GRACE_S = 10.0  # how long cancel() waits for tasks to end on their SIGINT before the controller's
 
     def __init__(self, cluster: ClusterConfig, slot_poll_s: float = 0.1) -> None:
         super().__init__()
@@ -109,7 +109,7 @@ class LocalLauncher(Launcher):
         self._timeout_s: dict[str, float] = {}
         self._start: dict[str, datetime] = {}
         self._end: dict[str, datetime] = {}
-        self._cancelled: dict[str, _Cancel] = {}
+        self._cancelled: set[str] = set()
 
     def _running(self) -> int:
         running = 0
@@ -118,8 +118,6 @@ class LocalLauncher(Launcher):
                 self._end.setdefault(jid, _now())  # first time seen ended: its end time
             else:
                 running += 1
-                if jid in self._cancelled:
-                    self._stop(jid)
         return running
 
     def submit(self, tasks: list[LaunchTask], on_submitted: OnSubmitted | None = None) -> list[Submitted]:
@@ -192,8 +190,6 @@ class LocalLauncher(Launcher):
             return self._reattached_state(jid)
         times: dict[str, Any] = {"node_list": "localhost", "start": self._start.get(jid)}  # JobState fields
         if not job.done():
-            if jid in self._cancelled:
-                self._stop(jid)
             return state_of(AttemptState.RUNNING, **times)
         end = self._end.setdefault(jid, _now())
         proc = getattr(job, "_process", None)
@@ -240,30 +236,22 @@ class LocalLauncher(Launcher):
         return {str(j): self._state(str(j)) for j in job_ids}
 
     def cancel(self, job_ids: list[str]) -> None:
-        for jid in map(str, job_ids):
-            job = self._jobs.get(jid)
-            if job is not None and not job.done():
-                self._cancelled.setdefault(jid, _Cancel(at=time.monotonic()))
-                self._stop(jid)
-
-    def _stop(self, jid: str) -> None:
-        """SIGINT each of the job's tasks once (a workload gets it forwarded: job/entry), so submitit's
-        controller sees them end and returns by itself. SIGINT to the controller (submitit's `LocalJob.cancel`)
-        stops them too, but its KeyboardInterrupt traceback lands on the user's terminal, which the controller
-        shares: that is the fallback, sent once, for tasks still up `CANCEL_GRACE_S` after the cancel (the
-        controller then SIGKILLs them). Called on every poll until the job is done: a controller still
-        starting its tasks at cancel() has them signalled by a later poll."""
-        stop = self._cancelled[jid]
-        if time.monotonic() - stop.at < self.CANCEL_GRACE_S:
-            for pid in set(_child_pids(jid)) - stop.signalled:
-                stop.signalled.add(pid)
-                try:
-                    os.kill(pid, signal.SIGINT)
-                except OSError:
-                    pass  # ended meanwhile
-        elif not stop.controller_signalled:
-            stop.controller_signalled = True
-            self._jobs[jid].cancel()
+        """Stops the jobs before it returns (a caller about to exit, e.g. a failed record, relies on it): SIGINT to
+        each job's task (a workload gets it forwarded: job/entry), so submitit's controller sees it end and
+        returns by itself. SIGINT to the controller (submitit's `LocalJob.cancel`) stops the task too, but its
+        KeyboardInterrupt traceback lands on the user's terminal, which the controller shares (`make run`'s early
+        cut printed one): that is the fallback, for a controller that has not started its task yet and for a task
+        still up `CANCEL_GRACE_S` later (the controller then SIGKILLs it)."""
+        live = [jid for jid in map(str, job_ids) if jid in self._jobs and not self._jobs[jid].done()]
+        self._cancelled.update(live)
+        quiet = [jid for jid in live if _interrupt(_child_pids(jid))]
+        deadline = time.monotonic() + self.CANCEL_GRACE_S
+        for jid in quiet:
+            while not self._jobs[jid].done() and time.monotonic() < deadline:
+                time.sleep(self.slot_poll_s)
+        for jid in live:
+            if not self._jobs[jid].done():
+                self._jobs[jid].cancel()
 
     def result(self, job_id: str) -> Any:
         job = self._jobs.get(str(job_id))
