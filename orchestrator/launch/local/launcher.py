@@ -236,12 +236,13 @@ class LocalLauncher(Launcher):
         return {str(j): self._state(str(j)) for j in job_ids}
 
     def cancel(self, job_ids: list[str]) -> None:
-        """Stops the jobs before it returns (a caller about to exit, e.g. a failed record, relies on it): SIGINT to
-        each job's task (a workload gets it forwarded: job/entry), so submitit's controller sees it end and
-        returns by itself. SIGINT to the controller (submitit's `LocalJob.cancel`) stops the task too, but its
-        KeyboardInterrupt traceback lands on the user's terminal, which the controller shares (`make run`'s early
-        cut printed one): that is the fallback, for a controller that has not started its task yet and for a task
-        still up `CANCEL_GRACE_S` later (the controller then SIGKILLs it)."""
+        """Each job is stopped, or its controller told to stop, before this returns (a caller about to exit, e.g.
+        after a failed record, relies on it). SIGINT to each job's task (a workload gets it forwarded: job/entry),
+        so submitit's controller sees it end and returns by itself. SIGINT to the controller (submitit's
+        `LocalJob.cancel`) stops the task too, but its KeyboardInterrupt traceback lands on the user's terminal,
+        which the controller shares (`make run`'s early cut printed one): that is the fallback, for a controller
+        that has not started its task yet and for a task still up `CANCEL_GRACE_S` later (the controller then
+        SIGKILLs it)."""
         live = [jid for jid in map(str, job_ids) if jid in self._jobs and not self._jobs[jid].done()]
         self._cancelled.update(live)
         quiet = [jid for jid in live if _interrupt(_child_pids(jid))]
