@@ -27,10 +27,8 @@ RECOMPUTE = {"none": (1.0, 1.0), "moe_act": (1.03, 0.85), "mhc+mla_up_proj": (1.
 
 def memory_gb(p: megatron_io.Point) -> float:
     """Heaviest (first) stage: expert and dense state, one whole-model microbatch of activations."""
-    d_a = max(1, p.n // (p.pp * p.cp))
-    d_e = max(1, p.n // (p.pp * p.ep))
-    expert = 1550e9 / (p.pp * p.ep) * (6.0 + 8.0 / d_e)  # bf16 weight + fp32 grad, optimizer state over D_e
-    dense = 45e9 / p.pp * (6.0 + 8.0 / (d_a * p.cp))
+    expert = 1550e9 / (p.pp * p.ep) * (6.0 + 8.0 / p.d_e)  # bf16 weight + fp32 grad, optimizer state over D_e
+    dense = 45e9 / p.pp * (6.0 + 8.0 / (p.d_a * p.cp))
     act = 21e9 * p.mbs * p.seq / 8192 / p.cp * RECOMPUTE.get(p.recompute, (1.1, 0.8))[1]
     if p.vpp > 1:
         act *= 1 + (p.pp - 1) / (p.pp * p.vpp)
@@ -39,8 +37,6 @@ def memory_gb(p: megatron_io.Point) -> float:
 
 def step_time(p: megatron_io.Point, hbm: float) -> float:
     """Seconds per step on the cliff surface (memory pressure read against `hbm`)."""
-    d_a = max(1, p.n // (p.pp * p.cp))
-    m = max(1, p.gbs // (p.mbs * d_a))
     tokens = p.gbs * p.seq / p.n
     compute = tokens * 1.6e-5 * (0.9 if p.mbs >= 2 else 1.0) * RECOMPUTE.get(p.recompute, (1.1, 0.8))[0]
     compute *= 1.0 + 0.04 * math.log2(p.cp)
@@ -50,9 +46,9 @@ def step_time(p: megatron_io.Point, hbm: float) -> float:
         a2a *= 0.45 * 0.6 if span <= 4 else 0.9  # shrinks and is 40% hidden, until it collapses
     elif p.dispatcher.startswith("flex") and span > 1:
         a2a *= 0.6
-    bubble = (p.pp - 1) / (p.vpp * m + p.pp - 1)
+    bubble = (p.pp - 1) / (p.vpp * p.m + p.pp - 1)
     step = (compute + a2a) / (1.0 - bubble) * (1.0 + 0.006 * (p.vpp - 1) * p.pp)
-    step += 0.4 * 45.0 / p.pp / 50.0 * (1.0 - min(1.0, m / 16))  # gradient sync that few microbatches cannot hide
+    step += 0.4 * 45.0 / p.pp / 50.0 * (1.0 - min(1.0, p.m / 16))  # gradient sync that few microbatches cannot hide
     pressure = memory_gb(p) / hbm
     return step * (1.0 + 2.0 * max(0.0, pressure - 0.9))
 

@@ -45,6 +45,27 @@ class Point:
     dispatcher: str
     gpus_per_node: int = 8
 
+    @property
+    def d_a(self) -> int:
+        """D_a: attention data-parallel size, N / (PP x CP) (TP is 1 in the stand-ins)."""
+        return max(1, self.n // (self.pp * self.cp))
+
+    @property
+    def d_e(self) -> int:
+        """D_e: expert data-parallel size, N / (PP x EP)."""
+        return max(1, self.n // (self.pp * self.ep))
+
+    @property
+    def m(self) -> int:
+        """Microbatches per step per pipeline: B / (b x D_a)."""
+        return max(1, self.gbs // (self.mbs * self.d_a))
+
+    def layers_in_flight(self, layers: int) -> float:
+        """Layer-microbatches of activations the first PP stage holds under 1F1B: min(PP, m) microbatches of its
+        layers / PP, and more with interleaving (VPP > 1)."""
+        held = min(self.pp, self.m) * layers / self.pp
+        return held * (1.0 + (self.pp - 1) / (self.pp * self.vpp)) if self.vpp > 1 else held
+
 
 def hbm_gb(variable: str, default: float) -> float:
     """The stand-in's capacity in decimal GB (its OOM message states it in GiB, as torch): its environment

@@ -36,22 +36,14 @@ def _recompute(p: megatron_io.Point) -> tuple[float, float]:
 
 def memory_gb(p: megatron_io.Point) -> float:
     """The first PP stage's DP-rank 0 (its one figure, megatron_io): states and the activations in flight."""
-    d_a = max(1, p.n // (p.pp * p.cp))
-    d_e = max(1, p.n // (p.pp * p.ep))
-    m = max(1, p.gbs // (p.mbs * d_a))
-    expert = 1600e9 / (p.pp * p.ep) * (4.0 + 12.0 / d_e)  # bf16 weights and grads; fp32 master and Adam over D_e
-    dense = 50e9 / p.pp * (4.0 + 12.0 / (d_a * p.cp))
+    expert = 1600e9 / (p.pp * p.ep) * (4.0 + 12.0 / p.d_e)  # bf16 weights and grads; fp32 master and Adam over D_e
+    dense = 50e9 / p.pp * (4.0 + 12.0 / (p.d_a * p.cp))
     per_layer_mb = 1.6e9 * p.mbs * p.seq / 8192 / p.cp * _recompute(p)[1]
-    in_flight = min(p.pp, m) * LAYERS / p.pp
-    if p.vpp > 1:
-        in_flight *= 1.0 + (p.pp - 1) / (p.pp * p.vpp)
-    return (expert + dense + per_layer_mb * in_flight) / 1e9 + 6.0
+    return (expert + dense + per_layer_mb * p.layers_in_flight(LAYERS)) / 1e9 + 6.0
 
 
 def step_time(p: megatron_io.Point) -> float:
     """Seconds per step on the plateau surface."""
-    d_a = max(1, p.n // (p.pp * p.cp))
-    m = max(1, p.gbs // (p.mbs * d_a))
     tokens = p.gbs * p.seq / p.n  # per GPU per step
     per_expert = p.ep * p.mbs * p.seq / p.cp * TOP_K / EXPERTS
     gemm = 1.0 + (GEMM_KNEE / per_expert) ** 1.5
@@ -65,9 +57,9 @@ def step_time(p: megatron_io.Point) -> float:
         a2a *= 0.5 if span <= 2 else 1.1
     elif p.dispatcher.startswith("flex"):
         a2a *= 0.7
-    bubble = (p.pp - 1) / (p.vpp * m + p.pp - 1)
+    bubble = (p.pp - 1) / (p.vpp * p.m + p.pp - 1)
     step = (compute + a2a) / (1.0 - bubble) * (1.0 + 0.01 * (p.vpp - 1) * p.pp / 4)
-    return step + 3.0 * (1.0 - min(1.0, m / 8))
+    return step + 3.0 * (1.0 - min(1.0, p.m / 8))
 
 
 def evaluate(p: megatron_io.Point) -> tuple[float, float]:

@@ -37,22 +37,14 @@ def _recompute(p: megatron_io.Point) -> tuple[float, float]:
 
 def memory_gb(p: megatron_io.Point) -> float:
     """The first stage's rank: expert and dense states, and the activations 1F1B keeps in flight."""
-    d_a = max(1, p.n // (p.pp * p.cp))
-    d_e = max(1, p.n // (p.pp * p.ep))
-    m = max(1, p.gbs // (p.mbs * d_a))
-    expert = 1520e9 / (p.pp * p.ep) * (4.0 + 12.0 / d_e)  # bf16 weight + fp32 grad; optimizer over D_e
-    dense = 60e9 / p.pp * (4.0 + 12.0 / (d_a * p.cp))
+    expert = 1520e9 / (p.pp * p.ep) * (4.0 + 12.0 / p.d_e)  # bf16 weight + fp32 grad; optimizer over D_e
+    dense = 60e9 / p.pp * (4.0 + 12.0 / (p.d_a * p.cp))
     per_layer_mb = 0.9e9 * p.mbs * p.seq / 4096 / p.cp * _recompute(p)[1]
-    in_flight = min(p.pp, m) * LAYERS / p.pp
-    if p.vpp > 1:
-        in_flight *= 1.0 + (p.pp - 1) / (p.pp * p.vpp)
-    return (expert + dense + per_layer_mb * in_flight) / 1e9 + 4.0
+    return (expert + dense + per_layer_mb * p.layers_in_flight(LAYERS)) / 1e9 + 4.0
 
 
 def step_time(p: megatron_io.Point) -> float:
     """Seconds per step on the ridge surface."""
-    d_a = max(1, p.n // (p.pp * p.cp))
-    m = max(1, p.gbs // (p.mbs * d_a))
     tokens = p.gbs * p.seq / p.n  # per GPU per step
     per_expert = p.ep * p.mbs * p.seq / p.cp * TOP_K / EXPERTS  # a GPU's experts' tokens per microbatch
     gemm = 1.0 + GEMM_KNEE / per_expert  # the grouped GEMM's slowdown below its knee
@@ -65,10 +57,10 @@ def step_time(p: megatron_io.Point) -> float:
         a2a *= 0.55 if span <= 4 else 0.85
     elif p.dispatcher.startswith("flex"):
         a2a *= 0.75
-    p2p = 0.02 * p.vpp * m if p.pp > 1 else 0.0  # a stage's hops: one per chunk and microbatch
-    bubble = (p.pp - 1) / (p.vpp * m + p.pp - 1)
+    p2p = 0.02 * p.vpp * p.m if p.pp > 1 else 0.0  # a stage's hops: one per chunk and microbatch
+    bubble = (p.pp - 1) / (p.vpp * p.m + p.pp - 1)
     step = (compute + a2a + p2p) / (1.0 - bubble)
-    return step + 4.0 * (1.0 - min(1.0, m / 12))  # gradient sync that few microbatches cannot hide
+    return step + 4.0 * (1.0 - min(1.0, p.m / 12))  # gradient sync that few microbatches cannot hide
 
 
 def evaluate(p: megatron_io.Point) -> tuple[float, float]:
