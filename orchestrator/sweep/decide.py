@@ -42,9 +42,6 @@ def next_round(
     # another only by promotion, from the source it names by id (setup.promotion_source).
     obs = observe.observations(ledger, [sweep], env)
     cv = observe.step_cv(ledger, [sweep])
-    if not schedule.waiting(obs, cv) and policy.converged(obs, budget.converge_rounds):
-        n = budget.converge_rounds
-        return f"converged: no gain > {cfg.policy.converge_gain:.0%} over the best for {n} round{'s' * (n > 1)}"
     source, source_stage = [], None
     promotion = promotion_source(ledger, cfg, sweep) if rnd == 0 else None  # None: the stage promotes from none
     # the routing-settled weights later launches load (stage.warm_start): this sweep's, else its source's
@@ -69,6 +66,9 @@ def next_round(
         seedless=seedless,
         settled=observe.settled(ledger, [sweep]),
     )
+    if policy.converged(obs, budget.converge_rounds) and not schedule.waiting(policy, env, inp):
+        n = budget.converge_rounds
+        return f"converged: no gain > {cfg.policy.converge_gain:.0%} over the best for {n} round{'s' * (n > 1)}"
     plan = schedule.plan(policy, env, inp, source_stage=source_stage)
     if plan.fit is not None and not any(cal.round == rnd for cal in ledger.evidence.calibrations(sweep.name)):
         f = plan.fit

@@ -18,6 +18,7 @@ from orchestrator.evidence.metrics import robust_cv
 from orchestrator.plan.layout import Layout
 from orchestrator.schedule import Schedule, fidelity
 from orchestrator.search import make_policy
+from orchestrator.search.env import PlanEnv
 from orchestrator.search.select import best_measured
 from orchestrator.search.types import Observation, RoundInput
 from orchestrator.sweep import observe
@@ -93,12 +94,43 @@ def test_a_screened_p50_never_decides_the_best():
     assert best_measured([obs("screen", 9.0, Fidelity.SCREEN)]) is None
     root = compose(["+stage=1k"]).cfg
     pol, schedule = make_policy(root.policy), Schedule(root.policy)
+    env = PlanEnv(root.model, root.hardware, root.required_stage(), root.workload.name)
+
+    def waiting(rows: list[Observation]) -> bool:
+        inp = RoundInput(round=n + 1, observations=rows, known_keys=set(), slots=10, gpu_hours_left=1e9, step_cv=0.02)
+        return schedule.waiting(pol, env, inp)
+
     # a contender still waiting for its confirmation blocks convergence (the schedule's to say)
     n = root.stage.budget.converge_rounds  # flat for the stage's convergence rounds, whatever the default
     flat = [obs(f"r{i}", 10.0, rnd=i) for i in range(n)]
     done = flat + [obs("e", 10.0, rnd=n)]
-    assert pol.converged(done, n) and not schedule.waiting(done, 0.02)
-    assert schedule.waiting(flat + [obs("e", 9.0, Fidelity.SCREEN, n=25, rnd=n)], 0.02)
+    assert pol.converged(done, n) and not waiting(done)
+    assert waiting(flat + [obs("e", 9.0, Fidelity.SCREEN, n=25, rnd=n)])
+
+
+def test_a_probed_fit_due_at_scale_holds_convergence():
+    """A layout a rank probe found to fit, whose composed step is within probe_pass of the best, is still due
+    its launch at scale (Schedule.passed): the sweep is not converged until it ran; a probed layout composed
+    slower than that, or one that OOMed at scale since, holds nothing."""
+    root = compose(["+stage=1k"]).cfg
+    pol, schedule = make_policy(root.policy), Schedule(root.policy)
+    env = PlanEnv(root.model, root.hardware, root.required_stage(), root.workload.name)
+    n = root.stage.budget.converge_rounds
+    done = [obs(f"r{i}", 10.0, rnd=i) for i in range(n + 1)]
+    assert pol.converged(done, n)
+
+    def probed(compute_s: float, failure: str | None = None) -> Observation:
+        # a rank probe: compute-only step measured at compute_s where the planner predicted 1.0 s (raw_probe_s)
+        row = obs("probed", None, Fidelity.PROBE, rnd=n, lay=dataclasses.replace(BASE, ep=32))
+        return dataclasses.replace(row, peak_gb=60.0, probe_step_s=compute_s, raw_probe_s=1.0, failure_class=failure)
+
+    def waiting(rows: list[Observation]) -> bool:
+        inp = RoundInput(round=n + 1, observations=rows, known_keys=set(), slots=10, gpu_hours_left=1e9, step_cv=0.02)
+        return schedule.waiting(pol, env, inp)
+
+    assert probed(9.0).probed_fit and waiting([*done, probed(9.0)])  # composed 9 s against a best of 10 s
+    assert not waiting([*done, probed(11.0)])  # composed 11 s: more than probe_pass (5%) slower
+    assert not waiting([*done, probed(9.0, failure="OOM")])  # its launch at scale OOMed: nothing left due
 
 
 def _sweep(tmp_path, target, *extra, cut: bool = False):
