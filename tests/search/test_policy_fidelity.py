@@ -93,19 +93,21 @@ def test_a_screened_p50_never_decides_the_best():
     assert best_measured(rows).key == "full"
     assert best_measured([obs("screen", 9.0, Fidelity.SCREEN)]) is None
     root = compose(["+stage=1k"]).cfg
-    pol, schedule = make_policy(root.policy), Schedule(root.policy)
-    env = PlanEnv(root.model, root.hardware, root.required_stage(), root.workload.name)
-
-    def waiting(rows: list[Observation]) -> bool:
-        inp = RoundInput(round=n + 1, observations=rows, known_keys=set(), slots=10, gpu_hours_left=1e9, step_cv=0.02)
-        return schedule.waiting(pol, env, inp)
-
+    pol = make_policy(root.policy)
     # a contender still waiting for its confirmation blocks convergence (the schedule's to say)
     n = root.stage.budget.converge_rounds  # flat for the stage's convergence rounds, whatever the default
     flat = [obs(f"r{i}", 10.0, rnd=i) for i in range(n)]
     done = flat + [obs("e", 10.0, rnd=n)]
-    assert pol.converged(done, n) and not waiting(done)
-    assert waiting(flat + [obs("e", 9.0, Fidelity.SCREEN, n=25, rnd=n)])
+    assert pol.converged(done, n) and not _waiting(root, done)
+    assert _waiting(root, flat + [obs("e", 9.0, Fidelity.SCREEN, n=25, rnd=n)])
+
+
+def _waiting(root, rows: list[Observation]) -> bool:
+    """Schedule.waiting as the driver asks it the round after `rows`, the stage's measured noise 2%."""
+    env = PlanEnv(root.model, root.hardware, root.required_stage(), root.workload.name)
+    rnd = max(r.round for r in rows) + 1
+    inp = RoundInput(round=rnd, observations=rows, known_keys=set(), slots=10, gpu_hours_left=1e9, step_cv=0.02)
+    return Schedule(root.policy).waiting(make_policy(root.policy), env, inp)
 
 
 def test_a_probed_fit_due_at_scale_holds_convergence():
@@ -113,24 +115,18 @@ def test_a_probed_fit_due_at_scale_holds_convergence():
     its launch at scale (Schedule.passed): the sweep is not converged until it ran; a probed layout composed
     slower than that, or one that OOMed at scale since, holds nothing."""
     root = compose(["+stage=1k"]).cfg
-    pol, schedule = make_policy(root.policy), Schedule(root.policy)
-    env = PlanEnv(root.model, root.hardware, root.required_stage(), root.workload.name)
     n = root.stage.budget.converge_rounds
     done = [obs(f"r{i}", 10.0, rnd=i) for i in range(n + 1)]
-    assert pol.converged(done, n)
+    assert make_policy(root.policy).converged(done, n)
 
     def probed(compute_s: float, failure: str | None = None) -> Observation:
         # a rank probe: compute-only step measured at compute_s where the planner predicted 1.0 s (raw_probe_s)
         row = obs("probed", None, Fidelity.PROBE, rnd=n, lay=dataclasses.replace(BASE, ep=32))
         return dataclasses.replace(row, peak_gb=60.0, probe_step_s=compute_s, raw_probe_s=1.0, failure_class=failure)
 
-    def waiting(rows: list[Observation]) -> bool:
-        inp = RoundInput(round=n + 1, observations=rows, known_keys=set(), slots=10, gpu_hours_left=1e9, step_cv=0.02)
-        return schedule.waiting(pol, env, inp)
-
-    assert probed(9.0).probed_fit and waiting([*done, probed(9.0)])  # composed 9 s against a best of 10 s
-    assert not waiting([*done, probed(11.0)])  # composed 11 s: more than probe_pass (5%) slower
-    assert not waiting([*done, probed(9.0, failure="OOM")])  # its launch at scale OOMed: nothing left due
+    assert probed(9.0).probed_fit and _waiting(root, [*done, probed(9.0)])  # composed 9 s, the best 10 s
+    assert not _waiting(root, [*done, probed(11.0)])  # composed 11 s: more than probe_pass (5%) slower
+    assert not _waiting(root, [*done, probed(9.0, failure="OOM")])  # its launch at scale OOMed: nothing due
 
 
 def _sweep(tmp_path, target, *extra, cut: bool = False):
