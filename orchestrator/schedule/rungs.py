@@ -14,7 +14,8 @@ step (orchestrator/search/compose.py: the probe's measured compute + the calibra
 `policy.probe_pass` of the best measured step.
 
 The driver (orchestrator/sweep/decide.py) calls `Schedule.plan`, which asks the searcher for `size`
-proposals, and `Schedule.waiting` once the searcher's own convergence test says it is done.
+proposals, and `Schedule.waiting` (with that round's fit) once the searcher's own convergence test says it is
+done.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class Schedule:
             )
         return RoundPlan(proposals=props, fit=fit, reason=f"{why} ({searcher.name})", confirms=confirms)
 
-    def waiting(self, searcher, env: PlanEnv, inp: RoundInput) -> bool:
+    def waiting(self, inp: RoundInput, fit: Fit | None) -> bool:
         """The sweep has not converged while a measurement it has already earned is still due: a screened
         contender's full-window confirmation, or the launch at scale of a layout a rank probe found to fit (or
         too close to call) whose composed step is within policy.probe_pass of the best (`passed`). Why the
@@ -94,7 +95,7 @@ class Schedule:
         (docs/search.md "Probed layouts hold convergence")."""
         if fidelity.contenders(inp.observations, inp.step_cv, 1):
             return True
-        return bool(self.passed(inp, searcher.fit(env, inp)))
+        return bool(self.passed(inp, fit))
 
     # ---- the rungs ----------------------------------------------------------------------------------
     def seed_on_evidence(self, env: PlanEnv, inp: RoundInput) -> bool:

@@ -66,10 +66,10 @@ def next_round(
         seedless=seedless,
         settled=observe.settled(ledger, [sweep]),
     )
-    if policy.converged(obs, budget.converge_rounds) and not schedule.waiting(policy, env, inp):
+    plan = schedule.plan(policy, env, inp, source_stage=source_stage)
+    if policy.converged(obs, budget.converge_rounds) and not schedule.waiting(inp, plan.fit):
         n = budget.converge_rounds
         return f"converged: no gain > {cfg.policy.converge_gain:.0%} over the best for {n} round{'s' * (n > 1)}"
-    plan = schedule.plan(policy, env, inp, source_stage=source_stage)
     if plan.fit is not None and not any(cal.round == rnd for cal in ledger.evidence.calibrations(sweep.name)):
         f = plan.fit
         ledger.evidence.record_calibration(

@@ -107,7 +107,7 @@ def _waiting(root, rows: list[Observation]) -> bool:
     env = PlanEnv(root.model, root.hardware, root.required_stage(), root.workload.name)
     rnd = max(r.round for r in rows) + 1
     inp = RoundInput(round=rnd, observations=rows, known_keys=set(), slots=10, gpu_hours_left=1e9, step_cv=0.02)
-    return Schedule(root.policy).waiting(make_policy(root.policy), env, inp)
+    return Schedule(root.policy).waiting(inp, make_policy(root.policy).fit(env, inp))
 
 
 def test_a_probed_fit_due_at_scale_holds_convergence():
