@@ -29,9 +29,7 @@ def memory_gb(p: megatron_io.Point) -> float:
     """Heaviest (first) stage: expert and dense state, one whole-model microbatch of activations."""
     expert = 1550e9 / (p.pp * p.ep) * (6.0 + 8.0 / p.d_e)  # bf16 weight + fp32 grad, optimizer state over D_e
     dense = 45e9 / p.pp * (6.0 + 8.0 / (p.d_a * p.cp))
-    act = 21e9 * p.mbs * p.seq / 8192 / p.cp * RECOMPUTE.get(p.recompute, (1.1, 0.8))[1]
-    if p.vpp > 1:
-        act *= 1 + (p.pp - 1) / (p.pp * p.vpp)
+    act = 21e9 * p.mbs * p.seq / 8192 / p.cp * RECOMPUTE.get(p.recompute, (1.1, 0.8))[1] * p.interleaving
     return (expert + dense + act) / 1e9 + 5.0
 
 

@@ -60,11 +60,15 @@ class Point:
         """Microbatches per step per pipeline: B / (b x D_a)."""
         return max(1, self.gbs // (self.mbs * self.d_a))
 
+    @property
+    def interleaving(self) -> float:
+        """How much more the first PP stage holds with interleaving (VPP > 1): 1 + (PP - 1) / (PP x VPP); 1 without."""
+        return 1.0 + (self.pp - 1) / (self.pp * self.vpp) if self.vpp > 1 else 1.0
+
     def layers_in_flight(self, layers: int) -> float:
         """Layer-microbatches of activations the first PP stage holds under 1F1B: min(PP, m) microbatches of its
-        layers / PP, and more with interleaving (VPP > 1)."""
-        held = min(self.pp, self.m) * layers / self.pp
-        return held * (1.0 + (self.pp - 1) / (self.pp * self.vpp)) if self.vpp > 1 else held
+        layers / PP, x `interleaving`."""
+        return min(self.pp, self.m) * layers / self.pp * self.interleaving
 
 
 def hbm_gb(variable: str, default: float) -> float:
