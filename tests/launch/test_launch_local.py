@@ -283,7 +283,7 @@ def test_local_cancel_stops_the_tasks_quietly(tmp_path, capfd):
 
 def test_local_cancel_falls_back_to_the_controller(tmp_path):
     """A task deaf to SIGINT past the grace (0 here) is stopped by submitit's controller (SIGINT, then SIGKILL
-    to its tasks): the job still ends CANCELLED."""
+    to its tasks), and cancel() returns once the controller has exited: the job is done and CANCELLED."""
     launcher = LocalLauncher(local_cluster())
     launcher.CANCEL_GRACE_S = 0.0
     (sub,) = launcher.submit([task(deaf_sleep, tmp_path / "a", 300, token="tok")])
@@ -292,8 +292,8 @@ def test_local_cancel_falls_back_to_the_controller(tmp_path):
     while not started.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     launcher.cancel([sub.job_id])
-    assert wait_terminal(launcher, [sub.job_id])[sub.job_id].state == "CANCELLED"
-    launcher._jobs[sub.job_id]._process.wait()
+    assert launcher._jobs[sub.job_id].done()  # cancel() waited for the controller: the job ended before it returned
+    assert launcher.poll([sub.job_id])[sub.job_id].state == "CANCELLED"
     assert gone(json.loads(started.read_text())["pid"])
 
 

@@ -7,8 +7,10 @@ once; submit() waits for a free slot, so every job id it returns is a real, star
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
+import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +31,8 @@ from orchestrator.launch.base import (
     state_of,
 )
 from orchestrator.launch.task import RunInFolder
+
+log = logging.getLogger(__name__)
 
 
 def _now() -> datetime:
@@ -100,6 +104,7 @@ class LocalLauncher(Launcher):
     kind = "local"
     starts_on_submit = True
     CANCEL_GRACE_S = 10.0  # how long cancel() waits for tasks to end on their SIGINT before the controller's
+    CONTROLLER_WAIT_S = 120.0  # a bound on waiting for a SIGINT'd controller (it SIGKILLs its tasks first)
 
     def __init__(self, cluster: ClusterConfig, slot_poll_s: float = 0.1) -> None:
         super().__init__()
@@ -242,7 +247,7 @@ class LocalLauncher(Launcher):
         `LocalJob.cancel`) stops the task too, but its KeyboardInterrupt traceback lands on the user's terminal,
         which the controller shares (`make run`'s early cut printed one): that is the fallback, for a controller
         that has not started its task yet and for a task still up `CANCEL_GRACE_S` later (the controller then
-        SIGKILLs it)."""
+        SIGKILLs it); cancel() then waits for the controller to exit, so the job is done() when it returns."""
         live = [jid for jid in map(str, job_ids) if jid in self._jobs and not self._jobs[jid].done()]
         self._cancelled.update(live)
         quiet = [jid for jid in live if _interrupt(_child_pids(jid))]
@@ -250,9 +255,16 @@ class LocalLauncher(Launcher):
         for jid in quiet:
             while not self._jobs[jid].done() and time.monotonic() < deadline:
                 time.sleep(self.slot_poll_s)
-        for jid in live:
-            if not self._jobs[jid].done():
-                self._jobs[jid].cancel()
+        fallback = [jid for jid in live if not self._jobs[jid].done()]
+        for jid in fallback:
+            self._jobs[jid].cancel()
+        for jid in fallback:  # the controller ends once its tasks are gone: wait for that event, not a time
+            proc = getattr(self._jobs[jid], "_process", None)
+            if proc is not None:
+                try:
+                    proc.wait(timeout=self.CONTROLLER_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    log.warning("local job %s: controller still up %.0f s after SIGINT", jid, self.CONTROLLER_WAIT_S)
 
     def result(self, job_id: str) -> Any:
         job = self._jobs.get(str(job_id))
