@@ -9,8 +9,9 @@ unaffected by calibration: one factor per system scales every layout of a row al
 
 Calibration, held out honestly: at most one efficiency factor per GPU system, the median of measured /
 predicted over that system's rows of the fit releases (the file's fit_releases, 26.02 and 25.11); the
-held-out release (25.09) is predicted with those factors and never enters a fit (fit_factors reads fit rows
-only: tests/commands/test_validate.py perturbs a held-out row and finds every factor unchanged).
+held-out releases (25.09, mostly token drop, and the dropless releases after 26.02, 26.02.01 to 26.08) are
+predicted with those factors and never enter a fit (fit_factors reads fit rows only: tests/commands/
+test_validate.py perturbs a held-out row and finds every factor unchanged).
 
 Where the expert GEMM curve stands (steptime.expert_efficiency, docs/validate.md): every published row has
 T_expert = k x EP x b x S / (CP x E) between 1,024 and 32,768 tokens per expert, where the planner's
@@ -91,6 +92,12 @@ class Row:
     variant: str = "main"
     main_grads_dtype: str = "fp32"  # the model recipe's optimizer dtypes (the file's optimizer_dtypes)
     exp_avg_dtype: str = "fp32"
+    file: str = ""  # the table's file in the source repository (the file's source.file when empty)
+    # the recipe's CUDA graphs: "none", per-layer ("local", "transformer_engine": cuda_graph_scope names what is
+    # captured, [] the whole layer) or "full_iteration" (one graph per forward-backward, no host launches)
+    cuda_graph_impl: str = "none"
+    cuda_graph_scope: tuple[str, ...] = ()
+    notes: str = ""  # what the recipe sets that the row's columns do not say
 
     def layout(self) -> Layout:
         name, _, backend = self.dispatcher.partition(":")
@@ -119,13 +126,18 @@ def load_rows(path: Path = PUBLISHED) -> list[Row]:
     dtypes = data.get("optimizer_dtypes") or {}
     if held & fit:
         raise UserError(f"{path}: releases {sorted(held & fit)} are both fitted and held out")
+    loose = sorted({r["release"] for r in data["rows"]} - held - fit)
+    if loose:
+        raise UserError(f"{path}: releases {loose} are neither fitted nor held out: add them to held_out_releases")
     rows = []
     for r in data["rows"]:
         kw = dict(r)
         kw["recompute"] = tuple(kw.get("recompute") or ())
+        kw["cuda_graph_scope"] = tuple(kw.get("cuda_graph_scope") or ())
         kw["held_out"] = kw["release"] in held
         kw.update(dtypes.get(kw["model"], {}))
-        kw["source"] = f"{src['repository']}/blob/{src['commit'][:12]}/{src['file']}#L{kw['line']}"
+        kw["file"] = kw.get("file") or src["file"]
+        kw["source"] = f"{src['repository']}/blob/{src['commit'][:12]}/{kw['file']}#L{kw['line']}"
         rows.append(Row(**kw))
     return rows
 
@@ -275,6 +287,8 @@ class Result:
             "memory_gb": round(self.memory_gb, 1),
             "hbm_gb": self.hbm_gb,
             "held_out": r.held_out,
+            "cuda_graph_impl": r.cuda_graph_impl,
+            "cuda_graph_scope": list(r.cuda_graph_scope),
             "components_s": {k: round(v, 4) for k, v in self.components.items()},
         }
 
@@ -377,6 +391,24 @@ def summarise(results: Sequence[Result], factors: Mapping[str, float]) -> Summar
     )
 
 
+def held_out_by_release(results: Sequence[Result]) -> dict[str, tuple[int, float, float]]:
+    """Per held-out release: its rows and their median |error| uncalibrated and calibrated (25.09 runs token
+    drop, the releases after 26.02 run dropless, most from 26.06 on with full-iteration CUDA graphs: apart,
+    what each set says is not averaged away)."""
+    by: dict[str, list[Result]] = {}
+    for r in results:
+        if r.row.held_out:
+            by.setdefault(r.row.release, []).append(r)
+    return {
+        rel: (
+            len(rs),
+            statistics.median(abs(r.error) for r in rs),
+            statistics.median(abs(r.calibrated_error) for r in rs),
+        )
+        for rel, rs in sorted(by.items())
+    }
+
+
 def validate(rows: Sequence[Row] | None = None) -> tuple[list[Result], Summary]:
     """Predict, rank and calibrate every published row."""
     results = [predict(r) for r in (load_rows() if rows is None else rows)]
@@ -399,7 +431,7 @@ def table(results: Sequence[Result], summary: Summary) -> str:
             f"{r.row.tflops:>7,.0f} {r.predicted_tflops:>7,.0f} {r.rank:>4}/{r.legal:<5} "
             f"{'H' if r.row.held_out else ''}{'' if not r.reason() else '*'}"
         )
-    lines.append("H: held out (25.09, never fitted); *: NVIDIA's layout not in the planner's top 5% (reasons below)")
+    lines.append("H: held out (never fitted); *: NVIDIA's layout not in the planner's top 5% (reasons below)")
     for r in results:
         if r.reason():
             lines.append(f"  * {r.row.release} {r.row.model} {r.row.system} line {r.row.line}: {r.reason()}")
@@ -409,6 +441,8 @@ def table(results: Sequence[Result], summary: Summary) -> str:
         + ", ".join(f"{k} {v:.3f}" for k, v in s.factors.items()),
         f"median |error| uncalibrated: all {s.median_abs:.1%}, held out {s.held_out_median_abs:.1%}; "
         f"calibrated: all {s.median_abs_calibrated:.1%}, held out {s.held_out_median_abs_calibrated:.1%}",
+        "held out by release, median |error| uncalibrated / calibrated: "
+        + ", ".join(f"{rel} ({n} rows) {u:.1%} / {c:.1%}" for rel, (n, u, c) in held_out_by_release(results).items()),
         f"worst row: calibrated {s.worst_abs_calibrated:.1%} ({s.worst_row}), uncalibrated {s.worst_abs:.1%}",
         f"NVIDIA's layout legal and in the planner's top 5%: {s.in_top}/{s.rows} rows; in the top 5% by predicted "
         f"step time (the memory rule aside): {s.in_top_by_time}/{s.rows}",
@@ -435,6 +469,7 @@ def features(r: Result) -> dict[str, str]:
         "MBS": str(row.mbs),
         "T_expert": "<=2048" if t_expert <= 2048 else ("<=8192" if t_expert <= 8192 else ">8192"),
         "release": row.release,
+        "cuda_graphs": "per-layer" if row.cuda_graph_impl in ("local", "transformer_engine") else row.cuda_graph_impl,
     }
 
 

@@ -2,8 +2,9 @@
 
 Prints every row (predicted against measured tokens/s/GPU and model TFLOP/s/GPU, the uncalibrated and the
 per-system calibrated error, NVIDIA's layout's rank among the row's legal layouts) and the goal's figures:
-median |error| <= 10% uncalibrated and <= 5% calibrated, on the held-out 25.09 rows too; no row off by more
-than 25%; NVIDIA's layout in the planner's top 5% of legal layouts on every row, or the reason named.
+median |error| <= 10% uncalibrated and <= 5% calibrated, on the held-out rows too (25.09 and the releases
+after 26.02, each printed apart); no row off by more than 25%; NVIDIA's layout in the planner's top 5% of legal
+layouts on every row, or the reason named.
 docs/validate.md says what each figure means and why the misses miss.
 """
 

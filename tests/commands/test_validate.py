@@ -37,16 +37,24 @@ FIELDS = {
 def test_every_published_row_names_its_source_release_model_and_system():
     data = yaml.safe_load(V.PUBLISHED.read_text())
     assert data["source"]["repository"] == "https://github.com/NVIDIA-NeMo/Megatron-Bridge"
-    assert set(data["fit_releases"]) == {"26.02", "25.11"} and data["held_out_releases"] == ["25.09"]
+    # the issue's split (fit 26.02 + 25.11, 25.09 held out) and the dropless releases after 26.02, held out too
+    assert set(data["fit_releases"]) == {"26.02", "25.11"} and data["held_out_releases"][0] == "25.09"
+    assert set(data["held_out_releases"]) >= {"26.02.01", "26.04", "26.04.01", "26.06", "26.06.01", "26.08"}
     rows = V.load_rows()
-    assert len(rows) == len(data["rows"]) >= 45
+    assert len(rows) == len(data["rows"]) >= 120
     for r in rows:
         assert r.release in data["fit_releases"] + data["held_out_releases"]
-        assert r.source.endswith(f"docs/performance-summary-archive.md#L{r.line}") and "/blob/067f987df03b/" in r.source
+        assert r.file in ("docs/performance-summary-archive.md", "docs/performance-summary.md")
+        assert r.source.endswith(f"{r.file}#L{r.line}") and "/blob/067f987df03b/" in r.source
+        assert r.file == "docs/performance-summary.md" or r.release != "26.08"  # 26.08 is the current table
         assert r.model in available("model") and r.system in available("hardware")
         assert r.recipe and "@" in r.recipe  # the performance recipe the knobs were read from, and its commit
-        assert r.held_out == (r.release == "25.09")
+        assert r.held_out == (r.release not in data["fit_releases"])
         assert r.tokens > 0 and r.tflops > 0
+        assert r.cuda_graph_impl in ("none", "local", "transformer_engine", "full_iteration")
+        assert not (r.cuda_graph_impl == "full_iteration" and r.cuda_graph_scope)  # Megatron: must be empty
+    # every held-out row after 26.02 is dropless (the tables' footnote), so the held-out set is not only token drop
+    assert {r.routing for r in rows if r.held_out and r.release != "25.09"} == {"dropless"}
     # the issue's anchor row: DeepSeek-V3 on 1,024 H100, 25.09, TP2 PP8 VP4 EP64, GBS 8192, 4K
     anchor = [r for r in rows if r.model == "dsv3" and r.system == "h100"]
     assert [(r.tp, r.pp, r.vp, r.ep, r.gbs, r.seq, r.gpus, r.release) for r in anchor] == [
@@ -60,6 +68,15 @@ def test_a_release_both_fitted_and_held_out_is_refused(tmp_path):
     bad = tmp_path / "rows.yaml"
     bad.write_text(yaml.safe_dump(data))
     with pytest.raises(V.UserError, match="both fitted and held out"):
+        V.load_rows(bad)
+
+
+def test_a_release_neither_fitted_nor_held_out_is_refused(tmp_path):
+    data = yaml.safe_load(V.PUBLISHED.read_text())
+    data["held_out_releases"] = [r for r in data["held_out_releases"] if r != "26.08"]
+    bad = tmp_path / "rows.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(V.UserError, match=r"\['26.08'\] are neither fitted nor held out"):
         V.load_rows(bad)
 
 
@@ -144,3 +161,17 @@ def test_validate_groups_gives_each_feature_value_its_rows_median_error(gb200_re
     assert f"flex:hybridep: {len(hybrid)}," in by["dispatcher"]
     if med is not None:
         assert f"flex:hybridep: {len(hybrid)}, {med:+.0%} /" in by["dispatcher"]
+
+
+def test_held_out_rows_are_reported_per_release(gb200_results):
+    """The table's per-release held-out line: each held-out release with its own rows' median |error|, and no
+    fit release among them (25.09's token-drop rows and the newer dropless ones are not averaged together)."""
+    V.calibrate(gb200_results)
+    by = V.held_out_by_release(gb200_results)
+    held = [r for r in gb200_results if r.row.held_out]
+    assert set(by) == {r.row.release for r in held} and not set(by) & {"26.02", "25.11"}
+    assert sum(n for n, _, _ in by.values()) == len(held)
+    for rel, (n, u, c) in by.items():
+        rs = [r for r in held if r.row.release == rel]
+        assert n == len(rs) and min(abs(r.error) for r in rs) <= u <= max(abs(r.error) for r in rs)
+        assert min(abs(r.calibrated_error) for r in rs) <= c <= max(abs(r.calibrated_error) for r in rs)
