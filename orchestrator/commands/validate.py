@@ -57,6 +57,10 @@ VPP = (1, 2, 4, 8)  # and the row's own (3, 12, 24 appear in the tables)
 CP = (1,)  # every published MoE row runs CP1 at 4K-8K tokens; CP stays at the row's value
 MBS = (1, 2, 4, 8)
 DISPATCHERS = ("alltoall", "flex:deepep", "flex:hybridep")
+# Megatron's --cuda-graph-impl values (megatron/core/transformer/transformer_config.py, cuda_graph_impl): what a row's
+# recipe ran; the per-layer two capture cuda_graph_scope, full_iteration the whole forward-backward
+CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
+PER_LAYER_GRAPHS = ("local", "transformer_engine")
 RECOMPUTE = ((), ("moe_act",), ("layernorm", "moe_act"), ("full",))
 MLA_RECOMPUTE = (("mla_up_proj",), ("mla_up_proj", "mlp"), ("mla_up_proj", "moe_act"))
 
@@ -134,6 +138,11 @@ def load_rows(path: Path = PUBLISHED) -> list[Row]:
         kw = dict(r)
         kw["recompute"] = tuple(kw.get("recompute") or ())
         kw["cuda_graph_scope"] = tuple(kw.get("cuda_graph_scope") or ())
+        if kw.get("cuda_graph_impl", "none") not in CUDA_GRAPH_IMPLS:
+            raise UserError(
+                f"{path}: line {kw.get('line')}: cuda_graph_impl {kw['cuda_graph_impl']!r} is not one of "
+                f"{', '.join(CUDA_GRAPH_IMPLS)}: write the impl the row's recipe sets"
+            )
         kw["held_out"] = kw["release"] in held
         kw.update(dtypes.get(kw["model"], {}))
         kw["file"] = kw.get("file") or src["file"]
@@ -469,7 +478,7 @@ def features(r: Result) -> dict[str, str]:
         "MBS": str(row.mbs),
         "T_expert": "<=2048" if t_expert <= 2048 else ("<=8192" if t_expert <= 8192 else ">8192"),
         "release": row.release,
-        "cuda_graphs": "per-layer" if row.cuda_graph_impl in ("local", "transformer_engine") else row.cuda_graph_impl,
+        "cuda_graphs": "per-layer" if row.cuda_graph_impl in PER_LAYER_GRAPHS else row.cuda_graph_impl,
     }
 
 

@@ -80,6 +80,15 @@ def test_a_release_neither_fitted_nor_held_out_is_refused(tmp_path):
         V.load_rows(bad)
 
 
+def test_a_row_with_an_unknown_cuda_graph_impl_is_refused(tmp_path):
+    data = yaml.safe_load(V.PUBLISHED.read_text())
+    data["rows"][0]["cuda_graph_impl"] = "full"  # a scope value, not an impl
+    bad = tmp_path / "rows.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(V.UserError, match="cuda_graph_impl 'full' is not one of none, local"):
+        V.load_rows(bad)
+
+
 @pytest.fixture(scope="module")
 def gb200_results():
     """Every GB200 row predicted once (fit and held out)."""
