@@ -14,7 +14,13 @@ Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's
                path's hybrid_model.py:310 always);
                core attention at attention_efficiency (BF16 peak);
                routed experts at gemm_efficiency x T_expert / (T_expert + EXPERT_GEMM_HALF_TOKENS)
-               (small expert batches run grouped GEMMs less efficiently), and x the hot-rank skew.
+               (small expert batches run grouped GEMMs less efficiently), and x the hot-rank skew;
+               plus what the main-grad accumulation outlasts: every microbatch's wgrad GEMMs add into the main
+               grads (Megatron-LM d98e8a64 megatron/core/transformer/moe/experts.py:525, :631
+               accumulate_into_main_grad; tensor_parallel/layers.py:721 wgrad_gemm_accum_fp32), a read and a
+               write of each local parameter's grad (memory.optimizer_bytes: 4 B, 2 B with BF16 main grads) at
+               HBM bandwidth, exposed beyond the wgrad GEMMs' own time, dense and expert apart. It binds where
+               many experts sit on one GPU (small EP): all 128 of Qwen3-235B's at EP1, not V4-Pro's EP32-128.
   a2a          per MoE layer 4 x t/TP x k x h x 2 B (dispatch + combine, fwd + bwd; x 1.5 when the
                MoE layer is recomputed, which dispatches again), over NVLink when the EP group
                stays in one NVLink domain (ep_domains == 1: one host, or on an NVL72 system one
@@ -285,18 +291,24 @@ def step_time(
     # one TP collective moves (TP-1)/TP of the full b S / CP x h tensor per GPU, on NVLink inside a host
     tp_bw = (nvl if tp <= stage.gpus_per_node else nic) * hw.allreduce_efficiency
     tp_coll = (tp - 1) / tp * b * S / cp * h * 2.0 / tp_bw if tp > 1 else 0.0
-    for r, (g, ex, at, rc, cps, cpf, moe_layers, _, _, act, colls) in enumerate(sums):
+    # every microbatch's weight-gradient GEMMs add into the FP32 (or the recipe's) main grads: read + write
+    grad_rw = 2.0 * optimizer_bytes(model, stage, recipe)[0]
+    for r, (g, ex, at, rc, cps, cpf, moe_layers, dense_p, routed_p, act, colls) in enumerate(sums):
         head = px.last_head if r == pp - 1 else 0.0
+        # one pass (forward, dgrad or wgrad) of the dense GEMMs and of the experts' grouped GEMMs
+        dense_pass = t / tp * (g / (peak * hw.gemm_efficiency) + head / (peak_attn * hw.gemm_efficiency))
+        expert_pass = t / tp * ex * skew / (peak * eff_expert if eff_expert else peak)
         compute = (
-            t
+            3 * (dense_pass + expert_pass)
+            + t
             / tp
             * (
-                (3 * g + rc) / (peak * hw.gemm_efficiency)
-                + 3 * head / (peak_attn * hw.gemm_efficiency)
+                rc / (peak * hw.gemm_efficiency)
                 + 3 * at / (peak_attn * hw.attention_efficiency)
-                + 3 * ex * skew / (peak * eff_expert if eff_expert else peak)
                 + act * elem_bytes / hbm
             )
+            + max(0.0, dense_p / tp * grad_rw / hbm - dense_pass)
+            + max(0.0, routed_p / (ep * etp) * grad_rw / hbm - expert_pass)
         )
         a2a = moe_layers * a2a_layer
         if a2a_hidden:  # 1F1B A2A overlap: dispatch/combine run under the other microbatch's compute

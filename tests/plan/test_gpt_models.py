@@ -288,6 +288,28 @@ def test_the_precision_aware_optimizer_is_emitted_counted_and_built_as_megatron_
         memory.optimizer_bytes(m, stage, replace(bf16, main_grads_dtype="fp8"))
 
 
+def test_every_microbatch_adds_its_weight_gradients_into_the_main_grads():
+    """Each microbatch's weight-gradient GEMMs add into the main grads (Megatron's gradient-accumulation fusion:
+    TE's GroupedLinear with accumulate_into_main_grad, megatron/core/transformer/moe/experts.py:525, :631): a read
+    and a write of every local parameter's main grad, FP32 unless the precision-aware optimizer's BF16. With all
+    128 experts of Qwen3-235B on every GPU (EP1) that traffic outlasts the experts' wgrad GEMMs and the compute
+    grows, less with BF16 main grads; at EP32 the same traffic per GPU is 32x smaller and hides under them."""
+    m, hw = model("qwen3_235b_a22b"), hardware("gb300")
+    stage = _stage(gpus=256, global_batch=8192, gpus_per_node=4, precision="mxfp8")
+    bf16 = replace(A.DEFAULT_RECIPE, main_grads_dtype="bf16", exp_avg_dtype="bf16")
+
+    def compute(lay: Layout, recipe) -> float:
+        return evaluate(m, hw, stage, lay, check_memory=False, recipe=recipe).prediction.step_components["compute"]
+
+    ep1, ep32 = Layout(tp=2, pp=8, vpp=2, ep=1, mbs=2), Layout(pp=4, ep=32, mbs=2)
+    saved = compute(ep1, A.DEFAULT_RECIPE) - compute(ep1, bf16)
+    # m = 256 microbatches, at most 12 of the 94 layers on a PP8 rank, 2 B less read and written per routed param
+    routed_layer = m.num_experts * 3 * m.hidden_size * m.moe_ffn_hidden_size
+    most = 256 * 12 * routed_layer * 4 / (hw.hbm_gb_s * 1e9)
+    assert most / 2 < saved <= most
+    assert compute(ep32, A.DEFAULT_RECIPE) == compute(ep32, bf16)
+
+
 def test_the_expert_output_is_written_but_not_kept():
     """Megatron applies the routing probabilities in the experts' activation and unpermutes without them, so no op
     saves the fc2 output (memory.NOT_SAVED): the memory model keeps the expert input, fc1 output and activation
