@@ -12,10 +12,10 @@ its measured peak. measured ~= sum_t f_t x term_t is fitted by non-negative leas
 residuals, each layout weighing the same whatever its PP, regularized toward 1 (a term the rows cannot
 separate keeps its analytic value), the same style as the step-time fit. On top, each measured recompute
 set may get its own activation multiplier (fit_sets), a set never measured the measured sets' spread
-upward. An OOM says the layout's true
-peak exceeded HBM (a lower bound): while the fit predicts an OOMed layout under HBM, its heaviest stage
-joins the rows at HBM. With fewer than MIN_LAYOUTS measured layouts, or when leave-one-layout-out says the
-per-term fit generalizes worse, one ratio is used for every term (calibrate.memory_factor).
+upward. An OOM says the layout's true peak exceeded HBM (a lower bound): while the fit predicts an OOMed
+layout under HBM, its heaviest stage joins the rows at HBM (one of a recompute set no measured layout used
+moves only that set's multiplier). With fewer than MIN_LAYOUTS measured layouts, or when leave-one-layout-out
+says the per-term fit generalizes worse, one ratio is used for every term (calibrate.memory_factor).
 
 The error band: each measured layout's heaviest stage predicted by a fit without that layout; the band is
 the largest relative miss (at least MIN_BAND). `calibrate.memory_estimate` applies it to any layout. Any
@@ -150,14 +150,27 @@ def _with_ooms(
     under HBM joins the rows as one more layout (its heaviest stage just over HBM: the least its true peak
     can be), until none is left under or OOM_PASSES. A pull, not a hard constraint: when the terms cannot
     reconcile an OOM with the layouts that ran, the measured rows keep their say and select.oom_dominated
-    prunes the OOM's knob-order twins instead."""
+    prunes the OOM's knob-order twins instead.
+
+    An OOM of a recompute set no measured layout shares moves only that set's activation multiplier: it says
+    that set keeps more than estimated, nothing about the model states or the measured sets' activations
+    (issue 19's `mixed` s112: selective-recompute OOMs pulled the shared factors up until the measured
+    full-recompute layouts were predicted 8-19% high, and the optimum, a full-recompute layout, stayed pruned)."""
     joined: dict[str, tuple[Stage, Sequence[str]]] = {}
+    measured = {recompute_key(rc) for rc in sets}
 
     def fit() -> dict[str, float]:
         rows = [*layouts, *([st] for st, _ in joined.values())]
         rcs = [*sets, *(rc for _, rc in joined.values())]
-        f = fit_terms(rows)
-        return fit_sets(rows, rcs, f) if per_set else f
+        shared = [(st, rc) for st, rc in zip(rows, rcs) if recompute_key(rc) in measured]
+        f = fit_terms([st for st, _ in shared])
+        if per_set:
+            return fit_sets(rows, rcs, f)
+        alone = [(st, rc) for st, rc in zip(rows, rcs) if recompute_key(rc) not in measured]
+        if not alone:
+            return f
+        own = fit_sets([st for st, _ in alone], [rc for _, rc in alone], f)
+        return {**f, **{k: v for k, v in own.items() if k.startswith("activations@") and k != "activations@*"}}
 
     factors = fit()
     for _ in range(OOM_PASSES):

@@ -124,6 +124,38 @@ def test_an_oom_is_a_lower_bound_that_pulls_the_fit_up():
     assert calibrate([*rows, small], hbm_gb=141.0, margin_gb=4.0).memory_factors == plain.memory_factors
 
 
+def test_an_oom_of_a_recompute_set_nothing_measured_moves_only_that_sets_multiplier():
+    """Issue 19's `mixed` s112: the layouts that ran all used full recompute; selective-recompute layouts OOMed.
+    Those OOMs say the selective set keeps more than estimated, not that the states or full recompute's
+    activations do: the measured rows' fit stays as it was, the OOM's set alone is pulled up to HBM."""
+    full = [
+        Observation(**{**r.__dict__, "layout": Layout(ep=r.layout.ep, recompute=("full",))}) for r in _layout_rows(6)
+    ]
+    plain = calibrate(full, hbm_gb=141.0, margin_gb=4.0)
+    big = tuple({"states": 40.0, "activations": 200.0, "buffers": 6.0} for _ in range(2))
+    oom = Observation(
+        key="oom",
+        layout=Layout(ep=64, recompute=("mhc",)),
+        raw_components={"compute": 1.0},
+        raw_step_s=1.0,
+        raw_memory_gb=246.0,
+        failure_class="OOM",
+        raw_memory_terms=big,
+    )
+    assert memfit.peak(big, plain.memory_factors, ("mhc",))[0] < 141.0  # the measured rows alone say it fits
+    fit = calibrate([*full, oom], hbm_gb=141.0, margin_gb=4.0)
+    assert fit.memory_method == "terms"
+    assert {t: fit.memory_factors[t] for t in TERMS} == plain.memory_factors
+    assert fit.memory_factors["activations@mhc"] > 1.0 and "activations@full" not in fit.memory_factors
+    assert memfit.peak(big, fit.memory_factors, ("mhc",))[0] == pytest.approx(141.0 * memfit.OOM_OVER, rel=0.02)
+    for r in full:  # the layouts that ran are predicted as before
+        before = memfit.peak(r.raw_memory_terms, plain.memory_factors, ("full",))[0]
+        assert memfit.peak(r.raw_memory_terms, fit.memory_factors, ("full",))[0] == pytest.approx(before)
+    # a set neither measured nor OOMed keeps the shared factors
+    unseen = memfit.peak(big, fit.memory_factors, ("moe_act",))[0]
+    assert unseen == pytest.approx(memfit.peak(big, plain.memory_factors)[0])
+
+
 def test_band_predicate_and_estimate():
     terms = ({"states": 50.0, "activations": 100.0, "buffers": 10.0},)
     fit = Fit(method="none", memory_method="terms", memory_factors=dict(HIDDEN), memory_band=0.1)
