@@ -162,8 +162,7 @@ def _with_ooms(
     def fit() -> dict[str, float]:
         rows = [*layouts, *([st] for st, _ in joined.values())]
         rcs = [*sets, *(rc for _, rc in joined.values())]
-        shared = [(st, rc) for st, rc in zip(rows, rcs) if recompute_key(rc) in measured]
-        f = fit_terms([st for st, _ in shared])
+        f = fit_terms([st for st, rc in zip(rows, rcs) if recompute_key(rc) in measured])
         if per_set:
             return fit_sets(rows, rcs, f)
         alone = [(st, rc) for st, rc in zip(rows, rcs) if recompute_key(rc) not in measured]
