@@ -155,7 +155,7 @@ def _with_ooms(
     An OOM of a recompute set no measured layout shares moves only that set's activation multiplier: it says
     that set keeps more than estimated, nothing about the model states or the measured sets' activations
     (issue 19's `mixed` s112: selective-recompute OOMs pulled the shared factors up until the measured
-    full-recompute layouts were predicted 8-19% high, and the optimum, a full-recompute layout, stayed pruned)."""
+    full-recompute layouts were predicted 9-23% high, and the optimum, a full-recompute layout, stayed pruned)."""
     joined: dict[str, tuple[Stage, Sequence[str]]] = {}
     measured = {recompute_key(rc) for rc in sets}
 
