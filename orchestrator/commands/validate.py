@@ -379,18 +379,26 @@ class Summary:
         }
 
 
-def summarise(results: Sequence[Result], factors: Mapping[str, float]) -> Summary:
-    def med(xs: list[float]) -> float:
-        return statistics.median(xs) if xs else float("nan")
+def median_errors(results: Sequence[Result]) -> tuple[float, float]:
+    """(median |error| uncalibrated, calibrated) of a set of rows; NaN for none."""
+    if not results:
+        return float("nan"), float("nan")
+    return (
+        statistics.median(abs(r.error) for r in results),
+        statistics.median(abs(r.calibrated_error) for r in results),
+    )
 
+
+def summarise(results: Sequence[Result], factors: Mapping[str, float]) -> Summary:
     held = [r for r in results if r.row.held_out]
     worst = max(results, key=lambda r: abs(r.calibrated_error))
+    (all_u, all_c), (held_u, held_c) = median_errors(results), median_errors(held)
     return Summary(
         rows=len(results),
-        median_abs=med([abs(r.error) for r in results]),
-        median_abs_calibrated=med([abs(r.calibrated_error) for r in results]),
-        held_out_median_abs=med([abs(r.error) for r in held]),
-        held_out_median_abs_calibrated=med([abs(r.calibrated_error) for r in held]),
+        median_abs=all_u,
+        median_abs_calibrated=all_c,
+        held_out_median_abs=held_u,
+        held_out_median_abs_calibrated=held_c,
         worst_abs_calibrated=abs(worst.calibrated_error),
         worst_row=f"{worst.row.release} {worst.row.model} {worst.row.system} (line {worst.row.line})",
         worst_abs=max(abs(r.error) for r in results),
@@ -408,14 +416,7 @@ def held_out_by_release(results: Sequence[Result]) -> dict[str, tuple[int, float
     for r in results:
         if r.row.held_out:
             by.setdefault(r.row.release, []).append(r)
-    return {
-        rel: (
-            len(rs),
-            statistics.median(abs(r.error) for r in rs),
-            statistics.median(abs(r.calibrated_error) for r in rs),
-        )
-        for rel, rs in sorted(by.items())
-    }
+    return {rel: (len(rs), *median_errors(rs)) for rel, rs in sorted(by.items())}
 
 
 def validate(rows: Sequence[Row] | None = None) -> tuple[list[Result], Summary]:
