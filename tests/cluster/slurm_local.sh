@@ -34,7 +34,19 @@ T0=$(date +%s%N)
 log() { printf '[slurm_local %6.1fs] %s\n' "$(( ($(date +%s%N) - T0) / 1000000 ))e-3" "$*"; }
 die() { echo "slurm_local: error: $*" >&2; exit 1; }
 
-pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1" 2>/dev/null)" 2>/dev/null; }
+pid_alive() {  # pid_alive PIDFILE: its pid runs and is still the daemon the file is named after
+    # After a crash or a reboot a pidfile outlives its daemon and the kernel hands the pid to another
+    # process: kill -0 alone would then skip starting that slurmd (its node stays unk* until `up` gives
+    # up) and `down` would SIGTERM a stranger. slurmd-n1.pid must be `slurmd -N n1`; slurmctld.pid slurmctld.
+    local pid name cmd
+    pid=$(cat "$1" 2>/dev/null) && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+    name=$(basename "$1" .pid)
+    cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+    case "$name" in
+        slurmd-*) [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = slurmd ] && [[ " $cmd" == *" -N ${name#slurmd-} "* ]] ;;
+        *) [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ] ;;
+    esac
+}
 
 wait_for() {  # wait_for SECONDS DESCRIPTION CMD...
     local limit=$1 what=$2; shift 2
@@ -222,7 +234,7 @@ cmd_up() {
     wait_for 20 "slurmd n1..n4 started" all_daemons_alive || die "a slurmd exited (see $DIR/log/slurmd-n*.log)"
     resume_nodes
     wait_for 60 "4 nodes usable" nodes_usable \
-        || die "nodes not usable: $(sinfo -h -N -o '%N %t %E' | sort -u | paste -sd';' -)"
+        || die "nodes not usable: $(sinfo -h -N -o '%N %t %E' | sort -u | paste -sd';' -) (see $DIR/log/slurmd-<node>.log)"
     log "nodes: $(sinfo -h -N -o '%N=%t(%G)' | sort -u | paste -sd' ' -)"
     wait_for 30 "sacct answers" sacct_answers || die "sacct does not answer (see $DIR/log/slurmdbd.log)"
     log "cluster up"
