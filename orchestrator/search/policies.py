@@ -135,21 +135,37 @@ class Policy:
         return round_robin(per_source, limit, key=lambda p: p.key)
 
 
-def knob_effects(rows: list[Observation]) -> dict[tuple, list[float]]:
-    """(knob, from, to) -> measured step ratios of every pair of measured layouts differing only in that knob.
+# A measured knob effect transfers only where the knobs it depends on hold the same values: the dispatcher's
+# on how many nodes the EP group spans (moves.COUPLED's ("ep", "dispatcher")).
+EFFECT_CONTEXT: dict[str, tuple[str, ...]] = {"dispatcher": ("ep",)}
 
-    A knob change that was measured once (anywhere in the stage) predicts the same change elsewhere better
-    than any analytic model: e.g. a dispatcher swap that changed nothing is not worth a run again.
+
+def effect_key(a: Layout, b: Layout) -> tuple | None:
+    """The key of the one-factor change a -> b in `knob_effects`: (knob, from, to, context), the context being
+    the values of the knobs its effect depends on (EFFECT_CONTEXT), which a and b share. None: not one factor."""
+    knob = changed_knob(a, b)
+    if knob is None:
+        return None
+    context = tuple((k, knob_value(a, k)) for k in EFFECT_CONTEXT.get(knob, ()))
+    return knob, knob_value(a, knob), knob_value(b, knob), context
+
+
+def knob_effects(rows: list[Observation]) -> dict[tuple, list[float]]:
+    """`effect_key` -> measured step ratios of every pair of measured layouts differing only in that knob.
+
+    A knob change that was measured once predicts the same change elsewhere better than any analytic model
+    (e.g. a dispatcher swap that changed nothing is not worth a run again), but only where the knobs coupled
+    with it hold the same values: a dispatcher's effect depends on how many nodes the EP group spans, so a
+    HybridEP measured slow at EP128 says nothing of HybridEP at EP32 (on the bench's cliffs surface it did, and
+    the sweep never tried HybridEP again).
     """
     ok = [r for r in rows if r.ok]
     out: dict[tuple, list[float]] = {}
     for a in ok:
         for b in ok:
-            knob = changed_knob(a.layout, b.layout) if a is not b else None
-            if knob:
-                out.setdefault((knob, knob_value(a.layout, knob), knob_value(b.layout, knob)), []).append(
-                    b.measured_step_s / a.measured_step_s
-                )
+            key = effect_key(a.layout, b.layout) if a is not b else None
+            if key:
+                out.setdefault(key, []).append(b.measured_step_s / a.measured_step_s)
     return out
 
 
@@ -275,10 +291,11 @@ class CalibratedNeighbours(Policy):
 
             def est(c, b=b, b_pred=b_pred) -> float:
                 """Optimistic step of neighbour c, relative to b's measurement: the measured effect of the same
-                knob change elsewhere in the ledger when there is one (known, so taken as is), else the
-                residual model's optimistic bound for c over its estimate of b."""
-                knob = changed_knob(b.layout, c.layout)
-                seen = effects.get((knob, knob_value(b.layout, knob), knob_value(c.layout, knob))) if knob else None
+                knob change elsewhere in the ledger, with its coupled knobs as here (effect_key), when there is
+                one (known, so taken as is), else the residual model's optimistic bound for c over its estimate
+                of b."""
+                key = effect_key(b.layout, c.layout)
+                seen = effects.get(key) if key else None
                 if seen:
                     return b.measured_step_s * statistics.median(seen)
                 return b.measured_step_s * bounds[c.key][0] / max(b_pred, 1e-12)
@@ -296,6 +313,20 @@ class CalibratedNeighbours(Policy):
             firsts = sorted(((k, v[0]) for k, v in ranked.items()), key=lambda t: (t[0].startswith("joint"), est(t[1])))
             rest = sorted(((k, c) for k, v in ranked.items() for c in v[1:]), key=lambda t: est(t[1]))
             per_anchor.append([(c, k, b.key, est(c), bounds[c.key][1]) for k, c in firsts + rest if worth(est(c))])
+        # The best's sibling with a dispatcher never measured at its EP is measured, not modelled: the planner
+        # prices the dispatchers worst of all knobs (docs/validate.md). One a round, the one the estimate favours.
+        tried = {(r.layout.ep, knob_value(r.layout, "dispatcher")) for r in inp.observations if r.ok}
+        sibling = next(
+            (
+                t
+                for t in (per_anchor[0] if per_anchor else [])
+                if t[1] == "neighbour:dispatcher"
+                and (t[0].layout.ep, knob_value(t[0].layout, "dispatcher")) not in tried
+            ),
+            None,
+        )
+        if sibling:
+            lists.append([sibling])
         picks = round_robin(lists, size, key=lambda t: t[0].key)
         taken = {t[0].key for t in picks}
         picks += [t for t in model if t[0].key not in taken][: max(0, min(n_model, size - len(picks)))]

@@ -148,14 +148,21 @@ def test_oom_dominance_prunes_layouts_needing_more_memory():
     assert not oom_dominated(replace(oom, pp=8), rows)
 
 
-def test_knob_effects_are_measured_one_factor_ratios():
-    from orchestrator.search.policies import knob_effects
+def test_knob_effects_are_measured_one_factor_ratios_where_the_coupled_knobs_agree():
+    from orchestrator.search.policies import effect_key, knob_effects
 
     a = obs("a", 10.0, lay=BASE)
     b = obs("b", 12.0, lay=replace(BASE, ep=32))
     c = obs("c", 9.0, lay=replace(BASE, ep=32, cp=2))  # two knobs from a: no pair with a
-    eff = knob_effects([a, b, c, obs("d", None, lay=replace(BASE, mbs=2), fc="OOM")])
-    assert eff[("ep", (64,), (32,))] == [1.2]
-    assert eff[("ep", (32,), (64,))] == [10.0 / 12.0]
-    assert eff[("cp", (1,), (2,))] == [0.75]
-    assert not any(k[0] == "mbs" for k in eff)
+    hybrid = dict(dispatcher="flex", flex_backend="hybridep")
+    d = obs("d", 15.0, lay=replace(BASE, **hybrid))  # HybridEP measured slow at EP64
+    eff = knob_effects([a, b, c, d, obs("e", None, lay=replace(BASE, mbs=2), fc="OOM")])
+    assert eff[effect_key(BASE, b.layout)] == [1.2]
+    assert eff[effect_key(b.layout, BASE)] == [10.0 / 12.0]
+    assert eff[effect_key(b.layout, c.layout)] == [0.75]
+    assert eff[effect_key(BASE, d.layout)] == [1.5]
+    # the dispatcher's effect depends on the EP group (moves.COUPLED): EP64's says nothing of EP32's
+    assert effect_key(b.layout, replace(b.layout, **hybrid)) not in eff
+    # CP's is coupled with PP only: the EP32 pair's CP effect holds at EP64 with the same PP
+    assert effect_key(BASE, replace(BASE, cp=2)) == effect_key(b.layout, c.layout)
+    assert len(eff) == 6  # a<->b, b<->c, a<->d: nothing from the OOM, nothing across two knobs
