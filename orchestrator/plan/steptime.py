@@ -78,6 +78,7 @@ from orchestrator.plan.pipeline import checked_split, cumulative
 from orchestrator.plan.recompute import redispatches
 
 COMPONENTS = ("compute", "a2a", "cp_exchange", "pp_p2p", "bubble", "grad_sync", "optimizer", "tp_comm")
+PER_MICROBATCH = ("compute", "a2a", "cp_exchange", "pp_p2p", "tp_comm")  # m x the slowest rank's: its stage time
 
 EXPERT_GEMM_HALF_TOKENS = 256.0  # tokens per expert at which grouped GEMM reaches half its efficiency
 P2P_EXPOSED_WITH_VPP = 0.5  # share of PP p2p left on the critical path with interleaving (overlap on)
@@ -333,11 +334,23 @@ def step_time(
     }
     probe = m * per_rank[pp - 1][0] + comp["optimizer"]
     if factors:
-        for c, x in factors.items():
-            comp[c] *= float(x)
+        comp = scaled(comp, factors)
     return StepTime(
         total_s=sum(comp.values()), components=comp, slowest_stage=slow, stage_times_s=tuple(totals), probe_s=probe
     )
+
+
+def scaled(comp: Mapping[str, float], factors: Mapping[str, float], fixed: Sequence[str] = ()) -> dict[str, float]:
+    """The one rule for applying step factors: each component x its factor (1 if none; 1 for those in `fixed`,
+    which a rank probe measured), and the bubble, m x the stage time x f / (1 - f), also x the scaled stage
+    time over the raw one. Why: a calibrated stage time moves the idle time it sets; with the bubble on its own
+    factor alone, fitted where pipelines are shallow, every deep pipeline kept the raw stage time's bubble
+    (docs/search.md). The bubble's own factor stays, for what the stage time does not explain."""
+    out = {c: v * (1.0 if c in fixed else float(factors.get(c, 1.0))) for c, v in comp.items()}
+    stage = sum(comp.get(c, 0.0) for c in PER_MICROBATCH)
+    if stage > 0 and "bubble" in out:
+        out["bubble"] *= sum(out.get(c, 0.0) for c in PER_MICROBATCH) / stage
+    return out
 
 
 @lru_cache(maxsize=4096)

@@ -91,36 +91,58 @@ def _mape(pred: Sequence[float], meas: Sequence[float]) -> float | None:
     return sum(abs(p - m) / m for p, m in pairs) / len(pairs) if pairs else None
 
 
+BUBBLE_PASSES = 4  # alternations of the bubble's column and the factors (the bench's figures are with 4)
+
+
 def _fit_components(rows: list[Observation], names: list[str]) -> dict[str, float]:
     """Regularized NNLS on relative residuals over the components that vary in these rows. A probed row's
-    compute and optimizer are measured (compose.split): it fits the rest on its residual."""
+    compute and optimizer are measured (compose.split): it fits the rest on its residual. The bubble follows the
+    scaled stage time (steptime.scaled), so the step is linear in the bubble's own factor with the others held
+    and the reverse: its column is refreshed from the factors of the pass before."""
     y = np.array([r.step_s for r in rows], dtype=float)
     parts = [compose.split(r.raw_components, r.probe_scale) for r in rows]
-    a = np.array([[rest.get(c, 0.0) for c in names] for _, rest in parts], dtype=float) / y[:, None]
     target = np.array([1.0 - fixed / yi for (fixed, _), yi in zip(parts, y, strict=True)])
-    live = [i for i, c in enumerate(names) if a[:, i].max() > 1e-6]
     factors = {c: 1.0 for c in names}
-    if not live:
-        return factors
-    a_live = a[:, live]
-    reg = np.sqrt(REG) * np.eye(len(live))
-    a_aug = np.vstack([a_live, reg])
-    b_aug = np.concatenate([target, np.sqrt(REG) * np.ones(len(live))])
-    x = nnls(a_aug, b_aug)
-    for i, j in enumerate(live):
-        factors[names[j]] = float(x[i])
+    for _ in range(BUBBLE_PASSES):
+        cols = [
+            [rest.get(c, 0.0) * (_bubble_ratio(factors, r) if c == "bubble" else 1.0) for c in names]
+            for r, (_, rest) in zip(rows, parts, strict=True)
+        ]
+        a = np.array(cols, dtype=float) / y[:, None]
+        live = [i for i, c in enumerate(names) if a[:, i].max() > 1e-6]
+        if not live:
+            return factors
+        reg = np.sqrt(REG) * np.eye(len(live))
+        x = nnls(np.vstack([a[:, live], reg]), np.concatenate([target, np.sqrt(REG) * np.ones(len(live))]))
+        for i, j in enumerate(live):
+            factors[names[j]] = float(x[i])
     return factors
+
+
+def _bubble_ratio(factors: dict[str, float], row: Observation) -> float:
+    """The scaled stage time over the raw one for this row under `factors`: what the bubble's column carries."""
+    raw_bubble = compose.components(row.raw_components, row.probe_scale).get("bubble", 0.0)
+    if raw_bubble <= 0:
+        return 1.0
+    return compose.calibrated({**factors, "bubble": 1.0}, row.raw_components, row.probe_scale)["bubble"] / raw_bubble
 
 
 def _ratio(rows: list[Observation]) -> float:
     """The one factor: median of measured / predicted over what calibration scales (a probed row's residual
-    over its unmeasured components)."""
+    over its unmeasured components). The bubble keeps factor 1 and follows the scaled stage time, so a row's
+    step is affine in the ratio: p0 + ratio x p1."""
     ratios = []
     for r in rows:
-        fixed, rest = compose.split(r.raw_components, r.probe_scale)
-        if sum(rest.values()) > 0:
-            ratios.append(max(0.0, r.measured_step_s - fixed) / sum(rest.values()))
+        p0 = compose.step(_ratio_factors(r.raw_components, 0.0), r.raw_components, r.probe_scale)
+        p1 = compose.step(_ratio_factors(r.raw_components, 1.0), r.raw_components, r.probe_scale) - p0
+        if p1 > 0:
+            ratios.append(max(0.0, r.measured_step_s - p0) / p1)
     return float(statistics.median(ratios)) if ratios else 1.0
+
+
+def _ratio_factors(names, ratio: float) -> dict[str, float]:
+    """The ratio method's factors: `ratio` on every component but the bubble, which follows the stage time."""
+    return {c: 1.0 if c == "bubble" else ratio for c in names}
 
 
 def _component_names(rows: list[Observation]) -> list[str]:
@@ -143,8 +165,7 @@ def _loo(rows: list[Observation], names: list[str], method: str) -> float | None
     for i, held in enumerate(rows):
         rest = rows[:i] + rows[i + 1 :]
         if method == "ratio":
-            ratio = _ratio(rest)
-            pred = _predict(dict.fromkeys(names, ratio), held)
+            pred = _predict(_ratio_factors(names, _ratio(rest)), held)
         else:
             pred = _predict(_fit_components(rest, names), held)
         errs.append(abs(pred - held.measured_step_s) / held.measured_step_s)
@@ -196,7 +217,7 @@ def calibrate(rows: Sequence[Observation], *, hbm_gb: float, margin_gb: float) -
         return fit
     fit.mape_before = _mape([r.raw_step_s for r in ok], [r.measured_step_s for r in ok])
     ratio = _ratio(ok)
-    fit.method, fit.factors = "ratio", {c: ratio for c in names}
+    fit.method, fit.factors = "ratio", _ratio_factors(names, ratio)
     fit.loo_mape = _loo(ok, names, "ratio")
     if len(ok) >= MIN_ROWS_COMPONENTS and names:
         loo_c = _loo(ok, names, "components")

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from orchestrator.plan.steptime import PER_MICROBATCH, scaled
+
 MEASURED = ("compute", "optimizer")  # what a rank probe times (scaled by the probe, factor 1)
-PER_MICROBATCH = ("compute", "a2a", "cp_exchange", "pp_p2p", "tp_comm")  # m x the slowest rank's: its stage time
 
 
 def components(raw: Mapping[str, float], probe_scale: float | None) -> dict[str, float]:
@@ -53,8 +54,15 @@ def split(raw: Mapping[str, float], probe_scale: float | None) -> tuple[float, d
     return fixed, comp
 
 
+def calibrated(
+    factors: Mapping[str, float], raw: Mapping[str, float], probe_scale: float | None = None
+) -> dict[str, float]:
+    """The composed components: the probe-measured ones as measured, the factors applied to the rest
+    (steptime.scaled, the one rule: the bubble follows the scaled stage time); without a probe, the
+    calibrated planner's."""
+    return scaled(components(raw, probe_scale), factors, fixed=MEASURED if probe_scale is not None else ())
+
+
 def step(factors: Mapping[str, float], raw: Mapping[str, float], probe_scale: float | None = None) -> float:
-    """The composed step: the probe-measured part + sum of factor x component over what it cannot see;
-    the calibrated planner (sum of factor x component) without a probe."""
-    fixed, rest = split(raw, probe_scale)
-    return fixed + sum(factors.get(c, 1.0) * v for c, v in rest.items())
+    """The composed step: the sum of `calibrated`."""
+    return sum(calibrated(factors, raw, probe_scale).values())

@@ -362,8 +362,12 @@ def test_step_time_positive_and_factors_scale_their_component(lay, data):
     comp = data.draw(st.sampled_from(steptime.COMPONENTS))
     x = data.draw(st.floats(0.5, 3.0))
     _, _, _, scaled = predict(lay, factors={comp: x})
+    stage = sum(t.components[c] for c in steptime.PER_MICROBATCH)
     for c in steptime.COMPONENTS:
         want = t.components[c] * (x if c == comp else 1.0)
+        if c == "bubble" and comp in steptime.PER_MICROBATCH and stage > 0:
+            # the bubble (m x the stage time x f / (1 - f)) follows the scaled stage time
+            want *= (stage + t.components[comp] * (x - 1.0)) / stage
         assert scaled.components[c] == pytest.approx(want)
 
 
