@@ -146,8 +146,12 @@ def effect_key(a: Layout, b: Layout) -> tuple | None:
     knob = changed_knob(a, b)
     if knob is None:
         return None
-    context = tuple((k, knob_value(a, k)) for k in EFFECT_CONTEXT.get(knob, ()))
-    return knob, knob_value(a, knob), knob_value(b, knob), context
+    return knob, knob_value(a, knob), knob_value(b, knob), effect_context(a, knob)
+
+
+def effect_context(layout: Layout, knob: str) -> tuple:
+    """The layout's values of the knobs `knob`'s effect depends on (EFFECT_CONTEXT)."""
+    return tuple((k, knob_value(layout, k)) for k in EFFECT_CONTEXT.get(knob, ()))
 
 
 def knob_effects(rows: list[Observation]) -> dict[tuple, list[float]]:
@@ -313,17 +317,16 @@ class CalibratedNeighbours(Policy):
             firsts = sorted(((k, v[0]) for k, v in ranked.items()), key=lambda t: (t[0].startswith("joint"), est(t[1])))
             rest = sorted(((k, c) for k, v in ranked.items() for c in v[1:]), key=lambda t: est(t[1]))
             per_anchor.append([(c, k, b.key, est(c), bounds[c.key][1]) for k, c in firsts + rest if worth(est(c))])
+
         # The best's sibling with a dispatcher never measured at its EP is measured, not modelled: the planner
         # prices the dispatchers worst of all knobs (docs/validate.md). One a round, the one the estimate favours.
-        tried = {(r.layout.ep, knob_value(r.layout, "dispatcher")) for r in inp.observations if r.ok}
+        def where(lay: Layout) -> tuple:
+            return effect_context(lay, "dispatcher"), knob_value(lay, "dispatcher")
+
+        tried = {where(r.layout) for r in inp.observations if r.ok}
+        anchor_moves = per_anchor[0] if per_anchor else []
         sibling = next(
-            (
-                t
-                for t in (per_anchor[0] if per_anchor else [])
-                if t[1] == "neighbour:dispatcher"
-                and (t[0].layout.ep, knob_value(t[0].layout, "dispatcher")) not in tried
-            ),
-            None,
+            (t for t in anchor_moves if t[1] == "neighbour:dispatcher" and where(t[0].layout) not in tried), None
         )
         if sibling:
             lists.append([sibling])
