@@ -19,7 +19,7 @@ surely OOMs: a cheap fit probe decides, not the model).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -140,7 +140,7 @@ def _ratio(rows: list[Observation]) -> float:
     return float(statistics.median(ratios)) if ratios else 1.0
 
 
-def _ratio_factors(names, ratio: float) -> dict[str, float]:
+def _ratio_factors(names: Iterable[str], ratio: float) -> dict[str, float]:
     """The ratio method's factors: `ratio` on every component but the bubble, which follows the stage time."""
     return {c: 1.0 if c == "bubble" else ratio for c in names}
 
