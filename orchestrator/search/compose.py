@@ -24,25 +24,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from orchestrator.plan.steptime import PER_MICROBATCH, scaled
+from orchestrator.plan.steptime import scaled
 
 MEASURED = ("compute", "optimizer")  # what a rank probe times (scaled by the probe, factor 1)
 
 
 def components(raw: Mapping[str, float], probe_scale: float | None) -> dict[str, float]:
     """The raw planner components with a probe's measured compute in place (`probe_scale` = measured /
-    predicted compute-only step): compute and optimizer x scale, the bubble x the ratio of stage times (the
-    bubble is the stage time x f / (1 - f)). None: the raw components unchanged."""
-    out = dict(raw)
+    predicted compute-only step): compute and optimizer x scale, the bubble following the stage time
+    (steptime.scaled, the one rule). None: the raw components unchanged."""
     if probe_scale is None:
-        return out
-    stage = sum(raw.get(c, 0.0) for c in PER_MICROBATCH)
-    for c in MEASURED:
-        if c in out:
-            out[c] = raw[c] * probe_scale
-    if stage > 0 and "bubble" in out:
-        out["bubble"] = raw["bubble"] * (stage + raw.get("compute", 0.0) * (probe_scale - 1.0)) / stage
-    return out
+        return dict(raw)
+    return scaled(raw, dict.fromkeys(MEASURED, probe_scale))
 
 
 def split(raw: Mapping[str, float], probe_scale: float | None) -> tuple[float, dict[str, float]]:

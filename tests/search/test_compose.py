@@ -9,6 +9,7 @@ import random
 import pytest
 
 from orchestrator.core.states import Fidelity
+from orchestrator.plan import steptime
 from orchestrator.plan.layout import Layout
 from orchestrator.search import compose
 from orchestrator.search.calibrate import calibrate
@@ -30,7 +31,7 @@ def _comps(rng: random.Random) -> dict[str, float]:
 def _true_step(comps: dict[str, float], compute_error: float, comm: dict[str, float]) -> tuple[float, float]:
     """(full step, what a probe of it measures) of a machine whose compute is `compute_error` x the planner's
     and whose communication is `comm[c]` x the planner's (the bubble follows the stage time)."""
-    stage = sum(comps.get(c, 0.0) for c in compose.PER_MICROBATCH)
+    stage = sum(comps.get(c, 0.0) for c in steptime.PER_MICROBATCH)
     true_stage = comps["compute"] * compute_error + sum(comm[c] * comps[c] for c in ("a2a", "pp_p2p"))
     probe = (comps["compute"] + comps["optimizer"]) * compute_error
     step = (
