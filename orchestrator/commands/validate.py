@@ -63,6 +63,10 @@ CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 PER_LAYER_GRAPHS = ("local", "transformer_engine")
 RECOMPUTE = ((), ("moe_act",), ("layernorm", "moe_act"), ("full",))
 MLA_RECOMPUTE = (("mla_up_proj",), ("mla_up_proj", "mlp"), ("mla_up_proj", "moe_act"))
+# V4's own: Megatron dev's V4 recipes recompute the MLA up-projections, V4-Pro's the mHC too
+# (examples/moe_recipes/deepseek_v4_{flash,pro}/*.yaml at d48bd6be0a85, recompute_modules)
+V4_RECOMPUTE = (("mla_up_proj",), ("mhc", "mla_up_proj"))
+FAMILY_RECOMPUTE = {"mla": MLA_RECOMPUTE, "dsv4_hybrid": V4_RECOMPUTE}
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,7 @@ def search_space(row: Row, model: ModelConfig) -> SearchConfig:
     """Every layout the row's rank is taken among: the module's knob lists, EP over the divisors of E up to N,
     the recompute sets of the model's family, and NVIDIA's own values (so its layout is in the space)."""
     ep = sorted({e for e in (1, 2, 4, 8, 16, 32, 64, 128, 256) if e <= row.gpus and model.num_experts % e == 0})
-    recompute = list(RECOMPUTE) + (list(MLA_RECOMPUTE) if model.attention_variant == "mla" else [])
+    recompute = list(RECOMPUTE) + list(FAMILY_RECOMPUTE.get(model.attention_variant, ()))
     recompute.append(tuple(sorted(row.recompute)))
 
     def plus(values: Iterable[Any], own: Any) -> list[Any]:

@@ -28,7 +28,8 @@ ATTENTION_VARIANTS = ("dsv4_hybrid", "mla", "gqa")  # V4's hybrid stack; the GPT
 @dataclass
 class ModelConfig:
     """A MoE model, described with Megatron's own argument names. The defaults are DeepSeek-V4-Pro's; a model
-    YAML of another family (conf/model/dsv3.yaml, qwen3_*.yaml, gpt_oss_120b.yaml) carries what differs.
+    YAML (V4-Flash: conf/model/dsv4_flash.yaml; another family: dsv3.yaml, qwen3_*.yaml, gpt_oss_120b.yaml)
+    carries what differs.
 
     attention_variant picks the Megatron path: dsv4_hybrid trains on pretrain_hybrid.py (CSA/HCA attention,
     mHC, the '|' layer pattern), mla and gqa on pretrain_gpt.py (plain multi-latent or grouped-query attention,
@@ -73,10 +74,10 @@ class ModelConfig:
     moe_ffn_hidden_size: int = ranged(3072, 1)  # f
     moe_shared_expert_intermediate_size: int = ranged(3072, 0)  # one shared expert
     moe_n_hash_layers: int = ranged(3, 0)
-    # Router (the GPT path reads these; the V4 path writes its recipe's values, workload.recipe)
+    # Router (the GPT path reads these; the V4 path writes its recipe's values, workload.recipe, but the scaling)
     moe_router_score_function: str = "sqrtsoftplus"
     moe_router_enable_expert_bias: bool = True
-    moe_router_topk_scaling_factor: float | None = ranged(None, gt=0)  # GPT path only (V4: workload.recipe's)
+    moe_router_topk_scaling_factor: float | None = ranged(None, gt=0)  # None: workload.recipe's (V4-Pro 2.5)
     moe_router_num_groups: int | None = ranged(None, 1)  # group-limited routing (DeepSeek-V3: 8 groups, top 4)
     moe_router_group_topk: int | None = ranged(None, 1)
     moe_router_load_balancing_type: str = "seq_aux_loss"

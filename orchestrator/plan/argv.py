@@ -306,7 +306,8 @@ def _moe(a: _Argv, model: ModelConfig, recipe: RecipeConfig, layout: Layout, lay
     a.add("--moe-router-load-balancing-type", model.moe_router_load_balancing_type)
     a.add("--moe-aux-loss-coeff", recipe.moe_aux_loss_coeff)
     a.add("--moe-router-score-function", "sqrtsoftplus")
-    a.add("--moe-router-topk-scaling-factor", recipe.moe_router_topk_scaling_factor)
+    scaling = model.moe_router_topk_scaling_factor  # V4-Flash sets its own (1.5); V4-Pro takes the recipe's
+    a.add("--moe-router-topk-scaling-factor", recipe.moe_router_topk_scaling_factor if scaling is None else scaling)
     a.add("--moe-router-enable-expert-bias")
     a.add("--moe-router-bias-update-rate", recipe.moe_router_bias_update_rate)
     a.add("--moe-router-dtype", "fp32")

@@ -1,7 +1,8 @@
 """Megatron's own verdict on argvs, with a given Megatron tree first on sys.path (one tree per process).
 
 `python -m tests.job.megatron_probe <tree> <cases.json> [--no-preflight] [--stand-in-triton]`
-(tests/megatron_env.run_in_tree): each case is {"key", "argv", "world", "env", "te"}; every case goes through
+(tests/megatron_env.run_in_tree): each case is {"key", "argv", "world", "env", "te"} and optionally "arch" (the
+GPU's compute capability Megatron sees, 9 when absent; 10 for MXFP8 on Blackwell); every case goes through
 orchestrator.job.megatron_check.check_candidate (parse_args + validate_args in the job's env, seeing Transformer
 Engine `te`, then the optimizer config and the LR scheduler) and, as preflight runs it (strict: the argv as the
 job gets it), through orchestrator.job.preflight.validate_candidates; --no-preflight skips the second.
@@ -79,7 +80,13 @@ def main(tree: Path, cases_file: Path, *, preflight: bool = True, stand_in_trito
     core = sys.modules["megatron.core"].__file__
     cases = json.loads(cases_file.read_text())
     verdicts = {
-        c["key"]: megatron_check.check_candidate(c["argv"], c["world"], env=c.get("env"), te_version=c.get("te"))
+        c["key"]: megatron_check.check_candidate(
+            c["argv"],
+            c["world"],
+            env=c.get("env"),
+            te_version=c.get("te"),
+            arch=c.get("arch", megatron_check.HOPPER_ARCH),
+        )
         for c in cases
     }
     if not preflight:
