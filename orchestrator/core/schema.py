@@ -154,8 +154,9 @@ class BudgetConfig:
     max_gpu_hours: float = ranged(2000.0, gt=0)  # every attempt (probe, screen, full) and the finalists count
     max_rounds: int = ranged(6, 1)
     # The sweep has converged after this many rounds in a row without a gain > policy.converge_gain over the
-    # best (and no screened contender waiting). A stage's own: where the optimum lies moves away from the
-    # first evidence (8k: joint EP+PP moves from the promoted 1k winners) it takes more (docs/search.md).
+    # best nor a full-window near-tie within it (and no screened contender waiting). A stage's own: where the
+    # optimum lies moves away from the first evidence (8k: joint EP+PP moves from the promoted 1k winners) it
+    # takes more (docs/search.md).
     converge_rounds: int = ranged(5, 1)
     # Charged to every launch on top of its iterations: process start, model build, first step (minutes at
     # scale). GPU-hours of one attempt = N x (startup_s + its window's iterations x mean step) / 3600.
@@ -460,7 +461,8 @@ class PolicyConfig:
     round0_probes: int = ranged(6, 0)
     top_k_neighbours: int = ranged(2, 0)
     promote_top_k: int = ranged(3, 0)
-    converge_gain: float = ranged(0.01, 0)  # "no gain > 1% over the best for stage.budget.converge_rounds rounds"
+    # "no gain > 1% over the best, nor a full-window near-tie within 1% of it, for stage.budget.converge_rounds rounds"
+    converge_gain: float = ranged(0.01, 0)
     max_attempts: int = ranged(3, 1)
     # The calibrated model's own top pick joins a round only when it predicts measurements this well
     # (leave-one-out MAPE); a worse model is used to rank neighbours, not to pick far-away layouts.

@@ -37,6 +37,7 @@ from orchestrator.search.select import (
     oom_dominated,
     ran,
     round_robin,
+    standing,
 )
 from orchestrator.search.types import Observation, Proposal, RoundInput
 
@@ -75,21 +76,28 @@ class Policy:
         return lambda _layout, step_s: step_s
 
     def converged(self, rows: list[Observation], converge_rounds: int) -> bool:
-        """No gain > converge_gain over the best so far for `converge_rounds` (the stage's budget) consecutive
-        rounds (round >= 1). (A screened contender still waiting for its confirmation is the schedule's to say:
-        Schedule.waiting.)"""
+        """No gain > converge_gain over the best so far, nor a near-tie within it (stale_rounds), for
+        `converge_rounds` (the stage's budget) consecutive rounds (round >= 1). (A screened contender still
+        waiting for its confirmation is the schedule's to say: Schedule.waiting.)"""
         return self.stale_rounds(rows) >= converge_rounds
 
     def stale_rounds(self, rows: list[Observation]) -> int:
-        """The latest rounds in a row that brought no gain > converge_gain over the best before them (a round
-        before any measured best counts as neither)."""
+        """The latest rounds in a row that brought no gain > converge_gain over the best before them, nor a new
+        near-tie: a measurement that may be a best (orchestrator.core.ranking: full window, complete, passed
+        parity) within converge_gain of that best, whose neighbours deserve a round (a round before any measured
+        best counts as neither)."""
+        rounds = sorted({r.round for r in rows})
         best_by_round = []
-        for rnd in sorted({r.round for r in rows}):
+        for rnd in rounds:
             b = best_measured([r for r in rows if r.round <= rnd])
             best_by_round.append(b.measured_step_s if b else float("inf"))
+        gain = self.cfg.converge_gain
         streak = 0
-        for prev, cur in itertools.pairwise(best_by_round):
-            gained = prev != float("inf") and cur < prev * (1.0 - self.cfg.converge_gain)
+        for rnd, (prev, cur) in zip(rounds[1:], itertools.pairwise(best_by_round), strict=True):
+            near = any(
+                r.round == rnd and standing(r).eligible and r.measured_step_s <= prev * (1.0 + gain) for r in rows
+            )
+            gained = prev != float("inf") and (cur < prev * (1.0 - gain) or near)
             streak = 0 if gained or prev == float("inf") else streak + 1
         return streak
 

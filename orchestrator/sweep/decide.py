@@ -69,7 +69,8 @@ def next_round(
     plan = schedule.plan(policy, env, inp, source_stage=source_stage)
     if policy.converged(obs, budget.converge_rounds) and not schedule.waiting(inp, plan.fit):
         n = budget.converge_rounds
-        return f"converged: no gain > {cfg.policy.converge_gain:.0%} over the best for {n} round{'s' * (n > 1)}"
+        gain = f"{cfg.policy.converge_gain:.0%}"
+        return f"converged: no gain > {gain} over the best, nor a near-tie within {gain}, for {n} round{'s' * (n > 1)}"
     if plan.fit is not None and not any(cal.round == rnd for cal in ledger.evidence.calibrations(sweep.name)):
         f = plan.fit
         ledger.evidence.record_calibration(

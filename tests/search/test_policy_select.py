@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from orchestrator.core.schema import PolicyConfig, SearchConfig, StageConfig
+from orchestrator.core.states import Fidelity
 from orchestrator.plan.layout import Layout, groups
 from orchestrator.search import make_policy, policy_names
 from orchestrator.search.promote import bubble, promoted_layouts
@@ -70,16 +71,29 @@ def test_round_robin_interleaves_and_dedupes():
     assert round_robin([["a", "b", "c"], ["a", "d"], ["e"]], 4, key=str) == ["a", "d", "e", "b"]
 
 
-def test_convergence_needs_two_rounds_without_gain():
+def test_convergence_needs_two_rounds_without_gain_or_near_tie():
     pol = make_policy(PolicyConfig(converge_gain=0.01))
     assert not pol.converged([obs("a", 10, rnd=0), obs("b", 9, rnd=1), obs("c", 8.5, rnd=2)], 2)
-    assert not pol.converged([obs("a", 10, rnd=0), obs("b", 9.95, rnd=1)], 2)
-    assert pol.converged([obs("a", 10, rnd=0), obs("b", 9.95, rnd=1), obs("c", 10.5, rnd=2)], 2)
-    assert not pol.converged([obs("a", 10, rnd=0), obs("b", 9.95, rnd=1), obs("c", 9.0, rnd=2)], 2)
+    assert not pol.converged([obs("a", 10, rnd=0), obs("b", 10.5, rnd=1)], 2)
+    assert pol.converged([obs("a", 10, rnd=0), obs("b", 10.5, rnd=1), obs("c", 10.2, rnd=2)], 2)
+    assert not pol.converged([obs("a", 10, rnd=0), obs("b", 10.5, rnd=1), obs("c", 9.0, rnd=2)], 2)
     # one round: round 1 without a gain ends it, round 1 with one does not
-    assert pol.converged([obs("a", 10, rnd=0), obs("b", 9.95, rnd=1)], 1)
+    assert pol.converged([obs("a", 10, rnd=0), obs("b", 10.5, rnd=1)], 1)
     assert not pol.converged([obs("a", 10, rnd=0), obs("b", 9.0, rnd=1)], 1)
     assert not pol.converged([obs("a", 10, rnd=0)], 1)  # round 0 alone never converges
+
+
+def test_a_near_tie_measured_at_full_window_holds_convergence_a_round():
+    """A round whose full-window measurement lands within converge_gain of the best (a near-tie, better or not)
+    opens a neighbourhood the next round explores: it is not a stale round. A screened one ranks, never decides."""
+    pol = make_policy(PolicyConfig(converge_gain=0.01))
+    stale = [obs("a", 10, rnd=0), obs("b", 10.5, rnd=1)]
+    for near in (10.08, 9.95):
+        assert not pol.converged([*stale, obs("c", near, rnd=2)], 2)
+        assert pol.stale_rounds([*stale, obs("c", near, rnd=2)]) == 0
+    screened = replace(obs("c", 10.08, rnd=2), fidelity=Fidelity.SCREEN)
+    assert pol.converged([*stale, screened], 2)
+    assert pol.stale_rounds([*stale, obs("c", 10.08, rnd=2), obs("d", 10.5, rnd=3)]) == 1
 
 
 def test_registry_names_both_policies():
