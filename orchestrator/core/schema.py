@@ -74,7 +74,7 @@ class ModelConfig:
     moe_ffn_hidden_size: int = ranged(3072, 1)  # f
     moe_shared_expert_intermediate_size: int = ranged(3072, 0)  # one shared expert
     moe_n_hash_layers: int = ranged(3, 0)
-    # Router (the GPT path reads these; the V4 path writes its recipe's values, workload.recipe, but the scaling)
+    # Router: the GPT path reads these; the V4 path writes its recipe's (workload.recipe), but a scaling set here
     moe_router_score_function: str = "sqrtsoftplus"
     moe_router_enable_expert_bias: bool = True
     moe_router_topk_scaling_factor: float | None = ranged(None, gt=0)  # None: workload.recipe's (V4-Pro 2.5)
