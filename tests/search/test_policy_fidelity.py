@@ -95,9 +95,9 @@ def test_a_screened_p50_never_decides_the_best():
     root = compose(["+stage=1k"]).cfg
     pol = make_policy(root.policy)
     # a contender still waiting for its confirmation blocks convergence (the schedule's to say)
-    n = root.stage.budget.converge_rounds  # flat for the stage's convergence rounds, whatever the default
-    flat = [obs(f"r{i}", 10.0, rnd=i) for i in range(n)]
-    done = flat + [obs("e", 10.0, rnd=n)]
+    n = root.stage.budget.converge_rounds  # no gain nor near-tie for the stage's convergence rounds
+    flat = [obs("r0", 10.0)] + [obs(f"r{i}", 10.5, rnd=i) for i in range(1, n)]
+    done = flat + [obs("e", 10.5, rnd=n)]
     assert pol.converged(done, n) and not _waiting(root, done)
     assert _waiting(root, flat + [obs("e", 9.0, Fidelity.SCREEN, n=25, rnd=n)])
 
@@ -116,7 +116,7 @@ def test_a_probed_fit_due_at_scale_holds_convergence():
     slower than that, or one that OOMed at scale since, holds nothing."""
     root = compose(["+stage=1k"]).cfg
     n = root.stage.budget.converge_rounds
-    done = [obs(f"r{i}", 10.0, rnd=i) for i in range(n + 1)]
+    done = [obs("r0", 10.0)] + [obs(f"r{i}", 10.5, rnd=i) for i in range(1, n + 1)]  # no gain, no near-tie
     assert make_policy(root.policy).converged(done, n)
 
     def probed(compute_s: float, failure: str | None = None) -> Observation:
