@@ -116,7 +116,7 @@ def test_the_v4_model_groups_are_megatron_devs_own_v4_recipes(name):
 
 def test_v4_flash_flops_are_megatron_bridges_published_count():
     """NVIDIA's measured V4-Flash rows (26.08) publish model TFLOP/s beside tokens/s: their ratio is Megatron-Bridge's
-    own V4 FLOP count per token (src/megatron/bridge/training/utils/flop_utils.py:1067-1140 @ 4ab94dfad: CSA, HCA,
+    own V4 FLOP count per token (src/megatron/bridge/training/utils/flop_utils.py:1067-1157 @ 4ab94dfad: CSA, HCA,
     compressor, indexer). The planner's count (flops.step_flops) is that within 0.5%; the table's integer TFLOP/s
     round to 0.07%."""
     rows = [r for r in V.load_rows() if r.model == "dsv4_flash"]
