@@ -81,6 +81,11 @@ class Policy:
         waiting for its confirmation is the schedule's to say: Schedule.waiting.)"""
         return self.stale_rounds(rows) >= converge_rounds
 
+    def converged_reason(self, converge_rounds: int) -> str:
+        """The stop reason `converged` stands for, in the words of its rule (stale_rounds)."""
+        gain, n = f"{self.cfg.converge_gain:.0%}", converge_rounds
+        return f"converged: no gain > {gain} over the best, nor a near-tie within {gain}, for {n} round{'s' * (n > 1)}"
+
     def stale_rounds(self, rows: list[Observation]) -> int:
         """The latest rounds in a row that brought no gain > converge_gain over the best before them, nor a new
         near-tie: a measurement that may be a best (orchestrator.core.ranking: full window, complete, passed

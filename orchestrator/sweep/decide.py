@@ -68,9 +68,7 @@ def next_round(
     )
     plan = schedule.plan(policy, env, inp, source_stage=source_stage)
     if policy.converged(obs, budget.converge_rounds) and not schedule.waiting(inp, plan.fit):
-        n = budget.converge_rounds
-        gain = f"{cfg.policy.converge_gain:.0%}"
-        return f"converged: no gain > {gain} over the best, nor a near-tie within {gain}, for {n} round{'s' * (n > 1)}"
+        return policy.converged_reason(budget.converge_rounds)
     if plan.fit is not None and not any(cal.round == rnd for cal in ledger.evidence.calibrations(sweep.name)):
         f = plan.fit
         ledger.evidence.record_calibration(

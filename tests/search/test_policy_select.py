@@ -94,6 +94,7 @@ def test_a_near_tie_measured_at_full_window_holds_convergence_a_round():
     screened = replace(obs("c", 10.08, rnd=2), fidelity=Fidelity.SCREEN)
     assert pol.converged([*stale, screened], 2)
     assert pol.stale_rounds([*stale, obs("c", 10.08, rnd=2), obs("d", 10.5, rnd=3)]) == 1
+    assert pol.converged_reason(2) == "converged: no gain > 1% over the best, nor a near-tie within 1%, for 2 rounds"
 
 
 def test_registry_names_both_policies():
