@@ -1,5 +1,6 @@
 """stage.budget.converge_rounds: the driver (orchestrator/sweep/decide.py) stops a sweep at the first round
-after which the stage's own number of rounds in a row brought no gain > policy.converge_gain, and not before.
+after which the stage's own number of rounds in a row brought no gain > policy.converge_gain nor a near-tie within
+it, and nothing of those rounds waits for a launch; not before.
 Run on the real decision loop and ledger of the bench harness (tests/bench/searchlib.py) on the twin."""
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from orchestrator.sweep.setup import root_from_yaml
 from tests.bench import searchlib as lib
 
 
-def _stale_after(best_by_round: list[float], gain: float) -> list[int]:
-    """For each round, the rounds in a row up to it without a gain > `gain` over the best before them."""
+def _stale_after(best_by_round: list[float], fastest_by_round: list[float], gain: float) -> list[int]:
+    """For each round, the rounds in a row up to it without a gain > `gain` over the best before them, nor a
+    near-tie: a full-window measurement of the round within `gain` of that best (Policy.stale_rounds)."""
     out, streak = [], 0
     for i, cur in enumerate(best_by_round):
         prev = best_by_round[i - 1] if i else math.inf
-        streak = 0 if prev == math.inf or cur < prev * (1.0 - gain) else streak + 1
+        near = fastest_by_round[i] <= prev * (1.0 + gain)
+        streak = 0 if prev == math.inf or cur < prev * (1.0 - gain) or near else streak + 1
         out.append(streak)
     return out
 
@@ -37,14 +40,23 @@ def test_a_sweep_stops_at_the_first_round_its_stage_calls_converged(tmp_path, ro
     assert run.reason.startswith("converged"), run.reason
     assert f"for {rounds} round" in run.reason
     last = max(x[0] for x in run.launches)
-    best, best_by_round = math.inf, []
+    best, best_by_round, fastest_by_round = math.inf, [], []
     for rnd in range(last + 1):  # a confirmation counts for its candidate's round, as the policy reads it
         full = [x[3] for x in run.launches if x[0] == rnd and x[5] == Fidelity.FULL and x[3] is not None]
         best = min([best, *full])
         best_by_round.append(best)
-    stale = _stale_after(best_by_round, composed.cfg.policy.converge_gain)
+        fastest_by_round.append(min(full, default=math.inf))
+    stale = _stale_after(best_by_round, fastest_by_round, composed.cfg.policy.converge_gain)
     assert stale[-1] >= rounds  # the stop: the stage's rounds without a gain ...
-    assert all(s < rounds for s in stale[:-1])  # ... reached only at the last round planned
+    # ... reached only at the last round planned, or at a round whose stop waited: a confirmation or a probe
+    # that passed, of that round or one before it, launched in a later decision batch (Schedule.waiting)
+    first_batch = {rnd: min(x[6] for x in run.launches if x[0] == rnd) for rnd in range(last + 1)}
+
+    def waited(rnd: int) -> bool:
+        return any(x[0] <= rnd and x[6] > first_batch[rnd] for x in run.launches)
+
+    assert all(s < rounds or waited(rnd) for rnd, s in enumerate(stale[:-1]))
+    assert not waited(last)  # the stop itself waited for nothing
 
 
 def test_a_sweep_stored_before_the_rule_moved_resumes_with_its_own_rounds():
