@@ -12,7 +12,8 @@ related variables): some knobs only pay off together, so a one-factor walk stops
     1 of 10, `tests/bench/bench_search.py --seed 0 --seed 1`).
 
 Residual model: what calibration (a few multiplicative factors) cannot express is left in
-log(measured / calibrated). A Bayesian ridge over one-hot knob values (plus the coupled pairs) predicts
+log(measured / calibrated). A Bayesian ridge over one-hot knob values (plus the coupled pairs, and log2 of the
+size knobs centred on the measured rows, so a trend seen at several values extends to one never run) predicts
 that residual for unmeasured layouts with a posterior standard deviation: large where no measurement shares
 the layout's knob values. The policy ranks unmeasured layouts by the optimistic bound
 calibrated x exp(mean - explore x sd), so part of each round goes where the model is promising *or* blind.
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,10 +60,16 @@ def joint_pair(a: Layout, b: Layout) -> tuple[str, str] | None:
     return next((p for p in COUPLED if frozenset(p) == diff), None)
 
 
-def _features(layout: Layout) -> list[str]:
-    """One-hot knob values plus the coupled pairs' joint values (what a joint move changes together)."""
-    out = [f"{k}={knob_value(layout, k)}" for k in KNOBS]
-    out += [f"{x}={knob_value(layout, x)}|{y}={knob_value(layout, y)}" for x, y in COUPLED]
+TRENDS = ("pp", "vpp", "cp", "ep", "mbs")  # Layout's size fields: a residual may follow their log2
+
+
+def _features(layout: Layout) -> list[tuple[str, float]]:
+    """One-hot knob values, the coupled pairs' joint values (what a joint move changes together), and log2 of
+    each size field (TRENDS): a residual that grows with CP where CP4, CP8 and CP16 ran extends down to CP2,
+    where one-hot features alone predict the measured rows' average (tests/search/test_policy_moves.py)."""
+    out = [(f"{k}={knob_value(layout, k)}", 1.0) for k in KNOBS]
+    out += [(f"{x}={knob_value(layout, x)}|{y}={knob_value(layout, y)}", 1.0) for x, y in COUPLED]
+    out += [(f"log2 {k}", math.log2(getattr(layout, k))) for k in TRENDS]
     return out
 
 
@@ -75,29 +82,31 @@ class Residual:
     cov: np.ndarray  # posterior covariance of the weights
     n: int
     cov_prior: float = PRIOR_SD_FLOOR**2  # prior variance of one unseen feature's weight
+    centre: dict[str, float] = field(default_factory=dict)  # each trend's mean over the measured rows
 
     def predict(self, layout: Layout) -> tuple[float, float]:
         """(mean, sd) of the log residual; unseen features carry the prior's sd."""
         x = np.zeros(len(self.index))
-        unseen = 0
-        for f in _features(layout):
+        unseen = 0.0
+        for f, v in _features(layout):
+            v -= self.centre.get(f, 0.0)
             if f in self.index:
-                x[self.index[f]] = 1.0
+                x[self.index[f]] = v
             else:
-                unseen += 1
+                unseen += v * v
         mean = float(x @ self.weights)
         var = float(x @ self.cov @ x) + unseen * self.cov_prior
         return mean, math.sqrt(max(var, 0.0))
 
 
 def fit_residual(rows: Iterable[Observation], calibrated: Callable[[Observation], float]) -> Residual:
-    """Bayesian ridge of log(measured / calibrated) on one-hot knob features of every measured row.
+    """Bayesian ridge of log(measured / calibrated) on the knob features (`_features`) of every measured row.
 
     The prior sd per feature is sized so a fully unseen layout's residual sd equals the spread of the
     residuals seen so far (at least PRIOR_SD_FLOOR): the model doubts new regions as much as the planner
     has already been wrong."""
     ok = [r for r in rows if r.ok and calibrated(r) > 0]
-    feats = sorted({f for r in ok for f in _features(r.layout)})
+    feats = sorted({f for r in ok for f, _ in _features(r.layout)})
     index = {f: i for i, f in enumerate(feats)}
     per_layout = len(_features(ok[0].layout)) if ok else len(KNOBS) + len(COUPLED)
     y = np.array([math.log(r.measured_step_s / calibrated(r)) for r in ok])
@@ -105,15 +114,16 @@ def fit_residual(rows: Iterable[Observation], calibrated: Callable[[Observation]
     tau2 = spread**2 / per_layout
     if not ok:
         return Residual(index={}, weights=np.zeros(0), cov=np.zeros((0, 0)), n=0, cov_prior=tau2)
+    centre = {f"log2 {k}": float(np.mean([math.log2(getattr(r.layout, k)) for r in ok])) for k in TRENDS}
     x = np.zeros((len(ok), len(feats)))
     for i, r in enumerate(ok):
-        for f in _features(r.layout):
-            x[i, index[f]] = 1.0
+        for f, v in _features(r.layout):
+            x[i, index[f]] = v - centre.get(f, 0.0)
     s2 = NOISE_SD**2
     a = x.T @ x / s2 + np.eye(len(feats)) / tau2
     cov = np.linalg.inv(a)
     w = cov @ x.T @ y / s2
-    return Residual(index=index, weights=w, cov=cov, n=len(ok), cov_prior=tau2)
+    return Residual(index=index, weights=w, cov=cov, n=len(ok), cov_prior=tau2, centre=centre)
 
 
 def optimistic(calibrated_s: float, mean: float, sd: float, explore: float) -> float:

@@ -56,6 +56,17 @@ def test_residual_model_learns_a_knob_effect_and_doubts_the_unseen():
     assert empty.predict(BASE)[0] == 0.0 and empty.predict(BASE)[1] > 0
 
 
+def test_residual_model_extends_a_size_knobs_trend_to_values_never_run():
+    """ext:surface and twin:mixed 8k: CP costs more than the planner thinks, more the larger CP, and the sweeps
+    ran CP4 and CP8 for rounds while the optimum sat at CP2. One-hot features leave CP2 at the measured rows'
+    average residual; the log2 trend carries the penalty's growth down to it."""
+    penalty = {4: 1.10, 8: 1.21, 16: 1.33}  # 10% more per doubling of CP
+    rows = [obs(f"c{cp}e{ep}", x, replace(BASE, cp=cp, ep=ep)) for cp, x in penalty.items() for ep in (32, 64, 128)]
+    res = fit_residual(rows, lambda r: r.raw_step_s)
+    mean = {cp: res.predict(replace(BASE, cp=cp, ep=64))[0] for cp in (2, 4, 8, 16)}
+    assert mean[2] < mean[4] < mean[8] < mean[16]  # CP2, never run, extends the trend below CP4
+
+
 def test_proposal_explains_itself():
     p = Proposal(key="k", layout=BASE, predicted={}, reason="joint:cp+pp", parent_key="p", predicted_gain=0.05)
     d = p.decision()
