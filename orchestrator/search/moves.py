@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from orchestrator.core.knobs import KNOBS as REGISTRY
 from orchestrator.plan.layout import Layout
 from orchestrator.search.select import _GROUPED, KNOBS, knob_value
 from orchestrator.search.types import Observation
@@ -60,7 +61,9 @@ def joint_pair(a: Layout, b: Layout) -> tuple[str, str] | None:
     return next((p for p in COUPLED if frozenset(p) == diff), None)
 
 
-TRENDS = ("pp", "vpp", "cp", "ep", "mbs")  # Layout's size fields: a residual may follow their log2
+# The sizes the policy moves (the knob registry's integer knobs in a group: PP, VPP, CP, EP, micro-batch): a
+# residual may follow their log2.
+TRENDS: tuple[str, ...] = tuple(k.name for k in REGISTRY if k.base is int and k.group is not None)
 
 
 def _features(layout: Layout) -> list[tuple[str, float]]:
