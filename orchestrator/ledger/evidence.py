@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import func, insert, select
 
-from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus
+from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity
 from orchestrator.ledger import models as m
 from orchestrator.ledger import queries
 from orchestrator.ledger.convert import clean, now, to_row
@@ -198,6 +198,26 @@ class Evidence:
                     )
                 )
             return out
+
+    def probes(self, sweep: str) -> dict[int, dict[str, Any]]:
+        """Candidate id -> the metrics of its latest rank probe (a measure attempt of fidelity probe), also
+        once a run at scale is its latest result (`measured` hands out only that one): a probed layout's peak
+        at scale minus its probe's is what the probe margin is learned from."""
+        with self.store.read() as s:
+            sw = find_sweep(s, sweep)
+            latest = (
+                select(func.max(m.Result.id))
+                .join(m.Attempt, m.Attempt.id == m.Result.attempt_id)
+                .join(m.Candidate, m.Candidate.id == m.Result.candidate_id)
+                .where(
+                    m.Candidate.sweep_id == sw.id,
+                    m.Attempt.fidelity == Fidelity.PROBE,
+                    m.Attempt.role == AttemptRole.MEASURE,
+                )
+                .group_by(m.Result.candidate_id)
+            )
+            rows = s.scalars(select(m.Result).where(m.Result.id.in_(latest)))
+            return {r.candidate_id: {k: getattr(r, k) for k in RESULT_METRICS} for r in rows}
 
     # ---- calibration, parity ------------------------------------------------------------------
 

@@ -13,8 +13,9 @@ fitted across layouts cannot follow an error that differs layout by layout. A pr
 itself, for a few one-GPU hours. So for a probed layout the compute and optimizer components are the planner's
 scaled by `probe_scale` (measured / predicted compute-only step), the bubble (m x the stage time x f / (1 - f))
 by the stage time that scaling gives, and the communication components keep their calibrated factors.
-Calibration (calibrate.py) fits those factors on full-scale runs; for a run whose layout was probed, on its
-residual: measured full step minus the probe-measured part. Without a probe a layout is predicted as before.
+Calibration (calibrate.py) fits those factors on full-scale runs, each on its whole step: once a probed layout
+ran at scale its probe no longer composes it (orchestrator/sweep/observe.py says why). Without a probe a layout
+is predicted as before.
 
 A probe is never a step measurement: it is no best, no full-window result, no row of the step NNLS by itself
 (orchestrator.core.ranking: a probe row's `step_s` is None).

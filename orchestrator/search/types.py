@@ -44,9 +44,10 @@ class Observation:
     # a rank probe's row: peak_gb (and stage_peaks_gb) are its measured peak + this, what a full-scale run would
     # reserve (what the probe cannot see: NCCL and dispatcher buffers, select.probe_margin_gb)
     probe_margin_gb: float = 0.0
-    # a rank probe of this layout (its latest; kept once the layout ran at full scale): the p50 of the
-    # compute-only step it measured (the last rank's: orchestrator/search/compose.py) and the planner's raw
-    # view of the same number (Prediction.probe_step_s). Never a step measurement: step_s stays the full run's.
+    # a rank probe of this layout, while the probe is its latest measurement (a layout that ran at scale is
+    # fitted on its whole step: orchestrator/sweep/observe.py): the p50 of the compute-only step it measured (the
+    # last rank's: orchestrator/search/compose.py) and the planner's raw view of the same number
+    # (Prediction.probe_step_s). Never a step measurement.
     probe_step_s: float | None = None
     raw_probe_s: float | None = None
 

@@ -78,10 +78,19 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
     attempt_of: dict[int, int] = {}
     fidelity_of: dict[int, Fidelity] = {}
     partial: set[int] = set()
-    probe_peak: dict[int, float] = {}  # candidate -> its rank probe's measured peak
+    # candidate -> its latest rank probe's measured peak, kept after the layout ran at scale: the probe margin is
+    # learned from such pairs (select.probe_margin_gb)
+    probe_peak: dict[int, float] = {}
     scale_peak: dict[int, float] = {}  # candidate -> its full-scale (screen or full) measured peak
-    probe_step: dict[int, float] = {}  # candidate -> its latest probe's measured p50 (kept after a full run)
+    # candidate -> its probe's compute-only p50 while the probe is its latest measurement. A layout that ran at
+    # scale is fitted on its whole step, its probe aside: the probe's p50 is the last PP stage's compute while
+    # the step waits on the slowest stage, and fitting the rest on that residual lost held-out rows
+    # (docs/search.md, "The probe's evidence after a run at scale")
+    probe_step: dict[int, float] = {}
     for s in sweeps:
+        for cid, read in ledger.evidence.probes(s.name).items():
+            if pk := peak_gb(read):
+                probe_peak[cid] = pk
         for row in ledger.evidence.measured(sweep=s.name):
             if row.fidelity == Fidelity.PROBE and row.metrics and row.metrics.get(STEP_P50):
                 probe_step[row.candidate_id] = float(row.metrics[STEP_P50])
@@ -91,8 +100,8 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
             if row.partial:
                 partial.add(row.candidate_id)
             pk = peak_gb(row.metrics) if row.metrics else None
-            if pk:
-                (probe_peak if row.fidelity == Fidelity.PROBE else scale_peak)[row.candidate_id] = pk
+            if pk and row.fidelity != Fidelity.PROBE:
+                scale_peak[row.candidate_id] = pk
     cands = {s.name: ledger.candidates(s.name) for s in sweeps}
     rank_probed = {c.id for cs in cands.values() for c in cs if fidelity.probe_ranks(c.decision)}
     margin = select.probe_margin_gb(

@@ -310,6 +310,22 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_on_one_gpu_found_to_fi
             assert p["peak_reserved_gb"] < f["peak_reserved_gb"] <= hbm
             if full.fidelity == Fidelity.FULL:
                 assert f["measure_iters_requested"] == cfg.stage.measure_iters
+        # the probe margin is learned from what the probes read and what those layouts then reserved at scale
+        # (the largest gap), so the probe's peak outlives the run: every probe-only row is read with that margin.
+        # The run at scale is fitted on its whole step, its probe aside (orchestrator/sweep/observe.py)
+        seen = {o.key: o for o in observe.observations(led, [led.get_sweep("mf")], _env(cfg))}
+        gaps = []
+        for c in probed:
+            probe, full, *_ = led.attempts(c.id)
+            p, f = led.evidence.result(probe.id), led.evidence.result(full.id)
+            o = seen[c.key]
+            assert o.fidelity == full.fidelity and o.step_s == pytest.approx(f["step_p50_s"])
+            assert o.probe_step_s is None and o.probe_margin_gb == 0.0
+            gaps.append(f["peak_reserved_gb"] - p["peak_reserved_gb"])
+        probe_only = [o for o in seen.values() if o.fidelity == Fidelity.PROBE and o.peak_gb is not None]
+        assert probe_only and max(gaps) != cfg.stage.probe_margin_gb
+        for o in probe_only:
+            assert o.probe_margin_gb == pytest.approx(max(0.0, *gaps), abs=0.01)
         spent = observe.spent(led, "mf", stage=cfg.stage, probe_gpus=cfg.cluster.probe_gpus)
         probes = [x for x in run.launches if x[5] == Fidelity.PROBE]
         full = [x for x in run.launches if x[5] == Fidelity.FULL]
