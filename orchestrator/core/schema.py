@@ -430,16 +430,15 @@ class PolicyConfig:
     # ranking (docs/search.md "Fit probes where the searcher sees promise"): fresh twin seeds 104-111 at 1k
     # 10/16 -> 14/16 rows met; 3 probes ranked by the calibrated step alone: 8/16.
     probes_per_round: int = ranged(3, 0)
-    # Probe first (orchestrator/schedule/rungs.py): after round 0 the searcher's first direct_per_round
-    # proposals go at scale as ever and the rest get a one-GPU rank probe (its compute-only step, a few
-    # GPU-hours) before any launch at scale; one is measured at scale once its composed step (the probe's
-    # compute + the calibrated communication, orchestrator/search/compose.py) is within probe_pass of the best
-    # measured step. Bench (tests/bench/bench_search.py, docs/search.md): every proposal probed (direct 0)
-    # missed tune 8k rows (a round more per layout, within max_rounds): probe_pass 0.05 6 of the first 12
-    # rows, 0.15 4/16, 0.30 3/16; 0.15 with 3 direct missed twin:gemm 8k; 0.15 with 2 met 16/16 (1k mean
-    # 59.4k GPU-h, 8k 108.8k) but held out twin:overpredicted 1k then stopped 9.5% short (max_rounds), and
-    # 0.15 with 4 too; 5 direct (of screen_round_size 6) with 0.05 keeps every held-out row and gap and
-    # lowers both stages' mean GPU-hours.
+    # Probe first (orchestrator/schedule/rungs.py): after round 0 the searcher's first direct_per_round proposals go at
+    # scale as ever and the rest get a one-GPU rank probe (its compute-only step, a few GPU-hours) before any launch at
+    # scale; one is measured at scale once its composed step (the probe's compute + the calibrated communication,
+    # orchestrator/search/compose.py), as the searcher rates it (Policy.estimate), is within probe_pass of the best
+    # measured step. Bench (tests/bench/bench_search.py, docs/search.md): every proposal probed (direct 0) missed tune
+    # 8k rows (a round more per layout, within max_rounds): probe_pass 0.05 6 of the first 12 rows, 0.15 4/16, 0.30
+    # 3/16; 0.15 with 3 direct missed twin:gemm 8k; 0.15 with 2 met 16/16 (1k mean 59.4k GPU-h, 8k 108.8k) but held out
+    # twin:overpredicted 1k then stopped 9.5% short (max_rounds), and 0.15 with 4 too; 5 direct (of screen_round_size 6)
+    # with 0.05 keeps every held-out row and gap and lowers both stages' mean GPU-hours.
     probe_first: bool = True
     probe_pass: float = ranged(0.05, 0)
     direct_per_round: int = ranged(5, 0)

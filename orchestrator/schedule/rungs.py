@@ -33,6 +33,8 @@ from orchestrator.search.env import PlanEnv
 from orchestrator.search.select import best_measured, diverse_top, fit_dominated, oom_dominated, same_memory
 from orchestrator.search.types import Observation, Proposal, RoundInput, RoundPlan
 
+Rate = Callable[[Layout, float], float]  # how a searcher rates a layout from a predicted step (Policy.estimate)
+
 # Round 0's probes spread over these knob groups (select.diverse_top; "pp" carries VPP): the memory model's error
 # is per term, so which pruned region fits is what round 0 cannot know.
 ROUND0_PROBE_KNOBS = ("ep", "pp", "cp", "recompute")
@@ -48,8 +50,9 @@ class Schedule:
         """One round: confirmations first, then the searcher's proposals (screened once noise is measured), fit
         probes ahead of them, all trimmed to the round's slots and the GPU-hours left."""
         fit = searcher.fit(env, inp)
+        rate = searcher.estimate(inp, fit)
         screening = self.screening(env, inp)
-        confirms = self.confirms(env, inp, fit, screening=screening)
+        confirms = self.confirms(env, inp, fit, screening=screening, rate=rate)
         short = screening or self.warm_window(env, inp)  # a round of short launches proposes more of them
         size = self.round_size(inp, screening=short) - len(confirms)
         props = searcher.propose(env, inp, size=size, fit=fit, source_stage=source_stage)
@@ -66,7 +69,6 @@ class Schedule:
             keep = self.cfg.round0_full
             props = props[:keep] + [self.probe_first(env, p) for p in props[keep:]]
         if best is not None and fit is not None and self.cfg.probes_per_round > 0:
-            rate = searcher.estimate(inp, fit)
             props = self.probes(env, inp, fit, best.measured_step_s, {p.key for p in props}, rate) + props
         elif self.cfg.probe_led and inp.round == 0 and not inp.observations and self.cfg.round0_probes > 0:
             taken = {p.key for p in props}
@@ -85,17 +87,17 @@ class Schedule:
             )
         return RoundPlan(proposals=props, fit=fit, reason=f"{why} ({searcher.name})", confirms=confirms)
 
-    def waiting(self, inp: RoundInput, fit: Fit | None) -> bool:
+    def waiting(self, inp: RoundInput, fit: Fit | None, rate: Rate | None = None) -> bool:
         """The sweep has not converged while a measurement it has already earned is still due: a screened
         contender's full-window confirmation, or the launch at scale of a layout a rank probe found to fit (or
-        too close to call) whose composed step is within policy.probe_pass of the best (`passed`). Why the
-        probed ones: a probe of the last rounds is evidence the search paid for, and a sweep that stopped on
-        its stale rounds never measured it; on the bench that cost fresh twin:overpredicted s119 its 1k optimum
-        (15.4% short) and the tune set's twin:imbalance its 8k one (12.6% short), and no row was lost by waiting
-        (docs/search.md "Probed layouts hold convergence")."""
+        too close to call) whose composed step, as the searcher rates it, is within policy.probe_pass of the best
+        (`passed`). Why the probed ones: a probe of the last rounds is evidence the search paid for, and a sweep
+        that stopped on its stale rounds never measured it; on the bench that cost fresh twin:overpredicted s119
+        its 1k optimum (15.4% short) and the tune set's twin:imbalance its 8k one (12.6% short), and no row was
+        lost by waiting (docs/search.md "Probed layouts hold convergence")."""
         if fidelity.contenders(inp.observations, inp.step_cv, 1):
             return True
-        return bool(self.passed(inp, fit))
+        return bool(self.passed(inp, fit, rate))
 
     # ---- the rungs ----------------------------------------------------------------------------------
     def seed_on_evidence(self, env: PlanEnv, inp: RoundInput) -> bool:
@@ -177,13 +179,19 @@ class Schedule:
             p.cut = line.to_dict() if line else None
 
     def confirms(
-        self, env: PlanEnv, inp: RoundInput, fit: Fit | None = None, *, screening: bool = False
+        self,
+        env: PlanEnv,
+        inp: RoundInput,
+        fit: Fit | None = None,
+        *,
+        screening: bool = False,
+        rate: Rate | None = None,
     ) -> list[Proposal]:
         """Screened contenders (fidelity.contenders) back at the full window: successive halving's next rung;
         and layouts a probe found to fit (`passed`), now measured at scale (screened when the round screens)."""
         limit = min(env.stage.screen.confirm_per_round, inp.slots if inp.slots > 0 else 0)
         out = []
-        for r, why in self.passed(inp, fit):
+        for r, why in self.passed(inp, fit, rate):
             p = Proposal(
                 key=r.key,
                 layout=r.layout,
@@ -218,14 +226,17 @@ class Schedule:
             out.append(p)
         return out
 
-    def passed(self, inp: RoundInput, fit: Fit | None) -> list[tuple[Observation, str]]:
+    def passed(self, inp: RoundInput, fit: Fit | None, rate: Rate | None = None) -> list[tuple[Observation, str]]:
         """Probed layouts due a measurement at scale (found to fit; probe-led, policy.probe_led, also those too
         close to HBM to call with the probe margin, Observation.probe_ran, which only a launch at scale settles,
-        an OOM there costing start-up and an iteration), best composed step first, with why: every one while
-        nothing is measured or calibrated (probe-led round 0: the best round0_size by composed step); else those
-        whose composed step (Fit.predict_row: the probe's compute + the calibrated communication) is within
-        policy.probe_pass of the best measured step, at most a round's worth. A probe without its
-        compute-only step (a fit probe of old) passes."""
+        an OOM there costing start-up and an iteration), best first, with why: every one while nothing is
+        measured or calibrated (probe-led round 0: the best round0_size by composed step); else those whose
+        composed step (Fit.predict_row: the probe's compute + the calibrated communication), as the searcher
+        rates it (`rate`, Policy.estimate: calibrated_neighbours' optimistic bound from what the knob values
+        measured elsewhere), is within policy.probe_pass of the best measured step, at most a round's worth.
+        Why the rating: the composed step alone ran 16-22% over the truth for `mixed` optima (s175 1k: 77.5 s
+        composed, 66.9 s true, cut 74.7 s), which were then never launched (docs/search.md, "A probed layout
+        passes as the searcher rates it"). A probe without its compute-only step (a fit probe of old) passes."""
         rows = [r for r in inp.observations if (r.probe_ran if self.cfg.probe_led else r.probed_fit)]
         best = best_measured(inp.observations)
         if best is None and self.cfg.probe_led and any(r.probe_scale for r in rows):
@@ -238,11 +249,17 @@ class Schedule:
         if fit is None or best is None:
             return [(r, "") for r in rows]
         cut = best.measured_step_s * (1.0 + self.cfg.probe_pass)
-        scored = sorted((fit.predict_row(r), i, r) for i, r in enumerate(rows))
+        rated = rate or (lambda _layout, step_s: step_s)
+        scored = sorted((rated(r.layout, s := fit.predict_row(r)), s, i, r) for i, r in enumerate(rows))
         out = [
-            (r, f"; composed step {s:.4g}s vs best {best.measured_step_s:.4g}s" if r.probe_scale else "")
-            for s, _, r in scored
-            if s <= cut or r.probe_scale is None
+            (
+                r,
+                f"; composed step {s:.4g}s, rated {v:.4g}s, vs best {best.measured_step_s:.4g}s"
+                if r.probe_scale
+                else "",
+            )
+            for v, s, _, r in scored
+            if v <= cut or r.probe_scale is None
         ]
         return out[: max(1, self.round_size(inp))]
 

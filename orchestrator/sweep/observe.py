@@ -72,25 +72,37 @@ def _raw_terms(env: PlanEnv, cand: CandidateRow, layout: Layout) -> tuple[dict[s
     return tuple(dict(t) for t in terms) if terms else env.raw_memory_terms(layout)
 
 
+def probe_margin(ledger: Ledger, sweeps: list[SweepRow], stage: StageConfig) -> float:
+    """What a rank probe cannot see (NCCL and dispatcher buffers), learned from the layouts that were rank-probed
+    and then ran at scale: their peak there against their latest probe's (select.probe_margin_gb), read from
+    `Evidence.probes` because a layout's latest result is then the run at scale's; the stage's
+    probe_margin_gb until one did."""
+    pairs = []
+    for s in sweeps:
+        probes = ledger.evidence.probes(s.name)
+        rank_probed = {c.id for c in ledger.candidates(s.name) if fidelity.probe_ranks(c.decision)}
+        for row in ledger.evidence.measured(sweep=s.name):
+            cid = row.candidate_id
+            if row.fidelity == Fidelity.PROBE or cid not in probes or cid not in rank_probed:
+                continue
+            at_scale, probed = peak_gb(row.metrics), peak_gb(probes[cid])
+            if at_scale and probed:
+                pairs.append((at_scale, probed))
+    return select.probe_margin_gb(pairs, stage.probe_margin_gb)
+
+
 def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[Observation]:
     """Each candidate with its latest outcome: measured metrics, or the failure class of its last attempt."""
     measured: dict[int, dict] = {}
     attempt_of: dict[int, int] = {}
     fidelity_of: dict[int, Fidelity] = {}
     partial: set[int] = set()
-    # candidate -> its latest rank probe's measured peak, kept after the layout ran at scale: the probe margin is
-    # learned from such pairs (select.probe_margin_gb)
-    probe_peak: dict[int, float] = {}
-    scale_peak: dict[int, float] = {}  # candidate -> its full-scale (screen or full) measured peak
     # candidate -> its probe's compute-only p50 while the probe is its latest measurement. A layout that ran at
     # scale is fitted on its whole step, its probe aside: the probe's p50 is the last PP stage's compute while
     # the step waits on the slowest stage, and fitting the rest on that residual lost held-out rows
     # (docs/search.md, "The probe's evidence after a run at scale")
     probe_step: dict[int, float] = {}
     for s in sweeps:
-        for cid, read in ledger.evidence.probes(s.name).items():
-            if pk := peak_gb(read):
-                probe_peak[cid] = pk
         for row in ledger.evidence.measured(sweep=s.name):
             if row.fidelity == Fidelity.PROBE and row.metrics and row.metrics.get(STEP_P50):
                 probe_step[row.candidate_id] = float(row.metrics[STEP_P50])
@@ -99,15 +111,9 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
             fidelity_of[row.candidate_id] = row.fidelity
             if row.partial:
                 partial.add(row.candidate_id)
-            pk = peak_gb(row.metrics) if row.metrics else None
-            if pk and row.fidelity != Fidelity.PROBE:
-                scale_peak[row.candidate_id] = pk
     cands = {s.name: ledger.candidates(s.name) for s in sweeps}
     rank_probed = {c.id for cs in cands.values() for c in cs if fidelity.probe_ranks(c.decision)}
-    margin = select.probe_margin_gb(
-        ((scale_peak[c], p) for c, p in probe_peak.items() if c in scale_peak and c in rank_probed),
-        env.stage.probe_margin_gb,
-    )
+    margin = probe_margin(ledger, sweeps, env.stage)
     out: list[Observation] = []
     for s in sweeps:
         for c in cands[s.name]:
