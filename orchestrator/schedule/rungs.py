@@ -20,20 +20,15 @@ done.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from orchestrator.core.schema import PolicyConfig, StageConfig
 from orchestrator.core.states import Fidelity
 from orchestrator.plan import ranks
-from orchestrator.plan.layout import Layout
 from orchestrator.schedule import fidelity
 from orchestrator.search import compose
 from orchestrator.search.calibrate import Fit
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.select import best_measured, diverse_top, fit_dominated, oom_dominated, same_memory
-from orchestrator.search.types import Observation, Proposal, RoundInput, RoundPlan
-
-Rate = Callable[[Layout, float], float]  # how a searcher rates a layout from a predicted step (Policy.estimate)
+from orchestrator.search.types import Observation, Proposal, Rate, RoundInput, RoundPlan, unrated
 
 # Round 0's probes spread over these knob groups (select.diverse_top; "pp" carries VPP): the memory model's error
 # is per term, so which pruned region fits is what round 0 cannot know.
@@ -85,9 +80,9 @@ class Schedule:
                 f"; warm-up {learned} iterations, learned from {len(inp.settled)} warm launches (settled after"
                 f" at most {max(inp.settled)}; configured warm_start.warmup_iters {env.stage.warm_start.warmup_iters})"
             )
-        return RoundPlan(proposals=props, fit=fit, reason=f"{why} ({searcher.name})", confirms=confirms)
+        return RoundPlan(proposals=props, fit=fit, reason=f"{why} ({searcher.name})", confirms=confirms, rate=rate)
 
-    def waiting(self, inp: RoundInput, fit: Fit | None, rate: Rate | None = None) -> bool:
+    def waiting(self, inp: RoundInput, fit: Fit | None, rate: Rate = unrated) -> bool:
         """The sweep has not converged while a measurement it has already earned is still due: a screened
         contender's full-window confirmation, or the launch at scale of a layout a rank probe found to fit (or
         too close to call) whose composed step, as the searcher rates it, is within policy.probe_pass of the best
@@ -185,7 +180,7 @@ class Schedule:
         fit: Fit | None = None,
         *,
         screening: bool = False,
-        rate: Rate | None = None,
+        rate: Rate = unrated,
     ) -> list[Proposal]:
         """Screened contenders (fidelity.contenders) back at the full window: successive halving's next rung;
         and layouts a probe found to fit (`passed`), now measured at scale (screened when the round screens)."""
@@ -226,7 +221,7 @@ class Schedule:
             out.append(p)
         return out
 
-    def passed(self, inp: RoundInput, fit: Fit | None, rate: Rate | None = None) -> list[tuple[Observation, str]]:
+    def passed(self, inp: RoundInput, fit: Fit | None, rate: Rate = unrated) -> list[tuple[Observation, str]]:
         """Probed layouts due a measurement at scale (found to fit; probe-led, policy.probe_led, also those too
         close to HBM to call with the probe margin, Observation.probe_ran, which only a launch at scale settles,
         an OOM there costing start-up and an iteration), best first, with why: every one while nothing is
@@ -249,8 +244,7 @@ class Schedule:
         if fit is None or best is None:
             return [(r, "") for r in rows]
         cut = best.measured_step_s * (1.0 + self.cfg.probe_pass)
-        rated = rate or (lambda _layout, step_s: step_s)
-        scored = sorted((rated(r.layout, s := fit.predict_row(r)), s, i, r) for i, r in enumerate(rows))
+        scored = sorted((rate(r.layout, s := fit.predict_row(r)), s, i, r) for i, r in enumerate(rows))
         out = [
             (
                 r,
@@ -280,7 +274,7 @@ class Schedule:
         fit: Fit | None,
         best_step: float | None,
         taken: set[str],
-        rate: Callable[[Layout, float], float] | None = None,
+        rate: Rate = unrated,
         *,
         limit: int | None = None,
     ) -> list[Proposal]:
@@ -303,7 +297,6 @@ class Schedule:
         unseen workloads), and a probe costs one GPU per probed rank for minutes, where a round-0 launch costs N."""
         seen = list(inp.observations) + list(inp.source)
         cut = best_step * (1.0 + self.cfg.max_predicted_loss) if best_step is not None else float("inf")
-        rate = rate or (lambda _layout, step_s: step_s)
         factors, mem = (fit.factors, fit.memory_scale) if fit is not None else (None, 1.0)
         pool = [
             c

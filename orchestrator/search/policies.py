@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Callable
 
 from orchestrator.core.failures import Failure
 from orchestrator.core.schema import PolicyConfig, StageConfig
@@ -39,7 +38,7 @@ from orchestrator.search.select import (
     round_robin,
     standing,
 )
-from orchestrator.search.types import Observation, Proposal, RoundInput
+from orchestrator.search.types import Observation, Proposal, Rate, RoundInput, unrated
 
 DIVERSITY_SLACK = 1.5  # round 0 covers knob values only among layouts predicted within 1.5x of the best
 
@@ -69,11 +68,12 @@ class Policy:
         """Up to `size` new layouts to measure, best first (the schedule sets their fidelity and trims them)."""
         raise NotImplementedError
 
-    def estimate(self, inp: RoundInput, fit: Fit | None) -> Callable[[Layout, float], float]:
+    def estimate(self, inp: RoundInput, fit: Fit | None) -> Rate:
         """How this searcher rates a layout it has not measured, from the layout and its (calibrated) predicted
         step: what the schedule ranks the layouts it would rank-probe by (Schedule.probes), so the probes go
-        where the searcher itself sees promise. The base searcher takes the prediction as it is."""
-        return lambda _layout, step_s: step_s
+        where the searcher itself sees promise, and reads a probed layout's composed step by (Schedule.passed).
+        The base searcher takes the prediction as it is."""
+        return unrated
 
     def converged(self, rows: list[Observation], converge_rounds: int) -> bool:
         """No gain > converge_gain over the best so far, nor a near-tie within it (stale_rounds), for
@@ -235,7 +235,7 @@ class CalibratedNeighbours(Policy):
         trusted = fit is not None and fit.loo_mape is not None and fit.loo_mape <= self.cfg.model_trust_mape
         return self._local(inp, cands, best.measured_step_s, mk, size, trust_model=trusted, fit=fit)
 
-    def estimate(self, inp: RoundInput, fit: Fit | None) -> Callable[[Layout, float], float]:
+    def estimate(self, inp: RoundInput, fit: Fit | None) -> Rate:
         """The optimistic bound the proposals rank by (calibrated x the residual model, less `explore` sds): a
         layout the calibrated step model rates slow but whose knob values measured faster than calibrated
         elsewhere is still promising (on twin:overpredicted the optimum's calibrated step was 28% over the best

@@ -7,7 +7,7 @@ so a resumed orchestrator proposes exactly what a never-killed one would have.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,6 +17,14 @@ from orchestrator.plan.memory import MemoryScale
 
 if TYPE_CHECKING:
     from orchestrator.search.calibrate import Fit
+
+
+Rate = Callable[[Layout, float], float]  # how a searcher rates a layout from a predicted step (Policy.estimate)
+
+
+def unrated(_layout: Layout, step_s: float) -> float:
+    """The rating that takes a predicted step as it is (a searcher with no view of its own)."""
+    return step_s
 
 
 @dataclass(frozen=True)
@@ -181,6 +189,7 @@ class RoundPlan:
     reason: str = ""
     # measured candidates to run again at the full window (screened contenders): same key, new attempt
     confirms: list[Proposal] = field(default_factory=list)
+    rate: Rate = unrated  # the searcher's rating this round (Policy.estimate): what a probed layout passes by
 
 
 def prediction_dict(

@@ -67,8 +67,7 @@ def next_round(
         settled=observe.settled(ledger, [sweep]),
     )
     plan = schedule.plan(policy, env, inp, source_stage=source_stage)
-    rate = policy.estimate(inp, plan.fit)  # as the plan's confirmations read a probed layout (Schedule.passed)
-    if policy.converged(obs, budget.converge_rounds) and not schedule.waiting(inp, plan.fit, rate):
+    if policy.converged(obs, budget.converge_rounds) and not schedule.waiting(inp, plan.fit, plan.rate):
         return policy.converged_reason(budget.converge_rounds)
     if plan.fit is not None and not any(cal.round == rnd for cal in ledger.evidence.calibrations(sweep.name)):
         f = plan.fit

@@ -6,6 +6,7 @@ orchestrator sees exactly what the killed one had written, and nothing it had on
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from orchestrator.core import cost, ranking
@@ -17,7 +18,7 @@ from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus,
 from orchestrator.evidence.metrics import GB_PER_MIB, robust_cv
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import CandidateRow, Ledger, SweepRow
-from orchestrator.ledger.rows import standing
+from orchestrator.ledger.rows import MeasuredRow, standing
 from orchestrator.plan.layout import Layout
 from orchestrator.schedule import fidelity
 from orchestrator.search import select
@@ -72,27 +73,39 @@ def _raw_terms(env: PlanEnv, cand: CandidateRow, layout: Layout) -> tuple[dict[s
     return tuple(dict(t) for t in terms) if terms else env.raw_memory_terms(layout)
 
 
+def _rank_probed(cands: Iterable[CandidateRow]) -> set[int]:
+    """The candidates a rank probe ran (their decision names the probed ranks)."""
+    return {c.id for c in cands if fidelity.probe_ranks(c.decision)}
+
+
+def _margin(rows: Iterable[MeasuredRow], probes: dict[int, dict], rank_probed: set[int], stage: StageConfig) -> float:
+    """`probe_margin` from one read of the rows: each candidate's latest result and its latest probe."""
+    pairs = [
+        (at_scale, seen)
+        for r in rows
+        if r.fidelity != Fidelity.PROBE and r.candidate_id in rank_probed and r.candidate_id in probes
+        if (at_scale := peak_gb(r.metrics)) and (seen := peak_gb(probes[r.candidate_id]))
+    ]
+    return select.probe_margin_gb(pairs, stage.probe_margin_gb)
+
+
+def _probes(ledger: Ledger, sweeps: list[SweepRow]) -> dict[int, dict]:
+    return {c: m for s in sweeps for c, m in ledger.evidence.probes(s.name).items()}
+
+
 def probe_margin(ledger: Ledger, sweeps: list[SweepRow], stage: StageConfig) -> float:
     """What a rank probe cannot see (NCCL and dispatcher buffers), learned from the layouts that were rank-probed
     and then ran at scale: their peak there against their latest probe's (select.probe_margin_gb), read from
     `Evidence.probes` because a layout's latest result is then the run at scale's; the stage's
     probe_margin_gb until one did."""
-    pairs = []
-    for s in sweeps:
-        probes = ledger.evidence.probes(s.name)
-        rank_probed = {c.id for c in ledger.candidates(s.name) if fidelity.probe_ranks(c.decision)}
-        for row in ledger.evidence.measured(sweep=s.name):
-            cid = row.candidate_id
-            if row.fidelity == Fidelity.PROBE or cid not in probes or cid not in rank_probed:
-                continue
-            at_scale, probed = peak_gb(row.metrics), peak_gb(probes[cid])
-            if at_scale and probed:
-                pairs.append((at_scale, probed))
-    return select.probe_margin_gb(pairs, stage.probe_margin_gb)
+    rows = [r for s in sweeps for r in ledger.evidence.measured(sweep=s.name)]
+    probed = _rank_probed(c for s in sweeps for c in ledger.candidates(s.name))
+    return _margin(rows, _probes(ledger, sweeps), probed, stage)
 
 
 def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[Observation]:
     """Each candidate with its latest outcome: measured metrics, or the failure class of its last attempt."""
+    rows = [r for s in sweeps for r in ledger.evidence.measured(sweep=s.name)]
     measured: dict[int, dict] = {}
     attempt_of: dict[int, int] = {}
     fidelity_of: dict[int, Fidelity] = {}
@@ -102,18 +115,17 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
     # the step waits on the slowest stage, and fitting the rest on that residual lost held-out rows
     # (docs/search.md, "The probe's evidence after a run at scale")
     probe_step: dict[int, float] = {}
-    for s in sweeps:
-        for row in ledger.evidence.measured(sweep=s.name):
-            if row.fidelity == Fidelity.PROBE and row.metrics and row.metrics.get(STEP_P50):
-                probe_step[row.candidate_id] = float(row.metrics[STEP_P50])
-            measured[row.candidate_id] = row.metrics
-            attempt_of[row.candidate_id] = row.attempt_id
-            fidelity_of[row.candidate_id] = row.fidelity
-            if row.partial:
-                partial.add(row.candidate_id)
+    for row in rows:
+        if row.fidelity == Fidelity.PROBE and row.metrics and row.metrics.get(STEP_P50):
+            probe_step[row.candidate_id] = float(row.metrics[STEP_P50])
+        measured[row.candidate_id] = row.metrics
+        attempt_of[row.candidate_id] = row.attempt_id
+        fidelity_of[row.candidate_id] = row.fidelity
+        if row.partial:
+            partial.add(row.candidate_id)
     cands = {s.name: ledger.candidates(s.name) for s in sweeps}
-    rank_probed = {c.id for cs in cands.values() for c in cs if fidelity.probe_ranks(c.decision)}
-    margin = probe_margin(ledger, sweeps, env.stage)
+    rank_probed = _rank_probed(c for cs in cands.values() for c in cs)
+    margin = _margin(rows, _probes(ledger, sweeps), rank_probed, env.stage)
     out: list[Observation] = []
     for s in sweeps:
         for c in cands[s.name]:

@@ -20,7 +20,7 @@ from orchestrator.schedule import Schedule, fidelity
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.select import best_measured
-from orchestrator.search.types import Observation, RoundInput
+from orchestrator.search.types import Observation, RoundInput, unrated
 from orchestrator.sweep import observe
 from tests.bench import searchlib as lib
 
@@ -110,7 +110,7 @@ def _waiting(root, rows: list[Observation], *, rated: bool = True) -> bool:
     inp = RoundInput(round=rnd, observations=rows, known_keys=set(), slots=10, gpu_hours_left=1e9, step_cv=0.02)
     pol = make_policy(root.policy)
     fit = pol.fit(env, inp)
-    return Schedule(root.policy).waiting(inp, fit, pol.estimate(inp, fit) if rated else None)
+    return Schedule(root.policy).waiting(inp, fit, pol.estimate(inp, fit) if rated else unrated)
 
 
 def test_a_probed_fit_due_at_scale_holds_convergence():
