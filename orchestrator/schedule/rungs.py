@@ -11,7 +11,8 @@ it prunes inside its error band get a fit probe, and one that fits is measured n
 is rank-probed before any full-scale launch (one GPU per probed rank, a few GPU-hours next to a launch on N
 GPUs), and is measured at scale only once its composed
 step (orchestrator/search/compose.py: the probe's measured compute + the calibrated communication) is within
-`policy.probe_pass` of the best measured step.
+`policy.probe_pass` of the best measured step. Coverage probes (`policy.coverage_probes`): each round also
+rank-probes the best rated layout of a knob value that no layout which ran on the stage carries.
 
 The driver (orchestrator/sweep/decide.py) calls `Schedule.plan`, which asks the searcher for `size`
 proposals, and `Schedule.waiting` (with that round's fit) once the searcher's own convergence test says it is
@@ -23,16 +24,28 @@ from __future__ import annotations
 from orchestrator.core.schema import PolicyConfig, StageConfig
 from orchestrator.core.states import Fidelity
 from orchestrator.plan import ranks
+from orchestrator.plan.planner import Planned
 from orchestrator.schedule import fidelity
 from orchestrator.search import compose
 from orchestrator.search.calibrate import Fit
 from orchestrator.search.env import PlanEnv
-from orchestrator.search.select import best_measured, diverse_top, fit_dominated, oom_dominated, same_memory
+from orchestrator.search.select import (
+    best_measured,
+    diverse_top,
+    fit_dominated,
+    knob_value,
+    oom_dominated,
+    ran,
+    same_memory,
+    value_label,
+)
 from orchestrator.search.types import Observation, Proposal, Rate, RoundInput, RoundPlan, unrated
 
 # Round 0's probes spread over these knob groups (select.diverse_top; "pp" carries VPP): the memory model's error
 # is per term, so which pruned region fits is what round 0 cannot know.
 ROUND0_PROBE_KNOBS = ("ep", "pp", "cp", "recompute")
+# What a rank probe's compute-only step can tell apart (Schedule.coverage): every knob group but the dispatcher.
+COVERED_KNOBS = ("pp", "cp", "ep", "mbs", "recompute")
 
 
 class Schedule:
@@ -68,6 +81,8 @@ class Schedule:
         elif self.cfg.probe_led and inp.round == 0 and not inp.observations and self.cfg.round0_probes > 0:
             taken = {p.key for p in props}
             props = self.probes(env, inp, None, None, taken, limit=self.cfg.round0_probes) + props
+        if best is not None and fit is not None and self.cfg.coverage_probes > 0:
+            props = self.coverage(env, inp, fit, best.measured_step_s, {p.key for p in props}, rate) + props
         learned = fidelity.learned_warmup(env.stage, inp.settled)
         if not inp.seedless:
             self.warm(env, [*confirms, *props], inp.seed, learned)
@@ -297,7 +312,7 @@ class Schedule:
         unseen workloads), and a probe costs one GPU per probed rank for minutes, where a round-0 launch costs N."""
         seen = list(inp.observations) + list(inp.source)
         cut = best_step * (1.0 + self.cfg.max_predicted_loss) if best_step is not None else float("inf")
-        factors, mem = (fit.factors, fit.memory_scale) if fit is not None else (None, 1.0)
+        factors = fit.factors if fit is not None else None
         pool = [
             c
             for c in env.memory_band(fit, factors)
@@ -323,24 +338,58 @@ class Schedule:
             chosen = diverse_top(one_each, n, layout_of=lambda c: c.layout, knobs=ROUND0_PROBE_KNOBS)
         else:
             chosen = one_each[:n]
-        out = []
-        _, iters = fidelity.window(env.stage, Fidelity.PROBE)
-        for c in chosen:
-            bound = ranks.probe_ranks(c.layout, env.stage.gpus, c.prediction.heaviest_stage)
-            p = env.proposal(
-                c,
-                reason=(
-                    f"fit-probe: predicted {c.prediction.memory_gb:.1f} GB, HBM within the model's error band; "
-                    f"rank probe of ranks {', '.join(map(str, bound))} on one GPU each"
-                ),
-                factors=factors,
-                memory_factor=mem,
-                predicted_gain=1.0 - c.prediction.step_time_s / best_step if best_step else None,
-            )
-            p.fidelity, p.measure_iters, p.probe_ranks = Fidelity.PROBE, iters, tuple(bound)
-            p.est_gpu_hours = env.probe_gpu_hours(len(bound), c.prediction.step_time_s)
-            out.append(p)
+        why = "fit-probe: predicted {:.1f} GB, HBM within the model's error band"
+        return [self.rank_probe(env, c, fit, why.format(c.prediction.memory_gb), best_step) for c in chosen]
+
+    def coverage(
+        self, env: PlanEnv, inp: RoundInput, fit: Fit, best_step: float, taken: set[str], rate: Rate = unrated
+    ) -> list[Proposal]:
+        """Coverage probes: for each knob value (PP x VPP, CP, EP, micro-batch, recompute) that no layout which ran
+        on this stage's GPUs carries, the searcher's best rated layout with it gets a rank probe, the best rated
+        values first, at most policy.coverage_probes a round. Why: a probe times the layout's own compute, which is
+        where the calibrated model is wrong region by region, and a region no row of this stage measured has only
+        the model to speak for it; its probe costs one GPU per probed rank for minutes. A probe that fits is
+        measured at scale only when its composed step passes (`passed`), as any probe's. The dispatcher is left
+        out: a rank probe runs alltoall whatever the layout's dispatcher (argv.probe_argv)."""
+        seen = list(inp.observations) + list(inp.source)
+        factors, mem = fit.factors, fit.memory_scale
+        pool = [
+            c
+            for c in env.plan(factors, mem)
+            if c.key not in inp.known_keys and c.key not in taken and not oom_dominated(c.layout, seen)
+        ]
+        rated = sorted(((rate(c.layout, c.prediction.step_time_s), i, c) for i, c in enumerate(pool)))
+        best_of: dict[tuple, tuple[float, int, Planned]] = {}  # (knob, value) -> its best rated layout
+        for knob in COVERED_KNOBS:
+            covered = {knob_value(r.layout, knob) for r in inp.observations if ran(r)}
+            for r, i, c in rated:
+                best_of.setdefault((knob, knob_value(c.layout, knob)), (r, i, c))
+            for value in covered:
+                best_of.pop((knob, value), None)
+        out: list[Proposal] = []
+        for (knob, value), (_, _, c) in sorted(best_of.items(), key=lambda kv: kv[1][:2]):
+            if len(out) < self.cfg.coverage_probes and all(p.key != c.key for p in out):
+                why = f"coverage-probe: no layout with {value_label(knob, value)} ran here"
+                out.append(self.rank_probe(env, c, fit, why, best_step))
         return out
+
+    @staticmethod
+    def rank_probe(env: PlanEnv, c: Planned, fit: Fit | None, why: str, best_step: float | None = None) -> Proposal:
+        """A planned layout as a one-GPU rank probe of the ranks that bound it (ranks.probe_ranks: first PP stage,
+        last, the planner's heaviest), for start-up + the probe window."""
+        factors, mem = (fit.factors, fit.memory_scale) if fit is not None else (None, 1.0)
+        _, iters = fidelity.window(env.stage, Fidelity.PROBE)
+        bound = ranks.probe_ranks(c.layout, env.stage.gpus, c.prediction.heaviest_stage)
+        p = env.proposal(
+            c,
+            reason=f"{why} (rank probe of ranks {', '.join(map(str, bound))} on one GPU each)",
+            factors=factors,
+            memory_factor=mem,
+            predicted_gain=1.0 - c.prediction.step_time_s / best_step if best_step else None,
+        )
+        p.fidelity, p.measure_iters, p.probe_ranks = Fidelity.PROBE, iters, tuple(bound)
+        p.est_gpu_hours = env.probe_gpu_hours(len(bound), c.prediction.step_time_s)
+        return p
 
     @staticmethod
     def within_budget(props: list[Proposal], slots: int, gpu_hours_left: float) -> list[Proposal]:

@@ -26,6 +26,11 @@ def knob_value(layout: Layout, knob: str) -> tuple:
     return tuple(getattr(layout, f) for f in KNOBS[knob])
 
 
+def value_label(knob: str, value: tuple) -> str:
+    """A knob value (knob_value) as its fields read: "pp=4 vpp=4", "cp=2"."""
+    return " ".join(f"{f}={v}" for f, v in zip(KNOBS[knob], value, strict=True))
+
+
 def changed_knob(a: Layout, b: Layout) -> str | None:
     """The one knob group in which a and b differ, or None (equal, several knobs, or another field)."""
     if any(getattr(a, f) != getattr(b, f) for f in a.__dataclass_fields__ if f not in _GROUPED):

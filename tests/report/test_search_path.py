@@ -8,7 +8,7 @@ from orchestrator.config import compose
 from orchestrator.report import path
 from tests.bench import searchlib as lib
 
-KINDS = {"round0", "neighbour", "joint", "model-pick", "model-top", "promoted", "fit-probe"}
+KINDS = {"round0", "neighbour", "joint", "model-pick", "model-top", "promoted", "fit-probe", "coverage-probe"}
 
 
 def test_a_sweep_records_why_each_candidate_was_proposed_and_shows_the_path(tmp_path):

@@ -277,3 +277,53 @@ def test_a_promoted_stage_probes_its_promoted_mappings_before_any_launch_at_scal
     assert all(p.fidelity == "probe" and p.probe_ranks for p in props)  # nothing at scale yet
     off = Schedule(dataclasses.replace(pol, probe_led=False)).plan(policy, env, inp, source_stage=src_cfg.stage)
     assert [p.fidelity for p in off.proposals if p.reason.startswith("promoted")] == ["full"] * len(promoted)
+
+
+def test_a_knob_value_no_layout_ran_with_gets_a_coverage_probe(setting):
+    """Schedule.coverage: a region no row of this stage ran in has only the calibrated model to speak for it,
+    and the model's compute is wrong region by region (a CP or recompute level it never saw), so the best rated
+    layout of each knob value no layout that ran carries gets a rank probe, the best rated values first, at most
+    policy.coverage_probes a round; once a layout with that value ran, the value is covered. The dispatcher is
+    never one: a rank probe runs alltoall whatever the layout's dispatcher."""
+    from orchestrator.schedule import Schedule
+    from orchestrator.schedule.rungs import COVERED_KNOBS
+    from orchestrator.search.select import knob_value, value_label
+
+    cfg, env, ran_, _ = setting
+    row = _ran(ran_)
+    _, inp, fit = _calibrated(cfg, env, row)
+    pool = [c for c in env.plan(fit.factors, fit.memory_scale) if c.key != row.key]
+
+    def by_step(layout, step_s):  # the searcher's rating: here the calibrated step as it is
+        return step_s
+
+    uncovered = {
+        (k, knob_value(c.layout, k))
+        for k in COVERED_KNOBS
+        for c in pool
+        if knob_value(c.layout, k) != knob_value(row.layout, k)
+    }
+    assert len(uncovered) > 2
+    every = Schedule(dataclasses.replace(cfg.policy, coverage_probes=10_000)).coverage(
+        env, inp, fit, 1.0, set(), by_step
+    )
+    assert all(p.fidelity == "probe" and p.probe_ranks and p.reason.startswith("coverage-probe") for p in every)
+    # each uncovered value is carried by a probe, and each probe names the value it covers, never a dispatcher
+    assert all(any(knob_value(p.layout, k) == v for p in every) for k, v in uncovered)
+    assert all("dispatcher" not in p.reason for p in every) and len({p.key for p in every}) == len(every)
+    # one a round: the best rated of the values' best layouts
+    (one,) = Schedule(dataclasses.replace(cfg.policy, coverage_probes=1)).coverage(env, inp, fit, 1.0, set(), by_step)
+    bests = [
+        min((c for c in pool if knob_value(c.layout, k) == v), key=lambda c: c.prediction.step_time_s)
+        for k, v in uncovered
+    ]
+    assert one.key == min(bests, key=lambda c: c.prediction.step_time_s).key
+    # once it ran, the values it carried are covered: no probe names them again
+    ran_too = dataclasses.replace(_ran(env.evaluate_unchecked(one.layout, None, 1.0)), key=one.key)
+    inp2 = dataclasses.replace(inp, observations=[row, ran_too], known_keys={row.key, one.key})
+    again = Schedule(dataclasses.replace(cfg.policy, coverage_probes=10_000)).coverage(
+        env, inp2, fit, 1.0, set(), by_step
+    )
+    named = {p.reason.split(" with ", 1)[1].split(" ran", 1)[0] for p in again}
+    assert not any(value_label(k, knob_value(one.layout, k)) in named for k in COVERED_KNOBS)
+    assert len(again) < len(every)
