@@ -30,6 +30,7 @@ from orchestrator.search import compose
 from orchestrator.search.calibrate import Fit
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.select import (
+    KNOBS,
     best_measured,
     diverse_top,
     fit_dominated,
@@ -44,8 +45,9 @@ from orchestrator.search.types import Observation, Proposal, Rate, RoundInput, R
 # Round 0's probes spread over these knob groups (select.diverse_top; "pp" carries VPP): the memory model's error
 # is per term, so which pruned region fits is what round 0 cannot know.
 ROUND0_PROBE_KNOBS = ("ep", "pp", "cp", "recompute")
-# What a rank probe's compute-only step can tell apart (Schedule.coverage): every knob group but the dispatcher.
-COVERED_KNOBS = ("pp", "cp", "ep", "mbs", "recompute")
+# What a rank probe's compute-only step can tell apart (Schedule.coverage): every knob group but the dispatcher's
+# (a probe runs alltoall whatever the layout's dispatcher, argv.probe_argv).
+COVERED_KNOBS = tuple(group for group in KNOBS if group != "dispatcher")
 
 
 class Schedule:
