@@ -277,12 +277,19 @@ class Schedule:
     def probe_first(self, env: PlanEnv, p: Proposal) -> Proposal:
         """A new layout as a rank probe (the ranks that bound it, ranks.probe_ranks, one GPU each): its
         compute-only step composes its prediction before a launch at scale is spent on it (`passed`)."""
+        bound = self.as_probe(env, p)
+        p.reason += f" (probe first: ranks {', '.join(map(str, bound))} on one GPU each)"
+        return p
+
+    @staticmethod
+    def as_probe(env: PlanEnv, p: Proposal) -> list[int]:
+        """Make `p` a one-GPU rank probe of the ranks that bound it (ranks.probe_ranks: first PP stage, last, the
+        planner's heaviest), for start-up + the probe window, charged one GPU per rank; the ranks."""
         bound = ranks.probe_ranks(p.layout, env.stage.gpus, p.predicted.get("heaviest_stage"))
         _, n = fidelity.window(env.stage, Fidelity.PROBE)
         p.fidelity, p.measure_iters, p.probe_ranks = Fidelity.PROBE, n, tuple(bound)
-        p.reason += f" (probe first: ranks {', '.join(map(str, bound))} on one GPU each)"
         p.est_gpu_hours = env.probe_gpu_hours(len(bound), p.predicted_step_s)
-        return p
+        return bound
 
     def probes(
         self,
@@ -377,20 +384,17 @@ class Schedule:
 
     @staticmethod
     def rank_probe(env: PlanEnv, c: Planned, fit: Fit | None, why: str, best_step: float | None = None) -> Proposal:
-        """A planned layout as a one-GPU rank probe of the ranks that bound it (ranks.probe_ranks: first PP stage,
-        last, the planner's heaviest), for start-up + the probe window."""
+        """A planned layout as a rank probe (`as_probe`), proposed for `why`."""
         factors, mem = (fit.factors, fit.memory_scale) if fit is not None else (None, 1.0)
-        _, iters = fidelity.window(env.stage, Fidelity.PROBE)
-        bound = ranks.probe_ranks(c.layout, env.stage.gpus, c.prediction.heaviest_stage)
         p = env.proposal(
             c,
-            reason=f"{why} (rank probe of ranks {', '.join(map(str, bound))} on one GPU each)",
+            reason=why,
             factors=factors,
             memory_factor=mem,
             predicted_gain=1.0 - c.prediction.step_time_s / best_step if best_step else None,
         )
-        p.fidelity, p.measure_iters, p.probe_ranks = Fidelity.PROBE, iters, tuple(bound)
-        p.est_gpu_hours = env.probe_gpu_hours(len(bound), c.prediction.step_time_s)
+        bound = Schedule.as_probe(env, p)
+        p.reason += f" (rank probe of ranks {', '.join(map(str, bound))} on one GPU each)"
         return p
 
     @staticmethod
