@@ -210,6 +210,13 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False, comma
         raise ConfigError(_value_message(exc)) from None
     if typed.stage is not None:
         check_shape(typed)
+    from orchestrator.plan import probe
+
+    if typed.workload.probe_mode not in probe.MODES:
+        raise ConfigError(
+            f"workload.probe_mode={typed.workload.probe_mode!r} is not a probe mode: use one of "
+            + ", ".join(f"workload.probe_mode={m}" for m in probe.MODES)
+        )
     from orchestrator.launch.slurm import container
     from orchestrator.plan import rules
 

@@ -30,6 +30,7 @@ from orchestrator.job.node import CONTAINER_ENV
 from orchestrator.launch import LaunchTask
 from orchestrator.plan import argv as plan_argv
 from orchestrator.plan import flops as plan_flops
+from orchestrator.plan import probe as plan_probe
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.planner import Planned
 
@@ -120,6 +121,8 @@ def build_spec(
     fl = plan_flops.step_flops(cfg.model, stage, layout)
     env = {**{k: str(v) for k, v in cfg.cluster.env.items()}, **{k: str(v) for k, v in cfg.workload.env.items()}}
     env.update(plan_argv.megatron_env(layout))  # what this layout's Megatron asserts (NVTE_CPU_OFFLOAD_V1)
+    if probe_ranks:  # the run-time mode a probe needs to run as dev runs its rank (orchestrator/plan/probe.py)
+        env.update(plan_probe.mode_env(cfg.workload.probe_mode, cfg.workload.probe_skew))
     if cfg.cluster.slurm.container.image:  # the task records the image it ran in (orchestrator.job.node)
         env[CONTAINER_ENV] = str(cfg.cluster.slurm.container.image)
     folder = Path(job_dir) if job_dir is not None else attempt_dir(cfg, sweep, planned.key, attempt)

@@ -37,6 +37,7 @@ class Failure(StrEnum):
     CRASH = "CRASH"
     LOST = "LOST"
     NO_OUTPUT = "NO_OUTPUT"
+    PROBE_FAILED = "PROBE_FAILED"
 
 
 class Retry(Enum):
@@ -139,6 +140,14 @@ TABLE: tuple[FailureClass, ...] = (
         "the launcher lost)",
     ),
     FailureClass(Failure.NO_OUTPUT, False, Retry.NEVER, "no parsable iteration line and no known signature"),
+    FailureClass(
+        Failure.PROBE_FAILED,
+        False,  # no verdict on the layout: what failed is what only a probe runs (the fake process group, its mode)
+        Retry.NEVER,  # the same probe fails the same way
+        "a one-GPU rank probe crashed or printed nothing (a crash or no output of a probe, set by "
+        "orchestrator.evidence.classify for a probe's attempt): the fake process group or the probe mode failed, "
+        "not the layout, which is neither out of memory nor known to fit (orchestrator/plan/probe.py)",
+    ),
 )
 
 BY_NAME: dict[str, FailureClass] = {fc.name: fc for fc in TABLE}

@@ -623,6 +623,11 @@ class WorkloadConfig:
     env: dict[str, str] = field(default_factory=dict)
     mock_data: bool = True
     in_process: bool = False  # runpy the entry script inside the job to instrument it (real Megatron)
+    # A rank probe's run-time mode (orchestrator/plan/probe.py): "static-balanced/1" gives a --fake-process-group
+    # job dev's static pipeline shapes, finite receive buffers and balanced expert counts; "none" runs dev as it
+    # is, which crashes on every PP>1 V4 probe (the mode exists for a Megatron whose own fake path is faithful).
+    probe_mode: str = "static-balanced/1"
+    probe_skew: float = ranged(1.0, 1.0, 64.0)  # each probed rank's local experts receive this x balanced
     resources: JobResources = field(default_factory=JobResources)  # what the cluster's None fields fall back to
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     twin: TwinConfig = field(default_factory=TwinConfig)

@@ -27,7 +27,7 @@ from orchestrator.core.result import JobResult
 from orchestrator.core.spec import JobSpec
 from orchestrator.core.states import AttemptRole
 from orchestrator.evidence import metrics as metrics_mod
-from orchestrator.evidence.classify import classify
+from orchestrator.evidence.classify import PROBE_ONLY, as_probe, classify
 from orchestrator.evidence.effective import effective_throughput
 from orchestrator.evidence.keep import Keep
 from orchestrator.evidence.parse import parse_file
@@ -194,6 +194,8 @@ def collect(
             f"the job vanished after {result.measure_iters}/{asked} measured iterations with no exit status "
             "(killed with its orchestrator?): not a measurement, measured again"
         )
+    if spec is not None and spec.probe_ranks and result.failure_class in PROBE_ONLY:  # not the layout's failure
+        as_probe(verdict).apply(result)
     if spec is not None:
         checkpoint_metrics(folder, spec, result)
     write_result(folder.path, result)

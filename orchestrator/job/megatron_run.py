@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.paths import JobPaths, atomic_write
-from orchestrator.job import instrument, node
+from orchestrator.job import instrument, node, probe_mode
+from orchestrator.plan import probe
 
 
 def _megatron_facts() -> dict[str, Any]:
@@ -70,8 +71,10 @@ def write_sidecar(
     counter: instrument.RouterCounter | None,
     error: str | None = None,
     checkout: Path | None = None,
+    probing: bool = False,
 ) -> Path:
-    """Atomically write this rank's sidecar (`checkout`: the Megatron tree whose commit it records)."""
+    """Atomically write this rank's sidecar (`checkout`: the Megatron tree whose commit it records; `probing`: a
+    rank probe, whose sidecar names its probe mode)."""
     doc: dict[str, Any] = {"simulated": False, "source": "megatron_run", "rank": rank}
     doc.update(_megatron_facts())
     here = node.facts(checkout)
@@ -81,6 +84,10 @@ def write_sidecar(
     doc.update(instrument.device_memory())
     if counter is not None:
         doc.update(counter.report())
+    if probing:  # what the probe ran with: the mode is part of its provenance (orchestrator/plan/probe.py)
+        done = probe_mode.installed()
+        doc["probe_mode"] = done.report() if done is not None else {"mode": probe.OFF}
+        doc["versions"]["probe_mode"] = done.mode if done is not None else probe.OFF
     if error:
         doc["instrument_error"] = error
     return atomic_write(JobPaths(out_dir).sidecar(rank), json.dumps(doc))
@@ -96,6 +103,27 @@ def _checkout_first(checkout: Path) -> str | None:
     return None
 
 
+def _install_probe_mode(argv: Sequence[str]) -> str | None:
+    """Install the probe mode the job asked for (orchestrator/plan/probe.py MODE_ENV) before Megatron runs;
+    None when installed or none was asked, else the one line that says why it cannot be (ProbeModeError)."""
+    mode, skew = probe_mode.from_env()
+    if mode is None:
+        return None
+    seq, mbs = probe.flag_value(argv, "--seq-length"), probe.flag_value(argv, "--micro-batch-size")
+    try:
+        probe_mode.install(
+            mode,
+            skew=skew,
+            seq_length=int(seq) if seq and seq.isdigit() else None,
+            micro_batch_size=int(mbs) if mbs and mbs.isdigit() else None,
+        )
+    except probe_mode.ProbeModeError as exc:
+        return str(exc)
+    except Exception as exc:  # noqa: BLE001 - Megatron or torch would not even import: the probe cannot run
+        return f"probe mode {mode} not installed: {exc!r}"
+    return None
+
+
 def main(
     entry_script: str, argv: Sequence[str], window: tuple[int, int], out_dir: str | os.PathLike[str], rank: int
 ) -> int:
@@ -107,16 +135,29 @@ def main(
     shadowed = _checkout_first(script.parent)  # before the router hook imports megatron
     counter: instrument.RouterCounter | None = None
     errors = [shadowed] if shadowed else []
+    probing = probe.is_probe(argv)
+    refused = _install_probe_mode(argv) if probing else None
     try:
         counter = instrument.RouterCounter.for_window(*window).install()
     except Exception as exc:  # noqa: BLE001 - no megatron-core here: run uninstrumented, say why
         errors.append(f"router hook not installed: {exc!r}")
+    if refused:
+        errors.append(refused)
     error = "; ".join(errors) or None
     written: list[Path] = []
 
     def finish() -> None:
         if not written:
-            written.append(write_sidecar(out_dir, rank, counter, error, script.parent))
+            written.append(write_sidecar(out_dir, rank, counter, error, script.parent, probing))
+
+    if refused:  # the probe cannot run as the real job's rank: say why, run nothing
+        print(f"[orchestrator] {refused}", file=sys.stderr)
+        sys.path[:] = saved_path
+        finish()
+        if counter is not None:
+            counter.uninstall()
+        probe_mode.uninstall()
+        return 1
 
     atexit.register(finish)
     sys.argv = [str(script), *argv]
@@ -134,3 +175,4 @@ def main(
         atexit.unregister(finish)
         if counter is not None:
             counter.uninstall()
+        probe_mode.uninstall()

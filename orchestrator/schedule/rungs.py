@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from orchestrator.core.schema import PolicyConfig, StageConfig
 from orchestrator.core.states import Fidelity
+from orchestrator.plan import probe as plan_probe
 from orchestrator.plan import ranks
 from orchestrator.plan.planner import Planned
 from orchestrator.schedule import fidelity
@@ -276,7 +277,12 @@ class Schedule:
 
     def probe_first(self, env: PlanEnv, p: Proposal) -> Proposal:
         """A new layout as a rank probe (the ranks that bound it, ranks.probe_ranks, one GPU each): its
-        compute-only step composes its prediction before a launch at scale is spent on it (`passed`)."""
+        compute-only step composes its prediction before a launch at scale is spent on it (`passed`). A layout no
+        probe can run as its job does (orchestrator/plan/probe.unprobeable) stays a launch at scale."""
+        why_not = plan_probe.unprobeable(p.layout)
+        if why_not is not None:
+            p.reason += f" (not probed: {why_not})"
+            return p
         bound = self.as_probe(env, p)
         p.reason += f" (probe first: ranks {', '.join(map(str, bound))} on one GPU each)"
         return p
@@ -330,6 +336,7 @@ class Schedule:
             and c.key not in taken
             and not oom_dominated(c.layout, seen)
             and not fit_dominated(c.layout, inp.observations)  # known to fit: proposed, not probed
+            and plan_probe.unprobeable(c.layout) is None
         ]
         rated = sorted(
             ((r, c) for c in pool if (r := rate(c.layout, c.prediction.step_time_s)) <= cut), key=lambda x: x[0]
@@ -365,7 +372,10 @@ class Schedule:
         pool = [
             c
             for c in env.plan(factors, mem)
-            if c.key not in inp.known_keys and c.key not in taken and not oom_dominated(c.layout, seen)
+            if c.key not in inp.known_keys
+            and c.key not in taken
+            and not oom_dominated(c.layout, seen)
+            and plan_probe.unprobeable(c.layout) is None
         ]
         rated = sorted(((rate(c.layout, c.prediction.step_time_s), i, c) for i, c in enumerate(pool)))
         best_of: dict[tuple, tuple[float, int, Planned]] = {}  # (knob, value) -> its best rated layout

@@ -6,7 +6,8 @@ evaluates its own synthetic surface, then prints torch's CUDA OOM (exit 1) when 
 else Megatron's iteration lines (rank WORLD_SIZE-1) and, after the first iteration, rank 0's memory line (a
 stand-in's one memory figure is its heaviest rank's, the first PP stage's; printed by rank 0, or by the one
 process of a local job, which stands for every rank). With
-`--fake-process-group` it is a one-GPU rank probe of rank RANK (`probe`). Checkpoints (the warm start,
+`--fake-process-group` it is a one-GPU rank probe of rank RANK (`probe`), and fails as dev does where the job
+gives it no probe mode (orchestrator/plan/probe.refusal). Checkpoints (the warm start,
 docs/search.md): `--save DIR` writes Megatron's tracker file after the last iteration; `--load DIR` reads it,
 and with `--exit-on-missing-checkpoint` a missing one exits 0 without training, as Megatron does. Every
 stand-in prints a [SIMULATED] banner first: its numbers are synthetic.
@@ -145,6 +146,12 @@ def main(evaluate: Callable[[Point], tuple[float, float]], banner: str, hbm: flo
     print(f"[SIMULATED] {banner}", flush=True)
     step, mem = evaluate(point)
     if PROBE_FLAG in args:
+        from orchestrator.plan import probe as contract  # what dev refuses at run time (docs/workload.md)
+
+        refused = contract.refusal(args, os.environ.get(contract.MODE_ENV))
+        if refused is not None:  # dev builds the model, then its first pipeline receive fails
+            print(f"Traceback (most recent call last):\n{refused}", file=sys.stderr, flush=True)
+            return 1
         step, mem = probe(step, mem)
     if mem > hbm:
         print(

@@ -14,6 +14,7 @@ from orchestrator.job.twin import text, truth
 from orchestrator.job.twin.job import TwinJob, coords, job_rng, reported_ranks
 from orchestrator.job.twin.legal import Illegal
 from orchestrator.job.twin.truth import Surface
+from orchestrator.plan import probe
 from orchestrator.plan.layout import groups
 
 NCCL_GROUPS = {  # Megatron's process-group descriptions, as torch's watchdog prints them
@@ -103,6 +104,15 @@ def _nccl_group(job: TwinJob, rng: random.Random) -> str:
 def nccl_timeout(job: TwinJob, group: str, it: int) -> list[str]:
     """The watchdog line of every rank this process speaks for."""
     return [text.nccl_watchdog_line(r, group, seq=1000 + it * 97) for r in reported_ranks(job)]
+
+
+def probe_crash(job: TwinJob) -> str | None:
+    """dev's failure of a rank probe its job gave no probe mode where dev exchanges pipeline shapes
+    (orchestrator/plan/probe.refusal): the traceback this rank prints, or None when the probe runs. Stage 0 fails
+    on the gradient it receives back, every later stage on the activation it receives."""
+    if probe.refusal(job.argv, job.probe_mode) is None:
+        return None
+    return text.probe_shape_traceback(job.entry, backward=coords(job, job.rank)["pp"] == 0)
 
 
 def crash(job: TwinJob) -> str:

@@ -19,6 +19,7 @@ from orchestrator.job.twin import truth
 from orchestrator.job.twin.text import MEGATRON
 from orchestrator.plan import argv as plan_argv
 from orchestrator.plan import pipeline, ranks
+from orchestrator.plan import probe as plan_probe
 from orchestrator.plan.layout import Layout
 
 
@@ -46,6 +47,7 @@ class TwinJob:
     argv: tuple[str, ...] = ()  # the flags as given (Megatron's argv-phase assertions read them)
     pattern: str = ""  # --hybrid-layer-pattern: which blocks each pipeline segment runs
     probe: bool = False  # --fake-process-group: this process is rank RANK of WORLD_SIZE alone on one GPU
+    probe_mode: str | None = None  # the probe mode the job asked for (orchestrator/plan/probe.py MODE_ENV)
 
     def case(self) -> truth.Case:
         """The job as the simulated machine sees it (stage.gpus is the world size)."""
@@ -137,6 +139,7 @@ def load_job(argv: Sequence[str], environ=os.environ) -> TwinJob:
         argv=tuple(argv),
         pattern=str(flag(flags, "hybrid_layer_pattern", "") or ""),
         probe=bool(flag(flags, "fake_process_group", False)),
+        probe_mode=environ.get(plan_probe.MODE_ENV) or None,
     )
 
 

@@ -62,6 +62,11 @@ def run(job: TwinJob) -> int:
     if illegal is not None:
         text.err(faults.assertion(job, illegal))
         return 1
+    refused = faults.probe_crash(job)
+    if refused is not None:  # dev builds the model, then its first pipeline receive fails
+        text.out(text.event_line("before the start of training step"))
+        text.err(refused)
+        return 1
     surface = job.surface()
     dying = faults.oom_ranks(job, surface)
     if dying is not None:  # the whole job dies; ranks of an over-HBM stage print torch's OOM

@@ -15,6 +15,7 @@ from orchestrator.core.paths import JobPaths, atomic_write
 from orchestrator.job.node import simulated_facts
 from orchestrator.job.twin import truth
 from orchestrator.job.twin.job import TwinJob, coords, dp0_ranks, flag, job_rng, rng_for
+from orchestrator.plan import probe
 from orchestrator.plan.layout import groups
 from orchestrator.plan.ranks import evidence_ranks
 
@@ -91,6 +92,9 @@ def write_sidecars(job: TwinJob, surface: truth.Surface, measured: int) -> list[
             "force_balanced_routing": bool(flag(job.flags, "moe_router_force_load_balancing", False)),
             **simulated_facts(),  # what a node would report, its versions marked simulated
         }
+        if job.probe:  # what the probe ran with: the mode is part of its provenance (orchestrator/plan/probe.py)
+            doc["probe_mode"] = {"mode": job.probe_mode or probe.OFF, "simulated": True}
+            doc["versions"] = {**doc["versions"], "probe_mode": job.probe_mode or probe.OFF}
         if coords(job, r)["tp"] == 0:  # TP replicas see the same tokens: only TP rank 0 counts them
             doc.update(routing(job, r, measured))
         paths.append(atomic_write(folder.sidecar(r), json.dumps(doc)))

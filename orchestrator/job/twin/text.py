@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
+from orchestrator.plan import probe
+
 MEGATRON = "/opt/megatron-lm"  # the paths the tracebacks name: where the real entry script lives
 MIB = 1024 * 1024
 
@@ -159,6 +161,46 @@ def nccl_watchdog_line(rank: int, group: str, seq: int, op: str = "ALLTOALL_BASE
         f"Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn=4194304, "
         f"NumelOut=4194304, Timeout(ms)={timeout_ms}) ran for {timeout_ms + 13} milliseconds before timing out."
     )
+
+
+def probe_shape_traceback(entry: str, backward: bool) -> str:
+    """dev's failure on a --fake-process-group stage after the first (forward) or before the last (backward) when
+    the pipeline exchanges shapes and no probe mode answers them (orchestrator/plan/probe.py): the receive buffer
+    is allocated from a shape the fake backend never wrote (megatron/core/pipeline_parallel/p2p_communication.py,
+    dev d48bd6be0a85)."""
+    line, make = probe.DEV_WHERE["backward" if backward else "forward"]
+    p2p = f"{MEGATRON}/megatron/core/pipeline_parallel/p2p_communication.py"
+    recv = (
+        (p2p, 476 + 16, "recv_backward", "_, output_tensor_grad, _ = self._communicate(")
+        if backward
+        else (p2p, 445 + 16, "recv_forward", "input_tensor, _, _ = self._communicate(")
+    )
+    head = _frames(
+        (entry, 220, "<module>", "pretrain("),
+        (
+            f"{MEGATRON}/megatron/training/training.py",
+            1812,
+            "pretrain",
+            "iteration, num_floating_point_operations_so_far = train(",
+        ),
+        (f"{MEGATRON}/megatron/training/training.py", 4400, "train", ") = train_step("),
+        (f"{MEGATRON}/megatron/training/training.py", 2920, "train_step", "losses_reduced = forward_backward_func("),
+        (
+            f"{MEGATRON}/megatron/core/pipeline_parallel/schedules.py",
+            2488,
+            "forward_backward_pipelining_without_interleaving",
+            "input_tensor = p2p_communicator.recv_forward(",
+        ),
+        recv,
+        (
+            p2p,
+            395 if backward else 392,
+            "_communicate",
+            "tensor_recv_next = tensor_recv_next_func()" if backward else "tensor_recv_prev = tensor_recv_prev_func()",
+        ),
+        (p2p, line, make, "return torch.empty("),
+    )
+    return f"{head}\n{probe.DEV_ERROR}=[139934698196304, 139934698234576, 139934698188752]"
 
 
 def crash_traceback(entry: str) -> str:
