@@ -24,6 +24,7 @@ from orchestrator.core.schema import ClusterConfig, RootConfig, StageConfig
 from orchestrator.job import preflight as job
 from orchestrator.job.preflight import Check, CheckStatus, PreflightReport, PreflightRequest
 from orchestrator.launch.slurm.partition import ask, gres_gpus, slurm_minutes
+from orchestrator.plan import probe as plan_probe
 
 EVENT = "preflight"  # the ledger event kind a sweep records its preflight (or its skipping) under
 JOB_TIME_MIN = 15  # the preflight job: imports + one validate_args per candidate
@@ -76,7 +77,12 @@ def candidates(cfg: RootConfig) -> tuple[PreflightRequest, dict[str, int]]:
     # every candidate the sweep could launch: also those a rule holds back until the node shows its fix
     superset = dataclasses.replace(stage, lifted_rules=sorted(rules.LIFTABLE))
     kept = planner.plan(cfg.model, cfg.hardware, superset, workload=cfg.workload.name).candidates
-    req = PreflightRequest(entry_script=_entry_script(cfg), gpus_per_node=stage.gpus_per_node)
+    mode = cfg.workload.probe_mode
+    req = PreflightRequest(
+        entry_script=_entry_script(cfg),
+        gpus_per_node=stage.gpus_per_node,
+        probe_mode=None if mode == plan_probe.OFF else mode,  # what the sweep's rank probes will install
+    )
     limits: dict[str, int] = {}
     for p in kept:
         spec = build_spec(cfg, p, sweep="preflight", attempt=1, job_dir=Path(cfg.cluster.folder) / "preflight")

@@ -141,6 +141,8 @@ def main(
         counter = instrument.RouterCounter.for_window(*window).install()
     except Exception as exc:  # noqa: BLE001 - no megatron-core here: run uninstrumented, say why
         errors.append(f"router hook not installed: {exc!r}")
+    if probing:
+        print(probe_mode.describe(), flush=True)
     if refused:
         errors.append(refused)
     error = "; ".join(errors) or None

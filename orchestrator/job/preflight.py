@@ -32,6 +32,8 @@ from typing import Any
 from orchestrator.core.megatron import TESTED, TESTED_COMMIT, short
 from orchestrator.core.paths import JobPaths, atomic_write
 from orchestrator.job import checkout as checkout_mod
+from orchestrator.job import probe_mode
+from orchestrator.plan import probe
 
 MIN_PYTHON = (3, 11)  # this project's job code (pyproject.toml requires-python); Megatron-LM needs >= 3.10
 MIN_TE = (2, 9)  # megatron/core/transformer/transformer_config.py:3680 (sequence packing needs TE >= 2.9.0)
@@ -123,6 +125,7 @@ class PreflightRequest:
     packed_cp: bool = False  # packed THD input with CP > 1 somewhere in the space (TE >= 2.9)
     router_fusion_sqrtsoftplus: bool = False  # --moe-router-fusion with sqrtsoftplus scores (TE >= 2.13)
     csa: bool = False  # a CSA (ratio 4, 'C') layer in some candidate's pattern: fast_hadamard_transform
+    probe_mode: str | None = None  # the mode the sweep's rank probes install (orchestrator/job/probe_mode.py)
 
 
 @dataclass
@@ -170,6 +173,8 @@ def check(request: PreflightRequest) -> PreflightReport:
     checks += [*v4_module_checks(roots, checkout), commit_row]
     fix_rows, lifted = fix_checks(roots[0] if checkout else None)
     checks += fix_rows
+    if request.probe_mode:
+        checks.append(probe_mode_check(request.probe_mode, roots[0] if checkout else None))
     summary, rejected = validate_candidates(request, roots if checkout else [])
     megatron = {
         "commit": commit,
@@ -177,6 +182,29 @@ def check(request: PreflightRequest) -> PreflightReport:
         "path": str(roots[0]) if checkout else None,
     }
     return PreflightReport([*checks, summary], rejected, megatron, lifted)
+
+
+def probe_mode_check(mode: str, root: Path | None) -> Check:
+    """The rank probes' mode can install here: every Megatron code point it changes is where it expects it
+    (probe_mode.check_tree, read from the checkout's files) and torch has the fake backend dev's
+    --fake-process-group starts (initialize.py:343-350)."""
+    name = f"probe mode {mode}"
+    fix = f"use {TESTED} or set workload.probe_mode={probe.OFF} (the probes then run dev's fake process group as is)"
+    if root is None:
+        return Check(name, CheckStatus.FAIL, "no checkout to read its code points from", fix)
+    problems = probe_mode.check_tree(root)
+    if problems:
+        return Check(name, CheckStatus.FAIL, f"{len(problems)} code point(s) moved: {problems[0]}", fix)
+    try:
+        import torch.distributed as dist
+
+        fake = "fake" in {str(b) for b in dist.Backend.backend_list}
+    except Exception as exc:  # noqa: BLE001 - no torch here: what the rows above say
+        return Check(name, CheckStatus.FAIL, f"torch: {type(exc).__name__}: {exc}", fix)
+    if not fake:
+        return Check(name, CheckStatus.FAIL, "torch has no 'fake' process-group backend", fix)
+    points = ", ".join(f"{p.cls}.{p.method}" for p in probe_mode.POINTS)
+    return Check(name, CheckStatus.PASS, f"its {len(probe_mode.POINTS)} code points are in place ({points})")
 
 
 def commit_check(root: Path | None) -> tuple[Check, str | None]:

@@ -401,8 +401,8 @@ def from_env(environ: dict[str, str] | None = None) -> tuple[str | None, float]:
 
 
 def describe() -> str:
-    """One line for logs: the mode in effect in this process."""
+    """The line a probe's job prints first (plan/probe.mode_line): the mode in effect in this process."""
     done = _INSTALLED
     if done is None:
-        return f"probe mode: {probe.OFF}"
-    return f"probe mode: {done.mode} (torch {done.torch}, megatron from {done.megatron}; tested with {TESTED})"
+        return probe.mode_line(None)
+    return probe.mode_line(done.mode, f"torch {done.torch}, megatron from {done.megatron}; tested with {TESTED}")

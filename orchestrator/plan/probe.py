@@ -88,6 +88,11 @@ def unprobeable(layout: Layout) -> str | None:
     return None
 
 
+def mode_line(mode: str | None, detail: str = "") -> str:
+    """The line a probe's job prints first: which mode it runs with (the job folder's own record of it)."""
+    return f"[orchestrator] probe mode: {mode or OFF}" + (f" ({detail})" if detail else "")
+
+
 def mode_env(mode: str, skew: float = 1.0) -> dict[str, str]:
     """The environment a probe's job gets for `mode` (OFF: none)."""
     if mode == OFF:

@@ -19,7 +19,9 @@ import pytest
 from orchestrator.config import compose
 from orchestrator.core.megatron import TESTED_COMMIT
 from orchestrator.core.states import Fidelity
+from orchestrator.job import probe_mode
 from orchestrator.plan import probe
+from orchestrator.plan.layout import Layout
 from orchestrator.runspec import build_spec
 from orchestrator.search.env import PlanEnv
 from orchestrator.sweep.preview import preview
@@ -96,7 +98,41 @@ def faithful(result: dict) -> list[str]:
     return wrong
 
 
-@pytest.mark.parametrize("stage", ["1k", "8k", "16k"])
+def test_every_pp_probe_of_a_default_1k_and_8k_twin_sweep_runs_on_dev_as_its_job_installs_it(tmp_path):
+    """The probe jobs a sweep launched, read back from their folders: argv, environment (the mode as the job
+    installs it: probe_mode.from_env) and ranks from job.json; the mode each ran with from its sidecars."""
+    import subprocess
+    import sys
+
+    from orchestrator.core.spec import JobSpec
+
+    for stage in ("1k", "8k"):  # 8k promotes the 1k winners, as the README's tour runs them
+        done = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "sweep", f"+stage={stage}", "cluster=local"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+    cases, folders = [], []
+    for path in sorted((tmp_path / "runs").rglob("job.json")):
+        spec = JobSpec.load(path)
+        if not spec.probe_ranks or Layout.from_dict(spec.layout).pp == 1:
+            continue
+        folders.append(path.parent)
+        mode, _ = probe_mode.from_env(spec.env)
+        for r in spec.probe_ranks:
+            cases.append(spec_case(spec, r, mode or probe.OFF, f"{path.parent.relative_to(tmp_path)} r{r}"))
+        said = {ln for p in path.parent.glob("rank-*.out") for ln in p.read_text().splitlines() if "probe mode" in ln}
+        assert said and all(ln.startswith(probe.mode_line(probe.MODE)) for ln in said), (path.parent, said)
+        sidecars = [json.loads(p.read_text()) for p in path.parent.glob("sidecar-rank-*.json")]  # none after an OOM
+        assert all(s["probe_mode"]["mode"] == probe.MODE for s in sidecars), path.parent
+    assert {f.relative_to(tmp_path / "runs").parts[0].split("-")[0] for f in folders} == {"1k", "8k"}, folders
+    results = run_cases(cases, tmp_path, "sweeps")
+    bad = {k: w for k, r in results.items() if (w := faithful(r))}
+    assert not bad, bad
+    assert all(r["pipeline"]["variable_seq_lengths"] for r in results.values())  # dev would exchange shapes
+
+
+@pytest.mark.parametrize("stage", ["16k"])  # 1k and 8k: every probe their sweeps launch, above
 def test_round0_probes_run_on_dev_with_the_probe_mode(stage, tmp_path):
     cases = round0_cases(stage, probe.MODE)
     assert cases

@@ -151,3 +151,14 @@ def test_the_schedule_measures_at_scale_what_no_probe_can_run(smoke):
         p = Schedule(cfg.policy).probe_first(env, p)
         assert (p.fidelity == Fidelity.PROBE) is probed, p.reason
         assert probed or "not probed: TP>1" in p.reason
+
+
+def test_preflight_says_whether_the_probe_mode_can_install_on_the_checkout(tmp_path):
+    from orchestrator.job.preflight import CheckStatus, probe_mode_check
+
+    dev = megatron_tree(DEV, paths=("megatron",))
+    row = probe_mode_check(probe.MODE, dev)
+    assert row.status is CheckStatus.PASS, row
+    (tmp_path / "megatron").mkdir()
+    row = probe_mode_check(probe.MODE, tmp_path)
+    assert row.status is CheckStatus.FAIL and "is missing" in row.detail and "workload.probe_mode=none" in row.fix

@@ -17,6 +17,7 @@ from orchestrator.job.twin import curves, faults, legal, text, truth
 from orchestrator.job.twin.checkpoints import Checkpointing, LoadFailed, load_checkpoint, save_checkpoint
 from orchestrator.job.twin.job import TwinJob, coords, flag, is_last_rank, job_rng, load_job, reported_ranks, steps_rng
 from orchestrator.job.twin.sidecars import write_sidecars
+from orchestrator.plan import probe
 
 LB_LOSS_KEYS = {  # --moe-router-load-balancing-type -> the loss name Megatron logs
     "aux_loss": "load_balancing_loss",
@@ -57,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(job: TwinJob) -> int:
+    if job.probe:  # as the job wrapper says it (orchestrator/job/megatron_run.py)
+        text.out(probe.mode_line(job.probe_mode, "simulated"))
     text.out(text.event_line("after megatron is initialized"))
     illegal = legal.check(job)
     if illegal is not None:
