@@ -111,6 +111,7 @@ def gather(ledger, name: str) -> dict:
         },
         "simulated": spent.simulated,
         "cut_early": len(cut_ids),
+        "probes": observe.provenance_of(ledger, [sweep]).line(),
         "best": observe.best_of(ledger, name),
         "gpu_capacity": capacity.view(ledger, name, cfg.hardware),
         "last_lease_event": leases[-1].message if leases else None,
@@ -158,6 +159,7 @@ def run(args, overrides) -> int:
         )
     if info["gpu_capacity"] and info["gpu_capacity"]["line"]:
         print(f"  {info['gpu_capacity']['line']}")
+    print(f"  {info['probes']}")
     for cal in info["calibrations"]:
         b, a = cal.get("step_mape_before"), cal.get("step_mape_after")
         print(

@@ -77,6 +77,6 @@ def facts(megatron_root: str | Path | None = None) -> dict[str, Any]:
 def simulated_facts() -> dict[str, Any]:
     """The twin's part: what a real node would report, each version marked simulated (the env is the one the
     twin process really got: the spec's)."""
-    names = ("megatron_commit", "transformer_engine", "deep_ep", "nccl")
+    names = ("torch", "megatron_commit", "transformer_engine", "deep_ep", "nccl")
     node = (os.environ.get("SLURMD_NODENAME") or socket.gethostname()).split(".")[0]
     return {"node": node, "versions": dict.fromkeys(names, SIMULATED), "env": run_env()}

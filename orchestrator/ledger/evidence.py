@@ -202,7 +202,7 @@ class Evidence:
     def probes(self, sweep: str) -> dict[int, dict[str, Any]]:
         """Candidate id -> the metrics of its latest rank probe (a measure attempt of fidelity probe), also
         once a run at scale is its latest result (`measured` hands out only that one): a probed layout's peak
-        at scale minus its probe's is what the probe margin is learned from."""
+        at scale minus its probe's is what the probe margin is learned from. Oldest probe first."""
         with self.store.read() as s:
             sw = find_sweep(s, sweep)
             latest = (
@@ -216,8 +216,8 @@ class Evidence:
                 )
                 .group_by(m.Result.candidate_id)
             )
-            rows = s.scalars(select(m.Result).where(m.Result.id.in_(latest)))
-            return {r.candidate_id: {k: getattr(r, k) for k in RESULT_METRICS} for r in rows}
+            rows = s.scalars(select(m.Result).where(m.Result.id.in_(latest)).order_by(m.Result.id))
+            return {r.candidate_id: {k: getattr(r, k) for k in RESULT_METRICS} for r in rows}  # oldest first
 
     # ---- calibration, parity ------------------------------------------------------------------
 

@@ -88,6 +88,20 @@ def unprobeable(layout: Layout) -> str | None:
     return None
 
 
+def provenance(versions: dict[str, str] | None) -> tuple[str, str, str]:
+    """What a probe's figures depend on beyond its layout: (torch, Megatron, probe mode) from its result's
+    versions (the sidecars'): torch's fake backend and the mode decide what a probe computes, and Megatron's code
+    what the mode changes. A probe is evidence only beside probes of the same provenance."""
+    v = versions or {}
+    megatron = v.get("megatron_commit") or v.get("megatron_core") or "?"
+    return (str(v.get("torch") or "?"), str(megatron), str(v.get("probe_mode") or OFF))
+
+
+def provenance_text(key: tuple[str, str, str]) -> str:
+    torch, megatron, mode = key
+    return f"torch {torch}, Megatron {megatron[:12]}, probe mode {mode}"
+
+
 def mode_line(mode: str | None, detail: str = "") -> str:
     """The line a probe's job prints first: which mode it runs with (the job folder's own record of it)."""
     return f"[orchestrator] probe mode: {mode or OFF}" + (f" ({detail})" if detail else "")

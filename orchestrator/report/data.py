@@ -222,7 +222,7 @@ def gather(ledger: Ledger, name: str) -> ReportData:
         lineage=lineage,
         parity=parity,
         simulated=simulated,
-        provenance=sweep.provenance or {},
+        provenance={**(sweep.provenance or {}), "probes": observe.provenance_of(ledger, [sweep]).line()},
         effective_note=note,
         search_path=path.gather(ledger, name),
         spend=_spend(ledger, sweep, stage, spent),

@@ -19,6 +19,7 @@ from orchestrator.evidence.metrics import GB_PER_MIB, robust_cv
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import CandidateRow, Ledger, SweepRow
 from orchestrator.ledger.rows import MeasuredRow, standing
+from orchestrator.plan import probe as plan_probe
 from orchestrator.plan.layout import Layout
 from orchestrator.schedule import fidelity
 from orchestrator.search import select
@@ -103,9 +104,55 @@ def probe_margin(ledger: Ledger, sweeps: list[SweepRow], stage: StageConfig) -> 
     return _margin(rows, _probes(ledger, sweeps), probed, stage)
 
 
+@dataclass(frozen=True)
+class ProbeProvenance:
+    """Whose probes count: the provenance (plan/probe.provenance) of the newest rank probe is the stack the sweep
+    probes on now; a probe of another provenance is no evidence (its candidate reads as unmeasured)."""
+
+    current: tuple[str, str, str] | None
+    counts: dict[tuple[str, str, str], int]
+    stale: frozenset[int]  # candidate ids whose latest result is a probe of another provenance
+
+    def line(self) -> str:
+        if self.current is None:
+            return "probes: none ran"
+        n = self.counts.get(self.current, 0)
+        out = f"probes: {n} on {plan_probe.provenance_text(self.current)}"
+        others = sum(v for k, v in self.counts.items() if k != self.current)
+        if others:
+            out += f"; {others} on other versions, not evidence here"
+        return out
+
+
+def probe_provenance(probes: dict[int, dict]) -> ProbeProvenance:
+    """From each candidate's latest probe (`Evidence.probes`, oldest first); a probe that reported no versions
+    (it died before its sidecars) says nothing of its stack and is not counted."""
+    keyed = {c: plan_probe.provenance(m.get("versions")) for c, m in probes.items() if m.get("versions")}
+    if not keyed:
+        return ProbeProvenance(None, {}, frozenset())
+    current = list(keyed.values())[-1]
+    counts: dict[tuple[str, str, str], int] = {}
+    for k in keyed.values():
+        counts[k] = counts.get(k, 0) + 1
+    return ProbeProvenance(current, counts, frozenset(c for c, k in keyed.items() if k != current))
+
+
+def provenance_of(ledger: Ledger, sweeps: list[SweepRow]) -> ProbeProvenance:
+    """The probe provenance of these sweeps (`status`, the report)."""
+    return probe_provenance(_probes(ledger, sweeps))
+
+
 def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[Observation]:
-    """Each candidate with its latest outcome: measured metrics, or the failure class of its last attempt."""
-    rows = [r for s in sweeps for r in ledger.evidence.measured(sweep=s.name)]
+    """Each candidate with its latest outcome: measured metrics, or the failure class of its last attempt. A rank
+    probe of another provenance than the sweep's newest (`probe_provenance`) is no evidence: not read."""
+    all_probes = _probes(ledger, sweeps)
+    stale = probe_provenance(all_probes).stale
+    rows = [
+        r
+        for s in sweeps
+        for r in ledger.evidence.measured(sweep=s.name)
+        if not (r.fidelity == Fidelity.PROBE and r.candidate_id in stale)
+    ]
     measured: dict[int, dict] = {}
     attempt_of: dict[int, int] = {}
     fidelity_of: dict[int, Fidelity] = {}
@@ -125,7 +172,8 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
             partial.add(row.candidate_id)
     cands = {s.name: ledger.candidates(s.name) for s in sweeps}
     rank_probed = _rank_probed(c for cs in cands.values() for c in cs)
-    margin = _margin(rows, _probes(ledger, sweeps), rank_probed, env.stage)
+    probes = {c: m for c, m in all_probes.items() if c not in stale}
+    margin = _margin(rows, probes, rank_probed, env.stage)
     out: list[Observation] = []
     for s in sweeps:
         for c in cands[s.name]:
