@@ -186,6 +186,22 @@ class Target:
         return Launch(step, fits, times, mem, (mem,), cap, (0,))
 
 
+def probe_refusal(cfg, layout, pattern: str, window) -> str | None:
+    """What dev does with this rank probe's argv (the job's: runspec's flags, argv.probe_argv) under the probe
+    mode the sweep's config gives its jobs (workload.probe_mode): its failure text, or None when it runs."""
+    from orchestrator.plan import argv as plan_argv
+    from orchestrator.plan import probe
+
+    argv = plan_argv.probe_argv(
+        plan_argv.megatron_argv(
+            cfg.model, cfg.stage, layout, layer_pattern=pattern, train_iters=sum(window), mock_data=True,
+            recipe=cfg.workload.recipe,
+        )
+    )  # fmt: skip
+    mode = probe.mode_env(cfg.workload.probe_mode).get(probe.MODE_ENV)
+    return probe.refusal(argv, mode)
+
+
 def launch_gpu_hours(n_gpus: int, startup_s: float, iters: int, launch: Launch) -> float:
     """orchestrator.core.cost's launch at the true step; a launch that does not fit runs one iteration."""
     from orchestrator.core import cost
@@ -424,6 +440,7 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
     """Drive one sweep to its end with orchestrator/sweep/decide.next_round and the configured policy,
     executing each claimed candidate in-process (see the module docstring)."""
     from orchestrator.core.cost import rank_probe_gpu_hours
+    from orchestrator.core.failures import Failure
     from orchestrator.core.paths import CheckpointPaths, JobPaths, atomic_write
     from orchestrator.core.result import JobResult, RankMemory
     from orchestrator.core.states import Fidelity
@@ -465,7 +482,15 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
                 history = ledger.attempts(c.id)
                 fid, win = decision_window(st, c.decision)  # the window the loop would launch (screen / full)
                 probed = probe_ranks(c.decision) if fid == "probe" else []
-                if probed:  # a one-GPU rank probe of each bounding rank, charged 1 GPU x its time each
+                refused = probe_refusal(cfg, lay, c.layer_pattern, win) if probed else None
+                if refused:  # dev fails this probe at its first pipeline receive (orchestrator/plan/probe.py)
+                    run = dataclasses.replace(
+                        target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(history) + 1, window=win),
+                        fits=False,
+                        times=(),
+                    )
+                    cost = rank_probe_gpu_hours(len(probed), startup_s, run.step_s, 1)
+                elif probed:  # a one-GPU rank probe of each bounding rank, charged 1 GPU x its time each
                     run = target.probe(cfg, lay, c.layer_pattern, c.key, probed, attempt=len(history) + 1, window=win)
                     iters = sum(win) if run.fits else 1
                     cost = rank_probe_gpu_hours(len(probed), startup_s, run.step_s, iters)
@@ -492,21 +517,23 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
                 end = clock + timedelta(hours=cost / (len(probed) or st.gpus))
                 ledger.update_attempt(a.id, start_time=clock, end_time=end, node_list="in-process")
                 clock = end
-                ledger.evidence.record_result(
-                    a.id, _result(cfg, run, JobResult, RankMemory, pp=lay.pp, window=win).to_dict()
-                )
+                result = _result(cfg, run, JobResult, RankMemory, pp=lay.pp, window=win)
+                if refused:  # as collect reads a probe's crash: PROBE_FAILED, never an OOM
+                    result.failure_class, result.failure_detail = Failure.PROBE_FAILED, f"probe: {refused}"
+                    result.gpu_capacity_gb, result.gpu_capacity_source = None, ""
+                ledger.evidence.record_result(a.id, result.to_dict())
                 p50 = p50_of_window(cfg, run, win[0]) if run.fits else None
                 out.launches.append((c.round, lay, cost, p50, run.step_s, fid, batch))
                 if run.fits:
                     ledger.set_candidate_status(c.id, "done", "measured in-process")
                     continue
                 retry, why = retry_decision(
-                    "OOM",
+                    result.failure_class or "OOM",
                     [x.failure_class or x.state for x in ledger.attempts(c.id)],
                     max_attempts=cfg.policy.max_attempts,
                     retry_classes=cfg.policy.retry_classes,
                 )
-                ledger.set_candidate_status(c.id, "planned" if retry else "failed", f"OOM: {why}")
+                ledger.set_candidate_status(c.id, "planned" if retry else "failed", f"{result.failure_class}: {why}")
     best = observe.best_of(ledger, name)
     if best is not None:
         row = ledger.candidate_by_key(name, best["key"])
