@@ -25,7 +25,8 @@ that loaded no checkpoint): a rank killed by a signal was most likely stopped fr
 preemption, a node failure, the host's OOM killer), which Slurm's word would name and the folder cannot. For
 the same reason a failed job that received Slurm's early time-limit warning is skipped. Classes the sweep
 retries (NCCL_TIMEOUT, TIMEOUT, PREEMPTED, NODE_FAIL, LOST) are no verdict on the layout: `resume` measures
-it again, as the driver would have; CANCELLED and NO_OUTPUT rest on Slurm's word or on nothing. Nothing here
+it again, as the driver would have; CANCELLED and NO_OUTPUT rest on Slurm's word or on nothing. A rank probe's
+CRASH or NO_OUTPUT is PROBE_FAILED (collect, as the driver stores it), trusted under CRASH's rules. Nothing here
 writes the ledger: orchestrator/ledger/ingest.py stores what this finds.
 """
 
@@ -45,8 +46,13 @@ from orchestrator.core.spec import JobSpec
 from orchestrator.core.states import AttemptRole, AttemptState
 from orchestrator.evidence.collect import collect
 
-# what a folder alone proves (the module's rules): INVALID_CONFIG, OOM, CRASH
-TRUSTED_FAILURES: tuple[str, ...] = tuple(fc.name for fc in TABLE if fc.log and fc.retry is Retry.NEVER)
+# what a folder alone proves (the module's rules): INVALID_CONFIG, OOM, CRASH, and a probe's crash or silence
+# (PROBE_FAILED: what collect reads a rank probe's CRASH or NO_OUTPUT as, under CRASH's rules)
+TRUSTED_FAILURES: tuple[str, ...] = (
+    *(fc.name for fc in TABLE if fc.log and fc.retry is Retry.NEVER),
+    Failure.PROBE_FAILED,
+)
+CRASHES = (Failure.CRASH, Failure.PROBE_FAILED)  # a workload's own non-zero exit: counted only with its status
 
 
 @dataclass(frozen=True)
@@ -189,7 +195,7 @@ def _untrusted(paths: JobPaths, result: JobResult, asked: int, *, ended_well: bo
         return f"{what}: no verdict its folder alone can give (Slurm's word names it)"
     if not ended_well and any(paths.folder.glob(JobPaths.TIME_LIMIT_MARK.format(rank="*"))):
         return f"{what}: Slurm's time limit was near (its warning is in the folder), and Slurm's word decides then"
-    if fc == Failure.CRASH and not ended_well and not (isinstance(code, int) and code > 0):
+    if fc in CRASHES and not ended_well and not (isinstance(code, int) and code > 0):
         why = "killed by a signal (stopped from outside?)" if isinstance(code, int) else "no exit status recorded"
         return f"{what}: {why}; Slurm's word, which the folder lacks, would name the cause"
     return ""
