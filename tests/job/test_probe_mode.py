@@ -162,3 +162,19 @@ def test_preflight_says_whether_the_probe_mode_can_install_on_the_checkout(tmp_p
     (tmp_path / "megatron").mkdir()
     row = probe_mode_check(probe.MODE, tmp_path)
     assert row.status is CheckStatus.FAIL and "is missing" in row.detail and "workload.probe_mode=none" in row.fix
+
+
+def test_the_job_wrapper_installs_the_mode_in_megatrons_interpreter_before_the_entry_runs(tmp_path):
+    """orchestrator/job/megatron_run.main beside dev's own `megatron/` (tests/job/probe_mode_run.py): the entry
+    script finds dev's P2PCommunicator and dispatcher changed, the first line and the sidecar name the mode; a mode
+    the job does not know runs nothing and says why in one line."""
+    from tests.megatron_env import run_in_tree
+
+    out = run_in_tree(megatron_tree(DEV), "tests.job.probe_mode_run", str(tmp_path / "wrap"))
+    on = out["mode"]
+    assert on["code"] == 0 and on["entry"]["shapes_patched"] and on["entry"]["a2a_patched"], on
+    assert on["entry"]["installed"]["mode"] == probe.MODE and on["first"].startswith(probe.mode_line(probe.MODE))
+    assert on["sidecar"]["mode"] == probe.MODE and on["versions"] == probe.MODE
+    off = out["unknown"]
+    assert off["code"] == 1 and off["entry"] is None and "unknown probe mode" in off["stderr"], off
+    assert off["sidecar"] == {"mode": probe.OFF}
