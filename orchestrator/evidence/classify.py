@@ -220,39 +220,26 @@ FROM_LOG: dict[str, Callable[[list[ParsedLog]], Classification | None]] = {
 
 
 # ---------------------------------------------------------------------------------------- classify
-def classify(
-    logs: Sequence[ParsedLog],
-    slurm_state: str | None = None,
-    exit_code: int | None = None,
-    stderr_tail: bytes | str | Iterable[str] | None = None,
-    *,
-    probe: bool = False,
-) -> Classification:
-    """Classify one attempt from every rank's parsed output plus Slurm's view of it. `probe`: the attempt is a
-    one-GPU rank probe, whose crash or silence is PROBE_FAILED (what only a probe runs failed), never a verdict
-    on the layout; its OOM stays an OOM, what stopped it from outside stays what it was."""
-    verdict = _classify(logs, slurm_state, exit_code, stderr_tail)
-    return as_probe(verdict) if probe else verdict
+# A probe's failures that say nothing about the layout (a crash in the fake process group or the probe mode, or
+# no output): PROBE_FAILED. Megatron's validation (INVALID_CONFIG) is the argv's, as at scale; an OOM stays one.
+PROBE_ONLY = (Failure.CRASH, Failure.NO_OUTPUT)
 
 
 def as_probe(verdict: Classification) -> Classification:
-    """A probe's verdict: its crash or silence is PROBE_FAILED."""
+    """A rank probe's verdict (orchestrator/evidence/collect.py): its crash or silence is PROBE_FAILED."""
     if verdict.failure_class in PROBE_ONLY:
         return replace(verdict, failure_class=Failure.PROBE_FAILED, detail=_cut(f"probe: {verdict.detail}"))
     return verdict
 
 
-# A probe's failures that say nothing about the layout (a crash in the fake process group or the probe mode, or
-# no output): PROBE_FAILED. Megatron's validation (INVALID_CONFIG) is the argv's, as at scale.
-PROBE_ONLY = (Failure.CRASH, Failure.NO_OUTPUT)
-
-
-def _classify(
+def classify(
     logs: Sequence[ParsedLog],
-    slurm_state: str | None,
-    exit_code: int | None,
-    stderr_tail: bytes | str | Iterable[str] | None,
+    slurm_state: str | None = None,
+    exit_code: int | None = None,
+    stderr_tail: bytes | str | Iterable[str] | None = None,
 ) -> Classification:
+    """Classify one attempt from every rank's parsed output plus Slurm's view of it (a rank probe's: then
+    `as_probe`)."""
     logs = list(logs)
     if stderr_tail:
         if isinstance(stderr_tail, str):
