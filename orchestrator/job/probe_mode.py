@@ -9,8 +9,9 @@ the default process group's backend is `fake`:
    one (the shape every stage of the real job sends: `max_seqlen_per_dp_cp_rank` tokens, / TP with sequence
    parallelism, batch 1, the hidden size x the residual streams with hyper-connections, as
    schedules.get_tensor_shapes and the interleaved schedule size it);
-2. every point-to-point receive (`torch.distributed.irecv`, `recv`, `batch_isend_irecv`: the pipeline's tensors and
-   gradients, the CP boundary exchange) gets finite values (a seeded normal draw) instead of unwritten memory;
+2. every point-to-point receive (`torch.distributed.irecv` and `recv`, which `batch_isend_irecv` calls: the
+   pipeline's tensors and gradients, the CP boundary exchange) gets finite values (a seeded normal draw) instead of
+   unwritten memory;
 3. `MoEAlltoAllTokenDispatcher.preprocess` keeps the rank's own routing for what it sends, and sets what it receives
    to the layout's balanced routing: each local expert gets k x T_group / E tokens (T_group = the rank's tokens x
    ETP x EP), x `skew` where the sweep asks for a hot rank;
