@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import math
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -64,6 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.core.result import JobResult, RankMemory
+from orchestrator.core.stats import percentile
 from orchestrator.evidence.loglines import size_bytes
 from orchestrator.evidence.records import IterationRecord, ParsedLog, TimerBlock
 
@@ -78,17 +78,6 @@ class Summary:
     p99: float | None
     mean: float | None
     max: float | None
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolation percentile (type 7). q in [0, 100]. None for no values."""
-    xs = sorted(values)
-    if not xs:
-        return None
-    h = (len(xs) - 1) * q / 100.0
-    lo = math.floor(h)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (h - lo) * (xs[hi] - xs[lo])
 
 
 MAD_SIGMA = 1.4826  # sigma = 1.4826 x median absolute deviation for a normal sample (robust to tails)

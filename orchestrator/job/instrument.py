@@ -34,24 +34,14 @@ This module imports torch and megatron only inside functions: jobs/ must import 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.core.stats import percentile
 from orchestrator.job.expert_load import DispatchSamples, layer_summary
 
 DISPATCHER_DROPS = ("hybridep", "ncclep")  # flex backends that apply --moe-expert-rank-capacity-factor
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def router_summary(tokens_per_expert: Sequence[int], routed: int, dropped: int | None, padded: int) -> dict[str, Any]:

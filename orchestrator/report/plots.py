@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from orchestrator.core import knobs, metrics  # noqa: E402
+from orchestrator.core.stats import percentile  # noqa: E402
 from orchestrator.report.data import ReportData, predicted_vs_measured  # noqa: E402
 
 TOP = 5
@@ -32,13 +33,6 @@ def _peak(r: dict) -> float | None:
     return metrics.peak_gb(r)
 
 
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    pos = (len(s) - 1) * q
-    lo, hi = int(pos), min(int(pos) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 def step_cdf(d: ReportData) -> bytes | None:
     """Step-time CDF of the top candidates, p50/p95/p99 marked: tails decide at scale, not means."""
     top = [r for r in d.measured[:TOP] if d.samples.get(r["candidate_id"])]
@@ -50,7 +44,9 @@ def step_cdf(d: ReportData) -> bytes | None:
         ys = [(i + 1) / len(xs) for i in range(len(xs))]
         (line,) = ax.step(xs, ys, where="post", label=_label(r))
         for q, mk in ((0.5, "o"), (0.95, "s"), (0.99, "^")):
-            ax.plot(_pct(xs, q), q, mk, color=line.get_color())
+            at = percentile(xs, 100 * q)  # xs is never empty here (top keeps candidates with samples)
+            if at is not None:
+                ax.plot(at, q, mk, color=line.get_color())
     ax.set_xlabel("step time (s), measurement window")
     ax.set_ylabel("CDF")
     ax.set_title("Step-time distribution (o p50, s p95, ^ p99)")
