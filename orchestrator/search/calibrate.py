@@ -25,11 +25,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from scipy import optimize
 
 from orchestrator.core.failures import Failure
 from orchestrator.plan.memory import TERMS
 from orchestrator.search import compose, memfit
+from orchestrator.search.nnls import toward_one
 from orchestrator.search.types import Observation
 
 REG = 0.01  # pull toward 1 per component, in units of squared relative error
@@ -82,12 +82,6 @@ class Fit:
         return self.predict(row.raw_components, row.probe_scale)
 
 
-def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """argmin ||a x - b|| subject to x >= 0 (scipy's Lawson-Hanson active-set solver): factors are never negative."""
-    x, _ = optimize.nnls(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
-    return np.asarray(x, dtype=float)
-
-
 def _mape(pred: Sequence[float], meas: Sequence[float]) -> float | None:
     pairs = [(p, m) for p, m in zip(pred, meas) if m]
     return sum(abs(p - m) / m for p, m in pairs) / len(pairs) if pairs else None
@@ -114,8 +108,7 @@ def _fit_components(rows: list[Observation], names: list[str]) -> dict[str, floa
         live = [i for i, c in enumerate(names) if a[:, i].max() > 1e-6]
         if not live:
             return factors
-        reg = np.sqrt(REG) * np.eye(len(live))
-        x = nnls(np.vstack([a[:, live], reg]), np.concatenate([target, np.sqrt(REG) * np.ones(len(live))]))
+        x = toward_one(a[:, live], target, REG)
         for i, j in enumerate(live):
             factors[names[j]] = float(x[i])
     return factors

@@ -33,6 +33,7 @@ import numpy as np
 
 from orchestrator.core.failures import Failure
 from orchestrator.plan.memory import TERMS, recompute_key, scaled_terms
+from orchestrator.search.nnls import toward_one
 from orchestrator.search.types import Observation
 
 REG = 0.01  # pull toward 1 per term, in squared relative error per layout
@@ -102,10 +103,7 @@ def fit_terms(layouts: Sequence[Sequence[Stage]]) -> dict[str, float]:
     live = [i for i in range(len(TERMS)) if a[:, i].max() > 1e-6]
     if not live:
         return factors
-    from orchestrator.search.calibrate import nnls
-
-    reg = np.sqrt(REG) * np.eye(len(live))
-    x = nnls(np.vstack([a[:, live], reg]), np.concatenate([np.array(b), np.sqrt(REG) * np.ones(len(live))]))
+    x = toward_one(a[:, live], np.array(b), REG)
     for i, j in enumerate(live):
         factors[TERMS[j]] = float(x[i])
     return factors

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.steptime import scaled
-from orchestrator.search.calibrate import calibrate, memory_factor, nnls
+from orchestrator.search.calibrate import calibrate, memory_factor
+from orchestrator.search.nnls import nnls
 from orchestrator.search.types import Observation
 
 COMPS = ("compute", "a2a", "bubble", "grad_sync")
