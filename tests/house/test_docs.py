@@ -27,7 +27,11 @@ GROUPS = {
 }
 STAGE_FIELDS = ("probe_margin_gb", "memory_margin_gb")
 ROW = re.compile(r"^\| `(?P<knob>[a-z0-9_.]+)` \| (?P<default>[^|]+?) \|", re.M)
-LINK = re.compile(r"\]\((?P<page>[\w./-]*\.md)?#(?P<anchor>[^)\s]+)\)|^\[[^\]]+\]:\s*(?P<rpage>[\w./-]*\.md)?#(?P<ranchor>\S+)", re.M)
+# [text](page.md#anchor) or (#anchor); a reference definition `[label]: page.md#anchor`
+LINK = re.compile(
+    r"\]\((?P<page>[\w./-]*\.md)?#(?P<anchor>[^)\s]+)\)|^\[[^\]]+\]:\s*(?P<rpage>[\w./-]*\.md)?#(?P<ranchor>\S+)",
+    re.M,
+)
 
 
 def anchor(heading: str) -> str:
@@ -79,7 +83,8 @@ def test_the_knob_table_lists_every_knob_with_the_schemas_default():
     rows, want = table(), knobs()
     missing = sorted(set(want) - set(rows))
     unknown = sorted(set(rows) - set(want))
-    wrong = [f"{k}: guide {rows[k]}, schema {want[k]!r}" for k in sorted(set(rows) & set(want)) if not same(rows[k], want[k])]
+    both = sorted(set(rows) & set(want))
+    wrong = [f"{k}: guide {rows[k]}, schema {want[k]!r}" for k in both if not same(rows[k], want[k])]
     assert not missing and not unknown and not wrong, f"missing {missing}; not a knob {unknown}; defaults {wrong}"
 
 
