@@ -156,7 +156,7 @@ class BudgetConfig:
     # The sweep has converged after this many rounds in a row without a gain > policy.converge_gain over the
     # best nor a full-window near-tie within it (and no screened contender waiting). A stage's own: where the
     # optimum lies moves away from the first evidence (8k: joint EP+PP moves from the promoted 1k winners) it
-    # takes more (docs/search.md).
+    # takes more (docs/search-log.md "Stopping").
     converge_rounds: int = ranged(5, 1)
     # Charged to every launch on top of its iterations: process start, model build, first step (minutes at
     # scale). GPU-hours of one attempt = N x (startup_s + its window's iterations x mean step) / 3600.
@@ -188,7 +188,7 @@ class ScreenConfig:
     # whose median step over iterations cut_warmup_iters+1..cut_after is above best p50 x (1 + cut_margin) is
     # stopped there and kept as a screen of those iterations (it ranks, never decides a best).
     cut: bool = True
-    cut_margin: float = ranged(0.05, gt=0)  # 0.05 over 0.10: cheaper tune and held out, same gaps (docs/search.md)
+    cut_margin: float = ranged(0.05, gt=0)  # 0.05 over 0.10: cheaper tune and held out, same gaps (docs/search-log.md)
     cut_after: int = ranged(15, 2)
     cut_warmup_iters: int = ranged(5, 0)  # compile, allocator, NCCL set-up: out of the median, as in a screen
 
@@ -209,8 +209,8 @@ class WarmStartConfig:
     # Evidence beats configuration: once `learn_after` warm-started launches measured how many leading iterations
     # ran above their steady step (settled_iters), later ones warm up learn_factor x the most any needed
     # (at least learn_floor, at most warmup_iters): orchestrator/schedule/fidelity.py learned_warmup. On since the
-    # probe-led rounds: held out the same 25/26 rows, 1k mean 26.7k -> 23.4k GPU-h (docs/search.md "The learned
-    # warm-up"); `learn=false` warms every warm launch up `warmup_iters`.
+    # probe-led rounds: held out the same 25/26 rows, 1k mean 26.7k -> 23.4k GPU-h (docs/search-log.md "The
+    # learned warm-up"); `learn=false` warms every warm launch up `warmup_iters`.
     learn: bool = True
     learn_after: int = ranged(2, 1)
     learn_factor: float = ranged(2.0, 1.0)
@@ -422,20 +422,21 @@ class PolicyConfig:
     round_size: int = ranged(4, 1)
     # A round that screens (stage.screen: short windows, ~1/4 of a full run), or whose launches all load the
     # sweep's seed (stage.warm_start: as short), proposes this many new candidates; 0 = round_size. Tuned: 4 ->
-    # 35/40 bench rows met, 6 -> 37/40; with the warm start's rounds too, held out 9/10 -> 10/10 (docs/search.md).
+    # 35/40 bench rows met, 6 -> 37/40; with the warm start's rounds too, held out 9/10 -> 10/10
+    # (docs/search-log.md "Warm start").
     screen_round_size: int = ranged(6, 0)
     # layouts the calibrated memory model cannot place on either side of HBM (its error band) that would be
     # pruned: this many per round get a fit probe (start-up + stage.screen.probe_iters) instead, the searcher's
     # most promising first (Policy.estimate). A probe is one GPU per probed rank for minutes. 1 -> 3 with that
-    # ranking (docs/search.md "Fit probes where the searcher sees promise"): fresh twin seeds 104-111 at 1k
+    # ranking (docs/search-log.md "Fit probes where the searcher sees promise"): fresh twin seeds 104-111 at 1k
     # 10/16 -> 14/16 rows met; 3 probes ranked by the calibrated step alone: 8/16.
     probes_per_round: int = ranged(3, 0)
     # Probe first (orchestrator/schedule/rungs.py): after round 0 the searcher's first direct_per_round proposals go at
     # scale as ever and the rest get a one-GPU rank probe (its compute-only step, a few GPU-hours) before any launch at
     # scale; one is measured at scale once its composed step (the probe's compute + the calibrated communication,
     # orchestrator/search/compose.py), as the searcher rates it (Policy.estimate), is within probe_pass of the best
-    # measured step. Bench (tests/bench/bench_search.py, docs/search.md): every proposal probed (direct 0) missed tune
-    # 8k rows (a round more per layout, within max_rounds): probe_pass 0.05 6 of the first 12 rows, 0.15 4/16, 0.30
+    # measured step. Bench (tests/bench/bench_search.py, docs/search-log.md): every proposal probed (direct 0) missed
+    # tune 8k rows (a round more per layout, within max_rounds): probe_pass 0.05 6 of the first 12 rows, 0.15 4/16, 0.30
     # 3/16; 0.15 with 3 direct missed twin:gemm 8k; 0.15 with 2 met 16/16 (1k mean 59.4k GPU-h, 8k 108.8k) but held out
     # twin:overpredicted 1k then stopped 9.5% short (max_rounds), and 0.15 with 4 too; 5 direct (of screen_round_size 6)
     # with 0.05 keeps every held-out row and gap and lowers both stages' mean GPU-hours.
@@ -446,7 +447,7 @@ class PolicyConfig:
     # Tried with 3 (and 2 direct): 1k mean 41.7k GPU-h tune, 59.8k held out, but twin:balanced 8k missed by
     # 3.0% and held-out twin:overpredicted 1k by 17.2%: off.
     round0_full: int = ranged(0, 0)
-    # Probe-led rounds (docs/search.md "Round 0 on evidence"). Round 0 rank-probes every layout before any launch
+    # Probe-led rounds (docs/search-log.md "Round 0 on evidence"). Round 0 rank-probes every layout before any launch
     # at scale, a promoted stage's mappings of its source's winners too, so round 1 measures the probed fits best
     # composed step first and the launch that saves the seed (the stage's whole warm-up) is the fastest the
     # evidence knows, not the uncalibrated model's favourite; round 0 also probes round0_probes layouts the
@@ -459,8 +460,8 @@ class PolicyConfig:
     probe_led: bool = True
     round0_probes: int = ranged(6, 0)
     # Coverage probes (orchestrator/schedule/rungs.py Schedule.coverage): per round, this many rank probes of the
-    # best rated layout of a knob value no layout that ran on this stage carries. 0 -> 1 (docs/search.md "A knob
-    # value no layout ran with gets a coverage probe"): held out 30/30 both, mean gap 1k 0.1% -> 0.0%, 8k 0.4% ->
+    # best rated layout of a knob value no layout that ran on this stage carries. 0 -> 1 (docs/search-log.md "A
+    # knob value no layout ran with gets a coverage probe"): held out 30/30 both, mean gap 1k 0.1% -> 0.0%, 8k 0.4% ->
     # 0.2%, 8k GPU-h +2.7%; 2 lost a held-out row.
     coverage_probes: int = ranged(1, 0)
     top_k_neighbours: int = ranged(2, 0)

@@ -345,7 +345,7 @@ def scaled(comp: Mapping[str, float], factors: Mapping[str, float], fixed: Seque
     which a rank probe measured), and the bubble, m x the stage time x f / (1 - f), also x the scaled stage
     time over the raw one. Why: a calibrated stage time moves the idle time it sets; with the bubble on its own
     factor alone, fitted where pipelines are shallow, every deep pipeline kept the raw stage time's bubble
-    (docs/search.md). The bubble's own factor stays, for what the stage time does not explain."""
+    (docs/search-log.md). The bubble's own factor stays, for what the stage time does not explain."""
     out = {c: v * (1.0 if c in fixed else float(factors.get(c, 1.0))) for c, v in comp.items()}
     stage = sum(comp.get(c, 0.0) for c in PER_MICROBATCH)
     if stage > 0 and "bubble" in out:

@@ -107,7 +107,7 @@ class Schedule:
         (`passed`). Why the probed ones: a probe of the last rounds is evidence the search paid for, and a sweep
         that stopped on its stale rounds never measured it; on the bench that cost fresh twin:overpredicted s119
         its 1k optimum (15.4% short) and the tune set's twin:imbalance its 8k one (12.6% short), and no row was
-        lost by waiting (docs/search.md "Probed layouts hold convergence")."""
+        lost by waiting (docs/search-log.md "Probed layouts hold convergence")."""
         if fidelity.contenders(inp.observations, inp.step_cv, 1):
             return True
         return bool(self.passed(inp, fit, rate))
@@ -121,8 +121,8 @@ class Schedule:
         than the stage's best on unseen twin surfaces (10-16k of a 1k sweep's GPU-hours). A promoted stage too:
         the source's winner was measured on the source's GPU count, its mappings here are cold launches the
         memory model placed, and without this the stage leaned on how much of its region the source's ledger
-        covered (docs/search.md, fresh seeds 104-111: 8k missed 5 of 16 rows after a probe-led 1k, 0 of 16 with
-        it; on the tune set two 8k rows miss with it). Only where the warm start is on."""
+        covered (docs/search-log.md "Round 0 on evidence", fresh seeds 104-111: 8k missed 5 of 16 rows after a
+        probe-led 1k, 0 of 16 with it; on the tune set two 8k rows miss with it). Only where the warm start is on."""
         return self.cfg.probe_first and self.cfg.probe_led and inp.round == 0 and fidelity.warm_start_on(env.stage)
 
     @staticmethod
@@ -248,8 +248,8 @@ class Schedule:
         rates it (`rate`, Policy.estimate: calibrated_neighbours' optimistic bound from what the knob values
         measured elsewhere), is within policy.probe_pass of the best measured step, at most a round's worth.
         Why the rating: the composed step alone ran 16-22% over the truth for `mixed` optima (s175 1k: 77.5 s
-        composed, 66.9 s true, cut 74.7 s), which were then never launched (docs/search.md, "A probed layout
-        passes as the searcher rates it"). A probe without its compute-only step (a fit probe of old) passes."""
+        composed, 66.9 s true, cut 74.7 s), which were then never launched (docs/search-log.md, "A probed
+        layout passes as the searcher rates it"). A probe without its compute-only step (a fit probe of old) passes."""
         rows = [r for r in inp.observations if (r.probe_ran if self.cfg.probe_led else r.probed_fit)]
         best = best_measured(inp.observations)
         if best is None and self.cfg.probe_led and any(r.probe_scale for r in rows):

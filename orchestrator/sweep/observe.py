@@ -160,7 +160,7 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
     # candidate -> its probe's compute-only p50 while the probe is its latest measurement. A layout that ran at
     # scale is fitted on its whole step, its probe aside: the probe's p50 is the last PP stage's compute while
     # the step waits on the slowest stage, and fitting the rest on that residual lost held-out rows
-    # (docs/search.md, "The probe's evidence after a run at scale")
+    # (docs/search-log.md, "The probe's evidence after a run at scale")
     probe_step: dict[int, float] = {}
     for row in rows:
         if row.fidelity == Fidelity.PROBE and row.metrics and row.metrics.get(STEP_P50):

@@ -65,7 +65,7 @@ TARGETS = (
 # effect drawn wide; `overpredicted`, memory ~2x over-predicted and EP128 winning), on seeds no tuning used, one
 # of them on a GPU smaller than its hardware group. A change is kept only when these figures do not get worse.
 # Seeds 112-115 joined on 2026-12-03: five surfaces had let a policy that met 10/10 here meet 12/16 on eight
-# fresh ones (docs/search.md "Fresh seeds"); 104-111 are not here, the fit-probe change was tuned on them.
+# fresh ones (docs/search-log.md "Fresh seeds"); 104-111 are not here, the fit-probe change was tuned on them.
 HELDOUT = (
     ("twin:mixed", 100, ()),
     ("twin:mixed", 101, ()),
@@ -73,7 +73,7 @@ HELDOUT = (
     ("twin:mixed", 103, ("workload.twin.gpu_capacity_gb=120",)),
     ("twin:overpredicted", 100, ()),
     *((surface, seed, ()) for surface in ("twin:mixed", "twin:overpredicted") for seed in (112, 113, 114, 115)),
-    # workload.command stand-ins written after the defaults were tuned (docs/search.md, "An unseen stand-in")
+    # workload.command stand-ins written after the defaults were tuned (docs/search-log.md, "An unseen stand-in")
     ("ext:ridge", 0, ()),
     ("ext:plateau", 0, ()),
 )

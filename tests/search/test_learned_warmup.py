@@ -30,7 +30,7 @@ def stage():
 
 
 def test_the_warm_up_is_learned_once_enough_warm_launches_measured_it(stage):
-    # on by default (kept where the held-out figures improved: docs/search.md), off with learn=false
+    # on by default (kept where the held-out figures improved: docs/search-log.md), off with learn=false
     assert compose(["+stage=1k", "cluster=local"]).cfg.stage.warm_start.learn is True
     assert fidelity.learned_warmup(compose(["+stage=1k", "stage.warm_start.learn=false"]).cfg.stage, (3, 4)) is None
     ws = stage.warm_start
