@@ -134,10 +134,19 @@ def test_local_job_sees_the_machines_gpus(tmp_path, monkeypatch, present, visibl
 
 
 def test_local_cancel_and_reattach(tmp_path):
+    """A job cancelled while it runs (its start record: an event, not a time) is CANCELLED; after a restart,
+    with only ids and folders, it reads FAILED (started, no exit marker of its own: lost, retried), never TIMEOUT:
+    it never ran to its limit (no time-limit warning in its folder)."""
+    from orchestrator.core.paths import JobPaths
+
     launcher = LocalLauncher(local_cluster())
-    done, slow = launcher.submit([task(square_and_record, tmp_path / "a", 3), task(sleep_for, tmp_path / "b", 300)])
-    time.sleep(1.0)
+    done, slow = launcher.submit(
+        [task(square_and_record, tmp_path / "a", 3), task(sleep_for, tmp_path / "b", 300, token="sw.b")]
+    )
+    task_b = started_task(tmp_path / "b")
     launcher.cancel([slow.job_id])
+    assert gone(task_b)
+    assert not list((tmp_path / "b").glob(JobPaths.TIME_LIMIT_MARK.format(rank="*")))
     states = wait_terminal(launcher, [done.job_id, slow.job_id])
     assert states[slow.job_id].state == "CANCELLED"
     assert states[done.job_id].state == "COMPLETED"
@@ -400,3 +409,27 @@ def test_a_reattached_job_is_its_very_process_and_cancel_stops_it(tmp_path):
     fresh.cancel([sub.job_id])
     assert gone(task_a) and gone(sub.job_id)  # stopped before cancel() returned
     assert fresh.poll([sub.job_id])[sub.job_id].state == "CANCELLED"
+
+
+def test_a_job_cancelled_by_a_process_that_ignores_sigint_stops(tmp_path):
+    """An orchestrator started in the background by a script (`cmd &`: SIGINT ignored, and an ignored signal is
+    inherited) still stops its jobs with cancel()'s SIGINT. Before, the job was deaf to it, ran to its time
+    limit and, re-attached, read TIMEOUT (the CI failure of test_local_cancel_and_reattach)."""
+    import signal as sig
+
+    from orchestrator.core.paths import JobPaths
+
+    before = sig.signal(sig.SIGINT, sig.SIG_IGN)
+    try:
+        launcher = LocalLauncher(local_cluster())
+        (sub,) = launcher.submit([task(sleep_for, tmp_path / "a", 300, token="sw.ign")])
+        assert sig.getsignal(sig.SIGINT) is sig.SIG_IGN  # this process still ignores it
+        task_a = started_task(tmp_path / "a")
+        launcher.cancel([sub.job_id])
+    finally:
+        sig.signal(sig.SIGINT, before)
+    assert gone(task_a) and launcher.poll([sub.job_id])[sub.job_id].state == "CANCELLED"
+    assert not list((tmp_path / "a").glob(JobPaths.TIME_LIMIT_MARK.format(rank="*")))  # never ran to its limit
+    fresh = LocalLauncher(local_cluster())
+    fresh.attach([sub])
+    assert fresh.poll([sub.job_id])[sub.job_id].state == "FAILED"

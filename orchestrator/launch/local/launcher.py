@@ -15,9 +15,13 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from orchestrator.core import proc
@@ -84,6 +88,32 @@ def _identified(jid: str, folder: str) -> str:
     if parsed is None or parsed[1] or not _alive(jid, folder):
         return jid
     return proc.identity(parsed[0])
+
+
+def _quiet_ignored(signum: int, frame: FrameType | None) -> None:
+    """SIGINT's handler while a job is spawned from a process that ignores it (see _sigint_for_jobs)."""
+
+
+@contextmanager
+def _sigint_for_jobs() -> Iterator[None]:
+    """Spawn jobs that take SIGINT, cancel()'s signal, even when this process ignores it.
+
+    A process started in the background by a non-interactive shell (`cmd &` in a script, a CI runner) inherits
+    SIGINT ignored, and an ignored signal stays ignored across fork and exec: its jobs were deaf to cancel() and
+    ran to their time limit (a cancelled job then read TIMEOUT). A handler, unlike SIG_IGN, is reset to the
+    default at exec, so for the spawn this process catches SIGINT and does nothing with it (it still ignores
+    it), then goes back to SIG_IGN. Only the main thread may set a handler; elsewhere the jobs inherit it."""
+    if (
+        signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        yield
+        return
+    signal.signal(signal.SIGINT, _quiet_ignored)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _read_json(path: Any) -> dict | None:
@@ -173,7 +203,8 @@ class LocalLauncher(Launcher):
             )
             # cluster.env is set inside the job, not by shell setup lines: without a shell in between,
             # cancel()'s SIGINT reaches submitit's controller, which stops the tasks.
-            job = executor.submit(RunInFolder(t.fn, t.args, t.folder, env=dict(self.cluster.env), token=t.token))
+            with _sigint_for_jobs():
+                job = executor.submit(RunInFolder(t.fn, t.args, t.folder, env=dict(self.cluster.env), token=t.token))
             jid = proc.identity(int(job.job_id))  # our child, not yet reaped: its pid is still its own
             self._jobs[jid], self._folders[jid] = job, t.folder
             self._timeout_s[jid], self._start[jid] = 60.0 * time_min, _now()
