@@ -14,11 +14,9 @@ from tests.sweeplib import (
     all_attempts,
     assert_accounted,
     cli,
-    last_iteration,
     ledger_url,
     running_sweep,
     sweep_args,
-    wait_for,
 )
 
 SMALL = ["policy.round0_size=3", "policy.round_size=2", "stage.budget.max_rounds=2", "stage.budget.max_runs=6"]
@@ -296,30 +294,40 @@ def test_cluster_auto_falls_back_to_local_and_says_why(tmp_path):
     assert "cluster: local (no sbatch on PATH; using the local executor)" in proc.stdout
 
 
+# A workload that waits for the test's gate file, then runs the twin with the flags it was given.
+GATED_TWIN = """import os, sys, time
+while not os.path.exists(os.environ["ORCH_TEST_GATE"]):
+    time.sleep(0.05)
+os.execv(sys.executable, [sys.executable, "-m", "orchestrator.job.twin", *sys.argv[1:]])
+"""
+
+
 def test_ctrl_c_marks_the_sweep_interrupted_and_releases_the_lease(tmp_path):
-    # ~1 s per iteration (time_scale large enough that every step sleeps max_sleep_s), 25 measured: the job
-    # outlives the moment the signal is sent by ~25 s, however loaded the box (at time_scale=50 a step slept
-    # ~50 ms and the sweep could finish before the signal arrived).
-    slow = [
-        "++workload.twin.time_scale=100000",
-        "++workload.twin.max_sleep_s=1.0",
-        "stage.warmup_iters=2",
-        "stage.measure_iters=25",
+    """Ctrl-C (SIGINT) while the sweep runs: exit 130, the sweep INTERRUPTED, its lease released, `resume` goes
+    on. The sweep cannot end before the signal, by construction: its one job waits for a gate the test opens
+    only after the sweep has exited (a twin that was merely slow once finished first: 0 == 130)."""
+    script, gate = tmp_path / "gated_twin.py", tmp_path / "gate"
+    script.write_text(GATED_TWIN)
+    gated = [
+        f"workload.command=[python,{script}]",
+        f"++workload.env={{ORCH_TEST_GATE: '{gate}'}}",
         "policy.round0_size=1",
         "stage.budget.max_rounds=1",
     ]
-    with running_sweep(sweep_args(tmp_path, "ctrlc", *slow), log=tmp_path / "run.log") as run:
-        (a,) = run.attempts(1, timeout=120)
-        wait_for(lambda: last_iteration(a.job_dir) >= 1, 120, "the job's first iteration line")
+    with running_sweep(sweep_args(tmp_path, "ctrlc", *gated), log=tmp_path / "run.log", interruptible=True) as run:
+        run.attempts(1, timeout=120)  # the event: the sweep's first launch is recorded, and it waits on its job
         run.proc.send_signal(signal.SIGINT)
         assert run.wait(60) == 130, run.output()[-2000:]
+    assert not gate.exists()  # the job could not have ended: the sweep was interrupted, not finished
     with Ledger.open(ledger_url(tmp_path)) as led:
         assert led.get_sweep("ctrlc").status == SweepStatus.INTERRUPTED
         assert led.events("ctrlc", kind="lease")[-1].message.startswith("lease released")
+    gate.touch()
     proc = cli("resume", "ctrlc", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]  # no wait for a lease: it was released
     with Ledger.open(ledger_url(tmp_path)) as led:
         assert_accounted(led, "ctrlc")
+        assert len(led.evidence.measured(sweep="ctrlc")) == 1  # the interrupted job, re-attached and measured
 
 
 def test_two_live_orchestrators_the_second_is_refused(tmp_path):
