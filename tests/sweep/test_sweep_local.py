@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 from pathlib import Path
@@ -248,6 +249,27 @@ def test_kill_9_then_resume_loses_nothing_and_submits_nothing_twice(tmp_path):
         )
 
 
+# A workload that waits for the test's gate file, then runs the twin with the flags it was given.
+GATED_TWIN = """import os, sys, time
+while not os.path.exists(os.environ["ORCH_TEST_GATE"]):
+    time.sleep(0.05)
+os.execv(sys.executable, [sys.executable, "-m", "orchestrator.job.twin", *sys.argv[1:]])
+"""
+
+
+def gated_twin(tmp_path: Path) -> tuple[list[str], Path]:
+    """Overrides for a one-job sweep whose job cannot end before the test creates the returned gate file."""
+    script, gate = tmp_path / "gated_twin.py", tmp_path / "gate"
+    script.write_text(GATED_TWIN)
+    args = [
+        f"workload.command=[python,{script}]",
+        f"++workload.env={{ORCH_TEST_GATE: '{gate}'}}",
+        "policy.round0_size=1",
+        "stage.budget.max_rounds=1",
+    ]
+    return args, gate
+
+
 def test_cancel_stops_every_live_job_and_records_it(tmp_path):
     slow = [
         "++workload.twin.time_scale=50",
@@ -267,6 +289,30 @@ def test_cancel_stops_every_live_job_and_records_it(tmp_path):
         assert all(a.state == AttemptState.CANCELLED for a in all_attempts(led, "stopme"))
         assert {c.round for c in led.candidates("stopme")} == {0}  # no further round after the cancel
         assert led.events("stopme", kind="cancelled")
+
+
+def test_cancel_stops_the_local_jobs_of_a_killed_driver(tmp_path):
+    """kill -9 of the driver leaves its local job running; `cancel NAME` stops it, by its identity (`pid:start`),
+    and records it cancelled. Before, `cancel` left local jobs to their parent: a dead driver's ran on, recorded as
+    cancelled."""
+    from orchestrator.core import proc as process
+
+    gated, _never_opened = gated_twin(tmp_path)
+    with running_sweep(sweep_args(tmp_path, "orphan", *gated), log=tmp_path / "run.log") as run:
+        (a,) = run.attempts(1, timeout=120)
+        run.kill()  # the driver only: its job waits at the gate, which never opens
+    try:
+        assert process.running(a.job_id)
+        proc = cli("cancel", "orphan", f"ledger.url={ledger_url(tmp_path)}", timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert not process.running(a.job_id)  # stopped before `cancel` returned
+        with Ledger.open(ledger_url(tmp_path)) as led:
+            assert [x.state for x in all_attempts(led, "orphan")] == [AttemptState.CANCELLED]
+    finally:  # the killed driver's process group: its job, when cancel did not stop it
+        try:
+            os.killpg(run.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def test_sweep_on_each_ledger_engine(ledger_url, tmp_path):
@@ -294,26 +340,11 @@ def test_cluster_auto_falls_back_to_local_and_says_why(tmp_path):
     assert "cluster: local (no sbatch on PATH; using the local executor)" in proc.stdout
 
 
-# A workload that waits for the test's gate file, then runs the twin with the flags it was given.
-GATED_TWIN = """import os, sys, time
-while not os.path.exists(os.environ["ORCH_TEST_GATE"]):
-    time.sleep(0.05)
-os.execv(sys.executable, [sys.executable, "-m", "orchestrator.job.twin", *sys.argv[1:]])
-"""
-
-
 def test_ctrl_c_marks_the_sweep_interrupted_and_releases_the_lease(tmp_path):
     """Ctrl-C (SIGINT) while the sweep runs: exit 130, the sweep INTERRUPTED, its lease released, `resume` goes
     on. The sweep cannot end before the signal, by construction: its one job waits for a gate the test opens
     only after the sweep has exited (a twin that was merely slow once finished first: 0 == 130)."""
-    script, gate = tmp_path / "gated_twin.py", tmp_path / "gate"
-    script.write_text(GATED_TWIN)
-    gated = [
-        f"workload.command=[python,{script}]",
-        f"++workload.env={{ORCH_TEST_GATE: '{gate}'}}",
-        "policy.round0_size=1",
-        "stage.budget.max_rounds=1",
-    ]
+    gated, gate = gated_twin(tmp_path)
     with running_sweep(sweep_args(tmp_path, "ctrlc", *gated), log=tmp_path / "run.log", interruptible=True) as run:
         run.attempts(1, timeout=120)  # the event: the sweep's first launch is recorded, and it waits on its job
         run.proc.send_signal(signal.SIGINT)
