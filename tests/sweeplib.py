@@ -76,7 +76,15 @@ def cli(*args: str, timeout: float = 600, env=None) -> subprocess.CompletedProce
     )
 
 
-def popen(*args: str, log: Path, env=None) -> subprocess.Popen:
+def _take_sigint() -> None:
+    """In the forked child, before exec: SIGINT at its default, as in a terminal's foreground process."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def popen(*args: str, log: Path, env=None, interruptible: bool = False) -> subprocess.Popen:
+    """The CLI in the background. `interruptible`: it takes SIGINT as Ctrl-C at a terminal would reach it, even
+    when this process ignores SIGINT (pytest started by a script with `&`, as CI may: an ignored signal is
+    inherited, and the sweep then ran to its end through the test's SIGINT, exit 0 where 130 was expected)."""
     out = open(log, "w")
     return subprocess.Popen(
         [sys.executable, "-m", "orchestrator", *args],
@@ -85,6 +93,7 @@ def popen(*args: str, log: Path, env=None) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         start_new_session=True,
         env={**os.environ, **(env or {})},
+        preexec_fn=_take_sigint if interruptible else None,
     )
 
 
@@ -172,11 +181,11 @@ class RunningSweep:
 
 
 @contextmanager
-def running_sweep(args: Sequence[str], *, log: Path, env=None) -> Iterator[RunningSweep]:
+def running_sweep(args: Sequence[str], *, log: Path, env=None, interruptible: bool = False) -> Iterator[RunningSweep]:
     """`python -m orchestrator sweep ARGS --plain` in the background (`args` as from sweep_args: they name
-    the sweep and the ledger). On the way out a process still running is killed with its process group
-    (its local jobs), so no test leaves an orchestrator behind."""
-    proc = popen("sweep", *args, "--plain", log=log, env=env)
+    the sweep and the ledger; `interruptible`: see popen). On the way out a process still running is killed with
+    its process group (its local jobs), so no test leaves an orchestrator behind."""
+    proc = popen("sweep", *args, "--plain", log=log, env=env, interruptible=interruptible)
     try:
         yield RunningSweep(proc, _arg(args, "sweep.name"), _arg(args, "ledger.url"), log)
     finally:

@@ -39,7 +39,9 @@ def run(args, overrides) -> int:
         live = ledger.live_attempts(args.name)
         ids = [a.job_id for a in live if a.job_id]
         if ids:
-            (launcher or bound_launcher(ledger, cfg, args.name, View(live=False))).cancel(ids)
+            launcher = launcher or bound_launcher(ledger, cfg, args.name, View(live=False))
+            if not _left_to_its_driver(ledger, args.name, launcher.kind):
+                launcher.cancel(ids)
         for a in live:
             ledger.update_attempt(
                 a.id,
@@ -58,3 +60,13 @@ def run(args, overrides) -> int:
     listed = f": {', '.join(ids)}" if ids else ""
     View(live=False).event(f"sweep {args.name}: cancelled {len(ids)} live job(s){listed}")
     return 0
+
+
+def _left_to_its_driver(ledger, name: str, kind: str) -> bool:
+    """Local jobs of a sweep whose driver lives are that driver's to stop: it sees the sweep cancelled at its next
+    poll and cancels them as its own (CANCELLED); signalled from here, they would end under it as crashed jobs. A
+    killed driver's local jobs are stopped here, each by its identity (`pid:start`)."""
+    if kind != "local":
+        return False
+    held = ledger.leases.lease(name)
+    return held is not None and held.alive is True

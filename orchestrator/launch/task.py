@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.core import proc
 from orchestrator.core.paths import JobPaths, atomic_write
 
 
@@ -50,7 +51,7 @@ class RunInFolder:
         if not self.token:
             return self.fn(*self.args)
         paths = JobPaths(self.folder)
-        self._mark(paths.started, pid=os.getpid())
+        self._mark(paths.started, pid=os.getpid(), task=proc.identity(os.getpid()))  # task: its `pid:start`
         try:
             out = self.fn(*self.args)
         except Exception as exc:  # a failure is an end too; a KeyboardInterrupt (cancel) is not: no marker
@@ -61,6 +62,8 @@ class RunInFolder:
         return out
 
     def _mark(self, path: Any, **fields: Any) -> None:
-        """The job's own record, naming its launch (token) and job id (submitit's local id: the controller's pid)."""
-        job_id = os.environ.get("SUBMITIT_LOCAL_JOB_ID") or os.environ.get("SLURM_JOB_ID") or ""
+        """The job's own record, naming its launch (token) and job id: Slurm's, or the local launcher's
+        `pid:start` of submitit's controller (this task's parent, so alive to be read: core/proc.py)."""
+        local = os.environ.get("SUBMITIT_LOCAL_JOB_ID", "")
+        job_id = proc.identity(int(local)) if local.isdigit() else os.environ.get("SLURM_JOB_ID") or local
         atomic_write(path, json.dumps({"token": self.token, "job_id": job_id, "at": time.time(), **fields}))

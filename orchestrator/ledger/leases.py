@@ -21,6 +21,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, delete, select
 from sqlalchemy.exc import IntegrityError
 
+from orchestrator.core.proc import start_time, stat
 from orchestrator.ledger import models as m
 from orchestrator.ledger.convert import now
 from orchestrator.ledger.errors import LeaseHeld, LedgerError
@@ -29,28 +30,10 @@ from orchestrator.ledger.store import Store, find_sweep
 log = logging.getLogger("db")
 
 
-def _proc_stat(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat fields from field 3 (state) on; None where there is no /proc (not Linux)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        return []  # no such process
-    except OSError:
-        return None
-    return text[text.rfind(")") + 2 :].split()  # comm may hold spaces and parentheses
-
-
-def process_start(pid: int) -> str:
-    """The process's start time in clock ticks since boot (proc(5) field 22), '' when unknown."""
-    fields = _proc_stat(pid)
-    return fields[19] if fields and len(fields) > 19 else ""
-
-
 def holder_id() -> str:
     """This process as a lease holder: `host:pid:start`, shown to a second orchestrator that is refused."""
     pid = os.getpid()
-    return f"{socket.gethostname()}:{pid}:{process_start(pid)}"
+    return f"{socket.gethostname()}:{pid}:{start_time(pid)}"
 
 
 def holder_alive(holder: str) -> bool | None:
@@ -66,7 +49,7 @@ def holder_alive(holder: str) -> bool | None:
         return False
     except OSError:  # EPERM: a process of another user holds this pid
         pass
-    fields = _proc_stat(int(pid))
+    fields = stat(int(pid))
     if fields == []:
         return False
     if fields is None:

@@ -198,9 +198,9 @@ class Driver:
         return sweep is not None and sweep.status == SweepStatus.CANCELLED
 
     def _cancel_own_jobs(self) -> None:
-        """`cancel NAME` ran in another process: stop the jobs this process started (local jobs can only be
-        stopped by their parent; on Slurm a second scancel is harmless), and every job still live: one this
-        process launched while the cancel ran (a round it decided meanwhile) would otherwise run on unseen."""
+        """`cancel NAME` ran in another process: stop the jobs this process started or re-attached (`cancel`
+        leaves a live driver's local jobs to it; on Slurm a second scancel is harmless), and every job still live:
+        one this process launched while the cancel ran (a round it decided meanwhile) would otherwise run on unseen."""
         live = [a for a in self.ledger.live_attempts(self.name) if a.job_id]
         ids = [
             str(a.job_id)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core import proc as process
 from orchestrator.core.paths import JobPaths
 from orchestrator.core.states import AttemptState, CandidateStatus
 from orchestrator.launch.slurm.intents import parse
@@ -71,19 +72,22 @@ def test_local_record_failure_leaves_nothing_running_and_resume_launches_once(tm
     with Ledger.open(ledger_url) as led:
         intents = _intents(led, "l-rec")
         assert len(intents) == 3 and not any(a.job_id for a in intents)  # written before the launch
-    pids = [
+    # local job ids are `pid:start` (the controller's pid and start time): pids wrap on a busy host (a CI run
+    # met a killed job's pid in a resumed one), the pair names one process only
+    killed = [
         json.loads(JobPaths(a.job_dir).launch.read_text())["job_id"]
         for a in intents
         if JobPaths(a.job_dir).launch.exists()
     ]
-    assert pids, "the first job was launched before its record failed"
+    assert killed, "the first job was launched before its record failed"
+    assert all(process.parse(j) and process.parse(j)[1] for j in killed), killed
 
     def gone() -> bool:
-        return not any(Path(f"/proc/{p}").exists() for p in pids)
+        return not any(process.running(j) for j in killed)
 
     wait_for(gone, 120, "the unrecorded local job(s) to be stopped")  # 0 jobs left running
     launched = _resume_and_check(tmp_path, "l-rec", url=ledger_url)
-    assert {int(a.job_id) for a in launched}.isdisjoint(int(p) for p in pids)
+    assert {a.job_id for a in launched}.isdisjoint(killed)  # none of them re-attached: each launched anew
 
 
 # ---- the real local Slurm -----------------------------------------------------------------------------

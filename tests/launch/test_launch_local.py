@@ -70,12 +70,26 @@ def task(fn, folder, *args, time_min=1, token="") -> LaunchTask:
     )
 
 
-def gone(pid: int) -> bool:
-    """No such process, or a zombie (killed; its orphan waits for a reaper this container may not run)."""
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+def is_local_job_id(jid: str) -> bool:
+    """`pid:start`: the controller's pid and its start time in clock ticks since boot (orchestrator/core/proc.py)."""
+    pid, _, start = jid.partition(":")
+    return pid.isdigit() and start.isdigit()
+
+
+def gone(ident: str) -> bool:
+    """The process `pid:start` no longer runs: no such pid, a zombie (killed; its orphan waits for a reaper this
+    container may not run), or another process that reuses the pid."""
+    from orchestrator.core import proc
+
+    return not proc.running(ident)
+
+
+def started_task(folder) -> str:
+    """The identity (`pid:start`) of the task that wrote `folder`'s start record, once it has written it."""
+    from orchestrator.core.paths import JobPaths
+
+    _wait_file(JobPaths(folder).started)
+    return json.loads(JobPaths(folder).started.read_text())["task"]
 
 
 def wait_terminal(launcher, ids, timeout_s=120.0):
@@ -93,7 +107,7 @@ def test_local_runs_function_and_returns_value(tmp_path):
     assert isinstance(launcher, LocalLauncher) and launcher.kind == "local" and "local" in reason
     subs = launcher.submit([task(square_and_record, tmp_path / "a", 7), task(boom, tmp_path / "b")])
     assert [s.folder for s in subs] == [str(tmp_path / "a"), str(tmp_path / "b")]
-    assert all(s.array_index is None and s.job_id.isdigit() for s in subs)
+    assert all(s.array_index is None and is_local_job_id(s.job_id) for s in subs)
     states = wait_terminal(launcher, [s.job_id for s in subs])
     ok, bad = states[subs[0].job_id], states[subs[1].job_id]
     assert (ok.state, ok.exit_code, ok.terminal) == ("COMPLETED", 0, True)
@@ -120,10 +134,19 @@ def test_local_job_sees_the_machines_gpus(tmp_path, monkeypatch, present, visibl
 
 
 def test_local_cancel_and_reattach(tmp_path):
+    """A job cancelled while it runs (its start record: an event, not a time) is CANCELLED; after a restart,
+    with only ids and folders, it reads FAILED (started, no exit marker of its own: lost, retried), never TIMEOUT:
+    it never ran to its limit (no time-limit warning in its folder)."""
+    from orchestrator.core.paths import JobPaths
+
     launcher = LocalLauncher(local_cluster())
-    done, slow = launcher.submit([task(square_and_record, tmp_path / "a", 3), task(sleep_for, tmp_path / "b", 300)])
-    time.sleep(1.0)
+    done, slow = launcher.submit(
+        [task(square_and_record, tmp_path / "a", 3), task(sleep_for, tmp_path / "b", 300, token="sw.b")]
+    )
+    task_b = started_task(tmp_path / "b")
     launcher.cancel([slow.job_id])
+    assert gone(task_b)
+    assert not list((tmp_path / "b").glob(JobPaths.TIME_LIMIT_MARK.format(rank="*")))
     states = wait_terminal(launcher, [done.job_id, slow.job_id])
     assert states[slow.job_id].state == "CANCELLED"
     assert states[done.job_id].state == "COMPLETED"
@@ -268,14 +291,10 @@ def test_local_cancel_stops_the_tasks_quietly(tmp_path, capfd):
     printed one), the job still ends CANCELLED, and the task's process is gone."""
     launcher = LocalLauncher(local_cluster())
     (sub,) = launcher.submit([task(sleep_for, tmp_path / "a", 300, token="tok")])
-    started = tmp_path / "a" / "job-started.json"
-    deadline = time.monotonic() + 120
-    while not started.exists() and time.monotonic() < deadline:  # the task is running: an event, not a time
-        time.sleep(0.05)
-    task_pid = json.loads(started.read_text())["pid"]
+    task_a = started_task(tmp_path / "a")  # the task is running: an event, not a time
     launcher.cancel([sub.job_id])
     assert launcher._jobs[sub.job_id].done()  # stopped before cancel() returned: a caller may exit right after
-    assert gone(task_pid)
+    assert gone(task_a)
     assert launcher.poll([sub.job_id])[sub.job_id].state == "CANCELLED"
     err = capfd.readouterr().err
     assert "KeyboardInterrupt" not in err and "Traceback" not in err
@@ -287,14 +306,11 @@ def test_local_cancel_falls_back_to_the_controller(tmp_path):
     launcher = LocalLauncher(local_cluster())
     launcher.CANCEL_GRACE_S = 0.0
     (sub,) = launcher.submit([task(deaf_sleep, tmp_path / "a", 300, token="tok")])
-    started = tmp_path / "a" / "job-started.json"
-    deadline = time.monotonic() + 120
-    while not started.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    task_a = started_task(tmp_path / "a")
     launcher.cancel([sub.job_id])
     assert launcher._jobs[sub.job_id].done()  # cancel() waited for the controller: the job ended before it returned
     assert launcher.poll([sub.job_id])[sub.job_id].state == "CANCELLED"
-    assert gone(json.loads(started.read_text())["pid"])
+    assert gone(task_a)
 
 
 def test_local_cancel_right_after_submit_stops_the_job(tmp_path):
@@ -306,4 +322,114 @@ def test_local_cancel_right_after_submit_stops_the_job(tmp_path):
     launcher.cancel([sub.job_id])
     assert wait_terminal(launcher, [sub.job_id])[sub.job_id].state == "CANCELLED"
     started = tmp_path / "a" / "job-started.json"
-    assert not started.exists() or gone(json.loads(started.read_text())["pid"])
+    assert not started.exists() or gone(json.loads(started.read_text())["task"])
+
+
+# ---- a local job is its controller's pid and start time, never a bare pid (issue 45 item 8) ---------------------
+
+
+@pytest.fixture
+def stranger():
+    """Another live process (a `sleep` of this test): what holds a recorded job's pid once pids have wrapped."""
+    import subprocess
+
+    other = subprocess.Popen(["sleep", "600"])
+    try:
+        yield other
+    finally:
+        other.kill()
+        other.wait()
+
+
+def _started_then_gone(folder, token: str, job_id: str) -> None:
+    """A job folder whose job started (launch record and start record naming `job_id`), then vanished."""
+    from orchestrator.core.paths import JobPaths
+
+    paths = JobPaths(folder)
+    paths.folder.mkdir(parents=True, exist_ok=True)
+    for path in (paths.launch, paths.started):
+        path.write_text(json.dumps({"token": token, "job_id": job_id}))
+
+
+def test_a_job_id_is_the_controllers_pid_and_start_time(tmp_path):
+    """submit() names a job `pid:start` (submitit's controller: its pid and start time), and the job's own
+    records name it the same way, so a folder and the ledger agree on who the job is."""
+    from orchestrator.core import proc
+    from orchestrator.core.paths import JobPaths
+
+    launcher = LocalLauncher(local_cluster())
+    (sub,) = launcher.submit([task(square_and_record, tmp_path / "a", 2, token="sw.id")])
+    pid, _, start = sub.job_id.partition(":")
+    assert is_local_job_id(sub.job_id) and start == proc.start_time(int(pid)), sub.job_id
+    assert wait_terminal(launcher, [sub.job_id])[sub.job_id].state == "COMPLETED"
+    paths = JobPaths(tmp_path / "a")
+    assert [json.loads(p.read_text())["job_id"] for p in (paths.launch, paths.started, paths.exited)] == [
+        sub.job_id
+    ] * 3
+
+
+@pytest.mark.parametrize("form", ["bare pid (an older ledger)", "pid:start of another process"])
+def test_a_reused_pid_is_never_reattached_adopted_or_cancelled(tmp_path, stranger, form):
+    """A recorded job whose pid now belongs to another live process (pids wrapped during a long CI run, so a
+    resumed job met a killed job's pid) reads as lost: never RUNNING when re-attached or adopted, and cancel()
+    leaves the other process alone."""
+    from orchestrator.core import proc
+
+    start = proc.start_time(stranger.pid)
+    jid = str(stranger.pid) if form.startswith("bare") else f"{stranger.pid}:{int(start) - 1}"
+    folder = tmp_path / "gone"
+    _started_then_gone(folder, "sw.gone", jid)
+
+    found = LocalLauncher(local_cluster()).find([("sw.gone", None, str(folder))], since=None)  # type: ignore[arg-type]
+    assert found[("sw.gone", None)].state == "FAILED"  # started, then vanished: adopted as lost, never RUNNING
+    fresh = LocalLauncher(local_cluster())
+    fresh.attach([Submitted(job_id=jid, array_index=None, folder=str(folder))])
+    st = fresh.poll([jid])[jid]
+    assert (st.state, st.terminal) == ("FAILED", True) and "lost" in st.reason, st
+    fresh.cancel([jid])
+    assert stranger.poll() is None and proc.running(f"{stranger.pid}:{start}")  # the other process lives on
+
+
+def test_a_reattached_job_is_its_very_process_and_cancel_stops_it(tmp_path):
+    """After a restart the job's own controller is re-attached (also by the bare pid an older ledger stored: its
+    command line names the job's folder), and cancel() stops it; then it reads CANCELLED."""
+    from orchestrator.core.paths import JobPaths
+
+    first = LocalLauncher(local_cluster())
+    (sub,) = first.submit([task(sleep_for, tmp_path / "a", 300, token="sw.re")])
+    task_a = started_task(tmp_path / "a")
+    bare = sub.job_id.partition(":")[0]
+    JobPaths(tmp_path / "a").launch.write_text(json.dumps({"token": "sw.re", "job_id": bare}))  # an older record
+    found = LocalLauncher(local_cluster()).find([("sw.re", None, str(tmp_path / "a"))], since=None)  # type: ignore[arg-type]
+    assert (found[("sw.re", None)].job_id, found[("sw.re", None)].state) == (sub.job_id, "RUNNING")
+    for jid in (bare, sub.job_id):
+        fresh = LocalLauncher(local_cluster())
+        fresh.attach([Submitted(job_id=jid, array_index=None, folder=str(tmp_path / "a"))])
+        assert fresh.poll([jid])[jid].state == "RUNNING"
+    fresh.cancel([sub.job_id])
+    assert gone(task_a) and gone(sub.job_id)  # stopped before cancel() returned
+    assert fresh.poll([sub.job_id])[sub.job_id].state == "CANCELLED"
+
+
+def test_a_job_cancelled_by_a_process_that_ignores_sigint_stops(tmp_path):
+    """An orchestrator started in the background by a script (`cmd &`: SIGINT ignored, and an ignored signal is
+    inherited) still stops its jobs with cancel()'s SIGINT. Before, the job was deaf to it, ran to its time
+    limit and, re-attached, read TIMEOUT (the CI failure of test_local_cancel_and_reattach)."""
+    import signal as sig
+
+    from orchestrator.core.paths import JobPaths
+
+    before = sig.signal(sig.SIGINT, sig.SIG_IGN)
+    try:
+        launcher = LocalLauncher(local_cluster())
+        (sub,) = launcher.submit([task(sleep_for, tmp_path / "a", 300, token="sw.ign")])
+        assert sig.getsignal(sig.SIGINT) is sig.SIG_IGN  # this process still ignores it
+        task_a = started_task(tmp_path / "a")
+        launcher.cancel([sub.job_id])
+    finally:
+        sig.signal(sig.SIGINT, before)
+    assert gone(task_a) and launcher.poll([sub.job_id])[sub.job_id].state == "CANCELLED"
+    assert not list((tmp_path / "a").glob(JobPaths.TIME_LIMIT_MARK.format(rank="*")))  # never ran to its limit
+    fresh = LocalLauncher(local_cluster())
+    fresh.attach([sub])
+    assert fresh.poll([sub.job_id])[sub.job_id].state == "FAILED"

@@ -18,8 +18,9 @@ import time
 import psycopg
 import pytest
 
+from orchestrator.core.proc import start_time as process_start
 from orchestrator.ledger.errors import LeaseHeld
-from orchestrator.ledger.leases import LeaseKeeper, holder_alive, holder_id, process_start
+from orchestrator.ledger.leases import LeaseKeeper, holder_alive, holder_id
 from orchestrator.ledger.ledger import Ledger
 from tests.sweeplib import cli, ledger_url, popen, running_sweep, sweep_args, wait_for
 

@@ -8,7 +8,6 @@ whose attempt row lacks it (re-attachment reads the job's own exit marker)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.core import proc as process
 from orchestrator.core.paths import JobPaths
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus
 from orchestrator.ledger.ledger import Ledger
@@ -43,16 +43,11 @@ def _finished(runs: Path) -> set[str]:
 
 
 def _no_job_alive(runs: Path) -> bool:
-    """Every job that started has ended (its process is gone): the folders are final."""
-    for f in _folders(runs):
-        started = JobPaths(f).started
-        if started.exists():
-            try:
-                os.kill(int(_read(started)["pid"]), 0)
-            except (ProcessLookupError, PermissionError):
-                continue
-            return False
-    return True
+    """Every job that started has ended (its task, `pid:start` in its start record, is gone; a bare pid could
+    name another process by now): the folders are final."""
+    return not any(
+        process.running(_read(JobPaths(f).started)["task"]) for f in _folders(runs) if JobPaths(f).started.exists()
+    )
 
 
 def _stored(url: str, sweep: str) -> list[str]:

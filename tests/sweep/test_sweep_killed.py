@@ -11,6 +11,7 @@ import os
 import signal
 from pathlib import Path
 
+from orchestrator.core import proc as process
 from orchestrator.core.failures import Failure
 from orchestrator.core.states import CandidateStatus
 from orchestrator.ledger.ledger import Ledger
@@ -68,18 +69,10 @@ def test_jobs_killed_with_their_orchestrator_are_measured_again(tmp_path):
             lost += res is None or bool(res["partial"]) or res["measure_iters"] != MEASURE
             duplicates += sum(1 for x in cand if led.evidence.result(x.id) is not None) - 1
         ids = [a.job_id for a in all_attempts(led, "killed")]
-        untracked += sum(1 for j in ids if _pid_alive(j))  # local job ids are pids: nothing left running
+        untracked += sum(1 for j in ids if process.running(j))  # local job ids are `pid:start`: none still runs
         assert len({x.job_dir for x in all_attempts(led, "killed")}) == len(ids)  # no folder reused
     assert (untracked, duplicates, lost) == (0, 0, 0)
     print(f"killed at iterations {sorted(killed.values())}; untracked {untracked} duplicates {duplicates} lost {lost}")
-
-
-def _pid_alive(pid: str) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (OSError, ValueError):
-        return False
-    return True
 
 
 def test_a_stray_result_in_a_running_jobs_folder_is_never_its_measurement(tmp_path):

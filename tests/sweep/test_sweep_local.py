@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 from pathlib import Path
@@ -14,11 +15,9 @@ from tests.sweeplib import (
     all_attempts,
     assert_accounted,
     cli,
-    last_iteration,
     ledger_url,
     running_sweep,
     sweep_args,
-    wait_for,
 )
 
 SMALL = ["policy.round0_size=3", "policy.round_size=2", "stage.budget.max_rounds=2", "stage.budget.max_runs=6"]
@@ -168,7 +167,7 @@ def test_a_gpu_smaller_than_its_hardware_group_is_planned_with_after_the_first_o
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     warned = [ln for ln in proc.stdout.splitlines() if ln.startswith("warning: GPUs hold")]
     assert len(warned) == 1 and re.fullmatch(
-        r"warning: GPUs hold 103\.1 GB \(96\.00 GiB, from job \d+'s OOM message\), not hardware\.hbm_gb=141: "
+        r"warning: GPUs hold 103\.1 GB \(96\.00 GiB, from job \d+:\d+'s OOM message\), not hardware\.hbm_gb=141: "
         r"planning with 103\.1 GB for the rest of this sweep; set hardware\.hbm_gb=103\.1 or pick the right "
         r"hardware group",
         warned[0],
@@ -250,6 +249,27 @@ def test_kill_9_then_resume_loses_nothing_and_submits_nothing_twice(tmp_path):
         )
 
 
+# A workload that waits for the test's gate file, then runs the twin with the flags it was given.
+GATED_TWIN = """import os, sys, time
+while not os.path.exists(os.environ["ORCH_TEST_GATE"]):
+    time.sleep(0.05)
+os.execv(sys.executable, [sys.executable, "-m", "orchestrator.job.twin", *sys.argv[1:]])
+"""
+
+
+def gated_twin(tmp_path: Path) -> tuple[list[str], Path]:
+    """Overrides for a one-job sweep whose job cannot end before the test creates the returned gate file."""
+    script, gate = tmp_path / "gated_twin.py", tmp_path / "gate"
+    script.write_text(GATED_TWIN)
+    args = [
+        f"workload.command=[python,{script}]",
+        f"++workload.env={{ORCH_TEST_GATE: '{gate}'}}",
+        "policy.round0_size=1",
+        "stage.budget.max_rounds=1",
+    ]
+    return args, gate
+
+
 def test_cancel_stops_every_live_job_and_records_it(tmp_path):
     slow = [
         "++workload.twin.time_scale=50",
@@ -269,6 +289,30 @@ def test_cancel_stops_every_live_job_and_records_it(tmp_path):
         assert all(a.state == AttemptState.CANCELLED for a in all_attempts(led, "stopme"))
         assert {c.round for c in led.candidates("stopme")} == {0}  # no further round after the cancel
         assert led.events("stopme", kind="cancelled")
+
+
+def test_cancel_stops_the_local_jobs_of_a_killed_driver(tmp_path):
+    """kill -9 of the driver leaves its local job running; `cancel NAME` stops it, by its identity (`pid:start`),
+    and records it cancelled. Before, `cancel` left local jobs to their parent: a dead driver's ran on, recorded as
+    cancelled."""
+    from orchestrator.core import proc as process
+
+    gated, _never_opened = gated_twin(tmp_path)
+    with running_sweep(sweep_args(tmp_path, "orphan", *gated), log=tmp_path / "run.log") as run:
+        (a,) = run.attempts(1, timeout=120)
+        run.kill()  # the driver only: its job waits at the gate, which never opens
+    try:
+        assert process.running(a.job_id)
+        proc = cli("cancel", "orphan", f"ledger.url={ledger_url(tmp_path)}", timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert not process.running(a.job_id)  # stopped before `cancel` returned
+        with Ledger.open(ledger_url(tmp_path)) as led:
+            assert [x.state for x in all_attempts(led, "orphan")] == [AttemptState.CANCELLED]
+    finally:  # the killed driver's process group: its job, when cancel did not stop it
+        try:
+            os.killpg(run.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def test_sweep_on_each_ledger_engine(ledger_url, tmp_path):
@@ -297,29 +341,24 @@ def test_cluster_auto_falls_back_to_local_and_says_why(tmp_path):
 
 
 def test_ctrl_c_marks_the_sweep_interrupted_and_releases_the_lease(tmp_path):
-    # ~1 s per iteration (time_scale large enough that every step sleeps max_sleep_s), 25 measured: the job
-    # outlives the moment the signal is sent by ~25 s, however loaded the box (at time_scale=50 a step slept
-    # ~50 ms and the sweep could finish before the signal arrived).
-    slow = [
-        "++workload.twin.time_scale=100000",
-        "++workload.twin.max_sleep_s=1.0",
-        "stage.warmup_iters=2",
-        "stage.measure_iters=25",
-        "policy.round0_size=1",
-        "stage.budget.max_rounds=1",
-    ]
-    with running_sweep(sweep_args(tmp_path, "ctrlc", *slow), log=tmp_path / "run.log") as run:
-        (a,) = run.attempts(1, timeout=120)
-        wait_for(lambda: last_iteration(a.job_dir) >= 1, 120, "the job's first iteration line")
+    """Ctrl-C (SIGINT) while the sweep runs: exit 130, the sweep INTERRUPTED, its lease released, `resume` goes
+    on. The sweep cannot end before the signal, by construction: its one job waits for a gate the test opens
+    only after the sweep has exited (a twin that was merely slow once finished first: 0 == 130)."""
+    gated, gate = gated_twin(tmp_path)
+    with running_sweep(sweep_args(tmp_path, "ctrlc", *gated), log=tmp_path / "run.log", interruptible=True) as run:
+        run.attempts(1, timeout=120)  # the event: the sweep's first launch is recorded, and it waits on its job
         run.proc.send_signal(signal.SIGINT)
         assert run.wait(60) == 130, run.output()[-2000:]
+    assert not gate.exists()  # the job could not have ended: the sweep was interrupted, not finished
     with Ledger.open(ledger_url(tmp_path)) as led:
         assert led.get_sweep("ctrlc").status == SweepStatus.INTERRUPTED
         assert led.events("ctrlc", kind="lease")[-1].message.startswith("lease released")
+    gate.touch()
     proc = cli("resume", "ctrlc", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]  # no wait for a lease: it was released
     with Ledger.open(ledger_url(tmp_path)) as led:
         assert_accounted(led, "ctrlc")
+        assert len(led.evidence.measured(sweep="ctrlc")) == 1  # the interrupted job, re-attached and measured
 
 
 def test_two_live_orchestrators_the_second_is_refused(tmp_path):

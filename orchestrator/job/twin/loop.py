@@ -44,12 +44,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from orchestrator.core.result import SIMULATED_MARKER
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    text.out(f"{SIMULATED_MARKER} twin workload: numbers are simulated")
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _on_signal)
-    for sig in IGNORED_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
     try:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, _on_signal)
+        for sig in IGNORED_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        # after the handlers: once this first line is out, a stop signal ends the run as 128 + signal (a caller
+        # may signal as soon as it reads it, whatever the load)
+        text.out(f"{SIMULATED_MARKER} twin workload: numbers are simulated")
         job = load_job(argv)
         return run(job)
     except Interrupted as exc:

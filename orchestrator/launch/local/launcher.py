@@ -2,6 +2,10 @@
 
 Why a slot limit: the laptop/CI box has few cores, so at most `cluster.local.max_workers` jobs run at
 once; submit() waits for a free slot, so every job id it returns is a real, started process.
+
+A job's id is its controller's `pid:start` (orchestrator/core/proc.py: the pid and the kernel's start time of
+submitit's controller process), never a bare pid: pids wrap on a busy host, and a re-attached, adopted or
+cancelled job must be the very process that was launched, never whatever holds its pid now.
 """
 
 from __future__ import annotations
@@ -11,11 +15,16 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
+from orchestrator.core import proc
 from orchestrator.core.paths import JobPaths, atomic_write
 from orchestrator.core.schema import ClusterConfig
 from orchestrator.core.states import AttemptState
@@ -39,12 +48,72 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _pid_alive(pid: str) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (OSError, ValueError):
+def _pid(jid: str) -> str:
+    """The pid part of a local job id (submitit's name for the job: its `.submitit/<pid>/` folder)."""
+    return jid.partition(":")[0]
+
+
+def _same_job(a: object, b: str) -> bool:
+    """Whether two local job ids name one job: the same pid and, where both carry one, the same start time
+    (a job folder's markers of an older orchestrator name it by its bare pid)."""
+    pa, pb = proc.parse(str(a)), proc.parse(b)
+    return pa is not None and pb is not None and pa[0] == pb[0] and (not pa[1] or not pb[1] or pa[1] == pb[1])
+
+
+def _own_controller(pid: int, folder: str | None) -> bool:
+    """Whether the process at `pid` is submitit's local controller of this job folder (its command line names
+    the folder's `.submitit`): how a bare pid (an older ledger's id, submitit's folder name) is told from a
+    process that reuses it."""
+    if not folder:
         return False
-    return True
+    mine = os.path.realpath(JobPaths(os.path.abspath(folder)).submitit_folder)
+    args = proc.cmdline(pid)
+    return "submitit.local._local" in args and any(os.path.realpath(a) == mine for a in args[1:])
+
+
+def _alive(jid: str, folder: str | None) -> bool:
+    """Whether job `jid`'s controller still runs: for `pid:start` that very process; for a bare pid only a
+    process that is this folder's own controller. Anything else at that pid is another process: the job is
+    gone (a zombie, killed and never reaped, is gone too)."""
+    parsed = proc.parse(jid)
+    if parsed is None:
+        return False
+    pid, start = parsed
+    return proc.live(pid, start) if start else proc.live(pid) and _own_controller(pid, folder)
+
+
+def _identified(jid: str, folder: str) -> str:
+    """A bare pid upgraded to `pid:start` when its process is this folder's controller (then still running)."""
+    parsed = proc.parse(jid)
+    if parsed is None or parsed[1] or not _alive(jid, folder):
+        return jid
+    return proc.identity(parsed[0])
+
+
+def _quiet_ignored(signum: int, frame: FrameType | None) -> None:
+    """SIGINT's handler while a job is spawned from a process that ignores it (see _sigint_for_jobs)."""
+
+
+@contextmanager
+def _sigint_for_jobs() -> Iterator[None]:
+    """Spawn jobs that take SIGINT, cancel()'s signal, even when this process ignores it.
+
+    A process started in the background by a non-interactive shell (`cmd &` in a script, a CI runner) inherits
+    SIGINT ignored, and an ignored signal stays ignored across fork and exec: its jobs were deaf to cancel() and
+    ran to their time limit (a cancelled job then read TIMEOUT). A handler, unlike SIG_IGN, is reset to the
+    default at exec, so for the spawn this process catches SIGINT and does nothing with it (it still ignores
+    it), then goes back to SIG_IGN. Only the main thread may set a handler; elsewhere the jobs inherit it."""
+    if (
+        signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        yield
+        return
+    signal.signal(signal.SIGINT, _quiet_ignored)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _read_json(path: Any) -> dict | None:
@@ -56,8 +125,8 @@ def _read_json(path: Any) -> dict | None:
 
 
 def _submitit_job_ids(folder: str) -> list[str]:
-    """Job ids submitit started in this folder (its `.submitit/<pid>/` folders, newest first): the submitted
-    pickle lands there before submit() returns, so a kill before launch.json still leaves the id behind."""
+    """Bare pids submitit started in this folder (its `.submitit/<pid>/` folders, newest first): the submitted
+    pickle lands there before submit() returns, so a kill before launch.json still leaves the pid behind."""
     root = JobPaths(folder).folder / JobPaths.SUBMITIT
     try:
         dirs = [d for d in root.iterdir() if d.is_dir() and d.name.isdigit()]
@@ -70,28 +139,17 @@ def _task_ended(folder: str, job_id: str) -> bool:
     """submitit pickled the task's outcome (success or exception): the job ran to its end by itself."""
     from submitit.core.utils import JobPaths as SubmititPaths
 
-    return SubmititPaths(JobPaths(os.path.abspath(folder)).submitit_folder, job_id=job_id).result_pickle.exists()
+    paths = SubmititPaths(JobPaths(os.path.abspath(folder)).submitit_folder, job_id=_pid(job_id))
+    return paths.result_pickle.exists()
 
 
-def _child_pids(pid: str) -> list[int]:
-    """The processes `pid` started (Linux /proc: every thread's `children` list); [] where none, or no /proc."""
-    out: list[int] = []
-    try:
-        for thread in Path(f"/proc/{int(pid)}/task").iterdir():
-            out += [int(c) for c in (thread / "children").read_text().split()]
-    except (OSError, ValueError):
-        return []
-    return out
-
-
-def _interrupt(pids: list[int]) -> bool:
-    """SIGINT each of `pids`; whether there was any to signal."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGINT)
-        except OSError:
-            pass  # ended meanwhile
-    return bool(pids)
+def _interrupt_tasks(jid: str) -> bool:
+    """SIGINT each task of job `jid` (its controller's children, each pinned by its own identity); whether
+    there was any to signal."""
+    tasks = proc.children(int(_pid(jid))) if proc.running(jid) else []
+    for task in tasks:
+        proc.send(task, signal.SIGINT)
+    return bool(tasks)
 
 
 def local_gpus() -> int:
@@ -145,8 +203,9 @@ class LocalLauncher(Launcher):
             )
             # cluster.env is set inside the job, not by shell setup lines: without a shell in between,
             # cancel()'s SIGINT reaches submitit's controller, which stops the tasks.
-            job = executor.submit(RunInFolder(t.fn, t.args, t.folder, env=dict(self.cluster.env), token=t.token))
-            jid = str(job.job_id)
+            with _sigint_for_jobs():
+                job = executor.submit(RunInFolder(t.fn, t.args, t.folder, env=dict(self.cluster.env), token=t.token))
+            jid = proc.identity(int(job.job_id))  # our child, not yet reaped: its pid is still its own
             self._jobs[jid], self._folders[jid] = job, t.folder
             self._timeout_s[jid], self._start[jid] = 60.0 * time_min, _now()
             if t.token:  # what `find` reads after a restart: no scheduler to ask, the folder answers
@@ -164,7 +223,8 @@ class LocalLauncher(Launcher):
         """Adopt a launch from its folder's own evidence (a local job has no scheduler to ask): launch.json, the
         job's start record and exit marker (launch/task.RunInFolder) and submitit's per-job folder name the
         process, so a job killed with its orchestrator before launch.json was written is still found. RUNNING
-        while its process lives; COMPLETED when it ended by itself (its exit marker, or submitit's pickled
+        while its very controller runs (`pid:start`; a bare pid only while it is this folder's controller: a
+        reused pid is another process); COMPLETED when it ended by itself (its exit marker, or submitit's pickled
         outcome); FAILED when it started and vanished (adopted: collecting it says LOST, and it is retried);
         CANCELLED when nothing ever ran there. result.json is the orchestrator's, never evidence."""
         out: dict[tuple[str, int | None], Found] = {}
@@ -174,12 +234,13 @@ class LocalLauncher(Launcher):
             if any(r.get("token") != token for r in recs):
                 continue  # another launch's folder
             ids = [str(r["job_id"]) for r in recs if r.get("job_id")] + _submitit_job_ids(folder)
+            ids = [i for i in ids if proc.parse(i) is not None]
             if not ids:
                 continue
-            jid = ids[0]
+            jid = _identified(next((i for i in ids if ":" in i), ids[0]), folder)
             state = (
                 AttemptState.RUNNING
-                if _pid_alive(jid)
+                if _alive(jid, folder)
                 else AttemptState.COMPLETED
                 if paths.exited.exists() or _task_ended(folder, jid)
                 else AttemptState.FAILED
@@ -220,16 +281,21 @@ class LocalLauncher(Launcher):
         return state_of(AttemptState.FAILED, reason=f"no result (exit code {code})", **times)
 
     def _reattached_state(self, jid: str) -> JobState:
-        """A job of an earlier orchestrator: its process, else its own exit evidence. A result.json proves
-        nothing (the orchestrator writes it, and a stray one sat in a job's folder while the job ran on)."""
-        if _pid_alive(jid):
-            return state_of(AttemptState.RUNNING, node_list="localhost")
+        """A job of an earlier orchestrator: its very process, else its own exit evidence. A process that holds
+        its pid now is not the job (its id's start time, or for an older ledger's bare pid the controller's
+        command line, says so): such a job is gone. A result.json proves nothing (the orchestrator writes it,
+        and a stray one sat in a job's folder while the job ran on)."""
         folder = self._folders.get(jid)
+        if _alive(jid, folder):
+            return state_of(AttemptState.RUNNING, node_list="localhost")
+        if jid in self._cancelled:
+            return state_of(AttemptState.CANCELLED, reason="cancelled", node_list="localhost")
         exited = _read_json(JobPaths(folder).exited) if folder else None
-        ok = bool(exited and str(exited.get("job_id")) == jid and exited.get("outcome") == "ok")
+        own = bool(exited and _same_job(exited.get("job_id"), jid))
+        ok = bool(own and exited and exited.get("outcome") == "ok")
         if not ok and folder and _time_limit_warned(folder):  # killed at its limit: TIMEOUT, as on Slurm
             return state_of(AttemptState.TIMEOUT, reason="local time limit (its warning mark)", node_list="localhost")
-        if exited and str(exited.get("job_id")) == jid:
+        if own:
             return state_of(
                 AttemptState.COMPLETED if ok else AttemptState.FAILED, node_list="localhost", exit_code=0 if ok else 1
             )
@@ -247,24 +313,43 @@ class LocalLauncher(Launcher):
         `LocalJob.cancel`) stops the task too, but its KeyboardInterrupt traceback lands on the user's terminal,
         which the controller shares (`make run`'s early cut printed one): that is the fallback, for a controller
         that has not started its task yet and for a task still up `CANCEL_GRACE_S` later (the controller then
-        SIGKILLs it); cancel() then waits for the controller to exit, so the job is done() when it returns."""
-        live = [jid for jid in map(str, job_ids) if jid in self._jobs and not self._jobs[jid].done()]
+        SIGKILLs it); cancel() then waits for the controller to exit, so the job is done() when it returns.
+        A re-attached job (an earlier orchestrator's) is stopped the same way, only while its very controller
+        runs: every signal goes to a process pinned by its `pid:start`, never to whatever reuses a pid."""
+        ids = list(dict.fromkeys(map(str, job_ids)))
+        live = {jid: jid for jid in ids if jid in self._jobs and not self._jobs[jid].done()}
+        # a re-attached job by the identity of its controller (an older ledger's bare pid: the folder's own)
+        pinned = {jid: _identified(jid, self._folders.get(jid, "")) for jid in ids if jid not in self._jobs}
+        live.update({jid: pin for jid, pin in pinned.items() if proc.running(pin)})
         self._cancelled.update(live)
-        quiet = [jid for jid in live if _interrupt(_child_pids(jid))]
+        quiet = [jid for jid, pin in live.items() if _interrupt_tasks(pin)]
         deadline = time.monotonic() + self.CANCEL_GRACE_S
         for jid in quiet:
-            while not self._jobs[jid].done() and time.monotonic() < deadline:
+            while not self._ended(jid, live[jid]) and time.monotonic() < deadline:
                 time.sleep(self.slot_poll_s)
-        fallback = [jid for jid in live if not self._jobs[jid].done()]
+        fallback = [jid for jid in live if not self._ended(jid, live[jid])]
         for jid in fallback:
-            self._jobs[jid].cancel()
+            if jid in self._jobs:
+                self._jobs[jid].cancel()
+            else:
+                proc.send(live[jid], signal.SIGINT)
         for jid in fallback:  # the controller ends once its tasks are gone: wait for that event, not a time
-            proc = getattr(self._jobs[jid], "_process", None)
-            if proc is not None:
-                try:
-                    proc.wait(timeout=self.CONTROLLER_WAIT_S)
-                except subprocess.TimeoutExpired:
-                    log.warning("local job %s: controller still up %.0f s after SIGINT", jid, self.CONTROLLER_WAIT_S)
+            child = getattr(self._jobs.get(jid), "_process", None)
+            wait_until = time.monotonic() + self.CONTROLLER_WAIT_S
+            try:
+                if child is not None:
+                    child.wait(timeout=self.CONTROLLER_WAIT_S)
+                else:  # not our child: nothing to wait() on, its identity tells when it is gone
+                    while proc.running(live[jid]):
+                        if time.monotonic() >= wait_until:
+                            raise subprocess.TimeoutExpired(jid, self.CONTROLLER_WAIT_S)
+                        time.sleep(self.slot_poll_s)
+            except subprocess.TimeoutExpired:
+                log.warning("local job %s: controller still up %.0f s after SIGINT", jid, self.CONTROLLER_WAIT_S)
+
+    def _ended(self, jid: str, pin: str) -> bool:
+        job = self._jobs.get(jid)
+        return job.done() if job is not None else not proc.running(pin)
 
     def result(self, job_id: str) -> Any:
         job = self._jobs.get(str(job_id))
