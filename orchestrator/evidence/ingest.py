@@ -26,8 +26,14 @@ preemption, a node failure, the host's OOM killer), which Slurm's word would nam
 the same reason a failed job that received Slurm's early time-limit warning is skipped. Classes the sweep
 retries (NCCL_TIMEOUT, TIMEOUT, PREEMPTED, NODE_FAIL, LOST) are no verdict on the layout: `resume` measures
 it again, as the driver would have; CANCELLED and NO_OUTPUT rest on Slurm's word or on nothing. A rank probe's
-CRASH or NO_OUTPUT is PROBE_FAILED (collect, as the driver stores it), trusted under CRASH's rules. Nothing here
-writes the ledger: orchestrator/ledger/ingest.py stores what this finds.
+CRASH or NO_OUTPUT is PROBE_FAILED (collect, as the driver stores it), trusted under CRASH's rules.
+
+A launch the sweep cut early (its folder holds the cut's mark, JobPaths.CUT, written before the cancel:
+orchestrator/sweep/cutoff.py) is read as the driver read it: the result of the iterations its cut read (its
+window the cut's), the attempt a screen (cutoff.settle), and a job that raised after the mark stopped by the
+sweep's own cancel (CANCELLED, as its launcher reported it: the SIGINT's exit status, 130, is no crash;
+collect's `as_cut`). A mark naming another launch's token is another launch's evidence. Nothing here writes
+the ledger: orchestrator/ledger/ingest.py stores what this finds.
 """
 
 from __future__ import annotations
@@ -43,8 +49,8 @@ from orchestrator.core.failures import TABLE, Failure, Retry, retried_by_default
 from orchestrator.core.paths import JobPaths
 from orchestrator.core.result import JobResult
 from orchestrator.core.spec import JobSpec
-from orchestrator.core.states import AttemptRole, AttemptState
-from orchestrator.evidence.collect import collect
+from orchestrator.core.states import AttemptRole, AttemptState, Fidelity
+from orchestrator.evidence.collect import collect, cut_window, read_cut
 
 # what a folder alone proves (the module's rules): INVALID_CONFIG, OOM, CRASH, and a probe's crash or silence
 # (PROBE_FAILED: what collect reads a rank probe's CRASH or NO_OUTPUT as, under CRASH's rules)
@@ -67,6 +73,7 @@ class OnDisk:
     started_at: float | None = None  # the job's own start record and exit marker (epoch seconds)
     ended_at: float | None = None
     skipped: str = ""
+    cut: dict[str, Any] | None = None  # the sweep's mark that it cut this launch early (JobPaths.CUT)
 
     def record(self) -> dict[str, Any]:
         """What the ledger stores of a trusted folder (orchestrator/ledger/ingest.py `Trusted`'s fields)."""
@@ -90,7 +97,7 @@ class OnDisk:
             decision=spec.decision,
             attempt=int(spec.attempt),
             launch_token=spec.launch_token,
-            fidelity=str(spec.fidelity),
+            fidelity=str(Fidelity.SCREEN if self.cut is not None else spec.fidelity),  # cutoff.settle's rule
             role=str(spec.role),
             simulated=bool(result.simulated or spec.workload.simulated),
             result=result.to_dict(),
@@ -98,6 +105,7 @@ class OnDisk:
             job_id=self.job_id,
             started_at=self.started_at,
             ended_at=self.ended_at,
+            cut=self.cut,
         )
 
 
@@ -170,15 +178,30 @@ def judge(folder: Path) -> OnDisk:
     if outcome not in ("ok", "error"):
         return OnDisk(folder, spec, skipped=f"its exit marker says outcome {outcome!r}, neither 'ok' nor 'error'")
     job_id = str(exited.get("job_id") or "")
-    if outcome == "ok":
-        result = collect(folder, slurm_state=AttemptState.COMPLETED, exit_code=0, job_id=job_id or None)
+    cut = read_cut(folder)
+    if cut is not None and cut.get("token") not in (None, "", token):  # an older mark names no token
+        why = f"its {JobPaths.CUT} names launch {cut.get('token')!r}, not this job's {token!r}: another launch's mark"
+        return OnDisk(folder, spec, skipped=why)
+    if outcome == "ok":  # ended by itself (a cut launch too, when it ran to its end before the cancel came)
+        state, status = AttemptState.COMPLETED, 0
+    elif cut is not None:  # stopped by the sweep's own cancel (the SIGINT's exit status is no crash): as collected
+        state, status = AttemptState.CANCELLED, 0
     else:  # the job raised: a rank's non-zero exit (its status, when the marker records it)
-        status = code if isinstance(code, int) and code != 0 else 1
-        result = collect(folder, slurm_state=AttemptState.FAILED, exit_code=status, job_id=job_id or None)
-    why = _untrusted(paths, result, spec.window[1], ended_well=outcome == "ok", code=code)
+        state, status = AttemptState.FAILED, code if isinstance(code, int) and code != 0 else 1
+    result = collect(folder, slurm_state=state, exit_code=status, job_id=job_id or None)
+    asked = (cut_window(cut) or spec.window)[1]  # a cut launch's window is its cut's
+    why = _untrusted(paths, result, asked, ended_well=outcome == "ok" or cut is not None, code=code)
     if why:
         return OnDisk(folder, spec, skipped=why[:300])
-    return OnDisk(folder, spec, result, job_id=job_id, started_at=_at(started), ended_at=_at(exited))
+    return OnDisk(
+        folder,
+        spec,
+        result,
+        job_id=job_id,
+        started_at=_at(started),
+        ended_at=_at(exited),
+        cut=cut,
+    )
 
 
 def _untrusted(paths: JobPaths, result: JobResult, asked: int, *, ended_well: bool, code: Any) -> str:

@@ -58,6 +58,7 @@ class Trusted:
     job_id: str = ""
     started_at: float | None = None
     ended_at: float | None = None
+    cut: dict[str, Any] | None = None  # the sweep's mark that it cut the launch early (then a screen)
 
 
 @dataclass

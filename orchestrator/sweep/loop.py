@@ -442,12 +442,9 @@ class Driver:
         if a.id in self._cut_sent:
             return
         self._cut_sent.add(a.id)
-        why = (
-            f"cut early: median step {found.median_s:.4g}s over iterations {found.line.skip + 1}-{found.line.after}"
-            f" is above its line {found.line.step_s:.4g}s" + (" (marked before a restart)" if found.marked else "")
-        )
-        self.ledger.log_event(
-            self.name, cutoff.EVENT, why, candidate_id=c.id, data={"job_id": a.job_id, **found.line.to_dict()}
+        mark = {**found.line.to_dict(), "median_s": found.median_s}
+        why = cutoff.log(
+            self.ledger, self.name, c.id, a.job_id, mark, how="marked before a restart" if found.marked else ""
         )
         self.view.event(f"job {a.job_id} {why} ({Layout.from_dict(c.layout).short()})")
 
