@@ -87,6 +87,7 @@ class OnDisk:
             model=spec.model.name,
             hardware=spec.hardware.name,
             workload=spec.workload.name,
+            gpus=int(spec.stage.gpus),
             config_yaml=config_yaml,
             config_from=config_from,
             key=spec.candidate_key,

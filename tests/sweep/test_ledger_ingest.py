@@ -246,6 +246,35 @@ def test_a_failure_is_stored_only_when_its_folder_alone_proves_it(finished_sweep
     )
 
 
+def test_a_sweeps_folder_named_like_another_sweep_of_the_ledger_is_refused_and_nothing_written(
+    finished_sweep, ledger_url, capsys
+):
+    """Issue 45 item 1: the ledger holds a 1k sweep named `done`; the smoke sweep's folders (same name) are
+    another sweep: exit 2, one `error:` line naming what differs and a ledger of its own as the fix, and every
+    row of the ledger as it was. With that fix, the folders are ingested."""
+    from orchestrator.config import compose
+    from tests.ledger.test_ledger import job_result, make_items
+    from tests.sweeplib import ledger_rows, new_sweep
+
+    with Ledger.open(ledger_url, create=True) as led:  # a 1k sweep `done` with a measured candidate
+        new_sweep(led, "done", compose(["+stage=1k", "cluster=local"]))
+        (c,) = led.add_candidates("done", make_items(1))
+        a = led.new_attempt(c.id, job_dir="/runs/done/c/attempt-1", simulated=True, launch_token="done.1k")
+        led.evidence.record_result(a.id, job_result(12.0))
+    before = ledger_rows(ledger_url)
+    runs = finished_sweep / "runs" / "done"
+    rc, out, err = _ingest(capsys, runs, ledger_url)
+    assert rc == 2 and not out and len(err) == 1 and err[0].startswith("error: "), (out, err)
+    assert "of another sweep named done: stage smoke (not 1k)" in err[0] and "gpus 32 (not 1024)" in err[0], err
+    assert ledger_rows(ledger_url) == before
+    fix = err[0].rsplit("(", 1)[1].rstrip(")")  # the fix it names: a ledger of its own
+    assert fix.startswith("ledger.url=sqlite:///"), fix
+    own = fix.replace("sqlite:///", f"sqlite:///{finished_sweep}/", 1)  # in this test's folder, not the cwd
+    rc, out, err = _ingest(capsys, runs, own.split("=", 1)[1])
+    assert rc == 0 and not err and out[0].startswith("ingested "), (out, err)
+    assert ledger_rows(ledger_url) == before
+
+
 def _move_aside(tmp: Path) -> str:
     """The sweep's ledger moved out of the way (what the driver recorded, to compare with): its URL there."""
     kept = tmp / "before"
