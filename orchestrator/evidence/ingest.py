@@ -44,6 +44,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from orchestrator.core.errors import UserError
 from orchestrator.core.failures import TABLE, Failure, Retry, retried_by_default
 from orchestrator.core.paths import JobPaths
@@ -74,6 +76,7 @@ class OnDisk:
     ended_at: float | None = None
     skipped: str = ""
     cut: dict[str, Any] | None = None  # the sweep's mark that it cut this launch early (JobPaths.CUT)
+    launcher: str = ""  # the launcher kind that ran it (`launcher_of`), "" when the folder does not say
 
     def record(self) -> dict[str, Any]:
         """What the ledger stores of a trusted folder (orchestrator/ledger/ingest.py `Trusted`'s fields)."""
@@ -88,6 +91,7 @@ class OnDisk:
             hardware=spec.hardware.name,
             workload=spec.workload.name,
             gpus=int(spec.stage.gpus),
+            launcher=self.launcher,
             config_yaml=config_yaml,
             config_from=config_from,
             key=spec.candidate_key,
@@ -202,7 +206,38 @@ def judge(folder: Path) -> OnDisk:
         started_at=_at(started),
         ended_at=_at(exited),
         cut=cut,
+        launcher=launcher_of(spec, paths, exited, started),
     )
+
+
+def launcher_of(spec: JobSpec, paths: JobPaths, *records: dict[str, Any] | None) -> str:
+    """The launcher kind that ran the job, as its folder names it: the job's own start or exit record (written
+    by launch/task.RunInFolder, which its launcher tells), else the sweep's snapshot naming cluster.kind local
+    or slurm, else the local launcher's launch.json naming this launch; "" when none says (a snapshot's auto)."""
+    for rec in records:
+        if rec is not None and rec.get("launcher") in KINDS:
+            return str(rec["launcher"])
+    kind = _snapshot_kind(spec.sweep_config)
+    if kind:
+        return kind
+    launch = _read(paths.launch)
+    return "local" if launch is not None and launch.get("token") == spec.launch_token else ""
+
+
+KINDS = ("local", "slurm")  # the launcher kinds a sweep is bound to (orchestrator/launch: LocalLauncher, SlurmLauncher)
+
+
+def _snapshot_kind(config: str) -> str:
+    """cluster.kind of a config snapshot when it names a launcher (auto resolved elsewhere: "")."""
+    if not config:
+        return ""
+    try:
+        data = yaml.safe_load(config)
+    except yaml.YAMLError:  # an unreadable snapshot names no launcher
+        return ""
+    cluster = data.get("cluster") if isinstance(data, dict) else None
+    kind = cluster.get("kind") if isinstance(cluster, dict) else None
+    return str(kind) if kind in KINDS else ""
 
 
 def _untrusted(paths: JobPaths, result: JobResult, asked: int, *, ended_well: bool, code: Any) -> str:

@@ -16,8 +16,10 @@ is given. Idempotent: an attempt already recorded with a result or a failure is 
 twice adds nothing.
 
 One sweep per name: the folders of a name are refused (a LedgerError, before anything is written) when their
-stage, model, hardware, workload or GPU count differ from the ledger's sweep of that name, or from each
-other's (another sweep that happens to share the name: merged, its best would be named the ledger sweep's best).
+stage, model, hardware, workload, GPU count or launcher kind differ from the ledger's sweep of that name, or
+from each other's (another sweep that happens to share the name: merged, its best would be named the ledger
+sweep's best). A sweep is bound to the launcher kind its folders name (`Ledger.bind_launcher`): every job
+it rebuilds ran there, so `resume` never resolves cluster=auto again for it.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class Trusted:
     started_at: float | None = None
     ended_at: float | None = None
     gpus: int = 0  # the stage's GPU count (0: not known)
+    launcher: str = ""  # the launcher kind that ran it ("": the folder does not say)
     cut: dict[str, Any] | None = None  # the sweep's mark that it cut the launch early (then a screen)
 
 
@@ -167,6 +170,10 @@ def ingest(ledger: Ledger, found: Sequence[Trusted], *, source: str) -> Summary:
             out.finalists.append(name)
     for (name, key), ids in stored.items():
         _settle(ledger, name, key, ids)
+    for name in out.sweeps:  # every job it rebuilt ran on that launcher: the sweep is bound to it
+        kinds = {x.launcher for x in order if x.sweep == name and x.launcher}
+        if len(kinds) == 1 and ledger.get_sweep(name) is not None:
+            ledger.bind_launcher(name, kinds.pop())
     for name in out.sweeps:
         n = sum(1 for x in order if x.sweep == name and x.job_dir in out.ingested)
         if n:
@@ -199,6 +206,7 @@ def identity(item: Trusted) -> dict[str, Any]:
         hardware=item.hardware,
         workload=item.workload,
         gpus=item.gpus,
+        launcher=item.launcher,
     )
 
 
@@ -215,8 +223,8 @@ def _stored_gpus(config_yaml: str) -> int:
 
 def _same_sweep(ledger: Ledger, name: str, items: Sequence[Trusted], source: str) -> None:
     """A LedgerError (nothing written yet) when `items` are not all of one sweep: the ledger's sweep `name`,
-    else the first folder's. Fields one side does not know (no GPU count in a snapshot) are not
-    compared."""
+    else the first folder's. Fields one side does not know (no GPU count in a snapshot, an unbound launcher)
+    are not compared."""
     row = ledger.get_sweep(name)
     if row is not None:
         theirs = dict(
@@ -225,6 +233,7 @@ def _same_sweep(ledger: Ledger, name: str, items: Sequence[Trusted], source: str
             hardware=row.hardware,
             workload=row.workload,
             gpus=_stored_gpus(row.config_yaml),
+            launcher=str(row.provenance.get("launcher") or ""),
         )
         where = f"the ledger's sweep {name}"
     else:

@@ -275,6 +275,33 @@ def test_a_sweeps_folder_named_like_another_sweep_of_the_ledger_is_refused_and_n
     assert ledger_rows(ledger_url) == before
 
 
+def test_ingest_binds_the_sweep_to_the_launcher_its_folders_name(finished_sweep, tmp_path, capsys):
+    """Issue 45 item 3: the job's own records name the launcher that ran it (launch/task.RunInFolder); ingest
+    binds the rebuilt sweep to it, even where its config snapshot says cluster.kind auto. A folder that names
+    none (an older job: no launcher in its records, no launch.json, a snapshot's auto) leaves it unbound."""
+    src = _folders(finished_sweep / "runs" / "done")[0]
+    marks = [_read(JobPaths(src).started), _read(JobPaths(src).exited)]
+    assert [m.get("launcher") for m in marks] == ["local", "local"]
+    for name, older in (("named", False), ("older", True)):
+        dst = tmp_path / name / "done" / "c" / "attempt-1"
+        shutil.copytree(src, dst)
+        paths = JobPaths(dst)
+        spec = _read(paths.spec)
+        assert "kind: local" in spec["sweep_config"]
+        paths.spec.write_text(
+            json.dumps({**spec, "sweep_config": spec["sweep_config"].replace("kind: local", "kind: auto")})
+        )
+        if older:
+            for mark in (paths.started, paths.exited):
+                mark.write_text(json.dumps({k: v for k, v in _read(mark).items() if k != "launcher"}))
+            paths.launch.unlink()
+        url = _url(tmp_path / f"{name}.sqlite")
+        rc, out, err = _ingest(capsys, dst.parent.parent, url)
+        assert rc == 0 and not err and out[0].startswith("ingested 1 result(s)"), (out, err)
+        with Ledger.open(url, create=False) as led:
+            assert led.get_sweep("done").provenance.get("launcher") == (None if older else "local"), name
+
+
 def _move_aside(tmp: Path) -> str:
     """The sweep's ledger moved out of the way (what the driver recorded, to compare with): its URL there."""
     kept = tmp / "before"
