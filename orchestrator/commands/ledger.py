@@ -105,7 +105,8 @@ def ingest(folder: str, overrides: list[str]) -> int:
     from orchestrator.sweep.setup import check_name, root_from_yaml
 
     cfg = compose(overrides).cfg
-    folders = job_folders(folder)  # UserError: missing, no job folder, a link leading out
+    unreadable: list[tuple[Path, str]] = []  # folders the walk could not read: listed as skipped
+    folders = job_folders(folder, unreadable)  # UserError: missing, the filesystem's root, no job folder, a link out
     for f in folders:  # a sweep name names folders and ledger rows: an unsafe one is refused before any write
         with contextlib.suppress(OSError, ValueError, TypeError):
             name = JobSpec.load(JobPaths(f).spec).sweep
@@ -131,6 +132,7 @@ def ingest(folder: str, overrides: list[str]) -> int:
                 notes += verdicts(ledger, name, root_from_yaml(sweep.config_yaml)) if sweep is not None else []
             where = ledger.url
     skipped = [(str(x.folder), x.skipped) for x in judged if x.result is None] + out.skipped
+    skipped += [(str(path), why) for path, why in unreadable]
     sweeps = ", ".join(out.sweeps) or "-"
     print(
         f"ingested {out.counts()}, {len(out.present)} already present, {len(skipped)} skipped, "

@@ -130,31 +130,69 @@ def snapshot(spec: JobSpec) -> tuple[str, str]:
     return json.dumps(rebuilt, default=str, sort_keys=True), "its job.json's groups (other groups at their defaults)"
 
 
-def job_folders(root: str | os.PathLike[str]) -> list[Path]:
-    """The job folders (a `job.json` inside) at or under `root`, in path order. A UserError (nothing read further)
-    when `root` does not exist, is no folder, holds no job folder, or holds a link that leads out of it: a job
-    folder is read only where it lies under the folder it was named by."""
+# How deep a job folder lies under the folders `ledger ingest` is named: cluster.folder/<sweep>/<candidate>/attempt-<n>
+# (JobPaths.of_attempt; a finalist's parity-<n>/ and long-run folders lie beside attempt-<n>). Nothing deeper is read.
+DEPTH = 3
+
+
+def job_folders(root: str | os.PathLike[str], unreadable: list[tuple[Path, str]] | None = None) -> list[Path]:
+    """The job folders (a `job.json` inside) at `root` or up to DEPTH folders under it, in path order; a job
+    folder's own subfolders (checkpoints, submitit's) are not walked. A UserError (nothing read further) when
+    `root` does not exist, is no folder, is the filesystem's root, holds no job folder, or holds a link that
+    leads out of it: a job folder is read only where it lies under the folder it was named by. A folder that
+    cannot be read is appended to `unreadable` with why (it holds no job folder this command can read)."""
     given = Path(root).expanduser()
     fix = "name a sweep's job folder (cluster.folder/<sweep>) or one job folder"
-    if not given.exists():
-        raise UserError(f"{given} does not exist: {fix}")
+    try:
+        given.stat()
+    except FileNotFoundError:
+        raise UserError(f"{given} does not exist: {fix}") from None
+    except OSError as exc:
+        raise UserError(f"{given} cannot be read ({exc.strerror or exc}): {fix}") from None
     if not given.is_dir():
         raise UserError(f"{given} is not a folder: {fix}")
     top = given.resolve()
+    if top == Path(top.anchor):
+        raise UserError(f"{top} is the filesystem's root, not a sweep's job folders: {fix}")
+    skipped = unreadable if unreadable is not None else []
     found: list[Path] = []
-    for here, dirs, files in os.walk(top, followlinks=False):
-        base = Path(here)
-        dirs[:] = sorted(d for d in dirs if d != JobPaths.SUBMITIT)
-        for name in [*dirs, *files]:
-            path = base / name
-            if path.is_symlink() and not _inside(path.resolve(), top):
-                where = path.resolve()
-                raise UserError(f"{path} links to {where}, outside {top}: remove the link, or ingest {where} itself")
-        if JobPaths.SPEC in files:
-            found.append(base)
+    _visit(top, top, 0, found, skipped)
     if not found:
-        raise UserError(f"{top} holds no job folder (no {JobPaths.SPEC} in it or under it): name a sweep's job folder")
+        why = f" ({len(skipped)} folder(s) could not be read, e.g. {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+        raise UserError(
+            f"{top} holds no job folder (no {JobPaths.SPEC} in it or up to {DEPTH} folders under it){why}: {fix}"
+        )
     return found
+
+
+def _visit(folder: Path, top: Path, depth: int, found: list[Path], unreadable: list[tuple[Path, str]]) -> None:
+    """`job_folders`' walk of one folder: its links checked, a job folder recorded, others walked to DEPTH."""
+    try:
+        with os.scandir(folder) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError as exc:
+        unreadable.append((folder, f"cannot be read ({exc.strerror or exc})"))
+        return
+    subfolders: list[Path] = []
+    for entry in entries:
+        path = Path(entry.path)
+        try:
+            if entry.is_symlink():
+                where = path.resolve()
+                if not _inside(where, top):
+                    raise UserError(
+                        f"{path} links to {where}, outside {top}: remove the link, or ingest {where} itself"
+                    )
+            elif entry.is_dir(follow_symlinks=False) and entry.name != JobPaths.SUBMITIT:
+                subfolders.append(path)
+        except (OSError, RuntimeError) as exc:  # a link that cannot be followed (a loop, no permission)
+            unreadable.append((path, f"cannot be read ({getattr(exc, 'strerror', None) or exc})"))
+    if any(e.name == JobPaths.SPEC for e in entries):
+        found.append(folder)
+        return
+    if depth < DEPTH:
+        for sub in subfolders:
+            _visit(sub, top, depth + 1, found, unreadable)
 
 
 def judge(folder: Path) -> OnDisk:
@@ -193,7 +231,10 @@ def judge(folder: Path) -> OnDisk:
         state, status = AttemptState.CANCELLED, 0
     else:  # the job raised: a rank's non-zero exit (its status, when the marker records it)
         state, status = AttemptState.FAILED, code if isinstance(code, int) and code != 0 else 1
-    result = collect(folder, slurm_state=state, exit_code=status, job_id=job_id or None)
+    try:
+        result = collect(folder, slurm_state=state, exit_code=status, job_id=job_id or None)
+    except OSError as exc:  # a log or sidecar that cannot be read: nothing to judge it by
+        return OnDisk(folder, spec, skipped=f"its files cannot be read ({type(exc).__name__}: {exc})"[:300])
     asked = (cut_window(cut) or spec.window)[1]  # a cut launch's window is its cut's
     why = _untrusted(paths, result, asked, ended_well=outcome == "ok" or cut is not None, code=code)
     if why:

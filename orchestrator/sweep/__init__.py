@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+from sqlalchemy.engine import make_url
 
 from orchestrator.core import bounds
 from orchestrator.core.errors import UserError
+from orchestrator.core.paths import JobPaths
 from orchestrator.core.schema import ClusterConfig, RootConfig
+from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.ledger import Ledger, SweepRow
 from orchestrator.runspec import check_workload
 from orchestrator.sweep.loop import Driver, Options, Outcome
@@ -141,23 +146,69 @@ def run_sweep(
         return Driver(ledger, cfg, sweep, launcher, view, options).run()
 
 
-def stored_sweep(ledger: Ledger, name: str, folder: str = "") -> SweepRow:
+def stored_sweep(ledger: Ledger, name: str, current: RootConfig | None = None) -> SweepRow:
     """The sweep named `name`; a UserError naming the known ones when the ledger has none by that name (and,
-    with the job folders' root `folder`, how to rebuild its rows from them when its ledger was lost)."""
+    given the `current` config, how to rebuild its rows from its job folders when its ledger was lost)."""
     sweep = ledger.get_sweep(name)
     if sweep is None:
         known = [s.name for s in ledger.list_sweeps()][-10:]
         hint = f"; known: {', '.join(known)}" if known else ""
-        if folder:
-            hint += f"; if its ledger was lost: python -m orchestrator ledger ingest {folder}/{name}"
+        if current is not None:
+            hint += f"; {ingest_hint(name, current, ledger)}"
         raise UserError(f"no sweep named '{name}' in {ledger.url}{hint}")
     return sweep
+
+
+def open_stored(current: RootConfig, name: str) -> Ledger:
+    """The ledger of an existing sweep (`resume`, `cancel`); a SQLite ledger that is not there says how to
+    rebuild the sweep's rows from its job folders (`ingest_hint`) besides where it looked."""
+    try:
+        return open_ledger(current)
+    except LedgerError as exc:
+        path = _sqlite_path(current.ledger.url)
+        if path is None or path.exists():
+            raise
+        raise UserError(f"{exc}; {ingest_hint(name, current)}") from None
+
+
+def ingest_hint(name: str, current: RootConfig, ledger: Ledger | None = None) -> str:
+    """`ledger ingest` of the sweep's job folders, named where they are: `<cluster.folder>/<name>` holding a
+    job folder, cluster.folder being the command line's (or the default), that folder read beside a SQLite
+    ledger when it is relative, or another sweep's of this ledger; where none holds one, the hint says so
+    rather than name a folder that is not the sweep's."""
+    given = Path(current.cluster.folder).expanduser()
+    roots = [given]
+    path = _sqlite_path(current.ledger.url)
+    if path is not None and not given.is_absolute():
+        roots.append(path.expanduser().resolve().parent / given)
+    for other in ledger.list_sweeps() if ledger is not None else []:
+        try:
+            roots.append(Path(root_from_yaml(other.config_yaml).cluster.folder).expanduser())
+        except Exception:  # noqa: BLE001 - a snapshot that does not load names no folder
+            continue
+    for root in dict.fromkeys(r.resolve() for r in roots):
+        folder = root / name
+        if folder.is_dir() and next(folder.glob(f"*/*/{JobPaths.SPEC}"), None) is not None:
+            return f"if its ledger was lost: python -m orchestrator ledger ingest {folder} (same ledger.url)"
+    return (
+        f"if its ledger was lost: python -m orchestrator ledger ingest <the cluster.folder it ran with>/{name} "
+        f"(same ledger.url; no job folder of it in {given.resolve() / name})"
+    )
+
+
+def _sqlite_path(url: str) -> Path | None:
+    """The file a SQLite ledger URL names (None: another engine, or none)."""
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - a URL the ledger refuses itself, with its own message
+        return None
+    return Path(parsed.database) if parsed.get_backend_name() == "sqlite" and parsed.database else None
 
 
 def stored_config(ledger: Ledger, name: str, current: RootConfig, overrides: Sequence[str] = ()) -> RootConfig:
     """The config a sweep was created with; the ledger comes from the caller, and so does the cluster as its
     `overrides` (the command line) change it (`resumed_cluster`)."""
-    cfg = root_from_yaml(stored_sweep(ledger, name, str(current.cluster.folder)).config_yaml)
+    cfg = root_from_yaml(stored_sweep(ledger, name, current).config_yaml)
     cfg.ledger = current.ledger
     cfg.cluster = resumed_cluster(cfg.cluster, current.cluster, overrides)
     return cfg
@@ -210,7 +261,7 @@ def resume_sweep(
     line's, which change the stored cluster group: `resumed_cluster`)."""
     view = view or View()
     check_name(name, source="the sweep name")
-    with open_ledger(current) as ledger:
+    with open_stored(current, name) as ledger:
         cfg = stored_config(ledger, name, current, overrides)
         sweep = stored_sweep(ledger, name)
     cfg.sweep.name = name

@@ -376,10 +376,16 @@ def test_a_sweep_of_ooms_comes_back_failed_as_the_driver_recorded_it(tmp_path, m
                 assert len(led.attempts(c.id, roles=None)) == 1, c.key
 
 
-@pytest.mark.parametrize("bad", ["missing", "empty", "a file", "escaping link", "unsafe sweep name"])
+@pytest.mark.parametrize(
+    "bad", ["missing", "empty", "a file", "escaping link", "unsafe sweep name", "the filesystem's root", "too deep"]
+)
 def test_a_bad_folder_is_one_error_line_and_nothing_written(finished_sweep, tmp_path, capsys, bad):
     folder = tmp_path / "runs"
-    if bad == "empty":
+    if bad == "the filesystem's root":  # `ledger ingest /` walked every folder into a PermissionError traceback
+        folder = Path("/")
+    elif bad == "too deep":  # a job folder 4 folders down is in no sweep's tree (cluster.folder/sweep/c/attempt-n)
+        shutil.copytree(_folders(finished_sweep / "runs" / "done")[0], folder / "a" / "b" / "c" / "attempt-1")
+    elif bad == "empty":
         folder.mkdir()
     elif bad == "a file":
         folder.write_text("x")
@@ -397,7 +403,77 @@ def test_a_bad_folder_is_one_error_line_and_nothing_written(finished_sweep, tmp_
     assert not (tmp_path / "ledger.sqlite").exists()
     what = {"missing": "does not exist", "empty": "holds no job folder", "a file": "is not a folder"}
     what |= {"escaping link": "outside", "unsafe sweep name": "is not a safe name"}
+    what |= {"the filesystem's root": "is the filesystem's root", "too deep": "up to 3 folders under it"}
     assert what[bad] in err[0], err
+
+
+def test_a_folder_that_cannot_be_read_is_skipped_with_its_reason_never_a_traceback(
+    finished_sweep, tmp_path, monkeypatch, capsys
+):
+    """Issue 45 item 6: a link that cannot be followed (/proc/<pid>/cwd of another user's process: readlink is
+    EACCES, which Path.resolve raised) and a folder that cannot be listed are each one `skipped` line with the
+    reason; the readable job folder beside them is ingested. Root reads everything here, so the kernel's
+    refusals are stood in for by raising them where the walk asks."""
+    root = tmp_path / "runs"
+    shutil.copytree(_folders(finished_sweep / "runs" / "done")[0], root / "done" / "c" / "attempt-1")
+    (root / "proc").mkdir()
+    (root / "proc" / "cwd").symlink_to(root / "done")
+    (root / "locked").mkdir()
+    real_readlink, real_scandir = os.readlink, os.scandir
+
+    def readlink(path, *a, **kw):
+        if str(path).endswith("proc/cwd"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_readlink(path, *a, **kw)
+
+    def scandir(path="."):
+        if str(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "readlink", readlink)
+    monkeypatch.setattr(os, "scandir", scandir)
+    rc, out, err = _ingest(capsys, root, _url(tmp_path / "ledger.sqlite"))
+    assert rc == 0 and not err, err
+    assert out[0].startswith("ingested 1 result(s) (1 measured, 0 failed, 0 finalists' jobs), 0 already present, 2 "), (
+        out
+    )
+    skipped = sorted(ln for ln in out if ln.startswith("  skipped "))
+    assert skipped == [
+        f"  skipped {root.resolve() / 'locked'}: cannot be read (Permission denied)",
+        f"  skipped {root.resolve() / 'proc' / 'cwd'}: cannot be read (Permission denied)",
+    ], out
+
+
+def test_the_ingest_hint_names_the_folder_the_sweep_ran_in(finished_sweep, tmp_path, monkeypatch, capsys):
+    """Issue 45 item 6: `resume` of a sweep the ledger lacks (or on a ledger that is gone) names `ledger ingest`
+    with the sweep's real job folder, not ./runs/NAME of the current folder: the folder beside the SQLite
+    ledger, or another sweep's cluster.folder of that ledger; where none holds its job folders, it says so."""
+    from orchestrator.config import compose
+    from tests.sweeplib import new_sweep
+
+    monkeypatch.chdir(tmp_path)  # ./runs here holds nothing
+    runs = (finished_sweep / "runs").resolve()
+
+    def hint(*args: str) -> str:
+        assert main(["resume", "done", *args, "--plain"]) == 2
+        (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+        return line.split("if its ledger was lost: ", 1)[1]
+
+    gone = f"ledger.url=sqlite:///{finished_sweep}/ledger.sqlite"  # the sweep's own ledger, deleted
+    assert hint(gone) == f"python -m orchestrator ledger ingest {runs / 'done'} (same ledger.url)"
+    other = f"sqlite:///{tmp_path}/other.sqlite"  # a ledger that lost `done`, with a sweep of the same cluster.folder
+    with Ledger.open(other, create=True) as led:
+        new_sweep(led, "other", compose(["+stage=smoke", f"cluster.folder={runs}"]))
+    assert hint(f"ledger.url={other}") == f"python -m orchestrator ledger ingest {runs / 'done'} (same ledger.url)"
+    assert hint(f"ledger.url={other}", f"cluster.folder={runs}").startswith(
+        f"python -m orchestrator ledger ingest {runs / 'done'} "
+    )
+    nowhere = f"ledger.url=sqlite:///{tmp_path}/none.sqlite"
+    assert hint(nowhere) == (
+        "python -m orchestrator ledger ingest <the cluster.folder it ran with>/done (same ledger.url; no job "
+        f"folder of it in {tmp_path.resolve() / 'runs' / 'done'})"
+    )
 
 
 def test_resume_collects_a_result_on_disk_whose_attempt_row_lacks_it(tmp_path, monkeypatch, capsys):
