@@ -331,3 +331,21 @@ def _settled(runs: dict[str, list[str]]) -> dict[str, list[str]] | None:
     """sacct's answer once no listed job is live any more (accounting lags the end by a second or two)."""
     live = {s.split()[0] for s in AttemptState.LIVE}
     return runs if runs and not any(s[-1].split()[0] in live for s in runs.values()) else None
+
+
+def ledger_rows(url: str) -> dict[str, list[tuple]]:
+    """Every row of every ledger table, in primary-key order (the schema revision included): what "nothing
+    written" compares, on SQLite and PostgreSQL alike."""
+    from sqlalchemy import create_engine, select
+
+    from orchestrator.ledger import models
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as con:
+            return {
+                t.name: [tuple(r) for r in con.execute(select(t).order_by(*t.primary_key.columns))]
+                for t in models.Base.metadata.sorted_tables
+            } | {"alembic_version": [tuple(r) for r in con.exec_driver_sql("SELECT * FROM alembic_version")]}
+    finally:
+        engine.dispose()

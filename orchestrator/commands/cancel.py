@@ -19,14 +19,12 @@ def add_arguments(parser) -> None:
 
 
 def run(args, overrides) -> int:
-    from orchestrator.sweep import bound_launcher, open_ledger, stored_config, stored_sweep
+    from orchestrator.sweep import bound_launcher, open_stored, stored_config, stored_sweep
     from orchestrator.sweep.view import View
 
     current = compose(overrides).cfg
-    with open_ledger(current) as ledger:
-        cfg = stored_config(ledger, args.name, current)
-        if any(o.lstrip("+").startswith("cluster") for o in overrides):
-            cfg.cluster = current.cluster
+    with open_stored(current, args.name) as ledger:
+        cfg = stored_config(ledger, args.name, current, overrides)  # a cluster.* override keeps the stored kind
         # The launcher the jobs run on (waiting for a Slurm that does not answer; nothing is changed if it
         # never does), then the sweep's status first: a driver deciding a round right now submits nothing more,
         # and cancels whatever it launched meanwhile (sweep/loop.py _cancel_own_jobs).

@@ -99,12 +99,14 @@ def ingest(folder: str, overrides: list[str]) -> int:
     from orchestrator.ledger.errors import LedgerError
     from orchestrator.ledger.ingest import Summary, Trusted
     from orchestrator.ledger.ingest import ingest as store
+    from orchestrator.sweep import cutoff
     from orchestrator.sweep import open_ledger as open_for_writing
     from orchestrator.sweep.finalists import verdicts
     from orchestrator.sweep.setup import check_name, root_from_yaml
 
     cfg = compose(overrides).cfg
-    folders = job_folders(folder)  # UserError: missing, no job folder, a link leading out
+    unreadable: list[tuple[Path, str]] = []  # folders the walk could not read: listed as skipped
+    folders = job_folders(folder, unreadable)  # UserError: missing, the filesystem's root, no job folder, a link out
     for f in folders:  # a sweep name names folders and ledger rows: an unsafe one is refused before any write
         with contextlib.suppress(OSError, ValueError, TypeError):
             name = JobSpec.load(JobPaths(f).spec).sweep
@@ -121,11 +123,16 @@ def ingest(folder: str, overrides: list[str]) -> int:
     if ledger is not None:
         with ledger:
             out = store(ledger, found, source=str(Path(folder).expanduser().resolve()))
+            done = set(out.ingested)
+            for x in found:  # the cut's event, as the driver logged it (`status`, the search path read it)
+                if x.cut is not None and x.job_dir in done and (c := ledger.candidate_by_key(x.sweep, x.owner_key)):
+                    cutoff.log(ledger, x.sweep, c.id, x.job_id, x.cut, how="rebuilt from its job folder")
             for name in out.finalists:  # the verdicts the lost ledger held, from the attempts now back in it
                 sweep = ledger.get_sweep(name)
                 notes += verdicts(ledger, name, root_from_yaml(sweep.config_yaml)) if sweep is not None else []
             where = ledger.url
     skipped = [(str(x.folder), x.skipped) for x in judged if x.result is None] + out.skipped
+    skipped += [(str(path), why) for path, why in unreadable]
     sweeps = ", ".join(out.sweeps) or "-"
     print(
         f"ingested {out.counts()}, {len(out.present)} already present, {len(skipped)} skipped, "

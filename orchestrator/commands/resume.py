@@ -32,7 +32,6 @@ def run(args, overrides) -> int:
     from orchestrator.sweep.view import View
 
     composed = compose(overrides)
-    cluster_given = any(o.lstrip("+").startswith("cluster") for o in overrides)
     view = View(live=False) if args.plain else View()
-    outcome = resume_sweep(args.name, composed.cfg, cluster_given=cluster_given, options=options(args), view=view)
+    outcome = resume_sweep(args.name, composed.cfg, overrides=overrides, options=options(args), view=view)
     return report(outcome, args, composed.cfg, overrides)

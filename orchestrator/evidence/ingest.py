@@ -26,8 +26,14 @@ preemption, a node failure, the host's OOM killer), which Slurm's word would nam
 the same reason a failed job that received Slurm's early time-limit warning is skipped. Classes the sweep
 retries (NCCL_TIMEOUT, TIMEOUT, PREEMPTED, NODE_FAIL, LOST) are no verdict on the layout: `resume` measures
 it again, as the driver would have; CANCELLED and NO_OUTPUT rest on Slurm's word or on nothing. A rank probe's
-CRASH or NO_OUTPUT is PROBE_FAILED (collect, as the driver stores it), trusted under CRASH's rules. Nothing here
-writes the ledger: orchestrator/ledger/ingest.py stores what this finds.
+CRASH or NO_OUTPUT is PROBE_FAILED (collect, as the driver stores it), trusted under CRASH's rules.
+
+A launch the sweep cut early (its folder holds the cut's mark, JobPaths.CUT, written before the cancel:
+orchestrator/sweep/cutoff.py) is read as the driver read it: the result of the iterations its cut read (its
+window the cut's), the attempt a screen (cutoff.settle), and a job that raised after the mark stopped by the
+sweep's own cancel (CANCELLED, as its launcher reported it: the SIGINT's exit status, 130, is no crash;
+collect's `as_cut`). A mark naming another launch's token is another launch's evidence. Nothing here writes
+the ledger: orchestrator/ledger/ingest.py stores what this finds.
 """
 
 from __future__ import annotations
@@ -38,13 +44,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from orchestrator.core.errors import UserError
 from orchestrator.core.failures import TABLE, Failure, Retry, retried_by_default
 from orchestrator.core.paths import JobPaths
 from orchestrator.core.result import JobResult
 from orchestrator.core.spec import JobSpec
-from orchestrator.core.states import AttemptRole, AttemptState
-from orchestrator.evidence.collect import collect
+from orchestrator.core.states import AttemptRole, AttemptState, Fidelity
+from orchestrator.evidence.collect import collect, cut_window, read_cut
 
 # what a folder alone proves (the module's rules): INVALID_CONFIG, OOM, CRASH, and a probe's crash or silence
 # (PROBE_FAILED: what collect reads a rank probe's CRASH or NO_OUTPUT as, under CRASH's rules)
@@ -67,6 +75,8 @@ class OnDisk:
     started_at: float | None = None  # the job's own start record and exit marker (epoch seconds)
     ended_at: float | None = None
     skipped: str = ""
+    cut: dict[str, Any] | None = None  # the sweep's mark that it cut this launch early (JobPaths.CUT)
+    launcher: str = ""  # the launcher kind that ran it (`launcher_of`), "" when the folder does not say
 
     def record(self) -> dict[str, Any]:
         """What the ledger stores of a trusted folder (orchestrator/ledger/ingest.py `Trusted`'s fields)."""
@@ -80,6 +90,8 @@ class OnDisk:
             model=spec.model.name,
             hardware=spec.hardware.name,
             workload=spec.workload.name,
+            gpus=int(spec.stage.gpus),
+            launcher=self.launcher,
             config_yaml=config_yaml,
             config_from=config_from,
             key=spec.candidate_key,
@@ -90,7 +102,7 @@ class OnDisk:
             decision=spec.decision,
             attempt=int(spec.attempt),
             launch_token=spec.launch_token,
-            fidelity=str(spec.fidelity),
+            fidelity=str(Fidelity.SCREEN if self.cut is not None else spec.fidelity),  # cutoff.settle's rule
             role=str(spec.role),
             simulated=bool(result.simulated or spec.workload.simulated),
             result=result.to_dict(),
@@ -98,6 +110,7 @@ class OnDisk:
             job_id=self.job_id,
             started_at=self.started_at,
             ended_at=self.ended_at,
+            cut=self.cut,
         )
 
 
@@ -117,31 +130,69 @@ def snapshot(spec: JobSpec) -> tuple[str, str]:
     return json.dumps(rebuilt, default=str, sort_keys=True), "its job.json's groups (other groups at their defaults)"
 
 
-def job_folders(root: str | os.PathLike[str]) -> list[Path]:
-    """The job folders (a `job.json` inside) at or under `root`, in path order. A UserError (nothing read further)
-    when `root` does not exist, is no folder, holds no job folder, or holds a link that leads out of it: a job
-    folder is read only where it lies under the folder it was named by."""
+# How deep a job folder lies under the folders `ledger ingest` is named: cluster.folder/<sweep>/<candidate>/attempt-<n>
+# (JobPaths.of_attempt; a finalist's parity-<n>/ and long-run folders lie beside attempt-<n>). Nothing deeper is read.
+DEPTH = 3
+
+
+def job_folders(root: str | os.PathLike[str], unreadable: list[tuple[Path, str]] | None = None) -> list[Path]:
+    """The job folders (a `job.json` inside) at `root` or up to DEPTH folders under it, in path order; a job
+    folder's own subfolders (checkpoints, submitit's) are not walked. A UserError (nothing read further) when
+    `root` does not exist, is no folder, is the filesystem's root, holds no job folder, or holds a link that
+    leads out of it: a job folder is read only where it lies under the folder it was named by. A folder that
+    cannot be read is appended to `unreadable` with why (it holds no job folder this command can read)."""
     given = Path(root).expanduser()
     fix = "name a sweep's job folder (cluster.folder/<sweep>) or one job folder"
-    if not given.exists():
-        raise UserError(f"{given} does not exist: {fix}")
+    try:
+        given.stat()
+    except FileNotFoundError:
+        raise UserError(f"{given} does not exist: {fix}") from None
+    except OSError as exc:
+        raise UserError(f"{given} cannot be read ({exc.strerror or exc}): {fix}") from None
     if not given.is_dir():
         raise UserError(f"{given} is not a folder: {fix}")
     top = given.resolve()
+    if top == Path(top.anchor):
+        raise UserError(f"{top} is the filesystem's root, not a sweep's job folders: {fix}")
+    skipped = unreadable if unreadable is not None else []
     found: list[Path] = []
-    for here, dirs, files in os.walk(top, followlinks=False):
-        base = Path(here)
-        dirs[:] = sorted(d for d in dirs if d != JobPaths.SUBMITIT)
-        for name in [*dirs, *files]:
-            path = base / name
-            if path.is_symlink() and not _inside(path.resolve(), top):
-                where = path.resolve()
-                raise UserError(f"{path} links to {where}, outside {top}: remove the link, or ingest {where} itself")
-        if JobPaths.SPEC in files:
-            found.append(base)
+    _visit(top, top, 0, found, skipped)
     if not found:
-        raise UserError(f"{top} holds no job folder (no {JobPaths.SPEC} in it or under it): name a sweep's job folder")
+        why = f" ({len(skipped)} folder(s) could not be read, e.g. {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+        raise UserError(
+            f"{top} holds no job folder (no {JobPaths.SPEC} in it or up to {DEPTH} folders under it){why}: {fix}"
+        )
     return found
+
+
+def _visit(folder: Path, top: Path, depth: int, found: list[Path], unreadable: list[tuple[Path, str]]) -> None:
+    """`job_folders`' walk of one folder: its links checked, a job folder recorded, others walked to DEPTH."""
+    try:
+        with os.scandir(folder) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError as exc:
+        unreadable.append((folder, f"cannot be read ({exc.strerror or exc})"))
+        return
+    subfolders: list[Path] = []
+    for entry in entries:
+        path = Path(entry.path)
+        try:
+            if entry.is_symlink():
+                where = path.resolve()
+                if not _inside(where, top):
+                    raise UserError(
+                        f"{path} links to {where}, outside {top}: remove the link, or ingest {where} itself"
+                    )
+            elif entry.is_dir(follow_symlinks=False) and entry.name != JobPaths.SUBMITIT:
+                subfolders.append(path)
+        except (OSError, RuntimeError) as exc:  # a link that cannot be followed (a loop, no permission)
+            unreadable.append((path, f"cannot be read ({getattr(exc, 'strerror', None) or exc})"))
+    if any(e.name == JobPaths.SPEC for e in entries):
+        found.append(folder)
+        return
+    if depth < DEPTH:
+        for sub in subfolders:
+            _visit(sub, top, depth + 1, found, unreadable)
 
 
 def judge(folder: Path) -> OnDisk:
@@ -170,15 +221,64 @@ def judge(folder: Path) -> OnDisk:
     if outcome not in ("ok", "error"):
         return OnDisk(folder, spec, skipped=f"its exit marker says outcome {outcome!r}, neither 'ok' nor 'error'")
     job_id = str(exited.get("job_id") or "")
-    if outcome == "ok":
-        result = collect(folder, slurm_state=AttemptState.COMPLETED, exit_code=0, job_id=job_id or None)
+    cut = read_cut(folder)
+    if cut is not None and cut.get("token") not in (None, "", token):  # an older mark names no token
+        why = f"its {JobPaths.CUT} names launch {cut.get('token')!r}, not this job's {token!r}: another launch's mark"
+        return OnDisk(folder, spec, skipped=why)
+    if outcome == "ok":  # ended by itself (a cut launch too, when it ran to its end before the cancel came)
+        state, status = AttemptState.COMPLETED, 0
+    elif cut is not None:  # stopped by the sweep's own cancel (the SIGINT's exit status is no crash): as collected
+        state, status = AttemptState.CANCELLED, 0
     else:  # the job raised: a rank's non-zero exit (its status, when the marker records it)
-        status = code if isinstance(code, int) and code != 0 else 1
-        result = collect(folder, slurm_state=AttemptState.FAILED, exit_code=status, job_id=job_id or None)
-    why = _untrusted(paths, result, spec.window[1], ended_well=outcome == "ok", code=code)
+        state, status = AttemptState.FAILED, code if isinstance(code, int) and code != 0 else 1
+    try:
+        result = collect(folder, slurm_state=state, exit_code=status, job_id=job_id or None)
+    except OSError as exc:  # a log or sidecar that cannot be read: nothing to judge it by
+        return OnDisk(folder, spec, skipped=f"its files cannot be read ({type(exc).__name__}: {exc})"[:300])
+    asked = (cut_window(cut) or spec.window)[1]  # a cut launch's window is its cut's
+    why = _untrusted(paths, result, asked, ended_well=outcome == "ok" or cut is not None, code=code)
     if why:
         return OnDisk(folder, spec, skipped=why[:300])
-    return OnDisk(folder, spec, result, job_id=job_id, started_at=_at(started), ended_at=_at(exited))
+    return OnDisk(
+        folder,
+        spec,
+        result,
+        job_id=job_id,
+        started_at=_at(started),
+        ended_at=_at(exited),
+        cut=cut,
+        launcher=launcher_of(spec, paths, exited, started),
+    )
+
+
+def launcher_of(spec: JobSpec, paths: JobPaths, *records: dict[str, Any] | None) -> str:
+    """The launcher kind that ran the job, as its folder names it: the job's own start or exit record (written
+    by launch/task.RunInFolder, which its launcher tells), else the sweep's snapshot naming cluster.kind local
+    or slurm, else the local launcher's launch.json naming this launch; "" when none says (a snapshot's auto)."""
+    for rec in records:
+        if rec is not None and rec.get("launcher") in KINDS:
+            return str(rec["launcher"])
+    kind = _snapshot_kind(spec.sweep_config)
+    if kind:
+        return kind
+    launch = _read(paths.launch)
+    return "local" if launch is not None and launch.get("token") == spec.launch_token else ""
+
+
+KINDS = ("local", "slurm")  # the launcher kinds a sweep is bound to (orchestrator/launch: LocalLauncher, SlurmLauncher)
+
+
+def _snapshot_kind(config: str) -> str:
+    """cluster.kind of a config snapshot when it names a launcher (auto resolved elsewhere: "")."""
+    if not config:
+        return ""
+    try:
+        data = yaml.safe_load(config)
+    except yaml.YAMLError:  # an unreadable snapshot names no launcher
+        return ""
+    cluster = data.get("cluster") if isinstance(data, dict) else None
+    kind = cluster.get("kind") if isinstance(cluster, dict) else None
+    return str(kind) if kind in KINDS else ""
 
 
 def _untrusted(paths: JobPaths, result: JobResult, asked: int, *, ended_well: bool, code: Any) -> str:

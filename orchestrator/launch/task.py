@@ -33,8 +33,10 @@ class RunInFolder:
         folder: str,
         env: dict[str, str] | None = None,
         token: str = "",
+        launcher: str = "",
     ) -> None:
         self.fn, self.args, self.folder, self.env, self.token = fn, tuple(args), folder, dict(env or {}), token
+        self.launcher = launcher  # the launcher kind running it (local, slurm): the records name it for `ledger ingest`
 
     def _warned(self, signum: int, frame: Any) -> None:
         rank = os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0"))
@@ -62,8 +64,10 @@ class RunInFolder:
         return out
 
     def _mark(self, path: Any, **fields: Any) -> None:
-        """The job's own record, naming its launch (token) and job id: Slurm's, or the local launcher's
-        `pid:start` of submitit's controller (this task's parent, so alive to be read: core/proc.py)."""
+        """The job's own record, naming its launch (token), its job id (Slurm's, or the local launcher's `pid:start`
+        of submitit's controller: this task's parent, so alive to be read, core/proc.py) and the launcher kind that
+        ran it (what a sweep rebuilt from its folders is bound to)."""
         local = os.environ.get("SUBMITIT_LOCAL_JOB_ID", "")
         job_id = proc.identity(int(local)) if local.isdigit() else os.environ.get("SLURM_JOB_ID") or local
-        atomic_write(path, json.dumps({"token": self.token, "job_id": job_id, "at": time.time(), **fields}))
+        rec = {"token": self.token, "job_id": job_id, "at": time.time(), **fields}
+        atomic_write(path, json.dumps({**rec, "launcher": self.launcher} if self.launcher else rec))

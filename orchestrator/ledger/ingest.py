@@ -14,6 +14,12 @@ finalists' verdicts are the sweep's to record (orchestrator/sweep/finalists.py `
 calls). Which folders are trusted is orchestrator/evidence/ingest.py's rule; this module only stores what it
 is given. Idempotent: an attempt already recorded with a result or a failure is left alone, so ingesting
 twice adds nothing.
+
+One sweep per name: the folders of a name are refused (a LedgerError, before anything is written) when their
+stage, model, hardware, workload, GPU count or launcher kind differ from the ledger's sweep of that name, or
+from each other's (another sweep that happens to share the name: merged, its best would be named the ledger
+sweep's best). A sweep is bound to the launcher kind its folders name (`Ledger.bind_launcher`): every job
+it rebuilds ran there, so `resume` never resolves cluster=auto again for it.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import yaml
 
 from orchestrator.core.states import AttemptRole, CandidateStatus
 from orchestrator.ledger.errors import LedgerError
@@ -58,6 +66,9 @@ class Trusted:
     job_id: str = ""
     started_at: float | None = None
     ended_at: float | None = None
+    gpus: int = 0  # the stage's GPU count (0: not known)
+    launcher: str = ""  # the launcher kind that ran it ("": the folder does not say)
+    cut: dict[str, Any] | None = None  # the sweep's mark that it cut the launch early (then a screen)
 
 
 @dataclass
@@ -90,6 +101,7 @@ def ingest(ledger: Ledger, found: Sequence[Trusted], *, source: str) -> Summary:
                 f"sweep {name} is driven by {lease.holder} right now: its driver collects its own jobs; "
                 "ingest once it has stopped (or `resume` it)"
             )
+        _same_sweep(ledger, name, [x for x in order if x.sweep == name], source)
     stored: dict[tuple[str, str], set[int]] = {}  # (sweep, candidate key) -> its measure attempts stored now
     for item in order:
         name, ok = item.sweep, bool(item.result.get("ok"))
@@ -158,6 +170,10 @@ def ingest(ledger: Ledger, found: Sequence[Trusted], *, source: str) -> Summary:
             out.finalists.append(name)
     for (name, key), ids in stored.items():
         _settle(ledger, name, key, ids)
+    for name in out.sweeps:  # every job it rebuilt ran on that launcher: the sweep is bound to it
+        kinds = {x.launcher for x in order if x.sweep == name and x.launcher}
+        if len(kinds) == 1 and ledger.get_sweep(name) is not None:
+            ledger.bind_launcher(name, kinds.pop())
     for name in out.sweeps:
         n = sum(1 for x in order if x.sweep == name and x.job_dir in out.ingested)
         if n:
@@ -180,6 +196,56 @@ def _settle(ledger: Ledger, sweep: str, key: str, stored: set[int]) -> None:
         why = f"{last.failure_class or last.state}: ingested from its job folder ({(last.failure_detail or '')[:160]})"
     if cand.status != CandidateStatus.EXCLUDED and (cand.status != status or not cand.reason):
         ledger.set_candidate_status(cand.id, status, why)
+
+
+def identity(item: Trusted) -> dict[str, Any]:
+    """What makes a job folder one of a given sweep's (the checks of `_same_sweep`); 0 / "": not known."""
+    return dict(
+        stage=item.stage,
+        model=item.model,
+        hardware=item.hardware,
+        workload=item.workload,
+        gpus=item.gpus,
+        launcher=item.launcher,
+    )
+
+
+def _stored_gpus(config_yaml: str) -> int:
+    """stage.gpus of a stored config snapshot (0 when it does not say)."""
+    try:
+        data = yaml.safe_load(config_yaml or "")
+    except yaml.YAMLError:
+        return 0
+    stage = data.get("stage") if isinstance(data, dict) else None
+    gpus = stage.get("gpus") if isinstance(stage, dict) else None
+    return gpus if isinstance(gpus, int) else 0
+
+
+def _same_sweep(ledger: Ledger, name: str, items: Sequence[Trusted], source: str) -> None:
+    """A LedgerError (nothing written yet) when `items` are not all of one sweep: the ledger's sweep `name`,
+    else the first folder's. Fields one side does not know (no GPU count in a snapshot, an unbound launcher)
+    are not compared."""
+    row = ledger.get_sweep(name)
+    if row is not None:
+        theirs = dict(
+            stage=row.stage,
+            model=row.model,
+            hardware=row.hardware,
+            workload=row.workload,
+            gpus=_stored_gpus(row.config_yaml),
+            launcher=str(row.provenance.get("launcher") or ""),
+        )
+        where = f"the ledger's sweep {name}"
+    else:
+        theirs, where = identity(items[0]), f"the sweep {name} of {items[0].job_dir}"
+    for item in items:
+        ours = identity(item)
+        diff = [f"{k} {ours[k]} (not {theirs[k]})" for k in ours if ours[k] and theirs[k] and ours[k] != theirs[k]]
+        if diff:
+            raise LedgerError(
+                f"{item.job_dir} is of another sweep named {name}: {', '.join(diff)} differ from {where}; nothing "
+                f"was ingested: ingest {source} into a ledger of its own (ledger.url=sqlite:///{name}-rebuilt.sqlite)"
+            )
 
 
 def _sweep(ledger: Ledger, item: Trusted, source: str) -> None:

@@ -6,11 +6,18 @@ setup (names, stored config, promotion source).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import make_url
 
 from orchestrator.core import bounds
 from orchestrator.core.errors import UserError
-from orchestrator.core.schema import RootConfig
+from orchestrator.core.paths import JobPaths
+from orchestrator.core.schema import ClusterConfig, RootConfig
+from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.ledger import Ledger, SweepRow
 from orchestrator.runspec import check_workload
 from orchestrator.sweep.loop import Driver, Options, Outcome
@@ -49,17 +56,16 @@ def pick_launcher(cfg: RootConfig, view: View):
 
 
 def bound_launcher(ledger: Ledger, cfg: RootConfig, name: str, view: View, *, launcher=None):
-    """The launcher the sweep is bound to. The first time (no jobs yet) cluster.kind picks it (auto resolves
-    here, once) and the ledger stores the kind; later, `sweep`, `resume` and `cancel` get that kind again
-    whatever Slurm answers right now, waiting for it with a bounded backoff (launch.launcher_for). A
+    """The launcher the sweep is bound to. Until a job launched, cluster.kind picks it (auto resolves here);
+    the driver stores the kind as it launches the first job (`Driver._launch`, after the partition check), so a
+    launcher that refuses the sweep's jobs binds nothing. Once bound, `sweep`, `resume` and `cancel` get that
+    kind again whatever Slurm answers right now, waiting for it with a bounded backoff (launch.launcher_for). A
     cluster.kind naming the other launcher is refused: the sweep's job ids mean nothing there."""
     from orchestrator.launch.auto import launcher_for
 
     bound = ledger.get_sweep(name).provenance.get("launcher") or _legacy_kind(ledger, name)  # type: ignore[union-attr]
     if bound is None:
-        launcher = launcher or pick_launcher(cfg, view)
-        ledger.bind_launcher(name, launcher.kind)
-        return launcher
+        return launcher or pick_launcher(cfg, view)
     if cfg.cluster.kind not in ("auto", bound) or (launcher is not None and launcher.kind != bound):
         asked = launcher.kind if launcher is not None else cfg.cluster.kind
         raise UserError(
@@ -140,43 +146,124 @@ def run_sweep(
         return Driver(ledger, cfg, sweep, launcher, view, options).run()
 
 
-def stored_sweep(ledger: Ledger, name: str, folder: str = "") -> SweepRow:
+def stored_sweep(ledger: Ledger, name: str, current: RootConfig | None = None) -> SweepRow:
     """The sweep named `name`; a UserError naming the known ones when the ledger has none by that name (and,
-    with the job folders' root `folder`, how to rebuild its rows from them when its ledger was lost)."""
+    given the `current` config, how to rebuild its rows from its job folders when its ledger was lost)."""
     sweep = ledger.get_sweep(name)
     if sweep is None:
         known = [s.name for s in ledger.list_sweeps()][-10:]
         hint = f"; known: {', '.join(known)}" if known else ""
-        if folder:
-            hint += f"; if its ledger was lost: python -m orchestrator ledger ingest {folder}/{name}"
+        if current is not None:
+            hint += f"; {ingest_hint(name, current, ledger)}"
         raise UserError(f"no sweep named '{name}' in {ledger.url}{hint}")
     return sweep
 
 
-def stored_config(ledger: Ledger, name: str, current: RootConfig) -> RootConfig:
-    """The config a sweep was created with; the ledger (and cluster, if given now) come from the caller."""
-    cfg = root_from_yaml(stored_sweep(ledger, name, str(current.cluster.folder)).config_yaml)
+def open_stored(current: RootConfig, name: str) -> Ledger:
+    """The ledger of an existing sweep (`resume`, `cancel`); a SQLite ledger that is not there says how to
+    rebuild the sweep's rows from its job folders (`ingest_hint`) besides where it looked."""
+    try:
+        return open_ledger(current)
+    except LedgerError as exc:
+        path = _sqlite_path(current.ledger.url)
+        if path is None or path.exists():
+            raise
+        raise UserError(f"{exc}; {ingest_hint(name, current)}") from None
+
+
+def ingest_hint(name: str, current: RootConfig, ledger: Ledger | None = None) -> str:
+    """`ledger ingest` of the sweep's job folders, named where they are: `<cluster.folder>/<name>` holding a
+    job folder, cluster.folder being the command line's (or the default), that folder read beside a SQLite
+    ledger when it is relative, or another sweep's of this ledger; where none holds one, the hint says so
+    rather than name a folder that is not the sweep's."""
+    given = Path(current.cluster.folder).expanduser()
+    roots = [given]
+    path = _sqlite_path(current.ledger.url)
+    if path is not None and not given.is_absolute():
+        roots.append(path.expanduser().resolve().parent / given)
+    for other in ledger.list_sweeps() if ledger is not None else []:
+        try:
+            roots.append(Path(root_from_yaml(other.config_yaml).cluster.folder).expanduser())
+        except Exception:  # noqa: BLE001 - a snapshot that does not load names no folder
+            continue
+    for root in dict.fromkeys(r.resolve() for r in roots):
+        folder = root / name
+        if folder.is_dir() and next(folder.glob(f"*/*/{JobPaths.SPEC}"), None) is not None:
+            return f"if its ledger was lost: python -m orchestrator ledger ingest {folder} (same ledger.url)"
+    return (
+        f"if its ledger was lost: python -m orchestrator ledger ingest <the cluster.folder it ran with>/{name} "
+        f"(same ledger.url; no job folder of it in {given.resolve() / name})"
+    )
+
+
+def _sqlite_path(url: str) -> Path | None:
+    """The file a SQLite ledger URL names (None: another engine, or none)."""
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - a URL the ledger refuses itself, with its own message
+        return None
+    return Path(parsed.database) if parsed.get_backend_name() == "sqlite" and parsed.database else None
+
+
+def stored_config(ledger: Ledger, name: str, current: RootConfig, overrides: Sequence[str] = ()) -> RootConfig:
+    """The config a sweep was created with; the ledger comes from the caller, and so does the cluster as its
+    `overrides` (the command line) change it (`resumed_cluster`)."""
+    cfg = root_from_yaml(stored_sweep(ledger, name, current).config_yaml)
     cfg.ledger = current.ledger
+    cfg.cluster = resumed_cluster(cfg.cluster, current.cluster, overrides)
     return cfg
+
+
+def resumed_cluster(stored: ClusterConfig, current: ClusterConfig, overrides: Sequence[str]) -> ClusterConfig:
+    """The cluster group a stored sweep goes on with. `cluster=NAME` picks that group as composed now; each
+    `cluster.KEY=VALUE` changes that key alone of the group the sweep was stored with, so its kind stays the
+    stored one unless `cluster.kind` is given (today's default, auto, would pick Slurm for a sweep whose jobs
+    ran locally, when sinfo answers); no cluster override: the stored group."""
+    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides if "=" in o or o.startswith("~")]
+    if "cluster" in keys:
+        return current
+    out = copy.deepcopy(stored)
+    for key in keys:
+        if key.startswith("cluster."):
+            _copy_key(current, out, key.split(".")[1:])
+    return out
+
+
+def _copy_key(src: Any, dst: Any, path: list[str]) -> None:
+    """dst's value at `path` (attributes of the config dataclasses, keys of a mapping such as cluster.env) set
+    to src's (removed from a mapping where src has none: a `~` override)."""
+    for part in path[:-1]:
+        src, dst = _part(src, part), _part(dst, part)
+    leaf = path[-1]
+    if isinstance(dst, dict):
+        if isinstance(src, dict) and leaf in src:
+            dst[leaf] = copy.deepcopy(src[leaf])
+        else:
+            dst.pop(leaf, None)
+    elif hasattr(src, leaf):
+        setattr(dst, leaf, copy.deepcopy(getattr(src, leaf)))
+
+
+def _part(obj: Any, part: str) -> Any:
+    return obj[part] if isinstance(obj, dict) else getattr(obj, part)
 
 
 def resume_sweep(
     name: str,
     current: RootConfig,
     *,
-    cluster_given: bool,
+    overrides: Sequence[str] = (),
     options: Options | None = None,
     view: View | None = None,
     launcher=None,
 ) -> Outcome:
-    """Take the lease and continue a sweep from its stored config and ledger rows."""
+    """Take the lease and continue a sweep from its stored config and ledger rows (`overrides`: the command
+    line's, which change the stored cluster group: `resumed_cluster`)."""
     view = view or View()
     check_name(name, source="the sweep name")
-    with open_ledger(current) as ledger:
-        cfg = stored_config(ledger, name, current)
+    with open_stored(current, name) as ledger:
+        cfg = stored_config(ledger, name, current, overrides)
         sweep = stored_sweep(ledger, name)
-    if cluster_given:
-        cfg.cluster = current.cluster
     cfg.sweep.name = name
     out_of_range = bounds.violation(cfg)  # a sweep stored before its field had a range
     if out_of_range is not None:

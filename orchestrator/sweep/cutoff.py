@@ -53,7 +53,7 @@ def mark(a: AttemptRow, found: Check) -> None:
     assert found.median_s is not None
     warmup, measure = found.line.window  # the window collect reads the result over (evidence/collect.cut_window)
     body = {**found.line.to_dict(), "warmup_iters": warmup, "measure_iters": measure}
-    body.update(median_s=found.median_s, job_id=a.job_id)
+    body.update(median_s=found.median_s, job_id=a.job_id, token=a.launch_token)  # the launch it is of (ingest)
     atomic_write(JobPaths(a.job_dir).cut, json.dumps(body, indent=1))
 
 
@@ -63,6 +63,20 @@ def settle(ledger: Ledger, a: AttemptRow) -> AttemptRow:
     if a.job_dir and a.fidelity != Fidelity.SCREEN and read_cut(a.job_dir) is not None:
         return ledger.update_attempt(a.id, fidelity=Fidelity.SCREEN)
     return a
+
+
+def log(ledger: Ledger, sweep: str, candidate_id: int, job_id: str | None, mark: dict, *, how: str = "") -> str:
+    """The ledger's `cut` event of one cut launch, from its mark (the driver's as it cuts, `ledger ingest`'s
+    when it rebuilds the launch from its folder: one wording, one data shape); the message."""
+    line = CutLine.of({"cut": mark})
+    assert line is not None
+    median = float(mark.get("median_s") or 0.0)
+    why = (
+        f"cut early: median step {median:.4g}s over iterations {line.skip + 1}-{line.after}"
+        f" is above its line {line.step_s:.4g}s" + (f" ({how})" if how else "")
+    )
+    ledger.log_event(sweep, EVENT, why, candidate_id=candidate_id, data={"job_id": job_id, **line.to_dict()})
+    return why
 
 
 def cut_candidates(ledger: Ledger, sweep: str) -> set[int]:

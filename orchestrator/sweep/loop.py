@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.core.errors import UserError
 from orchestrator.core.failures import Failure
 from orchestrator.core.paths import JobPaths, folder_writes
 from orchestrator.core.schema import RootConfig
@@ -254,7 +255,6 @@ class Driver:
         intents = [a for a in self.ledger.live_attempts(self.name) if a.job_id is None and a.launch_token]
         if not intents:
             return
-        from orchestrator.core.errors import UserError
         from orchestrator.launch import LaunchError
 
         since = min(a.created_at for a in intents)
@@ -330,6 +330,9 @@ class Driver:
         resume = f"python -m orchestrator resume {self.name}"
         tasks = [launch_task(self.cfg, x.spec, exclude=x.exclude) for x in launches]
         self.launcher.check_fits(tasks)  # a job the partition can never run: refused before any intent
+        bound = self.ledger.bind_launcher(self.name, self.launcher.kind)  # once a job launches, never before
+        if bound != self.launcher.kind:  # bound_launcher refused it already; a second driver's binding
+            raise UserError(f"sweep '{self.name}' runs its jobs on {bound}, not {self.launcher.kind}: resume it")
         groups = self.launcher.arrays(tasks)
         for group in groups:  # each array's token goes into its tasks and their job.json (`ledger ingest` reads it)
             token = f"{self.name}.{secrets.token_hex(4)}"
@@ -442,12 +445,9 @@ class Driver:
         if a.id in self._cut_sent:
             return
         self._cut_sent.add(a.id)
-        why = (
-            f"cut early: median step {found.median_s:.4g}s over iterations {found.line.skip + 1}-{found.line.after}"
-            f" is above its line {found.line.step_s:.4g}s" + (" (marked before a restart)" if found.marked else "")
-        )
-        self.ledger.log_event(
-            self.name, cutoff.EVENT, why, candidate_id=c.id, data={"job_id": a.job_id, **found.line.to_dict()}
+        mark = {**found.line.to_dict(), "median_s": found.median_s}
+        why = cutoff.log(
+            self.ledger, self.name, c.id, a.job_id, mark, how="marked before a restart" if found.marked else ""
         )
         self.view.event(f"job {a.job_id} {why} ({Layout.from_dict(c.layout).short()})")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict
 
@@ -565,3 +566,34 @@ def test_ingest_stores_a_failure_as_the_driver_does_and_a_finalists_job_under_th
     out = ingest(ledger, [found(b, 1, "back.x", job_result(1.0), role="parity")], source="/runs/back")
     assert out.ingested == [] and "in no ledger row" in out.skipped[0][1]
     assert len(ledger.attempts(cand.id, roles=None)) == 2
+
+
+@pytest.mark.parametrize("field", ["stage", "model", "hardware", "workload", "gpus", "launcher"])
+def test_ingest_refuses_folders_of_another_sweep_of_the_same_name_and_writes_nothing(ledger, ledger_url, field):
+    """Issue 45 item 1: a folder whose stage, model, hardware, workload, GPU count or launcher differ from the
+    ledger's sweep of its name (or, with no such sweep yet, from the other folders of that name) is another
+    sweep: one LedgerError naming the field and a fix, and not a row written."""
+    from orchestrator.ledger.ingest import ingest
+    from tests.sweeplib import ledger_rows
+
+    a, b = make_items(2)
+    same = dict(gpus=1024, launcher="local", config_yaml="stage:\n  name: 1k\n  gpus: 1024\n")
+    other = {"stage": "smoke", "model": "tiny", "hardware": "gb200", "workload": "megatron", "gpus": 32}
+    other["launcher"] = "slurm"
+    first = trusted(a, "k0", 1, "k0.a", job_result(1.0), job_dir="/runs/k0/a/attempt-1", **same)
+    stranger = trusted(b, "k0", 1, "k0.b", job_result(0.03), job_dir="/elsewhere/k0/b/attempt-1", **same)
+    stranger = dataclasses.replace(stranger, **{field: other[field]})
+
+    with pytest.raises(LedgerError, match=rf"{field} {other[field]} \(not .*ledger.url=") as err:
+        ingest(ledger, [first, stranger], source="/runs/k0")  # no sweep k0 yet: the first folder's identity
+    assert "\n" not in str(err.value) and "/elsewhere/k0/b/attempt-1" in str(err.value)
+    assert ledger.get_sweep("k0") is None
+
+    out = ingest(ledger, [first], source="/runs/k0")
+    assert len(out.ingested) == 1 and ledger.get_sweep("k0").provenance["launcher"] == "local"
+    before = ledger_rows(ledger_url)
+    with pytest.raises(LedgerError, match=rf"{field} {other[field]} \(not .*the ledger's sweep k0"):
+        ingest(ledger, [stranger], source="/elsewhere/k0")
+    assert ledger_rows(ledger_url) == before  # not a row written
+    out = ingest(ledger, [dataclasses.replace(stranger, **{field: getattr(first, field)})], source="/runs/k0")
+    assert len(out.ingested) == 1  # the same folder, of this sweep, is stored

@@ -1,13 +1,15 @@
 """The early cut (stage.screen.cut*): a launch at scale whose first iterations are clearly slower than the sweep's
 best full-window step stops there and is kept as a screen of what it ran. The rule (schedule/fidelity.CutLine),
-the schedule writing it into decisions, collect reading a cut folder, the in-process sweep (the bench's) and the
-real driver cutting a running job on the local executor."""
+the schedule writing it into decisions, collect reading a cut folder, the in-process sweep (the bench's), the
+real driver cutting a running job on the local executor, and `ledger ingest` rebuilding such a sweep from its
+folders once its ledger is gone."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -21,9 +23,10 @@ from orchestrator.ledger.ledger import Ledger
 from orchestrator.schedule import fidelity
 from orchestrator.schedule.fidelity import CutLine
 from orchestrator.sweep import cutoff, observe
+from tests import sweeplib
 from tests.evidence.test_collect import make_spec
 from tests.search.test_policy_fidelity import _sweep
-from tests.sweeplib import cli, ledger_url, sweep_args
+from tests.sweeplib import cli, sweep_args
 
 STAGE = StageConfig(warmup_iters=300, measure_iters=50)
 
@@ -132,17 +135,30 @@ def test_an_in_process_sweep_cuts_slow_launches_and_never_reports_one(tmp_path):
         assert not any((c.decision or {}).get("cut") for c in led_off.candidates("mf"))
 
 
-def test_the_driver_cuts_a_running_job_that_is_over_its_line(tmp_path):
-    """The real loop on the local executor: jobs slow enough to be read while they run, a line a hair over the
-    best. Each cut job is cancelled once its first iterations are in (the `cut` event), kept as a screen of
-    them, never retried and never the best; the best is a full window."""
+@pytest.fixture(scope="module")
+def cut_sweep(tmp_path_factory) -> tuple[Path, str]:
+    """A sweep on the local executor whose slow launches the driver cuts while they run: its folder, and the URL
+    of its ledger moved aside (the sweep's own ledger.sqlite is gone: what the driver recorded, to compare with)."""
+    tmp = tmp_path_factory.mktemp("cut")
     # every iteration sleeps 1 s (time_scale large enough that each step sleeps max_sleep_s): a job the cut reads at
     # its 4th iteration runs 11 s more, however loaded the box (the driver polls every 0.3 s)
     slow = ["++workload.twin.time_scale=100000", "++workload.twin.max_sleep_s=1.0"]
     cut = ["++stage.screen.cut_margin=0.0001", "++stage.screen.cut_after=4", "++stage.screen.cut_warmup_iters=1"]
-    p = cli("sweep", *sweep_args(tmp_path, "cut", *slow, *cut, "policy.round0_size=1"), timeout=900)
+    p = cli("sweep", *sweep_args(tmp, "cut", *slow, *cut, "policy.round0_size=1"), timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
-    with Ledger.open(ledger_url(tmp_path)) as led:
+    kept = tmp / "recorded"
+    kept.mkdir()
+    for f in tmp.glob("ledger.sqlite*"):
+        f.rename(kept / f.name)
+    return tmp, f"sqlite:///{kept / 'ledger.sqlite'}"
+
+
+def test_the_driver_cuts_a_running_job_that_is_over_its_line(cut_sweep):
+    """The real loop on the local executor: jobs slow enough to be read while they run, a line a hair over the
+    best. Each cut job is cancelled once its first iterations are in (the `cut` event), kept as a screen of
+    them, never retried and never the best; the best is a full window."""
+    _, url = cut_sweep
+    with Ledger.open(url) as led:
         events = led.events("cut", kind=cutoff.EVENT)
         assert events, [e.message for e in led.events("cut")][-20:]
         best = observe.best_of(led, "cut")
@@ -159,15 +175,67 @@ def test_the_driver_cuts_a_running_job_that_is_over_its_line(tmp_path):
         measured = [m for m in led.evidence.measured(sweep="cut") if m.key == best["key"]]
         assert measured and measured[0].fidelity == Fidelity.FULL
         cut_keys = {c.key for c in led.candidates("cut") if c.id in {e.candidate_id for e in events}}
-    shown = cli("status", "cut", f"ledger.url={ledger_url(tmp_path)}", "--json")  # what `status` tells the user
+    shown = cli("status", "cut", f"ledger.url={url}", "--json")  # what `status` tells the user
     assert shown.returncode == 0, shown.stderr[-2000:]
     info = json.loads(shown.stdout)
     assert info["cut_early"] == len(events) and info["gpu_hours_by_fidelity"]["screen"] > 0
     assert {r["key"] for r in info["candidates"] if r["cut"]} == cut_keys
-    text = cli("status", "cut", f"ledger.url={ledger_url(tmp_path)}").stdout
+    text = cli("status", "cut", f"ledger.url={url}").stdout
     # the summary line, then each cut row of the jobs table and of the search path (outcome)
     assert f"cut early: {len(events)} launch(es)" in text and text.count("cut early") == 2 * len(events) + 1
     assert sum(r["outcome"] == "cut early" for r in info["search_path"]) == len(events)
+
+
+def _recorded(url: str, sweep: str) -> tuple[dict, set[str], str]:
+    """Per attempt (candidate key, attempt number): role, fidelity, the candidate's status, the attempt's state,
+    failure class, p50 and measured iterations; the keys of the launches cut early (`cut` events); the best."""
+    with Ledger.open(url, create=False) as led:
+        rows = {}
+        for c in led.candidates(sweep):
+            for a in led.attempts(c.id, roles=None):
+                res = led.evidence.result(a.id)
+                rows[(c.key, a.attempt_no)] = (
+                    a.role,
+                    a.fidelity,
+                    c.status,
+                    a.state,
+                    a.failure_class,
+                    res and res["step_p50_s"],
+                    res and res["measure_iters"],
+                )
+        cut = {c.key for c in led.candidates(sweep) if c.id in cutoff.cut_candidates(led, sweep)}
+        best = observe.best_of(led, sweep)
+    for (key, no), row in rows.items():
+        if key in cut and row[1] == Fidelity.SCREEN:
+            # a cut launch ended CANCELLED, or COMPLETED when it ran to its end before the cancel came (a race the
+            # driver's own record shows either way): the outcome compared, not which of the two
+            assert row[3] in ("CANCELLED", "COMPLETED"), (key, row)
+            rows[(key, no)] = (*row[:3], "cut", *row[4:])
+    return rows, cut, best["key"] if best else ""
+
+
+def test_ingest_after_the_ledger_is_deleted_rebuilds_every_result_of_a_sweep_with_cut_launches(cut_sweep, ledger_url):
+    """Issue 45 item 2 (must show): the ledger of a sweep whose driver cut launches early is gone; `ledger ingest`
+    of its job folder rebuilds every result the driver recorded, row by row: each cut launch a screen of the
+    iterations its cut read (never "partial", never a CRASH with exit code 130 from the cut's SIGINT), each
+    with its `cut` event, and the same best. Its folders alone are enough: the cut's mark names its launch."""
+    from orchestrator.cli import main
+
+    tmp, recorded = cut_sweep
+    was = _recorded(recorded, "cut")
+    assert was[1], "no launch was cut: nothing to show"
+    assert main(["ledger", "ingest", str(tmp / "runs" / "cut"), f"ledger.url={ledger_url}"]) == 0
+    now = _recorded(ledger_url, "cut")
+    assert now[0] == was[0]  # every attempt, row by row
+    assert now[1:] == was[1:]
+    cut_rows = [v for v in now[0].values() if v[3] == "cut"]  # each a screen of the 3 iterations its cut read
+    assert len(cut_rows) == len(was[1]) and all(v[4] is None and v[5] and v[6] == 3 for v in cut_rows)
+    folders = {p.parent for p in (tmp / "runs" / "cut").rglob("cut.json")}  # each mark names its own launch
+    assert len(folders) == len(was[1])
+    assert all(
+        json.loads((f / "cut.json").read_text())["token"] == json.loads((f / "job.json").read_text())["launch_token"]
+        for f in folders
+    )
 
 
 @pytest.mark.slurm
@@ -185,9 +253,9 @@ def test_on_slurm_a_cut_is_scancelled_and_a_driver_killed_before_its_cancel_canc
     assert killed.returncode == -9, killed.stderr[-3000:]
     marked = list((tmp_path / "runs").rglob("cut.json"))
     assert len(marked) == 1
-    resumed = cli("resume", "s-cut", f"ledger.url={ledger_url(tmp_path)}", "--plain", timeout=600)
+    resumed = cli("resume", "s-cut", f"ledger.url={sweeplib.ledger_url(tmp_path)}", "--plain", timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:] + resumed.stdout[-3000:]
-    with Ledger.open(ledger_url(tmp_path)) as led:
+    with Ledger.open(sweeplib.ledger_url(tmp_path)) as led:
         cands = led.candidates("s-cut")
         assert all(len(led.attempts(c.id)) == 1 for c in cands), "a candidate was launched twice"
         cut_atts = [a for c in cands for a in led.attempts(c.id) if a.fidelity == Fidelity.SCREEN]

@@ -8,6 +8,7 @@ whose attempt row lacks it (re-attachment reads the job's own exit marker)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -241,6 +242,62 @@ def test_a_failure_is_stored_only_when_its_folder_alone_proves_it(finished_sweep
     )
 
 
+def test_a_sweeps_folder_named_like_another_sweep_of_the_ledger_is_refused_and_nothing_written(
+    finished_sweep, ledger_url, capsys
+):
+    """Issue 45 item 1: the ledger holds a 1k sweep named `done`; the smoke sweep's folders (same name) are
+    another sweep: exit 2, one `error:` line naming what differs and a ledger of its own as the fix, and every
+    row of the ledger as it was. With that fix, the folders are ingested."""
+    from orchestrator.config import compose
+    from tests.ledger.test_ledger import job_result, make_items
+    from tests.sweeplib import ledger_rows, new_sweep
+
+    with Ledger.open(ledger_url, create=True) as led:  # a 1k sweep `done` with a measured candidate
+        new_sweep(led, "done", compose(["+stage=1k", "cluster=local"]))
+        (c,) = led.add_candidates("done", make_items(1))
+        a = led.new_attempt(c.id, job_dir="/runs/done/c/attempt-1", simulated=True, launch_token="done.1k")
+        led.evidence.record_result(a.id, job_result(12.0))
+    before = ledger_rows(ledger_url)
+    runs = finished_sweep / "runs" / "done"
+    rc, out, err = _ingest(capsys, runs, ledger_url)
+    assert rc == 2 and not out and len(err) == 1 and err[0].startswith("error: "), (out, err)
+    assert "of another sweep named done: stage smoke (not 1k)" in err[0] and "gpus 32 (not 1024)" in err[0], err
+    assert ledger_rows(ledger_url) == before
+    fix = err[0].rsplit("(", 1)[1].rstrip(")")  # the fix it names: a ledger of its own
+    assert fix.startswith("ledger.url=sqlite:///"), fix
+    own = fix.replace("sqlite:///", f"sqlite:///{finished_sweep}/", 1)  # in this test's folder, not the cwd
+    rc, out, err = _ingest(capsys, runs, own.split("=", 1)[1])
+    assert rc == 0 and not err and out[0].startswith("ingested "), (out, err)
+    assert ledger_rows(ledger_url) == before
+
+
+def test_ingest_binds_the_sweep_to_the_launcher_its_folders_name(finished_sweep, tmp_path, capsys):
+    """Issue 45 item 3: the job's own records name the launcher that ran it (launch/task.RunInFolder); ingest
+    binds the rebuilt sweep to it, even where its config snapshot says cluster.kind auto. A folder that names
+    none (an older job: no launcher in its records, no launch.json, a snapshot's auto) leaves it unbound."""
+    src = _folders(finished_sweep / "runs" / "done")[0]
+    marks = [_read(JobPaths(src).started), _read(JobPaths(src).exited)]
+    assert [m.get("launcher") for m in marks] == ["local", "local"]
+    for name, older in (("named", False), ("older", True)):
+        dst = tmp_path / name / "done" / "c" / "attempt-1"
+        shutil.copytree(src, dst)
+        paths = JobPaths(dst)
+        spec = _read(paths.spec)
+        assert "kind: local" in spec["sweep_config"]
+        paths.spec.write_text(
+            json.dumps({**spec, "sweep_config": spec["sweep_config"].replace("kind: local", "kind: auto")})
+        )
+        if older:
+            for mark in (paths.started, paths.exited):
+                mark.write_text(json.dumps({k: v for k, v in _read(mark).items() if k != "launcher"}))
+            paths.launch.unlink()
+        url = _url(tmp_path / f"{name}.sqlite")
+        rc, out, err = _ingest(capsys, dst.parent.parent, url)
+        assert rc == 0 and not err and out[0].startswith("ingested 1 result(s)"), (out, err)
+        with Ledger.open(url, create=False) as led:
+            assert led.get_sweep("done").provenance.get("launcher") == (None if older else "local"), name
+
+
 def _move_aside(tmp: Path) -> str:
     """The sweep's ledger moved out of the way (what the driver recorded, to compare with): its URL there."""
     kept = tmp / "before"
@@ -315,10 +372,16 @@ def test_a_sweep_of_ooms_comes_back_failed_as_the_driver_recorded_it(tmp_path, m
                 assert len(led.attempts(c.id, roles=None)) == 1, c.key
 
 
-@pytest.mark.parametrize("bad", ["missing", "empty", "a file", "escaping link", "unsafe sweep name"])
+@pytest.mark.parametrize(
+    "bad", ["missing", "empty", "a file", "escaping link", "unsafe sweep name", "the filesystem's root", "too deep"]
+)
 def test_a_bad_folder_is_one_error_line_and_nothing_written(finished_sweep, tmp_path, capsys, bad):
     folder = tmp_path / "runs"
-    if bad == "empty":
+    if bad == "the filesystem's root":  # `ledger ingest /` walked every folder into a PermissionError traceback
+        folder = Path("/")
+    elif bad == "too deep":  # a job folder 4 folders down is in no sweep's tree (cluster.folder/sweep/c/attempt-n)
+        shutil.copytree(_folders(finished_sweep / "runs" / "done")[0], folder / "a" / "b" / "c" / "attempt-1")
+    elif bad == "empty":
         folder.mkdir()
     elif bad == "a file":
         folder.write_text("x")
@@ -336,7 +399,77 @@ def test_a_bad_folder_is_one_error_line_and_nothing_written(finished_sweep, tmp_
     assert not (tmp_path / "ledger.sqlite").exists()
     what = {"missing": "does not exist", "empty": "holds no job folder", "a file": "is not a folder"}
     what |= {"escaping link": "outside", "unsafe sweep name": "is not a safe name"}
+    what |= {"the filesystem's root": "is the filesystem's root", "too deep": "up to 3 folders under it"}
     assert what[bad] in err[0], err
+
+
+def test_a_folder_that_cannot_be_read_is_skipped_with_its_reason_never_a_traceback(
+    finished_sweep, tmp_path, monkeypatch, capsys
+):
+    """Issue 45 item 6: a link that cannot be followed (/proc/<pid>/cwd of another user's process: readlink is
+    EACCES, which Path.resolve raised) and a folder that cannot be listed are each one `skipped` line with the
+    reason; the readable job folder beside them is ingested. Root reads everything here, so the kernel's
+    refusals are stood in for by raising them where the walk asks."""
+    root = tmp_path / "runs"
+    shutil.copytree(_folders(finished_sweep / "runs" / "done")[0], root / "done" / "c" / "attempt-1")
+    (root / "proc").mkdir()
+    (root / "proc" / "cwd").symlink_to(root / "done")
+    (root / "locked").mkdir()
+    real_readlink, real_scandir = os.readlink, os.scandir
+
+    def readlink(path, *a, **kw):
+        if str(path).endswith("proc/cwd"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_readlink(path, *a, **kw)
+
+    def scandir(path="."):
+        if str(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "readlink", readlink)
+    monkeypatch.setattr(os, "scandir", scandir)
+    rc, out, err = _ingest(capsys, root, _url(tmp_path / "ledger.sqlite"))
+    assert rc == 0 and not err, err
+    assert out[0].startswith("ingested 1 result(s) (1 measured, 0 failed, 0 finalists' jobs), 0 already present, 2 "), (
+        out
+    )
+    skipped = sorted(ln for ln in out if ln.startswith("  skipped "))
+    assert skipped == [
+        f"  skipped {root.resolve() / 'locked'}: cannot be read (Permission denied)",
+        f"  skipped {root.resolve() / 'proc' / 'cwd'}: cannot be read (Permission denied)",
+    ], out
+
+
+def test_the_ingest_hint_names_the_folder_the_sweep_ran_in(finished_sweep, tmp_path, monkeypatch, capsys):
+    """Issue 45 item 6: `resume` of a sweep the ledger lacks (or on a ledger that is gone) names `ledger ingest`
+    with the sweep's real job folder, not ./runs/NAME of the current folder: the folder beside the SQLite
+    ledger, or another sweep's cluster.folder of that ledger; where none holds its job folders, it says so."""
+    from orchestrator.config import compose
+    from tests.sweeplib import new_sweep
+
+    monkeypatch.chdir(tmp_path)  # ./runs here holds nothing
+    runs = (finished_sweep / "runs").resolve()
+
+    def hint(*args: str) -> str:
+        assert main(["resume", "done", *args, "--plain"]) == 2
+        (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+        return line.split("if its ledger was lost: ", 1)[1]
+
+    gone = f"ledger.url=sqlite:///{finished_sweep}/ledger.sqlite"  # the sweep's own ledger, deleted
+    assert hint(gone) == f"python -m orchestrator ledger ingest {runs / 'done'} (same ledger.url)"
+    other = f"sqlite:///{tmp_path}/other.sqlite"  # a ledger that lost `done`, with a sweep of the same cluster.folder
+    with Ledger.open(other, create=True) as led:
+        new_sweep(led, "other", compose(["+stage=smoke", f"cluster.folder={runs}"]))
+    assert hint(f"ledger.url={other}") == f"python -m orchestrator ledger ingest {runs / 'done'} (same ledger.url)"
+    assert hint(f"ledger.url={other}", f"cluster.folder={runs}").startswith(
+        f"python -m orchestrator ledger ingest {runs / 'done'} "
+    )
+    nowhere = f"ledger.url=sqlite:///{tmp_path}/none.sqlite"
+    assert hint(nowhere) == (
+        "python -m orchestrator ledger ingest <the cluster.folder it ran with>/done (same ledger.url; no job "
+        f"folder of it in {tmp_path.resolve() / 'runs' / 'done'})"
+    )
 
 
 def test_resume_collects_a_result_on_disk_whose_attempt_row_lacks_it(tmp_path, monkeypatch, capsys):

@@ -204,7 +204,9 @@ class LocalLauncher(Launcher):
             # cluster.env is set inside the job, not by shell setup lines: without a shell in between,
             # cancel()'s SIGINT reaches submitit's controller, which stops the tasks.
             with _sigint_for_jobs():
-                job = executor.submit(RunInFolder(t.fn, t.args, t.folder, env=dict(self.cluster.env), token=t.token))
+                job = executor.submit(
+                    RunInFolder(t.fn, t.args, t.folder, env=dict(self.cluster.env), token=t.token, launcher=self.kind)
+                )
             jid = proc.identity(int(job.job_id))  # our child, not yet reaped: its pid is still its own
             self._jobs[jid], self._folders[jid] = job, t.folder
             self._timeout_s[jid], self._start[jid] = 60.0 * time_min, _now()

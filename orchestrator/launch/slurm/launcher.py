@@ -289,7 +289,9 @@ class SlurmLauncher(Launcher):
             with executor.batch():
                 jobs = [
                     [
-                        executor.submit(RunInFolder(t.fn, t.args, t.folder, env=alone_env(t, k), token=t.token))
+                        executor.submit(
+                            RunInFolder(t.fn, t.args, t.folder, env=alone_env(t, k), token=t.token, launcher=self.kind)
+                        )
                         for k in range(max(1, t.alone))
                     ]
                     for t in tasks
