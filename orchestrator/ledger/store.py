@@ -27,7 +27,7 @@ from sqlalchemy.exc import DatabaseError, DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from orchestrator.ledger import models as m
-from orchestrator.ledger.engine import mask, scrub, write_engine
+from orchestrator.ledger.engine import mask, scrub, sqlite_path, write_engine
 from orchestrator.ledger.errors import LedgerError
 
 
@@ -144,10 +144,10 @@ def find_attempt(s: Session, attempt_id: int, *, lock: bool = False) -> m.Attemp
 
 def _file_identity(engine: Engine) -> tuple[str, tuple[int, int]] | None:
     """The SQLite file an engine names and its (device, inode) now; None for PostgreSQL or no file yet."""
-    db = engine.url.database
-    if engine.dialect.name != "sqlite" or not db or db == ":memory:":
+    db = sqlite_path(engine.url)  # the file sqlite3 opens, whatever form the URL takes (a file: URI too)
+    if db is None:
         return None
-    found = _identity(db)
+    found = _identity(str(db))
     return None if found is None else (os.path.abspath(db), found)
 
 

@@ -77,3 +77,20 @@ def test_status_on_a_corrupt_ledger_is_one_error_line(tmp_path, damage):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-2000:]
     assert str(path) in lines[0], lines[0]
+
+
+def test_a_file_uri_ledger_is_the_file_it_names_and_is_watched_as_that_file(tmp_path, monkeypatch):
+    """`sqlite:///file:PATH?uri=true` opens PATH: its migration lock lands beside it (not under a folder named
+    `file:`), and deleting PATH stops the next write as for a plain URL (the file checks read the resolved path)."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "ledger.sqlite"
+    with Ledger.open(f"sqlite:///file:{path}?uri=true&cache=private") as led:
+        _sweep(led, "a")
+        assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("ledger.sqlite-")) == [
+            "ledger.sqlite",
+            "ledger.sqlite.migrate-lock",
+        ]
+        for f in tmp_path.glob("ledger.sqlite*"):
+            f.unlink()
+        with pytest.raises(LedgerError, match="was deleted while this process used it"):
+            _sweep(led, "b")
