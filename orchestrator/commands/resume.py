@@ -6,7 +6,7 @@ orchestrator watched, resubmits retryable failures, then carries on with the rou
 
 from __future__ import annotations
 
-from orchestrator.commands.sweep import options, report
+from orchestrator.commands.sweep import options, report, resume_command
 from orchestrator.config import compose
 
 NAME = "resume"
@@ -34,5 +34,12 @@ def run(args, overrides) -> int:
     composed = compose(overrides)
     cluster_given = any(o.lstrip("+").startswith("cluster") for o in overrides)
     view = View(live=False) if args.plain else View()
-    outcome = resume_sweep(args.name, composed.cfg, cluster_given=cluster_given, options=options(args), view=view)
+    outcome = resume_sweep(
+        args.name,
+        composed.cfg,
+        cluster_given=cluster_given,
+        options=options(args),
+        view=view,
+        again=resume_command(args.name, overrides),
+    )
     return report(outcome, args, composed.cfg, overrides)

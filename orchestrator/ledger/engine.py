@@ -249,6 +249,43 @@ def scrub(message: str, url: URL) -> str:
     return redact(message, known=known)
 
 
+LOCKED, CONNECTION, FULL, NO_SCHEMA = "locked", "connection", "full", "no schema"
+_PG_LOCKED = ("55P03", "57014")  # lock_not_available (lock_timeout), query_canceled (statement_timeout)
+_PG_CONNECTION = ("57P01", "57P02", "57P03")  # the server shut the session down, or is starting / stopping
+
+
+def failure_kind(exc: DBAPIError) -> str:
+    """What a driver error says happened, so the line that stops a process names its real cause: LOCKED (a lock
+    held past the wait: SQLite's busy timeout, PostgreSQL's lock or statement timeout), CONNECTION (the server
+    connection lost or refused), FULL (no room for the database), NO_SCHEMA (the ledger's tables are gone), or
+    '' for anything else. Read from the driver's error code (sqlite3's name, PostgreSQL's SQLSTATE), its text
+    where it has no code."""
+    orig = exc.orig
+    name = str(getattr(orig, "sqlite_errorname", "") or "")
+    state = str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
+    said = str(orig if orig is not None else exc).lower()
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or state in _PG_LOCKED or "database is locked" in said:
+        return LOCKED
+    if name.startswith("SQLITE_FULL") or state == "53100" or "disk is full" in said:
+        return FULL
+    if "no such table" in said or state == "42P01":
+        return NO_SCHEMA
+    from_psycopg = type(orig).__module__.split(".")[0] in ("psycopg", "psycopg2")
+    if (
+        exc.connection_invalidated
+        or state.startswith("08")
+        or state in _PG_CONNECTION
+        or (from_psycopg and not state and type(orig).__name__ in ("OperationalError", "InterfaceError"))
+    ):
+        return CONNECTION
+    return ""
+
+
+def first_line(exc: DBAPIError, url: URL) -> str:
+    """The driver's own first line of an error, any secret it quotes masked."""
+    return scrub(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc), url)
+
+
 def make_engine(
     url: str | URL, *, echo: bool = False, busy_timeout_ms: int = 30000, lock_timeout_ms: int | None = None
 ) -> Engine:

@@ -21,13 +21,23 @@ from typing import Any, Self
 from sqlalchemy import Engine, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import DatabaseError, DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from orchestrator.ledger import models as m
-from orchestrator.ledger.engine import mask, scrub, sqlite_path, write_engine
-from orchestrator.ledger.errors import LedgerError
-from orchestrator.ledger.watch import FileWatch
+from orchestrator.ledger.engine import (
+    CONNECTION,
+    FULL,
+    LOCKED,
+    NO_SCHEMA,
+    failure_kind,
+    first_line,
+    mask,
+    sqlite_path,
+    write_engine,
+)
+from orchestrator.ledger.errors import LedgerError, LedgerStopped
+from orchestrator.ledger.watch import FileWatch, lock_holders
 
 
 class Store:
@@ -81,10 +91,9 @@ class Store:
         if self._watch is not None:
             self._watch.check()
             self._watch.noted_wal()
-        try:
-            revision = s.execute(text("SELECT version_num FROM alembic_version")).scalar()
-        except DBAPIError:
-            raise LedgerError(f"the ledger at {self.url} lost its schema while in use: stopping") from None
+        # a lock held past the wait or a lost connection fails here first: `_guard` names it (it read "lost its
+        # schema" once, inviting a `db upgrade` on a fresh file)
+        revision = s.execute(text("SELECT version_num FROM alembic_version")).scalar()
         if self._revision is None:
             self._revision = revision
         elif revision != self._revision:
@@ -98,15 +107,48 @@ class Store:
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
-        """Driver errors (server gone, disk full, lock timeout, a corrupt file) become one LedgerError, password
-        masked. A constraint violation stays itself: its caller reads the winner of the race."""
+        """Driver errors become one LedgerError naming the real cause, password masked: a lock held past the wait
+        (who holds it, when it can be told), a lost connection, a full disk (LedgerStopped: the same work goes on
+        once the cause is gone), a schema gone, or the driver's own words (a corrupt file). A constraint violation
+        stays itself: its caller reads the winner of the race."""
         try:
             yield
         except IntegrityError:
             raise
-        except DatabaseError as exc:
-            detail = scrub(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc), self.engine.url)
-            raise LedgerError(f"ledger {self.url}: {detail}") from exc
+        except DBAPIError as exc:
+            raise self._stopped(exc) from exc
+
+    def _stopped(self, exc: DBAPIError) -> LedgerError:
+        kind, detail = failure_kind(exc), first_line(exc, self.engine.url)
+        path = self._watch.path if self._watch is not None else None
+        if kind == LOCKED and path is not None:
+            who = ", ".join(lock_holders(path)) or (
+                "another process (a `sqlite3` shell or a backup inside a transaction, another orchestrator)"
+            )
+            return LedgerStopped(
+                f"the ledger {path} is locked: {who} held its write lock longer than ledger.busy_timeout_ms",
+                "end that transaction (or that process), or raise ledger.busy_timeout_ms",
+            )
+        if kind == LOCKED:
+            return LedgerStopped(
+                f"the ledger at {self.url} is locked: another session held a lock longer than the lock timeout "
+                f"({detail})",
+                "end that session (pg_stat_activity names it)",
+            )
+        if kind == CONNECTION:
+            return LedgerStopped(
+                f"the connection to the ledger at {self.url} was lost ({detail}); nothing of this transaction was "
+                "written",
+                "once the server answers again (`python -m orchestrator db current` connects)",
+            )
+        if kind == FULL:
+            return LedgerStopped(
+                f"no space left for the ledger {path or self.url} ({detail})",
+                "free space on its disk (or point ledger.url at another one)",
+            )
+        if kind == NO_SCHEMA:
+            return LedgerError(f"the ledger at {self.url} lost its schema while in use ({detail}): stopping")
+        return LedgerError(f"ledger {self.url}: {detail}")
 
     def insert(self, model: Any) -> Any:
         return (pg_insert if self.dialect == "postgresql" else sqlite_insert)(model)

@@ -33,6 +33,7 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
+from orchestrator.core.redact import redact
 from orchestrator.ledger.errors import LedgerError
 
 MAGIC = b"SQLite format 3\x00"
@@ -181,6 +182,52 @@ class FileWatch:
         last close reads no frame and writes none into the file (SQLite stops at the first short read)."""
         with contextlib.suppress(OSError):
             os.truncate(self.path + "-wal", 0)
+
+
+# SQLite's POSIX lock bytes: in WAL mode a writer holds byte 120 of the -shm file (the write lock; 121 and 122:
+# checkpoint, recovery); in rollback mode the lock bytes of the database file from 2**30 (pending, reserved,
+# shared: https://www.sqlite.org/lockingv3.html).
+WAL_LOCKS = range(120, 123)
+DB_LOCKS = range(2**30, 2**30 + 512)
+
+
+def lock_holders(path: str) -> list[str]:
+    """Who holds the write lock of the SQLite file at `path`, as the kernel lists it (/proc/locks: Linux):
+    'pid 123 (sqlite3 ledger.sqlite)' each, the command line masked; [] where that cannot be told."""
+    targets: dict[tuple[int, int], range] = {}
+    for suffix, span in (("-shm", WAL_LOCKS), ("", DB_LOCKS)):
+        found = identity(path + suffix)
+        if found is not None:
+            targets[found] = span
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return []
+    pids: list[int] = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 8 or parts[1] == "->" or parts[1] != "POSIX" or parts[3] != "WRITE":
+            continue
+        try:
+            major, minor, inode = parts[5].split(":")
+            key = (os.makedev(int(major, 16), int(minor, 16)), int(inode))
+            start, end = int(parts[6]), (2**63 if parts[7] == "EOF" else int(parts[7]))
+            pid = int(parts[4])
+        except ValueError:
+            continue
+        lock = targets.get(key)
+        if lock is not None and start <= lock[-1] and end >= lock[0] and pid not in pids:
+            pids.append(pid)
+    return [f"pid {pid} ({_command(pid)})" if pid != os.getpid() else f"this process (pid {pid})" for pid in pids]
+
+
+def _command(pid: int) -> str:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "gone"
+    text = " ".join(a.decode(errors="replace") for a in argv if a)
+    return redact(text if len(text) <= 80 else text[:77] + "...")
 
 
 def identity(path: str) -> tuple[int, int] | None:

@@ -6,11 +6,15 @@ setup (names, stored config, promotion source).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import signal
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from orchestrator.core import bounds
-from orchestrator.core.errors import UserError
+from orchestrator.core.errors import DiskFull, Interrupted, UserError
+from orchestrator.core.paths import disk_full
 from orchestrator.core.schema import RootConfig
+from orchestrator.ledger.errors import LedgerStopped
 from orchestrator.ledger.ledger import Ledger, SweepRow
 from orchestrator.runspec import check_workload
 from orchestrator.sweep.loop import Driver, Options, Outcome
@@ -22,6 +26,7 @@ __all__ = [
     "Options",
     "Outcome",
     "bound_launcher",
+    "carry_on",
     "open_ledger",
     "pick_launcher",
     "resume_sweep",
@@ -107,9 +112,11 @@ def run_sweep(
     view: View | None = None,
     launcher=None,
     preface: Sequence[str] = (),
+    again: str = "",
 ) -> Outcome:
     """Create the sweep (or continue the one with this name) and drive it to its end. `preface`: the lines said
-    first, once the ledger is open (the price before the spend, orchestrator/sweep/preview.py)."""
+    first, once the ledger is open (the price before the spend, orchestrator/sweep/preview.py). `again`: the
+    command that continues it after a stop from outside (`carry_on`); by default its plain `resume NAME`."""
     if cfg.stage is None:
         raise UserError("no stage given: add +stage=NAME (e.g. +stage=1k)")
     view = view or View()
@@ -135,9 +142,33 @@ def run_sweep(
             f"workload {cfg.workload.name}{' SIMULATED' if cfg.workload.simulated else ''}) "
             f"ledger {ledger.url}"
         )
-        preflight_gate(ledger, cfg, name, skip=bool(options and options.skip_preflight), view=view)
-        launcher = bound_launcher(ledger, cfg, name, view, launcher=launcher)
-        return Driver(ledger, cfg, sweep, launcher, view, options).run()
+        with carry_on(again or f"`python -m orchestrator resume {name}`"):
+            preflight_gate(ledger, cfg, name, skip=bool(options and options.skip_preflight), view=view)
+            launcher = bound_launcher(ledger, cfg, name, view, launcher=launcher)
+            return Driver(ledger, cfg, sweep, launcher, view, options).run()
+
+
+@contextmanager
+def carry_on(again: str) -> Iterator[None]:
+    """A sweep stopped from outside says how it goes on: a signal (SIGINT, SIGTERM), a ledger locked past its
+    wait or out of reach (LedgerStopped), a full disk anywhere (an OSError from whichever write met it first:
+    a job folder, a result, a cut's mark). Its jobs keep running, and `again` (`python -m orchestrator resume
+    NAME` with the ledger it was given) continues it; the CLI prints the one line. Only once the sweep exists:
+    before that, running the command again is what to do."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        raise Interrupted(signum, f"the sweep's jobs keep running; {again} continues it") from None
+    except OSError as exc:
+        full = disk_full(exc)
+        if full is None:
+            raise
+        full.again = again
+        raise full from None
+    except (DiskFull, LedgerStopped) as exc:
+        exc.again = again
+        raise
 
 
 def stored_sweep(ledger: Ledger, name: str, folder: str = "") -> SweepRow:
@@ -168,6 +199,7 @@ def resume_sweep(
     options: Options | None = None,
     view: View | None = None,
     launcher=None,
+    again: str = "",
 ) -> Outcome:
     """Take the lease and continue a sweep from its stored config and ledger rows."""
     view = view or View()
@@ -181,4 +213,4 @@ def resume_sweep(
     out_of_range = bounds.violation(cfg)  # a sweep stored before its field had a range
     if out_of_range is not None:
         raise UserError(f"sweep {name} was stored with {out_of_range.message()}: start a new sweep with a fixed value")
-    return run_sweep(cfg, sweep.config_yaml, options=options, view=view, launcher=launcher)
+    return run_sweep(cfg, sweep.config_yaml, options=options, view=view, launcher=launcher, again=again)
