@@ -40,6 +40,6 @@ def run(args, overrides) -> int:
         cluster_given=cluster_given,
         options=options(args),
         view=view,
-        again=resume_command(args.name, overrides),
+        resume=lambda name: resume_command(name, overrides),
     )
     return report(outcome, args, composed.cfg, overrides)

@@ -92,8 +92,9 @@ def _ledger_args(overrides) -> str:
 
 
 def resume_command(name: str, overrides) -> str:
-    """What continues sweep `name` after a stop from outside (a signal, a locked ledger, a full disk), with the
-    ledger overrides it was given: said in the stop's one line."""
+    """The command that continues sweep `name`, with the ledger overrides this command was given: said after a
+    stop from outside (a signal, a locked ledger, a full disk) and by a new sweep's warning about another sweep
+    of its stage."""
     return f"`python -m orchestrator resume {name}{_ledger_args(overrides)}`"
 
 
@@ -191,6 +192,12 @@ def run(args, overrides) -> int:
         print("dry run: nothing launched, nothing written (drop --dry-run to run the sweep)")
         return 0
     view = View(live=False) if args.plain else View()
-    again = resume_command(default_name(cfg), overrides)
-    outcome = run_sweep(composed.cfg, composed.to_yaml(), options=options(args), view=view, preface=price, again=again)
+    outcome = run_sweep(
+        composed.cfg,
+        composed.to_yaml(),
+        options=options(args),
+        view=view,
+        preface=price,
+        resume=lambda name: resume_command(name, overrides),
+    )
     return report(outcome, args, cfg, overrides)

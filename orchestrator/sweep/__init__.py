@@ -7,7 +7,7 @@ setup (names, stored config, promotion source).
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from orchestrator.core import bounds
@@ -18,6 +18,7 @@ from orchestrator.ledger.errors import LedgerStopped
 from orchestrator.ledger.ledger import Ledger, SweepRow
 from orchestrator.runspec import check_workload
 from orchestrator.sweep.loop import Driver, Options, Outcome
+from orchestrator.sweep.preview import same_stage
 from orchestrator.sweep.setup import check_name, default_name, preflight_gate, provenance, root_from_yaml
 from orchestrator.sweep.view import View
 
@@ -32,6 +33,11 @@ __all__ = [
     "resume_sweep",
     "run_sweep",
 ]
+
+
+def plain_resume(name: str) -> str:
+    """The command that continues sweep `name` (a command adds the ledger overrides it was given)."""
+    return f"`python -m orchestrator resume {name}`"
 
 
 def open_ledger(cfg: RootConfig, *, create: bool = False) -> Ledger:
@@ -112,11 +118,12 @@ def run_sweep(
     view: View | None = None,
     launcher=None,
     preface: Sequence[str] = (),
-    again: str = "",
+    resume: Callable[[str], str] = plain_resume,
 ) -> Outcome:
     """Create the sweep (or continue the one with this name) and drive it to its end. `preface`: the lines said
-    first, once the ledger is open (the price before the spend, orchestrator/sweep/preview.py). `again`: the
-    command that continues it after a stop from outside (`carry_on`); by default its plain `resume NAME`."""
+    first, once the ledger is open (the price before the spend, orchestrator/sweep/preview.py), and for a new
+    sweep what another sweep of its stage already spent (`preview.same_stage`). `resume(name)`: the command that
+    continues a sweep, with the ledger it was given (after a stop from outside: `carry_on`)."""
     if cfg.stage is None:
         raise UserError("no stage given: add +stage=NAME (e.g. +stage=1k)")
     view = view or View()
@@ -126,6 +133,8 @@ def run_sweep(
         for line in preface:
             view.event(line)
         if ledger.get_sweep(name) is None:  # a new sweep: one the cluster can never run is refused unwritten
+            for line in same_stage(ledger, cfg, name, resume):
+                view.event(line)
             launcher = launcher or pick_launcher(cfg, view)
             launcher.check_fits([stage_task(cfg)])
         sweep = ledger.create_or_get_sweep(
@@ -142,7 +151,7 @@ def run_sweep(
             f"workload {cfg.workload.name}{' SIMULATED' if cfg.workload.simulated else ''}) "
             f"ledger {ledger.url}"
         )
-        with carry_on(again or f"`python -m orchestrator resume {name}`"):
+        with carry_on(resume(name)):
             preflight_gate(ledger, cfg, name, skip=bool(options and options.skip_preflight), view=view)
             launcher = bound_launcher(ledger, cfg, name, view, launcher=launcher)
             return Driver(ledger, cfg, sweep, launcher, view, options).run()
@@ -199,7 +208,7 @@ def resume_sweep(
     options: Options | None = None,
     view: View | None = None,
     launcher=None,
-    again: str = "",
+    resume: Callable[[str], str] = plain_resume,
 ) -> Outcome:
     """Take the lease and continue a sweep from its stored config and ledger rows."""
     view = view or View()
@@ -213,4 +222,4 @@ def resume_sweep(
     out_of_range = bounds.violation(cfg)  # a sweep stored before its field had a range
     if out_of_range is not None:
         raise UserError(f"sweep {name} was stored with {out_of_range.message()}: start a new sweep with a fixed value")
-    return run_sweep(cfg, sweep.config_yaml, options=options, view=view, launcher=launcher, again=again)
+    return run_sweep(cfg, sweep.config_yaml, options=options, view=view, launcher=launcher, resume=resume)
