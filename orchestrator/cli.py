@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from typing import NoReturn
 
 from orchestrator.config import ConfigError, redact
+from orchestrator.core.errors import Interrupted
+from orchestrator.core.paths import disk_full
 
 # Order = order in --help. Add a module here when you add a subcommand.
 COMMANDS = [
@@ -71,13 +74,33 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     overrides = list(getattr(args, "overrides", [])) + extra
+    before = _on_sigterm()
     try:
         return int(handlers[args.command].run(args, overrides) or 0)
     except Exception as exc:  # noqa: BLE001 - only user-facing errors are swallowed
-        if isinstance(exc, ConfigError) or getattr(exc, "user_facing", False):
-            print(f"error: {redact(str(exc), overrides)}", file=sys.stderr)
+        user = exc if isinstance(exc, ConfigError) or getattr(exc, "user_facing", False) else disk_full(exc)
+        if user is not None:  # a full disk anywhere is one line too (a sweep's says `resume NAME`: carry_on)
+            print(f"error: {redact(str(user), overrides)}", file=sys.stderr)
             return 2
         raise
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (_on_sigterm): what stopped, and how to go on
+        stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
+        print(redact(str(stop), overrides), file=sys.stderr)
+        return 128 + stop.signum
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
+
+
+def _on_sigterm():
+    """SIGTERM (kill, systemd, Slurm ending the driver's job) stops a command as Ctrl-C does, so its cleanup runs
+    and it says what stopped it; the default action ended the driver at once, exit 143, without a word. Returns
+    the handler it replaced (None: not the main thread, where Python takes no handler)."""
+
+    def stop(signum, _frame) -> NoReturn:
+        raise Interrupted(signum)
+
+    try:
+        return signal.signal(signal.SIGTERM, stop)
+    except ValueError:
+        return None

@@ -5,8 +5,6 @@ A fresh SQLite file is upgraded on first use anyway; a PostgreSQL ledger changes
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from orchestrator.commands._shared import split_verb
 from orchestrator.config import compose
 
@@ -29,8 +27,8 @@ def run(args, overrides) -> int:
         return 0
     cfg = compose(overrides).cfg.ledger
     url = E.parse_url(cfg.url)
-    on_disk = url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:")
-    if verb == "current" and on_disk and not Path(str(url.database)).exists():
+    target = E.sqlite_target(url)  # a file: URI names its file after the scheme
+    if verb == "current" and target and not target.problem and target.path and not target.path.exists():
         print(f"ledger {E.mask(url)}: no file yet (`sweep` or `db upgrade` creates it)")
         return 0
     E.sqlite_file(url, create=verb == "upgrade", create_dir=cfg.create_dir)

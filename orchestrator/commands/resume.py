@@ -6,7 +6,7 @@ orchestrator watched, resubmits retryable failures, then carries on with the rou
 
 from __future__ import annotations
 
-from orchestrator.commands.sweep import options, report
+from orchestrator.commands.sweep import options, report, resume_command
 from orchestrator.config import compose
 
 NAME = "resume"
@@ -33,5 +33,12 @@ def run(args, overrides) -> int:
 
     composed = compose(overrides)
     view = View(live=False) if args.plain else View()
-    outcome = resume_sweep(args.name, composed.cfg, overrides=overrides, options=options(args), view=view)
+    outcome = resume_sweep(
+        args.name,
+        composed.cfg,
+        overrides=overrides,
+        options=options(args),
+        view=view,
+        resume=lambda name: resume_command(name, overrides),
+    )
     return report(outcome, args, composed.cfg, overrides)

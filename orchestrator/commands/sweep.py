@@ -91,6 +91,13 @@ def _ledger_args(overrides) -> str:
     return "".join(" " + shlex.quote(redact(o, overrides)) for o in keep)
 
 
+def resume_command(name: str, overrides) -> str:
+    """The command that continues sweep `name`, with the ledger overrides this command was given: said after a
+    stop from outside (a signal, a locked ledger, a full disk) and by a new sweep's warning about another sweep
+    of its stage."""
+    return f"`python -m orchestrator resume {name}{_ledger_args(overrides)}`"
+
+
 def next_steps(outcome, cfg, overrides) -> dict[str, str]:
     """What to do after a sweep: the command that prints the best layout's Megatron flags, the report
     command, and where the job folders are (the best attempt's, else the configured cluster.folder)."""
@@ -185,5 +192,12 @@ def run(args, overrides) -> int:
         print("dry run: nothing launched, nothing written (drop --dry-run to run the sweep)")
         return 0
     view = View(live=False) if args.plain else View()
-    outcome = run_sweep(composed.cfg, composed.to_yaml(), options=options(args), view=view, preface=price)
+    outcome = run_sweep(
+        composed.cfg,
+        composed.to_yaml(),
+        options=options(args),
+        view=view,
+        preface=price,
+        resume=lambda name: resume_command(name, overrides),
+    )
     return report(outcome, args, cfg, overrides)

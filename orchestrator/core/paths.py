@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.core.errors import UserError
+from orchestrator.core.errors import DiskFull
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)")
 _UNSAFE = re.compile(r"[^A-Za-z0-9=+.-]+")  # no ":" (container mounts, PATH-like lists split on it)
@@ -265,21 +265,34 @@ def _fsync_dir(folder: Path) -> None:
 
 
 # A write that fails because of the file system, not the code: one error line naming the folder, no traceback.
-_FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded", errno.EROFS: "read-only"}
+_FULL = {
+    errno.ENOSPC: ("no space left on {where}", "free space there"),
+    errno.EDQUOT: ("the disk quota is exceeded on {where}", "free space there or raise the quota"),
+    errno.EROFS: ("{where} is on a read-only file system", "mount it read-write"),
+}
+
+
+def disk_full(exc: BaseException, *, folder: str | os.PathLike[str] = "", fix: str = "") -> DiskFull | None:
+    """The one line for a write the file system refused for want of room (a full disk, a quota, a read-only
+    mount), wherever it happened (a job folder, a result, a report, an export); None for any other error. Where:
+    the folder of the file being written (`exc.filename`), else `folder`. `fix`: a further way out."""
+    if not isinstance(exc, OSError) or exc.errno not in _FULL:
+        return None
+    where = Path(exc.filename).parent if exc.filename else Path(folder or ".").resolve()
+    what, how = _FULL[exc.errno]
+    return DiskFull(what.format(where=where) + f" ({exc.strerror})", how + (f" ({fix})" if fix else ""))
 
 
 @contextlib.contextmanager
 def folder_writes(folder: str | os.PathLike[str], resume: str) -> Iterator[None]:
-    """Writes under a job folder: a full disk (or quota, a read-only mount) is a UserError naming the folder
-    and the fix (free space, then `resume`), instead of an OSError traceback. Nothing is lost: the ledger's
-    launch intents let `resume` adopt or relaunch whatever was or was not submitted."""
+    """Writes under a job folder: a full disk (or quota, a read-only mount) is a DiskFull naming the folder and
+    the fix (free space, then `resume`), instead of an OSError traceback. Nothing is lost: the ledger's launch
+    intents let `resume` adopt or relaunch whatever was or was not submitted."""
     try:
         yield
     except OSError as exc:
-        if exc.errno not in _FULL:
+        full = disk_full(exc, folder=folder, fix="or set cluster.folder elsewhere")
+        if full is None:
             raise
-        where = Path(exc.filename).parent if exc.filename else Path(folder)
-        raise UserError(
-            f"cannot write under the job folder {where}: {_FULL[exc.errno]} ({exc.strerror}); free space there "
-            f"(or set cluster.folder elsewhere), then `{resume}`"
-        ) from None
+        full.again = f"`{resume}`"
+        raise full from None

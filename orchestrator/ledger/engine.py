@@ -11,11 +11,13 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, unquote
 
 from alembic import command
 from alembic.config import Config
@@ -76,24 +78,136 @@ def mask(url: str | URL) -> str:
         return "<invalid ledger URL>"
 
 
+@dataclass(frozen=True)
+class SqliteTarget:
+    """What sqlite3 opens for a URL, as SQLAlchemy hands it over: the file (None: an in-memory database) and, when
+    it can hold no ledger, why, in words that end with the fix ('' for a plain read-write file)."""
+
+    path: Path | None
+    problem: str = ""
+
+
+# pysqlite's own arguments (SQLAlchemy passes them to sqlite3.connect, never to SQLite): every other query
+# parameter is a SQLite URI parameter (https://www.sqlite.org/uri.html), read only with uri=true.
+_PYSQLITE_ARGS = ("uri", "timeout", "isolation_level", "detect_types", "check_same_thread", "cached_statements")
+
+
+def sqlite_target(url: URL) -> SqliteTarget | None:
+    """The file a SQLite URL opens (None: not SQLite), resolved as sqlite3 will: SQLAlchemy's own
+    `create_connect_args` gives the filename and whether it is a URI, and SQLite reads a URI's path and
+    parameters only when that filename starts with `file:`; otherwise the whole string, `?mode=ro` and all, is
+    the name of a file. Why: `sqlite:///file::memory:?cache=shared&uri=true` passed the in-memory check (its
+    database is not `:memory:`) and a sweep ran all its jobs into a database that vanished at exit, and
+    `sqlite:////x/ro.sqlite?mode=ro&uri=true` wrote a ledger named `ro.sqlite?mode=ro`."""
+    if url.get_backend_name() != "sqlite":
+        return None
+    shown = unquote(mask(url))  # as typed: `file::memory:`, not `file%3A%3Amemory%3A`
+    try:
+        with warnings.catch_warnings():  # SQLAlchemy warns about URI parameters without uri=true: refused below
+            warnings.simplefilter("ignore")
+            args, opts = url.get_dialect()().create_connect_args(url)
+    except ArgumentError:  # a user, password, host or port: SQLite opens local files only
+        return SqliteTarget(
+            None,
+            f"ledger.url {shown} is not a SQLite URL: it takes a path only, e.g. "
+            "ledger.url=sqlite:////ABSOLUTE/PATH/ledger.sqlite",
+        )
+    filename = str(args[0]) if args else ":memory:"
+    memory = SqliteTarget(
+        None,
+        f"ledger.url {shown} is an in-memory database: the sweep's results would vanish when it exits, and "
+        "status, resume and the jobs' lease keeper would each see an empty one; give a file, e.g. "
+        "ledger.url=sqlite:///./ledger.sqlite",
+    )
+    if not opts.get("uri"):
+        ignored = sorted(k for k in url.query if k not in _PYSQLITE_ARGS)
+        if url.query.get("mode") == "memory" or filename in ("", ":memory:"):
+            return memory
+        path = Path(filename)
+        if ignored:
+            return SqliteTarget(
+                path,
+                f"ledger.url {shown} has SQLite URI parameter(s) {', '.join(ignored)} that SQLite ignores without "
+                f"uri=true (it would open {path} read-write); drop them: ledger.url=sqlite:///{path}",
+            )
+        return SqliteTarget(path)
+    if not filename.startswith("file:"):  # SQLite opens the whole string as a file name
+        path = Path(filename).absolute()
+        if "?" in filename:
+            plain = Path(filename.split("?", 1)[0]).absolute()
+            return SqliteTarget(
+                path,
+                f"ledger.url {shown} opens a file literally named '{path.name}' (with uri=true SQLite reads URI "
+                f"parameters only after file:, as in sqlite:///file:{plain}?uri=true); a ledger is a plain "
+                f"read-write file: ledger.url=sqlite:///{plain}",
+            )
+        return SqliteTarget(path)
+    return _uri_target(filename, shown, memory)
+
+
+def _uri_target(uri: str, shown: str, memory: SqliteTarget) -> SqliteTarget:
+    """A `file:` URI as SQLite reads it: `file:[//localhost]PATH[?PARAMS][#...]`, PATH and PARAMS %-decoded."""
+    rest = uri[len("file:") :].split("#", 1)[0]
+    where, _, query = rest.partition("?")
+    if where.startswith("//"):
+        host, slash, tail = where[2:].partition("/")
+        if host not in ("", "localhost"):
+            return SqliteTarget(
+                None, f"ledger.url {shown} names the host '{host}': SQLite opens local files only; give a path"
+            )
+        where = slash + tail
+    params = {k.lower(): v for k, v in parse_qsl(query, keep_blank_values=True)}
+    name = unquote(where)
+    if name in ("", ":memory:") or params.get("mode") == "memory" or params.get("vfs") == "memdb":
+        return memory
+    path = Path(name).absolute()
+    plain = f"ledger.url=sqlite:///{path}"
+    if params.get("mode") == "ro" or _truthy(params.get("immutable")):
+        how = "mode=ro" if params.get("mode") == "ro" else "immutable=1"
+        return SqliteTarget(
+            path,
+            f"ledger.url {shown} opens the ledger read-only ({how}): a sweep writes every launch and result to it "
+            f"and every command takes its locks in its -wal and -shm files; drop {how}: {plain}",
+        )
+    if _truthy(params.get("nolock")) or params.get("vfs") == "unix-none":
+        return SqliteTarget(
+            path,
+            f"ledger.url {shown} opens the ledger without file locks: two processes (a driver and its lease "
+            f"keeper, `status`, another sweep) would write over each other; drop it: {plain}",
+        )
+    return SqliteTarget(path)
+
+
+def _truthy(value: str | None) -> bool:
+    """SQLite's reading of a boolean URI parameter (sqlite3_uri_boolean): 1, yes, true, on."""
+    return value is not None and value.strip().lower() in ("1", "yes", "true", "on")
+
+
+def sqlite_path(url: URL) -> Path | None:
+    """The file a SQLite URL opens (None: PostgreSQL, or a database that is no file): what the ledger's file
+    checks, its WAL and its migration lock name, whatever form the URL takes."""
+    target = sqlite_target(url)
+    return None if target is None else target.path
+
+
 def sqlite_file(url: URL, *, create: bool, create_dir: bool = False) -> Path | None:
-    """The SQLite file a URL names (None: not SQLite), checked before anything opens it; an in-memory one is
-    refused (a ledger outlives the process that writes it).
+    """The SQLite file a URL names (None: not SQLite), checked before anything opens it: an in-memory
+    database, a read-only one (a URI's mode=ro, or a file or folder this user cannot write), a URL that opens
+    a file other than the one it seems to name, and anything but a regular file are refused, before any launch
+    or write (a ledger outlives the process that writes it, and every command writes its locks).
 
     Only a command that may create a ledger passes `create` (sqlite3 would make any missing file), and
     then only in an existing folder unless `create_dir`: a typo'd path is an error, not a new tree."""
-    if url.get_backend_name() != "sqlite":
+    target = sqlite_target(url)
+    if target is None:
         return None
-    if url.database in (None, "", ":memory:") or url.query.get("mode") == "memory":
-        raise LedgerError(
-            f"ledger.url {mask(url)} is an in-memory database: the sweep's results would vanish when it exits, and "
-            "status, resume and the jobs' lease keeper would each see an empty one; give a file, e.g. "
-            "ledger.url=sqlite:///./ledger.sqlite"
-        )
-    path = Path(url.database)
+    if target.problem or target.path is None:
+        raise LedgerError(target.problem)
+    path = target.path
     if path.exists() or path.is_symlink():
         if not path.is_file():
             raise LedgerError(f"{mask(url)} is not a regular file; point ledger.url at a .sqlite file")
+        _check_writable(url, path)
         return path
     if not create:
         raise LedgerError(  # where it looked (a relative URL is read from the current folder) and both fixes
@@ -111,7 +225,20 @@ def sqlite_file(url: URL, *, create: bool, create_dir: bool = False) -> Path | N
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise LedgerError(f"cannot create the ledger folder {path.parent}: {exc.strerror}") from None
+    _check_writable(url, path)
     return path
+
+
+def _check_writable(url: URL, path: Path) -> None:
+    """The file (when it exists) and its folder must be writable: SQLite creates and removes the -wal and -shm
+    files beside it as connections come and go, and a reader too takes its locks there."""
+    for what, where in (("file", path), ("folder", path.parent)):
+        if where.exists() and not os.access(where, os.W_OK):
+            raise LedgerError(
+                f"the ledger {what} {where} of {mask(url)} is read-only for this user (or on a read-only file "
+                "system): every command writes the ledger's locks beside it; make it writable or copy the ledger "
+                "to a writable folder and point ledger.url there"
+            )
 
 
 def scrub(message: str, url: URL) -> str:
@@ -120,6 +247,43 @@ def scrub(message: str, url: URL) -> str:
     query = [v for k, v in url.query.items() if k.lower() in ("password", "passfile")]
     known = [str(url.password or ""), *(x for v in query for x in ((v,) if isinstance(v, str) else v))]
     return redact(message, known=known)
+
+
+LOCKED, CONNECTION, FULL, NO_SCHEMA = "locked", "connection", "full", "no schema"
+_PG_LOCKED = ("55P03", "57014")  # lock_not_available (lock_timeout), query_canceled (statement_timeout)
+_PG_CONNECTION = ("57P01", "57P02", "57P03")  # the server shut the session down, or is starting / stopping
+
+
+def failure_kind(exc: DBAPIError) -> str:
+    """What a driver error says happened, so the line that stops a process names its real cause: LOCKED (a lock
+    held past the wait: SQLite's busy timeout, PostgreSQL's lock or statement timeout), CONNECTION (the server
+    connection lost or refused), FULL (no room for the database), NO_SCHEMA (the ledger's tables are gone), or
+    '' for anything else. Read from the driver's error code (sqlite3's name, PostgreSQL's SQLSTATE), its text
+    where it has no code."""
+    orig = exc.orig
+    name = str(getattr(orig, "sqlite_errorname", "") or "")
+    state = str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
+    said = str(orig if orig is not None else exc).lower()
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or state in _PG_LOCKED or "database is locked" in said:
+        return LOCKED
+    if name.startswith("SQLITE_FULL") or state == "53100" or "disk is full" in said:
+        return FULL
+    if "no such table" in said or state == "42P01":
+        return NO_SCHEMA
+    from_psycopg = type(orig).__module__.split(".")[0] in ("psycopg", "psycopg2")
+    if (
+        exc.connection_invalidated
+        or state.startswith("08")
+        or state in _PG_CONNECTION
+        or (from_psycopg and not state and type(orig).__name__ in ("OperationalError", "InterfaceError"))
+    ):
+        return CONNECTION
+    return ""
+
+
+def first_line(exc: DBAPIError, url: URL) -> str:
+    """The driver's own first line of an error, any secret it quotes masked."""
+    return scrub(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc), url)
 
 
 def make_engine(
@@ -142,13 +306,14 @@ def make_engine(
 
 def _sqlite_engine(url: URL, *, echo: bool, busy_timeout_ms: int) -> Engine:
     engine = create_engine(url, echo=echo, connect_args={"timeout": busy_timeout_ms / 1000})
+    on_disk = sqlite_path(url) is not None
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: object) -> None:
         dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (see module docstring)
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")  # first: the next pragma may wait
-        if url.database not in (None, "", ":memory:"):
+        if on_disk:
             _enter_wal(cur, busy_timeout_ms)
             cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
         cur.execute("PRAGMA foreign_keys=ON")
@@ -265,8 +430,8 @@ def connect(engine: Engine) -> Iterator[Connection]:
 def _migration_lock(engine: Engine) -> Iterator[None]:
     """Serialise concurrent upgrades: a file lock for SQLite, an advisory lock for PostgreSQL."""
     if engine.dialect.name == "sqlite":
-        db = engine.url.database
-        if not db or db == ":memory:":
+        db = sqlite_path(engine.url)
+        if db is None:
             yield
             return
         with open(f"{db}.migrate-lock", "a") as fh:

@@ -28,3 +28,17 @@ class LeaseHeld(LedgerError):
         super().__init__(
             f"sweep '{sweep}' is driven by {holder} (lease expires {expires_at:%Y-%m-%d %H:%M:%S} UTC); {fix}"
         )
+
+
+class LedgerStopped(LedgerError):
+    """The ledger was out of reach for a while: locked past its wait, its server connection lost, its disk
+    full. Nothing is wrong with the input, and the same work goes on once the cause is gone; `again` says how (a
+    sweep sets its `resume NAME`: orchestrator.core.errors). Each names its own cause: all of them once read "the
+    ledger ... lost its schema while in use", which invited a `db upgrade` on a fresh file."""
+
+    def __init__(self, what: str, fix: str, again: str = "run the command again") -> None:
+        self.what, self.fix, self.again = what, fix, again
+        super().__init__(what)
+
+    def __str__(self) -> str:
+        return f"{self.what}: stopping; {self.fix}, then {self.again}"

@@ -14,8 +14,6 @@ composition: one object per job, no mixins), and so do orchestrator.ledger.queri
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Self
@@ -23,12 +21,23 @@ from typing import Any, Self
 from sqlalchemy import Engine, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import DatabaseError, DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from orchestrator.ledger import models as m
-from orchestrator.ledger.engine import mask, scrub, write_engine
-from orchestrator.ledger.errors import LedgerError
+from orchestrator.ledger.engine import (
+    CONNECTION,
+    FULL,
+    LOCKED,
+    NO_SCHEMA,
+    failure_kind,
+    first_line,
+    mask,
+    sqlite_path,
+    write_engine,
+)
+from orchestrator.ledger.errors import LedgerError, LedgerStopped
+from orchestrator.ledger.watch import FileWatch, lock_holders
 
 
 class Store:
@@ -38,9 +47,9 @@ class Store:
         self.engine = engine
         self._write_engine = write_engine(engine)
         self.dialect = engine.dialect.name
-        self._file = _file_identity(engine)  # the SQLite file this store opened: (path, (device, inode))
+        # the SQLite file this store opened, whatever form its URL takes (None: PostgreSQL)
+        self._watch = FileWatch.of(sqlite_path(engine.url)) if self.dialect == "sqlite" else None
         self._revision: str | None = None  # the schema revision the first write saw
-        self._wal: tuple[int, int] | None = None  # the (device, inode) of its -wal file at the last write
 
     @property
     def url(self) -> str:
@@ -48,6 +57,8 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+        if self._watch is not None:  # after the connections: see orchestrator/ledger/watch.py
+            self._watch.close()
 
     def __enter__(self) -> Self:
         return self
@@ -58,31 +69,31 @@ class Store:
     @contextmanager
     def read(self) -> Iterator[Session]:
         with self._guard(), Session(self.engine, expire_on_commit=False) as s:
+            if self._watch is not None:
+                self._watch.check()
             yield s
 
     @contextmanager
     def write(self) -> Iterator[Session]:
-        with self._guard(), Session(self._write_engine, expire_on_commit=False) as s, s.begin():
-            self._same_ledger(s)
-            yield s
+        with self._guard():
+            with Session(self._write_engine, expire_on_commit=False) as s, s.begin():
+                new_id = self._same_ledger(s)
+                yield s
+            if new_id is not None and self._watch is not None:
+                self._watch.adopt(new_id, self.engine)
 
-    def _same_ledger(self, s: Session) -> None:
+    def _same_ledger(self, s: Session) -> int | None:
         """Every write transaction first checks that the ledger is still the one this store opened: the same
-        SQLite file (a file deleted or replaced under a running sweep would take its writes nowhere, or into
-        a stranger's file) and the same schema revision (a schema dropped or reset). A LedgerError stops the
-        writer at once, before it writes anything more."""
-        if self._file is not None:
-            path, opened = self._file
-            now = _identity(path)
-            if now != opened:
-                self._drop_stale_wal(path)
-                what = "deleted" if now is None else "replaced by another file"
-                raise LedgerError(f"the ledger file {path} was {what} while this process used it: stopping")
-            self._wal = _identity(path + "-wal")
-        try:
-            revision = s.execute(text("SELECT version_num FROM alembic_version")).scalar()
-        except DBAPIError:
-            raise LedgerError(f"the ledger at {self.url} lost its schema while in use: stopping") from None
+        SQLite file (deleted, replaced, or overwritten in place, a file under a running sweep would take its
+        writes nowhere, or into a stranger's file: orchestrator/ledger/watch.py) and the same schema revision (a
+        schema dropped or reset). A LedgerError stops the writer at once, before it writes anything more.
+        Returns the ledger id this transaction gives a SQLite ledger that has none yet."""
+        if self._watch is not None:
+            self._watch.check()
+            self._watch.noted_wal()
+        # a lock held past the wait or a lost connection fails here first: `_guard` names it (it read "lost its
+        # schema" once, inviting a `db upgrade` on a fresh file)
+        revision = s.execute(text("SELECT version_num FROM alembic_version")).scalar()
         if self._revision is None:
             self._revision = revision
         elif revision != self._revision:
@@ -90,26 +101,54 @@ class Store:
                 f"the ledger at {self.url} changed schema revision while in use ({self._revision} -> {revision}): "
                 "stopping"
             )
-
-    def _drop_stale_wal(self, path: str) -> None:
-        """Our write-ahead log, left beside a file that is no longer ours: SQLite would replay its frames into
-        whatever file is opened at `path` next (the replacement, or a new ledger), so it goes with its file."""
-        if self._wal is not None and _identity(path + "-wal") == self._wal:
-            for suffix in ("-wal", "-shm"):
-                with contextlib.suppress(OSError):
-                    os.unlink(path + suffix)
+        if self._watch is not None and self._watch.ledger_id is None:
+            return self._watch.claim_id(s)
+        return None
 
     @contextmanager
     def _guard(self) -> Iterator[None]:
-        """Driver errors (server gone, disk full, lock timeout, a corrupt file) become one LedgerError, password
-        masked. A constraint violation stays itself: its caller reads the winner of the race."""
+        """Driver errors become one LedgerError naming the real cause, password masked: a lock held past the wait
+        (who holds it, when it can be told), a lost connection, a full disk (LedgerStopped: the same work goes on
+        once the cause is gone), a schema gone, or the driver's own words (a corrupt file). A constraint violation
+        stays itself: its caller reads the winner of the race."""
         try:
             yield
         except IntegrityError:
             raise
-        except DatabaseError as exc:
-            detail = scrub(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc), self.engine.url)
-            raise LedgerError(f"ledger {self.url}: {detail}") from exc
+        except DBAPIError as exc:
+            raise self._stopped(exc) from exc
+
+    def _stopped(self, exc: DBAPIError) -> LedgerError:
+        kind, detail = failure_kind(exc), first_line(exc, self.engine.url)
+        path = self._watch.path if self._watch is not None else None
+        if kind == LOCKED and path is not None:
+            who = ", ".join(lock_holders(path)) or (
+                "another process (a `sqlite3` shell or a backup inside a transaction, another orchestrator)"
+            )
+            return LedgerStopped(
+                f"the ledger {path} is locked: {who} held its write lock longer than ledger.busy_timeout_ms",
+                "end that transaction (or that process), or raise ledger.busy_timeout_ms",
+            )
+        if kind == LOCKED:
+            return LedgerStopped(
+                f"the ledger at {self.url} is locked: another session held a lock longer than the lock timeout "
+                f"({detail})",
+                "end that session (pg_stat_activity names it)",
+            )
+        if kind == CONNECTION:
+            return LedgerStopped(
+                f"the connection to the ledger at {self.url} was lost ({detail}); nothing of this transaction was "
+                "written",
+                "once the server answers again (`python -m orchestrator db current` connects)",
+            )
+        if kind == FULL:
+            return LedgerStopped(
+                f"no space left for the ledger {path or self.url} ({detail})",
+                "free space on its disk (or point ledger.url at another one)",
+            )
+        if kind == NO_SCHEMA:
+            return LedgerError(f"the ledger at {self.url} lost its schema while in use ({detail}): stopping")
+        return LedgerError(f"ledger {self.url}: {detail}")
 
     def insert(self, model: Any) -> Any:
         return (pg_insert if self.dialect == "postgresql" else sqlite_insert)(model)
@@ -140,20 +179,3 @@ def find_attempt(s: Session, attempt_id: int, *, lock: bool = False) -> m.Attemp
     if a is None:
         raise LedgerError(f"no attempt with id {attempt_id}")
     return a
-
-
-def _file_identity(engine: Engine) -> tuple[str, tuple[int, int]] | None:
-    """The SQLite file an engine names and its (device, inode) now; None for PostgreSQL or no file yet."""
-    db = engine.url.database
-    if engine.dialect.name != "sqlite" or not db or db == ":memory:":
-        return None
-    found = _identity(db)
-    return None if found is None else (os.path.abspath(db), found)
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino

@@ -7,20 +7,23 @@ setup (names, stored config, promotion source).
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import signal
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
 
 from orchestrator.core import bounds
-from orchestrator.core.errors import UserError
-from orchestrator.core.paths import JobPaths
+from orchestrator.core.errors import DiskFull, Interrupted, UserError
+from orchestrator.core.paths import JobPaths, disk_full
 from orchestrator.core.schema import ClusterConfig, RootConfig
-from orchestrator.ledger.errors import LedgerError
+from orchestrator.ledger.errors import LedgerError, LedgerStopped
 from orchestrator.ledger.ledger import Ledger, SweepRow
 from orchestrator.runspec import check_workload
 from orchestrator.sweep.loop import Driver, Options, Outcome
+from orchestrator.sweep.preview import same_stage
 from orchestrator.sweep.setup import check_name, default_name, preflight_gate, provenance, root_from_yaml
 from orchestrator.sweep.view import View
 
@@ -29,11 +32,17 @@ __all__ = [
     "Options",
     "Outcome",
     "bound_launcher",
+    "carry_on",
     "open_ledger",
     "pick_launcher",
     "resume_sweep",
     "run_sweep",
 ]
+
+
+def plain_resume(name: str) -> str:
+    """The command that continues sweep `name` (a command adds the ledger overrides it was given)."""
+    return f"`python -m orchestrator resume {name}`"
 
 
 def open_ledger(cfg: RootConfig, *, create: bool = False) -> Ledger:
@@ -113,9 +122,12 @@ def run_sweep(
     view: View | None = None,
     launcher=None,
     preface: Sequence[str] = (),
+    resume: Callable[[str], str] = plain_resume,
 ) -> Outcome:
     """Create the sweep (or continue the one with this name) and drive it to its end. `preface`: the lines said
-    first, once the ledger is open (the price before the spend, orchestrator/sweep/preview.py)."""
+    first, once the ledger is open (the price before the spend, orchestrator/sweep/preview.py), and for a new
+    sweep what another sweep of its stage already spent (`preview.same_stage`). `resume(name)`: the command that
+    continues a sweep, with the ledger it was given (after a stop from outside: `carry_on`)."""
     if cfg.stage is None:
         raise UserError("no stage given: add +stage=NAME (e.g. +stage=1k)")
     view = view or View()
@@ -125,6 +137,8 @@ def run_sweep(
         for line in preface:
             view.event(line)
         if ledger.get_sweep(name) is None:  # a new sweep: one the cluster can never run is refused unwritten
+            for line in same_stage(ledger, cfg, name, resume):
+                view.event(line)
             launcher = launcher or pick_launcher(cfg, view)
             launcher.check_fits([stage_task(cfg)])
         sweep = ledger.create_or_get_sweep(
@@ -141,9 +155,33 @@ def run_sweep(
             f"workload {cfg.workload.name}{' SIMULATED' if cfg.workload.simulated else ''}) "
             f"ledger {ledger.url}"
         )
-        preflight_gate(ledger, cfg, name, skip=bool(options and options.skip_preflight), view=view)
-        launcher = bound_launcher(ledger, cfg, name, view, launcher=launcher)
-        return Driver(ledger, cfg, sweep, launcher, view, options).run()
+        with carry_on(resume(name)):
+            preflight_gate(ledger, cfg, name, skip=bool(options and options.skip_preflight), view=view)
+            launcher = bound_launcher(ledger, cfg, name, view, launcher=launcher)
+            return Driver(ledger, cfg, sweep, launcher, view, options).run()
+
+
+@contextmanager
+def carry_on(again: str) -> Iterator[None]:
+    """A sweep stopped from outside says how it goes on: a signal (SIGINT, SIGTERM), a ledger locked past its
+    wait or out of reach (LedgerStopped), a full disk anywhere (an OSError from whichever write met it first:
+    a job folder, a result, a cut's mark). Its jobs keep running, and `again` (`python -m orchestrator resume
+    NAME` with the ledger it was given) continues it; the CLI prints the one line. Only once the sweep exists:
+    before that, running the command again is what to do."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        raise Interrupted(signum, f"the sweep's jobs keep running; {again} continues it") from None
+    except OSError as exc:
+        full = disk_full(exc)
+        if full is None:
+            raise
+        full.again = again
+        raise full from None
+    except (DiskFull, LedgerStopped) as exc:
+        exc.again = again
+        raise
 
 
 def stored_sweep(ledger: Ledger, name: str, current: RootConfig | None = None) -> SweepRow:
@@ -197,12 +235,14 @@ def ingest_hint(name: str, current: RootConfig, ledger: Ledger | None = None) ->
 
 
 def _sqlite_path(url: str) -> Path | None:
-    """The file a SQLite ledger URL names (None: another engine, or none)."""
+    """The file a SQLite ledger URL opens (None: another engine, or none), as the ledger resolves it
+    (orchestrator/ledger/engine.py `sqlite_path`: a URI-mode URL's file, not its literal database string)."""
+    from orchestrator.ledger.engine import sqlite_path
+
     try:
-        parsed = make_url(url)
+        return sqlite_path(make_url(url))
     except Exception:  # noqa: BLE001 - a URL the ledger refuses itself, with its own message
         return None
-    return Path(parsed.database) if parsed.get_backend_name() == "sqlite" and parsed.database else None
 
 
 def stored_config(ledger: Ledger, name: str, current: RootConfig, overrides: Sequence[str] = ()) -> RootConfig:
@@ -256,6 +296,7 @@ def resume_sweep(
     options: Options | None = None,
     view: View | None = None,
     launcher=None,
+    resume: Callable[[str], str] = plain_resume,
 ) -> Outcome:
     """Take the lease and continue a sweep from its stored config and ledger rows (`overrides`: the command
     line's, which change the stored cluster group: `resumed_cluster`)."""
@@ -268,4 +309,4 @@ def resume_sweep(
     out_of_range = bounds.violation(cfg)  # a sweep stored before its field had a range
     if out_of_range is not None:
         raise UserError(f"sweep {name} was stored with {out_of_range.message()}: start a new sweep with a fixed value")
-    return run_sweep(cfg, sweep.config_yaml, options=options, view=view, launcher=launcher)
+    return run_sweep(cfg, sweep.config_yaml, options=options, view=view, launcher=launcher, resume=resume)

@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.core.errors import UserError
+from orchestrator.core.errors import Interrupted, UserError
 from orchestrator.core.failures import Failure
 from orchestrator.core.paths import JobPaths, folder_writes
 from orchestrator.core.schema import RootConfig
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity, SweepStatus
+from orchestrator.ledger.errors import LedgerStopped
 from orchestrator.ledger.leases import LeaseKeeper, holder_id
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger, SweepRow
 from orchestrator.plan.layout import Layout, Prediction
@@ -113,6 +114,7 @@ class Driver:
     def run(self) -> Outcome:
         self._take_lease()
         self.keeper = LeaseKeeper(self.ledger.store, self.name, self.holder, self.ttl).start()
+        reachable = True
         try:
             self.ledger.set_sweep_status(self.name, SweepStatus.RUNNING)
             self.ledger.log_event(self.name, "driver", f"{self.holder} drives the sweep on {self.launcher.kind}")
@@ -127,15 +129,19 @@ class Driver:
             )
             self.ledger.set_sweep_status(self.name, final)
             return self._outcome(reason)
-        except BaseException as exc:  # Ctrl-C or an error: jobs keep running, `resume NAME` continues
-            why = f"driver stopped: {type(exc).__name__}"
-            self._safely(lambda: self.ledger.log_event(self.name, "stop", why))
-            if self.keeper.lost is None:  # a lost lease: the sweep's status is its new driver's to set
+        except BaseException as exc:  # a signal or an error: jobs keep running, `resume NAME` continues
+            # A ledger out of reach (locked past its wait, its connection lost) would make each write below wait
+            # out its timeout again before the line that names the cause; `resume` takes the lease back anyway.
+            reachable = not isinstance(exc, LedgerStopped)
+            why = f"driver stopped: {exc.name if isinstance(exc, Interrupted) else type(exc).__name__}"
+            if reachable:
+                self._safely(lambda: self.ledger.log_event(self.name, "stop", why))
+            if reachable and self.keeper.lost is None:  # a lost lease: the sweep's status is its new driver's
                 self._safely(lambda: self.ledger.set_sweep_status(self.name, SweepStatus.INTERRUPTED))
             raise
         finally:
             self.keeper.stop()
-            if self.keeper.lost is None:
+            if reachable and self.keeper.lost is None:
                 self._safely(lambda: self.ledger.leases.release_lease(self.name, self.holder))
 
     @staticmethod

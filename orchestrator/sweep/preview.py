@@ -3,16 +3,20 @@
 Why its own module: the admin who lends the GPUs must see the resolved config, the stage's budget in GPU-hours
 and in days of the stage's own cluster, and the first round's layouts with their predicted cost before one
 job is submitted. It plans round 0 exactly as the driver would (the same searcher and schedule on an empty
-ledger), reads no ledger and writes none; every cost comes from orchestrator/core/cost.py.
+ledger), reads no ledger and writes none; every cost comes from orchestrator/core/cost.py. Once a new sweep's
+ledger is open, `same_stage` adds what another sweep of its stage there already spent (sweeps never read each
+other's rows, so a second one measures the same layouts again).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from orchestrator.core import cost
 from orchestrator.core.schema import RootConfig
-from orchestrator.core.states import Fidelity
+from orchestrator.core.states import Fidelity, SweepStatus
+from orchestrator.ledger.ledger import Ledger
 from orchestrator.schedule import Schedule, fidelity
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
@@ -100,3 +104,42 @@ def preview(cfg: RootConfig) -> Preview:
         else ""
     )
     return Preview(config, budget.max_gpu_hours, days, line, plan.proposals, note, after)
+
+
+def same_stage(ledger: Ledger, cfg: RootConfig, name: str, resume: Callable[[str], str]) -> list[str]:
+    """A new sweep's warning lines, said before it launches anything: each other sweep of its stage in this
+    ledger (the same model, hardware and workload, so the same layouts), newest first, with the layouts it
+    measured and the GPU-hours it spent, and the command that continues it instead (`resume(name)`). Not an
+    error: a second sweep of a stage is allowed, and measures from scratch (docs/faults.md, "Sweeps of one stage
+    never read each other's rows"), which doubled the GPU-hours without a word."""
+    from orchestrator.sweep import observe
+    from orchestrator.sweep.setup import root_from_yaml
+
+    stage = cfg.required_stage()
+    others = [
+        s
+        for s in ledger.list_sweeps()
+        if s.name != name
+        and (s.stage, s.model, s.hardware, s.workload)
+        == (stage.name, cfg.model.name, cfg.hardware.name, cfg.workload.name)
+    ]
+    lines = []
+    for other in reversed(others):
+        try:  # its own start-up and windows price its attempts
+            own = root_from_yaml(other.config_yaml).required_stage()
+        except Exception:  # noqa: BLE001 - a snapshot this code cannot read: priced with this sweep's stage
+            own = stage
+        spent = observe.spent(ledger, other.name, stage=own)
+        sim = " simulated" if spent.simulated else ""
+        way = (
+            f"`python -m orchestrator best --sweep {other.name}` has its answer"
+            if other.status == SweepStatus.DONE
+            else f"{resume(other.name)} continues it"
+        )
+        lines.append(
+            f"warning: sweep {other.name} of stage {stage.name} (model {cfg.model.name}, hardware {cfg.hardware.name}, "
+            f"workload {cfg.workload.name}) already measured {spent.runs} layout(s) in this ledger "
+            f"({spent.gpu_hours:,.1f}{sim} GPU-hours); sweep {name} reads none of its rows and measures them again "
+            f"(up to {spent.gpu_hours:,.1f} GPU-hours more): {way}"
+        )
+    return lines

@@ -233,6 +233,30 @@ def test_an_in_memory_ledger_is_refused_before_the_sweep_runs(cwd, tmp_path, url
 
 
 @pytest.mark.parametrize(
+    ("url", "says", "fix"),
+    [  # issue 45 item 4: the first ran every job into a database that vanished; the second wrote `ro.sqlite?mode=ro`
+        ("sqlite:///file::memory:?cache=shared&uri=true", "is an in-memory database", "sqlite:///./ledger.sqlite"),
+        ("sqlite:///RO?mode=ro&uri=true", "opens a file literally named 'ro.sqlite?mode=ro'", "sqlite:///RO"),
+        ("sqlite:///file:RO?mode=ro&uri=true", "opens the ledger read-only (mode=ro)", "sqlite:///RO"),
+        ("sqlite:///file:RO?immutable=1&uri=true", "opens the ledger read-only (immutable=1)", "sqlite:///RO"),
+        ("sqlite:///RO?mode=ro", "SQLite ignores without uri=true", "sqlite:///RO"),
+    ],
+)
+def test_a_uri_mode_url_that_opens_no_plain_writable_file_is_refused_before_anything_launches(
+    cwd, tmp_path, url, says, fix
+):
+    ro = tmp_path / "ro.sqlite"
+    with Ledger.open(f"sqlite:///{ro}"):
+        pass
+    before, files = ro.read_bytes(), tree(tmp_path)
+    url, fix = url.replace("RO", str(ro)), fix.replace("RO", str(ro))
+    line = refused(cwd, "sweep", *STAGE, f'ledger.url="{url}"', "--plain")
+    assert says in line and f"ledger.url={fix}" in line, line
+    assert tree(tmp_path) == files  # no job folder, no `ro.sqlite?mode=ro`
+    assert ro.read_bytes() == before
+
+
+@pytest.mark.parametrize(
     ("args", "hint"),
     [
         (["plan", "+stage=smoke", "cluster.env.FOO=1"], "write ++cluster.env.FOO=1 (cluster.env is a mapping"),

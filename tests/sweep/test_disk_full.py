@@ -23,9 +23,9 @@ def test_a_full_disk_is_one_error_line_and_resume_finishes_once_space_is_back(tm
     monkeypatch.setattr(JobSpec, "save", full)
     assert main(["sweep", *args, "--plain"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: cannot write under the job folder "), err
-    assert str(tmp_path / "runs" / "full") in err[0] and "the disk is full" in err[0]
-    assert "python -m orchestrator resume full" in err[0]
+    assert len(err) == 1 and err[0].startswith("error: no space left on "), err
+    assert str(tmp_path / "runs" / "full") in err[0] and "free space there" in err[0]
+    assert f"then `python -m orchestrator resume full ledger.url={ledger_url(tmp_path)}" in err[0]
 
     monkeypatch.setattr(JobSpec, "save", real_save)  # space is back
     assert main(["resume", "full", f"ledger.url={ledger_url(tmp_path)}", "--plain"]) == 0, capsys.readouterr()

@@ -1,6 +1,7 @@
-"""The ledger deleted or replaced under a running sweep: the driver's next write transaction sees that its
-ledger is not the file it opened, and the sweep stops at once with one `error:` line (exit 2); nothing is
-written into a replacement, and a deleted ledger is not silently recreated."""
+"""The ledger deleted, replaced or overwritten in place under a running sweep: the driver's next write
+transaction sees that its ledger is not the file it opened, and the sweep stops at once with one `error:` line
+(exit 2); nothing is written into a replacement or the copied-in file, and a deleted ledger is not silently
+recreated."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from orchestrator.ledger.ledger import Ledger
 from tests.sweeplib import ROOT, sweep_args
 
 
-@pytest.mark.parametrize("how", ["deleted", "replaced"])
+@pytest.mark.parametrize("how", ["deleted", "replaced", "overwritten in place"])
 def test_the_sweep_stops_with_one_error_line_when_its_ledger_is_pulled_away(tmp_path, monkeypatch, capsys, how):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     path = tmp_path / "ledger.sqlite"
@@ -33,9 +34,11 @@ def test_the_sweep_stops_with_one_error_line_when_its_ledger_is_pulled_away(tmp_
             if how == "deleted":
                 for f in tmp_path.glob("ledger.sqlite*"):
                     f.unlink()
-            else:
+            elif how == "replaced":
                 shutil.copy(other, tmp_path / "swap")
                 os.replace(tmp_path / "swap", path)
+            else:  # `cp other.sqlite ledger.sqlite`: the same inode (issue 45 item 5)
+                shutil.copyfile(other, path)
         return real(self, rows)
 
     monkeypatch.setattr(Ledger, "launched", pull_then_record)
@@ -46,7 +49,9 @@ def test_the_sweep_stops_with_one_error_line_when_its_ledger_is_pulled_away(tmp_
     assert pulled == [how]
     if how == "deleted":
         assert not path.exists()
-    else:
+    else:  # the copied-in ledger is left as it was: nothing of this sweep's WAL was checkpointed into it
+        if how != "replaced":
+            assert path.read_bytes() == other.read_bytes()
         con = sqlite3.connect(path)
         assert con.execute("SELECT name FROM sweep").fetchall() == [("theirs",)]
         assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)

@@ -56,3 +56,47 @@ def test_a_sweep_decides_the_same_with_or_without_another_sweep_of_its_stage_on_
     shared = _decisions(f"sqlite:///{tmp_path / 'shared' / 'ledger.sqlite'}", "mine")
     alone = _decisions(f"sqlite:///{tmp_path / 'alone' / 'ledger.sqlite'}", "mine")
     assert shared == alone
+
+
+def test_a_second_sweep_of_a_stage_says_before_it_launches_what_the_first_already_measured(tmp_path, capsys):
+    """Issue 45 item 7: by design a second sweep of a stage on a shared ledger measures the same layouts again;
+    it now says so in its first lines, with what the first measured and spent and the command that continues it.
+    A warning, not an error: the second sweep runs."""
+    from orchestrator.cli import main
+    from orchestrator.core.schema import StageConfig
+    from orchestrator.sweep import observe
+    from orchestrator.sweep.setup import root_from_yaml
+
+    tiny = ("policy.round0_size=2", "stage.budget.max_rounds=1", UNCUT)
+    assert main(["sweep", *sweep_args(tmp_path, "first", *tiny), "--plain"]) == 0
+    assert "warning:" not in capsys.readouterr().out  # the stage's first sweep: nothing to share
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    with Ledger.open(url) as led:
+        stage: StageConfig = root_from_yaml(led.get_sweep("first").config_yaml).required_stage()
+        spent = observe.spent(led, "first", stage=stage)
+    assert spent.runs == 2 and spent.gpu_hours > 0
+
+    assert main(["sweep", *sweep_args(tmp_path, "second", *tiny), "--plain"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    (i,) = [n for n, line in enumerate(out) if line.startswith("warning: sweep first of stage smoke")]
+    assert (
+        f"already measured 2 layout(s) in this ledger ({spent.gpu_hours:,.1f} simulated GPU-hours); sweep second "
+        f"reads none of its rows and measures them again (up to {spent.gpu_hours:,.1f} GPU-hours more)"
+    ) in out[i], out[i]
+    assert out[i].endswith(": `python -m orchestrator best --sweep first` has its answer"), out[i]  # first is done
+    assert i < next(n for n, line in enumerate(out) if line.startswith("submitted "))  # before anything launched
+
+    # a sweep not done is continued instead: the line names its `resume`, with the ledger this command was given
+    from orchestrator.commands.sweep import resume_command
+    from orchestrator.config import compose
+    from orchestrator.core.states import SweepStatus
+    from orchestrator.sweep.preview import same_stage
+
+    args = sweep_args(tmp_path, "third", *tiny)
+    with Ledger.open(url) as led:
+        led.set_sweep_status("first", SweepStatus.INTERRUPTED)
+        lines = same_stage(led, compose(args).cfg, "third", lambda name: resume_command(name, args))
+    assert [line.split(" of stage")[0] for line in lines] == ["warning: sweep second", "warning: sweep first"]
+    assert lines[1].endswith(
+        f": `python -m orchestrator resume first ledger.url={url} ++ledger.lease_ttl_s=4` continues it"
+    )
