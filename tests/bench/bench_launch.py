@@ -31,8 +31,7 @@ def _cpu() -> float:
 def main() -> bool | None:
     from orchestrator.core.schema import ClusterConfig, SlurmConfig
     from orchestrator.launch import LaunchTask
-    from orchestrator.launch.auto import slurm_available
-    from orchestrator.launch.slurm import SlurmLauncher
+    from orchestrator.launch.slurm import SlurmLauncher, slurm_available
 
     ok, why = slurm_available()
     if not ok:

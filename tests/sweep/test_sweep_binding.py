@@ -12,8 +12,9 @@ from orchestrator.cli import main
 from orchestrator.config import compose
 from orchestrator.core.errors import UserError
 from orchestrator.core.schema import ClusterConfig, SlurmConfig
-from orchestrator.launch.auto import launcher_for, wait_for_slurm
+from orchestrator.launch.auto import launcher_for
 from orchestrator.launch.local import LocalLauncher
+from orchestrator.launch.slurm import wait_for_slurm
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.sweep import bound_launcher
 from orchestrator.sweep.view import View
@@ -94,7 +95,9 @@ def test_a_cluster_override_on_resume_changes_that_key_of_the_stored_group_and_k
 def slurm_answers_and_refuses(monkeypatch):
     """Slurm "answers" (cluster=auto would pick it) but its partition refuses every job, so nothing is ever
     submitted to a real cluster: the issue's case of a partition check that fails."""
-    from orchestrator.launch import Unrunnable
+    import dataclasses
+
+    from orchestrator.launch import Unrunnable, auto, registry
     from orchestrator.launch.slurm.launcher import SlurmLauncher
 
     def refuse(self, tasks):
@@ -102,9 +105,8 @@ def slurm_answers_and_refuses(monkeypatch):
         raise Unrunnable("partition test-stand-in: no node has these GPUs (stand-in for a real partition's limit)")
 
     refused: list[int] = []
-    monkeypatch.setattr(
-        "orchestrator.launch.auto.slurm_available", lambda timeout_s=20.0: (True, "sinfo answers (stand-in)")
-    )
+    answers = dataclasses.replace(auto.backend("slurm"), probe=lambda: (True, "sinfo answers (stand-in)"))
+    monkeypatch.setitem(registry.BACKENDS, "slurm", answers)
     monkeypatch.setattr(SlurmLauncher, "check_fits", refuse)
     monkeypatch.setattr(SlurmLauncher, "submit", lambda self, *a, **k: pytest.fail("submitted to Slurm"))
     monkeypatch.setenv("PYTHONPATH", str(ROOT))

@@ -1,99 +1,150 @@
-"""The launcher registry (as submitit's AutoExecutor): cluster.kind -> a backend; auto picks Slurm when it answers.
+"""The registry's face (as submitit's AutoExecutor): every backend folder under launch/ loaded, a backend by its
+kind, and cluster.kind=auto's choice.
 
-Why both `sbatch --version` and `sinfo`: the client can be installed with no reachable controller
-(a laptop, a login node during maintenance); only a controller that answers can run jobs.
+Why the folders are found, not listed: a backend registers itself as its folder is imported
+(orchestrator/launch/registry.py), so a new one is a folder under launch/ and nothing here or above names it.
 Why `launcher_for` waits instead of falling back: a sweep is bound to the launcher its jobs run on
-(`cluster=auto` resolves once, when the sweep starts); a Slurm that does not answer for a moment must not
-turn its running jobs into "lost" local ones whose half-written folders read as results.
+(`cluster=auto` resolves once); a backend that does not answer for a moment (Slurm during a controller restart)
+must not turn its running jobs into "lost" jobs of another whose half-written folders read as results.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import time
+import importlib
+import pkgutil
 from collections.abc import Callable
+from typing import Any
 
+from orchestrator import launch
 from orchestrator.core.errors import UserError
-from orchestrator.core.schema import ClusterConfig
+from orchestrator.core.schema import ClusterConfig, StageConfig
 from orchestrator.launch.base import Launcher
-from orchestrator.launch.local.launcher import LocalLauncher
-from orchestrator.launch.slurm.launcher import SlurmLauncher
+from orchestrator.launch.registry import AUTO, BACKENDS, Answer, Backend, Probe
+
+_loaded: list[str] = []  # the backend folders imported (once per process)
 
 
-def slurm_available(timeout_s: float = 20.0) -> tuple[bool, str]:
-    """(answers, why) for this machine's Slurm client and controller."""
-    if shutil.which("sbatch") is None:
-        return False, "no sbatch on PATH"
-    try:
-        ver = subprocess.run(["sbatch", "--version"], capture_output=True, text=True, timeout=timeout_s)
-        if ver.returncode != 0:
-            return False, f"sbatch --version failed: {ver.stderr.strip()[:120]}"
-        info = subprocess.run(["sinfo", "-h", "-o", "%D"], capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"Slurm does not answer ({exc})"
-    if info.returncode != 0:
-        last = (info.stderr.strip().splitlines() or ["?"])[-1]
-        return False, f"sinfo failed: {last[:120]}"
-    nodes = sum(int(x) for x in info.stdout.split() if x.isdigit())
-    return True, f"{ver.stdout.strip()} answers, sinfo lists {nodes} node(s)"
+def load() -> dict[str, Backend]:
+    """kind -> Backend, after importing every package under orchestrator/launch/ but this one (each registers
+    itself); a backend registered from elsewhere (a test's) is kept."""
+    if not _loaded:
+        for info in pkgutil.iter_modules(launch.__path__, f"{launch.__name__}."):
+            if info.ispkg and info.name != __name__:
+                importlib.import_module(info.name)
+                _loaded.append(info.name)
+    return BACKENDS
+
+
+def backends() -> list[Backend]:
+    """Every backend: those auto tries, in its order, then the others by kind."""
+    return sorted(load().values(), key=lambda b: (b.auto_order is None, b.auto_order or 0, b.kind))
+
+
+def kinds() -> tuple[str, ...]:
+    """The kinds a sweep can be bound to (cluster.kind without `auto`)."""
+    return tuple(b.kind for b in backends())
+
+
+def _unknown(kind: str) -> UserError:
+    names = [AUTO, *kinds()]
+    return UserError(f"cluster.kind={kind!r} is unknown: use {', '.join(names[:-1])} or {names[-1]}")
+
+
+def backend(kind: str) -> Backend:
+    """The backend registered as `kind`; a UserError naming the kinds there are when none is."""
+    found = load().get(kind)
+    if found is None:
+        raise _unknown(kind)
+    return found
+
+
+def for_kind(kind: str) -> Backend:
+    """The backend whose cluster a config's kind asks about: the one it names; for auto, the first auto tries
+    (what it picks wherever that one answers), so a check of auto's limits is one of that backend's."""
+    if kind != AUTO:
+        return backend(kind)
+    tried = [b for b in backends() if b.auto_order is not None]
+    if not tried:
+        raise UserError("cluster.kind=auto: no backend is registered for auto to pick; name one with cluster.kind")
+    return tried[0]
+
+
+def check(cluster: ClusterConfig) -> None:
+    """Every backend's check of its own settings group (a UserError naming the fix): auto may resolve to any."""
+    for b in backends():
+        b.check(cluster)
+
+
+def provenance(cluster: ClusterConfig) -> dict[str, Any]:
+    """What a new sweep records of every backend's settings (provenance parts, e.g. `container`)."""
+    out: dict[str, Any] = {}
+    for b in backends():
+        out.update(b.provenance(cluster))
+    return out
+
+
+def settings(cluster: ClusterConfig) -> Answer:
+    """Preflight's rows about every backend's settings, and what the sweep records from them."""
+    answers = [b.settings(cluster) for b in backends()]
+    recorded: dict[str, Any] = {}
+    for a in answers:
+        recorded.update(a.recorded)
+    return Answer(rows=tuple(r for a in answers for r in a.rows), recorded=recorded)
+
+
+def limits(cluster: ClusterConfig, stage: StageConfig, asked: dict[str, int]) -> Answer:
+    """Preflight's rows about the cluster `cluster.kind` names (auto: `for_kind`) for the stage and each
+    candidate's time limit, and the candidates it can never run."""
+    return for_kind(cluster.kind).limits(cluster, stage, asked)
+
+
+def refusal(cluster: ClusterConfig, stage: StageConfig) -> str | None:
+    """One line when the stage's jobs can never run on the cluster `cluster.kind` names (auto: `for_kind`)."""
+    return for_kind(cluster.kind).refusal(cluster, stage)
+
+
+def _others(kind: str) -> str:
+    names = [f"cluster={k}" for k in kinds() if k != kind] + [f"cluster={AUTO}"]
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
 
 
 def make_launcher(cluster: ClusterConfig) -> tuple[Launcher, str]:
-    """The launcher for `cluster.kind` (auto | slurm | local) and a one-line reason for the choice."""
-    if cluster.kind == "local":
-        return LocalLauncher(cluster), "cluster.kind=local"
-    if cluster.kind not in ("auto", "slurm"):
-        raise UserError(f"cluster.kind={cluster.kind!r} is unknown: use auto, slurm or local")
-    ok, why = slurm_available()
-    if ok:
-        return SlurmLauncher(cluster), why
-    if cluster.kind == "slurm":
-        raise UserError(f"cluster.kind=slurm but Slurm is not usable here ({why}); use cluster=local or cluster=auto")
-    return LocalLauncher(cluster), f"{why}; using the local executor"
-
-
-Probe = Callable[[], tuple[bool, str]]
-
-
-def wait_for_slurm(
-    cluster: ClusterConfig,
-    event: Callable[[str], None],
-    *,
-    probe: Probe = slurm_available,
-    sleep: Callable[[float], None] = time.sleep,
-    first_pause_s: float = 2.0,
-    max_pause_s: float = 30.0,
-) -> str:
-    """Until Slurm answers: probe, then pause 2, 4, 8 ... (at most 30) s, saying so each time, for at most
-    `cluster.slurm.wait_s`. A UserError (one line, the last reason) when it still does not answer."""
-    budget = max(0.0, float(cluster.slurm.wait_s))
-    start, pause = time.monotonic(), first_pause_s
-    while True:
-        ok, why = probe()
-        if ok:
-            return why
-        left = budget - (time.monotonic() - start)
-        if left <= 0:
+    """The launcher for `cluster.kind` and a one-line reason for the choice. A named backend with a probe must
+    answer (else a UserError naming the other kinds); auto takes the first backend in its order that answers
+    (one never probed always does), its reason the declined ones' whys and the chosen one's."""
+    if cluster.kind != AUTO:
+        named = backend(cluster.kind)
+        if named.probe is None:
+            return named.launcher(cluster), f"cluster.kind={named.kind}"
+        ok, why = named.probe()
+        if not ok:
             raise UserError(
-                f"Slurm does not answer after {budget:.0f}s ({why}); this sweep's jobs run on Slurm, so it is "
-                "not resumed elsewhere: run the same command again once sinfo answers (cluster.slurm.wait_s "
-                "sets the wait)"
+                f"cluster.kind={named.kind} but {named.name} is not usable here ({why}); use {_others(named.kind)}"
             )
-        pause = min(pause, max_pause_s, left)
-        event(
-            f"Slurm does not answer ({why}): this sweep's jobs run there; retrying in {pause:.0f}s ({left:.0f}s left)"
-        )
-        sleep(pause)
-        pause *= 2
+        return named.launcher(cluster), why
+    declined: list[str] = []
+    for b in backends():
+        if b.auto_order is None:
+            continue
+        if b.probe is None:
+            return b.launcher(cluster), "; ".join([*declined, f"using {b.name}"])
+        ok, why = b.probe()
+        if ok:
+            return b.launcher(cluster), "; ".join([*declined, why])
+        declined.append(why)
+    raise UserError(f"cluster.kind=auto found no launcher that answers ({'; '.join(declined) or 'none registered'})")
 
 
 def launcher_for(
-    kind: str, cluster: ClusterConfig, event: Callable[[str], None], *, probe: Probe = slurm_available
+    kind: str, cluster: ClusterConfig, event: Callable[[str], None], *, probe: Probe | None = None
 ) -> tuple[Launcher, str]:
-    """The launcher of a sweep bound to `kind` (slurm | local), waiting for Slurm to answer (wait_for_slurm)."""
-    if kind == LocalLauncher.kind:
-        return LocalLauncher(cluster), "bound to the sweep"
-    if kind != SlurmLauncher.kind:
+    """The launcher of a sweep bound to `kind`, waiting (its backend's `wait`, with `probe` instead of its own
+    when given) until it answers, never falling back to another."""
+    bound = load().get(kind)
+    if bound is None:
         raise UserError(f"the sweep is bound to launcher {kind!r}, which this version does not know: use a newer one")
-    return SlurmLauncher(cluster), f"bound to the sweep; {wait_for_slurm(cluster, event, probe=probe)}"
+    asked = probe or bound.probe
+    if bound.wait is None or asked is None:
+        return bound.launcher(cluster), "bound to the sweep"
+    why = bound.wait(cluster, event, asked)
+    return bound.launcher(cluster), f"bound to the sweep; {why}"

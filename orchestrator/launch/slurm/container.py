@@ -17,9 +17,11 @@ import os
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 from orchestrator.core.errors import UserError
 from orchestrator.core.schema import ClusterConfig
+from orchestrator.launch.registry import Answer, Row
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 # Container options of pyxis's srun plugin (sbatch has the same names, with the batch-script semantics above).
@@ -69,6 +71,32 @@ def image_digest(image: str | None, *, hash_file: bool = True) -> str | None:
                 h.update(block)
         return f"sha256:{h.hexdigest()}"
     return None
+
+
+def provenance(cluster: ClusterConfig) -> dict[str, Any]:
+    """What a new sweep records of its container: the image and the digest its name pins ({} without an image; a
+    squashfs file is hashed by preflight, `settings`, not at every sweep's start)."""
+    image = cluster.slurm.container.image
+    return {"container": {"image": image, "digest": image_digest(image, hash_file=False)}} if image else {}
+
+
+def settings(cluster: ClusterConfig) -> Answer:
+    """Preflight's row of the image and what the sweep records of it (nothing without a container). An image
+    without a digest (a registry tag, which can change under its name) is a warning naming the fix."""
+    image = cluster.slurm.container.image
+    if not image:
+        return Answer()
+    digest = image_digest(image)
+    if digest:
+        row = Row("container image", "pass", f"{image} ({digest})")
+    else:
+        row = Row(
+            "container image",
+            "warn",
+            f"{image}: no digest, the tag may name another image tomorrow",
+            "pin it: cluster.slurm.container.image=<registry>/<image>@sha256:<digest>, or a squashfs file",
+        )
+    return Answer((row,), recorded={"container": {"image": image, "digest": digest}})
 
 
 def mounts(cluster: ClusterConfig) -> list[str]:
