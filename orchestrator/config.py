@@ -217,14 +217,14 @@ def compose(overrides: Sequence[str] = (), *, require_stage: bool = False, comma
             f"workload.probe_mode={typed.workload.probe_mode!r} is not a probe mode: use one of "
             + ", ".join(f"workload.probe_mode={m}" for m in probe.MODES)
         )
-    from orchestrator.launch.slurm import container
+    from orchestrator.launch import auto
     from orchestrator.plan import rules
 
     out_of_range = bounds.violation(typed)  # before any command writes a row or a file
     if out_of_range is not None:
         raise ConfigError(out_of_range.message())
     try:
-        container.check(typed.cluster)
+        auto.check(typed.cluster)  # every launcher's settings group (cluster.slurm's container), by the registry
         if typed.stage is not None:
             rules.check_lifted(typed.stage.lifted_rules)
     except (UserError, ValueError) as exc:

@@ -3,27 +3,27 @@
 Two halves. The job half (orchestrator/job/preflight.py) runs as a 1-node job through the same launcher as every
 candidate (inside the container when one is set): Python, torch + CUDA, GPUs, NCCL, Transformer Engine,
 the dev-branch V4 modules, the kernels the stage's space needs, and Megatron's own verdict on every
-candidate the planner keeps. This half asks Slurm (sinfo, sacctmgr) on the login node whether the
-partition, account and QoS can run the stage: MaxTime against each candidate's time limit, GPUs and CPUs
-per node, node count. A missing answer is a warning row, never a crash. Candidates Megatron rejects, or
-that ask for more time than the partition allows, are `rejected`: the sweep never launches them.
+candidate the planner keeps. This half asks the launcher, through the registry (orchestrator/launch/auto), what
+its cluster lets the stage run (on Slurm: sinfo and sacctmgr on the login node, the partition, account and QoS:
+MaxTime against each candidate's time limit, GPUs and CPUs per node, node count) and checks its settings (the
+container image). A missing answer is a warning row, never a crash. Candidates Megatron rejects, or that ask
+for more time than the partition allows, are `rejected`: the sweep never launches them.
 """
 
 from __future__ import annotations
 
-import getpass
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from orchestrator.core.paths import JobPaths
 from orchestrator.core.schema import ClusterConfig, RootConfig, StageConfig
 from orchestrator.job import preflight as job
 from orchestrator.job.preflight import Check, CheckStatus, PreflightReport, PreflightRequest
-from orchestrator.launch.slurm.partition import ask, gres_gpus, slurm_minutes
+from orchestrator.launch.registry import Answer
 from orchestrator.plan import probe as plan_probe
 
 EVENT = "preflight"  # the ledger event kind a sweep records its preflight (or its skipping) under
@@ -40,9 +40,11 @@ class Outcome:
     folder: str = ""
     job_id: str | None = None
     megatron: dict = field(default_factory=dict)  # the node's checkout: commit, tested commit, path
-    container: dict = field(default_factory=dict)  # cluster.slurm.container.image and its digest (container_check)
+    # what the sweep records from the launchers' settings rows, provenance part -> value (settings_checks: on
+    # Slurm `container`, cluster.slurm.container.image and its digest)
+    recorded: dict[str, Any] = field(default_factory=dict)
     lifted: list[str] = field(default_factory=list)  # rules whose Megatron fix the checkout carries
-    static: int = 0  # the last `static` checks are the rows from this host (Slurm, container), printed first
+    static: int = 0  # the last `static` checks are the rows from this host (the launcher's), printed first
     refusal: str = ""  # the stage's jobs can never run on the partition: its size and the fix (one line)
 
     @property
@@ -59,7 +61,7 @@ class Outcome:
             "folder": self.folder,
             "job_id": self.job_id,
             "megatron": self.megatron,
-            "container": self.container,
+            "recorded": self.recorded,
             "lifted": self.lifted,
             "refusal": self.refusal,
         }
@@ -115,150 +117,28 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
     return value
 
 
-# ------------------------------------------------------------------------------------------- Slurm rows
-def slurm_checks(cluster: ClusterConfig, stage: StageConfig, limits: dict[str, int]) -> tuple[list[Check], dict]:
-    """Partition, node shape, account and QoS rows; the candidates whose time limit no partition allows."""
-    if cluster.kind == "local":
-        return [Check("Slurm limits", CheckStatus.WARN, "cluster=local: not checked", "run with cluster=slurm")], {}
-    info = ask(
-        ["sinfo", "-h", "-o", "%P|%l|%G|%c|%D"] + (["-p", cluster.slurm.partition] if cluster.slurm.partition else [])
-    )
-    if info is None:
-        return [Check("Slurm partition", CheckStatus.WARN, "sinfo gave no answer", "check Slurm from this host")], {}
-    rows = [line.split("|") for line in info.splitlines() if line.count("|") == 4]
-    default = [r for r in rows if r[0].endswith("*")]
-    part = cluster.slurm.partition or (default[0][0].rstrip("*") if default else rows[0][0].rstrip("*") if rows else "")
-    mine = [r for r in rows if r[0].rstrip("*") == part]
-    if not mine:
-        return [Check("Slurm partition", CheckStatus.FAIL, f"no partition {part!r}", "set cluster.slurm.partition")], {}
-    checks, rejected = [], {}
-    max_time = slurm_minutes(mine[0][1])
-    longest = max(limits.values(), default=0)
-    if max_time is not None:
-        rejected = {
-            k: f"asks for {t} min > partition {part} MaxTime {max_time} min" for k, t in limits.items() if t > max_time
-        }
-    status = (
-        CheckStatus.FAIL
-        if limits and len(rejected) == len(limits)
-        else CheckStatus.WARN
-        if rejected
-        else CheckStatus.PASS
-    )
-    checks.append(
-        Check(
-            f"partition {part} MaxTime",
-            status,
-            f"{mine[0][1]} vs the longest candidate's {longest} min; {len(rejected)} over it (never launched)",
-            "" if not rejected else "shorten stage.warmup_iters/measure_iters or use a partition with more time",
-        )
-    )
-    gpus = {g for r in mine if (g := gres_gpus(r[2])) is not None}
-    if not gpus:
-        checks.append(Check("GPUs per node", CheckStatus.WARN, f"sinfo Gres {mine[0][2]!r}: no gpu count", ""))
-    else:
-        ok = min(gpus) >= stage.gpus_per_node
-        checks.append(
-            Check(
-                "GPUs per node (Slurm)",
-                CheckStatus.PASS if ok else CheckStatus.FAIL,
-                f"nodes have {sorted(gpus)}, stage.gpus_per_node={stage.gpus_per_node}",
-                "" if ok else f"set stage.gpus_per_node={min(gpus)} or choose another partition",
-            )
-        )
-    cpus = min(int(r[3].rstrip("+")) for r in mine if r[3].rstrip("+").isdigit()) if mine else 0
-    need_cpus = (cluster.cpus_per_task or 1) * stage.gpus_per_node
-    checks.append(
-        Check(
-            "CPUs per node",
-            CheckStatus.PASS if cpus >= need_cpus else CheckStatus.FAIL,
-            f"{cpus} per node, {need_cpus} asked (cpus_per_task x gpus_per_node)",
-            "" if cpus >= need_cpus else f"set cluster.cpus_per_task={max(1, cpus // stage.gpus_per_node)}",
-        )
-    )
-    nodes = sum(int(r[4]) for r in mine if r[4].isdigit())
-    need = -(-stage.gpus // stage.gpus_per_node)
-    checks.append(
-        Check(
-            "nodes",
-            CheckStatus.PASS if nodes >= need else CheckStatus.FAIL,
-            f"partition {part} has {nodes}, the stage needs {need}",
-            "" if nodes >= need else "use a bigger partition or a smaller stage",
-        )
-    )
-    checks += _account_checks(cluster, need, longest)
-    return checks, rejected
+# ------------------------------------------------------------------------------------------- rows from here
+def _checks(answer: Answer) -> list[Check]:
+    return [Check(r.name, CheckStatus(r.status), r.detail, r.fix) for r in answer.rows]
 
 
-def _account_checks(cluster: ClusterConfig, nodes: int, minutes: int) -> list[Check]:
-    user = getpass.getuser()
-    assoc = ask(["sacctmgr", "-nP", "show", "assoc", "where", f"user={user}", "format=account,qos,maxnodes,maxwall"])
-    if assoc is None:
-        return [Check("account / QoS", CheckStatus.WARN, "sacctmgr gave no answer", "ask the admins for your limits")]
-    rows = [line.split("|") for line in assoc.splitlines() if line.count("|") == 3]
-    accounts = {r[0] for r in rows}
-    out = []
-    if cluster.slurm.account and cluster.slurm.account not in accounts:
-        out.append(
-            Check(
-                "account",
-                CheckStatus.FAIL,
-                f"{user} has no association with {cluster.slurm.account}",
-                f"set cluster.slurm.account to one of {sorted(accounts)}",
-            )
-        )
-    else:
-        out.append(
-            Check(
-                "account", CheckStatus.PASS, cluster.slurm.account or f"default ({', '.join(sorted(accounts)) or '-'})"
-            )
-        )
-    qos = cluster.slurm.qos
-    if qos:
-        q = ask(["sacctmgr", "-nP", "show", "qos", "where", f"name={qos}", "format=name,maxwall,maxtresperjob"])
-        row = (q or "").splitlines()[0].split("|") if q and q.strip() else None
-        if row is None or len(row) < 3:
-            out.append(
-                Check(
-                    f"QoS {qos}",
-                    CheckStatus.FAIL if q is not None else CheckStatus.WARN,
-                    "unknown QoS" if q is not None else "sacctmgr gave no answer",
-                    "set cluster.slurm.qos",
-                )
-            )
-        else:
-            wall = slurm_minutes(row[1]) if row[1] else None
-            m = re.search(r"node=(\d+)", row[2])
-            max_nodes = int(m.group(1)) if m else None
-            bad = (wall is not None and minutes > wall) or (max_nodes is not None and nodes > max_nodes)
-            out.append(
-                Check(
-                    f"QoS {qos}",
-                    CheckStatus.FAIL if bad else CheckStatus.PASS,
-                    f"MaxWall {row[1] or '-'}, MaxTRESPerJob {row[2] or '-'}; needs {nodes} nodes, {minutes} min",
-                    "use a QoS that allows the stage" if bad else "",
-                )
-            )
-    return out
+def cluster_checks(cluster: ClusterConfig, stage: StageConfig, limits: dict[str, int]) -> tuple[list[Check], dict]:
+    """The launcher's rows about its cluster (on Slurm: partition, node shape, account and QoS, from sinfo and
+    sacctmgr) and the candidates whose time limit it never allows (launch/auto `limits`: the backend
+    cluster.kind names)."""
+    from orchestrator.launch import auto
+
+    answer = auto.limits(cluster, stage, limits)
+    return _checks(answer), dict(answer.rejected)
 
 
-def container_check(cluster: ClusterConfig) -> tuple[Check | None, dict]:
-    """(the row, {"image", "digest"}) of cluster.slurm.container.image; (None, {}) without a container. An image
-    without a digest (a registry tag, which can change under its name) is a warning naming the fix."""
-    from orchestrator.launch.slurm.container import image_digest
+def settings_checks(cluster: ClusterConfig) -> tuple[list[Check], dict[str, Any]]:
+    """The launchers' rows about their own settings (on Slurm the container image and whether a digest pins it)
+    and what the sweep records from them (provenance parts: `container`, its image and digest)."""
+    from orchestrator.launch import auto
 
-    image = cluster.slurm.container.image
-    if not image:
-        return None, {}
-    digest = image_digest(image)
-    if digest:
-        return Check("container image", CheckStatus.PASS, f"{image} ({digest})"), {"image": image, "digest": digest}
-    return Check(
-        "container image",
-        CheckStatus.WARN,
-        f"{image}: no digest, the tag may name another image tomorrow",
-        "pin it: cluster.slurm.container.image=<registry>/<image>@sha256:<digest>, or a squashfs file",
-    ), {"image": image, "digest": None}
+    answer = auto.settings(cluster)
+    return _checks(answer), dict(answer.recorded)
 
 
 # ------------------------------------------------------------------------------------------- the job
@@ -334,23 +214,12 @@ def run_job(
 
 
 def stage_refusal(cfg: RootConfig) -> str | None:
-    """One line when the stage's jobs can never run on the Slurm partition (its size and the fix), else None."""
-    if cfg.job_cluster().kind == "local" or cfg.stage is None:
+    """One line when the stage's jobs can never run on the cluster (its size and the fix), else None."""
+    if cfg.stage is None:
         return None
-    from orchestrator.launch.slurm import partition
+    from orchestrator.launch import auto
 
-    cluster, stage = cfg.job_cluster(), cfg.stage
-    part = partition.read(cluster.slurm.partition)
-    if part is None:
-        return None
-    gpn = stage.gpus_per_node
-    req = partition.Request(
-        what=f"stage {stage.name}'s jobs",
-        nodes=-(-stage.gpus // gpn),
-        cpus_per_node=(cluster.cpus_per_task or 1) * min(gpn, stage.gpus),
-        gpus_per_node=min(gpn, stage.gpus),
-    )
-    return partition.refusal([req], part)
+    return auto.refusal(cfg.job_cluster(), cfg.stage)
 
 
 def run(cfg: RootConfig, *, on_static: Callable[[list[Check]], None] | None = None) -> Outcome:
@@ -360,9 +229,9 @@ def run(cfg: RootConfig, *, on_static: Callable[[list[Check]], None] | None = No
     stage = cfg.stage
     assert stage is not None
     req, limits = candidates(cfg)
-    slurm_rows, too_long = slurm_checks(cfg.job_cluster(), stage, limits)
-    container_row, container = container_check(cfg.job_cluster())
-    static = slurm_rows + ([container_row] if container_row else [])
+    cluster_rows, too_long = cluster_checks(cfg.job_cluster(), stage, limits)
+    settings_rows, recorded = settings_checks(cfg.job_cluster())
+    static = cluster_rows + settings_rows
     if on_static is not None:
         on_static(static)
     checks, rejected, folder, job_id, report = run_job(cfg, req)
@@ -372,7 +241,7 @@ def run(cfg: RootConfig, *, on_static: Callable[[list[Check]], None] | None = No
         folder=folder,
         job_id=job_id,
         megatron=dict(report.megatron) if report else {},
-        container=container,
+        recorded=recorded,
         lifted=list(report.lifted) if report else [],
         static=len(static),
         refusal=stage_refusal(cfg) or "",

@@ -53,6 +53,7 @@ from orchestrator.core.result import JobResult
 from orchestrator.core.spec import JobSpec
 from orchestrator.core.states import AttemptRole, AttemptState, Fidelity
 from orchestrator.evidence.collect import collect, cut_window, read_cut
+from orchestrator.launch import auto
 
 # what a folder alone proves (the module's rules): INVALID_CONFIG, OOM, CRASH, and a probe's crash or silence
 # (PROBE_FAILED: what collect reads a rank probe's CRASH or NO_OUTPUT as, under CRASH's rules)
@@ -253,19 +254,17 @@ def judge(folder: Path) -> OnDisk:
 
 def launcher_of(spec: JobSpec, paths: JobPaths, *records: dict[str, Any] | None) -> str:
     """The launcher kind that ran the job, as its folder names it: the job's own start or exit record (written
-    by launch/task.RunInFolder, which its launcher tells), else the sweep's snapshot naming cluster.kind local
-    or slurm, else the local launcher's launch.json naming this launch; "" when none says (a snapshot's auto)."""
+    by launch/task.RunInFolder, which its launcher tells), else the sweep's snapshot naming a registered
+    cluster.kind (launch/auto `kinds`: local, slurm), else the local launcher's launch.json naming this launch;
+    "" when none says (a snapshot's auto)."""
     for rec in records:
-        if rec is not None and rec.get("launcher") in KINDS:
+        if rec is not None and rec.get("launcher") in auto.kinds():
             return str(rec["launcher"])
     kind = _snapshot_kind(spec.sweep_config)
     if kind:
         return kind
     launch = _read(paths.launch)
     return "local" if launch is not None and launch.get("token") == spec.launch_token else ""
-
-
-KINDS = ("local", "slurm")  # the launcher kinds a sweep is bound to (orchestrator/launch: LocalLauncher, SlurmLauncher)
 
 
 def _snapshot_kind(config: str) -> str:
@@ -278,7 +277,7 @@ def _snapshot_kind(config: str) -> str:
         return ""
     cluster = data.get("cluster") if isinstance(data, dict) else None
     kind = cluster.get("kind") if isinstance(cluster, dict) else None
-    return str(kind) if kind in KINDS else ""
+    return str(kind) if kind in auto.kinds() else ""  # the kinds a sweep is bound to: the registered backends
 
 
 def _untrusted(paths: JobPaths, result: JobResult, asked: int, *, ended_well: bool, code: Any) -> str:

@@ -58,10 +58,11 @@ def holder_dead(holder: str) -> bool:
 
 def provenance(cfg: RootConfig) -> dict:
     """What the sweep runs with, as this host sees it: package versions, the workload, the cluster env, the
-    Megatron commit it was tested against and, with a container, the image and its digest (preflight adds the
-    node's checkout commit: `preflight_gate`)."""
+    Megatron commit it was tested against and what the launchers record of their settings (launch/auto
+    `provenance`: with a container, its image and digest); preflight adds the node's checkout commit
+    (`preflight_gate`)."""
     from orchestrator.core.megatron import TESTED_COMMIT
-    from orchestrator.launch.slurm.container import image_digest
+    from orchestrator.launch import auto
 
     versions = {}
     for pkg in ("dsv4-orchestrator", "submitit", "sqlalchemy", "hydra-core", "megatron-core", "torch"):
@@ -78,11 +79,7 @@ def provenance(cfg: RootConfig) -> dict:
         },
         "env": dict(cfg.cluster.env),
         "megatron": {"tested_commit": TESTED_COMMIT},
-        **(
-            {"container": {"image": image, "digest": image_digest(image, hash_file=False)}}
-            if (image := cfg.cluster.slurm.container.image)
-            else {}
-        ),
+        **auto.provenance(cfg.cluster),
     }
 
 
@@ -158,8 +155,8 @@ def preflight_gate(ledger: Ledger, cfg: RootConfig, name: str, *, skip: bool, vi
     ledger.log_event(name, preflight.EVENT, f"preflight {verdict}", data=outcome.to_dict())
     if outcome.megatron:
         ledger.add_provenance(name, "megatron", {**outcome.megatron, "source": "preflight job"})
-    if outcome.container:
-        ledger.add_provenance(name, "container", outcome.container)
+    for part, value in outcome.recorded.items():  # the launchers' settings as preflight saw them (the container)
+        ledger.add_provenance(name, part, value)
     view.event(f"preflight {verdict}; {len(outcome.rejected)} candidate(s) rejected, never launched")
     if not outcome.ok:
         preflight.print_table(outcome)

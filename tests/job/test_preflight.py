@@ -13,6 +13,7 @@ from orchestrator import preflight as pf
 from orchestrator.core.schema import ClusterConfig, SlurmConfig, StageConfig
 from orchestrator.job import preflight as job
 from orchestrator.job.preflight import CheckStatus, PreflightRequest
+from orchestrator.launch.slurm.partition import slurm_minutes
 
 
 def fake_dev_tree(root: Path) -> Path:
@@ -128,24 +129,26 @@ def test_validate_candidate_reports_megatrons_own_message(monkeypatch):
 
 
 def test_slurm_minutes():
-    assert pf.slurm_minutes("infinite") is None
-    assert [pf.slurm_minutes(t) for t in ("30", "4:00:00", "1-00:00:00", "2-12", "10:30")] == [30, 240, 1440, 3600, 11]
+    assert slurm_minutes("infinite") is None
+    assert [slurm_minutes(t) for t in ("30", "4:00:00", "1-00:00:00", "2-12", "10:30")] == [30, 240, 1440, 3600, 11]
 
 
 @pytest.mark.slurm
 def test_slurm_rows_from_the_local_cluster(slurm_cluster):
     stage = StageConfig(name="smoke", gpus=32, gpus_per_node=8)
-    rows, rejected = pf.slurm_checks(ClusterConfig(kind="slurm"), stage, {"a": 30, "b": 60})
+    rows, rejected = pf.cluster_checks(ClusterConfig(kind="slurm"), stage, {"a": 30, "b": 60})
     got = {r.name: r for r in rows}
     assert got["partition debug MaxTime"].status is CheckStatus.PASS and not rejected  # MaxTime infinite
     assert got["GPUs per node (Slurm)"].status is CheckStatus.PASS
     assert got["nodes"].status is CheckStatus.PASS and "has 4" in got["nodes"].detail
     assert got["account"].status is CheckStatus.PASS
-    big, _ = pf.slurm_checks(ClusterConfig(kind="slurm", cpus_per_task=8), StageConfig(gpus=1024, gpus_per_node=16), {})
+    big, _ = pf.cluster_checks(
+        ClusterConfig(kind="slurm", cpus_per_task=8), StageConfig(gpus=1024, gpus_per_node=16), {}
+    )
     got = {r.name: r for r in big}
     assert got["nodes"].status is CheckStatus.FAIL and got["GPUs per node (Slurm)"].status is CheckStatus.FAIL
     assert got["CPUs per node"].status is CheckStatus.FAIL and "cluster.cpus_per_task=" in got["CPUs per node"].fix
-    unknown, _ = pf.slurm_checks(ClusterConfig(kind="slurm", slurm=SlurmConfig(qos="no-such-qos")), stage, {})
+    unknown, _ = pf.cluster_checks(ClusterConfig(kind="slurm", slurm=SlurmConfig(qos="no-such-qos")), stage, {})
     assert {r.name: r for r in unknown}["QoS no-such-qos"].status is CheckStatus.FAIL
 
 
