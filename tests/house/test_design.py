@@ -113,3 +113,17 @@ def test_the_room_graph_has_no_cycle():
     for node in sorted(edges):
         if node not in seen:
             visit(node, [])
+
+
+def test_a_backend_is_reached_only_through_the_registry():
+    """A launcher backend is a plug-in (orchestrator/launch/registry.py): no room imports a backend's folder, not
+    config, preflight or the sweep, not even launch/auto, which loads the folders it finds; each asks the registry."""
+    launch = ROOT / "orchestrator" / "launch"
+    backends = {f"orchestrator/launch/{p.name}" for p in launch.iterdir() if (p / "__init__.py").is_file()}
+    backends -= {"orchestrator/launch/auto"}
+    assert {"orchestrator/launch/slurm", "orchestrator/launch/local"} <= backends
+    edges = actual_graph()
+    reach = {src: sorted(dsts & backends) for src, dsts in edges.items() if dsts & backends}
+    assert reach == {}, f"rooms that import a backend instead of asking orchestrator/launch/auto: {reach}"
+    for room_ in ("orchestrator/config", "orchestrator/preflight", "orchestrator/sweep"):
+        assert "orchestrator/launch/auto" in edges[room_]
