@@ -1,11 +1,16 @@
 """Backends are plug-ins (issue 46 item 3): every folder under orchestrator/launch/ registers itself, and a toy
 backend registered from this test module alone is checked at compose, recorded in a sweep's provenance, asked by
 preflight, picked by name, and runs a sweep that stays bound to it, through the registry (orchestrator/launch/auto),
-with no other file touched. The toy runs its jobs as the local launcher does (a subclass under its own kind)."""
+with no other file touched. The toy runs its jobs as the local launcher does (a subclass under its own kind). And in a
+copy of the project, a folder under launch/ plus its conf/cluster YAML is a backend `cluster=<kind>` picks."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -99,7 +104,9 @@ def test_a_toy_backend_is_checked_recorded_asked_and_picked_through_the_registry
 
 
 def test_a_sweep_runs_on_the_toy_backend_and_stays_bound_to_it(toy, tmp_path, capsys):
-    args = sweep_args(tmp_path, "toyrun", "cluster.kind=toy", "policy.round0_size=2", "stage.budget.max_rounds=1", UNCUT)
+    args = sweep_args(
+        tmp_path, "toyrun", "cluster.kind=toy", "policy.round0_size=2", "stage.budget.max_rounds=1", UNCUT
+    )
     assert main(["sweep", *args, "--plain"]) == 0, capsys.readouterr().err
     assert "cluster: toy (cluster.kind=toy)" in capsys.readouterr().out
     with Ledger.open(ledger_url(tmp_path), create=False) as led:
@@ -113,3 +120,41 @@ def test_a_sweep_runs_on_the_toy_backend_and_stays_bound_to_it(toy, tmp_path, ca
     assert judge(folder).launcher == "toy"  # `ledger ingest` would bind a rebuilt sweep to the toy
     assert main(["resume", "toyrun", f"ledger.url={ledger_url(tmp_path)}", "--plain"]) == 0
     assert "cluster: toy (bound to the sweep)" in capsys.readouterr().out
+
+
+TOY_FOLDER = '''"""A toy backend: the local executor's processes under another kind."""
+
+from orchestrator.launch.local.launcher import LocalLauncher
+from orchestrator.launch.registry import Backend, register
+
+
+class ToyLauncher(LocalLauncher):
+    kind = "toy"
+
+
+BACKEND = register(Backend(kind="toy", name="the toy executor", launcher=ToyLauncher))
+'''
+PICK = """
+import json
+from orchestrator.config import compose
+from orchestrator.launch import auto
+cfg = compose(["+stage=smoke", "cluster=toy"]).cfg
+launcher, why = auto.make_launcher(cfg.job_cluster())
+print(json.dumps([list(auto.kinds()), cfg.cluster.kind, launcher.kind, why]))
+"""
+
+
+def test_a_new_backend_is_one_folder_and_its_config_group(tmp_path):
+    """In a copy of the project, the two files a new backend adds, launch/toy/__init__.py and conf/cluster/toy.yaml,
+    are all it takes: the registry finds the folder, `cluster=toy` composes and picks it."""
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "orchestrator", tmp_path / "orchestrator", ignore=skip)
+    shutil.copytree(ROOT / "conf", tmp_path / "conf", ignore=skip)
+    (tmp_path / "orchestrator" / "launch" / "toy").mkdir()
+    (tmp_path / "orchestrator" / "launch" / "toy" / "__init__.py").write_text(TOY_FOLDER)
+    (tmp_path / "conf" / "cluster" / "toy.yaml").write_text("kind: toy\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", PICK], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    kinds, kind, picked, why = json.loads(out.stdout.strip().splitlines()[-1])
+    assert kinds == ["slurm", "local", "toy"] and (kind, picked, why) == ("toy", "toy", "cluster.kind=toy")
