@@ -102,7 +102,7 @@ class JobState:
 def state_of(state: str | AttemptState, **kw: Any) -> JobState:
     """A JobState whose `terminal` follows from the state (sacct's word, "CANCELLED by 0" included).
 
-    PREEMPTED is final: jobs go out with --no-requeue (launch/slurm.py), so a preempted job never comes back
+    PREEMPTED is final: jobs go out with --no-requeue (launch/slurm/launcher.py), so a preempted job never comes back
     under its id and the sweep retries it. REQUEUED is not (an admin's `scontrol requeue` of an older job).
     A word this code does not know is UNKNOWN (live), the word kept in `reason`."""
     word = AttemptState.parse(state)
