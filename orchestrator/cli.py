@@ -48,9 +48,12 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser():
+CONSOLE = "dsv4-orchestrator"  # pyproject's [project.scripts] name: the command outside the checkout and venv
+
+
+def build_parser(prog: str = "python -m orchestrator"):
     parser = Parser(
-        prog="python -m orchestrator",
+        prog=prog,
         description="Plan, launch, measure and compare Megatron-LM parallel layouts for DeepSeek-V4.",
         epilog="Hydra overrides (key=value, +stage=1k, model=tiny, hardware=h200) may follow any subcommand.",
     )
@@ -64,8 +67,8 @@ def build_parser():
     return parser, handlers
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser, handlers = build_parser()
+def main(argv: list[str] | None = None, *, prog: str = "python -m orchestrator") -> int:
+    parser, handlers = build_parser(prog)
     args, extra = parser.parse_known_args(argv)
     if not args.command:
         parser.print_help()
@@ -104,3 +107,10 @@ def _on_sigterm():
         return signal.signal(signal.SIGTERM, stop)
     except ValueError:
         return None
+
+
+def console() -> NoReturn:
+    """`dsv4-orchestrator ...` (pip installs it on PATH): `python -m orchestrator` under the name it was called by."""
+    if hasattr(signal, "SIGPIPE"):  # `... | head` ends quietly, like any Unix tool
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    raise SystemExit(main(prog=CONSOLE))

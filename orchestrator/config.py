@@ -146,8 +146,23 @@ def _hydra_message(msg: str, overrides: Sequence[str]) -> str:
         return unknown_key(unknown.group(1), overrides)
     for group in GROUPS:
         if f"'{group}'" in msg or f"{group}/" in msg or f"{group}=" in msg:
-            return f"invalid override: {msg} (available {group} options: {', '.join(available(group))})"
+            listed = ", ".join(available(group))
+            return f"invalid override: {msg} (available {group} options: {listed}){nearest_option(group, overrides)}"
     return f"invalid override: {msg}"
+
+
+def nearest_option(group: str, overrides: Sequence[str]) -> str:
+    """ "; did you mean +stage=1k?" for a mistyped group option: the same name in another case first, else the
+    closest by difflib; the override is spelled as the user wrote it (with or without `+`)."""
+    given = next((o for o in overrides if o.lstrip("+~").startswith(f"{group}=")), None)
+    if given is None:
+        return ""
+    prefix = given[: len(given) - len(given.lstrip("+~"))]
+    value = given.split("=", 1)[1]
+    options = available(group)
+    same = [o for o in options if o.lower() == value.lower()]
+    close = same or difflib.get_close_matches(value.lower(), options, n=1, cutoff=0.5)
+    return f"; did you mean {prefix}{group}={close[0]}?" if close else ""
 
 
 def register_schema() -> None:

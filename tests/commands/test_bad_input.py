@@ -201,6 +201,24 @@ def test_a_typo_in_a_key_suggests_the_nearest_key(cwd, typo, key):
     assert f"did you mean '{key}'?" in line, line
 
 
+@pytest.mark.parametrize(
+    ("args", "fix"),
+    [(["+stage=1K"], "+stage=1k"), (["+stage=1k", "hardware=h300"], "hardware=h"), (["+stage=8K", "cluster=locl"], "")],
+)
+def test_a_mistyped_group_option_suggests_one_that_then_works(cwd, args, fix):
+    """The suggested option is applied in place of the typo and the command then succeeds (exit 0)."""
+    line = refused(cwd, "plan", *args)
+    suggestion = line.rsplit("did you mean ", 1)[1].rstrip("?")
+    assert suggestion.startswith(fix), line
+    group = suggestion.lstrip("+").split("=", 1)[0]
+    fixed = [suggestion if a.lstrip("+").startswith(f"{group}=") else a for a in args]
+    while "did you mean" in (r := run(cwd, "plan", *fixed, "--top", "1")).stderr:  # one typo fixed a time
+        suggestion = r.stderr.strip().rsplit("did you mean ", 1)[1].rstrip("?")
+        group = suggestion.lstrip("+").split("=", 1)[0]
+        fixed = [suggestion if a.lstrip("+").startswith(f"{group}=") else a for a in fixed]
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_a_sweep_without_a_stage_shows_a_sweep_example(cwd, tmp_path):
     line = refused(cwd, "sweep", "cluster=local", "--plain")
     assert "no stage given" in line and "`python -m orchestrator sweep +stage=1k" in line and " plan " not in line

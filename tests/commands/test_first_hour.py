@@ -195,3 +195,25 @@ def test_best_gives_the_winners_evidence_bundle_beside_its_flags(swept):
     assert doc["bundle"]["versions"]["transformer_engine"] == "simulated" and doc["bundle"]["simulated"]
     table = cli("best", "--sweep", "older", "--format", "table", url)
     assert "Megatron commit" in table.stdout and "NCCL/NVTE env" in table.stdout
+
+
+def test_the_console_command_runs_from_any_folder_with_its_own_name(tmp_path):
+    """`dsv4-orchestrator` (pyproject's [project.scripts], installed by `make install`) is the CLI outside the
+    checkout, where `python -m orchestrator` finds no module; its usage line carries the name it was called by."""
+    import subprocess
+
+    console = Path(sys.executable).parent / "dsv4-orchestrator"
+    assert console.is_file(), f"{console} missing: `make install` (pip install -e .) installs it"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    helped = subprocess.run([console, "--help"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: dsv4-orchestrator"), helped.stdout[:300]
+    planned = subprocess.run(
+        [console, "plan", "+stage=smoke", "--top", "1", "--format", "json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    assert json.loads(planned.stdout)["stage"] == "smoke"
