@@ -252,6 +252,11 @@ def check_shape(cfg: RootConfig) -> None:
     early cut's median has iterations to be over."""
     stage = cfg.required_stage()
     n, gpn = stage.gpus, stage.gpus_per_node
+    if n < 0:  # a size the user typed (every stage but custom has its own)
+        raise ConfigError(
+            f"stage.gpus={n} is out of range: it must be a positive multiple of the {gpn} GPUs per node of hardware "
+            f"{cfg.hardware.name}; leave stage.gpus out to run the stage at its own size (`+stage={stage.name}`)"
+        )
     if n < 1:
         raise ConfigError(
             f"stage.gpus={n} is out of range: it must be an integer >= 1 (stage {stage.name} has no size: add "

@@ -285,3 +285,11 @@ def test_a_uri_mode_url_that_opens_no_plain_writable_file_is_refused_before_anyt
 def test_a_key_the_composed_config_lacks_names_the_plus_plus_fix(cwd, args, hint):
     line = refused(cwd, *args)
     assert hint in line and "did you mean" not in line, line
+
+
+def test_a_negative_stage_size_names_the_fix_that_then_plans(cwd):
+    """stage.gpus=-8 on a stage with a size says to leave it out (not "has no size"), and that plan succeeds."""
+    line = refused(cwd, "plan", "+stage=1k", "stage.gpus=-8")
+    assert "has no size" not in line and "`+stage=1k`" in line, line
+    fix = line.rsplit("`", 2)[1].split()
+    assert run(cwd, "plan", *fix, "--top", "1").returncode == 0
