@@ -96,6 +96,7 @@ def _tensorboard(ledger, sweeps: list[str], folder: Path) -> None:
 
 
 def _trackers(ledger, sweeps: list[str], args) -> None:
+    from orchestrator.core.redact import redact
     from orchestrator.report import tracking
 
     project = args.project or os.environ.get("WANDB_PROJECT") or tracking.PROJECT
@@ -103,13 +104,13 @@ def _trackers(ledger, sweeps: list[str], args) -> None:
         runs = tracking.runs(ledger, name)
         if args.mlflow:
             e = tracking.to_mlflow(runs, args.mlflow, project)
-            print(f"sweep {name}: MLflow {e.written} run(s) written, {e.unchanged} unchanged -> {e.where}")
+            print(f"sweep {name}: MLflow {e.written} run(s) written, {e.unchanged} unchanged -> {redact(e.where)}")
         if args.wandb:
             e = tracking.to_wandb(runs, project)
             print(f"sweep {name}: W&B {e.written} run(s) written, {e.unchanged} unchanged -> {e.where}")
     if args.mlflow:
         uri, _ = tracking.mlflow_store(args.mlflow)
-        print(f"view them: mlflow ui --backend-store-uri {uri} (experiment {project})")
+        print(f"view them: mlflow ui --backend-store-uri {redact(uri)} (experiment {project})")
     if args.wandb and os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun"):
         print("upload them: wandb sync --sync-all (in the folder that holds wandb/)")
 

@@ -191,10 +191,22 @@ def to_mlflow(tracked: Sequence[TrackedRun], target: str, experiment: str, clien
     if client_class is None:
         raise UserError(f"MLflow export needs mlflow: {INSTALL} (or pip install mlflow-skinny)")
     from mlflow.entities import Metric, Param, RunTag
+    from mlflow.exceptions import MlflowException
+
+    from orchestrator.core.redact import redact
 
     uri, artifacts = mlflow_store(target)
+    # MLflow retries an unreachable server for minutes by default; a user's own setting is kept
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     client = client_class(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
+    try:
+        exp = client.get_experiment_by_name(experiment)
+    except MlflowException as e:
+        raise UserError(
+            f"MLflow at {redact(uri)} did not answer ({redact(str(e).splitlines()[0])[:200]}): check the URL, "
+            "or export to a local store: --mlflow DIR"
+        ) from None
     exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment, artifacts)
     written = unchanged = 0
     for run in tracked:

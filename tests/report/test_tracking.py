@@ -163,3 +163,21 @@ def test_without_the_library_one_error_line_names_the_extra(tmp_path, flag, modu
     assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {words}"), out
     assert "dsv4-orchestrator[track]" in lines[0]
     assert not (tmp_path / "ml").exists() and not (tmp_path / "l.sqlite").exists()  # nothing written, not even opened
+
+
+def test_an_unreachable_destination_is_one_error_line_with_a_fix(ledger, tmp_path):
+    """A tracking server that does not answer, and online W&B without a key: one `error:` line each, exit 2."""
+    pytest.importorskip("mlflow", reason="the optional `track` extra is not installed")
+    pytest.importorskip("wandb", reason="the optional `track` extra is not installed")
+    url = f"ledger.url=sqlite:///{tmp_path / 'l.sqlite'}"
+    down = _cli("export", "--mlflow", "http://127.0.0.1:9", "--sweep", "s1", url)  # port 9: nothing listens
+    lines = down.stderr.strip().splitlines()
+    assert down.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: MLflow at http://127.0.0.1:9")
+    assert "--mlflow DIR" in lines[0]
+    home = tmp_path / "home"  # no ~/.netrc, no wandb settings: no key anywhere
+    home.mkdir()
+    env = {"HOME": str(home), "WANDB_API_KEY": "", "WANDB_MODE": "online", "WANDB_DIR": str(tmp_path / "wb")}
+    nokey = _cli("export", "--wandb", "--sweep", "s1", url, env=env)
+    lines = nokey.stderr.strip().splitlines()
+    assert nokey.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: Weights & Biases refused"), lines
+    assert "WANDB_MODE=offline" in lines[0] and "WANDB_API_KEY" in lines[0]
