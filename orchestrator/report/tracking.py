@@ -6,14 +6,15 @@ heaviest rank's peak memory, token drop, tokens/s and MFU as metrics (the metric
 orchestrator.core.metrics), its evidence bundle (orchestrator.evidence.bundle) as an artifact, and tags a
 filter needs: `simulated=true` for a twin run, its fidelity, status, parity verdict, and which run `best` picks.
 
-Idempotent: a run is found again by its tag `orchestrator.candidate` (`<sweep>/<candidate id>`, MLflow) or by its
-run id (W&B); it is written again only when the candidate has a newer result (`orchestrator.result_id`).
+Idempotent: a run is found again by its tag `orchestrator.run` (a hash of `<sweep>/<candidate id>`, MLflow) or
+by its run id (W&B); it is written again only when the candidate has a newer result (`orchestrator.result_id`).
 The libraries are an optional extra (`pip install 'dsv4-orchestrator[track]'`); without one, `export` says so
 before anything is written.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -38,7 +39,8 @@ from orchestrator.report.tensorboard import PEAK_GB
 INSTALL = "pip install 'dsv4-orchestrator[track]'"
 PROJECT = "dsv4-orchestrator"  # the MLflow experiment / W&B project when neither --project nor WANDB_PROJECT says
 METRICS = (STEP_P50, "step_p95_s", STEP_P99, "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "token_drop_fraction")
-CANDIDATE_TAG = "orchestrator.candidate"  # `<sweep>/<candidate id>`: how a second export finds the run again
+CANDIDATE_TAG = "orchestrator.candidate"  # `<sweep>/<candidate id>`, as people read it
+IDENT_TAG = "orchestrator.run"  # its hex (TrackedRun.ident): how a second MLflow export finds the run again
 RESULT_TAG = "orchestrator.result_id"  # the result it carries: a newer one is written, the same one skipped
 EVIDENCE = "evidence"  # the artifact folder (MLflow) / artifact type (W&B)
 
@@ -62,9 +64,17 @@ class TrackedRun:
         return f"{self.sweep}/{self.candidate_id}"
 
     @property
+    def ident(self) -> str:
+        """`key` as hex: safe inside an MLflow filter whatever the sweep's name holds."""
+        return hashlib.sha1(self.key.encode()).hexdigest()[:16]
+
+    @property
     def run_id(self) -> str:
-        """A W&B run id: stable per candidate, letters, digits, '-' and '_' only."""
-        return re.sub(r"[^A-Za-z0-9_-]+", "_", f"{self.sweep}-c{self.candidate_id}")[:64]
+        """A W&B run id: stable per candidate, letters, digits, '-' and '_' only (`<sweep>-c<id>`, with a hash of
+        the name when it had other characters, so two sweeps never share one)."""
+        raw = f"{self.sweep}-c{self.candidate_id}"
+        safe = re.sub(r"[^A-Za-z0-9_-]+", "_", raw)
+        return safe[:64] if safe == raw else f"{safe[:40]}-{self.ident[:8]}"
 
 
 @dataclass(frozen=True)
@@ -210,7 +220,7 @@ def to_mlflow(tracked: Sequence[TrackedRun], target: str, experiment: str, clien
     exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment, artifacts)
     written = unchanged = 0
     for run in tracked:
-        found = client.search_runs([exp_id], f"tags.`{CANDIDATE_TAG}` = '{run.key}'", max_results=1)
+        found = client.search_runs([exp_id], f"tags.`{IDENT_TAG}` = '{run.ident}'", max_results=1)
         if found and found[0].data.tags.get(RESULT_TAG) == str(run.result_id):
             unchanged += 1
             continue
@@ -220,7 +230,7 @@ def to_mlflow(tracked: Sequence[TrackedRun], target: str, experiment: str, clien
             run_id,
             metrics=[Metric(k, v, now, run.round) for k, v in run.metrics.items()],
             params=[] if found else [Param(k, str(v)) for k, v in run.params.items()],
-            tags=[RunTag(k, v) for k, v in run.tags.items()],
+            tags=[RunTag(k, v) for k, v in {**run.tags, IDENT_TAG: run.ident}.items()],
         )
         with _evidence_file(run) as path:
             client.log_artifact(run_id, str(path), EVIDENCE)

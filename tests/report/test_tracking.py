@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -181,3 +182,13 @@ def test_an_unreachable_destination_is_one_error_line_with_a_fix(ledger, tmp_pat
     lines = nokey.stderr.strip().splitlines()
     assert nokey.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: Weights & Biases refused"), lines
     assert "WANDB_MODE=offline" in lines[0] and "WANDB_API_KEY" in lines[0]
+
+
+def test_run_ids_are_safe_and_never_shared_by_two_sweeps():
+    def run(sweep: str) -> tracking.TrackedRun:
+        return tracking.TrackedRun(sweep, 7, 1, 0, "c7", {}, {}, {})
+
+    assert run("s1").run_id == "s1-c7"
+    odd, other = run("a.b/c'd"), run("a_b_c_d")
+    assert re.fullmatch(r"[A-Za-z0-9_-]+", odd.run_id) and odd.run_id != other.run_id
+    assert re.fullmatch(r"[0-9a-f]{16}", odd.ident) and odd.ident != other.ident
