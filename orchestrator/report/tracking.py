@@ -95,7 +95,7 @@ def parity_word(verdict: str) -> str:
         return "passed"
     if verdict.startswith("FAILED"):
         return "failed"
-    return "not compared" if verdict.startswith("not checked") else "not run"
+    return "not compared" if verdict.startswith(("not checked", "not compared")) else "not run"
 
 
 def _parity_enabled(config_yaml: str) -> bool | None:
