@@ -27,11 +27,14 @@ step's compilation take minutes (--startup-s to change it).
 Tune vs held-out: the rows above are the tune set (the surfaces and seeds the defaults were tuned on). The
 held-out set (HELDOUT: the twin's `mixed` generator, every effect drawn wide, and `overpredicted`, memory ~2x
 over-predicted with EP128 winning, on seeds no tuning used, one on a GPU smaller than its hardware group; and
-the ridge and plateau stand-ins, tests/workloads/)
-runs the default policy after them, and the last table prints both sets' figures side by side, per stage:
+the ridge and plateau stand-ins, tests/workloads/; issue 48's failure modes: the twin's `overcharged`, `sibling`
+and `wideband` surfaces and the sibling stand-in) runs the default policy after them, and the last table prints
+both sets' figures side by side, per stage:
 rows meeting the goal, gaps, mean GPU-hours and hours to a decision (full-scale jobs one after another on the
 stage's cluster, orchestrator.core.cost.decision_hours). Keep a change only when the held-out figures do not
-get worse. --no-heldout / --heldout-only run one set; --heldout-orders sizes its random search.
+get worse. Per stage and set, the worst row is printed beside the mean (widest gap, dearest decision, with surface
+and seed). --no-heldout / --heldout-only run one set; --heldout-target narrows the held-out set to some surfaces or
+rows (twin:sibling, twin:sibling/s101+gpu128); --heldout-orders sizes its random search.
 
 Plug in a policy: --policy NAME (repeatable) and Hydra overrides with --set key=value (e.g. --set
 policy.round_size=6 --set stage.budget.max_runs=40), applied to every sweep. --seed S (repeatable) runs
