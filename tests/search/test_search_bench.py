@@ -185,3 +185,20 @@ def test_the_new_failure_surfaces_are_held_out_only():
     assert new <= {name for name, _, _ in bs.HELDOUT}
     assert not new & set(bs.TARGETS)
     assert all(seed >= 100 for name, seed, _ in bs.HELDOUT if name in new and name.startswith("twin:"))
+
+
+def test_make_bench_repeats_the_worst_rows_at_its_end(tmp_path, monkeypatch, capsys):
+    """tests/bench/run_all.py prints a bench's WORST lines after every bench ran, beside the tally."""
+    from tests.bench import run_all
+
+    (tmp_path / "bench_fake.py").write_text(
+        "WORST = {}\n\ndef main():\n    WORST['held-out'] = ['1k: worst 6.5% on ext:sibling/s0']\n    return False\n"
+    )
+    monkeypatch.setattr(run_all, "HERE", tmp_path)
+    assert run_all.main([]) == 1
+    tail = capsys.readouterr().out.splitlines()[-3:]
+    assert tail == [
+        "== bench_fake: worst rows, held-out",
+        "   1k: worst 6.5% on ext:sibling/s0",
+        "== 1 benches, 1 missed their goal: bench_fake",
+    ]
