@@ -496,6 +496,9 @@ class TwinSurface(StrEnum):
     tails = "tails"
     mixed = "mixed"  # the held-out generator: every effect drawn wide (the bench tunes on none of its seeds)
     overpredicted = "overpredicted"  # memory ~2x smaller than predicted and EP128 wins (issue 19)
+    overcharged = "overcharged"  # light recompute saves 5-10x less memory than its tensors say (issue 48)
+    sibling = "sibling"  # overcharged, and light recompute slows a step 2-5%: the optimum is a sibling away
+    wideband = "wideband"  # mixed, each tensor off on its own draw: no per-term memory fit holds
 
 
 @dataclass

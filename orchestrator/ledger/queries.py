@@ -14,8 +14,22 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from sqlalchemy import BigInteger, Boolean, Float, Integer, Select, and_, exists, func, not_, or_, select, true
-from sqlalchemy.orm import QueryableAttribute
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    Integer,
+    Select,
+    and_,
+    case,
+    exists,
+    func,
+    not_,
+    or_,
+    select,
+    true,
+)
+from sqlalchemy.orm import QueryableAttribute, aliased
 from sqlalchemy.sql.elements import ColumnElement
 
 from orchestrator.core.knobs import FIELDS, KNOB, KNOBS
@@ -59,6 +73,25 @@ def excluded() -> ColumnElement[bool]:
     return or_(m.Candidate.status == CandidateStatus.EXCLUDED, failing_parity)
 
 
+# The attempt that produced the candidate's latest result: its fidelity is the figures' (the latest attempt may be a
+# later launch at another fidelity, e.g. the full-window run that OOMed after a fit probe measured).
+MEASURING = aliased(m.Attempt, name="measuring")
+FIDELITY = func.coalesce(MEASURING.fidelity, m.Attempt.fidelity)
+
+
+class Measured:
+    """What a row's figures are, the `measured` column: only FULL ones are full-window measurements a best may be
+    decided on (orchestrator.core.ranking's rule); the rest are marked and, in `compare`, sorted after them."""
+
+    FULL = "full"  # a complete full-window result that passed the correctness gate
+    PARTIAL = "partial"  # the job stopped before its window ended
+    SCREEN = "screen-only"  # a short window ranks contenders; never a best
+    PROBE = "probe-only"  # a fit probe: start-up and a few iterations (one GPU's compute-only step)
+    FAILED = "failed"  # the candidate failed (its figures, if any, are an earlier probe's or screen's)
+    EXCLUDED = "excluded"  # measured, then failed the correctness gate
+    NONE = "none"  # no result yet
+
+
 COLUMNS: dict[str, Column] = {
     "sweep": m.Sweep.name,
     "stage": m.Sweep.stage,
@@ -90,12 +123,21 @@ COLUMNS: dict[str, Column] = {
     "exit_code": m.Attempt.exit_code,
     "node_list": m.Attempt.node_list,
     "simulated": m.Attempt.simulated,
-    "fidelity": m.Attempt.fidelity,
+    "fidelity": FIDELITY,  # the figures' (the measuring attempt's), else the latest attempt's
     "excluded": excluded(),
     "result_id": m.Result.id,
     # every scalar metric of the registry (simulated is the attempt's, above)
     **{k: getattr(m.Result, k) for k in SCALARS if k != "simulated"},
 }
+COLUMNS["measured"] = case(
+    (COLUMNS["excluded"], Measured.EXCLUDED),
+    (m.Candidate.status == CandidateStatus.FAILED, Measured.FAILED),
+    (m.Result.id.is_(None), Measured.NONE),
+    (FIDELITY == Fidelity.PROBE, Measured.PROBE),
+    (FIDELITY == Fidelity.SCREEN, Measured.SCREEN),
+    (COLUMNS["partial"] == true(), Measured.PARTIAL),
+    else_=Measured.FULL,
+)
 ALIASES = {**METRIC_ALIASES, "b": "mbs"}
 # the simulated flag last: it qualifies every figure before it
 DEFAULT_COLUMNS = (
@@ -104,9 +146,13 @@ DEFAULT_COLUMNS = (
     "key",
     *(k.column for k in KNOBS if k.shown and k.part_of is None),
     "status",
+    "fidelity",
+    "measured",
     *(k.key for k in METRICS if k.shown and k.name != "simulated"),
     "simulated",
 )
+# What a `compare` row always shows, whatever --columns asks: whether its figures are a full-window measurement.
+STANDING_COLUMNS = ("status", "fidelity", "measured")
 # Sorting a metric without a sign puts the best first: high throughput, low time and memory (the registry's
 # `better`), and the same for the predictions of a throughput.
 HIGHER_IS_BETTER = METRIC_HIGHER | {"pred_mfu", "pred_tokens_per_s"}
@@ -186,7 +232,13 @@ def _bad_null(f: Filter) -> NoReturn:
     raise LedgerError(f"--where {f.key}{f.op}null: only = and != compare with null")
 
 
-def _order(sort: str | None) -> list[Column]:
+def _order(sort: str | None, grouped: bool = True) -> list[Column]:
+    """ORDER BY: full-window measurements first (grouped), then `sort` within each group (or the ledger's order)."""
+    first = [case((COLUMNS["measured"] == Measured.FULL, 0), else_=1)] if grouped else []
+    return first + _key_order(sort)
+
+
+def _key_order(sort: str | None) -> list[Column]:
     if not sort:
         return [m.Sweep.id, m.Candidate.round, m.Candidate.id]
     desc = None
@@ -207,6 +259,7 @@ def _joins(q: AnySelect) -> AnySelect:
         .outerjoin(m.Sweep, m.Sweep.id == m.Candidate.sweep_id)
         .outerjoin(m.Attempt, m.Attempt.id == m.Candidate.latest_attempt_id)
         .outerjoin(m.Result, m.Result.id == m.Candidate.latest_result_id)
+        .outerjoin(MEASURING, MEASURING.id == m.Result.attempt_id)
     )
 
 
@@ -226,8 +279,12 @@ def compare(
     sort: str | None = None,
     limit: int | None = None,
     columns: Sequence[str] | None = None,
+    grouped: bool = True,
 ) -> list[dict[str, Any]]:
-    """Rows (dicts keyed by column name) for `python -m orchestrator compare`.
+    """Rows (dicts keyed by column name) for `python -m orchestrator compare`. Grouped (the default), rows whose
+    figures are a full-window measurement (`measured` = full) come first, then failed, probe-only, screen-only,
+    partial, excluded and unmeasured ones, each group in `sort`'s order: a fit probe's compute-only step never
+    outranks a layout measured at scale. `grouped=False` orders every row by `sort` alone.
 
     With a limit, the filter + sort first pick candidate ids over narrow rows; only those `limit`
     rows are then widened to every column (100k runs: the sort never carries the wide columns).
@@ -239,7 +296,7 @@ def compare(
         if value is not None:
             filters.append(Filter(key, "=", value))
     cond = and_(true(), *[_condition(f) for f in filters])
-    order = _order(sort)
+    order = _order(sort, grouped)
     if limit is None:
         q = joined(cols).where(cond).order_by(*order)
     else:

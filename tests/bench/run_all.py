@@ -2,7 +2,9 @@
 
 Why a runner and not pytest: benchmarks print numbers for people (and fail loudly if a goal is
 missed); they are not pass/fail unit tests and must not slow `make test`. Exit status: non-zero if
-any bench raised or returned a falsy "goal met" value (main() may return True/False or None).
+any bench raised or returned a falsy "goal met" value (main() may return True/False or None). A bench that keeps
+its worst rows in a module-level WORST ({set: [lines]}, bench_search's) has them repeated at the end, beside the
+tally: a mean hides the rows a cluster would wait days on (issue 48 item 7).
 """
 
 from __future__ import annotations
@@ -32,17 +34,26 @@ def main(argv=None) -> int:
     names = set(argv or [])
     files = sorted(p for p in HERE.glob("bench_*.py") if not names or p.stem in names)
     failed = []
+    worst: dict[str, dict[str, list[str]]] = {}
     for path in files:
         print(f"== {path.stem}", flush=True)
         t0 = time.perf_counter()
         try:
-            ok = load(path).main()
+            mod = load(path)
+            ok = mod.main()
+            if getattr(mod, "WORST", None):
+                worst[path.stem] = dict(mod.WORST)
         except Exception:  # noqa: BLE001 - report and continue with the next bench
             traceback.print_exc()
             ok = False
         print(f"   ({path.stem}: {time.perf_counter() - t0:.1f} s wall)", flush=True)
         if ok is False:
             failed.append(path.stem)
+    for stem, sets in worst.items():
+        for name, lines in sets.items():
+            print(f"== {stem}: worst rows, {name}")
+            for line in lines:
+                print(f"   {line}")
     print(f"== {len(files)} benches, {len(failed)} missed their goal" + (f": {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 

@@ -46,7 +46,7 @@ def _run(name: str, flags: list[str], hbm: str | None = None, **rank_env: str) -
     return subprocess.run(cmd, env=env, capture_output=True, timeout=120, check=False)
 
 
-@pytest.mark.parametrize("name", ["surface", "cliffs", "ridge", "plateau"])
+@pytest.mark.parametrize("name", ["surface", "cliffs", "ridge", "plateau", "sibling"])
 def test_a_stand_in_speaks_megatron_at_its_own_step(name):
     mod, mega = _load(name), sys.modules["megatron_io"]
     point, iters = mega.point_from_argv(FLAGS, 1024)

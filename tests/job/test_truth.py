@@ -151,6 +151,57 @@ def test_memory_surface_errs_per_component(grid8k):
     pytest.fail("no seed of the memory surface fits a layout the planner prunes")
 
 
+def _pairs(cfg, legal, surface, seed, module="moe_act"):
+    """(with, without) `module` recompute, every other knob equal: (layout, its truth) each."""
+    s = _surfaces(cfg, legal, surface, seed)
+    by: dict[str, dict[bool, tuple]] = {}
+    for c, x in zip(legal, s, strict=True):
+        rest = dataclasses.replace(c.layout, recompute=tuple(m for m in c.layout.recompute if m != module))
+        by.setdefault(repr(rest), {})[module in c.layout.recompute] = (c, x)
+    return [(d[True], d[False]) for d in by.values() if len(d) == 2]
+
+
+@pytest.mark.parametrize("surface", ["overcharged", "sibling"])
+def test_overcharged_recompute_saves_5_to_10x_less_than_the_planner_charges(grid8k, surface):
+    """Issue 48: the planner charged 25-65 GB for dropping moe_act recompute where the truth was 4.7 GB. On these
+    surfaces the planner's charge over the truth's is 4-12x on every sibling pair (5-10x, the allocator's reserve
+    aside); on `balanced` it is about 1x."""
+    cfg, legal = grid8k
+
+    def charges(surf: str) -> list[float]:
+        out = []
+        for (c1, x1), (c0, x0) in _pairs(cfg, legal, surf, 0):
+            true = max(x0.stage_gb) - max(x1.stage_gb)
+            if true > 0.1:
+                out.append((c0.prediction.memory_gb - c1.prediction.memory_gb) / true)
+        return out
+
+    over = charges(surface)
+    assert over and min(over) >= 4.0 and max(over) <= 12.0, (min(over), max(over))
+    assert statistics.median(charges("balanced")) < 2.0
+
+
+def test_sibling_optimum_is_one_recompute_module_from_a_slower_sibling(grid8k):
+    """On `sibling`'s held-out seeds (tests/bench/bench_search.py HELDOUT) the fastest layout that fits is
+    over-charged by the planner (tens of GB), and its nearest sibling in the recompute knob (every other knob equal)
+    also fits and is 1.5-6% slower: measuring the sibling and not the optimum misses the 2% goal. (Not every seed:
+    on some the optimum keeps mhc+mla_up_proj and no sibling fits near it.)"""
+    cfg, legal = grid8k
+    hbm = cfg.hardware.hbm_gb
+    for seed in (100, 101):
+        s = _surfaces(cfg, legal, "sibling", seed)
+        fit = [i for i, x in enumerate(s) if max(x.stage_gb) <= hbm]
+        b = min(fit, key=lambda i: s[i].step_s)
+        opt = dataclasses.replace(legal[b].layout, recompute=())
+        assert legal[b].prediction.memory_gb - max(s[b].stage_gb) >= 10.0, seed
+        near = min(
+            s[i].step_s / s[b].step_s - 1
+            for i in fit
+            if i != b and dataclasses.replace(legal[i].layout, recompute=()) == opt
+        )
+        assert 0.015 <= near <= 0.06, (seed, legal[b].layout.short(), near)
+
+
 def test_deterministic_and_surfaces_disagree(grid8k):
     cfg, legal = grid8k
     c = legal[0]

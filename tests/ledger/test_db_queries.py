@@ -74,11 +74,22 @@ def test_compare_filters_sort_and_default_columns(filled):
     rows = queries.compare(led, sweep="s1", where=["ep=64"])
     assert [r["key"] for r in rows] == [cands[1].key, cands[4].key]
     assert list(rows[0]) == list(queries.DEFAULT_COLUMNS)
-    by_tokens = queries.compare(led, sort="tokens_per_gpu", where=["status=done"])
+    by_tokens = queries.compare(led, sort="tokens_per_gpu", where=["status=done"], grouped=False)
     tokens = [r["tokens_per_gpu"] for r in by_tokens]
     assert tokens == sorted(tokens, reverse=True)  # throughput: best (highest) first
-    by_step = queries.compare(led, sort="step_p50_s", limit=2)
+    by_step = queries.compare(led, sort="step_p50_s", limit=2, grouped=False)
     assert [r["step_p50_s"] for r in by_step] == [0.5, 1.0]
+    # grouped (the default): the partial (1.0 s) and parity-failed (0.5 s) rows follow the full-window ones
+    grouped = queries.compare(led, sort="step_p50_s", columns=["key", "step_p50_s", "measured"])
+    assert [(r["step_p50_s"], r["measured"]) for r in grouped] == [
+        (2.0, "full"),
+        (2.0, "full"),
+        (3.0, "full"),
+        (0.5, "excluded"),
+        (1.0, "partial"),
+        (None, "failed"),
+    ]
+    assert [r["step_p50_s"] for r in queries.compare(led, sort="step_p50_s", limit=2)] == [2.0, 2.0]
     assert queries.compare(led, sort="-step_p50_s", limit=1)[0]["step_p50_s"] == 3.0
     assert [r["key"] for r in queries.compare(led, where=["tokens_per_gpu>=1000", "step_p50_s<2"])] == [
         cands[3].key,
@@ -192,3 +203,52 @@ def test_any_filter_value_is_refused_or_bound_as_data(filled, key, op, value):
     if rows is not None and op == "=" and key in ("recompute", "sweep") and value.strip().lower() != "null":
         assert all(r[key] == value.strip() for r in rows)
     assert set(inspect(led.engine).get_table_names()) >= TABLES
+
+
+@pytest.fixture
+def probed(ledger_url):
+    """One layout measured at full window (2.0 s); another whose fit probe printed a 3x faster compute-only step
+    (0.667 s) and whose full-window launch then ran out of memory: the probe's figures are its latest result."""
+    led = Ledger.open(ledger_url)
+    led.create_or_get_sweep(
+        "s2", stage="8k", config_yaml="", model="dsv4_pro", hardware="h100", workload="twin", provenance={}
+    )
+    full, oom = led.add_candidates("s2", make_items(2))
+    att = led.new_attempt(full.id, job_id="200_0", job_dir="/runs/s2/0", simulated=True)
+    led.evidence.record_result(att.id, job_result(2.0))
+    led.set_candidate_status(full.id, "done")
+    probe = led.new_attempt(oom.id, job_id="200_1", job_dir="/runs/s2/1", simulated=True, fidelity="probe")
+    led.evidence.record_result(probe.id, job_result(2.0 / 3))
+    scale = led.new_attempt(oom.id, job_id="200_2", job_dir="/runs/s2/1b", simulated=True, fidelity="full")
+    led.evidence.record_result(scale.id, {"ok": False, "simulated": True, "failure_class": "OOM"})
+    led.set_candidate_status(oom.id, "failed", "OOM")
+    yield led, full, oom
+    led.close()
+
+
+def test_compare_puts_a_failed_probe_after_a_full_measurement(probed, ledger_url, capsys):
+    """Issue 48 item 6: every format says a row's status and fidelity, and by default a failed row whose only
+    figures are a fit probe's (3x the throughput) sorts after the full-window measurement; `best` and `status`
+    never call it measured."""
+    led, full, oom = probed
+    url = f"ledger.url={ledger_url}"
+    rc, out, _ = run_cli(["compare", "--stage", "8k", "--sort", "tokens_per_gpu", "--format", "json", url], capsys)
+    rows = json.loads(out)
+    assert rc == 0 and [r["key"] for r in rows] == [full.key, oom.key]
+    assert rows[1]["tokens_per_gpu"] == pytest.approx(3 * rows[0]["tokens_per_gpu"])
+    assert [(r["status"], r["fidelity"], r["measured"]) for r in rows] == [
+        ("done", "full", "full"),
+        ("failed", "probe", "failed"),
+    ]
+    # --columns without them still carries them; --all-sorted orders by the key alone
+    rc, out, _ = run_cli(["compare", "--sort", "tokens_per_gpu", "--columns", "key", "--all-sorted", "--format",
+                          "csv", url], capsys)  # fmt: skip
+    lines = out.splitlines()
+    assert rc == 0 and lines[0] == "key,status,fidelity,measured" and lines[1].startswith(f"{oom.key},failed,probe")
+    rc, out, _ = run_cli(["compare", "--sort", "tokens_per_gpu", url], capsys)
+    assert rc == 0 and out.index(full.key[:10]) < out.index(oom.key[:10]) and "probe" in out and "follow" in out
+    rc, out, _ = run_cli(["best", "--sweep", "s2", "--format", "json", url], capsys)
+    assert rc == 0 and json.loads(out)["key"] == full.key
+    from orchestrator.sweep import observe  # what `status` and the sweep's last line print as the best
+
+    assert observe.best_of(led, "s2")["key"] == full.key

@@ -275,7 +275,7 @@ def _kept(bl: Block, gone: frozenset[str], q: Quirks, hot: float) -> float:
     for name, v in bl.tensors:
         if name not in gone:
             group = TENSOR_GROUP[name]
-            out += v * q.act[group] * (hot if group == "moe" and bl.moe else 1.0)
+            out += v * q.act[group] * q.tensor_act.get(name, 1.0) * (hot if group == "moe" and bl.moe else 1.0)
     return out
 
 

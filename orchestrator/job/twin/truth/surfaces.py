@@ -23,6 +23,17 @@ moves where that effect bites, so twin.seed moves the optimum, not only the nois
   overpredicted  memory over-predicted about 2x (every activation term about half its tensors), GEMMs
              efficient at a few hundred tokens per expert and dispatchers that hold up across nodes: the
              wide-EP (EP128), no-recompute region a pessimistic memory model prunes holds the optimum.
+
+Held out for issue 48's failure modes (a sweep missed a no-recompute neighbour the model over-charged):
+  overcharged  what selective recompute saves is 5-10x smaller than its tensors say: each tensor a light
+             recompute module frees (LIGHT: mla_up_proj, mhc, layernorm, moe_act, shared_experts, core_attn)
+             is stored at 1/10-1/5 of its size, so dropping that recompute costs a few GB, not tens.
+  sibling    overcharged, and each light module's recompute redoes 8-16% of a block's forward: the optimum
+             has no light recompute and its one-knob sibling with one module is 2-5% slower, a miss of the goal
+             when the sweep measures the sibling and not the optimum; the allocator reserves more (frag
+             0.10-0.16), so the optimum sits near the capacity the model's over-charge puts it above.
+  wideband   mixed, and every stored tensor sized 0.1-8x its group's scale on its own draw: no per-term
+             memory factor fits the measured layouts, so a calibrated band runs wider than the GPU.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from orchestrator.core.schema import TwinSurface
+from orchestrator.job.twin.truth.shape import RECOMPUTE_FREES, TENSOR_GROUP
 
 
 @dataclass(frozen=True)
@@ -96,6 +108,8 @@ class Quirks:
     span_jitter: float = 0.2  # both x (1 + span_jitter x log2(nodes spanned))
     tail_per_node: float = 0.05  # straggler rate x (1 + tail_per_node x (nodes spanned - 1))
     act: dict[str, float] = field(default_factory=lambda: {"attn": 1.0, "moe": 1.0, "mhc": 1.0, "norm": 1.0})
+    # per stored tensor (shape.TENSOR_GROUP's names), x its group's `act`: a tensor sized unlike its group
+    tensor_act: dict[str, float] = field(default_factory=dict)
     logits_bytes: float = 6.0  # per logit on the last stage: fp32 logits + bf16 copy
     buffer_gb: dict[str, float] = field(
         default_factory=lambda: {"flex:deepep": 1.5, "flex:hybridep": 2.0, "flex:ncclep": 1.0}
@@ -221,6 +235,28 @@ def _overpredicted(r: random.Random) -> Quirks:
     )
 
 
+# The light selective-recompute modules (shape.RECOMPUTE_FREES): each frees one or two tensors, not a block.
+LIGHT = ("mla_up_proj", "mhc", "layernorm", "moe_act", "shared_experts", "core_attn")
+
+
+def _overcharged(r: random.Random) -> Quirks:
+    """Balanced, with every tensor a light recompute frees stored at 1/x of its tensors' size (x in 5-10,
+    drawn per tensor, its group's scale divided out: the planner's charge over the truth is x)."""
+    q = _balanced(r)
+    light = {t for mod in LIGHT for t in RECOMPUTE_FREES[mod]}
+    return replace(q, tensor_act={t: 1.0 / (r.uniform(5.0, 10.0) * q.act[TENSOR_GROUP[t]]) for t in sorted(light)})
+
+
+def _sibling(r: random.Random) -> Quirks:
+    q = _overcharged(r)
+    cost = dict(q.recompute_cost) | {mod: r.uniform(0.08, 0.16) for mod in LIGHT}
+    return replace(q, recompute_cost=cost, frag=r.uniform(0.10, 0.16))
+
+
+def _wideband(r: random.Random) -> Quirks:
+    return replace(_mixed(r), tensor_act={t: _lu(r, 0.1, 8.0) for t in sorted(TENSOR_GROUP)})
+
+
 DRAWS = {
     TwinSurface.balanced: _balanced,
     TwinSurface.gemm: _gemm,
@@ -230,6 +266,9 @@ DRAWS = {
     TwinSurface.tails: _tails,
     TwinSurface.mixed: _mixed,
     TwinSurface.overpredicted: _overpredicted,
+    TwinSurface.overcharged: _overcharged,
+    TwinSurface.sibling: _sibling,
+    TwinSurface.wideband: _wideband,
 }
 
 
