@@ -46,6 +46,7 @@ MIN_TE_ROUTER_FUSION_SQRTSOFTPLUS = (2, 13)
 # installed (megatron/core/transformer/experimental_attention_variant/dsa.py:30-34,264-269; csa.py:1192,1374,1591)
 HADAMARD = stack.component("fast_hadamard_transform").module
 TORCH_ROW, NCCL_ROW = stack.component("torch").what, stack.component("nccl").what
+TE_ROW = stack.component("transformer_engine").what
 IMAGE_FIX = f"build the image of {stack.RECIPE} (docs/cluster.md section 9), which installs it"
 
 
@@ -380,19 +381,20 @@ def te_check(req: PreflightRequest, te: str | None) -> Check:
     need = ".".join(map(str, floor))
     if te is None:
         return Check(
-            "Transformer Engine",
+            TE_ROW,
             CheckStatus.FAIL,
             "not installed",
             f"use an image with Transformer Engine >= {need} (NGC PyTorch images ship it)",
         )
     if not _at_least(te, floor):
         return Check(
-            "Transformer Engine",
+            TE_ROW,
             CheckStatus.FAIL,
             f"{te}: {why} needs >= {need}",
             f"upgrade Transformer Engine to >= {need}" + (f", {fix}" if fix else ""),
         )
-    return Check("Transformer Engine", CheckStatus.PASS, f"{te} (>= {need}: {why})")
+    pin = stack.component("transformer_engine").version  # another TE above the floor runs: the row says which
+    return Check(TE_ROW, CheckStatus.PASS, f"{te} (>= {need}: {why}; {stack.RECIPE} pins {pin})")
 
 
 def hadamard_check() -> Check:

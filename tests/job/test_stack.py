@@ -133,7 +133,8 @@ def test_every_preflight_row_is_a_manifest_component_it_asked_for():
 def test_the_pinned_transformer_engine_meets_every_floor_preflight_sets():
     te = stack.component("transformer_engine")
     assert te.release >= job.MIN_TE_ROUTER_FUSION_SQRTSOFTPLUS >= job.MIN_TE
-    assert job.te_check(EVERYTHING, te.version + "+f031cf8").status is CheckStatus.PASS
+    row = job.te_check(EVERYTHING, te.version + "+f031cf8")
+    assert row.status is CheckStatus.PASS and f"pins {te.version}" in row.detail and row.name == te.what
 
 
 def test_a_kernel_at_another_release_is_a_warning_naming_the_pin(tmp_path, monkeypatch):
