@@ -80,6 +80,7 @@ BASE_SOURCE = f"{DEV} docker/.ngc_version.dev:1"
 MEGATRON_DIR = "/opt/megatron-lm"  # conf/workload/megatron.yaml runs /opt/megatron-lm/pretrain_hybrid.py
 ARCHS = "9.0 10.0 12.0"  # Hopper, Blackwell, Blackwell (consumer): dev's DeepEP build (Dockerfile.ci.dev:83)
 
+# In install order: Megatron-LM before DeepEP, whose build applies the patch dev's checkout carries.
 COMPONENTS: tuple[Component, ...] = (
     Component(
         "python",

@@ -175,8 +175,11 @@ def test_megatron_goes_in_as_a_git_checkout_of_the_tested_commit(tmp_path):
     assert mega.rev == TESTED_COMMIT and not mega.pip_install and mega.dest == stack.MEGATRON_DIR
     command = compose(["workload=megatron"]).cfg.workload.command  # preflight reads its .py's folder
     assert str(Path(command[-1]).parent) == stack.MEGATRON_DIR
-    run = next(v for k, v in instructions(RECIPE.read_text()) if k == "RUN" and mega.git in v)
+    runs = [v for k, v in instructions(RECIPE.read_text()) if k == "RUN"]
+    run = next(v for v in runs if mega.git in v)
     assert f"rm -rf {stack.MEGATRON_DIR}" not in run
+    deep_ep = next(i for i, v in enumerate(runs) if stack.component("deep_ep").git in v)
+    assert runs.index(run) < deep_ep and f"{stack.MEGATRON_DIR}/docker/patches/deepep.patch" in runs[deep_ep]
 
     upstream = tmp_path / "upstream"
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=dev"]
