@@ -10,7 +10,8 @@ digest, TE / DeepEP / NCCL versions, nodes, NCCL/NVTE env, parity verdict); with
 `# ` lines, so stdout stays the flags alone. `--flags` is the measurement's recipe (mock data, a few hundred
 iterations, no checkpoints) and says so; `--flags --train` puts the same layout and performance flags on the
 training run of the `train` config group (orchestrator.core.schema.TrainConfig: data, tokenizer, length,
-save/load, evaluation), rebuilt by orchestrator.plan.argv from the sweep's stored config.
+LR schedule, seed, save/load, evaluation, logging), rebuilt by orchestrator.plan.argv from the sweep's stored
+config; one `# schedule:` stderr line says where each schedule value came from.
 """
 
 from __future__ import annotations
@@ -98,6 +99,32 @@ def train_flags_of(hit: dict, config_yaml: str, train) -> list[str]:
     return layout_flags(cfg, cfg.required_stage(), layout, hit["layer_pattern"], train=train)
 
 
+def schedule_line(config_yaml: str, train) -> str:
+    """One `# schedule:` line: each LR-schedule, seed and logging value of the training run with where it came
+    from (the schema's default and its source, the site's setting, the performance recipe it keeps)."""
+    from orchestrator.plan.argv import train_schedule
+    from orchestrator.sweep.setup import root_from_yaml
+
+    rows = train_schedule(train, root_from_yaml(config_yaml).workload.recipe)
+    return "# schedule: " + "; ".join(f"{name} {value} ({source})" for name, value, source in rows)
+
+
+def check_schedule(train) -> None:
+    """Megatron's scheduler asserts a floor at most the peak and a warm-up that ends before the decay
+    (megatron/core/optimizer_param_scheduler.py:161,170): say so here, in the train group's words."""
+    if train.min_lr > train.lr:
+        raise UserError(
+            f"train.min_lr={train.min_lr} is above the peak train.lr={train.lr}: set train.min_lr={train.lr / 10:g}"
+        )
+    decay = train.lr_decay_iters if train.lr_decay_iters is not None else train.train_iters
+    if train.lr_warmup_iters >= decay:
+        raise UserError(
+            f"train.lr_warmup_iters={train.lr_warmup_iters} is not below the {decay} iterations the LR decays over "
+            f"(train.lr_decay_iters, else train.train_iters): set train.lr_warmup_iters={max(decay // 10, 0)} "
+            "or a longer train.train_iters"
+        )
+
+
 def summary_rows(hit: dict) -> list[tuple[str, str]]:
     """The evidence a decision needs, one field a line (the JSON has every metric)."""
     from orchestrator.plan.layout import Layout
@@ -144,6 +171,8 @@ def run(args, overrides) -> int:
     from orchestrator.config import compose
 
     train = compose(overrides).cfg.train if args.train else None
+    if train is not None:
+        check_schedule(train)
     with open_ledger(overrides) as ledger:
         sweep = pick_sweep(ledger, args.sweep, args.stage)
         hit = queries.best(ledger, sweep=sweep.name)
@@ -168,7 +197,12 @@ def run(args, overrides) -> int:
             from orchestrator.plan.argv import train_placeholders
 
             print(format_argv(train_flags_of(hit, sweep.config_yaml, train)))
-            print("# recipe: training run (conf/train/: data, tokenizer, length, save/load, eval)", file=sys.stderr)
+            print(
+                "# recipe: training run (conf/train/: data, tokenizer, length, LR schedule, seed, save/load, eval, "
+                "logging)",
+                file=sys.stderr,
+            )
+            print(schedule_line(sweep.config_yaml, train), file=sys.stderr)
             missing = ", ".join(f"train.{name}" for name in train_placeholders(train))
             if missing:
                 print(

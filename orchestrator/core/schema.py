@@ -540,7 +540,8 @@ class RecipeConfig:
     every other Megatron file:line here is the dev branch at the same commit. The performance flags are part of
     the recipe because the step-time model must assume exactly the overlap they turn on
     (orchestrator.plan.argv.overlaps). Another recipe is a file conf/workload/recipe/NAME.yaml holding what it
-    changes (workload/recipe=NAME), or one value overridden: workload.recipe.lr=2e-4.
+    changes (workload/recipe=NAME), or one value overridden: workload.recipe.lr=2e-4. Its learning-rate schedule
+    is the measurement's; a training run (`best --flags --train`) takes TrainConfig's instead.
     """
 
     # Learning rate. --lr has no default (megatron/training/arguments.py:3892-3894) and OptimizerParamScheduler
@@ -671,8 +672,10 @@ class TrainConfig:
     """The training run `best --flags --train` puts a sweep's winner on: what a site fills in once
     (conf/train/default.yaml, or its own train/NAME.yaml on Hydra's search path, selected with train=NAME).
 
-    Only the measurement's data, run length, checkpoints, evaluation and logging are replaced; the layout, the
-    model, the recipe (workload.recipe) and the performance flags are the measured ones (orchestrator.plan.argv).
+    The measurement's data, run length, checkpoints, evaluation, logging and learning-rate schedule are replaced
+    (the measurement runs the performance recipe's near-zero LR without warm-up: a step's time does not depend
+    on it); the layout, the model, the rest of the recipe (workload.recipe: clipping, weight decay, Adam, the
+    router numerics) and the performance flags are the measured ones (orchestrator.plan.argv).
     None fields are the site's to fill: the flags then carry a `<train.FIELD>` placeholder Megatron cannot
     mistake for a real path, and `best` names what is missing. Flag names are Megatron's
     (megatron/training/arguments.py: _add_data_args, _add_checkpointing_args, _add_validation_args)."""
@@ -688,7 +691,41 @@ class TrainConfig:
     eval_interval: int = ranged(1000, 1)  # --eval-interval in iterations
     eval_iters: int = ranged(10, 0)  # --eval-iters per evaluation (the measurement runs none)
     log_interval: int = ranged(10, 1)  # --log-interval (the measurement logs every step to time it)
+    # The learning-rate schedule: DeepSeek-V3's pretraining schedule (DeepSeek-V3 Technical Report,
+    # arXiv:2412.19437, section 4.2 "Hyper-Parameters": linear warm-up from 0 to 2.2e-4 over the first 2K steps,
+    # then a cosine decay to 2.2e-5; TRAIN_SOURCES). No DeepSeek-V4 pretraining schedule could be confirmed from a
+    # public source here. V3 holds the peak until 10T of its 14.8T tokens and decays over the next 4.3T; with
+    # lr_decay_iters None the cosine spans the whole run (--lr-decay-iters = train_iters): set it to decay sooner.
+    lr: float = ranged(2.2e-4, gt=0)  # --lr, the peak
+    min_lr: float = ranged(2.2e-5, 0)  # --min-lr, where the decay ends
+    lr_warmup_init: float = ranged(0.0, 0)  # --lr-warmup-init: the warm-up starts from 0
+    lr_warmup_iters: int = ranged(2000, 0)  # --lr-warmup-iters
+    lr_decay_style: str = "cosine"  # --lr-decay-style
+    lr_decay_iters: int | None = ranged(None, 1)  # --lr-decay-iters; None: train_iters
+    # Megatron's own default seed (megatron/training/config/common_config.py:11), written out so the run says it
+    seed: int = ranged(1234, 0)
+    tensorboard_dir: str | None = None  # --tensorboard-dir; None: <save>/tensorboard
+    # --wandb-project; None: no W&B (Megatron's default). With a project, --wandb-exp-name is wandb_exp_name, else
+    # <model>-<stage> (Megatron refuses an empty name: megatron/training/global_vars.py:247-248) and W&B writes
+    # under <save>/wandb (global_vars.py:253-258)
+    wandb_project: str | None = None
+    wandb_exp_name: str | None = None
     extra_args: list[str] = field(default_factory=list)  # appended last (argparse: a later flag wins)
+
+
+# Where each TrainConfig schedule default comes from (`best --flags --train` prints it beside the value).
+V3_REPORT = "DeepSeek-V3 Technical Report (arXiv:2412.19437) sec. 4.2"
+TRAIN_SOURCES = {
+    "lr": V3_REPORT,
+    "min_lr": V3_REPORT,
+    "lr_warmup_init": V3_REPORT,
+    "lr_warmup_iters": V3_REPORT,
+    "lr_decay_style": V3_REPORT,
+    "lr_decay_iters": "the run's train_iters",
+    "seed": "Megatron's default",
+    "tensorboard_dir": "<save>/tensorboard",
+    "wandb_project": "off",
+}
 
 
 @dataclass

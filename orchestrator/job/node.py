@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core import stack
 from orchestrator.job import checkout
 
 # The environment that changes how a job communicates or computes (what the bundle shows and a rerun needs).
@@ -46,8 +47,8 @@ def versions(megatron_root: str | Path | None = None) -> dict[str, str]:
     """Versions of what this rank runs: torch, CUDA, NCCL, Transformer Engine, DeepEP, megatron-core's
     package_info, the checkout's git commit, the container image and its pinned digest (absent ones omitted)."""
     out: dict[str, str | None] = {
-        "transformer_engine": _dist("transformer_engine", "transformer-engine", "transformer_engine_torch"),
-        "deep_ep": _dist("deep_ep", "deep-ep"),
+        "transformer_engine": _dist(*stack.component("transformer_engine").dists),
+        "deep_ep": _dist(*stack.component("deep_ep").dists),
         "megatron_commit": checkout.git_commit(megatron_root) if megatron_root else None,
     }
     torch = sys.modules.get("torch")

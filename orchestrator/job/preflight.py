@@ -23,12 +23,14 @@ import importlib.util
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core import stack
 from orchestrator.core.megatron import TESTED, TESTED_COMMIT, short
 from orchestrator.core.paths import JobPaths, atomic_write
 from orchestrator.job import checkout as checkout_mod
@@ -42,7 +44,10 @@ MIN_TE = (2, 9)  # megatron/core/transformer/transformer_config.py:3680 (sequenc
 MIN_TE_ROUTER_FUSION_SQRTSOFTPLUS = (2, 13)
 # Every CSA (ratio 4) layer's indexer rotates its activations with fast_hadamard_transform and asserts it is
 # installed (megatron/core/transformer/experimental_attention_variant/dsa.py:30-34,264-269; csa.py:1192,1374,1591)
-HADAMARD = "fast_hadamard_transform"
+HADAMARD = stack.component("fast_hadamard_transform").module
+TORCH_ROW, NCCL_ROW = stack.component("torch").what, stack.component("nccl").what
+TE_ROW = stack.component("transformer_engine").what
+IMAGE_FIX = f"build the image of {stack.RECIPE} (docs/cluster.md section 9), which installs it"
 
 
 class CheckStatus(StrEnum):
@@ -302,7 +307,7 @@ def environment_checks(req: PreflightRequest) -> list[Check]:
     ok = sys.version_info[:2] >= MIN_PYTHON
     out = [
         Check(
-            "Python",
+            stack.component("python").what,
             CheckStatus.PASS if ok else CheckStatus.FAIL,
             f"{py} ({sys.executable})",
             ""
@@ -311,25 +316,51 @@ def environment_checks(req: PreflightRequest) -> list[Check]:
         )
     ]
     out += _torch_checks(req)
-    out.append(te_check(req, _version("transformer_engine", "transformer-engine", "transformer_engine_torch")))
-    if req.csa:
-        out.append(hadamard_check())
-    for backend in req.flex_backends:
-        out.append(_deepep_check(backend))
-    if req.cudnn_dsa:
-        out.append(_module_check("flash_mla", "flash_mla", "--dsa-kernel-backend cudnn uses FlashMLA's sparse kernels"))
-        out.append(_cudnn_dsa_check())
-    if req.muon:
-        v = _version("emerging_optimizers", "emerging-optimizers")
-        out.append(
-            Check(
-                "Muon optimizer (emerging_optimizers)",
-                CheckStatus.PASS if v else CheckStatus.FAIL,
-                v or "not installed (megatron/core/optimizer/emerging_optimizers.py imports it)",
-                "" if v else "pip install emerging-optimizers in the image, or model.optimizer=adam",
-            )
-        )
+    te = stack.component("transformer_engine")
+    out.append(te_check(req, _version(*te.dists)))
+    for c in needed(req):
+        if c.key in KERNEL_CHECKS:
+            out += KERNEL_CHECKS[c.key](req)
     return out
+
+
+def needed(req: PreflightRequest) -> list[stack.Component]:
+    """The manifest's components (orchestrator.core.stack) the request's space needs on the node, in manifest
+    order: the base image's Python, torch and NCCL, the Megatron checkout and Transformer Engine always; the
+    kernels only where some candidate runs them. Each has a row (KERNEL_CHECKS or the rows above)."""
+    keys = {"python", "torch", "nccl", "megatron", "transformer_engine"}
+    if req.csa:
+        keys.add("fast_hadamard_transform")
+    if req.flex_backends:
+        keys.add("deep_ep")
+    if req.cudnn_dsa:
+        keys |= {"flash_mla", "cudnn_frontend"}
+    if req.muon:
+        keys.add("emerging_optimizers")
+    return [c for c in stack.COMPONENTS if c.key in keys]
+
+
+def component_check(c: stack.Component, why: str, fix: str, *, attr: str | None = None, name: str = "") -> Check:
+    """A kernel of the manifest on this node: its module imports, has the attribute the V4 path calls (`attr`,
+    default the manifest's), and reports the pinned release; another release is a warning naming both."""
+    name = name or c.what
+    attr = c.attr if attr is None else attr
+    fix = f"{fix}; or {IMAGE_FIX}"
+    try:
+        module = importlib.import_module(c.module)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the answer
+        return Check(name, CheckStatus.FAIL, f"import {c.module}: {type(exc).__name__}: {exc}; {why}", fix)
+    if attr and not hasattr(module, attr):
+        return Check(name, CheckStatus.FAIL, f"{c.module} has no {attr}; {why}", fix)
+    found = _version(*c.dists)
+    if found and c.release and stack.release(found)[: len(c.release)] != c.release:
+        return Check(
+            name,
+            CheckStatus.WARN,
+            f"{found}, not the pinned {c.version} ({stack.RECIPE}): the tested stack differs",
+            f"accept it, or {IMAGE_FIX}",
+        )
+    return Check(name, CheckStatus.PASS, found or "found")
 
 
 def te_floor(req: PreflightRequest) -> tuple[tuple[int, ...], str, str]:
@@ -350,37 +381,32 @@ def te_check(req: PreflightRequest, te: str | None) -> Check:
     need = ".".join(map(str, floor))
     if te is None:
         return Check(
-            "Transformer Engine",
+            TE_ROW,
             CheckStatus.FAIL,
             "not installed",
             f"use an image with Transformer Engine >= {need} (NGC PyTorch images ship it)",
         )
     if not _at_least(te, floor):
         return Check(
-            "Transformer Engine",
+            TE_ROW,
             CheckStatus.FAIL,
             f"{te}: {why} needs >= {need}",
             f"upgrade Transformer Engine to >= {need}" + (f", {fix}" if fix else ""),
         )
-    return Check("Transformer Engine", CheckStatus.PASS, f"{te} (>= {need}: {why})")
+    pin = stack.component("transformer_engine").version  # another TE above the floor runs: the row says which
+    return Check(TE_ROW, CheckStatus.PASS, f"{te} (>= {need}: {why}; {stack.RECIPE} pins {pin})")
 
 
 def hadamard_check() -> Check:
     """fast_hadamard_transform importable with its kernel: every CSA (ratio 4) layer calls it."""
-    name = f"{HADAMARD} (CSA ratio-4 layers)"
-    why = "every CSA layer's indexer calls hadamard_transform (dsa.py:264-269 asserts it is installed)"
-    fix = (
-        f"build {HADAMARD} into the image from its git repository (github.com/Dao-AILab/fast-hadamard-transform, "
-        "on a machine with CUDA and network); its sdist on the package index is a stub that downloads the "
-        "kernel at build time, so `pip install fast-hadamard-transform` fails on an offline node"
+    c = stack.component("fast_hadamard_transform")
+    return component_check(
+        c,
+        "every CSA layer's indexer calls hadamard_transform (dsa.py:264-269 asserts it is installed)",
+        f"build {HADAMARD} into the image from its git repository ({c.git} at {c.rev[:12]}, on a machine with "
+        "CUDA and network); its sdist on the package index is a stub that downloads the kernel at build time, "
+        "so `pip install fast-hadamard-transform` fails on an offline node",
     )
-    try:
-        module = importlib.import_module(HADAMARD)
-    except Exception as exc:  # noqa: BLE001 - any import failure is the answer
-        return Check(name, CheckStatus.FAIL, f"import {HADAMARD}: {type(exc).__name__}: {exc}; {why}", fix)
-    if not callable(getattr(module, "hadamard_transform", None)):
-        return Check(name, CheckStatus.FAIL, f"{HADAMARD} has no hadamard_transform; {why}", fix)
-    return Check(name, CheckStatus.PASS, _version(HADAMARD, "fast-hadamard-transform") or "found")
 
 
 def _torch_checks(req: PreflightRequest) -> list[Check]:
@@ -389,7 +415,7 @@ def _torch_checks(req: PreflightRequest) -> list[Check]:
     except Exception as exc:  # noqa: BLE001 - any import failure is the answer
         return [
             Check(
-                "torch + CUDA",
+                TORCH_ROW,
                 CheckStatus.FAIL,
                 f"import torch failed: {exc}",
                 "use an image with a CUDA build of PyTorch (e.g. NGC pytorch)",
@@ -399,13 +425,13 @@ def _torch_checks(req: PreflightRequest) -> list[Check]:
     if not torch.cuda.is_available():
         return [
             Check(
-                "torch + CUDA",
+                TORCH_ROW,
                 CheckStatus.FAIL,
                 f"torch {torch.__version__}, CUDA build {cuda}: no GPU visible",
                 "run preflight on a GPU node (cluster=slurm) with an image whose torch has CUDA",
             )
         ]
-    out = [Check("torch + CUDA", CheckStatus.PASS, f"torch {torch.__version__}, CUDA {cuda}")]
+    out = [Check(TORCH_ROW, CheckStatus.PASS, f"torch {torch.__version__}, CUDA {cuda}")]
     count = torch.cuda.device_count()
     names = sorted({torch.cuda.get_device_name(i) for i in range(count)})
     ok = count == req.gpus_per_node
@@ -419,54 +445,65 @@ def _torch_checks(req: PreflightRequest) -> list[Check]:
     )
     try:
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        out.append(Check("NCCL", CheckStatus.PASS, nccl))
+        out.append(Check(NCCL_ROW, CheckStatus.PASS, nccl))
     except Exception as exc:  # noqa: BLE001
-        out.append(Check("NCCL", CheckStatus.FAIL, f"no NCCL in torch: {exc}", "use a torch build with NCCL"))
+        out.append(Check(NCCL_ROW, CheckStatus.FAIL, f"no NCCL in torch: {exc}", "use a torch build with NCCL"))
     return out
 
 
-def _module_check(name: str, module: str, why: str) -> Check:
-    ok = _found(module)
-    return Check(
-        name,
-        CheckStatus.PASS if ok else CheckStatus.FAIL,
-        _version(module) or ("found" if ok else why),
-        "" if ok else f"install {module} in the image, or choose another --dsa-kernel-backend",
-    )
-
-
-def _cudnn_dsa_check() -> Check:
-    try:
-        importlib.import_module("cudnn").DSA  # noqa: B018 - dsa_cudnn_kernels.py:960 does `from cudnn import DSA`
-    except Exception as exc:  # noqa: BLE001
-        return Check(
-            "cuDNN frontend DSA kernels",
-            CheckStatus.FAIL,
-            f"from cudnn import DSA: {exc}",
-            "install a cudnn-frontend with the DSA namespace (nvidia-cudnn-frontend) in the image",
+def _deepep_checks(req: PreflightRequest) -> list[Check]:
+    """One row per flex backend: deep_ep imports, and the hybridep backend finds HybridEPBuffer
+    (moe/fused_a2a.py:494), which only DeepEP's hybrid-ep branch has."""
+    c = stack.component("deep_ep")
+    return [
+        component_check(
+            c,
+            f"the flex dispatcher's {backend} backend",
+            "install DeepEP's hybrid-ep branch, or drop flex:hybridep from stage.search.dispatcher"
+            if backend == "hybridep"
+            else "install DeepEP in the image, or drop flex:* from stage.search.dispatcher",
+            attr=c.attr if backend == "hybridep" else "",
+            name=f"{c.what}: {backend}",
         )
-    return Check("cuDNN frontend DSA kernels", CheckStatus.PASS, _version("nvidia-cudnn-frontend", "cudnn") or "found")
+        for backend in req.flex_backends
+    ]
 
 
-def _deepep_check(backend: str) -> Check:
-    name = f"DeepEP ({backend}, flex dispatcher)"
-    try:
-        deep_ep = importlib.import_module("deep_ep")
-    except Exception as exc:  # noqa: BLE001
-        return Check(
-            name,
-            CheckStatus.FAIL,
-            f"import deep_ep: {exc}",
-            "install DeepEP in the image, or drop flex:* from stage.search.dispatcher",
+DSA_FIX = "or choose another --dsa-kernel-backend"
+
+
+def _flash_mla_check(req: PreflightRequest) -> list[Check]:
+    """--dsa-kernel-backend cudnn: FlashMLA's nv_dev sparse kernels."""
+    c = stack.component("flash_mla")
+    why = "--dsa-kernel-backend cudnn uses FlashMLA's sparse kernels"
+    return [component_check(c, why, f"install FlashMLA's nv_dev branch in the image, {DSA_FIX}")]
+
+
+def _cudnn_dsa_check(req: PreflightRequest) -> list[Check]:
+    """--dsa-kernel-backend cudnn: the cuDNN frontend's DSA namespace."""
+    c = stack.component("cudnn_frontend")
+    fix = f"install a cudnn-frontend with the DSA namespace (nvidia-cudnn-frontend) in the image, {DSA_FIX}"
+    return [component_check(c, "dsa_cudnn_kernels.py:960 does `from cudnn import DSA`", fix)]
+
+
+def _muon_check(req: PreflightRequest) -> list[Check]:
+    return [
+        component_check(
+            stack.component("emerging_optimizers"),
+            "megatron/core/optimizer/emerging_optimizers.py imports it",
+            "pip install emerging-optimizers in the image, or model.optimizer=adam",
         )
-    if backend == "hybridep" and not hasattr(deep_ep, "HybridEPBuffer"):  # moe/fused_a2a.py:494
-        return Check(
-            name,
-            CheckStatus.FAIL,
-            "deep_ep has no HybridEPBuffer",
-            "install DeepEP's hybrid-ep branch, or drop flex:hybridep from stage.search.dispatcher",
-        )
-    return Check(name, CheckStatus.PASS, _version("deep_ep", "deep-ep") or "found")
+    ]
+
+
+# The manifest's kernels and the rows that check them (the base image's, Megatron's and TE's rows are above).
+KERNEL_CHECKS: dict[str, Callable[[PreflightRequest], list[Check]]] = {
+    "fast_hadamard_transform": lambda req: [hadamard_check()],
+    "deep_ep": _deepep_checks,
+    "flash_mla": _flash_mla_check,
+    "cudnn_frontend": _cudnn_dsa_check,
+    "emerging_optimizers": _muon_check,
+}
 
 
 def megatron_roots(entry_script: str) -> tuple[list[Path], bool]:

@@ -35,8 +35,10 @@ Choices (Megatron file:line at dev d48bd6be0a85):
   data with the same masks and loss normalisation, and their step times compare one pipeline.
 - A training run (`train`, orchestrator.core.schema.TrainConfig: `best --flags --train`): the same layout, model,
   recipe and performance flags on the site's data (--data-path, --split, a real tokenizer), its run length
-  (--train-iters; --lr-decay-iters follows it unless the recipe sets one), --save/--load, evaluation and a
-  coarser --log-interval; never --mock-data or the NullTokenizer. An unset site field is written as
+  (--train-iters), its own learning-rate schedule (TrainConfig's, DeepSeek-V3's pretraining schedule by default:
+  peak, floor, warm-up, decay; --lr-decay-iters follows the run unless train.lr_decay_iters is set; the
+  measurement keeps the recipe's), --seed, --save/--load, evaluation, TensorBoard (and W&B when a project is
+  named) and a coarser --log-interval; never --mock-data or the NullTokenizer. An unset site field is written as
   `<train.FIELD>` (`train_placeholders` names them), which no Megatron run mistakes for a real path.
 - The job environment (`megatron_env`): NVTE_CPU_OFFLOAD_V1=1 with --fine-grained-activation-offloading, which
   dev asserts for TE >= 2.10 (megatron/training/arguments.py:2126-2133) and its DSv4-Pro recipe sets
@@ -54,7 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.knobs import KNOB, KNOBS
-from orchestrator.core.schema import ModelConfig, RecipeConfig, StageConfig, TrainConfig
+from orchestrator.core.schema import TRAIN_SOURCES, ModelConfig, RecipeConfig, StageConfig, TrainConfig
 from orchestrator.plan.flags import FLAGS
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.memory import precision_aware
@@ -410,7 +412,14 @@ def _cp(a: _Argv, stage: StageConfig, layout: Layout, mock_data: bool, v4: bool 
             a.add("--varlen-mock-dataset-config-json", json.dumps(cfg, separators=(",", ":")))
 
 
-def _optimizer(a: _Argv, model: ModelConfig, stage: StageConfig, recipe: RecipeConfig, train_iters: int) -> None:
+def _optimizer(
+    a: _Argv,
+    model: ModelConfig,
+    stage: StageConfig,
+    recipe: RecipeConfig,
+    train_iters: int,
+    train: TrainConfig | None = None,
+) -> None:
     r = recipe
     a.add("--optimizer", model.optimizer)
     if stage.use_distributed_optimizer:
@@ -425,12 +434,13 @@ def _optimizer(a: _Argv, model: ModelConfig, stage: StageConfig, recipe: RecipeC
         a.add("--overlap-grad-reduce")
     if ov.param_gather:
         a.add("--overlap-param-gather")
-    a.add("--lr", r.lr)
-    a.add("--min-lr", r.min_lr)
-    a.add("--lr-warmup-init", r.lr_warmup_init)
-    a.add("--lr-warmup-iters", r.lr_warmup_iters)
-    a.add("--lr-decay-style", r.lr_decay_style)
-    a.add("--lr-decay-iters", r.lr_decay_iters if r.lr_decay_iters is not None else train_iters)
+    sched: RecipeConfig | TrainConfig = train if train is not None else r  # a training run's own schedule
+    a.add("--lr", sched.lr)
+    a.add("--min-lr", sched.min_lr)
+    a.add("--lr-warmup-init", sched.lr_warmup_init)
+    a.add("--lr-warmup-iters", sched.lr_warmup_iters)
+    a.add("--lr-decay-style", sched.lr_decay_style)
+    a.add("--lr-decay-iters", sched.lr_decay_iters if sched.lr_decay_iters is not None else train_iters)
     a.add("--init-method-std", r.init_method_std)
     a.add("--clip-grad", r.clip_grad)
     a.add("--weight-decay", r.weight_decay)
@@ -494,7 +504,7 @@ def megatron_argv(
         _gpt_model(a, model, stage, recipe, layout, layer_pattern)
         _gpt_moe(a, model, stage, recipe, layout)
     _memory(a, layout)
-    _optimizer(a, model, stage, recipe, train_iters)
+    _optimizer(a, model, stage, recipe, train_iters, train)
     a.add("--bf16")
     if stage.precision in FP8_RECIPES:
         a.add("--fp8-format", "e4m3")
@@ -525,7 +535,7 @@ def megatron_argv(
             _knob(a, layout, k.name)
     a.add("--train-iters", train_iters)
     if train is not None:
-        _train_run(a, train)
+        _train_run(a, train, f"{model.name}-{stage.name}")
     else:
         a.add("--eval-iters", 0)
         a.add("--log-interval", 1)
@@ -555,8 +565,9 @@ def _train_data(a: _Argv, train: TrainConfig) -> None:
     a.add("--tokenizer-model", _placeholder(train, "tokenizer_model"))
 
 
-def _train_run(a: _Argv, train: TrainConfig) -> None:
-    """A training run's checkpoints (load: save unless set), evaluation and logging."""
+def _train_run(a: _Argv, train: TrainConfig, name: str) -> None:
+    """A training run's checkpoints (load: save unless set), evaluation, seed and logging (TensorBoard under
+    the checkpoints unless set; W&B when a project is named, the run called `name` unless set)."""
     save = _placeholder(train, "save")
     a.add("--save", save)
     a.add("--load", train.load or save)
@@ -564,6 +575,33 @@ def _train_run(a: _Argv, train: TrainConfig) -> None:
     a.add("--eval-interval", train.eval_interval)
     a.add("--eval-iters", train.eval_iters)
     a.add("--log-interval", train.log_interval)
+    a.add("--seed", train.seed)
+    a.add("--tensorboard-dir", train.tensorboard_dir or f"{save}/tensorboard")
+    if train.wandb_project:
+        a.add("--wandb-project", train.wandb_project)
+        a.add("--wandb-exp-name", train.wandb_exp_name or name)
+
+
+def train_schedule(train: TrainConfig, recipe: RecipeConfig | None = None) -> list[tuple[str, object, str]]:
+    """(TrainConfig field, value in the flags, where it came from) for a training run's schedule and logging,
+    then the recipe values it keeps: a field left at its schema default names its source
+    (schema.TRAIN_SOURCES), one set in conf/train or on the command line says so."""
+    defaults = TrainConfig()
+    save = _placeholder(train, "save")
+    shown = {
+        "lr_decay_iters": train.lr_decay_iters if train.lr_decay_iters is not None else train.train_iters,
+        "tensorboard_dir": train.tensorboard_dir or f"{save}/tensorboard",
+        "wandb_project": train.wandb_project or "off",
+    }
+    out: list[tuple[str, object, str]] = []
+    for name, origin in TRAIN_SOURCES.items():
+        value = getattr(train, name)
+        source = f"default: {origin}" if value == getattr(defaults, name) else f"set: train.{name}"
+        out.append((name, shown.get(name, value), source))
+    r = recipe or DEFAULT_RECIPE
+    kept = ("clip_grad", "weight_decay", "adam_beta1", "adam_beta2", "init_method_std")
+    out += [(name, getattr(r, name), "performance recipe (workload.recipe)") for name in kept]
+    return out
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -171,6 +171,10 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--no-save-optim": (MAIN, bool),
     "--no-save-rng": (MAIN, bool),
     "--eval-interval": (MAIN, int),
+    "--seed": (MAIN, int),
+    "--tensorboard-dir": (MAIN, str),
+    "--wandb-project": (MAIN, str),
+    "--wandb-exp-name": (MAIN, str),
     # context parallel and packed (THD) input
     "--cp-comm-type": (MAIN, list),
     "--cp-partition-mode": (DEV, str),

@@ -105,6 +105,29 @@ def test_best_flags_train_is_the_training_run_and_plain_flags_says_it_measures(s
     for knob in ("--tensor-model-parallel-size", "--expert-model-parallel-size", "--micro-batch-size"):
         assert flags[flags.index(knob) + 1] == measured[measured.index(knob) + 1]  # the winner's layout
     assert "# recipe: training run" in got.stderr and "train.tokenizer_model" in got.stderr  # the one left unset
+    # the run's own LR schedule with warm-up and a seed, each value saying where it came from, on one line
+    assert (flags[flags.index("--lr") + 1], flags[flags.index("--lr-warmup-iters") + 1]) == ("0.00022", "2000")
+    assert (
+        flags[flags.index("--seed") + 1] == "1234" and flags[flags.index("--tensorboard-dir") + 1] == "/ck/tensorboard"
+    )
+    assert measured[measured.index("--lr-warmup-iters") + 1] == "0"  # the measurement keeps the recipe's
+    schedule = [line for line in got.stderr.splitlines() if line.startswith("# schedule: ")]
+    assert len(schedule) == 1 and "lr 0.00022 (default: DeepSeek-V3 Technical Report" in schedule[0]
+    assert "clip_grad 1.0 (performance recipe (workload.recipe))" in schedule[0]
+    mine = cli("best", "--sweep", "older", "--flags", "--train", url, "train.lr=3e-4", "train.seed=7")
+    assert (
+        mine.returncode == 0
+        and "lr 0.0003 (set: train.lr)" in mine.stderr
+        and "seed 7 (set: train.seed)" in mine.stderr
+    )
+    short = cli("best", "--sweep", "older", "--flags", "--train", url, "train.train_iters=1000")
+    assert short.returncode == 2 and short.stderr.startswith("error: train.lr_warmup_iters=2000 is not below"), (
+        short.stderr
+    )
+    assert short.stdout == ""  # nothing half-written
+    fix = "train.lr_warmup_iters=100"  # the fix the line names
+    assert fix in short.stderr
+    assert cli("best", "--sweep", "older", "--flags", "--train", url, "train.train_iters=1000", fix).returncode == 0
     wrong = cli("best", "--sweep", "older", "--train", url)
     assert wrong.returncode == 2 and wrong.stderr.startswith("error: --train goes with --flags"), wrong.stderr
 

@@ -65,6 +65,29 @@ def test_plan_argv_0_carries_the_recipe_and_megatron_accepts_it(megatron):
     assert MC.check_candidate([t.strip("'") for t in argv], 1024) is None
 
 
+def train_argv(name: str = "A", **changes) -> tuple[list[str], int]:
+    """`best --flags --train`'s argv of guide config `name`: the layout on a training run (TrainConfig's
+    schedule, seed and logging; data, tokenizer and checkpoints filled in)."""
+    from orchestrator.core.schema import TrainConfig
+
+    layout, stage = CONFIGS[name]
+    train = TrainConfig(data_path=["/data/text_document"], tokenizer_model="/tok", save="/ckpt", **changes)
+    argv = A.megatron_argv(
+        MODEL, stage, layout, layer_pattern=pattern_for(MODEL, layout.pp), train_iters=1, train=train
+    )
+    return argv, stage.gpus
+
+
+def test_the_training_run_is_training_ready_with_its_schedule(megatron):
+    """The training run's argv (DeepSeek-V3's warm-up and cosine, a seed, TensorBoard and W&B) passes
+    0.19.2's parse_args, validate_args and the LR scheduler's construction; a warm-up as long as the decay is
+    refused by the scheduler, as `best` says before printing it."""
+    argv, world = train_argv(wandb_project="dsv4")
+    assert MC.check_candidate(argv, world) is None
+    short, world = train_argv(train_iters=1000)  # 2000 warm-up iterations, a 1000-iteration decay
+    assert "AssertionError" in (MC.check_candidate(short, world) or "")
+
+
 def test_no_lr_fails_in_megatrons_scheduler(megatron):
     """--lr defaults to None (megatron/training/arguments.py:3892-3894 at dev d48bd6be0a85) and the scheduler
     does float(max_lr) (megatron/core/optimizer_param_scheduler.py:158; :148 in 0.19.2): setup dies."""
@@ -196,6 +219,10 @@ def test_dev_accepts_the_packed_data_at_cp1_and_every_kind_of_offloading_argv_wi
     cases += [{"key": k, "argv": a, "world": w, "env": e, "te": MC.NODE_TE} for k, a, w, e in offload]
     _k, a, w, _e = offload[0]
     cases.append({"key": "no-env", "argv": a, "world": w, "env": {}, "te": MC.NODE_TE})
+    # `best --flags --train`: the winner's layout on a training run (its LR schedule, seed, TensorBoard, W&B)
+    for name in ("A", "C"):
+        argv, world = train_argv(name, wandb_project="dsv4")
+        cases.append({"key": f"train-{name}", "argv": argv, "world": world, "env": {}, "te": MC.NODE_TE})
     # stage.warm_start: the seed's save (guide A) and another layout's load of it (guide C at 8k)
     (lay_a, st_a), (lay_c, st_c) = GUIDE["A"], GUIDE["C"]
     seed = tmp_path / "attempt-1" / "seed-checkpoint"

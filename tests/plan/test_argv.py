@@ -555,6 +555,31 @@ def test_a_training_run_keeps_the_layout_and_replaces_the_measurement(megatron_a
     assert (args.train_iters, args.lr_decay_iters) == (1234, 1234)  # the decay follows the run, not the window
     assert (args.eval_iters, args.eval_interval, args.save_interval) == (10, 1000, 1000)
     assert not args.mock_data
+    # the training schedule is TrainConfig's (DeepSeek-V3's), not the measurement's near-zero recipe LR
+    assert (args.lr, args.min_lr, args.lr_warmup_init, args.lr_warmup_iters) == (2.2e-4, 2.2e-5, 0.0, 2000)
+    assert args.lr_decay_style == "cosine" and args.seed == 1234 and args.tensorboard_dir == "/ckpt/tensorboard"
+    assert (F.flag_value(measured, "--lr"), F.flag_value(measured, "--lr-warmup-iters")) == ("3.9e-06", "0")
+    assert args.wandb_project is None and "--wandb-exp-name" not in argv  # W&B only with a project
+    named = TrainConfig(save="/ckpt", wandb_project="dsv4", seed=7, lr=3e-4)
+    argv = A.megatron_argv(
+        MODEL, stage, layout, layer_pattern=pattern_for(MODEL, layout.pp), train_iters=1, train=named
+    )
+    args = check_with_megatron(megatron_args, layout, stage, argv)
+    assert (args.wandb_project, args.wandb_exp_name) == ("dsv4", f"{MODEL.name}-{stage.name}")
+    assert (args.seed, args.lr) == (7, 3e-4)
+
+
+def test_the_training_schedule_says_where_each_value_came_from():
+    """Each schedule value names its source: the schema's default with its publication, a setting of the
+    train group, the performance recipe the run keeps."""
+    from orchestrator.core.schema import TrainConfig
+
+    rows = {name: (value, source) for name, value, source in A.train_schedule(TrainConfig(seed=7, save="/c"))}
+    assert rows["lr"] == (2.2e-4, "default: DeepSeek-V3 Technical Report (arXiv:2412.19437) sec. 4.2")
+    assert rows["lr_warmup_iters"][0] == 2000 and rows["lr_decay_iters"] == (500_000, "default: the run's train_iters")
+    assert rows["seed"] == (7, "set: train.seed")
+    assert rows["tensorboard_dir"][0] == "/c/tensorboard" and rows["wandb_project"][0] == "off"
+    assert rows["clip_grad"] == (1.0, "performance recipe (workload.recipe)")
 
 
 def test_unset_training_fields_are_placeholders_named():
