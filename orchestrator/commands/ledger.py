@@ -99,8 +99,8 @@ def ingest(folder: str, overrides: list[str]) -> int:
     from orchestrator.ledger.errors import LedgerError
     from orchestrator.ledger.ingest import Summary, Trusted
     from orchestrator.ledger.ingest import ingest as store
+    from orchestrator.ledger.ledger import Ledger
     from orchestrator.sweep import cutoff
-    from orchestrator.sweep import open_ledger as open_for_writing
     from orchestrator.sweep.finalists import verdicts
     from orchestrator.sweep.setup import check_name, root_from_yaml
 
@@ -116,7 +116,7 @@ def ingest(folder: str, overrides: list[str]) -> int:
     out, where, notes = Summary(), "not opened: nothing to store", []
     measured = any(x.role == AttemptRole.MEASURE for x in found)
     try:
-        ledger = open_for_writing(cfg, create=True) if measured else open_for_writing(cfg) if found else None
+        ledger = Ledger.from_config(cfg.ledger, create=bool(measured)) if measured or found else None
     except LedgerError as exc:  # finalists' jobs alone: their candidates must be in an existing ledger
         ledger, where = None, f"not opened: {exc}"
         out.skipped += [(x.job_dir, f"a {x.role} job: its candidate is in no ledger") for x in found]

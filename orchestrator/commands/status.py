@@ -10,7 +10,7 @@ from orchestrator.config import compose
 from orchestrator.core import metrics
 from orchestrator.core.errors import UserError
 from orchestrator.core.metrics import STEP_P50
-from orchestrator.core.states import Fidelity
+from orchestrator.core.states import EventKind, Fidelity
 from orchestrator.plan.layout import Layout
 from orchestrator.report import path
 
@@ -90,7 +90,7 @@ def gather(ledger, name: str) -> dict:
                 STEP_P50: res.get(STEP_P50) if res else None,
             }
         )
-    leases = [e for e in ledger.events(name, kind="lease")]
+    leases = [e for e in ledger.events(name, kind=EventKind.LEASE)]
     return {
         "sweep": name,
         "stage": sweep.stage,
@@ -125,12 +125,13 @@ def gather(ledger, name: str) -> dict:
 
 
 def run(args, overrides) -> int:
-    from orchestrator.sweep import observe, open_ledger
+    from orchestrator.ledger.ledger import Ledger
+    from orchestrator.sweep import observe
 
     if args.name and "=" in args.name:  # `status ledger.url=...`: an override, not a sweep name
         overrides, args.name = [args.name, *list(overrides)], None
     cfg = compose(overrides).cfg
-    with open_ledger(cfg) as ledger:
+    with Ledger.from_config(cfg.ledger) as ledger:
         if not args.name:
             sweeps = ledger.list_sweeps()
             for s in sweeps:

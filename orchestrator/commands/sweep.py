@@ -103,10 +103,10 @@ def next_steps(outcome, cfg, overrides) -> dict[str, str]:
     command, and where the job folders are (the best attempt's, else the configured cluster.folder)."""
     from pathlib import Path
 
-    from orchestrator.sweep import open_ledger
+    from orchestrator.ledger.ledger import Ledger
 
     folder = Path(cfg.cluster.folder).resolve() / outcome.sweep
-    with open_ledger(cfg) as ledger:
+    with Ledger.from_config(cfg.ledger) as ledger:
         cand = (outcome.best or {}).get("candidate_id")
         atts = ledger.attempts(cand) if cand is not None else []
         if atts and atts[-1].job_dir:  # <folder>/<sweep>/<key>/attempt-<n>: where the jobs really went

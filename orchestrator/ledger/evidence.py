@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import func, insert, select
 
-from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity
+from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EventKind, Fidelity
 from orchestrator.ledger import models as m
 from orchestrator.ledger import queries
 from orchestrator.ledger.convert import clean, now, to_row
@@ -266,7 +266,7 @@ class Evidence:
                 m.Event(
                     sweep_id=c.sweep_id,
                     candidate_id=c.id,
-                    kind="parity",
+                    kind=EventKind.PARITY,
                     message=f"parity vs {reference_key[:10]}: {'passed' if passed else 'failed'} {detail}".strip(),
                 )
             )

@@ -31,11 +31,9 @@ from typing import Any
 
 import yaml
 
-from orchestrator.core.states import AttemptRole, CandidateStatus
+from orchestrator.core.states import AttemptRole, CandidateStatus, EventKind
 from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.ledger import CandidateIn, Ledger
-
-INGESTED = "ingested"  # the sweep's provenance part and event kind of rows rebuilt from job folders
 
 
 @dataclass(frozen=True)
@@ -177,7 +175,7 @@ def ingest(ledger: Ledger, found: Sequence[Trusted], *, source: str) -> Summary:
     for name in out.sweeps:
         n = sum(1 for x in order if x.sweep == name and x.job_dir in out.ingested)
         if n:
-            ledger.log_event(name, INGESTED, f"{n} result(s) ingested from {source}", data={"n": n})
+            ledger.log_event(name, EventKind.INGESTED, f"{n} result(s) ingested from {source}", data={"n": n})
     return out
 
 
@@ -259,5 +257,5 @@ def _sweep(ledger: Ledger, item: Trusted, source: str) -> None:
         model=item.model,
         hardware=item.hardware,
         workload=item.workload,
-        provenance={INGESTED: {"from": source, "config": item.config_from}},
+        provenance={EventKind.INGESTED: {"from": source, "config": item.config_from}},
     )

@@ -11,13 +11,21 @@ are orchestrator.core.states' enums.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from orchestrator.core.knobs import ledger_columns
-from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EdgeKind, Fidelity, SweepStatus
+from orchestrator.core.states import (
+    AttemptRole,
+    AttemptState,
+    CandidateStatus,
+    EdgeKind,
+    EventKind,
+    Fidelity,
+    SweepStatus,
+)
 from orchestrator.ledger import models as m
 from orchestrator.ledger.convert import as_datetime, chunks, clean, member, now, to_row
 from orchestrator.ledger.engine import make_engine, mask, parse_url, schema_state, sqlite_file, upgrade
@@ -35,6 +43,9 @@ from orchestrator.ledger.rows import (  # re-exported (__all__): callers import 
     SweepRow,
 )
 from orchestrator.ledger.store import Store, find_attempt, find_candidate, find_sweep
+
+if TYPE_CHECKING:
+    from orchestrator.core.schema import LedgerConfig
 
 __all__ = [
     "AttemptRow",
@@ -130,6 +141,15 @@ class Ledger:
     # ---- opening ------------------------------------------------------------------------------
 
     @classmethod
+    def from_config(cls, cfg: LedgerConfig, *, create: bool = False) -> Ledger:
+        """The configured ledger (the `ledger` group): the one way the driver and every command open it. Only
+        `sweep` and `ledger ingest` create one (`create`): status, resume or cancel of a typo'd URL say so
+        instead of leaving an empty ledger behind."""
+        return cls.open(
+            cfg.url, create=create, create_dir=cfg.create_dir, echo=cfg.echo, busy_timeout_ms=cfg.busy_timeout_ms
+        )
+
+    @classmethod
     def open(
         cls,
         url: Any,
@@ -199,7 +219,9 @@ class Ledger:
             new_id = s.execute(stmt).scalar_one_or_none()
             sweep = find_sweep(s, name)
             if new_id is not None:
-                s.add(m.Event(sweep_id=sweep.id, kind="created", message=f"sweep {name} created (stage {stage})"))
+                s.add(
+                    m.Event(sweep_id=sweep.id, kind=EventKind.CREATED, message=f"sweep {name} created (stage {stage})")
+                )
             else:
                 theirs = dict(stage=sweep.stage, model=sweep.model, hardware=sweep.hardware, workload=sweep.workload)
                 ours = dict(stage=stage, model=model, hardware=hardware, workload=workload)
@@ -224,7 +246,7 @@ class Ledger:
         with self.store.write() as s:
             sweep = find_sweep(s, name)
             if sweep.status != status:
-                s.add(m.Event(sweep_id=sweep.id, kind="sweep-status", message=f"{sweep.status} -> {status}"))
+                s.add(m.Event(sweep_id=sweep.id, kind=EventKind.SWEEP_STATUS, message=f"{sweep.status} -> {status}"))
                 sweep.status = status
 
     def bind_launcher(self, name: str, kind: str) -> str:
@@ -237,7 +259,7 @@ class Ledger:
             if not prov.get("launcher"):
                 prov["launcher"] = kind
                 sweep.provenance = prov
-                s.add(m.Event(sweep_id=sweep.id, kind="launcher", message=f"jobs run on {kind}"))
+                s.add(m.Event(sweep_id=sweep.id, kind=EventKind.LAUNCHER, message=f"jobs run on {kind}"))
             return str(prov["launcher"])
 
     def add_provenance(self, name: str, part: str, data: dict[str, Any]) -> None:
@@ -246,7 +268,9 @@ class Ledger:
         with self.store.write() as s:
             sweep = find_sweep(s, name)
             sweep.provenance = {**dict(sweep.provenance or {}), part: clean(data)}
-            s.add(m.Event(sweep_id=sweep.id, kind="provenance", message=f"provenance {part}: {clean(data)}"[:500]))
+            s.add(
+                m.Event(sweep_id=sweep.id, kind=EventKind.PROVENANCE, message=f"provenance {part}: {clean(data)}"[:500])
+            )
 
     # ---- candidates ---------------------------------------------------------------------------
 
@@ -370,7 +394,7 @@ class Ledger:
                         {
                             "sweep_id": sw.id,
                             "candidate_id": c.id,
-                            "kind": CandidateStatus.CLAIMED,
+                            "kind": EventKind.CLAIMED,
                             "message": f"claimed by {holder}",
                             "created_at": t,
                         }
@@ -392,7 +416,7 @@ class Ledger:
             m.Event(
                 sweep_id=c.sweep_id,
                 candidate_id=c.id,
-                kind=status,
+                kind=EventKind.of_status(status),
                 message=f"{c.status} -> {status}" + (f": {reason}" if reason else ""),
             )
         )
@@ -427,7 +451,7 @@ class Ledger:
         *,
         requeues: Sequence[tuple[int, dict[str, Any], str]],
         items: Sequence[CandidateIn],
-        event: tuple[str, str, dict[str, Any]],
+        event: tuple[EventKind, str, dict[str, Any]],
         between: Callable[[], None] | None = None,
     ) -> list[CandidateRow]:
         """A round's whole decision in ONE transaction: the screened contenders re-queued at the full window
@@ -511,14 +535,14 @@ class Ledger:
                 reason = why.format(job_id=job_id)
                 if a.role != AttemptRole.MEASURE:
                     msg = f"{a.role} {reason}"
-                    s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind="launched", message=msg))
+                    s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind=EventKind.LAUNCHED, message=msg))
                     continue
                 if c.status != CandidateStatus.CLAIMED:
                     late = f"{reason} (candidate already {c.status})"
-                    s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind="launched", message=late))
+                    s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind=EventKind.LAUNCHED, message=late))
                     continue
                 msg = f"{c.status} -> {CandidateStatus.SUBMITTED}: {reason}"
-                s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind=CandidateStatus.SUBMITTED, message=msg))
+                s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind=EventKind.SUBMITTED, message=msg))
                 c.status, c.reason, c.updated_at = CandidateStatus.SUBMITTED, reason, now()
 
     def update_attempt(self, attempt_id: int, **changes: Any) -> AttemptRow:
@@ -571,7 +595,7 @@ class Ledger:
     def log_event(
         self,
         sweep: str,
-        kind: str,
+        kind: EventKind,
         message: str,
         *,
         candidate_id: int | None = None,
@@ -589,7 +613,7 @@ class Ledger:
                 )
             )
 
-    def events(self, sweep: str, *, kind: str | None = None, candidate_id: int | None = None) -> list[EventRow]:
+    def events(self, sweep: str, *, kind: EventKind | None = None, candidate_id: int | None = None) -> list[EventRow]:
         with self.store.read() as s:
             sw = find_sweep(s, sweep)
             q = select(m.Event).where(m.Event.sweep_id == sw.id)

@@ -14,7 +14,7 @@ import yaml
 from orchestrator.core import knobs, metrics, ranking
 from orchestrator.core.metrics import STEP_P50
 from orchestrator.core.schema import EffectiveConfig, StageConfig
-from orchestrator.core.states import CandidateStatus, EdgeKind, Fidelity
+from orchestrator.core.states import CandidateStatus, EdgeKind, EventKind, Fidelity
 from orchestrator.evidence.effective import effective_throughput
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger, SweepRow
@@ -231,7 +231,7 @@ def gather(ledger: Ledger, name: str) -> ReportData:
 
 def _spend(ledger: Ledger, sweep: SweepRow, stage: StageConfig, spent: observe.Spent) -> Spend:
     """Spend, budget and the stop reason of one sweep (the budget is the stage's as the sweep stored it)."""
-    stops = ledger.events(sweep.name, kind="stop")
+    stops = ledger.events(sweep.name, kind=EventKind.STOP)
     planned = [c.round for c in ledger.candidates(sweep.name)]
     b = stage.budget
     return Spend(

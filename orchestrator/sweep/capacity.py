@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.schema import HardwareConfig, RootConfig
+from orchestrator.core.states import EventKind
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.search.env import PlanEnv
 
-EVENT = "capacity"  # the ledger event that records (once per capacity) what the sweep now plans with
 TOLERANCE_GB = 0.05  # below this the evidence agrees with the config (message rounding, a 0.1 GB config value)
 GIB = 2**30
 
@@ -90,9 +90,9 @@ def plan_env(ledger: Ledger, sweep: str, env: PlanEnv, view=None) -> PlanEnv:
         return env
     if not cap.overrides:  # (an env already on the measured capacity agrees with it: unchanged)
         return env
-    seen = {(e.data or {}).get("attempt_id") for e in ledger.events(sweep, kind=EVENT)}
+    seen = {(e.data or {}).get("attempt_id") for e in ledger.events(sweep, kind=EventKind.CAPACITY)}
     if cap.attempt_id not in seen:
-        ledger.log_event(sweep, EVENT, cap.warning(), data=cap.to_dict())
+        ledger.log_event(sweep, EventKind.CAPACITY, cap.warning(), data=cap.to_dict())
         if view is not None:
             view.event(cap.warning())
     return dataclasses.replace(env, hardware=dataclasses.replace(env.hardware, hbm_gb=cap.gb))

@@ -16,12 +16,10 @@ import json
 from dataclasses import dataclass
 
 from orchestrator.core.paths import JobPaths, atomic_write
-from orchestrator.core.states import Fidelity
+from orchestrator.core.states import EventKind, Fidelity
 from orchestrator.evidence.collect import iteration_times, read_cut
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger
 from orchestrator.schedule.fidelity import CutLine
-
-EVENT = "cut"  # the ledger event of each cut (message: the median and the line; data: the job id and the line)
 
 
 @dataclass(frozen=True)
@@ -75,10 +73,10 @@ def log(ledger: Ledger, sweep: str, candidate_id: int, job_id: str | None, mark:
         f"cut early: median step {median:.4g}s over iterations {line.skip + 1}-{line.after}"
         f" is above its line {line.step_s:.4g}s" + (f" ({how})" if how else "")
     )
-    ledger.log_event(sweep, EVENT, why, candidate_id=candidate_id, data={"job_id": job_id, **line.to_dict()})
+    ledger.log_event(sweep, EventKind.CUT, why, candidate_id=candidate_id, data={"job_id": job_id, **line.to_dict()})
     return why
 
 
 def cut_candidates(ledger: Ledger, sweep: str) -> set[int]:
     """Ids of the sweep's candidates the cut stopped (its events: `status`, the search path)."""
-    return {e.candidate_id for e in ledger.events(sweep, kind=EVENT) if e.candidate_id is not None}
+    return {e.candidate_id for e in ledger.events(sweep, kind=EventKind.CUT) if e.candidate_id is not None}

@@ -8,12 +8,13 @@ what the killed one would have; the calibration is recorded once per round.
 from __future__ import annotations
 
 from orchestrator.core.schema import RootConfig
-from orchestrator.core.states import CandidateStatus
+from orchestrator.core.states import CandidateStatus, EventKind
 from orchestrator.ledger.ledger import CandidateIn, Ledger, SweepRow
 from orchestrator.schedule import Schedule
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.types import RoundInput
 from orchestrator.sweep import capacity, observe
+from orchestrator.sweep.faults import fault_point
 from orchestrator.sweep.setup import promotion_source, recorded_source
 
 
@@ -91,7 +92,6 @@ def next_round(
     plan.confirms = [p for p in plan.confirms if p.key in by_key]  # a confirm re-runs this sweep's own screen
     if not plan.proposals and not plan.confirms:
         return "search exhausted: the policy has nothing new to measure within the budget"
-    from orchestrator.sweep.loop import fault_point  # tests kill the process inside the round's transaction
 
     ledger.record_round(  # ONE transaction: the re-queued contenders, the new candidates, the round's event
         sweep.name,
@@ -113,7 +113,7 @@ def next_round(
             for p in plan.proposals
         ],
         event=(
-            "round",
+            EventKind.ROUND,
             f"round {rnd}: {plan.reason}",
             {
                 "keys": [p.key for p in plan.proposals],

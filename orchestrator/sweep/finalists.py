@@ -31,7 +31,7 @@ from pathlib import Path
 from orchestrator import runspec
 from orchestrator.core.ranking import ranked
 from orchestrator.core.schema import RootConfig
-from orchestrator.core.states import AttemptRole, CandidateStatus
+from orchestrator.core.states import AttemptRole, CandidateStatus, EventKind
 from orchestrator.evidence import parity as parity_mod
 from orchestrator.evidence.effective import effective_throughput
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger, MeasuredRow, ParityRow
@@ -40,8 +40,6 @@ from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
 from orchestrator.sweep.launches import Launch
 
-PICK_EVENT = "finalists"  # data: keys (pick order), measured_through (the newest measure attempt then)
-LONG_RUN_EVENT = "long-run"  # one per finalist: its long-run figures, or why there are none
 Retry = Callable[[str, list[AttemptRow]], tuple[bool, str]]  # the driver's: (failure class, attempts) -> again?
 
 
@@ -114,7 +112,7 @@ class Finalists:
             return self._chosen
         measured = self.ledger.evidence.measured(sweep=self.sweep)
         through = max((m.attempt_id for m in measured), default=0)
-        events = self.ledger.events(self.sweep, kind=PICK_EVENT)
+        events = self.ledger.events(self.sweep, kind=EventKind.FINALISTS)
         data = (events[-1].data or {}) if events else {}
         if events and data.get("measured_through") == through:
             keys = list(data.get("keys") or [])
@@ -123,7 +121,7 @@ class Finalists:
             shown = ", ".join(Layout.from_dict(c.layout).short() for c in self._rows(keys)) or "none measured"
             self.ledger.log_event(
                 self.sweep,
-                PICK_EVENT,
+                EventKind.FINALISTS,
                 f"finalists (top {self.cfg.policy.promote_top_k} by the measured ranking): {shown}",
                 data={"keys": keys, "measured_through": through},
             )
@@ -298,7 +296,7 @@ class Finalists:
 
         Q_effective = steady tokens/s (the candidate's measurement) x effective fraction, with the save and
         restore seconds this window measured."""
-        if self.ledger.events(self.sweep, kind=LONG_RUN_EVENT, candidate_id=c.id):
+        if self.ledger.events(self.sweep, kind=EventKind.LONG_RUN, candidate_id=c.id):
             return  # decided
         lay = Layout.from_dict(c.layout)
         if measured is None:
@@ -389,7 +387,7 @@ class Finalists:
             )
         else:
             msg = f"{lay}: no long-run figures: {info['reason']}"
-        self.ledger.log_event(self.sweep, LONG_RUN_EVENT, msg, candidate_id=c.id, data=info)
+        self.ledger.log_event(self.sweep, EventKind.LONG_RUN, msg, candidate_id=c.id, data=info)
         out.notes.append(f"long-run {msg}")
 
 

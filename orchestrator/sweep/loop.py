@@ -14,9 +14,7 @@ renewed by a thread (orchestrator.ledger.leases.LeaseKeeper), so no wait here ca
 from __future__ import annotations
 
 import dataclasses
-import os
 import secrets
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,7 +25,7 @@ from orchestrator.core.errors import Interrupted, UserError
 from orchestrator.core.failures import Failure
 from orchestrator.core.paths import JobPaths, folder_writes
 from orchestrator.core.schema import RootConfig
-from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity, SweepStatus
+from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EventKind, Fidelity, SweepStatus
 from orchestrator.ledger.errors import LedgerStopped
 from orchestrator.ledger.leases import LeaseKeeper, holder_id
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger, SweepRow
@@ -38,6 +36,7 @@ from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
 from orchestrator.sweep import cutoff, observe
 from orchestrator.sweep.decide import next_round
+from orchestrator.sweep.faults import fault_point
 from orchestrator.sweep.launches import Launch
 from orchestrator.sweep.retry import retry_attempts
 from orchestrator.sweep.view import Snapshot, View
@@ -46,20 +45,6 @@ if TYPE_CHECKING:
     from orchestrator.sweep.finalists import Finalists
 
 _PRED_FIELDS = {f.name for f in dataclasses.fields(Prediction)}
-FAULT_ENV = "ORCH_FAULT"  # tests only: inject a crash at a named point of the loop (fault_point)
-
-
-def fault_point(point: str) -> None:
-    """Tests reproduce a crash at `point`: ORCH_FAULT=<point>:kill SIGKILLs this process there (kill -9),
-    ORCH_FAULT=<point>:fail raises as a ledger that cannot be written would."""
-    spec = os.environ.get(FAULT_ENV, "")
-    if not spec.startswith(f"{point}:"):
-        return
-    if spec.endswith(":kill"):
-        os.kill(os.getpid(), signal.SIGKILL)
-    from orchestrator.ledger.errors import LedgerError
-
-    raise LedgerError(f"injected fault at {point} ({FAULT_ENV}={spec})")
 
 
 @dataclass
@@ -117,9 +102,11 @@ class Driver:
         reachable = True
         try:
             self.ledger.set_sweep_status(self.name, SweepStatus.RUNNING)
-            self.ledger.log_event(self.name, "driver", f"{self.holder} drives the sweep on {self.launcher.kind}")
+            self.ledger.log_event(
+                self.name, EventKind.DRIVER, f"{self.holder} drives the sweep on {self.launcher.kind}"
+            )
             reason = self._drive()
-            self.ledger.log_event(self.name, "stop", reason)
+            self.ledger.log_event(self.name, EventKind.STOP, reason)
             final = (
                 SweepStatus.INTERRUPTED
                 if reason.startswith("wall")
@@ -135,7 +122,7 @@ class Driver:
             reachable = not isinstance(exc, LedgerStopped)
             why = f"driver stopped: {exc.name if isinstance(exc, Interrupted) else type(exc).__name__}"
             if reachable:
-                self._safely(lambda: self.ledger.log_event(self.name, "stop", why))
+                self._safely(lambda: self.ledger.log_event(self.name, EventKind.STOP, why))
             if reachable and self.keeper.lost is None:  # a lost lease: the sweep's status is its new driver's
                 self._safely(lambda: self.ledger.set_sweep_status(self.name, SweepStatus.INTERRUPTED))
             raise
@@ -488,7 +475,7 @@ class Driver:
             self.ledger.set_candidate_status(c.id, CandidateStatus.PLANNED, f"retry after {fc} ({why})")
             self.ledger.log_event(
                 self.name,
-                "retry",
+                EventKind.RETRY,
                 f"{fc}: resubmitting {lay}",
                 candidate_id=c.id,
                 data={"job_id": a.job_id, "failure_class": fc},

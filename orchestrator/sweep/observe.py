@@ -14,7 +14,7 @@ from orchestrator.core.failures import Failure
 from orchestrator.core.metrics import STEP_P50, STEP_P99, peak_gb
 from orchestrator.core.paths import CheckpointPaths, JobPaths
 from orchestrator.core.schema import ClusterConfig, StageConfig
-from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity
+from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EventKind, Fidelity
 from orchestrator.evidence.metrics import GB_PER_MIB, robust_cv
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import CandidateRow, Ledger, SweepRow
@@ -27,8 +27,6 @@ from orchestrator.search.env import PlanEnv
 from orchestrator.search.select import EXCLUDED
 from orchestrator.search.types import Observation
 
-FINALIST_EVENTS = ("finalist-cost",)  # one per finalist job, logged before those jobs were attempts (revision 0009)
-
 
 def known_keys(ledger: Ledger, sweep: SweepRow) -> set[str]:
     """This sweep's candidate keys and those its preflight rejected (Megatron's validation, the partition's
@@ -38,10 +36,8 @@ def known_keys(ledger: Ledger, sweep: SweepRow) -> set[str]:
 
 
 def rejected_keys(ledger: Ledger, sweep: str) -> set[str]:
-    """Candidate keys the sweep's preflight rejected (orchestrator.preflight.EVENT events)."""
-    from orchestrator.preflight import EVENT
-
-    return {k for e in ledger.events(sweep, kind=EVENT) for k in ((e.data or {}).get("rejected") or {})}
+    """Candidate keys the sweep's preflight rejected (EventKind.PREFLIGHT events)."""
+    return {k for e in ledger.events(sweep, kind=EventKind.PREFLIGHT) for k in ((e.data or {}).get("rejected") or {})}
 
 
 def _raw(env: PlanEnv, cand: CandidateRow, layout: Layout):
@@ -375,9 +371,7 @@ def fidelity_split(by: dict[str, float]) -> str:
 def finalist_gpu_hours(ledger: Ledger, sweep: str) -> float:
     """GPU-hours the finalists' jobs (parity, long-run) recorded in their events (data.gpu_hours)."""
     return sum(
-        float((e.data or {}).get("gpu_hours") or 0.0)
-        for kind in FINALIST_EVENTS
-        for e in ledger.events(sweep, kind=kind)
+        float((e.data or {}).get("gpu_hours") or 0.0) for e in ledger.events(sweep, kind=EventKind.FINALIST_COST)
     )
 
 

@@ -426,14 +426,17 @@ DB_MAY_IMPORT = {
     "orchestrator.core.redact",
     "orchestrator.core.bounds",  # the knob registry's search lists declare their ranges
     "orchestrator.core.proc",  # a lease's holder is a process of this host as pid:start (never a reused pid)
+    "orchestrator.core.schema",  # Ledger.from_config reads the `ledger` group (LedgerConfig), the one opening
+    "orchestrator.core.errors",
+    "orchestrator.core.failures",
 }
 
 
 def test_db_package_imports_only_the_vocabularies():
     """Data flows one way: orchestrator/ledger/ imports nothing of the orchestrator above it but the stdlib-only
     state enums (shared with launch/, one owner of Slurm's words), the knob and metric registries (its ledger
-    columns), the ranking rule (`best` ranks with it), the one masking of secrets (`mask`, `scrub`) and what a
-    process of this host is (`proc`: a lease's holder)."""
+    columns), the ranking rule (`best` ranks with it), the one masking of secrets (`mask`, `scrub`), what a
+    process of this host is (`proc`: a lease's holder) and the typed config of the ledger (`schema`: from_config)."""
     import sys
     from pathlib import Path
 

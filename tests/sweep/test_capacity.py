@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator.config import compose
 from orchestrator.core.result import JobResult
+from orchestrator.core.states import EventKind
 from orchestrator.evidence.metrics import CAPACITY_FROM_DEVICE, CAPACITY_FROM_OOM
 from orchestrator.ledger.ledger import CandidateIn, Ledger
 from orchestrator.search.env import PlanEnv
@@ -64,7 +65,7 @@ def test_an_ooms_capacity_replaces_hbm_in_every_memory_decision(ledger_url):
             "planning with 103.1 GB for the rest of this sweep; set hardware.hbm_gb=103.1 or pick the right "
             "hardware group"
         ]
-        (ev,) = led.events("small", kind=capacity.EVENT)
+        (ev,) = led.events("small", kind=EventKind.CAPACITY)
         assert ev.data["gb"] == GIB96_GB and ev.data["job_id"] == "101"
         # the observations the search calibrates on carry the measured capacity, not the config's
         obs = observe.observations(led, [sweep], eff)
@@ -79,7 +80,7 @@ def test_an_ooms_capacity_replaces_hbm_in_every_memory_decision(ledger_url):
     with Ledger.open(ledger_url) as led:
         again = Events()
         assert capacity.plan_env(led, "small", env, again).hardware.hbm_gb == GIB96_GB
-        assert again.lines == [] and len(led.events("small", kind=capacity.EVENT)) == 1
+        assert again.lines == [] and len(led.events("small", kind=EventKind.CAPACITY)) == 1
         assert capacity.effective_config(led, cfg, "small").hardware.hbm_gb == GIB96_GB
         shown = capacity.view(led, "small", cfg.hardware)
         assert shown["gib"] == pytest.approx(96.0) and shown["overrides"] and "hardware.hbm_gb=141" in shown["line"]
@@ -111,7 +112,7 @@ def test_evidence_that_agrees_with_the_config_changes_nothing(ledger_url):
         _cfg, _s, env = _sweep(led, "same", (False, stated, CAPACITY_FROM_OOM), (True, 141.0, CAPACITY_FROM_DEVICE))
         view = Events()
         assert capacity.plan_env(led, "same", env, view) is env
-        assert view.lines == [] and not led.events("same", kind=capacity.EVENT)
+        assert view.lines == [] and not led.events("same", kind=EventKind.CAPACITY)
         assert capacity.view(led, "same", env.hardware)["line"] == ""
 
 

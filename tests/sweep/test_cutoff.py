@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.core.schema import ScreenConfig, StageConfig
-from orchestrator.core.states import Fidelity
+from orchestrator.core.states import EventKind, Fidelity
 from orchestrator.evidence.collect import collect
 from orchestrator.job.entry import run_task
 from orchestrator.ledger.ledger import Ledger
@@ -159,7 +159,7 @@ def test_the_driver_cuts_a_running_job_that_is_over_its_line(cut_sweep):
     them, never retried and never the best; the best is a full window."""
     _, url = cut_sweep
     with Ledger.open(url) as led:
-        events = led.events("cut", kind=cutoff.EVENT)
+        events = led.events("cut", kind=EventKind.CUT)
         assert events, [e.message for e in led.events("cut")][-20:]
         best = observe.best_of(led, "cut")
         for e in events:
@@ -261,7 +261,7 @@ def test_on_slurm_a_cut_is_scancelled_and_a_driver_killed_before_its_cancel_canc
         cut_atts = [a for c in cands for a in led.attempts(c.id) if a.fidelity == Fidelity.SCREEN]
         folders = {str(p.parent) for p in (tmp_path / "runs").rglob("cut.json")}
         assert cut_atts and {a.job_dir for a in cut_atts} == folders and str(marked[0].parent) in folders
-        events = led.events("s-cut", kind=cutoff.EVENT)  # one per cut, the resumed driver's for the killed one's
+        events = led.events("s-cut", kind=EventKind.CUT)  # one per cut, the resumed driver's for the killed one's
         assert sorted(e.candidate_id for e in events) == sorted(a.candidate_id for a in cut_atts)
         assert sum("marked before a restart" in e.message for e in events) == 1
         for a in cut_atts:

@@ -5,7 +5,7 @@ Before, the finalists' jobs were submitted and awaited by a second driver and on
 `submit()` returned: a kill while they ran re-submitted them on resume, uncharged. Now each is an attempt
 of its candidate with a role, launched through the driver's one launch path, so resume adopts what runs and
 collects what ended. Faults: kill -9 of the orchestrator alone while a finalist's job runs (the job lives on
-as an orphan, and must be collected, not launched again), and ORCH_FAULT (orchestrator/sweep/loop.py
+as an orphan, and must be collected, not launched again), and ORCH_FAULT (orchestrator/sweep/faults.py
 fault_point) between the intents and the launch (`finalists-intent:kill`) and between the launch and its
 record (`finalists-record:kill`). On SQLite and PostgreSQL (`ledger_url`), on the local launcher; the
 real-Slurm variant is at the end.

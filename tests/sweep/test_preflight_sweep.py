@@ -9,6 +9,7 @@ from orchestrator import cli
 from orchestrator import preflight as pf
 from orchestrator.config import compose
 from orchestrator.core.errors import UserError
+from orchestrator.core.states import EventKind
 from orchestrator.job.preflight import Check, CheckStatus
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.sweep import observe
@@ -33,7 +34,7 @@ def test_failing_preflight_refuses_and_is_recorded(real, monkeypatch):
     monkeypatch.setattr(pf, "run", lambda cfg: bad)
     with pytest.raises(UserError, match="--skip-preflight"):
         preflight_gate(ledger, cfg, "s", skip=False, view=View(live=False))
-    (event,) = ledger.events("s", kind=pf.EVENT)
+    (event,) = ledger.events("s", kind=EventKind.PREFLIGHT)
     assert event.data["ok"] is False and event.data["checks"][0]["name"] == "torch + CUDA"
     assert not ledger.candidates("s")
 
@@ -53,7 +54,7 @@ def test_skip_is_recorded_and_the_twin_needs_no_preflight(real, monkeypatch):
     cfg, ledger, _ = real
     monkeypatch.setattr(pf, "run", lambda cfg: pytest.fail("preflight must not run"))
     preflight_gate(ledger, cfg, "s", skip=True, view=View(live=False))
-    (event,) = ledger.events("s", kind=pf.EVENT)
+    (event,) = ledger.events("s", kind=EventKind.PREFLIGHT)
     assert event.data == {"ok": True, "skipped": True} and "--skip-preflight" in event.message
     twin = compose(["+stage=smoke"]).cfg
     preflight_gate(ledger, twin, "s", skip=False, view=View(live=False))

@@ -295,7 +295,8 @@ def test_one_sacct_call_per_poll_for_the_whole_sweep(tmp_path, slurm_cluster):
     """In-process driver: the launcher's own counters against the loop's polls."""
     from orchestrator.config import compose
     from orchestrator.launch.slurm import SlurmLauncher
-    from orchestrator.sweep import Driver, open_ledger
+    from orchestrator.ledger.ledger import Ledger
+    from orchestrator.sweep import Driver
     from orchestrator.sweep.view import View
 
     composed = compose(
@@ -303,7 +304,7 @@ def test_one_sacct_call_per_poll_for_the_whole_sweep(tmp_path, slurm_cluster):
     )
     cfg = composed.cfg
     launcher = SlurmLauncher(cfg.cluster)
-    with open_ledger(cfg, create=True) as led:
+    with Ledger.from_config(cfg.ledger, create=True) as led:
         sweep = led.create_or_get_sweep(
             "s-count",
             stage=cfg.stage.name,
