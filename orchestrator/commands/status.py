@@ -11,7 +11,6 @@ from orchestrator.core import metrics
 from orchestrator.core.errors import UserError
 from orchestrator.core.metrics import STEP_P50
 from orchestrator.core.states import EventKind, Fidelity
-from orchestrator.plan.layout import Layout
 from orchestrator.report import path
 
 if TYPE_CHECKING:  # the ledger and the driver are imported where used: `--help` stays light
@@ -77,7 +76,7 @@ def gather(ledger, name: str) -> dict:
             {
                 "round": c.round,
                 "key": c.key,
-                "layout": Layout.from_dict(c.layout).short(),
+                "layout": c.layout.short(),
                 "status": c.status,
                 "attempts": len(atts),
                 "job_id": a.job_id if a else None,
@@ -86,7 +85,7 @@ def gather(ledger, name: str) -> dict:
                 "cut": c.id in cut_ids,
                 "edge": c.edge_kind,
                 "pred_step_s": c.predicted.get("step_time_s"),
-                "decision": c.decision,
+                "decision": c.decision.to_dict() if c.decision.stored else None,
                 STEP_P50: res.get(STEP_P50) if res else None,
             }
         )

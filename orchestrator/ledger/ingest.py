@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from orchestrator.core.states import AttemptRole, CandidateStatus, EventKind
+from orchestrator.ledger.convert import decode
 from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.ledger import CandidateIn, Ledger
 
@@ -118,12 +119,12 @@ def ingest(ledger: Ledger, found: Sequence[Trusted], *, source: str) -> Summary:
                 [
                     CandidateIn(
                         key=item.key,
-                        layout=item.layout,
+                        layout=decode("layout", item.layout),
                         layer_pattern=str(item.predicted.get("layer_pattern") or ""),
                         predicted=item.predicted,
                         round=item.round,
                         status=CandidateStatus.DONE if ok else CandidateStatus.FAILED,
-                        decision=item.decision,
+                        decision=None if item.decision is None else decode("decision", item.decision),
                     )
                 ],
             )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.orm import Session
 
+from orchestrator.core.decision import Decision
 from orchestrator.core.knobs import ledger_columns
 from orchestrator.core.states import (
     AttemptRole,
@@ -27,7 +28,7 @@ from orchestrator.core.states import (
     SweepStatus,
 )
 from orchestrator.ledger import models as m
-from orchestrator.ledger.convert import as_datetime, chunks, clean, member, now, to_row
+from orchestrator.ledger.convert import as_datetime, chunks, clean, encode, member, now, to_row
 from orchestrator.ledger.engine import make_engine, mask, parse_url, schema_state, sqlite_file, upgrade
 from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.evidence import Evidence
@@ -85,9 +86,9 @@ def _candidate_values(sweep_id: int, item: CandidateIn) -> dict[str, Any]:
     return dict(
         sweep_id=sweep_id,
         key=item.key,
-        **ledger_columns(lay),
+        **ledger_columns(lay.to_dict()),
         layer_pattern=item.layer_pattern or pred.get("layer_pattern", "") or "",
-        layout=clean(lay),
+        layout=encode(lay),
         pred_step_time_s=pred.get("step_time_s"),
         pred_memory_gb=pred.get("memory_gb"),
         pred_mfu=pred.get("mfu"),
@@ -98,7 +99,7 @@ def _candidate_values(sweep_id: int, item: CandidateIn) -> dict[str, Any]:
         m=pred.get("m"),
         feasible=pred.get("feasible"),
         predicted=clean(pred),
-        decision=None if item.decision is None else clean(item.decision),
+        decision=encode(item.decision),
         verdict=verdict,
         round=int(item.round),
         edge_kind=None if item.edge_kind is None else member(EdgeKind, item.edge_kind, "edge kind"),
@@ -422,13 +423,13 @@ class Ledger:
         )
         c.status, c.reason, c.updated_at = status, reason, now()
 
-    def requeue(self, candidate_id: int, decision: dict[str, Any], reason: str) -> None:
+    def requeue(self, candidate_id: int, decision: Decision, reason: str) -> None:
         """A measured candidate back to `planned` with a new decision (e.g. a screened layout confirmed at the
         full window), in one transaction: a resumed loop finds it planned with the decision that explains why."""
         with self.store.write() as s:
             self._requeue(s, candidate_id, decision, reason)
 
-    def redecide(self, candidate_id: int, decision: dict[str, Any], reason: str) -> bool:
+    def redecide(self, candidate_id: int, decision: Decision, reason: str) -> bool:
         """Replace a planned candidate's decision before its launch (the wait for the sweep's seed resolved,
         orchestrator/sweep/seeding.py), with the event that says why; False (and nothing written) when it
         is no longer planned."""
@@ -437,19 +438,19 @@ class Ledger:
             if c.status != CandidateStatus.PLANNED:
                 return False
             self._move(s, c, CandidateStatus.PLANNED, reason)
-            c.decision = clean(decision)
+            c.decision = encode(decision)
             return True
 
-    def _requeue(self, s: Session, candidate_id: int, decision: dict[str, Any], reason: str) -> None:
+    def _requeue(self, s: Session, candidate_id: int, decision: Decision, reason: str) -> None:
         c = find_candidate(s, candidate_id, lock=True)
         self._move(s, c, CandidateStatus.PLANNED, reason)
-        c.decision = clean(decision)
+        c.decision = encode(decision)
 
     def record_round(
         self,
         sweep: str,
         *,
-        requeues: Sequence[tuple[int, dict[str, Any], str]],
+        requeues: Sequence[tuple[int, Decision, str]],
         items: Sequence[CandidateIn],
         event: tuple[EventKind, str, dict[str, Any]],
         between: Callable[[], None] | None = None,

@@ -139,13 +139,12 @@ def _hbm(text: str) -> float | None:
 
 def _flags(ledger: Ledger, sweep: str, candidate_id: int, cfg, why: str, hit: dict | None) -> tuple[str, str]:
     """(flags text, source): from the stored config as `plan --argv` builds them, else the job's own spec."""
-    from orchestrator.plan.layout import Layout
     from orchestrator.runspec import format_argv, layout_flags
 
     cand = next((c for c in ledger.candidates(sweep) if c.id == candidate_id), None)
     if cfg is not None and cand is not None:
         try:
-            tokens = layout_flags(cfg, cfg.stage, Layout.from_dict(cand.layout), cand.layer_pattern)
+            tokens = layout_flags(cfg, cfg.stage, cand.layout, cand.layer_pattern)
             return format_argv(tokens), (
                 "built as `plan --argv` builds them, from the sweep's stored config and this candidate's layout; "
                 "--train-iters is the measurement's warm-up + window: set your own for training"

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Sequence
 
+from orchestrator.core.decision import CutLine, Decision
 from orchestrator.core.schema import StageConfig
 from orchestrator.core.states import Fidelity
 from orchestrator.search.select import measured_rank
@@ -93,14 +93,12 @@ def learned_warmup(stage: StageConfig, settled: Sequence[int]) -> int | None:
     return max(min(ws.learn_floor, ws.warmup_iters), min(ws.warmup_iters, need))
 
 
-def decision_window(stage: StageConfig, decision: dict | None) -> tuple[Fidelity, tuple[int, int]]:
+def decision_window(stage: StageConfig, decision: Decision) -> tuple[Fidelity, tuple[int, int]]:
     """The fidelity and window the next attempt of a candidate runs, from its stored decision (candidates
     added before multi-fidelity rounds, or by other tools, carry none: full; one that does not `warms` cold;
     a warm one's learned warm-up is stored with it, `warmup_iters`)."""
-    d = decision or {}
-    f = Fidelity(d.get("fidelity") or Fidelity.FULL)
-    w = d.get("warmup_iters")
-    return f, window(stage, f, d.get("measure_iters"), warm=warms(d), warmup=None if w is None else int(w))
+    d = decision
+    return d.fidelity, window(stage, d.fidelity, d.measure_iters, warm=d.warms, warmup=d.warmup_iters)
 
 
 def warm_start_on(stage: StageConfig) -> bool:
@@ -109,32 +107,13 @@ def warm_start_on(stage: StageConfig) -> bool:
     return stage.warm_start.enabled and stage.warm_start.warmup_iters < stage.warmup_iters
 
 
-def warms(decision: dict | None) -> bool:
-    """The launch loads the sweep's seed: it names it (`warm_from`), or waits for it (`after_seed`: it goes
-    only once the seed is there, orchestrator/sweep/seeding.py, and then names it)."""
-    d = decision or {}
-    return bool(d.get("warm_from") or d.get("after_seed"))
-
-
-def startup_s(stage: StageConfig, decision: dict | None, *, measured: bool = True) -> float:
+def startup_s(stage: StageConfig, decision: Decision, *, measured: bool = True) -> float:
     """Seconds a launch of this decision pays beyond its iterations: stage.budget.startup_s, plus reading the
     seed (warm_start.load_s) when it warm-starts, plus writing it (warm_start.save_s) when it saves one and
     got to the save (`measured`: an OOM ends before it)."""
-    d, ws = decision or {}, stage.warm_start
-    load = ws.load_s if warms(d) else 0.0
-    return stage.budget.startup_s + load + (ws.save_s if d.get("seed_save") and measured else 0.0)
-
-
-def probe_ranks(decision: dict | None) -> list[int]:
-    """The ranks a rank probe runs, from its stored decision (orchestrator.plan.ranks.probe_ranks chose them),
-    or the decision it was probed under before a confirmation replaced it (`previous`, sweep/decide.py); a
-    probe decided before rank probes carries none and runs as it was decided: at full scale on N GPUs."""
-    d = decision or {}
-    while d:
-        if d.get("probe_ranks"):
-            return [int(r) for r in d["probe_ranks"]]
-        d = d.get("previous") or {}
-    return []
+    ws = stage.warm_start
+    load = ws.load_s if decision.warms else 0.0
+    return stage.budget.startup_s + load + (ws.save_s if decision.seed_save and measured else 0.0)
 
 
 def use_screen(stage: StageConfig, cv: float | None, *, warm: bool = False) -> bool:
@@ -166,42 +145,7 @@ def contenders(rows: Sequence[Observation], cv: float | None, limit: int) -> lis
     return measured_rank([r for r in screened if lo(r) <= ref])[:limit]  # the one ranking, screens included
 
 
-@dataclass(frozen=True)
-class CutLine:
-    """The early cut of one launch (stage.screen.cut*), stored in its candidate's decision (`cut`) so a resumed
-    driver applies the same line: stop once iterations skip+1..after are run and their median step is above
-    `step_s` (the sweep's best full-window p50 x (1 + cut_margin) when the round was planned). What ran is a
-    screen of `after - skip` measured iterations after `skip` warm-up ones: it ranks, never decides a best."""
-
-    step_s: float
-    after: int
-    skip: int
-
-    @property
-    def window(self) -> tuple[int, int]:
-        """(warm-up, measured iterations) of the result a cut launch leaves."""
-        return self.skip, self.after - self.skip
-
-    def due(self, times: Sequence[float]) -> float | None:
-        """The median step that cuts the launch, given its per-iteration seconds from iteration 1 on; None while
-        fewer than `after` have run or when the median is at or under the line."""
-        if len(times) < self.after:
-            return None
-        med = statistics.median(times[self.skip : self.after])
-        return med if med > self.step_s else None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def of(cls, decision: Mapping | None) -> CutLine | None:
-        """The line a candidate's decision carries (None: never cut: a decision of before the cut, a probe, or a
-        launch planned before the sweep had a full-window best)."""
-        d = (decision or {}).get("cut")
-        return cls(float(d["step_s"]), int(d["after"]), int(d["skip"])) if d else None
-
-
-def cut_line(stage: StageConfig, best_step_s: float | None, decision: dict | None) -> CutLine | None:
+def cut_line(stage: StageConfig, best_step_s: float | None, decision: Decision) -> CutLine | None:
     """The early cut of a launch of `decision` (its fidelity and window: `decision_window`), against the best
     full-window p50: none for a rank probe (it measures compute, and is short), without a best, or where the
     launch would end by stage.screen.cut_after anyway."""

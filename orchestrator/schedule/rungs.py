@@ -174,10 +174,10 @@ class Schedule:
             if seed is None and p.fidelity == Fidelity.FULL:
                 p.seed_save, p.after_seed = saver is None, saver is not None
                 saver = saver or p
-            if fidelity.warms(p.decision()):
+            if p.decision().warms:
                 p.warmup_iters = warmup
             d = p.decision()
-            w, n = fidelity.window(st, p.fidelity, p.measure_iters, warm=fidelity.warms(d), warmup=p.warmup_iters)
+            w, n = fidelity.window(st, p.fidelity, p.measure_iters, warm=d.warms, warmup=p.warmup_iters)
             p.est_gpu_hours = env.gpu_hours(
                 p.charge_step_s or p.predicted_step_s, w + n, startup_s=fidelity.startup_s(st, d)
             )
@@ -189,7 +189,7 @@ class Schedule:
         measured when it happens (observe.spent charges the iterations a result ran), never one assumed."""
         for p in props:
             line = fidelity.cut_line(env.stage, best_step_s, p.decision())
-            p.cut = line.to_dict() if line else None
+            p.cut = line
 
     def confirms(
         self,

@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from orchestrator.core.decision import CutLine
 from orchestrator.core.paths import JobPaths, atomic_write
 from orchestrator.core.states import EventKind, Fidelity
 from orchestrator.evidence.collect import iteration_times, read_cut
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger
-from orchestrator.schedule.fidelity import CutLine
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Check:
 def check(a: AttemptRow, c: CandidateRow) -> Check | None:
     """The cut's verdict on a running measure attempt so far; None when it has no line (a probe, a launch planned
     before the sweep had a best, cut disabled)."""
-    line = CutLine.of(c.decision)
+    line = c.decision.cut
     if line is None or a.fidelity not in (Fidelity.FULL, Fidelity.SCREEN) or not a.job_dir:
         return None
     if (marked := read_cut(a.job_dir)) is not None:
@@ -66,7 +66,7 @@ def settle(ledger: Ledger, a: AttemptRow) -> AttemptRow:
 def log(ledger: Ledger, sweep: str, candidate_id: int, job_id: str | None, mark: dict, *, how: str = "") -> str:
     """The ledger's `cut` event of one cut launch, from its mark (the driver's as it cuts, `ledger ingest`'s
     when it rebuilds the launch from its folder: one wording, one data shape); the message."""
-    line = CutLine.of({"cut": mark})
+    line = CutLine.from_dict(mark)
     assert line is not None
     median = float(mark.get("median_s") or 0.0)
     why = (

@@ -97,12 +97,12 @@ def next_round(
         sweep.name,
         # a screened contender runs again at the full window: same candidate, new attempt
         requeues=[
-            (by_key[p.key].id, {**p.decision(), "previous": by_key[p.key].decision}, p.reason) for p in plan.confirms
+            (by_key[p.key].id, p.decision().but(previous=by_key[p.key].decision), p.reason) for p in plan.confirms
         ],
         items=[
             CandidateIn(
                 key=p.key,
-                layout=p.layout.to_dict(),
+                layout=p.layout,
                 layer_pattern=p.predicted.get("layer_pattern", ""),
                 predicted=p.predicted,
                 round=rnd,

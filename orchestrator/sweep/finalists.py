@@ -68,7 +68,7 @@ def pick(ledger: Ledger, sweep: str, k: int) -> list[CandidateRow]:
 
 def reference_layout(cfg: RootConfig, layout: Layout) -> Layout:
     """The candidate's layout with `parity.reference` knobs overridden (CP1 by default)."""
-    return Layout.from_dict({**layout.to_dict(), **dict(cfg.parity.reference)})
+    return layout.but(**dict(cfg.parity.reference))
 
 
 def _planned(cfg: RootConfig, layout: Layout, key: str | None = None) -> tuple[planner.Planned | None, str]:
@@ -118,7 +118,7 @@ class Finalists:
             keys = list(data.get("keys") or [])
         else:
             keys = [c.key for c in pick(self.ledger, self.sweep, self.cfg.policy.promote_top_k)]
-            shown = ", ".join(Layout.from_dict(c.layout).short() for c in self._rows(keys)) or "none measured"
+            shown = ", ".join(c.layout.short() for c in self._rows(keys)) or "none measured"
             self.ledger.log_event(
                 self.sweep,
                 EventKind.FINALISTS,
@@ -158,7 +158,7 @@ class Finalists:
         reference layout that is no candidate: its key alone)."""
         if cand is None:
             return runspec.attempt_dir(self.cfg, self.sweep, key, 0).parent / name
-        lay = Layout.from_dict(cand.layout)
+        lay = cand.layout
         return runspec.attempt_dir(self.cfg, self.sweep, key, 0, number=cand.id, layout=lay).parent / name
 
     def _outcome(self, c: CandidateRow, role: AttemptRole) -> tuple[Outcome, AttemptRow | None]:
@@ -177,7 +177,7 @@ class Finalists:
 
     # ---- parity -------------------------------------------------------------------------------------
     def _gate(self, c: CandidateRow) -> _Gate:
-        lay = Layout.from_dict(c.layout)
+        lay = c.layout
         ref = reference_layout(self.cfg, lay)
         if ref == lay:
             return _Gate(c, None, None, c.key, same=True, why=f"{lay.short()} is the reference layout itself")
@@ -213,7 +213,7 @@ class Finalists:
                 row = self._compare(g, owner[g.ref_key], out, numbers, asked)
             if row is not None:
                 out.notes.append(
-                    f"parity {Layout.from_dict(c.layout).short()}: "
+                    f"parity {c.layout.short()}: "
                     + ("passed" if row.passed else f"FAILED, excluded from promotion ({row.detail})")
                 )
 
@@ -298,7 +298,7 @@ class Finalists:
         restore seconds this window measured."""
         if self.ledger.events(self.sweep, kind=EventKind.LONG_RUN, candidate_id=c.id):
             return  # decided
-        lay = Layout.from_dict(c.layout)
+        lay = c.layout
         if measured is None:
             return self._long_run_done(c, out, {"ok": False, "reason": "no measured result to attach the window to"})
         planned, why = _planned(self.cfg, lay, key=c.key)
@@ -378,7 +378,7 @@ class Finalists:
         return self._long_run_done(c, out, info)
 
     def _long_run_done(self, c: CandidateRow, out: Step, info: dict) -> None:
-        lay = Layout.from_dict(c.layout).short()
+        lay = c.layout.short()
         if info["ok"]:
             msg = (
                 f"{lay}: save {info['ckpt_save_s']:.2f}s, restore {info['ckpt_restore_s']:.2f}s, "

@@ -29,7 +29,7 @@ from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus,
 from orchestrator.ledger.errors import LedgerStopped
 from orchestrator.ledger.leases import LeaseKeeper, holder_id
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger, SweepRow
-from orchestrator.plan.layout import Layout, Prediction
+from orchestrator.plan.layout import Prediction
 from orchestrator.plan.planner import Planned
 from orchestrator.schedule import Schedule
 from orchestrator.search import make_policy
@@ -69,7 +69,7 @@ def planned_from_row(c: CandidateRow) -> Planned:
     It carries the ledger's key: job.json, the job folder and the twin's seed must all name the row."""
     pred = {k: v for k, v in (c.predicted or {}).items() if k in _PRED_FIELDS}
     pred["memory_by_stage"] = tuple(pred.get("memory_by_stage") or ())
-    return Planned(Layout.from_dict(c.layout), Prediction(**pred), key=c.key)
+    return Planned(c.layout, Prediction(**pred), key=c.key)
 
 
 class Driver:
@@ -239,7 +239,7 @@ class Driver:
             elif last is not None and last.terminal:
                 self._settle(c, last)
             elif last is not None:
-                self.view.event(f"re-attached to job {last.job_id} ({Layout.from_dict(c.layout).short()})")
+                self.view.event(f"re-attached to job {last.job_id} ({c.layout.short()})")
 
     def _adopt(self) -> None:
         """Launch intents without a job id (killed, or the record failed, between sbatch and the record): ask
@@ -274,7 +274,7 @@ class Driver:
         """Claim every planned candidate (their measurements at the fidelity their decision names) and, once the
         search has stopped, the finalists' jobs still needed; launch them all through `_launch`."""
         from orchestrator.runspec import attempt_dir, build_spec, warm_start_flags
-        from orchestrator.schedule.fidelity import decision_window, probe_ranks
+        from orchestrator.schedule.fidelity import decision_window
         from orchestrator.sweep import seeding
 
         launches: list[Launch] = []
@@ -287,7 +287,7 @@ class Driver:
             # A retry after NODE_FAIL keeps off the node(s) it failed on ("retried on healthy nodes").
             failed = [x for x in atts if not x.aborted]
             exclude = (failed[-1].node_list or "") if failed and failed[-1].failure_class == Failure.NODE_FAIL else ""
-            folder = attempt_dir(self.cfg, self.name, c.key, attempt, number=c.id, layout=Layout.from_dict(c.layout))
+            folder = attempt_dir(self.cfg, self.name, c.key, attempt, number=c.id, layout=c.layout)
             fid, win = decision_window(self.stage, c.decision)  # screen, probe or the stage's full window
             spec = build_spec(
                 self.cfg,
@@ -297,11 +297,11 @@ class Driver:
                 job_dir=folder,
                 window=win,
                 fidelity=fid,
-                probe_ranks=probe_ranks(c.decision) if fid == Fidelity.PROBE else (),
+                probe_ranks=c.decision.probed_ranks() if fid == Fidelity.PROBE else (),
                 # the seed's save, or the load of it (stage.warm_start); a probe's decision carries neither
                 extra_argv=warm_start_flags(c.decision, folder, sum(win)) if fid != Fidelity.PROBE else (),
             )
-            spec.round, spec.decision = c.round, c.decision
+            spec.round, spec.decision = c.round, c.decision.to_dict() if c.decision.stored else None
             launches.append(Launch(c.id, spec, exclude))
         if self.finalists is not None:
             step = self.finalists.step()
@@ -442,7 +442,7 @@ class Driver:
         why = cutoff.log(
             self.ledger, self.name, c.id, a.job_id, mark, how="marked before a restart" if found.marked else ""
         )
-        self.view.event(f"job {a.job_id} {why} ({Layout.from_dict(c.layout).short()})")
+        self.view.event(f"job {a.job_id} {why} ({c.layout.short()})")
 
     def _ingest(self, a: AttemptRow, st, c: CandidateRow) -> None:
         """Collect the job folder into a JobResult, store it (idempotent per attempt), settle the candidate."""
@@ -458,14 +458,14 @@ class Driver:
         self._dirty = True
         if not a.measures:  # a finalist's job: its verdict is the finalists' next step (retries too)
             what = "done" if res.ok else f"{res.failure_class or a.state}"
-            self.view.event(f"{a.role} job {a.job_id} {what} ({Layout.from_dict(c.layout).short()})")
+            self.view.event(f"{a.role} job {a.job_id} {what} ({c.layout.short()})")
             return
         atts = self.ledger.attempts(a.candidate_id)
         self._settle(c, next(x for x in atts if x.id == a.id), atts)
 
     def _settle(self, c: CandidateRow, a: AttemptRow, atts: list[AttemptRow] | None = None) -> None:
         """A terminal attempt decides its candidate: done, retried (new attempt later) or failed."""
-        lay = Layout.from_dict(c.layout).short()
+        lay = c.layout.short()
         if self.ledger.evidence.result(a.id) is not None:
             self.ledger.set_candidate_status(c.id, CandidateStatus.DONE, f"job {a.job_id} measured")
             return

@@ -72,7 +72,7 @@ def _raw_terms(env: PlanEnv, cand: CandidateRow, layout: Layout) -> tuple[dict[s
 
 def _rank_probed(cands: Iterable[CandidateRow]) -> set[int]:
     """The candidates a rank probe ran (their decision names the probed ranks)."""
-    return {c.id for c in cands if fidelity.probe_ranks(c.decision)}
+    return {c.id for c in cands if c.decision.probed_ranks()}
 
 
 def _margin(rows: Iterable[MeasuredRow], probes: dict[int, dict], rank_probed: set[int], stage: StageConfig) -> float:
@@ -173,7 +173,7 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
     out: list[Observation] = []
     for s in sweeps:
         for c in cands[s.name]:
-            layout = Layout.from_dict(c.layout)
+            layout = c.layout
             raw = _raw(env, c, layout)
             if raw is None:
                 continue
@@ -238,7 +238,7 @@ def settled(ledger: Ledger, sweeps: list[SweepRow]) -> tuple[int, ...]:
     learned from (schedule/fidelity.learned_warmup). A cold launch's warm-up also waits for routing: not read."""
     out = []
     for s in sweeps:
-        warm = {c.id for c in ledger.candidates(s.name) if fidelity.warms(c.decision)}
+        warm = {c.id for c in ledger.candidates(s.name) if c.decision.warms}
         for r in ledger.evidence.measured(sweep=s.name):
             if r.candidate_id in warm and r.fidelity != Fidelity.PROBE and r.metrics.get("settled_iters") is not None:
                 out.append(int(r.metrics["settled_iters"]))
@@ -284,7 +284,7 @@ def _seed_runs(ledger: Ledger, sweep: SweepRow) -> list[str]:
     its full-window attempt without a failure: Megatron saves after the last iteration), first first."""
     out = []
     for c in ledger.candidates(sweep.name):
-        if not (c.decision or {}).get("seed_save") or c.status not in (CandidateStatus.DONE, CandidateStatus.EXCLUDED):
+        if not c.decision.seed_save or c.status not in (CandidateStatus.DONE, CandidateStatus.EXCLUDED):
             continue
         out += [
             str(JobPaths(a.job_dir).seed_checkpoint)
@@ -396,7 +396,7 @@ def best_of(ledger: Ledger, sweep: str) -> dict | None:
         return None
     return {
         "key": r.key,
-        "layout": Layout.from_dict(r.layout).short(),
+        "layout": r.layout.short(),
         STEP_P50: r.metrics.get(STEP_P50),
         STEP_P99: r.metrics.get(STEP_P99),
         "simulated": r.simulated,

@@ -446,7 +446,7 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
     from orchestrator.core.states import Fidelity
     from orchestrator.plan.layout import Layout
     from orchestrator.schedule import fidelity
-    from orchestrator.schedule.fidelity import decision_window, probe_ranks
+    from orchestrator.schedule.fidelity import decision_window
     from orchestrator.search import make_policy
     from orchestrator.search.env import PlanEnv
     from orchestrator.sweep import observe, seeding
@@ -478,10 +478,10 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
             break
         while claimed := ledger.claim_for_submission(name, 10_000, HOLDER, skip=seeding.waiting(ledger, sweep, st)):
             for c in claimed:
-                lay = Layout.from_dict(c.layout)
+                lay = c.layout
                 history = ledger.attempts(c.id)
                 fid, win = decision_window(st, c.decision)  # the window the loop would launch (screen / full)
-                probed = probe_ranks(c.decision) if fid == "probe" else []
+                probed = list(c.decision.probed_ranks()) if fid == "probe" else []
                 refused = probe_refusal(cfg, lay, c.layer_pattern, win) if probed else None
                 if refused:  # dev fails this probe at its first pipeline receive (orchestrator/plan/probe.py)
                     run = dataclasses.replace(
@@ -496,7 +496,7 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
                     cost = rank_probe_gpu_hours(len(probed), startup_s, run.step_s, iters)
                 else:
                     run = target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(history) + 1, window=win)
-                    line = fidelity.CutLine.of(c.decision)  # the early cut, as the driver applies it (sweep/cutoff)
+                    line = c.decision.cut  # the early cut, as the driver applies it (sweep/cutoff)
                     cut = line.due(run.times) if line and run.fits else None
                     if line and cut is not None:  # what ran is a screen of its first line.after iterations
                         fid, win = Fidelity.SCREEN, line.window
@@ -505,7 +505,7 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
                     extra = fidelity.startup_s(st, c.decision, measured=run.fits and cut is None) - st.budget.startup_s
                     cost = launch_gpu_hours(st.gpus, startup_s + extra, sum(win), run)
                 job_dir = jobs / f"{c.id}-{len(history) + 1}"
-                if run.fits and (c.decision or {}).get("seed_save"):  # the seed a job saves after its window
+                if run.fits and c.decision.seed_save:  # the seed a job saves after its window
                     atomic_write(CheckpointPaths(JobPaths(job_dir).seed_checkpoint).tracker, str(sum(win)))
                 a = ledger.new_attempt(
                     c.id,

@@ -420,6 +420,7 @@ def _imports(path) -> list[str]:
 # stdlib-only vocabulary modules orchestrator/ledger/ may read (they import nothing of the project themselves)
 DB_MAY_IMPORT = {
     "orchestrator.core.states",
+    "orchestrator.core.decision",  # a candidate's decision, decoded once (ledger/convert.py)
     "orchestrator.core.knobs",
     "orchestrator.core.metrics",
     "orchestrator.core.ranking",

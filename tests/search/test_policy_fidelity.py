@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.config import compose
+from orchestrator.core.decision import Decision
 from orchestrator.core.schema import ScreenConfig, StageConfig
 from orchestrator.core.states import Fidelity
 from orchestrator.evidence.metrics import robust_cv
@@ -156,7 +157,7 @@ def test_a_sweep_screens_then_confirms_and_reports_only_a_confirmed_best(tmp_pat
         assert at_scale[: cfg.policy.round0_size] == [Fidelity.FULL] * cfg.policy.round0_size  # no noise known yet
         assert Fidelity.SCREEN in fids
         cands = {c.id: c for c in led.candidates("mf")}
-        confirmed = [c for c in cands.values() if (c.decision or {}).get("kind") == "confirm"]
+        confirmed = [c for c in cands.values() if c.decision.kind == "confirm"]
         assert confirmed
         for c in confirmed:  # the ledger keeps every measurement and the fidelity of each
             atts = led.attempts(c.id)
@@ -257,7 +258,7 @@ def test_the_loop_launches_each_attempt_at_its_fidelitys_window(tmp_path):
                 if c.round == 0:
                     assert a.fidelity == Fidelity.FULL and window == (6, 40)
                 elif a.fidelity == Fidelity.SCREEN:
-                    assert window == (3, c.decision["measure_iters"]) and 4 <= window[1] < 40
+                    assert window == (3, c.decision.measure_iters) and 4 <= window[1] < 40
                 elif a.fidelity == Fidelity.PROBE:  # probe first: warm-up, then the compute-only window
                     screen = spec.stage.screen
                     assert window == (screen.probe_warmup_iters, screen.probe_iters)
@@ -274,7 +275,7 @@ def _probe_step_is_what_the_bench_hands_the_searcher(spec, cand, result):
     from orchestrator.job.twin import truth
 
     cfg = SimpleNamespace(model=spec.model, hardware=spec.hardware, stage=spec.stage, workload=spec.workload)
-    lay, tw = Layout.from_dict(cand.layout), spec.workload.twin
+    lay, tw = cand.layout, spec.workload.twin
     run = lib.Target(f"twin:{tw.surface}", seed=tw.seed).probe(
         cfg, lay, cand.layer_pattern, cand.key, spec.probe_ranks, window=spec.window
     )
@@ -297,12 +298,12 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_on_one_gpu_found_to_fi
     cfg, led, run = _sweep(tmp_path, target, "stage.memory_margin_gb=14")
     with led:
         hbm, margin = cfg.hardware.hbm_gb, cfg.stage.memory_margin_gb
-        probed = [c for c in led.candidates("mf") if (c.decision or {}).get("previous", {}).get("kind") == "fit-probe"]
+        probed = [c for c in led.candidates("mf") if (c.decision.previous or Decision()).kind == "fit-probe"]
         assert probed, [x[5] for x in run.launches]
         for c in probed:
             assert c.predicted["raw_memory_gb"] + margin > hbm  # the uncalibrated model prunes it
-            lay = Layout.from_dict(c.layout)
-            bound = c.decision["previous"]["probe_ranks"]  # the ranks that bound it, each probed on one GPU
+            lay = c.layout
+            bound = c.decision.previous.probe_ranks  # the ranks that bound it, each probed on one GPU
             assert bound == ranks.probe_ranks(lay, cfg.stage.gpus, c.predicted["heaviest_stage"])
             assert bound[0] == 0 and bound[-1] == cfg.stage.gpus - 1
             probe, full, *_ = led.attempts(c.id)  # then measured at scale: screened when the round screens
@@ -370,13 +371,13 @@ def test_any_searcher_gets_the_rungs_predicted_topk_screens_once_noise_is_measur
         # its own picks, confirmations, and the schedule's rank probes of round 0 (policy.probe_led) and their
         # measurements at scale
         kinds = ("predicted-topk", "confirm", "fit-probe", "probed-fit", "probed-close")
-        assert all((c.decision or {}).get("kind") in kinds for c in cands)
-        confirmed = [c for c in cands if (c.decision or {}).get("kind") == "confirm"]
+        assert all(c.decision.kind in kinds for c in cands)
+        confirmed = [c for c in cands if c.decision.kind == "confirm"]
         assert all([a.fidelity for a in led.attempts(c.id)] == [Fidelity.SCREEN, Fidelity.FULL] for c in confirmed)
-        screened = [c for c in cands if c.decision and c.decision.get("fidelity") == Fidelity.SCREEN]
+        screened = [c for c in cands if c.decision.fidelity == Fidelity.SCREEN]
         full = sum(fidelity.window(cfg.stage, Fidelity.FULL))
         assert screened and all(
-            sum(fidelity.window(cfg.stage, Fidelity.SCREEN, c.decision["measure_iters"])) < full for c in screened
+            sum(fidelity.window(cfg.stage, Fidelity.SCREEN, c.decision.measure_iters)) < full for c in screened
         )
         best = observe.best_of(led, "mf")
         assert [m.fidelity for m in led.evidence.measured(sweep="mf") if m.key == best["key"]] == [Fidelity.FULL]

@@ -15,13 +15,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchestrator.core.decision import CutLine, Decision
 from orchestrator.core.schema import ScreenConfig, StageConfig
 from orchestrator.core.states import EventKind, Fidelity
 from orchestrator.evidence.collect import collect
 from orchestrator.job.entry import run_task
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.schedule import fidelity
-from orchestrator.schedule.fidelity import CutLine
 from orchestrator.sweep import cutoff, observe
 from tests import sweeplib
 from tests.evidence.test_collect import make_spec
@@ -47,7 +47,7 @@ def test_a_cut_is_due_once_its_iterations_ran_and_their_median_is_over_the_line(
     assert got == (med if med > line else None)
     assert cut.due([*times[:after], *([99.0] * 5)]) == got  # iterations past the line's do not move it
     assert cut.window == (cut.skip, after - cut.skip)
-    assert CutLine.of({"cut": cut.to_dict()}) == cut
+    assert CutLine.from_dict(cut.to_dict()) == cut
 
 
 def test_the_line_is_the_best_full_step_plus_the_margin_and_only_where_a_cut_saves_something():
@@ -61,7 +61,7 @@ def test_the_line_is_the_best_full_step_plus_the_margin_and_only_where_a_cut_sav
     assert fidelity.cut_line(short, 10.0, full) is None  # it ends there anyway
     off = dataclasses.replace(STAGE, screen=ScreenConfig(cut=False))
     assert fidelity.cut_line(off, 10.0, full) is None
-    assert CutLine.of({"fidelity": "full"}) is None and CutLine.of(None) is None
+    assert Decision.from_dict({"fidelity": "full"}).cut is None and CutLine.from_dict(None) is None
 
 
 def test_a_running_jobs_iteration_times_stop_at_the_first_missing_iteration(tmp_path):
@@ -114,15 +114,15 @@ def test_an_in_process_sweep_cuts_slow_launches_and_never_reports_one(tmp_path):
     with led, led_off:
         cands = led.candidates("mf")
         r0 = [c for c in cands if c.round == 0]
-        assert not any((c.decision or {}).get("cut") for c in r0 if (c.decision or {}).get("seed_save"))  # no best
-        waited = [c for c in r0 if (c.decision or {}).get("warm_from")]  # released once the seed's launch measured
-        assert waited and all((c.decision or {}).get("cut") for c in waited)
-        lined = [c for c in cands if (c.decision or {}).get("cut")]
-        assert lined and all((c.decision or {}).get("fidelity") != Fidelity.PROBE for c in lined)
+        assert not any(c.decision.cut for c in r0 if c.decision.seed_save)  # no best
+        waited = [c for c in r0 if c.decision.warm_from]  # released once the seed's launch measured
+        assert waited and all(c.decision.cut for c in waited)
+        lined = [c for c in cands if c.decision.cut]
+        assert lined and all(c.decision.fidelity != Fidelity.PROBE for c in lined)
         best = observe.best_of(led, "mf")
         cut = []
         for c in lined:
-            line = CutLine.of(c.decision)
+            line = c.decision.cut
             assert line is not None and line.step_s >= best["step_p50_s"] * (1 + sc.cut_margin) * (1 - 1e-9)
             for a in led.attempts(c.id):
                 res = led.evidence.result(a.id)
@@ -132,7 +132,7 @@ def test_an_in_process_sweep_cuts_slow_launches_and_never_reports_one(tmp_path):
                     assert res["step_p50_s"] > line.step_s  # the median of the iterations its cut read
         assert cut and best["key"] not in cut
         assert run.gpu_hours < run_off.gpu_hours
-        assert not any((c.decision or {}).get("cut") for c in led_off.candidates("mf"))
+        assert not any(c.decision.cut for c in led_off.candidates("mf"))
 
 
 @pytest.fixture(scope="module")

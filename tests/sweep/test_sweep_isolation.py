@@ -42,7 +42,7 @@ def _decisions(url: str, name: str) -> list[tuple]:
     attempt's fidelity, and each round event's confirms and reasons."""
     with Ledger.open(url) as led:
         cands = [
-            (c.key, c.round, (c.decision or {}).get("reason"), tuple(str(a.fidelity) for a in led.attempts(c.id)))
+            (c.key, c.round, c.decision.move, tuple(str(a.fidelity) for a in led.attempts(c.id)))
             for c in led.candidates(name)
         ]
         rounds = [(e.message, tuple(e.data.get("confirms") or ())) for e in led.events(name, kind="round")]

@@ -186,7 +186,7 @@ def test_a_gpu_smaller_than_its_hardware_group_is_planned_with_after_the_first_o
             # that needs no more memory than one that ran is known to fit, whatever the model says)
             c.predicted["memory_gb"] + margin <= gib96
             for c in later
-            if c.decision["fidelity"] != "probe" and "known to fit" not in c.decision["move"]
+            if c.decision.fidelity != "probe" and "known to fit" not in c.decision.move
         )
         (ev,) = led.events("small-gpu", kind="capacity")
         assert ev.data["gb"] == gib96 and ev.data["configured_gb"] == 141.0

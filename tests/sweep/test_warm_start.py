@@ -69,20 +69,20 @@ def test_round_zero_saves_the_seed_and_every_later_launch_at_scale_loads_it(warm
         (a,) = led.attempts(seeder.id)  # no seed yet: round 0's first launch saves one after its window
         spec = _spec(a.job_dir)
         n = spec.warmup_iters + spec.measure_iters
-        assert seeder.decision["seed_save"] and "warm_from" not in seeder.decision and spec.warmup_iters == 6
+        assert seeder.decision.seed_save and not seeder.decision.warm_from and spec.warmup_iters == 6
         save = ["--save", str(JobPaths(a.job_dir).seed_checkpoint), "--save-interval", str(n)]
         assert spec.argv[-6:] == [*save, "--no-save-optim", "--no-save-rng"]
         assert seed == str(JobPaths(a.job_dir).seed_checkpoint)
         assert CheckpointPaths(seed).tracker.read_text().strip() == str(n)  # Megatron's tracker: saved at n
         # the rest of round 0 waited for it (after_seed), then was re-decided to load it, and started after it
-        assert waited and all(c.decision["warm_from"] == seed and "after_seed" not in c.decision for c in waited)
+        assert waited and all(c.decision.warm_from == seed and not c.decision.after_seed for c in waited)
         ended = led.attempts(seeder.id)[0].end_time
         assert ended is not None and all(led.attempts(c.id)[0].submit_time >= ended for c in waited)
         resolved = [e for e in led.events("warm") if "loads the seed" in (e.message or "")]
         assert {e.candidate_id for e in resolved} == {c.id for c in waited}
         later = [(c, a) for c in cands if c.round > 0 for a in led.attempts(c.id) if a.fidelity != Fidelity.PROBE]
         later += [(c, led.attempts(c.id)[0]) for c in waited]
-        assert later and {c.decision["warm_from"] for c, _ in later} == {seed}
+        assert later and {c.decision.warm_from for c, _ in later} == {seed}
         for _c, a in later:
             spec = _spec(a.job_dir)
             assert "--save" not in spec.argv and spec.argv[-6:] == [
@@ -118,9 +118,7 @@ def test_a_warm_start_is_charged_for_reading_the_seed_and_the_seed_for_writing_i
     ws = stage.warm_start
     for a in costs:
         plain = replace(a, decision={k: v for k, v in a.decision.items() if k not in ("warm_from", "seed_save")})
-        extra = (ws.load_s if a.decision.get("warm_from") else 0.0) + (
-            ws.save_s if a.decision.get("seed_save") else 0.0
-        )
+        extra = (ws.load_s if a.decision.warm_from else 0.0) + (ws.save_s if a.decision.seed_save else 0.0)
         assert extra > 0
         assert observe.attempt_cost(stage, a) - observe.attempt_cost(stage, plain) == pytest.approx(
             stage.gpus * extra / 3600.0
@@ -178,8 +176,8 @@ def test_a_seeder_that_fails_hands_the_seed_to_the_first_waiting_launch(tmp_path
                 tracker.write_text("8")
             led.set_candidate_status(row.id, "done" if ok else "failed", "test")
 
-        def decision(row) -> dict:
-            return led.candidate_by_key("s", row.key).decision
+        def decision(row) -> dict:  # as stored: the keys a resolved wait drops or adds
+            return led.candidate_by_key("s", row.key).decision.to_dict()
 
         assert seeding.waiting(led, sweep) == {b.id, c.id, d.id}  # the seeder is still queued
         ran(a, False, "a")  # its OOM: no seed
@@ -213,7 +211,7 @@ def test_an_8k_sweep_loads_its_1k_sources_seed_from_round_zero(tmp_path):
         seed = observe.seed(led, led.get_sweep("one"))
         assert seed is not None
         lib.run_sweep(led, compose(["+stage=8k", "cluster=local", *small]), target, "eight", 300.0)
-        cands = [c for c in led.candidates("eight") if c.decision.get("fidelity") != Fidelity.PROBE]
+        cands = [c for c in led.candidates("eight") if c.decision.fidelity != Fidelity.PROBE]
         assert {c.round for c in cands} == {0, 1}
-        assert all(c.decision.get("warm_from") == seed and not c.decision.get("seed_save") for c in cands)
+        assert all(c.decision.warm_from == seed and not c.decision.seed_save for c in cands)
         assert observe.seed(led, led.get_sweep("eight")) is None
