@@ -82,8 +82,8 @@ def flags_of(hit: dict, layout: Layout, config_yaml: str) -> list[str]:
     if spec_path.is_file():
         spec = JobSpec.load(spec_path)
         return [*spec.argv, *spec.workload.extra_args]
+    from orchestrator.config import root_from_yaml
     from orchestrator.runspec import layout_flags
-    from orchestrator.sweep.setup import root_from_yaml
 
     cfg = root_from_yaml(config_yaml)
     return layout_flags(cfg, cfg.required_stage(), layout, hit["layer_pattern"])
@@ -92,8 +92,8 @@ def flags_of(hit: dict, layout: Layout, config_yaml: str) -> list[str]:
 def train_flags_of(hit: dict, layout: Layout, config_yaml: str, train) -> list[str]:
     """The best layout on a training run (`train`, a TrainConfig): the sweep's stored model, stage, recipe and
     layout through the same argv builder the jobs got theirs from, with the run's data, length and checkpoints."""
+    from orchestrator.config import root_from_yaml
     from orchestrator.runspec import layout_flags
-    from orchestrator.sweep.setup import root_from_yaml
 
     cfg = root_from_yaml(config_yaml)
     return layout_flags(cfg, cfg.required_stage(), layout, hit["layer_pattern"], train=train)

@@ -92,7 +92,8 @@ def ingest(folder: str, overrides: list[str]) -> int:
     (orchestrator/ledger/ingest.py), then record the finalists' verdicts their attempts decide
     (orchestrator/sweep/finalists.py `verdicts`). A bad FOLDER or sweep name is refused before the ledger is
     opened; a folder of skipped jobs writes nothing, and finalists' jobs alone create no ledger."""
-    from orchestrator.core.paths import JobPaths
+    from orchestrator.config import root_from_yaml
+    from orchestrator.core.paths import JobPaths, check_name
     from orchestrator.core.spec import JobSpec
     from orchestrator.core.states import AttemptRole
     from orchestrator.evidence.ingest import job_folders, judge
@@ -102,7 +103,6 @@ def ingest(folder: str, overrides: list[str]) -> int:
     from orchestrator.ledger.ledger import Ledger
     from orchestrator.sweep import cutoff
     from orchestrator.sweep.finalists import verdicts
-    from orchestrator.sweep.setup import check_name, root_from_yaml
 
     cfg = compose(overrides).cfg
     unreadable: list[tuple[Path, str]] = []  # folders the walk could not read: listed as skipped

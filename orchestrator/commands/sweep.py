@@ -123,7 +123,7 @@ def next_steps(outcome, cfg, overrides) -> dict[str, str]:
 
 
 def report(outcome, args, cfg=None, overrides=()) -> int:
-    from orchestrator.sweep import observe
+    from orchestrator import history
 
     steps = next_steps(outcome, cfg, overrides) if cfg is not None else {}
     if args.json:
@@ -149,7 +149,7 @@ def report(outcome, args, cfg=None, overrides=()) -> int:
     print(f"sweep {outcome.sweep} stopped: {outcome.reason}")
     print(
         f"  rounds {outcome.rounds}, runs {outcome.spent.runs}, attempts {outcome.spent.attempts}, "
-        f"{outcome.spent.gpu_hours:.1f} GPU-hours{sim}" + observe.fidelity_split(outcome.spent.by_fidelity)
+        f"{outcome.spent.gpu_hours:.1f} GPU-hours{sim}" + history.fidelity_split(outcome.spent.by_fidelity)
     )
     if outcome.best:
         b = outcome.best

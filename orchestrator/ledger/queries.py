@@ -344,7 +344,7 @@ class AttemptCost:
     measure_iters: int | None = None
     role: str = "measure"  # states.AttemptRole: the finalists' jobs are charged like any attempt
     round: int = 0  # its candidate's round
-    failure_class: str | None = None  # an OOM does not use up a run (observe.spent)
+    failure_class: str | None = None  # an OOM does not use up a run (history.spent)
     decision: Decision = NO_DECISION  # its candidate's (a rank probe's names the ranks it runs)
 
     def __post_init__(self) -> None:

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 import yaml
 
 from orchestrator.core import ranking
+from orchestrator.core import windows as fidelity
 from orchestrator.core.metrics import STEP_P50
 from orchestrator.evidence import bundle as bundle_mod
 from orchestrator.evidence.metrics import robust_cv
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.report.data import ReportData, standing
-from orchestrator.schedule import fidelity
 
 P99_MUCH_BETTER = 0.10  # the runner-up's p99 this much lower (relative) is named beside the recommendation
 
@@ -119,7 +119,7 @@ def decide(ledger: Ledger, d: ReportData) -> Decision:
 
 def _stored_config(text: str):
     """The sweep's stored RootConfig, or (None, why) when the snapshot does not compose (an old ledger)."""
-    from orchestrator.sweep.setup import root_from_yaml
+    from orchestrator.config import root_from_yaml
 
     try:
         cfg = root_from_yaml(text)

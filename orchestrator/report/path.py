@@ -32,11 +32,11 @@ COLUMNS = (
 def gather(ledger, name: str) -> list[dict]:
     """One row per candidate of the sweep, in proposal order (round, then id): decision and outcome. A screened
     candidate shows its screen p50; one confirmed shows both; only a full-window p50 can be a new best."""
-    from orchestrator.sweep import cutoff
+    from orchestrator import history
 
     cands = sorted(ledger.candidates(name), key=lambda c: (c.round, c.id))
     by_id = {c.id: c for c in cands}
-    cut = cutoff.cut_candidates(ledger, name)  # stopped by the early cut
+    cut = history.cut_candidates(ledger, name)  # stopped by the early cut
     rows: list[dict] = []
     so_far: list[tuple[ranking.Standing, int]] = []  # the full-window results seen so far, by candidate
     for c in cands:

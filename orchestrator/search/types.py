@@ -54,7 +54,7 @@ class Observation:
     # reserve (what the probe cannot see: NCCL and dispatcher buffers, select.probe_margin_gb)
     probe_margin_gb: float = 0.0
     # a rank probe of this layout, while the probe is its latest measurement (a layout that ran at scale is
-    # fitted on its whole step: orchestrator/sweep/observe.py): the p50 of the compute-only step it measured (the
+    # fitted on its whole step: orchestrator/sweep/history.py): the p50 of the compute-only step it measured (the
     # last rank's: orchestrator/search/compose.py) and the planner's raw view of the same number
     # (Prediction.probe_step_s). Never a step measurement.
     probe_step_s: float | None = None
@@ -176,7 +176,7 @@ class RoundInput:
     gpu_hours_left: float
     source: list[Observation] = field(default_factory=list)  # promotion source stage (round 0 only)
     step_cv: float | None = None  # measured step-time noise of this stage (schedule/fidelity.robust_cv), if any
-    seed: str | None = None  # the routing-settled checkpoint later launches load (observe.seed), once one was saved
+    seed: str | None = None  # the routing-settled checkpoint later launches load (history.seed), once one was saved
     seedless: bool = False  # a launch measured that was to save the seed and saved none: no warm start again
     # how many leading iterations this sweep's warm-started launches ran above their steady step (settled_iters):
     # what a warm start's warm-up is learned from (schedule/fidelity.learned_warmup)

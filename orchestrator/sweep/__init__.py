@@ -1,7 +1,7 @@
 """`sweep`, `resume`: open the ledger, create or find the sweep, pick a cluster, drive the loop.
 
-Modules: loop (the Driver), observe (ledger -> observations, budget), view (live table / plain lines),
-setup (names, stored config, promotion source).
+Modules: loop (the Driver), view (live table / plain lines), setup (promotion source, preflight gate); the past
+is read through orchestrator/history (observations, budget).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
+from orchestrator.config import root_from_yaml
 from orchestrator.core import bounds
 from orchestrator.core.errors import DiskFull, Interrupted, UserError
-from orchestrator.core.paths import JobPaths, disk_full
+from orchestrator.core.paths import JobPaths, check_name, disk_full
 from orchestrator.core.schema import ClusterConfig, RootConfig
 from orchestrator.core.states import EventKind
 from orchestrator.ledger.errors import LedgerError, LedgerStopped
@@ -25,7 +26,7 @@ from orchestrator.ledger.ledger import Ledger, SweepRow
 from orchestrator.runspec import check_workload
 from orchestrator.sweep.loop import Driver, Options, Outcome
 from orchestrator.sweep.preview import same_stage
-from orchestrator.sweep.setup import check_name, default_name, preflight_gate, provenance, root_from_yaml
+from orchestrator.sweep.setup import default_name, preflight_gate, provenance
 from orchestrator.sweep.view import View
 
 __all__ = [

@@ -1,5 +1,5 @@
 """The early cut, applied to running jobs: the driver reads a launch's iteration lines as it polls and stops
-it once its line (schedule/fidelity.CutLine, in its candidate's decision) says it is clearly slower than the
+it once its line (core/decision.CutLine, in its candidate's decision) says it is clearly slower than the
 sweep's best full-window step.
 
 Why in the driver and not on the compute node: the driver already polls every live job, reads job folders
@@ -75,8 +75,3 @@ def log(ledger: Ledger, sweep: str, candidate_id: int, job_id: str | None, mark:
     )
     ledger.log_event(sweep, EventKind.CUT, why, candidate_id=candidate_id, data={"job_id": job_id, **line.to_dict()})
     return why
-
-
-def cut_candidates(ledger: Ledger, sweep: str) -> set[int]:
-    """Ids of the sweep's candidates the cut stopped (its events: `status`, the search path)."""
-    return {e.candidate_id for e in ledger.events(sweep, kind=EventKind.CUT) if e.candidate_id is not None}

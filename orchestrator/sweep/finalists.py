@@ -7,7 +7,7 @@ launch intent before sbatch, job id recorded as its array exists, adoption on re
 retries by sweep/retry.retry_decision). This module only says WHICH attempts are still needed and turns
 finished ones into verdicts. It keeps no state of its own: each `step` reads the ledger, so a driver killed at
 any moment resumes with exactly what is left: nothing runs twice, nothing is lost, each job is charged once
-(as an attempt, observe.spent).
+(as an attempt, history.spent).
 
 - pick: the top `policy.promote_top_k` by the one ranking (orchestrator.core.ranking: full window, not
   partial, not excluded), recorded once in a `finalists` event, so an exclusion by the gate never pulls in
@@ -396,7 +396,7 @@ def verdicts(ledger: Ledger, sweep: str, cfg: RootConfig) -> list[str]:
     it stored those attempts, so a rebuilt ledger shows the verdicts (parity rows, exclusions, long-run figures)
     the lost one held; the attempts still needed are `resume`'s to launch. `cfg`: the sweep's stored config,
     with the GPUs' measured capacity (as the driver's finalists see it) and the driver's retry decision."""
-    from orchestrator.sweep.capacity import effective_config
+    from orchestrator.history import effective_config
     from orchestrator.sweep.retry import retry_attempts
 
     cfg = effective_config(ledger, cfg, sweep)

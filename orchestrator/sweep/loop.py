@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator import history
 from orchestrator.core.errors import Interrupted, UserError
 from orchestrator.core.failures import Failure
 from orchestrator.core.paths import JobPaths, folder_writes
@@ -34,7 +35,7 @@ from orchestrator.plan.planner import Planned
 from orchestrator.schedule import Schedule
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
-from orchestrator.sweep import cutoff, observe
+from orchestrator.sweep import cutoff
 from orchestrator.sweep.decide import next_round
 from orchestrator.sweep.faults import fault_point
 from orchestrator.sweep.launches import Launch
@@ -60,7 +61,7 @@ class Outcome:
     reason: str  # why the loop stopped
     rounds: int
     best: dict | None
-    spent: observe.Spent
+    spent: history.Spent
 
 
 def planned_from_row(c: CandidateRow) -> Planned:
@@ -180,7 +181,7 @@ class Driver:
             if on
         ]
         self.view.event("finalists: " + " + ".join(parts))
-        from orchestrator.sweep.capacity import effective_config
+        from orchestrator.history import effective_config
 
         cfg = effective_config(self.ledger, self.cfg, self.name)  # the GPUs' measured capacity, not the config's
         self.finalists = Finalists(cfg, self.ledger, self.name, self._retry)
@@ -499,13 +500,13 @@ class Driver:
             return
         self._dirty = False
         cands = self._cands()
-        spent = observe.spent(self.ledger, self.name, stage=self.stage)
+        spent = history.spent(self.ledger, self.name, stage=self.stage)
         self.view.update(
             Snapshot(
                 sweep=self.name,
                 round=max((c.round for c in cands), default=0),
-                counts=observe.status_counts(cands),
-                best=observe.best_of(self.ledger, self.name),
+                counts=history.status_counts(cands),
+                best=history.best_of(self.ledger, self.name),
                 gpu_hours=spent.gpu_hours,
                 simulated=spent.simulated,
             )
@@ -517,6 +518,6 @@ class Driver:
             sweep=self.name,
             reason=reason,
             rounds=max((c.round for c in cands), default=-1) + 1,
-            best=observe.best_of(self.ledger, self.name),
-            spent=observe.spent(self.ledger, self.name, stage=self.stage),
+            best=history.best_of(self.ledger, self.name),
+            spent=history.spent(self.ledger, self.name, stage=self.stage),
         )

@@ -4,34 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import platform
-import re
 import socket
 from importlib import metadata
 
-from omegaconf import OmegaConf
-
+from orchestrator.config import root_from_yaml
 from orchestrator.core.errors import UserError
-from orchestrator.core.schema import RootConfig, legacy_moved
+from orchestrator.core.paths import check_name
+from orchestrator.core.schema import RootConfig
 from orchestrator.core.states import EventKind
 from orchestrator.ledger.leases import holder_alive
 from orchestrator.ledger.ledger import Ledger, SweepRow
 
 # A sweep name becomes a folder under cluster.folder and reports/, a Slurm job name (submitit expands `%j`/`%A`
 # in paths) and a ledger key (200 characters): letters, digits, `.`, `_`, `-`, starting with a letter or digit.
-NAME_MAX = 100
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-def check_name(name: str, *, source: str = "sweep.name") -> str:
-    """`name` if it is a safe sweep name, else UserError naming the rule (nothing has been written yet)."""
-    if len(name) > NAME_MAX:
-        raise UserError(f"{source} is {len(name)} characters long; use at most {NAME_MAX}, e.g. sweep.name=1k-try2")
-    if not _NAME.fullmatch(name):
-        raise UserError(
-            f"{source} {name!r} is not a safe name: use letters, digits, '.', '_' and '-', starting with a "
-            "letter or digit (it names folders and Slurm jobs), e.g. sweep.name=1k-try2"
-        )
-    return name
 
 
 def default_name(cfg: RootConfig) -> str:
@@ -40,16 +25,6 @@ def default_name(cfg: RootConfig) -> str:
         return check_name(cfg.sweep.name)
     name = f"{cfg.required_stage().name}-{cfg.model.name}-{cfg.hardware.name}"
     return check_name(name, source="the default sweep name <stage>-<model>-<hardware>")
-
-
-def root_from_yaml(text: str) -> RootConfig:
-    """The typed config a sweep was created with (its stored snapshot), e.g. for resume or promotion. A snapshot
-    from before a key of MOVED_KEYS moved (the cluster's backend settings, the convergence rounds) loads as
-    well, each value where its key went."""
-    raw = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
-    snapshot = legacy_moved({str(k): v for k, v in raw.items()}) if isinstance(raw, dict) else raw
-    merged = OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.create(snapshot))
-    return OmegaConf.to_object(merged)  # type: ignore[return-value]  # structured: a RootConfig
 
 
 def holder_dead(holder: str) -> bool:

@@ -194,3 +194,32 @@ def test_no_new_module_cycle():
     found = module_cycles(module_graph())
     assert found <= KNOWN_MODULE_CYCLES, f"new import cycle(s): {sorted(found - KNOWN_MODULE_CYCLES)}"
     assert not any(m.startswith("orchestrator.sweep.") for c in found for m in c)
+
+
+HISTORY_MAY_IMPORT = {
+    "orchestrator/core",
+    "orchestrator/ledger",
+    "orchestrator/plan",
+    "orchestrator/search",
+    "orchestrator/evidence",
+}
+# Ledger methods that write: the history floor calls none of them (the driver does).
+WRITES = re.compile(r"^(log_event|set_|add_|record|requeue|redecide|claim|new_attempt|bind_launcher|launched|release)")
+
+
+def test_the_past_is_a_read_only_floor_under_the_driver():
+    """orchestrator/history reads the ledger, core and the search's types, never the driver, the schedule or a
+    launcher, and writes nothing; the driver, `status` and the report read the past from it, and the report
+    imports nothing of the driver or the schedule (issue 46 item 2)."""
+    edges = actual_graph()
+    assert edges["orchestrator/history"] <= HISTORY_MAY_IMPORT, edges["orchestrator/history"] - HISTORY_MAY_IMPORT
+    assert not edges["orchestrator/report"] & {"orchestrator/sweep", "orchestrator/schedule"}
+    for reader in ("orchestrator/sweep", "orchestrator/report", "orchestrator/commands"):
+        assert "orchestrator/history" in edges[reader], reader
+    writes = [
+        f"{p.name}:{node.lineno}: {node.func.attr}"
+        for p in (ROOT / "orchestrator" / "history").rglob("*.py")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and WRITES.match(node.func.attr)
+    ]
+    assert not writes, f"orchestrator/history writes: {writes}"

@@ -257,9 +257,9 @@ def test_a_layout_the_uncalibrated_model_prunes_is_revived_and_measured(memory_s
 
 
 def observe_best_key(ledger) -> str:
-    from orchestrator.sweep import observe
+    from orchestrator import history
 
-    best = observe.best_of(ledger, "revive")
+    best = history.best_of(ledger, "revive")
     assert best is not None
     return best["key"]
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchestrator import history
 from orchestrator.config import compose
 from orchestrator.core.decision import Decision
 from orchestrator.core.schema import ScreenConfig, StageConfig
@@ -22,7 +23,6 @@ from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.select import best_measured
 from orchestrator.search.types import Observation, RoundInput, unrated
-from orchestrator.sweep import observe
 from tests.bench import searchlib as lib
 
 STAGE = StageConfig(warmup_iters=300, measure_iters=50, screen=ScreenConfig(warmup_iters=50, min_measure_iters=10))
@@ -169,11 +169,11 @@ def test_a_sweep_screens_then_confirms_and_reports_only_a_confirmed_best(tmp_pat
             screen, full = (led.evidence.result(a.id) for a in atts[-2:])
             assert (screen["warmup_iters"], full["warmup_iters"]) == (50, 300)
             assert screen["measure_iters_requested"] < full["measure_iters_requested"] == 50
-        best = observe.best_of(led, "mf")
+        best = history.best_of(led, "mf")
         (row,) = [m for m in led.evidence.measured(sweep="mf") if m.key == best["key"]]
         assert row.fidelity == Fidelity.FULL
         # spent: each attempt its own window plus start-up, split per fidelity, the total what the bench charged
-        spent = observe.spent(led, "mf", stage=cfg.stage)
+        spent = history.spent(led, "mf", stage=cfg.stage)
         assert {"full", "screen"} <= set(spent.by_fidelity) <= {"full", "screen", "probe"}
         assert spent.gpu_hours == pytest.approx(run.gpu_hours, rel=0.05)  # the measured mean step vs the true one
         from orchestrator.commands import status
@@ -203,13 +203,13 @@ def test_screen_fastest_but_confirmed_slower_is_not_the_best(tmp_path):
         c = next(c for c in led.candidates("mf") if c.key not in full and c.status == "done")  # screened only
         a = led.new_attempt(c.id, job_id="forged", job_dir="-", simulated=True, fidelity=Fidelity.SCREEN)
         led.evidence.record_result(a.id, {"ok": True, "simulated": True, "step_p50_s": min(full.values()) * 0.5})
-        assert observe.best_of(led, "mf")["key"] != c.key
+        assert history.best_of(led, "mf")["key"] != c.key
         from orchestrator.ledger import queries
 
-        assert queries.best(led, sweep="mf")["key"] == observe.best_of(led, "mf")["key"] != c.key
+        assert queries.best(led, sweep="mf")["key"] == history.best_of(led, "mf")["key"] != c.key
         inp = RoundInput(
             round=9,
-            observations=observe.observations(led, [led.get_sweep("mf")], _env(cfg)),
+            observations=history.observations(led, [led.get_sweep("mf")], _env(cfg)),
             known_keys=set(),
             slots=4,
             gpu_hours_left=1e9,
@@ -320,9 +320,9 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_on_one_gpu_found_to_fi
                 assert f["measure_iters_requested"] == cfg.stage.measure_iters
         # the probe margin is learned from what the probes read and what those layouts then reserved at scale
         # (the largest gap), so the probe's peak outlives the run; a probe-only row is read with that margin.
-        # The run at scale is fitted on its whole step, its probe aside (orchestrator/sweep/observe.py)
+        # The run at scale is fitted on its whole step, its probe aside (orchestrator/sweep/history.py)
         sweeps = [led.get_sweep("mf")]
-        seen = {o.key: o for o in observe.observations(led, sweeps, _env(cfg))}
+        seen = {o.key: o for o in history.observations(led, sweeps, _env(cfg))}
         gaps = []
         for c in probed:
             probe, *_, last = led.attempts(c.id)  # its latest run at scale (a screen's confirmation, if any)
@@ -331,12 +331,12 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_on_one_gpu_found_to_fi
             assert o.fidelity == last.fidelity and o.step_s == pytest.approx(f["step_p50_s"])
             assert o.probe_step_s is None and o.probe_margin_gb == 0.0
             gaps.append(f["peak_reserved_gb"] - p["peak_reserved_gb"])
-        learned = observe.probe_margin(led, sweeps, cfg.stage)
+        learned = history.probe_margin(led, sweeps, cfg.stage)
         assert learned >= max(gaps) and learned != cfg.stage.probe_margin_gb  # every probed pair, not the default
         for o in seen.values():
             if o.fidelity == Fidelity.PROBE and o.peak_gb is not None:
                 assert o.probe_margin_gb == learned
-        spent = observe.spent(led, "mf", stage=cfg.stage, probe_gpus=cfg.cluster.probe_gpus)
+        spent = history.spent(led, "mf", stage=cfg.stage, probe_gpus=cfg.cluster.probe_gpus)
         probes = [x for x in run.launches if x[5] == Fidelity.PROBE]
         full = [x for x in run.launches if x[5] == Fidelity.FULL]
         # a probe is a few one-GPU tasks for start-up + 5 iterations, not N GPUs for a 350-iteration window
@@ -346,7 +346,7 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_on_one_gpu_found_to_fi
         # probes use no run: max_runs counts only the screen and full measurements
         assert spent.runs == len({x[1] for x in run.launches if x[5] != Fidelity.PROBE and x[3] is not None})
         # a probe's few iterations are never a step measurement: no probe-only layout is ever the best
-        best = observe.best_of(led, "mf")
+        best = history.best_of(led, "mf")
         assert [m.fidelity for m in led.evidence.measured(sweep="mf") if m.key == best["key"]] == [Fidelity.FULL]
 
 
@@ -379,5 +379,5 @@ def test_any_searcher_gets_the_rungs_predicted_topk_screens_once_noise_is_measur
         assert screened and all(
             sum(fidelity.window(cfg.stage, Fidelity.SCREEN, c.decision.measure_iters)) < full for c in screened
         )
-        best = observe.best_of(led, "mf")
+        best = history.best_of(led, "mf")
         assert [m.fidelity for m in led.evidence.measured(sweep="mf") if m.key == best["key"]] == [Fidelity.FULL]

@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from orchestrator import history
 from orchestrator.config import compose
 from orchestrator.core.cost import rank_probe_gpu_hours
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.plan.layout import Layout
 from orchestrator.schedule import fidelity
-from orchestrator.sweep import observe
 from tests.bench import searchlib as lib
 from tests.sweeplib import cli, ledger_url, sweep_args
 
@@ -70,7 +70,7 @@ def judged_cli_sweep(tmp_path: Path, target: lib.Target, name: str, stage: str, 
     with Ledger.open(ledger_url(tmp_path)) as led:
         cands = led.candidates(name)
         launched = [(c, a) for c in cands for a in led.attempts(c.id)]
-        spent = observe.spent(led, name, stage=cfg.stage)
+        spent = history.spent(led, name, stage=cfg.stage)
         job = led.attempts(led.candidate_by_key(name, best["key"]).id)[-1].job_dir
     out = "".join(p.read_text() for p in Path(job).glob("rank-*.out"))
     assert f"(tests/workloads/{target.label}.py)" in out  # the stand-in's banner: it ran, not the twin
@@ -146,12 +146,12 @@ def test_the_in_process_sweep_is_the_cli_sweep_on_the_twin(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
         real = sorted((c.round, c.key, c.status) for c in led.candidates("twinsmoke"))
-        real_best = observe.best_of(led, "twinsmoke")
+        real_best = history.best_of(led, "twinsmoke")
     composed = compose(["+stage=smoke", "cluster=local", *overrides])
     with lib.fresh_ledger(str(tmp_path / "inproc")) as led:
         lib.run_sweep(led, composed, target, "twinsmoke", STARTUP_S)
         inproc = sorted((c.round, c.key, c.status) for c in led.candidates("twinsmoke"))
-        inproc_best = observe.best_of(led, "twinsmoke")
+        inproc_best = history.best_of(led, "twinsmoke")
     assert len(real) > 1 and inproc == real
     assert inproc_best["key"] == real_best["key"]
     assert inproc_best["step_p50_s"] == pytest.approx(real_best["step_p50_s"], abs=1e-4)  # logs print 0.1 ms

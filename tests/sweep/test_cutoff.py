@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchestrator import history
 from orchestrator.core.decision import CutLine, Decision
 from orchestrator.core.schema import ScreenConfig, StageConfig
 from orchestrator.core.states import EventKind, Fidelity
@@ -22,7 +23,6 @@ from orchestrator.evidence.collect import collect
 from orchestrator.job.entry import run_task
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.schedule import fidelity
-from orchestrator.sweep import cutoff, observe
 from tests import sweeplib
 from tests.evidence.test_collect import make_spec
 from tests.search.test_policy_fidelity import _sweep
@@ -119,7 +119,7 @@ def test_an_in_process_sweep_cuts_slow_launches_and_never_reports_one(tmp_path):
         assert waited and all(c.decision.cut for c in waited)
         lined = [c for c in cands if c.decision.cut]
         assert lined and all(c.decision.fidelity != Fidelity.PROBE for c in lined)
-        best = observe.best_of(led, "mf")
+        best = history.best_of(led, "mf")
         cut = []
         for c in lined:
             line = c.decision.cut
@@ -161,7 +161,7 @@ def test_the_driver_cuts_a_running_job_that_is_over_its_line(cut_sweep):
     with Ledger.open(url) as led:
         events = led.events("cut", kind=EventKind.CUT)
         assert events, [e.message for e in led.events("cut")][-20:]
-        best = observe.best_of(led, "cut")
+        best = history.best_of(led, "cut")
         for e in events:
             (c,) = [c for c in led.candidates("cut") if c.id == e.candidate_id]
             # cut once and not retried: the cut attempt is the candidate's last, kept as a screen (a rank probe or a
@@ -203,8 +203,8 @@ def _recorded(url: str, sweep: str) -> tuple[dict, set[str], str]:
                     res and res["step_p50_s"],
                     res and res["measure_iters"],
                 )
-        cut = {c.key for c in led.candidates(sweep) if c.id in cutoff.cut_candidates(led, sweep)}
-        best = observe.best_of(led, sweep)
+        cut = {c.key for c in led.candidates(sweep) if c.id in history.cut_candidates(led, sweep)}
+        best = history.best_of(led, sweep)
     for (key, no), row in rows.items():
         if key in cut and row[1] == Fidelity.SCREEN:
             # a cut launch ended CANCELLED, or COMPLETED when it ran to its end before the cancel came (a race the
@@ -268,7 +268,7 @@ def test_on_slurm_a_cut_is_scancelled_and_a_driver_killed_before_its_cancel_canc
             res = led.evidence.result(a.id)
             assert a.state == "CANCELLED" and a.failure_class is None, (a.state, a.failure_class)
             assert res is not None and (res["warmup_iters"], res["measure_iters"]) == (1, 3)
-        best = observe.best_of(led, "s-cut")
+        best = history.best_of(led, "s-cut")
         assert best is not None and best["key"] not in {
             c.key for c in cands if c.id in {a.candidate_id for a in cut_atts}
         }

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import history
 from orchestrator.config import compose
 from orchestrator.core.spec import JobSpec
 from orchestrator.core.states import AttemptRole, Fidelity
@@ -22,7 +23,7 @@ from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.ledger import CandidateIn, Ledger
 from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
-from orchestrator.sweep import finalists, observe
+from orchestrator.sweep import finalists
 from orchestrator.sweep.loop import Driver
 from orchestrator.sweep.view import View
 from tests.sweeplib import cli
@@ -154,7 +155,7 @@ def test_parity_and_long_run_end_to_end(tmp_path):
         assert not led.events(SWEEP, kind="long-run", candidate_id=by_cp[4].id)  # excluded: no window
         # every finalist job is charged once, as an attempt (no finalist-cost event any more)
         assert not led.events(SWEEP, kind="finalist-cost")
-        spent = observe.spent(led, SWEEP, stage=cfg.stage)
+        spent = history.spent(led, SWEEP, stage=cfg.stage)
         n_fin = sum(len(led.attempts(c.id, roles=AttemptRole.FINALIST)) for c in cands)
         assert n_fin == 7 and spent.attempts == 3 + n_fin and spent.by_fidelity["finalists"] > 0
         assert "parity" in log and "long-run" in log

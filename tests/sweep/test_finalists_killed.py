@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import history
 from orchestrator.core.paths import JobPaths
 from orchestrator.core.states import AttemptRole, CandidateStatus
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.plan.layout import Layout
-from orchestrator.sweep import observe
 from tests.sweeplib import FINALISTS_SWEEP, cli, last_iteration, running_sweep, sweep_args, wait_for
 
 STEPS = 20  # parity.steps (the default): a parity job lasts ~STEPS x 0.25 s
@@ -89,7 +89,7 @@ def assert_finalists_ran_once(led: Ledger, name: str, folders: set[str]) -> dict
     costs = [x for x in queries.attempt_costs(led, name) if x.role != AttemptRole.MEASURE]
     assert sum(1 for x in costs if x.step_mean_s or x.start_time) == len(atts)
     assert not led.events(name, kind="finalist-cost")
-    spent = observe.spent(led, name, stage=_stage(led, name))
+    spent = history.spent(led, name, stage=_stage(led, name))
     assert spent.by_fidelity["finalists"] > 0
     # a finalist's job is never the candidate's measurement
     assert all(m.attempt_no == 1 for m in led.evidence.measured(sweep=name))
@@ -97,7 +97,7 @@ def assert_finalists_ran_once(led: Ledger, name: str, folders: set[str]) -> dict
 
 
 def _stage(led: Ledger, name: str):
-    from orchestrator.sweep.setup import root_from_yaml
+    from orchestrator.config import root_from_yaml
 
     return root_from_yaml(led.get_sweep(name).config_yaml).required_stage()
 

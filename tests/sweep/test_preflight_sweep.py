@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import cli
+from orchestrator import cli, history
 from orchestrator import preflight as pf
 from orchestrator.config import compose
 from orchestrator.core.errors import UserError
 from orchestrator.core.states import EventKind
 from orchestrator.job.preflight import Check, CheckStatus
 from orchestrator.ledger.ledger import Ledger
-from orchestrator.sweep import observe
 from orchestrator.sweep.setup import preflight_gate
 from orchestrator.sweep.view import View
 
@@ -47,7 +46,7 @@ def test_passing_preflight_rejects_candidates_once(real, monkeypatch):
     preflight_gate(ledger, cfg, "s", skip=False, view=View(live=False))
     preflight_gate(ledger, cfg, "s", skip=False, view=View(live=False))  # once per sweep
     assert calls == [1]
-    assert "abc" in observe.known_keys(ledger, sweep)  # the policy never proposes a known key
+    assert "abc" in history.known_keys(ledger, sweep)  # the policy never proposes a known key
 
 
 def test_skip_is_recorded_and_the_twin_needs_no_preflight(real, monkeypatch):
