@@ -445,7 +445,6 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
     from orchestrator.core.paths import CheckpointPaths, JobPaths, atomic_write
     from orchestrator.core.result import JobResult, RankMemory
     from orchestrator.core.states import Fidelity
-    from orchestrator.plan.layout import Layout
     from orchestrator.schedule import fidelity
     from orchestrator.schedule.fidelity import decision_window
     from orchestrator.search import make_policy
@@ -538,7 +537,7 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
     best = history.best_of(ledger, name)
     if best is not None:
         row = ledger.candidate_by_key(name, best["key"])
-        out.reported = Layout.from_dict(row.layout)
+        out.reported = row.layout
         out.reported_true_s = target.launch(cfg, out.reported, row.layer_pattern, row.key).step_s
     return out
 

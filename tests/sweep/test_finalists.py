@@ -100,7 +100,7 @@ def test_parity_and_long_run_end_to_end(tmp_path):
     cfg = _long(_cfg(tmp_path))
     with Ledger.open(cfg.ledger.url) as led:
         cands, after, log = _drive(cfg, led, LAYOUTS)
-        by_cp = {c.layout["cp"]: c for c in cands}
+        by_cp = {c.layout.cp: c for c in cands}
         measured = {m.candidate_id: m for m in led.evidence.measured(sweep=SWEEP)}
         assert set(measured) == {c.id for c in cands}
         assert all(m.fidelity == Fidelity.FULL and m.attempt_no == 1 for m in measured.values())  # never a finalist
@@ -118,10 +118,10 @@ def test_parity_and_long_run_end_to_end(tmp_path):
         assert after[by_cp[1].id].status == after[by_cp[2].id].status == "done"
         # best never returns the excluded candidate: it is the fastest of those that passed
         best = queries.best(led, sweep=SWEEP)
-        passing = [(measured[c.id].metrics["step_p50_s"], c.key) for c in cands if c.layout["cp"] != 4]
+        passing = [(measured[c.id].metrics["step_p50_s"], c.key) for c in cands if c.layout.cp != 4]
         assert best["key"] == min(passing)[1] != by_cp[4].key
 
-        roles = {c.layout["cp"]: [a.role for a in led.attempts(c.id, roles=None)] for c in cands}
+        roles = {c.layout.cp: [a.role for a in led.attempts(c.id, roles=None)] for c in cands}
         # CP1 is its own reference; CP2 runs the shared CP1 reference (first in pick order), CP4 reuses it
         finalists_of = {cp: sorted(r[1:]) for cp, r in roles.items()}
         assert all(r[0] == AttemptRole.MEASURE for r in roles.values())

@@ -22,7 +22,6 @@ from orchestrator.core.paths import JobPaths
 from orchestrator.core.states import AttemptRole, CandidateStatus
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger
-from orchestrator.plan.layout import Layout
 from tests.sweeplib import FINALISTS_SWEEP, cli, last_iteration, running_sweep, sweep_args, wait_for
 
 STEPS = 20  # parity.steps (the default): a parity job lasts ~STEPS x 0.25 s
@@ -78,7 +77,7 @@ def assert_finalists_ran_once(led: Ledger, name: str, folders: set[str]) -> dict
     for key in pick:
         c = cands[key]
         (row,) = led.evidence.parity(c.id)
-        if Layout.from_dict(c.layout).cp == 4:
+        if c.layout.cp == 4:
             assert not row.passed and c.status == CandidateStatus.EXCLUDED
             assert not led.events(name, kind="long-run", candidate_id=c.id)
         else:

@@ -94,7 +94,7 @@ def test_promotion_records_promoted_from_edges(tmp_path):
         assert all(c.parent_id in measured_src for c in promoted)  # only measured layouts are promoted
         for c in promoted:  # same global batch on twice the GPUs: D_a grows or CP restores m
             parent = src_ids[c.parent_id]
-            assert c.predicted["d_a"] * c.layout["cp"] >= parent.predicted["d_a"] * parent.layout["cp"]
+            assert c.predicted["d_a"] * c.layout.cp >= parent.predicted["d_a"] * parent.layout.cp
 
 
 def test_promotion_without_source_is_a_clear_error(tmp_path):
