@@ -12,6 +12,7 @@ from typing import Any
 
 from orchestrator.core.decision import NO_DECISION, Decision
 from orchestrator.core.knobs import Layout
+from orchestrator.core.prediction import Prediction
 from orchestrator.core.ranking import Standing
 from orchestrator.core.ranking import standing as standing_of
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EdgeKind, Fidelity, SweepStatus
@@ -86,6 +87,12 @@ class CandidateRow:
     def __post_init__(self) -> None:
         _set(self, "status", CandidateStatus(self.status))
         _set(self, "edge_kind", None if self.edge_kind is None else EdgeKind(self.edge_kind))
+
+    @property
+    def prediction(self) -> Prediction | None:
+        """The models' prediction (`predicted` holds it with the search's extras: raw components, factors);
+        None for a candidate stored without one."""
+        return Prediction.from_stored(self.predicted)
 
 
 @dataclass(frozen=True)

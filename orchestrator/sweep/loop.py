@@ -13,7 +13,6 @@ renewed by a thread (orchestrator.ledger.leases.LeaseKeeper), so no wait here ca
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import time
 from collections.abc import Sequence
@@ -30,7 +29,6 @@ from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus,
 from orchestrator.ledger.errors import LedgerStopped
 from orchestrator.ledger.leases import LeaseKeeper, holder_id
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger, SweepRow
-from orchestrator.plan.layout import Prediction
 from orchestrator.plan.planner import Planned
 from orchestrator.schedule import Schedule
 from orchestrator.search import make_policy
@@ -44,8 +42,6 @@ from orchestrator.sweep.view import Snapshot, View
 
 if TYPE_CHECKING:
     from orchestrator.sweep.finalists import Finalists
-
-_PRED_FIELDS = {f.name for f in dataclasses.fields(Prediction)}
 
 
 @dataclass
@@ -68,9 +64,10 @@ def planned_from_row(c: CandidateRow) -> Planned:
     """Rebuild the planner's Planned from a ledger row (its stored prediction), for build_spec.
 
     It carries the ledger's key: job.json, the job folder and the twin's seed must all name the row."""
-    pred = {k: v for k, v in (c.predicted or {}).items() if k in _PRED_FIELDS}
-    pred["memory_by_stage"] = tuple(pred.get("memory_by_stage") or ())
-    return Planned(c.layout, Prediction(**pred), key=c.key)
+    pred = c.prediction
+    if pred is None:
+        raise ValueError(f"candidate {c.key[:10]} stores no prediction of the models to launch it with")
+    return Planned(c.layout, pred, key=c.key)
 
 
 class Driver:
