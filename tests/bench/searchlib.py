@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from orchestrator.core.decision import Decision
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 WORKLOADS = ROOT / "tests" / "workloads"
 GOAL_GAP = 0.02  # reported best within 2% of the true best
@@ -292,8 +294,8 @@ def build_grid(cfg, target: Target, startup_s: float) -> Grid:
     cost, first_extra, learn = cold, None, {}
     if fidelity.warm_start_on(st):  # the same launches as the sweep's: the first saves the seed, the rest load it
         warm_iters = sum(fidelity.window(st, Fidelity.FULL, warm=True))
-        load_s = fidelity.startup_s(st, {"after_seed": True}) - st.budget.startup_s  # what reading the seed adds
-        save_s = fidelity.startup_s(st, {"seed_save": True}) - st.budget.startup_s  # ... and writing it
+        load_s = fidelity.startup_s(st, Decision(after_seed=True)) - st.budget.startup_s  # what reading the seed adds
+        save_s = fidelity.startup_s(st, Decision(seed_save=True)) - st.budget.startup_s  # ... and writing it
         cost = np.array([launch_gpu_hours(st.gpus, startup_s + load_s, warm_iters, x) for x in launches])
         saving = np.array([launch_gpu_hours(st.gpus, save_s, 0, x) if x.fits else 0.0 for x in launches])
         first_extra = cold + saving - cost

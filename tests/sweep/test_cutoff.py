@@ -51,12 +51,16 @@ def test_a_cut_is_due_once_its_iterations_ran_and_their_median_is_over_the_line(
 
 
 def test_the_line_is_the_best_full_step_plus_the_margin_and_only_where_a_cut_saves_something():
-    full, sc = {"fidelity": "full"}, STAGE.screen
+    full, sc = Decision(fidelity=Fidelity.FULL), STAGE.screen
     line = fidelity.cut_line(STAGE, 10.0, full)
     assert line == CutLine(10.0 * (1 + sc.cut_margin), sc.cut_after, sc.cut_warmup_iters)
-    assert fidelity.cut_line(STAGE, 10.0, {"fidelity": "screen", "measure_iters": 10}) == line  # 50 + 10 iterations
+    assert (
+        fidelity.cut_line(STAGE, 10.0, Decision(fidelity=Fidelity.SCREEN, measure_iters=10)) == line
+    )  # 50 + 10 iterations
     assert fidelity.cut_line(STAGE, None, full) is None  # no full-window best yet
-    assert fidelity.cut_line(STAGE, 10.0, {"fidelity": "probe"}) is None  # a probe measures compute: never cut
+    assert (
+        fidelity.cut_line(STAGE, 10.0, Decision(fidelity=Fidelity.PROBE)) is None
+    )  # a probe measures compute: never cut
     short = dataclasses.replace(STAGE, warmup_iters=5, measure_iters=sc.cut_after - 5)
     assert fidelity.cut_line(short, 10.0, full) is None  # it ends there anyway
     off = dataclasses.replace(STAGE, screen=ScreenConfig(cut=False))

@@ -117,7 +117,7 @@ def test_a_warm_start_is_charged_for_reading_the_seed_and_the_seed_for_writing_i
         costs = [a for a in queries.attempt_costs(led, "warm") if a.step_mean_s and a.fidelity != Fidelity.PROBE]
     ws = stage.warm_start
     for a in costs:
-        plain = replace(a, decision={k: v for k, v in a.decision.items() if k not in ("warm_from", "seed_save")})
+        plain = replace(a, decision=a.decision.but(warm_from=None, seed_save=False))
         extra = (ws.load_s if a.decision.warm_from else 0.0) + (ws.save_s if a.decision.seed_save else 0.0)
         assert extra > 0
         assert history.attempt_cost(stage, a) - history.attempt_cost(stage, plain) == pytest.approx(
