@@ -24,10 +24,10 @@ def test_a_sweep_records_why_each_candidate_was_proposed_and_shows_the_path(tmp_
             assert c.decision.fidelity == "full" and c.decision.previous.fidelity in ("screen", "probe")
         for c in cands:
             d = c.decision.previous if c in rerun else c.decision
-            assert d is not None and d["kind"] in KINDS and d["fidelity"] in ("full", "screen", "probe"), d
+            assert d is not None and d.kind in KINDS and d.fidelity in ("full", "screen", "probe"), d
             if c.round > 0:  # later rounds explain the gain they expect over the best measured so far
-                assert d["predicted_gain"] is not None and d["move"].startswith(d["kind"])
-                assert (d["parent"] is not None) == (d["kind"] in ("neighbour", "joint"))
+                assert d.predicted_gain is not None and d.move.startswith(d.kind)
+                assert (d.parent is not None) == (d.kind in ("neighbour", "joint"))
         rows = path.gather(led, "why")
         assert [r["key"] for r in rows] == [c.key for c in sorted(cands, key=lambda c: (c.round, c.id))]
         measured = [r for r in rows if r["step_p50_s"] is not None]
