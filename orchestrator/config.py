@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from orchestrator.core import bounds
 from orchestrator.core import redact as core_redact
 from orchestrator.core.errors import UserError
-from orchestrator.core.schema import RootConfig, StageConfig, moved_to
+from orchestrator.core.schema import RootConfig, StageConfig, legacy_moved, moved_to
 
 if TYPE_CHECKING:  # OmegaConf and Hydra are imported where a config is composed: `--help` never loads them
     from omegaconf import DictConfig, ListConfig
@@ -298,3 +298,15 @@ def stage_or_error(composed: Composed) -> StageConfig:
 
 def maybe(value: str | None) -> str | None:
     return value if value not in (None, "", "null", "None") else None
+
+
+def root_from_yaml(text: str) -> RootConfig:
+    """The typed config a sweep was created with (its stored snapshot), e.g. for resume or promotion. A snapshot
+    from before a key of MOVED_KEYS moved (the cluster's backend settings, the convergence rounds) loads as
+    well, each value where its key went."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
+    snapshot = legacy_moved({str(k): v for k, v in raw.items()}) if isinstance(raw, dict) else raw
+    merged = OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.create(snapshot))
+    return OmegaConf.to_object(merged)  # type: ignore[return-value]  # structured: a RootConfig

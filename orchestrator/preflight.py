@@ -26,7 +26,6 @@ from orchestrator.job.preflight import Check, CheckStatus, PreflightReport, Pref
 from orchestrator.launch.registry import Answer
 from orchestrator.plan import probe as plan_probe
 
-EVENT = "preflight"  # the ledger event kind a sweep records its preflight (or its skipping) under
 JOB_TIME_MIN = 15  # the preflight job: imports + one validate_args per candidate
 # How long the job may wait in the queue (on top of its time limit) before preflight gives up and cancels it:
 # a busy partition delays it, a job that can never start is caught sooner (the launcher's checks).

@@ -20,6 +20,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
+from orchestrator.core.decision import Decision
 from orchestrator.core.errors import UserError
 from orchestrator.core.paths import JobPaths
 from orchestrator.core.schema import ClusterConfig, RootConfig
@@ -206,17 +207,16 @@ def checkpoint_load_flags(ckpt_dir: Path | str) -> list[str]:
     return ["--load", str(ckpt_dir), "--exit-on-missing-checkpoint"]
 
 
-def warm_start_flags(decision: dict | None, job_dir: Path | str, train_iters: int) -> list[str]:
+def warm_start_flags(decision: Decision, job_dir: Path | str, train_iters: int) -> list[str]:
     """A measurement's warm-start flags (stage.warm_start, orchestrator/schedule/rungs.py Schedule.warm): the
     seed's launch saves its weights once, after its last iteration, without optimizer or RNG state (the window
     is timed before the save); a warm-started launch loads them as a fine-tune (iteration 0, no optimizer
     state, the learning-rate schedule from its start), and a missing seed stops it, never training from
     random weights whose routing has not settled."""
-    d = decision or {}
-    if d.get("warm_from"):
-        load = ["--load", str(d["warm_from"]), "--finetune", "--no-load-optim", "--no-load-rng"]
+    if decision.warm_from:
+        load = ["--load", str(decision.warm_from), "--finetune", "--no-load-optim", "--no-load-rng"]
         return [*load, "--exit-on-missing-checkpoint"]
-    if d.get("seed_save"):
+    if decision.seed_save:
         seed = JobPaths(job_dir).seed_checkpoint
         return ["--save", str(seed), "--save-interval", str(train_iters), "--no-save-optim", "--no-save-rng"]
     return []

@@ -46,8 +46,7 @@ def open_ledger(overrides: Sequence[str]):
     """An existing ledger (these commands read; only `sweep` and `db upgrade` create one)."""
     from orchestrator.ledger.ledger import Ledger
 
-    cfg = compose(overrides).cfg.ledger
-    return Ledger.open(cfg.url, create=False, echo=cfg.echo, busy_timeout_ms=cfg.busy_timeout_ms)
+    return Ledger.from_config(compose(overrides).cfg.ledger)
 
 
 def console():

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from orchestrator.commands._shared import open_ledger
 from orchestrator.core import metrics
 from orchestrator.core.errors import UserError
+
+if TYPE_CHECKING:
+    from orchestrator.core.knobs import Layout
 
 NAME = "best"
 HELP = (
@@ -67,7 +71,7 @@ def pick_sweep(ledger, name: str | None, stage: str | None):
     return max(pool, key=lambda s: (s.created_at, s.id))
 
 
-def flags_of(hit: dict, config_yaml: str) -> list[str]:
+def flags_of(hit: dict, layout: Layout, config_yaml: str) -> list[str]:
     """The Megatron flags of the best attempt: its job.json as launched, else rebuilt from the sweep's stored
     config (a job folder on another machine) with the same function the job got them from."""
     from pathlib import Path
@@ -79,31 +83,28 @@ def flags_of(hit: dict, config_yaml: str) -> list[str]:
     if spec_path.is_file():
         spec = JobSpec.load(spec_path)
         return [*spec.argv, *spec.workload.extra_args]
-    from orchestrator.plan.layout import Layout
+    from orchestrator.config import root_from_yaml
     from orchestrator.runspec import layout_flags
-    from orchestrator.sweep.setup import root_from_yaml
 
     cfg = root_from_yaml(config_yaml)
-    return layout_flags(cfg, cfg.required_stage(), Layout.from_dict(hit["layout"]), hit["layer_pattern"])
+    return layout_flags(cfg, cfg.required_stage(), layout, hit["layer_pattern"])
 
 
-def train_flags_of(hit: dict, config_yaml: str, train) -> list[str]:
+def train_flags_of(hit: dict, layout: Layout, config_yaml: str, train) -> list[str]:
     """The best layout on a training run (`train`, a TrainConfig): the sweep's stored model, stage, recipe and
     layout through the same argv builder the jobs got theirs from, with the run's data, length and checkpoints."""
-    from orchestrator.plan.layout import Layout
+    from orchestrator.config import root_from_yaml
     from orchestrator.runspec import layout_flags
-    from orchestrator.sweep.setup import root_from_yaml
 
     cfg = root_from_yaml(config_yaml)
-    layout = Layout.from_dict(hit["layout"])
     return layout_flags(cfg, cfg.required_stage(), layout, hit["layer_pattern"], train=train)
 
 
 def schedule_line(config_yaml: str, train) -> str:
     """One `# schedule:` line: each LR-schedule, seed and logging value of the training run with where it came
     from (the schema's default and its source, the site's setting, the performance recipe it keeps)."""
+    from orchestrator.config import root_from_yaml
     from orchestrator.plan.argv import train_schedule
-    from orchestrator.sweep.setup import root_from_yaml
 
     rows = train_schedule(train, root_from_yaml(config_yaml).workload.recipe)
     return "# schedule: " + "; ".join(f"{name} {value} ({source})" for name, value, source in rows)
@@ -125,9 +126,8 @@ def check_schedule(train) -> None:
         )
 
 
-def summary_rows(hit: dict) -> list[tuple[str, str]]:
+def summary_rows(hit: dict, layout: Layout) -> list[tuple[str, str]]:
     """The evidence a decision needs, one field a line (the JSON has every metric)."""
-    from orchestrator.plan.layout import Layout
 
     m, a = hit["metrics"], hit["attempt"]
 
@@ -136,7 +136,7 @@ def summary_rows(hit: dict) -> list[tuple[str, str]]:
 
     sim = " (simulated)" if hit["simulated"] else ""
     return [
-        ("layout", Layout.from_dict(hit["layout"]).short()),
+        ("layout", layout.short()),
         ("step p50 / p99", f"{num(metrics.STEP_P50)} / {num(metrics.STEP_P99)}{sim}"),
         ("tokens/s/GPU", num("tokens_per_s_per_gpu")),
         ("peak reserved memory", num("peak_reserved_gb")),
@@ -178,6 +178,7 @@ def run(args, overrides) -> int:
         hit = queries.best(ledger, sweep=sweep.name)
         url = ledger.url
         bundle = _bundle(ledger, sweep, hit) if hit is not None else None
+        cand = ledger.candidate_by_key(sweep.name, hit["key"]) if hit is not None else None
     if args.sweep is None:
         scope = f" of stage {args.stage}" if args.stage else ""
         print(
@@ -190,13 +191,15 @@ def run(args, overrides) -> int:
             f"sweep '{sweep.name}' has no successful, non-partial measured result yet ({url}): "
             f"see `python -m orchestrator status {sweep.name}`, or resume it"
         )
+    assert cand is not None  # the best is a candidate of the sweep
+    layout = cand.layout
     if args.flags:
         from orchestrator.runspec import format_argv
 
         if train is not None:
             from orchestrator.plan.argv import train_placeholders
 
-            print(format_argv(train_flags_of(hit, sweep.config_yaml, train)))
+            print(format_argv(train_flags_of(hit, layout, sweep.config_yaml, train)))
             print(
                 "# recipe: training run (conf/train/: data, tokenizer, length, LR schedule, seed, save/load, eval, "
                 "logging)",
@@ -211,7 +214,7 @@ def run(args, overrides) -> int:
                     file=sys.stderr,
                 )
         else:
-            print(format_argv(flags_of(hit, sweep.config_yaml)))
+            print(format_argv(flags_of(hit, layout, sweep.config_yaml)))
             print(
                 "# recipe: measurement (mock data, NullTokenizer, warm-up + window iterations, no save/load); "
                 "add --train for the training run",
@@ -231,7 +234,7 @@ def run(args, overrides) -> int:
     table = Table(title=f"best of sweep {sweep.name} (stage {sweep.stage})", title_justify="left", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
-    for k, v in summary_rows(hit) + (bundle.rows() if bundle else []):
+    for k, v in summary_rows(hit, layout) + (bundle.rows() if bundle else []):
         table.add_row(k, v)
     console = Console()
     console.print(table)

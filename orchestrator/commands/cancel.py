@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from orchestrator.config import compose
 from orchestrator.core.failures import Failure
-from orchestrator.core.states import AttemptState, CandidateStatus, SweepStatus
+from orchestrator.core.states import AttemptState, CandidateStatus, EventKind, SweepStatus
 
 NAME = "cancel"
 HELP = "Cancel every live job of a sweep (scancel on Slurm) and record the cancellation in the ledger."
@@ -51,7 +51,7 @@ def run(args, overrides) -> int:
             ledger.set_candidate_status(c.id, CandidateStatus.CANCELLED, "cancelled by `orchestrator cancel`")
         ledger.log_event(
             args.name,
-            "cancelled",
+            EventKind.CANCELLED,
             f"cancelled {len(ids)} live job(s): {', '.join(ids) or 'none'}",
             data={"job_ids": ids},
         )

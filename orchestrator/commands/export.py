@@ -117,7 +117,6 @@ def _trackers(ledger, sweeps: list[str], args) -> None:
 
 def _bridge(ledger, args) -> None:
     from orchestrator.commands.best import flags_of, pick_sweep
-    from orchestrator.core.knobs import Layout
     from orchestrator.core.paths import atomic_write
     from orchestrator.ledger import queries
     from orchestrator.report import bridge
@@ -129,8 +128,10 @@ def _bridge(ledger, args) -> None:
             f"sweep '{sweep.name}' has no successful, non-partial measured result yet ({ledger.url}): "
             f"see `python -m orchestrator status {sweep.name}`, or resume it"
         )
-    layout = Layout.from_dict(hit["layout"])
-    values = bridge.override(flags_of(hit, sweep.config_yaml), layout)
+    cand = ledger.candidate_by_key(sweep.name, hit["key"])
+    assert cand is not None  # the best is a candidate of the sweep
+    layout = cand.layout
+    values = bridge.override(flags_of(hit, layout, sweep.config_yaml), layout)
     m = hit["metrics"]
     sim = " SIMULATED (the twin: no Megatron ran; check on GPUs before training)" if hit["simulated"] else ""
     header = [

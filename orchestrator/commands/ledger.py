@@ -92,17 +92,17 @@ def ingest(folder: str, overrides: list[str]) -> int:
     (orchestrator/ledger/ingest.py), then record the finalists' verdicts their attempts decide
     (orchestrator/sweep/finalists.py `verdicts`). A bad FOLDER or sweep name is refused before the ledger is
     opened; a folder of skipped jobs writes nothing, and finalists' jobs alone create no ledger."""
-    from orchestrator.core.paths import JobPaths
+    from orchestrator.config import root_from_yaml
+    from orchestrator.core.paths import JobPaths, check_name
     from orchestrator.core.spec import JobSpec
     from orchestrator.core.states import AttemptRole
     from orchestrator.evidence.ingest import job_folders, judge
     from orchestrator.ledger.errors import LedgerError
     from orchestrator.ledger.ingest import Summary, Trusted
     from orchestrator.ledger.ingest import ingest as store
+    from orchestrator.ledger.ledger import Ledger
     from orchestrator.sweep import cutoff
-    from orchestrator.sweep import open_ledger as open_for_writing
     from orchestrator.sweep.finalists import verdicts
-    from orchestrator.sweep.setup import check_name, root_from_yaml
 
     cfg = compose(overrides).cfg
     unreadable: list[tuple[Path, str]] = []  # folders the walk could not read: listed as skipped
@@ -116,7 +116,7 @@ def ingest(folder: str, overrides: list[str]) -> int:
     out, where, notes = Summary(), "not opened: nothing to store", []
     measured = any(x.role == AttemptRole.MEASURE for x in found)
     try:
-        ledger = open_for_writing(cfg, create=True) if measured else open_for_writing(cfg) if found else None
+        ledger = Ledger.from_config(cfg.ledger, create=bool(measured)) if measured or found else None
     except LedgerError as exc:  # finalists' jobs alone: their candidates must be in an existing ledger
         ledger, where = None, f"not opened: {exc}"
         out.skipped += [(x.job_dir, f"a {x.role} job: its candidate is in no ledger") for x in found]

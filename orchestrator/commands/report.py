@@ -18,7 +18,7 @@ def run(args, overrides) -> int:
 
     cfg = compose(overrides).cfg
     folder = out_folder(args.name, args.out)
-    with Ledger.open(cfg.ledger.url, create=False) as ledger:
+    with Ledger.from_config(cfg.ledger) as ledger:
         path = report(ledger, args.name, folder)
     print(f"report written: {path}")
     return 0

@@ -34,11 +34,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args, overrides) -> int:
-    from orchestrator.core.paths import JobPaths
+    from orchestrator.core.paths import JobPaths, check_name
     from orchestrator.evidence.collect import collect
     from orchestrator.plan import planner
     from orchestrator.runspec import attempt_dir, build_spec, check_workload, launch_task
-    from orchestrator.sweep.setup import check_name
 
     overrides = list(overrides)
     if args.folder:

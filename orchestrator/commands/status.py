@@ -10,8 +10,7 @@ from orchestrator.config import compose
 from orchestrator.core import metrics
 from orchestrator.core.errors import UserError
 from orchestrator.core.metrics import STEP_P50
-from orchestrator.core.states import Fidelity
-from orchestrator.plan.layout import Layout
+from orchestrator.core.states import EventKind, Fidelity
 from orchestrator.report import path
 
 if TYPE_CHECKING:  # the ledger and the driver are imported where used: `--help` stays light
@@ -57,8 +56,8 @@ def lease_line(lease: dict | None, last_event: str | None) -> str:
 
 
 def gather(ledger, name: str) -> dict:
-    from orchestrator.sweep import capacity, cutoff, observe
-    from orchestrator.sweep.setup import root_from_yaml
+    from orchestrator import history
+    from orchestrator.config import root_from_yaml
 
     sweep = ledger.get_sweep(name)
     if sweep is None:
@@ -66,8 +65,8 @@ def gather(ledger, name: str) -> dict:
     cfg = root_from_yaml(sweep.config_yaml)
     stage = cfg.required_stage()
     cands = ledger.candidates(name)
-    spent = observe.spent(ledger, name, stage=stage, probe_gpus=cfg.cluster.probe_gpus)
-    cut_ids = cutoff.cut_candidates(ledger, name)  # the launches the early cut stopped
+    spent = history.spent(ledger, name, stage=stage, probe_gpus=cfg.cluster.probe_gpus)
+    cut_ids = history.cut_candidates(ledger, name)  # the launches the early cut stopped
     rows = []
     for c in cands:
         atts = ledger.attempts(c.id)
@@ -77,7 +76,7 @@ def gather(ledger, name: str) -> dict:
             {
                 "round": c.round,
                 "key": c.key,
-                "layout": Layout.from_dict(c.layout).short(),
+                "layout": c.layout.short(),
                 "status": c.status,
                 "attempts": len(atts),
                 "job_id": a.job_id if a else None,
@@ -86,17 +85,17 @@ def gather(ledger, name: str) -> dict:
                 "cut": c.id in cut_ids,
                 "edge": c.edge_kind,
                 "pred_step_s": c.predicted.get("step_time_s"),
-                "decision": c.decision,
+                "decision": c.decision.to_dict() if c.decision.stored else None,
                 STEP_P50: res.get(STEP_P50) if res else None,
             }
         )
-    leases = [e for e in ledger.events(name, kind="lease")]
+    leases = [e for e in ledger.events(name, kind=EventKind.LEASE)]
     return {
         "sweep": name,
         "stage": sweep.stage,
         "model": sweep.model,
         "status": sweep.status,
-        "counts": observe.status_counts(cands),
+        "counts": history.status_counts(cands),
         "runs": spent.runs,
         "attempts": spent.attempts,
         "gpu_hours": spent.gpu_hours,
@@ -111,9 +110,9 @@ def gather(ledger, name: str) -> dict:
         },
         "simulated": spent.simulated,
         "cut_early": len(cut_ids),
-        "probes": observe.provenance_of(ledger, [sweep]).line(),
-        "best": observe.best_of(ledger, name),
-        "gpu_capacity": capacity.view(ledger, name, cfg.hardware),
+        "probes": history.provenance_of(ledger, [sweep]).line(),
+        "best": history.best_of(ledger, name),
+        "gpu_capacity": history.capacity_view(ledger, name, cfg.hardware),
         "last_lease_event": leases[-1].message if leases else None,
         "lease": lease_view(ledger.leases.lease(name)),
         "calibrations": [
@@ -125,12 +124,13 @@ def gather(ledger, name: str) -> dict:
 
 
 def run(args, overrides) -> int:
-    from orchestrator.sweep import observe, open_ledger
+    from orchestrator import history
+    from orchestrator.ledger.ledger import Ledger
 
     if args.name and "=" in args.name:  # `status ledger.url=...`: an override, not a sweep name
         overrides, args.name = [args.name, *list(overrides)], None
     cfg = compose(overrides).cfg
-    with open_ledger(cfg) as ledger:
+    with Ledger.from_config(cfg.ledger) as ledger:
         if not args.name:
             sweeps = ledger.list_sweeps()
             for s in sweeps:
@@ -148,7 +148,7 @@ def run(args, overrides) -> int:
     print(
         f"  queued {c['queued']}  running {c['running']}  done {c['done']}  failed {c['failed']}  "
         f"runs {info['runs']}  attempts {info['attempts']}  {info['gpu_hours']:.1f} GPU-hours{sim}"
-        + observe.fidelity_split(info["gpu_hours_by_fidelity"])
+        + history.fidelity_split(info["gpu_hours_by_fidelity"])
         + f"; {info['cluster_hours']['decision']:.1f} h to a decision on {info['cluster_hours']['cluster_gpus']} GPUs"
     )
     print(f"  {lease_line(info['lease'], info['last_lease_event'])}")

@@ -103,10 +103,10 @@ def next_steps(outcome, cfg, overrides) -> dict[str, str]:
     command, and where the job folders are (the best attempt's, else the configured cluster.folder)."""
     from pathlib import Path
 
-    from orchestrator.sweep import open_ledger
+    from orchestrator.ledger.ledger import Ledger
 
     folder = Path(cfg.cluster.folder).resolve() / outcome.sweep
-    with open_ledger(cfg) as ledger:
+    with Ledger.from_config(cfg.ledger) as ledger:
         cand = (outcome.best or {}).get("candidate_id")
         atts = ledger.attempts(cand) if cand is not None else []
         if atts and atts[-1].job_dir:  # <folder>/<sweep>/<key>/attempt-<n>: where the jobs really went
@@ -123,7 +123,7 @@ def next_steps(outcome, cfg, overrides) -> dict[str, str]:
 
 
 def report(outcome, args, cfg=None, overrides=()) -> int:
-    from orchestrator.sweep import observe
+    from orchestrator import history
 
     steps = next_steps(outcome, cfg, overrides) if cfg is not None else {}
     if args.json:
@@ -149,7 +149,7 @@ def report(outcome, args, cfg=None, overrides=()) -> int:
     print(f"sweep {outcome.sweep} stopped: {outcome.reason}")
     print(
         f"  rounds {outcome.rounds}, runs {outcome.spent.runs}, attempts {outcome.spent.attempts}, "
-        f"{outcome.spent.gpu_hours:.1f} GPU-hours{sim}" + observe.fidelity_split(outcome.spent.by_fidelity)
+        f"{outcome.spent.gpu_hours:.1f} GPU-hours{sim}" + history.fidelity_split(outcome.spent.by_fidelity)
     )
     if outcome.best:
         b = outcome.best

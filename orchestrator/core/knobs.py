@@ -185,6 +185,10 @@ class Layout:
             kw[k] = tuple(kw.get(k) or ())
         return cls(**kw)
 
+    def but(self, **knobs: Any) -> Layout:
+        """This layout with `knobs` overridden (a set knob given as a list is a tuple here, as from_dict reads it)."""
+        return Layout.from_dict({**self.to_dict(), **knobs})
+
     @property
     def dispatcher_label(self) -> str:
         """'flex:deepep', or the dispatcher alone."""

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.core.errors import DiskFull
+from orchestrator.core.errors import DiskFull, UserError
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)")
 _UNSAFE = re.compile(r"[^A-Za-z0-9=+.-]+")  # no ":" (container mounts, PATH-like lists split on it)
@@ -296,3 +296,20 @@ def folder_writes(folder: str | os.PathLike[str], resume: str) -> Iterator[None]
             raise
         full.again = f"`{resume}`"
         raise full from None
+
+
+NAME_MAX = 100  # a sweep name names folders and Slurm jobs
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_name(name: str, *, source: str = "sweep.name") -> str:
+    """`name` if it is a safe sweep name (the one rule: sweep, resume, run-one, report, ledger ingest), else
+    UserError naming the rule (nothing has been written yet)."""
+    if len(name) > NAME_MAX:
+        raise UserError(f"{source} is {len(name)} characters long; use at most {NAME_MAX}, e.g. sweep.name=1k-try2")
+    if not _NAME.fullmatch(name):
+        raise UserError(
+            f"{source} {name!r} is not a safe name: use letters, digits, '.', '_' and '-', starting with a "
+            "letter or digit (it names folders and Slurm jobs), e.g. sweep.name=1k-try2"
+        )
+    return name

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core.knobs import Layout
 from orchestrator.core.paths import atomic_write
 from orchestrator.core.schema import EffectiveConfig, HardwareConfig, ModelConfig, StageConfig, WorkloadConfig
 from orchestrator.core.states import AttemptRole, Fidelity
@@ -80,6 +81,11 @@ class JobSpec:
         from orchestrator.core.cost import launch_gpus
 
         return launch_gpus(self.n_gpus, len(self.probe_ranks))
+
+    @property
+    def knobs(self) -> Layout:
+        """The layout the job runs, decoded from job.json's `layout` once, here (the job side's one boundary)."""
+        return Layout.from_dict(self.layout)
 
     @property
     def window(self) -> tuple[int, int]:

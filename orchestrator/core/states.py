@@ -156,3 +156,47 @@ class AttemptRole(StrEnum):
 
 
 AttemptRole.FINALIST = frozenset(AttemptRole) - {AttemptRole.MEASURE}
+
+
+class EventKind(StrEnum):
+    """Every kind of row the ledger's event table stores (event.kind): one word per event, owned here, so a
+    reader filters by a member and a new event is a new member, never a string typed in two modules.
+
+    A candidate's status change is logged under its new status (`of_status`): those members carry
+    CandidateStatus's words. A test may log a word of its own (`Ledger.log_event` takes any str)."""
+
+    # the sweep's own life (orchestrator/ledger/ledger.py)
+    CREATED = "created"  # the sweep row was made
+    SWEEP_STATUS = "sweep-status"  # planned -> running -> done | interrupted | cancelled
+    LAUNCHER = "launcher"  # the backend kind the sweep is bound to (Ledger.bind_launcher)
+    PROVENANCE = "provenance"  # a provenance part recorded
+    LEASE = "lease"  # taken, taken over, released (orchestrator/ledger/leases.py)
+    DRIVER = "driver"  # which holder drives the sweep, on which launcher
+    STOP = "stop"  # why the search stopped (the report's stop reason)
+    ROUND = "round"  # one round's decision: keys, reasons, fidelities, confirms, step_cv
+    PROMOTES_FROM = "promotes-from"  # data.sweep_id: the sweep this one promotes from
+    PREFLIGHT = "preflight"  # the node preflight's verdict (or its skipping); data.rejected are never launched
+    CAPACITY = "capacity"  # once per GPU capacity the sweep now plans with (data.attempt_id)
+    INGESTED = "ingested"  # rows rebuilt from job folders (`ledger ingest`)
+    # a candidate's life
+    PLANNED = "planned"
+    CLAIMED = "claimed"
+    SUBMITTED = "submitted"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # also the sweep's: `orchestrator cancel`
+    EXCLUDED = "excluded"
+    LAUNCHED = "launched"  # a job id reached a candidate no longer claimed, or a finalist's job
+    RETRY = "retry"  # a failed attempt retried (or not), and why
+    CUT = "cut"  # an early cut: the median and the line (data: job id, the line)
+    PARITY = "parity"  # a parity verdict
+    # the finalists (orchestrator/sweep/finalists.py)
+    FINALISTS = "finalists"  # the pick: keys in order, measured_through
+    LONG_RUN = "long-run"  # one per finalist: its long-run figures, or why there are none
+    FINALIST_COST = "finalist-cost"  # before revision 0009: one per finalist job, data.gpu_hours
+
+    @classmethod
+    def of_status(cls, status: str) -> EventKind:
+        """The event kind a candidate's move to `status` is logged under."""
+        return cls(CandidateStatus(status).value)

@@ -34,7 +34,6 @@ from orchestrator.evidence.parse import parse_file
 from orchestrator.evidence.records import ParsedLog
 from orchestrator.plan import ranks
 from orchestrator.plan.flops import peak_label, peak_tflops
-from orchestrator.plan.layout import Layout
 
 SAVE_TIMER, LOAD_TIMER = "save-checkpoint", "load-checkpoint"  # Megatron's names (log level 0)
 MISSING_CKPT = b"could not find the metadata file"  # checkpointing.py's warning for an empty --load dir
@@ -121,14 +120,14 @@ def read_cut(job_dir: str | os.PathLike) -> dict | None:
 
 def cut_window(mark: dict | None) -> tuple[int, int] | None:
     """(warm-up, measured iterations) of a cut job's result, as its mark states them (the iterations its cut read:
-    schedule/fidelity.CutLine.window, written by sweep/cutoff.mark)."""
+    core/decision.CutLine.window, written by sweep/cutoff.mark)."""
     return (int(mark["warmup_iters"]), int(mark["measure_iters"])) if mark else None
 
 
 def pp_of_rank(spec: JobSpec) -> Callable[[int], int | None]:
     """Rank -> pipeline stage in Megatron's rank order (PP is the outermost dense axis by default,
     between TP-CP and DP with --use-tp-pp-dp-mapping)."""
-    lay = Layout.from_dict(spec.layout)
+    lay = spec.knobs
     n = max(1, spec.n_gpus)
 
     def stage(rank: int) -> int | None:

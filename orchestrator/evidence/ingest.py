@@ -18,7 +18,7 @@ Slurm's word (sacct's state, orchestrator/evidence/classify.py); a lost ledger l
 are the classes of orchestrator/core/failures.py TABLE that a rank's own log lines prove and that no retry
 runs again by default (`log` evidence, `Retry.NEVER`): INVALID_CONFIG and OOM, the layout's own verdicts that
 the search learns from (select.oom_dominated, calibration's OOM lower bounds, the capacity an OOM message
-states: orchestrator/sweep/capacity.py), and CRASH (a traceback or a non-zero exit of the workload itself),
+states: orchestrator/history/capacity.py), and CRASH (a traceback or a non-zero exit of the workload itself),
 the outcome the driver would not retry either. A CRASH counts only when the exit marker records the rank's
 exit status and it is a plain non-zero exit (or the job ended well and collect still failed it, as a restore
 that loaded no checkpoint): a rank killed by a signal was most likely stopped from outside (time limit,

@@ -190,10 +190,9 @@ def is_evidence_rank(spec: JobSpec, renv: RankEnv) -> bool:
     if renv.single_process or spec.probe_ranks:
         return True
     from orchestrator.plan import ranks
-    from orchestrator.plan.layout import Layout
 
     try:
-        return renv.rank in ranks.evidence_ranks(Layout.from_dict(spec.layout), renv.world_size)
+        return renv.rank in ranks.evidence_ranks(spec.knobs, renv.world_size)
     except (TypeError, ValueError):
         return True
 

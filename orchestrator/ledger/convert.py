@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from orchestrator.core.decision import Decision
+from orchestrator.core.knobs import Layout
 from orchestrator.ledger.errors import LedgerError
 
 if TYPE_CHECKING:
@@ -26,8 +28,27 @@ E = TypeVar("E", bound=StrEnum)
 
 
 def to_row(cls: type[R], obj: Any) -> R:
-    """The dataclass `cls` filled from the ORM object's attributes of the same names."""
-    return cls(**{f.name: getattr(obj, f.name) for f in fields(cls)})
+    """The dataclass `cls` filled from the ORM object's attributes of the same names, its JSON columns decoded."""
+    return cls(**{f.name: decode(f.name, getattr(obj, f.name)) for f in fields(cls)})
+
+
+# The JSON columns a row hands out typed (core's records), by field name: decoded here once, so no caller
+# reads a layout or a decision by string key. The stored JSON is unchanged (Decision.to_dict, Layout.to_dict).
+DECODE: dict[str, Any] = {"layout": Layout.from_dict, "decision": Decision.from_dict}
+
+
+def decode(name: str, value: Any) -> Any:
+    """A column's value as its row field holds it (a layout's or a decision's JSON -> Layout, Decision)."""
+    if name not in DECODE or isinstance(value, (Layout, Decision)):
+        return value
+    return DECODE[name](value)
+
+
+def encode(value: Any) -> Any:
+    """A typed record back to the JSON its column stores (None stays None), cleaned."""
+    if isinstance(value, (Layout, Decision)):
+        return clean(value.to_dict())
+    return None if value is None else clean(value)
 
 
 def now() -> datetime:

@@ -11,10 +11,10 @@ from typing import Any
 
 from sqlalchemy import func, insert, select
 
-from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity
+from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EventKind, Fidelity
 from orchestrator.ledger import models as m
 from orchestrator.ledger import queries
-from orchestrator.ledger.convert import clean, now, to_row
+from orchestrator.ledger.convert import clean, decode, now, to_row
 from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.models import JSON_METRICS, RESULT_METRICS
 from orchestrator.ledger.rows import CalibrationRow, CapacityRow, MeasuredRow, ParityRow
@@ -182,7 +182,7 @@ class Evidence:
                         key=c.key,
                         round=c.round,
                         status=CandidateStatus(c.status),
-                        layout=c.layout,
+                        layout=decode("layout", c.layout),
                         layer_pattern=c.layer_pattern,
                         predicted=c.predicted,
                         verdict=c.verdict,
@@ -266,7 +266,7 @@ class Evidence:
                 m.Event(
                     sweep_id=c.sweep_id,
                     candidate_id=c.id,
-                    kind="parity",
+                    kind=EventKind.PARITY,
                     message=f"parity vs {reference_key[:10]}: {'passed' if passed else 'failed'} {detail}".strip(),
                 )
             )

@@ -31,11 +31,10 @@ from typing import Any
 
 import yaml
 
-from orchestrator.core.states import AttemptRole, CandidateStatus
+from orchestrator.core.states import AttemptRole, CandidateStatus, EventKind
+from orchestrator.ledger.convert import decode
 from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.ledger import CandidateIn, Ledger
-
-INGESTED = "ingested"  # the sweep's provenance part and event kind of rows rebuilt from job folders
 
 
 @dataclass(frozen=True)
@@ -120,12 +119,12 @@ def ingest(ledger: Ledger, found: Sequence[Trusted], *, source: str) -> Summary:
                 [
                     CandidateIn(
                         key=item.key,
-                        layout=item.layout,
+                        layout=decode("layout", item.layout),
                         layer_pattern=str(item.predicted.get("layer_pattern") or ""),
                         predicted=item.predicted,
                         round=item.round,
                         status=CandidateStatus.DONE if ok else CandidateStatus.FAILED,
-                        decision=item.decision,
+                        decision=None if item.decision is None else decode("decision", item.decision),
                     )
                 ],
             )
@@ -177,7 +176,7 @@ def ingest(ledger: Ledger, found: Sequence[Trusted], *, source: str) -> Summary:
     for name in out.sweeps:
         n = sum(1 for x in order if x.sweep == name and x.job_dir in out.ingested)
         if n:
-            ledger.log_event(name, INGESTED, f"{n} result(s) ingested from {source}", data={"n": n})
+            ledger.log_event(name, EventKind.INGESTED, f"{n} result(s) ingested from {source}", data={"n": n})
     return out
 
 
@@ -259,5 +258,5 @@ def _sweep(ledger: Ledger, item: Trusted, source: str) -> None:
         model=item.model,
         hardware=item.hardware,
         workload=item.workload,
-        provenance={INGESTED: {"from": source, "config": item.config_from}},
+        provenance={EventKind.INGESTED: {"from": source, "config": item.config_from}},
     )

@@ -22,6 +22,7 @@ from sqlalchemy import CursorResult, delete, select
 from sqlalchemy.exc import IntegrityError
 
 from orchestrator.core.proc import start_time, stat
+from orchestrator.core.states import EventKind
 from orchestrator.ledger import models as m
 from orchestrator.ledger.convert import now
 from orchestrator.ledger.errors import LeaseHeld, LedgerError
@@ -97,7 +98,7 @@ class Leases:
                                 expires_at=t + timedelta(seconds=ttl_s),
                             )
                         )
-                        s.add(m.Event(sweep_id=sw.id, kind="lease", message=f"lease taken by {holder}"))
+                        s.add(m.Event(sweep_id=sw.id, kind=EventKind.LEASE, message=f"lease taken by {holder}"))
                     elif lease.holder == holder:
                         lease.heartbeat_at, lease.expires_at = t, t + timedelta(seconds=ttl_s)
                     else:
@@ -111,7 +112,12 @@ class Leases:
                         msg = f"stale lease of {lease.holder} ({why}) taken over by {holder}"
                         log.warning("sweep %s: %s", sweep, msg)
                         s.add(
-                            m.Event(sweep_id=sw.id, kind="lease", message=msg, data={"previous_holder": lease.holder})
+                            m.Event(
+                                sweep_id=sw.id,
+                                kind=EventKind.LEASE,
+                                message=msg,
+                                data={"previous_holder": lease.holder},
+                            )
                         )
                         lease.holder, lease.acquired_at, lease.heartbeat_at = holder, t, t
                         lease.expires_at = t + timedelta(seconds=ttl_s)
@@ -140,7 +146,7 @@ class Leases:
             deleted = s.execute(delete(m.Lease).where(m.Lease.sweep_id == sw.id, m.Lease.holder == holder))
             gone = cast("CursorResult[Any]", deleted).rowcount
             if gone:
-                s.add(m.Event(sweep_id=sw.id, kind="lease", message=f"lease released by {holder}"))
+                s.add(m.Event(sweep_id=sw.id, kind=EventKind.LEASE, message=f"lease released by {holder}"))
 
     def lease(self, sweep: str) -> LeaseInfo | None:
         """The sweep's lease now (None: nobody drives it), with the holder's liveness as seen from here."""

@@ -11,15 +11,24 @@ are orchestrator.core.states' enums.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.orm import Session
 
+from orchestrator.core.decision import Decision
 from orchestrator.core.knobs import ledger_columns
-from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EdgeKind, Fidelity, SweepStatus
+from orchestrator.core.states import (
+    AttemptRole,
+    AttemptState,
+    CandidateStatus,
+    EdgeKind,
+    EventKind,
+    Fidelity,
+    SweepStatus,
+)
 from orchestrator.ledger import models as m
-from orchestrator.ledger.convert import as_datetime, chunks, clean, member, now, to_row
+from orchestrator.ledger.convert import as_datetime, chunks, clean, encode, member, now, to_row
 from orchestrator.ledger.engine import make_engine, mask, parse_url, schema_state, sqlite_file, upgrade
 from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.evidence import Evidence
@@ -35,6 +44,9 @@ from orchestrator.ledger.rows import (  # re-exported (__all__): callers import 
     SweepRow,
 )
 from orchestrator.ledger.store import Store, find_attempt, find_candidate, find_sweep
+
+if TYPE_CHECKING:
+    from orchestrator.core.schema import LedgerConfig
 
 __all__ = [
     "AttemptRow",
@@ -74,9 +86,9 @@ def _candidate_values(sweep_id: int, item: CandidateIn) -> dict[str, Any]:
     return dict(
         sweep_id=sweep_id,
         key=item.key,
-        **ledger_columns(lay),
+        **ledger_columns(lay.to_dict()),
         layer_pattern=item.layer_pattern or pred.get("layer_pattern", "") or "",
-        layout=clean(lay),
+        layout=encode(lay),
         pred_step_time_s=pred.get("step_time_s"),
         pred_memory_gb=pred.get("memory_gb"),
         pred_mfu=pred.get("mfu"),
@@ -87,7 +99,7 @@ def _candidate_values(sweep_id: int, item: CandidateIn) -> dict[str, Any]:
         m=pred.get("m"),
         feasible=pred.get("feasible"),
         predicted=clean(pred),
-        decision=None if item.decision is None else clean(item.decision),
+        decision=encode(item.decision),
         verdict=verdict,
         round=int(item.round),
         edge_kind=None if item.edge_kind is None else member(EdgeKind, item.edge_kind, "edge kind"),
@@ -128,6 +140,15 @@ class Ledger:
         self.close()
 
     # ---- opening ------------------------------------------------------------------------------
+
+    @classmethod
+    def from_config(cls, cfg: LedgerConfig, *, create: bool = False) -> Ledger:
+        """The configured ledger (the `ledger` group): the one way the driver and every command open it. Only
+        `sweep` and `ledger ingest` create one (`create`): status, resume or cancel of a typo'd URL say so
+        instead of leaving an empty ledger behind."""
+        return cls.open(
+            cfg.url, create=create, create_dir=cfg.create_dir, echo=cfg.echo, busy_timeout_ms=cfg.busy_timeout_ms
+        )
 
     @classmethod
     def open(
@@ -199,7 +220,9 @@ class Ledger:
             new_id = s.execute(stmt).scalar_one_or_none()
             sweep = find_sweep(s, name)
             if new_id is not None:
-                s.add(m.Event(sweep_id=sweep.id, kind="created", message=f"sweep {name} created (stage {stage})"))
+                s.add(
+                    m.Event(sweep_id=sweep.id, kind=EventKind.CREATED, message=f"sweep {name} created (stage {stage})")
+                )
             else:
                 theirs = dict(stage=sweep.stage, model=sweep.model, hardware=sweep.hardware, workload=sweep.workload)
                 ours = dict(stage=stage, model=model, hardware=hardware, workload=workload)
@@ -224,7 +247,7 @@ class Ledger:
         with self.store.write() as s:
             sweep = find_sweep(s, name)
             if sweep.status != status:
-                s.add(m.Event(sweep_id=sweep.id, kind="sweep-status", message=f"{sweep.status} -> {status}"))
+                s.add(m.Event(sweep_id=sweep.id, kind=EventKind.SWEEP_STATUS, message=f"{sweep.status} -> {status}"))
                 sweep.status = status
 
     def bind_launcher(self, name: str, kind: str) -> str:
@@ -237,7 +260,7 @@ class Ledger:
             if not prov.get("launcher"):
                 prov["launcher"] = kind
                 sweep.provenance = prov
-                s.add(m.Event(sweep_id=sweep.id, kind="launcher", message=f"jobs run on {kind}"))
+                s.add(m.Event(sweep_id=sweep.id, kind=EventKind.LAUNCHER, message=f"jobs run on {kind}"))
             return str(prov["launcher"])
 
     def add_provenance(self, name: str, part: str, data: dict[str, Any]) -> None:
@@ -246,7 +269,9 @@ class Ledger:
         with self.store.write() as s:
             sweep = find_sweep(s, name)
             sweep.provenance = {**dict(sweep.provenance or {}), part: clean(data)}
-            s.add(m.Event(sweep_id=sweep.id, kind="provenance", message=f"provenance {part}: {clean(data)}"[:500]))
+            s.add(
+                m.Event(sweep_id=sweep.id, kind=EventKind.PROVENANCE, message=f"provenance {part}: {clean(data)}"[:500])
+            )
 
     # ---- candidates ---------------------------------------------------------------------------
 
@@ -370,7 +395,7 @@ class Ledger:
                         {
                             "sweep_id": sw.id,
                             "candidate_id": c.id,
-                            "kind": CandidateStatus.CLAIMED,
+                            "kind": EventKind.CLAIMED,
                             "message": f"claimed by {holder}",
                             "created_at": t,
                         }
@@ -392,19 +417,19 @@ class Ledger:
             m.Event(
                 sweep_id=c.sweep_id,
                 candidate_id=c.id,
-                kind=status,
+                kind=EventKind.of_status(status),
                 message=f"{c.status} -> {status}" + (f": {reason}" if reason else ""),
             )
         )
         c.status, c.reason, c.updated_at = status, reason, now()
 
-    def requeue(self, candidate_id: int, decision: dict[str, Any], reason: str) -> None:
+    def requeue(self, candidate_id: int, decision: Decision, reason: str) -> None:
         """A measured candidate back to `planned` with a new decision (e.g. a screened layout confirmed at the
         full window), in one transaction: a resumed loop finds it planned with the decision that explains why."""
         with self.store.write() as s:
             self._requeue(s, candidate_id, decision, reason)
 
-    def redecide(self, candidate_id: int, decision: dict[str, Any], reason: str) -> bool:
+    def redecide(self, candidate_id: int, decision: Decision, reason: str) -> bool:
         """Replace a planned candidate's decision before its launch (the wait for the sweep's seed resolved,
         orchestrator/sweep/seeding.py), with the event that says why; False (and nothing written) when it
         is no longer planned."""
@@ -413,21 +438,21 @@ class Ledger:
             if c.status != CandidateStatus.PLANNED:
                 return False
             self._move(s, c, CandidateStatus.PLANNED, reason)
-            c.decision = clean(decision)
+            c.decision = encode(decision)
             return True
 
-    def _requeue(self, s: Session, candidate_id: int, decision: dict[str, Any], reason: str) -> None:
+    def _requeue(self, s: Session, candidate_id: int, decision: Decision, reason: str) -> None:
         c = find_candidate(s, candidate_id, lock=True)
         self._move(s, c, CandidateStatus.PLANNED, reason)
-        c.decision = clean(decision)
+        c.decision = encode(decision)
 
     def record_round(
         self,
         sweep: str,
         *,
-        requeues: Sequence[tuple[int, dict[str, Any], str]],
+        requeues: Sequence[tuple[int, Decision, str]],
         items: Sequence[CandidateIn],
-        event: tuple[str, str, dict[str, Any]],
+        event: tuple[EventKind, str, dict[str, Any]],
         between: Callable[[], None] | None = None,
     ) -> list[CandidateRow]:
         """A round's whole decision in ONE transaction: the screened contenders re-queued at the full window
@@ -511,14 +536,14 @@ class Ledger:
                 reason = why.format(job_id=job_id)
                 if a.role != AttemptRole.MEASURE:
                     msg = f"{a.role} {reason}"
-                    s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind="launched", message=msg))
+                    s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind=EventKind.LAUNCHED, message=msg))
                     continue
                 if c.status != CandidateStatus.CLAIMED:
                     late = f"{reason} (candidate already {c.status})"
-                    s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind="launched", message=late))
+                    s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind=EventKind.LAUNCHED, message=late))
                     continue
                 msg = f"{c.status} -> {CandidateStatus.SUBMITTED}: {reason}"
-                s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind=CandidateStatus.SUBMITTED, message=msg))
+                s.add(m.Event(sweep_id=c.sweep_id, candidate_id=c.id, kind=EventKind.SUBMITTED, message=msg))
                 c.status, c.reason, c.updated_at = CandidateStatus.SUBMITTED, reason, now()
 
     def update_attempt(self, attempt_id: int, **changes: Any) -> AttemptRow:
@@ -571,7 +596,7 @@ class Ledger:
     def log_event(
         self,
         sweep: str,
-        kind: str,
+        kind: EventKind,
         message: str,
         *,
         candidate_id: int | None = None,
@@ -589,7 +614,7 @@ class Ledger:
                 )
             )
 
-    def events(self, sweep: str, *, kind: str | None = None, candidate_id: int | None = None) -> list[EventRow]:
+    def events(self, sweep: str, *, kind: EventKind | None = None, candidate_id: int | None = None) -> list[EventRow]:
         with self.store.read() as s:
             sw = find_sweep(s, sweep)
             q = select(m.Event).where(m.Event.sweep_id == sw.id)

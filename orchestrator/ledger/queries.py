@@ -32,6 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import QueryableAttribute, aliased
 from sqlalchemy.sql.elements import ColumnElement
 
+from orchestrator.core.decision import NO_DECISION, Decision
 from orchestrator.core.knobs import FIELDS, KNOB, KNOBS
 from orchestrator.core.metrics import ALIASES as METRIC_ALIASES
 from orchestrator.core.metrics import HIGHER_IS_BETTER as METRIC_HIGHER
@@ -41,6 +42,7 @@ from orchestrator.core.ranking import best as ranked_best
 from orchestrator.core.ranking import standing as standing_of
 from orchestrator.core.states import AttemptRole, CandidateStatus, Fidelity
 from orchestrator.ledger import models as m
+from orchestrator.ledger.convert import decode
 from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.models import RESULT_METRICS
 
@@ -399,21 +401,19 @@ class AttemptCost:
     measure_iters: int | None = None
     role: str = "measure"  # states.AttemptRole: the finalists' jobs are charged like any attempt
     round: int = 0  # its candidate's round
-    failure_class: str | None = None  # an OOM does not use up a run (observe.spent)
-    decision: dict[str, Any] | None = None  # its candidate's (a rank probe's names the ranks it runs)
+    failure_class: str | None = None  # an OOM does not use up a run (history.spent)
+    decision: Decision = NO_DECISION  # its candidate's (a rank probe's names the ranks it runs)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fidelity", Fidelity(self.fidelity or Fidelity.FULL))
+        object.__setattr__(self, "decision", decode("decision", self.decision))
 
     @property
     def probed_ranks(self) -> int:
         """How many one-GPU rank-probe tasks the attempt ran (0: a launch on the stage's N GPUs)."""
         if self.fidelity != Fidelity.PROBE or self.role != "measure":
             return 0
-        d = self.decision or {}
-        while d and not d.get("probe_ranks"):  # a confirmed probe keeps its probe's decision as `previous`
-            d = d.get("previous") or {}
-        return len(d.get("probe_ranks") or ())
+        return len(self.decision.probed_ranks())  # a confirmed probe keeps its probe's decision as `previous`
 
 
 def attempt_costs(ledger: Ledger, sweep: str) -> list[AttemptCost]:

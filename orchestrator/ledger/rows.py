@@ -10,9 +10,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from orchestrator.core.decision import NO_DECISION, Decision
+from orchestrator.core.knobs import Layout
+from orchestrator.core.prediction import Prediction
 from orchestrator.core.ranking import Standing
 from orchestrator.core.ranking import standing as standing_of
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EdgeKind, Fidelity, SweepStatus
+from orchestrator.ledger.convert import decode
 
 
 def _set(row: object, name: str, value: object) -> None:
@@ -40,10 +44,10 @@ class SweepRow:
 
 @dataclass
 class CandidateIn:
-    """A planned candidate. layout = Layout.to_dict(); predicted = Prediction fields (asdict)."""
+    """A planned candidate. predicted = Prediction fields (asdict) and the calibration's extras."""
 
     key: str
-    layout: dict[str, Any]
+    layout: Layout
     layer_pattern: str = ""
     predicted: dict[str, Any] = field(default_factory=dict)
     verdict: str | Sequence[str] = "legal"  # "legal" or the ids of the rules it breaks
@@ -51,7 +55,12 @@ class CandidateIn:
     parent_key: str | None = None
     edge_kind: EdgeKind | None = None
     status: CandidateStatus = CandidateStatus.PLANNED
-    decision: dict[str, Any] | None = None  # why it was proposed (orchestrator.search.types.Proposal.decision)
+    decision: Decision | None = None  # why it was proposed (orchestrator.search.types.Proposal.decision)
+
+    def __post_init__(self) -> None:
+        """A layout or decision handed in as its stored JSON (a job folder's job.json, a test) is decoded here."""
+        self.layout = decode("layout", self.layout)
+        self.decision = None if self.decision is None else decode("decision", self.decision)
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,7 @@ class CandidateRow:
     id: int
     sweep_id: int
     key: str
-    layout: dict[str, Any]
+    layout: Layout
     layer_pattern: str
     predicted: dict[str, Any]
     verdict: str
@@ -73,11 +82,17 @@ class CandidateRow:
     latest_result_id: int | None
     created_at: datetime
     updated_at: datetime
-    decision: dict[str, Any] | None = None
+    decision: Decision = NO_DECISION  # decoded once (orchestrator/ledger/convert.py)
 
     def __post_init__(self) -> None:
         _set(self, "status", CandidateStatus(self.status))
         _set(self, "edge_kind", None if self.edge_kind is None else EdgeKind(self.edge_kind))
+
+    @property
+    def prediction(self) -> Prediction | None:
+        """The models' prediction (`predicted` holds it with the search's extras: raw components, factors);
+        None for a candidate stored without one."""
+        return Prediction.from_stored(self.predicted)
 
 
 @dataclass(frozen=True)
@@ -172,7 +187,7 @@ class MeasuredRow:
     key: str
     round: int
     status: CandidateStatus
-    layout: dict[str, Any]
+    layout: Layout
     layer_pattern: str
     predicted: dict[str, Any]
     verdict: str

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from orchestrator.core.knobs import Layout as Layout  # the knobs of one candidate: the registry owns them
+from orchestrator.core.prediction import Prediction as Prediction  # what the models say: a ledger record too
 
 
 @dataclass(frozen=True)
@@ -61,35 +62,3 @@ def canonical_key(layout: Layout, *, model: str, stage: str, hardware: str, work
     payload = {"layout": layout.to_dict(), "model": model, "stage": stage, "hardware": hardware, "workload": workload}
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
-
-
-@dataclass
-class Prediction:
-    """What the analytic models say about one legal layout. All times in seconds, memory in GB (1e9)."""
-
-    d_a: int
-    d_e: int
-    m: int
-    bubble: float  # (p-1)/(m+p-1), or its interleaved form (p-1)/(v*m+p-1)
-    t_group: int  # EP x b x S / CP unique tokens per dispatch
-    t_expert: float  # k x T_group / E
-    experts_per_rank: int  # E / EP per MoE layer
-    ep_nodes: int  # nodes one EP group spans
-    cp_nodes: int  # nodes one CP group spans
-    routed_weight_gb: float  # routed expert weights on the heaviest stage
-    heaviest_stage: int
-    memory_gb: float  # heaviest rank's predicted peak
-    memory_by_stage: tuple[float, ...]
-    feasible: bool  # memory_gb + margin <= HBM
-    step_time_s: float
-    step_components: dict[str, float] = field(default_factory=dict)  # compute, a2a, cp, bubble, grad_sync ... seconds
-    flops_per_step: float = 0.0  # model FLOPs (activated experts, V4 attention), recompute excluded
-    recompute_flops_per_step: float = 0.0
-    mfu: float = 0.0
-    tokens_per_s: float = 0.0
-    layer_pattern: str = ""  # HybridModel pattern with | stage boundaries
-    # per PP rank, the raw (uncalibrated) memory terms (memory.TERMS -> GB): what per-term calibration fits
-    memory_terms_by_stage: tuple[dict[str, float], ...] = ()
-    # the compute-only step a one-GPU rank probe of the last rank measures (steptime.StepTime.probe_s), raw:
-    # what orchestrator/search/compose.py divides a probe's measurement by
-    probe_step_s: float = 0.0

@@ -11,15 +11,15 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from orchestrator import history
 from orchestrator.core import knobs, metrics, ranking
 from orchestrator.core.metrics import STEP_P50
 from orchestrator.core.schema import EffectiveConfig, StageConfig
-from orchestrator.core.states import CandidateStatus, EdgeKind, Fidelity
+from orchestrator.core.states import CandidateStatus, EdgeKind, EventKind, Fidelity
 from orchestrator.evidence.effective import effective_throughput
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger, SweepRow
 from orchestrator.report import path
-from orchestrator.sweep import observe
 
 KNOB_COLUMNS = tuple(k.column for k in knobs.DISPLAYED)  # every knob; the page shows those that vary
 TABLE_COLUMNS = (
@@ -81,7 +81,7 @@ class Lineage:
 
 @dataclass
 class Spend:
-    """What the sweep cost and why it ended: the figure `status` and the budget check charge (observe.spent,
+    """What the sweep cost and why it ended: the figure `status` and the budget check charge (history.spent,
     orchestrator.core.cost over the ledger's attempts), against the stage's budget."""
 
     gpu_hours: float  # every attempt of every fidelity (probe, screen, full) and the finalists
@@ -201,7 +201,7 @@ def gather(ledger: Ledger, name: str) -> ReportData:
             samples[cid] = [s[1] for s in ledger.evidence.step_samples(aid) if s[1] is not None]
 
     stage = _stage(sweep, gpus)
-    spent = observe.spent(ledger, name, stage=stage)
+    spent = history.spent(ledger, name, stage=stage)
     rounds = _rounds(measured, spent.by_round)
     lineage = _lineage(ledger, name, gpus)
     cal = [{"round": c.round, "fit": c.fit, "error": c.error} for c in ledger.evidence.calibrations(name)]
@@ -222,16 +222,16 @@ def gather(ledger: Ledger, name: str) -> ReportData:
         lineage=lineage,
         parity=parity,
         simulated=simulated,
-        provenance={**(sweep.provenance or {}), "probes": observe.provenance_of(ledger, [sweep]).line()},
+        provenance={**(sweep.provenance or {}), "probes": history.provenance_of(ledger, [sweep]).line()},
         effective_note=note,
         search_path=path.gather(ledger, name),
         spend=_spend(ledger, sweep, stage, spent),
     )
 
 
-def _spend(ledger: Ledger, sweep: SweepRow, stage: StageConfig, spent: observe.Spent) -> Spend:
+def _spend(ledger: Ledger, sweep: SweepRow, stage: StageConfig, spent: history.Spent) -> Spend:
     """Spend, budget and the stop reason of one sweep (the budget is the stage's as the sweep stored it)."""
-    stops = ledger.events(sweep.name, kind="stop")
+    stops = ledger.events(sweep.name, kind=EventKind.STOP)
     planned = [c.round for c in ledger.candidates(sweep.name)]
     b = stage.budget
     return Spend(
@@ -282,7 +282,7 @@ def predicted_vs_measured(measured: list[dict]) -> list[dict]:
 def _stage(sweep: SweepRow, gpus: int) -> StageConfig:
     """The stage a sweep ran (its stored config), what its GPU-hours are charged on; a snapshot that does not
     compose (a ledger older than this code) gives the stage's defaults with its GPU count."""
-    from orchestrator.sweep.setup import root_from_yaml
+    from orchestrator.config import root_from_yaml
 
     try:
         stage = root_from_yaml(sweep.config_yaml).stage
@@ -293,7 +293,7 @@ def _stage(sweep: SweepRow, gpus: int) -> StageConfig:
 
 def _rounds(measured: list[dict], gpu_hours_by_round: dict[int, float]) -> list[dict]:
     """Per round: the measured best so far (orchestrator.core.ranking) and the GPU-hours spent so far, every
-    attempt of every fidelity with its start-up and the finalists (observe.spent: what `status` and the budget
+    attempt of every fidelity with its start-up and the finalists (history.spent: what `status` and the budget
     charge)."""
     out, spent = [], 0.0
     for rnd in sorted({r["round"] for r in measured} | set(gpu_hours_by_round)):

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 import yaml
 
 from orchestrator.core import ranking
+from orchestrator.core import windows as fidelity
 from orchestrator.core.metrics import STEP_P50
 from orchestrator.evidence import bundle as bundle_mod
 from orchestrator.evidence.metrics import robust_cv
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.report.data import ReportData, standing
-from orchestrator.schedule import fidelity
 
 P99_MUCH_BETTER = 0.10  # the runner-up's p99 this much lower (relative) is named beside the recommendation
 
@@ -119,7 +119,7 @@ def decide(ledger: Ledger, d: ReportData) -> Decision:
 
 def _stored_config(text: str):
     """The sweep's stored RootConfig, or (None, why) when the snapshot does not compose (an old ledger)."""
-    from orchestrator.sweep.setup import root_from_yaml
+    from orchestrator.config import root_from_yaml
 
     try:
         cfg = root_from_yaml(text)
@@ -139,13 +139,12 @@ def _hbm(text: str) -> float | None:
 
 def _flags(ledger: Ledger, sweep: str, candidate_id: int, cfg, why: str, hit: dict | None) -> tuple[str, str]:
     """(flags text, source): from the stored config as `plan --argv` builds them, else the job's own spec."""
-    from orchestrator.plan.layout import Layout
     from orchestrator.runspec import format_argv, layout_flags
 
     cand = next((c for c in ledger.candidates(sweep) if c.id == candidate_id), None)
     if cfg is not None and cand is not None:
         try:
-            tokens = layout_flags(cfg, cfg.stage, Layout.from_dict(cand.layout), cand.layer_pattern)
+            tokens = layout_flags(cfg, cfg.stage, cand.layout, cand.layer_pattern)
             return format_argv(tokens), (
                 "built as `plan --argv` builds them, from the sweep's stored config and this candidate's layout; "
                 "--train-iters is the measurement's warm-up + window: set your own for training"

@@ -197,7 +197,7 @@ REPORTS = Path("reports")
 def out_folder(name: str, out: str | None = None) -> Path:
     """`reports/<name>/`, or `--out DIR`, which must lie inside `reports/` as well: the report never
     writes elsewhere (checked, symlinks resolved, before anything is opened or written)."""
-    from orchestrator.sweep.setup import check_name
+    from orchestrator.core.paths import check_name
 
     root = REPORTS.resolve()
     folder = (Path(out) if out else REPORTS / check_name(name, source="the sweep name")).resolve()

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from orchestrator.core import ranking
 from orchestrator.core.metrics import STEP_P50
 from orchestrator.core.states import CandidateStatus, Fidelity
-from orchestrator.plan.layout import Layout
 
 COLUMNS = (
     ("round", "round"),
@@ -33,16 +32,17 @@ COLUMNS = (
 def gather(ledger, name: str) -> list[dict]:
     """One row per candidate of the sweep, in proposal order (round, then id): decision and outcome. A screened
     candidate shows its screen p50; one confirmed shows both; only a full-window p50 can be a new best."""
-    from orchestrator.sweep import cutoff
+    from orchestrator import history
 
     cands = sorted(ledger.candidates(name), key=lambda c: (c.round, c.id))
     by_id = {c.id: c for c in cands}
-    cut = cutoff.cut_candidates(ledger, name)  # stopped by the early cut
+    cut = history.cut_candidates(ledger, name)  # stopped by the early cut
     rows: list[dict] = []
     so_far: list[tuple[ranking.Standing, int]] = []  # the full-window results seen so far, by candidate
     for c in cands:
-        why = c.decision or {}
-        first = why.get("previous") or why  # screened or probed, then run at the full window: the first move
+        why = c.decision
+        # screened or probed, then run at the full window: the first move
+        first = why.previous if why.previous is not None and why.previous.stored else why
         atts = ledger.attempts(c.id)
         a = atts[-1] if atts else None
         p50s: dict[str, float] = {}
@@ -67,13 +67,13 @@ def gather(ledger, name: str) -> list[dict]:
             {
                 "round": c.round,
                 "key": c.key,
-                "layout": Layout.from_dict(c.layout).short(),
-                "kind": first.get("kind") or (str(c.edge_kind) if c.edge_kind else "plan"),
-                "move": first.get("move") or (str(c.edge_kind) if c.edge_kind else "-"),
-                "fidelity": f"{first.get('fidelity')}->full" if first is not why else (why.get("fidelity") or "full"),
-                "predicted_gain": why.get("predicted_gain"),
-                "uncertainty": why.get("uncertainty"),
-                "parent": Layout.from_dict(parent.layout).short() if parent else (why.get("parent") or "")[:10],
+                "layout": c.layout.short(),
+                "kind": first.kind or (str(c.edge_kind) if c.edge_kind else "plan"),
+                "move": first.move or (str(c.edge_kind) if c.edge_kind else "-"),
+                "fidelity": f"{first.fidelity}->full" if first is not why else str(why.fidelity),
+                "predicted_gain": why.predicted_gain,
+                "uncertainty": why.uncertainty,
+                "parent": parent.layout.short() if parent else (why.parent or "")[:10],
                 "outcome": (
                     (a.failure_class or str(a.state))
                     if a is not None and not p50s
@@ -82,7 +82,7 @@ def gather(ledger, name: str) -> list[dict]:
                 "screen_p50_s": p50s.get(Fidelity.SCREEN),
                 "step_p50_s": p50,
                 "new_best": new_best,
-                "revived": bool(first.get("revived")),  # pruned by the uncalibrated memory model, fit calibrated
+                "revived": first.revived,  # pruned by the uncalibrated memory model, fit calibrated
             }
         )
     return rows

@@ -120,7 +120,7 @@ def calibration(d: ReportData) -> bytes | None:
 
 def rounds(d: ReportData) -> bytes | None:
     """Best measured step so far per round, and cumulative GPU-hours spent: every attempt of every fidelity
-    (probe, screen, full) and the finalists, the figure `status` charges (ReportData.rounds, observe.spent)."""
+    (probe, screen, full) and the finalists, the figure `status` charges (ReportData.rounds, history.spent)."""
     if not d.rounds:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 3.6))

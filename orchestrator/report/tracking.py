@@ -30,7 +30,6 @@ import yaml
 
 from orchestrator.core import knobs, metrics
 from orchestrator.core.errors import UserError
-from orchestrator.core.knobs import Layout
 from orchestrator.core.metrics import STEP_P50, STEP_P99
 from orchestrator.evidence import bundle as bundle_mod
 from orchestrator.ledger import queries
@@ -121,7 +120,7 @@ def runs(ledger, sweep: str) -> list[TrackedRun]:
     for m in ledger.evidence.measured(sweep=sweep):
         if m.metrics.get(STEP_P50) is None:
             continue
-        layout = Layout.from_dict(m.layout)
+        layout = m.layout
         shown = knobs.display(layout)
         params: dict[str, str | int | float] = {k.name: _param(shown.get(k.name)) for k in knobs.DISPLAYED}
         params.update(layout=layout.short(), layer_pattern=m.layer_pattern, stage=m.stage, model=m.model)

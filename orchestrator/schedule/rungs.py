@@ -156,7 +156,7 @@ class Schedule:
     @staticmethod
     def warm(env: PlanEnv, props: list[Proposal], seed: str | None, warmup: int | None = None) -> None:
         """Warm start (stage.warm_start, where it shortens the warm-up: fidelity.warm_start_on): once the sweep
-        has a seed (observe.seed) every launch at scale loads it and warms up only warm_start.warmup_iters, or
+        has a seed (history.seed) every launch at scale loads it and warms up only warm_start.warmup_iters, or
         `warmup` once the sweep's warm launches showed how long they take to settle (fidelity.learned_warmup).
         Without one, the round's first full-window launch saves it at its end and the round's other
         full-window launches wait for it (`after_seed`: they go once it is there, orchestrator/sweep/
@@ -174,10 +174,10 @@ class Schedule:
             if seed is None and p.fidelity == Fidelity.FULL:
                 p.seed_save, p.after_seed = saver is None, saver is not None
                 saver = saver or p
-            if fidelity.warms(p.decision()):
+            if p.decision().warms:
                 p.warmup_iters = warmup
             d = p.decision()
-            w, n = fidelity.window(st, p.fidelity, p.measure_iters, warm=fidelity.warms(d), warmup=p.warmup_iters)
+            w, n = fidelity.window(st, p.fidelity, p.measure_iters, warm=d.warms, warmup=p.warmup_iters)
             p.est_gpu_hours = env.gpu_hours(
                 p.charge_step_s or p.predicted_step_s, w + n, startup_s=fidelity.startup_s(st, d)
             )
@@ -186,10 +186,10 @@ class Schedule:
     def cut(env: PlanEnv, props: list[Proposal], best_step_s: float | None) -> None:
         """The early cut (stage.screen.cut*, fidelity.CutLine) of every launch at scale, against the best
         full-window p50 as the round is planned. Each stays charged for its whole window: the cut is a saving
-        measured when it happens (observe.spent charges the iterations a result ran), never one assumed."""
+        measured when it happens (history.spent charges the iterations a result ran), never one assumed."""
         for p in props:
             line = fidelity.cut_line(env.stage, best_step_s, p.decision())
-            p.cut = line.to_dict() if line else None
+            p.cut = line
 
     def confirms(
         self,
@@ -410,7 +410,7 @@ class Schedule:
     @staticmethod
     def within_budget(props: list[Proposal], slots: int, gpu_hours_left: float) -> list[Proposal]:
         """Keep proposals in order while runs and (estimated) GPU-hours last. A rank probe takes no slot: it
-        uses no run (observe.uses_a_run), only its few one-GPU hours."""
+        uses no run (history.uses_a_run), only its few one-GPU hours."""
         out: list[Proposal] = []
         spent, runs = 0.0, 0
         for p in props:

@@ -3,7 +3,7 @@
 Step time: measured ~= sum_c f_c x component_c (the planner's components, uncalibrated). A row that carries a
 rank probe's compute-only step as well has its compute and optimizer measured (compose.py: the composed step)
 and only the rest fitted, on the run's residual (measured full step - the probe-measured part); the sweep
-hands over none such (a layout that ran at scale is fitted on its whole step: orchestrator/sweep/observe.py
+hands over none such (a layout that ran at scale is fitted on its whole step: orchestrator/sweep/history.py
 says why). The factors
 f_c >= 0 are fitted by non-negative least squares on *relative* residuals (layouts differ by several x
 in step time; a 10% miss matters equally on each), regularized toward 1 so a component the

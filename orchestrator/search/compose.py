@@ -14,7 +14,7 @@ itself, for a few one-GPU hours. So for a probed layout the compute and optimize
 scaled by `probe_scale` (measured / predicted compute-only step), the bubble (m x the stage time x f / (1 - f))
 by the stage time that scaling gives, and the communication components keep their calibrated factors.
 Calibration (calibrate.py) fits those factors on full-scale runs, each on its whole step: once a probed layout
-ran at scale its probe no longer composes it (orchestrator/sweep/observe.py says why). Without a probe a layout
+ran at scale its probe no longer composes it (orchestrator/sweep/history.py says why). Without a probe a layout
 is predicted as before.
 
 A probe is never a step measurement: it is no best, no full-window result, no row of the step NNLS by itself

@@ -138,7 +138,7 @@ class PlanEnv:
     def gpu_hours(self, step_s: float, iters: int | None = None, *, startup_s: float | None = None) -> float:
         """What one launch costs (orchestrator.core.cost: start-up + the stage's full window unless `iters` says
         otherwise, a screen's or a probe's; `startup_s` a warm start's, schedule/fidelity.startup_s), charged
-        as observe.spent charges it."""
+        as history.spent charges it."""
         n = self.stage.warmup_iters + self.stage.measure_iters if iters is None else iters
         s = self.stage.budget.startup_s if startup_s is None else startup_s
         return cost.launch_gpu_hours(self.stage.gpus, s, step_s, n)

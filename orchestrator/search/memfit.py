@@ -20,7 +20,7 @@ says the per-term fit generalizes worse, one ratio is used for every term (calib
 The error band: each measured layout's heaviest stage predicted by a fit without that layout; the band is
 the largest relative miss (at least MIN_BAND). `calibrate.memory_estimate` applies it to any layout. Any
 Observation with a peak (stage_peaks_gb or peak_gb) is a row, measured step or not: a fit probe's
-max-reserved lines count once the ledger holds them as its result (observe.observations).
+max-reserved lines count once the ledger holds them as its result (history.observations).
 """
 
 from __future__ import annotations

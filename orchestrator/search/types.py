@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from orchestrator.core.decision import CutLine, Decision
 from orchestrator.core.states import EdgeKind, Fidelity
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.memory import MemoryScale
@@ -53,7 +54,7 @@ class Observation:
     # reserve (what the probe cannot see: NCCL and dispatcher buffers, select.probe_margin_gb)
     probe_margin_gb: float = 0.0
     # a rank probe of this layout, while the probe is its latest measurement (a layout that ran at scale is
-    # fitted on its whole step: orchestrator/sweep/observe.py): the p50 of the compute-only step it measured (the
+    # fitted on its whole step: orchestrator/sweep/history.py): the p50 of the compute-only step it measured (the
     # last rank's: orchestrator/search/compose.py) and the planner's raw view of the same number
     # (Prediction.probe_step_s). Never a step measurement.
     probe_step_s: float | None = None
@@ -129,7 +130,7 @@ class Proposal:
     seed_save: bool = False
     after_seed: bool = False  # waits for the seed its round's first launch saves (orchestrator/sweep/seeding.py)
     warmup_iters: int | None = None  # a warm launch's learned warm-up (schedule/fidelity.learned_warmup), if any
-    cut: dict | None = None  # its early cut (schedule/fidelity.CutLine.to_dict), set by Schedule.cut
+    cut: CutLine | None = None  # its early cut (core/decision.CutLine), set by Schedule.cut
 
     def __post_init__(self) -> None:
         self.fidelity = Fidelity(self.fidelity or Fidelity.FULL)
@@ -140,24 +141,24 @@ class Proposal:
         neighbour and model-top."""
         return self.reason.split(":", 1)[0].split(" ", 1)[0]
 
-    def decision(self) -> dict:
-        """The explained decision stored with the candidate (db column candidate.decision)."""
-        return {
-            "kind": self.kind,
-            "move": self.reason,
-            "fidelity": self.fidelity,
-            "measure_iters": self.measure_iters,
-            "predicted_gain": self.predicted_gain,
-            "uncertainty": self.uncertainty,
-            "parent": self.parent_key,
-            "revived": "revived" in self.predicted,  # pruned by the uncalibrated memory model, fits calibrated
-            **({"probe_ranks": list(self.probe_ranks)} if self.probe_ranks else {}),
-            **({"warm_from": self.warm_from} if self.warm_from else {}),
-            **({"seed_save": True} if self.seed_save else {}),
-            **({"after_seed": True} if self.after_seed else {}),
-            **({"warmup_iters": self.warmup_iters} if self.warmup_iters is not None else {}),
-            **({"cut": self.cut} if self.cut else {}),
-        }
+    def decision(self) -> Decision:
+        """The explained decision stored with the candidate (db column candidate.decision, core/decision.py)."""
+        return Decision(
+            kind=self.kind,
+            move=self.reason,
+            fidelity=self.fidelity,
+            measure_iters=self.measure_iters,
+            predicted_gain=self.predicted_gain,
+            uncertainty=self.uncertainty,
+            parent=self.parent_key,
+            revived="revived" in self.predicted,  # pruned by the uncalibrated memory model, fits calibrated
+            probe_ranks=self.probe_ranks,
+            warm_from=self.warm_from,
+            seed_save=self.seed_save,
+            after_seed=self.after_seed,
+            warmup_iters=self.warmup_iters,
+            cut=self.cut,
+        )
 
     @property
     def predicted_step_s(self) -> float:
@@ -175,7 +176,7 @@ class RoundInput:
     gpu_hours_left: float
     source: list[Observation] = field(default_factory=list)  # promotion source stage (round 0 only)
     step_cv: float | None = None  # measured step-time noise of this stage (schedule/fidelity.robust_cv), if any
-    seed: str | None = None  # the routing-settled checkpoint later launches load (observe.seed), once one was saved
+    seed: str | None = None  # the routing-settled checkpoint later launches load (history.seed), once one was saved
     seedless: bool = False  # a launch measured that was to save the seed and saved none: no warm start again
     # how many leading iterations this sweep's warm-started launches ran above their steady step (settled_iters):
     # what a warm start's warm-up is learned from (schedule/fidelity.learned_warmup)

@@ -1,7 +1,7 @@
 """`sweep`, `resume`: open the ledger, create or find the sweep, pick a cluster, drive the loop.
 
-Modules: loop (the Driver), observe (ledger -> observations, budget), view (live table / plain lines),
-setup (names, stored config, promotion source).
+Modules: loop (the Driver), view (live table / plain lines), setup (promotion source, preflight gate); the past
+is read through orchestrator/history (observations, budget).
 """
 
 from __future__ import annotations
@@ -15,16 +15,18 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
+from orchestrator.config import root_from_yaml
 from orchestrator.core import bounds
 from orchestrator.core.errors import DiskFull, Interrupted, UserError
-from orchestrator.core.paths import JobPaths, disk_full
+from orchestrator.core.paths import JobPaths, check_name, disk_full
 from orchestrator.core.schema import ClusterConfig, RootConfig
+from orchestrator.core.states import EventKind
 from orchestrator.ledger.errors import LedgerError, LedgerStopped
 from orchestrator.ledger.ledger import Ledger, SweepRow
 from orchestrator.runspec import check_workload
 from orchestrator.sweep.loop import Driver, Options, Outcome
 from orchestrator.sweep.preview import same_stage
-from orchestrator.sweep.setup import check_name, default_name, preflight_gate, provenance, root_from_yaml
+from orchestrator.sweep.setup import default_name, preflight_gate, provenance
 from orchestrator.sweep.view import View
 
 __all__ = [
@@ -33,7 +35,6 @@ __all__ = [
     "Outcome",
     "bound_launcher",
     "carry_on",
-    "open_ledger",
     "pick_launcher",
     "resume_sweep",
     "run_sweep",
@@ -43,15 +44,6 @@ __all__ = [
 def plain_resume(name: str) -> str:
     """The command that continues sweep `name` (a command adds the ledger overrides it was given)."""
     return f"`python -m orchestrator resume {name}`"
-
-
-def open_ledger(cfg: RootConfig, *, create: bool = False) -> Ledger:
-    """The configured ledger. Only `sweep` creates one (`create`): status, resume and cancel of a typo'd
-    URL say so instead of leaving an empty ledger behind."""
-    led = cfg.ledger
-    return Ledger.open(
-        led.url, create=create, create_dir=led.create_dir, echo=led.echo, busy_timeout_ms=led.busy_timeout_ms
-    )
 
 
 def pick_launcher(cfg: RootConfig, view: View):
@@ -93,7 +85,7 @@ def _legacy_kind(ledger: Ledger, name: str) -> str | None:
     """A sweep from before the binding was stored: the kind its last driver named, if it launched anything."""
     if not any(ledger.attempts(c.id) for c in ledger.candidates(name)):
         return None
-    said = [e.message.rsplit(" ", 1)[-1] for e in ledger.events(name, kind="driver")]
+    said = [e.message.rsplit(" ", 1)[-1] for e in ledger.events(name, kind=EventKind.DRIVER)]
     return said[-1] if said else None
 
 
@@ -133,7 +125,7 @@ def run_sweep(
     view = view or View()
     name = default_name(cfg)
     check_workload(cfg)
-    with open_ledger(cfg, create=True) as ledger, view:
+    with Ledger.from_config(cfg.ledger, create=True) as ledger, view:
         for line in preface:
             view.event(line)
         if ledger.get_sweep(name) is None:  # a new sweep: one the cluster can never run is refused unwritten
@@ -201,7 +193,7 @@ def open_stored(current: RootConfig, name: str) -> Ledger:
     """The ledger of an existing sweep (`resume`, `cancel`); a SQLite ledger that is not there says how to
     rebuild the sweep's rows from its job folders (`ingest_hint`) besides where it looked."""
     try:
-        return open_ledger(current)
+        return Ledger.from_config(current.ledger)
     except LedgerError as exc:
         path = _sqlite_path(current.ledger.url)
         if path is None or path.exists():

@@ -1,5 +1,5 @@
 """The early cut, applied to running jobs: the driver reads a launch's iteration lines as it polls and stops
-it once its line (schedule/fidelity.CutLine, in its candidate's decision) says it is clearly slower than the
+it once its line (core/decision.CutLine, in its candidate's decision) says it is clearly slower than the
 sweep's best full-window step.
 
 Why in the driver and not on the compute node: the driver already polls every live job, reads job folders
@@ -15,13 +15,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from orchestrator.core.decision import CutLine
 from orchestrator.core.paths import JobPaths, atomic_write
-from orchestrator.core.states import Fidelity
+from orchestrator.core.states import EventKind, Fidelity
 from orchestrator.evidence.collect import iteration_times, read_cut
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger
-from orchestrator.schedule.fidelity import CutLine
-
-EVENT = "cut"  # the ledger event of each cut (message: the median and the line; data: the job id and the line)
 
 
 @dataclass(frozen=True)
@@ -38,7 +36,7 @@ class Check:
 def check(a: AttemptRow, c: CandidateRow) -> Check | None:
     """The cut's verdict on a running measure attempt so far; None when it has no line (a probe, a launch planned
     before the sweep had a best, cut disabled)."""
-    line = CutLine.of(c.decision)
+    line = c.decision.cut
     if line is None or a.fidelity not in (Fidelity.FULL, Fidelity.SCREEN) or not a.job_dir:
         return None
     if (marked := read_cut(a.job_dir)) is not None:
@@ -68,17 +66,12 @@ def settle(ledger: Ledger, a: AttemptRow) -> AttemptRow:
 def log(ledger: Ledger, sweep: str, candidate_id: int, job_id: str | None, mark: dict, *, how: str = "") -> str:
     """The ledger's `cut` event of one cut launch, from its mark (the driver's as it cuts, `ledger ingest`'s
     when it rebuilds the launch from its folder: one wording, one data shape); the message."""
-    line = CutLine.of({"cut": mark})
+    line = CutLine.from_dict(mark)
     assert line is not None
     median = float(mark.get("median_s") or 0.0)
     why = (
         f"cut early: median step {median:.4g}s over iterations {line.skip + 1}-{line.after}"
         f" is above its line {line.step_s:.4g}s" + (f" ({how})" if how else "")
     )
-    ledger.log_event(sweep, EVENT, why, candidate_id=candidate_id, data={"job_id": job_id, **line.to_dict()})
+    ledger.log_event(sweep, EventKind.CUT, why, candidate_id=candidate_id, data={"job_id": job_id, **line.to_dict()})
     return why
-
-
-def cut_candidates(ledger: Ledger, sweep: str) -> set[int]:
-    """Ids of the sweep's candidates the cut stopped (its events: `status`, the search path)."""
-    return {e.candidate_id for e in ledger.events(sweep, kind=EVENT) if e.candidate_id is not None}

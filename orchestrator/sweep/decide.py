@@ -7,13 +7,15 @@ what the killed one would have; the calibration is recorded once per round.
 
 from __future__ import annotations
 
+from orchestrator import history
 from orchestrator.core.schema import RootConfig
-from orchestrator.core.states import CandidateStatus
+from orchestrator.core.states import CandidateStatus, EventKind
 from orchestrator.ledger.ledger import CandidateIn, Ledger, SweepRow
 from orchestrator.schedule import Schedule
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.types import RoundInput
-from orchestrator.sweep import capacity, observe
+from orchestrator.sweep import capacity
+from orchestrator.sweep.faults import fault_point
 from orchestrator.sweep.setup import promotion_source, recorded_source
 
 
@@ -28,7 +30,7 @@ def next_round(
         return None  # something is still queued (e.g. a retry): keep waiting
     env = capacity.plan_env(ledger, sweep.name, env, view)  # what the GPUs hold, as the jobs said, beats hbm_gb
     budget = cfg.required_stage().budget
-    spent = observe.spent(ledger, sweep.name, stage=cfg.required_stage())
+    spent = history.spent(ledger, sweep.name, stage=cfg.required_stage())
     rnd = max((c.round for c in cands), default=-1) + 1
     sims = " simulated" if spent.simulated else ""
     if rnd >= budget.max_rounds:
@@ -40,31 +42,31 @@ def next_round(
     # Only this sweep's rows: another sweep of the stage (same keys) is never read, neither its measurements
     # nor its screens (issue 22: a second confirm once quoted the other sweep's p50). A sweep learns from
     # another only by promotion, from the source it names by id (setup.promotion_source).
-    obs = observe.observations(ledger, [sweep], env)
-    cv = observe.step_cv(ledger, [sweep])
+    obs = history.observations(ledger, [sweep], env)
+    cv = history.step_cv(ledger, [sweep])
     source, source_stage = [], None
     promotion = promotion_source(ledger, cfg, sweep) if rnd == 0 else None  # None: the stage promotes from none
     # the routing-settled weights later launches load (stage.warm_start): this sweep's, else its source's
-    seed = observe.seed(ledger, sweep)
+    seed = history.seed(ledger, sweep)
     if seed is None and (src := promotion[0] if promotion else recorded_source(ledger, sweep)) is not None:
-        seed = observe.seed(ledger, src)
-    seedless = seed is None and observe.seedless(ledger, sweep) is not None
+        seed = history.seed(ledger, src)
+    seedless = seed is None and history.seedless(ledger, sweep) is not None
     if promotion is not None:
         src_sweep, src_cfg = promotion
         src_env = PlanEnv(src_cfg.model, src_cfg.hardware, src_cfg.required_stage(), src_cfg.workload.name)
-        source, source_stage = observe.observations(ledger, [src_sweep], src_env), src_cfg.stage
+        source, source_stage = history.observations(ledger, [src_sweep], src_env), src_cfg.stage
         view.event(f"promoting from sweep {src_sweep.name} ({len([s for s in source if s.ok])} measured)")
     inp = RoundInput(
         round=rnd,
         observations=obs,
-        known_keys=observe.known_keys(ledger, sweep),
+        known_keys=history.known_keys(ledger, sweep),
         slots=budget.max_runs - spent.runs,
         gpu_hours_left=budget.max_gpu_hours - spent.gpu_hours,
         source=source,
         step_cv=cv,
         seed=seed,
         seedless=seedless,
-        settled=observe.settled(ledger, [sweep]),
+        settled=history.settled(ledger, [sweep]),
     )
     plan = schedule.plan(policy, env, inp, source_stage=source_stage)
     if policy.converged(obs, budget.converge_rounds) and not schedule.waiting(inp, plan.fit, plan.rate):
@@ -91,18 +93,17 @@ def next_round(
     plan.confirms = [p for p in plan.confirms if p.key in by_key]  # a confirm re-runs this sweep's own screen
     if not plan.proposals and not plan.confirms:
         return "search exhausted: the policy has nothing new to measure within the budget"
-    from orchestrator.sweep.loop import fault_point  # tests kill the process inside the round's transaction
 
     ledger.record_round(  # ONE transaction: the re-queued contenders, the new candidates, the round's event
         sweep.name,
         # a screened contender runs again at the full window: same candidate, new attempt
         requeues=[
-            (by_key[p.key].id, {**p.decision(), "previous": by_key[p.key].decision}, p.reason) for p in plan.confirms
+            (by_key[p.key].id, p.decision().but(previous=by_key[p.key].decision), p.reason) for p in plan.confirms
         ],
         items=[
             CandidateIn(
                 key=p.key,
-                layout=p.layout.to_dict(),
+                layout=p.layout,
                 layer_pattern=p.predicted.get("layer_pattern", ""),
                 predicted=p.predicted,
                 round=rnd,
@@ -113,7 +114,7 @@ def next_round(
             for p in plan.proposals
         ],
         event=(
-            "round",
+            EventKind.ROUND,
             f"round {rnd}: {plan.reason}",
             {
                 "keys": [p.key for p in plan.proposals],

@@ -7,7 +7,7 @@ launch intent before sbatch, job id recorded as its array exists, adoption on re
 retries by sweep/retry.retry_decision). This module only says WHICH attempts are still needed and turns
 finished ones into verdicts. It keeps no state of its own: each `step` reads the ledger, so a driver killed at
 any moment resumes with exactly what is left: nothing runs twice, nothing is lost, each job is charged once
-(as an attempt, observe.spent).
+(as an attempt, history.spent).
 
 - pick: the top `policy.promote_top_k` by the one ranking (orchestrator.core.ranking: full window, not
   partial, not excluded), recorded once in a `finalists` event, so an exclusion by the gate never pulls in
@@ -31,7 +31,7 @@ from pathlib import Path
 from orchestrator import runspec
 from orchestrator.core.ranking import ranked
 from orchestrator.core.schema import RootConfig
-from orchestrator.core.states import AttemptRole, CandidateStatus
+from orchestrator.core.states import AttemptRole, CandidateStatus, EventKind
 from orchestrator.evidence import parity as parity_mod
 from orchestrator.evidence.effective import effective_throughput
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger, MeasuredRow, ParityRow
@@ -40,8 +40,6 @@ from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
 from orchestrator.sweep.launches import Launch
 
-PICK_EVENT = "finalists"  # data: keys (pick order), measured_through (the newest measure attempt then)
-LONG_RUN_EVENT = "long-run"  # one per finalist: its long-run figures, or why there are none
 Retry = Callable[[str, list[AttemptRow]], tuple[bool, str]]  # the driver's: (failure class, attempts) -> again?
 
 
@@ -70,7 +68,7 @@ def pick(ledger: Ledger, sweep: str, k: int) -> list[CandidateRow]:
 
 def reference_layout(cfg: RootConfig, layout: Layout) -> Layout:
     """The candidate's layout with `parity.reference` knobs overridden (CP1 by default)."""
-    return Layout.from_dict({**layout.to_dict(), **dict(cfg.parity.reference)})
+    return layout.but(**dict(cfg.parity.reference))
 
 
 def _planned(cfg: RootConfig, layout: Layout, key: str | None = None) -> tuple[planner.Planned | None, str]:
@@ -114,16 +112,16 @@ class Finalists:
             return self._chosen
         measured = self.ledger.evidence.measured(sweep=self.sweep)
         through = max((m.attempt_id for m in measured), default=0)
-        events = self.ledger.events(self.sweep, kind=PICK_EVENT)
+        events = self.ledger.events(self.sweep, kind=EventKind.FINALISTS)
         data = (events[-1].data or {}) if events else {}
         if events and data.get("measured_through") == through:
             keys = list(data.get("keys") or [])
         else:
             keys = [c.key for c in pick(self.ledger, self.sweep, self.cfg.policy.promote_top_k)]
-            shown = ", ".join(Layout.from_dict(c.layout).short() for c in self._rows(keys)) or "none measured"
+            shown = ", ".join(c.layout.short() for c in self._rows(keys)) or "none measured"
             self.ledger.log_event(
                 self.sweep,
-                PICK_EVENT,
+                EventKind.FINALISTS,
                 f"finalists (top {self.cfg.policy.promote_top_k} by the measured ranking): {shown}",
                 data={"keys": keys, "measured_through": through},
             )
@@ -160,7 +158,7 @@ class Finalists:
         reference layout that is no candidate: its key alone)."""
         if cand is None:
             return runspec.attempt_dir(self.cfg, self.sweep, key, 0).parent / name
-        lay = Layout.from_dict(cand.layout)
+        lay = cand.layout
         return runspec.attempt_dir(self.cfg, self.sweep, key, 0, number=cand.id, layout=lay).parent / name
 
     def _outcome(self, c: CandidateRow, role: AttemptRole) -> tuple[Outcome, AttemptRow | None]:
@@ -179,7 +177,7 @@ class Finalists:
 
     # ---- parity -------------------------------------------------------------------------------------
     def _gate(self, c: CandidateRow) -> _Gate:
-        lay = Layout.from_dict(c.layout)
+        lay = c.layout
         ref = reference_layout(self.cfg, lay)
         if ref == lay:
             return _Gate(c, None, None, c.key, same=True, why=f"{lay.short()} is the reference layout itself")
@@ -215,7 +213,7 @@ class Finalists:
                 row = self._compare(g, owner[g.ref_key], out, numbers, asked)
             if row is not None:
                 out.notes.append(
-                    f"parity {Layout.from_dict(c.layout).short()}: "
+                    f"parity {c.layout.short()}: "
                     + ("passed" if row.passed else f"FAILED, excluded from promotion ({row.detail})")
                 )
 
@@ -298,9 +296,9 @@ class Finalists:
 
         Q_effective = steady tokens/s (the candidate's measurement) x effective fraction, with the save and
         restore seconds this window measured."""
-        if self.ledger.events(self.sweep, kind=LONG_RUN_EVENT, candidate_id=c.id):
+        if self.ledger.events(self.sweep, kind=EventKind.LONG_RUN, candidate_id=c.id):
             return  # decided
-        lay = Layout.from_dict(c.layout)
+        lay = c.layout
         if measured is None:
             return self._long_run_done(c, out, {"ok": False, "reason": "no measured result to attach the window to"})
         planned, why = _planned(self.cfg, lay, key=c.key)
@@ -380,7 +378,7 @@ class Finalists:
         return self._long_run_done(c, out, info)
 
     def _long_run_done(self, c: CandidateRow, out: Step, info: dict) -> None:
-        lay = Layout.from_dict(c.layout).short()
+        lay = c.layout.short()
         if info["ok"]:
             msg = (
                 f"{lay}: save {info['ckpt_save_s']:.2f}s, restore {info['ckpt_restore_s']:.2f}s, "
@@ -389,7 +387,7 @@ class Finalists:
             )
         else:
             msg = f"{lay}: no long-run figures: {info['reason']}"
-        self.ledger.log_event(self.sweep, LONG_RUN_EVENT, msg, candidate_id=c.id, data=info)
+        self.ledger.log_event(self.sweep, EventKind.LONG_RUN, msg, candidate_id=c.id, data=info)
         out.notes.append(f"long-run {msg}")
 
 
@@ -398,7 +396,7 @@ def verdicts(ledger: Ledger, sweep: str, cfg: RootConfig) -> list[str]:
     it stored those attempts, so a rebuilt ledger shows the verdicts (parity rows, exclusions, long-run figures)
     the lost one held; the attempts still needed are `resume`'s to launch. `cfg`: the sweep's stored config,
     with the GPUs' measured capacity (as the driver's finalists see it) and the driver's retry decision."""
-    from orchestrator.sweep.capacity import effective_config
+    from orchestrator.history import effective_config
     from orchestrator.sweep.retry import retry_attempts
 
     cfg = effective_config(ledger, cfg, sweep)

@@ -13,53 +13,35 @@ renewed by a thread (orchestrator.ledger.leases.LeaseKeeper), so no wait here ca
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import secrets
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator import history
 from orchestrator.core.errors import Interrupted, UserError
 from orchestrator.core.failures import Failure
 from orchestrator.core.paths import JobPaths, folder_writes
 from orchestrator.core.schema import RootConfig
-from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity, SweepStatus
+from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EventKind, Fidelity, SweepStatus
 from orchestrator.ledger.errors import LedgerStopped
 from orchestrator.ledger.leases import LeaseKeeper, holder_id
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger, SweepRow
-from orchestrator.plan.layout import Layout, Prediction
 from orchestrator.plan.planner import Planned
 from orchestrator.schedule import Schedule
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
-from orchestrator.sweep import cutoff, observe
+from orchestrator.sweep import cutoff
 from orchestrator.sweep.decide import next_round
+from orchestrator.sweep.faults import fault_point
 from orchestrator.sweep.launches import Launch
 from orchestrator.sweep.retry import retry_attempts
 from orchestrator.sweep.view import Snapshot, View
 
 if TYPE_CHECKING:
     from orchestrator.sweep.finalists import Finalists
-
-_PRED_FIELDS = {f.name for f in dataclasses.fields(Prediction)}
-FAULT_ENV = "ORCH_FAULT"  # tests only: inject a crash at a named point of the loop (fault_point)
-
-
-def fault_point(point: str) -> None:
-    """Tests reproduce a crash at `point`: ORCH_FAULT=<point>:kill SIGKILLs this process there (kill -9),
-    ORCH_FAULT=<point>:fail raises as a ledger that cannot be written would."""
-    spec = os.environ.get(FAULT_ENV, "")
-    if not spec.startswith(f"{point}:"):
-        return
-    if spec.endswith(":kill"):
-        os.kill(os.getpid(), signal.SIGKILL)
-    from orchestrator.ledger.errors import LedgerError
-
-    raise LedgerError(f"injected fault at {point} ({FAULT_ENV}={spec})")
 
 
 @dataclass
@@ -75,16 +57,17 @@ class Outcome:
     reason: str  # why the loop stopped
     rounds: int
     best: dict | None
-    spent: observe.Spent
+    spent: history.Spent
 
 
 def planned_from_row(c: CandidateRow) -> Planned:
     """Rebuild the planner's Planned from a ledger row (its stored prediction), for build_spec.
 
     It carries the ledger's key: job.json, the job folder and the twin's seed must all name the row."""
-    pred = {k: v for k, v in (c.predicted or {}).items() if k in _PRED_FIELDS}
-    pred["memory_by_stage"] = tuple(pred.get("memory_by_stage") or ())
-    return Planned(Layout.from_dict(c.layout), Prediction(**pred), key=c.key)
+    pred = c.prediction
+    if pred is None:
+        raise ValueError(f"candidate {c.key[:10]} stores no prediction of the models to launch it with")
+    return Planned(c.layout, pred, key=c.key)
 
 
 class Driver:
@@ -117,9 +100,11 @@ class Driver:
         reachable = True
         try:
             self.ledger.set_sweep_status(self.name, SweepStatus.RUNNING)
-            self.ledger.log_event(self.name, "driver", f"{self.holder} drives the sweep on {self.launcher.kind}")
+            self.ledger.log_event(
+                self.name, EventKind.DRIVER, f"{self.holder} drives the sweep on {self.launcher.kind}"
+            )
             reason = self._drive()
-            self.ledger.log_event(self.name, "stop", reason)
+            self.ledger.log_event(self.name, EventKind.STOP, reason)
             final = (
                 SweepStatus.INTERRUPTED
                 if reason.startswith("wall")
@@ -135,7 +120,7 @@ class Driver:
             reachable = not isinstance(exc, LedgerStopped)
             why = f"driver stopped: {exc.name if isinstance(exc, Interrupted) else type(exc).__name__}"
             if reachable:
-                self._safely(lambda: self.ledger.log_event(self.name, "stop", why))
+                self._safely(lambda: self.ledger.log_event(self.name, EventKind.STOP, why))
             if reachable and self.keeper.lost is None:  # a lost lease: the sweep's status is its new driver's
                 self._safely(lambda: self.ledger.set_sweep_status(self.name, SweepStatus.INTERRUPTED))
             raise
@@ -193,7 +178,7 @@ class Driver:
             if on
         ]
         self.view.event("finalists: " + " + ".join(parts))
-        from orchestrator.sweep.capacity import effective_config
+        from orchestrator.history import effective_config
 
         cfg = effective_config(self.ledger, self.cfg, self.name)  # the GPUs' measured capacity, not the config's
         self.finalists = Finalists(cfg, self.ledger, self.name, self._retry)
@@ -252,7 +237,7 @@ class Driver:
             elif last is not None and last.terminal:
                 self._settle(c, last)
             elif last is not None:
-                self.view.event(f"re-attached to job {last.job_id} ({Layout.from_dict(c.layout).short()})")
+                self.view.event(f"re-attached to job {last.job_id} ({c.layout.short()})")
 
     def _adopt(self) -> None:
         """Launch intents without a job id (killed, or the record failed, between sbatch and the record): ask
@@ -287,7 +272,7 @@ class Driver:
         """Claim every planned candidate (their measurements at the fidelity their decision names) and, once the
         search has stopped, the finalists' jobs still needed; launch them all through `_launch`."""
         from orchestrator.runspec import attempt_dir, build_spec, warm_start_flags
-        from orchestrator.schedule.fidelity import decision_window, probe_ranks
+        from orchestrator.schedule.fidelity import decision_window
         from orchestrator.sweep import seeding
 
         launches: list[Launch] = []
@@ -300,7 +285,7 @@ class Driver:
             # A retry after NODE_FAIL keeps off the node(s) it failed on ("retried on healthy nodes").
             failed = [x for x in atts if not x.aborted]
             exclude = (failed[-1].node_list or "") if failed and failed[-1].failure_class == Failure.NODE_FAIL else ""
-            folder = attempt_dir(self.cfg, self.name, c.key, attempt, number=c.id, layout=Layout.from_dict(c.layout))
+            folder = attempt_dir(self.cfg, self.name, c.key, attempt, number=c.id, layout=c.layout)
             fid, win = decision_window(self.stage, c.decision)  # screen, probe or the stage's full window
             spec = build_spec(
                 self.cfg,
@@ -310,11 +295,11 @@ class Driver:
                 job_dir=folder,
                 window=win,
                 fidelity=fid,
-                probe_ranks=probe_ranks(c.decision) if fid == Fidelity.PROBE else (),
+                probe_ranks=c.decision.probed_ranks() if fid == Fidelity.PROBE else (),
                 # the seed's save, or the load of it (stage.warm_start); a probe's decision carries neither
                 extra_argv=warm_start_flags(c.decision, folder, sum(win)) if fid != Fidelity.PROBE else (),
             )
-            spec.round, spec.decision = c.round, c.decision
+            spec.round, spec.decision = c.round, c.decision.to_dict() if c.decision.stored else None
             launches.append(Launch(c.id, spec, exclude))
         if self.finalists is not None:
             step = self.finalists.step()
@@ -455,7 +440,7 @@ class Driver:
         why = cutoff.log(
             self.ledger, self.name, c.id, a.job_id, mark, how="marked before a restart" if found.marked else ""
         )
-        self.view.event(f"job {a.job_id} {why} ({Layout.from_dict(c.layout).short()})")
+        self.view.event(f"job {a.job_id} {why} ({c.layout.short()})")
 
     def _ingest(self, a: AttemptRow, st, c: CandidateRow) -> None:
         """Collect the job folder into a JobResult, store it (idempotent per attempt), settle the candidate."""
@@ -471,14 +456,14 @@ class Driver:
         self._dirty = True
         if not a.measures:  # a finalist's job: its verdict is the finalists' next step (retries too)
             what = "done" if res.ok else f"{res.failure_class or a.state}"
-            self.view.event(f"{a.role} job {a.job_id} {what} ({Layout.from_dict(c.layout).short()})")
+            self.view.event(f"{a.role} job {a.job_id} {what} ({c.layout.short()})")
             return
         atts = self.ledger.attempts(a.candidate_id)
         self._settle(c, next(x for x in atts if x.id == a.id), atts)
 
     def _settle(self, c: CandidateRow, a: AttemptRow, atts: list[AttemptRow] | None = None) -> None:
         """A terminal attempt decides its candidate: done, retried (new attempt later) or failed."""
-        lay = Layout.from_dict(c.layout).short()
+        lay = c.layout.short()
         if self.ledger.evidence.result(a.id) is not None:
             self.ledger.set_candidate_status(c.id, CandidateStatus.DONE, f"job {a.job_id} measured")
             return
@@ -488,7 +473,7 @@ class Driver:
             self.ledger.set_candidate_status(c.id, CandidateStatus.PLANNED, f"retry after {fc} ({why})")
             self.ledger.log_event(
                 self.name,
-                "retry",
+                EventKind.RETRY,
                 f"{fc}: resubmitting {lay}",
                 candidate_id=c.id,
                 data={"job_id": a.job_id, "failure_class": fc},
@@ -512,13 +497,13 @@ class Driver:
             return
         self._dirty = False
         cands = self._cands()
-        spent = observe.spent(self.ledger, self.name, stage=self.stage)
+        spent = history.spent(self.ledger, self.name, stage=self.stage)
         self.view.update(
             Snapshot(
                 sweep=self.name,
                 round=max((c.round for c in cands), default=0),
-                counts=observe.status_counts(cands),
-                best=observe.best_of(self.ledger, self.name),
+                counts=history.status_counts(cands),
+                best=history.best_of(self.ledger, self.name),
                 gpu_hours=spent.gpu_hours,
                 simulated=spent.simulated,
             )
@@ -530,6 +515,6 @@ class Driver:
             sweep=self.name,
             reason=reason,
             rounds=max((c.round for c in cands), default=-1) + 1,
-            best=observe.best_of(self.ledger, self.name),
-            spent=observe.spent(self.ledger, self.name, stage=self.stage),
+            best=history.best_of(self.ledger, self.name),
+            spent=history.spent(self.ledger, self.name, stage=self.stage),
         )

@@ -112,8 +112,8 @@ def same_stage(ledger: Ledger, cfg: RootConfig, name: str, resume: Callable[[str
     measured and the GPU-hours it spent, and the command that continues it instead (`resume(name)`). Not an
     error: a second sweep of a stage is allowed, and measures from scratch (docs/faults.md, "Sweeps of one stage
     never read each other's rows"), which doubled the GPU-hours without a word."""
-    from orchestrator.sweep import observe
-    from orchestrator.sweep.setup import root_from_yaml
+    from orchestrator import history
+    from orchestrator.config import root_from_yaml
 
     stage = cfg.required_stage()
     others = [
@@ -129,7 +129,7 @@ def same_stage(ledger: Ledger, cfg: RootConfig, name: str, resume: Callable[[str
             own = root_from_yaml(other.config_yaml).required_stage()
         except Exception:  # noqa: BLE001 - a snapshot this code cannot read: priced with this sweep's stage
             own = stage
-        spent = observe.spent(ledger, other.name, stage=own)
+        spent = history.spent(ledger, other.name, stage=own)
         sim = " simulated" if spent.simulated else ""
         way = (
             f"`python -m orchestrator best --sweep {other.name}` has its answer"

@@ -2,62 +2,59 @@
 
 Schedule.warm (orchestrator/schedule/rungs.py) plans a round without a seed as one launch that saves it
 (`seed_save`) and the others waiting for it (`after_seed`). Before each claim the driver (and the bench) asks
-`waiting`: once the seed is there (observe.seed), every waiting launch is re-decided to load it
+`waiting`: once the seed is there (history.seed), every waiting launch is re-decided to load it
 (`warm_from`); while the launch that saves it is still queued or running, they wait; if it ended without a
 seed (an OOM, a crash), the first waiting launch saves one instead, at the stage's own warm-up, and the others
 wait for that; if it measured but left no checkpoint (a workload that does not honour --save), none waits
-again and the sweep runs cold (`observe.seedless`, the re-decision's event says why). So a round never waits
+again and the sweep runs cold (`history.seedless`, the re-decision's event says why). So a round never waits
 on nothing, and a resumed driver resolves the same wait the same way: the decision it launches under is in
 the ledger before the launch.
 """
 
 from __future__ import annotations
 
+from orchestrator import history
+from orchestrator.core.decision import Decision
 from orchestrator.core.metrics import STEP_P50
 from orchestrator.core.schema import StageConfig
 from orchestrator.core.states import CandidateStatus
 from orchestrator.ledger.ledger import Ledger, SweepRow
 from orchestrator.schedule import fidelity
-from orchestrator.sweep import observe
 
 
-def _released(decision: dict | None) -> dict:
-    """The decision without its wait (`after_seed`), to which the resolution adds what the launch does."""
-    return {k: v for k, v in (decision or {}).items() if k != "after_seed"}
-
-
-def _with_cut(decision: dict, stage: StageConfig | None, best_s: float | None) -> dict:
+def _with_cut(decision: Decision, stage: StageConfig | None, best_s: float | None) -> Decision:
     """A released launch planned before any best (round 0) gets its early cut now, against the best the seed's
     launch measured (Schedule.cut gives every other launch its line as it is planned)."""
-    if stage is None or decision.get("cut"):
+    if stage is None or decision.cut is not None:
         return decision
     line = fidelity.cut_line(stage, best_s, decision)
-    return {**decision, "cut": line.to_dict()} if line else decision
+    return decision.but(cut=line) if line else decision
 
 
 def waiting(ledger: Ledger, sweep: SweepRow, stage: StageConfig | None = None) -> set[int]:
     """Ids of planned candidates that must not launch yet; the ones that may go are re-decided first (with
     their early cut, given the `stage`)."""
     cands = ledger.candidates(sweep.name)
-    held = [c for c in cands if c.status == CandidateStatus.PLANNED and (c.decision or {}).get("after_seed")]
+    held = [c for c in cands if c.status == CandidateStatus.PLANNED and c.decision.after_seed]
     if not held:
         return set()
-    seed = observe.seed(ledger, sweep)
+    seed = history.seed(ledger, sweep)
     if seed is not None:
-        best = observe.best_of(ledger, sweep.name)
+        best = history.best_of(ledger, sweep.name)
         best_s = float(best[STEP_P50]) if best and best.get(STEP_P50) else None
         for c in held:
-            d = _with_cut({**_released(c.decision), "warm_from": seed}, stage, best_s)
+            # released from its wait (`after_seed`), the launch names what it does instead
+            d = _with_cut(c.decision.but(after_seed=False, warm_from=seed), stage, best_s)
             ledger.redecide(c.id, d, f"warm start: loads the seed {seed}")
         return set()
-    if any((c.decision or {}).get("seed_save") and c.status in CandidateStatus.LIVE for c in cands):
+    if any(c.decision.seed_save and c.status in CandidateStatus.LIVE for c in cands):
         return {c.id for c in held}
-    off = observe.seedless(ledger, sweep)
+    off = history.seedless(ledger, sweep)
     if off is not None:  # a seeder measured and saved nothing: no launch waits for a seed again
         for c in held:
-            ledger.redecide(c.id, _released(c.decision), off)
+            ledger.redecide(c.id, c.decision.but(after_seed=False), off)
         return set()
     first, rest = held[0], held[1:]
     why = "warm start: no seed was saved, this launch saves it"
-    ledger.redecide(first.id, {**_released(first.decision), "seed_save": True}, why)
+    ledger.redecide(first.id, first.decision.but(after_seed=False, seed_save=True), why)
     return {c.id for c in rest}

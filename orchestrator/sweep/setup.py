@@ -4,33 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import platform
-import re
 import socket
 from importlib import metadata
 
-from omegaconf import OmegaConf
-
+from orchestrator.config import root_from_yaml
 from orchestrator.core.errors import UserError
-from orchestrator.core.schema import RootConfig, legacy_moved
+from orchestrator.core.paths import check_name
+from orchestrator.core.schema import RootConfig
+from orchestrator.core.states import EventKind
 from orchestrator.ledger.leases import holder_alive
 from orchestrator.ledger.ledger import Ledger, SweepRow
 
 # A sweep name becomes a folder under cluster.folder and reports/, a Slurm job name (submitit expands `%j`/`%A`
 # in paths) and a ledger key (200 characters): letters, digits, `.`, `_`, `-`, starting with a letter or digit.
-NAME_MAX = 100
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-def check_name(name: str, *, source: str = "sweep.name") -> str:
-    """`name` if it is a safe sweep name, else UserError naming the rule (nothing has been written yet)."""
-    if len(name) > NAME_MAX:
-        raise UserError(f"{source} is {len(name)} characters long; use at most {NAME_MAX}, e.g. sweep.name=1k-try2")
-    if not _NAME.fullmatch(name):
-        raise UserError(
-            f"{source} {name!r} is not a safe name: use letters, digits, '.', '_' and '-', starting with a "
-            "letter or digit (it names folders and Slurm jobs), e.g. sweep.name=1k-try2"
-        )
-    return name
 
 
 def default_name(cfg: RootConfig) -> str:
@@ -39,16 +25,6 @@ def default_name(cfg: RootConfig) -> str:
         return check_name(cfg.sweep.name)
     name = f"{cfg.required_stage().name}-{cfg.model.name}-{cfg.hardware.name}"
     return check_name(name, source="the default sweep name <stage>-<model>-<hardware>")
-
-
-def root_from_yaml(text: str) -> RootConfig:
-    """The typed config a sweep was created with (its stored snapshot), e.g. for resume or promotion. A snapshot
-    from before a key of MOVED_KEYS moved (the cluster's backend settings, the convergence rounds) loads as
-    well, each value where its key went."""
-    raw = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
-    snapshot = legacy_moved({str(k): v for k, v in raw.items()}) if isinstance(raw, dict) else raw
-    merged = OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.create(snapshot))
-    return OmegaConf.to_object(merged)  # type: ignore[return-value]  # structured: a RootConfig
 
 
 def holder_dead(holder: str) -> bool:
@@ -83,13 +59,10 @@ def provenance(cfg: RootConfig) -> dict:
     }
 
 
-PROMOTES_FROM = "promotes-from"  # the event naming, by id, the sweep this one promotes from
-
-
 def recorded_source(ledger: Ledger, sweep: SweepRow) -> SweepRow | None:
     """The sweep this one recorded as its promotion source (its `promotes-from` event), if it is still in the
     ledger; None otherwise (nothing chosen, nothing to promote from, or the source deleted since)."""
-    chosen = [(e.data or {}).get("sweep_id") for e in ledger.events(sweep.name, kind=PROMOTES_FROM)]
+    chosen = [(e.data or {}).get("sweep_id") for e in ledger.events(sweep.name, kind=EventKind.PROMOTES_FROM)]
     return next((s for s in ledger.list_sweeps() if chosen and s.id == chosen[0]), None)
 
 
@@ -100,7 +73,7 @@ def promotion_source(ledger: Ledger, cfg: RootConfig, sweep: SweepRow) -> tuple[
     src_stage = cfg.required_stage().promotes_from
     if not src_stage:
         return None
-    chosen = [(e.data or {}).get("sweep_id") for e in ledger.events(sweep.name, kind=PROMOTES_FROM)]
+    chosen = [(e.data or {}).get("sweep_id") for e in ledger.events(sweep.name, kind=EventKind.PROMOTES_FROM)]
     if chosen:
         src = recorded_source(ledger, sweep)
         if src is None:
@@ -121,7 +94,7 @@ def promotion_source(ledger: Ledger, cfg: RootConfig, sweep: SweepRow) -> tuple[
             f"sweep {src.name} (stage {src_stage}) has no measured candidate to promote; "
             f"resume it first: python -m orchestrator resume {src.name}"
         )
-    ledger.log_event(sweep.name, PROMOTES_FROM, f"promotes from sweep {src.name}", data={"sweep_id": src.id})
+    ledger.log_event(sweep.name, EventKind.PROMOTES_FROM, f"promotes from sweep {src.name}", data={"sweep_id": src.id})
     return src, root_from_yaml(src.config_yaml)
 
 
@@ -129,20 +102,20 @@ def preflight_gate(ledger: Ledger, cfg: RootConfig, name: str, *, skip: bool, vi
     """A real workload's sweep runs preflight once, before round 0, and refuses to launch when it fails.
 
     Once: not when the sweep already has candidates or a passed (or skipped) preflight. The outcome, or the
-    skipping, is a ledger event (orchestrator.preflight.EVENT) whose `rejected` keys are never launched; the
+    skipping, is a ledger event (EventKind.PREFLIGHT) whose `rejected` keys are never launched; the
     node's Megatron commit goes into the sweep's provenance. Whichever way, the passed preflight's evidence
     decides the stage's lifted rules (`lift_rules`), on resume too."""
     from orchestrator import preflight
 
     if cfg.workload.simulated:
         return
-    passed = [e for e in ledger.events(name, kind=preflight.EVENT) if (e.data or {}).get("ok")]
+    passed = [e for e in ledger.events(name, kind=EventKind.PREFLIGHT) if (e.data or {}).get("ok")]
     if passed or ledger.candidates(name):
         lift_rules(cfg, (passed[-1].data or {}) if passed else {}, view)
         return
     if skip:
         ledger.log_event(
-            name, preflight.EVENT, "preflight skipped (--skip-preflight)", data={"ok": True, "skipped": True}
+            name, EventKind.PREFLIGHT, "preflight skipped (--skip-preflight)", data={"ok": True, "skipped": True}
         )
         view.event("preflight skipped (--skip-preflight): recorded in the ledger")
         lift_rules(cfg, {}, view)
@@ -152,7 +125,7 @@ def preflight_gate(ledger: Ledger, cfg: RootConfig, name: str, *, skip: bool, vi
     outcome = preflight.run(cfg)
     failed = [c.name for c in outcome.checks if str(c.status) == "fail"]
     verdict = "passed" if outcome.ok else f"failed: {', '.join(failed)}"
-    ledger.log_event(name, preflight.EVENT, f"preflight {verdict}", data=outcome.to_dict())
+    ledger.log_event(name, EventKind.PREFLIGHT, f"preflight {verdict}", data=outcome.to_dict())
     if outcome.megatron:
         ledger.add_provenance(name, "megatron", {**outcome.megatron, "source": "preflight job"})
     for part, value in outcome.recorded.items():  # the launchers' settings as preflight saw them (the container)

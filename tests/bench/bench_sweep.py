@@ -44,7 +44,8 @@ def main() -> bool:
         sys.path.insert(0, str(ROOT))
     from orchestrator.config import compose
     from orchestrator.launch.auto import make_launcher
-    from orchestrator.sweep import Driver, open_ledger
+    from orchestrator.ledger.ledger import Ledger
+    from orchestrator.sweep import Driver
     from orchestrator.sweep.view import View
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
@@ -63,7 +64,7 @@ def main() -> bool:
         cfg = composed.cfg
         launcher, reason = make_launcher(cfg.cluster)
         view = View(live=False, stream=open("/dev/null", "w"))
-        with open_ledger(cfg) as ledger:
+        with Ledger.from_config(cfg.ledger) as ledger:
             sweep = ledger.create_or_get_sweep(
                 "bench",
                 stage=cfg.stage.name,

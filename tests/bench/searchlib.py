@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from orchestrator.core.decision import Decision
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 WORKLOADS = ROOT / "tests" / "workloads"
 GOAL_GAP = 0.02  # reported best within 2% of the true best
@@ -292,8 +294,8 @@ def build_grid(cfg, target: Target, startup_s: float) -> Grid:
     cost, first_extra, learn = cold, None, {}
     if fidelity.warm_start_on(st):  # the same launches as the sweep's: the first saves the seed, the rest load it
         warm_iters = sum(fidelity.window(st, Fidelity.FULL, warm=True))
-        load_s = fidelity.startup_s(st, {"after_seed": True}) - st.budget.startup_s  # what reading the seed adds
-        save_s = fidelity.startup_s(st, {"seed_save": True}) - st.budget.startup_s  # ... and writing it
+        load_s = fidelity.startup_s(st, Decision(after_seed=True)) - st.budget.startup_s  # what reading the seed adds
+        save_s = fidelity.startup_s(st, Decision(seed_save=True)) - st.budget.startup_s  # ... and writing it
         cost = np.array([launch_gpu_hours(st.gpus, startup_s + load_s, warm_iters, x) for x in launches])
         saving = np.array([launch_gpu_hours(st.gpus, save_s, 0, x) if x.fits else 0.0 for x in launches])
         first_extra = cold + saving - cost
@@ -439,17 +441,17 @@ class _Events:
 def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> SweepRun:
     """Drive one sweep to its end with orchestrator/sweep/decide.next_round and the configured policy,
     executing each claimed candidate in-process (see the module docstring)."""
+    from orchestrator import history
     from orchestrator.core.cost import rank_probe_gpu_hours
     from orchestrator.core.failures import Failure
     from orchestrator.core.paths import CheckpointPaths, JobPaths, atomic_write
     from orchestrator.core.result import JobResult, RankMemory
     from orchestrator.core.states import Fidelity
-    from orchestrator.plan.layout import Layout
     from orchestrator.schedule import fidelity
-    from orchestrator.schedule.fidelity import decision_window, probe_ranks
+    from orchestrator.schedule.fidelity import decision_window
     from orchestrator.search import make_policy
     from orchestrator.search.env import PlanEnv
-    from orchestrator.sweep import observe, seeding
+    from orchestrator.sweep import seeding
     from orchestrator.sweep.decide import next_round
     from orchestrator.sweep.retry import retry_decision
 
@@ -478,25 +480,25 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
             break
         while claimed := ledger.claim_for_submission(name, 10_000, HOLDER, skip=seeding.waiting(ledger, sweep, st)):
             for c in claimed:
-                lay = Layout.from_dict(c.layout)
-                history = ledger.attempts(c.id)
+                lay = c.layout
+                tried = ledger.attempts(c.id)
                 fid, win = decision_window(st, c.decision)  # the window the loop would launch (screen / full)
-                probed = probe_ranks(c.decision) if fid == "probe" else []
+                probed = list(c.decision.probed_ranks()) if fid == "probe" else []
                 refused = probe_refusal(cfg, lay, c.layer_pattern, win) if probed else None
                 if refused:  # dev fails this probe at its first pipeline receive (orchestrator/plan/probe.py)
                     run = dataclasses.replace(
-                        target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(history) + 1, window=win),
+                        target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(tried) + 1, window=win),
                         fits=False,
                         times=(),
                     )
                     cost = rank_probe_gpu_hours(len(probed), startup_s, run.step_s, 1)
                 elif probed:  # a one-GPU rank probe of each bounding rank, charged 1 GPU x its time each
-                    run = target.probe(cfg, lay, c.layer_pattern, c.key, probed, attempt=len(history) + 1, window=win)
+                    run = target.probe(cfg, lay, c.layer_pattern, c.key, probed, attempt=len(tried) + 1, window=win)
                     iters = sum(win) if run.fits else 1
                     cost = rank_probe_gpu_hours(len(probed), startup_s, run.step_s, iters)
                 else:
-                    run = target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(history) + 1, window=win)
-                    line = fidelity.CutLine.of(c.decision)  # the early cut, as the driver applies it (sweep/cutoff)
+                    run = target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(tried) + 1, window=win)
+                    line = c.decision.cut  # the early cut, as the driver applies it (sweep/cutoff)
                     cut = line.due(run.times) if line and run.fits else None
                     if line and cut is not None:  # what ran is a screen of its first line.after iterations
                         fid, win = Fidelity.SCREEN, line.window
@@ -504,12 +506,12 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
                     # a warm start's load / save (an OOM never gets to the save, nor does a cut launch)
                     extra = fidelity.startup_s(st, c.decision, measured=run.fits and cut is None) - st.budget.startup_s
                     cost = launch_gpu_hours(st.gpus, startup_s + extra, sum(win), run)
-                job_dir = jobs / f"{c.id}-{len(history) + 1}"
-                if run.fits and (c.decision or {}).get("seed_save"):  # the seed a job saves after its window
+                job_dir = jobs / f"{c.id}-{len(tried) + 1}"
+                if run.fits and c.decision.seed_save:  # the seed a job saves after its window
                     atomic_write(CheckpointPaths(JobPaths(job_dir).seed_checkpoint).tracker, str(sum(win)))
                 a = ledger.new_attempt(
                     c.id,
-                    job_id=f"inproc-{c.id}-{len(history) + 1}",
+                    job_id=f"inproc-{c.id}-{len(tried) + 1}",
                     job_dir=str(job_dir),
                     simulated=True,
                     fidelity=fid,
@@ -534,10 +536,10 @@ def run_sweep(ledger, composed, target: Target, name: str, startup_s: float) -> 
                     retry_classes=cfg.policy.retry_classes,
                 )
                 ledger.set_candidate_status(c.id, "planned" if retry else "failed", f"{result.failure_class}: {why}")
-    best = observe.best_of(ledger, name)
+    best = history.best_of(ledger, name)
     if best is not None:
         row = ledger.candidate_by_key(name, best["key"])
-        out.reported = Layout.from_dict(row.layout)
+        out.reported = row.layout
         out.reported_true_s = target.launch(cfg, out.reported, row.layer_pattern, row.key).step_s
     return out
 

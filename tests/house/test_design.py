@@ -127,3 +127,99 @@ def test_a_backend_is_reached_only_through_the_registry():
     assert reach == {}, f"rooms that import a backend instead of asking orchestrator/launch/auto: {reach}"
     for room_ in ("orchestrator/config", "orchestrator/preflight", "orchestrator/sweep"):
         assert "orchestrator/launch/auto" in edges[room_]
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (lazy imports included), one level below the rooms."""
+    mods = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+        for pkg in PACKAGES
+        for p in (ROOT / pkg).rglob("*.py")
+        if "migrations" not in p.parts
+    }
+    edges: dict[str, set[str]] = defaultdict(set)
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            for target in _targets(node):
+                while target and target not in mods:
+                    target = target.rpartition(".")[0]
+                if target and target not in (name, *PACKAGES):
+                    edges[name].add(target)
+    return edges
+
+
+# Module cycles inside one room still open (issue 46 item 4 names the first); the set only shrinks.
+KNOWN_MODULE_CYCLES = {
+    ("orchestrator.search.calibrate", "orchestrator.search.memfit", "orchestrator.search.types"),
+    ("orchestrator.ledger.evidence", "orchestrator.ledger.ledger", "orchestrator.ledger.queries"),
+}
+
+
+def module_cycles(edges: dict[str, set[str]]) -> set[tuple[str, ...]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: set[tuple[str, ...]] = set()
+
+    def visit(n: str) -> None:
+        index[n] = low[n] = len(index)
+        stack.append(n)
+        for w in sorted(edges.get(n, ())):
+            if w not in index:
+                visit(w)
+                low[n] = min(low[n], low[w])
+            elif w in stack:
+                low[n] = min(low[n], index[w])
+        if low[n] == index[n]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == n:
+                    break
+            if len(group) > 1:
+                out.add(tuple(sorted(group)))
+
+    for n in sorted(edges):
+        if n not in index:
+            visit(n)
+    return out
+
+
+def test_no_new_module_cycle():
+    """Inside a room too, modules import one way: the driver's test fault hook lives in sweep/faults.py, so
+    sweep/decide.py no longer imports sweep/loop.py (which imports decide)."""
+    assert module_cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == {("a", "b")}
+    found = module_cycles(module_graph())
+    assert found <= KNOWN_MODULE_CYCLES, f"new import cycle(s): {sorted(found - KNOWN_MODULE_CYCLES)}"
+    assert not any(m.startswith("orchestrator.sweep.") for c in found for m in c)
+
+
+HISTORY_MAY_IMPORT = {
+    "orchestrator/core",
+    "orchestrator/ledger",
+    "orchestrator/plan",
+    "orchestrator/search",
+    "orchestrator/evidence",
+}
+# Ledger methods that write: the history floor calls none of them (the driver does).
+WRITES = re.compile(r"^(log_event|set_|add_|record|requeue|redecide|claim|new_attempt|bind_launcher|launched|release)")
+
+
+def test_the_past_is_a_read_only_floor_under_the_driver():
+    """orchestrator/history reads the ledger, core and the search's types, never the driver, the schedule or a
+    launcher, and writes nothing; the driver, `status` and the report read the past from it, and the report
+    imports nothing of the driver or the schedule (issue 46 item 2)."""
+    edges = actual_graph()
+    assert edges["orchestrator/history"] <= HISTORY_MAY_IMPORT, edges["orchestrator/history"] - HISTORY_MAY_IMPORT
+    assert not edges["orchestrator/report"] & {"orchestrator/sweep", "orchestrator/schedule"}
+    for reader in ("orchestrator/sweep", "orchestrator/report", "orchestrator/commands"):
+        assert "orchestrator/history" in edges[reader], reader
+    writes = [
+        f"{p.name}:{node.lineno}: {node.func.attr}"
+        for p in (ROOT / "orchestrator" / "history").rglob("*.py")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and WRITES.match(node.func.attr)
+    ]
+    assert not writes, f"orchestrator/history writes: {writes}"

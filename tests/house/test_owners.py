@@ -132,3 +132,35 @@ def test_pending_entries_still_need_their_exemption():
     check = {"ranking": best_sorts, "cost": hour_formulas}
     stale = [f"{name}: {rule}" for name, rules in PENDING.items() for rule in rules if not check[rule](ROOT / name)]
     assert not stale, stale
+
+
+EVENT_CALLS = {"log_event": 1, "events": None, "Event": None}  # call name -> the positional index of its kind
+
+
+def event_literals(path: Path) -> list[str]:
+    """Ledger event kinds written as string literals in one file (a log_event, events or m.Event call whose kind
+    is a str constant): every kind is a member of orchestrator/core/states.py EventKind."""
+    src = path.read_text()
+    out = []
+    for node in ast.walk(ast.parse(src)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if name not in EVENT_CALLS:
+            continue
+        pos = EVENT_CALLS[name]
+        kinds = [k.value for k in node.keywords if k.arg == "kind"]
+        if pos is not None and len(node.args) > pos:
+            kinds.append(node.args[pos])
+        if any(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in kinds):
+            out.append(f"{_rel(path)}:{node.lineno}: {(ast.get_source_segment(src, node) or '')[:100]}")
+    return out
+
+
+def test_every_event_kind_is_an_event_kind_member(tmp_path):
+    """One owner for the words of the event table: no module types a kind as a string (tests may log their own)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text('ledger.log_event(s, "stop", why)\nledger.events(s, kind="lease")\nm.Event(kind=EventKind.CUT)\n')
+    assert [h.split(":")[1] for h in event_literals(probe)] == ["1", "2"]
+    found = [hit for p in _files(PACKAGE) for hit in event_literals(p)]
+    assert not found, "name the kind with orchestrator.core.states.EventKind:\n" + "\n".join(found)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core.decision import Decision
 from orchestrator.core.schema import RecipeConfig
 from orchestrator.job import megatron_check as MC
 from orchestrator.plan import argv as A
@@ -230,7 +231,9 @@ def test_dev_accepts_the_packed_data_at_cp1_and_every_kind_of_offloading_argv_wi
         "warm-save": (lay_a, st_a, {"seed_save": True}),
         "warm-load": (lay_c, st_c, {"warm_from": str(seed)}),
     }.items():
-        argv = build(lay, st) + warm_start_flags(dec, tmp_path / "attempt-1", st.warmup_iters + st.measure_iters)
+        argv = build(lay, st) + warm_start_flags(
+            Decision.from_dict(dec), tmp_path / "attempt-1", st.warmup_iters + st.measure_iters
+        )
         cases.append({"key": key, "argv": argv, "world": st.gpus, "env": {}, "te": MC.NODE_TE})
     path = tmp_path / "cases.json"
     path.write_text(json.dumps(cases))

@@ -84,7 +84,7 @@ def test_backend_settings_live_under_their_backend_and_old_snapshots_still_load(
     key from before names where it went; a sweep stored with the flat keys still loads (resume, report)."""
     import yaml
 
-    from orchestrator.sweep.setup import root_from_yaml
+    from orchestrator.config import root_from_yaml
 
     cfg = compose(["cluster=slurm", "cluster.slurm.partition=gpu", "cluster.local.max_workers=3"]).cfg
     assert (cfg.cluster.slurm.partition, cfg.cluster.local.max_workers) == ("gpu", 3)

@@ -2,7 +2,7 @@
 names the Slurm job) before sbatch, so a record that fails right after the launch, or a kill -9 between
 sbatch returning and the job id being stored, neither leaves a job running untracked nor runs one twice.
 
-ORCH_FAULT (orchestrator/sweep/loop.py fault_point) injects the fault at the record step: `record:fail`
+ORCH_FAULT (orchestrator/sweep/faults.py fault_point) injects the fault at the record step: `record:fail`
 raises as a ledger that cannot be written, `record:kill` makes the orchestrator SIGKILL itself.
 """
 

@@ -9,6 +9,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import insert, inspect, select, text
 
+from orchestrator.core.knobs import Layout
 from orchestrator.ledger import engine as E
 from orchestrator.ledger import models as m
 from orchestrator.ledger.errors import LedgerError
@@ -96,7 +97,7 @@ def test_upgrade_from_previous_revision_keeps_data(ledger_url):
         (sweep,) = led.list_sweeps()
         assert (sweep.name, sweep.status, sweep.provenance) == ("old", "running", {"project": "0.0.9"})
         (cand,) = led.candidates("old")
-        assert cand.layout == {"ep": 64} and cand.created_at.year == 2026 and cand.decision is None
+        assert cand.layout == Layout(ep=64) and cand.created_at.year == 2026 and not cand.decision.stored
         (att,) = led.attempts(cand.id)  # an attempt stored before revision 0009 measured its candidate
         assert (att.job_id, att.role) == ("7", "measure")
         led.evidence.record_calibration("old", 0, {"truth_a2a": 1.2}, {"mape": 0.05})  # the new table works

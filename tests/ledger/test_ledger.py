@@ -132,7 +132,7 @@ def test_add_candidates_is_idempotent_and_keeps_knobs(ledger):
     assert [r.id for r in again] == [r.id for r in rows] + [rows[0].id, rows[1].id]
     assert len(ledger.candidates("s1")) == 6
     assert len(ledger.events("s1", kind="planned")) == 6  # planned once, not on the re-run
-    assert Layout.from_dict(rows[1].layout) == Layout.from_dict(items[1].layout)
+    assert rows[1].layout == items[1].layout
     assert rows[0].predicted["memory_by_stage"] == [60.0, 55.0]
     with ledger.engine.connect() as s:  # the raw columns, as SQL sees them
         knobs = s.execute(
@@ -420,20 +420,25 @@ def _imports(path) -> list[str]:
 # stdlib-only vocabulary modules orchestrator/ledger/ may read (they import nothing of the project themselves)
 DB_MAY_IMPORT = {
     "orchestrator.core.states",
+    "orchestrator.core.prediction",  # what the models predicted, CandidateRow.prediction
+    "orchestrator.core.decision",  # a candidate's decision, decoded once (ledger/convert.py)
     "orchestrator.core.knobs",
     "orchestrator.core.metrics",
     "orchestrator.core.ranking",
     "orchestrator.core.redact",
     "orchestrator.core.bounds",  # the knob registry's search lists declare their ranges
     "orchestrator.core.proc",  # a lease's holder is a process of this host as pid:start (never a reused pid)
+    "orchestrator.core.schema",  # Ledger.from_config reads the `ledger` group (LedgerConfig), the one opening
+    "orchestrator.core.errors",
+    "orchestrator.core.failures",
 }
 
 
 def test_db_package_imports_only_the_vocabularies():
     """Data flows one way: orchestrator/ledger/ imports nothing of the orchestrator above it but the stdlib-only
     state enums (shared with launch/, one owner of Slurm's words), the knob and metric registries (its ledger
-    columns), the ranking rule (`best` ranks with it), the one masking of secrets (`mask`, `scrub`) and what a
-    process of this host is (`proc`: a lease's holder)."""
+    columns), the ranking rule (`best` ranks with it), the one masking of secrets (`mask`, `scrub`), what a
+    process of this host is (`proc`: a lease's holder) and the typed config of the ledger (`schema`: from_config)."""
     import sys
     from pathlib import Path
 
@@ -512,7 +517,7 @@ def test_ingest_stores_each_folder_once_by_token_and_an_older_attempt_never_beco
         (1, "rebuilt.a", "101"),
         (2, "rebuilt.b", "102"),
     ]
-    assert cand.round == 2 and cand.decision == {"kind": "neighbour"} and cand.latest_attempt_id == atts[1].id
+    assert cand.round == 2 and cand.decision.kind == "neighbour" and cand.latest_attempt_id == atts[1].id
     (row,) = ledger.evidence.measured(sweep="rebuilt")
     assert row.attempt_id == atts[1].id and row.metrics["step_p50_s"] == 1.0
     assert "ingested" in ledger.get_sweep("rebuilt").provenance

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from orchestrator.core.decision import Decision
 from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig
 from orchestrator.plan import argv as A
 from orchestrator.plan import flags as F
@@ -606,14 +607,16 @@ def test_warm_start_argv_passes_megatron_validation(megatron_args, tmp_path):
 
     seeder, later = CONFIGS["A"][0], Layout(tp=1, pp=4, cp=1, ep=32, etp=1, mbs=1)
     n = STAGE_1K.warmup_iters + STAGE_1K.measure_iters
-    save = warm_start_flags({"fidelity": "full", "seed_save": True}, tmp_path / "attempt-1", n)
+    save = warm_start_flags(Decision.from_dict({"fidelity": "full", "seed_save": True}), tmp_path / "attempt-1", n)
     args = check_with_megatron(megatron_args, seeder, STAGE_1K, build(seeder) + save)
     seed = str(JobPaths(tmp_path / "attempt-1").seed_checkpoint)
     assert args.save == seed and args.save_interval == args.train_iters == n  # once, at the end of the window
     assert args.no_save_optim and args.no_save_rng and args.load is None and not args.finetune
     assert args.ckpt_format == "torch_dist"
-    load = warm_start_flags({"fidelity": "full", "warm_from": seed}, tmp_path / "attempt-2", 100)
+    load = warm_start_flags(Decision.from_dict({"fidelity": "full", "warm_from": seed}), tmp_path / "attempt-2", 100)
     args = check_with_megatron(megatron_args, later, STAGE_1K, build(later) + load)
     assert args.load == seed and args.finetune and args.no_load_optim and args.no_load_rng
     assert args.exit_on_missing_checkpoint and args.save is None
-    assert warm_start_flags({"fidelity": "screen"}, tmp_path, 60) == []  # no seed asked for, none given
+    assert (
+        warm_start_flags(Decision.from_dict({"fidelity": "screen"}), tmp_path, 60) == []
+    )  # no seed asked for, none given

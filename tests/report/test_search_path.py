@@ -18,16 +18,16 @@ def test_a_sweep_records_why_each_candidate_was_proposed_and_shows_the_path(tmp_
         run = lib.run_sweep(led, composed, target, "why", startup_s=300.0)
         cands = led.candidates("why")
         # a screened contender confirmed (or a probed layout measured) at the full window: one candidate, two launches
-        rerun = [c for c in cands if (c.decision or {}).get("previous")]
+        rerun = [c for c in cands if c.decision.previous]
         assert len(cands) + len(rerun) == len(run.launches) >= composed.cfg.policy.round0_size + 1
         for c in rerun:
-            assert c.decision["fidelity"] == "full" and c.decision["previous"]["fidelity"] in ("screen", "probe")
+            assert c.decision.fidelity == "full" and c.decision.previous.fidelity in ("screen", "probe")
         for c in cands:
-            d = c.decision["previous"] if c in rerun else c.decision
-            assert d is not None and d["kind"] in KINDS and d["fidelity"] in ("full", "screen", "probe"), d
+            d = c.decision.previous if c in rerun else c.decision
+            assert d is not None and d.kind in KINDS and d.fidelity in ("full", "screen", "probe"), d
             if c.round > 0:  # later rounds explain the gain they expect over the best measured so far
-                assert d["predicted_gain"] is not None and d["move"].startswith(d["kind"])
-                assert (d["parent"] is not None) == (d["kind"] in ("neighbour", "joint"))
+                assert d.predicted_gain is not None and d.move.startswith(d.kind)
+                assert (d.parent is not None) == (d.kind in ("neighbour", "joint"))
         rows = path.gather(led, "why")
         assert [r["key"] for r in rows] == [c.key for c in sorted(cands, key=lambda c: (c.round, c.id))]
         measured = [r for r in rows if r["step_p50_s"] is not None]

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.config import compose
+from orchestrator.core.decision import Decision
 from orchestrator.core.states import Fidelity
 from orchestrator.plan.layout import Layout
 from orchestrator.schedule import Schedule, fidelity
@@ -57,13 +58,16 @@ def test_the_learned_warm_up_stays_in_its_bounds_and_grows_with_the_evidence(set
 
 def test_a_warm_decision_runs_its_learned_warm_up_and_a_cold_one_its_own(stage):
     warm = {"fidelity": "full", "warm_from": "/seed", "warmup_iters": 8}
-    assert fidelity.decision_window(stage, warm) == (Fidelity.FULL, (8, stage.measure_iters))
+    assert fidelity.decision_window(stage, Decision.from_dict(warm)) == (Fidelity.FULL, (8, stage.measure_iters))
     cold = {"fidelity": "full", "warmup_iters": 8}  # no seed loaded: routing still settles, the stage's warm-up
-    assert fidelity.decision_window(stage, cold) == (Fidelity.FULL, (stage.warmup_iters, stage.measure_iters))
+    assert fidelity.decision_window(stage, Decision.from_dict(cold)) == (
+        Fidelity.FULL,
+        (stage.warmup_iters, stage.measure_iters),
+    )
     longer = {**warm, "warmup_iters": 80}  # never longer than the configured warm start's
-    assert fidelity.decision_window(stage, longer)[1][0] == stage.warm_start.warmup_iters
+    assert fidelity.decision_window(stage, Decision.from_dict(longer))[1][0] == stage.warm_start.warmup_iters
     before = {"fidelity": "full", "warm_from": "/seed"}  # a decision of before learning: the configured one
-    assert fidelity.decision_window(stage, before)[1][0] == stage.warm_start.warmup_iters
+    assert fidelity.decision_window(stage, Decision.from_dict(before))[1][0] == stage.warm_start.warmup_iters
 
 
 def test_the_schedule_gives_warm_launches_the_learned_warm_up_and_charges_it(stage):
@@ -80,8 +84,8 @@ def test_the_schedule_gives_warm_launches_the_learned_warm_up_and_charges_it(sta
     configured, learned = props(), props()
     Schedule.warm(env, configured, "/seed")
     Schedule.warm(env, learned, "/seed", 8)
-    assert configured[0].warmup_iters is None and "warmup_iters" not in configured[0].decision()
-    assert learned[0].decision()["warmup_iters"] == 8
+    assert configured[0].warmup_iters is None and "warmup_iters" not in configured[0].decision().to_dict()
+    assert learned[0].decision().warmup_iters == 8
     assert fidelity.decision_window(stage, learned[0].decision())[1] == (8, stage.measure_iters)
     saved = (stage.warm_start.warmup_iters - 8) * 60.0 * stage.gpus / 3600
     assert configured[0].est_gpu_hours - learned[0].est_gpu_hours == pytest.approx(saved)
@@ -91,4 +95,4 @@ def test_the_schedule_gives_warm_launches_the_learned_warm_up_and_charges_it(sta
     Schedule.warm(env, first, None, 8)
     saver, _, waiter, _ = first
     assert saver.seed_save and saver.warmup_iters is None
-    assert waiter.after_seed and waiter.decision()["warmup_iters"] == 8
+    assert waiter.after_seed and waiter.decision().warmup_iters == 8

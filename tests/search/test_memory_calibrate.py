@@ -231,10 +231,10 @@ def test_a_layout_the_uncalibrated_model_prunes_is_revived_and_measured(memory_s
 
     measured = {x[1].short(): x[3] for x in run.launches}  # (round, layout, GPU-h, p50, true step, ...)
     revived = [c for c in ledger.candidates("revive") if (c.predicted or {}).get("revived")]
-    ran = [c for c in revived if measured.get(Layout.from_dict(c.layout).short()) is not None]
+    ran = [c for c in revived if measured.get(c.layout.short()) is not None]
     assert ran, "a revived layout was launched and measured"
     for c in revived:
-        lay = Layout.from_dict(c.layout)
+        lay = c.layout
         assert env.evaluate(lay) is None, f"{lay.short()} was not pruned by the uncalibrated model"
         assert c.predicted["revived"]["raw_memory_gb"] + 4.0 > cfg.hardware.hbm_gb
         assert c.predicted["revived"]["calibrated_memory_gb"] + 4.0 <= cfg.hardware.hbm_gb
@@ -257,9 +257,9 @@ def test_a_layout_the_uncalibrated_model_prunes_is_revived_and_measured(memory_s
 
 
 def observe_best_key(ledger) -> str:
-    from orchestrator.sweep import observe
+    from orchestrator import history
 
-    best = observe.best_of(ledger, "revive")
+    best = history.best_of(ledger, "revive")
     assert best is not None
     return best["key"]
 

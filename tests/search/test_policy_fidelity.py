@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchestrator import history
 from orchestrator.config import compose
+from orchestrator.core.decision import Decision
 from orchestrator.core.schema import ScreenConfig, StageConfig
 from orchestrator.core.states import Fidelity
 from orchestrator.evidence.metrics import robust_cv
@@ -21,7 +23,6 @@ from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.select import best_measured
 from orchestrator.search.types import Observation, RoundInput, unrated
-from orchestrator.sweep import observe
 from tests.bench import searchlib as lib
 
 STAGE = StageConfig(warmup_iters=300, measure_iters=50, screen=ScreenConfig(warmup_iters=50, min_measure_iters=10))
@@ -156,7 +157,7 @@ def test_a_sweep_screens_then_confirms_and_reports_only_a_confirmed_best(tmp_pat
         assert at_scale[: cfg.policy.round0_size] == [Fidelity.FULL] * cfg.policy.round0_size  # no noise known yet
         assert Fidelity.SCREEN in fids
         cands = {c.id: c for c in led.candidates("mf")}
-        confirmed = [c for c in cands.values() if (c.decision or {}).get("kind") == "confirm"]
+        confirmed = [c for c in cands.values() if c.decision.kind == "confirm"]
         assert confirmed
         for c in confirmed:  # the ledger keeps every measurement and the fidelity of each
             atts = led.attempts(c.id)
@@ -168,11 +169,11 @@ def test_a_sweep_screens_then_confirms_and_reports_only_a_confirmed_best(tmp_pat
             screen, full = (led.evidence.result(a.id) for a in atts[-2:])
             assert (screen["warmup_iters"], full["warmup_iters"]) == (50, 300)
             assert screen["measure_iters_requested"] < full["measure_iters_requested"] == 50
-        best = observe.best_of(led, "mf")
+        best = history.best_of(led, "mf")
         (row,) = [m for m in led.evidence.measured(sweep="mf") if m.key == best["key"]]
         assert row.fidelity == Fidelity.FULL
         # spent: each attempt its own window plus start-up, split per fidelity, the total what the bench charged
-        spent = observe.spent(led, "mf", stage=cfg.stage)
+        spent = history.spent(led, "mf", stage=cfg.stage)
         assert {"full", "screen"} <= set(spent.by_fidelity) <= {"full", "screen", "probe"}
         assert spent.gpu_hours == pytest.approx(run.gpu_hours, rel=0.05)  # the measured mean step vs the true one
         from orchestrator.commands import status
@@ -202,13 +203,13 @@ def test_screen_fastest_but_confirmed_slower_is_not_the_best(tmp_path):
         c = next(c for c in led.candidates("mf") if c.key not in full and c.status == "done")  # screened only
         a = led.new_attempt(c.id, job_id="forged", job_dir="-", simulated=True, fidelity=Fidelity.SCREEN)
         led.evidence.record_result(a.id, {"ok": True, "simulated": True, "step_p50_s": min(full.values()) * 0.5})
-        assert observe.best_of(led, "mf")["key"] != c.key
+        assert history.best_of(led, "mf")["key"] != c.key
         from orchestrator.ledger import queries
 
-        assert queries.best(led, sweep="mf")["key"] == observe.best_of(led, "mf")["key"] != c.key
+        assert queries.best(led, sweep="mf")["key"] == history.best_of(led, "mf")["key"] != c.key
         inp = RoundInput(
             round=9,
-            observations=observe.observations(led, [led.get_sweep("mf")], _env(cfg)),
+            observations=history.observations(led, [led.get_sweep("mf")], _env(cfg)),
             known_keys=set(),
             slots=4,
             gpu_hours_left=1e9,
@@ -257,7 +258,7 @@ def test_the_loop_launches_each_attempt_at_its_fidelitys_window(tmp_path):
                 if c.round == 0:
                     assert a.fidelity == Fidelity.FULL and window == (6, 40)
                 elif a.fidelity == Fidelity.SCREEN:
-                    assert window == (3, c.decision["measure_iters"]) and 4 <= window[1] < 40
+                    assert window == (3, c.decision.measure_iters) and 4 <= window[1] < 40
                 elif a.fidelity == Fidelity.PROBE:  # probe first: warm-up, then the compute-only window
                     screen = spec.stage.screen
                     assert window == (screen.probe_warmup_iters, screen.probe_iters)
@@ -274,7 +275,7 @@ def _probe_step_is_what_the_bench_hands_the_searcher(spec, cand, result):
     from orchestrator.job.twin import truth
 
     cfg = SimpleNamespace(model=spec.model, hardware=spec.hardware, stage=spec.stage, workload=spec.workload)
-    lay, tw = Layout.from_dict(cand.layout), spec.workload.twin
+    lay, tw = cand.layout, spec.workload.twin
     run = lib.Target(f"twin:{tw.surface}", seed=tw.seed).probe(
         cfg, lay, cand.layer_pattern, cand.key, spec.probe_ranks, window=spec.window
     )
@@ -297,12 +298,12 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_on_one_gpu_found_to_fi
     cfg, led, run = _sweep(tmp_path, target, "stage.memory_margin_gb=14")
     with led:
         hbm, margin = cfg.hardware.hbm_gb, cfg.stage.memory_margin_gb
-        probed = [c for c in led.candidates("mf") if (c.decision or {}).get("previous", {}).get("kind") == "fit-probe"]
+        probed = [c for c in led.candidates("mf") if (c.decision.previous or Decision()).kind == "fit-probe"]
         assert probed, [x[5] for x in run.launches]
         for c in probed:
             assert c.predicted["raw_memory_gb"] + margin > hbm  # the uncalibrated model prunes it
-            lay = Layout.from_dict(c.layout)
-            bound = c.decision["previous"]["probe_ranks"]  # the ranks that bound it, each probed on one GPU
+            lay = c.layout
+            bound = c.decision.previous.probe_ranks  # the ranks that bound it, each probed on one GPU
             assert bound == ranks.probe_ranks(lay, cfg.stage.gpus, c.predicted["heaviest_stage"])
             assert bound[0] == 0 and bound[-1] == cfg.stage.gpus - 1
             probe, full, *_ = led.attempts(c.id)  # then measured at scale: screened when the round screens
@@ -319,9 +320,9 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_on_one_gpu_found_to_fi
                 assert f["measure_iters_requested"] == cfg.stage.measure_iters
         # the probe margin is learned from what the probes read and what those layouts then reserved at scale
         # (the largest gap), so the probe's peak outlives the run; a probe-only row is read with that margin.
-        # The run at scale is fitted on its whole step, its probe aside (orchestrator/sweep/observe.py)
+        # The run at scale is fitted on its whole step, its probe aside (orchestrator/sweep/history.py)
         sweeps = [led.get_sweep("mf")]
-        seen = {o.key: o for o in observe.observations(led, sweeps, _env(cfg))}
+        seen = {o.key: o for o in history.observations(led, sweeps, _env(cfg))}
         gaps = []
         for c in probed:
             probe, *_, last = led.attempts(c.id)  # its latest run at scale (a screen's confirmation, if any)
@@ -330,12 +331,12 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_on_one_gpu_found_to_fi
             assert o.fidelity == last.fidelity and o.step_s == pytest.approx(f["step_p50_s"])
             assert o.probe_step_s is None and o.probe_margin_gb == 0.0
             gaps.append(f["peak_reserved_gb"] - p["peak_reserved_gb"])
-        learned = observe.probe_margin(led, sweeps, cfg.stage)
+        learned = history.probe_margin(led, sweeps, cfg.stage)
         assert learned >= max(gaps) and learned != cfg.stage.probe_margin_gb  # every probed pair, not the default
         for o in seen.values():
             if o.fidelity == Fidelity.PROBE and o.peak_gb is not None:
                 assert o.probe_margin_gb == learned
-        spent = observe.spent(led, "mf", stage=cfg.stage, probe_gpus=cfg.cluster.probe_gpus)
+        spent = history.spent(led, "mf", stage=cfg.stage, probe_gpus=cfg.cluster.probe_gpus)
         probes = [x for x in run.launches if x[5] == Fidelity.PROBE]
         full = [x for x in run.launches if x[5] == Fidelity.FULL]
         # a probe is a few one-GPU tasks for start-up + 5 iterations, not N GPUs for a 350-iteration window
@@ -345,7 +346,7 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_on_one_gpu_found_to_fi
         # probes use no run: max_runs counts only the screen and full measurements
         assert spent.runs == len({x[1] for x in run.launches if x[5] != Fidelity.PROBE and x[3] is not None})
         # a probe's few iterations are never a step measurement: no probe-only layout is ever the best
-        best = observe.best_of(led, "mf")
+        best = history.best_of(led, "mf")
         assert [m.fidelity for m in led.evidence.measured(sweep="mf") if m.key == best["key"]] == [Fidelity.FULL]
 
 
@@ -370,13 +371,13 @@ def test_any_searcher_gets_the_rungs_predicted_topk_screens_once_noise_is_measur
         # its own picks, confirmations, and the schedule's rank probes of round 0 (policy.probe_led) and their
         # measurements at scale
         kinds = ("predicted-topk", "confirm", "fit-probe", "probed-fit", "probed-close")
-        assert all((c.decision or {}).get("kind") in kinds for c in cands)
-        confirmed = [c for c in cands if (c.decision or {}).get("kind") == "confirm"]
+        assert all(c.decision.kind in kinds for c in cands)
+        confirmed = [c for c in cands if c.decision.kind == "confirm"]
         assert all([a.fidelity for a in led.attempts(c.id)] == [Fidelity.SCREEN, Fidelity.FULL] for c in confirmed)
-        screened = [c for c in cands if c.decision and c.decision.get("fidelity") == Fidelity.SCREEN]
+        screened = [c for c in cands if c.decision.fidelity == Fidelity.SCREEN]
         full = sum(fidelity.window(cfg.stage, Fidelity.FULL))
         assert screened and all(
-            sum(fidelity.window(cfg.stage, Fidelity.SCREEN, c.decision["measure_iters"])) < full for c in screened
+            sum(fidelity.window(cfg.stage, Fidelity.SCREEN, c.decision.measure_iters)) < full for c in screened
         )
-        best = observe.best_of(led, "mf")
+        best = history.best_of(led, "mf")
         assert [m.fidelity for m in led.evidence.measured(sweep="mf") if m.key == best["key"]] == [Fidelity.FULL]

@@ -69,6 +69,6 @@ def test_residual_model_extends_a_size_knobs_trend_to_values_never_run():
 
 def test_proposal_explains_itself():
     p = Proposal(key="k", layout=BASE, predicted={}, reason="joint:cp+pp", parent_key="p", predicted_gain=0.05)
-    d = p.decision()
+    d = p.decision().to_dict()  # as stored
     assert d["kind"] == "joint" and d["move"] == "joint:cp+pp" and d["fidelity"] == "full"
     assert d["predicted_gain"] == 0.05 and d["parent"] == "p"

@@ -9,7 +9,6 @@ import pytest
 
 from orchestrator.config import compose
 from orchestrator.core.states import Fidelity
-from orchestrator.plan.layout import Layout
 from tests.bench import searchlib as lib
 
 STARTUP_S = 300.0
@@ -112,7 +111,7 @@ def test_the_sweep_goes_through_the_ledger_and_its_gap_is_against_the_true_best(
     # the reported best is the best full-window p50 (a probe's or a screen's step never decides); its gap is
     # its true step over the grid's true best
     best = min((r for r in measured if r.fidelity == Fidelity.FULL), key=lambda r: r.metrics["step_p50_s"])
-    assert Layout.from_dict(best.layout) == sweep.reported
+    assert best.layout == sweep.reported
     true_s = target.launch(cfg, sweep.reported, best.layer_pattern, best.key).step_s
     gap = grid.gap(sweep.reported_true_s)
     assert gap == pytest.approx(true_s / grid.best_s - 1) and gap >= 0

@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from orchestrator import history
 from orchestrator.config import compose
 from orchestrator.core.cost import rank_probe_gpu_hours
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.plan.layout import Layout
 from orchestrator.schedule import fidelity
-from orchestrator.sweep import observe
 from tests.bench import searchlib as lib
 from tests.sweeplib import cli, ledger_url, sweep_args
 
@@ -70,7 +70,7 @@ def judged_cli_sweep(tmp_path: Path, target: lib.Target, name: str, stage: str, 
     with Ledger.open(ledger_url(tmp_path)) as led:
         cands = led.candidates(name)
         launched = [(c, a) for c in cands for a in led.attempts(c.id)]
-        spent = observe.spent(led, name, stage=cfg.stage)
+        spent = history.spent(led, name, stage=cfg.stage)
         job = led.attempts(led.candidate_by_key(name, best["key"]).id)[-1].job_dir
     out = "".join(p.read_text() for p in Path(job).glob("rank-*.out"))
     assert f"(tests/workloads/{target.label}.py)" in out  # the stand-in's banner: it ran, not the twin
@@ -82,14 +82,12 @@ def judged_cli_sweep(tmp_path: Path, target: lib.Target, name: str, stage: str, 
     rnd = lib.random_search(grid, orders=500, seed=0)
 
     def window(c, a):  # the window each attempt ran: a screen's or probe's (its first decision), else the full one
-        d = c.decision if c.decision["fidelity"] == a.fidelity else c.decision.get("previous") or c.decision
-        warmup = d.get("warmup_iters")  # a warm launch's learned warm-up (schedule/fidelity.learned_warmup)
-        return fidelity.window(
-            cfg.stage, a.fidelity, d.get("measure_iters"), warm=bool(d.get("warm_from")), warmup=warmup
-        )
+        d = c.decision if c.decision.fidelity == a.fidelity else c.decision.previous or c.decision
+        warmup = d.warmup_iters  # a warm launch's learned warm-up (schedule/fidelity.learned_warmup)
+        return fidelity.window(cfg.stage, a.fidelity, d.measure_iters, warm=bool(d.warm_from), warmup=warmup)
 
     def charged(c, a) -> float:  # a full-scale launch on N GPUs; a rank probe 1 GPU per probed rank
-        lay, win, probed = Layout.from_dict(c.layout), window(c, a), fidelity.probe_ranks(c.decision)
+        lay, win, probed = c.layout, window(c, a), c.decision.probed_ranks()
         if a.fidelity == "probe" and probed:
             run = target.probe(cfg, lay, c.layer_pattern, c.key, probed, window=win)
             return rank_probe_gpu_hours(len(probed), STARTUP_S, run.step_s, sum(win) if run.fits else 1)
@@ -100,7 +98,7 @@ def judged_cli_sweep(tmp_path: Path, target: lib.Target, name: str, stage: str, 
     cost = sum(charged(c, a) for c, a in launched)
     result = lib.run_sweep(inproc, composed, target, name, STARTUP_S)
     assert sorted((x[0], x[1].short()) for x in result.launches) == sorted(
-        (c.round, Layout.from_dict(c.layout).short()) for c, _ in launched
+        (c.round, c.layout.short()) for c, _ in launched
     )
     assert result.gpu_hours == pytest.approx(cost)
     assert 0 < cost <= grid.exhaustive_gpu_hours and spent.gpu_hours > 0
@@ -116,9 +114,9 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
     # the warm-up learned from evidence (schedule/fidelity.learned_warmup): the stand-in's steps settle at once,
     # so once two warm launches said so the later ones warm up the floor, and each result ran what it was told
     ws = compose(["+stage=1k", "cluster=local", learn]).cfg.stage.warm_start
-    learned = [(c, a) for c, a in judged.launched if (c.decision or {}).get("warmup_iters") is not None]
+    learned = [(c, a) for c, a in judged.launched if c.decision.warmup_iters is not None]
     assert ws.learn_floor < ws.warmup_iters
-    assert learned and {c.decision["warmup_iters"] for c, _ in learned} == {ws.learn_floor}
+    assert learned and {c.decision.warmup_iters for c, _ in learned} == {ws.learn_floor}
     with Ledger.open(ledger_url(tmp_path)) as led:
         ran = [led.evidence.result(a.id) for c, a in learned if a.fidelity == "full"]
     assert ran and all(r is not None and r["warmup_iters"] == ws.learn_floor for r in ran)
@@ -148,12 +146,12 @@ def test_the_in_process_sweep_is_the_cli_sweep_on_the_twin(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
         real = sorted((c.round, c.key, c.status) for c in led.candidates("twinsmoke"))
-        real_best = observe.best_of(led, "twinsmoke")
+        real_best = history.best_of(led, "twinsmoke")
     composed = compose(["+stage=smoke", "cluster=local", *overrides])
     with lib.fresh_ledger(str(tmp_path / "inproc")) as led:
         lib.run_sweep(led, composed, target, "twinsmoke", STARTUP_S)
         inproc = sorted((c.round, c.key, c.status) for c in led.candidates("twinsmoke"))
-        inproc_best = observe.best_of(led, "twinsmoke")
+        inproc_best = history.best_of(led, "twinsmoke")
     assert len(real) > 1 and inproc == real
     assert inproc_best["key"] == real_best["key"]
     assert inproc_best["step_p50_s"] == pytest.approx(real_best["step_p50_s"], abs=1e-4)  # logs print 0.1 ms

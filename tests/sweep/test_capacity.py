@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator import history
 from orchestrator.config import compose
 from orchestrator.core.result import JobResult
+from orchestrator.core.states import EventKind
 from orchestrator.evidence.metrics import CAPACITY_FROM_DEVICE, CAPACITY_FROM_OOM
 from orchestrator.ledger.ledger import CandidateIn, Ledger
 from orchestrator.search.env import PlanEnv
-from orchestrator.sweep import capacity, observe
+from orchestrator.sweep import capacity
 from tests.sweeplib import new_sweep
 
 GIB96_GB = 96 * 2**30 / 1e9  # what "GPU 0 has a total capacity of 96.00 GiB" holds, in hbm_gb's decimal GB
@@ -64,12 +66,12 @@ def test_an_ooms_capacity_replaces_hbm_in_every_memory_decision(ledger_url):
             "planning with 103.1 GB for the rest of this sweep; set hardware.hbm_gb=103.1 or pick the right "
             "hardware group"
         ]
-        (ev,) = led.events("small", kind=capacity.EVENT)
+        (ev,) = led.events("small", kind=EventKind.CAPACITY)
         assert ev.data["gb"] == GIB96_GB and ev.data["job_id"] == "101"
         # the observations the search calibrates on carry the measured capacity, not the config's
-        obs = observe.observations(led, [sweep], eff)
+        obs = history.observations(led, [sweep], eff)
         assert obs and {o.hbm_gb for o in obs} == {GIB96_GB}
-        assert {o.hbm_gb for o in observe.observations(led, [sweep], env)} == {141.0}
+        assert {o.hbm_gb for o in history.observations(led, [sweep], env)} == {141.0}
         # the planner keeps only layouts that fit the GPUs the jobs ran on
         margin = cfg.required_stage().memory_margin_gb
         assert all(c.prediction.memory_gb + margin <= GIB96_GB for c in eff.plan())
@@ -79,9 +81,9 @@ def test_an_ooms_capacity_replaces_hbm_in_every_memory_decision(ledger_url):
     with Ledger.open(ledger_url) as led:
         again = Events()
         assert capacity.plan_env(led, "small", env, again).hardware.hbm_gb == GIB96_GB
-        assert again.lines == [] and len(led.events("small", kind=capacity.EVENT)) == 1
-        assert capacity.effective_config(led, cfg, "small").hardware.hbm_gb == GIB96_GB
-        shown = capacity.view(led, "small", cfg.hardware)
+        assert again.lines == [] and len(led.events("small", kind=EventKind.CAPACITY)) == 1
+        assert history.effective_config(led, cfg, "small").hardware.hbm_gb == GIB96_GB
+        shown = history.capacity_view(led, "small", cfg.hardware)
         assert shown["gib"] == pytest.approx(96.0) and shown["overrides"] and "hardware.hbm_gb=141" in shown["line"]
 
 
@@ -91,7 +93,7 @@ def test_the_smallest_statement_wins_and_names_its_job(ledger_url):
             led, "mixed", (True, 150.11, CAPACITY_FROM_DEVICE), (False, GIB96_GB, CAPACITY_FROM_OOM)
         )
         assert [r.gb for r in led.evidence.gpu_capacities("mixed")] == [150.11, GIB96_GB]
-        cap = capacity.measured(led, "mixed", env.hardware)
+        cap = history.measured(led, "mixed", env.hardware)
         assert (cap.gb, cap.job_id, cap.source) == (GIB96_GB, "101", CAPACITY_FROM_OOM)
 
 
@@ -111,15 +113,18 @@ def test_evidence_that_agrees_with_the_config_changes_nothing(ledger_url):
         _cfg, _s, env = _sweep(led, "same", (False, stated, CAPACITY_FROM_OOM), (True, 141.0, CAPACITY_FROM_DEVICE))
         view = Events()
         assert capacity.plan_env(led, "same", env, view) is env
-        assert view.lines == [] and not led.events("same", kind=capacity.EVENT)
-        assert capacity.view(led, "same", env.hardware)["line"] == ""
+        assert view.lines == [] and not led.events("same", kind=EventKind.CAPACITY)
+        assert history.capacity_view(led, "same", env.hardware)["line"] == ""
 
 
 def test_nothing_stated_keeps_the_config(ledger_url):
     with Ledger.open(ledger_url, create=True) as led:
         _cfg, _s, env = _sweep(led, "none", (True, None, ""), (False, None, ""))
         assert capacity.plan_env(led, "none", env, Events()) is env
-        assert capacity.measured(led, "none", env.hardware) is None and capacity.view(led, "none", env.hardware) is None
+        assert (
+            history.measured(led, "none", env.hardware) is None
+            and history.capacity_view(led, "none", env.hardware) is None
+        )
 
 
 def test_oom_launches_do_not_use_up_max_runs(ledger_url):
@@ -129,7 +134,7 @@ def test_oom_launches_do_not_use_up_max_runs(ledger_url):
         cfg, _, _ = _sweep(
             led, "ooms", (True, None, ""), (False, GIB96_GB, CAPACITY_FROM_OOM), (False, GIB96_GB, CAPACITY_FROM_OOM)
         )
-        spent = observe.spent(led, "ooms", stage=cfg.required_stage())
+        spent = history.spent(led, "ooms", stage=cfg.required_stage())
         assert (spent.runs, spent.attempts) == (1, 3)
         # a probe is no run either
         (cand,) = led.add_candidates(
@@ -137,5 +142,5 @@ def test_oom_launches_do_not_use_up_max_runs(ledger_url):
         )
         a = led.new_attempt(cand.id, job_id="200", job_dir="(test)", simulated=True, fidelity="probe")
         led.evidence.record_result(a.id, JobResult(ok=True, simulated=True, peak_reserved_gb=90.0).to_dict())
-        again = observe.spent(led, "ooms", stage=cfg.required_stage())
+        again = history.spent(led, "ooms", stage=cfg.required_stage())
         assert (again.runs, again.attempts) == (1, 4)

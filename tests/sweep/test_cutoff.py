@@ -15,14 +15,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchestrator import history
+from orchestrator.core.decision import CutLine, Decision
 from orchestrator.core.schema import ScreenConfig, StageConfig
-from orchestrator.core.states import Fidelity
+from orchestrator.core.states import EventKind, Fidelity
 from orchestrator.evidence.collect import collect
 from orchestrator.job.entry import run_task
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.schedule import fidelity
-from orchestrator.schedule.fidelity import CutLine
-from orchestrator.sweep import cutoff, observe
 from tests import sweeplib
 from tests.evidence.test_collect import make_spec
 from tests.search.test_policy_fidelity import _sweep
@@ -47,21 +47,25 @@ def test_a_cut_is_due_once_its_iterations_ran_and_their_median_is_over_the_line(
     assert got == (med if med > line else None)
     assert cut.due([*times[:after], *([99.0] * 5)]) == got  # iterations past the line's do not move it
     assert cut.window == (cut.skip, after - cut.skip)
-    assert CutLine.of({"cut": cut.to_dict()}) == cut
+    assert CutLine.from_dict(cut.to_dict()) == cut
 
 
 def test_the_line_is_the_best_full_step_plus_the_margin_and_only_where_a_cut_saves_something():
-    full, sc = {"fidelity": "full"}, STAGE.screen
+    full, sc = Decision(fidelity=Fidelity.FULL), STAGE.screen
     line = fidelity.cut_line(STAGE, 10.0, full)
     assert line == CutLine(10.0 * (1 + sc.cut_margin), sc.cut_after, sc.cut_warmup_iters)
-    assert fidelity.cut_line(STAGE, 10.0, {"fidelity": "screen", "measure_iters": 10}) == line  # 50 + 10 iterations
+    assert (
+        fidelity.cut_line(STAGE, 10.0, Decision(fidelity=Fidelity.SCREEN, measure_iters=10)) == line
+    )  # 50 + 10 iterations
     assert fidelity.cut_line(STAGE, None, full) is None  # no full-window best yet
-    assert fidelity.cut_line(STAGE, 10.0, {"fidelity": "probe"}) is None  # a probe measures compute: never cut
+    assert (
+        fidelity.cut_line(STAGE, 10.0, Decision(fidelity=Fidelity.PROBE)) is None
+    )  # a probe measures compute: never cut
     short = dataclasses.replace(STAGE, warmup_iters=5, measure_iters=sc.cut_after - 5)
     assert fidelity.cut_line(short, 10.0, full) is None  # it ends there anyway
     off = dataclasses.replace(STAGE, screen=ScreenConfig(cut=False))
     assert fidelity.cut_line(off, 10.0, full) is None
-    assert CutLine.of({"fidelity": "full"}) is None and CutLine.of(None) is None
+    assert Decision.from_dict({"fidelity": "full"}).cut is None and CutLine.from_dict(None) is None
 
 
 def test_a_running_jobs_iteration_times_stop_at_the_first_missing_iteration(tmp_path):
@@ -114,15 +118,15 @@ def test_an_in_process_sweep_cuts_slow_launches_and_never_reports_one(tmp_path):
     with led, led_off:
         cands = led.candidates("mf")
         r0 = [c for c in cands if c.round == 0]
-        assert not any((c.decision or {}).get("cut") for c in r0 if (c.decision or {}).get("seed_save"))  # no best
-        waited = [c for c in r0 if (c.decision or {}).get("warm_from")]  # released once the seed's launch measured
-        assert waited and all((c.decision or {}).get("cut") for c in waited)
-        lined = [c for c in cands if (c.decision or {}).get("cut")]
-        assert lined and all((c.decision or {}).get("fidelity") != Fidelity.PROBE for c in lined)
-        best = observe.best_of(led, "mf")
+        assert not any(c.decision.cut for c in r0 if c.decision.seed_save)  # no best
+        waited = [c for c in r0 if c.decision.warm_from]  # released once the seed's launch measured
+        assert waited and all(c.decision.cut for c in waited)
+        lined = [c for c in cands if c.decision.cut]
+        assert lined and all(c.decision.fidelity != Fidelity.PROBE for c in lined)
+        best = history.best_of(led, "mf")
         cut = []
         for c in lined:
-            line = CutLine.of(c.decision)
+            line = c.decision.cut
             assert line is not None and line.step_s >= best["step_p50_s"] * (1 + sc.cut_margin) * (1 - 1e-9)
             for a in led.attempts(c.id):
                 res = led.evidence.result(a.id)
@@ -132,7 +136,7 @@ def test_an_in_process_sweep_cuts_slow_launches_and_never_reports_one(tmp_path):
                     assert res["step_p50_s"] > line.step_s  # the median of the iterations its cut read
         assert cut and best["key"] not in cut
         assert run.gpu_hours < run_off.gpu_hours
-        assert not any((c.decision or {}).get("cut") for c in led_off.candidates("mf"))
+        assert not any(c.decision.cut for c in led_off.candidates("mf"))
 
 
 @pytest.fixture(scope="module")
@@ -159,9 +163,9 @@ def test_the_driver_cuts_a_running_job_that_is_over_its_line(cut_sweep):
     them, never retried and never the best; the best is a full window."""
     _, url = cut_sweep
     with Ledger.open(url) as led:
-        events = led.events("cut", kind=cutoff.EVENT)
+        events = led.events("cut", kind=EventKind.CUT)
         assert events, [e.message for e in led.events("cut")][-20:]
-        best = observe.best_of(led, "cut")
+        best = history.best_of(led, "cut")
         for e in events:
             (c,) = [c for c in led.candidates("cut") if c.id == e.candidate_id]
             # cut once and not retried: the cut attempt is the candidate's last, kept as a screen (a rank probe or a
@@ -203,8 +207,8 @@ def _recorded(url: str, sweep: str) -> tuple[dict, set[str], str]:
                     res and res["step_p50_s"],
                     res and res["measure_iters"],
                 )
-        cut = {c.key for c in led.candidates(sweep) if c.id in cutoff.cut_candidates(led, sweep)}
-        best = observe.best_of(led, sweep)
+        cut = {c.key for c in led.candidates(sweep) if c.id in history.cut_candidates(led, sweep)}
+        best = history.best_of(led, sweep)
     for (key, no), row in rows.items():
         if key in cut and row[1] == Fidelity.SCREEN:
             # a cut launch ended CANCELLED, or COMPLETED when it ran to its end before the cancel came (a race the
@@ -261,14 +265,14 @@ def test_on_slurm_a_cut_is_scancelled_and_a_driver_killed_before_its_cancel_canc
         cut_atts = [a for c in cands for a in led.attempts(c.id) if a.fidelity == Fidelity.SCREEN]
         folders = {str(p.parent) for p in (tmp_path / "runs").rglob("cut.json")}
         assert cut_atts and {a.job_dir for a in cut_atts} == folders and str(marked[0].parent) in folders
-        events = led.events("s-cut", kind=cutoff.EVENT)  # one per cut, the resumed driver's for the killed one's
+        events = led.events("s-cut", kind=EventKind.CUT)  # one per cut, the resumed driver's for the killed one's
         assert sorted(e.candidate_id for e in events) == sorted(a.candidate_id for a in cut_atts)
         assert sum("marked before a restart" in e.message for e in events) == 1
         for a in cut_atts:
             res = led.evidence.result(a.id)
             assert a.state == "CANCELLED" and a.failure_class is None, (a.state, a.failure_class)
             assert res is not None and (res["warmup_iters"], res["measure_iters"]) == (1, 3)
-        best = observe.best_of(led, "s-cut")
+        best = history.best_of(led, "s-cut")
         assert best is not None and best["key"] not in {
             c.key for c in cands if c.id in {a.candidate_id for a in cut_atts}
         }

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import history
 from orchestrator.config import compose
 from orchestrator.core.spec import JobSpec
 from orchestrator.core.states import AttemptRole, Fidelity
@@ -22,7 +23,7 @@ from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.ledger import CandidateIn, Ledger
 from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
-from orchestrator.sweep import finalists, observe
+from orchestrator.sweep import finalists
 from orchestrator.sweep.loop import Driver
 from orchestrator.sweep.view import View
 from tests.sweeplib import cli
@@ -99,7 +100,7 @@ def test_parity_and_long_run_end_to_end(tmp_path):
     cfg = _long(_cfg(tmp_path))
     with Ledger.open(cfg.ledger.url) as led:
         cands, after, log = _drive(cfg, led, LAYOUTS)
-        by_cp = {c.layout["cp"]: c for c in cands}
+        by_cp = {c.layout.cp: c for c in cands}
         measured = {m.candidate_id: m for m in led.evidence.measured(sweep=SWEEP)}
         assert set(measured) == {c.id for c in cands}
         assert all(m.fidelity == Fidelity.FULL and m.attempt_no == 1 for m in measured.values())  # never a finalist
@@ -117,10 +118,10 @@ def test_parity_and_long_run_end_to_end(tmp_path):
         assert after[by_cp[1].id].status == after[by_cp[2].id].status == "done"
         # best never returns the excluded candidate: it is the fastest of those that passed
         best = queries.best(led, sweep=SWEEP)
-        passing = [(measured[c.id].metrics["step_p50_s"], c.key) for c in cands if c.layout["cp"] != 4]
+        passing = [(measured[c.id].metrics["step_p50_s"], c.key) for c in cands if c.layout.cp != 4]
         assert best["key"] == min(passing)[1] != by_cp[4].key
 
-        roles = {c.layout["cp"]: [a.role for a in led.attempts(c.id, roles=None)] for c in cands}
+        roles = {c.layout.cp: [a.role for a in led.attempts(c.id, roles=None)] for c in cands}
         # CP1 is its own reference; CP2 runs the shared CP1 reference (first in pick order), CP4 reuses it
         finalists_of = {cp: sorted(r[1:]) for cp, r in roles.items()}
         assert all(r[0] == AttemptRole.MEASURE for r in roles.values())
@@ -154,7 +155,7 @@ def test_parity_and_long_run_end_to_end(tmp_path):
         assert not led.events(SWEEP, kind="long-run", candidate_id=by_cp[4].id)  # excluded: no window
         # every finalist job is charged once, as an attempt (no finalist-cost event any more)
         assert not led.events(SWEEP, kind="finalist-cost")
-        spent = observe.spent(led, SWEEP, stage=cfg.stage)
+        spent = history.spent(led, SWEEP, stage=cfg.stage)
         n_fin = sum(len(led.attempts(c.id, roles=AttemptRole.FINALIST)) for c in cands)
         assert n_fin == 7 and spent.attempts == 3 + n_fin and spent.by_fidelity["finalists"] > 0
         assert "parity" in log and "long-run" in log

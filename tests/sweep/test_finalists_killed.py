@@ -5,7 +5,7 @@ Before, the finalists' jobs were submitted and awaited by a second driver and on
 `submit()` returned: a kill while they ran re-submitted them on resume, uncharged. Now each is an attempt
 of its candidate with a role, launched through the driver's one launch path, so resume adopts what runs and
 collects what ended. Faults: kill -9 of the orchestrator alone while a finalist's job runs (the job lives on
-as an orphan, and must be collected, not launched again), and ORCH_FAULT (orchestrator/sweep/loop.py
+as an orphan, and must be collected, not launched again), and ORCH_FAULT (orchestrator/sweep/faults.py
 fault_point) between the intents and the launch (`finalists-intent:kill`) and between the launch and its
 record (`finalists-record:kill`). On SQLite and PostgreSQL (`ledger_url`), on the local launcher; the
 real-Slurm variant is at the end.
@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import history
 from orchestrator.core.paths import JobPaths
 from orchestrator.core.states import AttemptRole, CandidateStatus
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger
-from orchestrator.plan.layout import Layout
-from orchestrator.sweep import observe
 from tests.sweeplib import FINALISTS_SWEEP, cli, last_iteration, running_sweep, sweep_args, wait_for
 
 STEPS = 20  # parity.steps (the default): a parity job lasts ~STEPS x 0.25 s
@@ -78,7 +77,7 @@ def assert_finalists_ran_once(led: Ledger, name: str, folders: set[str]) -> dict
     for key in pick:
         c = cands[key]
         (row,) = led.evidence.parity(c.id)
-        if Layout.from_dict(c.layout).cp == 4:
+        if c.layout.cp == 4:
             assert not row.passed and c.status == CandidateStatus.EXCLUDED
             assert not led.events(name, kind="long-run", candidate_id=c.id)
         else:
@@ -89,7 +88,7 @@ def assert_finalists_ran_once(led: Ledger, name: str, folders: set[str]) -> dict
     costs = [x for x in queries.attempt_costs(led, name) if x.role != AttemptRole.MEASURE]
     assert sum(1 for x in costs if x.step_mean_s or x.start_time) == len(atts)
     assert not led.events(name, kind="finalist-cost")
-    spent = observe.spent(led, name, stage=_stage(led, name))
+    spent = history.spent(led, name, stage=_stage(led, name))
     assert spent.by_fidelity["finalists"] > 0
     # a finalist's job is never the candidate's measurement
     assert all(m.attempt_no == 1 for m in led.evidence.measured(sweep=name))
@@ -97,7 +96,7 @@ def assert_finalists_ran_once(led: Ledger, name: str, folders: set[str]) -> dict
 
 
 def _stage(led: Ledger, name: str):
-    from orchestrator.sweep.setup import root_from_yaml
+    from orchestrator.config import root_from_yaml
 
     return root_from_yaml(led.get_sweep(name).config_yaml).required_stage()
 

@@ -331,9 +331,9 @@ def test_a_sweep_of_ooms_comes_back_failed_as_the_driver_recorded_it(tmp_path, m
     """Every job OOMs (the twin's force_oom); the ledger is lost. Ingest brings each back FAILED with class OOM,
     its message and the capacity it states, as the driver recorded them; the search's observations see the
     OOMs; a second ingest adds nothing; resume runs none of them again."""
+    from orchestrator import history
+    from orchestrator.config import root_from_yaml
     from orchestrator.search.env import PlanEnv
-    from orchestrator.sweep import observe
-    from orchestrator.sweep.setup import root_from_yaml
 
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     args = sweep_args(tmp_path, "ooms", "++workload.twin.force_oom=true", *TINY)
@@ -353,7 +353,7 @@ def test_a_sweep_of_ooms_comes_back_failed_as_the_driver_recorded_it(tmp_path, m
         sweep = led.get_sweep("ooms")
         cfg = root_from_yaml(sweep.config_yaml)
         env = PlanEnv(cfg.model, cfg.hardware, cfg.required_stage(), cfg.workload.name)
-        obs = observe.observations(led, [sweep], env)
+        obs = history.observations(led, [sweep], env)
         assert len(obs) == n and {o.failure_class for o in obs} == {"OOM"}  # what oom_dominated and calibration read
         details = {a.job_dir: a.failure_detail for a in all_attempts(led, "ooms")}
         assert all("CUDA out of memory" in d for d in details.values()), details

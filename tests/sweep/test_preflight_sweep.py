@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import cli
+from orchestrator import cli, history
 from orchestrator import preflight as pf
 from orchestrator.config import compose
 from orchestrator.core.errors import UserError
+from orchestrator.core.states import EventKind
 from orchestrator.job.preflight import Check, CheckStatus
 from orchestrator.ledger.ledger import Ledger
-from orchestrator.sweep import observe
 from orchestrator.sweep.setup import preflight_gate
 from orchestrator.sweep.view import View
 
@@ -33,7 +33,7 @@ def test_failing_preflight_refuses_and_is_recorded(real, monkeypatch):
     monkeypatch.setattr(pf, "run", lambda cfg: bad)
     with pytest.raises(UserError, match="--skip-preflight"):
         preflight_gate(ledger, cfg, "s", skip=False, view=View(live=False))
-    (event,) = ledger.events("s", kind=pf.EVENT)
+    (event,) = ledger.events("s", kind=EventKind.PREFLIGHT)
     assert event.data["ok"] is False and event.data["checks"][0]["name"] == "torch + CUDA"
     assert not ledger.candidates("s")
 
@@ -46,14 +46,14 @@ def test_passing_preflight_rejects_candidates_once(real, monkeypatch):
     preflight_gate(ledger, cfg, "s", skip=False, view=View(live=False))
     preflight_gate(ledger, cfg, "s", skip=False, view=View(live=False))  # once per sweep
     assert calls == [1]
-    assert "abc" in observe.known_keys(ledger, sweep)  # the policy never proposes a known key
+    assert "abc" in history.known_keys(ledger, sweep)  # the policy never proposes a known key
 
 
 def test_skip_is_recorded_and_the_twin_needs_no_preflight(real, monkeypatch):
     cfg, ledger, _ = real
     monkeypatch.setattr(pf, "run", lambda cfg: pytest.fail("preflight must not run"))
     preflight_gate(ledger, cfg, "s", skip=True, view=View(live=False))
-    (event,) = ledger.events("s", kind=pf.EVENT)
+    (event,) = ledger.events("s", kind=EventKind.PREFLIGHT)
     assert event.data == {"ok": True, "skipped": True} and "--skip-preflight" in event.message
     twin = compose(["+stage=smoke"]).cfg
     preflight_gate(ledger, twin, "s", skip=False, view=View(live=False))

@@ -4,13 +4,13 @@ probes count and how many ran on other versions. On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+from orchestrator import history
 from orchestrator.config import compose
 from orchestrator.core.result import JobResult
 from orchestrator.core.states import Fidelity
 from orchestrator.ledger.ledger import CandidateIn, Ledger
 from orchestrator.plan import probe
 from orchestrator.search.env import PlanEnv
-from orchestrator.sweep import observe
 from tests.sweeplib import new_sweep
 
 OLD = {"torch": "2.11.0", "megatron_commit": "d48bd6be0a85", "probe_mode": probe.MODE}
@@ -43,9 +43,9 @@ def test_a_probe_of_other_versions_is_no_evidence_and_status_says_so(ledger_url)
     with Ledger.open(ledger_url, create=True) as led:
         env, rows = _probed(led, "pv", [OLD, OLD, NEW])  # the stack changed before the third probe
         sweep = led.get_sweep("pv")
-        seen = {o.key for o in observe.observations(led, [sweep], env)}
+        seen = {o.key for o in history.observations(led, [sweep], env)}
         assert seen == {rows[2].key}  # only the newest provenance's probe is read
-        prov = observe.provenance_of(led, [sweep])
+        prov = history.provenance_of(led, [sweep])
         assert prov.current == probe.provenance(NEW) and prov.stale == {rows[0].id, rows[1].id}
         assert prov.line() == (
             f"probes: 1 on {probe.provenance_text(probe.provenance(NEW))}; 2 on other versions, not evidence here"
@@ -56,5 +56,5 @@ def test_probes_of_one_provenance_are_all_evidence(ledger_url):
     with Ledger.open(ledger_url, create=True) as led:
         env, rows = _probed(led, "pv1", [NEW, NEW])
         sweep = led.get_sweep("pv1")
-        assert {o.key for o in observe.observations(led, [sweep], env)} == {r.key for r in rows}
-        assert observe.provenance_of(led, [sweep]).line().startswith("probes: 2 on torch 2.13.0")
+        assert {o.key for o in history.observations(led, [sweep], env)} == {r.key for r in rows}
+        assert history.provenance_of(led, [sweep]).line().startswith("probes: 2 on torch 2.13.0")

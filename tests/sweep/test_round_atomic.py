@@ -33,7 +33,7 @@ def test_a_kill_inside_a_rounds_decision_leaves_none_of_it_and_resume_decides_th
         cands = led.candidates("atomic")
         decided = {int(e.message.split()[1].rstrip(":")) for e in led.events("atomic", kind="round")}
         assert {c.round for c in cands} == decided  # every round that has candidates has its event, and no more
-        requeued = [c for c in cands if (c.decision or {}).get("previous") is not None and c.status == "planned"]
+        requeued = [c for c in cands if c.decision.previous is not None and c.status == "planned"]
         assert not requeued, [(c.key, c.status) for c in requeued]  # no contender re-queued without its round
     resumed = cli("resume", "atomic", f"ledger.url={url}", "--plain", timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:] + resumed.stdout[-3000:]

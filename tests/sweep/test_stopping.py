@@ -9,9 +9,8 @@ import math
 
 import pytest
 
-from orchestrator.config import ConfigError, compose
+from orchestrator.config import ConfigError, compose, root_from_yaml
 from orchestrator.core.states import Fidelity
-from orchestrator.sweep.setup import root_from_yaml
 from tests.bench import searchlib as lib
 
 

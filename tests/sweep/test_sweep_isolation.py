@@ -42,7 +42,7 @@ def _decisions(url: str, name: str) -> list[tuple]:
     attempt's fidelity, and each round event's confirms and reasons."""
     with Ledger.open(url) as led:
         cands = [
-            (c.key, c.round, (c.decision or {}).get("reason"), tuple(str(a.fidelity) for a in led.attempts(c.id)))
+            (c.key, c.round, c.decision.move, tuple(str(a.fidelity) for a in led.attempts(c.id)))
             for c in led.candidates(name)
         ]
         rounds = [(e.message, tuple(e.data.get("confirms") or ())) for e in led.events(name, kind="round")]
@@ -62,10 +62,10 @@ def test_a_second_sweep_of_a_stage_says_before_it_launches_what_the_first_alread
     """Issue 45 item 7: by design a second sweep of a stage on a shared ledger measures the same layouts again;
     it now says so in its first lines, with what the first measured and spent and the command that continues it.
     A warning, not an error: the second sweep runs."""
+    from orchestrator import history
     from orchestrator.cli import main
+    from orchestrator.config import root_from_yaml
     from orchestrator.core.schema import StageConfig
-    from orchestrator.sweep import observe
-    from orchestrator.sweep.setup import root_from_yaml
 
     tiny = ("policy.round0_size=2", "stage.budget.max_rounds=1", UNCUT)
     assert main(["sweep", *sweep_args(tmp_path, "first", *tiny), "--plain"]) == 0
@@ -73,7 +73,7 @@ def test_a_second_sweep_of_a_stage_says_before_it_launches_what_the_first_alread
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     with Ledger.open(url) as led:
         stage: StageConfig = root_from_yaml(led.get_sweep("first").config_yaml).required_stage()
-        spent = observe.spent(led, "first", stage=stage)
+        spent = history.spent(led, "first", stage=stage)
     assert spent.runs == 2 and spent.gpu_hours > 0
 
     assert main(["sweep", *sweep_args(tmp_path, "second", *tiny), "--plain"]) == 0

@@ -94,7 +94,7 @@ def test_promotion_records_promoted_from_edges(tmp_path):
         assert all(c.parent_id in measured_src for c in promoted)  # only measured layouts are promoted
         for c in promoted:  # same global batch on twice the GPUs: D_a grows or CP restores m
             parent = src_ids[c.parent_id]
-            assert c.predicted["d_a"] * c.layout["cp"] >= parent.predicted["d_a"] * parent.layout["cp"]
+            assert c.predicted["d_a"] * c.layout.cp >= parent.predicted["d_a"] * parent.layout.cp
 
 
 def test_promotion_without_source_is_a_clear_error(tmp_path):
@@ -186,7 +186,7 @@ def test_a_gpu_smaller_than_its_hardware_group_is_planned_with_after_the_first_o
             # that needs no more memory than one that ran is known to fit, whatever the model says)
             c.predicted["memory_gb"] + margin <= gib96
             for c in later
-            if c.decision["fidelity"] != "probe" and "known to fit" not in c.decision["move"]
+            if c.decision.fidelity != "probe" and "known to fit" not in c.decision.move
         )
         (ev,) = led.events("small-gpu", kind="capacity")
         assert ev.data["gb"] == gib96 and ev.data["configured_gb"] == 141.0

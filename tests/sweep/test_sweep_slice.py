@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger
-from orchestrator.plan.layout import Layout
 from tests.sweeplib import assert_accounted, cli, ledger_url, sweep_args
 
 DIVERGE = "++workload.twin.diverge_when={cp: 4}"
@@ -27,7 +26,7 @@ def test_slice_sweep_gates_finalists_and_never_promotes_a_divergent_layout(tmp_p
     assert "parity " in proc.stdout and "FAILED, excluded from promotion" in proc.stdout  # the live view says
     with Ledger.open(ledger_url(tmp_path)) as led:
         assert_accounted(led, "slice-a")
-        measured = {m.candidate_id: Layout.from_dict(m.layout) for m in led.evidence.measured(sweep="slice-a")}
+        measured = {m.candidate_id: m.layout for m in led.evidence.measured(sweep="slice-a")}
         verdicts = {cid: led.evidence.parity(cid) for cid in measured}
         assert all(verdicts.values()), "every measured finalist has a parity row"
         cands = {c.id: c for c in led.candidates("slice-a")}

@@ -16,7 +16,6 @@ import pytest
 from orchestrator.core.paths import JobPaths
 from orchestrator.launch.slurm import sacct
 from orchestrator.ledger.ledger import Ledger
-from orchestrator.plan.layout import Layout
 from orchestrator.plan.ranks import evidence_ranks
 from tests.sweeplib import (
     all_attempts,
@@ -248,7 +247,7 @@ def test_slurm_oom_and_external_workload(tmp_path, slurm_cluster):
         cand = next(c for c in led.candidates("s-ext") if c.id == measured[0].candidate_id)
         job = JobPaths(led.attempts(cand.id)[-1].job_dir)
     # One task per fake GPU: the evidence ranks keep rank files, the others' lines are in their node's log.
-    evidence = evidence_ranks(Layout.from_dict(cand.layout), 8)
+    evidence = evidence_ranks(cand.layout, 8)
     assert {JobPaths.rank_of(p) for p in job.folder.glob("rank-*.out")} == set(evidence)
     labelled = {int(line.split(":", 1)[0]) for p in job.node_logs() for line in p.read_text().splitlines()}
     assert labelled == set(range(8)) - evidence
@@ -295,7 +294,8 @@ def test_one_sacct_call_per_poll_for_the_whole_sweep(tmp_path, slurm_cluster):
     """In-process driver: the launcher's own counters against the loop's polls."""
     from orchestrator.config import compose
     from orchestrator.launch.slurm import SlurmLauncher
-    from orchestrator.sweep import Driver, open_ledger
+    from orchestrator.ledger.ledger import Ledger
+    from orchestrator.sweep import Driver
     from orchestrator.sweep.view import View
 
     composed = compose(
@@ -303,7 +303,7 @@ def test_one_sacct_call_per_poll_for_the_whole_sweep(tmp_path, slurm_cluster):
     )
     cfg = composed.cfg
     launcher = SlurmLauncher(cfg.cluster)
-    with open_ledger(cfg, create=True) as led:
+    with Ledger.from_config(cfg.ledger, create=True) as led:
         sweep = led.create_or_get_sweep(
             "s-count",
             stage=cfg.stage.name,

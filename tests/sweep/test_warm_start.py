@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
+from orchestrator import history
 from orchestrator.core.paths import CheckpointPaths, JobPaths
 from orchestrator.core.spec import JobSpec
 from orchestrator.core.states import Fidelity
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger
-from orchestrator.sweep import observe
 from tests.sweep.test_sweep_isolation import SCREENED
 from tests.sweeplib import cli, ledger_url, new_sweep, sweep_args
 
@@ -41,7 +41,7 @@ def test_probe_led_a_probed_layout_saves_the_seed_and_every_other_launch_at_scal
     out = cli("sweep", *sweep_args(tmp_path, "led", *SCREENED, f"stage.warm_start.warmup_iters={WARM_UP}"), "--plain")
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
-        seed = observe.seed(led, led.get_sweep("led"))
+        seed = history.seed(led, led.get_sweep("led"))
         assert seed is not None
         atts = [a for c in led.candidates("led") for a in led.attempts(c.id)]
         round0 = [a for c in led.candidates("led") if c.round == 0 for a in led.attempts(c.id)[:1]]
@@ -62,27 +62,27 @@ def test_probe_led_a_probed_layout_saves_the_seed_and_every_other_launch_at_scal
 def test_round_zero_saves_the_seed_and_every_later_launch_at_scale_loads_it(warm_sweep):
     with Ledger.open(warm_sweep) as led:
         cands = led.candidates("warm")
-        seed = observe.seed(led, led.get_sweep("warm"))
+        seed = history.seed(led, led.get_sweep("warm"))
         assert seed is not None
         round0 = sorted((c for c in cands if c.round == 0), key=lambda c: c.id)
         seeder, waited = round0[0], round0[1:]
         (a,) = led.attempts(seeder.id)  # no seed yet: round 0's first launch saves one after its window
         spec = _spec(a.job_dir)
         n = spec.warmup_iters + spec.measure_iters
-        assert seeder.decision["seed_save"] and "warm_from" not in seeder.decision and spec.warmup_iters == 6
+        assert seeder.decision.seed_save and not seeder.decision.warm_from and spec.warmup_iters == 6
         save = ["--save", str(JobPaths(a.job_dir).seed_checkpoint), "--save-interval", str(n)]
         assert spec.argv[-6:] == [*save, "--no-save-optim", "--no-save-rng"]
         assert seed == str(JobPaths(a.job_dir).seed_checkpoint)
         assert CheckpointPaths(seed).tracker.read_text().strip() == str(n)  # Megatron's tracker: saved at n
         # the rest of round 0 waited for it (after_seed), then was re-decided to load it, and started after it
-        assert waited and all(c.decision["warm_from"] == seed and "after_seed" not in c.decision for c in waited)
+        assert waited and all(c.decision.warm_from == seed and not c.decision.after_seed for c in waited)
         ended = led.attempts(seeder.id)[0].end_time
         assert ended is not None and all(led.attempts(c.id)[0].submit_time >= ended for c in waited)
         resolved = [e for e in led.events("warm") if "loads the seed" in (e.message or "")]
         assert {e.candidate_id for e in resolved} == {c.id for c in waited}
         later = [(c, a) for c in cands if c.round > 0 for a in led.attempts(c.id) if a.fidelity != Fidelity.PROBE]
         later += [(c, led.attempts(c.id)[0]) for c in waited]
-        assert later and {c.decision["warm_from"] for c, _ in later} == {seed}
+        assert later and {c.decision.warm_from for c, _ in later} == {seed}
         for _c, a in later:
             spec = _spec(a.job_dir)
             assert "--save" not in spec.argv and spec.argv[-6:] == [
@@ -117,12 +117,10 @@ def test_a_warm_start_is_charged_for_reading_the_seed_and_the_seed_for_writing_i
         costs = [a for a in queries.attempt_costs(led, "warm") if a.step_mean_s and a.fidelity != Fidelity.PROBE]
     ws = stage.warm_start
     for a in costs:
-        plain = replace(a, decision={k: v for k, v in a.decision.items() if k not in ("warm_from", "seed_save")})
-        extra = (ws.load_s if a.decision.get("warm_from") else 0.0) + (
-            ws.save_s if a.decision.get("seed_save") else 0.0
-        )
+        plain = replace(a, decision=a.decision.but(warm_from=None, seed_save=False))
+        extra = (ws.load_s if a.decision.warm_from else 0.0) + (ws.save_s if a.decision.seed_save else 0.0)
         assert extra > 0
-        assert observe.attempt_cost(stage, a) - observe.attempt_cost(stage, plain) == pytest.approx(
+        assert history.attempt_cost(stage, a) - history.attempt_cost(stage, plain) == pytest.approx(
             stage.gpus * extra / 3600.0
         )
 
@@ -132,13 +130,13 @@ def test_a_seed_that_is_gone_is_passed_over(warm_sweep, tmp_path):
 
     with Ledger.open(warm_sweep) as led:
         sweep = led.get_sweep("warm")
-        seed = observe.seed(led, sweep)
+        seed = history.seed(led, sweep)
         assert seed is not None
         moved = tmp_path / "moved"
         shutil.move(seed, moved)  # deleted by hand, or lost with its file system
         try:
-            assert observe.seed(led, sweep) is None  # never loaded: the sweep goes on cold, and says why
-            assert "left no checkpoint" in (observe.seedless(led, sweep) or "")
+            assert history.seed(led, sweep) is None  # never loaded: the sweep goes on cold, and says why
+            assert "left no checkpoint" in (history.seedless(led, sweep) or "")
         finally:
             shutil.move(moved, seed)
 
@@ -178,8 +176,8 @@ def test_a_seeder_that_fails_hands_the_seed_to_the_first_waiting_launch(tmp_path
                 tracker.write_text("8")
             led.set_candidate_status(row.id, "done" if ok else "failed", "test")
 
-        def decision(row) -> dict:
-            return led.candidate_by_key("s", row.key).decision
+        def decision(row) -> dict:  # as stored: the keys a resolved wait drops or adds
+            return led.candidate_by_key("s", row.key).decision.to_dict()
 
         assert seeding.waiting(led, sweep) == {b.id, c.id, d.id}  # the seeder is still queued
         ran(a, False, "a")  # its OOM: no seed
@@ -191,10 +189,10 @@ def test_a_seeder_that_fails_hands_the_seed_to_the_first_waiting_launch(tmp_path
             assert "after_seed" not in decision(row) and "seed_save" not in decision(row)
         if saved:  # both load b's seed
             seed = str(JobPaths(tmp_path / "b").seed_checkpoint)
-            assert observe.seed(led, sweep) == seed and observe.seedless(led, sweep) is None
+            assert history.seed(led, sweep) == seed and history.seedless(led, sweep) is None
             assert decision(c)["warm_from"] == decision(d)["warm_from"] == seed
         else:  # b measured and saved nothing (a workload without --save): the sweep runs cold, and says why
-            why = observe.seedless(led, sweep)
+            why = history.seedless(led, sweep)
             assert why and "left no checkpoint" in why and str(tmp_path / "b") in why
             assert "warm_from" not in decision(c) and "warm_from" not in decision(d)
             assert {e.candidate_id for e in led.events("s") if why in (e.message or "")} == {c.id, d.id}
@@ -210,10 +208,10 @@ def test_an_8k_sweep_loads_its_1k_sources_seed_from_round_zero(tmp_path):
     small = ["stage.budget.max_runs=7", "stage.budget.max_rounds=2", *target.overrides()]
     with lib.fresh_ledger(str(tmp_path)) as led:
         lib.run_sweep(led, compose(["+stage=1k", "cluster=local", *small]), target, "one", 300.0)
-        seed = observe.seed(led, led.get_sweep("one"))
+        seed = history.seed(led, led.get_sweep("one"))
         assert seed is not None
         lib.run_sweep(led, compose(["+stage=8k", "cluster=local", *small]), target, "eight", 300.0)
-        cands = [c for c in led.candidates("eight") if c.decision.get("fidelity") != Fidelity.PROBE]
+        cands = [c for c in led.candidates("eight") if c.decision.fidelity != Fidelity.PROBE]
         assert {c.round for c in cands} == {0, 1}
-        assert all(c.decision.get("warm_from") == seed and not c.decision.get("seed_save") for c in cands)
-        assert observe.seed(led, led.get_sweep("eight")) is None
+        assert all(c.decision.warm_from == seed and not c.decision.seed_save for c in cands)
+        assert history.seed(led, led.get_sweep("eight")) is None

@@ -1,33 +1,30 @@
-"""Ledger rows -> what the policy and the view need: observations, known keys, budget spent.
+"""The search's evidence, read from the ledger: each candidate's latest outcome as an Observation, the keys
+already tried or rejected, the stage's step-time noise, the warm launches' settled warm-ups, the rank probes'
+margin and provenance, and the measured best.
 
-Everything is recomputed from the ledger on each call (never cached across rounds) so that a resumed
-orchestrator sees exactly what the killed one had written, and nothing it had only in memory.
+Read-only (orchestrator/history/ writes nothing): recomputed from the ledger on each call, never cached across
+rounds, so a resumed driver sees exactly what the killed one had written.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from orchestrator.core import cost, ranking
-from orchestrator.core.failures import Failure
+from orchestrator.core import ranking
+from orchestrator.core import windows as fidelity
 from orchestrator.core.metrics import STEP_P50, STEP_P99, peak_gb
-from orchestrator.core.paths import CheckpointPaths, JobPaths
-from orchestrator.core.schema import ClusterConfig, StageConfig
-from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, Fidelity
+from orchestrator.core.schema import StageConfig
+from orchestrator.core.states import AttemptState, CandidateStatus, EventKind, Fidelity
 from orchestrator.evidence.metrics import GB_PER_MIB, robust_cv
-from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import CandidateRow, Ledger, SweepRow
 from orchestrator.ledger.rows import MeasuredRow, standing
 from orchestrator.plan import probe as plan_probe
 from orchestrator.plan.layout import Layout
-from orchestrator.schedule import fidelity
 from orchestrator.search import select
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.select import EXCLUDED
 from orchestrator.search.types import Observation
-
-FINALIST_EVENTS = ("finalist-cost",)  # one per finalist job, logged before those jobs were attempts (revision 0009)
 
 
 def known_keys(ledger: Ledger, sweep: SweepRow) -> set[str]:
@@ -38,10 +35,8 @@ def known_keys(ledger: Ledger, sweep: SweepRow) -> set[str]:
 
 
 def rejected_keys(ledger: Ledger, sweep: str) -> set[str]:
-    """Candidate keys the sweep's preflight rejected (orchestrator.preflight.EVENT events)."""
-    from orchestrator.preflight import EVENT
-
-    return {k for e in ledger.events(sweep, kind=EVENT) for k in ((e.data or {}).get("rejected") or {})}
+    """Candidate keys the sweep's preflight rejected (EventKind.PREFLIGHT events)."""
+    return {k for e in ledger.events(sweep, kind=EventKind.PREFLIGHT) for k in ((e.data or {}).get("rejected") or {})}
 
 
 def _raw(env: PlanEnv, cand: CandidateRow, layout: Layout):
@@ -76,7 +71,7 @@ def _raw_terms(env: PlanEnv, cand: CandidateRow, layout: Layout) -> tuple[dict[s
 
 def _rank_probed(cands: Iterable[CandidateRow]) -> set[int]:
     """The candidates a rank probe ran (their decision names the probed ranks)."""
-    return {c.id for c in cands if fidelity.probe_ranks(c.decision)}
+    return {c.id for c in cands if c.decision.probed_ranks()}
 
 
 def _margin(rows: Iterable[MeasuredRow], probes: dict[int, dict], rank_probed: set[int], stage: StageConfig) -> float:
@@ -177,7 +172,7 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
     out: list[Observation] = []
     for s in sweeps:
         for c in cands[s.name]:
-            layout = Layout.from_dict(c.layout)
+            layout = c.layout
             raw = _raw(env, c, layout)
             if raw is None:
                 continue
@@ -242,156 +237,11 @@ def settled(ledger: Ledger, sweeps: list[SweepRow]) -> tuple[int, ...]:
     learned from (schedule/fidelity.learned_warmup). A cold launch's warm-up also waits for routing: not read."""
     out = []
     for s in sweeps:
-        warm = {c.id for c in ledger.candidates(s.name) if fidelity.warms(c.decision)}
+        warm = {c.id for c in ledger.candidates(s.name) if c.decision.warms}
         for r in ledger.evidence.measured(sweep=s.name):
             if r.candidate_id in warm and r.fidelity != Fidelity.PROBE and r.metrics.get("settled_iters") is not None:
                 out.append(int(r.metrics["settled_iters"]))
     return tuple(out)
-
-
-@dataclass
-class Spent:
-    """Budget consumed by one sweep. GPU-hours are simulated when the workload is (the twin)."""
-
-    runs: int  # candidates measured at least once (screen or full, not an OOM): what max_runs counts
-    attempts: int
-    gpu_hours: float  # every attempt of every fidelity, and the finalists
-    simulated: bool
-    by_fidelity: dict[str, float] = field(default_factory=dict)  # probe | screen | full | finalists -> GPU-hours
-    by_round: dict[int, float] = field(default_factory=dict)  # candidate round -> GPU-hours (finalists: the last)
-    # time to the decision (orchestrator.core.cost.decision_hours): full-scale jobs one after another on the
-    # stage's cluster, small probes in parallel on the side pool (cluster.probe_gpus)
-    cluster_hours: float = 0.0
-    probe_pool_hours: float = 0.0
-
-    @property
-    def decision_hours(self) -> float:
-        return max(self.cluster_hours, self.probe_pool_hours)
-
-
-def attempt_cost(stage: StageConfig, a: queries.AttemptCost) -> float:
-    """GPU-hours of one attempt (orchestrator.core.cost): its own window's iterations x its measured mean step,
-    else the wall time it held its GPUs, plus stage.budget.startup_s for a launch that ran."""
-    iters = (a.warmup_iters or 0) + (a.measure_iters or 0)
-    if a.step_mean_s and not iters:  # a result without its window: the window its fidelity runs
-        iters = sum(fidelity.window(stage, a.fidelity))
-    wall = (a.end_time - a.start_time).total_seconds() if a.start_time and a.end_time else None
-    gpus = cost.launch_gpus(stage.gpus, a.probed_ranks)  # a rank probe: one GPU per probed rank
-    startup = stage.budget.startup_s  # a finalist's job neither loads nor saves a seed
-    if a.role == AttemptRole.MEASURE:
-        startup = fidelity.startup_s(stage, a.decision, measured=bool(a.step_mean_s))
-    return cost.attempt_gpu_hours(gpus, startup, step_mean_s=a.step_mean_s, iterations=iters, wall_s=wall)
-
-
-def _seed_runs(ledger: Ledger, sweep: SweepRow) -> list[str]:
-    """The checkpoint folders of the sweep's launches that were to save its seed and measured (candidate done,
-    its full-window attempt without a failure: Megatron saves after the last iteration), first first."""
-    out = []
-    for c in ledger.candidates(sweep.name):
-        if not (c.decision or {}).get("seed_save") or c.status not in (CandidateStatus.DONE, CandidateStatus.EXCLUDED):
-            continue
-        out += [
-            str(JobPaths(a.job_dir).seed_checkpoint)
-            for a in ledger.attempts(c.id)
-            if a.fidelity == Fidelity.FULL and a.failure_class is None
-        ]
-    return out
-
-
-def _saved(folder: str) -> bool:
-    """Megatron's tracker file (latest_checkpointed_iteration.txt) is on disk: the checkpoint was written."""
-    return CheckpointPaths(folder).tracker.is_file()
-
-
-def seed(ledger: Ledger, sweep: SweepRow) -> str | None:
-    """The sweep's seed (stage.warm_start): the first seed run whose checkpoint is on disk; None before any."""
-    return next((f for f in _seed_runs(ledger, sweep) if _saved(f)), None)
-
-
-def seedless(ledger: Ledger, sweep: SweepRow) -> str | None:
-    """Why the sweep runs cold from now on, when a launch measured that was to save the seed and no seed is on
-    disk: the workload does not honour --save (or the seed was removed). None otherwise."""
-    runs = _seed_runs(ledger, sweep)
-    if not runs or any(_saved(f) for f in runs):
-        return None
-    return (
-        f"warm start off: a launch that was to save the seed measured but left no checkpoint at {runs[0]} "
-        "(the workload does not honour --save, or the seed was removed); later launches wait out the stage's "
-        "own warm-up"
-    )
-
-
-def uses_a_run(a: queries.AttemptCost) -> bool:
-    """A measurement uses up one of stage.budget.max_runs; a fit probe (a few iterations, to read the peak) and
-    an OOM (start-up and one iteration: it teaches the memory model) do not, so a GPU that holds less than
-    the config says cannot spend the sweep's runs on layouts that never measured anything. Their GPU-hours
-    still count against max_gpu_hours."""
-    return a.role == AttemptRole.MEASURE and a.fidelity != Fidelity.PROBE and a.failure_class != Failure.OOM
-
-
-def spent(ledger: Ledger, sweep: str, *, stage: StageConfig, probe_gpus: int | None = None) -> Spent:
-    """runs = candidates with a measurement that is not a probe nor an OOM (`uses_a_run`); GPU-hours =
-    `attempt_cost` of every attempt of every fidelity and role
-    (the finalists' parity and long-run jobs are attempts of their own roles, charged under "finalists"; a sweep
-    older than revision 0009 adds what its finalist-cost events recorded). The budget check, `status`, the live
-    view and the report all read this one figure."""
-    costs = queries.attempt_costs(ledger, sweep)
-    by: dict[str, float] = {}
-    by_round: dict[int, float] = {}
-    jobs: list[tuple[int, float]] = []
-    for a in costs:
-        gpu_h = attempt_cost(stage, a)
-        jobs.append((cost.launch_gpus(stage.gpus, a.probed_ranks), gpu_h))  # a rank probe: on the side pool
-        f = str(a.fidelity) if a.role == AttemptRole.MEASURE else "finalists"
-        by[f] = by.get(f, 0.0) + gpu_h
-        by_round[a.round] = by_round.get(a.round, 0.0) + gpu_h
-    fin = finalist_gpu_hours(ledger, sweep)  # finalists' jobs of sweeps run before they were attempts
-    if fin:
-        by["finalists"] = by.get("finalists", 0.0) + fin
-        last = max(by_round, default=0)
-        by_round[last] = by_round.get(last, 0.0) + fin
-        jobs.append((stage.gpus, fin))
-    pool = ClusterConfig().probe_gpus if probe_gpus is None else probe_gpus  # the schema owns the default
-    full_h, pool_h = cost.decision_hours(jobs, stage.gpus, pool)
-    return Spent(
-        runs=len({a.candidate_id for a in costs if uses_a_run(a)}),
-        attempts=len(costs),
-        gpu_hours=sum(by.values()),
-        simulated=any(a.simulated for a in costs),
-        by_fidelity={str(k): v for k, v in by.items()},
-        by_round=by_round,
-        cluster_hours=full_h,
-        probe_pool_hours=pool_h,
-    )
-
-
-def fidelity_split(by: dict[str, float]) -> str:
-    """' (probe 1.0, screen 2.0, full 3.0, finalists 0.5)': where the GPU-hours went, per fidelity."""
-    order = (*Fidelity, "finalists")
-    parts = [f"{k} {by[k]:.1f}" for k in order if by.get(k)]
-    return f" ({', '.join(parts)})" if parts else ""
-
-
-def finalist_gpu_hours(ledger: Ledger, sweep: str) -> float:
-    """GPU-hours the finalists' jobs (parity, long-run) recorded in their events (data.gpu_hours)."""
-    return sum(
-        float((e.data or {}).get("gpu_hours") or 0.0)
-        for kind in FINALIST_EVENTS
-        for e in ledger.events(sweep, kind=kind)
-    )
-
-
-def status_counts(cands: list[CandidateRow]) -> dict[str, int]:
-    """The live view's columns: queued, running, done, failed (cancelled counts as failed)."""
-    counts = {"queued": 0, "running": 0, "done": 0, "failed": 0}
-    for c in cands:
-        if c.status in CandidateStatus.QUEUED:
-            counts["queued"] += 1
-        elif c.status in (CandidateStatus.RUNNING, CandidateStatus.DONE, CandidateStatus.FAILED):
-            counts[c.status] += 1
-        elif c.status == CandidateStatus.CANCELLED:
-            counts["failed"] += 1
-    return counts
 
 
 def best_of(ledger: Ledger, sweep: str) -> dict | None:
@@ -402,7 +252,7 @@ def best_of(ledger: Ledger, sweep: str) -> dict | None:
         return None
     return {
         "key": r.key,
-        "layout": Layout.from_dict(r.layout).short(),
+        "layout": r.layout.short(),
         STEP_P50: r.metrics.get(STEP_P50),
         STEP_P99: r.metrics.get(STEP_P99),
         "simulated": r.simulated,
