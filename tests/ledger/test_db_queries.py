@@ -249,6 +249,6 @@ def test_compare_puts_a_failed_probe_after_a_full_measurement(probed, ledger_url
     assert rc == 0 and out.index(full.key[:10]) < out.index(oom.key[:10]) and "probe" in out and "follow" in out
     rc, out, _ = run_cli(["best", "--sweep", "s2", "--format", "json", url], capsys)
     assert rc == 0 and json.loads(out)["key"] == full.key
-    from orchestrator.sweep import observe  # what `status` and the sweep's last line print as the best
+    from orchestrator import history  # what `status` and the sweep's last line print as the best
 
-    assert observe.best_of(led, "s2")["key"] == full.key
+    assert history.best_of(led, "s2")["key"] == full.key
