@@ -100,16 +100,19 @@ def train_flags_of(hit: dict, config_yaml: str, train) -> list[str]:
 
 def summary_rows(hit: dict) -> list[tuple[str, str]]:
     """The evidence a decision needs, one field a line (the JSON has every metric)."""
+    from orchestrator.core.knobs import optim_text
     from orchestrator.plan.layout import Layout
 
     m, a = hit["metrics"], hit["attempt"]
+    layout = Layout.from_dict(hit["layout"])
 
     def num(key: str) -> str:  # as the metric registry prints it, with its unit
         return metrics.text(key, m.get(key))
 
     sim = " (simulated)" if hit["simulated"] else ""
     return [
-        ("layout", Layout.from_dict(hit["layout"]).short()),
+        ("layout", layout.short()),
+        ("optimizer numerics", optim_text(layout.optim)),  # training semantics the winner chose (RecipeConfig.optim)
         ("step p50 / p99", f"{num(metrics.STEP_P50)} / {num(metrics.STEP_P99)}{sim}"),
         ("tokens/s/GPU", num("tokens_per_s_per_gpu")),
         ("peak reserved memory", num("peak_reserved_gb")),
