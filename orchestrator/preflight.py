@@ -77,7 +77,9 @@ def candidates(cfg: RootConfig) -> tuple[PreflightRequest, dict[str, int]]:
     assert stage is not None
     # every candidate the sweep could launch: also those a rule holds back until the node shows its fix
     superset = dataclasses.replace(stage, lifted_rules=sorted(rules.LIFTABLE))
-    kept = planner.plan(cfg.model, cfg.hardware, superset, workload=cfg.workload.name).candidates
+    kept = planner.plan(
+        cfg.model, cfg.hardware, superset, workload=cfg.workload.name, recipe=cfg.workload.recipe
+    ).candidates
     mode = cfg.workload.probe_mode
     req = PreflightRequest(
         entry_script=_entry_script(cfg),

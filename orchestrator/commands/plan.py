@@ -152,7 +152,7 @@ def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
     console = make_console()  # the terminal's width (a pipe: whole rows)
     console.print(_header(cfg, stage, res), markup=False, highlight=False)
     # a knob that is not always shown gets a column when the stage searches several values of it
-    varying = [k for k, values in knob_values(stage.search).items() if len(values) > 1]
+    varying = [k for k, values in knob_values(stage.search, cfg.workload.recipe).items() if len(values) > 1]
     knob_cols = knobs.columns(varying)
     columns = ["candidate", *knob_cols, *PREDICTION_COLUMNS]
     table = Table(show_lines=False)

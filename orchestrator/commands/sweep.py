@@ -180,7 +180,7 @@ def run(args, overrides) -> int:
     cfg = composed.cfg
     # An impossible stage is refused before anything is written to the ledger.
     stage = stage_or_error(composed)
-    res = plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name)
+    res = plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name, recipe=cfg.workload.recipe)
     if not res.candidates:
         raise UserError(res.why_empty(stage))
     check_workload(cfg)  # a command that cannot start here (preflight-lite on cluster=local) is refused first

@@ -39,6 +39,7 @@ import yaml
 
 from orchestrator.config import CONF_DIR, compose
 from orchestrator.core.errors import UserError
+from orchestrator.core.knobs import optim_name
 from orchestrator.core.schema import HardwareConfig, ModelConfig, RecipeConfig, SearchConfig, StageConfig
 from orchestrator.plan.argv import DEFAULT_RECIPE
 from orchestrator.plan.layout import Layout
@@ -121,6 +122,7 @@ class Row:
             dispatcher=name,
             flex_backend=backend or None,
             capacity_factor=self.capacity_factor,
+            optim=optim_name(self.main_grads_dtype, self.exp_avg_dtype),
         )
 
 
@@ -216,8 +218,7 @@ def row_recipe(row: Row) -> RecipeConfig:
     return replace(
         DEFAULT_RECIPE,
         overlap_moe_expert_parallel_comm=row.a2a_overlap,
-        main_grads_dtype=row.main_grads_dtype,
-        exp_avg_dtype=row.exp_avg_dtype,
+        optim=[row.layout().optim],  # the one optimizer precision the row's recipe declares
     )
 
 

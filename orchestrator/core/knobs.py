@@ -47,6 +47,9 @@ class Knob:
     part_of: str | None  # the knob whose search value also sets this one ("flex:deepep" sets flex_backend)
     shown: bool  # always printed; False: in labels only off its default, in tables only where it varies
     parse: Callable[[Any], tuple[Any, ...]] | None  # search value -> (this, *parts), for a knob with parts
+    # A numerics knob (it changes what training computes, not only how fast): the RecipeConfig field that lists
+    # the values the user allows. The search explores only those; no stage search list holds it (search=None).
+    declared: str | None = None
 
     @property
     def nullable(self) -> bool:
@@ -90,9 +93,12 @@ def knob(
     part_of: str | None = None,
     shown: bool = True,
     parse: Callable[[Any], tuple[Any, ...]] | None = None,
+    declared: str | None = None,
 ) -> T:
     """A Layout field that is a knob (typed as its default for the type checker; a dataclass field at run time)."""
-    spec = Knob("", object, default, flags, label, column or "", length, search, walk, group, part_of, shown, parse)
+    spec = Knob(
+        "", object, default, flags, label, column or "", length, search, walk, group, part_of, shown, parse, declared
+    )
     return field(default=default, metadata={"knob": spec})
 
 
@@ -106,6 +112,41 @@ def parse_dispatcher(label: Any) -> tuple[str, str | None]:
     if name == "flex" and not backend:
         backend = "deepep"
     return name, backend or None
+
+
+# The precision-aware optimizer's settings by name: (main grads, main params, exp_avg, exp_avg_sq) dtypes, as
+# Megatron's flags spell them (dev megatron/training/arguments.py:5103-5139). "fp32" is Megatron's default and
+# writes no flag; the others write --use-precision-aware-optimizer and all four dtypes. Main params stay FP32:
+# dev's parser offers fp32|fp16 only and its V4 recipe keeps fp32.
+OPTIM_DTYPES: dict[str, tuple[str, str, str, str]] = {
+    "fp32": ("fp32", "fp32", "fp32", "fp32"),
+    # dev's DSv4-Pro recipe (examples/moe_recipes/deepseek_v4_pro/gb300/mxfp8_SL4K_256GPU_TP1PP4EP64.yaml:237-241)
+    # and Megatron-Bridge's DeepSeek-V3 recipes: BF16 main grads and moments
+    "bf16": ("bf16", "fp32", "bf16", "bf16"),
+    # Megatron-Bridge's V4-Flash performance recipe: FP32 main grads, BF16 moments
+    # (src/megatron/bridge/perf_recipes/deepseek/gb200/deepseek_v4.py:92-95 @ 4ab94dfad)
+    "bf16_moments": ("fp32", "fp32", "bf16", "bf16"),
+}
+
+
+def optim_name(main_grads: str = "fp32", exp_avg: str = "fp32") -> str:
+    """The OPTIM_DTYPES name of a (main grads, moments) dtype pair; ValueError names the pairs there are."""
+    for name, (grads, _params, avg, _sq) in OPTIM_DTYPES.items():
+        if (grads, avg) == (main_grads, exp_avg):
+            return name
+    pairs = ", ".join(f"{n} (grads {g}, moments {a})" for n, (g, _p, a, _s) in OPTIM_DTYPES.items())
+    raise ValueError(f"no optimizer precision has main grads {main_grads} and moments {exp_avg}: one of {pairs}")
+
+
+def optim_text(name: str) -> str:
+    """How a layout's optimizer numerics read in `best` and the report: 'main grads bf16, master fp32, moments bf16
+    (precision-aware optimizer)'; Megatron's default says so."""
+    if name not in OPTIM_DTYPES:
+        return f"{name} (unknown)"
+    grads, params, avg, avg_sq = OPTIM_DTYPES[name]
+    moments = avg if avg == avg_sq else f"{avg}/{avg_sq}"
+    how = "Megatron's default" if name == "fp32" else "precision-aware optimizer"
+    return f"main grads {grads}, master {params}, moments {moments} ({how})"
 
 
 @dataclass(frozen=True, order=True)
@@ -171,6 +212,23 @@ class Layout:
     use_tp_pp_dp_mapping: bool = knob(
         False, flags=("--use-tp-pp-dp-mapping",), label="tp-pp-dp", search=(False,), walk=11, shown=False
     )
+    # Optimizer-state and main-grad precision (an OPTIM_DTYPES name): numerics, so the recipe declares the allowed
+    # set (RecipeConfig.optim). The default is the V4 recipe's, as the recipe's own default list; an argv without
+    # the flags reads back as "fp32" (Megatron's default: no precision-aware optimizer).
+    optim: str = knob(
+        "bf16",
+        flags=(
+            "--use-precision-aware-optimizer",
+            "--main-grads-dtype",
+            "--main-params-dtype",
+            "--exp-avg-dtype",
+            "--exp-avg-sq-dtype",
+        ),
+        label="opt={}",
+        walk=12,
+        shown=False,
+        declared="optim",
+    )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -181,6 +239,7 @@ class Layout:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Layout:
         kw = {k: v for k, v in d.items() if k in KNOB}
+        kw.setdefault("optim", "fp32")  # stored before the knob: those jobs ran Megatron's default (FP32 state)
         for k in SETS:
             kw[k] = tuple(kw.get(k) or ())
         return cls(**kw)
@@ -210,8 +269,10 @@ def _registry() -> tuple[Knob, ...]:
 KNOBS: tuple[Knob, ...] = _registry()  # in Layout's field order: the order tables and labels print them
 KNOB: dict[str, Knob] = {k.name: k for k in KNOBS}
 LAYOUT_FLAGS: frozenset[str] = frozenset(f for k in KNOBS for f in k.flags)  # the flags a layout decides
-# The knobs a stage searches, in the planner's walk order; every other knob is part_of one of them.
+# The knobs a stage searches (its search lists, and the recipe's declared numerics), in the planner's walk order;
+# every other knob is part_of one of them.
 SEARCHED: tuple[Knob, ...] = tuple(sorted((k for k in KNOBS if k.walk is not None), key=lambda k: k.walk or 0))
+NUMERICS: tuple[Knob, ...] = tuple(k for k in KNOBS if k.declared is not None)  # the recipe declares their values
 # knob -> the Layout fields one of its search values sets (itself, then its parts)
 FIELDS: dict[str, tuple[str, ...]] = {
     k.name: (k.name, *(p.name for p in KNOBS if p.part_of == k.name)) for k in KNOBS if k.part_of is None

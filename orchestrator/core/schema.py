@@ -560,18 +560,15 @@ class RecipeConfig:
     attention_dropout: float = ranged(0.0, 0, 1)  # :166
     hidden_dropout: float = ranged(0.0, 0, 1)  # :167
     # Adam (model.optimizer=adam, and Muon's scalar optimizer for embeddings, norms and biases). The recipe sets
-    # no --optimizer: Megatron's default adam (megatron/training/arguments.py:3738-3740), with FP32 master
-    # weights and moments: the recipe's bf16 moments need --use-precision-aware-optimizer (:237-241), which is
-    # not emitted by these defaults (FP32 below), so the state is 12 B/param as orchestrator/plan/memory.py counts it.
+    # no --optimizer: Megatron's default adam (megatron/training/arguments.py:3738-3740).
     adam_beta1: float = ranged(0.9, 0, 1)  # :230
     adam_beta2: float = ranged(0.95, 0, 1)  # :231
     adam_eps: float = ranged(1e-8, gt=0)  # Megatron's default (megatron/training/arguments.py:3267-3269)
-    # Precision-aware optimizer (megatron-core 0.19.2 megatron/training/arguments.py:3500-3515): "bf16" here emits
-    # --use-precision-aware-optimizer with --main-grads-dtype / --exp-avg-dtype (both moments); the memory model
-    # and grad sync count their bytes (plan/memory.optimizer_bytes). Megatron-Bridge's DeepSeek-V3 recipe sets
-    # both to bf16; the V4 recipe above keeps FP32 (not emitted).
-    main_grads_dtype: str = "fp32"
-    exp_avg_dtype: str = "fp32"
+    # Optimizer-state and main-grad precision (the `optim` knob, orchestrator/core/knobs.py OPTIM_DTYPES): numerics,
+    # so declared here, not searched freely: the planner explores only these names. The recipe's own: BF16 main
+    # grads and moments with FP32 master weights through the precision-aware optimizer (:237-241). ["fp32", "bf16"]
+    # lets the search choose; ["fp32"] keeps Megatron's default FP32 state (12 B/param + 4 B grads).
+    optim: list[str] = field(default_factory=lambda: ["bf16"])
     # Muon, used only with model.optimizer=muon (Megatron's defaults, megatron/training/arguments.py:3274-3317)
     muon_momentum: float = ranged(0.9, 0, 1)
     muon_num_ns_steps: int = ranged(5, 1)

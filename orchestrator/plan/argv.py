@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.core.knobs import KNOB, KNOBS
+from orchestrator.core.knobs import KNOB, KNOBS, OPTIM_DTYPES, optim_name
 from orchestrator.core.schema import TRAIN_SOURCES, ModelConfig, RecipeConfig, StageConfig, TrainConfig
 from orchestrator.plan.flags import FLAGS
 from orchestrator.plan.layout import Layout
@@ -417,6 +417,7 @@ def _optimizer(
     model: ModelConfig,
     stage: StageConfig,
     recipe: RecipeConfig,
+    layout: Layout,
     train_iters: int,
     train: TrainConfig | None = None,
 ) -> None:
@@ -424,11 +425,13 @@ def _optimizer(
     a.add("--optimizer", model.optimizer)
     if stage.use_distributed_optimizer:
         a.add("--use-distributed-optimizer")
-    if precision_aware(model, stage, r):  # the dtypes memory.optimizer_bytes counts
+    if precision_aware(model, stage, layout.optim):  # the dtypes memory.optimizer_bytes counts
+        grads, params, avg, avg_sq = OPTIM_DTYPES[layout.optim]
         a.add("--use-precision-aware-optimizer")
-        a.add("--main-grads-dtype", r.main_grads_dtype)
-        a.add("--exp-avg-dtype", r.exp_avg_dtype)
-        a.add("--exp-avg-sq-dtype", r.exp_avg_dtype)
+        a.add("--main-grads-dtype", grads)
+        a.add("--main-params-dtype", params)
+        a.add("--exp-avg-dtype", avg)
+        a.add("--exp-avg-sq-dtype", avg_sq)
     ov = overlaps(r, stage)
     if ov.grad_reduce:
         a.add("--overlap-grad-reduce")
@@ -504,7 +507,7 @@ def megatron_argv(
         _gpt_model(a, model, stage, recipe, layout, layer_pattern)
         _gpt_moe(a, model, stage, recipe, layout)
     _memory(a, layout)
-    _optimizer(a, model, stage, recipe, train_iters, train)
+    _optimizer(a, model, stage, recipe, layout, train_iters, train)
     a.add("--bf16")
     if stage.precision in FP8_RECIPES:
         a.add("--fp8-format", "e4m3")
@@ -658,6 +661,13 @@ def _offload(f: Flags, kw: dict[str, Any]) -> tuple[str, ...]:
     return tuple(f["offload_modules"] or ()) if f["fine_grained_activation_offloading"] else ()
 
 
+def _optim(f: Flags, kw: dict[str, Any]) -> str:
+    """The OPTIM_DTYPES name of the flags' optimizer dtypes ("fp32" without --use-precision-aware-optimizer)."""
+    if not f["use_precision_aware_optimizer"]:
+        return "fp32"
+    return optim_name(f["main_grads_dtype"] or "fp32", f["exp_avg_dtype"] or "fp32")
+
+
 def _flex_backend(f: Flags, kw: dict[str, Any]) -> str | None:
     return (f["moe_flex_dispatcher_backend"] or "deepep") if kw["dispatcher"] == "flex" else None
 
@@ -670,6 +680,7 @@ _READ: dict[str, Callable[[Flags, dict[str, Any]], Any]] = {
     "offload": _offload,
     "dispatcher": lambda f, kw: f["moe_token_dispatcher_type"] or "allgather",  # Megatron's default
     "flex_backend": _flex_backend,
+    "optim": _optim,
 }
 
 

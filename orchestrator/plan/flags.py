@@ -98,6 +98,7 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--use-distributed-optimizer": (MAIN, bool),
     "--use-precision-aware-optimizer": (MAIN, bool),
     "--main-grads-dtype": (MAIN, str),
+    "--main-params-dtype": (MAIN, str),
     "--exp-avg-dtype": (MAIN, str),
     "--exp-avg-sq-dtype": (MAIN, str),
     "--overlap-grad-reduce": (MAIN, bool),

@@ -10,9 +10,9 @@ Per GPU of PP rank r (blocks from its segments r, r+PP, ...):
   weights     BF16, 2 B/param: routed experts / (EP x ETP); everything else / TP
   grads       FP32 main grads, 4 B/param, not sharded (the distributed optimizer is ZeRO-1)
   optimizer   FP32 master + moments: Adam 12 B/param; Muon 8 B/param for matrices (embedding and head
-              use Adam, Megatron's scalar optimizer). A recipe's precision-aware optimizer (optimizer_bytes:
-              Adam with the distributed optimizer) keeps its main grads and moments in their dtypes: BF16 both
-              (Megatron-Bridge's DeepSeek-V3 recipe) = 2 B grads and 4 + 2 + 2 = 8 B of state per param.
+              use Adam, Megatron's scalar optimizer). A layout's precision-aware optimizer (its `optim` knob,
+              optimizer_bytes: Adam with the distributed optimizer) keeps its main grads and moments in their
+              dtypes: BF16 both (dev's V4 recipe) = 2 B grads and 4 + 2 + 2 = 8 B of state per param.
               With --use-distributed-optimizer dense state is
               sharded over D_a x CP (Megatron's data-parallel-with-CP group: CP ranks hold the same
               dense weights) and expert state over D_e.
@@ -41,7 +41,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from orchestrator.core.schema import HardwareConfig, ModelConfig, RecipeConfig, StageConfig
+from orchestrator.core.knobs import OPTIM_DTYPES
+from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig
 from orchestrator.plan import moe as moe_model
 from orchestrator.plan import pipeline
 from orchestrator.plan.flops import FP8_PRECISIONS
@@ -56,7 +57,8 @@ GRAD_BYTES = 4
 ADAM_BYTES = 12
 MUON_BYTES = 8
 MASTER_BYTES = 4  # FP32 master weights (--main-params-dtype fp32, Megatron's default)
-# bytes of the dtypes --main-grads-dtype / --exp-avg-dtype take (megatron/training/arguments.py:3504-3515)
+# bytes of the dtypes --main-grads-dtype / --main-params-dtype / --exp-avg-dtype take (dev
+# megatron/training/arguments.py:5111-5139)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 ACT_BYTES = 2
 LOGIT_BYTES = 4
@@ -290,25 +292,23 @@ def in_flight(rank: int, pp: int, vpp: int, m: int) -> float:
     return chunks / vpp
 
 
-def precision_aware(model: ModelConfig, stage: StageConfig, recipe: RecipeConfig | None) -> bool:
-    """Whether the recipe asks for Megatron's precision-aware optimizer (a main-grad or moment dtype other than
-    FP32) where Megatron builds one: Adam with the distributed optimizer (megatron/core/optimizer/
-    optimizer_config.py:430-436 asserts both). argv emits the flags exactly when this is true."""
-    if recipe is None or (recipe.main_grads_dtype, recipe.exp_avg_dtype) == ("fp32", "fp32"):
-        return False
-    for name, dtype in (("main_grads_dtype", recipe.main_grads_dtype), ("exp_avg_dtype", recipe.exp_avg_dtype)):
-        if dtype not in DTYPE_BYTES or (name == "main_grads_dtype" and dtype not in ("fp32", "bf16")):
-            raise ValueError(f"recipe.{name}={dtype!r}: Megatron takes {', '.join(DTYPE_BYTES)} (grads: fp32, bf16)")
-    return str(model.optimizer).lower() == "adam" and bool(stage.use_distributed_optimizer)
+def precision_aware(model: ModelConfig, stage: StageConfig, optim: str = "fp32") -> bool:
+    """Whether the layout's optimizer precision (knobs.OPTIM_DTYPES) runs Megatron's precision-aware optimizer:
+    a name other than "fp32" where Megatron builds one, Adam with the distributed optimizer (dev
+    megatron/core/optimizer/optimizer_config.py:519-525 asserts both; rules.py rejects the rest). argv emits
+    the flags exactly when this is true."""
+    if optim not in OPTIM_DTYPES:
+        raise ValueError(f"optimizer precision {optim!r}: one of {', '.join(OPTIM_DTYPES)}")
+    return optim != "fp32" and str(model.optimizer).lower() == "adam" and bool(stage.use_distributed_optimizer)
 
 
-def optimizer_bytes(model: ModelConfig, stage: StageConfig, recipe: RecipeConfig | None = None) -> tuple[int, int]:
+def optimizer_bytes(model: ModelConfig, stage: StageConfig, optim: str = "fp32") -> tuple[int, int]:
     """(main-grad bytes, optimizer-state bytes) per parameter: FP32 grads and Adam's 12 B (Muon's 8 B for
-    matrices), or with the precision-aware optimizer the recipe's grad dtype and FP32 master + two moments in
-    the recipe's moment dtype."""
-    if precision_aware(model, stage, recipe):
-        assert recipe is not None
-        return DTYPE_BYTES[recipe.main_grads_dtype], MASTER_BYTES + 2 * DTYPE_BYTES[recipe.exp_avg_dtype]
+    matrices), or with the precision-aware optimizer the named dtypes: main grads, FP32 master, two moments
+    (dev's V4 recipe, "bf16": 2 B grads and 4 + 2 + 2 = 8 B of state)."""
+    if precision_aware(model, stage, optim):
+        grads, params, avg, avg_sq = OPTIM_DTYPES[optim]
+        return DTYPE_BYTES[grads], DTYPE_BYTES[params] + DTYPE_BYTES[avg] + DTYPE_BYTES[avg_sq]
     return GRAD_BYTES, MUON_BYTES if str(model.optimizer).lower().endswith("muon") else ADAM_BYTES
 
 
@@ -320,10 +320,9 @@ def stage_memory(
     groups: Groups,
     blocks_per_segment: Sequence[int],
     routing_sigma: float = DEFAULT_ROUTING_SIGMA,
-    recipe: RecipeConfig | None = None,
 ) -> list[StageMemory]:
-    """Peak memory of one GPU on each PP rank (summing its virtual segments), decimal GB. recipe: the training
-    recipe, whose optimizer dtypes set the grad and state bytes (optimizer_bytes; None: FP32)."""
+    """Peak memory of one GPU on each PP rank (summing its virtual segments), decimal GB. The layout's optimizer
+    precision (its `optim` knob) sets the grad and state bytes (optimizer_bytes)."""
     pp, vpp, tp, cp, ep, etp = layout.pp, layout.vpp, layout.tp, layout.cp, layout.ep, layout.etp
     bps, n = checked_split(model, stage, layout, blocks_per_segment)
     key = model_key(model)
@@ -334,8 +333,8 @@ def stage_memory(
     dist = bool(stage.use_distributed_optimizer)
     dense_shard = d_a * cp if dist else 1
     expert_shard = d_e if dist else 1
-    grad_b, ob = optimizer_bytes(model, stage, recipe)
-    adam = ob if precision_aware(model, stage, recipe) else ADAM_BYTES
+    grad_b, ob = optimizer_bytes(model, stage, layout.optim)
+    adam = ob if precision_aware(model, stage, layout.optim) else ADAM_BYTES
     h, v = model.hidden_size, model.vocab_size
     skew = moe_model.rank_skew(routing_sigma, model.num_experts, ep, layout.capacity_factor)
     tokens = layout.mbs * stage.seq_length / cp / tp  # per GPU per microbatch

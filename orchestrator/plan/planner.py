@@ -263,7 +263,6 @@ class _Env:
                 g,
                 list(split),
                 routing_sigma=self.routing_sigma,
-                recipe=self.recipe,
             )
             hit = self._mem[key] = (mems, memory.heaviest(mems))
         return hit
@@ -493,7 +492,7 @@ def plan(
     routing_sigma: as in evaluate()."""
     t0 = time.perf_counter()
     env = _Env(model, hw, stage, factors, memory_factor, workload, recipe, routing_sigma)
-    values = space.knob_values(stage.search)
+    values = space.knob_values(stage.search, env.recipe)
     walk = _Walk(env, values)
     late_rules, mem_rules = _late_rules(env.rules)
     planned: list[Planned] = []
@@ -508,7 +507,7 @@ def plan(
 
     cut = walk.run(on_leaf)
     planned.sort(key=lambda p: (p.prediction.step_time_s, p.prediction.memory_gb))  # stable: walk order on ties
-    raw = space.raw_count(stage.search)
+    raw = space.raw_count(stage.search, env.recipe)
     return PlanResult(
         candidates=planned,
         raw_count=raw,

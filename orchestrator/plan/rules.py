@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from orchestrator.core.knobs import OPTIM_DTYPES
 from orchestrator.core.megatron import TESTED
 from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig
 from orchestrator.plan import recompute
@@ -356,6 +357,36 @@ RULES: tuple[Rule, ...] = (
             and c.d_a != c.d_e
         ),
         ("use_tp_pp_dp_mapping", *_GROUPS_DA, *_GROUPS_DE),
+    ),
+    # ---- Optimizer precision (the `optim` knob: numerics the recipe declares) ----
+    Rule(
+        "mcore.optim_known",
+        "the optimizer precision must be one of knobs.OPTIM_DTYPES (fp32, bf16, bf16_moments): dtypes dev's parser "
+        "takes (main grads fp32|bf16, main params fp32|fp16, moments fp32|fp16|bf16|fp8)",
+        "dev A:5103-5139 (--main-grads-dtype, --main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype choices)",
+        lambda c: c.layout.optim not in OPTIM_DTYPES,
+        ("optim",),
+    ),
+    Rule(
+        "mcore.precision_aware_needs_adam_distopt",
+        "BF16 optimizer state or main grads (--use-precision-aware-optimizer) needs Adam and the distributed optimizer",
+        "dev megatron/core/optimizer/optimizer_config.py:519-525",
+        lambda c: (
+            c.layout.optim != "fp32"
+            and (str(c.model.optimizer).lower() != "adam" or not c.stage.use_distributed_optimizer)
+        ),
+        ("optim",),
+    ),
+    Rule(
+        "mcore.bf16_grads_vs_fp32_accumulation",
+        "BF16 main grads cannot be combined with --accumulate-allreduce-grads-in-fp32",
+        "dev A:1317-1321",
+        lambda c: (
+            _has_flag(c, ("--accumulate-allreduce-grads-in-fp32",))
+            and OPTIM_DTYPES.get(c.layout.optim, ("fp32",))[0] != "fp32"
+        ),
+        ("optim",),
+        "argv",
     ),
     # ---- Pipeline and VPP ----
     Rule(

@@ -4,7 +4,9 @@ Why normalise here: the YAML lists are written for people ("flex:deepep", [mhc, 
 the planner, the rules and the ledger key need one spelling per knob value, so two spellings of the
 same set never become two candidates. Legality is not decided here (that is rules.py): even values
 no rule accepts are enumerated, so the planner can say which rule rejects them. Which knobs there are,
-how each normalises and the walk order come from the registry (orchestrator/core/knobs.py).
+how each normalises and the walk order come from the registry (orchestrator/core/knobs.py). A numerics knob
+(`Knob.declared`: the optimizer's precision) takes its values from the recipe, which the user declares: the
+search never widens the training semantics a stage was asked to keep.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 from orchestrator.core import knobs
 from orchestrator.core.knobs import Layout
 from orchestrator.core.knobs import parse_dispatcher as parse_dispatcher
-from orchestrator.core.schema import SearchConfig
+from orchestrator.core.schema import RecipeConfig, SearchConfig
 
 # Walk order of the knobs. The planner walks them in this order too, checking each rule as soon as
 # every knob it reads is bound, so cheap rules that reject a whole subtree run near the root.
@@ -37,12 +39,19 @@ def _unique(values: Iterable[Hashable]) -> list[Any]:
     return out
 
 
-def knob_values(search: SearchConfig) -> dict[str, list[Any]]:
-    """Normalised, de-duplicated values of each knob, in KNOBS order.
+def knob_values(search: SearchConfig, recipe: RecipeConfig | None = None) -> dict[str, list[Any]]:
+    """Normalised, de-duplicated values of each knob, in KNOBS order; a numerics knob's from the recipe's declared
+    list (None: RecipeConfig's defaults).
 
     recompute/offload sets become sorted tuples; dispatcher values become (dispatcher, flex_backend).
     """
-    return {k.name: _unique(k.normalise(v) for v in getattr(search, k.name)) for k in knobs.SEARCHED}
+    recipe = recipe or RecipeConfig()
+    return {
+        k.name: _unique(
+            k.normalise(v) for v in getattr(recipe if k.declared is not None else search, k.declared or k.name)
+        )
+        for k in knobs.SEARCHED
+    }
 
 
 def make_layout(assignment: Mapping[str, Any]) -> Layout:
@@ -55,21 +64,21 @@ def make_layout(assignment: Mapping[str, Any]) -> Layout:
     return Layout(**kw)
 
 
-def enumerate_layouts(search: SearchConfig) -> Iterator[Layout]:
+def enumerate_layouts(search: SearchConfig, recipe: RecipeConfig | None = None) -> Iterator[Layout]:
     """Every combination of the knob lists, in KNOBS order (last knob varies fastest)."""
-    values = knob_values(search)
+    values = knob_values(search, recipe)
     for combo in itertools.product(*(values[k] for k in KNOBS)):
         yield make_layout(dict(zip(KNOBS, combo)))
 
 
-def raw_count(search: SearchConfig) -> int:
-    """Size of the raw product (before any rule), equal to len(list(enumerate_layouts(search)))."""
+def raw_count(search: SearchConfig, recipe: RecipeConfig | None = None) -> int:
+    """Size of the raw product (before any rule), equal to len(list(enumerate_layouts(search, recipe)))."""
     n = 1
-    for vals in knob_values(search).values():
+    for vals in knob_values(search, recipe).values():
         n *= len(vals)
     return n
 
 
-def knob_sizes(search: SearchConfig) -> list[tuple[str, int]]:
+def knob_sizes(search: SearchConfig, recipe: RecipeConfig | None = None) -> list[tuple[str, int]]:
     """(knob, number of values) pairs, for explaining where the raw count comes from."""
-    return [(k, len(v)) for k, v in knob_values(search).items()]
+    return [(k, len(v)) for k, v in knob_values(search, recipe).items()]

@@ -39,7 +39,7 @@ Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's
 Per step (slowest rank r*, m microbatches):
   compute, a2a, cp_exchange, pp_p2p = m x (rank r*'s per-microbatch value)
   bubble     = m x T(r*) x f / (1 - f), f = pipeline.bubble(PP, m, VPP)  (= T (PP-1) / VPP)
-  grad_sync  = ring reduce-scatter of FP32 grads (BF16 with the recipe's precision-aware optimizer:
+  grad_sync  = ring reduce-scatter of FP32 grads (BF16 with the layout's precision-aware optimizer:
                memory.optimizer_bytes) + all-gather of BF16 params (all-reduce without the
                distributed optimizer), dense over D_a x CP, expert over D_e, sharing the NIC when the
                stage's N/PP GPUs span nodes, / allreduce_efficiency; the reduce x (1 - grad_sync_overlap)
@@ -292,8 +292,8 @@ def step_time(
     # one TP collective moves (TP-1)/TP of the full b S / CP x h tensor per GPU, on NVLink inside a host
     tp_bw = (nvl if tp <= stage.gpus_per_node else nic) * hw.allreduce_efficiency
     tp_coll = (tp - 1) / tp * b * S / cp * h * 2.0 / tp_bw if tp > 1 else 0.0
-    # every microbatch's weight-gradient GEMMs add into the FP32 (or the recipe's) main grads: read + write
-    grad_rw = 2.0 * optimizer_bytes(model, stage, recipe)[0]
+    # every microbatch's weight-gradient GEMMs add into the FP32 (or the layout's optim) main grads: read + write
+    grad_rw = 2.0 * optimizer_bytes(model, stage, layout.optim)[0]
     for r, (g, ex, at, rc, cps, cpf, moe_layers, dense_p, routed_p, act, colls) in enumerate(sums):
         head = px.last_head if r == pp - 1 else 0.0
         # one pass (forward, dgrad or wgrad) of the dense GEMMs and of the experts' grouped GEMMs
@@ -433,7 +433,7 @@ def _grad_sync(
     per_byte = 1.0 / (hw.nic_gb_s * 1e9 if _dp_crosses_network(hw, stage, layout.pp) else hw.nvlink_gb_s * 1e9)
     ov = overlaps(recipe, stage)
     hidden = 1.0 - hw.grad_sync_overlap
-    grad_bytes = optimizer_bytes(model, stage, recipe)[0]  # FP32, or the precision-aware optimizer's BF16
+    grad_bytes = optimizer_bytes(model, stage, layout.optim)[0]  # FP32, or the layout's BF16 main grads
     if stage.use_distributed_optimizer:  # reduce-scatter FP32 grads, then all-gather BF16 params
         per_param = grad_bytes * (hidden if ov.grad_reduce else 1.0) + WEIGHT_BYTES * (
             hidden if ov.param_gather else 1.0

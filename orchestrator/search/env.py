@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator.core import cost
-from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig
+from orchestrator.core.schema import HardwareConfig, ModelConfig, RecipeConfig, StageConfig
 from orchestrator.core.states import EdgeKind
 from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
@@ -25,6 +25,9 @@ class PlanEnv:
     hardware: HardwareConfig
     stage: StageConfig
     workload: str = "twin"
+    # the workload's training recipe (None: its defaults): its overlaps and declared numerics (the optimizer
+    # precisions the search may choose) are the planner's
+    recipe: RecipeConfig | None = None
 
     def plan(self, factors: dict[str, float] | None = None, memory_factor: MemoryScale = 1.0) -> list:
         """Feasible candidates (Planned), best predicted step time first."""
@@ -35,6 +38,7 @@ class PlanEnv:
             factors=factors or None,
             memory_factor=memory_factor,
             workload=self.workload,
+            recipe=self.recipe,
         )
         return [c for c in res.candidates if c.prediction.feasible]
 
@@ -49,7 +53,9 @@ class PlanEnv:
         base = self.plan(factors, memory_factor)
         keys = {c.key for c in base}
         hw = dataclasses.replace(self.hardware, hbm_gb=float("inf"))
-        res = planner.plan(self.model, hw, self.stage, factors=factors or None, workload=self.workload)
+        res = planner.plan(
+            self.model, hw, self.stage, factors=factors or None, workload=self.workload, recipe=self.recipe
+        )
         extra = []
         for c in res.candidates:
             if known_fit(c.layout):
@@ -76,6 +82,7 @@ class PlanEnv:
             factors=factors or None,
             memory_factor=memory_factor,
             workload=self.workload,
+            recipe=self.recipe,
             check_memory=check_memory,
         )
         return out if isinstance(out, planner.Planned) else None
@@ -84,7 +91,13 @@ class PlanEnv:
         """(components, step_s, memory_gb) with no calibration, even for a layout over HBM (calibration
         learns from OOMs too, so the memory rule must not hide their components)."""
         out = planner.evaluate(
-            self.model, self.hardware, self.stage, layout, workload=self.workload, check_memory=False
+            self.model,
+            self.hardware,
+            self.stage,
+            layout,
+            workload=self.workload,
+            recipe=self.recipe,
+            check_memory=False,
         )
         if not isinstance(out, planner.Planned):
             return None
@@ -94,14 +107,26 @@ class PlanEnv:
     def raw_probe_s(self, layout: Layout) -> float | None:
         """The planner's uncalibrated compute-only step of the rank a rank probe times (Prediction.probe_step_s)."""
         out = planner.evaluate(
-            self.model, self.hardware, self.stage, layout, workload=self.workload, check_memory=False
+            self.model,
+            self.hardware,
+            self.stage,
+            layout,
+            workload=self.workload,
+            recipe=self.recipe,
+            check_memory=False,
         )
         return out.prediction.probe_step_s or None if isinstance(out, planner.Planned) else None
 
     def raw_memory_terms(self, layout: Layout) -> tuple[dict[str, float], ...]:
         """The planner's uncalibrated memory terms per PP stage (memory.TERMS -> GB); () when illegal."""
         out = planner.evaluate(
-            self.model, self.hardware, self.stage, layout, workload=self.workload, check_memory=False
+            self.model,
+            self.hardware,
+            self.stage,
+            layout,
+            workload=self.workload,
+            recipe=self.recipe,
+            check_memory=False,
         )
         return tuple(out.prediction.memory_terms_by_stage) if isinstance(out, planner.Planned) else ()
 
@@ -120,7 +145,9 @@ class PlanEnv:
         from orchestrator.search.calibrate import memory_estimate, within_band
 
         hw = dataclasses.replace(self.hardware, hbm_gb=float("inf"))
-        res = planner.plan(self.model, hw, self.stage, factors=factors or None, workload=self.workload)
+        res = planner.plan(
+            self.model, hw, self.stage, factors=factors or None, workload=self.workload, recipe=self.recipe
+        )
         out = []
         for c in res.candidates:
             est = memory_estimate(fit, c.prediction.memory_terms_by_stage, c.layout.recompute)

@@ -53,7 +53,9 @@ def next_round(
     seedless = seed is None and history.seedless(ledger, sweep) is not None
     if promotion is not None:
         src_sweep, src_cfg = promotion
-        src_env = PlanEnv(src_cfg.model, src_cfg.hardware, src_cfg.required_stage(), src_cfg.workload.name)
+        src_env = PlanEnv(
+            src_cfg.model, src_cfg.hardware, src_cfg.required_stage(), src_cfg.workload.name, src_cfg.workload.recipe
+        )
         source, source_stage = history.observations(ledger, [src_sweep], src_env), src_cfg.stage
         view.event(f"promoting from sweep {src_sweep.name} ({len([s for s in source if s.ok])} measured)")
     inp = RoundInput(

@@ -83,7 +83,7 @@ class Driver:
         self.policy = make_policy(cfg.policy)  # the searcher: which layouts
         self.schedule = Schedule(cfg.policy)  # the rungs: at which fidelity, how many per round
         self.stage = cfg.required_stage()
-        self.env = PlanEnv(cfg.model, cfg.hardware, self.stage, cfg.workload.name)
+        self.env = PlanEnv(cfg.model, cfg.hardware, self.stage, cfg.workload.name, cfg.workload.recipe)
         self.poll_s = float(cfg.cluster.poll_interval_s)
         self.ttl = float(cfg.ledger.lease_ttl_s)
         self._t0 = time.monotonic()

@@ -89,7 +89,7 @@ def preview(cfg: RootConfig) -> Preview:
         f"budget: {budget.max_gpu_hours:,.0f} GPU-hours = {days:.1f} days of the stage's {stage.gpus:,} GPUs; "
         f"at most {budget.max_runs} runs and {budget.max_rounds} rounds; start-up {budget.startup_s:g} s per launch"
     )
-    env = PlanEnv(cfg.model, hw, stage, cfg.workload.name)
+    env = PlanEnv(cfg.model, hw, stage, cfg.workload.name, cfg.workload.recipe)
     inp = RoundInput(
         round=0, observations=[], known_keys=set(), slots=budget.max_runs, gpu_hours_left=budget.max_gpu_hours
     )

@@ -50,6 +50,7 @@ SAMPLES: dict[str, dict[str, object]] = {
     "flex_backend": {"dispatcher": "flex", "flex_backend": "ncclep"},
     "capacity_factor": {"capacity_factor": 1.5},
     "use_tp_pp_dp_mapping": {"use_tp_pp_dp_mapping": True},
+    "optim": {"optim": "bf16_moments"},
 }
 
 
@@ -70,13 +71,14 @@ def test_samples_cover_the_registry():
 
 
 def test_registry_is_layout_and_each_entry_is_whole():
-    searched = [k for k in KNOBS if k.search is not None]
+    searched = [k for k in KNOBS if k.search is not None or k.declared is not None]
     assert sorted(k.walk for k in searched) == list(range(len(searched)))  # a walk level each, no gaps
     for k in KNOBS:
         assert k.base in (int, float, bool, str, tuple), k.name
         assert k.normalise(k.default) == (k.default if k.parse is None else k.parse(k.default)), k.name
         assert k.flags and all(f in F.FLAGS for f in k.flags), k.name  # argv knows (and dates) every flag
-        assert (k.search is None) == (k.walk is None) == (k.part_of is not None), k.name
+        assert (k.search is None and k.declared is None) == (k.walk is None) == (k.part_of is not None), k.name
+        assert k.search is None or k.declared is None, k.name  # numerics: the recipe's list, never a stage's
         assert k.part_of is None or KNOB[k.part_of].part_of is None, k.name
         assert (k.parse is not None) == (len(knobs.FIELDS.get(k.name, ())) > 1), k.name
         assert (k.label is None) == (k.part_of is not None), k.name

@@ -17,10 +17,16 @@ from orchestrator.core.schema import RecipeConfig
 from orchestrator.job import megatron_check as MC
 from orchestrator.plan import argv as A
 from orchestrator.plan import memory
-from tests.plan.test_argv import CONFIGS, MODEL, build, pattern_for
+from tests.plan.test_argv import CONFIGS as GUIDE_CONFIGS
+from tests.plan.test_argv import MODEL, build, pattern_for
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = RecipeConfig()
+# The V4 recipe's BF16 optimizer state is built only from Transformer Engine's FusedAdam (megatron/core/optimizer/
+# optimizer_config.py), which this CPU machine lacks: the whole training setup here runs each layout with FP32
+# state (Megatron's default). The BF16 argv goes through validate_args in tests/plan/test_argv.py, whole on a node.
+FP32_STATE = "workload.recipe.optim=[fp32]"
+CONFIGS = {name: (replace(lay, optim="fp32"), stage) for name, (lay, stage) in GUIDE_CONFIGS.items()}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +49,7 @@ def test_guide_configs_are_training_ready(megatron, name):
 def test_plan_argv_0_carries_the_recipe_and_megatron_accepts_it(megatron):
     """`plan +stage=1k --argv 0` (the CLI) has --lr and the overlap / fusion flags, and is training-ready."""
     out = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "plan", "+stage=1k", "--argv", "0"],
+        [sys.executable, "-m", "orchestrator", "plan", "+stage=1k", FP32_STATE, "--argv", "0"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -115,6 +121,7 @@ def test_megatron_parses_the_recipe_and_builds_the_optimizer_state_the_memory_mo
     import torch
 
     layout, stage = CONFIGS["A"]
+    layout = replace(layout, optim="fp32")  # FP32 state: the BF16 one needs TE's FusedAdam (tests/plan/test_argv.py)
     args = MC.validated_args(MC.for_parser(build(layout, stage))[0], stage.gpus)
     config = MC.training_setup(args, transformer_config=False)
     assert config.optimizer == "adam" and not config.use_precision_aware_optimizer
@@ -171,9 +178,11 @@ def offloading_argvs(every: bool = False) -> list[tuple[str, list[str], int, dic
     from orchestrator.plan import planner
     from orchestrator.plan import rules as R
 
-    cfg = compose(["+stage=16k", "workload=megatron", f"+stage.lifted_rules=[{R.FULL_RECOMPUTE_HASH_MHC}]"]).cfg
+    lifted = f"+stage.lifted_rules=[{R.FULL_RECOMPUTE_HASH_MHC}]"
+    cfg = compose(["+stage=16k", "workload=megatron", lifted, FP32_STATE]).cfg
     out, seen = [], set()
-    for p in planner.plan(cfg.model, cfg.hardware, cfg.stage, workload="megatron").candidates:
+    res = planner.plan(cfg.model, cfg.hardware, cfg.stage, workload="megatron", recipe=cfg.workload.recipe)
+    for p in res.candidates:
         lay = p.layout
         kind = (lay.offload, lay.recompute, lay.cp, lay.dispatcher, lay.mbs)
         if not lay.offload or (not every and kind in seen):
@@ -210,7 +219,8 @@ def test_dev_accepts_the_packed_data_at_cp1_and_every_kind_of_offloading_argv_wi
 
     from orchestrator.runspec import warm_start_flags
     from tests.megatron_env import DEV, megatron_tree, run_in_tree
-    from tests.plan.test_argv import CONFIGS as GUIDE
+
+    GUIDE = CONFIGS
 
     cases = [
         {"key": f"guide-{n}", "argv": build(lay, st), "world": st.gpus, "env": {}, "te": MC.NODE_TE}

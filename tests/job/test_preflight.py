@@ -87,7 +87,9 @@ def test_request_lists_every_kept_candidate_and_what_the_space_needs():
     assert req.cudnn_dsa and not req.muon  # attention_backend cudnn; model.optimizer adam (dev's recipe)
     assert req.entry_script == "/opt/megatron-lm/pretrain_hybrid.py"
     assert all(c.world == 1024 for c in req.candidates)
-    muon, _ = pf.candidates(compose(["+stage=1k", "workload=megatron", "model.optimizer=muon"]).cfg)
+    # Muon has no precision-aware optimizer (dev optimizer_config.py:519-525): it declares FP32 state
+    muon_cfg = compose(["+stage=1k", "workload=megatron", "model.optimizer=muon", "workload.recipe.optim=[fp32]"]).cfg
+    muon, _ = pf.candidates(muon_cfg)
     assert muon.muon  # --optimizer muon asks preflight for the emerging-optimizers package
 
 

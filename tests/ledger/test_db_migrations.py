@@ -49,32 +49,14 @@ def test_upgrade_from_previous_revision_keeps_data(ledger_url):
                 )
                 .returning(m.Sweep.__table__.c.id)
             ).scalar_one()
-            cand_id = conn.execute(
-                insert(m.Candidate.__table__)
-                .values(
-                    sweep_id=sweep_id,
-                    key="k" * 32,
-                    tp=1,
-                    pp=8,
-                    vpp=1,
-                    cp=1,
-                    ep=64,
-                    etp=1,
-                    mbs=1,
-                    recompute="none",
-                    offload="none",
-                    dispatcher="alltoall",
-                    use_tp_pp_dp_mapping=False,
-                    layer_pattern="",
-                    layout={"ep": 64},
-                    predicted={},
-                    verdict="legal",
-                    round=0,
-                    status="planned",
-                    created_at=now,
-                    updated_at=now,
-                )
-                .returning(m.Candidate.__table__.c.id)
+            cand_id = conn.execute(  # the columns of revision N-1 only (the model's defaults name the new one)
+                text(
+                    "INSERT INTO candidate (sweep_id, key, tp, pp, vpp, cp, ep, etp, mbs, recompute, offload,"
+                    " dispatcher, use_tp_pp_dp_mapping, layer_pattern, layout, predicted, verdict, round, status,"
+                    " created_at, updated_at) VALUES (:s, :k, 1, 8, 1, 1, 64, 1, 1, 'none', 'none', 'alltoall',"
+                    " :f, '', :lay, '{}', 'legal', 0, 'planned', :now, :now) RETURNING id"
+                ),
+                {"s": sweep_id, "k": "k" * 32, "f": False, "lay": '{"ep": 64}', "now": now},
             ).scalar_one()
             conn.execute(  # the columns of revision N-1 only (the model's defaults name the new one)
                 text(
@@ -84,13 +66,15 @@ def test_upgrade_from_previous_revision_keeps_data(ledger_url):
                 ),
                 {"c": cand_id, "t": True, "now": now},
             )
-        # what the head revision (0011: each result's settled_iters) adds is not there yet at N-1
-        assert "settled_iters" not in {c["name"] for c in inspect(eng).get_columns("result")}
+        # what the head revision (0012: each candidate's optimizer precision) adds is not there yet at N-1
+        assert "optim" not in {c["name"] for c in inspect(eng).get_columns("candidate")}
         if eng.dialect.name != "sqlite":  # a team database is never upgraded behind the user's back
             with pytest.raises(LedgerError, match=f"schema revision {previous}.*db upgrade"):
                 Ledger.open(ledger_url)
         assert E.upgrade(eng).up_to_date
-        assert "settled_iters" in {c["name"] for c in inspect(eng).get_columns("result")}
+        assert "optim" in {c["name"] for c in inspect(eng).get_columns("candidate")}
+        with eng.connect() as conn:  # a candidate stored before 0012 ran Megatron's FP32 default
+            assert conn.execute(text("SELECT optim FROM candidate")).scalar_one() == "fp32"
     finally:
         eng.dispose()
     with Ledger.open(ledger_url) as led:

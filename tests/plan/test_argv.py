@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.core.decision import Decision
+from orchestrator.core.knobs import OPTIM_DTYPES
 from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig
 from orchestrator.plan import argv as A
 from orchestrator.plan import flags as F
@@ -127,6 +128,11 @@ def check_with_megatron(arguments, layout: Layout, stage: StageConfig, argv: lis
     assert args.num_layers == A.pattern_layers(argv[argv.index("--hybrid-layer-pattern") + 1])
     assert args.global_batch_size // (args.micro_batch_size * args.data_parallel_size) == g.m
     assert args.sequence_parallel == (layout.tp > 1)
+    # the optimizer precision: Megatron's own dtypes after validate_args (dev A:1147-1150 maps the names)
+    torch_name = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
+    assert bool(args.use_precision_aware_optimizer) == (layout.optim != "fp32")
+    dtypes = (args.main_grads_dtype, args.main_params_dtype, args.exp_avg_dtype, args.exp_avg_sq_dtype)
+    assert tuple(str(d) for d in dtypes) == tuple(torch_name[n] for n in OPTIM_DTYPES[layout.optim])
     return args
 
 
@@ -206,6 +212,7 @@ def legal_layouts(draw):
     dispatcher, _, backend = disp.partition(":")
     cf = draw(st.sampled_from([None, 1.0, 1.5]))
     mapping = draw(st.booleans())
+    optim = draw(st.sampled_from(["fp32", "bf16", "bf16_moments"]))
     assume(not (mapping and pp > 1 and per_stage // (etp * ep) != per_stage // (tp * cp)))  # PS:898
     layout = Layout(
         tp=tp,
@@ -221,6 +228,7 @@ def legal_layouts(draw):
         flex_backend=backend or None,
         capacity_factor=cf,
         use_tp_pp_dp_mapping=mapping,
+        optim=optim,
     )
     return layout, stage
 

@@ -216,7 +216,9 @@ def test_ep_overlap_hides_the_all_to_all_up_to_the_compute_and_tp_costs_collecti
 )
 def test_plan_argv_0_of_a_new_model_is_training_ready(name, system):
     """`plan +stage=1k model=NAME hardware=SYSTEM --argv 0` (the CLI) prints the GPT path's flags for the planner's
-    best layout, and megatron-core 0.19.2 parses, validates and builds its optimizer from them (as a Blackwell part)."""
+    best layout, and megatron-core 0.19.2 parses, validates and builds its optimizer from them (as a Blackwell part).
+    FP32 optimizer state declared: Megatron builds the precision-aware optimizer only from Transformer Engine's
+    FusedAdam, which a CPU machine lacks (the BF16 path: test_the_precision_aware_optimizer_is_emitted_...)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -231,6 +233,7 @@ def test_plan_argv_0_of_a_new_model_is_training_ready(name, system):
             "+stage=1k",
             f"model={name}",
             f"hardware={system}",
+            "workload.recipe.optim=[fp32]",
             "--argv",
             "0",
         ],
@@ -258,20 +261,21 @@ def test_the_precision_aware_optimizer_is_emitted_counted_and_built_as_megatron_
     m, hw = model("dsv3"), hardware("h100")
     stage = _stage(gpus=1024, global_batch=8192)
     lay = Layout(tp=2, pp=8, vpp=4, ep=64, recompute=("mla_up_proj", "mlp"))
-    bf16 = replace(A.DEFAULT_RECIPE, main_grads_dtype="bf16", exp_avg_dtype="bf16")
-    assert memory.optimizer_bytes(m, stage, bf16) == (2, 8)
-    assert memory.optimizer_bytes(m, stage, A.DEFAULT_RECIPE) == (memory.GRAD_BYTES, memory.ADAM_BYTES)
-    assert not memory.precision_aware(m, replace(stage, use_distributed_optimizer=False), bf16)
-    fp32, pa = (evaluate(m, hw, stage, lay, check_memory=False, recipe=r) for r in (A.DEFAULT_RECIPE, bf16))
+    assert memory.optimizer_bytes(m, stage, "bf16") == (2, 8)
+    assert memory.optimizer_bytes(m, stage, "bf16_moments") == (4, 8)
+    assert memory.optimizer_bytes(m, stage) == (memory.GRAD_BYTES, memory.ADAM_BYTES)
+    assert not memory.precision_aware(m, replace(stage, use_distributed_optimizer=False), "bf16")
+    fp32, pa = (evaluate(m, hw, stage, replace(lay, optim=o), check_memory=False) for o in ("fp32", "bf16"))
     assert isinstance(fp32, Planned) and isinstance(pa, Planned)
     assert pa.prediction.memory_gb < fp32.prediction.memory_gb - 5  # the 1,024-H100 anchor row's heaviest rank
     g32, g16 = (p.prediction.step_components["grad_sync"] for p in (fp32, pa))
     assert g16 == pytest.approx(g32 * (2 + 2) / (4 + 2), rel=1e-6)  # BF16 reduce-scatter, BF16 param all-gather
-    argv = A.megatron_argv(m, stage, lay, layer_pattern=pa.prediction.layer_pattern, train_iters=10, recipe=bf16)
+    argv = A.megatron_argv(m, stage, pa.layout, layer_pattern=pa.prediction.layer_pattern, train_iters=10)
     flags = A.parse_flags(argv)
     assert flags["use_precision_aware_optimizer"] and flags["main_grads_dtype"] == flags["exp_avg_dtype"] == "bf16"
+    assert flags["main_params_dtype"] == "fp32" and flags["exp_avg_sq_dtype"] == "bf16"
     assert "--use-precision-aware-optimizer" not in A.megatron_argv(
-        m, stage, lay, layer_pattern=pa.prediction.layer_pattern, train_iters=10
+        m, stage, fp32.layout, layer_pattern=pa.prediction.layer_pattern, train_iters=10
     )
     MC.import_megatron()
     args = MC.validated_args(MC.for_parser(argv)[0], stage.gpus)
@@ -284,8 +288,8 @@ def test_the_precision_aware_optimizer_is_emitted_counted_and_built_as_megatron_
     else:
         config = MC.training_setup(args, transformer_config=False)
         assert config.use_precision_aware_optimizer and config.exp_avg_sq_dtype == torch.bfloat16
-    with pytest.raises(ValueError, match="main_grads_dtype"):
-        memory.optimizer_bytes(m, stage, replace(bf16, main_grads_dtype="fp8"))
+    with pytest.raises(ValueError, match="optimizer precision 'fp8'"):
+        memory.optimizer_bytes(m, stage, "fp8")
 
 
 def test_every_microbatch_adds_its_weight_gradients_into_the_main_grads():
@@ -296,18 +300,18 @@ def test_every_microbatch_adds_its_weight_gradients_into_the_main_grads():
     grows, less with BF16 main grads; at EP32 the same traffic per GPU is 32x smaller and hides under them."""
     m, hw = model("qwen3_235b_a22b"), hardware("gb300")
     stage = _stage(gpus=256, global_batch=8192, gpus_per_node=4, precision="mxfp8")
-    bf16 = replace(A.DEFAULT_RECIPE, main_grads_dtype="bf16", exp_avg_dtype="bf16")
 
-    def compute(lay: Layout, recipe) -> float:
-        return evaluate(m, hw, stage, lay, check_memory=False, recipe=recipe).prediction.step_components["compute"]
+    def compute(lay: Layout, optim: str) -> float:
+        lay = replace(lay, optim=optim)
+        return evaluate(m, hw, stage, lay, check_memory=False).prediction.step_components["compute"]
 
     ep1, ep32 = Layout(tp=2, pp=8, vpp=2, ep=1, mbs=2), Layout(pp=4, ep=32, mbs=2)
-    saved = compute(ep1, A.DEFAULT_RECIPE) - compute(ep1, bf16)
+    saved = compute(ep1, "fp32") - compute(ep1, "bf16")
     # m = 256 microbatches, at most 12 of the 94 layers on a PP8 rank, 2 B less read and written per routed param
     routed_layer = m.num_experts * 3 * m.hidden_size * m.moe_ffn_hidden_size
     most = 256 * 12 * routed_layer * 4 / (hw.hbm_gb_s * 1e9)
     assert most / 2 < saved <= most
-    assert compute(ep32, A.DEFAULT_RECIPE) == compute(ep32, bf16)
+    assert compute(ep32, "fp32") == compute(ep32, "bf16")
 
 
 def test_the_expert_output_is_written_but_not_kept():

@@ -303,8 +303,8 @@ def test_distributed_optimizer_shards_optimizer_state(lay):
 
 
 def test_cp_divides_activations_and_adam_costs_more_than_muon():
-    a = heavy(Layout(pp=8, ep=64, recompute=("full",)))  # MODEL.optimizer: adam
-    b = heavy(Layout(pp=8, ep=64, cp=4, recompute=("full",)))
+    a = heavy(Layout(pp=8, ep=64, recompute=("full",), optim="fp32"))  # MODEL.optimizer: adam, FP32 state
+    b = heavy(Layout(pp=8, ep=64, cp=4, recompute=("full",), optim="fp32"))
     assert b.activations < a.activations / 3
     muon = dataclasses.replace(MODEL, optimizer="muon")
     lay = Layout(pp=8, ep=64, recompute=("full",))
@@ -403,8 +403,8 @@ def test_step_time_reacts_to_the_guides_levers():
 
 def test_grad_sync_hides_exactly_what_the_recipe_overlaps():
     """The step time hides gradient sync only as far as the argv turns overlap on (argv.overlaps): the
-    reduce-scatter with --overlap-grad-reduce, the all-gather with --overlap-param-gather."""
-    lay = Layout(pp=8, ep=64, recompute=("full",))
+    reduce-scatter with --overlap-grad-reduce, the all-gather with --overlap-param-gather (FP32 main grads)."""
+    lay = Layout(pp=8, ep=64, recompute=("full",), optim="fp32")
     on = predict(lay)[3].components["grad_sync"]
     off = predict(lay, recipe=RecipeConfig(overlap_grad_reduce=False))[3].components["grad_sync"]
     no_gather = predict(lay, recipe=RecipeConfig(overlap_param_gather=False))[3].components["grad_sync"]

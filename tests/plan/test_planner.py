@@ -64,11 +64,14 @@ def test_config_a_on_1k():
 
 
 def test_configs_b_and_c_on_8k():
-    """C fits an H100 with full recompute; B does not (~89 GB: full recompute keeps two layer inputs per
-    block), so B is planned on h200 and only the memory rule rejects it on h100."""
+    """C fits an H100 with full recompute; B with FP32 optimizer state does not (~89 GB: full recompute keeps two
+    layer inputs per block), so only the memory rule rejects it on h100, while B with the V4 recipe's BF16 main
+    grads and moments (~74 GB) fits; B is planned on h200."""
     c8 = cfg("8k")
-    on_h100 = evaluate(c8.model, c8.hardware, c8.stage, Layout(pp=8, cp=1, ep=64, recompute=("full",)))
+    b_full = Layout(pp=8, cp=1, ep=64, recompute=("full",))
+    on_h100 = evaluate(c8.model, c8.hardware, c8.stage, replace(b_full, optim="fp32"))
     assert isinstance(on_h100, Rejected) and on_h100.rule_ids == ["mem.exceeds_hbm"]
+    assert isinstance(evaluate(c8.model, c8.hardware, c8.stage, b_full), Planned)  # optim: the recipe's bf16
     assert find(planned("8k"), cp=4, **GUIDE, recompute=("full",))[0].prediction.feasible  # C on h100
     b = find(planned("8k", "h200"), cp=1, **GUIDE)[0]
     c = find(planned("8k"), cp=4, **GUIDE)[0]

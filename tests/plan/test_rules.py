@@ -148,6 +148,15 @@ CASES = {
         ctx(lay(offload=("expert_fc1",)), argv=("--offload-modules", "x")),
     ),
     "mem.exceeds_hbm": (ctx(memory_gb=77.0), ctx(memory_gb=75.0)),  # h100: 80 GB, margin 4 GB
+    "mcore.optim_known": (ctx(lay(optim="fp8")), ctx(lay(optim="bf16_moments"))),
+    "mcore.precision_aware_needs_adam_distopt": (
+        ctx(lay(optim="bf16"), stage={"use_distributed_optimizer": False}),
+        ctx(lay(optim="fp32"), stage={"use_distributed_optimizer": False}),
+    ),
+    "mcore.bf16_grads_vs_fp32_accumulation": (
+        ctx(lay(optim="bf16"), argv=("--accumulate-allreduce-grads-in-fp32",)),
+        ctx(lay(optim="bf16_moments"), argv=("--accumulate-allreduce-grads-in-fp32",)),
+    ),
     # V4-Pro: 3 hash-routed MoE layers inside mHC wrappers (4 streams): full recompute drops their input_ids
     "v4.full_recompute_hash_mhc": (
         ctx(lay(recompute=("full",))),
@@ -213,6 +222,7 @@ _layouts = st.builds(
     flex_backend=st.sampled_from([None, "deepep", "hybridep", "ncclep"]),
     capacity_factor=st.sampled_from([None, 1.0]),
     use_tp_pp_dp_mapping=st.booleans(),
+    optim=st.sampled_from(["fp32", "bf16", "bf16_moments", "fp8"]),
 )
 
 
@@ -238,6 +248,7 @@ _legal = st.builds(
     offload=st.sampled_from([(), ("expert_fc1",)]),
     dispatcher=st.sampled_from(["alltoall", "allgather", "flex"]),
     capacity_factor=st.sampled_from([None, 1.5]),
+    optim=st.sampled_from(["fp32", "bf16", "bf16_moments"]),
 )
 
 
@@ -272,3 +283,32 @@ def test_a_lifted_rule_is_not_checked_and_only_a_fix_can_lift_one():
     notes = R.lift_notes(STAGE)
     assert len(notes) == 1 and "holds until preflight finds" in notes[0] and "#6704" in notes[0]
     assert "lifted" in R.lift_notes(replace(STAGE, lifted_rules=[R.FULL_RECOMPUTE_HASH_MHC]))[0]
+
+
+@pytest.mark.megatron
+@pytest.mark.parametrize(
+    ("optimizer", "distributed", "optim"), [("sgd", True, "bf16"), ("adam", False, "bf16"), ("adam", True, "bf16")]
+)
+def test_the_precision_aware_rule_rejects_what_megatron_rejects(optimizer, distributed, optim):
+    """mcore.precision_aware_needs_adam_distopt fires exactly where Megatron's OptimizerConfig asserts (dev
+    megatron/core/optimizer/optimizer_config.py:519-525; megatron-core 0.19.2, installed here, asserts the same)."""
+    from tests.megatron_env import import_megatron
+
+    import_megatron()
+    from megatron.core.optimizer import OptimizerConfig
+
+    rule = R.BY_ID["mcore.precision_aware_needs_adam_distopt"]
+    fires = rule.violated(
+        ctx(lay(optim=optim), stage={"use_distributed_optimizer": distributed}, model={"optimizer": optimizer})
+    )
+    try:
+        OptimizerConfig(
+            optimizer=optimizer, use_distributed_optimizer=distributed, use_precision_aware_optimizer=optim != "fp32"
+        )
+        megatron_rejects = False
+    except AssertionError:
+        megatron_rejects = True
+    except RuntimeError as e:  # past the assertions: the optimizer then wants TE's FusedAdam, absent on a CPU box
+        assert "FusedAdam" in str(e)
+        megatron_rejects = False
+    assert fires == megatron_rejects

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -128,8 +129,11 @@ def test_dev_accepts_the_v4_flash_argv_of_nvidias_layout_and_of_the_planners_bes
     own = evaluate(m, hw, stage, row.layout(), check_memory=False, recipe=recipe)
     assert isinstance(own, Planned)
     cases = []
-    for key, p, r in (("nvidia", own, recipe), ("best", best, recipe), ("nvidia-fp32-state", own, A.DEFAULT_RECIPE)):
-        argv = A.megatron_argv(m, stage, p.layout, layer_pattern=p.prediction.layer_pattern, train_iters=2, recipe=r)
+    assert own.layout.optim == best.layout.optim == "bf16_moments"  # the row's declared optimizer precision
+    fp32_state = replace(own.layout, optim="fp32")
+    runs = (("nvidia", own, own.layout), ("best", best, best.layout), ("nvidia-fp32-state", own, fp32_state))
+    for key, p, lay in runs:
+        argv = A.megatron_argv(m, stage, lay, layer_pattern=p.prediction.layer_pattern, train_iters=2, recipe=recipe)
         cases.append({"key": key, "argv": argv, "world": row.gpus, "env": {}, "te": MC.NODE_TE, "arch": 10})
     assert "--exp-avg-dtype" in cases[0]["argv"] and "--moe-flex-dispatcher-backend" in cases[0]["argv"]
     assert "--exp-avg-dtype" not in cases[2]["argv"]
