@@ -20,6 +20,7 @@ from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger, SweepRow
 from orchestrator.report import path
 from orchestrator.sweep import observe
+from orchestrator.sweep.price import against
 
 KNOB_COLUMNS = tuple(k.column for k in knobs.DISPLAYED)  # every knob; the page shows those that vary
 TABLE_COLUMNS = (
@@ -94,6 +95,7 @@ class Spend:
     stop: str | None  # the driver's last "stop" event: why it stopped (None: never stopped yet)
     status: str  # the sweep's status (running, done, interrupted, cancelled)
     simulated: bool
+    price: str | None = None  # spend against the whole sweep's simulated price (sweep/price.against), if stored
 
 
 @dataclass
@@ -245,6 +247,7 @@ def _spend(ledger: Ledger, sweep: SweepRow, stage: StageConfig, spent: observe.S
         stop=stops[-1].message if stops else None,
         status=str(sweep.status),
         simulated=spent.simulated,
+        price=against(sweep.provenance, spent.gpu_hours),
     )
 
 
