@@ -37,7 +37,16 @@ from orchestrator.search import memfit, moves
 from orchestrator.sweep.simulate import Launch, SweepRun, run_sweep
 
 SEED = 0
-COMPONENT_SD = 0.25  # log-sd of one step component's factor across surfaces
+# log-sd of one step component's factor across surfaces: the calibration's factors move a component by tens of
+# percent, the compute factor up to 1.5-1.7x on the bench's surfaces (docs/search-log.md), inside this band's 90%
+COMPONENT_SD = 0.35
+# log-sd of one knob value's own factor (one per surface, shared by every layout with that value, at every stage):
+# the structured error no per-component calibration absorbs (a dispatcher's bandwidth, a recompute set's
+# activations, a PP depth's imbalance), which is what keeps a real sweep going round after round
+KNOB_SD = 0.08
+KNOB_MEMORY_SD = 0.10  # the same for memory: per recompute set, CP and micro-batch (the activations' knobs)
+STEP_KNOBS = ("pp", "vpp", "cp", "ep", "mbs", "recompute", "dispatcher_label")
+MEMORY_KNOBS = ("recompute", "cp", "mbs")
 MAX_DRAWS = 3  # draws per sample: a surface on which nothing fits is redrawn (that sweep measures nothing)
 Z90 = 1.6449  # the standard normal's 95th percentile: a two-sided 90% range
 
@@ -45,6 +54,13 @@ Z90 = 1.6449  # the standard normal's 95th percentile: a two-sided 90% range
 def _gh(x: float) -> str:
     """GPU-hours as the lines print them: whole hours, or two figures for a sweep of a few."""
     return f"{x:,.0f}" if x >= 10 else f"{x:.2g}"
+
+
+def _normal(seed: int) -> float:
+    """One standard normal draw from its own seed."""
+    import numpy as np
+
+    return float(np.random.default_rng(seed).normal())
 
 
 def _rng_seed(*parts: object) -> int:
@@ -91,13 +107,22 @@ class SampledSurface:
                 comps = p.step_components or {"compute": p.step_time_s}
                 raw = sum(comps.values()) or 1.0
                 scale = sum(v * self.factors.get(k, 1.0) for k, v in comps.items()) / raw
-                off = float(math.exp(rng.normal(0.0, moves.PRIOR_SD_FLOOR)))
+                off = float(math.exp(rng.normal(0.0, moves.PRIOR_SD_FLOOR))) * self._knobs(layout, STEP_KNOBS, KNOB_SD)
                 step = p.step_time_s * scale * off
                 probe = (p.probe_step_s or p.step_time_s) * self.factors["compute"] * off
                 jitter = float(math.exp(rng.normal(0.0, memfit.MIN_BAND)))
+                jitter *= self._knobs(layout, MEMORY_KNOBS, KNOB_MEMORY_SD)
                 gb = tuple(m * self.memory * jitter for m in (p.memory_by_stage or (p.memory_gb,)))
                 self._cache[key] = (step, probe, gb, cfg.hardware.hbm_gb)
         return self._cache[key]
+
+    def _knobs(self, layout, names: Sequence[str], sd: float) -> float:
+        """The product of this surface's factors for the layout's values of `names` (each drawn once, by value)."""
+        out = 1.0
+        for name in names:
+            value = getattr(layout, name)
+            out *= math.exp(sd * _normal(_rng_seed(self.seed, name, repr(value))))
+        return out
 
     def _times(self, step: float, iters: int, key: str, attempt: int) -> tuple[float, ...]:
         import numpy as np
