@@ -18,7 +18,7 @@ A stage that promotes from another (8k from 1k) simulates its source's sweep fir
 
 A drawn surface on which no layout runs at scale is redrawn: a sweep there stops with nothing measured, and its
 few GPU-hours are no price of a decision. The range is a lognormal predictive interval of the sampled spends
-(mean and sd of their logs, widened by sqrt(1 + 1/n) for the few samples a dry run affords); every draw is
+(mean and sd of their logs, Student's t quantile and sqrt(1 + 1/n) for the few samples a dry run affords); every draw is
 seeded, so the same config prints the same price.
 """
 
@@ -48,7 +48,10 @@ KNOB_MEMORY_SD = 0.10  # the same for memory: per recompute set, CP and micro-ba
 STEP_KNOBS = ("pp", "vpp", "cp", "ep", "mbs", "recompute", "dispatcher_label")
 MEMORY_KNOBS = ("recompute", "cp", "mbs")
 MAX_DRAWS = 3  # draws per sample: a surface on which nothing fits is redrawn (that sweep measures nothing)
-Z90 = 1.6449  # the standard normal's 95th percentile: a two-sided 90% range
+# Student's t 95th percentile by degrees of freedom (n - 1 of n sampled spends): a two-sided 90% predictive range
+# when the spread itself is estimated from a few samples; the normal's beyond the table
+T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812}
+Z90 = 1.6449
 
 
 def _gh(x: float) -> str:
@@ -196,7 +199,7 @@ def interval(spends: Sequence[float]) -> tuple[float, float]:
     n = len(logs)
     mu = sum(logs) / n
     sd = math.sqrt(sum((x - mu) ** 2 for x in logs) / (n - 1)) if n > 1 else 0.0
-    half = Z90 * sd * math.sqrt(1.0 + 1.0 / n)
+    half = T95.get(n - 1, Z90) * sd * math.sqrt(1.0 + 1.0 / n)
     return math.exp(mu - half), math.exp(mu + half)
 
 

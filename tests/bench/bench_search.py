@@ -223,8 +223,8 @@ def run(
                     )
                     row.price_lo, row.price_hi, row.price_mean = pr.lo, pr.hi, pr.gpu_hours
                     print(
-                        f"   price: {pr.line()}; actual {_gh(row.sweep_gpu_h)}: "
-                        + ("in range" if row.in_range else "OUT of range"),
+                        f"   price: {pr.line()} [samples {', '.join(_gh(s) for s in pr.samples)}]; "
+                        f"actual {_gh(row.sweep_gpu_h)}: " + ("in range" if row.in_range else "OUT of range"),
                         file=out,
                         flush=True,
                     )
