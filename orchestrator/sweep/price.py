@@ -203,6 +203,11 @@ def interval(spends: Sequence[float]) -> tuple[float, float]:
     return math.exp(mu - half), math.exp(mu + half)
 
 
+def measured(run: SweepRun) -> bool:
+    """The simulated sweep measured a layout at scale (a surface where none did is redrawn)."""
+    return any(x[5] == "full" and x[3] is not None for x in run.launches)
+
+
 def simulate(
     cfg: RootConfig, config_yaml: str, source: tuple[RootConfig, str] | None, seed: int, folder: Path
 ) -> SweepRun:
@@ -217,7 +222,9 @@ def simulate(
     try:
         if cfg.required_stage().promotes_from and source is not None:
             src_cfg, src_yaml = source
-            run_sweep(led, src_cfg, src_yaml, surface, "price-source", src_cfg.required_stage().budget.startup_s)
+            src = run_sweep(led, src_cfg, src_yaml, surface, "price-source", src_cfg.required_stage().budget.startup_s)
+            if not measured(src):  # nothing to promote from on this surface: it is redrawn (price())
+                return SweepRun(policy=cfg.policy.name, reason="its source stage measured nothing")
         return run_sweep(led, cfg, config_yaml, surface, "price", st.budget.startup_s)
     finally:
         led.close()
@@ -238,7 +245,7 @@ def price(
     with tempfile.TemporaryDirectory(prefix="sweep-price-") as tmp:
         for i in range(MAX_DRAWS * samples):
             run = simulate(cfg, config_yaml, source, _rng_seed(seed, i), Path(tmp))
-            if any(x[5] == "full" and x[3] is not None for x in run.launches):
+            if measured(run):
                 runs.append(run)
             if len(runs) == samples:
                 break
