@@ -58,6 +58,7 @@ def lease_line(lease: dict | None, last_event: str | None) -> str:
 def gather(ledger, name: str) -> dict:
     from orchestrator import history
     from orchestrator.config import root_from_yaml
+    from orchestrator.core.price import against
 
     sweep = ledger.get_sweep(name)
     if sweep is None:
@@ -109,6 +110,8 @@ def gather(ledger, name: str) -> dict:
             "probe_gpus": cfg.cluster.probe_gpus,
         },
         "simulated": spent.simulated,
+        "price": (sweep.provenance or {}).get("price"),  # the whole sweep's simulated price, stored at its start
+        "price_line": against(sweep.provenance, spent.gpu_hours),
         "cut_early": len(cut_ids),
         "probes": history.provenance_of(ledger, [sweep]).line(),
         "best": history.best_of(ledger, name),
@@ -151,6 +154,8 @@ def run(args, overrides) -> int:
         + history.fidelity_split(info["gpu_hours_by_fidelity"])
         + f"; {info['cluster_hours']['decision']:.1f} h to a decision on {info['cluster_hours']['cluster_gpus']} GPUs"
     )
+    if info["price_line"]:
+        print(f"  {info['price_line']}")
     print(f"  {lease_line(info['lease'], info['last_lease_event'])}")
     if info["cut_early"]:
         print(

@@ -49,8 +49,9 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the resolved config, the budget (GPU-hours, cluster-days) and round 0's layouts with their "
-        "predicted cost; launch nothing, write nothing",
+        help="print the resolved config, the budget (GPU-hours, cluster-days), round 0's layouts with their "
+        "predicted cost and the whole sweep's simulated price (stage.budget.price_samples); launch nothing, write "
+        "nothing",
     )
     parser.add_argument(
         "--cfg",
@@ -166,6 +167,21 @@ def report(outcome, args, cfg=None, overrides=()) -> int:
     return exit_status(outcome)
 
 
+def source_of(cfg, overrides):
+    """The config and YAML of the stage `cfg`'s stage promotes from, with this command's other overrides (as
+    `sweep +stage=1k ...` before `sweep +stage=8k ...`): the whole sweep's price simulates it first. None when
+    the stage promotes from none, or that config does not compose (the price then runs the stage on its own)."""
+    src = cfg.required_stage().promotes_from
+    if not src:
+        return None
+    keep = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != "stage"]
+    try:
+        composed = compose([*keep, f"+stage={src}"])
+    except Exception:  # noqa: BLE001 - an override the source stage refuses: priced standalone
+        return None
+    return composed.cfg, composed.to_yaml()
+
+
 def run(args, overrides) -> int:
     from orchestrator.runspec import check_workload
     from orchestrator.sweep import run_sweep
@@ -186,7 +202,9 @@ def run(args, overrides) -> int:
     check_workload(cfg)  # a command that cannot start here (preflight-lite on cluster=local) is refused first
     default_name(cfg)  # an unsafe sweep name too: a refused sweep prints nothing but its error line
     # The price before the spend: a dry run prints it and stops; a sweep prints it first, once its ledger opens.
-    price = preview(cfg).lines()
+    n = stage.budget.price_samples
+    pv = preview(cfg, composed.to_yaml(), source_of(cfg, overrides) if n else None, samples=n)
+    price = pv.lines()
     if getattr(args, "dry_run", False):
         print("\n".join(price))
         print("dry run: nothing launched, nothing written (drop --dry-run to run the sweep)")
@@ -199,5 +217,6 @@ def run(args, overrides) -> int:
         view=view,
         preface=price,
         resume=lambda name: resume_command(name, overrides),
+        price=pv.whole.to_dict() if pv.whole is not None else None,
     )
     return report(outcome, args, cfg, overrides)

@@ -161,6 +161,11 @@ class BudgetConfig:
     # Charged to every launch on top of its iterations: process start, model build, first step (minutes at
     # scale). GPU-hours of one attempt = N x (startup_s + its window's iterations x mean step) / 3600.
     startup_s: float = ranged(0.0, 0)
+    # The whole sweep's price (orchestrator/sweep/price.py): the policy's own sweep simulated on this many surfaces
+    # drawn from the planner's predictions and error bands, printed by the dry run and a sweep's first lines and
+    # kept for `status` and the report; 0 (the default): no whole-sweep price. Off until it is fast and its range
+    # holds the bench's actual totals (docs/search-log.md: 1 of 8 1k rows inside, minutes of simulation per dry run).
+    price_samples: int = ranged(0, 0)
 
 
 @dataclass

@@ -14,6 +14,7 @@ import yaml
 from orchestrator import history
 from orchestrator.core import knobs, metrics, ranking
 from orchestrator.core.metrics import STEP_P50
+from orchestrator.core.price import against
 from orchestrator.core.schema import EffectiveConfig, StageConfig
 from orchestrator.core.states import CandidateStatus, EdgeKind, EventKind, Fidelity
 from orchestrator.evidence.effective import effective_throughput
@@ -94,6 +95,7 @@ class Spend:
     stop: str | None  # the driver's last "stop" event: why it stopped (None: never stopped yet)
     status: str  # the sweep's status (running, done, interrupted, cancelled)
     simulated: bool
+    price: str | None = None  # spend against the whole sweep's simulated price (sweep/price.against), if stored
 
 
 @dataclass
@@ -245,6 +247,7 @@ def _spend(ledger: Ledger, sweep: SweepRow, stage: StageConfig, spent: history.S
         stop=stops[-1].message if stops else None,
         status=str(sweep.status),
         simulated=spent.simulated,
+        price=against(sweep.provenance, spent.gpu_hours),
     )
 
 

@@ -120,7 +120,9 @@ def spend(d: ReportData) -> str:
         "<p class='note' id='spend'>"
         f"Spent <b>{s.gpu_hours:,.1f}{sim} GPU-hours</b> of the {s.max_gpu_hours:,.0f} budgeted{share}"
         f"{' (' + esc(split) + ')' if split else ''}; {s.runs} of {s.max_runs} runs, {s.rounds} of "
-        f"{s.max_rounds} rounds. Stopped: {esc(stop)}.</p>"
+        f"{s.max_rounds} rounds. Stopped: {esc(stop)}."
+        + (f" {esc(s.price[0].upper() + s.price[1:])}." if s.price else "")
+        + "</p>"
     )
 
 

@@ -115,11 +115,14 @@ def run_sweep(
     launcher=None,
     preface: Sequence[str] = (),
     resume: Callable[[str], str] = plain_resume,
+    price: dict | None = None,
 ) -> Outcome:
     """Create the sweep (or continue the one with this name) and drive it to its end. `preface`: the lines said
     first, once the ledger is open (the price before the spend, orchestrator/sweep/preview.py), and for a new
     sweep what another sweep of its stage already spent (`preview.same_stage`). `resume(name)`: the command that
-    continues a sweep, with the ledger it was given (after a stop from outside: `carry_on`)."""
+    continues a sweep, with the ledger it was given (after a stop from outside: `carry_on`). `price`: the whole
+    sweep's simulated price (sweep/price.SweepPrice.to_dict), kept in a new sweep's provenance for `status` and
+    the report."""
     if cfg.stage is None:
         raise UserError("no stage given: add +stage=NAME (e.g. +stage=1k)")
     view = view or View()
@@ -140,7 +143,7 @@ def run_sweep(
             model=cfg.model.name,
             hardware=cfg.hardware.name,
             workload=cfg.workload.name,
-            provenance=provenance(cfg),
+            provenance={**provenance(cfg), **({"price": price} if price else {})},
         )
         view.event(
             f"sweep {name} (stage {cfg.stage.name}, N={cfg.stage.gpus}, model {cfg.model.name}, "
@@ -289,6 +292,7 @@ def resume_sweep(
     view: View | None = None,
     launcher=None,
     resume: Callable[[str], str] = plain_resume,
+    price: dict | None = None,
 ) -> Outcome:
     """Take the lease and continue a sweep from its stored config and ledger rows (`overrides`: the command
     line's, which change the stored cluster group: `resumed_cluster`)."""

@@ -2,10 +2,12 @@
 
 Why its own module: the admin who lends the GPUs must see the resolved config, the stage's budget in GPU-hours
 and in days of the stage's own cluster, and the first round's layouts with their predicted cost before one
-job is submitted. It plans round 0 exactly as the driver would (the same searcher and schedule on an empty
-ledger), reads no ledger and writes none; every cost comes from orchestrator/core/cost.py. Once a new sweep's
-ledger is open, `same_stage` adds what another sweep of its stage there already spent (sweeps never read each
-other's rows, so a second one measures the same layouts again).
+job is submitted, and what the whole sweep is expected to spend (a simulation, sweep/price.py). It plans
+round 0 exactly as the driver would (the same searcher and schedule on an empty ledger), reads no ledger and
+writes none (the price's simulation only a temporary folder it removes); every cost comes from
+orchestrator/core/cost.py. Once a new sweep's ledger is open, `same_stage` adds what another sweep of its
+stage there already spent (sweeps never read each other's rows, so a second one measures the same layouts
+again).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from orchestrator.schedule import Schedule, fidelity
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.types import Proposal, RoundInput
+from orchestrator.sweep.price import SweepPrice, price
 
 HOURS_PER_DAY = 24.0
 
@@ -38,6 +41,7 @@ class Preview:
     # probe-led (policy.probe_led): round 0 only probes, so the first launches at scale are round 1's; priced as
     # round 0's own layouts at scale (what the probes pick among), with how many go
     next_at_scale: list[Proposal] = field(default_factory=list)
+    whole: SweepPrice | None = None  # the whole sweep's simulated price (sweep/price.py); None: not asked for
 
     @property
     def round0_gpu_hours(self) -> float:
@@ -64,11 +68,20 @@ class Preview:
                 f" at scale (the first saves the seed): about {hours:,.0f} GPU-hours priced as round 0's own"
                 " layouts at scale"
             )
+        if self.whole is not None:
+            out.append(self.whole.line())
         return out
 
 
-def preview(cfg: RootConfig) -> Preview:
-    """What a new sweep of `cfg` would spend and launch first (nothing is launched or written)."""
+def preview(
+    cfg: RootConfig,
+    config_yaml: str | None = None,
+    source: tuple[RootConfig, str] | None = None,
+    samples: int = 0,
+) -> Preview:
+    """What a new sweep of `cfg` would spend and launch first (nothing is launched or written); with `samples`
+    > 0 and its `config_yaml`, also the whole sweep's simulated price (sweep/price.py; `source`: the config of
+    the stage it promotes from, simulated first)."""
     from orchestrator.ledger.engine import mask
 
     stage = cfg.required_stage()
@@ -103,7 +116,8 @@ def preview(cfg: RootConfig) -> Preview:
         if stage.promotes_from
         else ""
     )
-    return Preview(config, budget.max_gpu_hours, days, line, plan.proposals, note, after)
+    whole = price(cfg, config_yaml, source, samples=samples) if samples > 0 and config_yaml is not None else None
+    return Preview(config, budget.max_gpu_hours, days, line, plan.proposals, note, after, whole)
 
 
 def same_stage(ledger: Ledger, cfg: RootConfig, name: str, resume: Callable[[str], str]) -> list[str]:

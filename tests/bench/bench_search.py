@@ -116,6 +116,17 @@ class Row:
     reason: str
     decision_h: float = math.nan  # hours to the decision on a cluster of the stage's size
     seed: int = 0  # the twin's seed (a stand-in has one surface: 0)
+    # the whole sweep's simulated price (orchestrator/sweep/price.py; --price): its 90% range and mean
+    price_lo: float = math.nan
+    price_hi: float = math.nan
+    price_mean: float = math.nan
+
+    @property
+    def in_range(self) -> bool | None:
+        """The actual total inside the price's 90% range (None: not priced)."""
+        if math.isnan(self.price_lo):
+            return None
+        return self.price_lo <= self.sweep_gpu_h <= self.price_hi
 
     @property
     def label(self) -> str:
@@ -153,9 +164,11 @@ def run(
     verbose=False,
     out=sys.stdout,
     specs=None,
+    price_samples=0,
 ) -> list[Row]:
     """Every (target, stage, policy) row, printed as it is measured. Twin targets run once per seed; `specs`
-    ((name, seed, extra overrides), e.g. HELDOUT) replaces targets x seeds."""
+    ((name, seed, extra overrides), e.g. HELDOUT) replaces targets x seeds. `price_samples` > 0: each row's
+    whole-sweep price (orchestrator/sweep/price.py, that many sampled surfaces) and whether the actual lies in it."""
     from orchestrator.config import compose
     from tests.bench import searchlib as lib
 
@@ -166,6 +179,7 @@ def run(
         label_seed = len(seeds) > 1
     else:
         label_seed = True
+    composed_at: dict[tuple[str, str], object] = {}  # (stage, policy) -> this target's composed config
     for name, seed, extra in specs:
         target = lib.Target(name, seed=seed, extra=tuple(extra))
         name = spec_label(name, seed, extra, label_seed)
@@ -180,6 +194,7 @@ def run(
                     + list(overrides)
                 )
                 cfg = composed.cfg
+                composed_at[stage, policy] = composed
                 if grid is None:
                     grid = lib.build_grid(cfg, target, startup_s)
                     rnd = lib.random_search(grid, orders, seed)
@@ -211,6 +226,23 @@ def run(
                     decision_h=sw.decision_hours(cfg.stage.gpus, cfg.cluster.probe_gpus),
                     seed=seed,
                 )
+                if price_samples:
+                    from orchestrator.sweep.price import price
+
+                    src = composed_at.get((cfg.stage.promotes_from or "", policy)) if not extra else None
+                    pr = price(
+                        cfg,
+                        composed.to_yaml(),
+                        (src.cfg, src.to_yaml()) if src is not None else None,
+                        samples=price_samples,
+                    )
+                    row.price_lo, row.price_hi, row.price_mean = pr.lo, pr.hi, pr.gpu_hours
+                    print(
+                        f"   price: {pr.line()} [samples {', '.join(_gh(s) for s in pr.samples)}]; "
+                        f"actual {_gh(row.sweep_gpu_h)}: " + ("in range" if row.in_range else "OUT of range"),
+                        file=out,
+                        flush=True,
+                    )
                 rows.append(row)
                 split = ", ".join(f"{k} {_gh(v)}" for k, v in sorted(sw.gpu_hours_by().items()))
                 print(
@@ -252,6 +284,11 @@ def _source_ran(stage: str, stages) -> bool:
     return not src or (src in stages and list(stages).index(src) < list(stages).index(stage))
 
 
+def _in(r: Row) -> str:
+    """The "in range" column: the actual total inside the whole-sweep price's 90% range ("-": not priced)."""
+    return "-" if r.in_range is None else "yes" if r.in_range else "NO"
+
+
 def figures(rows: list[Row]) -> dict[str, str]:
     """One set's figures (tune or held-out), as the side-by-side table prints them."""
     out: dict[str, str] = {"rows met": f"{sum(not r.misses for r in rows)}/{len(rows)}"}
@@ -270,6 +307,9 @@ def figures(rows: list[Row]) -> dict[str, str]:
             goal = MEAN_GPU_H_GOAL[st]
             out[f"{st} mean <= {_gh(goal)}"] = "met" if mean <= goal else "MISSED"
         out[f"{st} mean hours to decide"] = f"{np.mean([r.decision_h for r in rs]):.0f} h"
+        priced = [r for r in rs if r.in_range is not None]
+        if priced:
+            out[f"{st} in range"] = f"{sum(bool(r.in_range) for r in priced)}/{len(priced)}"
         out[f"{st} mean cost / random's"] = f"{np.mean([r.sweep_gpu_h / r.random_to_goal for r in rs]):.2f}"
     return out
 
@@ -317,14 +357,14 @@ def side_by_side(tune: list[Row], held: list[Row], policy: str, out=sys.stdout) 
 def summary(rows: list[Row], out=sys.stdout) -> bool:
     print(
         f"\n{'target':<26}{'stage':<6}{'policy':<23}{'true best s':>12}{'grid GPU-h':>12}{'rnd->2%':>10}"
-        f"{'sweep->2%':>11}{'sweep':>9}{'gap':>7}{'rnd gap@B':>10}  goal",
+        f"{'sweep->2%':>11}{'sweep':>9}{'gap':>7}{'rnd gap@B':>10}{'in range':>10}  goal",
         file=out,
     )
     for r in rows:
         print(
             f"{r.target:<26}{r.stage:<6}{r.policy:<23}{r.best_s:>12.3f}{_gh(r.grid_gpu_h):>12}"
             f"{_gh(r.random_to_goal):>10}{_gh(r.sweep_to_goal):>11}{_gh(r.sweep_gpu_h):>9}{_pct(r.gap):>7}"
-            f"{_pct(r.random_gap_at_budget):>10}  " + ("met" if not r.misses else "MISSED"),
+            f"{_pct(r.random_gap_at_budget):>10}{_in(r):>10}  " + ("met" if not r.misses else "MISSED"),
             file=out,
         )
     met = sum(not r.misses for r in rows)
@@ -345,6 +385,13 @@ def main(argv=None) -> bool:
     p.add_argument("--seed", type=int, action="append", help="repeatable: twin.seed (and the random orders' seed)")
     p.add_argument("--verbose", action="store_true", help="print each sweep's rounds")
     p.add_argument("--heldout-orders", type=int, default=HELDOUT_ORDERS, help="random-search orders, held-out set")
+    p.add_argument(
+        "--price",
+        type=int,
+        default=0,
+        metavar="SAMPLES",
+        help="price each row's whole sweep (orchestrator/sweep/price.py, SAMPLES surfaces) and report 'in range'",
+    )
     p.add_argument("--no-heldout", action="store_true", help="the tune set only")
     p.add_argument("--heldout-only", action="store_true", help="the held-out set only")
     p.add_argument(
@@ -372,6 +419,7 @@ def main(argv=None) -> bool:
             orders=a.orders,
             seeds=a.seed or (0,),
             verbose=a.verbose,
+            price_samples=a.price,
         )
     held: list[Row] = []
     if not a.no_heldout:  # the default policy only: held-out rows judge the defaults
@@ -384,6 +432,7 @@ def main(argv=None) -> bool:
             orders=a.heldout_orders,
             verbose=a.verbose,
             specs=[x for x in HELDOUT if not a.heldout_target or labels[x] & set(a.heldout_target)],
+            price_samples=a.price,
         )
     ok = summary(rows + held)
     side_by_side(rows, held, policies[0])

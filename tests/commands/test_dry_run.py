@@ -14,6 +14,7 @@ from tests.sweeplib import cli, ledger_url, sweep_args
 
 def test_dry_run_prints_budget_and_cluster_days_and_launches_nothing(tmp_path):
     args = ["+stage=1k", f"ledger.url={ledger_url(tmp_path)}", f"cluster.folder={tmp_path / 'runs'}"]
+    args.append("stage.budget.price_samples=0")  # the whole sweep's price: its own test below
     got = cli("sweep", *args, "--dry-run", timeout=300)
     assert got.returncode == 0, got.stderr[-2000:]
     cfg = compose(args).cfg
@@ -51,6 +52,25 @@ def test_dry_run_prints_budget_and_cluster_days_and_launches_nothing(tmp_path):
     assert not (tmp_path / "ledger.sqlite").exists() and not (tmp_path / "runs").exists()
 
 
+def test_dry_run_prints_the_whole_sweeps_simulated_price(tmp_path):
+    args = ["+stage=1k", "stage.budget.max_runs=6", "stage.budget.max_rounds=3", "stage.budget.price_samples=2"]
+    args += [f"ledger.url={ledger_url(tmp_path)}", f"cluster.folder={tmp_path / 'runs'}"]
+    got = cli("sweep", *args, "--dry-run", timeout=600)
+    assert got.returncode == 0, got.stderr[-2000:]
+    line = re.search(
+        r"^whole sweep \(simulated: the policy run on 2 surfaces drawn from the planner's predictions and error "
+        r"bands\): expected total ([\d,]+) GPU-h \(90%: ([\d,]+)-([\d,]+)\), ([\d.,]+) cluster-hours on 1,024 GPUs$",
+        got.stdout,
+        re.M,
+    )
+    assert line, got.stdout
+    mean, lo, hi = (float(line[i].replace(",", "")) for i in (1, 2, 3))
+    assert lo <= mean <= hi and mean > 0
+    composed = compose(args)
+    assert preview(composed.cfg, composed.to_yaml(), samples=2).whole.line() == line[0]  # seeded: the same figures
+    assert not (tmp_path / "ledger.sqlite").exists() and not (tmp_path / "runs").exists()
+
+
 def test_cfg_prints_the_resolved_config_as_yaml_with_overrides_applied(tmp_path):
     got = cli("sweep", "+stage=1k", "stage.gpus=512", "hardware=gb200", "--cfg", timeout=120)
     assert got.returncode == 0, got.stderr[-2000:]
@@ -60,10 +80,24 @@ def test_cfg_prints_the_resolved_config_as_yaml_with_overrides_applied(tmp_path)
 
 
 def test_a_real_sweep_starts_with_the_same_block(tmp_path):
-    args = sweep_args(tmp_path, "priced", "stage.budget.max_runs=2", "policy.round0_size=2")
+    args = sweep_args(
+        tmp_path, "priced", "stage.budget.max_runs=2", "policy.round0_size=2", "stage.budget.price_samples=2"
+    )
     dry = cli("sweep", *args, "--dry-run")
     assert dry.returncode == 0, dry.stderr[-2000:]
     real = cli("sweep", *args, "--plain")
     assert real.returncode == 0, real.stderr[-2000:]
     block = dry.stdout.splitlines()[:-1]  # all but the dry run's last line
     assert real.stdout.splitlines()[: len(block)] == block
+    priced = [x for x in block if x.startswith("whole sweep (simulated")]
+    assert len(priced) == 1, block
+    mean, lo, hi = (
+        float(x.replace(",", ""))
+        for x in re.findall(r"total ([\d.,]+) GPU-h \(90%: ([\d.,e-]+)-([\d.,e-]+)\)", priced[0])[0]
+    )
+    # status keeps it (the sweep's provenance) and says the spend against it
+    status = cli("status", "priced", f"ledger.url={ledger_url(tmp_path)}")
+    assert status.returncode == 0, status.stderr[-2000:]
+    spent = re.search(r"^  price: spent ([\d.,e-]+) GPU-h of an expected ([\d.,e-]+) \(90%: ", status.stdout, re.M)
+    assert spent, status.stdout
+    assert float(spent[2].replace(",", "")) == mean and lo <= mean <= hi

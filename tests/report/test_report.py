@@ -438,6 +438,7 @@ def test_the_report_states_spend_rounds_budget_and_why_it_stopped(tmp_path):
     the recommended layout's parity row names another layout's key (never its own), else says NOT CHECKED."""
     from orchestrator.commands import status
     from orchestrator.config import compose
+    from orchestrator.core.price import SweepPrice
 
     composed = compose(["+stage=smoke", "cluster=local"])
     with Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}") as ledger:
@@ -446,6 +447,8 @@ def test_the_report_states_spend_rounds_budget_and_why_it_stopped(tmp_path):
             from orchestrator.ledger import models as m
 
             s.query(m.Sweep).filter_by(name="s1").one().config_yaml = composed.to_yaml()
+        # the whole sweep's price, as a sweep keeps it in its provenance at its start (sweep/price.py)
+        ledger.add_provenance("s1", "price", SweepPrice(5.0, 2.0, 9.0, 0.2, (4.0, 6.0), 32).to_dict())
         ledger.log_event("s1", "stop", "max_rounds 2 reached")
         d = gather(ledger, "s1")
         dec = decide(ledger, d)
@@ -464,5 +467,6 @@ def test_the_report_states_spend_rounds_budget_and_why_it_stopped(tmp_path):
     text = html.unescape(re.sub(r"<[^>]+>", "", spend.group(1)))
     assert f"{by_status:,.1f} simulated GPU-hours of the {budget.max_gpu_hours:,.0f} budgeted" in text
     assert f"of {budget.max_rounds} rounds" in text and "Stopped: max_rounds 2 reached" in text
+    assert f"Price: spent {by_status:.2g} GPU-h of an expected 5 (90%: 2-9, simulated)" in text, text
     assert rows and rows[-1].reference_key != d.measured[0]["key"]  # the one parity row compares two layouts
     assert "NOT CHECKED" in re.search(r"id='parity-verdict'>[^<]*", page).group(0)  # the best has no parity row
