@@ -86,6 +86,14 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.xdist_group(lane))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
+    """A test asking for the cluster without the `slurm` marker fails, in every tier, before any fixture:
+    unmarked, `make check` would select it, and it would not be in a Slurm lane."""
+    if "slurm_cluster" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
+        pytest.fail(_missing_marker(item.nodeid, "uses the local Slurm cluster", "slurm"), pytrace=False)
+
+
 def _uses_slurm(item) -> bool:
     return "slurm" in item.keywords or "slurm_cluster" in getattr(item, "fixturenames", ())
 
@@ -208,9 +216,9 @@ def _installed_megatron_after_each_test():
 
 
 @pytest.fixture(scope="session")
-def _pg_ledger_db(request):
+def _pg_ledger_db():
     if CHECK_TIER:
-        pytest.fail(_missing_marker(request.node.nodeid, "uses PostgreSQL", "postgres"), pytrace=False)
+        pytest.fail("error: PostgreSQL under make check: mark its tests @pytest.mark.postgres", pytrace=False)
     try:
         import psycopg
 
@@ -266,18 +274,15 @@ def smoke():
 SLURM_LOCAL = os.path.join(os.path.dirname(__file__), "cluster", "slurm_local.sh")
 
 
-@pytest.fixture
-def slurm_cluster(request) -> dict:
-    """The local 4-node Slurm cluster (tests/cluster/slurm_local.sh), started if it is not up. Only for tests
-    marked `slurm` (which is what keeps them out of `make check`): an unmarked one fails, in every tier."""
-    if request.node.get_closest_marker("slurm") is None:
-        pytest.fail(_missing_marker(request.node.nodeid, "uses the local Slurm cluster", "slurm"), pytrace=False)
-    return request.getfixturevalue("_slurm_session")  # after the check: an unmarked test never starts the cluster
-
-
 @pytest.fixture(scope="session")
-def _slurm_session() -> dict:
-    """Cannot start: the test fails when CI is set (CI must run the Slurm tests), otherwise it is skipped."""
+def slurm_cluster() -> dict:
+    """The local 4-node Slurm cluster (tests/cluster/slurm_local.sh), started if it is not up. Only for tests
+    marked `slurm` (`pytest_runtest_setup` fails an unmarked one before it is started); never under `make check`.
+
+    Cannot start: the test fails when CI is set (CI must run the Slurm tests), otherwise it is skipped.
+    """
+    if CHECK_TIER:
+        pytest.fail("error: the local Slurm cluster under make check: mark its tests @pytest.mark.slurm", pytrace=False)
     import subprocess
 
     def script(action: str) -> subprocess.CompletedProcess:
