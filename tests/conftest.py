@@ -139,13 +139,16 @@ _CLUSTER_LOCK = _ClusterLock(tempfile.gettempdir())
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     """A Slurm test waits for its lane's hold on the cluster before anything of it starts (before its
-    fixtures, and before pytest-timeout's clock: the wait is not the test's time). The hold is kept while the
-    next test is of the same lane and module (a module-scoped fixture's job may still run) and let go after."""
+    fixtures, and before pytest-timeout's clock: the wait is not the test's time), and lets go after its
+    teardown. A shared lane keeps its hold while the next test is of the same module (test_launch_slurm.py's
+    module-scoped job still runs); the serial lane lets go after each test, so the shared lanes waiting get
+    in between two serial tests instead of after all of them."""
     lane = _slurm_lane(item)
     if lane is not None:
         _CLUSTER_LOCK.enter(shared=lane != "slurm")
     yield
-    if lane is not None and (nextitem is None or _slurm_lane(nextitem) != lane or nextitem.module is not item.module):
+    keep = lane not in (None, "slurm") and nextitem is not None and _slurm_lane(nextitem) == lane
+    if lane is not None and not (keep and nextitem.module is item.module):
         _CLUSTER_LOCK.leave()
 
 
