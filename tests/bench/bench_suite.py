@@ -73,9 +73,9 @@ def show(run: Run) -> None:
     m, s = divmod(run.wall_s, 60)
     print(f"  {TIERS.get(run.tier, run.tier)}: {int(m)} min {s:04.1f} s of pytest (started {run.started})")
     counts = ", ".join(f"{run.count(o)} {o}" for o in ("passed", "failure", "error", "skipped") if run.count(o))
-    print(f"    {len(run.cases)} tests: {counts}; {sum(c.seconds for c in run.cases) / 60:.1f} min summed over workers")
+    print(f"    {len(run.cases)} tests: {counts}; {sum(c.seconds for c in run.cases):.0f} s summed over workers")
     for lane, secs in sorted(lanes(run).items()):
-        print(f"    lane {lane}: {secs / 60:.1f} min of tests")
+        print(f"    lane {lane}: {secs:.0f} s of tests (its waits for the cluster not counted)")
     print(f"    slowest {min(SLOWEST, len(run.cases))}:")
     for c in sorted(run.cases, key=lambda c: -c.seconds)[:SLOWEST]:
         print(f"      {c.seconds:7.1f} s  {c.nodeid}{'' if c.outcome == 'passed' else f'  ({c.outcome})'}")
