@@ -1,6 +1,8 @@
 # Two commands do all set-up on a fresh machine:
 #   make run    the main job on the embedded defaults (twin workload, SQLite ledger, local executor)
 #   make test   installs what it needs, starts PostgreSQL and the local Slurm cluster, runs pytest
+# and one is the developer's loop:
+#   make check  the tests that need neither Slurm nor PostgreSQL nor chromium: no services, no root, minutes
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,8 +10,12 @@ PY := $(VENV)/bin/python
 # pytest workers: the suite mostly waits on jobs, sweeps and Slurm, so more workers than cores still pays
 TEST_WORKERS ?= 3
 STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
+# each tier's last run (junit xml: wall time, per-test times), read by `make bench` (tests/bench/bench_suite.py)
+TIMES ?= .test-times
+# what `make check` leaves out: tests/conftest.py fails a test that reaches one of them without its marker
+SERVICE_MARKERS := not slurm and not postgres and not chromium
 
-.PHONY: install run test lint bench services services-down clean
+.PHONY: install run check test lint bench services services-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,8 +44,15 @@ services: install
 services-down:
 	bash tests/cluster/services.sh down --undo
 
+check: install
+	mkdir -p $(TIMES)
+	ORCH_TEST_TIER=check $(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup -m "$(SERVICE_MARKERS)" \
+		--junitxml=$(TIMES)/check.xml --durations=15; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+
 test: install services lint
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup; rc=$$?; \
+	mkdir -p $(TIMES)
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --junitxml=$(TIMES)/test.xml --durations=15; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 lint: install
@@ -51,4 +64,4 @@ bench: install
 	$(PY) tests/bench/run_all.py
 
 clean:
-	rm -rf $(VENV) runs reports ledger.sqlite* .pytest_cache .hypothesis .mypy_cache
+	rm -rf $(VENV) runs reports ledger.sqlite* .pytest_cache .hypothesis .mypy_cache $(TIMES)

@@ -7,35 +7,191 @@
 worker), emptied before each test and dropped at the end. PostgreSQL unreachable: the test fails when CI is
 set (CI must prove both engines), otherwise it is skipped.
 
-`make test` runs the suite on several pytest-xdist workers (`--dist loadgroup`). Every test that uses the one
-local Slurm cluster (marked `slurm` or asking for `slurm_cluster`) is put in one group, so they run one after
-another on one worker: they drain nodes, count sbatch and sacct calls, and check that nothing is left pending.
+`make check` is the tier without services: it deselects the `slurm`, `postgres` and `chromium` tests and sets
+ORCH_TEST_TIER=check. Then a test that reaches Slurm or PostgreSQL anyway (its marker forgotten) fails, naming
+the marker: the `slurm_cluster` and PostgreSQL fixtures refuse, `sbatch`/`squeue`/`sacct`/... on PATH are
+tripwires (`sbatch --version` answers "no Slurm here", so `cluster=auto` picks the local executor), and an
+in-process psycopg connection to port 5432 is refused.
+
+`make test` runs the suite on several pytest-xdist workers (`--dist loadgroup`). The tests of the one local
+Slurm cluster (marked `slurm`) run in lanes. By default a test is in the serial lane: one xdist group ("slurm"),
+holding the cluster to itself (`_ClusterLock`, exclusive) while it runs, because it drains nodes, fills all 4
+nodes, kills daemons, or reads the whole queue. A test marked `slurm(shared=True)` promises to use at most
+one node's worth (8 GPUs, 8 CPUs) at any time, to leave node states alone and to read only its own jobs:
+its module is a lane of its own (group "slurm-<module>"), held shared, so shared lanes run beside each other
+on other workers. With at most `TEST_WORKERS` (3) lanes at once, their jobs always fit in the 4 nodes, and
+nothing they do waits behind a whole-cluster job.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import sysconfig
+import tempfile
+from pathlib import Path
 
 import pytest
 
 PG_DSN = "host=127.0.0.1 port=5432 user=postgres connect_timeout=5"
 
+# `make check` sets it: the tier that needs neither Slurm nor PostgreSQL nor chromium (see the module docstring).
+CHECK_TIER = os.environ.get("ORCH_TEST_TIER") == "check"
+SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "srun", "salloc", "sinfo", "sacctmgr", "sstat")
+_TRIPWIRE = r"""#!/bin/sh
+# make check's stand-in for `{name}` (tests/conftest.py): Slurm is not part of that tier.
+if [ "{name}" = sbatch ] && [ "$1" = --version ]; then echo "sbatch: no Slurm under make check" >&2; exit 1; fi
+[ -n "$ORCH_TRIPWIRE_LOG" ] && printf '%s\n' "{name} $*" >>"$ORCH_TRIPWIRE_LOG"
+echo "error: \`{name} $*\` under make check: this test needs Slurm; mark it @pytest.mark.slurm" >&2
+exit 1
+"""
+
+
+def _missing_marker(nodeid: str, what: str, marker: str) -> str:
+    return (
+        f"error: {nodeid} {what} but is not marked `{marker}`: add @pytest.mark.{marker} "
+        f"(`make check` deselects it, `make test` runs it)"
+    )
+
+
+def pytest_configure(config) -> None:
+    """Under `make check`, put the Slurm tripwires first on PATH, once (xdist workers inherit the PATH)."""
+    if not CHECK_TIER or os.environ.get("ORCH_TRIPWIRE_BIN"):
+        return
+    bin_dir = Path(tempfile.mkdtemp(prefix="orch-check-tripwires-"))
+    for name in SLURM_COMMANDS:
+        (bin_dir / name).write_text(_TRIPWIRE.format(name=name))
+        (bin_dir / name).chmod(0o755)
+    os.environ["ORCH_TRIPWIRE_BIN"] = str(bin_dir)
+    os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    config._orch_tripwire_bin = bin_dir
+
+
+def pytest_unconfigure(config) -> None:
+    bin_dir = getattr(config, "_orch_tripwire_bin", None)
+    if bin_dir is not None:
+        shutil.rmtree(bin_dir, ignore_errors=True)
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    """The tests of the shared Slurm cluster go to one xdist worker (see the module docstring). First of the
-    hook's implementations: xdist's own (on each worker) reads the `xdist_group` marks into the node ids its
+    """Each Slurm test goes to its lane's xdist group (see the module docstring). First of the hook's
+    implementations: xdist's own (on each worker) reads the `xdist_group` marks into the node ids its
     scheduler groups by, and a mark added after it groups nothing (the driver test and the 4-node test then
     ran at once on two workers, and the driver's job waited behind the 4-node job until its time ran out)."""
     for item in items:
-        if _uses_slurm(item):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+        lane = _slurm_lane(item)
+        if lane is not None:
+            item.add_marker(pytest.mark.xdist_group(lane))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
+    """A test asking for the cluster without the `slurm` marker fails, in every tier, before any fixture:
+    unmarked, `make check` would select it, and it would not be in a Slurm lane."""
+    if "slurm_cluster" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
+        pytest.fail(_missing_marker(item.nodeid, "uses the local Slurm cluster", "slurm"), pytrace=False)
 
 
 def _uses_slurm(item) -> bool:
     return "slurm" in item.keywords or "slurm_cluster" in getattr(item, "fixturenames", ())
+
+
+def _slurm_lane(item) -> str | None:
+    """The lane "slurm" (the one serial lane, the cluster to itself) or "slurm-<module>" (`slurm(shared=True)`: a
+    lane of its own, beside other shared lanes); None for a test that does not use Slurm."""
+    if not _uses_slurm(item):
+        return None
+    mark = item.get_closest_marker("slurm")
+    return f"slurm-{item.path.stem}" if mark is not None and mark.kwargs.get("shared") else "slurm"
+
+
+class _ClusterLock:
+    """A fair readers-writer lock over the one cluster, across xdist workers (and pytest sessions): shared
+    lanes hold it shared, the serial lane exclusive. flock(2) on two files: everyone queues on the gate, so a
+    waiting writer stops new readers (no starvation); a worker that dies lets go with its file descriptors."""
+
+    def __init__(self, folder: str) -> None:
+        self.gate, self.main = Path(folder) / "orch-slurm-lanes.gate", Path(folder) / "orch-slurm-lanes.lock"
+        self.held = None
+
+    def enter(self, shared: bool) -> None:
+        import fcntl
+
+        if self.held is not None:
+            return
+        with open(self.gate, "a") as gate:
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            held = open(self.main, "a")  # noqa: SIM115 - held until leave()
+            fcntl.flock(held, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        self.held = held
+
+    def leave(self) -> None:
+        if self.held is not None:
+            self.held.close()  # closing the last descriptor releases the flock
+            self.held = None
+
+
+_CLUSTER_LOCK = _ClusterLock(tempfile.gettempdir())
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A Slurm test waits for its lane's hold on the cluster before anything of it starts (before its
+    fixtures, and before pytest-timeout's clock: the wait is not the test's time), and lets go after its
+    teardown. A shared lane keeps its hold while the next test is of the same module (test_launch_slurm.py's
+    module-scoped job still runs); the serial lane lets go after each test, so the shared lanes waiting get
+    in between two serial tests instead of after all of them."""
+    lane = _slurm_lane(item)
+    if lane is not None:
+        _CLUSTER_LOCK.enter(shared=lane != "slurm")
+    yield
+    keep = lane not in (None, "slurm") and nextitem is not None and _slurm_lane(nextitem) == lane
+    if lane is not None and not (keep and nextitem.module is item.module):
+        _CLUSTER_LOCK.leave()
+
+
+def _local_pg(conninfo: str, kwargs: dict) -> bool:
+    """Whether a psycopg connection would go to this host's PostgreSQL (port 5432 by default)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(conninfo, **kwargs)
+    host = str(params.get("host") or os.environ.get("PGHOST") or "localhost")
+    port = str(params.get("port") or os.environ.get("PGPORT") or "5432")
+    return port == "5432" and (host in ("localhost", "127.0.0.1", "::1") or host.startswith("/"))
+
+
+@pytest.fixture(autouse=True)
+def _check_tier_tripwires(request, monkeypatch):
+    """Under `make check`: a test that called a Slurm command (it or any process it started) or opened a
+    connection to this host's PostgreSQL without its marker fails, even when it swallowed the error."""
+    if not CHECK_TIER:
+        yield
+        return
+    log = Path(os.environ["ORCH_TRIPWIRE_BIN"]) / f"calls-{os.getpid()}"
+    monkeypatch.setenv("ORCH_TRIPWIRE_LOG", str(log))
+    seen = log.stat().st_size if log.exists() else 0
+    if "postgres" not in request.keywords:
+        import psycopg
+
+        real = psycopg.Connection.connect
+
+        def refuse(cls, conninfo: str = "", **kwargs):
+            if _local_pg(conninfo, kwargs):
+                with open(log, "a") as f:
+                    f.write("psycopg.connect to PostgreSQL on port 5432\n")
+                raise psycopg.OperationalError("PostgreSQL under make check: mark the test @pytest.mark.postgres")
+            return real(conninfo, **kwargs)
+
+        monkeypatch.setattr(psycopg.Connection, "connect", classmethod(refuse))
+        monkeypatch.setattr(psycopg, "connect", psycopg.Connection.connect)
+    yield
+    calls = log.read_text()[seen:].split("\n") if log.exists() else []
+    calls = [c for c in calls if c]
+    if calls:
+        marker = "postgres" if calls[0].startswith("psycopg") else "slurm"
+        pytest.fail(_missing_marker(request.node.nodeid, f"ran `{calls[0]}`", marker), pytrace=False)
 
 
 def _megatron_modules() -> dict:
@@ -64,6 +220,8 @@ def _installed_megatron_after_each_test():
 
 @pytest.fixture(scope="session")
 def _pg_ledger_db():
+    if CHECK_TIER:
+        pytest.fail("error: PostgreSQL under make check: mark its tests @pytest.mark.postgres", pytrace=False)
     try:
         import psycopg
 
@@ -121,10 +279,13 @@ SLURM_LOCAL = os.path.join(os.path.dirname(__file__), "cluster", "slurm_local.sh
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> dict:
-    """The local 4-node Slurm cluster (tests/cluster/slurm_local.sh), started if it is not up.
+    """The local 4-node Slurm cluster (tests/cluster/slurm_local.sh), started if it is not up. Only for tests
+    marked `slurm` (`pytest_runtest_setup` fails an unmarked one before it is started); never under `make check`.
 
     Cannot start: the test fails when CI is set (CI must run the Slurm tests), otherwise it is skipped.
     """
+    if CHECK_TIER:
+        pytest.fail("error: the local Slurm cluster under make check: mark its tests @pytest.mark.slurm", pytrace=False)
     import subprocess
 
     def script(action: str) -> subprocess.CompletedProcess:

@@ -135,7 +135,7 @@ def test_slurm_minutes():
     assert [slurm_minutes(t) for t in ("30", "4:00:00", "1-00:00:00", "2-12", "10:30")] == [30, 240, 1440, 3600, 11]
 
 
-@pytest.mark.slurm
+@pytest.mark.slurm(shared=True)  # reads the partition, submits nothing
 def test_slurm_rows_from_the_local_cluster(slurm_cluster):
     stage = StageConfig(name="smoke", gpus=32, gpus_per_node=8)
     rows, rejected = pf.cluster_checks(ClusterConfig(kind="slurm"), stage, {"a": 30, "b": 60})

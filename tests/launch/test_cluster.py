@@ -108,6 +108,7 @@ def test_submitit_four_nodes_eight_gpus(slurm_cluster, tmp_path):
     assert sacct_state(job.job_id) == "COMPLETED"
 
 
+@pytest.mark.slurm(shared=True)  # refused at sbatch: nothing runs
 def test_gpu_request_beyond_node_is_refused(slurm_cluster):
     sub = subprocess.run(
         ["sbatch", "--nodes=1", "--gpus-per-node=9", "--time=1", "--wrap=true", "--output=/dev/null"],
@@ -119,10 +120,10 @@ def test_gpu_request_beyond_node_is_refused(slurm_cluster):
     assert "Requested node configuration is not available" in sub.stderr
 
 
-def test_the_slurm_tests_share_one_xdist_worker(request):
-    """Under `make test` (pytest-xdist, --dist loadgroup) a Slurm test's node id carries its group, which is what
-    puts every Slurm test on one worker (tests/conftest.py). Without it, the 4-node job of the test above and the
-    driver test's job ran at once, and the driver waited behind it until its time limit."""
+def test_the_serial_slurm_tests_share_one_xdist_worker(request):
+    """Under `make test` (pytest-xdist, --dist loadgroup) a Slurm test's node id carries its lane's group, which
+    is what puts the serial lane on one worker (tests/conftest.py). Without it, the 4-node job of the test above
+    and the driver test's job ran at once, and the driver waited behind it until its time limit."""
     cfg = request.config
     if hasattr(cfg, "workerinput") and getattr(cfg.option, "loadgroup", False):
         assert request.node.nodeid.endswith("@slurm"), (

@@ -21,7 +21,8 @@ from orchestrator.launch import LaunchTask
 from orchestrator.launch.auto import make_launcher
 from orchestrator.launch.slurm import SlurmLauncher
 
-pytestmark = pytest.mark.slurm
+# small 1-GPU tasks (at most a 2x2-GPU one): a shared lane, its module-scoped time-limit job kept across it
+pytestmark = pytest.mark.slurm(shared=True)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

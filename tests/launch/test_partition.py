@@ -69,7 +69,7 @@ def _queued(job_id: str) -> str:
     return out.stdout.strip()
 
 
-@pytest.mark.slurm
+@pytest.mark.slurm(shared=True)  # refused before sbatch
 def test_a_job_bigger_than_the_partition_is_refused_before_sbatch(slurm_cluster, tmp_path):
     launcher = SlurmLauncher(_cluster())
     with pytest.raises(Unrunnable) as err:
@@ -78,7 +78,7 @@ def test_a_job_bigger_than_the_partition_is_refused_before_sbatch(slurm_cluster,
     assert "ask for 5 nodes" in str(err.value) and "partition debug: 4 nodes x 8 CPUs x 8 GPUs" in str(err.value)
 
 
-@pytest.mark.slurm
+@pytest.mark.slurm(shared=True)  # a job no partition can hold: it never starts
 def test_a_job_pending_for_partition_config_is_cancelled_with_the_fix(slurm_cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", REPO)
     launcher = SlurmLauncher(_cluster())

@@ -116,6 +116,7 @@ def test_slurm_kill_9_then_resume(tmp_path, slurm_cluster):
         assert calls_before == len(base_ids([a for a in after if a.id in before]))
 
 
+@pytest.mark.slurm(shared=True)  # one 1-node job
 def test_scancel_is_cancelled_and_not_retried(tmp_path, slurm_cluster):
     """The job is cancelled once it has printed iterations: sacct's ExitCode is then "0:15", which with
     iteration lines once read as a success (failure_class None) whenever the job was fast enough (issue 10)."""
@@ -178,6 +179,7 @@ def test_node_down_is_node_fail_and_retried_on_a_healthy_node(tmp_path, slurm_cl
         assert_slurm_accounted(led, "s-node", shims)
 
 
+@pytest.mark.slurm(shared=True)  # one 1-node job that outlives its 2 minutes: beside the others
 def test_time_limit_is_timeout(tmp_path, slurm_cluster):
     # A workload that ignores the early warning signal and outlives the 2-minute limit: Slurm kills it. (With a
     # 1-minute limit the USR2 warning can land before the task has installed its handler: FAILED, not TIMEOUT.)
