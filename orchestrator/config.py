@@ -254,8 +254,9 @@ def check_shape(cfg: RootConfig) -> None:
     n, gpn = stage.gpus, stage.gpus_per_node
     if n < 0:  # a size the user typed (every stage but custom has its own)
         raise ConfigError(
-            f"stage.gpus={n} is out of range: it must be a positive multiple of the {gpn} GPUs per node of hardware "
-            f"{cfg.hardware.name}; leave stage.gpus out to run the stage at its own size (`+stage={stage.name}`)"
+            f"stage.gpus={n} is out of range: it must be an integer >= 1, a multiple of the {gpn} GPUs per node of "
+            f"hardware {cfg.hardware.name}; leave stage.gpus out to run the stage at its own size "
+            f"(`+stage={stage.name}`)"
         )
     if n < 1:
         raise ConfigError(

@@ -216,7 +216,7 @@ class Layout:
     # set (RecipeConfig.optim). The default is the V4 recipe's, as the recipe's own default list; an argv without
     # the flags reads back as "fp32" (Megatron's default: no precision-aware optimizer).
     optim: str = knob(
-        "bf16",
+        "fp32",
         flags=(
             "--use-precision-aware-optimizer",
             "--main-grads-dtype",
@@ -239,7 +239,6 @@ class Layout:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Layout:
         kw = {k: v for k, v in d.items() if k in KNOB}
-        kw.setdefault("optim", "fp32")  # stored before the knob: those jobs ran Megatron's default (FP32 state)
         for k in SETS:
             kw[k] = tuple(kw.get(k) or ())
         return cls(**kw)

@@ -135,7 +135,10 @@ def test_gqa_groups_bound_tp():
 def test_megatron_accepts_the_gpt_path_argv(name, system, precision, lay):
     """Megatron's parse_args + validate_args + optimizer/scheduler setup accept the planner's pretrain_gpt.py
     argv for each new model: its --pipeline-model-parallel-layout, MLA or GQA flags, --moe-layer-freq, the
-    precision's --fp8-recipe (MXFP8 checked as a Blackwell part, sm_100), and none of the V4 path's flags."""
+    precision's --fp8-recipe (MXFP8 checked as a Blackwell part, sm_100), and none of the V4 path's flags.
+    FP32 optimizer state: Megatron builds the precision-aware optimizer only from Transformer Engine's FusedAdam,
+    which a CPU machine lacks (the BF16 path: test_the_precision_aware_optimizer_is_emitted_...)."""
+    lay = replace(lay, optim="fp32")
     m, hw = model(name), hardware(system)
     stage = _stage(gpus=256, global_batch=1024, precision=precision, gpus_per_node=hw.gpus_per_node)
     planned = evaluate(m, hw, stage, lay, check_memory=False)

@@ -71,7 +71,8 @@ def test_configs_b_and_c_on_8k():
     b_full = Layout(pp=8, cp=1, ep=64, recompute=("full",))
     on_h100 = evaluate(c8.model, c8.hardware, c8.stage, replace(b_full, optim="fp32"))
     assert isinstance(on_h100, Rejected) and on_h100.rule_ids == ["mem.exceeds_hbm"]
-    assert isinstance(evaluate(c8.model, c8.hardware, c8.stage, b_full), Planned)  # optim: the recipe's bf16
+    bf16 = replace(b_full, optim="bf16")  # the V4 recipe's optimizer precision (workload.recipe.optim=[bf16])
+    assert isinstance(evaluate(c8.model, c8.hardware, c8.stage, bf16), Planned)
     assert find(planned("8k"), cp=4, **GUIDE, recompute=("full",))[0].prediction.feasible  # C on h100
     b = find(planned("8k", "h200"), cp=1, **GUIDE)[0]
     c = find(planned("8k"), cp=4, **GUIDE)[0]

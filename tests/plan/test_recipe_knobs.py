@@ -50,10 +50,12 @@ def test_bf16_state_drops_memory_by_the_bytes_of_its_dtypes(optim):
 
 
 def test_the_search_explores_only_the_declared_optimizer_precisions():
-    """1k: the recipe's own ["bf16"] gives BF16-state layouts only; ["fp32", "bf16"] adds the FP32 twins, and
+    """1k: the V4 recipe's own ["bf16"] gives BF16-state layouts only; ["fp32", "bf16"] adds the FP32 twins, and
     every FP32 layout that fits has a BF16 twin that fits (less memory, same step or faster), while BF16 state fits
-    layouts FP32 state cannot."""
-    base = compose(["+stage=1k"]).cfg
+    layouts FP32 state cannot. The schema's default is ["fp32"] (Megatron's): it plans FP32 state only."""
+    default = compose(["+stage=1k"]).cfg
+    assert {c.layout.optim for c in plan(default.model, default.hardware, default.stage).candidates} == {"fp32"}
+    base = compose(["+stage=1k", "workload.recipe.optim=[bf16]"]).cfg
     own = plan(base.model, base.hardware, base.stage, recipe=base.workload.recipe)
     assert own.candidates and {c.layout.optim for c in own.candidates} == {"bf16"}
     both_cfg = compose(["+stage=1k", "workload.recipe.optim=[fp32,bf16]"]).cfg
