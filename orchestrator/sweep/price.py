@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.core import knobs
 from orchestrator.core.price import SweepPrice
 from orchestrator.core.schema import RootConfig
 from orchestrator.search import memfit, moves
@@ -46,7 +47,8 @@ COMPONENT_SD = 0.35
 # activations, a PP depth's imbalance), which is what keeps a real sweep going round after round
 KNOB_SD = 0.08
 KNOB_MEMORY_SD = 0.10  # the same for memory: per recompute set, CP and micro-batch (the activations' knobs)
-STEP_KNOBS = ("pp", "vpp", "cp", "ep", "mbs", "recompute", "dispatcher_label")
+# every knob a layout shows, the dispatcher with its backend (a fixed knob's one factor scales every layout alike)
+STEP_KNOBS = (*(k.name for k in knobs.DISPLAYED if k.name != "dispatcher"), "dispatcher_label")
 MEMORY_KNOBS = ("recompute", "cp", "mbs")
 MAX_DRAWS = 3  # draws per sample: a surface on which nothing fits is redrawn (that sweep measures nothing)
 # Student's t 95th percentile by degrees of freedom (n - 1 of n sampled spends): a two-sided 90% predictive range

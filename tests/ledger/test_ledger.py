@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from dataclasses import asdict
 
@@ -591,9 +592,15 @@ def test_ingest_refuses_folders_of_another_sweep_of_the_same_name_and_writes_not
     stranger = trusted(b, "k0", 1, "k0.b", job_result(0.03), job_dir="/elsewhere/k0/b/attempt-1", **same)
     stranger = dataclasses.replace(stranger, **{field: other[field]})
 
-    with pytest.raises(LedgerError, match=rf"{field} {other[field]} \(not .*ledger.url=") as err:
-        ingest(ledger, [first, stranger], source="/runs/k0")  # no sweep k0 yet: the first folder's identity
-    assert "\n" not in str(err.value) and "/elsewhere/k0/b/attempt-1" in str(err.value)
+    # no sweep k0 yet: the identity of the folder ingest reads first (in its own order), the other one refused
+    pair = {str(first_value := getattr(first, field)), str(other[field])}
+    with pytest.raises(LedgerError, match=rf"{field} \S+ \(not \S+\).*ledger.url=") as err:
+        ingest(ledger, [first, stranger], source="/runs/k0")
+    said = re.search(rf"{field} (\S+) \(not (\S+)\)", str(err.value))
+    assert said is not None and set(said.groups()) == pair, (str(err.value), first_value)
+    assert "\n" not in str(err.value) and {"/elsewhere/k0/b/attempt-1", "/runs/k0/a/attempt-1"} <= set(
+        re.findall(r"/\S+/attempt-1", str(err.value))
+    )
     assert ledger.get_sweep("k0") is None
 
     out = ingest(ledger, [first], source="/runs/k0")
