@@ -90,45 +90,21 @@ class PlanEnv:
     def raw(self, layout: Layout) -> tuple[dict[str, float], float, float] | None:
         """(components, step_s, memory_gb) with no calibration, even for a layout over HBM (calibration
         learns from OOMs too, so the memory rule must not hide their components)."""
-        out = planner.evaluate(
-            self.model,
-            self.hardware,
-            self.stage,
-            layout,
-            workload=self.workload,
-            recipe=self.recipe,
-            check_memory=False,
-        )
-        if not isinstance(out, planner.Planned):
+        out = self._planned(layout, None, 1.0, check_memory=False)
+        if out is None:
             return None
         p = out.prediction
         return dict(p.step_components), p.step_time_s, p.memory_gb
 
     def raw_probe_s(self, layout: Layout) -> float | None:
         """The planner's uncalibrated compute-only step of the rank a rank probe times (Prediction.probe_step_s)."""
-        out = planner.evaluate(
-            self.model,
-            self.hardware,
-            self.stage,
-            layout,
-            workload=self.workload,
-            recipe=self.recipe,
-            check_memory=False,
-        )
-        return out.prediction.probe_step_s or None if isinstance(out, planner.Planned) else None
+        out = self._planned(layout, None, 1.0, check_memory=False)
+        return out.prediction.probe_step_s or None if out is not None else None
 
     def raw_memory_terms(self, layout: Layout) -> tuple[dict[str, float], ...]:
         """The planner's uncalibrated memory terms per PP stage (memory.TERMS -> GB); () when illegal."""
-        out = planner.evaluate(
-            self.model,
-            self.hardware,
-            self.stage,
-            layout,
-            workload=self.workload,
-            recipe=self.recipe,
-            check_memory=False,
-        )
-        return tuple(out.prediction.memory_terms_by_stage) if isinstance(out, planner.Planned) else ()
+        out = self._planned(layout, None, 1.0, check_memory=False)
+        return tuple(out.prediction.memory_terms_by_stage) if out is not None else ()
 
     def fits(self, memory_gb: float) -> bool:
         """The planner's memory rule: heaviest rank + stage margin <= HBM."""

@@ -29,26 +29,30 @@ EXPERTS, TOP_K, LAYERS = 384, 6, 61
 GEMM_KNEE = 1500.0  # tokens per expert at which grouped GEMMs reach half their headroom
 # recompute: (compute factor, activations kept)
 RECOMPUTE = {"none": (1.0, 1.0), "moe_act": (1.04, 0.8), "mhc+mla_up_proj": (1.08, 0.55), "full": (1.36, 0.2)}
+OTHER = (1.06, 0.7)  # any other recompute set
 
 
-def _recompute(p: megatron_io.Point) -> tuple[float, float]:
-    return RECOMPUTE.get(p.recompute, (1.06, 0.7))
+def _recompute(p: megatron_io.Point, table=None) -> tuple[float, float]:
+    """(compute factor, activations kept) of the layout's recompute set: this surface's, or another stand-in's
+    (table, other) built on it (sibling.py)."""
+    recompute, other = table or (RECOMPUTE, OTHER)
+    return recompute.get(p.recompute, other)
 
 
-def memory_gb(p: megatron_io.Point) -> float:
+def memory_gb(p: megatron_io.Point, table=None) -> float:
     """The first stage's rank: expert and dense states, and the activations 1F1B keeps in flight."""
     expert = 1520e9 / (p.pp * p.ep) * (4.0 + 12.0 / p.d_e)  # bf16 weight + fp32 grad; optimizer over D_e
     dense = 60e9 / p.pp * (4.0 + 12.0 / (p.d_a * p.cp))
-    per_layer_mb = 0.9e9 * p.mbs * p.seq / 4096 / p.cp * _recompute(p)[1]
+    per_layer_mb = 0.9e9 * p.mbs * p.seq / 4096 / p.cp * _recompute(p, table)[1]
     return (expert + dense + per_layer_mb * p.layers_in_flight(LAYERS)) / 1e9 + 4.0
 
 
-def step_time(p: megatron_io.Point) -> float:
+def step_time(p: megatron_io.Point, table=None) -> float:
     """Seconds per step on the ridge surface."""
     tokens = p.gbs * p.seq / p.n  # per GPU per step
     per_expert = p.ep * p.mbs * p.seq / p.cp * TOP_K / EXPERTS  # a GPU's experts' tokens per microbatch
     gemm = 1.0 + GEMM_KNEE / per_expert  # the grouped GEMM's slowdown below its knee
-    compute = tokens * 6e-4 * (0.7 + 0.3 * gemm) * _recompute(p)[0]
+    compute = tokens * 6e-4 * (0.7 + 0.3 * gemm) * _recompute(p, table)[0]
     compute *= 1.0 + 0.07 * math.log2(p.cp)
     compute *= 1.0 + 0.9 / (LAYERS / p.pp)  # the last stage's head and MTP: almost a layer more of work
     span = -(-p.ep // p.gpus_per_node)

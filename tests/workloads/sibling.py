@@ -19,55 +19,22 @@ Follows the workload contract (megatron_io.py); every line is marked SIMULATED.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # megatron_io sits beside this script
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # megatron_io and ridge sit beside this script
 import megatron_io  # noqa: E402
+import ridge  # noqa: E402
 
 HBM_VAR, HBM_DEFAULT = "SIBLING_HBM_GB", 133.0  # the optimum a little under it
-EXPERTS, TOP_K, LAYERS = 384, 6, 61
-GEMM_KNEE = 1500.0  # tokens per expert at which grouped GEMMs reach half their headroom
-# recompute: (compute factor, activations kept)
+# recompute: (compute factor, activations kept); ridge.py's surface with this table
 RECOMPUTE = {"none": (1.0, 1.0), "moe_act": (1.05, 0.96), "mhc+mla_up_proj": (1.08, 0.9), "full": (1.36, 0.2)}
-
-
-def _recompute(p: megatron_io.Point) -> tuple[float, float]:
-    return RECOMPUTE.get(p.recompute, (1.06, 0.85))
-
-
-def memory_gb(p: megatron_io.Point) -> float:
-    """The first stage's rank: expert and dense states, and the activations 1F1B keeps in flight."""
-    expert = 1520e9 / (p.pp * p.ep) * (4.0 + 12.0 / p.d_e)  # bf16 weight + fp32 grad; optimizer over D_e
-    dense = 60e9 / p.pp * (4.0 + 12.0 / (p.d_a * p.cp))
-    per_layer_mb = 0.9e9 * p.mbs * p.seq / 4096 / p.cp * _recompute(p)[1]
-    return (expert + dense + per_layer_mb * p.layers_in_flight(LAYERS)) / 1e9 + 4.0
-
-
-def step_time(p: megatron_io.Point) -> float:
-    """Seconds per step (ridge.py's surface, this file's recompute)."""
-    tokens = p.gbs * p.seq / p.n  # per GPU per step
-    per_expert = p.ep * p.mbs * p.seq / p.cp * TOP_K / EXPERTS  # a GPU's experts' tokens per microbatch
-    gemm = 1.0 + GEMM_KNEE / per_expert  # the grouped GEMM's slowdown below its knee
-    compute = tokens * 6e-4 * (0.7 + 0.3 * gemm) * _recompute(p)[0]
-    compute *= 1.0 + 0.07 * math.log2(p.cp)
-    compute *= 1.0 + 0.9 / (LAYERS / p.pp)  # the last stage's head and MTP: almost a layer more of work
-    span = -(-p.ep // p.gpus_per_node)
-    a2a = tokens * 5e-4 * (0.5 if span <= 1 else 1.0 + 0.5 * math.log2(span))
-    if p.dispatcher == "flex:hybridep":
-        a2a *= 0.55 if span <= 4 else 0.85
-    elif p.dispatcher.startswith("flex"):
-        a2a *= 0.75
-    p2p = 0.02 * p.vpp * p.m if p.pp > 1 else 0.0  # a stage's hops: one per chunk and microbatch
-    bubble = (p.pp - 1) / (p.vpp * p.m + p.pp - 1)
-    step = (compute + a2a + p2p) / (1.0 - bubble)
-    return step + 4.0 * (1.0 - min(1.0, p.m / 12))  # gradient sync that few microbatches cannot hide
+TABLE = (RECOMPUTE, (1.06, 0.85))
 
 
 def evaluate(p: megatron_io.Point) -> tuple[float, float]:
-    """(seconds per step, memory GB) of one layout."""
-    return step_time(p), memory_gb(p)
+    """(seconds per step, memory GB) of one layout: ridge.py's surface, this file's recompute."""
+    return ridge.step_time(p, TABLE), ridge.memory_gb(p, TABLE)
 
 
 def main(argv=None) -> int:
