@@ -69,6 +69,10 @@ class JobPaths:
     # before the cancel: {"step_s", "after", "skip", "warmup_iters", "measure_iters", "median_s", "job_id"};
     # collect reads the result's window from it (warmup_iters, measure_iters).
     CUT = "cut.json"
+    # The launcher's mark that it cancelled this launch because the caller could not record its job id
+    # (launch/base.Launcher.submit's contract), written before the cancel: {"token", "job_id", "why"}. Such a
+    # launch is no verdict on its layout, however its job ended: measured again (launch/base.read_aborted).
+    ABORTED = "aborted.json"
     NODE_LOG = "node-{node}.log"
     NODE_LOG_GLOB = NODE_LOG.format(node="*")
     TIME_LIMIT_MARK = "time-limit-warning-rank-{rank}"
@@ -112,6 +116,10 @@ class JobPaths:
     @property
     def cut(self) -> Path:
         return self.folder / self.CUT
+
+    @property
+    def aborted(self) -> Path:
+        return self.folder / self.ABORTED
 
     @property
     def result(self) -> Path:

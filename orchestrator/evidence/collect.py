@@ -32,6 +32,7 @@ from orchestrator.evidence.effective import effective_throughput
 from orchestrator.evidence.keep import Keep
 from orchestrator.evidence.parse import parse_file
 from orchestrator.evidence.records import ParsedLog
+from orchestrator.launch.base import read_aborted
 from orchestrator.plan import ranks
 from orchestrator.plan.flops import peak_label, peak_tflops
 
@@ -193,6 +194,9 @@ def collect(
             f"the job vanished after {result.measure_iters}/{asked} measured iterations with no exit status "
             "(killed with its orchestrator?): not a measurement, measured again"
         )
+    if not result.ok and spec is not None and read_aborted(str(job_dir), spec.launch_token) is not None:
+        result.failure_class = Failure.LOST  # the sweep's own cancel, however the job ended: measured again
+        result.failure_detail = "cancelled by its sweep before its job id was recorded: no verdict, measured again"
     if spec is not None and spec.probe_ranks and result.failure_class in PROBE_ONLY:  # not the layout's failure
         as_probe(verdict).apply(result)
     if spec is not None:

@@ -32,7 +32,9 @@ A launch the sweep cut early (its folder holds the cut's mark, JobPaths.CUT, wri
 orchestrator/sweep/cutoff.py) is read as the driver read it: the result of the iterations its cut read (its
 window the cut's), the attempt a screen (cutoff.settle), and a job that raised after the mark stopped by the
 sweep's own cancel (CANCELLED, as its launcher reported it: the SIGINT's exit status, 130, is no crash;
-collect's `as_cut`). A mark naming another launch's token is another launch's evidence. Nothing here writes
+collect's `as_cut`). A mark naming another launch's token is another launch's evidence. A launch its launcher
+cancelled because the sweep could not record its job id (JobPaths.ABORTED) is no verdict unless it ended well:
+skipped, and resume runs it again. Nothing here writes
 the ledger: orchestrator/ledger/ingest.py stores what this finds.
 """
 
@@ -54,6 +56,7 @@ from orchestrator.core.spec import JobSpec
 from orchestrator.core.states import AttemptRole, AttemptState, Fidelity
 from orchestrator.evidence.collect import collect, cut_window, read_cut
 from orchestrator.launch import auto
+from orchestrator.launch.base import read_aborted
 
 # what a folder alone proves (the module's rules): INVALID_CONFIG, OOM, CRASH, and a probe's crash or silence
 # (PROBE_FAILED: what collect reads a rank probe's CRASH or NO_OUTPUT as, under CRASH's rules)
@@ -225,6 +228,9 @@ def judge(folder: Path) -> OnDisk:
     cut = read_cut(folder)
     if cut is not None and cut.get("token") not in (None, "", token):  # an older mark names no token
         why = f"its {JobPaths.CUT} names launch {cut.get('token')!r}, not this job's {token!r}: another launch's mark"
+        return OnDisk(folder, spec, skipped=why)
+    if outcome != "ok" and read_aborted(str(folder), token) is not None:
+        why = f"cancelled by its sweep before its job id was recorded ({JobPaths.ABORTED}): no verdict, resume runs it"
         return OnDisk(folder, spec, skipped=why)
     if outcome == "ok":  # ended by itself (a cut launch too, when it ran to its end before the cancel came)
         state, status = AttemptState.COMPLETED, 0

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from orchestrator.core.paths import JobPaths
+from orchestrator.core.paths import JobPaths, atomic_write
 from orchestrator.core.spec import ALONE_INDEX_ENV as ALONE_INDEX_ENV
 from orchestrator.core.states import AttemptState
 
@@ -49,6 +49,27 @@ class LaunchTask:
     # A one-GPU rank probe of k ranks: k separate tasks of n_gpus each (array tasks on Slurm, packed on shared
     # nodes), task i with core.spec ALONE_INDEX_ENV=i; its Submitted names them all ("123_[4-6]"). 1 = one job.
     alone: int = 1
+
+
+def mark_aborted(task: LaunchTask, job_id: str, why: BaseException) -> None:
+    """Write the launch's abort mark (JobPaths.ABORTED) before `submit` cancels a submission its caller could
+    not record: however its job then ends (a SIGINT mid-run reads as a crash), the folder says it was the
+    sweep's own cancel. Best effort: the cancel goes out even when the folder cannot be written."""
+    body = {"token": task.token, "job_id": job_id, "why": f"{type(why).__name__}: {why}"[:300]}
+    try:
+        atomic_write(JobPaths(task.folder).aborted, json.dumps(body))
+    except OSError:
+        pass
+
+
+def read_aborted(folder: str, token: str) -> dict[str, Any] | None:
+    """The abort mark of this launch (its token) in `folder`, or None: a launch aborted so is no verdict on
+    its layout (collect: LOST, retried; find: CANCELLED once it stopped; ingest: skipped)."""
+    try:
+        mark = json.loads(JobPaths(folder).aborted.read_text())
+    except (OSError, ValueError):
+        return None
+    return mark if isinstance(mark, dict) and mark.get("token") == token else None
 
 
 def merged(states: list[JobState]) -> JobState:

@@ -264,6 +264,8 @@ def test_a_failed_record_cancels_that_whole_array_and_find_sees_the_rest(tmp_pat
     with pytest.raises(RuntimeError, match="ledger locked"):
         launcher.submit(tasks, on_submitted=record)
     assert calls == [[0, 1], [2, 3]] and counted("scancel") == 1
+    # the folders of the cancelled array say so before the scancel: however a task ends, no verdict (resume)
+    assert [JobPaths(t.folder).aborted.exists() for t in tasks] == [False, False, True, True]
     ids = list(launcher._folders)
     assert len(ids) == 4
     states = poll_until(launcher, ids, lambda st: all(st[j].state == AttemptState.CANCELLED for j in ids[2:]))

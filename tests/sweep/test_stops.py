@@ -12,7 +12,9 @@ import subprocess
 import sys
 
 from orchestrator.cli import main
+from orchestrator.core.paths import JobPaths
 from orchestrator.core.states import AttemptState, SweepStatus
+from orchestrator.evidence.ingest import judge
 from orchestrator.ledger.ledger import Ledger
 from tests.sweeplib import ROOT, all_attempts, ledger_url, running_sweep, sweep_args, wait_for
 
@@ -36,6 +38,9 @@ def test_a_ledger_locked_past_the_busy_timeout_stops_the_sweep_naming_the_lock(t
 
     def lock_then_record(self, rows):
         if not holders:  # the first job ids are being recorded: a `sqlite3` shell holds the write lock now
+            # once the job runs (it runs for seconds): the cancel that follows the failed record stops a running
+            # job, the order CI met, and resume must still run its layout again
+            wait_for(lambda: list((tmp_path / "runs").rglob(JobPaths.STARTED)), 120, "the job's start record")
             holders.append(
                 subprocess.Popen(
                     [sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -45,7 +50,8 @@ def test_a_ledger_locked_past_the_busy_timeout_stops_the_sweep_naming_the_lock(t
         return real(self, rows)
 
     monkeypatch.setattr(Ledger, "launched", lock_then_record)
-    args = sweep_args(tmp_path, "locked", *ONE, "ledger.busy_timeout_ms=300")
+    slow = ("++workload.twin.time_scale=100000", "++workload.twin.max_sleep_s=1.0", "stage.measure_iters=4")
+    args = sweep_args(tmp_path, "locked", *ONE, *slow, "ledger.busy_timeout_ms=300")
     try:
         assert main(["sweep", *args, "--plain"]) == 2
     finally:
@@ -58,10 +64,18 @@ def test_a_ledger_locked_past_the_busy_timeout_stops_the_sweep_naming_the_lock(t
     assert "held its write lock longer than ledger.busy_timeout_ms" in err[0] and "lost its schema" not in err[0]
     assert f"then {_resume_hint(tmp_path, 'locked')}" in err[0] and err[0].endswith("`"), err[0]
 
+    # the folder says its launch was cancelled unrecorded: once the job has stopped, ingest keeps it out too
+    (mark,) = (tmp_path / "runs").rglob(JobPaths.ABORTED)
+    wait_for(lambda: JobPaths(mark.parent).exited.exists(), 120, "the cancelled job's exit marker")
+    assert "cancelled by its sweep before its job id was recorded" in (judge(mark.parent).skipped or "")
+
     monkeypatch.setattr(Ledger, "launched", real)
     assert main(["resume", "locked", f"ledger.url={ledger_url(tmp_path)}", "--plain"]) == 0, capsys.readouterr()
     with Ledger.open(ledger_url(tmp_path), create=False) as led:
         assert led.evidence.measured(sweep="locked")
+        first, *rest = all_attempts(led, "locked")  # the cancelled one is released, never read as the layout's crash
+    assert first.state == AttemptState.CANCELLED and first.failure_class is None, first
+    assert JobPaths(first.job_dir).aborted.exists() and [a.state for a in rest] == [AttemptState.COMPLETED]
 
 
 def test_a_full_disk_when_a_result_is_written_is_one_line_and_resume_collects_it(tmp_path, monkeypatch, capsys):

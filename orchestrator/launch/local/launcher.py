@@ -36,6 +36,8 @@ from orchestrator.launch.base import (
     LaunchTask,
     OnSubmitted,
     Submitted,
+    mark_aborted,
+    read_aborted,
     read_result,
     state_of,
 )
@@ -216,7 +218,8 @@ class LocalLauncher(Launcher):
             if on_submitted is not None:
                 try:
                     on_submitted([(i, out[-1])])
-                except BaseException:  # not recorded: stop it at once
+                except BaseException as exc:  # not recorded: stop it at once, its folder saying so first
+                    mark_aborted(t, jid, exc)
                     self.cancel([jid])
                     raise
         return out
@@ -228,7 +231,8 @@ class LocalLauncher(Launcher):
         while its very controller runs (`pid:start`; a bare pid only while it is this folder's controller: a
         reused pid is another process); COMPLETED when it ended by itself (its exit marker, or submitit's pickled
         outcome); FAILED when it started and vanished (adopted: collecting it says LOST, and it is retried);
-        CANCELLED when nothing ever ran there. result.json is the orchestrator's, never evidence."""
+        CANCELLED when nothing ever ran there, or once it stopped after `submit` cancelled it unrecorded (its
+        folder's abort mark). result.json is the orchestrator's, never evidence."""
         out: dict[tuple[str, int | None], Found] = {}
         for token, idx, folder in intents:
             paths = JobPaths(folder)
@@ -243,6 +247,8 @@ class LocalLauncher(Launcher):
             state = (
                 AttemptState.RUNNING
                 if _alive(jid, folder)
+                else AttemptState.CANCELLED  # submit cancelled it, unrecorded: however it ended, no verdict
+                if read_aborted(folder, token) is not None
                 else AttemptState.COMPLETED
                 if paths.exited.exists() or _task_ended(folder, jid)
                 else AttemptState.FAILED

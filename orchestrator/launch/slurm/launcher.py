@@ -32,6 +32,7 @@ from orchestrator.launch.base import (
     OnSubmitted,
     Submitted,
     Unrunnable,
+    mark_aborted,
     merged,
     read_result,
     shape,
@@ -248,7 +249,9 @@ class SlurmLauncher(Launcher):
                 continue
             try:
                 on_submitted(list(zip(chunk, subs)))
-            except BaseException:  # not recorded: no task of this array may run untracked (one scancel)
+            except BaseException as exc:  # not recorded: no task of this array may run untracked (one scancel)
+                for i, sub in zip(chunk, subs):
+                    mark_aborted(tasks[i], sub.job_id, exc)
                 self.cancel(sorted({s.job_id.split("_")[0] for s in subs}))
                 raise
         return out
