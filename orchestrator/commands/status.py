@@ -85,7 +85,7 @@ def gather(ledger, name: str) -> dict:
                 "failure_class": a.failure_class if a else None,
                 "cut": c.id in cut_ids,
                 "edge": c.edge_kind,
-                "pred_step_s": c.predicted.get("step_time_s"),
+                "pred_step_s": c.predicted.step_time_s or None,
                 "decision": c.decision.to_dict() if c.decision.stored else None,
                 STEP_P50: res.get(STEP_P50) if res else None,
             }

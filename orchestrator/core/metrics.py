@@ -18,7 +18,7 @@ stdlib only, like orchestrator/core/knobs.py: the ledger reads it without the ev
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -362,6 +362,75 @@ FRACTIONS: frozenset[str] = frozenset(m.name for m in METRICS if m.unit == "frac
 STEP_P50 = METRIC["step_p50_s"].name
 STEP_P99 = METRIC["step_p99_s"].name
 STEP_MEAN = METRIC["step_mean_s"].name
+
+
+_SQL_TYPES: dict[str, type] = {"float": float, "int": int, "bool": bool, "str": str, "text": str}
+
+
+class Measured(Mapping[str, Any]):
+    """One stored result's metrics, as the ledger hands them out: read-only, keyed by the registry (a name
+    that is no `Metric` is a KeyError naming it, never a silent None), each value of its metric's type. The
+    figures the driver, the history and the ranking read have typed properties; `dict(m)` is the JSON shape."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any] | None = None) -> None:
+        unknown = sorted(set(values or {}) - set(METRIC))
+        if unknown:
+            raise KeyError(f"not metrics of orchestrator/core/metrics.py METRICS: {unknown}")
+        self._values = {m.name: _typed(m, (values or {}).get(m.name, m.default)) for m in METRICS}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._values:
+            raise KeyError(f"{name!r} is no metric of orchestrator/core/metrics.py METRICS")
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        shown = {k: v for k, v in self._values.items() if v is not None and METRIC[k].scalar}
+        return f"Measured({shown})"
+
+    def _float(self, name: str) -> float | None:
+        v = self._values[name]
+        return None if v is None else float(v)
+
+    @property
+    def step_p50_s(self) -> float | None:
+        return self._float(STEP_P50)
+
+    @property
+    def step_p99_s(self) -> float | None:
+        return self._float(STEP_P99)
+
+    @property
+    def step_mean_s(self) -> float | None:
+        return self._float(STEP_MEAN)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self._float("tokens_per_s")
+
+    @property
+    def settled_iters(self) -> int | None:
+        v = self._values["settled_iters"]
+        return None if v is None else int(v)
+
+    @property
+    def peak_gb(self) -> float | None:
+        return peak_gb(self)
+
+
+def _typed(m: Metric, value: Any) -> Any:
+    """A stored value as its metric's type (SQLite hands back what was written: a count as 3.0, a flag as 1)."""
+    kind = _SQL_TYPES.get(m.sql)
+    if value is None or kind is None:
+        return value
+    return kind(value)
 
 
 def peak_gb(values: Mapping[str, Any]) -> float | None:

@@ -9,7 +9,7 @@ uncalibrated components, the calibration factors, `revived`), which it leaves ou
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -58,3 +58,70 @@ class Prediction:
             return cls(**kw)
         except TypeError:  # a required field missing
             return None
+
+
+class Predicted(Mapping[str, Any]):
+    """A candidate's stored prediction as the ledger hands it out (CandidateRow.predicted, MeasuredRow.predicted):
+    read-only, the stored dict unchanged (the models' fields and what the search added beside them: the raw,
+    uncalibrated numbers calibration fits, its factors, `revived`), with the figures the driver and the history
+    read as typed properties and `models` the models' record, decoded once."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, stored: Mapping[str, Any] | None = None) -> None:
+        self._d = dict(stored or {})
+
+    def __getitem__(self, name: str) -> Any:
+        return self._d[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __repr__(self) -> str:
+        return f"Predicted(step_time_s={self.step_time_s}, memory_gb={self._d.get('memory_gb')})"
+
+    @property
+    def models(self) -> Prediction | None:
+        """The models' record (None for a candidate added by another tool or an older shape)."""
+        return Prediction.from_stored(self._d)
+
+    @property
+    def step_time_s(self) -> float:
+        """The predicted step (calibrated when the search stored it so); 0.0 when none was stored."""
+        return float(self._d.get("step_time_s") or 0.0)
+
+    @property
+    def heaviest_stage(self) -> int | None:
+        v = self._d.get("heaviest_stage")
+        return None if v is None else int(v)
+
+    @property
+    def layer_pattern(self) -> str:
+        return str(self._d.get("layer_pattern") or "")
+
+    @property
+    def probe_step_s(self) -> float | None:
+        """The raw compute-only step of the rank a probe times (Prediction.probe_step_s); None when not stored."""
+        v = self._d.get("probe_step_s")
+        return float(v) if v else None
+
+    @property
+    def memory_terms_by_stage(self) -> tuple[dict[str, float], ...]:
+        return tuple(dict(t) for t in self._d.get("memory_terms_by_stage") or ())
+
+    @property
+    def raw(self) -> tuple[dict[str, float], float, float] | None:
+        """(components, step, memory) before calibration, as the search stored them (search/types.prediction_dict);
+        None for a candidate that carries none (run-one, plan --save)."""
+        d = self._d
+        if "raw_components" in d and d.get("raw_step_time_s") and d.get("raw_memory_gb"):
+            return dict(d["raw_components"]), float(d["raw_step_time_s"]), float(d["raw_memory_gb"])
+        return None
+
+    @property
+    def revived(self) -> bool:
+        """Pruned by the uncalibrated memory model, fits the calibrated one (search/env)."""
+        return "revived" in self._d

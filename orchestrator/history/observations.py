@@ -8,12 +8,13 @@ rounds, so a resumed driver sees exactly what the killed one had written.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.core import ranking
 from orchestrator.core import windows as fidelity
-from orchestrator.core.metrics import STEP_P50, STEP_P99, peak_gb
+from orchestrator.core.metrics import STEP_P50, STEP_P99, Measured
 from orchestrator.core.schema import StageConfig
 from orchestrator.core.states import AttemptState, CandidateStatus, EventKind, Fidelity
 from orchestrator.evidence.metrics import GB_PER_MIB, robust_cv
@@ -40,16 +41,14 @@ def rejected_keys(ledger: Ledger, sweep: str) -> set[str]:
 
 
 def _raw(env: PlanEnv, cand: CandidateRow, layout: Layout):
-    p = cand.predicted or {}
-    if "raw_components" in p and p.get("raw_step_time_s") and p.get("raw_memory_gb"):
-        return p["raw_components"], float(p["raw_step_time_s"]), float(p["raw_memory_gb"])
-    return env.raw(layout)  # candidates added by other tools (run-one, plan --save) carry no raw numbers
+    return cand.predicted.raw or env.raw(
+        layout
+    )  # candidates added by other tools (run-one, plan --save) carry no raw numbers
 
 
 def _raw_probe(env: PlanEnv, cand: CandidateRow, layout: Layout) -> float | None:
     """The planner's raw compute-only step of the rank a probe times (Prediction.probe_step_s)."""
-    v = (cand.predicted or {}).get("probe_step_s")
-    return float(v) if v else env.raw_probe_s(layout)
+    return cand.predicted.probe_step_s or env.raw_probe_s(layout)
 
 
 def stage_peaks(ranks: list[dict]) -> dict[int, float]:
@@ -65,8 +64,7 @@ def stage_peaks(ranks: list[dict]) -> dict[int, float]:
 
 
 def _raw_terms(env: PlanEnv, cand: CandidateRow, layout: Layout) -> tuple[dict[str, float], ...]:
-    terms = (cand.predicted or {}).get("memory_terms_by_stage")
-    return tuple(dict(t) for t in terms) if terms else env.raw_memory_terms(layout)
+    return cand.predicted.memory_terms_by_stage or env.raw_memory_terms(layout)
 
 
 def _rank_probed(cands: Iterable[CandidateRow]) -> set[int]:
@@ -74,18 +72,20 @@ def _rank_probed(cands: Iterable[CandidateRow]) -> set[int]:
     return {c.id for c in cands if c.decision.probed_ranks()}
 
 
-def _margin(rows: Iterable[MeasuredRow], probes: dict[int, dict], rank_probed: set[int], stage: StageConfig) -> float:
+def _margin(
+    rows: Iterable[MeasuredRow], probes: dict[int, Measured], rank_probed: set[int], stage: StageConfig
+) -> float:
     """`probe_margin` from one read of the rows: each candidate's latest result and its latest probe."""
     pairs = [
         (at_scale, seen)
         for r in rows
         if r.fidelity != Fidelity.PROBE and r.candidate_id in rank_probed and r.candidate_id in probes
-        if (at_scale := peak_gb(r.metrics)) and (seen := peak_gb(probes[r.candidate_id]))
+        if (at_scale := r.metrics.peak_gb) and (seen := probes[r.candidate_id].peak_gb)
     ]
     return select.probe_margin_gb(pairs, stage.probe_margin_gb)
 
 
-def _probes(ledger: Ledger, sweeps: list[SweepRow]) -> dict[int, dict]:
+def _probes(ledger: Ledger, sweeps: list[SweepRow]) -> dict[int, Measured]:
     return {c: m for s in sweeps for c, m in ledger.evidence.probes(s.name).items()}
 
 
@@ -119,7 +119,7 @@ class ProbeProvenance:
         return out
 
 
-def probe_provenance(probes: dict[int, dict]) -> ProbeProvenance:
+def probe_provenance(probes: Mapping[int, Mapping[str, Any]]) -> ProbeProvenance:
     """From each candidate's latest probe (`Evidence.probes`, oldest first); a probe that reported no versions
     (it died before its sidecars) says nothing of its stack and is not counted."""
     keyed = {c: plan_probe.provenance(m.get("versions")) for c, m in probes.items() if m.get("versions")}
@@ -148,7 +148,7 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
         for r in ledger.evidence.measured(sweep=s.name)
         if not (r.fidelity == Fidelity.PROBE and r.candidate_id in stale)
     ]
-    measured: dict[int, dict] = {}
+    measured: dict[int, Measured] = {}
     attempt_of: dict[int, int] = {}
     fidelity_of: dict[int, Fidelity] = {}
     partial: set[int] = set()
@@ -158,8 +158,8 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
     # (docs/search-log.md, "The probe's evidence after a run at scale")
     probe_step: dict[int, float] = {}
     for row in rows:
-        if row.fidelity == Fidelity.PROBE and row.metrics and row.metrics.get(STEP_P50):
-            probe_step[row.candidate_id] = float(row.metrics[STEP_P50])
+        if row.fidelity == Fidelity.PROBE and (p50 := row.metrics.step_p50_s):
+            probe_step[row.candidate_id] = p50
         measured[row.candidate_id] = row.metrics
         attempt_of[row.candidate_id] = row.attempt_id
         fidelity_of[row.candidate_id] = row.fidelity
@@ -186,7 +186,7 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
                 fc = (atts[-1].failure_class or atts[-1].state) if atts else AttemptState.FAILED
             elif met is None:
                 continue  # not measured yet: nothing to learn
-            peak = peak_gb(met) if met else None
+            peak = met.peak_gb if met else None
             probed = fidelity_of.get(c.id) == Fidelity.PROBE and bool(met) and c.id in rank_probed
             extra = margin if probed else 0.0  # a rank probe's peak + what it cannot see
             peaks = stage_peaks(ledger.evidence.rank_memory(attempt_of[c.id])) if met else {}
@@ -199,8 +199,8 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
                     raw_memory_gb=mem,
                     # a probe answers "does it fit?" (its peak) and "how fast is its compute alone?" (probe_step_s,
                     # the composed step: orchestrator/search/compose.py), never "how fast is the step?"
-                    step_s=met.get(STEP_P50) if met and fidelity_of[c.id] != Fidelity.PROBE else None,
-                    p99_s=met.get(STEP_P99) if met and fidelity_of[c.id] != Fidelity.PROBE else None,
+                    step_s=met.step_p50_s if met and fidelity_of[c.id] != Fidelity.PROBE else None,
+                    p99_s=met.step_p99_s if met and fidelity_of[c.id] != Fidelity.PROBE else None,
                     peak_gb=peak + extra if peak is not None else None,
                     failure_class=fc,
                     round=c.round,
@@ -239,8 +239,8 @@ def settled(ledger: Ledger, sweeps: list[SweepRow]) -> tuple[int, ...]:
     for s in sweeps:
         warm = {c.id for c in ledger.candidates(s.name) if c.decision.warms}
         for r in ledger.evidence.measured(sweep=s.name):
-            if r.candidate_id in warm and r.fidelity != Fidelity.PROBE and r.metrics.get("settled_iters") is not None:
-                out.append(int(r.metrics["settled_iters"]))
+            if r.candidate_id in warm and r.fidelity != Fidelity.PROBE and r.metrics.settled_iters is not None:
+                out.append(r.metrics.settled_iters)
     return tuple(out)
 
 
@@ -253,8 +253,8 @@ def best_of(ledger: Ledger, sweep: str) -> dict | None:
     return {
         "key": r.key,
         "layout": r.layout.short(),
-        STEP_P50: r.metrics.get(STEP_P50),
-        STEP_P99: r.metrics.get(STEP_P99),
+        STEP_P50: r.metrics.step_p50_s,
+        STEP_P99: r.metrics.step_p99_s,
         "simulated": r.simulated,
         "candidate_id": r.candidate_id,
     }

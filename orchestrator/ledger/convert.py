@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator.core.decision import Decision
 from orchestrator.core.knobs import Layout
+from orchestrator.core.metrics import METRICS, Measured
+from orchestrator.core.prediction import Predicted
 from orchestrator.ledger.errors import LedgerError
 
 if TYPE_CHECKING:
@@ -34,14 +36,20 @@ def to_row(cls: type[R], obj: Any) -> R:
 
 # The JSON columns a row hands out typed (core's records), by field name: decoded here once, so no caller
 # reads a layout or a decision by string key. The stored JSON is unchanged (Decision.to_dict, Layout.to_dict).
-DECODE: dict[str, Any] = {"layout": Layout.from_dict, "decision": Decision.from_dict}
+DECODE: dict[str, Any] = {"layout": Layout.from_dict, "decision": Decision.from_dict, "predicted": Predicted}
 
 
 def decode(name: str, value: Any) -> Any:
-    """A column's value as its row field holds it (a layout's or a decision's JSON -> Layout, Decision)."""
-    if name not in DECODE or isinstance(value, (Layout, Decision)):
+    """A column's value as its row field holds it (a layout's, a decision's, a prediction's JSON -> Layout,
+    Decision, Predicted)."""
+    if name not in DECODE or isinstance(value, (Layout, Decision, Predicted)):
         return value
     return DECODE[name](value)
+
+
+def measured(result: Any) -> Measured:
+    """A stored result row's metrics (every registry column of the ORM `Result`), typed by core/metrics."""
+    return Measured({k.name: getattr(result, k.name) for k in METRICS})
 
 
 def encode(value: Any) -> Any:
@@ -59,7 +67,7 @@ def clean(value: Any) -> Any:
     """JSON-safe copy: tuples to lists, NaN/inf to None (PostgreSQL's json rejects NaN)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    if isinstance(value, dict):
+    if isinstance(value, (dict, Predicted)):
         return {str(k): clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [clean(v) for v in value]

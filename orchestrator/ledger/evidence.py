@@ -11,10 +11,12 @@ from typing import Any
 
 from sqlalchemy import func, insert, select
 
+from orchestrator.core.metrics import Measured
+from orchestrator.core.prediction import Predicted
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EventKind, Fidelity
 from orchestrator.ledger import models as m
 from orchestrator.ledger import queries
-from orchestrator.ledger.convert import clean, decode, now, to_row
+from orchestrator.ledger.convert import clean, decode, measured, now, to_row
 from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.models import JSON_METRICS, RESULT_METRICS
 from orchestrator.ledger.rows import CalibrationRow, CapacityRow, MeasuredRow, ParityRow
@@ -101,13 +103,13 @@ class Evidence:
             if ranks:
                 s.execute(insert(m.RankMemory), ranks)
 
-    def result(self, attempt_id: int) -> dict[str, Any] | None:
+    def result(self, attempt_id: int) -> Measured | None:
         """The stored metrics of one attempt (RESULT_METRICS), or None when it did not succeed."""
         with self.store.read() as s:
             r = s.scalars(select(m.Result).where(m.Result.attempt_id == attempt_id)).one_or_none()
-            return None if r is None else {k: getattr(r, k) for k in RESULT_METRICS}
+            return None if r is None else measured(r)
 
-    def update_result_metrics(self, attempt_id: int, **metrics: Any) -> dict[str, Any]:
+    def update_result_metrics(self, attempt_id: int, **metrics: Any) -> Measured:
         """Set result columns of one attempt's stored result (a later measurement about the same run, e.g.
         a finalist's long-run window: ckpt_save_s, q_effective ...). Unknown names and a missing result row
         are LedgerErrors. Returns the row's metrics after the update."""
@@ -121,7 +123,7 @@ class Evidence:
             for k, v in metrics.items():
                 setattr(r, k, clean(v))
             s.flush()
-            return {k: getattr(r, k) for k in RESULT_METRICS}
+            return measured(r)
 
     def step_samples(self, attempt_id: int) -> list[tuple[int, float | None, float | None, float | None]]:
         """(iteration, step_time_s, lm_loss, grad_norm) of the measured window, in order."""
@@ -184,14 +186,14 @@ class Evidence:
                         status=CandidateStatus(c.status),
                         layout=decode("layout", c.layout),
                         layer_pattern=c.layer_pattern,
-                        predicted=c.predicted,
+                        predicted=Predicted(c.predicted),
                         verdict=c.verdict,
                         attempt_id=a.id,
                         attempt_no=a.attempt_no,
                         job_id=a.job_id,
                         simulated=r.simulated,
                         partial=r.partial,
-                        metrics={k: getattr(r, k) for k in RESULT_METRICS},
+                        metrics=measured(r),
                         fidelity=a.fidelity,
                         excluded=bool(excluded),
                         result_id=r.id,
@@ -199,7 +201,7 @@ class Evidence:
                 )
             return out
 
-    def probes(self, sweep: str) -> dict[int, dict[str, Any]]:
+    def probes(self, sweep: str) -> dict[int, Measured]:
         """Candidate id -> the metrics of its latest rank probe (a measure attempt of fidelity probe), also
         once a run at scale is its latest result (`measured` hands out only that one): a probed layout's peak
         at scale minus its probe's is what the probe margin is learned from. Oldest probe first."""
@@ -217,7 +219,7 @@ class Evidence:
                 .group_by(m.Result.candidate_id)
             )
             rows = s.scalars(select(m.Result).where(m.Result.id.in_(latest)).order_by(m.Result.id))
-            return {r.candidate_id: {k: getattr(r, k) for k in RESULT_METRICS} for r in rows}  # oldest first
+            return {r.candidate_id: measured(r) for r in rows}  # oldest first
 
     # ---- calibration, parity ------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ from orchestrator.core.ranking import best as ranked_best
 from orchestrator.core.ranking import standing as standing_of
 from orchestrator.core.states import AttemptRole, CandidateStatus, Fidelity
 from orchestrator.ledger import models as m
-from orchestrator.ledger.convert import decode
+from orchestrator.ledger.convert import decode, measured
 from orchestrator.ledger.errors import LedgerError
 from orchestrator.ledger.models import RESULT_METRICS
 
@@ -342,7 +342,7 @@ def best(ledger: Ledger, *, sweep: str | None = None, stage: str | None = None) 
         def standing(hit: Any) -> Standing:
             _, _, a, r, bad = hit
             return standing_of(
-                {k: getattr(r, k) for k in RESULT_METRICS},
+                measured(r),
                 fidelity=a.fidelity,
                 partial=r.partial,
                 excluded=bool(bad),

@@ -12,7 +12,8 @@ from typing import Any
 
 from orchestrator.core.decision import NO_DECISION, Decision
 from orchestrator.core.knobs import Layout
-from orchestrator.core.prediction import Prediction
+from orchestrator.core.metrics import Measured
+from orchestrator.core.prediction import Predicted, Prediction
 from orchestrator.core.ranking import Standing
 from orchestrator.core.ranking import standing as standing_of
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EdgeKind, Fidelity, SweepStatus
@@ -70,7 +71,7 @@ class CandidateRow:
     key: str
     layout: Layout
     layer_pattern: str
-    predicted: dict[str, Any]
+    predicted: Predicted  # the stored prediction, decoded once (orchestrator/ledger/convert.py)
     verdict: str
     round: int
     parent_id: int | None
@@ -92,7 +93,7 @@ class CandidateRow:
     def prediction(self) -> Prediction | None:
         """The models' prediction (`predicted` holds it with the search's extras: raw components, factors);
         None for a candidate stored without one."""
-        return Prediction.from_stored(self.predicted)
+        return self.predicted.models
 
 
 @dataclass(frozen=True)
@@ -189,14 +190,14 @@ class MeasuredRow:
     status: CandidateStatus
     layout: Layout
     layer_pattern: str
-    predicted: dict[str, Any]
+    predicted: Predicted
     verdict: str
     attempt_id: int
     attempt_no: int
     job_id: str | None
     simulated: bool
     partial: bool
-    metrics: dict[str, Any]  # every result column (RESULT_METRICS)
+    metrics: Measured  # every result column, typed by the registry (core/metrics)
     fidelity: Fidelity = Fidelity.FULL  # the measuring attempt's: only FULL decides a best
     excluded: bool = False  # failed the correctness gate (status excluded, or a failing parity check)
     result_id: int = 0

@@ -7,7 +7,9 @@ save/restore times (or the configured defaults, flagged as such).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import yaml
 
@@ -194,7 +196,7 @@ def gather(ledger: Ledger, name: str) -> ReportData:
     samples: dict[int, list[float]] = {}
     cands = ledger.candidates(name)
     cand_attempt = {c.id: c.latest_attempt_id for c in cands}
-    predicted = {c.id: c.predicted or {} for c in cands}
+    predicted = {c.id: c.predicted for c in cands}
     for r in measured:
         r.update(raw_predictions(predicted.get(r["candidate_id"], {})))
     for cid in attempts:
@@ -251,7 +253,7 @@ def _spend(ledger: Ledger, sweep: SweepRow, stage: StageConfig, spent: history.S
     )
 
 
-def raw_predictions(predicted: dict) -> dict:
+def raw_predictions(predicted: Mapping[str, Any]) -> dict:
     """The planner's UNcalibrated step and heaviest-rank memory for a candidate (`raw_pred_step_s`,
     `raw_pred_memory_gb`; None when unknown). Why: a candidate planned after calibration carries a calibrated
     prediction fitted on the measurements themselves, which sits near the diagonal by construction; the raw

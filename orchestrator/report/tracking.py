@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.core import knobs, metrics
+from orchestrator.core import knobs
 from orchestrator.core.errors import UserError
 from orchestrator.core.metrics import STEP_P50, STEP_P99
 from orchestrator.evidence import bundle as bundle_mod
@@ -118,7 +118,7 @@ def runs(ledger, sweep: str) -> list[TrackedRun]:
     enabled = _parity_enabled(row.config_yaml)
     out = []
     for m in ledger.evidence.measured(sweep=sweep):
-        if m.metrics.get(STEP_P50) is None:
+        if m.metrics.step_p50_s is None:
             continue
         layout = m.layout
         shown = knobs.display(layout)
@@ -126,7 +126,7 @@ def runs(ledger, sweep: str) -> list[TrackedRun]:
         params.update(layout=layout.short(), layer_pattern=m.layer_pattern, stage=m.stage, model=m.model)
         params["hardware"] = m.hardware
         values = {name: float(m.metrics[name]) for name in METRICS if m.metrics.get(name) is not None}
-        peak = metrics.peak_gb(m.metrics)
+        peak = m.metrics.peak_gb
         if peak is not None:
             values[PEAK_GB] = float(peak)
         parity_rows = ledger.evidence.parity(m.candidate_id)

@@ -342,7 +342,7 @@ class Finalists:
             why = "logged no load time" if restored is not None else f"failed: {restore.failure_class or restore.state}"
             detail = f"restore job {why} {restore.failure_detail or ''}".strip()
             return self._long_run_done(c, out, {"ok": False, "reason": detail, "folder": restore.job_dir})
-        steady = measured.metrics.get("tokens_per_s") or saved.get("tokens_per_s")
+        steady = measured.metrics.tokens_per_s or saved.tokens_per_s
         if steady is None:
             return self._long_run_done(c, out, {"ok": False, "reason": "no tokens/s measured"})
         eff = self.cfg.effective

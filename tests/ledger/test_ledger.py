@@ -241,6 +241,31 @@ def test_record_result_stores_everything_once(ledger):
     assert row.predicted["step_time_s"] == 10.0 and row.simulated
 
 
+def test_a_result_row_hands_out_its_metrics_typed_by_the_registry(ledger):
+    """Issue 46 item 1: the metrics of a result row are core/metrics' `Measured`: every registry name, each of
+    its metric's type (SQLite returns a count or a flag as it stored it), a name that is no metric a KeyError
+    (a typo is never a silent None), the ranking figures as typed properties; equal to the stored columns."""
+    from orchestrator.core.metrics import METRIC, Measured
+
+    cand = ledger.add_candidates("s1", make_items(1))[0]
+    att = ledger.new_attempt(cand.id, job_dir="/runs/x", simulated=True)
+    ledger.evidence.record_result(att.id, job_result(2.0, settled_iters=7))
+    (row,) = ledger.evidence.measured(sweep="s1")
+    for got in (row.metrics, ledger.evidence.result(att.id)):
+        assert isinstance(got, Measured) and set(got) == set(METRIC)
+        assert got.step_p50_s == 2.0 and got.step_p99_s == got["step_p99_s"] and got.settled_iters == 7
+        assert isinstance(got["measure_iters"], int) and isinstance(got["simulated"], bool)
+        assert got.peak_gb == got["peak_reserved_gb"] and got.tokens_per_s == got["tokens_per_s"]
+        with pytest.raises(KeyError, match="step_p50"):
+            got["step_p50"]
+    assert dict(ledger.evidence.update_result_metrics(att.id, ckpt_save_s=3.0)) == {
+        **dict(row.metrics),
+        "ckpt_save_s": 3.0,
+    }
+    with pytest.raises(KeyError, match="not metrics"):
+        Measured({"step_p50": 1.0})
+
+
 def test_a_finalist_attempt_is_never_the_candidates_measurement(ledger):
     """Every job is an attempt with a role; only a measure attempt is the candidate's latest attempt and result,
     what `measured` (the best, calibration, noise), `queries.best` and the default `attempts` read."""

@@ -5,6 +5,9 @@ code does not know) still reads, and its unknown keys survive a rewrite."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 from sqlalchemy import text
 
@@ -111,3 +114,32 @@ def test_an_old_shape_decision_still_reads_and_keeps_what_it_does_not_know(led):
     none = led.candidate_by_key("s1", "bare")
     assert none is not None and not none.decision.stored and none.decision.fidelity == Fidelity.FULL
     assert _json(_stored(led, bare.id)[0]) is None  # as before: JSON null
+
+
+def test_a_candidates_prediction_reads_typed_and_its_stored_dict_is_unchanged(led):
+    """CandidateRow.predicted is core/prediction.Predicted: the stored dict as it was written (the search's raw
+    numbers and factors beside the models' fields), the figures the history reads as typed properties, and the
+    models' record decoded once; a candidate added by another tool (no raw numbers) says so with None."""
+    from orchestrator.core.prediction import Predicted
+    from orchestrator.search.types import prediction_dict
+    from tests.ledger.test_ledger import make_items
+
+    (item,) = make_items(1)
+    stored = prediction_dict(
+        item.predicted, raw_components={"compute": 4.0}, raw_step_s=9.0, raw_memory_gb=70.0, factors={"a2a": 1.2}
+    )
+    (row, _) = led.add_candidates("s1", [replace(item, predicted=stored), CandidateIn(key="bare", layout={})])
+    got = led.candidate_by_key("s1", row.key)
+    assert got is not None and isinstance(got.predicted, Predicted)
+    assert dict(got.predicted) == _json(_stored_predicted(led, row.id)) == json.loads(json.dumps(stored))
+    assert got.predicted.raw == ({"compute": 4.0}, 9.0, 70.0) and got.predicted.step_time_s == 10.0
+    assert got.predicted.heaviest_stage == 0 and got.predicted.layer_pattern == "E" * 8
+    assert got.prediction is not None and got.prediction.memory_by_stage == (60.0, 55.0)
+    other = led.candidate_by_key("s1", "bare")
+    assert other is not None and other.predicted.raw is None and other.prediction is None
+    assert other.predicted.step_time_s == 0.0 and other.predicted.probe_step_s is None
+
+
+def _stored_predicted(led: Ledger, cid: int):
+    with led.store.read() as s:
+        return s.execute(text("SELECT predicted FROM candidate WHERE id = :i"), {"i": cid}).scalar_one()
