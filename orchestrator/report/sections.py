@@ -97,9 +97,11 @@ def _parity(d: ReportData, dec: Decision, b: dict) -> str:
         why = (par or {}).get("detail") or (
             dec.bundle.parity if dec.bundle is not None else "no parity run for this candidate"
         )
+        # the gate off: say how to turn it on; the gate ran but had nothing to compare with: its reason is all
+        hint = " Run its parity gate: parity.enabled=true (on by default but in +stage=smoke)." if par is None else ""
         return (
             "<span class='warn' id='parity-verdict'>NOT CHECKED: the recommended layout was never compared with a "
-            f"reference layout ({esc(why)}). Run its parity gate: parity.enabled=true, or +stage=slice.</span>"
+            f"reference layout ({esc(why)}).{hint}</span>"
         )
     text = ("passed" if par["passed"] else "FAILED") + f" against reference {ref[:8]}"
     if par.get("max_loss_diff") is not None:
