@@ -121,10 +121,10 @@ def preview(
         else ""
     )
     whole = price(cfg, config_yaml, source, samples=samples) if samples > 0 and config_yaml is not None else None
-    # the gate runs once the search stops, on the best measured layouts: priced as round 0's best predicted at scale
+    # the gate runs once the search stops, on the best measured layouts: priced as the first of round 0's layouts
+    # at scale, in the schedule's order (the best rated first)
     scale = after or [p for p in plan.proposals if p.fidelity != Fidelity.PROBE]
-    best = [p.layout for p in sorted(scale, key=lambda p: p.predicted_step_s)]
-    gate = gate_price(cfg, best).line(cfg, "round 0's best at scale")
+    gate = gate_price(cfg, [p.layout for p in scale]).line(cfg, "round 0's best at scale")
     return Preview(config, budget.max_gpu_hours, days, line, plan.proposals, note, after, whole, gate)
 
 

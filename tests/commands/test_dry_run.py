@@ -89,7 +89,7 @@ def test_dry_run_at_8k_prices_the_parity_gate_on_by_default(tmp_path):
     assert line, got.stdout
     cfg = compose(args).cfg
     assert cfg.parity.enabled and int(line[1]) == cfg.policy.promote_top_k and int(line[2]) == cfg.parity.steps
-    top = sorted(preview(cfg).next_at_scale, key=lambda p: p.predicted_step_s)[: cfg.policy.promote_top_k]
+    top = preview(cfg).next_at_scale[: cfg.policy.promote_top_k]  # the schedule's order: the best rated first
     jobs = {}
     for p in top:  # each finalist at its predicted step, and its reference (a shared one once)
         ref, why = finalists.reference(cfg, p.layout, lambda: finalists.stage_layouts(cfg))
