@@ -548,3 +548,30 @@ def test_calibration_memory_is_a_readable_cell_and_the_flags_point_at_training(t
         flags, source = _flags(ledger, "s1", pp2.id, compose(["+stage=smoke"]).cfg, "", None)
     assert flags.lstrip().startswith("--") and "--train-iters is" not in source
     assert "to train with this layout, `python -m orchestrator best --sweep s1 --flags --train`" in source, source
+
+
+def test_a_best_that_is_its_own_reference_reads_not_checked_without_sending_anyone_to_run_the_slice(tmp_path):
+    """Issue 49: a slice sweep's report told its reader to "run +stage=slice" when the best (CP1) is its own
+    reference. The gate ran and had nothing to compare with: the page says NOT CHECKED with that reason, never
+    "passed", and no command that would only run the same gate again."""
+    with Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}") as ledger:
+        _fill(ledger)
+        d = gather(ledger, "s1")
+        best = decide(ledger, d).best
+        assert best is not None
+        why = f"not compared: {knobs.label(best)} is the reference layout itself"
+        ledger.evidence.record_parity(
+            best["candidate_id"],
+            reference_key="",
+            steps=0,
+            max_loss_diff=0.0,
+            max_grad_norm_diff=0.0,
+            tolerance=0.002,
+            passed=True,
+            detail=why,
+        )
+        d = gather(ledger, "s1")
+        page = render(d, tmp_path / "out", decide(ledger, d)).read_text()
+    verdict = html.unescape(re.search(r"id='parity-verdict'>[^<]*", page).group(0))
+    assert "NOT CHECKED" in verdict and why in verdict and "passed" not in verdict
+    assert "+stage=slice" not in page and "parity.enabled=true" not in verdict
