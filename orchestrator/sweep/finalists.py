@@ -30,8 +30,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from orchestrator import runspec
-from orchestrator.core.ranking import ranked
 from orchestrator.core.knobs import search_fields
+from orchestrator.core.ranking import ranked
 from orchestrator.core.schema import RootConfig, SearchConfig
 from orchestrator.core.states import AttemptRole, CandidateStatus, EventKind
 from orchestrator.evidence import parity as parity_mod
