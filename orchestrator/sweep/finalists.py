@@ -12,10 +12,12 @@ any moment resumes with exactly what is left: nothing runs twice, nothing is los
 - pick: the top `policy.promote_top_k` by the one ranking (orchestrator.core.ranking: full window, not
   partial, not excluded), recorded once in a `finalists` event, so an exclusion by the gate never pulls in
   another candidate on resume (a later round's measurement makes a new pick).
-- parity: the candidate and its reference layout (`parity.reference` overrides, CP1 by default) run
-  `parity.steps` iterations from the same seed; lm loss and grad norm (the attempts' stored step samples)
-  must agree within the explicit tolerance. A failing candidate is `excluded` (never a best). A reference
-  shared by several finalists runs once, as an attempt of the first of them in pick order.
+- parity: the candidate and its reference layout (`reference`: `parity.reference` overrides, CP1 by default,
+  else the closest layout of the stage with those knobs that fits) run `parity.steps` iterations from the same
+  seed; lm loss and grad norm (the attempts' stored step samples) must agree within the explicit tolerance. A
+  failing candidate is `excluded` (never a best); one with nothing to compare with (its own reference, or no
+  reference fits) is recorded as not compared. A reference shared by several finalists runs once, as an
+  attempt of the first of them in pick order. `gate_price`: what the gate launches, for the dry run's price.
 - long run: save at X then exit, restore and train on (runspec.long_run_save_spec / long_run_restore_spec);
   the measured save / restore seconds and post-restart tokens/s give Q_effective, stored on the candidate's
   measured result (its measure attempt), and a `long-run` event records the outcome.
