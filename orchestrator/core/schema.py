@@ -661,13 +661,28 @@ class EffectiveConfig:
 
 @dataclass
 class ParityConfig:
-    """Correctness gate: a candidate must match a reference layout's loss / grad norm per step."""
+    """Correctness gate: a candidate must match a reference layout's loss / grad norm per step.
 
-    enabled: bool = False
+    On at every stage (issue 49 item 4): the winner at scale is the layout a team trains with, so it is compared
+    with a reference of its own stage (sweep/finalists.reference: `reference` overridden, else the closest
+    layout with those knobs that the model allows); the dry run prices its jobs (sweep/preview.py)."""
+
+    enabled: bool = True
     steps: int = ranged(20, 1)
     loss_rtol: float = ranged(2e-3, 0)  # the packed path has no deterministic mode: tolerance is explicit
     grad_norm_rtol: float = ranged(2e-2, 0)
     reference: dict[str, int] = field(default_factory=lambda: {"cp": 1})  # knobs overridden for the reference
+    # Values a reference may take beyond the stage's search lists when the plain override does not fit: knobs
+    # that save memory without changing the step's math (recompute runs the same ops again, offload moves
+    # activations to host memory, ETP splits each expert's matmuls as TP splits the dense ones). At 8k no CP1
+    # layout of the stage's own lists fits 141 GB; with these, 15 do (sweep/finalists.stage_layouts).
+    search: dict[str, Any] = field(
+        default_factory=lambda: {
+            "recompute": [["moe_act", "mla_up_proj", "mhc"]],
+            "offload": [["expert_fc1"]],
+            "etp": [2],
+        }
+    )
 
 
 @dataclass

@@ -269,7 +269,14 @@ class Evidence:
                     sweep_id=c.sweep_id,
                     candidate_id=c.id,
                     kind=EventKind.PARITY,
-                    message=f"parity vs {reference_key[:10]}: {'passed' if passed else 'failed'} {detail}".strip(),
+                    # no reference key: nothing was compared (the candidate is its own reference), never "passed"
+                    message=(
+                        f"parity vs {reference_key[:10]}: {'passed' if passed else 'failed'} {detail}".strip()
+                        if reference_key
+                        else f"parity: {detail or 'not compared'}"
+                        if passed
+                        else f"parity: failed {detail}".strip()
+                    ),
                 )
             )
             s.flush()

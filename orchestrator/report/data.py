@@ -73,6 +73,7 @@ class Lineage:
     child_m: int | None
     parent_bubble: float | None
     child_bubble: float | None
+    candidate_id: int | None = None  # the promoted candidate (this stage's): the scaling figure's bar label
 
     @property
     def efficiency(self) -> float | None:
@@ -333,6 +334,7 @@ def _lineage(ledger: Ledger, name: str, gpus: int) -> list[Lineage]:
                 child_m=ch["m"],
                 parent_bubble=p["pred_bubble"],
                 child_bubble=ch["pred_bubble"],
+                candidate_id=c.id,
             )
         )
     return out

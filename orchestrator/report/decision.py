@@ -146,8 +146,9 @@ def _flags(ledger: Ledger, sweep: str, candidate_id: int, cfg, why: str, hit: di
         try:
             tokens = layout_flags(cfg, cfg.stage, cand.layout, cand.layer_pattern)
             return format_argv(tokens), (
-                "built as `plan --argv` builds them, from the sweep's stored config and this candidate's layout; "
-                "--train-iters is the measurement's warm-up + window: set your own for training"
+                "built as `plan --argv` builds them, from the sweep's stored config and this candidate's layout: "
+                "the measurement's flags (mock data, the benchmark's schedule and length); to train with this "
+                f"layout, `python -m orchestrator best --sweep {sweep} --flags --train` (conf/train)"
             )
         except (TypeError, ValueError, KeyError, AttributeError) as e:  # a ledger older than this code
             why = f"the stored layout does not build flags ({type(e).__name__}: {e})"

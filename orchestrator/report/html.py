@@ -132,8 +132,9 @@ def _failed(d: ReportData) -> str:
 
 def _lineage(d: ReportData) -> str:
     return "<h2>Promoted lineages</h2>" + _table(
-        [dict(vars(l), efficiency=l.efficiency) for l in d.lineage],
+        [dict(vars(l), efficiency=l.efficiency, candidate=plots.short_label(l)) for l in d.lineage],
         (
+            ("candidate", "candidate"),  # the scaling figure's bar labels
             ("from sweep", "parent_sweep"),
             ("GPUs", "parent_gpus"),
             ("step (s)", "parent_step_s"),

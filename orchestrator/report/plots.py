@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from orchestrator.core import knobs, metrics  # noqa: E402
 from orchestrator.core.stats import percentile  # noqa: E402
@@ -83,9 +84,16 @@ def pareto(d: ReportData) -> bytes | None:
 
 
 def calibration(d: ReportData) -> bytes | None:
+    """Predicted against measured step time and memory (`calibration_figure`) as PNG."""
+    fig = calibration_figure(d)
+    return None if fig is None else _png(fig)
+
+
+def calibration_figure(d: ReportData):
     """Predicted against measured step time and memory, coloured by round: the UNcalibrated planner (filled)
     is the model's honest error; the calibrated prediction at planning time (hollow) shows what calibration
-    bought (it is fitted on earlier measurements, so it sits nearer the diagonal by construction)."""
+    bought (it is fitted on earlier measurements, so it sits nearer the diagonal by construction). Axis labels
+    are short and ticks few (issue 49: the long labels of the two panels printed over each other)."""
     pts = [p for p in predicted_vs_measured(d.measured) if p["step_s"] and (p["raw_step_s"] or p["cal_step_s"])]
     if not pts:
         return None
@@ -97,7 +105,12 @@ def calibration(d: ReportData) -> bytes | None:
         for i, rnd in enumerate(rounds):
             rr = [p for p in pts if p["round"] == rnd and p[meas]]
             raw = [p for p in rr if p[f"raw_{meas}"]]
-            ax.scatter([p[f"raw_{meas}"] for p in raw], [p[meas] for p in raw], color=cmap(i), label=f"round {rnd}")
+            ax.scatter(
+                [p[f"raw_{meas}"] for p in raw],
+                [p[meas] for p in raw],
+                color=cmap(i),
+                label=f"round {rnd} uncalibrated",
+            )
             cal = [p for p in rr if p[f"cal_{meas}"] and p[f"cal_{meas}"] != p[f"raw_{meas}"]]
             ax.scatter(
                 [p[f"cal_{meas}"] for p in cal],
@@ -106,16 +119,19 @@ def calibration(d: ReportData) -> bytes | None:
                 edgecolors=cmap(i),
                 label=f"round {rnd} calibrated" if cal else None,
             )
-    for ax, what in ((a1, "step time (s)"), (a2, "heaviest-rank memory (GB)")):
+    for ax, what in ((a1, "step time (s)"), (a2, "peak memory (GB)")):
         lim = [min(ax.get_xlim()[0], ax.get_ylim()[0]), max(ax.get_xlim()[1], ax.get_ylim()[1])]
         ax.plot(lim, lim, "--", c="grey", lw=1)
-        ax.set_xlabel(f"predicted {what}: uncalibrated (filled), calibrated at planning (hollow)")
+        ax.set_xlabel(f"predicted {what}")
         ax.set_ylabel(f"measured {what}")
+        ax.xaxis.set_major_locator(MaxNLocator(5))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
     a1.set_title("Step time: predicted vs measured")
-    a2.set_title("Memory: predicted vs measured")
-    return _png(fig)
+    a2.set_title("Heaviest-rank memory: predicted vs measured")
+    fig.suptitle("filled: the uncalibrated planner; hollow: calibrated at planning time", fontsize=8, y=0.02)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return fig
 
 
 def rounds(d: ReportData) -> bytes | None:
@@ -144,14 +160,22 @@ def rounds(d: ReportData) -> bytes | None:
 
 
 def scaling(d: ReportData) -> bytes | None:
-    """Strong-scaling efficiency of promoted lineages, with m and bubble before/after."""
+    """Strong-scaling efficiency of promoted lineages (`scaling_figure`) as PNG."""
+    fig = scaling_figure(d)
+    return None if fig is None else _png(fig)
+
+
+def scaling_figure(d: ReportData):
+    """Strong-scaling efficiency of promoted lineages, with m and bubble before/after. Each bar is labelled by
+    its candidate number (`#12`), as the expert-load figure's are; the "Promoted lineages" table beside it
+    gives each number's layout (long rotated layout strings did not fit under a bar)."""
     rows = [l for l in d.lineage if l.efficiency is not None]
     if not rows:
         return None
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    labels = [l.label for l in rows]
+    labels = [short_label(l) for l in rows]
     a1.bar(range(len(rows)), [l.efficiency for l in rows], color="#30638e")
-    a1.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=7)
+    a1.set_xticks(range(len(rows)), labels, fontsize=8)
     a1.set_ylabel("strong-scaling efficiency")
     a1.set_title(f"{rows[0].parent_gpus} -> {rows[0].child_gpus} GPUs, same B")
     a2.plot([l.parent_m or 0 for l in rows], [l.parent_bubble or 0 for l in rows], "o", label="earlier stage")
@@ -161,7 +185,12 @@ def scaling(d: ReportData) -> bytes | None:
     a2.legend(fontsize=7)
     for a in (a1, a2):
         a.grid(alpha=0.3)
-    return _png(fig)
+    return fig
+
+
+def short_label(line) -> str:
+    """A lineage's label on the scaling figure and in its table: the promoted candidate's number."""
+    return f"#{line.candidate_id}" if line.candidate_id is not None else line.label
 
 
 def expert_load(d: ReportData) -> bytes | None:

@@ -97,9 +97,11 @@ def _parity(d: ReportData, dec: Decision, b: dict) -> str:
         why = (par or {}).get("detail") or (
             dec.bundle.parity if dec.bundle is not None else "no parity run for this candidate"
         )
+        # the gate off: say how to turn it on; the gate ran but had nothing to compare with: its reason is all
+        hint = " Run its parity gate: parity.enabled=true (on by default but in +stage=smoke)." if par is None else ""
         return (
             "<span class='warn' id='parity-verdict'>NOT CHECKED: the recommended layout was never compared with a "
-            f"reference layout ({esc(why)}). Run its parity gate: parity.enabled=true, or +stage=slice.</span>"
+            f"reference layout ({esc(why)}).{hint}</span>"
         )
     text = ("passed" if par["passed"] else "FAILED") + f" against reference {ref[:8]}"
     if par.get("max_loss_diff") is not None:
@@ -278,6 +280,23 @@ def _err_text(mape: dict[tuple[str, str], float], what: str) -> str:
     return text + (f" (leave-one-out {pct(mape[(what, 'loo')])})" if (what, "loo") in mape else "")
 
 
+MEMORY_FIT = ("memory_factor", "memory_method", "memory_factors", "memory_band")  # one cell: `_memory_fit`
+
+
+def _memory_fit(fit: dict) -> str:
+    """The memory calibration in words (search/calibrate.Fit): not fitted, one ratio for every peak, or a factor
+    per memory term; then the band a calibrated peak is trusted within. Never the Fit's field names."""
+    method = str(fit.get("memory_method") or ("ratio" if "memory_factor" in fit else "none"))
+    band = fit.get("memory_band")
+    within = f"; band ±{pct(band, 0)}" if isinstance(band, (int, float)) else ""
+    if method.startswith("terms"):
+        how = "per term" + (" and recompute set" if method == "terms+sets" else "")
+        return f"{how}: {_factors('terms', dict(fit.get('memory_factors') or {}))}{within}"
+    if method == "ratio":
+        return f"one ratio ×{sig(fit.get('memory_factor'))}{within}"
+    return f"not fitted{within}"
+
+
 def calibration(d: ReportData) -> str:
     """One row per round: method, runs used, step-time and memory factors, errors before and after."""
     out = []
@@ -289,13 +308,12 @@ def calibration(d: ReportData) -> str:
             mk = _mape_key(k)
             if mk and isinstance(v, (int, float)):
                 mape[mk] = v
-        step, memory, other = [], [], []
+        step, other = [], []
+        memory = _memory_fit(fit) if any(k in fit for k in MEMORY_FIT) else "–"
         for k, v in fit.items():
-            if _mape_key(k) or k == "method":
+            if _mape_key(k) or k == "method" or k in MEMORY_FIT:
                 continue
-            if "memory" in k:
-                memory.append(_factors("components", v) if k == "memory_factor" else f"{k}: {_factors('', v)}")
-            elif "factor" in k:
+            if "factor" in k:
                 step.append(_factors("components", v))
             else:
                 other.append(f"{k} {sig(v) if isinstance(v, float) else v}")
@@ -306,7 +324,7 @@ def calibration(d: ReportData) -> str:
                 "method": fit.get("method", "–"),
                 "runs": runs or "–",
                 "step": "; ".join(step) or "–",
-                "memory": "; ".join(memory) or "–",
+                "memory": memory,
                 "step_err": _err_text(mape, "step"),
                 "memory_err": _err_text(mape, "memory"),
                 "other": "; ".join(other) or "–",
@@ -317,7 +335,7 @@ def calibration(d: ReportData) -> str:
         ("method", "method"),
         ("runs used", "runs"),
         ("step-time factors (measured/predicted)", "step"),
-        ("memory factor", "memory"),
+        ("memory factors (measured/predicted)", "memory"),
         ("step-time MAPE before → after", "step_err"),
         ("memory MAPE before → after", "memory_err"),
     ]

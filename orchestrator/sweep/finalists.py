@@ -12,10 +12,12 @@ any moment resumes with exactly what is left: nothing runs twice, nothing is los
 - pick: the top `policy.promote_top_k` by the one ranking (orchestrator.core.ranking: full window, not
   partial, not excluded), recorded once in a `finalists` event, so an exclusion by the gate never pulls in
   another candidate on resume (a later round's measurement makes a new pick).
-- parity: the candidate and its reference layout (`parity.reference` overrides, CP1 by default) run
-  `parity.steps` iterations from the same seed; lm loss and grad norm (the attempts' stored step samples)
-  must agree within the explicit tolerance. A failing candidate is `excluded` (never a best). A reference
-  shared by several finalists runs once, as an attempt of the first of them in pick order.
+- parity: the candidate and its reference layout (`reference`: `parity.reference` overrides, CP1 by default,
+  else the closest layout of the stage with those knobs that fits) run `parity.steps` iterations from the same
+  seed; lm loss and grad norm (the attempts' stored step samples) must agree within the explicit tolerance. A
+  failing candidate is `excluded` (never a best); one with nothing to compare with (its own reference, or no
+  reference fits) is recorded as not compared. A reference shared by several finalists runs once, as an
+  attempt of the first of them in pick order. `gate_price`: what the gate launches, for the dry run's price.
 - long run: save at X then exit, restore and train on (runspec.long_run_save_spec / long_run_restore_spec);
   the measured save / restore seconds and post-restart tokens/s give Q_effective, stored on the candidate's
   measured result (its measure attempt), and a `long-run` event records the outcome.
@@ -23,14 +25,16 @@ any moment resumes with exactly what is left: nothing runs twice, nothing is los
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
 from orchestrator import runspec
+from orchestrator.core.knobs import search_fields
 from orchestrator.core.ranking import ranked
-from orchestrator.core.schema import RootConfig
+from orchestrator.core.schema import RootConfig, SearchConfig
 from orchestrator.core.states import AttemptRole, CandidateStatus, EventKind
 from orchestrator.evidence import parity as parity_mod
 from orchestrator.evidence.effective import effective_throughput
@@ -66,9 +70,113 @@ def pick(ledger: Ledger, sweep: str, k: int) -> list[CandidateRow]:
     return [by_id[m.candidate_id] for m in rows]
 
 
+# Knobs that change what a step computes, not where it runs: a reference keeps its finalist's (the gate compares
+# numerics, so only the layout may differ between the two runs).
+NUMERICS = ("optim", "capacity_factor")
+
+
 def reference_layout(cfg: RootConfig, layout: Layout) -> Layout:
-    """The candidate's layout with `parity.reference` knobs overridden (CP1 by default)."""
+    """The candidate's layout with `parity.reference` knobs overridden (CP1 by default): the reference it is
+    compared with when the stage allows it (`reference`)."""
     return layout.but(**dict(cfg.parity.reference))
+
+
+def reference(
+    cfg: RootConfig, layout: Layout, legal: Callable[[], Sequence[planner.Planned]]
+) -> tuple[planner.Planned | None, str]:
+    """The layout a finalist is compared with, planned: `reference_layout` when the planner allows it in this
+    stage, else the stage's legal layout that fits with the reference knobs and the finalist's numerics
+    (NUMERICS), the fewest other knobs changed, then the fastest predicted. At scale the plain override rarely
+    fits (CP8 -> CP1 holds 8x the activations per rank: 8k's round-0 layouts all break mem.exceeds_hbm or
+    mcore.vpp_group_bounds), so without this a gate on by default would exclude every CP>1 winner. `legal`: the
+    stage's planned layouts (planner.plan), asked for only when the override does not plan. (None, why): no
+    layout of the stage has the reference knobs and fits."""
+    nominal = reference_layout(cfg, layout)
+    planned, why = _planned(cfg, nominal)
+    if planned is not None:
+        return planned, ""
+    want = {**{k: getattr(layout, k) for k in NUMERICS}, **dict(cfg.parity.reference)}
+    fits = [
+        p
+        for p in legal()
+        if p.prediction.feasible and all(getattr(p.layout, k) == v for k, v in want.items()) and p.layout != layout
+    ]
+    if not fits:
+        shown = " ".join(f"{k}={v}" for k, v in want.items())
+        return None, f"{nominal.short()} {why}, and no layout of the stage with {shown} fits"
+    base = nominal.to_dict()
+    return min(
+        fits, key=lambda p: (sum(v != base[k] for k, v in p.layout.to_dict().items()), p.prediction.step_time_s)
+    ), ""
+
+
+@dataclass(frozen=True)
+class GatePrice:
+    """What the gate would launch for some finalists (the dry run's line, sweep/preview.py)."""
+
+    finalists: int
+    jobs: int  # each compared finalist and its reference (a shared reference once)
+    gpu_hours: float  # each job: start-up + parity.steps iterations at its predicted step (core/cost)
+    own: int  # finalists that are their own reference: not compared, nothing launched
+    unmatched: int  # finalists with no reference the model allows: not compared, nothing launched
+
+    def line(self, cfg: RootConfig, basis: str) -> str:
+        p = cfg.parity
+        if not p.enabled:
+            return "parity gate: off (parity.enabled=false): the winner is never compared with a reference layout"
+        ref = " ".join(f"{k}={v}" for k, v in dict(p.reference).items())
+        alone = [f"{n} {why}" for n, why in ((self.own, "own reference"), (self.unmatched, "none fits")) if n]
+        return (
+            f"parity gate: top {self.finalists} finalist(s) beside a {ref} reference, {p.steps} steps: "
+            f"{self.jobs} launch(es), predicted {self.gpu_hours:,.0f} GPU-hours"
+            + (f"; not compared: {', '.join(alone)}" if alone else "")
+            + f" ({basis}; parity.enabled=false skips it)"
+        )
+
+
+def gate_price(cfg: RootConfig, layouts: Sequence[Layout]) -> GatePrice:
+    """The gate's launches and predicted GPU-hours for `layouts` taken as the finalists (the first
+    `policy.promote_top_k`), planned as `Finalists` plans them."""
+    from orchestrator.core import cost
+
+    st = cfg.required_stage()
+    chosen = list(dict.fromkeys(layouts))[: max(0, cfg.policy.promote_top_k)]
+    legal: list[planner.Planned] = []
+
+    def stage() -> list[planner.Planned]:
+        if not legal:
+            legal.extend(stage_layouts(cfg))
+        return legal
+
+    steps: dict[str, float] = {}  # key -> predicted step of each job (a shared reference once)
+    own = unmatched = 0
+    for lay in chosen:
+        mine, _ = _planned(cfg, lay)
+        if reference_layout(cfg, lay) == lay:
+            own += 1
+            continue
+        ref, _ = reference(cfg, lay, stage) if mine is not None else (None, "")
+        if mine is None or ref is None:
+            unmatched += 1
+            continue
+        for p in (mine, ref):
+            steps[p.key] = p.prediction.step_time_s
+    hours = sum(cost.launch_gpu_hours(st.gpus, st.budget.startup_s, s, cfg.parity.steps) for s in steps.values())
+    return GatePrice(len(chosen), len(steps), hours, own, unmatched)
+
+
+def stage_layouts(cfg: RootConfig) -> list[planner.Planned]:
+    """The layouts a reference may take (`reference`'s fallback): the stage's search lists with the reference
+    knobs at their values, widened by `parity.search` (memory-saving knobs), planned on the same stage."""
+    st = cfg.required_stage()
+    lists = {k: list(getattr(st.search, k)) for k, _, _ in search_fields()}
+    for k, values in dict(cfg.parity.search).items():
+        lists[k] = lists[k] + [v for v in values if v not in lists[k]]
+    for k, v in dict(cfg.parity.reference).items():
+        lists[k] = [v]
+    wide = dataclasses.replace(st, search=SearchConfig(**lists))
+    res = planner.plan(cfg.model, cfg.hardware, wide, workload=cfg.workload.name, recipe=cfg.workload.recipe)
+    return res.candidates
 
 
 def _planned(cfg: RootConfig, layout: Layout, key: str | None = None) -> tuple[planner.Planned | None, str]:
@@ -96,6 +204,13 @@ class _Gate:
     def runs(self) -> bool:
         return not self.same and self.mine is not None and self.ref is not None
 
+    @property
+    def alone(self) -> bool:
+        """Nothing to compare with: its own reference, or no reference of the stage fits. Recorded as not
+        compared (never "passed"), not excluded: with the gate on at every stage, 1k (where no CP1 layout fits
+        141 GB) would otherwise exclude every winner."""
+        return self.same or (self.mine is not None and self.ref is None)
+
 
 class Finalists:
     """The finalists of one sweep, read from the ledger at every `step`."""
@@ -103,6 +218,7 @@ class Finalists:
     def __init__(self, cfg: RootConfig, ledger: Ledger, sweep: str, retry: Retry):
         self.cfg, self.ledger, self.sweep, self.retry = cfg, ledger, sweep, retry
         self._chosen: list[CandidateRow] | None = None
+        self._stage_layouts: list[planner.Planned] | None = None
 
     # ---- the pick -----------------------------------------------------------------------------------
     def chosen(self) -> list[CandidateRow]:
@@ -176,17 +292,21 @@ class Finalists:
         return (Outcome.LAUNCH if again else Outcome.FAILED), last
 
     # ---- parity -------------------------------------------------------------------------------------
+    def _legal(self) -> list[planner.Planned]:
+        if self._stage_layouts is None:  # planned once per driver: `step` runs at every poll
+            self._stage_layouts = stage_layouts(self.cfg)
+        return self._stage_layouts
+
     def _gate(self, c: CandidateRow) -> _Gate:
         lay = c.layout
-        ref = reference_layout(self.cfg, lay)
-        if ref == lay:
+        if reference_layout(self.cfg, lay) == lay:
             return _Gate(c, None, None, c.key, same=True, why=f"{lay.short()} is the reference layout itself")
         mine, why = _planned(self.cfg, lay, key=c.key)
-        ref_planned, ref_why = _planned(self.cfg, ref)
+        ref_planned, ref_why = reference(self.cfg, lay, self._legal) if mine is not None else (None, "")
         if mine is None:
             why = f"candidate {lay.short()} {why}"
         elif ref_planned is None:
-            why = f"reference {ref.short()} {ref_why}: no reference to compare with"
+            why = f"no reference to compare with: {ref_why}"
         return _Gate(c, mine, ref_planned, ref_planned.key if ref_planned else "", same=False, why=why)
 
     def _parity(self, chosen: list[CandidateRow], out: Step, numbers: dict[int, int]) -> None:
@@ -205,17 +325,20 @@ class Finalists:
                     self.ledger.set_candidate_status(c.id, CandidateStatus.EXCLUDED, f"parity failed: {failed.detail}")
                 continue
             row: ParityRow | None
-            if g.same:  # nothing different to compare with: recorded as not compared, never "passed against itself"
+            if g.alone:  # nothing different to compare with: recorded as not compared, never "passed against itself"
                 row = self._verdict(c, "", None, f"not compared: {g.why}", passed=True)
             elif not g.runs:
                 row = self._verdict(c, g.ref_key, None, g.why)
             else:
                 row = self._compare(g, owner[g.ref_key], out, numbers, asked)
             if row is not None:
-                out.notes.append(
-                    f"parity {c.layout.short()}: "
-                    + ("passed" if row.passed else f"FAILED, excluded from promotion ({row.detail})")
-                )
+                if g.alone:  # row.detail: "not compared: ..." (its own reference, or none fits)
+                    said = row.detail
+                elif row.passed:
+                    said = f"passed against reference {g.ref.layout.short() if g.ref else row.reference_key[:10]}"
+                else:
+                    said = f"FAILED, excluded from promotion ({row.detail})"
+                out.notes.append(f"parity {c.layout.short()}: {said}")
 
     def _compare(
         self, g: _Gate, ref_owner: _Gate, out: Step, numbers: dict[int, int], asked: set[str]

@@ -23,6 +23,7 @@ from orchestrator.schedule import Schedule, fidelity
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.types import Proposal, RoundInput
+from orchestrator.sweep.finalists import gate_price
 from orchestrator.sweep.price import SweepPrice, price
 
 HOURS_PER_DAY = 24.0
@@ -42,6 +43,7 @@ class Preview:
     # round 0's own layouts at scale (what the probes pick among), with how many go
     next_at_scale: list[Proposal] = field(default_factory=list)
     whole: SweepPrice | None = None  # the whole sweep's simulated price (sweep/price.py); None: not asked for
+    parity: str = ""  # the finalists' parity gate: its launches and predicted GPU-hours (sweep/finalists.gate_price)
 
     @property
     def round0_gpu_hours(self) -> float:
@@ -68,6 +70,8 @@ class Preview:
                 f" at scale (the first saves the seed): about {hours:,.0f} GPU-hours priced as round 0's own"
                 " layouts at scale"
             )
+        if self.parity:
+            out.append(self.parity)
         if self.whole is not None:
             out.append(self.whole.line())
         return out
@@ -117,7 +121,11 @@ def preview(
         else ""
     )
     whole = price(cfg, config_yaml, source, samples=samples) if samples > 0 and config_yaml is not None else None
-    return Preview(config, budget.max_gpu_hours, days, line, plan.proposals, note, after, whole)
+    # the gate runs once the search stops, on the best measured layouts: priced as the first of round 0's layouts
+    # at scale, in the schedule's order (the best rated first)
+    scale = after or [p for p in plan.proposals if p.fidelity != Fidelity.PROBE]
+    gate = gate_price(cfg, [p.layout for p in scale]).line(cfg, "round 0's best at scale")
+    return Preview(config, budget.max_gpu_hours, days, line, plan.proposals, note, after, whole, gate)
 
 
 def same_stage(ledger: Ledger, cfg: RootConfig, name: str, resume: Callable[[str], str]) -> list[str]:

@@ -71,6 +71,39 @@ def test_dry_run_prints_the_whole_sweeps_simulated_price(tmp_path):
     assert not (tmp_path / "ledger.sqlite").exists() and not (tmp_path / "runs").exists()
 
 
+def test_dry_run_at_8k_prices_the_parity_gate_on_by_default(tmp_path):
+    """Issue 49 item 4: the finalists' correctness gate is on at 8k without a word from the user, and the price
+    says what it launches: each of the top finalists and its CP1 reference (one the model allows at 8k), each
+    start-up + parity.steps iterations at its predicted step (core/cost)."""
+    from orchestrator.sweep import finalists
+
+    args = ["+stage=8k", f"ledger.url={ledger_url(tmp_path)}", f"cluster.folder={tmp_path / 'runs'}"]
+    got = cli("sweep", *args, "--dry-run", timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
+    line = re.search(
+        r"^parity gate: top (\d+) finalist\(s\) beside a cp=1 reference, (\d+) steps: (\d+) launch\(es\), "
+        r"predicted ([\d,]+) GPU-hours \(round 0's best at scale; parity.enabled=false skips it\)$",
+        got.stdout,
+        re.M,
+    )
+    assert line, got.stdout
+    cfg = compose(args).cfg
+    assert cfg.parity.enabled and int(line[1]) == cfg.policy.promote_top_k and int(line[2]) == cfg.parity.steps
+    top = preview(cfg).next_at_scale[: cfg.policy.promote_top_k]  # the schedule's order: the best rated first
+    jobs = {}
+    for p in top:  # each finalist at its predicted step, and its reference (a shared one once)
+        ref, why = finalists.reference(cfg, p.layout, lambda: finalists.stage_layouts(cfg))
+        assert ref is not None and ref.layout.cp == 1 < p.layout.cp, why
+        jobs[p.key] = p.predicted_step_s
+        jobs[ref.key] = ref.prediction.step_time_s
+    assert int(line[3]) == len(jobs) > len(top)
+    st = cfg.stage
+    hours = sum(cost.launch_gpu_hours(st.gpus, st.budget.startup_s, s, cfg.parity.steps) for s in jobs.values())
+    assert float(line[4].replace(",", "")) == round(hours) > 0
+    off = cli("sweep", *args, "parity.enabled=false", "--dry-run", timeout=300)
+    assert "parity gate: off (parity.enabled=false)" in off.stdout, off.stdout
+
+
 def test_cfg_prints_the_resolved_config_as_yaml_with_overrides_applied(tmp_path):
     got = cli("sweep", "+stage=1k", "stage.gpus=512", "hardware=gb200", "--cfg", timeout=120)
     assert got.returncode == 0, got.stderr[-2000:]

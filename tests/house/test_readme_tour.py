@@ -29,6 +29,8 @@ def test_the_tour_block_is_marked_and_shows_the_decision():
     verbs = [c.split()[3] for c in cmds]
     assert {"plan", "sweep", "best", "report"} <= set(verbs), verbs
     assert any("--flags" in c for c in cmds) and any("--argv 0" in c for c in cmds)
+    # run from the checkout, a line that writes a file of its own (`> plan-8k.json`) leaves it there (issue 49)
+    assert not [c for c in cmds if ">" in c.split("#")[0]], "a tour line redirects into a file in the checkout"
 
 
 def test_every_tour_command_runs_as_written(tmp_path):

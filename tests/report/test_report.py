@@ -470,3 +470,108 @@ def test_the_report_states_spend_rounds_budget_and_why_it_stopped(tmp_path):
     assert f"Price: spent {by_status:.2g} GPU-h of an expected 5 (90%: 2-9, simulated)" in text, text
     assert rows and rows[-1].reference_key != d.measured[0]["key"]  # the one parity row compares two layouts
     assert "NOT CHECKED" in re.search(r"id='parity-verdict'>[^<]*", page).group(0)  # the best has no parity row
+
+
+def _overlaps(texts) -> list[tuple[str, str]]:
+    """Pairs of drawn texts whose boxes intersect (a label printed over another)."""
+    boxes = [(t.get_text(), t.get_window_extent()) for t in texts if t.get_visible() and t.get_text()]
+    return [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1 :] if ba.overlaps(bb)]
+
+
+def test_predicted_vs_measured_labels_do_not_print_over_each_other(tmp_path):
+    """Issue 49: the two panels' x-axis labels ran into each other. Every axis label, tick label and title of
+    the figure is drawn clear of every other."""
+    from orchestrator.report import plots
+
+    with Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}") as ledger:
+        _fill(ledger)
+        d = gather(ledger, "s1")
+    for r in d.measured:  # predictions in the thousands: wide tick labels, as at scale
+        r["pred_step_s"], r["pred_memory_gb"] = 1000 * r["step_p50_s"] * 1.3, 130.0 + r["candidate_id"]
+        r["step_p50_s"] *= 1000
+    fig = plots.calibration_figure(d)
+    assert fig is not None
+    fig.canvas.draw()
+    labels = [fig._suptitle] if fig._suptitle else []
+    ticks = []
+    for ax in fig.axes:
+        labels += [ax.xaxis.label, ax.yaxis.label, ax.title]
+        lo, hi = ax.get_xlim()
+        xt = [t for t in ax.get_xticklabels() if lo <= t.get_position()[0] <= hi]  # the drawn ones
+        assert not _overlaps(xt), _overlaps(xt)  # tick labels side by side, none over the next
+        ticks += xt
+    said = _overlaps(labels + ticks)
+    assert not said, said  # no axis label, title or tick label over another (the two panels' alike)
+
+
+def test_strong_scaling_bars_are_labelled_by_candidate_number(tmp_path):
+    """Issue 49: the scaling figure's bars carried whole layout strings, rotated; now the candidate's number,
+    upright, which the "Promoted lineages" table maps to its layout."""
+    from orchestrator.report import plots
+
+    with Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}") as ledger:
+        _fill(ledger)
+        d = gather(ledger, "s2")
+        page = render(d, tmp_path / "out", decide(ledger, d)).read_text()
+    (lin,) = d.lineage
+    fig = plots.scaling_figure(d)
+    assert fig is not None
+    ticks = fig.axes[0].get_xticklabels()
+    assert [t.get_text() for t in ticks] == [f"#{lin.candidate_id}"] and all(t.get_rotation() == 0 for t in ticks)
+    table = re.search(r'<table id="lineage">.*?</table>', page, re.S)
+    assert table and f"#{lin.candidate_id}" in table.group(0) and html.escape(lin.label) in table.group(0)
+
+
+def test_calibration_memory_is_a_readable_cell_and_the_flags_point_at_training(tmp_path):
+    """Issue 49: the calibration table dumped the memory fit's field names (memory_method, memory_factors,
+    memory_band); the flags box said to set --train-iters instead of naming `best --flags --train`."""
+    from orchestrator.config import compose
+
+    with Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}") as ledger:
+        _fill(ledger)
+        with ledger.store.write() as s:  # a stored config that composes: the flags are built from it
+            from orchestrator.ledger import models as m
+
+            s.query(m.Sweep).filter_by(name="s1").one().config_yaml = compose(["+stage=smoke"]).to_yaml()
+        fit = {"method": "components", "factors": {"compute": 1.2}, "memory_factor": 1.0, "n_step": 4}
+        fit |= {"memory_method": "terms", "memory_factors": {"weights": 1.0, "activations": 1.25}}
+        fit |= {"memory_band": 0.08, "memory_loo_mape": 0.05}
+        ledger.evidence.record_calibration("s1", 3, fit, {"memory_mape_before": 0.2, "memory_mape_after": 0.04})
+        d = gather(ledger, "s1")
+        page = render(d, tmp_path / "out", decide(ledger, d)).read_text()
+        text = html.unescape(re.search(r'<table id="calibration">.*?</table>', page, re.S).group(0))
+        assert "per term: weights ×1, activations ×1.25; band ±8%" in text, text
+        assert "memory_" not in text and "20.0% → 4.0% (leave-one-out 5.0%)" in text
+        from orchestrator.report.decision import _flags
+
+        pp2 = next(c for c in ledger.candidates("s1") if c.layout.pp == 2)  # its pattern has PP x VPP segments
+        flags, source = _flags(ledger, "s1", pp2.id, compose(["+stage=smoke"]).cfg, "", None)
+    assert flags.lstrip().startswith("--") and "--train-iters is" not in source
+    assert "to train with this layout, `python -m orchestrator best --sweep s1 --flags --train`" in source, source
+
+
+def test_a_best_that_is_its_own_reference_reads_not_checked_without_sending_anyone_to_run_the_slice(tmp_path):
+    """Issue 49: a slice sweep's report told its reader to "run +stage=slice" when the best (CP1) is its own
+    reference. The gate ran and had nothing to compare with: the page says NOT CHECKED with that reason, never
+    "passed", and no command that would only run the same gate again."""
+    with Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}") as ledger:
+        _fill(ledger)
+        d = gather(ledger, "s1")
+        best = decide(ledger, d).best
+        assert best is not None
+        why = f"not compared: {knobs.label(best)} is the reference layout itself"
+        ledger.evidence.record_parity(
+            best["candidate_id"],
+            reference_key="",
+            steps=0,
+            max_loss_diff=0.0,
+            max_grad_norm_diff=0.0,
+            tolerance=0.002,
+            passed=True,
+            detail=why,
+        )
+        d = gather(ledger, "s1")
+        page = render(d, tmp_path / "out", decide(ledger, d)).read_text()
+    verdict = html.unescape(re.search(r"id='parity-verdict'>[^<]*", page).group(0))
+    assert "NOT CHECKED" in verdict and why in verdict and "passed" not in verdict
+    assert "+stage=slice" not in page and "parity.enabled=true" not in verdict

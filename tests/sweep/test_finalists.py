@@ -108,6 +108,12 @@ def test_parity_and_long_run_end_to_end(tmp_path):
         cp1, cp2, cp4 = (led.evidence.parity(by_cp[cp].id) for cp in (1, 2, 4))
         assert cp1[0].passed and cp1[0].steps == 0 and "reference layout itself" in cp1[0].detail
         assert cp1[0].reference_key == "" and cp1[0].detail.startswith("not compared")  # never against itself
+        # what the sweep prints and logs of a layout that is its own reference: "not compared", never "passed"
+        said = [ln for ln in log.splitlines() if f"parity {by_cp[1].layout.short()}:" in ln]
+        assert said and all("not compared" in ln and "passed" not in ln for ln in said), said
+        (event,) = [e.message for e in led.events(SWEEP, kind="parity", candidate_id=by_cp[1].id)]
+        assert event.startswith("parity: not compared") and "passed" not in event, event
+        assert any(f"parity {by_cp[2].layout.short()}: passed against reference" in ln for ln in log.splitlines())
         for c, rows in ((by_cp[1], cp1), (by_cp[2], cp2), (by_cp[4], cp4)):
             assert all(r.reference_key != c.key for r in rows), (c.layout, rows)
         assert cp2[0].passed and cp2[0].steps == cfg.parity.steps and cp2[0].max_loss_diff < cfg.parity.loss_rtol
@@ -181,15 +187,34 @@ def test_parity_and_long_run_end_to_end(tmp_path):
     assert row["ckpt_save_s"] > 0
 
 
-def test_parity_with_an_illegal_reference_fails_without_running(tmp_path):
+def test_parity_with_no_reference_that_fits_is_not_compared_without_running(tmp_path):
+    """No layout of the stage has the reference knobs (EP7 exists nowhere): the finalist is recorded as not
+    compared, never "passed", and stays a finalist (the gate is on at every stage, and at 1k no CP1 layout fits
+    141 GB: excluding here would leave 1k without a winner). `best` and the report say "not checked"."""
     cfg = _cfg(tmp_path)
     cfg = dataclasses.replace(cfg, parity=dataclasses.replace(cfg.parity, enabled=True, reference={"ep": 7}))
     with Ledger.open(cfg.ledger.url) as led:
-        (c,), after, _ = _drive(cfg, led, LAYOUTS[1:2])
+        (c,), after, log = _drive(cfg, led, LAYOUTS[1:2])
         (row,) = led.evidence.parity(c.id)
-        assert not row.passed and "reference" in row.detail and "no reference to compare with" in row.detail
-        assert after[c.id].status == "excluded"
+        assert row.passed and row.reference_key == "" and row.steps == 0
+        assert row.detail.startswith("not compared: no reference to compare with") and "ep=7" in row.detail
+        assert after[c.id].status == "done"
         assert led.attempts(c.id, roles=None) == led.attempts(c.id)  # nothing ran for the gate
+        assert f"parity {c.layout.short()}: not compared" in log and "passed" not in log
+
+
+def test_a_reference_at_8k_is_a_cp1_layout_the_model_allows():
+    """At 8k the plain override (CP8 -> CP1) breaks the stage's rules or memory for every layout round 0 would
+    measure; the reference is then the closest CP1 layout that fits, with the finalist's numerics."""
+    cfg = compose(["+stage=8k"]).cfg
+    res = planner.plan(cfg.model, cfg.hardware, cfg.stage, workload=cfg.workload.name, recipe=cfg.workload.recipe)
+    lay = res.candidates[0].layout
+    assert lay.cp > 1 and not finalists._planned(cfg, finalists.reference_layout(cfg, lay))[0]  # the override fails
+    ref, why = finalists.reference(cfg, lay, lambda: finalists.stage_layouts(cfg))
+    assert ref is not None, why
+    assert ref.layout.cp == 1 and ref.prediction.feasible and ref.prediction.memory_gb <= cfg.hardware.hbm_gb
+    assert isinstance(planner.evaluate(cfg.model, cfg.hardware, cfg.stage, ref.layout), planner.Planned)
+    assert (ref.layout.optim, ref.layout.capacity_factor) == (lay.optim, lay.capacity_factor)
 
 
 def test_update_result_metrics(ledger_url):
