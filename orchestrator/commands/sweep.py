@@ -11,7 +11,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING
 
-from orchestrator.config import compose, redact, stage_or_error
+from orchestrator.config import compose, redact, runnable_fix, stage_or_error
 from orchestrator.core import metrics
 from orchestrator.core.errors import UserError
 from orchestrator.core.metrics import STEP_P50
@@ -218,5 +218,6 @@ def run(args, overrides) -> int:
         preface=price,
         resume=lambda name: resume_command(name, overrides),
         price=pv.whole.to_dict() if pv.whole is not None else None,
+        runnable=lambda: runnable_fix(NAME, overrides),
     )
     return report(outcome, args, cfg, overrides)
