@@ -167,9 +167,8 @@ def test_a_gpu_smaller_than_its_hardware_group_is_planned_with_after_the_first_o
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     warned = [ln for ln in proc.stdout.splitlines() if ln.startswith("warning: GPUs hold")]
     assert len(warned) == 1 and re.fullmatch(
-        r"warning: GPUs hold 103\.1 GB \(96\.00 GiB, from job \d+:\d+'s OOM message\), not hardware\.hbm_gb=141: "
-        r"planning with 103\.1 GB for the rest of this sweep; set hardware\.hbm_gb=103\.1 or pick the right "
-        r"hardware group",
+        r"warning: GPUs hold 103\.1 GB \(96\.00 GiB, job \d+:\d+'s OOM message\), not hardware\.hbm_gb=141: "
+        r"planning with 103\.1 GB from now; set hardware\.hbm_gb=103\.1 or pick the right hardware group",
         warned[0],
     ), proc.stdout[-3000:]
     lines = proc.stdout.splitlines()
