@@ -89,6 +89,7 @@ class Driver:
         self._t0 = time.monotonic()
         self.stats = {"polls": 0, "sleep_s": 0.0, "submitted": 0}  # for `make bench`: control-plane time
         self._dirty = True  # something changed since the view was last drawn
+        self._unfit: list[tuple[int, str]] = []  # (round, layout) of the probes that did not fit, said per round
         self._uncut: set[int] = set()  # attempts the early cut no longer reads (past their line, or no line)
         self._cut_sent: set[int] = set()  # attempts this driver cut (their event logged)
         self.finalists: Finalists | None = None  # set once the search has stopped (see _finalists)
@@ -154,6 +155,7 @@ class Driver:
         while True:
             self._submit_planned()
             stopped = self._wait()
+            self._say_unfit()
             if stopped:
                 return stopped
             if self._cancelled():  # `cancel` ran as the round ended: decide no round after it
@@ -479,10 +481,25 @@ class Driver:
                 data={"job_id": a.job_id, "failure_class": fc},
             )
             self.view.event(f"job {a.job_id} {fc}: retrying ({why})")
+        elif fc == Failure.OOM and a.fidelity == Fidelity.PROBE:  # a fit probe's answer, not a failure
+            self.ledger.set_candidate_status(
+                c.id, CandidateStatus.FAILED, f"{fc}: does not fit (probe, job {a.job_id})"
+            )
+            self._unfit.append((c.round, lay))
         else:
             status = CandidateStatus.CANCELLED if fc == Failure.CANCELLED else CandidateStatus.FAILED
             self.ledger.set_candidate_status(c.id, status, f"{fc}: {why}")
             self.view.event(f"job {a.job_id} {fc}: not retried ({why}) {lay}")
+
+    def _say_unfit(self) -> None:
+        """One line per round for its probes that ran out of memory (issue 49 item 6: one OOM line per attempt,
+        each under its fit probe's "predicted ... GB, HBM within the model's error band", read as failures): a
+        probe that does not fit is the answer it was launched for. Each is in the ledger (`status NAME`)."""
+        for rnd in sorted({r for r, _ in self._unfit}):
+            lays = [lay for r, lay in self._unfit if r == rnd]
+            more = f" and {len(lays) - 2} more" if len(lays) > 2 else ""
+            self.view.event(f"round {rnd}: {len(lays)} layout(s) do not fit (probe): {'; '.join(lays[:2])}{more}")
+        self._unfit.clear()
 
     def _retry(self, fc: str, atts: list[AttemptRow]) -> tuple:
         return retry_attempts(fc, atts, self.cfg.policy, asked=self.opts.retry)
