@@ -122,6 +122,7 @@ def next_round(
             EventKind.ROUND,
             f"round {rnd}: {plan.reason}",
             {
+                "round": rnd,
                 "keys": [p.key for p in plan.proposals],
                 "reasons": [p.reason for p in plan.proposals],
                 "fidelities": [p.fidelity for p in plan.proposals],

@@ -354,9 +354,14 @@ class Driver:
         where = "" if all(x.spec.role == AttemptRole.MEASURE for x in launches) else "finalists-"
         fault_point(f"{where}intent")
 
+        said = [0]
+
         def record(pairs) -> None:  # called as each array exists: its job ids into the ledger before any waiting
             fault_point(f"{where}record")
             self.ledger.launched([(intents[i].id, str(sub.job_id), sub.array_index) for i, sub in pairs])
+            said[0] += len(pairs)  # said as they exist: local jobs run (and end) while submit() waits for a slot
+            ids = ", ".join(str(sub.job_id) for _, sub in pairs[:8]) + (" ..." if len(pairs) > 8 else "")
+            self.view.event(f"submitted {len(pairs)} job(s): {ids} ({said[0]}/{len(tasks)} of this call)")
             if getattr(self.launcher, "starts_on_submit", False):  # local jobs run (and end) while submit() waits
                 self._poll(self.ledger.live_attempts(self.name))
                 self._show()
@@ -365,10 +370,9 @@ class Driver:
             subs = self.launcher.submit(tasks, on_submitted=record)  # Slurm: one array, one sbatch
         self.stats["submitted"] += len(subs)
         self._dirty = True
-        self.view.event(
-            f"submitted {len(subs)} job(s): {', '.join(str(s.job_id) for s in subs[:8])}"
-            + (" ..." if len(subs) > 8 else "")
-        )
+        if said[0] < len(subs):  # a launcher that told no submission as it went
+            ids = ", ".join(str(s.job_id) for s in subs[said[0] :][:8]) + (" ..." if len(subs) - said[0] > 8 else "")
+            self.view.event(f"submitted {len(subs) - said[0]} job(s): {ids}")
         return len(subs)
 
     def _wait(self) -> str | None:
@@ -518,13 +522,24 @@ class Driver:
         self.view.update(
             Snapshot(
                 sweep=self.name,
-                round=max((c.round for c in cands), default=0),
+                round=self._round(cands),
                 counts=history.status_counts(cands),
                 best=history.best_of(self.ledger, self.name),
                 gpu_hours=spent.gpu_hours,
                 simulated=spent.simulated,
             )
         )
+
+    def _round(self, cands: Sequence[CandidateRow]) -> int:
+        """The round under way: the latest round event's (a round of confirms alone adds no candidate, so the
+        newest candidate's round said "round 0" while round 1 ran: issue 49 item 6)."""
+        newest = max((c.round for c in cands), default=0)
+        said = self.ledger.events(self.name, kind=EventKind.ROUND)
+        if not said:
+            return newest
+        data, words = said[-1].data or {}, said[-1].message.split(":", 1)[0].split()
+        last = data.get("round", int(words[1]) if len(words) == 2 and words[1].isdigit() else newest)
+        return max(newest, int(last))
 
     def _outcome(self, reason: str) -> Outcome:
         cands = self._cands()
