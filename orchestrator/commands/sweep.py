@@ -206,7 +206,9 @@ def run(args, overrides) -> int:
     pv = preview(cfg, composed.to_yaml(), source_of(cfg, overrides) if n else None, samples=n)
     price = pv.lines()
     if getattr(args, "dry_run", False):
-        print("\n".join(price))
+        from orchestrator.sweep.view import folded
+
+        print("\n".join(part for line in price for part in folded(line)))  # the lines a sweep starts with
         print("dry run: nothing launched, nothing written (drop --dry-run to run the sweep)")
         return 0
     view = View(live=False) if args.plain else View()
