@@ -141,7 +141,7 @@ def next_round(
 
 def round_line(rnd: int, name: str, proposals: Sequence, confirms: Sequence) -> str:
     """The round in one short line (issue 49 item 6: one line per layout ran to 2,000 characters in a log): how
-    many layouts at which fidelity and why, the best predicted; each layout with its reason is the round's ledger
+    many layouts at which fidelity and why; each layout with its reason and predicted step is the round's ledger
     event (`ledger events --sweep NAME --format json`)."""
     fid = Counter(str(p.fidelity) for p in proposals)
     why = Counter(str(p.reason).split(":", 1)[0].split(" ", 1)[0] for p in proposals)
@@ -150,9 +150,6 @@ def round_line(rnd: int, name: str, proposals: Sequence, confirms: Sequence) -> 
         parts.append(f"{len(confirms)} confirm(s) at the full window")
     if why:
         parts.append("by " + ", ".join(f"{k} {n}" for k, n in why.most_common(4)))
-    best = min(proposals, key=lambda p: p.predicted_step_s, default=None)
-    if best is not None:
-        parts.append(f"best predicted {best.predicted_step_s:.3f}s {best.layout.short()}")
     return f"round {rnd}: " + "; ".join(parts) + f" (each: ledger events --sweep {name} --format json)"
 
 
