@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import shlex
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -165,6 +166,54 @@ def nearest_option(group: str, overrides: Sequence[str]) -> str:
     return f"; did you mean {prefix}{group}={close[0]}?" if close else ""
 
 
+SMALL_STAGE = "smoke"  # the stage a fix falls back to: 32 GPUs of the tiny model, legal wherever 4 nodes are
+
+
+def runnable_fix(command: str, overrides: Sequence[str], runs: Callable[[RootConfig], bool] | None = None) -> str:
+    """The command to run instead when the cluster can never run the stage at its size: the stage at the largest
+    smaller size (halving) the cluster runs (`runs`; default the registry's refusal) and the planner has a legal
+    layout at, else the smoke stage (at its size or a smaller one); "" when none does, or the stage runs as it is.
+    Asked, never guessed: `stage.gpus=32`, the partition's size, sent a 1k sweep to "no legal layout" (issue 49)."""
+    from orchestrator.plan.planner import plan
+
+    if runs is None:
+        from orchestrator.launch import auto
+
+        def runs(cfg: RootConfig) -> bool:
+            return auto.refusal(cfg.job_cluster(), cfg.required_stage()) is None
+
+    def plans(args: list[str]) -> bool:
+        try:
+            cfg = compose(args).cfg
+        except ConfigError:  # a size the stage's shape refuses (not a multiple of a node's GPUs)
+            return False
+        stage = cfg.required_stage()
+        return bool(
+            plan(cfg.model, cfg.hardware, stage, workload=cfg.workload.name, recipe=cfg.workload.recipe).candidates
+        )
+
+    given = compose(overrides).cfg
+    if runs(given):
+        return ""
+    keep = [o for o in overrides if not o.lstrip("+~").startswith(("stage=", "stage.gpus="))]
+    chosen = [o for o in overrides if o.lstrip("+~").startswith("stage=")]
+    tries = [(chosen, given, False)]
+    if given.required_stage().name != SMALL_STAGE:
+        try:
+            tries.append((["+stage=" + SMALL_STAGE], compose([*keep, "+stage=" + SMALL_STAGE]).cfg, True))
+        except ConfigError:  # an override of the user's the small stage refuses: no fix from it
+            pass
+    for stage_args, cfg, at_own_size in tries:
+        n = cfg.required_stage().gpus
+        sizes = ([n] if at_own_size else []) + [n >> k for k in range(1, n.bit_length())]
+        for size in sizes:
+            sized = dataclasses.replace(cfg, stage=dataclasses.replace(cfg.required_stage(), gpus=size))
+            args = [*stage_args, *keep, *([] if size == n else [f"stage.gpus={size}"])]
+            if runs(sized) and plans(args):
+                return f"`python -m orchestrator {command} {' '.join(shlex.quote(a) for a in args)}`"
+    return ""
+
+
 def register_schema() -> None:
     """The typed schema as the first entry of conf/config.yaml's defaults list (Hydra's structured config
     schema): every key exists before a YAML sets it, so `policy.round_size=3` overrides a default no YAML
@@ -252,25 +301,30 @@ def check_shape(cfg: RootConfig) -> None:
     early cut's median has iterations to be over."""
     stage = cfg.required_stage()
     n, gpn = stage.gpus, stage.gpus_per_node
-    if n < 0:  # a size the user typed (every stage but custom has its own)
+    if n < 0 and gpn >= 1:  # a size the user typed: leave it out, unless the stage has none of its own (custom)
+        try:
+            compose([f"+stage={stage.name}", f"hardware={cfg.hardware.name}"])
+            fix = f"leave stage.gpus out to run the stage at its own size (`+stage={stage.name}`)"
+        except ConfigError:
+            fix = "e.g. " + " or ".join(f"`+stage={stage.name} stage.gpus={x}`" for x in legal_sizes(cfg, 64 * gpn)[:1])
         raise ConfigError(
             f"stage.gpus={n} is out of range: it must be an integer >= 1, a multiple of the {gpn} GPUs per node of "
-            f"hardware {cfg.hardware.name}; leave stage.gpus out to run the stage at its own size "
-            f"(`+stage={stage.name}`)"
-        )
-    if n < 1:
-        raise ConfigError(
-            f"stage.gpus={n} is out of range: it must be an integer >= 1 (stage {stage.name} has no size: add "
-            f"stage.gpus=N, a multiple of the {gpn} GPUs per node of hardware "
-            f"{cfg.hardware.name}, e.g. `+stage={stage.name} stage.gpus={64 * gpn}`)"
+            f"hardware {cfg.hardware.name}; {fix}"
         )
     if gpn < 1:
         raise ConfigError(f"stage.gpus_per_node={gpn} must be positive (hardware.gpus_per_node is a host's GPUs)")
+    if n < 1:
+        example = " or ".join(f"`+stage={stage.name} stage.gpus={x}`" for x in legal_sizes(cfg, 64 * gpn)[:1])
+        raise ConfigError(
+            f"stage.gpus={n} is out of range: it must be an integer >= 1 (stage {stage.name} has no size: add "
+            f"stage.gpus=N, a multiple of the {gpn} GPUs per node of hardware "
+            f"{cfg.hardware.name}" + (f", e.g. {example})" if example else ")")
+        )
     if n > gpn and n % gpn:
-        lo, hi = n // gpn * gpn, -(-n // gpn) * gpn
+        sizes = legal_sizes(cfg, n) or [n // gpn * gpn, -(-n // gpn) * gpn]
         raise ConfigError(
             f"stage.gpus={n} is not a multiple of the {gpn} GPUs per node of hardware {cfg.hardware.name} "
-            f"(stage.gpus_per_node): use stage.gpus={lo} or stage.gpus={hi}"
+            f"(stage.gpus_per_node): use " + " or ".join(f"stage.gpus={x}" for x in sizes)
         )
     sc = stage.screen
     if sc.cut_warmup_iters >= sc.cut_after:  # the cut's median would be of no iteration
@@ -279,6 +333,26 @@ def check_shape(cfg: RootConfig) -> None:
             f"{sc.cut_after} (the early cut's median is over iterations cut_warmup_iters+1..cut_after): lower it, "
             f"e.g. stage.screen.cut_warmup_iters={sc.cut_after // 3}"
         )
+
+
+def legal_sizes(cfg: RootConfig, near: int, steps: int = 64) -> list[int]:
+    """The multiples of a node's GPUs nearest `near`, below and above (within `steps` nodes), at which the planner
+    has a legal layout for the stage: what a size error suggests (the next multiple, 1008 for 1001, has none)."""
+    from orchestrator.plan.planner import plan
+
+    stage = cfg.required_stage()
+    gpn = stage.gpus_per_node
+
+    def legal(size: int) -> bool:
+        sized = dataclasses.replace(stage, gpus=size)
+        return bool(
+            plan(cfg.model, cfg.hardware, sized, workload=cfg.workload.name, recipe=cfg.workload.recipe).candidates
+        )
+
+    lo, hi = near // gpn * gpn, -(-near // gpn) * gpn
+    below = next((x for x in range(lo, max(gpn, lo - steps * gpn) - 1, -gpn) if legal(x)), None)
+    above = next((x for x in range(max(hi, gpn), hi + steps * gpn + 1, gpn) if x != below and legal(x)), None)
+    return [x for x in (below, above) if x is not None]
 
 
 def _value_message(exc: OmegaConfBaseException) -> str:

@@ -70,13 +70,60 @@ def _cell(value: Any, key: str = "") -> str:
     return str(value)
 
 
-def print_table(rows: Sequence[dict[str, Any]], *, title: str = "", columns: list[str] | None = None) -> None:
+def natural_width(table: Any) -> int:
+    """The columns `table` takes with no cell wrapped or cut (rendered once, as wide as it likes)."""
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, width=10_000, color_system=None).print(table)
+    return max((len(line.rstrip()) for line in out.getvalue().splitlines()), default=0)
+
+
+def fitted(
+    columns: Sequence[str], priority: Sequence[str], width: int, build: Callable[[list[str]], Any]
+) -> tuple[Any, list[str]]:
+    """The table `build(shown)` makes of the most important `columns` that fit `width` without a cell wrapped
+    (rich folds a table too wide into 3-letter cells), in their own order, and the columns left out. Importance:
+    `priority` first (the layout's knobs, then its step), then the rest as listed."""
+    order = [*[c for c in priority if c in columns], *[c for c in columns if c not in priority]]
+    rank = {c: i for i, c in enumerate(order)}
+    shown = list(columns)
+    table = build(shown)
+    while len(shown) > 1 and natural_width(table) > width:
+        shown.remove(max(shown, key=lambda c: rank[c]))
+        table = build(shown)
+    return table, [c for c in columns if c not in shown]
+
+
+def left_out_note(left: Sequence[str], width: int, how: str = "a wider terminal or --format csv/json") -> str:
+    """The line under a table that left columns out to fit: which, and `how` to see every column."""
+    return f"{len(left)} column(s) left out to fit {width} columns: {', '.join(left)} ({how} shows them)"
+
+
+def print_table(
+    rows: Sequence[dict[str, Any]],
+    *,
+    title: str = "",
+    columns: list[str] | None = None,
+    priority: Sequence[str] = (),
+) -> None:
+    """Rows as a rich table as wide as the terminal, columns chosen by `priority` where all would not fit."""
     from rich.table import Table
 
     cols = columns or (list(rows[0]) if rows else [])
-    table = Table(title=title or None, title_justify="left")
-    for c in cols:
-        table.add_column(c, overflow="fold")
-    for r in rows:
-        table.add_row(*[_cell(r.get(c), c) for c in cols])
-    console().print(table)
+
+    def build(shown: list[str]) -> Table:
+        table = Table(title=title or None, title_justify="left")
+        for c in shown:
+            table.add_column(c, overflow="fold")
+        for r in rows:
+            table.add_row(*[_cell(r.get(c), c) for c in shown])
+        return table
+
+    out = console()
+    table, left = fitted(cols, priority, out.width, build)
+    out.print(table)
+    if left:
+        out.print(left_out_note(left, out.width, "a wider terminal, --columns or --format csv/json"), highlight=False)

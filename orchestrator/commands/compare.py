@@ -17,6 +17,8 @@ import sys
 from typing import Any
 
 from orchestrator.commands._shared import open_ledger, print_table, whole_number
+from orchestrator.core.knobs import KNOBS
+from orchestrator.core.metrics import STEP_P50
 
 NAME = "compare"
 HELP = "Compare measured layouts in the ledger: filter (--where ep=64), sort (--sort tokens_per_gpu), table/json/csv."
@@ -50,6 +52,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--format", choices=["table", "json", "csv"], default="table")
 
 
+# Which columns a narrow terminal keeps (issue 49 item 6): the layout first (TP/PP/CP/EP), its step and status,
+# its other knobs, its standing; the rest as --columns lists them.
+LAYOUT_FIRST = ("tp", "pp", "cp", "ep")
+PRIORITY = (
+    *LAYOUT_FIRST,
+    STEP_P50,
+    "status",
+    *(k.column for k in KNOBS if k.shown and k.part_of is None and k.column not in LAYOUT_FIRST),
+    "measured",
+    "fidelity",
+)
+
+
 def emit(rows: list[dict[str, Any]], fmt: str, columns: list[str], title: str) -> None:
     if fmt == "json":
         json.dump(rows, sys.stdout, indent=1, default=str)
@@ -59,7 +74,7 @@ def emit(rows: list[dict[str, Any]], fmt: str, columns: list[str], title: str) -
         w.writeheader()
         w.writerows(rows)
     else:
-        print_table(rows, title=title, columns=columns)
+        print_table(rows, title=title, columns=columns, priority=PRIORITY)
 
 
 def run(args, overrides) -> int:

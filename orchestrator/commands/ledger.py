@@ -76,6 +76,7 @@ def run(args, overrides) -> int:
                     "kind": e.kind,
                     "candidate_id": e.candidate_id,
                     "message": e.message,
+                    **({"data": e.data} if args.format == "json" else {}),  # the detail a log line leaves out
                 }
                 for e in ledger.events(args.sweep)
             ]

@@ -40,6 +40,9 @@ PREDICTION_COLUMNS = [
     "mfu",
     "layer_pattern",
 ]
+# A narrow terminal keeps the layout first (TP/PP/CP/EP, its other knobs), then the predicted step and memory.
+LAYOUT_FIRST = ("tp", "pp", "cp", "ep")
+PRIORITY = ("step_time_s", "memory_gb", "mfu", "bubble", "m")
 TABLE_COLUMNS = ["candidate", *knobs.columns(), *PREDICTION_COLUMNS]  # the table adds knobs the stage varies
 PATTERN_WIDTH = 28
 TEXT = {k.column for k in knobs.DISPLAYED if k.sql == "str"} | {"layer_pattern"}
@@ -148,6 +151,7 @@ def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
     from rich.table import Table
 
     from orchestrator.commands._shared import console as make_console
+    from orchestrator.commands._shared import fitted, left_out_note
 
     console = make_console()  # the terminal's width (a pipe: whole rows)
     console.print(_header(cfg, stage, res), markup=False, highlight=False)
@@ -155,13 +159,20 @@ def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
     varying = [k for k, values in knob_values(stage.search, cfg.workload.recipe).items() if len(values) > 1]
     knob_cols = knobs.columns(varying)
     columns = ["candidate", *knob_cols, *PREDICTION_COLUMNS]
-    table = Table(show_lines=False)
-    for col in columns:
-        table.add_column(col, no_wrap=True, min_width=len(col), justify="left" if col in TEXT else "right")
     groups = grouped(res.candidates, top, knob_cols)
-    for cells in groups:
-        table.add_row(*(cells[c] for c in columns))
+
+    def build(shown: list[str]) -> Table:
+        table = Table(show_lines=False)
+        for col in shown:
+            table.add_column(col, no_wrap=True, min_width=len(col), justify="left" if col in TEXT else "right")
+        for cells in groups:
+            table.add_row(*(cells[c] for c in shown))
+        return table
+
+    table, left = fitted(columns, ["candidate", *LAYOUT_FIRST, *knob_cols, *PRIORITY], console.width, build)
     console.print(table)
+    if left:
+        console.print(left_out_note(left, console.width), highlight=False)
     if any("," in g["candidate"] for g in groups):
         console.print(
             "rows with identical predictions are one row (the knobs they differ in are counted): "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.config import compose
+from orchestrator.config import compose, runnable_fix
 from orchestrator.core.errors import UserError
 
 NAME = "preflight"
@@ -32,5 +32,6 @@ def run(args, overrides) -> int:
     else:
         print(json.dumps(outcome.to_dict(), indent=1))
     if outcome.refusal:  # the stage can never run on this partition: the one line to act on
-        raise UserError(outcome.refusal)
+        fix = runnable_fix(NAME, overrides)
+        raise UserError(f"{outcome.refusal}; this runs there: {fix}" if fix else outcome.refusal)
     return 0 if outcome.ok else 1

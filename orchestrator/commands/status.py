@@ -62,7 +62,8 @@ def gather(ledger, name: str) -> dict:
 
     sweep = ledger.get_sweep(name)
     if sweep is None:
-        raise UserError(f"no sweep named '{name}' in {ledger.url}")
+        known = ", ".join(s.name for s in ledger.list_sweeps()) or "none"
+        raise UserError(f"no sweep named '{name}' in {ledger.url}; sweeps: {known}")
     cfg = root_from_yaml(sweep.config_yaml)
     stage = cfg.required_stage()
     cands = ledger.candidates(name)

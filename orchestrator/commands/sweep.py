@@ -11,7 +11,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING
 
-from orchestrator.config import compose, redact, stage_or_error
+from orchestrator.config import compose, redact, runnable_fix, stage_or_error
 from orchestrator.core import metrics
 from orchestrator.core.errors import UserError
 from orchestrator.core.metrics import STEP_P50
@@ -206,7 +206,9 @@ def run(args, overrides) -> int:
     pv = preview(cfg, composed.to_yaml(), source_of(cfg, overrides) if n else None, samples=n)
     price = pv.lines()
     if getattr(args, "dry_run", False):
-        print("\n".join(price))
+        from orchestrator.sweep.view import folded
+
+        print("\n".join(part for line in price for part in folded(line)))  # the lines a sweep starts with
         print("dry run: nothing launched, nothing written (drop --dry-run to run the sweep)")
         return 0
     view = View(live=False) if args.plain else View()
@@ -218,5 +220,6 @@ def run(args, overrides) -> int:
         preface=price,
         resume=lambda name: resume_command(name, overrides),
         price=pv.whole.to_dict() if pv.whole is not None else None,
+        runnable=lambda: runnable_fix(NAME, overrides),
     )
     return report(outcome, args, cfg, overrides)

@@ -47,12 +47,12 @@ class Capacity:
         return abs(self.gb - self.configured_gb) > TOLERANCE_GB
 
     def warning(self) -> str:
-        """The one line that says what the sweep now plans with, and which config to fix."""
+        """The one line (under 200 characters: a log's line) that says what the sweep now plans with, and which
+        config to fix."""
         return (
-            f"warning: GPUs hold {self.gb:.1f} GB ({self.gib:.2f} GiB, from job {self.job_id or '?'}'s "
+            f"warning: GPUs hold {self.gb:.1f} GB ({self.gib:.2f} GiB, job {self.job_id or '?'}'s "
             f"{self.source or 'evidence'}), not hardware.hbm_gb={self.configured_gb:g}: planning with "
-            f"{self.gb:.1f} GB for the rest of this sweep; set hardware.hbm_gb={self.gb:.1f} or pick the right "
-            "hardware group"
+            f"{self.gb:.1f} GB from now; set hardware.hbm_gb={self.gb:.1f} or pick the right hardware group"
         )
 
     def to_dict(self) -> dict[str, Any]:

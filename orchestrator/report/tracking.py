@@ -106,9 +106,11 @@ def _parity_enabled(config_yaml: str) -> bool | None:
 
 def runs(ledger, sweep: str) -> list[TrackedRun]:
     """Every candidate of `sweep` with a measured step p50 (its latest measurement), oldest candidate first."""
-    row = next((s for s in ledger.list_sweeps() if s.name == sweep), None)
+    sweeps = ledger.list_sweeps()
+    row = next((s for s in sweeps if s.name == sweep), None)
     if row is None:
-        raise UserError(f"no sweep named '{sweep}' in {ledger.url}")
+        known = ", ".join(s.name for s in sweeps) or "none"
+        raise UserError(f"no sweep named '{sweep}' in {ledger.url}; sweeps: {known}")
     best = queries.best(ledger, sweep=sweep)
     best_id = best["candidate_id"] if best else None
     nodes = {

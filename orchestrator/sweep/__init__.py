@@ -21,6 +21,7 @@ from orchestrator.core.errors import DiskFull, Interrupted, UserError
 from orchestrator.core.paths import JobPaths, check_name, disk_full
 from orchestrator.core.schema import ClusterConfig, RootConfig
 from orchestrator.core.states import EventKind
+from orchestrator.launch import Unrunnable
 from orchestrator.ledger.errors import LedgerError, LedgerStopped
 from orchestrator.ledger.ledger import Ledger, SweepRow
 from orchestrator.runspec import check_workload
@@ -116,13 +117,15 @@ def run_sweep(
     preface: Sequence[str] = (),
     resume: Callable[[str], str] = plain_resume,
     price: dict | None = None,
+    runnable: Callable[[], str] = lambda: "",
 ) -> Outcome:
     """Create the sweep (or continue the one with this name) and drive it to its end. `preface`: the lines said
     first, once the ledger is open (the price before the spend, orchestrator/sweep/preview.py), and for a new
     sweep what another sweep of its stage already spent (`preview.same_stage`). `resume(name)`: the command that
     continues a sweep, with the ledger it was given (after a stop from outside: `carry_on`). `price`: the whole
     sweep's simulated price (sweep/price.SweepPrice.to_dict), kept in a new sweep's provenance for `status` and
-    the report."""
+    the report. `runnable()`: the command that runs where the cluster refuses the stage's size, asked only then
+    (orchestrator/config `runnable_fix`, with the command's overrides)."""
     if cfg.stage is None:
         raise UserError("no stage given: add +stage=NAME (e.g. +stage=1k)")
     view = view or View()
@@ -135,7 +138,11 @@ def run_sweep(
             for line in same_stage(ledger, cfg, name, resume):
                 view.event(line)
             launcher = launcher or pick_launcher(cfg, view)
-            launcher.check_fits([stage_task(cfg)])
+            try:
+                launcher.check_fits([stage_task(cfg)])
+            except Unrunnable as exc:
+                fix = runnable()
+                raise Unrunnable(f"{exc}; this runs there: {fix}" if fix else str(exc)) from None
         sweep = ledger.create_or_get_sweep(
             name,
             stage=cfg.stage.name,
@@ -293,6 +300,7 @@ def resume_sweep(
     launcher=None,
     resume: Callable[[str], str] = plain_resume,
     price: dict | None = None,
+    runnable: Callable[[], str] = lambda: "",
 ) -> Outcome:
     """Take the lease and continue a sweep from its stored config and ledger rows (`overrides`: the command
     line's, which change the stored cluster group: `resumed_cluster`)."""

@@ -7,6 +7,9 @@ what the killed one would have; the calibration is recorded once per round.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
+
 from orchestrator import history
 from orchestrator.core.schema import RootConfig
 from orchestrator.core.states import CandidateStatus, EventKind
@@ -119,9 +122,12 @@ def next_round(
             EventKind.ROUND,
             f"round {rnd}: {plan.reason}",
             {
+                "round": rnd,
                 "keys": [p.key for p in plan.proposals],
                 "reasons": [p.reason for p in plan.proposals],
                 "fidelities": [p.fidelity for p in plan.proposals],
+                "layouts": [p.layout.short() for p in plan.proposals],
+                "predicted_step_s": [p.predicted_step_s for p in plan.proposals],
                 "confirms": [p.key for p in plan.confirms],
                 "step_cv": cv,
             },
@@ -129,14 +135,22 @@ def next_round(
         # a split needs both halves: tests kill there (ORCH_FAULT=round-decision:kill) only in such a round
         between=(lambda: fault_point("round-decision")) if plan.confirms and plan.proposals else None,
     )
-    view.event(
-        f"round {rnd}: "
-        + "; ".join(
-            [f"{p.layout.short()} [{p.reason}] {p.fidelity}" for p in plan.confirms]
-            + [f"{p.layout.short()} [{p.reason}] {p.fidelity} pred {p.predicted_step_s:.3f}s" for p in plan.proposals]
-        )
-    )
+    view.event(round_line(rnd, sweep.name, plan.proposals, plan.confirms))
     return None
+
+
+def round_line(rnd: int, name: str, proposals: Sequence, confirms: Sequence) -> str:
+    """The round in one short line (issue 49 item 6: one line per layout ran to 2,000 characters in a log): how
+    many layouts at which fidelity and why; each layout with its reason and predicted step is the round's ledger
+    event (`ledger events --sweep NAME --format json`)."""
+    fid = Counter(str(p.fidelity) for p in proposals)
+    why = Counter(str(p.reason).split(":", 1)[0].split(" ", 1)[0] for p in proposals)
+    parts = [f"{len(proposals)} layout(s) (" + ", ".join(f"{n} {k}" for k, n in sorted(fid.items())) + ")"]
+    if confirms:
+        parts.append(f"{len(confirms)} confirm(s) at the full window")
+    if why:
+        parts.append("by " + ", ".join(f"{k} {n}" for k, n in why.most_common(4)))
+    return f"round {rnd}: " + "; ".join(parts) + f" (each: ledger events --sweep {name} --format json)"
 
 
 def _pct(x: float | None) -> str:

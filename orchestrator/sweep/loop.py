@@ -89,6 +89,7 @@ class Driver:
         self._t0 = time.monotonic()
         self.stats = {"polls": 0, "sleep_s": 0.0, "submitted": 0}  # for `make bench`: control-plane time
         self._dirty = True  # something changed since the view was last drawn
+        self._unfit: list[tuple[int, str]] = []  # (round, layout) of the probes that did not fit, said per round
         self._uncut: set[int] = set()  # attempts the early cut no longer reads (past their line, or no line)
         self._cut_sent: set[int] = set()  # attempts this driver cut (their event logged)
         self.finalists: Finalists | None = None  # set once the search has stopped (see _finalists)
@@ -154,6 +155,7 @@ class Driver:
         while True:
             self._submit_planned()
             stopped = self._wait()
+            self._say_unfit()
             if stopped:
                 return stopped
             if self._cancelled():  # `cancel` ran as the round ended: decide no round after it
@@ -352,9 +354,14 @@ class Driver:
         where = "" if all(x.spec.role == AttemptRole.MEASURE for x in launches) else "finalists-"
         fault_point(f"{where}intent")
 
+        said = [0]
+
         def record(pairs) -> None:  # called as each array exists: its job ids into the ledger before any waiting
             fault_point(f"{where}record")
             self.ledger.launched([(intents[i].id, str(sub.job_id), sub.array_index) for i, sub in pairs])
+            said[0] += len(pairs)  # said as they exist: local jobs run (and end) while submit() waits for a slot
+            ids = ", ".join(str(sub.job_id) for _, sub in pairs[:8]) + (" ..." if len(pairs) > 8 else "")
+            self.view.event(f"submitted {len(pairs)} job(s): {ids} ({said[0]}/{len(tasks)} of this call)")
             if getattr(self.launcher, "starts_on_submit", False):  # local jobs run (and end) while submit() waits
                 self._poll(self.ledger.live_attempts(self.name))
                 self._show()
@@ -363,10 +370,9 @@ class Driver:
             subs = self.launcher.submit(tasks, on_submitted=record)  # Slurm: one array, one sbatch
         self.stats["submitted"] += len(subs)
         self._dirty = True
-        self.view.event(
-            f"submitted {len(subs)} job(s): {', '.join(str(s.job_id) for s in subs[:8])}"
-            + (" ..." if len(subs) > 8 else "")
-        )
+        if said[0] < len(subs):  # a launcher that told no submission as it went
+            ids = ", ".join(str(s.job_id) for s in subs[said[0] :][:8]) + (" ..." if len(subs) - said[0] > 8 else "")
+            self.view.event(f"submitted {len(subs) - said[0]} job(s): {ids}")
         return len(subs)
 
     def _wait(self) -> str | None:
@@ -479,10 +485,25 @@ class Driver:
                 data={"job_id": a.job_id, "failure_class": fc},
             )
             self.view.event(f"job {a.job_id} {fc}: retrying ({why})")
+        elif fc == Failure.OOM and a.fidelity == Fidelity.PROBE:  # a fit probe's answer, not a failure
+            self.ledger.set_candidate_status(
+                c.id, CandidateStatus.FAILED, f"{fc}: does not fit (probe, job {a.job_id})"
+            )
+            self._unfit.append((c.round, lay))
         else:
             status = CandidateStatus.CANCELLED if fc == Failure.CANCELLED else CandidateStatus.FAILED
             self.ledger.set_candidate_status(c.id, status, f"{fc}: {why}")
             self.view.event(f"job {a.job_id} {fc}: not retried ({why}) {lay}")
+
+    def _say_unfit(self) -> None:
+        """One line per round for its probes that ran out of memory (issue 49 item 6: one OOM line per attempt,
+        each under its fit probe's "predicted ... GB, HBM within the model's error band", read as failures): a
+        probe that does not fit is the answer it was launched for. Each is in the ledger (`status NAME`)."""
+        for rnd in sorted({r for r, _ in self._unfit}):
+            lays = [lay for r, lay in self._unfit if r == rnd]
+            more = f" and {len(lays) - 2} more" if len(lays) > 2 else ""
+            self.view.event(f"round {rnd}: {len(lays)} layout(s) do not fit (probe): {'; '.join(lays[:2])}{more}")
+        self._unfit.clear()
 
     def _retry(self, fc: str, atts: list[AttemptRow]) -> tuple:
         return retry_attempts(fc, atts, self.cfg.policy, asked=self.opts.retry)
@@ -501,13 +522,24 @@ class Driver:
         self.view.update(
             Snapshot(
                 sweep=self.name,
-                round=max((c.round for c in cands), default=0),
+                round=self._round(cands),
                 counts=history.status_counts(cands),
                 best=history.best_of(self.ledger, self.name),
                 gpu_hours=spent.gpu_hours,
                 simulated=spent.simulated,
             )
         )
+
+    def _round(self, cands: Sequence[CandidateRow]) -> int:
+        """The round under way: the latest round event's (a round of confirms alone adds no candidate, so the
+        newest candidate's round said "round 0" while round 1 ran: issue 49 item 6)."""
+        newest = max((c.round for c in cands), default=0)
+        said = self.ledger.events(self.name, kind=EventKind.ROUND)
+        if not said:
+            return newest
+        data, words = said[-1].data or {}, said[-1].message.split(":", 1)[0].split()
+        last = data.get("round", int(words[1]) if len(words) == 2 and words[1].isdigit() else newest)
+        return max(newest, int(last))
 
     def _outcome(self, reason: str) -> Outcome:
         cands = self._cands()

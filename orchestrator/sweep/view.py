@@ -37,6 +37,22 @@ class Snapshot:
         )
 
 
+PLAIN_WIDTH = 199  # a plain (log, CI, pipe) line's most characters: the detail is in the ledger's events
+
+
+def folded(message: str, width: int = PLAIN_WIDTH) -> list[str]:
+    """`message` as lines of at most `width` characters, broken after "; " (else ", ", else anywhere), each line
+    after the first indented: a log reader greps a line, not a screen of one."""
+    lines: list[str] = []
+    rest = message
+    while len(rest) > width:
+        cut = max(rest.rfind("; ", 0, width - 1), rest.rfind(", ", 0, width - 1))
+        cut = cut + 2 if cut > width // 3 else width
+        lines.append(rest[:cut].rstrip())
+        rest = "  " + rest[cut:].lstrip()
+    return [*lines, rest]
+
+
 class View:
     """Live rich table on a tty (refreshes in place); plain stdout lines otherwise (logs, CI, pipes)."""
 
@@ -66,7 +82,8 @@ class View:
         if self._live is not None:
             self._live.console.print(message)
         else:
-            print(message, file=self.stream, flush=True)
+            for line in message.splitlines() or [""]:
+                print("\n".join(folded(line)), file=self.stream, flush=True)
 
     def update(self, snap: Snapshot) -> None:
         if self._live is not None:
@@ -74,7 +91,7 @@ class View:
             return
         line = snap.line()
         if line != self._last:  # plain mode: print only when something changed
-            print(line, file=self.stream, flush=True)
+            print("\n".join(folded(line)), file=self.stream, flush=True)
             self._last = line
 
     def _table(self, snap: Snapshot):

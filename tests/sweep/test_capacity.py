@@ -62,9 +62,8 @@ def test_an_ooms_capacity_replaces_hbm_in_every_memory_decision(ledger_url):
         eff = capacity.plan_env(led, "small", env, view)
         assert eff.hardware.hbm_gb == GIB96_GB  # exact: 96 x 2**30 / 1e9, not 96
         assert view.lines == [
-            "warning: GPUs hold 103.1 GB (96.00 GiB, from job 101's OOM message), not hardware.hbm_gb=141: "
-            "planning with 103.1 GB for the rest of this sweep; set hardware.hbm_gb=103.1 or pick the right "
-            "hardware group"
+            "warning: GPUs hold 103.1 GB (96.00 GiB, job 101's OOM message), not hardware.hbm_gb=141: "
+            "planning with 103.1 GB from now; set hardware.hbm_gb=103.1 or pick the right hardware group"
         ]
         (ev,) = led.events("small", kind=EventKind.CAPACITY)
         assert ev.data["gb"] == GIB96_GB and ev.data["job_id"] == "101"
@@ -103,7 +102,7 @@ def test_a_larger_gpu_is_evidence_too(ledger_url):
         _cfg, _s, env = _sweep(led, "big", (True, 150.11, CAPACITY_FROM_DEVICE))
         view = Events()
         assert capacity.plan_env(led, "big", env, view).hardware.hbm_gb == 150.11
-        assert "from job 100's device properties" in view.lines[0] and "hardware.hbm_gb=150.1" in view.lines[0]
+        assert "job 100's device properties" in view.lines[0] and "hardware.hbm_gb=150.1" in view.lines[0]
 
 
 def test_evidence_that_agrees_with_the_config_changes_nothing(ledger_url):

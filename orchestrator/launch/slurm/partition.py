@@ -151,8 +151,8 @@ def misfits(req: Request, part: Partition) -> list[tuple[str, str]]:
         out.append(
             (
                 f"{req.nodes} nodes",
-                f"use a partition with at least {req.nodes} nodes (cluster.slurm.partition=NAME) or a stage that "
-                f"fits this one (stage.gpus={hold * gpn})",
+                f"use a partition with at least {req.nodes} nodes (cluster.slurm.partition=NAME) or a stage of at "
+                f"most {hold * gpn} GPUs that has a legal layout there",
             )
         )
     elif req.nodes > part.usable_nodes:
