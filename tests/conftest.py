@@ -20,7 +20,8 @@ nodes, kills daemons, or reads the whole queue. A test marked `slurm(shared=True
 one node's worth (8 GPUs, 8 CPUs) at any time, to leave node states alone and to read only its own jobs:
 its module is a lane of its own (group "slurm-<module>"), held shared, so shared lanes run beside each other
 on other workers. With at most `TEST_WORKERS` (3) lanes at once, their jobs always fit in the 4 nodes, and
-nothing they do waits behind a whole-cluster job.
+nothing they do waits behind a whole-cluster job. Outside Slurm, the tests of a module that share a
+module-scoped fixture are one group too ("module-<module>"): one worker sets the fixture up once.
 """
 
 from __future__ import annotations
@@ -81,9 +82,22 @@ def pytest_collection_modifyitems(config, items) -> None:
     scheduler groups by, and a mark added after it groups nothing (the driver test and the 4-node test then
     ran at once on two workers, and the driver's job waited behind the 4-node job until its time ran out)."""
     for item in items:
-        lane = _slurm_lane(item)
+        lane = _slurm_lane(item) or _module_fixture_lane(item)
         if lane is not None:
             item.add_marker(pytest.mark.xdist_group(lane))
+
+
+def _module_fixture_lane(item) -> str | None:
+    """The group "module-<module>" for a test that uses a module-scoped fixture (a sweep run, every row predicted): a
+    module fixture is set up once per worker, so its tests on one worker pay for it once, not once per worker
+    (test_validate's rows were predicted twice, 65 s each). None otherwise, and for an explicit group."""
+    if item.get_closest_marker("xdist_group") is not None:
+        return None
+    info = getattr(item, "_fixtureinfo", None)
+    defs = getattr(info, "name2fixturedefs", {}) or {}
+    if any(d and d[-1].scope == "module" for d in defs.values()):
+        return f"module-{item.path.stem}"
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)

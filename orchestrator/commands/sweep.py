@@ -125,6 +125,7 @@ def next_steps(outcome, cfg, overrides) -> dict[str, str]:
 
 def report(outcome, args, cfg=None, overrides=()) -> int:
     from orchestrator import history
+    from orchestrator.sweep.view import folded_command
 
     steps = next_steps(outcome, cfg, overrides) if cfg is not None else {}
     if args.json:
@@ -159,10 +160,10 @@ def report(outcome, args, cfg=None, overrides=()) -> int:
     if steps:
         print("next:")
         if "flags" in steps:
-            print(f"  its Megatron flags  {steps['flags']}")
+            print(*folded_command("  its Megatron flags  ", steps["flags"]), sep="\n")
         else:
-            print(f"  why nothing was measured  {steps['status']}")
-        print(f"  the report          {steps['report']}")
+            print(*folded_command("  why nothing was measured  ", steps["status"]), sep="\n")
+        print(*folded_command("  the report          ", steps["report"]), sep="\n")
         print(f"  job folders         {steps['job_folders']}")
     return exit_status(outcome)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -51,6 +52,20 @@ def folded(message: str, width: int = PLAIN_WIDTH) -> list[str]:
         lines.append(rest[:cut].rstrip())
         rest = "  " + rest[cut:].lstrip()
     return [*lines, rest]
+
+
+def folded_command(label: str, command: str, width: int = PLAIN_WIDTH) -> list[str]:
+    """`label` then a shell command, broken between words with a line continuation (` \\`) where the line would
+    pass `width`: pasted into a shell, the lines are still the one command (a ledger URL makes them long)."""
+    words = [shlex.quote(w) for w in shlex.split(command)]  # never broken inside a quoted argument
+    lines, line = [], label + words[0]
+    for word in words[1:]:
+        if len(line) + len(word) + 3 > width:
+            lines.append(line + " \\")
+            line = "      " + word
+        else:
+            line += " " + word
+    return [*lines, line]
 
 
 class View:

@@ -41,7 +41,8 @@ def swept(tmp_path_factory) -> tuple[Path, str, str]:
 
 def test_a_sweep_ends_with_the_best_layout_and_what_to_do_next(swept):
     tmp, out, _ = swept
-    tail = out[out.index("stopped:") :]
+    # a command line past 200 characters goes on with a shell continuation (` \`): read as the shell reads it
+    tail = re.sub(r" \\\n +", " ", out[out.index("stopped:") :])
     best = re.search(r"^best layout \(measured, simulated\): (TP\d+ PP\d+ .+?)  step p50 [\d.]+ s$", tail, re.M)
     assert best, tail
     flags_cmd = re.search(r"^  its Megatron flags  (python -m orchestrator best --sweep older --flags .+)$", tail, re.M)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from types import SimpleNamespace
 
 from orchestrator.config import compose
 from orchestrator.core.states import EventKind
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.sweep.loop import Driver
-from orchestrator.sweep.view import PLAIN_WIDTH, folded
+from orchestrator.sweep.view import PLAIN_WIDTH, folded, folded_command
 from tests.sweeplib import cli, ledger_url, new_sweep, sweep_args
 
 
@@ -60,3 +61,18 @@ def test_the_status_line_names_the_round_under_way_when_it_adds_no_candidate(tmp
         assert Driver._round(driver, cands) == 1  # type: ignore[arg-type]
         led.log_event("confirms", EventKind.ROUND, "round 2: stored before the round was in its data")
         assert Driver._round(driver, cands) == 2  # type: ignore[arg-type]
+
+
+def test_a_long_command_folds_with_shell_continuations_and_still_runs_as_one():
+    """The sweep's closing commands carry the user's ledger URL: past the width they go on with ` \\` between
+    words (never inside a quoted argument), and the lines pasted into a shell are the one command."""
+    import subprocess
+
+    words = ["printf", "%s|", "ledger.url=sqlite:///" + "d" * 150 + "/l.sqlite", "a b", "++x=1", "'q'"]
+    command = " ".join(shlex.quote(w) for w in words)
+    lines = folded_command("  its Megatron flags  ", command)
+    assert len(lines) > 1 and all(line.endswith(" \\") for line in lines[:-1])
+    assert all(len(line) <= PLAIN_WIDTH for line in lines if "d" * 150 not in line)  # one word is not cut
+    pasted = "\n".join(lines)[len("  its Megatron flags  ") :]
+    ran = subprocess.run(["bash", "-c", pasted], capture_output=True, text=True, check=True)
+    assert ran.stdout == "".join(f"{w}|" for w in words[2:]), ran.stdout
