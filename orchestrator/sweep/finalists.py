@@ -189,6 +189,15 @@ def _planned(cfg: RootConfig, layout: Layout, key: str | None = None) -> tuple[p
     return (planner.Planned(out.layout, out.prediction, key=key) if key else out), ""
 
 
+def _own(cfg: RootConfig, c: CandidateRow) -> tuple[planner.Planned | None, str]:
+    """A finalist's own plan: its stored prediction, the layout it was measured at scale with (evidence over the
+    model: an uncalibrated memory model that calls it over HBM excluded a measured winner from every stage's
+    gate); the planner's verdict only for a row stored without one."""
+    if c.prediction is not None:
+        return planner.Planned(c.layout, c.prediction, key=c.key), ""
+    return _planned(cfg, c.layout, key=c.key)
+
+
 @dataclass(frozen=True)
 class _Gate:
     """One finalist's parity set-up: its planned layout and its reference's (None: why not in `why`)."""
@@ -301,7 +310,7 @@ class Finalists:
         lay = c.layout
         if reference_layout(self.cfg, lay) == lay:
             return _Gate(c, None, None, c.key, same=True, why=f"{lay.short()} is the reference layout itself")
-        mine, why = _planned(self.cfg, lay, key=c.key)
+        mine, why = _own(self.cfg, c)
         ref_planned, ref_why = reference(self.cfg, lay, self._legal) if mine is not None else (None, "")
         if mine is None:
             why = f"candidate {lay.short()} {why}"
@@ -424,7 +433,7 @@ class Finalists:
         lay = c.layout
         if measured is None:
             return self._long_run_done(c, out, {"ok": False, "reason": "no measured result to attach the window to"})
-        planned, why = _planned(self.cfg, lay, key=c.key)
+        planned, why = _own(self.cfg, c)
         if planned is None:
             return self._long_run_done(c, out, {"ok": False, "reason": f"{lay.short()} {why}"})
         save_state, save = self._outcome(c, AttemptRole.LONG_RUN_SAVE)

@@ -30,7 +30,9 @@ def test_sweep_of_a_stage_bigger_than_the_partition_stops_before_any_job(slurm_c
     assert got.returncode == 2, got.stderr[-2000:]
     [error] = _errors(got.stderr)
     assert "stage 1k's job(s) ask for 128 nodes" in error and SIZE in error, error
-    assert "stage.gpus=32" in error and "cluster.slurm.partition=" in error, error
+    assert "a stage of at most 32 GPUs that has a legal layout" in error and "cluster.slurm.partition=" in error
+    # the command it names runs there (issue 49 item 5: `stage.gpus=32` sent 1k to "no legal layout")
+    assert "this runs there: `python -m orchestrator sweep +stage=smoke cluster=slurm " in error, error
     assert shims.calls("sbatch") in ([], ["--version"]) and not shims.submitted()  # asked, never submitted
     with Ledger.open(ledger_url(tmp_path)) as led:
         assert led.list_sweeps() == []  # nothing half-written: no sweep to resume into the same wall
@@ -50,7 +52,7 @@ def test_preflight_prints_its_checks_first_and_never_waits_on_a_job_that_cannot_
     assert got.returncode == 2, got.stderr[-2000:]
     [error] = _errors(got.stderr)
     assert "ask for 128 nodes, 64 CPUs per node" in error and SIZE in error, error
-    assert "cluster.cpus_per_task=1" in error and "stage.gpus=32" in error, error
+    assert "cluster.cpus_per_task=1" in error and "a stage of at most 32 GPUs" in error, error
     out = got.stdout
     assert out.index("checked from here (before the job)") < out.index("preflight: FAIL")
     assert "not submitted: preflight job(s) ask for 64 CPUs per node" in " ".join(out.split())

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import compose
+from orchestrator.core.states import EventKind
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.memory import TERMS
 from orchestrator.search import memfit
@@ -230,7 +231,7 @@ def test_a_layout_the_uncalibrated_model_prunes_is_revived_and_measured(memory_s
     assert grid.best_s < best_kept * 0.9  # the optimum hides where the raw model cannot look
 
     measured = {x[1].short(): x[3] for x in run.launches}  # (round, layout, GPU-h, p50, true step, ...)
-    revived = [c for c in ledger.candidates("revive") if (c.predicted or {}).get("revived")]
+    revived = [c for c in ledger.candidates("revive") if c.predicted.revived]
     ran = [c for c in revived if measured.get(c.layout.short()) is not None]
     assert ran, "a revived layout was launched and measured"
     for c in revived:
@@ -238,8 +239,14 @@ def test_a_layout_the_uncalibrated_model_prunes_is_revived_and_measured(memory_s
         assert env.evaluate(lay) is None, f"{lay.short()} was not pruned by the uncalibrated model"
         assert c.predicted["revived"]["raw_memory_gb"] + 4.0 > cfg.hardware.hbm_gb
         assert c.predicted["revived"]["calibrated_memory_gb"] + 4.0 <= cfg.hardware.hbm_gb
-        line = next(e for e in run.events if e.startswith("round ") and lay.short() in e)
-        assert "revived: pruned by the uncalibrated memory model" in line[line.index(lay.short()) :].split(";")[0]
+        # why it was proposed: its round's event (a round's plain line carries counts, the event each layout's why)
+        why = next(
+            reason
+            for e in ledger.events("revive", kind=EventKind.ROUND)
+            for key, reason in zip((e.data or {}).get("keys") or (), (e.data or {}).get("reasons") or ())
+            if key == c.key
+        )
+        assert "revived: pruned by the uncalibrated memory model" in why, why
     # the sweep reports a revived layout, better than anything the uncalibrated model could have let it run
     assert run.reported is not None
     reported = ledger.candidate_by_key("revive", observe_best_key(ledger))
