@@ -42,7 +42,7 @@ from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger, Measure
 from orchestrator.ledger.rows import standing
 from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
-from orchestrator.sweep.launches import Launch
+from orchestrator.sweep.launches import Launch, planned_from_row
 
 Retry = Callable[[str, list[AttemptRow]], tuple[bool, str]]  # the driver's: (failure class, attempts) -> again?
 
@@ -194,7 +194,7 @@ def _own(cfg: RootConfig, c: CandidateRow) -> tuple[planner.Planned | None, str]
     model: an uncalibrated memory model that calls it over HBM excluded a measured winner from every stage's
     gate); the planner's verdict only for a row stored without one."""
     if c.prediction is not None:
-        return planner.Planned(c.layout, c.prediction, key=c.key), ""
+        return planned_from_row(c), ""
     return _planned(cfg, c.layout, key=c.key)
 
 

@@ -29,14 +29,13 @@ from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus,
 from orchestrator.ledger.errors import LedgerStopped
 from orchestrator.ledger.leases import LeaseKeeper, holder_id
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger, SweepRow
-from orchestrator.plan.planner import Planned
 from orchestrator.schedule import Schedule
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
 from orchestrator.sweep import cutoff
 from orchestrator.sweep.decide import next_round
 from orchestrator.sweep.faults import fault_point
-from orchestrator.sweep.launches import Launch
+from orchestrator.sweep.launches import Launch, planned_from_row
 from orchestrator.sweep.retry import retry_attempts
 from orchestrator.sweep.view import Snapshot, View
 
@@ -58,16 +57,6 @@ class Outcome:
     rounds: int
     best: dict | None
     spent: history.Spent
-
-
-def planned_from_row(c: CandidateRow) -> Planned:
-    """Rebuild the planner's Planned from a ledger row (its stored prediction), for build_spec.
-
-    It carries the ledger's key: job.json, the job folder and the twin's seed must all name the row."""
-    pred = c.prediction
-    if pred is None:
-        raise ValueError(f"candidate {c.key[:10]} stores no prediction of the models to launch it with")
-    return Planned(c.layout, pred, key=c.key)
 
 
 class Driver:
