@@ -2,7 +2,7 @@
 #   make run    the main job on the embedded defaults (twin workload, SQLite ledger, local executor)
 #   make test   installs what it needs, starts PostgreSQL and the local Slurm cluster, runs pytest
 # and one is the developer's loop:
-#   make check  the tests that need neither Slurm nor PostgreSQL nor chromium: no services, no root, minutes
+#   make check  the fast tier: no services (Slurm, PostgreSQL, chromium) and no `long` end-to-end test; minutes
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,8 +12,9 @@ TEST_WORKERS ?= 3
 STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
 # each tier's last run (junit xml: wall time, per-test times), read by `make bench` (tests/bench/bench_suite.py)
 TIMES ?= .test-times
-# what `make check` leaves out: tests/conftest.py fails a test that reaches one of them without its marker
-SERVICE_MARKERS := not slurm and not postgres and not chromium
+# what `make check` leaves out: tests/conftest.py fails a test that reaches a service without its marker, and
+# `make bench` (tests/bench/bench_suite.py) names the check tier's tests that took long without the `long` marker
+CHECK_MARKERS := not slurm and not postgres and not chromium and not long
 
 .PHONY: install run check test lint bench services services-down clean
 
@@ -46,7 +47,7 @@ services-down:
 
 check: install
 	mkdir -p $(TIMES)
-	ORCH_TEST_TIER=check $(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup -m "$(SERVICE_MARKERS)" \
+	ORCH_TEST_TIER=check $(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup -m "$(CHECK_MARKERS)" \
 		--junitxml=$(TIMES)/check.xml --durations=15; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 

@@ -7,11 +7,11 @@
 worker), emptied before each test and dropped at the end. PostgreSQL unreachable: the test fails when CI is
 set (CI must prove both engines), otherwise it is skipped.
 
-`make check` is the tier without services: it deselects the `slurm`, `postgres` and `chromium` tests and sets
-ORCH_TEST_TIER=check. Then a test that reaches Slurm or PostgreSQL anyway (its marker forgotten) fails, naming
-the marker: the `slurm_cluster` and PostgreSQL fixtures refuse, `sbatch`/`squeue`/`sacct`/... on PATH are
-tripwires (`sbatch --version` answers "no Slurm here", so `cluster=auto` picks the local executor), and an
-in-process psycopg connection to port 5432 is refused.
+`make check` is the fast tier: it deselects the `slurm`, `postgres` and `chromium` tests and the `long` ones (end
+to end, seconds to minutes each: `make test` runs them) and sets ORCH_TEST_TIER=check. Then a test that reaches
+Slurm or PostgreSQL anyway (its marker forgotten) fails, naming the marker: the `slurm_cluster` and PostgreSQL
+fixtures refuse, `sbatch`/`squeue`/`sacct`/... on PATH are tripwires (`sbatch --version` answers "no Slurm
+here", so `cluster=auto` picks the local executor), and an in-process psycopg connection to port 5432 is refused.
 
 `make test` runs the suite on several pytest-xdist workers (`--dist loadgroup`). The tests of the one local
 Slurm cluster (marked `slurm`) run in lanes. By default a test is in the serial lane: one xdist group ("slurm"),
@@ -313,3 +313,11 @@ def slurm_cluster() -> dict:
                 pytest.fail(msg)
             pytest.skip(msg)
     return {"nodes": ["n1", "n2", "n3", "n4"], "gpus_per_node": 8, "conf": "/etc/slurm/slurm.conf"}
+
+
+@pytest.fixture(scope="session")
+def readme_tour(tmp_path_factory):
+    """README.md's tour, run once per worker (tests/tour.py): its tests are in the xdist group tour.GROUP."""
+    from tests.tour import run_tour
+
+    return run_tour(tmp_path_factory.mktemp("readme-tour"))

@@ -3,7 +3,8 @@
 `make check` writes .test-times/check.xml and `make test` .test-times/test.xml (Makefile, TIMES). This bench
 runs no test: it prints what the last run of each tier took (pytest's wall time, from session start to end),
 its outcome counts, the time spent in each Slurm lane (tests/conftest.py) and the slowest tests, so a slower
-suite is seen where it is paid for. Alone: `python tests/bench/run_all.py bench_suite`.
+suite is seen where it is paid for; for `make check`, how many of its tests took LONG_S or more (the fast tier
+stays fast only while such tests carry the `long` marker). Alone: `python tests/bench/run_all.py bench_suite`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMES = Path(os.environ.get("TIMES", ROOT / ".test-times"))
 TIERS = {"check": "make check (no services)", "test": "make test (everything, what CI runs)"}
 SLOWEST = 12
+# `make check` deselects the tests marked `long`: one of its own that takes this long is named, to be marked or sped up
+LONG_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,16 @@ def show(run: Run) -> None:
     print(f"    slowest {min(SLOWEST, len(run.cases))}:")
     for c in sorted(run.cases, key=lambda c: -c.seconds)[:SLOWEST]:
         print(f"      {c.seconds:7.1f} s  {c.nodeid}{'' if c.outcome == 'passed' else f'  ({c.outcome})'}")
+    slow = unmarked_long(run)
+    if slow:
+        print(f"    {len(slow)} check-tier test(s) of {LONG_S:.0f} s or more: mark them `long` or make them faster")
+
+
+def unmarked_long(run: Run) -> list[Case]:
+    """The check tier's tests that took LONG_S or more (none is marked `long`: `make check` deselects those)."""
+    return (
+        sorted((c for c in run.cases if c.seconds >= LONG_S), key=lambda c: -c.seconds) if run.tier == "check" else []
+    )
 
 
 def main() -> None:

@@ -53,6 +53,7 @@ def cwd(tmp_path: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------- names
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["../../etc", "..", "ABSOLUTE", "a" * 201, "run%j", "run%A"])
 def test_an_unsafe_sweep_name_is_refused_before_anything_is_written(cwd, tmp_path, name):
     if name == "ABSOLUTE":
@@ -62,6 +63,7 @@ def test_an_unsafe_sweep_name_is_refused_before_anything_is_written(cwd, tmp_pat
     assert tree(tmp_path) == {"work", "work/here"}  # no ledger, no runs/, nothing outside cluster.folder
 
 
+@pytest.mark.long
 def test_a_long_name_leaves_no_sweep_row_on_either_engine(cwd, tmp_path, ledger_url):
     refused(cwd, "sweep", *STAGE, "sweep.name=" + "n" * 250, f"ledger.url={ledger_url}", "--plain")
     if ledger_url.startswith("sqlite"):
@@ -74,12 +76,14 @@ def test_a_long_name_leaves_no_sweep_row_on_either_engine(cwd, tmp_path, ledger_
             engine.dispose()
 
 
+@pytest.mark.long
 def test_a_default_name_from_an_unsafe_model_name_is_refused(cwd, tmp_path):
     line = refused(cwd, "sweep", *STAGE, "model.name=../evil", "--plain")
     assert "default sweep name" in line and "smoke-../evil-h200" in line
     assert tree(tmp_path) == {"work", "work/here"}
 
 
+@pytest.mark.long
 def test_resume_run_one_and_report_check_the_name_too(cwd, tmp_path):
     assert "not a safe name" in refused(cwd, "resume", "../../etc", "--plain")
     assert "not a safe name" in refused(cwd, "run-one", *STAGE, "sweep.name=../x")
@@ -87,6 +91,7 @@ def test_resume_run_one_and_report_check_the_name_too(cwd, tmp_path):
     assert tree(tmp_path) == {"work", "work/here"}
 
 
+@pytest.mark.long
 def test_report_never_writes_outside_reports(cwd, tmp_path):
     assert "outside reports/" in refused(cwd, "report", "s1", "--out", str(tmp_path / "elsewhere"))
     assert "outside reports/" in refused(cwd, "report", "s1", "--out", "reports/../../x")
@@ -97,6 +102,7 @@ def test_report_never_writes_outside_reports(cwd, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ ledger URLs
+@pytest.mark.long
 def test_status_resume_cancel_never_create_a_ledger(cwd, tmp_path):
     url = f"ledger.url=sqlite:///{cwd / 'typo.sqlite'}"
     for args in (["status"], ["status", "s1"], ["resume", "s1", "--plain"], ["cancel", "s1"], ["compare"]):
@@ -105,6 +111,7 @@ def test_status_resume_cancel_never_create_a_ledger(cwd, tmp_path):
     assert tree(tmp_path) == {"work", "work/here"}
 
 
+@pytest.mark.long
 def test_a_missing_folder_is_an_error_unless_asked(cwd, tmp_path):
     url = f"ledger.url=sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'l.sqlite'}"
     line = refused(cwd, "sweep", *STAGE, url, "--plain")
@@ -118,6 +125,7 @@ def test_a_missing_folder_is_an_error_unless_asked(cwd, tmp_path):
     assert (tmp_path / "no" / "such" / "dir" / "l.sqlite").is_file()
 
 
+@pytest.mark.long
 def test_a_device_or_a_folder_is_not_a_ledger(cwd, tmp_path):
     before = set(os.listdir("/dev"))
     for url in ("sqlite:////dev/null", f"sqlite:///{cwd}"):
@@ -148,6 +156,7 @@ def test_compare_numbers_out_of_range_are_usage_errors(cwd, flag):
 
 
 # ------------------------------------------------------------------------------------ workload.command
+@pytest.mark.long
 def test_a_broken_workload_command_is_refused_before_round_0(cwd, tmp_path):
     plain = tmp_path / "work" / "not-executable.sh"
     plain.write_text("#!/bin/sh\nexit 0\n")
@@ -170,6 +179,7 @@ def test_a_broken_workload_command_is_refused_before_round_0(cwd, tmp_path):
     assert tree(tmp_path) == {"work", "work/here", "work/not-executable.sh"}
 
 
+@pytest.mark.long
 def test_a_failing_workload_leaves_its_stderr_in_the_ledger_and_the_sweep_exits_1(tmp_path):
     script = tmp_path / "fails.py"
     script.write_text("import sys\nprint('fatal: dataset /data/x is missing', file=sys.stderr)\nsys.exit(3)\n")
@@ -187,6 +197,7 @@ def test_a_failing_workload_leaves_its_stderr_in_the_ledger_and_the_sweep_exits_
 
 
 # ------------------------------------------------------------------------------------- Hydra's messages
+@pytest.mark.long
 def test_a_stage_without_plus_says_to_write_plus(cwd, tmp_path):
     line = refused(cwd, "sweep", "stage=1k", "cluster=local", "--plain")
     assert "write +stage=1k" in line, line
@@ -201,6 +212,7 @@ def test_a_typo_in_a_key_suggests_the_nearest_key(cwd, typo, key):
     assert f"did you mean '{key}'?" in line, line
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     ("args", "fix"),
     [(["+stage=1K"], "+stage=1k"), (["+stage=1k", "hardware=h300"], "hardware=h"), (["+stage=8K", "cluster=locl"], "")],
@@ -219,6 +231,7 @@ def test_a_mistyped_group_option_suggests_one_that_then_works(cwd, args, fix):
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+@pytest.mark.long
 def test_a_sweep_without_a_stage_shows_a_sweep_example(cwd, tmp_path):
     line = refused(cwd, "sweep", "cluster=local", "--plain")
     assert "no stage given" in line and "`python -m orchestrator sweep +stage=1k" in line and " plan " not in line
@@ -226,6 +239,7 @@ def test_a_sweep_without_a_stage_shows_a_sweep_example(cwd, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- ranges
+@pytest.mark.long
 @pytest.mark.parametrize(
     "override",
     [
@@ -243,6 +257,7 @@ def test_a_value_out_of_range_is_one_error_line_and_nothing_is_written(cwd, tmp_
     assert tree(tmp_path) == {"work", "work/here"}  # no ledger file, so no sweep row; no job folder
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
 def test_an_in_memory_ledger_is_refused_before_the_sweep_runs(cwd, tmp_path, url):
     line = refused(cwd, "sweep", *STAGE, f"ledger.url={url}", "--plain")
@@ -250,6 +265,7 @@ def test_an_in_memory_ledger_is_refused_before_the_sweep_runs(cwd, tmp_path, url
     assert tree(tmp_path) == {"work", "work/here"}  # no job folder: round 0 never ran
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     ("url", "says", "fix"),
     [  # issue 45 item 4: the first ran every job into a database that vanished; the second wrote `ro.sqlite?mode=ro`
@@ -274,6 +290,7 @@ def test_a_uri_mode_url_that_opens_no_plain_writable_file_is_refused_before_anyt
     assert ro.read_bytes() == before
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     ("args", "hint"),
     [
@@ -287,6 +304,7 @@ def test_a_key_the_composed_config_lacks_names_the_plus_plus_fix(cwd, args, hint
     assert hint in line and "did you mean" not in line, line
 
 
+@pytest.mark.long
 def test_a_negative_stage_size_names_the_fix_that_then_plans(cwd):
     """stage.gpus=-8 on a stage with a size says to leave it out (not "has no size"), and that plan succeeds."""
     line = refused(cwd, "plan", "+stage=1k", "stage.gpus=-8")

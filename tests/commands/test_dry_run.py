@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import yaml
 
 from orchestrator.config import compose
@@ -12,6 +13,7 @@ from orchestrator.sweep.preview import preview
 from tests.sweeplib import cli, ledger_url, sweep_args
 
 
+@pytest.mark.long
 def test_dry_run_prints_budget_and_cluster_days_and_launches_nothing(tmp_path):
     args = ["+stage=1k", f"ledger.url={ledger_url(tmp_path)}", f"cluster.folder={tmp_path / 'runs'}"]
     args.append("stage.budget.price_samples=0")  # the whole sweep's price: its own test below
@@ -52,6 +54,7 @@ def test_dry_run_prints_budget_and_cluster_days_and_launches_nothing(tmp_path):
     assert not (tmp_path / "ledger.sqlite").exists() and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.long
 def test_dry_run_prints_the_whole_sweeps_simulated_price(tmp_path):
     args = ["+stage=1k", "stage.budget.max_runs=6", "stage.budget.max_rounds=3", "stage.budget.price_samples=2"]
     args += [f"ledger.url={ledger_url(tmp_path)}", f"cluster.folder={tmp_path / 'runs'}"]
@@ -71,6 +74,7 @@ def test_dry_run_prints_the_whole_sweeps_simulated_price(tmp_path):
     assert not (tmp_path / "ledger.sqlite").exists() and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.long
 def test_dry_run_at_8k_prices_the_parity_gate_on_by_default(tmp_path):
     """Issue 49 item 4: the finalists' correctness gate is on at 8k without a word from the user, and the price
     says what it launches: each of the top finalists and its CP1 reference (one the model allows at 8k), each
@@ -104,6 +108,7 @@ def test_dry_run_at_8k_prices_the_parity_gate_on_by_default(tmp_path):
     assert "parity gate: off (parity.enabled=false)" in off.stdout, off.stdout
 
 
+@pytest.mark.long
 def test_cfg_prints_the_resolved_config_as_yaml_with_overrides_applied(tmp_path):
     got = cli("sweep", "+stage=1k", "stage.gpus=512", "hardware=gb200", "--cfg", timeout=120)
     assert got.returncode == 0, got.stderr[-2000:]
@@ -112,6 +117,7 @@ def test_cfg_prints_the_resolved_config_as_yaml_with_overrides_applied(tmp_path)
     assert cfg["stage"]["budget"]["max_gpu_hours"] == 220000.0
 
 
+@pytest.mark.long
 def test_a_real_sweep_starts_with_the_same_block(tmp_path):
     args = sweep_args(
         tmp_path, "priced", "stage.budget.max_runs=2", "policy.round0_size=2", "stage.budget.price_samples=2"

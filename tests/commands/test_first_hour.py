@@ -39,6 +39,7 @@ def swept(tmp_path_factory) -> tuple[Path, str, str]:
     return tmp, older.stdout, f"ledger.url={ledger_url(tmp)}"
 
 
+@pytest.mark.long
 def test_a_sweep_ends_with_the_best_layout_and_what_to_do_next(swept):
     tmp, out, _ = swept
     # a command line past 200 characters goes on with a shell continuation (` \`): read as the shell reads it
@@ -65,6 +66,7 @@ def test_a_sweep_ends_with_the_best_layout_and_what_to_do_next(swept):
     assert printed == [*spec.argv, *spec.workload.extra_args] and "--expert-model-parallel-size" in printed
 
 
+@pytest.mark.long
 def test_best_defaults_to_the_most_recent_sweep_and_says_so(swept):
     tmp, _, url = swept
     got = cli("best", url)
@@ -88,6 +90,7 @@ def test_best_defaults_to_the_most_recent_sweep_and_says_so(swept):
     assert "python -m orchestrator best --sweep older --flags" in got.stdout and "step p50 / p99" in got.stdout
 
 
+@pytest.mark.long
 def test_best_flags_train_is_the_training_run_and_plain_flags_says_it_measures(swept):
     """`best --flags --train`: the measured layout on conf/train/'s run (no mock data, a real tokenizer, the
     run's length, save/load, eval); plain `--flags` says on stderr that it is the measurement recipe."""
@@ -133,6 +136,7 @@ def test_best_flags_train_is_the_training_run_and_plain_flags_says_it_measures(s
     assert wrong.returncode == 2 and wrong.stderr.startswith("error: --train goes with --flags"), wrong.stderr
 
 
+@pytest.mark.long
 def test_best_of_a_sweep_that_does_not_exist_lists_the_sweeps(swept):
     _, _, url = swept
     for args in (["--sweep", "nosuch"], ["--stage", "16k"]):
@@ -143,6 +147,7 @@ def test_best_of_a_sweep_that_does_not_exist_lists_the_sweeps(swept):
     assert "no sweep named 'nosuch'" in cli("best", "--sweep", "nosuch", url).stderr
 
 
+@pytest.mark.long
 def test_cancel_of_a_finished_sweep_keeps_its_status(swept):
     tmp, _, url = swept
     got = cli("cancel", "older", url)
@@ -153,6 +158,7 @@ def test_cancel_of_a_finished_sweep_keeps_its_status(swept):
         assert not [e for e in led.events("older") if e.kind == "cancelled"]
 
 
+@pytest.mark.long
 def test_status_shows_local_jobs_running_while_the_round_goes_out_and_who_holds_the_lease(tmp_path):
     """6 jobs on 2 local slots: submit() waits for free slots, and the ledger must say `running` meanwhile
     (it said `queued 6 running 0` until the whole round had gone out)."""
@@ -204,6 +210,7 @@ if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
 
 
+@pytest.mark.long
 def test_best_gives_the_winners_evidence_bundle_beside_its_flags(swept):
     """`best --flags`: stdout is the flags alone (pipeable), stderr the bundle as `# ` lines; the JSON and the
     table carry it too. A twin sweep's versions are marked simulated; the env is what the ranks got."""
@@ -221,6 +228,7 @@ def test_best_gives_the_winners_evidence_bundle_beside_its_flags(swept):
     assert "Megatron commit" in table.stdout and "NCCL/NVTE env" in table.stdout
 
 
+@pytest.mark.long
 def test_the_console_command_runs_from_any_folder_with_its_own_name(tmp_path):
     """`dsv4-orchestrator` (pyproject's [project.scripts], installed by `make install`) is the CLI outside the
     checkout, where `python -m orchestrator` finds no module; its usage line carries the name it was called by."""

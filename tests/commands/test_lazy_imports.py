@@ -31,6 +31,7 @@ def test_help_imports_no_heavy_module(args):
     assert not set(HEAVY) & _loaded(*args), sorted(set(HEAVY) & _loaded(*args))
 
 
+@pytest.mark.long
 def test_the_check_sees_a_heavy_import():
     """The probe can fail: a command that composes a config loads Hydra and OmegaConf."""
     assert {"hydra", "omegaconf"} <= _loaded("plan", "+stage=smoke", "--format", "json")
@@ -53,6 +54,7 @@ def test_without_its_dependencies_one_line_names_the_venv(tmp_path):
         assert "source .venv/bin/activate" in lines[0] and "omegaconf" in lines[0], lines
 
 
+@pytest.mark.long
 def test_best_from_another_folder_says_where_it_looked_and_both_fixes(tmp_path):
     out = subprocess.run([sys.executable, "-m", "orchestrator", "best"], capture_output=True, text=True, cwd=tmp_path)
     lines = out.stderr.strip().splitlines()

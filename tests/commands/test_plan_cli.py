@@ -13,6 +13,8 @@ import sys
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
 
@@ -54,6 +56,7 @@ def test_bad_override_type():
     assert "stage.gpus" in r.stderr
 
 
+@pytest.mark.long
 def test_bad_argv_index():
     r = cli("+stage=1k", "--argv", "100000")
     assert r.returncode == 2 and "Traceback" not in r.stderr
@@ -63,6 +66,7 @@ def test_bad_argv_index():
     assert neg.returncode == 2 and "no such candidate" in neg.stderr and "Traceback" not in neg.stderr
 
 
+@pytest.mark.long
 def test_json_1k_contains_config_a():
     """The default hardware is h200: the memory model puts A at ~100 GB per GPU even with full recompute
     (see tests/plan/test_planner.py::test_config_a_on_1k), so on h100 A is rejected by mem.exceeds_hbm only."""
@@ -80,6 +84,7 @@ def test_json_1k_contains_config_a():
     assert "rank" not in out["candidates"][0]  # "rank" is a GPU rank, never the planner's order
 
 
+@pytest.mark.long
 def test_json_8k_contains_configs_b_and_c_and_rejects_b_with_vpp():
     r = cli("+stage=8k", "--format", "json", "--show-rejected", FIXED)
     assert r.returncode == 0, r.stderr
@@ -100,6 +105,7 @@ def test_json_8k_contains_configs_b_and_c_and_rejects_b_with_vpp():
     assert out["raw_count"] == len(out["candidates"]) + len(out["rejected"])
 
 
+@pytest.mark.long
 def test_1k_proposes_no_full_recompute_while_the_rule_holds_and_names_it():
     """`plan +stage=1k` on dev d48bd6be0a85 (the default: the rule holds): no full-recompute candidate, the
     header says why and what lifts it, and --show-rejected names the rule with its source."""
@@ -116,6 +122,7 @@ def test_1k_proposes_no_full_recompute_while_the_rule_holds_and_names_it():
     assert f"rule {RULE} holds until preflight finds Megatron-LM PR #6704" in shown.stdout
 
 
+@pytest.mark.long
 def test_table_header_columns_and_rejections():
     r = cli("+stage=8k", "--top", "5", "--show-rejected")
     assert r.returncode == 0, r.stderr
@@ -149,6 +156,7 @@ def test_table_header_columns_and_rejections():
     assert "mcore.vpp_group_bounds" in r.stdout and "interleaved VPP needs PP" in r.stdout
 
 
+@pytest.mark.long
 def test_csv_has_the_guide_columns():
     r = cli("+stage=1k", "--format", "csv", "--top", "3")
     assert r.returncode == 0, r.stderr
@@ -156,6 +164,7 @@ def test_csv_has_the_guide_columns():
     assert len(rows) == 3 and {"D_a", "m", "bubble", "T_group", "layer_pattern", "key"} <= set(rows[0])
 
 
+@pytest.mark.long
 def test_argv_prints_one_flag_per_line():
     r = cli("+stage=1k", "--argv", "0")
     assert r.returncode == 0, r.stderr
@@ -166,6 +175,7 @@ def test_argv_prints_one_flag_per_line():
     assert not any(line.startswith("--moe-enable-deepep") for line in lines)
 
 
+@pytest.mark.long
 def test_impossible_stage_is_one_clear_error():
     """N=1000 GPUs: no EP in the search divides it, so every layout breaks the expert grid."""
     r = cli("+stage=1k", "stage.gpus=1000")
@@ -178,6 +188,7 @@ def test_impossible_stage_is_one_clear_error():
     assert shown.returncode == 2 and json.loads(shown.stdout)["legal_count"] == 0
 
 
+@pytest.mark.long
 def test_impossible_stage_writes_no_ledger(tmp_path):
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     r = subprocess.run(
@@ -202,6 +213,7 @@ def test_impossible_stage_writes_no_ledger(tmp_path):
     assert not (tmp_path / "ledger.sqlite").exists() and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.long
 def test_identical_predictions_are_one_row_and_the_table_fits_the_terminal():
     """Issue 21: dispatcher pairs with identical predictions filled half the top 20; tables were forced to
     260 columns. A group is one row listing its candidates and counting the knob values they differ in;

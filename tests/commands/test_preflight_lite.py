@@ -3,6 +3,8 @@ module it imports first is refused before any job, in one `error:` line naming w
 
 from __future__ import annotations
 
+import pytest
+
 from orchestrator.job import preflight
 from tests.job.test_preflight import fake_dev_tree
 from tests.sweeplib import cli, ledger_url
@@ -17,6 +19,7 @@ def test_run_one_without_a_checkout_is_refused_before_any_job(tmp_path):
     assert not (tmp_path / "runs").exists()  # no job folder: nothing launched
 
 
+@pytest.mark.long
 def test_sweep_without_a_checkout_is_refused_before_anything_is_written(tmp_path):
     args = ["+stage=smoke", "workload=megatron", "cluster=local", f"ledger.url={ledger_url(tmp_path)}"]
     got = cli("sweep", *args, f"cluster.folder={tmp_path / 'runs'}", "--plain")

@@ -46,6 +46,7 @@ def check_summary(s: dict, tmp_path: Path) -> None:
     assert (job / "job.json").exists() and list(job.glob("rank-*.out"))
 
 
+@pytest.mark.long
 def test_run_one_local_json(tmp_path):
     proc = run_one(tmp_path, "--candidate", "0", "cluster=local", "--format", "json")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -59,6 +60,7 @@ def test_run_one_local_json(tmp_path):
     assert json.loads(again.stdout)["job_dir"].endswith("attempt-2")
 
 
+@pytest.mark.long
 def test_run_one_table_has_simulated_banner(tmp_path):
     proc = run_one(tmp_path, "--candidate", "1", "cluster=local")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -71,6 +73,7 @@ def test_run_one_bad_index_is_a_user_error(tmp_path):
     assert proc.stderr.strip().startswith("error: --candidate 100000 is out of range")
 
 
+@pytest.mark.long
 def test_run_one_reports_oom(tmp_path):
     proc = run_one(tmp_path, "--candidate", "0", "cluster=local", "--format", "json", "++workload.twin.force_oom=true")
     assert proc.returncode == 1

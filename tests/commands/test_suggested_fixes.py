@@ -56,6 +56,7 @@ def here(tmp_path, monkeypatch) -> Path:
 
 
 # ------------------------------------------------------------------------------- config errors: an override
+@pytest.mark.long
 @pytest.mark.parametrize(
     ("args", "pattern"),
     [
@@ -76,6 +77,7 @@ def test_an_override_a_config_error_suggests_then_plans(capsys, here, args, patt
         succeeds(capsys, "plan", *replaced(args, fix), "--top", "1")
 
 
+@pytest.mark.long
 def test_a_mistyped_key_is_told_the_key_that_then_plans(capsys, here):
     line = error_line(capsys, "plan", "+stage=smoke", "stage.budget.max_run=3")
     [key] = re.findall(r"did you mean '([^']+)'\?", line)
@@ -91,6 +93,7 @@ def test_a_mistyped_key_is_told_the_key_that_then_plans(capsys, here):
         ["plan", "+stage=custom", "hardware=gb200"],  # 4 GPUs a node: the example is the planner's, not 64 nodes
     ],
 )
+@pytest.mark.long
 def test_a_stage_size_error_names_a_stage_that_then_plans(capsys, here, args):
     line = error_line(capsys, *args)
     fixes = [f.split() for f in re.findall(r"`(\+stage=[^`]+)`", line)]
@@ -100,6 +103,7 @@ def test_a_stage_size_error_names_a_stage_that_then_plans(capsys, here, args):
         succeeds(capsys, "plan", *fix, *keep, "--top", "1")
 
 
+@pytest.mark.long
 def test_a_sweep_without_a_stage_names_a_sweep_that_then_prices(capsys, here):
     line = error_line(capsys, "sweep", "cluster=local", "--plain")
     [fix] = commands(line)
@@ -113,6 +117,7 @@ def test_an_in_memory_ledger_names_a_file_that_then_opens(capsys, here):
     assert (here / "ledger.sqlite").is_file()
 
 
+@pytest.mark.long
 def test_a_missing_ledger_names_the_command_that_makes_one(capsys, here):
     line = error_line(capsys, "status")
     [fix] = commands(line)
@@ -141,6 +146,7 @@ def in_swept(swept, monkeypatch) -> Path:
     "args",
     [["best", "--train"], ["export"]],
 )
+@pytest.mark.long
 def test_a_command_missing_a_flag_names_the_command_that_then_succeeds(capsys, in_swept, args, tmp_path):
     if args[0] == "export":
         pytest.importorskip("mlflow")
@@ -161,6 +167,7 @@ def test_a_command_missing_a_flag_names_the_command_that_then_succeeds(capsys, i
         (["best", "--sweep", "nosuch"], ["best", "--sweep", "smk"]),
     ],
 )
+@pytest.mark.long
 def test_an_unknown_sweep_name_lists_the_known_ones_that_then_answer(capsys, in_swept, wrong, right):
     line = error_line(capsys, *wrong)
     assert re.search(r"(known|sweeps): smk\b", line), line
@@ -197,6 +204,7 @@ class Submitted(Exception):
     """The stand-in partition took a submission: the partition check passed."""
 
 
+@pytest.mark.long
 def test_a_stage_bigger_than_the_partition_names_a_sweep_that_runs_there(capsys, here, small_partition):
     """The issue's case: a 1k sweep on a 4-node partition was told `stage.gpus=32`, at which 1k has no legal
     layout; the fix named now plans (its dry run prices it) and gets past the partition to its first submission."""

@@ -62,6 +62,7 @@ def test_every_published_row_names_its_source_release_model_and_system():
     ]
 
 
+@pytest.mark.long
 def test_a_release_both_fitted_and_held_out_is_refused(tmp_path):
     data = yaml.safe_load(V.PUBLISHED.read_text())
     data["held_out_releases"] = ["25.09", "25.11"]
@@ -71,6 +72,7 @@ def test_a_release_both_fitted_and_held_out_is_refused(tmp_path):
         V.load_rows(bad)
 
 
+@pytest.mark.long
 def test_a_release_neither_fitted_nor_held_out_is_refused(tmp_path):
     data = yaml.safe_load(V.PUBLISHED.read_text())
     data["held_out_releases"] = [r for r in data["held_out_releases"] if r != "26.08"]
@@ -95,6 +97,7 @@ def gb200_results():
     return [V.predict(r) for r in V.load_rows() if r.system == "gb200"]
 
 
+@pytest.mark.long
 def test_the_held_out_rows_are_never_fitted(gb200_results):
     """Perturbing a 25.09 row's measurement leaves every factor unchanged; perturbing a fit row moves GB200's."""
     base = V.fit_factors(gb200_results)
@@ -118,6 +121,7 @@ def test_the_held_out_rows_are_never_fitted(gb200_results):
     assert ratios[0] <= base["gb200"] <= ratios[-1]
 
 
+@pytest.mark.long
 def test_nvidias_layout_is_ranked_among_the_legal_layouts_of_its_row(gb200_results):
     for r in gb200_results:
         assert 0 <= r.rank < r.legal and 0.0 <= r.rank_pct < 1.0
@@ -126,6 +130,7 @@ def test_nvidias_layout_is_ranked_among_the_legal_layouts_of_its_row(gb200_resul
             assert r.reason().startswith(("a rule rejects it", "the planner ranks"))
 
 
+@pytest.mark.long
 def test_validate_json_prints_one_object_per_row_with_the_fields():
     out = subprocess.run(
         [sys.executable, "-m", "orchestrator", "validate", "--format", "json", "--model", "qwen3_30b_a3b"],
@@ -158,6 +163,7 @@ def test_validate_refuses_overrides_with_one_error_line():
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: validate takes no config overrides")
 
 
+@pytest.mark.long
 def test_validate_groups_gives_each_feature_value_its_rows_median_error(gb200_results):
     """`validate --format groups`: one line per feature, each value with its row count and median signed error."""
     V.calibrate(gb200_results)
@@ -172,6 +178,7 @@ def test_validate_groups_gives_each_feature_value_its_rows_median_error(gb200_re
         assert f"flex:hybridep: {len(hybrid)}, {med:+.0%} /" in by["dispatcher"]
 
 
+@pytest.mark.long
 def test_held_out_rows_are_reported_per_release(gb200_results):
     """The table's per-release held-out line: each held-out release with its own rows' median |error|, and no
     fit release among them (25.09's token-drop rows and the newer dropless ones are not averaged together)."""

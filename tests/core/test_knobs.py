@@ -160,6 +160,7 @@ def test_plan_command_rows_and_columns_come_from_the_registry():
     assert "capacity_factor" not in knobs.columns() and "capacity_factor" in knobs.columns(["capacity_factor"])
 
 
+@pytest.mark.long
 def test_plan_table_shows_a_knob_the_stage_varies():
     cmd = [sys.executable, "-m", "orchestrator", "plan", "+stage=1k", "--top", "2"]
     one = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -304,6 +305,7 @@ print(sorted(k for k, ok in checks.items() if not ok))
 """
 
 
+@pytest.mark.long
 def test_a_new_knob_needs_the_registry_and_a_migration_only(tmp_path):
     """The issue's claim, run: one field added to the registry (an FP8 recipe) reaches SearchConfig, the
     planner and its space, argv both ways, the label, the ledger model, `compare`, the plan rows and the

@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from sqlalchemy import JSON, Boolean, Double, Integer, String, Text
 
 from orchestrator.core import metrics
@@ -140,6 +141,7 @@ print(sorted(k for k, ok in checks.items() if not ok))
 """
 
 
+@pytest.mark.long
 def test_a_new_metric_needs_the_registry_its_field_and_a_migration_only(tmp_path):
     """One row added to the registry (an NCCL bus bandwidth) and its JobResult field reach the ledger model,
     `compare` (sorted best first), `best`'s evidence and the report; what is left is one Alembic revision adding

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from orchestrator.core.megatron import TESTED_COMMIT
 from orchestrator.evidence import bundle
 from orchestrator.ledger import queries
@@ -79,6 +81,7 @@ def test_the_twins_bundle_is_marked_simulated():
         assert rows[name].startswith("simulated") and "the twin runs no Megatron" in rows[name], rows[name]
 
 
+@pytest.mark.long
 def test_the_ledger_keeps_the_bundle_and_the_report_shows_it(ledger_url, tmp_path):
     """Stored with the result (versions JSON, run_env revision 0008) on SQLite and PostgreSQL, read back by
     `best`, shown in the report's decision card."""

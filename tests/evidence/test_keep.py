@@ -8,6 +8,8 @@ from __future__ import annotations
 import io
 import tracemalloc
 
+import pytest
+
 import orchestrator.evidence.parse as parse
 from orchestrator.evidence import metrics
 from orchestrator.evidence.keep import Keep
@@ -132,6 +134,7 @@ def test_carriage_return_progress_is_read_segment_by_segment(monkeypatch):
     assert [type(r).__name__ for r in recs] == ["OOMRecord", "IterationRecord"]
 
 
+@pytest.mark.long
 def test_parse_allocations_stay_flat_as_the_log_grows(monkeypatch, tmp_path):
     monkeypatch.setattr(parse, "_CHUNK", 64 << 10)
     keep = Keep(window=WINDOW, timers=("save-checkpoint",))

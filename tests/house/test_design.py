@@ -12,6 +12,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("orchestrator",)
 BLOCK = re.compile(r"<!-- import-graph -->\n```text\n(.*?)```", re.S)
@@ -66,6 +68,7 @@ def render(edges: dict[str, set[str]]) -> str:
     return "".join(f"{src} -> {' '.join(sorted(dsts))}\n" for src, dsts in sorted(edges.items()))
 
 
+@pytest.mark.long
 def test_design_md_draws_the_real_import_graph():
     match = BLOCK.search((ROOT / "DESIGN.md").read_text())
     assert match, "DESIGN.md lost its <!-- import-graph --> block"
@@ -83,6 +86,7 @@ def test_the_layers_import_only_what_lies_below():
     assert edges["orchestrator/ledger"] <= {"orchestrator/core"}
 
 
+@pytest.mark.long
 def test_the_search_never_reads_the_ledger():
     """The sweep turns ledger rows into observations; a searcher sees only those."""
     assert "orchestrator/ledger" not in actual_graph()["orchestrator/search"]
@@ -97,6 +101,7 @@ def test_a_searcher_never_schedules_and_the_driver_never_builds_a_task_itself():
     assert "orchestrator/job" not in edges["orchestrator/sweep"] | edges["orchestrator/commands"]
 
 
+@pytest.mark.long
 def test_the_room_graph_has_no_cycle():
     """No two rooms import each other, directly or around a loop: every arrow runs down a floor."""
     edges = actual_graph()
@@ -115,6 +120,7 @@ def test_the_room_graph_has_no_cycle():
             visit(node, [])
 
 
+@pytest.mark.long
 def test_a_backend_is_reached_only_through_the_registry():
     """A launcher backend is a plug-in (orchestrator/launch/registry.py): no room imports a backend's folder, not
     config, preflight or the sweep, not even launch/auto, which loads the folders it finds; each asks the registry."""
@@ -187,6 +193,7 @@ def module_cycles(edges: dict[str, set[str]]) -> set[tuple[str, ...]]:
     return out
 
 
+@pytest.mark.long
 def test_no_new_module_cycle():
     """Inside a room too, modules import one way: the driver's test fault hook lives in sweep/faults.py, so
     sweep/decide.py no longer imports sweep/loop.py (which imports decide)."""
@@ -207,6 +214,7 @@ HISTORY_MAY_IMPORT = {
 WRITES = re.compile(r"^(log_event|set_|add_|record|requeue|redecide|claim|new_attempt|bind_launcher|launched|release)")
 
 
+@pytest.mark.long
 def test_the_past_is_a_read_only_floor_under_the_driver():
     """orchestrator/history reads the ledger, core and the search's types, never the driver, the schedule or a
     launcher, and writes nothing; the driver, `status` and the report read the past from it, and the report

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -38,6 +40,7 @@ def test_the_check_sees_a_mixin(tmp_path):
     assert found["orchestrator/a.py:Ledger"] == ["Leases", "Evidence"] and found["orchestrator/a.py:Row"] == ["Leases"]
 
 
+@pytest.mark.long
 def test_no_class_is_split_into_mixins():
     bases = project_bases(ROOT / "orchestrator")
     mixed = {name: b for name, b in bases.items() if len(b) > 1}

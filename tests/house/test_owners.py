@@ -14,6 +14,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "orchestrator"
 RANKING = PACKAGE / "core" / "ranking.py"
@@ -111,11 +113,13 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     assert hour_formulas(COST)  # the owner itself has the formula
 
 
+@pytest.mark.long
 def test_no_other_best_sort_over_measurements():
     found = [hit for p in _files(PACKAGE) if p != RANKING and not _pending(p, "ranking") for hit in best_sorts(p)]
     assert not found, "rank with orchestrator.core.ranking (ranked / best / ordered) instead:\n" + "\n".join(found)
 
 
+@pytest.mark.long
 def test_no_other_gpu_hour_formula():
     roots = (PACKAGE, ROOT / "tests" / "bench")
     found = [
@@ -157,6 +161,7 @@ def event_literals(path: Path) -> list[str]:
     return out
 
 
+@pytest.mark.long
 def test_every_event_kind_is_an_event_kind_member(tmp_path):
     """One owner for the words of the event table: no module types a kind as a string (tests may log their own)."""
     probe = tmp_path / "probe.py"

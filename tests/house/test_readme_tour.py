@@ -5,24 +5,9 @@ tour's own lines, so the Slurm cluster of this machine is not used."""
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-
-
-def tour_commands(text: str) -> list[str]:
-    """The command lines of the marked block (one command a line, comments and all)."""
-    found = re.search(r"<!-- tour\b[^>]*-->\s*```bash\n(.*?)```\s*<!-- /tour -->", text, re.S)
-    assert found, "README.md has no tour block (<!-- tour ... --> ```bash ... ``` <!-- /tour -->)"
-    return [line for line in found[1].splitlines() if line.strip() and not line.lstrip().startswith("#")]
+from tests.tour import GROUP, README, tour_commands
 
 
 def test_the_tour_block_is_marked_and_shows_the_decision():
@@ -35,27 +20,23 @@ def test_the_tour_block_is_marked_and_shows_the_decision():
     assert not [c for c in cmds if ">" in c.split("#")[0]], "a tour line redirects into a file in the checkout"
 
 
+@pytest.mark.long
+@pytest.mark.xdist_group(GROUP)  # the tour's run is shared with tests/job/test_probe_conformance.py
 @pytest.mark.timeout(2400)  # the tour's 1k and 8k sweeps took 388 s of the 900 s limit on a loaded CI machine
-def test_every_tour_command_runs_as_written(tmp_path):
+def test_every_tour_command_runs_as_written(readme_tour):
     """The whole tour in order (later lines read what earlier ones wrote), each exit 0."""
-    venv_bin = Path(sys.executable).parent  # `make test` runs pytest with .venv/bin/python
-    env = {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env["VIRTUAL_ENV"] = str(venv_bin.parent)
-    env.pop("PYTHONPATH", None)  # as a user's shell: the project is importable from the venv alone
-    took = []
-    for cmd in tour_commands(README.read_text()):
-        t0 = time.monotonic()
-        r = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-        took.append(f"{time.monotonic() - t0:5.1f}s  {cmd.split('#')[0].strip()}")
-        assert r.returncode == 0, f"`{cmd}` exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    readme_tour.require_complete()
+    assert [s.cmd for s in readme_tour.steps] == tour_commands(README.read_text())
+    tmp_path = readme_tour.folder
+    for step in readme_tour.steps:
+        cmd, out, err = step.cmd, step.stdout, step.stderr
         if "--dry-run" in cmd:  # the price before the spend, and nothing written
-            assert "GPU-hours" in r.stdout and "days of the stage's" in r.stdout, r.stdout[-2000:]
-            assert not (tmp_path / "ledger.sqlite").exists()
+            assert "GPU-hours" in out and "days of the stage's" in out, out[-2000:]
+            assert "ledger.sqlite" not in step.after, step.after
         elif " sweep " in cmd:  # a sweep ends by saying what to do next
-            assert "best layout (measured, simulated)" in r.stdout and "the report" in r.stdout, r.stdout[-2000:]
+            assert "best layout (measured, simulated)" in out and "the report" in out, out[-2000:]
         if cmd.split("#")[0].strip() == "python -m orchestrator best":
-            assert "best of sweep 1k-dsv4_pro-h200" in r.stderr, r.stderr
+            assert "best of sweep 1k-dsv4_pro-h200" in err, err
         if "--flags" in cmd:
-            assert "--expert-model-parallel-size" in r.stdout, r.stdout
+            assert "--expert-model-parallel-size" in out, out
     assert (tmp_path / "reports" / "8k-dsv4_pro-h200" / "report.html").is_file()
-    print("\n".join(took))

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 PROBES = """
@@ -70,6 +72,7 @@ def pytest_configure(config):
 """
 
 
+@pytest.mark.long
 def test_check_tier_fails_a_test_that_reaches_a_service_without_its_marker(tmp_path):
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_probes.py").write_text(PROBES)
@@ -184,3 +187,22 @@ def test_bench_suite_sums_each_slurm_lane():
     run = Run("test", 30.0, "2026-01-01T00:00:00", cases)
     assert lanes(run) == {"slurm": 15.0, "slurm-test_launch_slurm": 7.0}
     assert run.count("passed") == 3 and run.count("failure") == 1
+
+
+def test_bench_suite_names_the_check_tiers_long_tests_and_only_there():
+    from tests.bench.bench_suite import LONG_S, Case, Run, unmarked_long
+
+    cases = (Case("tests.a::test_slow", LONG_S + 1, "passed"), Case("tests.a::test_fast", LONG_S / 2, "passed"))
+    assert [c.nodeid for c in unmarked_long(Run("check", 9.0, "2026-01-01T00:00:00", cases))] == ["tests.a::test_slow"]
+    assert unmarked_long(Run("test", 9.0, "2026-01-01T00:00:00", cases)) == []  # make test runs the long ones
+
+
+def test_make_check_deselects_the_long_marker_and_pyproject_declares_it():
+    """The fast tier's filter: the services' markers and `long` (its tests run in `make test` only)."""
+    makefile = (ROOT / "Makefile").read_text()
+    line = next(ln for ln in makefile.splitlines() if ln.startswith("CHECK_MARKERS :="))
+    assert {"not slurm", "not postgres", "not chromium", "not long"} <= {
+        p.strip() for p in line.split(":=")[1].split(" and ")
+    }
+    assert '-m "$(CHECK_MARKERS)"' in makefile
+    assert '"long: ' in (ROOT / "pyproject.toml").read_text()

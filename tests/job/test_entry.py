@@ -122,6 +122,7 @@ def test_master_port_stays_below_ephemeral_ports(tmp_path):
     assert master_port(spec, None) == 29500
 
 
+@pytest.mark.long
 @pytest.mark.timeout(120)
 def test_failure_surfaces_through_submitit_local_executor(tmp_path):
     """The function submitit runs: a non-zero workload exit is a failed submitit job."""

@@ -27,6 +27,7 @@ def test_run_sh_is_valid_bash_and_refuses_without_a_checkout(tmp_path):
     assert proc.returncode == 2 and "error: no pretrain_hybrid.py" in proc.stderr
 
 
+@pytest.mark.long
 def test_gpu_tests_skip_without_cuda():
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rs"],
@@ -88,6 +89,7 @@ def test_summary_reads_every_step_and_reports_failures(tmp_path):
     assert doc["gemm"]["rows"] == [{"tokens_per_expert": 16}] and doc["argv_verdict"] is None
 
 
+@pytest.mark.long
 def test_gemm_smoke_prints_measured_beside_the_planner(tmp_path):
     """Without CUDA the step refuses to report a figure; --smoke runs the same grouped-GEMM code on tiny
     shapes, and every row carries the planner's efficiency for that batch (steptime.expert_efficiency)."""
@@ -212,6 +214,7 @@ def test_tier_b_packs_into_calls_and_the_device_checks_every_piece(tmp_path):
         devcarry.receive(2, damaged.parent, store)
 
 
+@pytest.mark.long
 def test_every_emulated_rank_gets_its_exact_tokens_per_expert():
     """One GPU stands for one EP rank: its E/EP experts receive k T EP / E tokens each, T = b S / CP, which is
     the planner's T_expert (moe.t_expert); past EP = E/k the layer routes top-(E/EP) over more tokens."""
@@ -257,6 +260,7 @@ def test_hadamard_standin_is_the_hadamard_transform():
     assert torch.allclose(g.grad, (torch.ones(4, 32) @ hadamard(32)) * 0.5)
 
 
+@pytest.mark.long
 def test_tier_a_dry_run_writes_every_step_and_sets_measured_beside_predicted(tmp_path):
     """Tier A end to end on CPU: the carried wheels install for cp312 x86-64, dev's MoELayer (the installed
     megatron-core here) runs each emulated rank, the GPT-MoE step goes through orchestrator.job.entry ->
@@ -278,6 +282,7 @@ def test_tier_a_dry_run_writes_every_step_and_sets_measured_beside_predicted(tmp
     assert gpt["result"]["measure_iters"] == 5 and gpt["result"]["simulated"]  # the stand-in says what it is
 
 
+@pytest.mark.long
 def test_tier_b_dry_run_over_its_calls(tmp_path):
     """Tier B call by call on CPU: each call checks its pieces, call 1 starts the extension build in the
     background, the last reassembles the wheel and runs te, argv, preflight, run-one (the twin, dry) and the

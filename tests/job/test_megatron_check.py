@@ -40,12 +40,14 @@ def drop(argv: list[str], flag: str) -> list[str]:
     return argv[:i] + argv[i + 2 :]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_guide_configs_are_training_ready(megatron, name):
     layout, stage = CONFIGS[name]
     assert MC.check_candidate(build(layout, stage), stage.gpus) is None
 
 
+@pytest.mark.long
 def test_plan_argv_0_carries_the_recipe_and_megatron_accepts_it(megatron):
     """`plan +stage=1k --argv 0` (the CLI) has --lr and the overlap / fusion flags, and is training-ready."""
     out = subprocess.run(
@@ -85,6 +87,7 @@ def train_argv(name: str = "A", **changes) -> tuple[list[str], int]:
     return argv, stage.gpus
 
 
+@pytest.mark.long
 def test_the_training_run_is_training_ready_with_its_schedule(megatron):
     """The training run's argv (DeepSeek-V3's warm-up and cosine, a seed, TensorBoard and W&B) passes
     0.19.2's parse_args, validate_args and the LR scheduler's construction; a warm-up as long as the decay is
@@ -95,6 +98,7 @@ def test_the_training_run_is_training_ready_with_its_schedule(megatron):
     assert "AssertionError" in (MC.check_candidate(short, world) or "")
 
 
+@pytest.mark.long
 def test_no_lr_fails_in_megatrons_scheduler(megatron):
     """--lr defaults to None (megatron/training/arguments.py:3892-3894 at dev d48bd6be0a85) and the scheduler
     does float(max_lr) (megatron/core/optimizer_param_scheduler.py:158; :148 in 0.19.2): setup dies."""
@@ -103,6 +107,7 @@ def test_no_lr_fails_in_megatrons_scheduler(megatron):
     assert msg is not None and msg.startswith("TypeError: float()")
 
 
+@pytest.mark.long
 def test_megatrons_own_messages_come_back(megatron):
     layout, stage = CONFIGS["A"]
     argv = build(layout, stage)
@@ -114,6 +119,7 @@ def test_megatrons_own_messages_come_back(megatron):
     assert "--overlap-param-gather only supported" in (MC.check_candidate(forced, stage.gpus) or "")
 
 
+@pytest.mark.long
 def test_megatron_parses_the_recipe_and_builds_the_optimizer_state_the_memory_model_counts(megatron):
     """Megatron's own optimizer config from the parsed args: Adam with FP32 master weights and FP32 moments
     (no precision-aware optimizer) = memory.ADAM_BYTES per parameter; FP32 main grads for bf16
@@ -150,6 +156,7 @@ def test_megatron_parses_the_recipe_and_builds_the_optimizer_state_the_memory_mo
     assert args.distributed_timeout_minutes == A.distributed_timeout_minutes(RECIPE, stage.gpus) == 64
 
 
+@pytest.mark.long
 def test_overlap_off_in_the_recipe_is_off_in_megatron(megatron):
     layout, stage = CONFIGS["C"]
     argv = A.megatron_argv(
@@ -193,6 +200,7 @@ def offloading_argvs(every: bool = False) -> list[tuple[str, list[str], int, dic
     return out
 
 
+@pytest.mark.long
 def test_megatron_sees_the_node_te_version_and_asserts_the_offload_env(megatron):
     """Megatron's offload assertion (arguments.py:2126-2133 at dev; :1858 in 0.19.2) gates on the TE version it
     sees: with TE 2.13 assumed an offloading argv passes only in its job environment (NVTE_CPU_OFFLOAD_V1=1),
@@ -209,6 +217,7 @@ def test_megatron_sees_the_node_te_version_and_asserts_the_offload_env(megatron)
     assert "NVTE_CPU_OFFLOAD_V1" not in os.environ  # the job's env was applied while Megatron read it, then undone
 
 
+@pytest.mark.long
 def test_dev_accepts_the_packed_data_at_cp1_and_every_kind_of_offloading_argv_with_te_2_13(tmp_path):
     """Megatron dev's own parse_args + validate_args + optimizer/scheduler setup (the exported dev tree first
     on sys.path, TE 2.13 assumed): the guide's A and B (CP1, now on the packed THD path) and C (CP4), and one

@@ -31,6 +31,7 @@ def fixed():
     return megatron_tree(DEV, apply=(PR_6704_FIX,))
 
 
+@pytest.mark.long
 def test_dev_full_recompute_drops_input_ids_and_the_hash_router_asserts(dev):
     out = run_in_tree(dev, "tests.job.recompute_probe")
     assert out["wrapper"] == "HyperConnectionHybridLayer" and out["hash_layer"]
@@ -40,11 +41,13 @@ def test_dev_full_recompute_drops_input_ids_and_the_hash_router_asserts(dev):
     assert path == "megatron/core/transformer/moe/router.py" and int(line) in ROUTER_ASSERT, out
 
 
+@pytest.mark.long
 def test_the_fix_of_pr_6704_runs_full_recompute_forward_and_backward(fixed):
     out = run_in_tree(fixed, "tests.job.recompute_probe")
     assert out["control_ok"] and not out["crashed"] and out["backward"], out
 
 
+@pytest.mark.long
 def test_preflight_reads_the_fix_from_the_checkouts_code(dev, fixed, tmp_path):
     assert checkout.recompute_keeps_input_ids(dev) is False
     assert checkout.recompute_keeps_input_ids(fixed) is True

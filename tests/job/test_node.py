@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from orchestrator.core.megatron import TESTED_COMMIT
 from orchestrator.core.paths import JobPaths
 from orchestrator.job import megatron_run, node
@@ -29,6 +31,7 @@ def test_facts_name_the_commit_the_container_and_only_the_perf_env(tmp_path, mon
     assert "megatron_commit" not in node.versions(tmp_path)  # no git metadata: nothing made up
 
 
+@pytest.mark.long
 def test_a_real_jobs_sidecar_records_the_node_facts(tmp_path, monkeypatch):
     root = git_checkout(tmp_path / "megatron-lm", TESTED_COMMIT)
     monkeypatch.setenv("NCCL_DEBUG", "WARN")
@@ -39,6 +42,7 @@ def test_a_real_jobs_sidecar_records_the_node_facts(tmp_path, monkeypatch):
     assert doc["node"]
 
 
+@pytest.mark.long
 def test_the_job_environment_names_the_container_image(smoke):
     from orchestrator.config import compose
     from orchestrator.runspec import build_spec

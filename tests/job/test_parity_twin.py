@@ -54,6 +54,7 @@ def _verdict(cfg, mine, ref) -> parity.Parity:
     )
 
 
+@pytest.mark.long
 def test_cp2_matches_its_cp1_reference(tmp_path):
     cfg, mine, ref = _pair(tmp_path)
     v = _verdict(cfg, mine, ref)

@@ -31,6 +31,7 @@ def by_name(rows) -> dict:
     return {r["name"] if isinstance(r, dict) else r.name: r for r in rows}
 
 
+@pytest.mark.long
 def test_installed_wheel_fails_naming_the_missing_v4_modules(capsys):
     """Against megatron-core 0.19.2 (this machine): non-zero, and every missing dev module is named."""
     rc = cli.main(["preflight", "+stage=1k", "workload=megatron", "cluster=local", "--format", "json"])
@@ -56,6 +57,7 @@ def test_fake_dev_tree_passes_the_v4_rows(tmp_path):
     assert [r.name for r in rows if r.status is CheckStatus.FAIL] == ["V4: hash routing"]
 
 
+@pytest.mark.long
 def test_fake_dev_tree_through_the_command(tmp_path, capsys):
     """The same rows through the launcher (a local job) with workload.command pointing at the fake tree."""
     entry = fake_dev_tree(tmp_path / "megatron-lm")
@@ -77,6 +79,7 @@ def test_fake_dev_tree_through_the_command(tmp_path, capsys):
     assert all(rows[f"V4: {m.what}"]["status"] == "pass" for m in job.V4_MODULES)
 
 
+@pytest.mark.long
 def test_request_lists_every_kept_candidate_and_what_the_space_needs():
     from orchestrator.config import compose
 
@@ -251,6 +254,7 @@ def test_fast_hadamard_transform_is_checked_and_its_fix_says_the_sdist_is_a_stub
     sys.modules.pop("fast_hadamard_transform", None)
 
 
+@pytest.mark.long
 def test_request_asks_for_te_2_13_hadamard_and_validates_what_a_fixed_megatron_would_run():
     from orchestrator.config import compose
 
@@ -264,6 +268,7 @@ def test_request_asks_for_te_2_13_hadamard_and_validates_what_a_fixed_megatron_w
     assert off and all(c.env.get("NVTE_CPU_OFFLOAD_V1") == "1" for c in off)
 
 
+@pytest.mark.long
 def test_preflight_lifts_a_rule_only_where_the_checkout_carries_the_fix(tmp_path):
     """The node's rows and report: dev d48bd6be0a85 (the rule holds: a warning) and dev with PR #6704's fix
     (lifted), each with its commit recorded; the report keeps both through save/load."""
@@ -297,6 +302,7 @@ def test_preflight_lifts_a_rule_only_where_the_checkout_carries_the_fix(tmp_path
     assert back.lifted == report.lifted and back.megatron == report.megatron
 
 
+@pytest.mark.long
 def test_pr_6756_makes_dsv4_hybrid_an_invalid_choice_and_preflight_says_so(tmp_path):
     """PR #6756 ("merge main into dev", open) as it stands: its parser refuses the V4 argv (invalid choice
     'dsv4_hybrid'), so preflight's Megatron row fails with that message and rejects every candidate, and its V4

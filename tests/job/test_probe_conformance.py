@@ -25,12 +25,12 @@ from orchestrator.plan.layout import Layout
 from orchestrator.runspec import build_spec
 from orchestrator.search.env import PlanEnv
 from orchestrator.sweep.preview import preview
+from tests import tour
 from tests.megatron_env import DEV, MIRROR, megatron_tree, mirror_has, run_in_tree
 
-# The heaviest integration test of the suite (two sweeps, then dev's code on every probed rank): on a loaded
-# 2-core CI machine it outlasted the suite's 900 s per-test limit (the limit guards against hangs, not speed).
+# The heaviest integration tests of the suite (the README tour's two sweeps, then dev's code on every probed rank):
+# on a loaded 2-core CI machine they outlasted the suite's 900 s per-test limit (it guards against hangs, not speed).
 pytestmark = pytest.mark.timeout(2400)
-NO_GATE = "parity.enabled=false"
 
 
 def tree():
@@ -103,41 +103,40 @@ def faithful(result: dict) -> list[str]:
     return wrong
 
 
-def test_every_pp_probe_of_a_default_1k_and_8k_twin_sweep_runs_on_dev_as_its_job_installs_it(tmp_path):
-    """The probe jobs a sweep launched, read back from their folders: argv, environment (the mode as the job
-    installs it: probe_mode.from_env) and ranks from job.json; the mode each ran with from its sidecars."""
-    import subprocess
-    import sys
-
+@pytest.mark.long
+@pytest.mark.xdist_group(tour.GROUP)  # the README tour's run (tests/tour.py), shared with its own test
+def test_every_pp_probe_of_the_tours_1k_and_8k_sweeps_runs_on_dev_as_its_job_installs_it(readme_tour, tmp_path):
+    """The probe jobs the README tour's default 1k and 8k twin sweeps launched (8k promotes the 1k winners), read
+    back from their folders: argv, environment (the mode as the job installs it: probe_mode.from_env) and ranks
+    from job.json; the mode each ran with from its sidecars. The finalists' parity jobs are full-window jobs, no
+    probes; the tour's slice sweep is left out."""
     from orchestrator.core.spec import JobSpec
 
-    for stage in ("1k", "8k"):  # 8k promotes the 1k winners, as the README's tour runs them
-        done = subprocess.run(
-            # the finalists' parity jobs are full-window jobs, no probes: the gate is left out, its time with it
-            [sys.executable, "-m", "orchestrator", "sweep", f"+stage={stage}", "cluster=local", NO_GATE],
-            cwd=tmp_path, capture_output=True, text=True, timeout=1800,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-2000:]
+    readme_tour.require_complete()
+    runs = readme_tour.folder / "runs"
     cases, folders = [], []
-    for path in sorted((tmp_path / "runs").rglob("job.json")):
+    for path in sorted(runs.rglob("job.json")):
+        if path.relative_to(runs).parts[0].split("-")[0] not in ("1k", "8k"):
+            continue
         spec = JobSpec.load(path)
         if not spec.probe_ranks or Layout.from_dict(spec.layout).pp == 1:
             continue
         folders.append(path.parent)
         mode, _ = probe_mode.from_env(spec.env)
         for r in spec.probe_ranks:
-            cases.append(spec_case(spec, r, mode or probe.OFF, f"{path.parent.relative_to(tmp_path)} r{r}"))
+            cases.append(spec_case(spec, r, mode or probe.OFF, f"{path.parent.relative_to(runs)} r{r}"))
         said = {ln for p in path.parent.glob("rank-*.out") for ln in p.read_text().splitlines() if "probe mode" in ln}
         assert said and all(ln.startswith(probe.mode_line(probe.MODE)) for ln in said), (path.parent, said)
         sidecars = [json.loads(p.read_text()) for p in path.parent.glob("sidecar-rank-*.json")]  # none after an OOM
         assert all(s["probe_mode"]["mode"] == probe.MODE for s in sidecars), path.parent
-    assert {f.relative_to(tmp_path / "runs").parts[0].split("-")[0] for f in folders} == {"1k", "8k"}, folders
+    assert {f.relative_to(runs).parts[0].split("-")[0] for f in folders} == {"1k", "8k"}, folders
     results = run_cases(cases, tmp_path, "sweeps")
     bad = {k: w for k, r in results.items() if (w := faithful(r))}
     assert not bad, bad
     assert all(r["pipeline"]["variable_seq_lengths"] for r in results.values())  # dev would exchange shapes
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("stage", ["16k"])  # 1k and 8k: every probe their sweeps launch, above
 def test_round0_probes_run_on_dev_with_the_probe_mode(stage, tmp_path):
     cases = round0_cases(stage, probe.MODE)
@@ -153,6 +152,7 @@ def test_round0_probes_run_on_dev_with_the_probe_mode(stage, tmp_path):
         assert counts.get("dispatches_balanced", 0) >= (1 if r.get("experts") else 0), r
 
 
+@pytest.mark.long
 def test_without_the_mode_dev_fails_as_a_real_probe_does(tmp_path):
     """The guard guards something: the same argv, no mode, dev's own code."""
     cases = [c for c in round0_cases("1k", probe.OFF)][:4]  # one PP>1 layout's first and last stage, and another's

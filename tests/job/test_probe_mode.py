@@ -124,6 +124,7 @@ def test_balanced_counts_and_the_static_shape():
     assert probe_mode.static_shape(cfg, 3, 8) == [2048, 1, 7168 * 4]
 
 
+@pytest.mark.long
 def test_the_code_points_are_read_from_megatrons_code_and_a_moved_one_is_named(tmp_path):
     dev = megatron_tree(DEV, paths=("megatron",))
     assert probe_mode.check_tree(dev) == []
@@ -164,6 +165,7 @@ def test_preflight_says_whether_the_probe_mode_can_install_on_the_checkout(tmp_p
     assert row.status is CheckStatus.FAIL and "is missing" in row.detail and "workload.probe_mode=none" in row.fix
 
 
+@pytest.mark.long
 def test_the_job_wrapper_installs_the_mode_in_megatrons_interpreter_before_the_entry_runs(tmp_path):
     """orchestrator/job/megatron_run.main beside dev's own `megatron/` (tests/job/probe_mode_run.py): the entry
     script finds dev's P2PCommunicator and dispatcher changed, the first line and the sidecar name the mode; a mode

@@ -45,6 +45,7 @@ def test_the_bounding_ranks_are_the_first_and_last_stage_and_the_heaviest():
         assert ranks.coords(lay, 1024, r)["pp"] in (0, 5, 7)
 
 
+@pytest.mark.long
 def test_a_rank_probe_job_runs_each_bounding_rank_alone_and_reads_its_memory(piped, tmp_path):
     cfg, planned, bound = piped
     n = cfg.stage.gpus

@@ -96,6 +96,7 @@ def tokens(torch, seed=0):
     return torch.randn(TOKENS, BATCH, HIDDEN, generator=g, requires_grad=True)
 
 
+@pytest.mark.long
 def test_capacity_factor_drops_are_counted(cpu_megatron):
     torch = cpu_megatron
     router, counter = make_router(capacity_factor=0.5), instrument.RouterCounter()
@@ -117,6 +118,7 @@ def test_capacity_factor_drops_are_counted(cpu_megatron):
     assert r["moe_layers"] == 1 and r["microbatches"] == 1 and r["window"]["counting"] == "all"
 
 
+@pytest.mark.long
 def test_dropless_counts_every_assignment(cpu_megatron):
     torch = cpu_megatron
     router, counter = make_router(capacity_factor=None), instrument.RouterCounter()
@@ -132,6 +134,7 @@ def test_dropless_counts_every_assignment(cpu_megatron):
     assert counter.report()["token_drop_fraction"] == 0.0
 
 
+@pytest.mark.long
 def test_pad_to_capacity_separates_padding_from_tokens(cpu_megatron):
     torch = cpu_megatron
     from megatron.core.transformer.moe.moe_utils import apply_router_token_dropping
@@ -179,6 +182,7 @@ def dropless_hybridep(router):
     return router
 
 
+@pytest.mark.long
 def test_padding_rows_are_padding_not_drops(cpu_megatron):
     """megatron-core 0.19.2's real TopKRouter with a padding mask, dropless: 0.19.2 still routes the padded
     rows (they are padding slots of the expert input); dev's dropless hybridep zeroes them in the routing map,
@@ -208,6 +212,7 @@ def test_padding_rows_are_padding_not_drops(cpu_megatron):
     assert counter.report()["token_drop_fraction"] == 0.0
 
 
+@pytest.mark.long
 def test_capacity_drops_count_only_real_rows(cpu_megatron):
     torch = cpu_megatron
     mask = padding_mask(torch)
@@ -223,6 +228,7 @@ def test_capacity_drops_count_only_real_rows(cpu_megatron):
     assert t["routed_tokens"] == int(real.sum()) * TOPK
 
 
+@pytest.mark.long
 def test_dispatcher_drops_are_not_measured_as_zero(cpu_megatron):
     """--moe-expert-rank-capacity-factor with hybridep / ncclep drops inside the dispatcher, after the router:
     the drop is None with the reason, never 0. With alltoall the factor is not applied and drops are counted."""
@@ -240,6 +246,7 @@ def test_dispatcher_drops_are_not_measured_as_zero(cpu_megatron):
         assert measured or "after the router" in r["token_drop_unmeasured"]
 
 
+@pytest.mark.long
 def test_ep_receive_per_dispatch_is_summed_over_the_ep_group(cpu_megatron):
     """Two EP ranks (EP=2: experts 0-3 on rank 0, 4-7 on rank 1), each routing its own tokens through the same
     layer: the receive of EP rank j in dispatch d is the sum over both senders of their rows for j's experts.
@@ -281,6 +288,7 @@ def test_sampler_keeps_a_bounded_deterministic_subset():
     assert all(len(DispatchSamples(capacity=c).kept) <= c for c in (1, 2, 3))
 
 
+@pytest.mark.long
 def test_window_counts_only_measured_iterations(cpu_megatron):
     torch = cpu_megatron
     router, counter = make_router(), instrument.RouterCounter.for_window(warmup=2, measure=3)
@@ -304,6 +312,7 @@ def test_window_counts_only_measured_iterations(cpu_megatron):
     }
 
 
+@pytest.mark.long
 def test_recompute_in_backward_is_not_counted_twice(cpu_megatron):
     torch = cpu_megatron
     from torch.utils.checkpoint import checkpoint
@@ -319,6 +328,7 @@ def test_recompute_in_backward_is_not_counted_twice(cpu_megatron):
     assert counter.totals()["routed_tokens"] == TOKENS * BATCH * TOPK
 
 
+@pytest.mark.long
 def test_install_hooks_new_routers_and_train_step(cpu_megatron):
     torch = cpu_megatron
     from megatron.core.transformer.moe.router import TopKRouter
@@ -338,6 +348,7 @@ def test_install_hooks_new_routers_and_train_step(cpu_megatron):
     assert counter.totals()["routed_tokens"] == TOKENS * BATCH * TOPK
 
 
+@pytest.mark.long
 def test_window_end_reduces_the_ep_samples_once(cpu_megatron, monkeypatch):
     """install() wraps train_step; after the last measured step (outside the timed steps) the samples are
     reduced: a single process is its own EP group, so its report carries ep_load from its own routing maps."""
@@ -361,6 +372,7 @@ def test_window_end_reduces_the_ep_samples_once(cpu_megatron, monkeypatch):
     assert layer["hot_rank_share"] == [1.0, 1.0]
 
 
+@pytest.mark.long
 def test_megatron_run_writes_sidecar(cpu_megatron, tmp_path):
     """runpy an entry script with patched argv; the sidecar carries the router counts of its run."""
     entry = tmp_path / "entry_script.py"
@@ -453,6 +465,7 @@ json.dump(seen, open({out!r}, "w"))
 """
 
 
+@pytest.mark.long
 def test_checkout_comes_first_and_shadows_the_installed_wheel(tmp_path):
     """A Megatron checkout (namespace `megatron/`, like the dev tree) with a module the wheel lacks: main()
     puts it first on sys.path before the router hook imports megatron, so the script and the hook both get

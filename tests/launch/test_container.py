@@ -20,6 +20,7 @@ def test_sbatch_extra_container_image_is_refused_naming_the_setting(capsys):
     assert "cluster.slurm.container.image" in err[0] and "cluster.slurm.python" in err[0]
 
 
+@pytest.mark.long
 def test_image_without_the_python_inside_it_is_refused():
     with pytest.raises(ConfigError, match="cluster.slurm.python"):
         compose(["cluster=slurm", "cluster.slurm.container.image=img"])
@@ -79,6 +80,7 @@ def test_time_limit_leaves_room_for_the_distributed_timeout():
     assert time_limit_min(spec(["--distributed-timeout-minutes", "60"], simulated=True), cluster) == windows  # twin
 
 
+@pytest.mark.long
 def test_backend_settings_live_under_their_backend_and_old_snapshots_still_load():
     """cluster.slurm.* and cluster.local.* (as submitit prefixes its executors' parameters); an override of a
     key from before names where it went; a sweep stored with the flat keys still loads (resume, report)."""

@@ -31,6 +31,7 @@ def test_an_explicit_gpus_per_node_wins_over_the_hardware():
     assert compose(["+stage=1k", "hardware=gb200", "stage.gpus_per_node=8"]).cfg.stage.gpus_per_node == 8
 
 
+@pytest.mark.long
 def test_any_cluster_size_is_a_stage_of_whole_nodes():
     cfg = compose(["+stage=custom", "stage.gpus=512", "hardware=gb200"]).cfg
     assert (cfg.stage.name, cfg.stage.gpus, cfg.stage.gpus_per_node) == ("custom", 512, 4)

@@ -63,6 +63,7 @@ def _resume_and_check(tmp_path: Path, name: str, env: dict | None = None, url: s
         return launched
 
 
+@pytest.mark.long
 def test_local_record_failure_leaves_nothing_running_and_resume_launches_once(tmp_path, ledger_url):
     """On both ledgers (the fixture `ledger_url`: SQLite and the real PostgreSQL)."""
     args = sweep_args(tmp_path, "l-rec", *ROUND, "++workload.twin.time_scale=20", "++workload.twin.max_sleep_s=1.0")

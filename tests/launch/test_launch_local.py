@@ -102,6 +102,7 @@ def wait_terminal(launcher, ids, timeout_s=120.0):
     raise AssertionError(f"not terminal after {timeout_s}s: {states}")
 
 
+@pytest.mark.long
 def test_local_runs_function_and_returns_value(tmp_path):
     launcher, reason = make_launcher(local_cluster())
     assert isinstance(launcher, LocalLauncher) and launcher.kind == "local" and "local" in reason
@@ -163,6 +164,7 @@ def test_local_cancel_and_reattach(tmp_path):
         LocalLauncher(local_cluster()).result(done.job_id)
 
 
+@pytest.mark.long
 def test_local_slots_limit_concurrency(tmp_path):
     """cluster.local.max_workers=1: the second job starts only after the first ended (their order, never a
     duration: each id reaches the caller as its job starts, and the first had ended when the second's came)."""
@@ -214,6 +216,7 @@ def test_auto_falls_back_to_local(monkeypatch, tmp_path):
     assert launcher.kind == "local" and "Unable to contact slurm controller" in reason
 
 
+@pytest.mark.long
 def test_a_hung_local_job_killed_at_its_time_limit_is_timeout_and_retried_once(tmp_path):
     """Killed at its limit with the warning mark in its folder: TIMEOUT as on Slurm, not CRASH ("exit code 1")."""
     from orchestrator.core.failures import retried_by_default

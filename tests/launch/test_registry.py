@@ -79,6 +79,7 @@ def test_every_backend_folder_registers_itself_in_auto_order():
         registry.register(Backend(kind="auto", name="auto", launcher=LocalLauncher))
 
 
+@pytest.mark.long
 def test_a_toy_backend_is_checked_recorded_asked_and_picked_through_the_registry(toy, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="the toy backend refuses it"):
         compose(["+stage=smoke", "cluster.kind=toy", "++cluster.env.TOY_REFUSE=1"])
@@ -103,6 +104,7 @@ def test_a_toy_backend_is_checked_recorded_asked_and_picked_through_the_registry
     assert auto.make_launcher(ClusterConfig(kind="auto"))[0].kind == "local"
 
 
+@pytest.mark.long
 def test_a_sweep_runs_on_the_toy_backend_and_stays_bound_to_it(toy, tmp_path, capsys):
     args = sweep_args(
         tmp_path, "toyrun", "cluster.kind=toy", "policy.round0_size=2", "stage.budget.max_rounds=1", UNCUT

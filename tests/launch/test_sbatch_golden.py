@@ -75,6 +75,7 @@ def test_golden_sbatch(name, tmp_path):
     assert text == path.read_text(), f"{path.name} changed: review the diff, then UPDATE_GOLDEN=1"
 
 
+@pytest.mark.long
 def test_containerized_1k_runs_the_tasks_in_the_container(tmp_path):
     text = script_for("megatron_1k_container", tmp_path / "runs")
     header, _, body = text.partition("\n# command\n")

@@ -8,6 +8,7 @@ import multiprocessing as mp
 import time
 import traceback
 
+import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -66,6 +67,7 @@ def _worker(url: str, idx: int, barrier, out) -> None:
         out.put(("error", idx, traceback.format_exc()))
 
 
+@pytest.mark.long
 def test_eight_processes_same_sweep(ledger_url):
     Ledger.open(ledger_url).close()  # schema first: the race below is about rows (first-open races: test_db_migrations)
     ctx = mp.get_context("spawn")

@@ -126,6 +126,7 @@ def test_concurrent_first_open_upgrades_once(ledger_url):
     eng.dispose()
 
 
+@pytest.mark.long
 def test_cli_db_upgrade_current_history(ledger_url, capsys):
     url = f"ledger.url={ledger_url}"
     rc, out, _ = run_cli(["db", "current", url], capsys)

@@ -163,6 +163,7 @@ def run_cli(argv, capsys):
     return rc, out.out, out.err
 
 
+@pytest.mark.long
 def test_cli_compare_best_ledger(filled, ledger_url, capsys, tmp_path):
     _, cands = filled
     url = f"ledger.url={ledger_url}"
@@ -188,6 +189,7 @@ def test_cli_compare_best_ledger(filled, ledger_url, capsys, tmp_path):
     assert rc == 2 and "upgrade|current|history" in err
 
 
+@pytest.mark.long
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     key=st.sampled_from(["recompute", "ep", "tokens_per_gpu", "sweep", "simulated"]),
@@ -226,6 +228,7 @@ def probed(ledger_url):
     led.close()
 
 
+@pytest.mark.long
 def test_compare_puts_a_failed_probe_after_a_full_measurement(probed, ledger_url, capsys):
     """Issue 48 item 6: every format says a row's status and fidelity, and by default a failed row whose only
     figures are a fit probe's (3x the throughput) sorts after the full-window measurement; `best` and `status`

@@ -91,6 +91,7 @@ def test_expired_lease_of_a_live_same_host_holder_is_kept(ledger, child):
     assert ledger.leases.lease("s1").holder == holder_id() and ledger.leases.lease("s1").alive is True
 
 
+@pytest.mark.long
 def test_keeper_renews_while_the_caller_is_blocked(ledger):
     ttl = 1.0
     ledger.leases.acquire_lease("s1", "otherhost:7:1", ttl_s=ttl)  # judged by expiry only, as from another host
@@ -120,6 +121,7 @@ def _hold_lease_row_lock(url: str):
     return conn
 
 
+@pytest.mark.long
 def test_blocked_renew_fails_fast_and_retries(ledger, ledger_url):
     ttl = 1.2  # the keeper waits at most ttl/6 = 0.2 s for a lock
     ledger.leases.acquire_lease("s1", "otherhost:7:1", ttl_s=600)
@@ -160,6 +162,7 @@ def test_keeper_learns_the_lease_was_taken(ledger):
 SLOW_LOCAL = ["++workload.twin.time_scale=20", "++workload.twin.max_sleep_s=1.0", "stage.budget.max_rounds=1"]
 
 
+@pytest.mark.long
 def test_resume_takes_over_from_a_killed_holder_before_its_lease_expires_and_before_any_launch(tmp_path):
     """The order, not a duration (issue 22's suite: a `< 5 s` bound failed at 6.7 s on a loaded box): the resumed
     orchestrator takes the dead holder's lease over before that lease would have expired (TTL 120 s), and
@@ -192,6 +195,7 @@ def test_resume_takes_over_from_a_killed_holder_before_its_lease_expires_and_bef
                 resume.wait()
 
 
+@pytest.mark.long
 def test_a_holder_blocked_on_a_free_slot_keeps_its_lease(tmp_path):
     ttl = 2.0
     args = sweep_args(

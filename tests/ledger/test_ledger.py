@@ -601,6 +601,7 @@ def test_ingest_stores_a_failure_as_the_driver_does_and_a_finalists_job_under_th
     assert len(ledger.attempts(cand.id, roles=None)) == 2
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("field", ["stage", "model", "hardware", "workload", "gpus", "launcher"])
 def test_ingest_refuses_folders_of_another_sweep_of_the_same_name_and_writes_nothing(ledger, ledger_url, field):
     """Issue 45 item 1: a folder whose stage, model, hardware, workload, GPU count or launcher differ from the

@@ -55,6 +55,7 @@ def _checkpoint(led: Ledger) -> None:
         raw.close()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("foreign", ["another ledger", "a plain SQLite file", "an older copy of itself"])
 def test_a_ledger_overwritten_in_place_stops_the_next_write_and_the_copied_in_file_is_left_intact(tmp_path, foreign):
     """Issue 45 item 5: `cp other.sqlite live.sqlite` keeps the inode and the schema revision; the sweep went on,
@@ -108,6 +109,7 @@ def test_a_dropped_schema_stops_the_next_write(tmp_path):
             _sweep(led, "b")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("damage", ["not a database", "malformed pages"])
 def test_status_on_a_corrupt_ledger_is_one_error_line(tmp_path, damage):
     path = tmp_path / "ledger.sqlite"

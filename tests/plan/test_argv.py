@@ -136,6 +136,7 @@ def check_with_megatron(arguments, layout: Layout, stage: StageConfig, argv: lis
     return args
 
 
+@pytest.mark.long
 def test_flag_branches_match_megatron_parser(megatron_args):
     """A 'main' flag is one 0.19.2's parser knows; every flag it does not know is in DEV_ONLY_FLAGS."""
     parser = megatron_args.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
@@ -147,6 +148,7 @@ def test_flag_branches_match_megatron_parser(megatron_args):
     assert known >= NEVER  # the flags we never emit are real Megatron flags
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_guide_configs_pass_megatron_validation(megatron_args, name):
     layout, stage = CONFIGS[name]
@@ -161,6 +163,7 @@ PROBED = {  # a rank probe of the guide's configs, and of a flex (DeepEP) layout
 }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(PROBED))
 def test_rank_probe_argv_passes_megatron_validation(megatron_args, name):
     """A one-GPU rank probe runs the layout's own flags plus --fake-process-group (dev
@@ -233,6 +236,7 @@ def legal_layouts(draw):
     return layout, stage
 
 
+@pytest.mark.long
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(legal_layouts())
 def test_many_candidates_pass_megatron_validation(megatron_args, case):
@@ -251,6 +255,7 @@ def test_many_candidates_pass_megatron_validation(megatron_args, case):
         {"cp_partition_mode": "contiguous"},
     ],
 )
+@pytest.mark.long
 def test_stage_variants_parse_in_megatron(megatron_args, changes):
     """Stage knobs map to flags/values main's parser accepts (parse only: TE-version checks need a GPU)."""
     import dataclasses
@@ -273,6 +278,7 @@ def test_stage_variants_parse_in_megatron(megatron_args, changes):
     assert args.cp_comm_type == ["p2p"] and args.bf16
 
 
+@pytest.mark.long
 def test_megatron_rejects_broken_argv(megatron_args):
     """The check can fail: Megatron's parser rejects an unknown flag and validate_args a bad config."""
     layout, stage = CONFIGS["A"]
@@ -293,6 +299,7 @@ def test_megatron_rejects_broken_argv(megatron_args):
 # --- pure properties (no Megatron) -----------------------------------------------------------
 
 
+@pytest.mark.long
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(legal_layouts())
 def test_round_trip_and_flag_rules(case):
@@ -524,6 +531,7 @@ def test_every_layout_of_a_packed_stage_reads_the_same_data():
     assert not set(data) & set(unpacked)
 
 
+@pytest.mark.long
 def test_offloading_layouts_carry_nvte_cpu_offload_v1_in_the_job_environment():
     """dev asserts NVTE_CPU_OFFLOAD_V1=1 with fine-grained offloading on TE >= 2.10 (megatron/training/
     arguments.py:2126-2133): every offloading candidate's JobSpec.env carries it, the others do not need it."""
@@ -545,6 +553,7 @@ def test_offloading_layouts_carry_nvte_cpu_offload_v1_in_the_job_environment():
 # --- a training run (best --flags --train) ------------------------------------------------------------
 
 
+@pytest.mark.long
 def test_a_training_run_keeps_the_layout_and_replaces_the_measurement(megatron_args):
     """The train argv is the measured layout's, on real data with a real tokenizer, its own length, save/load
     and evaluation: Megatron's parser and validate_args accept it and read those values back."""
@@ -605,6 +614,7 @@ def test_unset_training_fields_are_placeholders_named():
     assert (F.flag_value(argv, "--save"), F.flag_value(argv, "--load")) == ("/ckpt", "/other")
 
 
+@pytest.mark.long
 def test_warm_start_argv_passes_megatron_validation(megatron_args, tmp_path):
     """stage.warm_start: the seed's launch saves its weights once, after its last iteration, without optimizer
     or RNG state; a later launch of another layout loads them as a fine-tune (iteration 0, no optimizer state)

@@ -64,6 +64,7 @@ def _args(m, stage: StageConfig, lay: Layout, arch: int = MC.HOPPER_ARCH):
     return args, planned
 
 
+@pytest.mark.long
 @pytest.mark.megatron
 @pytest.mark.parametrize("name", GPT_MODELS)
 def test_model_flops_are_megatrons_own_count(name):
@@ -99,6 +100,7 @@ def test_a_sliding_window_lowers_attention_flops_and_megatron_does_not_count_it(
         assert a.gemm == b.gemm and a.expert == b.expert
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ("dsv3", "qwen3_235b_a22b"))
 def test_the_v4_attention_rules_apply_to_v4_only(name):
     """TP2 is legal for DeepSeek-V3's MLA and Qwen3's GQA, illegal for V4's hybrid attention (v4.tp1_with_te);
@@ -132,6 +134,7 @@ def test_gqa_groups_bound_tp():
         ("gpt_oss_120b", "b300", "bf16", Layout(ep=64, mbs=2, recompute=("layernorm", "moe_act"))),
     ],
 )
+@pytest.mark.long
 def test_megatron_accepts_the_gpt_path_argv(name, system, precision, lay):
     """Megatron's parse_args + validate_args + optimizer/scheduler setup accept the planner's pretrain_gpt.py
     argv for each new model: its --pipeline-model-parallel-layout, MLA or GQA flags, --moe-layer-freq, the
@@ -160,6 +163,7 @@ def test_gpt_layout_puts_embedding_first_and_mtp_and_loss_last():
     assert gpt_layout(model("dsv3_nomtp"), [3, 3]) == "Et*3|t*3L"
 
 
+@pytest.mark.long
 def test_an_ep_group_inside_one_nvl72_domain_runs_on_nvlink_even_across_hosts():
     """On GB200 NVL72 (4 GPUs per tray, 64-GPU blocks of the rack: ranks.allocated_domain) EP64 spans 16 hosts and
     one domain: its all-to-all is priced at NVLink. EP128 spans two domains and crosses the NIC. On B200 (8-GPU
@@ -217,6 +221,7 @@ def test_ep_overlap_hides_the_all_to_all_up_to_the_compute_and_tp_costs_collecti
 @pytest.mark.parametrize(
     ("name", "system"), [("dsv3", "gb200"), ("qwen3_235b_a22b", "b300"), ("gpt_oss_120b", "gb300")]
 )
+@pytest.mark.long
 def test_plan_argv_0_of_a_new_model_is_training_ready(name, system):
     """`plan +stage=1k model=NAME hardware=SYSTEM --argv 0` (the CLI) prints the GPT path's flags for the planner's
     best layout, and megatron-core 0.19.2 parses, validates and builds its optimizer from them (as a Blackwell part).
@@ -251,6 +256,7 @@ def test_plan_argv_0_of_a_new_model_is_training_ready(name, system):
     assert MC.check_candidate(argv, 1024, arch=10) is None
 
 
+@pytest.mark.long
 @pytest.mark.megatron
 def test_the_precision_aware_optimizer_is_emitted_counted_and_built_as_megatron_builds_it():
     """Megatron-Bridge's DeepSeek-V3 recipe (recipes/deepseek/deepseek_v3.py:161-165 at c0b9a0003) trains with

@@ -477,6 +477,7 @@ def test_the_models_answer_every_layout_the_planner_asks_and_the_same_again():
     assert all(t.total_s > 0 for _, t in first) and all(flops.step_flops(MODEL, STAGE, x) for x, _, _ in prepared)
 
 
+@pytest.mark.long
 @pytest.mark.megatron
 @pytest.mark.parametrize("pp,vpp", [(8, 1), (16, 1), (4, 4), (8, 2)])
 def test_layer_pattern_parses_with_megatrons_own_parser(pp, vpp):

@@ -43,6 +43,7 @@ def find(res, **knobs):
 GUIDE = dict(tp=1, pp=8, vpp=1, etp=1, ep=64, mbs=1, dispatcher="alltoall", offload=())
 
 
+@pytest.mark.long
 def test_config_a_on_1k():
     """A is legal on 1k; on h100 (80 GB) only the memory rule rejects it, so the test plans on h200.
 
@@ -63,6 +64,7 @@ def test_config_a_on_1k():
     assert p.feasible and p.memory_gb + c.stage.memory_margin_gb <= 141.0
 
 
+@pytest.mark.long
 def test_configs_b_and_c_on_8k():
     """C fits an H100 with full recompute; B with FP32 optimizer state does not (~89 GB: full recompute keeps two
     layer inputs per block), so only the memory rule rejects it on h100, while B with the V4 recipe's BF16 main
@@ -84,6 +86,7 @@ def test_configs_b_and_c_on_8k():
     assert b.prediction.t_group == 524288 and b.prediction.t_expert == 8192
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("stage", ["1k", "8k", "16k"])
 def test_no_full_recompute_is_planned_while_the_rule_holds(stage):
     """On dev d48bd6be0a85 (the rule held, the default) no candidate recomputes fully; each full-recompute
@@ -107,6 +110,7 @@ def test_config_b_with_vpp_is_rejected_by_the_vpp_rule():
     assert listed and "mcore.vpp_group_bounds" in listed[0].rule_ids
 
 
+@pytest.mark.long
 def test_candidates_are_ranked_and_complete():
     res = planned("1k")
     times = [(p.prediction.step_time_s, p.prediction.memory_gb) for p in res.candidates]
@@ -133,6 +137,7 @@ def test_memory_factor_only_removes_candidates():
     assert len(mem) >= len(base.candidates) - len(tight.candidates)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("stage", ["smoke", "8k"])
 def test_walk_agrees_with_evaluate_on_every_layout(stage):
     """The pruned knob-by-knob walk and the one-layout check give the same verdict and rule ids."""

@@ -62,6 +62,7 @@ def _megatron_groups(RankGenerator, layout: Layout, world: int, order: str) -> d
     return out
 
 
+@pytest.mark.long
 @settings(max_examples=150, deadline=None)
 @given(layouts_and_worlds())
 def test_rank_groups_match_megatron_rank_generator(rank_generator, case):
@@ -133,6 +134,7 @@ def test_illegal_world_raises():
         node_spans(Layout(ep=5), 64, 8)
 
 
+@pytest.mark.long
 @settings(max_examples=400, deadline=None)
 @given(layouts_and_worlds(max_world=512), st.sampled_from([1, 2, 4, 6, 8, 16]))
 def test_node_spans_match_brute_force(case, gpus_per_node):

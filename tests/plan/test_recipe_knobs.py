@@ -49,6 +49,7 @@ def test_bf16_state_drops_memory_by_the_bytes_of_its_dtypes(optim):
             assert a.total - b.total == pytest.approx(least, rel=1e-9)
 
 
+@pytest.mark.long
 def test_the_search_explores_only_the_declared_optimizer_precisions():
     """1k: the V4 recipe's own ["bf16"] gives BF16-state layouts only; ["fp32", "bf16"] adds the FP32 twins, and
     every FP32 layout that fits has a BF16 twin that fits (less memory, same step or faster), while BF16 state fits

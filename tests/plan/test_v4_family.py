@@ -102,6 +102,7 @@ def test_the_v4_model_groups_are_megatron_devs_own_v4_recipes(name):
             assert ours[key] == recipe[key], key
 
 
+@pytest.mark.long
 def test_v4_flash_flops_are_megatron_bridges_published_count():
     """NVIDIA's measured V4-Flash rows (26.08) publish model TFLOP/s beside tokens/s: their ratio is Megatron-Bridge's
     own V4 FLOP count per token (src/megatron/bridge/training/utils/flop_utils.py:1067-1157 @ 4ab94dfad: CSA, HCA,
@@ -116,6 +117,7 @@ def test_v4_flash_flops_are_megatron_bridges_published_count():
         assert ours.model_flops / ours.tokens == pytest.approx(r.tflops * 1e12 / r.tokens, rel=0.005)
 
 
+@pytest.mark.long
 def test_dev_accepts_the_v4_flash_argv_of_nvidias_layout_and_of_the_planners_best(tmp_path):
     """Megatron dev's parse_args + validate_args + optimizer/scheduler setup (dev's tree first on sys.path, a
     Blackwell part for MXFP8, the node's TE) accept the V4-Flash argv of NVIDIA's measured layout (TP1 PP1 EP64,

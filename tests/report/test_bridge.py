@@ -69,6 +69,7 @@ def swept(tmp_path_factory):
     return tmp, f"ledger.url={ledger_url(tmp)}"
 
 
+@pytest.mark.long
 def test_export_bridge_writes_the_winners_layout_as_bridge_spells_it(swept):
     tmp, url = swept
     path = tmp / "out" / "dsv4-best.yaml"
@@ -98,6 +99,7 @@ def test_export_bridge_writes_the_winners_layout_as_bridge_spells_it(swept):
     assert f"run_recipe.py --recipe {bridge.RECIPE} model.tensor_model_parallel_size=" in text
 
 
+@pytest.mark.long
 def test_export_bridge_of_a_sweep_without_a_result_is_one_error_and_no_file(tmp_path):
     from orchestrator.ledger.ledger import Ledger
     from tests.report.test_report import _sweep

@@ -139,6 +139,7 @@ def _fill(ledger: Ledger) -> None:
     ledger.set_candidate_status(child.id, "done")
 
 
+@pytest.mark.long
 def test_gather_ranks_measured_and_excludes_failed_parity(ledger_url):
     with Ledger.open(ledger_url) as ledger:
         _fill(ledger)
@@ -207,6 +208,7 @@ def _no_sideways_scroll(dom: str) -> None:
     assert attrs["data-overflowing"] == "", attrs  # no table scrolls inside its own box either
 
 
+@pytest.mark.long
 def test_decision_is_bests_choice_and_the_ranked_table_follows_it(tmp_path):
     """The headline names the candidate `best` picks (candidate 0 is fastest but failed parity), the margin is
     to the next eligible one, and without a composable stored config the page says why there are no flags."""
@@ -240,6 +242,7 @@ def test_a_sweep_without_results_has_no_recommendation(tmp_path):
     assert dec.best is None and dec.margin is None and "No recommended layout yet" in page and "id='flags'" not in page
 
 
+@pytest.mark.long
 def test_calibration_table_is_formatted_and_empty_series_say_so(tmp_path):
     with Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}") as ledger:
         _fill(ledger)
@@ -338,6 +341,7 @@ def test_a_twin_sweeps_report_opens_on_the_decision_at_1400px(tmp_path):
         shutil.copy(shot, os.environ["REPORT_SCREENSHOT"])
 
 
+@pytest.mark.long
 def test_status_the_report_and_the_budget_charge_one_sweep_the_same_gpu_hours(tmp_path):
     """Issue 17's "four cost formulas": a sweep with a full, a screen and a probe attempt (an OOM that held its
     GPUs for 30 s) and a launch that never started. `status`, the report's GPU-hours per round and the budget
@@ -433,6 +437,7 @@ def test_a_much_better_runner_up_p99_is_named():
     assert _two(1.0, 1.05, best_p99=1.2, runner_p99=1.15).p99_gain is None  # 4% lower is not "much"
 
 
+@pytest.mark.long
 def test_the_report_states_spend_rounds_budget_and_why_it_stopped(tmp_path):
     """The decision card carries the same GPU-hours `status` prints, the budget, the rounds and the stop event;
     the recommended layout's parity row names another layout's key (never its own), else says NOT CHECKED."""
@@ -478,6 +483,7 @@ def _overlaps(texts) -> list[tuple[str, str]]:
     return [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1 :] if ba.overlaps(bb)]
 
 
+@pytest.mark.long
 def test_predicted_vs_measured_labels_do_not_print_over_each_other(tmp_path):
     """Issue 49: the two panels' x-axis labels ran into each other. Every axis label, tick label and title of
     the figure is drawn clear of every other."""
@@ -504,6 +510,7 @@ def test_predicted_vs_measured_labels_do_not_print_over_each_other(tmp_path):
     assert not said, said  # no axis label, title or tick label over another (the two panels' alike)
 
 
+@pytest.mark.long
 def test_strong_scaling_bars_are_labelled_by_candidate_number(tmp_path):
     """Issue 49: the scaling figure's bars carried whole layout strings, rotated; now the candidate's number,
     upright, which the "Promoted lineages" table maps to its layout."""
@@ -522,6 +529,7 @@ def test_strong_scaling_bars_are_labelled_by_candidate_number(tmp_path):
     assert table and f"#{lin.candidate_id}" in table.group(0) and html.escape(lin.label) in table.group(0)
 
 
+@pytest.mark.long
 def test_calibration_memory_is_a_readable_cell_and_the_flags_point_at_training(tmp_path):
     """Issue 49: the calibration table dumped the memory fit's field names (memory_method, memory_factors,
     memory_band); the flags box said to set --train-iters instead of naming `best --flags --train`."""
@@ -550,6 +558,7 @@ def test_calibration_memory_is_a_readable_cell_and_the_flags_point_at_training(t
     assert "to train with this layout, `python -m orchestrator best --sweep s1 --flags --train`" in source, source
 
 
+@pytest.mark.long
 def test_a_best_that_is_its_own_reference_reads_not_checked_without_sending_anyone_to_run_the_slice(tmp_path):
     """Issue 49: a slice sweep's report told its reader to "run +stage=slice" when the best (CP1) is its own
     reference. The gate ran and had nothing to compare with: the page says NOT CHECKED with that reason, never

@@ -3,6 +3,8 @@ uncertainty) in the ledger, and `status` and the report show the search path fro
 
 from __future__ import annotations
 
+import pytest
+
 from orchestrator.commands import status
 from orchestrator.config import compose
 from orchestrator.report import path
@@ -11,6 +13,7 @@ from tests.bench import searchlib as lib
 KINDS = {"round0", "neighbour", "joint", "model-pick", "model-top", "promoted", "fit-probe", "coverage-probe"}
 
 
+@pytest.mark.long
 def test_a_sweep_records_why_each_candidate_was_proposed_and_shows_the_path(tmp_path):
     target = lib.Target("ext:cliffs")
     composed = compose(["+stage=1k", "cluster=local", *target.overrides()])

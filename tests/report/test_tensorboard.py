@@ -39,6 +39,7 @@ class Recorder:
         Recorder.runs[self.logdir]["closed"] = True
 
 
+@pytest.mark.long
 def test_every_measured_run_with_its_layout_and_metrics(tmp_path):
     Recorder.runs = {}
     with Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}") as ledger:
@@ -93,6 +94,7 @@ def test_the_event_files_hold_the_metrics_and_the_hparams(tmp_path):
     assert sorted(p50s) == pytest.approx(want) and len(want) == 7  # float32 in the file
 
 
+@pytest.mark.long
 def test_without_a_writer_one_error_line_and_nothing_written(tmp_path):
     probe = (
         "import sys; sys.modules['tensorboardX'] = None; sys.modules['torch.utils.tensorboard'] = None\n"

@@ -43,6 +43,7 @@ def _truth(ledger: Ledger, sweep: str) -> dict[int, dict]:
     return {r["candidate_id"]: r for r in queries.compare(ledger, sweep=sweep, columns=cols) if r["step_p50_s"]}
 
 
+@pytest.mark.long
 def test_mlflow_runs_carry_params_metrics_tags_and_the_evidence(ledger, tmp_path):
     pytest.importorskip("mlflow", reason="the optional `track` extra is not installed")
     from mlflow.tracking import MlflowClient
@@ -74,6 +75,7 @@ def test_mlflow_runs_carry_params_metrics_tags_and_the_evidence(ledger, tmp_path
     assert "failed" in parity and "not run" in parity  # candidate 0's injected divergence; the others had none
 
 
+@pytest.mark.long
 def test_mlflow_export_twice_adds_no_run_and_a_newer_result_updates_its_run(ledger, tmp_path):
     pytest.importorskip("mlflow", reason="the optional `track` extra is not installed")
     from mlflow.tracking import MlflowClient
@@ -98,6 +100,7 @@ def test_mlflow_export_twice_adds_no_run_and_a_newer_result_updates_its_run(ledg
     assert after.data.tags["simulated"] == "true"
 
 
+@pytest.mark.long
 def test_wandb_offline_runs_carry_params_metrics_tags_and_the_evidence(ledger, tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="the optional `track` extra is not installed")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -121,6 +124,7 @@ def test_wandb_offline_runs_carry_params_metrics_tags_and_the_evidence(ledger, t
     assert sorted((tmp_path / "wandb").glob("offline-run-*")) == folders
 
 
+@pytest.mark.long
 def test_export_through_the_cli_to_both(ledger, tmp_path):
     """`export --mlflow DIR --wandb --project P` as a user runs it (offline W&B), twice."""
     pytest.importorskip("mlflow", reason="the optional `track` extra is not installed")
@@ -152,6 +156,7 @@ def _cli(*args: str, env: dict[str, str] | None = None, probe: str = "") -> subp
     )
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     ("flag", "module", "words"),
     [("--mlflow", "mlflow", "MLflow export needs mlflow"), ("--wandb", "wandb", "Weights & Biases export needs")],
@@ -166,6 +171,7 @@ def test_without_the_library_one_error_line_names_the_extra(tmp_path, flag, modu
     assert not (tmp_path / "ml").exists() and not (tmp_path / "l.sqlite").exists()  # nothing written, not even opened
 
 
+@pytest.mark.long
 def test_an_unreachable_destination_is_one_error_line_with_a_fix(ledger, tmp_path):
     """A tracking server that does not answer, and online W&B without a key: one `error:` line each, exit 2."""
     pytest.importorskip("mlflow", reason="the optional `track` extra is not installed")

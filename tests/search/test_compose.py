@@ -173,6 +173,7 @@ def test_a_probed_layout_is_measured_at_scale_only_when_its_composed_step_is_nea
     assert {r.key for r, _ in sched.passed(inp, None)} == {fast.key, slow.key}
 
 
+@pytest.mark.long
 def test_after_round_0_the_searchers_proposals_beyond_its_first_few_are_probed_first():
     from orchestrator.schedule import Schedule
     from orchestrator.search.types import RoundInput

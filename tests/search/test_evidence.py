@@ -65,6 +65,7 @@ def _calibrated(cfg, env, row: Observation, slots: int = 100):
     return policy, inp, policy.fit(env, inp)
 
 
+@pytest.mark.long
 def test_a_layout_dominated_by_a_measured_fit_is_never_pruned(setting):
     cfg, env, ran, pruned = setting
     row = _ran(ran)
@@ -257,6 +258,7 @@ def test_round_0_probes_first_and_the_best_composed_saves_the_seed(setting):
     assert [p.fidelity for p in off] == ["full"] * pol.round0_size
 
 
+@pytest.mark.long
 def test_a_promoted_stage_probes_its_promoted_mappings_before_any_launch_at_scale():
     """policy.probe_led at a promoted stage (8k from 1k): the source's winner was measured on 1,024 GPUs, its 8k
     mappings would be cold launches the memory model placed, so round 0 rank-probes them beside the model's own

@@ -216,6 +216,7 @@ def memory_sweep(searchlib, tmp_path_factory):
     return composed.cfg, grid, ledger, run
 
 
+@pytest.mark.long
 def test_a_layout_the_uncalibrated_model_prunes_is_revived_and_measured(memory_sweep):
     """twin:memory activations are over-predicted 2-3x: the true best does not fit by the raw planner, so
     round 0 cannot see it. After other layouts are measured, per-term calibration says it fits, the
@@ -271,6 +272,7 @@ def observe_best_key(ledger) -> str:
     return best["key"]
 
 
+@pytest.mark.long
 def test_report_plots_the_uncalibrated_prediction_off_the_diagonal(memory_sweep):
     """The report's predicted-vs-measured points use the UNcalibrated planner against the measurement: on a
     surface the planner gets wrong they are off the diagonal (the calibrated series sits closer)."""

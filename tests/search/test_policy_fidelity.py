@@ -146,6 +146,7 @@ def _sweep(tmp_path, target, *extra, cut: bool = False):
     return composed.cfg, led, run
 
 
+@pytest.mark.long
 def test_a_sweep_screens_then_confirms_and_reports_only_a_confirmed_best(tmp_path):
     """The rungs where the full window is long (no warm start: with one, a full launch is as short as a screen
     at 1k and the sweep measures at the full window only, tests/sweep/test_warm_start.py). Seed 2: a surface where
@@ -194,6 +195,7 @@ def test_a_sweep_screens_then_confirms_and_reports_only_a_confirmed_best(tmp_pat
         assert spent.by_fidelity["screen"] == pytest.approx(run.gpu_hours_by()["screen"], rel=0.05)  # measured mean
 
 
+@pytest.mark.long
 def test_screen_fastest_but_confirmed_slower_is_not_the_best(tmp_path):
     """A layout whose screen beats everything but whose full window does not: the best stays the full one."""
     target = lib.Target("twin:balanced")
@@ -227,6 +229,7 @@ def _env(cfg):
     return PlanEnv(cfg.model, cfg.hardware, cfg.stage, cfg.workload.name)
 
 
+@pytest.mark.long
 def test_the_loop_launches_each_attempt_at_its_fidelitys_window(tmp_path):
     """The real loop (local executor, the twin): round 0 runs the full window and measures the noise; round 1
     screens at the short window sized from it; job.json and the ledger say which window each attempt ran."""
@@ -287,6 +290,7 @@ def _probe_step_is_what_the_bench_hands_the_searcher(spec, cand, result):
     assert lib.p50_of_window(cfg, run, spec.window[0]) == pytest.approx(result["step_p50_s"], rel=0.1)
 
 
+@pytest.mark.long
 def test_a_layout_the_uncalibrated_model_prunes_is_probed_on_one_gpu_found_to_fit_then_measured(tmp_path):
     """twin:memory (its activations are far below the planner's): a one-GPU rank probe (Megatron's
     --fake-process-group) decides what the model's error band cannot. It runs the ranks that bound the layout
@@ -353,6 +357,7 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_on_one_gpu_found_to_fi
         assert [m.fidelity for m in led.evidence.measured(sweep="mf") if m.key == best["key"]] == [Fidelity.FULL]
 
 
+@pytest.mark.long
 def test_any_searcher_gets_the_rungs_predicted_topk_screens_once_noise_is_measured(tmp_path):
     """The rungs are the schedule's, not a searcher's (orchestrator/schedule): predicted_topk, which never looks
     at a measurement to choose layouts, still runs its first round at scale (round 0, or round 1 after round 0's

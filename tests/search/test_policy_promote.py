@@ -46,6 +46,7 @@ def _measured(env, n=5, slow=1.25):
     return out
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["calibrated_neighbours", "predicted_topk"])
 def test_promotion_maps_measured_top_k_with_edges(envs, name):
     src_env, dst_env = envs

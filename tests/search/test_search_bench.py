@@ -36,6 +36,7 @@ def bench(tmp_path_factory):
     ledger.close()
 
 
+@pytest.mark.long
 def test_a_launch_costs_start_up_plus_its_iterations(bench):
     """Every launch of the grid (and of random search) loads the seed (stage.warm_start): start-up + reading
     the seed + the warm window; the first of a run waits out the stage's warm-up and saves the seed instead."""
@@ -125,6 +126,7 @@ def test_the_sweep_goes_through_the_ledger_and_its_gap_is_against_the_true_best(
     assert np.median(rnd.gap_at(sweep.gpu_hours)) >= 0
 
 
+@pytest.mark.long
 def test_report_predicted_vs_measured_is_off_the_diagonal(tmp_path):
     """With a truth of its own, the report's predicted-vs-measured points (orchestrator/report/plots.py
     `calibration`) no longer lie on the diagonal, nor on any one line through the origin: the planner is

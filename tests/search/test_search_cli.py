@@ -105,6 +105,7 @@ def judged_cli_sweep(tmp_path: Path, target: lib.Target, name: str, stage: str, 
     return Judged(grid.gap(truth.step_s), cost, float(np.median(rnd.cost_to_goal)), grid.exhaustive_gpu_hours, launched)
 
 
+@pytest.mark.long
 def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
     target = lib.Target("ext:cliffs")
     # the learned warm-up (on by default, docs/search.md), named here: the CLI path of learning it is what is checked
@@ -124,6 +125,7 @@ def test_sweep_1k_on_an_external_stand_in_reports_a_best_and_its_cost(tmp_path):
     assert judged.met  # the goal (printed first, so a miss shows its figures)
 
 
+@pytest.mark.long
 def test_an_unseen_stand_in_meets_the_goal_at_1k_then_8k(tmp_path):
     """Issue 19: tests/workloads/plateau.py, written after the defaults were tuned and never tuned on, through
     `sweep +stage=1k` and then `sweep +stage=8k` (promoted from the 1k sweep in the same ledger); each stage's
@@ -136,6 +138,7 @@ def test_an_unseen_stand_in_meets_the_goal_at_1k_then_8k(tmp_path):
             assert judged.met, stage
 
 
+@pytest.mark.long
 def test_the_in_process_sweep_is_the_cli_sweep_on_the_twin(tmp_path):
     """The benchmark's substitution, checked on the twin: `sweep +stage=smoke cluster=local` (real twin jobs,
     their logs collected) and the in-process sweep (the truth evaluated, the same seeded step draws) launch

@@ -96,6 +96,7 @@ def test_the_smallest_statement_wins_and_names_its_job(ledger_url):
         assert (cap.gb, cap.job_id, cap.source) == (GIB96_GB, "101", CAPACITY_FROM_OOM)
 
 
+@pytest.mark.long
 def test_a_larger_gpu_is_evidence_too(ledger_url):
     """A real H200 reports 150.11 GB (139.8 GiB) where h200.yaml says 141: the sweep plans with what it has."""
     with Ledger.open(ledger_url, create=True) as led:

@@ -83,6 +83,7 @@ def test_a_running_jobs_iteration_times_stop_at_the_first_missing_iteration(tmp_
     assert iteration_times(tmp_path, 2) == [1.0, 2.0]
 
 
+@pytest.mark.long
 def test_a_cut_folder_is_the_screen_of_the_iterations_its_cut_read(smoke, tmp_path):
     """collect: the mark turns the sweep's own cancel into the measurement of iterations skip+1..after; without
     the mark the same cancel is CANCELLED; a mark whose iterations the logs lack is no measurement."""
@@ -103,6 +104,7 @@ def test_a_cut_folder_is_the_screen_of_the_iterations_its_cut_read(smoke, tmp_pa
     assert not lacking.ok and lacking.failure_class == "CANCELLED"
 
 
+@pytest.mark.long
 def test_an_in_process_sweep_cuts_slow_launches_and_never_reports_one(tmp_path):
     """The bench's sweep (the product's decisions, in-process launches cut by the same line): launches planned
     once a best exists carry the line, and so do round 0's launches that waited for the seed (released after
@@ -157,6 +159,7 @@ def cut_sweep(tmp_path_factory) -> tuple[Path, str]:
     return tmp, f"sqlite:///{kept / 'ledger.sqlite'}"
 
 
+@pytest.mark.long
 def test_the_driver_cuts_a_running_job_that_is_over_its_line(cut_sweep):
     """The real loop on the local executor: jobs slow enough to be read while they run, a line a hair over the
     best. Each cut job is cancelled once its first iterations are in (the `cut` event), kept as a screen of
@@ -218,6 +221,7 @@ def _recorded(url: str, sweep: str) -> tuple[dict, set[str], str]:
     return rows, cut, best["key"] if best else ""
 
 
+@pytest.mark.long
 def test_ingest_after_the_ledger_is_deleted_rebuilds_every_result_of_a_sweep_with_cut_launches(cut_sweep, ledger_url):
     """Issue 45 item 2 (must show): the ledger of a sweep whose driver cut launches early is gone; `ledger ingest`
     of its job folder rebuilds every result the driver recorded, row by row: each cut launch a screen of the
@@ -278,6 +282,7 @@ def test_on_slurm_a_cut_is_scancelled_and_a_driver_killed_before_its_cancel_canc
         }
 
 
+@pytest.mark.long
 def test_a_cut_with_no_iterations_to_read_is_refused_naming_the_fix(tmp_path):
     """cut_warmup_iters at or past cut_after leaves the median nothing: one error naming both keys and a value
     that works, a non-zero exit, and no ledger written."""

@@ -6,12 +6,15 @@ from __future__ import annotations
 import errno
 import os
 
+import pytest
+
 from orchestrator.cli import main
 from orchestrator.core.spec import JobSpec
 from orchestrator.ledger.ledger import Ledger
 from tests.sweeplib import ROOT, ledger_url, sweep_args
 
 
+@pytest.mark.long
 def test_a_full_disk_is_one_error_line_and_resume_finishes_once_space_is_back(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     args = sweep_args(tmp_path, "full", "policy.round0_size=1", "stage.budget.max_rounds=1")

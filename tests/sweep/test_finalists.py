@@ -94,6 +94,7 @@ def _long(cfg, **policy):
     )
 
 
+@pytest.mark.long
 def test_parity_and_long_run_end_to_end(tmp_path):
     """Every finalist job is an attempt of its candidate with its role; verdicts and figures are derived from
     those attempts; none of them is ever the candidate's measurement; each is charged once, as an attempt."""
@@ -187,6 +188,7 @@ def test_parity_and_long_run_end_to_end(tmp_path):
     assert row["ckpt_save_s"] > 0
 
 
+@pytest.mark.long
 def test_parity_with_no_reference_that_fits_is_not_compared_without_running(tmp_path):
     """No layout of the stage has the reference knobs (EP7 exists nowhere): the finalist is recorded as not
     compared, never "passed", and stays a finalist (the gate is on at every stage, and at 1k no CP1 layout fits
@@ -203,6 +205,7 @@ def test_parity_with_no_reference_that_fits_is_not_compared_without_running(tmp_
         assert f"parity {c.layout.short()}: not compared" in log and "passed" not in log
 
 
+@pytest.mark.long
 def test_a_reference_at_8k_is_a_cp1_layout_the_model_allows():
     """At 8k the plain override (CP8 -> CP1) breaks the stage's rules or memory for every layout round 0 would
     measure; the reference is then the closest CP1 layout that fits, with the finalist's numerics."""
@@ -237,6 +240,7 @@ def test_update_result_metrics(ledger_url):
             led.evidence.update_result_metrics(failed.id, q_effective=1.0)
 
 
+@pytest.mark.long
 def test_a_resumed_driver_runs_no_finalist_job_again(tmp_path):
     """A second driver over the same sweep (resume after it ended) launches nothing: each verdict is in the
     ledger and the pick is the recorded one, so the excluded candidate pulls in no other."""

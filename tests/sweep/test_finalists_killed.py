@@ -101,6 +101,7 @@ def _stage(led: Ledger, name: str):
     return root_from_yaml(led.get_sweep(name).config_yaml).required_stage()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("role", [AttemptRole.PARITY, AttemptRole.LONG_RUN_SAVE])
 def test_kill_9_while_a_finalists_job_runs_then_resume_runs_it_once(tmp_path, ledger_url, role):
     name = f"fk-{role}"
@@ -129,6 +130,7 @@ def test_kill_9_while_a_finalists_job_runs_then_resume_runs_it_once(tmp_path, le
     print(f"killed during {role}: {got}")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("point", ["finalists-intent", "finalists-record"])
 def test_kill_9_between_a_finalists_intent_and_its_record_then_resume_launches_once(tmp_path, ledger_url, point):
     name = f"fi-{point.split('-')[1]}"

@@ -75,6 +75,7 @@ def finished_sweep(tmp_path_factory) -> Path:
     return tmp
 
 
+@pytest.mark.long
 def test_a_ledger_deleted_mid_sweep_is_rebuilt_from_the_job_folders_with_nothing_lost_or_doubled(
     tmp_path, monkeypatch, capsys
 ):
@@ -137,6 +138,7 @@ def test_a_ledger_deleted_mid_sweep_is_rebuilt_from_the_job_folders_with_nothing
             assert len(full) <= 1, (c.key, [a.job_dir for a in full])
 
 
+@pytest.mark.long
 def test_only_a_jobs_own_complete_evidence_is_stored(finished_sweep, tmp_path, capsys):
     """Copies of measured folders, each with one thing wrong, and one intact: only the intact one is stored."""
     runs = finished_sweep / "runs" / "done"
@@ -173,6 +175,7 @@ def test_only_a_jobs_own_complete_evidence_is_stored(finished_sweep, tmp_path, c
     assert _stored(url, "done") == [cases["intact"]]
 
 
+@pytest.mark.long
 def test_a_finalists_job_is_an_attempt_of_its_role_and_needs_its_candidate_in_the_ledger(
     finished_sweep, tmp_path, capsys
 ):
@@ -202,6 +205,7 @@ def test_a_finalists_job_is_an_attempt_of_its_role_and_needs_its_candidate_in_th
         assert c.status == CandidateStatus.DONE and c.latest_result_id is not None
 
 
+@pytest.mark.long
 def test_a_failure_is_stored_only_when_its_folder_alone_proves_it(finished_sweep, tmp_path, capsys):
     """Copies of measured folders whose job raised (exit marker outcome 'error'): a plain non-zero exit is a
     CRASH, stored as the driver would (the candidate failed); a rank killed by a signal, a marker without the
@@ -242,6 +246,7 @@ def test_a_failure_is_stored_only_when_its_folder_alone_proves_it(finished_sweep
     )
 
 
+@pytest.mark.long
 def test_a_sweeps_folder_named_like_another_sweep_of_the_ledger_is_refused_and_nothing_written(
     finished_sweep, ledger_url, capsys
 ):
@@ -271,6 +276,7 @@ def test_a_sweeps_folder_named_like_another_sweep_of_the_ledger_is_refused_and_n
     assert ledger_rows(ledger_url) == before
 
 
+@pytest.mark.long
 def test_ingest_binds_the_sweep_to_the_launcher_its_folders_name(finished_sweep, tmp_path, capsys):
     """Issue 45 item 3: the job's own records name the launcher that ran it (launch/task.RunInFolder); ingest
     binds the rebuilt sweep to it, even where its config snapshot says cluster.kind auto. A folder that names
@@ -327,6 +333,7 @@ def _verdicts(url: str, sweep: str) -> dict:
     return out
 
 
+@pytest.mark.long
 def test_a_sweep_of_ooms_comes_back_failed_as_the_driver_recorded_it(tmp_path, monkeypatch, capsys):
     """Every job OOMs (the twin's force_oom); the ledger is lost. Ingest brings each back FAILED with class OOM,
     its message and the capacity it states, as the driver recorded them; the search's observations see the
@@ -375,6 +382,7 @@ def test_a_sweep_of_ooms_comes_back_failed_as_the_driver_recorded_it(tmp_path, m
 @pytest.mark.parametrize(
     "bad", ["missing", "empty", "a file", "escaping link", "unsafe sweep name", "the filesystem's root", "too deep"]
 )
+@pytest.mark.long
 def test_a_bad_folder_is_one_error_line_and_nothing_written(finished_sweep, tmp_path, capsys, bad):
     folder = tmp_path / "runs"
     if bad == "the filesystem's root":  # `ledger ingest /` walked every folder into a PermissionError traceback
@@ -403,6 +411,7 @@ def test_a_bad_folder_is_one_error_line_and_nothing_written(finished_sweep, tmp_
     assert what[bad] in err[0], err
 
 
+@pytest.mark.long
 def test_a_folder_that_cannot_be_read_is_skipped_with_its_reason_never_a_traceback(
     finished_sweep, tmp_path, monkeypatch, capsys
 ):
@@ -441,6 +450,7 @@ def test_a_folder_that_cannot_be_read_is_skipped_with_its_reason_never_a_traceba
     ], out
 
 
+@pytest.mark.long
 def test_the_ingest_hint_names_the_folder_the_sweep_ran_in(finished_sweep, tmp_path, monkeypatch, capsys):
     """Issue 45 item 6: `resume` of a sweep the ledger lacks (or on a ledger that is gone) names `ledger ingest`
     with the sweep's real job folder, not ./runs/NAME of the current folder: the folder beside the SQLite
@@ -472,6 +482,7 @@ def test_the_ingest_hint_names_the_folder_the_sweep_ran_in(finished_sweep, tmp_p
     )
 
 
+@pytest.mark.long
 def test_resume_collects_a_result_on_disk_whose_attempt_row_lacks_it(tmp_path, monkeypatch, capsys):
     """The driver died after a job ended but before its result was recorded: the attempt row is still RUNNING
     without a result. `resume` re-attaches to it, reads the job's own exit marker and collects the folder
@@ -509,6 +520,7 @@ FINALISTS = (  # tests/sweep/test_finalists_killed.py's sweep, on a fast twin
 )
 
 
+@pytest.mark.long
 def test_the_finalists_jobs_come_back_with_their_verdicts_and_resume_runs_none_again(tmp_path, monkeypatch, capsys):
     """A sweep ran to its end through the finalists (parity, a shared parity reference, long-run save and
     restore); its ledger is lost. Ingest brings every finalist job back as an attempt of its role, the verdicts

@@ -16,6 +16,7 @@ from orchestrator.ledger.ledger import Ledger
 from tests.sweeplib import ROOT, sweep_args
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("how", ["deleted", "replaced", "overwritten in place"])
 def test_the_sweep_stops_with_one_error_line_when_its_ledger_is_pulled_away(tmp_path, monkeypatch, capsys, how):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))

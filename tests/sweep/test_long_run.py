@@ -52,6 +52,7 @@ def _iterations(spec) -> list:
     return [r.iteration for p in sorted(Path(spec.job_dir).glob("rank-*.out")) for r in parse_file(p).iterations]
 
 
+@pytest.mark.long
 def test_save_then_restore_measures_checkpoint_and_effective_throughput(tmp_path):
     cfg = _cfg(tmp_path, "++effective.long_run_save_at=6", "++effective.long_run_after_iters=8")
     ckpt = tmp_path / "ckpt"

@@ -11,6 +11,8 @@ import re
 import shlex
 from types import SimpleNamespace
 
+import pytest
+
 from orchestrator.config import compose
 from orchestrator.core.states import EventKind
 from orchestrator.ledger.ledger import Ledger
@@ -19,6 +21,7 @@ from orchestrator.sweep.view import PLAIN_WIDTH, folded, folded_command
 from tests.sweeplib import cli, ledger_url, new_sweep, sweep_args
 
 
+@pytest.mark.long
 def test_a_plain_sweep_prints_lines_under_200_characters_with_the_detail_in_its_events(tmp_path):
     got = cli("sweep", *sweep_args(tmp_path, "plain", "stage.budget.max_rounds=2"), "--plain")
     assert got.returncode == 0, got.stderr[-3000:]
@@ -50,6 +53,7 @@ def test_a_long_line_folds_at_its_separators_and_nothing_is_lost():
     assert all(len(line) <= PLAIN_WIDTH for line in folded("y" * 500))  # no separator: cut at the width
 
 
+@pytest.mark.long
 def test_the_status_line_names_the_round_under_way_when_it_adds_no_candidate(tmp_path):
     """A round of confirms alone (screened contenders at the full window) adds no candidate: its round event does."""
     with Ledger.open(ledger_url(tmp_path), create=True) as led:

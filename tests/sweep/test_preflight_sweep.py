@@ -59,6 +59,7 @@ def test_skip_is_recorded_and_the_twin_needs_no_preflight(real, monkeypatch):
     preflight_gate(ledger, twin, "s", skip=False, view=View(live=False))
 
 
+@pytest.mark.long
 def test_sweep_command_stops_before_round_zero(tmp_path, capsys):
     """On this CPU machine (no Megatron checkout at the default path) preflight-lite refuses the local sweep:
     exit 2, nothing launched, no ledger written (tests/commands/test_preflight_lite.py has the details)."""
@@ -93,6 +94,7 @@ class Said:
 RULE = "v4.full_recompute_hash_mhc"
 
 
+@pytest.mark.long
 def test_preflight_evidence_lifts_a_rule_and_beats_the_configuration(real, monkeypatch):
     """The stage's lifted rules come from the passed preflight's evidence (the node's checkout carries the fix),
     recorded in the ledger, re-applied on resume; a lift the configuration asks for without evidence is
@@ -114,6 +116,7 @@ def test_preflight_evidence_lifts_a_rule_and_beats_the_configuration(real, monke
     assert resumed.stage.lifted_rules == [RULE]
 
 
+@pytest.mark.long
 def test_a_configured_lift_without_the_fix_is_overruled(real, monkeypatch):
     cfg, ledger, _ = real
     cfg.stage.lifted_rules = [RULE]  # the user claims the fix; the node's checkout does not have it

@@ -14,6 +14,7 @@ from orchestrator.sweep.price import interval, price
 SMALL_1K = ["+stage=1k", "stage.budget.max_runs=6", "stage.budget.max_rounds=3"]
 
 
+@pytest.mark.long
 def test_the_range_holds_the_mean_of_the_simulated_sweeps():
     composed = compose(SMALL_1K)
     got = price(composed.cfg, composed.to_yaml(), samples=2)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from orchestrator.ledger.ledger import Ledger
 from tests.sweep.test_sweep_isolation import SCREENED, _decisions
 from tests.sweeplib import cli, sweep_args
@@ -22,6 +24,7 @@ def _args(tmp_path: Path, folder: str) -> list[str]:
     return sweep_args(tmp_path / folder, "atomic", *SCREENED)
 
 
+@pytest.mark.long
 def test_a_kill_inside_a_rounds_decision_leaves_none_of_it_and_resume_decides_the_same(tmp_path):
     control = cli("sweep", *_args(tmp_path, "control"), "--plain", timeout=600)
     assert control.returncode == 0, control.stderr[-3000:] + control.stdout[-3000:]

@@ -26,6 +26,7 @@ def _stale_after(best_by_round: list[float], fastest_by_round: list[float], gain
     return out
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("rounds", [1, 2])
 def test_a_sweep_stops_at_the_first_round_its_stage_calls_converged(tmp_path, rounds):
     target = lib.Target("twin:balanced")
@@ -58,6 +59,7 @@ def test_a_sweep_stops_at_the_first_round_its_stage_calls_converged(tmp_path, ro
     assert not waited(last)  # the stop itself waited for nothing
 
 
+@pytest.mark.long
 def test_a_sweep_stored_before_the_rule_moved_resumes_with_its_own_rounds():
     """policy.converge_rounds moved to stage.budget.converge_rounds: a stored snapshot from before (resume,
     promotion, the report) keeps the rounds it was created with; an override of the old key names the new."""

@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from orchestrator.cli import main
 from orchestrator.core.paths import JobPaths
 from orchestrator.core.states import AttemptState, SweepStatus
@@ -26,6 +28,7 @@ def _resume_hint(tmp_path, name: str) -> str:
     return f"`python -m orchestrator resume {name} ledger.url={ledger_url(tmp_path)}"
 
 
+@pytest.mark.long
 def test_a_ledger_locked_past_the_busy_timeout_stops_the_sweep_naming_the_lock(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     path = tmp_path / "ledger.sqlite"
@@ -78,6 +81,7 @@ def test_a_ledger_locked_past_the_busy_timeout_stops_the_sweep_naming_the_lock(t
     assert JobPaths(first.job_dir).aborted.exists() and [a.state for a in rest] == [AttemptState.COMPLETED]
 
 
+@pytest.mark.long
 def test_a_full_disk_when_a_result_is_written_is_one_line_and_resume_collects_it(tmp_path, monkeypatch, capsys):
     import orchestrator.evidence.collect as collect
 
@@ -100,6 +104,7 @@ def test_a_full_disk_when_a_result_is_written_is_one_line_and_resume_collects_it
         assert attempt.state == AttemptState.COMPLETED and led.evidence.result(attempt.id) is not None
 
 
+@pytest.mark.long
 def test_sigterm_says_the_sweep_stopped_and_how_to_resume(tmp_path):
     # each iteration sleeps its max_sleep_s: the job outlives the moment the signal is sent by about a minute
     slow = [

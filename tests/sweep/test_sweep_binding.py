@@ -47,6 +47,7 @@ def test_wait_for_slurm_gives_up_with_one_line():
     assert len(calls) == 1
 
 
+@pytest.mark.long
 def test_a_slurm_bound_sweep_never_gets_the_local_launcher():
     probe, _ = flaky(1)
     launcher, why = launcher_for("slurm", ClusterConfig(), [].append, probe=probe)
@@ -73,6 +74,7 @@ def test_the_binding_is_stored_once_and_a_cluster_override_cannot_change_it(tmp_
         assert [e.message for e in led.events("b", kind="launcher")] == ["jobs run on local"]
 
 
+@pytest.mark.long
 def test_a_cluster_override_on_resume_changes_that_key_of_the_stored_group_and_keeps_its_kind():
     """resumed_cluster: `cluster.KEY=VALUE` changes that key of the group the sweep was stored with (its kind,
     partition and env stay); `cluster.kind=...` changes the kind; `cluster=NAME` picks that group as composed now."""
@@ -128,6 +130,7 @@ def _jobs_and_binding(tmp_path, name: str) -> tuple[int, str | None]:
         return len(atts), led.get_sweep(name).provenance.get("launcher")
 
 
+@pytest.mark.long
 def test_resume_with_a_cluster_folder_override_keeps_the_stored_local_kind(tmp_path, slurm_answers_and_refuses, capsys):
     """The issue's case: resume NAME cluster.folder=... of a sweep stored with cluster.kind local, no launcher
     bound yet, while sinfo answers: its jobs run locally in the new folder (today's default, auto, would have
@@ -141,6 +144,7 @@ def test_resume_with_a_cluster_folder_override_keeps_the_stored_local_kind(tmp_p
     assert len(list((moved / "keep").glob("*/attempt-1/job.json"))) == n
 
 
+@pytest.mark.long
 def test_a_launcher_is_bound_only_once_a_job_launched(tmp_path, slurm_answers_and_refuses, capsys):
     """cluster.kind=auto resolves to a Slurm whose partition refuses the sweep's jobs: one error line, no job,
     and no binding, so the same sweep then resumes on cluster=local (it was refused for good: "runs its jobs

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from orchestrator.ledger.ledger import Ledger
 from tests.sweeplib import UNCUT, cli, sweep_args
 
@@ -49,6 +51,7 @@ def _decisions(url: str, name: str) -> list[tuple]:
     return [*sorted(cands), *rounds]
 
 
+@pytest.mark.long
 def test_a_sweep_decides_the_same_with_or_without_another_sweep_of_its_stage_on_the_ledger(tmp_path):
     _sweep(tmp_path, "shared", "other", seed=7)  # another sweep of the stage first: its own noise and optimum
     _sweep(tmp_path, "shared", "mine", seed=0)
@@ -58,6 +61,7 @@ def test_a_sweep_decides_the_same_with_or_without_another_sweep_of_its_stage_on_
     assert shared == alone
 
 
+@pytest.mark.long
 def test_a_second_sweep_of_a_stage_says_before_it_launches_what_the_first_already_measured(tmp_path, capsys):
     """Issue 45 item 7: by design a second sweep of a stage on a shared ledger measures the same layouts again;
     it now says so in its first lines, with what the first measured and spent and the command that continues it.

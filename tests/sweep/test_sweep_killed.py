@@ -11,6 +11,8 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from orchestrator.core import proc as process
 from orchestrator.core.failures import Failure
 from orchestrator.core.states import CandidateStatus
@@ -38,6 +40,7 @@ SLOW = [
 ]
 
 
+@pytest.mark.long
 def test_jobs_killed_with_their_orchestrator_are_measured_again(tmp_path):
     args = sweep_args(tmp_path, "killed", *SLOW)
     with running_sweep(args, log=tmp_path / "first.log") as run:
@@ -75,6 +78,7 @@ def test_jobs_killed_with_their_orchestrator_are_measured_again(tmp_path):
     print(f"killed at iterations {sorted(killed.values())}; untracked {untracked} duplicates {duplicates} lost {lost}")
 
 
+@pytest.mark.long
 def test_a_stray_result_in_a_running_jobs_folder_is_never_its_measurement(tmp_path):
     """Issue 22 item 4: the orchestrator is killed while its jobs run on; a result.json (3 measured iterations,
     ok) appears in each running job's folder. Before, `resume` took the file as the job's end: the re-attached

@@ -8,6 +8,8 @@ import re
 import signal
 from pathlib import Path
 
+import pytest
+
 from orchestrator.core.spec import JobSpec
 from orchestrator.core.states import AttemptState, CandidateStatus, EdgeKind, SweepStatus
 from orchestrator.ledger.ledger import Ledger
@@ -23,6 +25,7 @@ from tests.sweeplib import (
 SMALL = ["policy.round0_size=3", "policy.round_size=2", "stage.budget.max_rounds=2", "stage.budget.max_runs=6"]
 
 
+@pytest.mark.long
 def test_smoke_sweep_runs_two_rounds_and_fills_the_ledger(tmp_path):
     proc = cli("sweep", *sweep_args(tmp_path, "smoke-e2e", *SMALL), "--json", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
@@ -58,6 +61,7 @@ def test_smoke_sweep_runs_two_rounds_and_fills_the_ledger(tmp_path):
     assert info["counts"]["done"] + info["counts"]["failed"] == len(info["candidates"])
 
 
+@pytest.mark.long
 def test_job_json_carries_the_ledger_key(tmp_path):
     """job.json, the job folder and the ledger name one candidate by one key (the twin seeds with it)."""
     proc = cli("sweep", *sweep_args(tmp_path, "keys", "policy.round0_size=2", "stage.budget.max_rounds=1"), timeout=300)
@@ -73,6 +77,7 @@ def test_job_json_carries_the_ledger_key(tmp_path):
             assert (spec.sweep, spec.attempt) == ("keys", 1)
 
 
+@pytest.mark.long
 def test_promotion_records_promoted_from_edges(tmp_path):
     small = cli("sweep", *sweep_args(tmp_path, "p-src", *SMALL), timeout=300)
     assert small.returncode == 0, small.stderr[-3000:]
@@ -97,12 +102,14 @@ def test_promotion_records_promoted_from_edges(tmp_path):
             assert c.predicted["d_a"] * c.layout.cp >= parent.predicted["d_a"] * parent.layout.cp
 
 
+@pytest.mark.long
 def test_promotion_without_source_is_a_clear_error(tmp_path):
     proc = cli("sweep", *sweep_args(tmp_path, "orphan", "stage.name=big", "stage.promotes_from=smoke"), timeout=120)
     assert proc.returncode == 2
     assert "run `python -m orchestrator sweep +stage=smoke` first" in proc.stderr
 
 
+@pytest.mark.long
 def test_second_orchestrator_is_refused_naming_the_holder(tmp_path):
     from orchestrator.config import compose
 
@@ -123,6 +130,7 @@ def test_second_orchestrator_is_refused_naming_the_holder(tmp_path):
     assert "otherhost:4242" in proc.stderr and proc.stderr.startswith("error:")
 
 
+@pytest.mark.long
 def test_oom_is_not_retried_unless_asked(tmp_path):
     args = sweep_args(
         tmp_path, "oom", "++workload.twin.force_oom=true", "policy.round0_size=2", "stage.budget.max_rounds=1"
@@ -148,6 +156,7 @@ def test_oom_is_not_retried_unless_asked(tmp_path):
         assert [a.failure_class for a in led.attempts(c.id)] == ["OOM", "OOM"]
 
 
+@pytest.mark.long
 def test_a_gpu_smaller_than_its_hardware_group_is_planned_with_after_the_first_oom(tmp_path):
     """hardware=h200 says 141 GB; the twin's GPUs hold 96 GiB and its OOM lines say so, as torch's do. After the
     first OOM the sweep plans every round with 103.08 GB (96 GiB exactly), says so once, and `status` shows it."""
@@ -199,6 +208,7 @@ def test_a_gpu_smaller_than_its_hardware_group_is_planned_with_after_the_first_o
     assert warned[0] in text.stdout
 
 
+@pytest.mark.long
 def test_external_workload_script_is_honoured(tmp_path):
     script = Path(__file__).resolve().parent.parent / "workloads" / "surface.py"
     args = sweep_args(
@@ -221,6 +231,7 @@ def test_external_workload_script_is_honoured(tmp_path):
             assert "synthetic surface workload" in out  # the external script ran, not the twin
 
 
+@pytest.mark.long
 def test_kill_9_then_resume_loses_nothing_and_submits_nothing_twice(tmp_path):
     slow = ["++workload.twin.time_scale=0.0005", "++workload.twin.max_sleep_s=0.2"]
     args = sweep_args(tmp_path, "killme", *SMALL) + slow
@@ -272,6 +283,7 @@ def gated_twin(tmp_path: Path) -> tuple[list[str], Path]:
     return args, gate
 
 
+@pytest.mark.long
 def test_cancel_stops_every_live_job_and_records_it(tmp_path):
     slow = [
         "++workload.twin.time_scale=50",
@@ -293,6 +305,7 @@ def test_cancel_stops_every_live_job_and_records_it(tmp_path):
         assert led.events("stopme", kind="cancelled")
 
 
+@pytest.mark.long
 def test_cancel_stops_the_local_jobs_of_a_killed_driver(tmp_path):
     """kill -9 of the driver leaves its local job running; `cancel NAME` stops it, by its identity (`pid:start`),
     and records it cancelled. Before, `cancel` left local jobs to their parent: a dead driver's ran on, recorded as
@@ -317,6 +330,7 @@ def test_cancel_stops_the_local_jobs_of_a_killed_driver(tmp_path):
             pass
 
 
+@pytest.mark.long
 def test_sweep_on_each_ledger_engine(ledger_url, tmp_path):
     """The same loop on SQLite and on the real PostgreSQL (the `ledger_url` fixture runs both)."""
     args = [
@@ -330,6 +344,7 @@ def test_sweep_on_each_ledger_engine(ledger_url, tmp_path):
         assert len(led.evidence.measured(sweep="engines")) == 2
 
 
+@pytest.mark.long
 def test_cluster_auto_falls_back_to_local_and_says_why(tmp_path):
     empty = tmp_path / "nobin"
     empty.mkdir()
@@ -342,6 +357,7 @@ def test_cluster_auto_falls_back_to_local_and_says_why(tmp_path):
     assert "cluster: local (no sbatch on PATH; using the local executor)" in proc.stdout
 
 
+@pytest.mark.long
 def test_ctrl_c_marks_the_sweep_interrupted_and_releases_the_lease(tmp_path):
     """Ctrl-C (SIGINT) while the sweep runs: exit 130, the sweep INTERRUPTED, its lease released, `resume` goes
     on. The sweep cannot end before the signal, by construction: its one job waits for a gate the test opens
@@ -363,6 +379,7 @@ def test_ctrl_c_marks_the_sweep_interrupted_and_releases_the_lease(tmp_path):
         assert len(led.evidence.measured(sweep="ctrlc")) == 1  # the interrupted job, re-attached and measured
 
 
+@pytest.mark.long
 def test_two_live_orchestrators_the_second_is_refused(tmp_path):
     slow = [
         "++workload.twin.time_scale=50",
@@ -378,6 +395,7 @@ def test_two_live_orchestrators_the_second_is_refused(tmp_path):
         assert first.wait(120) == 0
 
 
+@pytest.mark.long
 def test_nccl_timeout_is_retried_up_to_max_attempts(tmp_path):
     args = sweep_args(
         tmp_path,
@@ -399,6 +417,7 @@ def test_nccl_timeout_is_retried_up_to_max_attempts(tmp_path):
         assert led.events("nccl", kind="retry")
 
 
+@pytest.mark.long
 def test_sweep_status_and_best_name_one_layout_when_the_fastest_is_partial_or_excluded(tmp_path):
     """Issue 17's "two answers to best": the fastest result is partial, the next failed parity. The sweep's
     last line (a continued sweep prints its outcome again), `status --json` and `best` all name the third,

@@ -4,6 +4,8 @@ is excluded: `best` skips it and a later stage never promotes it."""
 
 from __future__ import annotations
 
+import pytest
+
 from orchestrator.ledger import queries
 from orchestrator.ledger.ledger import Ledger
 from tests.sweeplib import assert_accounted, cli, ledger_url, sweep_args
@@ -11,6 +13,7 @@ from tests.sweeplib import assert_accounted, cli, ledger_url, sweep_args
 DIVERGE = "++workload.twin.diverge_when={cp: 4}"
 
 
+@pytest.mark.long
 def test_slice_sweep_gates_finalists_and_never_promotes_a_divergent_layout(tmp_path):
     args = sweep_args(
         tmp_path,

@@ -35,6 +35,7 @@ def warm_sweep(tmp_path_factory):
     return ledger_url(tmp)
 
 
+@pytest.mark.long
 def test_probe_led_a_probed_layout_saves_the_seed_and_every_other_launch_at_scale_loads_it(tmp_path):
     """policy.probe_led (the default): round 0 only rank-probes; the seed is saved by the first launch at scale,
     a layout whose probe ran before it, and every other launch at scale loads it, none submitted before it ended."""
@@ -59,6 +60,7 @@ def test_probe_led_a_probed_layout_saves_the_seed_and_every_other_launch_at_scal
             assert "--save" not in spec.argv and spec.argv[spec.argv.index("--load") + 1] == seed
 
 
+@pytest.mark.long
 def test_round_zero_saves_the_seed_and_every_later_launch_at_scale_loads_it(warm_sweep):
     with Ledger.open(warm_sweep) as led:
         cands = led.candidates("warm")
@@ -109,6 +111,7 @@ def test_round_zero_saves_the_seed_and_every_later_launch_at_scale_loads_it(warm
                 assert settled is None or settled >= 1
 
 
+@pytest.mark.long
 def test_a_warm_start_is_charged_for_reading_the_seed_and_the_seed_for_writing_it(warm_sweep):
     from orchestrator.config import compose
 
@@ -125,6 +128,7 @@ def test_a_warm_start_is_charged_for_reading_the_seed_and_the_seed_for_writing_i
         )
 
 
+@pytest.mark.long
 def test_a_seed_that_is_gone_is_passed_over(warm_sweep, tmp_path):
     import shutil
 
@@ -198,6 +202,7 @@ def test_a_seeder_that_fails_hands_the_seed_to_the_first_waiting_launch(tmp_path
             assert {e.candidate_id for e in led.events("s") if why in (e.message or "")} == {c.id, d.id}
 
 
+@pytest.mark.long
 def test_an_8k_sweep_loads_its_1k_sources_seed_from_round_zero(tmp_path):
     """Promotion (1k -> 8k): the 8k sweep saves no seed of its own; every launch at scale, round 0 included,
     loads the seed of the 1k sweep it promotes from, in every round (setup.recorded_source)."""
