@@ -21,6 +21,11 @@ Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's
                write of each local parameter's grad (memory.optimizer_bytes: 4 B, 2 B with BF16 main grads) at
                HBM bandwidth, exposed beyond the wgrad GEMMs' own time, dense and expert apart. It binds where
                many experts sit on one GPU (small EP): all 128 of Qwen3-235B's at EP1, not V4-Pro's EP32-128.
+               plus two memory-bound copies at HBM bandwidth, 2 B per element of h per token (t / TP tokens):
+               the MoE dispatcher's permutations outside the all-to-all, per MoE layer (permutation_rows:
+               alltoall 12k + 4 rows forward + backward, DeepEP 4 (k + r), HybridEP 0, + 3 for a shared expert's
+               add; the forward again when the MoE layer is recomputed), and every block's two residual adds
+               (RESIDUAL_ADD_ROWS; none on V4's mHC path).
   a2a          per MoE layer 4 x t/TP x k x h x 2 B (dispatch + combine, fwd + bwd; x 1.5 when the
                MoE layer is recomputed, which dispatches again), over NVLink when the EP group
                stays in one NVLink domain (ep_domains == 1: one host, or on an NVL72 system one
@@ -75,7 +80,7 @@ from orchestrator.plan.params import (
 )
 from orchestrator.plan.pipeline import bubble as bubble_fraction
 from orchestrator.plan.pipeline import checked_split, cumulative
-from orchestrator.plan.recompute import redispatches
+from orchestrator.plan.recompute import FULL, redispatches
 
 COMPONENTS = ("compute", "a2a", "cp_exchange", "pp_p2p", "bubble", "grad_sync", "optimizer", "tp_comm")
 PER_MICROBATCH = ("compute", "a2a", "cp_exchange", "pp_p2p", "tp_comm")  # m x the slowest rank's: its stage time
@@ -89,6 +94,13 @@ P2P_EXPOSED_WITH_VPP = 0.5  # share of PP p2p left on the critical path with int
 ELEMENTWISE_BYTES = 8.0
 FP8_CAST_BYTES = 4.0
 OPTIMIZER_PASS_BYTES = 24  # per local param: read grad, read+write master and moment(s), write weight
+# One residual add (bias-dropout-add, no bias, Megatron-LM dev d48bd6be0a85 transformer_layer.py:793 after attention,
+# :1128 after the MLP): forward reads the branch output and the residual and writes their sum (3 rows of h per token);
+# backward sums the skip path's gradient with the branch's, the residual having two consumers (3 rows). Two per
+# block, BF16, at HBM bandwidth. V4's mHC path has none of its own: fused_mhc_kernels.py:13 h_post_bda folds the add
+# into the mHC's stream mix, whose passes the elementwise term already counts (memory.block_activation_elems "mhc").
+RESIDUAL_ADDS_PER_BLOCK = 2
+RESIDUAL_ADD_ROWS = 6.0
 
 
 @dataclass(frozen=True)
@@ -134,6 +146,8 @@ class _TimePrefix:
     last_act: float  # the MTP blocks'
     tp_colls: tuple[float, ...]  # sequence-parallel TP collectives per block per microbatch (fwd + bwd)
     last_tp_colls: float
+    resid: tuple[float, ...]  # residual-add rows of h per token per block (RESIDUAL_ADD_ROWS; 0 with mHC)
+    last_resid: float  # the MTP blocks'
 
 
 @lru_cache(maxsize=512)
@@ -190,7 +204,18 @@ def _time_prefix(key: ModelKey, n: int, seq: int, recompute: tuple[str, ...]) ->
         last_act=float(depth * sum(block_activation_elems(m, mtp_ratio(m), True).values())) if mb else 0.0,
         tp_colls=cumulative(_tp_collectives(m, is_moe_block(m, i)) for i in range(n)),
         last_tp_colls=float(depth * _tp_collectives(m, True)) if mb else 0.0,
+        resid=cumulative(_residual_rows(m, recompute) for _ in range(n)),
+        last_resid=depth * _residual_rows(m, recompute) if mb else 0.0,
     )
+
+
+def _residual_rows(model: ModelConfig, recompute: tuple[str, ...]) -> float:
+    """Rows of h per token one block's residual adds move (RESIDUAL_ADD_ROWS each, forward + backward; full
+    recompute repeats their forward half); none on V4's mHC path (h_post_bda fuses them)."""
+    if model.hyper_connection_streams > 1:
+        return 0.0
+    rows = RESIDUAL_ADDS_PER_BLOCK * RESIDUAL_ADD_ROWS
+    return rows * (1.5 if FULL in recompute else 1.0)
 
 
 def _tp_collectives(model: ModelConfig, moe: bool) -> float:
@@ -218,6 +243,45 @@ def _remote_copies(dispatcher: str, k: int, ep: int, ep_nodes: int) -> tuple[flo
         remote = (ep_nodes - 1) * (1 - q**k)
         return remote, float(k) / ep_nodes
     return k * (1 - 1 / ep_nodes), k / ep_nodes
+
+
+def permutation_rows(
+    dispatcher: str, backend: str | None, k: int, ep: int, etp: int, num_experts: int, shared: bool
+) -> tuple[float, float]:
+    """Rows of h (BF16) one token's MoE layer copies in HBM outside the all-to-all, forward only, as (source rank,
+    expert ranks); the backward pass moves the same rows again (each copy's gradient is the inverse copy). Counted
+    from Megatron-LM dev d48bd6be0a85 megatron/core/transformer/moe/token_dispatcher.py with --moe-permute-fusion
+    (RecipeConfig.moe_permute_fusion: Transformer Engine's fused permute reads a token once and writes its k copies;
+    the fused unpermute reads k copies and writes their sum):
+      alltoall  :699 permutation 1 (1 read + k writes) and :918 unpermutation 1 (k + 1) on the source rank;
+                with more than one local expert and ETP x EP > 1 (:513-515; tp_size is the expert TP group's,
+                :84-87), :809 the sort by local expert and :844 its inverse (2k each) on the expert ranks:
+                2k + 2 + 4k = 6k + 2;
+      flex      DeepEP (:1504 permute, :1518 unpermute): the r rows a token arrives as (one per distinct EP rank it
+                goes to, r = EP (1 - (1 - 1/EP)^k) under uniform routing) read and its k copies written, and back:
+                2 (k + r); HybridEP fuses both into its dispatch and combine kernels (:1270-1274 return their input):
+                0; NCCL EP re-pads its expert rows for combine (:1835-1836 torch.cat): 2k;
+      allgather :338 permute (the gathered copies of a token read, up to k, its k local copies written) and :361
+                unpermute (k read, the gathered row written back per EP rank): 2k + k + EP.
+    The shared expert's output is added to the combined tokens (:933, :2092): 3 rows (2 reads, 1 write), every
+    dispatcher alike."""
+    src = 3.0 if shared else 0.0
+    if ep <= 1 and dispatcher != "alltoall":
+        return src, 0.0
+    if dispatcher == "alltoall":
+        local = num_experts // max(1, ep)
+        sort = 4.0 * k if local > 1 and etp * ep > 1 else 0.0
+        return src + 2.0 * k + 2.0, sort
+    if dispatcher == "flex":
+        if backend == "hybridep":
+            return src, 0.0
+        if backend == "ncclep":
+            return src, 2.0 * k
+        r = ep * (1.0 - (1.0 - 1.0 / ep) ** k)
+        return src, 2.0 * (k + r)
+    if dispatcher == "allgather":
+        return src, 3.0 * k + ep
+    return src, 0.0
 
 
 def step_time(
@@ -294,7 +358,13 @@ def step_time(
     tp_coll = (tp - 1) / tp * b * S / cp * h * 2.0 / tp_bw if tp > 1 else 0.0
     # every microbatch's weight-gradient GEMMs add into the FP32 (or the layout's optim) main grads: read + write
     grad_rw = 2.0 * optimizer_bytes(model, stage, layout.optim)[0]
-    for r, (g, ex, at, rc, cps, cpf, moe_layers, dense_p, routed_p, act, colls) in enumerate(sums):
+    # the dispatcher's permutation copies per token per MoE layer (permutation_rows): forward, backward, and the
+    # forward again when the MoE layer is recomputed; the expert ranks' share x the hot rank's skew
+    src_rows, exp_rows = permutation_rows(
+        layout.dispatcher, layout.flex_backend, k, ep, etp, E, bool(model.moe_shared_expert_intermediate_size)
+    )
+    perm_rows = (src_rows + exp_rows * skew) * (3.0 if redispatches(layout.recompute) else 2.0)
+    for r, (g, ex, at, rc, cps, cpf, moe_layers, dense_p, routed_p, act, colls, resid) in enumerate(sums):
         head = px.last_head if r == pp - 1 else 0.0
         # one pass (forward, dgrad or wgrad) of the dense GEMMs and of the experts' grouped GEMMs
         dense_pass = t / tp * (g / (peak * hw.gemm_efficiency) + head / (peak_attn * hw.gemm_efficiency))
@@ -307,6 +377,7 @@ def step_time(
                 rc / (peak * hw.gemm_efficiency)
                 + 3 * at / (peak_attn * hw.attention_efficiency)
                 + act * elem_bytes / hbm
+                + (moe_layers * perm_rows + resid) * h * 2.0 / hbm
             )
             + max(0.0, dense_p / tp * grad_rw / hbm - dense_pass)
             + max(0.0, routed_p / (ep * etp) * grad_rw / hbm - expert_pass)
@@ -321,7 +392,7 @@ def step_time(
     c_compute, c_a2a, c_cp, c_p2p, c_tp = per_rank[slow]
     f = bubble_fraction(pp, m, vpp)
     # parameters per GPU on the rank holding the most: what grad sync and the optimizer step wait on
-    dense, routed = max(((d / tp, e / (ep * etp)) for *_, d, e, _, _ in sums), key=sum)
+    dense, routed = max(((d / tp, e / (ep * etp)) for *_, d, e, _, _, _ in sums), key=sum)
     comp = {
         "compute": m * c_compute,
         "a2a": m * c_a2a,
@@ -371,6 +442,7 @@ def _rank_sums(px: _TimePrefix, bps: tuple[int, ...], pp: int, vpp: int) -> tupl
             px.routed_params,
             px.act,
             px.tp_colls,
+            px.resid,
         ),
         bps,
         pp,
@@ -388,6 +460,7 @@ def _rank_sums(px: _TimePrefix, bps: tuple[int, ...], pp: int, vpp: int) -> tupl
         px.last_routed,
         px.last_act,
         px.last_tp_colls,
+        px.last_resid,
     )
     out = []
     for r, acc in enumerate(map(list, sums)):
