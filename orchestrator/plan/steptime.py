@@ -15,6 +15,9 @@ Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's
                core attention at attention_efficiency (BF16 peak);
                routed experts at gemm_efficiency x T_expert / (T_expert + EXPERT_GEMM_HALF_TOKENS)
                (small expert batches run grouped GEMMs less efficiently), and x the hot-rank skew;
+               every GEMM pass also x K / (K + GEMM_HALF_K), K its reduction width (short_k_efficiency): the
+               forward a matrix's input width, dgrad its output width, the dense and head wgrad the microbatch's
+               tokens (the experts' wgrad has T_expert's curve already);
                plus what the main-grad accumulation outlasts: every microbatch's wgrad GEMMs add into the main
                grads (Megatron-LM d98e8a64 megatron/core/transformer/moe/experts.py:525, :631
                accumulate_into_main_grad; tensor_parallel/layers.py:721 wgrad_gemm_accum_fp32), a read and a
@@ -64,7 +67,7 @@ from orchestrator.core.schema import HardwareConfig, ModelConfig, RecipeConfig, 
 from orchestrator.plan import moe as moe_model
 from orchestrator.plan import pipeline, ranks
 from orchestrator.plan.argv import DEFAULT_RECIPE, overlaps
-from orchestrator.plan.flops import FP8_PRECISIONS, peak_tflops, profile, recompute_block
+from orchestrator.plan.flops import FP8_PRECISIONS, gemm_shapes, peak_tflops, profile, recompute_block
 from orchestrator.plan.layout import Groups, Layout
 from orchestrator.plan.memory import DEFAULT_ROUTING_SIGMA, WEIGHT_BYTES, block_activation_elems, optimizer_bytes
 from orchestrator.plan.params import (
@@ -86,6 +89,10 @@ COMPONENTS = ("compute", "a2a", "cp_exchange", "pp_p2p", "bubble", "grad_sync", 
 PER_MICROBATCH = ("compute", "a2a", "cp_exchange", "pp_p2p", "tp_comm")  # m x the slowest rank's: its stage time
 
 EXPERT_GEMM_HALF_TOKENS = 256.0  # tokens per expert at which grouped GEMM reaches half its efficiency
+# Short-K GEMMs: a GEMM with reduction width K runs at K / (K + GEMM_HALF_K) of its efficiency (short_k_efficiency).
+# Fitted on DeepGEMM's dense FP8 table (tests/fixtures/kernel_tables.json, H800, the M 4,096 rows: least squares of
+# log TFLOP/s over K / (K + K0) with a free plateau gives K0 411; tests/plan/test_kernel_tables.py recomputes it).
+GEMM_HALF_K = 410.0
 P2P_EXPOSED_WITH_VPP = 0.5  # share of PP p2p left on the critical path with interleaving (overlap on)
 # Memory-bound work a step cannot avoid (norms, activations, RoPE, permutations, casts): per activation element a
 # block keeps (memory.block_activation_elems) its producer writes it and its consumer reads it forward, backward
@@ -226,6 +233,32 @@ def _tp_collectives(model: ModelConfig, moe: bool) -> float:
     return 4.0 + (4.0 if mlp else 0.0)
 
 
+def short_k_efficiency(k: float) -> float:
+    """Relative GEMM efficiency at reduction width K (1 for K >> GEMM_HALF_K)."""
+    return k / (k + GEMM_HALF_K) if k > 0 else 0.0
+
+
+@lru_cache(maxsize=512)
+def _short_k(key: ModelKey, n: int) -> tuple[float, float, float]:
+    """The short-K slow-down of one model's GEMMs, as extra FLOP-equivalents per FLOP summed over the forward and
+    dgrad passes (1 / short_k_efficiency - 1 = GEMM_HALF_K / K each): the forward reduces over a matrix's input
+    width, dgrad over its output width; the wgrad pass reduces over the tokens (step_time). (dense, expert, head):
+    dense FLOP-weighted over the blocks' projections (flops.gemm_shapes; the router and mHC at none), expert over
+    fc1 (h -> 2f) and fc2 (f -> h), the output head over h and the vocabulary. Not counted: TP's split of a
+    row-parallel matrix's K, and the recomputed forwards (at gemm_efficiency alone)."""
+    m = _Frozen(key)
+    k0, h = GEMM_HALF_K, m.hidden_size
+    prof = profile(m, 4096, n)  # the GEMM FLOPs do not depend on S
+    blocks = [(b, r, is_moe_block(m, i)) for i, (b, r) in enumerate(zip(prof.blocks, block_ratios(m, n)))]
+    if prof.mtp_block is not None:
+        blocks += [(prof.mtp_block, mtp_ratio(m), True)] * prof.mtp_layers
+    extra = sum(2.0 * i * o * (k0 / i + k0 / o) for _, r, moe in blocks for i, o in gemm_shapes(m, r, moe))
+    gemm = sum(b.gemm for b, _, _ in blocks)
+    f = m.moe_ffn_hidden_size
+    expert = (4.0 * h * f * (k0 / h + k0 / (2 * f)) + 2.0 * h * f * (k0 / f + k0 / h)) / (6.0 * h * f) if f else 0.0
+    return (extra / gemm if gemm else 0.0), expert, k0 / h + k0 / m.vocab_size
+
+
 def expert_efficiency(t_expert: float) -> float:
     """Relative grouped-GEMM efficiency at T_expert tokens per expert (1 for large batches)."""
     return t_expert / (t_expert + EXPERT_GEMM_HALF_TOKENS) if t_expert > 0 else 0.0
@@ -358,6 +391,8 @@ def step_time(
     tp_coll = (tp - 1) / tp * b * S / cp * h * 2.0 / tp_bw if tp > 1 else 0.0
     # every microbatch's weight-gradient GEMMs add into the FP32 (or the layout's optim) main grads: read + write
     grad_rw = 2.0 * optimizer_bytes(model, stage, layout.optim)[0]
+    k_dense, k_expert, k_head = _short_k(model_key(model), n)
+    k_wgrad = GEMM_HALF_K / t  # the dense and head wgrad GEMMs reduce over the microbatch's tokens on this GPU
     # the dispatcher's permutation copies per token per MoE layer (permutation_rows): forward, backward, and the
     # forward again when the MoE layer is recomputed; the expert ranks' share x the hot rank's skew
     src_rows, exp_rows = permutation_rows(
@@ -366,9 +401,12 @@ def step_time(
     perm_rows = (src_rows + exp_rows * skew) * (3.0 if redispatches(layout.recompute) else 2.0)
     for r, (g, ex, at, rc, cps, cpf, moe_layers, dense_p, routed_p, act, colls, resid) in enumerate(sums):
         head = px.last_head if r == pp - 1 else 0.0
-        # one pass (forward, dgrad or wgrad) of the dense GEMMs and of the experts' grouped GEMMs
-        dense_pass = t / tp * (g / (peak * hw.gemm_efficiency) + head / (peak_attn * hw.gemm_efficiency))
-        expert_pass = t / tp * ex * skew / (peak * eff_expert if eff_expert else peak)
+        # one pass (forward, dgrad or wgrad: their mean) of the dense GEMMs and of the experts' grouped GEMMs, each
+        # slowed by its reduction width (short_k_efficiency; the experts' wgrad by T_expert, expert_efficiency)
+        dense_s = g * (1 + (k_dense + k_wgrad) / 3) / (peak * hw.gemm_efficiency)
+        head_s = head * (1 + (k_head + k_wgrad) / 3) / (peak_attn * hw.gemm_efficiency)
+        dense_pass = t / tp * (dense_s + head_s)
+        expert_pass = t / tp * ex * skew * (1 + k_expert / 3) / (peak * eff_expert if eff_expert else peak)
         compute = (
             3 * (dense_pass + expert_pass)
             + t
