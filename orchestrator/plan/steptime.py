@@ -26,9 +26,9 @@ Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's
                many experts sit on one GPU (small EP): all 128 of Qwen3-235B's at EP1, not V4-Pro's EP32-128.
                plus two memory-bound copies at HBM bandwidth, 2 B per element of h per token (t / TP tokens):
                the MoE dispatcher's permutations outside the all-to-all, per MoE layer (permutation_rows:
-               alltoall 12k + 4 rows forward + backward, DeepEP 4 (k + r), HybridEP 0, + 3 for a shared expert's
-               add; the forward again when the MoE layer is recomputed), and every block's two residual adds
-               (RESIDUAL_ADD_ROWS; none on V4's mHC path).
+               alltoall 12k + 4 rows forward + backward, DeepEP 4 (k + r), HybridEP 0, + 3 forward for a shared
+               expert's add; the forward again when the MoE layer is recomputed), and every block's two residual
+               adds (RESIDUAL_ADD_ROWS; none on V4's mHC path).
   a2a          per MoE layer 4 x t/TP x k x h x 2 B (dispatch + combine, fwd + bwd; x 1.5 when the
                MoE layer is recomputed, which dispatches again), over NVLink when the EP group
                stays in one NVLink domain (ep_domains == 1: one host, or on an NVL72 system one
@@ -108,6 +108,9 @@ OPTIMIZER_PASS_BYTES = 24  # per local param: read grad, read+write master and m
 # into the mHC's stream mix, whose passes the elementwise term already counts (memory.block_activation_elems "mhc").
 RESIDUAL_ADDS_PER_BLOCK = 2
 RESIDUAL_ADD_ROWS = 6.0
+# Every dispatcher adds the shared expert's output to the combined tokens (token_dispatcher.py:933 alltoall, :2092
+# flex): 2 rows read, 1 written per token, forward only (the add passes its gradient on uncopied).
+SHARED_ADD_ROWS = 3.0
 
 
 @dataclass(frozen=True)
@@ -279,7 +282,7 @@ def _remote_copies(dispatcher: str, k: int, ep: int, ep_nodes: int) -> tuple[flo
 
 
 def permutation_rows(
-    dispatcher: str, backend: str | None, k: int, ep: int, etp: int, num_experts: int, shared: bool
+    dispatcher: str, backend: str | None, k: int, ep: int, etp: int, num_experts: int
 ) -> tuple[float, float]:
     """Rows of h (BF16) one token's MoE layer copies in HBM outside the all-to-all, forward only, as (source rank,
     expert ranks); the backward pass moves the same rows again (each copy's gradient is the inverse copy). Counted
@@ -296,25 +299,23 @@ def permutation_rows(
                 0; NCCL EP re-pads its expert rows for combine (:1835-1836 torch.cat): 2k;
       allgather :338 permute (the gathered copies of a token read, up to k, its k local copies written) and :361
                 unpermute (k read, the gathered row written back per EP rank): 2k + k + EP.
-    The shared expert's output is added to the combined tokens (:933, :2092): 3 rows (2 reads, 1 write), every
-    dispatcher alike."""
-    src = 3.0 if shared else 0.0
-    if ep <= 1 and dispatcher != "alltoall":
-        return src, 0.0
+    The shared expert's add is apart (SHARED_ADD_ROWS)."""
     if dispatcher == "alltoall":
         local = num_experts // max(1, ep)
         sort = 4.0 * k if local > 1 and etp * ep > 1 else 0.0
-        return src + 2.0 * k + 2.0, sort
+        return 2.0 * k + 2.0, sort
+    if ep <= 1:
+        return 0.0, 0.0
     if dispatcher == "flex":
         if backend == "hybridep":
-            return src, 0.0
+            return 0.0, 0.0
         if backend == "ncclep":
-            return src, 2.0 * k
+            return 0.0, 2.0 * k
         r = ep * (1.0 - (1.0 - 1.0 / ep) ** k)
-        return src, 2.0 * (k + r)
+        return 0.0, 2.0 * (k + r)
     if dispatcher == "allgather":
-        return src, 3.0 * k + ep
-    return src, 0.0
+        return 0.0, 3.0 * k + ep
+    return 0.0, 0.0
 
 
 def step_time(
@@ -395,10 +396,10 @@ def step_time(
     k_wgrad = GEMM_HALF_K / t  # the dense and head wgrad GEMMs reduce over the microbatch's tokens on this GPU
     # the dispatcher's permutation copies per token per MoE layer (permutation_rows): forward, backward, and the
     # forward again when the MoE layer is recomputed; the expert ranks' share x the hot rank's skew
-    src_rows, exp_rows = permutation_rows(
-        layout.dispatcher, layout.flex_backend, k, ep, etp, E, bool(model.moe_shared_expert_intermediate_size)
-    )
-    perm_rows = (src_rows + exp_rows * skew) * (3.0 if redispatches(layout.recompute) else 2.0)
+    src_rows, exp_rows = permutation_rows(layout.dispatcher, layout.flex_backend, k, ep, etp, E)
+    shared_rows = SHARED_ADD_ROWS if model.moe_shared_expert_intermediate_size else 0.0
+    again = redispatches(layout.recompute)
+    perm_rows = (src_rows + exp_rows * skew) * (3.0 if again else 2.0) + shared_rows * (2.0 if again else 1.0)
     for r, (g, ex, at, rc, cps, cpf, moe_layers, dense_p, routed_p, act, colls, resid) in enumerate(sums):
         head = px.last_head if r == pp - 1 else 0.0
         # one pass (forward, dgrad or wgrad: their mean) of the dense GEMMs and of the experts' grouped GEMMs, each

@@ -33,7 +33,7 @@ def test_the_dispatchers_copy_in_the_order_their_code_fuses_them(k, ep):
     token arrives as (at most one per rank, so no more than k), the alltoall dispatcher permutes before and after
     the all-to-all and sorts by local expert: most rows."""
     rows = {
-        name: sum(steptime.permutation_rows(d, b, k, ep, 1, 256, True))
+        name: sum(steptime.permutation_rows(d, b, k, ep, 1, 256))
         for name, (d, b) in {
             "alltoall": ("alltoall", None),
             "deepep": ("flex", "deepep"),
@@ -41,15 +41,14 @@ def test_the_dispatchers_copy_in_the_order_their_code_fuses_them(k, ep):
         }.items()
     }
     assert rows["hybridep"] < rows["deepep"] < rows["alltoall"]
-    assert steptime.permutation_rows("flex", "hybridep", k, ep, 1, 256, True) == (3.0, 0.0)  # the shared add only
-    assert steptime.permutation_rows("flex", "hybridep", k, ep, 1, 256, False) == (0.0, 0.0)
-    src, exp = steptime.permutation_rows("flex", "deepep", k, ep, 1, 256, False)
+    assert steptime.permutation_rows("flex", "hybridep", k, ep, 1, 256) == (0.0, 0.0)
+    src, exp = steptime.permutation_rows("flex", "deepep", k, ep, 1, 256)
     assert src == 0.0 and 2 * (k + 1) <= exp <= 4 * k  # between one arrival row per token and one per expert
 
 
 def test_the_alltoall_sort_by_local_expert_needs_more_than_one_local_expert():
-    with_sort = steptime.permutation_rows("alltoall", None, 8, 64, 1, 256, False)
-    without = steptime.permutation_rows("alltoall", None, 8, 256, 1, 256, False)  # one expert per rank
+    with_sort = steptime.permutation_rows("alltoall", None, 8, 64, 1, 256)
+    without = steptime.permutation_rows("alltoall", None, 8, 256, 1, 256)  # one expert per rank
     assert with_sort[0] == without[0] and with_sort[1] > without[1] == 0.0
 
 
