@@ -11,7 +11,9 @@ Calibration, held out honestly: at most one efficiency factor per GPU system, th
 predicted over that system's rows of the fit releases (the file's fit_releases, 26.02 and 25.11); the
 held-out releases (25.09, mostly token drop, and the dropless releases after 26.02, 26.02.01 to 26.08) are
 predicted with those factors and never enter a fit (fit_factors reads fit rows only: tests/commands/
-test_validate.py perturbs a held-out row and finds every factor unchanged).
+test_validate.py perturbs a held-out row and finds every factor unchanged). V4's rows (DeepSeek-V4-Flash, the hybrid
+path the tool plans for) are held out always: load_rows refuses a file that puts one in a fit release, and the table
+prints their median |error| on a line of its own, so what the GPT path's factors do to V4 is not averaged away.
 
 Where the expert GEMM curve stands (steptime.expert_efficiency, docs/validate.md): every published row has
 T_expert = k x EP x b x S / (CP x E) between 1,024 and 32,768 tokens per expert, where the planner's
@@ -43,6 +45,7 @@ from orchestrator.core.knobs import optim_name
 from orchestrator.core.schema import HardwareConfig, ModelConfig, RecipeConfig, SearchConfig, StageConfig
 from orchestrator.plan.argv import DEFAULT_RECIPE
 from orchestrator.plan.layout import Layout
+from orchestrator.plan.params import is_v4
 from orchestrator.plan.planner import Planned, Rejected, evaluate, plan
 
 NAME = "validate"
@@ -150,6 +153,12 @@ def load_rows(path: Path = PUBLISHED) -> list[Row]:
                 f"{', '.join(CUDA_GRAPH_IMPLS)}: write the impl the row's recipe sets"
             )
         kw["held_out"] = kw["release"] in held
+        if not kw["held_out"] and is_v4(_model(kw["model"])):
+            raise UserError(
+                f"{path}: line {kw.get('line')}: {kw['model']} is a V4 model in fit release {kw['release']}: V4 rows "
+                "are held out (the per-system factors are fitted on the GPT path's rows and V4's are checked against "
+                "them): move the row to a held-out release"
+            )
         kw.update(dtypes.get(kw["model"], {}))
         kw["file"] = kw.get("file") or src["file"]
         kw["source"] = f"{src['repository']}/blob/{src['commit'][:12]}/{kw['file']}#L{kw['line']}"
@@ -424,6 +433,18 @@ def held_out_by_release(results: Sequence[Result]) -> dict[str, tuple[int, float
     return {rel: (len(rs), *median_errors(rs)) for rel, rs in sorted(by.items())}
 
 
+def is_v4_row(r: Result) -> bool:
+    """A row of V4's family (DeepSeek-V4-Flash): the V4 hybrid path the tool plans for."""
+    return is_v4(_model(r.row.model))
+
+
+def held_out_v4(results: Sequence[Result]) -> tuple[int, float, float]:
+    """The held-out V4 rows (load_rows refuses a V4 row in a fit release): their count and median |error|
+    uncalibrated and calibrated, apart from the GPT-path rows whose factors they are predicted with."""
+    v4 = [r for r in results if r.row.held_out and is_v4_row(r)]
+    return (len(v4), *median_errors(v4))
+
+
 def validate(rows: Sequence[Row] | None = None) -> tuple[list[Result], Summary]:
     """Predict, rank and calibrate every published row."""
     results = [predict(r) for r in (load_rows() if rows is None else rows)]
@@ -451,6 +472,7 @@ def table(results: Sequence[Result], summary: Summary) -> str:
         if r.reason():
             lines.append(f"  * {r.row.release} {r.row.model} {r.row.system} line {r.row.line}: {r.reason()}")
     s = summary
+    v4_n, v4_u, v4_c = held_out_v4(results)
     lines += [
         f"per-system factors (fit on {', '.join(sorted({r.row.release for r in results if not r.row.held_out}))}): "
         + ", ".join(f"{k} {v:.3f}" for k, v in s.factors.items()),
@@ -458,6 +480,8 @@ def table(results: Sequence[Result], summary: Summary) -> str:
         f"calibrated: all {s.median_abs_calibrated:.1%}, held out {s.held_out_median_abs_calibrated:.1%}",
         "held out by release, median |error| uncalibrated / calibrated: "
         + ", ".join(f"{rel} ({n} rows) {u:.1%} / {c:.1%}" for rel, (n, u, c) in held_out_by_release(results).items()),
+        f"held out, V4 rows ({v4_n}): median |error| uncalibrated / calibrated: "
+        + (f"{v4_u:.1%} / {v4_c:.1%}" if v4_n else "none"),
         f"worst row: calibrated {s.worst_abs_calibrated:.1%} ({s.worst_row}), uncalibrated {s.worst_abs:.1%}",
         f"NVIDIA's layout legal and in the planner's top 5%: {s.in_top}/{s.rows} rows; in the top 5% by predicted "
         f"step time (the memory rule aside): {s.in_top_by_time}/{s.rows}",

@@ -137,6 +137,38 @@ def up_projection_flops(model: ModelConfig) -> float:
     return 2.0 * model.q_lora_rank * nh * model.v_head_dim
 
 
+def gemm_shapes(model: ModelConfig, ratio: int, moe: bool) -> tuple[tuple[int, int], ...]:
+    """(input, output) widths of the dense projections one token passes through in one block: attention's
+    linears (params.mla_params / gqa_params / attention_params), the shared expert or dense MLP (fc1 gated, 2 x
+    its width out). The router and the mHC (outputs of E and n^2 + 2n) are left out: not the short-K GEMMs the
+    short-K correction is fitted on. Per token each runs 2 x input x output FLOPs forward."""
+    h, nh = model.hidden_size, model.num_attention_heads
+    rq, rkv = model.q_lora_rank, model.kv_lora_rank
+    out: list[tuple[int, int]] = []
+    if model.attention_variant == "mla":
+        dqk, dr, dv = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
+        out += [(h, rq), (rq, nh * (dqk + dr))] if rq else [(h, nh * (dqk + dr))]
+        out += [(h, rkv + dr), (rkv, nh * (dqk + dv)), (nh * dv, h)]
+    elif model.attention_variant == "gqa":
+        d, g = model.kv_channels, model.num_query_groups or nh
+        out += [(h, nh * d + 2 * g * d), (nh * d, h)]
+    else:
+        d, og, ol = model.v_head_dim, model.o_groups, model.o_lora_rank
+        out += [(h, rq), (rq, nh * d), (h, rkv)]
+        out += [(nh * d // og, ol)] * og + [(og * ol, h)]
+        if ratio:
+            out.append((h, 2 * rkv * (2 if ratio == 4 else 1)))
+        if ratio == 4:
+            hi, di = model.dsa_indexer_heads, model.dsa_indexer_head_dim
+            out += [(rq, hi * di), (h, hi), (h, 2 * di), (h, 2 * di)]
+    if moe and model.moe_shared_expert_intermediate_size:
+        fs = model.moe_shared_expert_intermediate_size
+        out += [(h, 2 * fs), (fs, h)]
+    if not moe:
+        out += [(h, 2 * model.ffn_hidden_size), (model.ffn_hidden_size, h)]
+    return tuple(out)
+
+
 def block_flops(model: ModelConfig, ratio: int, moe: bool, seq_length: int, windowed: bool = False) -> BlockFlops:
     h = model.hidden_size
     k, pe = model.moe_router_topk, p_expert(model)

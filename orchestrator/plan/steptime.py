@@ -15,12 +15,20 @@ Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's
                core attention at attention_efficiency (BF16 peak);
                routed experts at gemm_efficiency x T_expert / (T_expert + EXPERT_GEMM_HALF_TOKENS)
                (small expert batches run grouped GEMMs less efficiently), and x the hot-rank skew;
+               every GEMM pass also x K / (K + GEMM_HALF_K), K its reduction width (short_k_efficiency): the
+               forward a matrix's input width, dgrad its output width, the dense and head wgrad the microbatch's
+               tokens (the experts' wgrad has T_expert's curve already);
                plus what the main-grad accumulation outlasts: every microbatch's wgrad GEMMs add into the main
                grads (Megatron-LM d98e8a64 megatron/core/transformer/moe/experts.py:525, :631
                accumulate_into_main_grad; tensor_parallel/layers.py:721 wgrad_gemm_accum_fp32), a read and a
                write of each local parameter's grad (memory.optimizer_bytes: 4 B, 2 B with BF16 main grads) at
                HBM bandwidth, exposed beyond the wgrad GEMMs' own time, dense and expert apart. It binds where
                many experts sit on one GPU (small EP): all 128 of Qwen3-235B's at EP1, not V4-Pro's EP32-128.
+               plus two memory-bound copies at HBM bandwidth, 2 B per element of h per token (t / TP tokens):
+               the MoE dispatcher's permutations outside the all-to-all, per MoE layer (permutation_rows:
+               alltoall 12k + 4 rows forward + backward, DeepEP 4 (k + r), HybridEP 0, + 3 forward for a shared
+               expert's add; the forward again when the MoE layer is recomputed), and every block's two residual
+               adds (RESIDUAL_ADD_ROWS; none on V4's mHC path).
   a2a          per MoE layer 4 x t/TP x k x h x 2 B (dispatch + combine, fwd + bwd; x 1.5 when the
                MoE layer is recomputed, which dispatches again), over NVLink when the EP group
                stays in one NVLink domain (ep_domains == 1: one host, or on an NVL72 system one
@@ -59,7 +67,7 @@ from orchestrator.core.schema import HardwareConfig, ModelConfig, RecipeConfig, 
 from orchestrator.plan import moe as moe_model
 from orchestrator.plan import pipeline, ranks
 from orchestrator.plan.argv import DEFAULT_RECIPE, overlaps
-from orchestrator.plan.flops import FP8_PRECISIONS, peak_tflops, profile, recompute_block
+from orchestrator.plan.flops import FP8_PRECISIONS, gemm_shapes, peak_tflops, profile, recompute_block
 from orchestrator.plan.layout import Groups, Layout
 from orchestrator.plan.memory import DEFAULT_ROUTING_SIGMA, WEIGHT_BYTES, block_activation_elems, optimizer_bytes
 from orchestrator.plan.params import (
@@ -75,12 +83,16 @@ from orchestrator.plan.params import (
 )
 from orchestrator.plan.pipeline import bubble as bubble_fraction
 from orchestrator.plan.pipeline import checked_split, cumulative
-from orchestrator.plan.recompute import redispatches
+from orchestrator.plan.recompute import FULL, redispatches
 
 COMPONENTS = ("compute", "a2a", "cp_exchange", "pp_p2p", "bubble", "grad_sync", "optimizer", "tp_comm")
 PER_MICROBATCH = ("compute", "a2a", "cp_exchange", "pp_p2p", "tp_comm")  # m x the slowest rank's: its stage time
 
 EXPERT_GEMM_HALF_TOKENS = 256.0  # tokens per expert at which grouped GEMM reaches half its efficiency
+# Short-K GEMMs: a GEMM with reduction width K runs at K / (K + GEMM_HALF_K) of its efficiency (short_k_efficiency).
+# Fitted on DeepGEMM's dense FP8 table (tests/fixtures/kernel_tables.json, H800, the M 4,096 rows: least squares of
+# log TFLOP/s over K / (K + K0) with a free plateau gives K0 411; tests/plan/test_kernel_tables.py recomputes it).
+GEMM_HALF_K = 410.0
 P2P_EXPOSED_WITH_VPP = 0.5  # share of PP p2p left on the critical path with interleaving (overlap on)
 # Memory-bound work a step cannot avoid (norms, activations, RoPE, permutations, casts): per activation element a
 # block keeps (memory.block_activation_elems) its producer writes it and its consumer reads it forward, backward
@@ -89,6 +101,16 @@ P2P_EXPOSED_WITH_VPP = 0.5  # share of PP p2p left on the critical path with int
 ELEMENTWISE_BYTES = 8.0
 FP8_CAST_BYTES = 4.0
 OPTIMIZER_PASS_BYTES = 24  # per local param: read grad, read+write master and moment(s), write weight
+# One residual add (bias-dropout-add, no bias, Megatron-LM dev d48bd6be0a85 transformer_layer.py:793 after attention,
+# :1128 after the MLP): forward reads the branch output and the residual and writes their sum (3 rows of h per token);
+# backward sums the skip path's gradient with the branch's, the residual having two consumers (3 rows). Two per
+# block, BF16, at HBM bandwidth. V4's mHC path has none of its own: fused_mhc_kernels.py:13 h_post_bda folds the add
+# into the mHC's stream mix, whose passes the elementwise term already counts (memory.block_activation_elems "mhc").
+RESIDUAL_ADDS_PER_BLOCK = 2
+RESIDUAL_ADD_ROWS = 6.0
+# Every dispatcher adds the shared expert's output to the combined tokens (token_dispatcher.py:933 alltoall, :2092
+# flex): 2 rows read, 1 written per token, forward only (the add passes its gradient on uncopied).
+SHARED_ADD_ROWS = 3.0
 
 
 @dataclass(frozen=True)
@@ -134,6 +156,8 @@ class _TimePrefix:
     last_act: float  # the MTP blocks'
     tp_colls: tuple[float, ...]  # sequence-parallel TP collectives per block per microbatch (fwd + bwd)
     last_tp_colls: float
+    resid: tuple[float, ...]  # residual-add rows of h per token per block (RESIDUAL_ADD_ROWS; 0 with mHC)
+    last_resid: float  # the MTP blocks'
 
 
 @lru_cache(maxsize=512)
@@ -190,7 +214,18 @@ def _time_prefix(key: ModelKey, n: int, seq: int, recompute: tuple[str, ...]) ->
         last_act=float(depth * sum(block_activation_elems(m, mtp_ratio(m), True).values())) if mb else 0.0,
         tp_colls=cumulative(_tp_collectives(m, is_moe_block(m, i)) for i in range(n)),
         last_tp_colls=float(depth * _tp_collectives(m, True)) if mb else 0.0,
+        resid=cumulative(_residual_rows(m, recompute) for _ in range(n)),
+        last_resid=depth * _residual_rows(m, recompute) if mb else 0.0,
     )
+
+
+def _residual_rows(model: ModelConfig, recompute: tuple[str, ...]) -> float:
+    """Rows of h per token one block's residual adds move (RESIDUAL_ADD_ROWS each, forward + backward; full
+    recompute repeats their forward half); none on V4's mHC path (h_post_bda fuses them)."""
+    if model.hyper_connection_streams > 1:
+        return 0.0
+    rows = RESIDUAL_ADDS_PER_BLOCK * RESIDUAL_ADD_ROWS
+    return rows * (1.5 if FULL in recompute else 1.0)
 
 
 def _tp_collectives(model: ModelConfig, moe: bool) -> float:
@@ -199,6 +234,32 @@ def _tp_collectives(model: ModelConfig, moe: bool) -> float:
     for a dense MLP or a shared expert (a TP MLP); routed experts with ETP 1 exchange tokens in the all-to-all."""
     mlp = (not moe) or bool(model.moe_shared_expert_intermediate_size)
     return 4.0 + (4.0 if mlp else 0.0)
+
+
+def short_k_efficiency(k: float) -> float:
+    """Relative GEMM efficiency at reduction width K (1 for K >> GEMM_HALF_K)."""
+    return k / (k + GEMM_HALF_K) if k > 0 else 0.0
+
+
+@lru_cache(maxsize=512)
+def _short_k(key: ModelKey, n: int) -> tuple[float, float, float]:
+    """The short-K slow-down of one model's GEMMs, as extra FLOP-equivalents per FLOP summed over the forward and
+    dgrad passes (1 / short_k_efficiency - 1 = GEMM_HALF_K / K each): the forward reduces over a matrix's input
+    width, dgrad over its output width; the wgrad pass reduces over the tokens (step_time). (dense, expert, head):
+    dense FLOP-weighted over the blocks' projections (flops.gemm_shapes; the router and mHC at none), expert over
+    fc1 (h -> 2f) and fc2 (f -> h), the output head over h and the vocabulary. Not counted: TP's split of a
+    row-parallel matrix's K, and the recomputed forwards (at gemm_efficiency alone)."""
+    m = _Frozen(key)
+    k0, h = GEMM_HALF_K, m.hidden_size
+    prof = profile(m, 4096, n)  # the GEMM FLOPs do not depend on S
+    blocks = [(b, r, is_moe_block(m, i)) for i, (b, r) in enumerate(zip(prof.blocks, block_ratios(m, n)))]
+    if prof.mtp_block is not None:
+        blocks += [(prof.mtp_block, mtp_ratio(m), True)] * prof.mtp_layers
+    extra = sum(2.0 * i * o * (k0 / i + k0 / o) for _, r, moe in blocks for i, o in gemm_shapes(m, r, moe))
+    gemm = sum(b.gemm for b, _, _ in blocks)
+    f = m.moe_ffn_hidden_size
+    expert = (4.0 * h * f * (k0 / h + k0 / (2 * f)) + 2.0 * h * f * (k0 / f + k0 / h)) / (6.0 * h * f) if f else 0.0
+    return (extra / gemm if gemm else 0.0), expert, k0 / h + k0 / m.vocab_size
 
 
 def expert_efficiency(t_expert: float) -> float:
@@ -218,6 +279,43 @@ def _remote_copies(dispatcher: str, k: int, ep: int, ep_nodes: int) -> tuple[flo
         remote = (ep_nodes - 1) * (1 - q**k)
         return remote, float(k) / ep_nodes
     return k * (1 - 1 / ep_nodes), k / ep_nodes
+
+
+def permutation_rows(
+    dispatcher: str, backend: str | None, k: int, ep: int, etp: int, num_experts: int
+) -> tuple[float, float]:
+    """Rows of h (BF16) one token's MoE layer copies in HBM outside the all-to-all, forward only, as (source rank,
+    expert ranks); the backward pass moves the same rows again (each copy's gradient is the inverse copy). Counted
+    from Megatron-LM dev d48bd6be0a85 megatron/core/transformer/moe/token_dispatcher.py with --moe-permute-fusion
+    (RecipeConfig.moe_permute_fusion: Transformer Engine's fused permute reads a token once and writes its k copies;
+    the fused unpermute reads k copies and writes their sum):
+      alltoall  :699 permutation 1 (1 read + k writes) and :918 unpermutation 1 (k + 1) on the source rank;
+                with more than one local expert and ETP x EP > 1 (:513-515; tp_size is the expert TP group's,
+                :84-87), :809 the sort by local expert and :844 its inverse (2k each) on the expert ranks:
+                2k + 2 + 4k = 6k + 2;
+      flex      DeepEP (:1504 permute, :1518 unpermute): the r rows a token arrives as (one per distinct EP rank it
+                goes to, r = EP (1 - (1 - 1/EP)^k) under uniform routing) read and its k copies written, and back:
+                2 (k + r); HybridEP fuses both into its dispatch and combine kernels (:1270-1274 return their input):
+                0; NCCL EP re-pads its expert rows for combine (:1835-1836 torch.cat): 2k;
+      allgather :338 permute (the gathered copies of a token read, up to k, its k local copies written) and :361
+                unpermute (k read, the gathered row written back per EP rank): 2k + k + EP.
+    The shared expert's add is apart (SHARED_ADD_ROWS)."""
+    if dispatcher == "alltoall":
+        local = num_experts // max(1, ep)
+        sort = 4.0 * k if local > 1 and etp * ep > 1 else 0.0
+        return 2.0 * k + 2.0, sort
+    if ep <= 1:
+        return 0.0, 0.0
+    if dispatcher == "flex":
+        if backend == "hybridep":
+            return 0.0, 0.0
+        if backend == "ncclep":
+            return 0.0, 2.0 * k
+        r = ep * (1.0 - (1.0 - 1.0 / ep) ** k)
+        return 0.0, 2.0 * (k + r)
+    if dispatcher == "allgather":
+        return 0.0, 3.0 * k + ep
+    return 0.0, 0.0
 
 
 def step_time(
@@ -294,11 +392,22 @@ def step_time(
     tp_coll = (tp - 1) / tp * b * S / cp * h * 2.0 / tp_bw if tp > 1 else 0.0
     # every microbatch's weight-gradient GEMMs add into the FP32 (or the layout's optim) main grads: read + write
     grad_rw = 2.0 * optimizer_bytes(model, stage, layout.optim)[0]
-    for r, (g, ex, at, rc, cps, cpf, moe_layers, dense_p, routed_p, act, colls) in enumerate(sums):
+    k_dense, k_expert, k_head = _short_k(model_key(model), n)
+    k_wgrad = GEMM_HALF_K / t  # the dense and head wgrad GEMMs reduce over the microbatch's tokens on this GPU
+    # the dispatcher's permutation copies per token per MoE layer (permutation_rows): forward, backward, and the
+    # forward again when the MoE layer is recomputed; the expert ranks' share x the hot rank's skew
+    src_rows, exp_rows = permutation_rows(layout.dispatcher, layout.flex_backend, k, ep, etp, E)
+    shared_rows = SHARED_ADD_ROWS if model.moe_shared_expert_intermediate_size else 0.0
+    again = redispatches(layout.recompute)
+    perm_rows = (src_rows + exp_rows * skew) * (3.0 if again else 2.0) + shared_rows * (2.0 if again else 1.0)
+    for r, (g, ex, at, rc, cps, cpf, moe_layers, dense_p, routed_p, act, colls, resid) in enumerate(sums):
         head = px.last_head if r == pp - 1 else 0.0
-        # one pass (forward, dgrad or wgrad) of the dense GEMMs and of the experts' grouped GEMMs
-        dense_pass = t / tp * (g / (peak * hw.gemm_efficiency) + head / (peak_attn * hw.gemm_efficiency))
-        expert_pass = t / tp * ex * skew / (peak * eff_expert if eff_expert else peak)
+        # one pass (forward, dgrad or wgrad: their mean) of the dense GEMMs and of the experts' grouped GEMMs, each
+        # slowed by its reduction width (short_k_efficiency; the experts' wgrad by T_expert, expert_efficiency)
+        dense_s = g * (1 + (k_dense + k_wgrad) / 3) / (peak * hw.gemm_efficiency)
+        head_s = head * (1 + (k_head + k_wgrad) / 3) / (peak_attn * hw.gemm_efficiency)
+        dense_pass = t / tp * (dense_s + head_s)
+        expert_pass = t / tp * ex * skew * (1 + k_expert / 3) / (peak * eff_expert if eff_expert else peak)
         compute = (
             3 * (dense_pass + expert_pass)
             + t
@@ -307,6 +416,7 @@ def step_time(
                 rc / (peak * hw.gemm_efficiency)
                 + 3 * at / (peak_attn * hw.attention_efficiency)
                 + act * elem_bytes / hbm
+                + (moe_layers * perm_rows + resid) * h * 2.0 / hbm
             )
             + max(0.0, dense_p / tp * grad_rw / hbm - dense_pass)
             + max(0.0, routed_p / (ep * etp) * grad_rw / hbm - expert_pass)
@@ -321,7 +431,7 @@ def step_time(
     c_compute, c_a2a, c_cp, c_p2p, c_tp = per_rank[slow]
     f = bubble_fraction(pp, m, vpp)
     # parameters per GPU on the rank holding the most: what grad sync and the optimizer step wait on
-    dense, routed = max(((d / tp, e / (ep * etp)) for *_, d, e, _, _ in sums), key=sum)
+    dense, routed = max(((d / tp, e / (ep * etp)) for *_, d, e, _, _, _ in sums), key=sum)
     comp = {
         "compute": m * c_compute,
         "a2a": m * c_a2a,
@@ -371,6 +481,7 @@ def _rank_sums(px: _TimePrefix, bps: tuple[int, ...], pp: int, vpp: int) -> tupl
             px.routed_params,
             px.act,
             px.tp_colls,
+            px.resid,
         ),
         bps,
         pp,
@@ -388,6 +499,7 @@ def _rank_sums(px: _TimePrefix, bps: tuple[int, ...], pp: int, vpp: int) -> tupl
         px.last_routed,
         px.last_act,
         px.last_tp_colls,
+        px.last_resid,
     )
     out = []
     for r, acc in enumerate(map(list, sums)):

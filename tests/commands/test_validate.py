@@ -82,6 +82,18 @@ def test_a_release_neither_fitted_nor_held_out_is_refused(tmp_path):
         V.load_rows(bad)
 
 
+def test_a_v4_row_in_a_fit_release_is_refused(tmp_path):
+    """V4's rows are held out always: a file that moves one into a fit release is one error naming the row."""
+    data = yaml.safe_load(V.PUBLISHED.read_text())
+    v4 = [r for r in data["rows"] if r["model"].startswith("dsv4")]
+    assert v4  # the 26.08 V4-Flash rows
+    v4[0]["release"] = data["fit_releases"][0]
+    bad = tmp_path / "rows.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(V.UserError, match=rf"line {v4[0]['line']}: {v4[0]['model']} is a V4 model in fit release"):
+        V.load_rows(bad)
+
+
 def test_a_row_with_an_unknown_cuda_graph_impl_is_refused(tmp_path):
     data = yaml.safe_load(V.PUBLISHED.read_text())
     data["rows"][0]["cuda_graph_impl"] = "full"  # a scope value, not an impl
@@ -191,3 +203,15 @@ def test_held_out_rows_are_reported_per_release(gb200_results):
         rs = [r for r in held if r.row.release == rel]
         assert n == len(rs) and min(abs(r.error) for r in rs) <= u <= max(abs(r.error) for r in rs)
         assert min(abs(r.calibrated_error) for r in rs) <= c <= max(abs(r.calibrated_error) for r in rs)
+
+
+def test_the_held_out_v4_rows_have_their_own_line(gb200_results):
+    """The table's V4 line: the held-out V4-Flash rows alone, their median |error| as the table prints it."""
+    V.calibrate(gb200_results)
+    v4 = [r for r in gb200_results if r.row.model.startswith("dsv4")]
+    assert v4 and all(r.row.held_out and V.is_v4_row(r) for r in v4)
+    assert not any(V.is_v4_row(r) for r in gb200_results if r not in v4)
+    n, u, c = V.held_out_v4(gb200_results)
+    assert (n, u, c) == (len(v4), *V.median_errors(v4))
+    line = f"held out, V4 rows ({n}): median |error| uncalibrated / calibrated: {u:.1%} / {c:.1%}"
+    assert line in V.table(gb200_results, V.summarise(gb200_results, V.fit_factors(gb200_results)))

@@ -10,6 +10,7 @@ is accurate at the kernel level.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,13 @@ import pytest
 
 from orchestrator.core.schema import HardwareConfig
 from orchestrator.plan.flops import peak_tflops
-from orchestrator.plan.steptime import EXPERT_GEMM_HALF_TOKENS, _remote_copies, expert_efficiency
+from orchestrator.plan.steptime import (
+    EXPERT_GEMM_HALF_TOKENS,
+    GEMM_HALF_K,
+    _remote_copies,
+    expert_efficiency,
+    short_k_efficiency,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = json.loads((ROOT / "tests" / "fixtures" / "kernel_tables.json").read_text())
@@ -36,10 +43,29 @@ def h800() -> HardwareConfig:
     return HardwareConfig(name=hw["name"], nvlink_gb_s=hw["nvlink_gb_s"])
 
 
-def gemm_tflops(hw: HardwareConfig, tokens_per_expert: float | None) -> float:
-    """The planner's achieved FP8 TFLOP/s: peak x gemm_efficiency (x the expert curve for a grouped GEMM)."""
+def gemm_tflops(hw: HardwareConfig, tokens_per_expert: float | None, k: int) -> float:
+    """The planner's achieved FP8 TFLOP/s of one forward GEMM: peak x gemm_efficiency x the short-K curve at its
+    reduction width K (x the expert curve for a grouped GEMM)."""
     eff = hw.gemm_efficiency * (expert_efficiency(tokens_per_expert) if tokens_per_expert is not None else 1.0)
-    return peak_tflops(hw, "fp8") * eff
+    return peak_tflops(hw, "fp8") * eff * short_k_efficiency(k)
+
+
+def fitted_half_k() -> float:
+    """GEMM_HALF_K's fit: the K0 of plateau x K / (K + K0) through the dense table's training-size rows, least
+    squares in log TFLOP/s with the plateau free (its best value for each K0 is the mean log residual)."""
+    rows = [r for r in TABLES["tables"]["deepgemm_dense"]["rows"] if r["m"] >= TRAINING_M]
+
+    def loss(k0: float) -> float:
+        res = [math.log(r["tflops"]) - math.log(r["k"] / (r["k"] + k0)) for r in rows]
+        mean = statistics.fmean(res)
+        return sum((x - mean) ** 2 for x in res)
+
+    lo, hi = 1.0, 10_000.0  # golden-section search: the loss is unimodal in K0 over the table's K range
+    g = (math.sqrt(5) - 1) / 2
+    for _ in range(200):
+        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+        lo, hi = (lo, b) if loss(a) < loss(b) else (a, hi)
+    return (lo + hi) / 2
 
 
 def a2a_gb_s(hw: HardwareConfig, ep: int, topk: int, gpus_per_node: int) -> float:
@@ -75,9 +101,9 @@ def _gemm_checks(name: str, grouped: bool) -> list[Check]:
     for r in TABLES["tables"][name]["rows"]:
         if grouped:
             label = f"{r['groups']}x M {r['m_per_group']}, N {r['n']}, K {r['k']}"
-            out.append(Check(label, r["tflops"], gemm_tflops(hw, r["m_per_group"])))
+            out.append(Check(label, r["tflops"], gemm_tflops(hw, r["m_per_group"], r["k"])))
         elif r["m"] >= TRAINING_M:
-            out.append(Check(f"M {r['m']}, N {r['n']}, K {r['k']}", r["tflops"], gemm_tflops(hw, None)))
+            out.append(Check(f"M {r['m']}, N {r['n']}, K {r['k']}", r["tflops"], gemm_tflops(hw, None, r["k"])))
     return out
 
 
@@ -143,6 +169,10 @@ def implied_lines() -> list[str]:
             f"| grouped GEMM N {n}, K {k} | gemm_efficiency {hw.gemm_efficiency:g}, EXPERT_GEMM_HALF_TOKENS "
             f"{EXPERT_GEMM_HALF_TOKENS:g} | {plateau / peak:.2f} of the FP8 peak at M 8192, half-point {half:.0f} |"
         )
+    lines.append(
+        f"| dense GEMM, short K | GEMM_HALF_K {GEMM_HALF_K:g} (x K / (K + GEMM_HALF_K)) | "
+        f"K0 {fitted_half_k():.0f} through the M 4,096 rows |"
+    )
     ep = {(r["ep"], r["kernel"]): r["gb_s"] for r in TABLES["tables"]["deepep_normal"]["rows"]}
     nvl = [ep[(8, kern)] / hw.nvlink_gb_s for kern in ("dispatch", "combine")]
     lines.append(
@@ -208,6 +238,11 @@ def test_the_page_states_the_constants_the_tables_imply():
     section = DOC.split(SECTION, 1)[1]
     for line in implied_lines():
         assert line in section, line
+
+
+def test_the_short_k_constant_is_the_dense_tables_fit():
+    """GEMM_HALF_K is the dense table's K0, rounded to 10."""
+    assert round(fitted_half_k(), -1) == GEMM_HALF_K
 
 
 def test_internode_bandwidth_counts_the_local_node_as_deepep_does():
