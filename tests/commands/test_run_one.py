@@ -53,8 +53,9 @@ def test_run_one_local_json(tmp_path):
     s = json.loads(proc.stdout)
     check_summary(s, tmp_path)
     assert s["cluster"] == "local"
-    # The measured (simulated) step time is not the planner's: the twin's truth differs on purpose.
-    assert abs(s["step_p50_s"] / s["predicted_step_s"] - 1) > 0.05
+    # The measured (simulated) step time is not the planner's: the twin's truth differs on purpose (by 4.4% on the
+    # smoke stage's candidate 0 once the step model charged the dispatchers' copies and short-K GEMMs; 5% before).
+    assert abs(s["step_p50_s"] / s["predicted_step_s"] - 1) > 0.01
     # A second run of the same candidate is attempt 2, in its own folder.
     again = run_one(tmp_path, "--candidate", "0", "cluster=local", "--format", "json")
     assert json.loads(again.stdout)["job_dir"].endswith("attempt-2")
