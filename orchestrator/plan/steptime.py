@@ -236,30 +236,36 @@ def _tp_collectives(model: ModelConfig, moe: bool) -> float:
     return 4.0 + (4.0 if mlp else 0.0)
 
 
+def short_k_extra(k: float) -> float:
+    """The short-K model's one formula: a GEMM reducing over K takes 1 + GEMM_HALF_K / K of its time at full
+    efficiency; this is the extra share, GEMM_HALF_K / K."""
+    return GEMM_HALF_K / k
+
+
 def short_k_efficiency(k: float) -> float:
-    """Relative GEMM efficiency at reduction width K (1 for K >> GEMM_HALF_K)."""
-    return k / (k + GEMM_HALF_K) if k > 0 else 0.0
+    """Relative GEMM efficiency at reduction width K, K / (K + GEMM_HALF_K) (1 for K >> GEMM_HALF_K)."""
+    return 1.0 / (1.0 + short_k_extra(k)) if k > 0 else 0.0
 
 
 @lru_cache(maxsize=512)
 def _short_k(key: ModelKey, n: int) -> tuple[float, float, float]:
     """The short-K slow-down of one model's GEMMs, as extra FLOP-equivalents per FLOP summed over the forward and
-    dgrad passes (1 / short_k_efficiency - 1 = GEMM_HALF_K / K each): the forward reduces over a matrix's input
+    dgrad passes (short_k_extra each): the forward reduces over a matrix's input
     width, dgrad over its output width; the wgrad pass reduces over the tokens (step_time). (dense, expert, head):
     dense FLOP-weighted over the blocks' projections (flops.gemm_shapes; the router and mHC at none), expert over
     fc1 (h -> 2f) and fc2 (f -> h), the output head over h and the vocabulary. Not counted: TP's split of a
     row-parallel matrix's K, and the recomputed forwards (at gemm_efficiency alone)."""
-    m = _Frozen(key)
-    k0, h = GEMM_HALF_K, m.hidden_size
+    m, x = _Frozen(key), short_k_extra
+    h = m.hidden_size
     prof = profile(m, 4096, n)  # the GEMM FLOPs do not depend on S
     blocks = [(b, r, is_moe_block(m, i)) for i, (b, r) in enumerate(zip(prof.blocks, block_ratios(m, n)))]
     if prof.mtp_block is not None:
         blocks += [(prof.mtp_block, mtp_ratio(m), True)] * prof.mtp_layers
-    extra = sum(2.0 * i * o * (k0 / i + k0 / o) for _, r, moe in blocks for i, o in gemm_shapes(m, r, moe))
+    extra = sum(2.0 * i * o * (x(i) + x(o)) for _, r, moe in blocks for i, o in gemm_shapes(m, r, moe))
     gemm = sum(b.gemm for b, _, _ in blocks)
     f = m.moe_ffn_hidden_size
-    expert = (4.0 * h * f * (k0 / h + k0 / (2 * f)) + 2.0 * h * f * (k0 / f + k0 / h)) / (6.0 * h * f) if f else 0.0
-    return (extra / gemm if gemm else 0.0), expert, k0 / h + k0 / m.vocab_size
+    expert = (4.0 * h * f * (x(h) + x(2 * f)) + 2.0 * h * f * (x(f) + x(h))) / (6.0 * h * f) if f else 0.0
+    return (extra / gemm if gemm else 0.0), expert, x(h) + x(m.vocab_size)
 
 
 def expert_efficiency(t_expert: float) -> float:
@@ -393,7 +399,7 @@ def step_time(
     # every microbatch's weight-gradient GEMMs add into the FP32 (or the layout's optim) main grads: read + write
     grad_rw = 2.0 * optimizer_bytes(model, stage, layout.optim)[0]
     k_dense, k_expert, k_head = _short_k(model_key(model), n)
-    k_wgrad = GEMM_HALF_K / t  # the dense and head wgrad GEMMs reduce over the microbatch's tokens on this GPU
+    k_wgrad = short_k_extra(t)  # the dense and head wgrad GEMMs reduce over the microbatch's tokens on this GPU
     # the dispatcher's permutation copies per token per MoE layer (permutation_rows): forward, backward, and the
     # forward again when the MoE layer is recomputed; the expert ranks' share x the hot rank's skew
     src_rows, exp_rows = permutation_rows(layout.dispatcher, layout.flex_backend, k, ep, etp, E)
