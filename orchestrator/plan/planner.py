@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import operator
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -121,8 +122,46 @@ class PlanResult:
         )
 
 
+class _Tables:
+    """The memo tables of one (model, hardware, stage, recipe, routing spread): what the rules and the memory
+    model say of a layout does not depend on the calibration (`factors`, `memory_factor`), so a sweep that
+    re-plans its stage every round with new factors reads them again instead of recomputing them."""
+
+    def __init__(self) -> None:
+        self.split: dict[tuple[int, int], tuple[tuple[int, ...], str] | None] = {}
+        self.spans: dict[tuple[int, ...], tuple[int, int, int, int]] = {}
+        self.moe: dict[tuple[int, int, int], tuple[int, float, int]] = {}
+        self.argv_memo: dict[tuple[str, tuple[Any, ...]], bool] = {}
+        self.flops: dict[tuple[str, ...], flops.StepFlops] = {}
+        self.mem: dict[tuple[Any, ...], tuple[list[memory.StageMemory], memory.StageMemory]] = {}
+        self.terms: dict[int, tuple[dict[str, float], ...]] = {}  # id of a list held in mem -> its terms
+        self.groups: dict[tuple[int, ...], Groups] = {}
+        self.steps: dict[Layout, steptime.StepTime] = {}  # uncalibrated: the factors are applied per problem
+
+
+# The last few planning problems' tables, keyed by the repr of every input they depend on (a config changed in
+# place has a new repr, so it never reads another's tables).
+_TABLES: OrderedDict[tuple[str, ...], _Tables] = OrderedDict()
+_TABLES_KEPT = 4
+
+
+def _tables_for(
+    model: ModelConfig, hw: HardwareConfig, stage: StageConfig, recipe: RecipeConfig, routing_sigma: float
+) -> _Tables:
+    key = (repr(model), repr(hw), repr(stage), repr(recipe), repr(routing_sigma))
+    hit = _TABLES.get(key)
+    if hit is None:
+        hit = _TABLES[key] = _Tables()
+        while len(_TABLES) > _TABLES_KEPT:
+            _TABLES.popitem(last=False)
+    else:
+        _TABLES.move_to_end(key)
+    return hit
+
+
 class _Env:
-    """One planning problem plus memo tables for the models' inputs that repeat across layouts."""
+    """One planning problem: its calibration, and the memo tables of its inputs (shared by every problem that
+    differs from it only in calibration, `_tables_for`)."""
 
     def __init__(
         self,
@@ -141,15 +180,11 @@ class _Env:
         self.recipe = recipe or argv_mod.DEFAULT_RECIPE
         self.rules = R.active(stage)  # every rule but those stage.lifted_rules lifts
         self.blocks = params.effective_layers(model, stage)
-        self._split: dict[tuple[int, int], tuple[tuple[int, ...], str] | None] = {}
-        self._spans: dict[tuple[int, ...], tuple[int, int, int, int]] = {}
         self.domain = ranks.allocated_domain(hw.gpus_per_nvlink_domain, hw.gpus_per_node)
-        self._moe: dict[tuple[int, int, int], tuple[int, float, int]] = {}
-        self._argv_memo: dict[tuple[str, tuple[Any, ...]], bool] = {}
-        self._flops: dict[tuple[str, ...], flops.StepFlops] = {}
-        self._mem: dict[tuple[Any, ...], tuple[list[memory.StageMemory], memory.StageMemory]] = {}
-        self._terms: dict[int, tuple[dict[str, float], ...]] = {}  # id of a list held in _mem -> its terms
-        self._groups: dict[tuple[int, ...], Groups] = {}
+        t = _tables_for(model, hw, stage, self.recipe, routing_sigma)
+        self._split, self._spans, self._moe, self._argv_memo = t.split, t.spans, t.moe, t.argv_memo
+        self._flops, self._mem, self._terms, self._groups = t.flops, t.mem, t.terms, t.groups
+        self._steps = t.steps
         self.tokens = stage.global_batch * stage.seq_length
         self.ident = (model.name, stage.name, hw.name, workload)
 
@@ -319,21 +354,23 @@ class _Env:
         if over and check_memory:
             return Rejected(lay, over, memory_gb=ctx.memory_gb)
         ep_nodes, cp_nodes, ep_domains, cp_domains = self.spans(lay)
-        st = steptime.step_time(
-            self.model,
-            self.hw,
-            self.stage,
-            lay,
-            g,
-            list(split),
-            ep_nodes,
-            cp_nodes,
-            factors=self.factors,
-            recipe=self.recipe,
-            routing_sigma=self.routing_sigma,
-            ep_domains=ep_domains,
-            cp_domains=cp_domains,
-        )
+        raw = self._steps.get(lay)
+        if raw is None:
+            raw = self._steps[lay] = steptime.step_time(
+                self.model,
+                self.hw,
+                self.stage,
+                lay,
+                g,
+                list(split),
+                ep_nodes,
+                cp_nodes,
+                recipe=self.recipe,
+                routing_sigma=self.routing_sigma,
+                ep_domains=ep_domains,
+                cp_domains=cp_domains,
+            )
+        st = steptime.calibrated(raw, self.factors)
         fl = self.step_flops(lay)
         t_group, t_expert, per_rank = self.moe_shape(lay)
         pred = Prediction(

@@ -345,10 +345,7 @@ def step_time(
     cp_domains: NVLink domains one EP / CP group spans (ranks.domain_spans; None: as many as its nodes, a
     HybridEP group that fits hardware.gpus_per_nvlink_domain counting as one)."""
     recipe = recipe or DEFAULT_RECIPE
-    if factors:
-        unknown = set(factors) - set(COMPONENTS)
-        if unknown:
-            raise ValueError(f"unknown step-time components {sorted(unknown)}; known: {', '.join(COMPONENTS)}")
+    _check_factors(factors)
     pp, vpp, tp, cp, ep, etp, b = layout.pp, layout.vpp, layout.tp, layout.cp, layout.ep, layout.etp, layout.mbs
     bps, n = checked_split(model, stage, layout, blocks_per_segment)
     S = stage.seq_length
@@ -449,10 +446,31 @@ def step_time(
         "tp_comm": m * c_tp,
     }
     probe = m * per_rank[pp - 1][0] + comp["optimizer"]
-    if factors:
-        comp = scaled(comp, factors)
-    return StepTime(
+    raw = StepTime(
         total_s=sum(comp.values()), components=comp, slowest_stage=slow, stage_times_s=tuple(totals), probe_s=probe
+    )
+    return calibrated(raw, factors)
+
+
+def _check_factors(factors: Mapping[str, float] | None) -> None:
+    unknown = set(factors or ()) - set(COMPONENTS)
+    if unknown:
+        raise ValueError(f"unknown step-time components {sorted(unknown)}; known: {', '.join(COMPONENTS)}")
+
+
+def calibrated(raw: StepTime, factors: Mapping[str, float] | None) -> StepTime:
+    """An uncalibrated step with the step factors applied (`scaled`), as step_time applies them: the planner
+    keeps each layout's raw step across calibrations and scales it here. The probe's step stays raw."""
+    _check_factors(factors)
+    if not factors:
+        return raw
+    comp = scaled(raw.components, factors)
+    return StepTime(
+        total_s=sum(comp.values()),
+        components=comp,
+        slowest_stage=raw.slowest_stage,
+        stage_times_s=raw.stage_times_s,
+        probe_s=raw.probe_s,
     )
 
 

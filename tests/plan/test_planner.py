@@ -247,3 +247,40 @@ def test_memory_rejections_carry_the_predicted_memory():
     c = cfg("1k")
     mem = [r for r in planned("1k").rejected if r.rule_ids == ["mem.exceeds_hbm"]]
     assert mem and all(r.memory_gb + c.stage.memory_margin_gb > c.hardware.hbm_gb for r in mem)
+
+
+def _fingerprint(res) -> tuple:
+    return (
+        [(p.layout, repr(p.prediction)) for p in res.candidates],
+        [(r.layout, r.rule_ids, r.memory_gb) for r in res.rejected],
+    )
+
+
+def test_a_calibrated_plan_after_an_uncalibrated_one_is_the_cold_plan(monkeypatch):
+    """The tables one planning problem shares with the next (planner._tables_for: rules, memory, raw step) are
+    calibration-free: planning with factors after planning without gives what a cold planner gives."""
+    from orchestrator.plan import planner
+
+    c = cfg("smoke")
+    factors, mem = {"compute": 1.3, "a2a": 0.7, "bubble": 1.2}, {"activations": 1.4, "states": 0.9}
+    monkeypatch.setattr(planner, "_TABLES", type(planner._TABLES)())
+    cold = _fingerprint(plan(c.model, c.hardware, c.stage, factors=factors, memory_factor=mem))
+    monkeypatch.setattr(planner, "_TABLES", type(planner._TABLES)())
+    plan(c.model, c.hardware, c.stage)
+    warm = _fingerprint(plan(c.model, c.hardware, c.stage, factors=factors, memory_factor=mem))
+    assert len(planner._TABLES) == 1  # the second plan read the first's tables
+    assert warm == cold and cold != _fingerprint(plan(c.model, c.hardware, c.stage))
+
+
+def test_a_config_changed_in_place_reads_no_stale_table(monkeypatch):
+    """The tables are keyed by the configs' contents: a stage whose sequence length changed in place plans anew."""
+    from orchestrator.plan import planner
+
+    c = compose(["+stage=smoke"]).cfg
+    before = plan(c.model, c.hardware, c.stage)
+    c.stage.seq_length //= 2
+    after = plan(c.model, c.hardware, c.stage)
+    fresh = compose(["+stage=smoke", f"stage.seq_length={c.stage.seq_length}"]).cfg
+    monkeypatch.setattr(planner, "_TABLES", type(planner._TABLES)())  # cold: nothing planned before
+    assert _fingerprint(after) == _fingerprint(plan(fresh.model, fresh.hardware, fresh.stage))
+    assert _fingerprint(after) != _fingerprint(before)
