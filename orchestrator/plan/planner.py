@@ -356,7 +356,7 @@ class _Env:
             step_components=dict(st.components),
             flops_per_step=fl.model_flops,
             recompute_flops_per_step=fl.recompute_flops,
-            mfu=flops.mfu(fl.model_flops, st.total_s, self.stage.gpus, self.hw, self.stage.precision),
+            mfu=flops.mfu(fl.model_flops, st.total_s, self.stage.gpus, self.hw, lay.precision),
             tokens_per_s=self.tokens / st.total_s if st.total_s > 0 else 0.0,
             layer_pattern=pattern or "",
             probe_step_s=st.probe_s,

@@ -327,9 +327,13 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "mcore.precision_on_hardware",
-        "stage.precision must be bf16, fp8, fp8_cs or mxfp8, and MXFP8 needs Blackwell (hardware.peak_mxfp8_tflops)",
-        "dev megatron/core/enums.py Fp8Recipe; MXFP8 tensor cores: sm_100+ (TE's mxfp8 recipe)",
-        lambda c: not has_precision(c.hw, c.stage.precision),
+        "the compute precision must be bf16, fp8, fp8_cs or mxfp8, and the part must have it: MXFP8 needs Blackwell "
+        "(hardware.peak_mxfp8_tflops); Hopper (H100/H200) runs bf16 and FP8 (blockwise, tensorwise)",
+        "dev megatron/core/enums.py:12 (Fp8Recipe); dev megatron/core/fp8_utils.py:772-773 (mxfp8 -> TE's "
+        "MXFP8BlockScaling), which TE runs on compute capability 10.0+ only (Transformer Engine docs, 'MXFP8: "
+        "Blackwell'); NVIDIA H100/H200 datasheets list FP8, not MXFP8",
+        lambda c: not has_precision(c.hw, c.layout.precision),
+        ("precision",),
     ),
     Rule(
         "mcore.gbs_div_mbs_dp",

@@ -248,6 +248,8 @@ def test_many_candidates_pass_megatron_validation(megatron_args, case):
     "changes",
     [
         {"precision": "fp8"},
+        {"precision": "fp8_cs"},
+        {"precision": "mxfp8"},
         {"transformer_engine": False},
         {"deterministic_mode": True},
         {"attention_backend": "flash"},
@@ -257,10 +259,12 @@ def test_many_candidates_pass_megatron_validation(megatron_args, case):
 )
 @pytest.mark.long
 def test_stage_variants_parse_in_megatron(megatron_args, changes):
-    """Stage knobs map to flags/values main's parser accepts (parse only: TE-version checks need a GPU)."""
+    """Stage knobs and the layout's compute precision map to flags/values main's parser accepts (parse only:
+    TE-version checks need a GPU)."""
     import dataclasses
 
-    layout = Layout(tp=2, pp=4, cp=2, ep=32, mbs=1)
+    changes = dict(changes)
+    layout = Layout(tp=2, pp=4, cp=2, ep=32, mbs=1, precision=changes.pop("precision", "bf16"))
     stage = dataclasses.replace(STAGE_1K, **changes)
     keep, _ = main_argv(build(layout, stage))
     saved = sys.argv
@@ -270,7 +274,8 @@ def test_stage_variants_parse_in_megatron(megatron_args, changes):
             args = megatron_args.parse_args()
     finally:
         sys.argv = saved
-    assert args.fp8 == ("e4m3" if stage.precision == "fp8" else None)
+    assert args.fp8 == (None if layout.precision == "bf16" else "e4m3")
+    assert layout.precision == "bf16" or args.fp8_recipe == A.FP8_RECIPES[layout.precision]
     assert args.transformer_impl == ("transformer_engine" if stage.transformer_engine else "local")
     assert args.deterministic_mode == stage.deterministic_mode
     assert str(args.attention_backend).endswith("fused" if stage.attention_backend == "cudnn" else "flash")
