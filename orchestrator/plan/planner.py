@@ -17,7 +17,7 @@ import itertools
 import operator
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
@@ -477,6 +477,19 @@ class _Walk:
         return out
 
 
+def _offload_where_needed(planned: list[Planned], late: list[Rejected]) -> list[Planned]:
+    """The planned layouts less each offload layout whose no-offload sibling is planned too (it moves to `late`,
+    rejected by rules.OFFLOAD_NOT_NEEDED): offload only buys memory, so it stays only where it is what fits."""
+    fits = {p.layout for p in planned if not p.layout.offload}
+    keep: list[Planned] = []
+    for p in planned:
+        if p.layout.offload and replace(p.layout, offload=()) in fits:
+            late.append(Rejected(p.layout, [R.OFFLOAD_NOT_NEEDED], p.prediction.memory_gb))
+        else:
+            keep.append(p)
+    return keep
+
+
 def plan(
     model: ModelConfig,
     hw: HardwareConfig,
@@ -506,6 +519,7 @@ def plan(
             late.append(res)
 
     cut = walk.run(on_leaf)
+    planned = _offload_where_needed(planned, late)
     planned.sort(key=lambda p: (p.prediction.step_time_s, p.prediction.memory_gb))  # stable: walk order on ties
     raw = space.raw_count(stage.search, env.recipe)
     return PlanResult(

@@ -158,6 +158,21 @@ def _full_recompute_drops_input_ids(c: Ctx) -> bool:
     return "full" in c.layout.recompute and m.moe_n_hash_layers > 0 and (m.hyper_connection_streams or 0) > 1
 
 
+# Not a legality rule (no Megatron check behind it): the planner's own cut of a fine-grained offload that is not
+# needed. The step model charges offload no time (its PCIe copies run under compute), so a layout with offload is
+# never predicted faster than the same layout without it; it is kept only where that sibling is over HBM or
+# illegal. A stage may then search offload without doubling the layouts that fit anyway (planner.plan applies it).
+OFFLOAD_NOT_NEEDED = Rule(
+    "plan.offload_not_needed",
+    "activation offload is kept only where the same layout without it does not fit (or is illegal): offload buys "
+    "memory, never step time",
+    "orchestrator/plan/planner.py (_offload_where_needed); offload modules: dev megatron/core/transformer/"
+    "transformer_config.py:2403-2426",
+    lambda c: False,
+    ("offload",),
+    "plan",
+)
+
 RULES: tuple[Rule, ...] = (
     # ---- V4 path (Megatron-LM dev's DeepSeek-V4 implementation) ----
     Rule(
