@@ -643,3 +643,29 @@ def test_warm_start_argv_passes_megatron_validation(megatron_args, tmp_path):
     assert (
         warm_start_flags(Decision.from_dict({"fidelity": "screen"}), tmp_path, 60) == []
     )  # no seed asked for, none given
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"offload": ("core_attn",), "precision": "fp8", "optim": "bf16"},
+        {"offload": ("expert_fc1",), "precision": "mxfp8"},
+    ],
+)
+@pytest.mark.long
+def test_the_recipe_knobs_parse_in_megatron(megatron_args, knobs):
+    """The flags of the 1k/8k stages' new knob values (core_attn / expert_fc1 offload, FP8 blockwise or MXFP8 compute,
+    BF16 optimizer state) are ones dev's parser takes, with the values the layout says."""
+    layout = Layout(tp=1, pp=8, ep=64, mbs=1, recompute=("mhc", "mla_up_proj"), **knobs)
+    keep, _ = main_argv(build(layout, STAGE_1K))
+    saved = sys.argv
+    sys.argv = ["pretrain_hybrid.py", *keep]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            args = megatron_args.parse_args()
+    finally:
+        sys.argv = saved
+    assert args.fine_grained_activation_offloading and list(args.offload_modules) == list(layout.offload)
+    assert args.fp8 == "e4m3" and args.fp8_recipe == A.FP8_RECIPES[layout.precision]
+    assert bool(args.use_precision_aware_optimizer) == (layout.optim != "fp32")
+    assert A.layout_from_argv(keep) == layout
