@@ -613,8 +613,8 @@ RULES: tuple[Rule, ...] = (
     ),
 )
 
-BY_ID = {r.id: r for r in RULES}
-assert len(BY_ID) == len(RULES), "duplicate rule id"
+BY_ID = {r.id: r for r in (*RULES, OFFLOAD_NOT_NEEDED)}  # the planner's own cut is named like a rule
+assert len(BY_ID) == len(RULES) + 1, "duplicate rule id"
 LIFTABLE = frozenset(r.id for r in RULES if r.lifted_by)
 
 
