@@ -124,6 +124,7 @@ class Row:
             recompute=tuple(sorted(self.recompute)),
             dispatcher=name,
             flex_backend=backend or None,
+            precision=self.precision,
             capacity_factor=self.capacity_factor,
             optim=optim_name(self.main_grads_dtype, self.exp_avg_dtype),
         )
@@ -214,7 +215,6 @@ def row_stage(row: Row, model: ModelConfig, hw: HardwareConfig) -> StageConfig:
         seq_length=row.seq,
         warmup_iters=1,
         measure_iters=1,
-        precision=row.precision,
         packed_sequences=False,
         search=search_space(row, model),
     )
@@ -228,6 +228,7 @@ def row_recipe(row: Row) -> RecipeConfig:
         DEFAULT_RECIPE,
         overlap_moe_expert_parallel_comm=row.a2a_overlap,
         optim=[row.layout().optim],  # the one optimizer precision the row's recipe declares
+        precision=[row.precision],  # and the one compute precision it ran
     )
 
 

@@ -114,6 +114,15 @@ def parse_dispatcher(label: Any) -> tuple[str, str | None]:
     return name, backend or None
 
 
+# Compute precisions by name -> the --fp8-recipe each writes (bf16: none; every FP8 recipe also writes
+# --fp8-format e4m3, as dev's V4 recipes do: examples/moe_recipes/deepseek_v4_pro/gb300/
+# mxfp8_SL4K_256GPU_TP1PP4EP64.yaml:232-234). fp8 is DeepSeek's 128x128 blockwise scaling (Hopper and later),
+# fp8_cs tensorwise current scaling (Megatron-Bridge's "FP8-CS"), mxfp8 32-element microscaling (Blackwell only:
+# orchestrator/plan/flops.has_precision). dev's recipe names: megatron/core/enums.py:12 (Fp8Recipe); mxfp8 runs TE's
+# MXFP8BlockScaling (megatron/core/fp8_utils.py:772-773).
+PRECISIONS: dict[str, str | None] = {"bf16": None, "fp8": "blockwise", "fp8_cs": "tensorwise", "mxfp8": "mxfp8"}
+
+
 # The precision-aware optimizer's settings by name: (main grads, main params, exp_avg, exp_avg_sq) dtypes, as
 # Megatron's flags spell them (dev megatron/training/arguments.py:5103-5139). "fp32" is Megatron's default and
 # writes no flag; the others write --use-precision-aware-optimizer and all four dtypes. Main params stay FP32:
@@ -155,21 +164,21 @@ class Layout:
 
     # A knob's flags are every flag its value decides (argv writes the first; the rest follow from it): the
     # layout flags, the only ones two layouts of one stage differ in (tests/plan/test_argv.py diffs them).
-    tp: int = knob(1, flags=("--tensor-model-parallel-size", "--sequence-parallel"), label="TP{}", search=(1,), walk=2)
-    pp: int = knob(1, flags=("--pipeline-model-parallel-size",), label="PP{}", search=(4, 8, 16), walk=0, group="pp")
+    tp: int = knob(1, flags=("--tensor-model-parallel-size", "--sequence-parallel"), label="TP{}", search=(1,), walk=3)
+    pp: int = knob(1, flags=("--pipeline-model-parallel-size",), label="PP{}", search=(4, 8, 16), walk=1, group="pp")
     # virtual pipeline stages per PP rank (1 = no interleaving): the pattern has PP x VPP '|' segments
-    vpp: int = knob(1, flags=("--hybrid-layer-pattern",), label="VPP{}", search=(1, 2), walk=1, group="pp")
+    vpp: int = knob(1, flags=("--hybrid-layer-pattern",), label="VPP{}", search=(1, 2), walk=2, group="pp")
     cp: int = knob(
         1,
         flags=("--context-parallel-size", "--cp-comm-type", "--cp-partition-mode", "--max-seqlen-per-dp-cp-rank"),
         label="CP{}",
         search=(1, 2, 4),
-        walk=3,
+        walk=4,
         group="cp",
     )
-    ep: int = knob(1, flags=("--expert-model-parallel-size",), label="EP{}", search=(32, 64, 128), walk=5, group="ep")
-    etp: int = knob(1, flags=("--expert-tensor-parallel-size",), label="ETP{}", search=(1,), walk=6)
-    mbs: int = knob(1, flags=("--micro-batch-size",), label="MBS{}", search=(1, 2), walk=4, group="mbs")  # b
+    ep: int = knob(1, flags=("--expert-model-parallel-size",), label="EP{}", search=(32, 64, 128), walk=6, group="ep")
+    etp: int = knob(1, flags=("--expert-tensor-parallel-size",), label="ETP{}", search=(1,), walk=7)
+    mbs: int = knob(1, flags=("--micro-batch-size",), label="MBS{}", search=(1, 2), walk=5, group="mbs")  # b
     # --recompute-modules (selective); ("full",) = --recompute-granularity full
     recompute: tuple[str, ...] = knob(
         (),
@@ -177,7 +186,7 @@ class Layout:
         label="rc={}",
         length=200,
         search=((), ("mla_up_proj", "mhc"), ("moe_act",)),
-        walk=7,
+        walk=8,
         group="recompute",
     )
     # --offload-modules (fine-grained activation offload)
@@ -187,7 +196,7 @@ class Layout:
         label="off={}",
         length=200,
         search=((),),
-        walk=8,
+        walk=9,
         shown=False,
     )
     # alltoall | allgather | flex; a search value "flex:deepep" also sets flex_backend
@@ -196,7 +205,7 @@ class Layout:
         flags=("--moe-token-dispatcher-type",),
         label="{}",
         search=("alltoall", "flex:deepep", "flex:hybridep"),
-        walk=9,
+        walk=10,
         group="dispatcher",
         parse=parse_dispatcher,
     )
@@ -207,10 +216,16 @@ class Layout:
         part_of="dispatcher",
     )
     capacity_factor: float | None = knob(  # None = dropless
-        None, flags=("--moe-expert-capacity-factor",), label="cf={}", search=(None,), walk=10, shown=False
+        None, flags=("--moe-expert-capacity-factor",), label="cf={}", search=(None,), walk=11, shown=False
     )
     use_tp_pp_dp_mapping: bool = knob(
-        False, flags=("--use-tp-pp-dp-mapping",), label="tp-pp-dp", search=(False,), walk=11, shown=False
+        False, flags=("--use-tp-pp-dp-mapping",), label="tp-pp-dp", search=(False,), walk=12, shown=False
+    )
+    # Compute precision of the GEMMs (a PRECISIONS name): numerics, so the recipe declares the allowed set
+    # (RecipeConfig.precision) and the hardware group says which the part has (mcore.precision_on_hardware). First in
+    # the walk: that rule reads this knob alone and cuts a precision the GPU lacks (MXFP8 on Hopper) at the root.
+    precision: str = knob(
+        "bf16", flags=("--fp8-format", "--fp8-recipe"), label="{}", walk=0, shown=False, declared="precision"
     )
     # Optimizer-state and main-grad precision (an OPTIM_DTYPES name): numerics, so the recipe declares the allowed
     # set (RecipeConfig.optim). The default is the V4 recipe's, as the recipe's own default list; an argv without
@@ -225,7 +240,7 @@ class Layout:
             "--exp-avg-sq-dtype",
         ),
         label="opt={}",
-        walk=12,
+        walk=13,
         shown=False,
         declared="optim",
     )

@@ -243,7 +243,6 @@ class StageConfig:
     screen: ScreenConfig = field(default_factory=ScreenConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     # Training semantics that the rules depend on
-    precision: str = "bf16"  # PRECISIONS: bf16 | fp8 (blockwise) | fp8_cs (tensorwise current scaling) | mxfp8
     use_distributed_optimizer: bool = True
     packed_sequences: bool = True  # THD packed input (required for CP>1 on the V4 path)
     attention_backend: str = "cudnn"  # the packed path needs cuDNN
@@ -330,7 +329,11 @@ MOVED_KEYS: dict[str, str] = {
     "cluster.slurm_wait_s": "cluster.slurm.wait_s",
     "cluster.local_max_workers": "cluster.local.max_workers",
     "policy.converge_rounds": "stage.budget.converge_rounds",
+    # the compute precision became a numerics knob the recipe declares: a one-value list of the stage's precision
+    "stage.precision": "workload.recipe.precision",
 }
+# Moved keys whose new home is a list (a declared numerics knob): an old scalar value loads as a one-value list.
+MOVED_TO_LIST: frozenset[str] = frozenset({"workload.recipe.precision"})
 
 
 def moved_to(key: str) -> str | None:
@@ -363,7 +366,7 @@ def legacy_moved(snapshot: dict[str, Any]) -> dict[str, Any]:
             value = source.pop(old_key)
             target = group(out.get(top), new_path, make=True) if isinstance(out.get(top), dict) else None
             if isinstance(target, dict):
-                target.setdefault(new_key, value)
+                target.setdefault(new_key, [value] if new in MOVED_TO_LIST and not isinstance(value, list) else value)
     return out
 
 
@@ -575,6 +578,12 @@ class RecipeConfig:
     # moments with FP32 master weights through the precision-aware optimizer (:237-241); ["fp32", "bf16"] lets the
     # search choose. (Not yet the default: with it the search bench's small sweeps overran max_runs, unexplained.)
     optim: list[str] = field(default_factory=lambda: ["fp32"])
+    # Compute precision of the GEMMs (the `precision` knob, orchestrator/core/knobs.py PRECISIONS: bf16 | fp8
+    # blockwise | fp8_cs tensorwise | mxfp8): numerics, declared here like `optim`; a precision the hardware group's
+    # part lacks (MXFP8 before Blackwell) is rejected per layout (mcore.precision_on_hardware). Default: BF16, what
+    # every earlier sweep ran (it was stage.precision). The V4 recipe's own is mxfp8 (:233, a GB300 recipe);
+    # [bf16, fp8, mxfp8] lets the search choose among what the part has.
+    precision: list[str] = field(default_factory=lambda: ["bf16"])
     # Muon, used only with model.optimizer=muon (Megatron's defaults, megatron/training/arguments.py:3274-3317)
     muon_momentum: float = ranged(0.9, 0, 1)
     muon_num_ns_steps: int = ranged(5, 1)

@@ -160,6 +160,7 @@ def collect(
     if spec is not None:
         stage, hw = spec.stage, spec.hardware
         warmup, measure = cut_win or spec.window  # the attempt's own window (or its cut's), not the stage's
+        precision = str(spec.layout.get("precision") or "bf16")  # the layout's (a job from before the knob: bf16)
         metrics_mod.compute(
             folder.logs,
             folder.sidecars,
@@ -170,8 +171,8 @@ def collect(
             global_batch=stage.global_batch,
             model_flops_per_step=spec.model_flops_per_step or None,
             recompute_flops_per_step=spec.recompute_flops_per_step or None,
-            peak_tflops=peak_tflops(hw, stage.precision),
-            peak_label=peak_label(hw, stage.precision),
+            peak_tflops=peak_tflops(hw, precision),
+            peak_label=peak_label(hw, precision),
             pp_of_rank=pp_of_rank(spec),
             result=result,
             sidecar_paths=folder.sidecar_paths,

@@ -20,8 +20,9 @@ Choices (Megatron file:line at dev d48bd6be0a85):
 - --logging-level 20: timers are logged at INFO; the DSv3 examples' 40 hides them.
 - Stage attention backend "cudnn" (the packed V4 path): --attention-backend fused (TE's cuDNN fused
   attention) plus --dsa-kernel-backend cudnn for the sparse CSA/HCA kernels.
-- fp8 stage precision: --fp8-format e4m3 --fp8-recipe blockwise (DeepSeek-style 128x128, Hopper-capable);
-  fp8_cs: --fp8-recipe tensorwise (current scaling, Megatron-Bridge's "FP8-CS"); mxfp8: --fp8-recipe mxfp8.
+- the layout's compute precision (the `precision` knob) fp8: --fp8-format e4m3 --fp8-recipe blockwise
+  (DeepSeek-style 128x128, Hopper-capable); fp8_cs: --fp8-recipe tensorwise (current scaling, Megatron-Bridge's
+  "FP8-CS"); mxfp8: --fp8-recipe mxfp8.
 - The GPT path (model.attention_variant mla or gqa: DeepSeek-V3, Qwen3, GPT-OSS on pretrain_gpt.py) writes its
   split as --pipeline-model-parallel-layout (pipeline.gpt_layout) with PP > 1, the leading dense blocks as
   --moe-layer-freq, MLA or GQA flags, and none of the V4 path's (no --spec, CSA/HCA, DSA indexer, mHC, hash
@@ -55,7 +56,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.core.knobs import KNOB, KNOBS, OPTIM_DTYPES, optim_name
+from orchestrator.core.knobs import KNOB, KNOBS, OPTIM_DTYPES, PRECISIONS, optim_name
 from orchestrator.core.schema import TRAIN_SOURCES, ModelConfig, RecipeConfig, StageConfig, TrainConfig
 from orchestrator.plan.flags import FLAGS
 from orchestrator.plan.layout import Layout
@@ -74,8 +75,8 @@ ATTENTION_BACKENDS = {  # stage.attention_backend -> flags
 }
 # The GPT path has no DSA kernels: the packed path's "cudnn" is TE's cuDNN fused attention there too.
 GPT_BACKEND = {name: ("fused" if name == "cudnn" else name) for name in ATTENTION_BACKENDS}
-# stage.precision -> --fp8-recipe (orchestrator.plan.flops.PRECISIONS; bf16 writes none)
-FP8_RECIPES = {"fp8": "blockwise", "fp8_cs": "tensorwise", "mxfp8": "mxfp8"}
+# a layout's precision -> --fp8-recipe (knobs.PRECISIONS; bf16 writes none)
+FP8_RECIPES = {name: recipe for name, recipe in PRECISIONS.items() if recipe is not None}
 TIMING_LOG_LEVEL = 1
 PIPE, MTP_SEPARATOR = "|", "/"
 DEFAULT_RECIPE = RecipeConfig()
@@ -509,9 +510,9 @@ def megatron_argv(
     _memory(a, layout)
     _optimizer(a, model, stage, recipe, layout, train_iters, train)
     a.add("--bf16")
-    if stage.precision in FP8_RECIPES:
+    if layout.precision in FP8_RECIPES:
         a.add("--fp8-format", "e4m3")
-        a.add("--fp8-recipe", FP8_RECIPES[stage.precision])
+        a.add("--fp8-recipe", FP8_RECIPES[layout.precision])
     if stage.attention_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {stage.attention_backend!r}: {sorted(ATTENTION_BACKENDS)}")
     backend = (
@@ -668,6 +669,18 @@ def _optim(f: Flags, kw: dict[str, Any]) -> str:
     return optim_name(f["main_grads_dtype"] or "fp32", f["exp_avg_dtype"] or "fp32")
 
 
+def _precision(f: Flags, kw: dict[str, Any]) -> str:
+    """The PRECISIONS name of the flags' --fp8-recipe ("bf16" without --fp8-format: no FP8 GEMMs)."""
+    if not f["fp8_format"]:
+        return "bf16"
+    recipe = f["fp8_recipe"] or "delayed"  # Megatron's default recipe
+    names = [name for name, r in PRECISIONS.items() if r == recipe]
+    if not names:
+        known = ", ".join(FP8_RECIPES.values())
+        raise ValueError(f"--fp8-recipe {recipe}: not a precision the planner knows ({known})")
+    return names[0]
+
+
 def _flex_backend(f: Flags, kw: dict[str, Any]) -> str | None:
     return (f["moe_flex_dispatcher_backend"] or "deepep") if kw["dispatcher"] == "flex" else None
 
@@ -681,6 +694,7 @@ _READ: dict[str, Callable[[Flags, dict[str, Any]], Any]] = {
     "dispatcher": lambda f, kw: f["moe_token_dispatcher_type"] or "allgather",  # Megatron's default
     "flex_backend": _flex_backend,
     "optim": _optim,
+    "precision": _precision,
 }
 
 

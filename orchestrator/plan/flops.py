@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from orchestrator.core import knobs
 from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.params import (
@@ -285,9 +286,9 @@ def _per_token(
     return gemm + expert + attn + head + mtp, rc, parts
 
 
-# stage.precision -> the peak its GEMMs run at: fp8 (blockwise, DeepSeek's 128x128) and fp8_cs (tensorwise current
-# scaling) at the FP8 peak, mxfp8 (32-element blocks, Blackwell only) at the MXFP8 peak.
-PRECISIONS = ("bf16", "fp8", "fp8_cs", "mxfp8")
+# A layout's precision (knobs.PRECISIONS) -> the peak its GEMMs run at: fp8 (blockwise, DeepSeek's 128x128) and
+# fp8_cs (tensorwise current scaling) at the FP8 peak, mxfp8 (32-element blocks, Blackwell only) at the MXFP8 peak.
+PRECISIONS = tuple(knobs.PRECISIONS)
 FP8_PRECISIONS = frozenset({"fp8", "fp8_cs", "mxfp8"})
 
 

@@ -327,7 +327,7 @@ def stage_memory(
     bps, n = checked_split(model, stage, layout, blocks_per_segment)
     key = model_key(model)
     pc = param_counts(model, n)
-    px = _prefix(key, n, tuple(layout.recompute), tuple(layout.offload), stage.precision in FP8_PRECISIONS)
+    px = _prefix(key, n, tuple(layout.recompute), tuple(layout.offload), layout.precision in FP8_PRECISIONS)
     d_a, d_e = groups.d_a or 1, groups.d_e or 1
     m = groups.m or 1
     dist = bool(stage.use_distributed_optimizer)

@@ -18,7 +18,7 @@ import operator
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
@@ -393,7 +393,7 @@ class _Env:
             step_components=dict(st.components),
             flops_per_step=fl.model_flops,
             recompute_flops_per_step=fl.recompute_flops,
-            mfu=flops.mfu(fl.model_flops, st.total_s, self.stage.gpus, self.hw, self.stage.precision),
+            mfu=flops.mfu(fl.model_flops, st.total_s, self.stage.gpus, self.hw, lay.precision),
             tokens_per_s=self.tokens / st.total_s if st.total_s > 0 else 0.0,
             layer_pattern=pattern or "",
             probe_step_s=st.probe_s,
@@ -514,6 +514,19 @@ class _Walk:
         return out
 
 
+def _offload_where_needed(planned: list[Planned], late: list[Rejected]) -> list[Planned]:
+    """The planned layouts less each offload layout whose no-offload sibling is planned too (it moves to `late`,
+    rejected by rules.OFFLOAD_NOT_NEEDED): offload only buys memory, so it stays only where it is what fits."""
+    fits = {p.layout for p in planned if not p.layout.offload}
+    keep: list[Planned] = []
+    for p in planned:
+        if p.layout.offload and replace(p.layout, offload=()) in fits:
+            late.append(Rejected(p.layout, [R.OFFLOAD_NOT_NEEDED], p.prediction.memory_gb))
+        else:
+            keep.append(p)
+    return keep
+
+
 def plan(
     model: ModelConfig,
     hw: HardwareConfig,
@@ -543,6 +556,7 @@ def plan(
             late.append(res)
 
     cut = walk.run(on_leaf)
+    planned = _offload_where_needed(planned, late)
     planned.sort(key=lambda p: (p.prediction.step_time_s, p.prediction.memory_gb))  # stable: walk order on ties
     raw = space.raw_count(stage.search, env.recipe)
     return PlanResult(

@@ -158,6 +158,21 @@ def _full_recompute_drops_input_ids(c: Ctx) -> bool:
     return "full" in c.layout.recompute and m.moe_n_hash_layers > 0 and (m.hyper_connection_streams or 0) > 1
 
 
+# Not a legality rule (no Megatron check behind it): the planner's own cut of a fine-grained offload that is not
+# needed. The step model charges offload no time (its PCIe copies run under compute), so a layout with offload is
+# never predicted faster than the same layout without it; it is kept only where that sibling is over HBM or
+# illegal. A stage may then search offload without doubling the layouts that fit anyway (planner.plan applies it).
+OFFLOAD_NOT_NEEDED = Rule(
+    "plan.offload_not_needed",
+    "activation offload is kept only where the same layout without it does not fit (or is illegal): offload buys "
+    "memory, never step time",
+    "orchestrator/plan/planner.py (_offload_where_needed); offload modules: dev megatron/core/transformer/"
+    "transformer_config.py:2403-2426",
+    lambda c: False,
+    ("offload",),
+    "plan",
+)
+
 RULES: tuple[Rule, ...] = (
     # ---- V4 path (Megatron-LM dev's DeepSeek-V4 implementation) ----
     Rule(
@@ -327,9 +342,13 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "mcore.precision_on_hardware",
-        "stage.precision must be bf16, fp8, fp8_cs or mxfp8, and MXFP8 needs Blackwell (hardware.peak_mxfp8_tflops)",
-        "dev megatron/core/enums.py Fp8Recipe; MXFP8 tensor cores: sm_100+ (TE's mxfp8 recipe)",
-        lambda c: not has_precision(c.hw, c.stage.precision),
+        "the compute precision must be bf16, fp8, fp8_cs or mxfp8, and the part must have it: MXFP8 needs Blackwell "
+        "(hardware.peak_mxfp8_tflops); Hopper (H100/H200) runs bf16 and FP8 (blockwise, tensorwise)",
+        "dev megatron/core/enums.py:12 (Fp8Recipe); dev megatron/core/fp8_utils.py:772-773 (mxfp8 -> TE's "
+        "MXFP8BlockScaling), which TE runs on compute capability 10.0+ only (Transformer Engine docs, 'MXFP8: "
+        "Blackwell'); NVIDIA H100/H200 datasheets list FP8, not MXFP8",
+        lambda c: not has_precision(c.hw, c.layout.precision),
+        ("precision",),
     ),
     Rule(
         "mcore.gbs_div_mbs_dp",
@@ -594,8 +613,8 @@ RULES: tuple[Rule, ...] = (
     ),
 )
 
-BY_ID = {r.id: r for r in RULES}
-assert len(BY_ID) == len(RULES), "duplicate rule id"
+BY_ID = {r.id: r for r in (*RULES, OFFLOAD_NOT_NEEDED)}  # the planner's own cut is named like a rule
+assert len(BY_ID) == len(RULES) + 1, "duplicate rule id"
 LIFTABLE = frozenset(r.id for r in RULES if r.lifted_by)
 
 

@@ -354,7 +354,7 @@ def step_time(
     d_a, d_e = groups.d_a or 1, groups.d_e or 1
     k, h, E = model.moe_router_topk, model.hidden_size, model.num_experts
     t = b * S / cp  # tokens per GPU per microbatch
-    peak = peak_tflops(hw, stage.precision) * 1e12
+    peak = peak_tflops(hw, layout.precision) * 1e12
     peak_attn = peak_tflops(hw, "bf16") * 1e12
     tg = moe_model.t_group(ep, b, S, cp)
     skew = moe_model.rank_skew(routing_sigma, E, ep, layout.capacity_factor)
@@ -388,7 +388,7 @@ def step_time(
     sums = _rank_sums(px, bps, pp, vpp)
     a2a_hidden = overlaps(recipe, stage).expert_a2a
     per_rank = []
-    elem_bytes = ELEMENTWISE_BYTES + (FP8_CAST_BYTES if stage.precision in FP8_PRECISIONS else 0.0)
+    elem_bytes = ELEMENTWISE_BYTES + (FP8_CAST_BYTES if layout.precision in FP8_PRECISIONS else 0.0)
     hbm = float(hw.hbm_gb_s) * 1e9
     # one TP collective moves (TP-1)/TP of the full b S / CP x h tensor per GPU, on NVLink inside a host
     tp_bw = (nvl if tp <= stage.gpus_per_node else nic) * hw.allreduce_efficiency

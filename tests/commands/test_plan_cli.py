@@ -182,7 +182,7 @@ def test_impossible_stage_is_one_clear_error():
     assert r.returncode == 2 and r.stdout == ""
     (line,) = r.stderr.strip().splitlines()
     assert (
-        "no legal layout that fits" in line and "mcore.expert_grid rejects 1,944" in line and "--show-rejected" in line
+        "no legal layout that fits" in line and "mcore.expert_grid rejects 5,832" in line and "--show-rejected" in line
     )
     shown = cli("+stage=1k", "stage.gpus=1000", "--format", "json", "--show-rejected")
     assert shown.returncode == 2 and json.loads(shown.stdout)["legal_count"] == 0

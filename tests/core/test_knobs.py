@@ -51,6 +51,7 @@ SAMPLES: dict[str, dict[str, object]] = {
     "capacity_factor": {"capacity_factor": 1.5},
     "use_tp_pp_dp_mapping": {"use_tp_pp_dp_mapping": True},
     "optim": {"optim": "bf16_moments"},
+    "precision": {"precision": "fp8"},
 }
 
 

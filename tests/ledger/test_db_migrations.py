@@ -66,15 +66,15 @@ def test_upgrade_from_previous_revision_keeps_data(ledger_url):
                 ),
                 {"c": cand_id, "t": True, "now": now},
             )
-        # what the head revision (0012: each candidate's optimizer precision) adds is not there yet at N-1
-        assert "optim" not in {c["name"] for c in inspect(eng).get_columns("candidate")}
+        # what the head revision (0013: each candidate's compute precision) adds is not there yet at N-1
+        assert "precision" not in {c["name"] for c in inspect(eng).get_columns("candidate")}
         if eng.dialect.name != "sqlite":  # a team database is never upgraded behind the user's back
             with pytest.raises(LedgerError, match=f"schema revision {previous}.*db upgrade"):
                 Ledger.open(ledger_url)
         assert E.upgrade(eng).up_to_date
-        assert "optim" in {c["name"] for c in inspect(eng).get_columns("candidate")}
-        with eng.connect() as conn:  # a candidate stored before 0012 ran Megatron's FP32 default
-            assert conn.execute(text("SELECT optim FROM candidate")).scalar_one() == "fp32"
+        assert "precision" in {c["name"] for c in inspect(eng).get_columns("candidate")}
+        with eng.connect() as conn:  # a candidate stored before 0013 ran the stage's BF16 (before 0012: FP32 state)
+            assert conn.execute(text("SELECT precision, optim FROM candidate")).one() == ("bf16", "fp32")
     finally:
         eng.dispose()
     with Ledger.open(ledger_url) as led:

@@ -248,6 +248,8 @@ def test_many_candidates_pass_megatron_validation(megatron_args, case):
     "changes",
     [
         {"precision": "fp8"},
+        {"precision": "fp8_cs"},
+        {"precision": "mxfp8"},
         {"transformer_engine": False},
         {"deterministic_mode": True},
         {"attention_backend": "flash"},
@@ -257,10 +259,12 @@ def test_many_candidates_pass_megatron_validation(megatron_args, case):
 )
 @pytest.mark.long
 def test_stage_variants_parse_in_megatron(megatron_args, changes):
-    """Stage knobs map to flags/values main's parser accepts (parse only: TE-version checks need a GPU)."""
+    """Stage knobs and the layout's compute precision map to flags/values main's parser accepts (parse only:
+    TE-version checks need a GPU)."""
     import dataclasses
 
-    layout = Layout(tp=2, pp=4, cp=2, ep=32, mbs=1)
+    changes = dict(changes)
+    layout = Layout(tp=2, pp=4, cp=2, ep=32, mbs=1, precision=changes.pop("precision", "bf16"))
     stage = dataclasses.replace(STAGE_1K, **changes)
     keep, _ = main_argv(build(layout, stage))
     saved = sys.argv
@@ -270,7 +274,8 @@ def test_stage_variants_parse_in_megatron(megatron_args, changes):
             args = megatron_args.parse_args()
     finally:
         sys.argv = saved
-    assert args.fp8 == ("e4m3" if stage.precision == "fp8" else None)
+    assert args.fp8 == (None if layout.precision == "bf16" else "e4m3")
+    assert layout.precision == "bf16" or args.fp8_recipe == A.FP8_RECIPES[layout.precision]
     assert args.transformer_impl == ("transformer_engine" if stage.transformer_engine else "local")
     assert args.deterministic_mode == stage.deterministic_mode
     assert str(args.attention_backend).endswith("fused" if stage.attention_backend == "cudnn" else "flash")
@@ -638,3 +643,29 @@ def test_warm_start_argv_passes_megatron_validation(megatron_args, tmp_path):
     assert (
         warm_start_flags(Decision.from_dict({"fidelity": "screen"}), tmp_path, 60) == []
     )  # no seed asked for, none given
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"offload": ("core_attn",), "precision": "fp8", "optim": "bf16"},
+        {"offload": ("expert_fc1",), "precision": "mxfp8"},
+    ],
+)
+@pytest.mark.long
+def test_the_recipe_knobs_parse_in_megatron(megatron_args, knobs):
+    """The flags of the 1k/8k stages' new knob values (core_attn / expert_fc1 offload, FP8 blockwise or MXFP8 compute,
+    BF16 optimizer state) are ones dev's parser takes, with the values the layout says."""
+    layout = Layout(tp=1, pp=8, ep=64, mbs=1, recompute=("mhc", "mla_up_proj"), **knobs)
+    keep, _ = main_argv(build(layout, STAGE_1K))
+    saved = sys.argv
+    sys.argv = ["pretrain_hybrid.py", *keep]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            args = megatron_args.parse_args()
+    finally:
+        sys.argv = saved
+    assert args.fine_grained_activation_offloading and list(args.offload_modules) == list(layout.offload)
+    assert args.fp8 == "e4m3" and args.fp8_recipe == A.FP8_RECIPES[layout.precision]
+    assert bool(args.use_precision_aware_optimizer) == (layout.optim != "fp32")
+    assert A.layout_from_argv(keep) == layout

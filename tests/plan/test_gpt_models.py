@@ -141,9 +141,9 @@ def test_megatron_accepts_the_gpt_path_argv(name, system, precision, lay):
     precision's --fp8-recipe (MXFP8 checked as a Blackwell part, sm_100), and none of the V4 path's flags.
     FP32 optimizer state: Megatron builds the precision-aware optimizer only from Transformer Engine's FusedAdam,
     which a CPU machine lacks (the BF16 path: test_the_precision_aware_optimizer_is_emitted_...)."""
-    lay = replace(lay, optim="fp32")
+    lay = replace(lay, optim="fp32", precision=precision)
     m, hw = model(name), hardware(system)
-    stage = _stage(gpus=256, global_batch=1024, precision=precision, gpus_per_node=hw.gpus_per_node)
+    stage = _stage(gpus=256, global_batch=1024, gpus_per_node=hw.gpus_per_node)
     planned = evaluate(m, hw, stage, lay, check_memory=False)
     assert isinstance(planned, Planned), getattr(planned, "rule_ids", None)
     argv = A.megatron_argv(m, stage, lay, layer_pattern=planned.prediction.layer_pattern, train_iters=10)
@@ -196,11 +196,11 @@ def test_each_precision_runs_at_its_own_peak():
     stage = _stage(gpus=256, global_batch=1024, gpus_per_node=4)
     lay = Layout(pp=4, vpp=2, ep=64)
     t = {
-        p: evaluate(m, hw, replace(stage, precision=p), lay, check_memory=False).prediction.step_components["compute"]
+        p: evaluate(m, hw, stage, replace(lay, precision=p), check_memory=False).prediction.step_components["compute"]
         for p in ("bf16", "mxfp8")
     }
     assert t["mxfp8"] < t["bf16"] * 0.75  # the GEMMs at twice the peak; attention and memory-bound work are not
-    rejected = evaluate(m, h100, replace(stage, precision="mxfp8", gpus_per_node=8), lay, check_memory=False)
+    rejected = evaluate(m, h100, replace(stage, gpus_per_node=8), replace(lay, precision="mxfp8"), check_memory=False)
     assert isinstance(rejected, Rejected) and "mcore.precision_on_hardware" in rejected.rule_ids
 
 
@@ -308,10 +308,10 @@ def test_every_microbatch_adds_its_weight_gradients_into_the_main_grads():
     128 experts of Qwen3-235B on every GPU (EP1) that traffic outlasts the experts' wgrad GEMMs and the compute
     grows, less with BF16 main grads; at EP32 the same traffic per GPU is 32x smaller and hides under them."""
     m, hw = model("qwen3_235b_a22b"), hardware("gb300")
-    stage = _stage(gpus=256, global_batch=8192, gpus_per_node=4, precision="mxfp8")
+    stage = _stage(gpus=256, global_batch=8192, gpus_per_node=4)
 
     def compute(lay: Layout, optim: str) -> float:
-        lay = replace(lay, optim=optim)
+        lay = replace(lay, optim=optim, precision="mxfp8")
         return evaluate(m, hw, stage, lay, check_memory=False).prediction.step_components["compute"]
 
     ep1, ep32 = Layout(tp=2, pp=8, vpp=2, ep=1, mbs=2), Layout(pp=4, ep=32, mbs=2)
@@ -344,7 +344,7 @@ def test_the_output_head_runs_at_the_bf16_peak_in_an_fp8_stage():
     lay = Layout(ep=8, mbs=4, dispatcher="flex", flex_backend="hybridep")
 
     def compute(vocab: int, precision: str) -> float:
-        p = evaluate(replace(m, vocab_size=vocab), hw, replace(stage, precision=precision), lay, check_memory=False)
+        p = evaluate(replace(m, vocab_size=vocab), hw, stage, replace(lay, precision=precision), check_memory=False)
         assert isinstance(p, Planned)
         return p.prediction.step_components["compute"]
 

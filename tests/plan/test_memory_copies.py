@@ -57,7 +57,7 @@ def test_the_copies_cost_hbm_time_and_the_dispatcher_changes_it():
     computes longer than with HybridEP, by the permutation rows' bytes over HBM bandwidth; a part with twice the
     HBM bandwidth halves the difference."""
     m = model("dsv3")
-    stage = StageConfig(gpus=64, global_batch=256, seq_length=4096, precision="bf16")
+    stage = StageConfig(gpus=64, global_batch=256, seq_length=4096)
     hw = compose(["hardware=gb200"]).cfg.hardware
     base = Layout(tp=1, pp=1, vpp=1, ep=32, mbs=1, dispatcher="flex", flex_backend="hybridep")
     a2a = dataclasses.replace(base, dispatcher="alltoall", flex_backend=None)

@@ -88,6 +88,7 @@ def knobs(layout) -> machine.Knobs:
         offload=tuple(layout.offload),
         dispatcher=disp,
         capacity_factor=layout.capacity_factor,
+        precision=str(getattr(layout, "precision", "bf16")),
     )
 
 

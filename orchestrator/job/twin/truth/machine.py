@@ -40,6 +40,7 @@ class Knobs:
     offload: tuple[str, ...]
     dispatcher: str  # label: alltoall | allgather | flex:<backend>
     capacity_factor: float | None
+    precision: str = "bf16"  # the GEMMs' (knobs.PRECISIONS name)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def run(model: ModelConfig, hw: HardwareConfig, stage: StageConfig, lay, sh: Sha
     m = max(1, stage.global_batch // (b * d_a))
     t = b * S / cp / tp  # tokens per GPU per microbatch
     k, E, h = model.moe_router_topk, model.num_experts, model.hidden_size
-    peak = (hw.peak_fp8_tflops if stage.precision == "fp8" else hw.peak_bf16_tflops) * 1e12
+    peak = (hw.peak_fp8_tflops if lay.precision == "fp8" else hw.peak_bf16_tflops) * 1e12
     peak_attn = hw.peak_bf16_tflops * 1e12
     nvl, nic = hw.nvlink_gb_s * GB * q.nvl_eff, hw.nic_gb_s * GB * q.nic_eff
     ep_span, cp_span = _ceil_div(ep * etp, gpn), _ceil_div(cp * tp, gpn)
