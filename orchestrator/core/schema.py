@@ -479,6 +479,7 @@ SCHEDULE_STEPS = (
     "round0_spread",
     "coverage_probes",
     "warm_start",
+    "early_cut",
     "budget",
 )
 
