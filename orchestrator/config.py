@@ -216,7 +216,7 @@ def runnable_fix(command: str, overrides: Sequence[str], runs: Callable[[RootCon
 
 def register_schema() -> None:
     """The typed schema as the first entry of conf/config.yaml's defaults list (Hydra's structured config
-    schema): every key exists before a YAML sets it, so `policy.round_size=3` overrides a default no YAML
+    schema): every key exists before a YAML sets it, so `policy.schedule.round_size=3` overrides a default no YAML
     restates, and a YAML key the schema lacks fails at composition."""
     from hydra.core.config_store import ConfigStore
 

@@ -208,7 +208,7 @@ def checkpoint_load_flags(ckpt_dir: Path | str) -> list[str]:
 
 
 def warm_start_flags(decision: Decision, job_dir: Path | str, train_iters: int) -> list[str]:
-    """A measurement's warm-start flags (stage.warm_start, orchestrator/schedule/rungs.py Schedule.warm): the
+    """A measurement's warm-start flags (stage.warm_start, orchestrator/schedule/steps/warm_start.py warm): the
     seed's launch saves its weights once, after its last iteration, without optimizer or RNG state (the window
     is timed before the save); a warm-started launch loads them as a fine-tune (iteration 0, no optimizer
     state, the learning-rate schedule from its start), and a missing seed stops it, never training from

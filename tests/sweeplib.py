@@ -31,8 +31,8 @@ FINALISTS_SWEEP = (
     "++effective.long_run=true",
     "++effective.long_run_save_at=6",
     "++effective.long_run_after_iters=6",
-    "policy.promote_top_k=3",
-    "policy.round0_size=4",
+    "policy.search.promote_top_k=3",
+    "policy.schedule.round0_size=4",
     "stage.budget.max_runs=4",
 )
 

@@ -79,7 +79,7 @@ class Decision:
     seed_save: bool = False  # saves the sweep's seed at its end
     after_seed: bool = False  # waits for the seed its round's first launch saves (orchestrator/sweep/seeding.py)
     warmup_iters: int | None = None  # a warm launch's learned warm-up (schedule/fidelity.learned_warmup)
-    cut: CutLine | None = None  # its early cut, set as the round is planned (Schedule.cut)
+    cut: CutLine | None = None  # its early cut, set as the round is planned (the early_cut step)
     previous: Decision | None = None  # the decision a confirmation at the full window replaced
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys this code does not know, kept as stored
     stored: bool = True

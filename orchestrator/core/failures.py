@@ -2,7 +2,7 @@
 
 Why one table: the classifier (orchestrator.evidence.classify), the retry decision (orchestrator.sweep.retry, used by
 the
-sweep loop and the finalists), the config default (`policy.retry_classes`), the policy's notion of a
+sweep loop and the finalists), the config default (`policy.driver.retry_classes`), the policy's notion of a
 deterministic failure and `JobResult.retryable` all read it, so adding a class or changing a retry
 default is a change here and nowhere else. Stdlib only: it is imported on compute nodes.
 
@@ -45,8 +45,10 @@ class Retry(Enum):
 
     NEVER = "never"
     ONCE = "once"  # a second time limit means the layout is too slow for the window
-    UP_TO_MAX = "up to policy.max_attempts"
-    ALWAYS = "up to policy.max_attempts, whatever policy.retry_classes says"  # no verdict on the layout at all
+    UP_TO_MAX = "up to policy.driver.max_attempts"
+    ALWAYS = (
+        "up to policy.driver.max_attempts, whatever policy.driver.retry_classes says"  # no verdict on the layout at all
+    )
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,7 @@ class BudgetConfig:
     max_runs: int = ranged(24, 1)
     max_gpu_hours: float = ranged(2000.0, gt=0)  # every attempt (probe, screen, full) and the finalists count
     max_rounds: int = ranged(6, 1)
-    # The sweep has converged after this many rounds in a row without a gain > policy.converge_gain over the
+    # The sweep has converged after this many rounds in a row without a gain > policy.search.converge_gain over the
     # best nor a full-window near-tie within it (and no screened contender waiting). A stage's own: where the
     # optimum lies moves away from the first evidence (8k: joint EP+PP moves from the promoted 1k winners) it
     # takes more (docs/search-log.md "Stopping").
@@ -331,9 +331,31 @@ MOVED_KEYS: dict[str, str] = {
     "policy.converge_rounds": "stage.budget.converge_rounds",
     # the compute precision became a numerics knob the recipe declares: a one-value list of the stage's precision
     "stage.precision": "workload.recipe.precision",
+    # issue 48 item 5: the searcher's settings, the schedule's steps and the driver's settings live apart
+    **{
+        f"policy.{k}": f"policy.search.{k}"
+        for k in (
+            *("top_k_neighbours", "promote_top_k", "converge_gain", "model_trust_mape", "model_picks", "explore"),
+            *("joint_moves", "anchor_distance", "max_predicted_loss"),
+        )
+    },
+    **{f"policy.{k}": f"policy.schedule.{k}" for k in ("round0_size", "round_size", "screen_round_size")},
+    **{f"policy.{k}": f"policy.schedule.{k}" for k in ("probe_pass", "probe_led")},
+    "policy.probes_per_round": "policy.schedule.fit_probes.per_round",
+    "policy.direct_per_round": "policy.schedule.probe_first.direct_per_round",
+    "policy.round0_full": "policy.schedule.probe_first.round0_full",
+    "policy.round0_probes": "policy.schedule.round0_spread.probes",
+    "policy.coverage_probes": "policy.schedule.coverage_probes.per_round",
+    "policy.probe_first": "policy.schedule.steps",  # a switch that became a step (STEP_SWITCHES)
+    **{f"policy.{k}": f"policy.driver.{k}" for k in ("max_attempts", "retry_classes")},
 }
 # Moved keys whose new home is a list (a declared numerics knob): an old scalar value loads as a one-value list.
 MOVED_TO_LIST: frozenset[str] = frozenset({"workload.recipe.precision"})
+
+
+# Old on/off switches that became schedule steps (old key -> the step): a snapshot's `false` leaves the step out of
+# its policy.schedule.steps, `true` keeps the default list.
+STEP_SWITCHES: dict[str, str] = {"policy.probe_first": "probe_first"}
 
 
 def moved_to(key: str) -> str | None:
@@ -357,6 +379,13 @@ def legacy_moved(snapshot: dict[str, Any]) -> dict[str, Any]:
         return tree
 
     out = copy.deepcopy(snapshot)
+    for old, step in STEP_SWITCHES.items():
+        *old_path, old_key = old.split(".")
+        source = group(out, old_path)
+        if isinstance(source, dict) and old_key in source and not source.pop(old_key):
+            schedule = group(out, [*old_path, "schedule"], make=True)
+            listed = schedule.get("steps") or list(SCHEDULE_STEPS)
+            schedule["steps"] = [s for s in listed if s != step]
     for old, new in MOVED_KEYS.items():
         *old_path, old_key = old.split(".")
         top, *new_path = new.split(".")
@@ -421,62 +450,13 @@ class LedgerConfig:
 
 
 @dataclass
-class PolicyConfig:
-    """The search (orchestrator/search): calibrate the analytic models on measurements, then explore one-factor
-    neighbours of the best. The tuned values were tuned on tests/bench/bench_search.py (every surface, seeds 0-2)."""
+class SearcherConfig:
+    """The searcher's settings (orchestrator/search/policies.py): which layouts, ranked how; `policy.search.*`."""
 
-    name: str = "calibrated_neighbours"
-    round0_size: int = ranged(6, 1)
-    round_size: int = ranged(4, 1)
-    # A round that screens (stage.screen: short windows, ~1/4 of a full run), or whose launches all load the
-    # sweep's seed (stage.warm_start: as short), proposes this many new candidates; 0 = round_size. Tuned: 4 ->
-    # 35/40 bench rows met, 6 -> 37/40; with the warm start's rounds too, held out 9/10 -> 10/10
-    # (docs/search-log.md "Warm start").
-    screen_round_size: int = ranged(6, 0)
-    # layouts the calibrated memory model cannot place on either side of HBM (its error band) that would be
-    # pruned: this many per round get a fit probe (start-up + stage.screen.probe_iters) instead, the searcher's
-    # most promising first (Policy.estimate). A probe is one GPU per probed rank for minutes. 1 -> 3 with that
-    # ranking (docs/search-log.md "Fit probes where the searcher sees promise"): fresh twin seeds 104-111 at 1k
-    # 10/16 -> 14/16 rows met; 3 probes ranked by the calibrated step alone: 8/16.
-    probes_per_round: int = ranged(3, 0)
-    # Probe first (orchestrator/schedule/rungs.py): after round 0 the searcher's first direct_per_round proposals go at
-    # scale as ever and the rest get a one-GPU rank probe (its compute-only step, a few GPU-hours) before any launch at
-    # scale; one is measured at scale once its composed step (the probe's compute + the calibrated communication,
-    # orchestrator/search/compose.py), as the searcher rates it (Policy.estimate), is within probe_pass of the best
-    # measured step. Bench (tests/bench/bench_search.py, docs/search-log.md): every proposal probed (direct 0) missed
-    # tune 8k rows (a round more per layout, within max_rounds): probe_pass 0.05 6 of the first 12 rows, 0.15 4/16, 0.30
-    # 3/16; 0.15 with 3 direct missed twin:gemm 8k; 0.15 with 2 met 16/16 (1k mean 59.4k GPU-h, 8k 108.8k) but held out
-    # twin:overpredicted 1k then stopped 9.5% short (max_rounds), and 0.15 with 4 too; 5 direct (of screen_round_size 6)
-    # with 0.05 keeps every held-out row and gap and lowers both stages' mean GPU-hours.
-    probe_first: bool = True
-    probe_pass: float = ranged(0.05, 0)
-    direct_per_round: int = ranged(5, 0)
-    # ... and round 0 runs only its first this many proposals at scale, probing the rest (0: all at scale).
-    # Tried with 3 (and 2 direct): 1k mean 41.7k GPU-h tune, 59.8k held out, but twin:balanced 8k missed by
-    # 3.0% and held-out twin:overpredicted 1k by 17.2%: off.
-    round0_full: int = ranged(0, 0)
-    # Probe-led rounds (docs/search-log.md "Round 0 on evidence"). Round 0 rank-probes every layout before any launch
-    # at scale, a promoted stage's mappings of its source's winners too, so round 1 measures the probed fits best
-    # composed step first and the launch that saves the seed (the stage's whole warm-up) is the fastest the
-    # evidence knows, not the uncalibrated model's favourite; round 0 also probes round0_probes layouts the
-    # uncalibrated memory model prunes inside its default band (spread over EP, PP, CP and recompute); every
-    # round probes one layout per memory footprint; a probe too close to HBM to call is measured at scale when
-    # promising. Against off (tests/bench/bench_search.py): held out 25/26 rows either way, 1k / 8k mean GPU-h
-    # 33.9k / 72.4k -> 26.7k / 71.9k; fresh seeds 104-111 30/32 -> 31/32, 34.0k / 70.6k -> 23.4k / 65.8k;
-    # tune seed 0 16/16 -> 14/16 (twin:imbalance and ext:surface at 8k). Probed only at 1k: the 8k rows fell
-    # to 26/32 fresh; the promoted winner's first mapping at scale: held out 23/26.
-    probe_led: bool = True
-    round0_probes: int = ranged(6, 0)
-    # Coverage probes (orchestrator/schedule/rungs.py Schedule.coverage): per round, this many rank probes of the
-    # best rated layout of a knob value no layout that ran on this stage carries. 0 -> 1 (docs/search-log.md "A
-    # knob value no layout ran with gets a coverage probe"): held out 30/30 both, mean gap 1k 0.1% -> 0.0%, 8k 0.4% ->
-    # 0.2%, 8k GPU-h +2.7%; 2 lost a held-out row.
-    coverage_probes: int = ranged(1, 0)
     top_k_neighbours: int = ranged(2, 0)
     promote_top_k: int = ranged(3, 0)
     # "no gain > 1% over the best, nor a full-window near-tie within 1% of it, for stage.budget.converge_rounds rounds"
     converge_gain: float = ranged(0.01, 0)
-    max_attempts: int = ranged(3, 1)
     # The calibrated model's own top pick joins a round only when it predicts measurements this well
     # (leave-one-out MAPE); a worse model is used to rank neighbours, not to pick far-away layouts.
     model_trust_mape: float = ranged(0.10, 0)
@@ -486,11 +466,129 @@ class PolicyConfig:
     explore: float = ranged(1.0, 0)
     joint_moves: bool = True  # two-knob moves over coupled knobs (CP+PP, EP+dispatcher, recompute+mbs/PP)
     anchor_distance: int = ranged(1, 0)  # anchors differ from each other in at least this many of EP, PP, CP
-    max_predicted_loss: float = ranged(
-        0.15, 0
-    )  # skip moves whose optimistic estimate is this much slower than the best
+    # skip moves (and fit probes, schedule/steps/fit_probes.py) whose optimistic estimate is this much slower than
+    # the best
+    max_predicted_loss: float = ranged(0.15, 0)
+
+
+# The schedule's steps (orchestrator/schedule/steps/, one module each), in the order a round runs them: a
+# policy's schedule is this list (policy.schedule.steps); a step left out does nothing.
+SCHEDULE_STEPS = (
+    "confirm",
+    "propose",
+    "screen",
+    "probe_first",
+    "fit_probes",
+    "round0_spread",
+    "coverage_probes",
+    "warm_start",
+    "early_cut",
+    "budget",
+)
+
+
+@dataclass
+class ProbeFirstConfig:
+    """Step `probe_first` (orchestrator/schedule/steps/probe_first.py): proposals as rank probes before scale."""
+
+    # After round 0 the searcher's first direct_per_round proposals go at scale as ever and the rest get a one-GPU
+    # rank probe (its compute-only step, a few GPU-hours) before any launch at scale; one is measured at scale once
+    # its composed step (the probe's compute + the calibrated communication, orchestrator/search/compose.py), as the
+    # searcher rates it (Policy.estimate), is within policy.schedule.probe_pass of the best measured step. Bench
+    # (tests/bench/bench_search.py, docs/search-log.md): every proposal probed (direct 0) missed tune 8k rows (a
+    # round more per layout, within max_rounds): probe_pass 0.05 6 of the first 12 rows, 0.15 4/16, 0.30 3/16;
+    # 0.15 with 3 direct missed twin:gemm 8k; 0.15 with 2 met 16/16 (1k mean 59.4k GPU-h, 8k 108.8k) but held out
+    # twin:overpredicted 1k then stopped 9.5% short (max_rounds), and 0.15 with 4 too; 5 direct (of
+    # screen_round_size 6) with 0.05 keeps every held-out row and gap and lowers both stages' mean GPU-hours.
+    direct_per_round: int = ranged(5, 0)
+    # ... and round 0 runs only its first this many proposals at scale, probing the rest (0: all at scale).
+    # Tried with 3 (and 2 direct): 1k mean 41.7k GPU-h tune, 59.8k held out, but twin:balanced 8k missed by
+    # 3.0% and held-out twin:overpredicted 1k by 17.2%: off.
+    round0_full: int = ranged(0, 0)
+
+
+@dataclass
+class FitProbesConfig:
+    """Step `fit_probes` (orchestrator/schedule/steps/fit_probes.py): layouts the memory model cannot place."""
+
+    # layouts the calibrated memory model cannot place on either side of HBM (its error band) that would be
+    # pruned: this many per round get a fit probe (start-up + stage.screen.probe_iters) instead, the searcher's
+    # most promising first (Policy.estimate). A probe is one GPU per probed rank for minutes. 1 -> 3 with that
+    # ranking (docs/search-log.md "Fit probes where the searcher sees promise"): fresh twin seeds 104-111 at 1k
+    # 10/16 -> 14/16 rows met; 3 probes ranked by the calibrated step alone: 8/16.
+    per_round: int = ranged(3, 0)
+
+
+@dataclass
+class Round0SpreadConfig:
+    """Step `round0_spread` (orchestrator/schedule/steps/round0_spread.py): probe-led round 0's probes of the
+    region the uncalibrated memory model prunes, spread over EP, PP, CP and recompute."""
+
+    probes: int = ranged(6, 0)  # policy.schedule.probe_led says why
+
+
+@dataclass
+class CoverageProbesConfig:
+    """Step `coverage_probes` (orchestrator/schedule/steps/coverage_probes.py)."""
+
+    # Per round, this many rank probes of the best rated layout of a knob value no layout that ran on this stage
+    # carries. 0 -> 1 (docs/search-log.md "A knob value no layout ran with gets a coverage probe"): held out 30/30
+    # both, mean gap 1k 0.1% -> 0.0%, 8k 0.4% -> 0.2%, 8k GPU-h +2.7%; 2 lost a held-out row.
+    per_round: int = ranged(1, 0)
+
+
+@dataclass
+class ScheduleConfig:
+    """The schedule (orchestrator/schedule): its steps in order, the settings more than one step reads (the
+    round's size, probe-led rounds, the probe's pass), and each step's own settings; `policy.schedule.*`."""
+
+    steps: list[str] = field(default_factory=lambda: list(SCHEDULE_STEPS))
+    round0_size: int = ranged(6, 1)
+    round_size: int = ranged(4, 1)
+    # A round that screens (stage.screen: short windows, ~1/4 of a full run), or whose launches all load the
+    # sweep's seed (stage.warm_start: as short), proposes this many new candidates; 0 = round_size. Tuned: 4 ->
+    # 35/40 bench rows met, 6 -> 37/40; with the warm start's rounds too, held out 9/10 -> 10/10
+    # (docs/search-log.md "Warm start").
+    screen_round_size: int = ranged(6, 0)
+    # A probed layout is measured at scale once its composed step, as the searcher rates it, is within this of the
+    # best measured step (probe_first's comment has the bench figures behind 0.05).
+    probe_pass: float = ranged(0.05, 0)
+    # Probe-led rounds (docs/search-log.md "Round 0 on evidence"). Round 0 rank-probes every layout before any launch
+    # at scale, a promoted stage's mappings of its source's winners too, so round 1 measures the probed fits best
+    # composed step first and the launch that saves the seed (the stage's whole warm-up) is the fastest the
+    # evidence knows, not the uncalibrated model's favourite; round 0 also probes round0_spread.probes layouts the
+    # uncalibrated memory model prunes inside its default band (spread over EP, PP, CP and recompute); every
+    # round probes one layout per memory footprint; a probe too close to HBM to call is measured at scale when
+    # promising. Against off (tests/bench/bench_search.py): held out 25/26 rows either way, 1k / 8k mean GPU-h
+    # 33.9k / 72.4k -> 26.7k / 71.9k; fresh seeds 104-111 30/32 -> 31/32, 34.0k / 70.6k -> 23.4k / 65.8k;
+    # tune seed 0 16/16 -> 14/16 (twin:imbalance and ext:surface at 8k). Probed only at 1k: the 8k rows fell
+    # to 26/32 fresh; the promoted winner's first mapping at scale: held out 23/26.
+    probe_led: bool = True
+    probe_first: ProbeFirstConfig = field(default_factory=ProbeFirstConfig)
+    fit_probes: FitProbesConfig = field(default_factory=FitProbesConfig)
+    round0_spread: Round0SpreadConfig = field(default_factory=Round0SpreadConfig)
+    coverage_probes: CoverageProbesConfig = field(default_factory=CoverageProbesConfig)
+
+
+@dataclass
+class DriverConfig:
+    """The driver's settings (orchestrator/sweep): what it does with a failed attempt; `policy.driver.*`."""
+
+    max_attempts: int = ranged(3, 1)
     # Failure classes resubmitted (how often: orchestrator.core.failures); the default is the table's retried classes.
     retry_classes: list[str] = field(default_factory=lambda: list(DEFAULT_RETRY_CLASSES))
+
+
+@dataclass
+class PolicyConfig:
+    """The search (orchestrator/search): calibrate the analytic models on measurements, then explore one-factor
+    neighbours of the best. `name` picks the searcher; its settings, the schedule's steps and the driver's live
+    apart. The tuned values were tuned on tests/bench/bench_search.py (every surface, seeds 0-2)."""
+
+    name: str = "calibrated_neighbours"
+    search: SearcherConfig = field(default_factory=SearcherConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    driver: DriverConfig = field(default_factory=DriverConfig)
 
 
 class TwinSurface(StrEnum):

@@ -70,8 +70,8 @@ class Policy:
 
     def estimate(self, inp: RoundInput, fit: Fit | None) -> Rate:
         """How this searcher rates a layout it has not measured, from the layout and its (calibrated) predicted
-        step: what the schedule ranks the layouts it would rank-probe by (Schedule.probes), so the probes go
-        where the searcher itself sees promise, and reads a probed layout's composed step by (Schedule.passed).
+        step: what the schedule ranks the layouts it would rank-probe by (steps/fit_probes.probes), so the probes go
+        where the searcher itself sees promise, and reads a probed layout's composed step by (round.passed).
         The base searcher takes the prediction as it is."""
         return unrated
 
@@ -83,7 +83,7 @@ class Policy:
 
     def converged_reason(self, converge_rounds: int) -> str:
         """The stop reason `converged` stands for, in the words of its rule (stale_rounds)."""
-        gain, n = f"{self.cfg.converge_gain:.0%}", converge_rounds
+        gain, n = f"{self.cfg.search.converge_gain:.0%}", converge_rounds
         return f"converged: no gain > {gain} over the best, nor a near-tie within {gain}, for {n} round{'s' * (n > 1)}"
 
     def stale_rounds(self, rows: list[Observation]) -> int:
@@ -96,7 +96,7 @@ class Policy:
         for rnd in rounds:
             b = best_measured([r for r in rows if r.round <= rnd])
             best_by_round.append(b.measured_step_s if b else float("inf"))
-        gain = self.cfg.converge_gain
+        gain = self.cfg.search.converge_gain
         streak = 0
         for rnd, (prev, cur) in zip(rounds[1:], itertools.pairwise(best_by_round), strict=True):
             near = any(
@@ -124,9 +124,9 @@ class Policy:
 
         full = measured_rank(inp.source, full_only=True)
         winner = full[:1]
-        regions = distinct_anchors(inp.source, self.cfg.promote_top_k, knobs=("ep", "pp", "cp"))
+        regions = distinct_anchors(inp.source, self.cfg.search.promote_top_k, knobs=("ep", "pp", "cp"))
         sources = winner + [r for r in regions if not winner or r.key != winner[0].key]
-        for i, src in enumerate(sources[: self.cfg.promote_top_k]):
+        for i, src in enumerate(sources[: self.cfg.search.promote_top_k]):
             props = []
             mapped = promoted_layouts(src.layout, source_stage, env.stage, feasible=fits)
             if not mapped and winner and i == 0:
@@ -232,7 +232,7 @@ class CalibratedNeighbours(Policy):
             return props + [mk(c, "model-top") for c in self._diverse(cands, size, taken)]
         if best is None:
             return [mk(c, "round0" if inp.round == 0 else "model-top") for c in self._diverse(cands, size, set())]
-        trusted = fit is not None and fit.loo_mape is not None and fit.loo_mape <= self.cfg.model_trust_mape
+        trusted = fit is not None and fit.loo_mape is not None and fit.loo_mape <= self.cfg.search.model_trust_mape
         return self._local(inp, cands, best.measured_step_s, mk, size, trust_model=trusted, fit=fit)
 
     def estimate(self, inp: RoundInput, fit: Fit | None) -> Rate:
@@ -243,7 +243,7 @@ class CalibratedNeighbours(Policy):
         if fit is None:
             return super().estimate(inp, fit)
         res = fit_residual(inp.observations, lambda r: fit.predict(r.raw_components))
-        explore = self.cfg.explore
+        explore = self.cfg.search.explore
 
         def bound(layout: Layout, step_s: float) -> float:
             return optimistic(step_s, *res.predict(layout), explore)
@@ -274,20 +274,20 @@ class CalibratedNeighbours(Policy):
             return fit.predict(r.raw_components) if fit else r.raw_step_s
 
         res = fit_residual(inp.observations, calibrated)
-        explore = self.cfg.explore
+        explore = self.cfg.search.explore
         bounds = {}
         for c in cands:
             mean, sd = res.predict(c.layout)
             bounds[c.key] = (optimistic(c.prediction.step_time_s, mean, sd, explore), sd, mean)
-        cut = best_step * (1.0 - self.cfg.converge_gain)
+        cut = best_step * (1.0 - self.cfg.search.converge_gain)
 
         def gain(est: float) -> float:
             return 1.0 - est / best_step
 
         def worth(est: float) -> bool:
-            """A run whose optimistic estimate is still more than policy.max_predicted_loss slower than the
+            """A run whose optimistic estimate is still more than policy.search.max_predicted_loss slower than the
             best measured teaches little and costs a full window: not proposed."""
-            return est <= best_step * (1.0 + self.cfg.max_predicted_loss)
+            return est <= best_step * (1.0 + self.cfg.search.max_predicted_loss)
 
         lists: list[list[tuple]] = []  # (planned, reason, parent_key, est, sd)
         if trust_model:
@@ -298,11 +298,13 @@ class CalibratedNeighbours(Policy):
             top = [c for c in sorted(cands, key=expected)[:1] if expected(c) < cut]
             lists += [[(c, "model-top", None, expected(c), None)] for c in top]
         picks_ranked = sorted((c for c in cands if bounds[c.key][0] < cut), key=lambda c: bounds[c.key][0])
-        n_model = min(self.cfg.model_picks, size)
+        n_model = min(self.cfg.search.model_picks, size)
         model: list[tuple] = [(c, "model-pick", None, bounds[c.key][0], bounds[c.key][1]) for c in picks_ranked]
         effects = knob_effects(inp.observations)
         per_anchor: list[list[tuple]] = []
-        for b in distinct_anchors(inp.observations, self.cfg.top_k_neighbours, min_diff=self.cfg.anchor_distance):
+        for b in distinct_anchors(
+            inp.observations, self.cfg.search.top_k_neighbours, min_diff=self.cfg.search.anchor_distance
+        ):
             b_mean, _ = res.predict(b.layout)
             b_pred = calibrated(b) * math.exp(b_mean)
 
@@ -323,7 +325,7 @@ class CalibratedNeighbours(Policy):
                 pair = None if knob else joint_pair(b.layout, c.layout)
                 if knob:
                     moves.setdefault(f"neighbour:{knob}", []).append(c)
-                elif pair and self.cfg.joint_moves:
+                elif pair and self.cfg.search.joint_moves:
                     moves.setdefault(f"joint:{pair[0]}+{pair[1]}", []).append(c)
             ranked = {k: sorted(v, key=est) for k, v in moves.items()}
             # the guide's order: one factor first (best per knob), then the small joint search, then the rest

@@ -84,7 +84,7 @@ class Observation:
     def probe_ran(self) -> bool:
         """A rank probe ran it without an OOM: it fits (`probed_fit`), or its peak is too close to HBM to call
         once the probe margin is added. Either way only a launch at scale can say more, and an OOM there costs
-        start-up and an iteration, so such a layout is due one when it looks fast enough (Schedule.passed)."""
+        start-up and an iteration, so such a layout is due one when it looks fast enough (round.passed)."""
         return self.fidelity == Fidelity.PROBE and self.peak_gb is not None and self.failure_class is None
 
     @property
@@ -124,13 +124,13 @@ class Proposal:
     predicted_gain: float | None = None
     uncertainty: float | None = None
     probe_ranks: tuple[int, ...] = ()  # a rank probe's ranks of the N-GPU job (orchestrator.plan.ranks.probe_ranks)
-    # warm start (stage.warm_start, Schedule.warm): this launch saves the sweep's seed at its end, or loads it
+    # warm start (stage.warm_start, steps/warm_start.warm): this launch saves the sweep's seed at its end, or loads it
     warm_from: str | None = None  # the seed's checkpoint folder
     charge_step_s: float | None = None  # the step est_gpu_hours is charged at (None: the predicted step)
     seed_save: bool = False
     after_seed: bool = False  # waits for the seed its round's first launch saves (orchestrator/sweep/seeding.py)
     warmup_iters: int | None = None  # a warm launch's learned warm-up (schedule/fidelity.learned_warmup), if any
-    cut: CutLine | None = None  # its early cut (core/decision.CutLine), set by Schedule.cut
+    cut: CutLine | None = None  # its early cut (core/decision.CutLine), set by the early_cut step
 
     def __post_init__(self) -> None:
         self.fidelity = Fidelity(self.fidelity or Fidelity.FULL)

@@ -9,7 +9,7 @@ finished ones into verdicts. It keeps no state of its own: each `step` reads the
 any moment resumes with exactly what is left: nothing runs twice, nothing is lost, each job is charged once
 (as an attempt, history.spent).
 
-- pick: the top `policy.promote_top_k` by the one ranking (orchestrator.core.ranking: full window, not
+- pick: the top `policy.search.promote_top_k` by the one ranking (orchestrator.core.ranking: full window, not
   partial, not excluded), recorded once in a `finalists` event, so an exclusion by the gate never pulls in
   another candidate on resume (a later round's measurement makes a new pick).
 - parity: the candidate and its reference layout (`reference`: `parity.reference` overrides, CP1 by default,
@@ -136,11 +136,11 @@ class GatePrice:
 
 def gate_price(cfg: RootConfig, layouts: Sequence[Layout]) -> GatePrice:
     """The gate's launches and predicted GPU-hours for `layouts` taken as the finalists (the first
-    `policy.promote_top_k`), planned as `Finalists` plans them."""
+    `policy.search.promote_top_k`), planned as `Finalists` plans them."""
     from orchestrator.core import cost
 
     st = cfg.required_stage()
-    chosen = list(dict.fromkeys(layouts))[: max(0, cfg.policy.promote_top_k)]
+    chosen = list(dict.fromkeys(layouts))[: max(0, cfg.policy.search.promote_top_k)]
     legal: list[planner.Planned] = []
 
     def stage() -> list[planner.Planned]:
@@ -242,12 +242,12 @@ class Finalists:
         if events and data.get("measured_through") == through:
             keys = list(data.get("keys") or [])
         else:
-            keys = [c.key for c in pick(self.ledger, self.sweep, self.cfg.policy.promote_top_k)]
+            keys = [c.key for c in pick(self.ledger, self.sweep, self.cfg.policy.search.promote_top_k)]
             shown = ", ".join(c.layout.short() for c in self._rows(keys)) or "none measured"
             self.ledger.log_event(
                 self.sweep,
                 EventKind.FINALISTS,
-                f"finalists (top {self.cfg.policy.promote_top_k} by the measured ranking): {shown}",
+                f"finalists (top {self.cfg.policy.search.promote_top_k} by the measured ranking): {shown}",
                 data={"keys": keys, "measured_through": through},
             )
         self._chosen = self._rows(keys)

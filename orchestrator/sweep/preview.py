@@ -39,8 +39,8 @@ class Preview:
     budget: str
     proposals: list[Proposal] = field(default_factory=list)
     note: str = ""  # why round 0 may differ from this one (a promoted stage, a continued sweep)
-    # probe-led (policy.probe_led): round 0 only probes, so the first launches at scale are round 1's; priced as
-    # round 0's own layouts at scale (what the probes pick among), with how many go
+    # probe-led (policy.schedule.probe_led): round 0 only probes, so the first launches at scale are round 1's;
+    # priced as round 0's own layouts at scale (what the probes pick among), with how many go
     next_at_scale: list[Proposal] = field(default_factory=list)
     whole: SweepPrice | None = None  # the whole sweep's simulated price (sweep/price.py); None: not asked for
     parity: str = ""  # the finalists' parity gate: its launches and predicted GPU-hours (sweep/finalists.gate_price)
@@ -113,7 +113,9 @@ def preview(
     plan = Schedule(cfg.policy).plan(make_policy(cfg.policy), env, inp)
     after: list[Proposal] = []
     if plan.proposals and all(p.fidelity == Fidelity.PROBE for p in plan.proposals):
-        at_scale = replace(cfg.policy, probe_led=False, round0_probes=0)
+        sched = cfg.policy.schedule  # the same schedule without probe-led rounds nor round 0's spread
+        steps = [s for s in sched.steps if s != "round0_spread"]
+        at_scale = replace(cfg.policy, schedule=replace(sched, probe_led=False, steps=steps))
         after = Schedule(at_scale).plan(make_policy(at_scale), env, inp).proposals
     note = (
         f"the sweep starts from the ledger's latest {stage.promotes_from} winners (shown without them)"

@@ -1,7 +1,7 @@
 """Which failed attempts are submitted again: the one retry decision (the sweep loop and the finalists).
 
 Pure: the caller passes the attempt history (from the ledger). What each class allows is orchestrator.core.failures'
-table: `policy.retry_classes` (whose default is the table's retried classes) says which classes are
+table: `policy.driver.retry_classes` (whose default is the table's retried classes) says which classes are
 retried, the table says how often (TIMEOUT once, the others up to max_attempts); a class asked for on the
 command line (--retry oom) is retried up to max_attempts whatever the table says, and so is a class the
 table retries ALWAYS (LOST: the job gave no verdict; a sweep's stored retry_classes may predate the class).
@@ -47,7 +47,7 @@ def retry_attempts(fc: str | None, attempts: Sequence[Any], policy: PolicyConfig
     return retry_decision(
         fc,
         [x.failure_class or x.state for x in attempts if not x.aborted],
-        max_attempts=policy.max_attempts,
-        retry_classes=policy.retry_classes,
+        max_attempts=policy.driver.max_attempts,
+        retry_classes=policy.driver.retry_classes,
         asked=asked,
     )

@@ -1,6 +1,6 @@
 """The warm start's order inside a round (stage.warm_start): which planned launches must wait for the seed.
 
-Schedule.warm (orchestrator/schedule/rungs.py) plans a round without a seed as one launch that saves it
+The warm_start step (orchestrator/schedule/steps/warm_start.py) plans a round without a seed as one launch that saves it
 (`seed_save`) and the others waiting for it (`after_seed`). Before each claim the driver (and the bench) asks
 `waiting`: once the seed is there (history.seed), every waiting launch is re-decided to load it
 (`warm_from`); while the launch that saves it is still queued or running, they wait; if it ended without a
@@ -24,7 +24,7 @@ from orchestrator.schedule import fidelity
 
 def _with_cut(decision: Decision, stage: StageConfig | None, best_s: float | None) -> Decision:
     """A released launch planned before any best (round 0) gets its early cut now, against the best the seed's
-    launch measured (Schedule.cut gives every other launch its line as it is planned)."""
+    launch measured (the early_cut step gives every other launch its line as it is planned)."""
     if stage is None or decision.cut is not None:
         return decision
     line = fidelity.cut_line(stage, best_s, decision)

@@ -240,8 +240,8 @@ def run_sweep(ledger, cfg, config_yaml: str, target: Surface, name: str, startup
                 retry, why = retry_decision(
                     result.failure_class or "OOM",
                     [x.failure_class or x.state for x in ledger.attempts(c.id)],
-                    max_attempts=cfg.policy.max_attempts,
-                    retry_classes=cfg.policy.retry_classes,
+                    max_attempts=cfg.policy.driver.max_attempts,
+                    retry_classes=cfg.policy.driver.retry_classes,
                 )
                 ledger.set_candidate_status(c.id, "planned" if retry else "failed", f"{result.failure_class}: {why}")
     best = history.best_of(ledger, name)

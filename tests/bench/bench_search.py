@@ -37,7 +37,7 @@ and seed). --no-heldout / --heldout-only run one set; --heldout-target narrows t
 rows (twin:sibling, twin:sibling/s101+gpu128); --heldout-orders sizes its random search.
 
 Plug in a policy: --policy NAME (repeatable) and Hydra overrides with --set key=value (e.g. --set
-policy.round_size=6 --set stage.budget.max_runs=40), applied to every sweep. --seed S (repeatable) runs
+policy.schedule.round_size=6 --set stage.budget.max_runs=40), applied to every sweep. --seed S (repeatable) runs
 every twin surface under each seed (tune on several, not on one); --target / --stage narrow the run.
 """
 

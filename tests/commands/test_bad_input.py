@@ -184,7 +184,11 @@ def test_a_failing_workload_leaves_its_stderr_in_the_ledger_and_the_sweep_exits_
     script = tmp_path / "fails.py"
     script.write_text("import sys\nprint('fatal: dataset /data/x is missing', file=sys.stderr)\nsys.exit(3)\n")
     args = sweep_args(
-        tmp_path, "fails", f"workload.command=[python,{script}]", "policy.round0_size=2", "stage.budget.max_rounds=1"
+        tmp_path,
+        "fails",
+        f"workload.command=[python,{script}]",
+        "policy.schedule.round0_size=2",
+        "stage.budget.max_rounds=1",
     )
     proc = cli("sweep", *args, "--plain", timeout=300)
     assert proc.returncode == 1 and "sweep fails measured nothing (2 attempt(s))" in proc.stderr, proc.stderr[-2000:]

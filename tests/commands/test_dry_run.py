@@ -32,14 +32,14 @@ def test_dry_run_prints_budget_and_cluster_days_and_launches_nothing(tmp_path):
         re.M,
     )
     assert layouts, got.stdout
-    # probe-led (policy.probe_led): round 0 rank-probes every layout, one GPU per probed rank, so nothing
+    # probe-led (policy.schedule.probe_led): round 0 rank-probes every layout, one GPU per probed rank, so nothing
     # saves or loads the seed yet; round 1 is priced as round 0's own layouts at scale, the first saving the seed
     assert all(re.search(rf"{re.escape(lay)}  probe, ", got.stdout) for lay, *_ in layouts)
     assert [seed for *_, seed in layouts] == [""] * len(layouts)
     pv = preview(cfg)
     first = pv.next_at_scale
     assert first and first[0].seed_save and all(p.after_seed for p in first[1:])
-    assert len(first) == cfg.policy.round0_size and all(p.fidelity == "full" for p in first)
+    assert len(first) == cfg.policy.schedule.round0_size and all(p.fidelity == "full" for p in first)
     nxt = re.search(
         r"^after round 0: .* at most (\d+) at scale \(the first saves the seed\): about ([\d,]+) GPU", got.stdout, re.M
     )
@@ -92,8 +92,8 @@ def test_dry_run_at_8k_prices_the_parity_gate_on_by_default(tmp_path):
     )
     assert line, got.stdout
     cfg = compose(args).cfg
-    assert cfg.parity.enabled and int(line[1]) == cfg.policy.promote_top_k and int(line[2]) == cfg.parity.steps
-    top = preview(cfg).next_at_scale[: cfg.policy.promote_top_k]  # the schedule's order: the best rated first
+    assert cfg.parity.enabled and int(line[1]) == cfg.policy.search.promote_top_k and int(line[2]) == cfg.parity.steps
+    top = preview(cfg).next_at_scale[: cfg.policy.search.promote_top_k]  # the schedule's order: the best rated first
     jobs = {}
     for p in top:  # each finalist at its predicted step, and its reference (a shared one once)
         ref, why = finalists.reference(cfg, p.layout, lambda: finalists.stage_layouts(cfg))
@@ -120,7 +120,7 @@ def test_cfg_prints_the_resolved_config_as_yaml_with_overrides_applied(tmp_path)
 @pytest.mark.long
 def test_a_real_sweep_starts_with_the_same_block(tmp_path):
     args = sweep_args(
-        tmp_path, "priced", "stage.budget.max_runs=2", "policy.round0_size=2", "stage.budget.price_samples=2"
+        tmp_path, "priced", "stage.budget.max_runs=2", "policy.schedule.round0_size=2", "stage.budget.price_samples=2"
     )
     dry = cli("sweep", *args, "--dry-run")
     assert dry.returncode == 0, dry.stderr[-2000:]

@@ -22,7 +22,7 @@ from orchestrator.ledger.leases import LeaseInfo, holder_alive, holder_id
 from orchestrator.ledger.ledger import Ledger
 from tests.sweeplib import all_attempts, cli, ledger_url, running_sweep, sweep_args, wait_for
 
-SMALL = ["stage.budget.max_runs=3", "policy.round0_size=3"]
+SMALL = ["stage.budget.max_runs=3", "policy.schedule.round0_size=3"]
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +162,7 @@ def test_cancel_of_a_finished_sweep_keeps_its_status(swept):
 def test_status_shows_local_jobs_running_while_the_round_goes_out_and_who_holds_the_lease(tmp_path):
     """6 jobs on 2 local slots: submit() waits for free slots, and the ledger must say `running` meanwhile
     (it said `queued 6 running 0` until the whole round had gone out)."""
-    slow = ["policy.round0_size=6", "stage.budget.max_rounds=1", "cluster.local.max_workers=2"]
+    slow = ["policy.schedule.round0_size=6", "stage.budget.max_rounds=1", "cluster.local.max_workers=2"]
     slow += ["++workload.twin.time_scale=50", "++workload.twin.max_sleep_s=0.5"]  # after FAST_TWIN: wins
     args = sweep_args(tmp_path, "busy", *slow)
     url = f"ledger.url={ledger_url(tmp_path)}"

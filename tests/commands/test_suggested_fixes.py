@@ -18,7 +18,7 @@ from orchestrator.cli import main
 from tests.sweeplib import FAST_TWIN
 
 PREFIX = "python -m orchestrator "
-SMALL = ["stage.budget.max_runs=2", "policy.round0_size=2", "stage.budget.max_rounds=1"]
+SMALL = ["stage.budget.max_runs=2", "policy.schedule.round0_size=2", "stage.budget.max_rounds=1"]
 
 
 def error_line(capsys, *argv: str) -> str:

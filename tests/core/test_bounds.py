@@ -61,7 +61,7 @@ def test_every_default_is_inside_its_own_range():
         ("ledger.lease_ttl_s=inf", "ledger.lease_ttl_s=inf", "a finite number > 0"),
         ("stage.warmup_iters=-1", "stage.warmup_iters=-1", "an integer >= 0"),
         ("stage.screen.warmup_iters=-10", "stage.screen.warmup_iters=-10", "an integer >= 0"),
-        ("policy.screen_round_size=-1", "policy.screen_round_size=-1", "an integer >= 0"),
+        ("policy.schedule.screen_round_size=-1", "policy.schedule.screen_round_size=-1", "an integer >= 0"),
         ("stage.screen.confirm_per_round=-1", "stage.screen.confirm_per_round=-1", "an integer >= 0"),
         ("stage.budget.max_runs=0", "stage.budget.max_runs=0", "an integer >= 1"),
         ("stage.budget.max_gpu_hours=-5", "stage.budget.max_gpu_hours=-5.0", "a finite number > 0"),

@@ -67,9 +67,9 @@ def restated(cls: type, data: dict, prefix: str) -> list[str]:
 def test_the_check_finds_a_restated_default():
     from orchestrator.core.schema import PolicyConfig, StageConfig
 
-    assert restated(PolicyConfig, {"round_size": PolicyConfig().round_size, "name": "other"}, "policy") == [
-        f"policy.round_size = {PolicyConfig().round_size!r}"
-    ]
+    schedule = PolicyConfig().schedule
+    data = {"schedule": {"round_size": schedule.round_size, "fit_probes": {"per_round": 9}}, "name": "other"}
+    assert restated(PolicyConfig, data, "policy") == [f"policy.schedule.round_size = {schedule.round_size!r}"]
     stage = StageConfig()
     data = {"budget": {"max_runs": stage.budget.max_runs}, "search": {"tp": list(stage.search.tp)}, "gpus": 1}
     assert restated(RootConfig, {"stage": data}, "") == [

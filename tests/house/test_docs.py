@@ -51,9 +51,17 @@ def table() -> dict[str, str]:
 def knobs() -> dict[str, object]:
     """Every knob the table must list, with the schema's default."""
     out: dict[str, object] = {}
-    for prefix, cls in GROUPS.items():
+
+    def walk(prefix: str, cls: type) -> None:  # nested groups (policy.schedule.fit_probes) field by field
         for f in dataclasses.fields(cls):
-            out[f"{prefix}.{f.name}"] = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+            value = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+            if dataclasses.is_dataclass(value):
+                walk(f"{prefix}.{f.name}", type(value))
+            else:
+                out[f"{prefix}.{f.name}"] = value
+
+    for prefix, cls in GROUPS.items():
+        walk(prefix, cls)
     stage = StageConfig()
     out.update({f"stage.{name}": getattr(stage, name) for name in STAGE_FIELDS})
     return out

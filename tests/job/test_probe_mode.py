@@ -139,7 +139,7 @@ def test_the_code_points_are_read_from_megatrons_code_and_a_moved_one_is_named(t
 
 
 def test_the_schedule_measures_at_scale_what_no_probe_can_run(smoke):
-    from orchestrator.schedule import Schedule
+    from orchestrator.schedule.steps.probe_first import probe_first
     from orchestrator.search.env import PlanEnv
 
     cfg, cands = smoke
@@ -149,7 +149,7 @@ def test_the_schedule_measures_at_scale_what_no_probe_can_run(smoke):
     for layout, probed in ((c.layout, True), (wide, False)):
         p = env.proposal(c, reason="t")
         p.layout = layout
-        p = Schedule(cfg.policy).probe_first(env, p)
+        p = probe_first(env, p)
         assert (p.fidelity == Fidelity.PROBE) is probed, p.reason
         assert probed or "not probed: TP>1" in p.reason
 

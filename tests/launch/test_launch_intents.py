@@ -25,7 +25,7 @@ from tests.sweeplib import all_attempts, assert_accounted, cli, sweep_args, wait
 from tests.sweeplib import ledger_url as sqlite_url
 
 NODE8 = ["stage.gpus=8", "++cluster.poll_interval_s=1.0", "++cluster.min_time_min=5", "++cluster.signal_delay_s=30"]
-ROUND = ["policy.round0_size=3", "stage.budget.max_rounds=1"]
+ROUND = ["policy.schedule.round0_size=3", "stage.budget.max_rounds=1"]
 
 
 def test_parse_squeue_and_sacct_lines():

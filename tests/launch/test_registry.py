@@ -107,7 +107,7 @@ def test_a_toy_backend_is_checked_recorded_asked_and_picked_through_the_registry
 @pytest.mark.long
 def test_a_sweep_runs_on_the_toy_backend_and_stays_bound_to_it(toy, tmp_path, capsys):
     args = sweep_args(
-        tmp_path, "toyrun", "cluster.kind=toy", "policy.round0_size=2", "stage.budget.max_rounds=1", UNCUT
+        tmp_path, "toyrun", "cluster.kind=toy", "policy.schedule.round0_size=2", "stage.budget.max_rounds=1", UNCUT
     )
     assert main(["sweep", *args, "--plain"]) == 0, capsys.readouterr().err
     assert "cluster: toy (cluster.kind=toy)" in capsys.readouterr().out

@@ -167,7 +167,7 @@ def test_resume_takes_over_from_a_killed_holder_before_its_lease_expires_and_bef
     """The order, not a duration (issue 22's suite: a `< 5 s` bound failed at 6.7 s on a loaded box): the resumed
     orchestrator takes the dead holder's lease over before that lease would have expired (TTL 120 s), and
     before it launches anything."""
-    args = sweep_args(tmp_path, "takeover", "policy.round0_size=2", *SLOW_LOCAL, "++ledger.lease_ttl_s=120")
+    args = sweep_args(tmp_path, "takeover", "policy.schedule.round0_size=2", *SLOW_LOCAL, "++ledger.lease_ttl_s=120")
     with running_sweep(args, log=tmp_path / "first.log") as run:
         run.attempts(1, timeout=180)
         run.kill()  # kill -9 of the orchestrator only; its lease has ~120 s left
@@ -201,7 +201,7 @@ def test_a_holder_blocked_on_a_free_slot_keeps_its_lease(tmp_path):
     args = sweep_args(
         tmp_path,
         "blocked",
-        "policy.round0_size=3",
+        "policy.schedule.round0_size=3",
         "cluster.local.max_workers=1",
         *SLOW_LOCAL,
         f"++ledger.lease_ttl_s={ttl}",

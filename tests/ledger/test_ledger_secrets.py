@@ -167,7 +167,7 @@ def test_the_stored_config_and_every_export_mask_the_password(pg_url_with_passwo
     pg_url_with_password, secret, masked = pg_url_with_password
     args = [
         a if not a.startswith("ledger.url=") else f"ledger.url='{pg_url_with_password}'"  # quoted: = and ? in it
-        for a in sweep_args(tmp_path, "masked", "policy.round0_size=1", "stage.budget.max_rounds=1")
+        for a in sweep_args(tmp_path, "masked", "policy.schedule.round0_size=1", "stage.budget.max_rounds=1")
     ]
     outputs = [cli("sweep", *args, "--plain", timeout=300)]
     assert outputs[0].returncode == 0, outputs[0].stderr[-2000:]

@@ -64,7 +64,7 @@ def test_the_override_carries_the_flags_and_the_off_values_of_the_layout():
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bridge")
-    out = cli("sweep", *sweep_args(tmp, "b1", "stage.budget.max_runs=3", "policy.round0_size=3"), "--plain")
+    out = cli("sweep", *sweep_args(tmp, "b1", "stage.budget.max_runs=3", "policy.schedule.round0_size=3"), "--plain")
     assert out.returncode == 0, out.stderr[-3000:]
     return tmp, f"ledger.url={ledger_url(tmp)}"
 

@@ -22,7 +22,7 @@ def test_a_sweep_records_why_each_candidate_was_proposed_and_shows_the_path(tmp_
         cands = led.candidates("why")
         # a screened contender confirmed (or a probed layout measured) at the full window: one candidate, two launches
         rerun = [c for c in cands if c.decision.previous]
-        assert len(cands) + len(rerun) == len(run.launches) >= composed.cfg.policy.round0_size + 1
+        assert len(cands) + len(rerun) == len(run.launches) >= composed.cfg.policy.schedule.round0_size + 1
         for c in rerun:
             assert c.decision.fidelity == "full" and c.decision.previous.fidelity in ("screen", "probe")
         for c in cands:

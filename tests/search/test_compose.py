@@ -149,7 +149,7 @@ def _observed(planned, i, *, step=None, probe=None, fidelity=Fidelity.FULL, peak
 
 
 def test_a_probed_layout_is_measured_at_scale_only_when_its_composed_step_is_near_the_best():
-    from orchestrator.schedule import Schedule
+    from orchestrator.schedule.round import passed as due
     from orchestrator.search.types import RoundInput
 
     cfg, _, planned = _planned_rows()
@@ -164,13 +164,12 @@ def test_a_probed_layout_is_measured_at_scale_only_when_its_composed_step_is_nea
     ]
     assert all(r.probed_fit and not r.ok for r in probed)  # known to fit, no step measured
     inp = RoundInput(round=2, observations=ran + probed, known_keys=set(), slots=6, gpu_hours_left=1e9)
-    sched = Schedule(cfg.policy)
-    passed = {r.key for r, _ in sched.passed(inp, fit)}
-    assert fit.predict_row(probed[1]) > best * (1 + cfg.policy.probe_pass)
+    passed = {r.key for r, _ in due(cfg.policy, inp, fit)}
+    assert fit.predict_row(probed[1]) > best * (1 + cfg.policy.schedule.probe_pass)
     assert slow.key not in passed
-    assert (fast.key in passed) == (fit.predict_row(probed[0]) <= best * (1 + cfg.policy.probe_pass))
+    assert (fast.key in passed) == (fit.predict_row(probed[0]) <= best * (1 + cfg.policy.schedule.probe_pass))
     # nothing calibrated yet: every layout a probe found to fit is measured (as before composed steps)
-    assert {r.key for r, _ in sched.passed(inp, None)} == {fast.key, slow.key}
+    assert {r.key for r, _ in due(cfg.policy, inp, None)} == {fast.key, slow.key}
 
 
 @pytest.mark.long
@@ -189,7 +188,9 @@ def test_after_round_0_the_searchers_proposals_beyond_its_first_few_are_probed_f
     )
     from orchestrator.search import make_policy
 
-    policy = dataclasses.replace(cfg.policy, direct_per_round=1)  # of the round's 4: 1 at scale, 3 probed
+    sched = cfg.policy.schedule  # of the round's 4: 1 at scale, 3 probed
+    first = dataclasses.replace(sched.probe_first, direct_per_round=1)
+    policy = dataclasses.replace(cfg.policy, schedule=dataclasses.replace(sched, probe_first=first))
     plan = Schedule(policy).plan(make_policy(policy), env, inp)
     new = [p for p in plan.proposals if not p.reason.startswith("fit-probe")]
     direct = [p for p in new if p.fidelity != Fidelity.PROBE]

@@ -8,12 +8,19 @@ import dataclasses
 import pytest
 
 from orchestrator.config import compose
+from orchestrator.core.schema import PolicyConfig, Round0SpreadConfig
 from orchestrator.plan import planner
+from orchestrator.schedule.steps.fit_probes import probes
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.select import fit_dominated, needs_more_memory, ran
 from orchestrator.search.types import Observation, RoundInput
 from tests.bench import searchlib as lib
+
+
+def _schedule(policy: PolicyConfig, **changes) -> PolicyConfig:
+    """`policy` with these of its policy.schedule settings changed."""
+    return dataclasses.replace(policy, schedule=dataclasses.replace(policy.schedule, **changes))
 
 
 @pytest.fixture(scope="module")
@@ -89,13 +96,11 @@ def test_a_layout_dominated_by_a_measured_fit_is_never_pruned(setting):
 def test_a_layout_known_to_fit_is_not_fit_probed(setting):
     """A probe answers what no evidence covers: a layout the knob order already places under a measured fit
     gets none."""
-    from orchestrator.schedule import Schedule
 
     cfg, env, ran, pruned = setting
     row = _ran(ran)
     _, inp, fit = _calibrated(cfg, env, row)
-    sched = Schedule(dataclasses.replace(cfg.policy, probes_per_round=10_000))
-    probed = {p.key for p in sched.probes(env, inp, fit, 1.0, set())}
+    probed = {p.key for p in probes(cfg.policy, env, inp, fit, 1.0, set(), limit=10_000)}
     assert pruned.key not in probed
 
 
@@ -103,13 +108,11 @@ def test_fit_probes_go_where_the_searcher_sees_promise(setting):
     """The schedule probes the pruned layouts its searcher rates best (Policy.estimate), not those the calibrated
     step alone rates best: on twin:overpredicted the optimum's calibrated step was 28% over the best measured
     (out of the probes' reach) while calibrated_neighbours' optimistic bound put it 12% under."""
-    from orchestrator.schedule import Schedule
     from orchestrator.search.moves import fit_residual, optimistic
 
     cfg, env, ran, _ = setting
     row = _ran(ran)
     policy, inp, fit = _calibrated(cfg, env, row)
-    sched = Schedule(dataclasses.replace(cfg.policy, probes_per_round=1))
     band = [
         c
         for c in env.memory_band(fit, fit.factors)
@@ -119,22 +122,22 @@ def test_fit_probes_go_where_the_searcher_sees_promise(setting):
     slowest = max(band, key=lambda c: c.prediction.step_time_s)
     fastest = min(band, key=lambda c: c.prediction.step_time_s)
     best_step = fastest.prediction.step_time_s  # the slowest one's calibrated step is out of the probes' reach
-    assert slowest.prediction.step_time_s > best_step * (1 + cfg.policy.max_predicted_loss)
-    (plain,) = sched.probes(env, inp, fit, best_step, set())
+    assert slowest.prediction.step_time_s > best_step * (1 + cfg.policy.search.max_predicted_loss)
+    (plain,) = probes(cfg.policy, env, inp, fit, best_step, set(), limit=1)
     assert plain.key == fastest.key  # as the calibrated step rates them
 
     def rate(layout, step_s):  # a searcher that sees the slowest as the most promising
         return 0.5 * best_step if layout == slowest.layout else 2.0 * step_s
 
-    (rated,) = sched.probes(env, inp, fit, best_step, set(), rate)
+    (rated,) = probes(cfg.policy, env, inp, fit, best_step, set(), rate, limit=1)
     assert rated.key == slowest.key and rated.fidelity == "probe"
     # nothing the searcher rates out of reach is probed, however the calibrated step rates it
-    assert sched.probes(env, inp, fit, best_step, set(), lambda lay, s: 10.0 * best_step) == []
+    assert probes(cfg.policy, env, inp, fit, best_step, set(), lambda lay, s: 10.0 * best_step, limit=1) == []
     # calibrated_neighbours rates by the optimistic bound its proposals rank by
     res = fit_residual([row], lambda r: fit.predict(r.raw_components))
     bound = policy.estimate(inp, fit)
     assert bound(slowest.layout, 50.0) == pytest.approx(
-        optimistic(50.0, *res.predict(slowest.layout), cfg.policy.explore)
+        optimistic(50.0, *res.predict(slowest.layout), cfg.policy.search.explore)
     )
     assert policy.estimate(inp, None)(slowest.layout, 50.0) == 50.0  # uncalibrated: the prediction as it is
 
@@ -142,7 +145,6 @@ def test_fit_probes_go_where_the_searcher_sees_promise(setting):
 def test_one_probe_per_memory_footprint(setting):
     """Layouts that differ only in the dispatcher run the same probe (a flex layout is probed with alltoall,
     argv.probe_argv), so a round probes one of them: the best rated."""
-    from orchestrator.schedule import Schedule
     from orchestrator.search.select import same_memory
 
     cfg, env, ran, _ = setting
@@ -154,38 +156,37 @@ def test_one_probe_per_memory_footprint(setting):
     a, b = siblings[0]
     assert a.layout.dispatcher != b.layout.dispatcher or a.layout.flex_backend != b.layout.flex_backend
     assert not same_memory(a.layout, dataclasses.replace(a.layout, mbs=a.layout.mbs * 2))
-    led = dataclasses.replace(cfg.policy, probes_per_round=10_000, probe_led=True)
-    probes = Schedule(led).probes(env, inp, fit, 1e9, set(), policy.estimate(inp, fit))
-    assert len(probes) >= 2
-    assert not any(same_memory(p.layout, q.layout) for i, p in enumerate(probes) for q in probes[:i])
+    led = _schedule(cfg.policy, probe_led=True)
+    probed = probes(led, env, inp, fit, 1e9, set(), policy.estimate(inp, fit), limit=10_000)
+    assert len(probed) >= 2
+    assert not any(same_memory(p.layout, q.layout) for i, p in enumerate(probed) for q in probed[:i])
     # every footprint of the band is still probed once (none is lost to the deduplication)
     footprints = [c for i, c in enumerate(band) if not any(same_memory(c.layout, o.layout) for o in band[:i])]
-    assert len(probes) == len([c for c in footprints if not fit_dominated(c.layout, [row])])
-    # not probe-led (policy.probe_led=false): each sibling is probed on its own
-    plain = Schedule(dataclasses.replace(led, probe_led=False)).probes(
-        env, inp, fit, 1e9, set(), policy.estimate(inp, fit)
-    )
-    assert len(plain) > len(probes)
+    assert len(probed) == len([c for c in footprints if not fit_dominated(c.layout, [row])])
+    # not probe-led (policy.schedule.probe_led=false): each sibling is probed on its own
+    plain = probes(_schedule(led, probe_led=False), env, inp, fit, 1e9, set(), policy.estimate(inp, fit), limit=10_000)
+    assert len(plain) > len(probed)
 
 
 def test_round_0_probes_the_pruned_region_before_anything_ran(setting):
     """Before any run the memory model is least to be trusted where the fastest layouts lie (issue 19: 1.6-3x
-    high), so round 0 also probes policy.round0_probes of the layouts the uncalibrated model prunes inside its
-    default band, spread over EP, PP (with VPP), CP and recompute, one per memory footprint (probe-led rounds,
-    policy.probe_led), beside round 0's own layouts."""
+    high), so round 0 also probes policy.schedule.round0_spread.probes of the layouts the uncalibrated model prunes
+    inside its default band, spread over EP, PP (with VPP), CP and recompute, one per memory footprint (probe-led
+    rounds,
+    policy.schedule.probe_led), beside round 0's own layouts."""
     from orchestrator.schedule import Schedule
     from orchestrator.search import memfit
     from orchestrator.search.select import same_memory
 
     cfg, env, _, _ = setting
-    led = dataclasses.replace(cfg.policy, name="calibrated_neighbours", probe_led=True)
+    led = _schedule(dataclasses.replace(cfg.policy, name="calibrated_neighbours"), probe_led=True)
     policy = make_policy(led)
     inp = RoundInput(round=0, observations=[], known_keys=set(), slots=100, gpu_hours_left=1e12)
     plan = Schedule(led).plan(policy, env, inp)
     probes = [p for p in plan.proposals if p.reason.startswith("fit-probe")]
     own = [p for p in plan.proposals if not p.reason.startswith("fit-probe")]
-    assert len(probes) == led.round0_probes > 0
-    assert len(own) == led.round0_size and all(p.fidelity == "probe" for p in plan.proposals)
+    assert len(probes) == led.schedule.round0_spread.probes > 0
+    assert len(own) == led.schedule.round0_size and all(p.fidelity == "probe" for p in plan.proposals)
     hbm, margin = cfg.hardware.hbm_gb, cfg.stage.memory_margin_gb
     for p in probes:
         raw = p.predicted["raw_memory_gb"]
@@ -193,12 +194,12 @@ def test_round_0_probes_the_pruned_region_before_anything_ran(setting):
         assert p.probe_ranks and p.probe_ranks[0] == 0 and p.probe_ranks[-1] == cfg.stage.gpus - 1
     assert not any(same_memory(p.layout, q.layout) for i, p in enumerate(probes) for q in probes[:i])
     assert len({p.layout.ep for p in probes}) > 1 and len({(p.layout.pp, p.layout.vpp) for p in probes}) > 1
-    off = Schedule(dataclasses.replace(led, round0_probes=0)).plan(policy, env, inp)
+    off = Schedule(_schedule(led, round0_spread=Round0SpreadConfig(probes=0))).plan(policy, env, inp)
     assert [p.key for p in off.proposals] == [p.key for p in own]
 
 
 def test_round_0_probes_first_and_the_best_composed_saves_the_seed(setting):
-    """policy.probe_led: the cold launch that saves the seed (the stage's whole warm-up, ~7 warm
+    """policy.schedule.probe_led: the cold launch that saves the seed (the stage's whole warm-up, ~7 warm
     launches' worth at 1k) is chosen on evidence. Round 0 rank-probes every layout before any launch at scale;
     round 1 measures the probed fits at scale, best composed step (the probe's compute + the communication)
     first, so the fastest saves the seed and the rest wait for it; nothing that OOMed on its probe goes."""
@@ -206,11 +207,11 @@ def test_round_0_probes_first_and_the_best_composed_saves_the_seed(setting):
     from orchestrator.search import compose
 
     cfg, env, _, _ = setting
-    pol = dataclasses.replace(cfg.policy, name="calibrated_neighbours", probe_led=True)
+    pol = _schedule(dataclasses.replace(cfg.policy, name="calibrated_neighbours"), probe_led=True)
     policy, sched = make_policy(pol), Schedule(pol)
     inp0 = RoundInput(round=0, observations=[], known_keys=set(), slots=100, gpu_hours_left=1e12)
     r0 = sched.plan(policy, env, inp0).proposals
-    assert len(r0) >= pol.round0_size and all(p.fidelity == "probe" for p in r0)  # nothing at scale yet
+    assert len(r0) >= pol.schedule.round0_size and all(p.fidelity == "probe" for p in r0)  # nothing at scale yet
     # the probes report: the first OOMs, the rest fit, each with its compute-only step (the reverse of the
     # order the model predicted them in, so evidence, not the prediction, must decide the order)
     rows = []
@@ -240,7 +241,7 @@ def test_round_0_probes_first_and_the_best_composed_saves_the_seed(setting):
     def composed(r):
         return fit.predict_row(r) if fit is not None else compose.step({}, r.raw_components, r.probe_scale)
 
-    expected = [r.key for r in sorted(fits, key=composed)][: pol.round0_size]
+    expected = [r.key for r in sorted(fits, key=composed)][: pol.schedule.round0_size]
     assert expected[0] != fits[0].key  # the model's favourite among the fits is not the evidence's
     confirms = [c for c in plan.confirms if c.reason.startswith("probed")]
     assert [c.key for c in confirms] == expected and rows[0].key not in [c.key for c in plan.confirms]
@@ -253,15 +254,15 @@ def test_round_0_probes_first_and_the_best_composed_saves_the_seed(setting):
     assert all(c.fidelity == "full" for c in confirms)
     first, *rest = confirms
     assert first.seed_save and not first.after_seed and all(c.after_seed and not c.seed_save for c in rest)
-    # off (policy.probe_led=false): round 0 launches at scale as ever, and probes nothing
-    off = Schedule(dataclasses.replace(pol, probe_led=False)).plan(policy, env, inp0).proposals
-    assert [p.fidelity for p in off] == ["full"] * pol.round0_size
+    # off (policy.schedule.probe_led=false): round 0 launches at scale as ever, and probes nothing
+    off = Schedule(_schedule(pol, probe_led=False)).plan(policy, env, inp0).proposals
+    assert [p.fidelity for p in off] == ["full"] * pol.schedule.round0_size
 
 
 @pytest.mark.long
 def test_a_promoted_stage_probes_its_promoted_mappings_before_any_launch_at_scale():
-    """policy.probe_led at a promoted stage (8k from 1k): the source's winner was measured on 1,024 GPUs, its 8k
-    mappings would be cold launches the memory model placed, so round 0 rank-probes them beside the model's own
+    """policy.schedule.probe_led at a promoted stage (8k from 1k): the source's winner was measured on 1,024 GPUs,
+    its 8k mappings would be cold launches the memory model placed, so round 0 rank-probes them beside the model's own
     picks, and nothing goes at scale before evidence from this stage's GPUs; off, the promoted mappings launch."""
     from orchestrator.schedule import Schedule
 
@@ -270,25 +271,24 @@ def test_a_promoted_stage_probes_its_promoted_mappings_before_any_launch_at_scal
     src_env = PlanEnv(src_cfg.model, src_cfg.hardware, src_cfg.stage, src_cfg.workload.name)
     env = PlanEnv(cfg.model, cfg.hardware, cfg.stage, cfg.workload.name)
     source = [_ran(c, step=30.0 + i, peak=120.0) for i, c in enumerate(src_env.plan()[:4])]
-    pol = dataclasses.replace(cfg.policy, name="calibrated_neighbours", probe_led=True)
+    pol = _schedule(dataclasses.replace(cfg.policy, name="calibrated_neighbours"), probe_led=True)
     policy = make_policy(pol)
     inp = RoundInput(round=0, observations=[], known_keys=set(), slots=100, gpu_hours_left=1e12, source=source)
     props = Schedule(pol).plan(policy, env, inp, source_stage=src_cfg.stage).proposals
     promoted = [p for p in props if p.reason.startswith("promoted")]
     assert promoted and promoted[0].parent_key == source[0].key  # the source's winner leads
     assert all(p.fidelity == "probe" and p.probe_ranks for p in props)  # nothing at scale yet
-    off = Schedule(dataclasses.replace(pol, probe_led=False)).plan(policy, env, inp, source_stage=src_cfg.stage)
+    off = Schedule(_schedule(pol, probe_led=False)).plan(policy, env, inp, source_stage=src_cfg.stage)
     assert [p.fidelity for p in off.proposals if p.reason.startswith("promoted")] == ["full"] * len(promoted)
 
 
 def test_a_knob_value_no_layout_ran_with_gets_a_coverage_probe(setting):
-    """Schedule.coverage: a region no row of this stage ran in has only the calibrated model to speak for it,
+    """Step coverage_probes: a region no row of this stage ran in has only the calibrated model to speak for it,
     and the model's compute is wrong region by region (a CP or recompute level it never saw), so the best rated
     layout of each knob value no layout that ran carries gets a rank probe, the best rated values first, at most
-    policy.coverage_probes a round; once a layout with that value ran, the value is covered. The dispatcher is
-    never one: a rank probe runs alltoall whatever the layout's dispatcher."""
-    from orchestrator.schedule import Schedule
-    from orchestrator.schedule.rungs import COVERED_KNOBS
+    policy.schedule.coverage_probes.per_round a round; once a layout with that value ran, the value is covered. The
+    dispatcher is never one: a rank probe runs alltoall whatever the layout's dispatcher."""
+    from orchestrator.schedule.steps.coverage_probes import COVERED_KNOBS, coverage
     from orchestrator.search.select import knob_value, value_label
 
     cfg, env, ran_, _ = setting
@@ -306,15 +306,13 @@ def test_a_knob_value_no_layout_ran_with_gets_a_coverage_probe(setting):
         if knob_value(c.layout, k) != knob_value(row.layout, k)
     }
     assert len(uncovered) > 2
-    every = Schedule(dataclasses.replace(cfg.policy, coverage_probes=10_000)).coverage(
-        env, inp, fit, 1.0, set(), by_step
-    )
+    every = coverage(env, inp, fit, 1.0, set(), by_step, limit=10_000)
     assert all(p.fidelity == "probe" and p.probe_ranks and p.reason.startswith("coverage-probe") for p in every)
     # each uncovered value is carried by a probe, and each probe names the value it covers, never a dispatcher
     assert all(any(knob_value(p.layout, k) == v for p in every) for k, v in uncovered)
     assert all("dispatcher" not in p.reason for p in every) and len({p.key for p in every}) == len(every)
     # one a round: the best rated of the values' best layouts
-    (one,) = Schedule(dataclasses.replace(cfg.policy, coverage_probes=1)).coverage(env, inp, fit, 1.0, set(), by_step)
+    (one,) = coverage(env, inp, fit, 1.0, set(), by_step, limit=1)
     bests = [
         min((c for c in pool if knob_value(c.layout, k) == v), key=lambda c: c.prediction.step_time_s)
         for k, v in uncovered
@@ -323,9 +321,7 @@ def test_a_knob_value_no_layout_ran_with_gets_a_coverage_probe(setting):
     # once it ran, the values it carried are covered: no probe names them again
     ran_too = dataclasses.replace(_ran(env.evaluate_unchecked(one.layout, None, 1.0)), key=one.key)
     inp2 = dataclasses.replace(inp, observations=[row, ran_too], known_keys={row.key, one.key})
-    again = Schedule(dataclasses.replace(cfg.policy, coverage_probes=10_000)).coverage(
-        env, inp2, fit, 1.0, set(), by_step
-    )
+    again = coverage(env, inp2, fit, 1.0, set(), by_step, limit=10_000)
     named = {p.reason.split(" with ", 1)[1].split(" ran", 1)[0] for p in again}
     assert not any(value_label(k, knob_value(one.layout, k)) in named for k in COVERED_KNOBS)
     assert len(again) < len(every)

@@ -1,5 +1,6 @@
-"""The learned warm-up (schedule/fidelity.learned_warmup, Schedule.warm): evidence beats configuration. How long a
-warm-started launch takes to settle (compile, allocator, NCCL set-up) is measured by the sweep's own warm launches
+"""The learned warm-up (schedule/fidelity.learned_warmup, steps/warm_start.warm): evidence beats configuration. How
+long a warm-started launch takes to settle (compile, allocator, NCCL set-up) is measured by the sweep's own warm
+launches
 (their settled_iters), and later warm launches warm up that, with a margin, instead of the configured figure."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from orchestrator.config import compose
 from orchestrator.core.decision import Decision
 from orchestrator.core.states import Fidelity
 from orchestrator.plan.layout import Layout
-from orchestrator.schedule import Schedule, fidelity
+from orchestrator.schedule import fidelity
+from orchestrator.schedule.steps.warm_start import warm
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.types import Proposal
 
@@ -83,8 +85,8 @@ def test_the_schedule_gives_warm_launches_the_learned_warm_up_and_charges_it(sta
         ]
 
     configured, learned = props(), props()
-    Schedule.warm(env, configured, "/seed")
-    Schedule.warm(env, learned, "/seed", 8)
+    warm(env, configured, "/seed")
+    warm(env, learned, "/seed", 8)
     assert configured[0].warmup_iters is None and "warmup_iters" not in configured[0].decision().to_dict()
     assert learned[0].decision().warmup_iters == 8
     assert fidelity.decision_window(stage, learned[0].decision())[1] == (8, stage.measure_iters)
@@ -93,7 +95,7 @@ def test_the_schedule_gives_warm_launches_the_learned_warm_up_and_charges_it(sta
     assert learned[1].warmup_iters is None  # a rank probe neither loads the seed nor learns its warm-up
     # before a seed: the round's first full launch saves it and runs cold; the others wait for it, then load it
     first = props() + props()
-    Schedule.warm(env, first, None, 8)
+    warm(env, first, None, 8)
     saver, _, waiter, _ = first
     assert saver.seed_save and saver.warmup_iters is None
     assert waiter.after_seed and waiter.decision().warmup_iters == 8

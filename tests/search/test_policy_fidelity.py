@@ -19,6 +19,7 @@ from orchestrator.core.states import Fidelity
 from orchestrator.evidence.metrics import robust_cv
 from orchestrator.plan.layout import Layout
 from orchestrator.schedule import Schedule, fidelity
+from orchestrator.schedule.steps.confirm import confirms
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
 from orchestrator.search.select import best_measured
@@ -116,7 +117,7 @@ def _waiting(root, rows: list[Observation], *, rated: bool = True) -> bool:
 
 def test_a_probed_fit_due_at_scale_holds_convergence():
     """A layout a rank probe found to fit, whose composed step as the searcher rates it is within probe_pass of
-    the best, is still due its launch at scale (Schedule.passed): the sweep is not converged until it ran; a
+    the best, is still due its launch at scale (schedule/round.passed): the sweep is not converged until it ran; a
     probed layout rated slower than that, or one that OOMed at scale since, holds nothing."""
     root = compose(["+stage=1k"]).cfg
     n = root.stage.budget.converge_rounds
@@ -158,15 +159,17 @@ def test_a_sweep_screens_then_confirms_and_reports_only_a_confirmed_best(tmp_pat
     cfg, led, run = _sweep(tmp_path, target, "stage.warm_start.enabled=false")
     with led:
         fids = [x[5] for x in run.launches]
-        at_scale = [f for f in fids if f != Fidelity.PROBE]  # round 0's rank probes (policy.probe_led) aside
-        assert at_scale[: cfg.policy.round0_size] == [Fidelity.FULL] * cfg.policy.round0_size  # no noise known yet
+        at_scale = [f for f in fids if f != Fidelity.PROBE]  # round 0's rank probes (policy.schedule.probe_led) aside
+        assert (
+            at_scale[: cfg.policy.schedule.round0_size] == [Fidelity.FULL] * cfg.policy.schedule.round0_size
+        )  # no noise known yet
         assert Fidelity.SCREEN in fids
         cands = {c.id: c for c in led.candidates("mf")}
         confirmed = [c for c in cands.values() if c.decision.kind == "confirm"]
         assert confirmed
         for c in confirmed:  # the ledger keeps every measurement and the fidelity of each
             atts = led.attempts(c.id)
-            # probe first (policy.probe_first): a new layout's rank probe came before its screen
+            # probe first (step probe_first): a new layout's rank probe came before its screen
             assert [a.fidelity for a in atts] in (
                 [Fidelity.SCREEN, Fidelity.FULL],
                 [Fidelity.PROBE, Fidelity.SCREEN, Fidelity.FULL],
@@ -221,7 +224,7 @@ def test_screen_fastest_but_confirmed_slower_is_not_the_best(tmp_path):
             gpu_hours_left=1e9,
             step_cv=0.02,
         )
-        assert c.key in [p.key for p in Schedule(cfg.policy).confirms(_env(cfg), inp)]  # ... it is confirmed next
+        assert c.key in [p.key for p in confirms(cfg.policy, _env(cfg), inp)]  # ... it is confirmed next
 
 
 def _env(cfg):
@@ -241,8 +244,8 @@ def test_the_loop_launches_each_attempt_at_its_fidelitys_window(tmp_path):
     from tests.sweeplib import UNCUT, cli, ledger_url, sweep_args
 
     small = [
-        "policy.round0_size=3",
-        "policy.round_size=2",
+        "policy.schedule.round0_size=3",
+        "policy.schedule.round_size=2",
         "stage.budget.max_rounds=2",
         "stage.budget.max_runs=6",
         "stage.warmup_iters=6",
@@ -362,7 +365,7 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_on_one_gpu_found_to_fi
 def test_any_searcher_gets_the_rungs_predicted_topk_screens_once_noise_is_measured(tmp_path):
     """The rungs are the schedule's, not a searcher's (orchestrator/schedule): predicted_topk, which never looks
     at a measurement to choose layouts, still runs its first round at scale (round 0, or round 1 after round 0's
-    rank probes, policy.probe_led) at the full window, screens its later rounds at the
+    rank probes, policy.schedule.probe_led) at the full window, screens its later rounds at the
     window sized from the measured noise (any contender goes back to the full window), and its best is a
     full-window result. Without the warm start, as the test above (with it, a probe-led sweep's launches at scale
     are as short as a screen and are measured at the full window only)."""
@@ -377,7 +380,7 @@ def test_any_searcher_gets_the_rungs_predicted_topk_screens_once_noise_is_measur
         assert at_scale[first] == {Fidelity.FULL}  # no noise known yet
         assert any(Fidelity.SCREEN in f for r, f in at_scale.items() if r > first), by_round
         cands = led.candidates("mf")
-        # its own picks, confirmations, and the schedule's rank probes of round 0 (policy.probe_led) and their
+        # its own picks, confirmations, and the schedule's rank probes of round 0 (policy.schedule.probe_led) and their
         # measurements at scale
         kinds = ("predicted-topk", "confirm", "fit-probe", "probed-fit", "probed-close")
         assert all(c.decision.kind in kinds for c in cands)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config import compose
-from orchestrator.core.schema import PolicyConfig
+from orchestrator.core.schema import PolicyConfig, ScheduleConfig, SearcherConfig
 from orchestrator.plan.layout import groups
 from orchestrator.schedule import Schedule
 from orchestrator.search import make_policy
@@ -51,7 +51,9 @@ def _measured(env, n=5, slow=1.25):
 def test_promotion_maps_measured_top_k_with_edges(envs, name):
     src_env, dst_env = envs
     source = _measured(src_env)
-    pol = make_policy(PolicyConfig(name=name, round0_size=6, promote_top_k=3))
+    pol = make_policy(
+        PolicyConfig(name=name, schedule=ScheduleConfig(round0_size=6), search=SearcherConfig(promote_top_k=3))
+    )
     plan = round_plan(
         pol,
         dst_env,
@@ -87,7 +89,7 @@ def test_the_source_winner_is_promoted_even_when_the_memory_model_prunes_every_m
 
     src_env, dst_env = envs
     source = _measured(src_env)
-    pol = make_policy(PolicyConfig(name="calibrated_neighbours", promote_top_k=3))
+    pol = make_policy(PolicyConfig(name="calibrated_neighbours", search=SearcherConfig(promote_top_k=3)))
     pessimist = Fit(
         method="ratio", memory_factor=100.0, memory_factors={"states": 100.0, "activations": 100.0, "buffers": 100.0}
     )
@@ -126,7 +128,7 @@ def test_promotion_carries_the_best_evidence_of_each_region_screened_results_inc
         fidelity=Fidelity.SCREEN,
         measure_iters=12,
     )
-    pol = make_policy(PolicyConfig(name="calibrated_neighbours", promote_top_k=3))
+    pol = make_policy(PolicyConfig(name="calibrated_neighbours", search=SearcherConfig(promote_top_k=3)))
     inp = RoundInput(
         round=0, observations=[], known_keys=set(), slots=16, gpu_hours_left=float("inf"), source=[*source, screened]
     )

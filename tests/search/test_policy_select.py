@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from orchestrator.core.schema import PolicyConfig, SearchConfig, StageConfig
+from orchestrator.core.schema import PolicyConfig, SearchConfig, SearcherConfig, StageConfig
 from orchestrator.core.states import Fidelity
 from orchestrator.plan.layout import Layout, groups
 from orchestrator.search import make_policy, policy_names
@@ -72,7 +72,7 @@ def test_round_robin_interleaves_and_dedupes():
 
 
 def test_convergence_needs_two_rounds_without_gain_or_near_tie():
-    pol = make_policy(PolicyConfig(converge_gain=0.01))
+    pol = make_policy(PolicyConfig(search=SearcherConfig(converge_gain=0.01)))
     assert not pol.converged([obs("a", 10, rnd=0), obs("b", 9, rnd=1), obs("c", 8.5, rnd=2)], 2)
     assert not pol.converged([obs("a", 10, rnd=0), obs("b", 10.5, rnd=1)], 2)
     assert pol.converged([obs("a", 10, rnd=0), obs("b", 10.5, rnd=1), obs("c", 10.2, rnd=2)], 2)
@@ -86,7 +86,7 @@ def test_convergence_needs_two_rounds_without_gain_or_near_tie():
 def test_a_near_tie_measured_at_full_window_holds_convergence_a_round():
     """A round whose full-window measurement lands within converge_gain of the best (a near-tie, better or not)
     opens a neighbourhood the next round explores: it is not a stale round. A screened one ranks, never decides."""
-    pol = make_policy(PolicyConfig(converge_gain=0.01))
+    pol = make_policy(PolicyConfig(search=SearcherConfig(converge_gain=0.01)))
     stale = [obs("a", 10, rnd=0), obs("b", 10.5, rnd=1)]
     for near in (10.08, 9.95):
         assert not pol.converged([*stale, obs("c", near, rnd=2)], 2)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import compose
-from orchestrator.core.schema import PolicyConfig
+from orchestrator.core.schema import CoverageProbesConfig, PolicyConfig, ScheduleConfig, SearcherConfig
 from orchestrator.schedule import Schedule
 from orchestrator.search import make_policy
 from orchestrator.search.env import PlanEnv
@@ -76,7 +76,12 @@ def simulate(name: str, env, *, runs: int = 14, rounds: int = 4):
     surface = _surface()
     # this loop measures every proposal at the full window and counts it against `runs`, so no coverage probes (a
     # rank probe takes no slot; tests/search/test_evidence.py checks them)
-    policy = make_policy(PolicyConfig(name=name, round0_size=6, round_size=4, coverage_probes=0))
+    policy = make_policy(
+        PolicyConfig(
+            name=name,
+            schedule=ScheduleConfig(round0_size=6, round_size=4, coverage_probes=CoverageProbesConfig(per_round=0)),
+        )
+    )
     obs, fits = [], []
     for rnd in range(rounds):
         plan = round_plan(
@@ -113,7 +118,7 @@ def test_calibrated_policy_beats_predicted_topk_on_a_surface_the_model_gets_wron
 
 
 def test_round0_is_diverse_across_ep_pp_cp(env):
-    policy = make_policy(PolicyConfig(round0_size=6))
+    policy = make_policy(PolicyConfig(schedule=ScheduleConfig(round0_size=6)))
     plan = round_plan(
         policy, env, RoundInput(round=0, observations=[], known_keys=set(), slots=6, gpu_hours_left=float("inf"))
     )
@@ -126,7 +131,9 @@ def test_round0_is_diverse_across_ep_pp_cp(env):
 
 def test_later_rounds_are_one_factor_neighbours_of_the_measured_best(env):
     surface = _surface()
-    policy = make_policy(PolicyConfig(round0_size=6, round_size=4, top_k_neighbours=1))
+    policy = make_policy(
+        PolicyConfig(schedule=ScheduleConfig(round0_size=6, round_size=4), search=SearcherConfig(top_k_neighbours=1))
+    )
     r0 = round_plan(
         policy, env, RoundInput(round=0, observations=[], known_keys=set(), slots=20, gpu_hours_left=float("inf"))
     )
@@ -143,7 +150,7 @@ def test_later_rounds_are_one_factor_neighbours_of_the_measured_best(env):
 
 
 def test_budget_limits_proposals(env):
-    policy = make_policy(PolicyConfig(round0_size=6))
+    policy = make_policy(PolicyConfig(schedule=ScheduleConfig(round0_size=6)))
     plan = round_plan(
         policy, env, RoundInput(round=0, observations=[], known_keys=set(), slots=2, gpu_hours_left=float("inf"))
     )
@@ -180,7 +187,7 @@ def test_the_best_layouts_dispatcher_siblings_are_measured_not_modelled(env):
     the bench's cliffs surface HybridEP at EP32 was never tried after one slow HybridEP at EP128, and the sweep
     stopped 57% short)."""
     surface = _surface()
-    policy = make_policy(PolicyConfig(round0_size=6, round_size=4))
+    policy = make_policy(PolicyConfig(schedule=ScheduleConfig(round0_size=6, round_size=4)))
     r0 = round_plan(
         policy, env, RoundInput(round=0, observations=[], known_keys=set(), slots=20, gpu_hours_left=float("inf"))
     )

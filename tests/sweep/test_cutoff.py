@@ -150,7 +150,7 @@ def cut_sweep(tmp_path_factory) -> tuple[Path, str]:
     # its 4th iteration runs 11 s more, however loaded the box (the driver polls every 0.3 s)
     slow = ["++workload.twin.time_scale=100000", "++workload.twin.max_sleep_s=1.0"]
     cut = ["++stage.screen.cut_margin=0.0001", "++stage.screen.cut_after=4", "++stage.screen.cut_warmup_iters=1"]
-    p = cli("sweep", *sweep_args(tmp, "cut", *slow, *cut, "policy.round0_size=1"), timeout=900)
+    p = cli("sweep", *sweep_args(tmp, "cut", *slow, *cut, "policy.schedule.round0_size=1"), timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     kept = tmp / "recorded"
     kept.mkdir()
@@ -254,7 +254,12 @@ def test_on_slurm_a_cut_is_scancelled_and_a_driver_killed_before_its_cancel_canc
     # ~1 s per iteration, 105 in all: the marked job outlives the killed driver and the resume by ~100 s
     slow = ["++workload.twin.time_scale=100000", "++workload.twin.max_sleep_s=1.0", "stage.measure_iters=100"]
     node8 = ["stage.gpus=8", "++cluster.poll_interval_s=0.5", "++cluster.min_time_min=5"]
-    small = ["policy.round0_size=1", "policy.round_size=3", "stage.budget.max_rounds=2", "stage.budget.max_runs=4"]
+    small = [
+        "policy.schedule.round0_size=1",
+        "policy.schedule.round_size=3",
+        "stage.budget.max_rounds=2",
+        "stage.budget.max_runs=4",
+    ]
     cut = ["++stage.screen.cut_margin=0.0001", "++stage.screen.cut_after=4", "++stage.screen.cut_warmup_iters=1"]
     args = sweep_args(tmp_path, "s-cut", *slow, *node8, *small, *cut, cluster="slurm")
     killed = cli("sweep", *args, "--plain", timeout=600, env={"ORCH_FAULT": "cut-marked:kill"})

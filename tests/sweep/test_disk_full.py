@@ -17,7 +17,7 @@ from tests.sweeplib import ROOT, ledger_url, sweep_args
 @pytest.mark.long
 def test_a_full_disk_is_one_error_line_and_resume_finishes_once_space_is_back(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    args = sweep_args(tmp_path, "full", "policy.round0_size=1", "stage.budget.max_rounds=1")
+    args = sweep_args(tmp_path, "full", "policy.schedule.round0_size=1", "stage.budget.max_rounds=1")
     real_save = JobSpec.save
 
     def full(self, path):

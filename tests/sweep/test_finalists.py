@@ -90,7 +90,9 @@ def _long(cfg, **policy):
         cfg,
         parity=dataclasses.replace(cfg.parity, enabled=True),
         effective=dataclasses.replace(cfg.effective, long_run=True),
-        policy=dataclasses.replace(cfg.policy, **{"promote_top_k": 3, **policy}),
+        policy=dataclasses.replace(
+            cfg.policy, search=dataclasses.replace(cfg.policy.search, **{"promote_top_k": 3, **policy})
+        ),
     )
 
 
@@ -282,13 +284,13 @@ def test_a_finalists_job_is_retried_by_the_one_retry_decision_then_judged(ledger
     cfg = dataclasses.replace(
         cfg,
         parity=dataclasses.replace(cfg.parity, enabled=True),
-        policy=dataclasses.replace(cfg.policy, promote_top_k=1),
+        policy=dataclasses.replace(cfg.policy, search=dataclasses.replace(cfg.policy.search, promote_top_k=1)),
     )
     pol = cfg.policy
 
     def retry(fc, atts):
         history = [a.failure_class or a.state for a in atts]
-        return retry_decision(fc, history, max_attempts=pol.max_attempts, retry_classes=pol.retry_classes)
+        return retry_decision(fc, history, max_attempts=pol.driver.max_attempts, retry_classes=pol.driver.retry_classes)
 
     with Ledger.open(ledger_url) as led:
         (c,), _ = _sweep(led, cfg, LAYOUTS[1:2])  # CP2: its reference (CP1) is a job

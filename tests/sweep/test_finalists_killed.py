@@ -174,8 +174,8 @@ def test_slurm_kill_between_a_finalists_sbatch_and_its_record_is_adopted_on_resu
         "++effective.long_run=true",
         "++effective.long_run_save_at=4",
         "++effective.long_run_after_iters=4",
-        "policy.promote_top_k=2",
-        "policy.round0_size=3",
+        "policy.search.promote_top_k=2",
+        "policy.schedule.round0_size=3",
         "stage.budget.max_rounds=1",
         *node8,
     ]

@@ -22,7 +22,7 @@ from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus
 from orchestrator.ledger.ledger import Ledger
 from tests.sweeplib import FINALISTS_SWEEP, ROOT, all_attempts, sweep_args, wait_for
 
-TINY = ("policy.round0_size=2", "stage.budget.max_rounds=2")
+TINY = ("policy.schedule.round0_size=2", "stage.budget.max_rounds=2")
 
 
 def _url(path: Path) -> str:
@@ -488,7 +488,7 @@ def test_resume_collects_a_result_on_disk_whose_attempt_row_lacks_it(tmp_path, m
     without a result. `resume` re-attaches to it, reads the job's own exit marker and collects the folder
     (Driver._reconcile -> LocalLauncher._reattached_state -> Driver._ingest); nothing is launched again."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    args = sweep_args(tmp_path, "uncollected", "policy.round0_size=2", "stage.budget.max_rounds=1")
+    args = sweep_args(tmp_path, "uncollected", "policy.schedule.round0_size=2", "stage.budget.max_rounds=1")
     assert main(["sweep", *args, "--plain"]) == 0
     path = tmp_path / "ledger.sqlite"
     with Ledger.open(_url(path), create=False) as led:

@@ -43,7 +43,7 @@ def test_the_sweep_stops_with_one_error_line_when_its_ledger_is_pulled_away(tmp_
         return real(self, rows)
 
     monkeypatch.setattr(Ledger, "launched", pull_then_record)
-    args = sweep_args(tmp_path, "pulled", "policy.round0_size=2", "stage.budget.max_rounds=3")
+    args = sweep_args(tmp_path, "pulled", "policy.schedule.round0_size=2", "stage.budget.max_rounds=3")
     assert main(["sweep", *args, "--plain"]) == 2
     err = [ln for ln in capsys.readouterr().err.strip().splitlines() if ln]
     assert len(err) == 1 and err[0].startswith(f"error: the ledger file {path} was "), err

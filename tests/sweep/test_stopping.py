@@ -1,6 +1,6 @@
 """stage.budget.converge_rounds: the driver (orchestrator/sweep/decide.py) stops a sweep at the first round
-after which the stage's own number of rounds in a row brought no gain > policy.converge_gain nor a near-tie within
-it, and nothing of those rounds waits for a launch; not before.
+after which the stage's own number of rounds in a row brought no gain > policy.search.converge_gain nor a near-tie
+within it, and nothing of those rounds waits for a launch; not before.
 Run on the real decision loop and ledger of the bench harness (tests/bench/searchlib.py) on the twin."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_a_sweep_stops_at_the_first_round_its_stage_calls_converged(tmp_path, ro
         best = min([best, *full])
         best_by_round.append(best)
         fastest_by_round.append(min(full, default=math.inf))
-    stale = _stale_after(best_by_round, fastest_by_round, composed.cfg.policy.converge_gain)
+    stale = _stale_after(best_by_round, fastest_by_round, composed.cfg.policy.search.converge_gain)
     assert stale[-1] >= rounds  # the stop: the stage's rounds without a gain ...
     # ... reached only at the last round planned, or at a round whose stop waited: a confirmation or a probe
     # that passed, of that round or one before it, launched in a later decision batch (Schedule.waiting)

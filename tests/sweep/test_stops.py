@@ -20,7 +20,7 @@ from orchestrator.evidence.ingest import judge
 from orchestrator.ledger.ledger import Ledger
 from tests.sweeplib import ROOT, all_attempts, ledger_url, running_sweep, sweep_args, wait_for
 
-ONE = ("policy.round0_size=1", "stage.budget.max_rounds=1")
+ONE = ("policy.schedule.round0_size=1", "stage.budget.max_rounds=1")
 
 
 def _resume_hint(tmp_path, name: str) -> str:

@@ -117,7 +117,7 @@ def slurm_answers_and_refuses(monkeypatch):
 
 def _unbound_sweep(tmp_path, name: str) -> list[str]:
     """A sweep stored with cluster=local that launched nothing yet (no binding): the resume command's tail."""
-    args = sweep_args(tmp_path, name, "policy.round0_size=2", "stage.budget.max_rounds=1")
+    args = sweep_args(tmp_path, name, "policy.schedule.round0_size=2", "stage.budget.max_rounds=1")
     with Ledger.open(ledger_url(tmp_path), create=True) as led:
         new_sweep(led, name, compose(args))
         assert "launcher" not in led.get_sweep(name).provenance

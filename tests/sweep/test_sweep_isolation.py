@@ -18,8 +18,8 @@ from orchestrator.ledger.ledger import Ledger
 from tests.sweeplib import UNCUT, cli, sweep_args
 
 SCREENED = [  # short screens once noise is measured, so later rounds confirm contenders and propose new ones
-    "policy.round0_size=3",
-    "policy.round_size=3",
+    "policy.schedule.round0_size=3",
+    "policy.schedule.round_size=3",
     "stage.budget.max_rounds=5",
     "stage.budget.max_runs=16",
     "stage.warmup_iters=6",
@@ -71,7 +71,7 @@ def test_a_second_sweep_of_a_stage_says_before_it_launches_what_the_first_alread
     from orchestrator.config import root_from_yaml
     from orchestrator.core.schema import StageConfig
 
-    tiny = ("policy.round0_size=2", "stage.budget.max_rounds=1", UNCUT)
+    tiny = ("policy.schedule.round0_size=2", "stage.budget.max_rounds=1", UNCUT)
     assert main(["sweep", *sweep_args(tmp_path, "first", *tiny), "--plain"]) == 0
     assert "warning:" not in capsys.readouterr().out  # the stage's first sweep: nothing to share
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"

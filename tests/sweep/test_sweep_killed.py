@@ -34,7 +34,7 @@ SLOW = [
     "++workload.twin.max_sleep_s=0.5",  # ~0.5 s per iteration: a window of 12 lasts ~6 s
     f"stage.warmup_iters={WARMUP}",
     f"stage.measure_iters={MEASURE}",
-    "policy.round0_size=2",
+    "policy.schedule.round0_size=2",
     "stage.budget.max_rounds=1",
     "cluster.local.max_workers=2",
 ]

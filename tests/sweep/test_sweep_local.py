@@ -22,7 +22,12 @@ from tests.sweeplib import (
     sweep_args,
 )
 
-SMALL = ["policy.round0_size=3", "policy.round_size=2", "stage.budget.max_rounds=2", "stage.budget.max_runs=6"]
+SMALL = [
+    "policy.schedule.round0_size=3",
+    "policy.schedule.round_size=2",
+    "stage.budget.max_rounds=2",
+    "stage.budget.max_runs=6",
+]
 
 
 @pytest.mark.long
@@ -64,7 +69,11 @@ def test_smoke_sweep_runs_two_rounds_and_fills_the_ledger(tmp_path):
 @pytest.mark.long
 def test_job_json_carries_the_ledger_key(tmp_path):
     """job.json, the job folder and the ledger name one candidate by one key (the twin seeds with it)."""
-    proc = cli("sweep", *sweep_args(tmp_path, "keys", "policy.round0_size=2", "stage.budget.max_rounds=1"), timeout=300)
+    proc = cli(
+        "sweep",
+        *sweep_args(tmp_path, "keys", "policy.schedule.round0_size=2", "stage.budget.max_rounds=1"),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
         cands = led.candidates("keys")
@@ -85,9 +94,9 @@ def test_promotion_records_promoted_from_edges(tmp_path):
         "stage.name=smoke64",
         "stage.gpus=64",
         "stage.promotes_from=smoke",
-        "policy.promote_top_k=2",
+        "policy.search.promote_top_k=2",
         "stage.budget.max_rounds=1",
-        "policy.round0_size=4",
+        "policy.schedule.round0_size=4",
     ]
     proc = cli("sweep", *sweep_args(tmp_path, "p-dst", *big), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
@@ -133,7 +142,7 @@ def test_second_orchestrator_is_refused_naming_the_holder(tmp_path):
 @pytest.mark.long
 def test_oom_is_not_retried_unless_asked(tmp_path):
     args = sweep_args(
-        tmp_path, "oom", "++workload.twin.force_oom=true", "policy.round0_size=2", "stage.budget.max_rounds=1"
+        tmp_path, "oom", "++workload.twin.force_oom=true", "policy.schedule.round0_size=2", "stage.budget.max_rounds=1"
     )
     proc = cli("sweep", *args, timeout=300)
     assert proc.returncode == 1 and "measured nothing" in proc.stderr, proc.stderr[-3000:]  # every job OOMed
@@ -145,9 +154,9 @@ def test_oom_is_not_retried_unless_asked(tmp_path):
         tmp_path,
         "oom2",
         "++workload.twin.force_oom=true",
-        "policy.round0_size=1",
+        "policy.schedule.round0_size=1",
         "stage.budget.max_rounds=1",
-        "policy.max_attempts=2",
+        "policy.driver.max_attempts=2",
     )
     proc = cli("sweep", *args2, "--retry", "oom", timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -167,8 +176,8 @@ def test_a_gpu_smaller_than_its_hardware_group_is_planned_with_after_the_first_o
         f"++workload.twin.gpu_capacity_gb={gib96}",
         # full recompute legal (a Megatron with PR #6704's fix): today's few legal 1k layouts all OOM at 96 GiB
         "++stage.lifted_rules=[v4.full_recompute_hash_mhc]",
-        "policy.round0_size=4",
-        "policy.round_size=3",
+        "policy.schedule.round0_size=4",
+        "policy.schedule.round_size=3",
         "stage.budget.max_rounds=2",
         stage="1k",
     )
@@ -216,7 +225,7 @@ def test_external_workload_script_is_honoured(tmp_path):
         "ext",
         f"workload.command=[python,{script}]",
         "workload.name=surface",
-        "policy.round0_size=2",
+        "policy.schedule.round0_size=2",
         "stage.budget.max_rounds=1",
         "++workload.env={SURFACE_HBM_GB: '200'}",
     )
@@ -277,7 +286,7 @@ def gated_twin(tmp_path: Path) -> tuple[list[str], Path]:
     args = [
         f"workload.command=[python,{script}]",
         f"++workload.env={{ORCH_TEST_GATE: '{gate}'}}",
-        "policy.round0_size=1",
+        "policy.schedule.round0_size=1",
         "stage.budget.max_rounds=1",
     ]
     return args, gate
@@ -288,7 +297,7 @@ def test_cancel_stops_every_live_job_and_records_it(tmp_path):
     slow = [
         "++workload.twin.time_scale=50",
         "++workload.twin.max_sleep_s=1.0",
-        "policy.round0_size=2",
+        "policy.schedule.round0_size=2",
         "stage.budget.max_rounds=2",
     ]
     with running_sweep(sweep_args(tmp_path, "stopme", *slow), log=tmp_path / "run.log") as run:
@@ -335,7 +344,7 @@ def test_sweep_on_each_ledger_engine(ledger_url, tmp_path):
     """The same loop on SQLite and on the real PostgreSQL (the `ledger_url` fixture runs both)."""
     args = [
         a if not a.startswith("ledger.url=") else f"ledger.url={ledger_url}"
-        for a in sweep_args(tmp_path, "engines", "policy.round0_size=2", "stage.budget.max_rounds=1")
+        for a in sweep_args(tmp_path, "engines", "policy.schedule.round0_size=2", "stage.budget.max_rounds=1")
     ]
     proc = cli("sweep", *args, "--json", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -350,7 +359,7 @@ def test_cluster_auto_falls_back_to_local_and_says_why(tmp_path):
     empty.mkdir()
     args = [
         a if a != "cluster=local" else "cluster=auto"
-        for a in sweep_args(tmp_path, "auto", "policy.round0_size=1", "stage.budget.max_rounds=1")
+        for a in sweep_args(tmp_path, "auto", "policy.schedule.round0_size=1", "stage.budget.max_rounds=1")
     ]
     proc = cli("sweep", *args, "--plain", timeout=300, env={"PATH": str(empty)})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -384,7 +393,7 @@ def test_two_live_orchestrators_the_second_is_refused(tmp_path):
     slow = [
         "++workload.twin.time_scale=50",
         "++workload.twin.max_sleep_s=1.0",
-        "policy.round0_size=1",
+        "policy.schedule.round0_size=1",
         "stage.budget.max_rounds=1",
     ]
     with running_sweep(sweep_args(tmp_path, "twice", *slow), log=tmp_path / "first.log") as first:
@@ -401,9 +410,9 @@ def test_nccl_timeout_is_retried_up_to_max_attempts(tmp_path):
         tmp_path,
         "nccl",
         "++workload.twin.nccl_timeout_rate=1.0",
-        "policy.round0_size=1",
+        "policy.schedule.round0_size=1",
         "stage.budget.max_rounds=1",
-        "policy.max_attempts=2",
+        "policy.driver.max_attempts=2",
     )
     proc = cli("sweep", *args, "--plain", timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]  # every attempt timed out: nothing measured
@@ -422,7 +431,13 @@ def test_sweep_status_and_best_name_one_layout_when_the_fastest_is_partial_or_ex
     """Issue 17's "two answers to best": the fastest result is partial, the next failed parity. The sweep's
     last line (a continued sweep prints its outcome again), `status --json` and `best` all name the third,
     the measured best by orchestrator.core.ranking."""
-    args = sweep_args(tmp_path, "one-best", "policy.round0_size=4", "policy.round_size=2", "stage.budget.max_rounds=1")
+    args = sweep_args(
+        tmp_path,
+        "one-best",
+        "policy.schedule.round0_size=4",
+        "policy.schedule.round_size=2",
+        "stage.budget.max_rounds=1",
+    )
     first = cli("sweep", *args, "--json", timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     with Ledger.open(ledger_url(tmp_path)) as led:

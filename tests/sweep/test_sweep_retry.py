@@ -1,7 +1,7 @@
 """Retry rules: retryable classes up to max_attempts, TIMEOUT once, deterministic failures only on request.
 
-One policy: orchestrator.core.failures' table gives `policy.retry_classes` its default and says how often each class is
-retried; retry_decision is the one decision (the sweep loop and the finalists)."""
+One policy: orchestrator.core.failures' table gives `policy.driver.retry_classes` its default and says how often each
+class is retried; retry_decision is the one decision (the sweep loop and the finalists)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from orchestrator.core import failures
 from orchestrator.core.schema import PolicyConfig
 from orchestrator.sweep.retry import retry_decision
 
-R = PolicyConfig().retry_classes
+R = PolicyConfig().driver.retry_classes
 
 
 def test_default_retry_classes_come_from_the_table():
     assert list(failures.DEFAULT_RETRY_CLASSES) == R
-    assert compose([]).cfg.policy.retry_classes == R  # conf/ does not override it with its own list
+    assert compose([]).cfg.policy.driver.retry_classes == R  # conf/ does not override it with its own list
 
 
 def test_retryable_classes_until_max_attempts():

@@ -19,9 +19,9 @@ def test_slice_sweep_gates_finalists_and_never_promotes_a_divergent_layout(tmp_p
         tmp_path,
         "slice-a",
         DIVERGE,
-        "policy.promote_top_k=8",
+        "policy.search.promote_top_k=8",
         "stage.budget.max_runs=6",
-        "policy.round0_size=6",
+        "policy.schedule.round0_size=6",
         stage="slice",
     )
     proc = cli("sweep", *args, "--plain", timeout=600)
@@ -54,7 +54,7 @@ def test_slice_sweep_gates_finalists_and_never_promotes_a_divergent_layout(tmp_p
         "stage.promotes_from=slice",
         "stage.budget.max_runs=4",
         "stage.budget.max_rounds=1",
-        "policy.round0_size=4",
+        "policy.schedule.round0_size=4",
         "parity.enabled=false",
         stage="slice",
     )

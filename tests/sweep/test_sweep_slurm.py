@@ -35,7 +35,12 @@ from tests.sweeplib import (
 
 pytestmark = pytest.mark.slurm
 NODE8 = ["stage.gpus=8", "++cluster.poll_interval_s=1.0", "++cluster.min_time_min=5", "++cluster.signal_delay_s=30"]
-SMALL = ["policy.round0_size=3", "policy.round_size=2", "stage.budget.max_rounds=2", "stage.budget.max_runs=6"]
+SMALL = [
+    "policy.schedule.round0_size=3",
+    "policy.schedule.round_size=2",
+    "stage.budget.max_rounds=2",
+    "stage.budget.max_runs=6",
+]
 SLOW = ["++workload.twin.time_scale=50", "++workload.twin.max_sleep_s=2.0"]  # ~2 s per iteration: jobs stay RUNNING
 LONG = ["stage.measure_iters=100"]  # ~3 minutes: a job the test cancels cannot end first, however loaded the box
 
@@ -121,7 +126,14 @@ def test_scancel_is_cancelled_and_not_retried(tmp_path, slurm_cluster):
     """The job is cancelled once it has printed iterations: sacct's ExitCode is then "0:15", which with
     iteration lines once read as a success (failure_class None) whenever the job was fast enough (issue 10)."""
     args = sweep_args(
-        tmp_path, "s-cancel", "policy.round0_size=1", "stage.budget.max_rounds=1", *NODE8, *SLOW, *LONG, cluster="slurm"
+        tmp_path,
+        "s-cancel",
+        "policy.schedule.round0_size=1",
+        "stage.budget.max_rounds=1",
+        *NODE8,
+        *SLOW,
+        *LONG,
+        cluster="slurm",
     )
     with running_sweep(args, log=tmp_path / "run.log") as run:
         a = run.wait_ledger(lambda led: first_running(led, "s-cancel"), 180, "a RUNNING job")
@@ -143,7 +155,7 @@ def test_node_down_is_node_fail_and_retried_on_a_healthy_node(tmp_path, slurm_cl
     args = sweep_args(
         tmp_path,
         "s-node",
-        "policy.round0_size=1",
+        "policy.schedule.round0_size=1",
         "stage.budget.max_rounds=1",
         *NODE8,
         *SLOW,
@@ -187,9 +199,9 @@ def test_time_limit_is_timeout(tmp_path, slurm_cluster):
     args = sweep_args(
         tmp_path,
         "s-time",
-        "policy.round0_size=1",
+        "policy.schedule.round0_size=1",
         "stage.budget.max_rounds=1",
-        "policy.max_attempts=1",
+        "policy.driver.max_attempts=1",
         "stage.gpus=8",
         "++cluster.poll_interval_s=2",
         "++cluster.min_time_min=2",
@@ -213,7 +225,7 @@ def test_slurm_oom_and_external_workload(tmp_path, slurm_cluster):
             tmp_path,
             "s-oom",
             "++workload.twin.force_oom=true",
-            "policy.round0_size=2",
+            "policy.schedule.round0_size=2",
             "stage.budget.max_rounds=1",
             *NODE8,
             cluster="slurm",
@@ -230,7 +242,7 @@ def test_slurm_oom_and_external_workload(tmp_path, slurm_cluster):
             "s-ext",
             f"workload.command=[python,{script}]",
             "workload.name=surface",
-            "policy.round0_size=2",
+            "policy.schedule.round0_size=2",
             "stage.budget.max_rounds=1",
             *NODE8,
             "++workload.env={SURFACE_HBM_GB: '200'}",
@@ -258,7 +270,14 @@ def test_slurm_oom_and_external_workload(tmp_path, slurm_cluster):
 
 def test_cancel_scancels_every_live_job(tmp_path, slurm_cluster):
     args = sweep_args(
-        tmp_path, "s-stop", "policy.round0_size=2", "stage.budget.max_rounds=2", *NODE8, *SLOW, *LONG, cluster="slurm"
+        tmp_path,
+        "s-stop",
+        "policy.schedule.round0_size=2",
+        "stage.budget.max_rounds=2",
+        *NODE8,
+        *SLOW,
+        *LONG,
+        cluster="slurm",
     )
     with running_sweep(args, log=tmp_path / "run.log") as run:
         run.attempts(2, timeout=180)
@@ -301,7 +320,9 @@ def test_one_sacct_call_per_poll_for_the_whole_sweep(tmp_path, slurm_cluster):
     from orchestrator.sweep.view import View
 
     composed = compose(
-        sweep_args(tmp_path, "s-count", "policy.round0_size=4", "stage.budget.max_rounds=1", *NODE8, cluster="slurm")
+        sweep_args(
+            tmp_path, "s-count", "policy.schedule.round0_size=4", "stage.budget.max_rounds=1", *NODE8, cluster="slurm"
+        )
     )
     cfg = composed.cfg
     launcher = SlurmLauncher(cfg.cluster)
@@ -332,7 +353,9 @@ def test_each_array_task_records_the_node_it_ran_on(tmp_path, slurm_cluster):
     """Issue 22 item 5: sacct lists a starting array under its base id, with the node of the task whose raw id
     is the base; every task took that node and kept it (a NODE_FAIL retry then excluded the wrong node). One
     array of four one-node jobs: each attempt's node is its own task's, as sacct lists `<base>_<i>`."""
-    args = sweep_args(tmp_path, "s-nodes", "policy.round0_size=4", "stage.budget.max_rounds=1", *NODE8, cluster="slurm")
+    args = sweep_args(
+        tmp_path, "s-nodes", "policy.schedule.round0_size=4", "stage.budget.max_rounds=1", *NODE8, cluster="slurm"
+    )
     proc = cli("sweep", *args, "--plain", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     with Ledger.open(ledger_url(tmp_path)) as led:

@@ -27,7 +27,7 @@ from tests.sweeplib import (
 pytestmark = pytest.mark.slurm
 MEASURE = 6
 ARGS = [
-    "policy.round0_size=2",
+    "policy.schedule.round0_size=2",
     "stage.budget.max_rounds=1",
     "stage.gpus=8",
     "++cluster.poll_interval_s=1.0",

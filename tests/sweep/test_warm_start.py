@@ -28,8 +28,10 @@ def _spec(job_dir: str) -> JobSpec:
 @pytest.fixture(scope="module")
 def warm_sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("warm")
-    # round 0 at scale (policy.probe_led off): the warm start's own mechanics; probe-led, the test below
-    args = sweep_args(tmp, "warm", *SCREENED, f"stage.warm_start.warmup_iters={WARM_UP}", "policy.probe_led=false")
+    # round 0 at scale (policy.schedule.probe_led off): the warm start's own mechanics; probe-led, the test below
+    args = sweep_args(
+        tmp, "warm", *SCREENED, f"stage.warm_start.warmup_iters={WARM_UP}", "policy.schedule.probe_led=false"
+    )
     out = cli("sweep", *args, "--plain")
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
     return ledger_url(tmp)
@@ -37,8 +39,9 @@ def warm_sweep(tmp_path_factory):
 
 @pytest.mark.long
 def test_probe_led_a_probed_layout_saves_the_seed_and_every_other_launch_at_scale_loads_it(tmp_path):
-    """policy.probe_led (the default): round 0 only rank-probes; the seed is saved by the first launch at scale,
-    a layout whose probe ran before it, and every other launch at scale loads it, none submitted before it ended."""
+    """policy.schedule.probe_led (the default): round 0 only rank-probes; the seed is saved by the first launch at
+    scale, a layout whose probe ran before it, and every other launch at scale loads it, none submitted before it
+    ended."""
     out = cli("sweep", *sweep_args(tmp_path, "led", *SCREENED, f"stage.warm_start.warmup_iters={WARM_UP}"), "--plain")
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
     with Ledger.open(ledger_url(tmp_path)) as led:
