@@ -40,7 +40,8 @@ PREDICTION_COLUMNS = [
     "mfu",
     "layer_pattern",
 ]
-# A narrow terminal keeps the layout first (TP/PP/CP/EP, its other knobs), then the predicted step and memory.
+# A narrow terminal keeps the layout first (TP/PP/CP/EP, the knobs the rows differ in), then the predicted step, the
+# knobs every row shares, and memory.
 LAYOUT_FIRST = ("tp", "pp", "cp", "ep")
 PRIORITY = ("step_time_s", "memory_gb", "mfu", "bubble", "m")
 TABLE_COLUMNS = ["candidate", *knobs.columns(), *PREDICTION_COLUMNS]  # the table adds knobs the stage varies
@@ -169,7 +170,10 @@ def _table(cfg, stage, res: PlanResult, top: int, show_rejected: bool) -> None:
             table.add_row(*(cells[c] for c in shown))
         return table
 
-    table, left = fitted(columns, ["candidate", *LAYOUT_FIRST, *knob_cols, *PRIORITY], console.width, build)
+    # the knobs that tell the rows shown apart come before the step; a knob every row shares comes after it
+    apart = [c for c in knob_cols if len({cells[c] for cells in groups}) > 1]
+    order = ["candidate", *LAYOUT_FIRST, *apart, PRIORITY[0], *knob_cols, *PRIORITY]
+    table, left = fitted(columns, list(dict.fromkeys(order)), console.width, build)
     console.print(table)
     if left:
         console.print(left_out_note(left, console.width), highlight=False)

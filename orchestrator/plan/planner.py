@@ -316,6 +316,14 @@ class _Env:
             hit = self._flops[lay.recompute] = flops.step_flops(self.model, self.stage, lay)
         return hit
 
+    def verdict(self, layout: Layout, *, check_memory: bool = True) -> Planned | Rejected:
+        """Every rule for one layout (the cheap ones first), then its predictions if it is legal."""
+        ctx = self.ctx(layout)
+        bad = R.violations(ctx, [r for r in self.rules if r.phase in CHEAP_PHASES])
+        if bad:
+            return Rejected(layout, bad)
+        return self.finish(ctx, *_late_rules(self.rules), memo_argv=False, check_memory=check_memory)
+
     def finish(
         self,
         ctx: R.Ctx,
@@ -426,11 +434,10 @@ def evaluate(
     routing_sigma: the per-expert load spread the memory and step-time models assume (0: force-balanced routing,
     as Megatron-Bridge's published benchmarks run)."""
     env = _Env(model, hw, stage, factors, memory_factor, workload, recipe, routing_sigma)
-    ctx = env.ctx(layout)
-    bad = R.violations(ctx, [r for r in env.rules if r.phase in CHEAP_PHASES])
-    if bad:
-        return Rejected(layout, bad)
-    return env.finish(ctx, *_late_rules(env.rules), memo_argv=False, check_memory=check_memory)
+    res = env.verdict(layout, check_memory=check_memory)
+    if check_memory and isinstance(res, Planned) and _offload_not_needed(env, layout):
+        return Rejected(layout, [R.OFFLOAD_NOT_NEEDED], res.prediction.memory_gb)
+    return res
 
 
 class _Walk:
@@ -514,13 +521,26 @@ class _Walk:
         return out
 
 
-def _offload_where_needed(planned: list[Planned], late: list[Rejected]) -> list[Planned]:
-    """The planned layouts less each offload layout whose no-offload sibling is planned too (it moves to `late`,
-    rejected by rules.OFFLOAD_NOT_NEEDED): offload only buys memory, so it stays only where it is what fits."""
-    fits = {p.layout for p in planned if not p.layout.offload}
+def _offload_not_needed(env: _Env, layout: Layout, fits: set[Layout] | None = None) -> bool:
+    """rules.OFFLOAD_NOT_NEEDED: `layout` offloads, and the same layout without offload is legal and fits. `fits`:
+    the no-offload layouts a plan found legal and fitting, when its search enumerated every sibling; otherwise
+    the sibling is checked here (evaluate() and the walk give one verdict: tests/plan/test_planner.py)."""
+    if not layout.offload:
+        return False
+    sibling = replace(layout, offload=())
+    if fits is not None:
+        return sibling in fits
+    return isinstance(env.verdict(sibling), Planned)
+
+
+def _offload_where_needed(env: _Env, planned: list[Planned], late: list[Rejected], every: bool) -> list[Planned]:
+    """The planned layouts less each offload layout whose no-offload sibling is legal and fits (it moves to `late`,
+    rejected by rules.OFFLOAD_NOT_NEEDED): offload only buys memory, so it stays only where it is what fits.
+    every: the search holds no offload (`[]`), so every sibling was planned or rejected here already."""
+    fits = {p.layout for p in planned if not p.layout.offload} if every else None
     keep: list[Planned] = []
     for p in planned:
-        if p.layout.offload and replace(p.layout, offload=()) in fits:
+        if _offload_not_needed(env, p.layout, fits):
             late.append(Rejected(p.layout, [R.OFFLOAD_NOT_NEEDED], p.prediction.memory_gb))
         else:
             keep.append(p)
@@ -556,7 +576,7 @@ def plan(
             late.append(res)
 
     cut = walk.run(on_leaf)
-    planned = _offload_where_needed(planned, late)
+    planned = _offload_where_needed(env, planned, late, every=() in values["offload"])
     planned.sort(key=lambda p: (p.prediction.step_time_s, p.prediction.memory_gb))  # stable: walk order on ties
     raw = space.raw_count(stage.search, env.recipe)
     return PlanResult(

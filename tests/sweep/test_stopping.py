@@ -85,11 +85,27 @@ def test_every_moved_key_is_told_where_it_went_and_its_stored_value_loads_there(
     import yaml
 
     from orchestrator.config import nearest_key
-    from orchestrator.core.schema import MOVED_KEYS, legacy_moved, moved_to
+    from orchestrator.core.schema import (
+        MOVED_KEYS,
+        MOVED_TO_LIST,
+        SCHEDULE_STEPS,
+        STEP_SWITCHES,
+        legacy_moved,
+        moved_to,
+    )
 
     base = yaml.safe_load(compose(["+stage=1k"]).to_yaml())
     for old, new in MOVED_KEYS.items():
         assert nearest_key(old) == f"; it moved: {new}" and moved_to(f"{old}.x") == f"{new}.x"
+        if old in STEP_SWITCHES:  # an on/off switch that became a step: off leaves the step out, on keeps the list
+            *path, key = old.split(".")
+            for on, steps in ((False, [s for s in SCHEDULE_STEPS if s != STEP_SWITCHES[old]]), (True, None)):
+                snap = copy.deepcopy(base)
+                snap[path[0]]["schedule"].pop("steps")
+                snap[path[0]][key] = on
+                back = legacy_moved(snap)
+                assert key not in back[path[0]] and back[path[0]]["schedule"].get("steps") == steps, (old, on)
+            continue
         *path, key = old.split(".")
         snap = copy.deepcopy(base)
         *new_path, new_key = new.split(".")
@@ -108,5 +124,5 @@ def test_every_moved_key_is_told_where_it_went_and_its_stored_value_loads_there(
         node = back
         for part in new.split("."):
             node = node[part]
-        assert node == "stored", (old, new)
+        assert node == (["stored"] if new in MOVED_TO_LIST else "stored"), (old, new)  # a list holds the old value
     assert moved_to("cluster.folder") is None and moved_to("policy.name") is None
