@@ -128,7 +128,7 @@ def check_schedule(train) -> None:
 
 def summary_rows(hit: dict, layout: Layout) -> list[tuple[str, str]]:
     """The evidence a decision needs, one field a line (the JSON has every metric)."""
-    from orchestrator.core.knobs import optim_text
+    from orchestrator.core.knobs import optim_text, precision_text
 
     m, a = hit["metrics"], hit["attempt"]
 
@@ -138,6 +138,7 @@ def summary_rows(hit: dict, layout: Layout) -> list[tuple[str, str]]:
     sim = " (simulated)" if hit["simulated"] else ""
     return [
         ("layout", layout.short()),
+        ("compute numerics", precision_text(layout.precision)),  # training semantics (RecipeConfig.precision)
         ("optimizer numerics", optim_text(layout.optim)),  # training semantics the winner chose (RecipeConfig.optim)
         ("step p50 / p99", f"{num(metrics.STEP_P50)} / {num(metrics.STEP_P99)}{sim}"),
         ("tokens/s/GPU", num("tokens_per_s_per_gpu")),

@@ -158,6 +158,15 @@ def optim_text(name: str) -> str:
     return f"main grads {grads}, master {params}, moments {moments} ({how})"
 
 
+def precision_text(name: str) -> str:
+    """How a layout's compute numerics read in `best` and the report: 'fp8 (--fp8-recipe blockwise)'; BF16 says it
+    writes no FP8 flag."""
+    if name not in PRECISIONS:
+        return f"{name} (unknown)"
+    recipe = PRECISIONS[name]
+    return f"{name} (--fp8-recipe {recipe})" if recipe else f"{name} (no FP8 recipe: BF16 GEMMs)"
+
+
 @dataclass(frozen=True, order=True)
 class Layout:
     """The knobs of one candidate. Frozen and hashable so the planner can dedupe and key it."""

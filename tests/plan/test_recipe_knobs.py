@@ -145,3 +145,22 @@ def test_the_1k_plan_json_lists_the_recipe_knobs_where_legal():
     assert not [c for c in legal if c["offload"] and row_layout(c).but(offload=[]) in no_offload]
     dominated = [r for r in d["rejected"] if r["rules"] == ["plan.offload_not_needed"]]
     assert dominated and all(Layout.from_dict(r["layout"]).but(offload=[]) in no_offload for r in dominated)
+
+
+def test_best_names_the_winners_compute_and_optimizer_numerics():
+    """`best` says which training semantics the winner runs: the compute precision (with the --fp8-recipe it
+    writes) beside the optimizer's, as the recipe declared them (issue 47 item 1)."""
+    from orchestrator.commands.best import summary_rows
+
+    hit = {
+        "metrics": {},
+        "attempt": {"job_id": "1", "state": "COMPLETED", "attempt_no": 1, "job_dir": "/x"},
+        "simulated": True,
+        "round": 0,
+        "chosen_on": "full",
+        "key": "k",
+    }
+    rows = dict(summary_rows(hit, Layout(pp=8, ep=64, precision="fp8", optim="bf16")))
+    assert rows["compute numerics"] == "fp8 (--fp8-recipe blockwise)"
+    assert rows["optimizer numerics"].startswith("main grads bf16")
+    assert dict(summary_rows(hit, Layout()))["compute numerics"] == "bf16 (no FP8 recipe: BF16 GEMMs)"
