@@ -113,12 +113,20 @@ class HardwareConfig:
     nic_gb_s: float = ranged(50.0, gt=0)  # 400 Gb/s NIC per GPU
     gpus_per_node: int = ranged(8, 1)  # GPUs of one host (GB200/GB300 compute trays: 4)
     gpus_per_nvlink_domain: int = ranged(8, 1)  # NVL72 systems: 72 (an EP/CP group inside one domain runs on NVLink)
+    # GPU <-> host memory, GB/s per direction: what fine-grained activation offload copies over (steptime "offload").
+    # HGX/DGX parts sit on PCIe Gen5 x16: 128 GB/s both directions on https://www.nvidia.com/en-us/data-center/h100/
+    # and /h200/ ("PCIe Gen5: 128GB/s"), 64 per direction. GB200/GB300 reach their Grace over NVLink-C2C
+    # (conf/hardware/gb200.yaml, gb300.yaml).
+    host_link_gb_s: float = ranged(64.0, gt=0)
     # Step-time model constants (calibrated later from the ledger; see orchestrator/plan/steptime.py)
     gemm_efficiency: float = ranged(0.55, None, 1, gt=0)  # achieved / peak on large BF16 GEMMs
     attention_efficiency: float = ranged(0.40, None, 1, gt=0)
     a2a_efficiency: float = ranged(0.60, None, 1, gt=0)  # achieved / link bandwidth for MoE all-to-all
     p2p_efficiency: float = ranged(0.70, None, 1, gt=0)
     allreduce_efficiency: float = ranged(0.70, None, 1, gt=0)
+    # achieved / host_link_gb_s for the offload's pinned-memory copies: PCIe Gen5's 128b/130b coding and TLP headers
+    # (256 B payloads) leave ~88% of the nominal rate; a prior, not a fit
+    host_link_efficiency: float = ranged(0.80, None, 1, gt=0)
     grad_sync_overlap: float = ranged(
         0.80, 0, 1
     )  # share of DP grad sync hidden when the recipe overlaps it (argv.overlaps)

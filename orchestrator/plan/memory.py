@@ -234,6 +234,20 @@ def _kept(
     return float(dense), float(expert), 0.0
 
 
+def offloaded_elems(
+    model: ModelConfig, ratio: int, moe: bool, recompute: tuple[str, ...], offload: tuple[str, ...], fp8: bool = False
+) -> tuple[float, float]:
+    """(dense, expert) BF16-element equivalents per token that one block's --offload-modules send to the host:
+    what the block keeps under its recompute set alone less what it keeps with the offload too (_kept, the one
+    accounting), so a tensor recompute already drops, or one no op saves, moves nothing. steptime times the copies."""
+    if not offload:
+        return 0.0, 0.0
+    t = block_activation_elems(model, ratio, moe)
+    d0, e0, _ = _kept(t, recompute, (), fp8)
+    d1, e1, _ = _kept(t, recompute, offload, fp8)
+    return d0 - d1, e0 - e1
+
+
 @dataclass(frozen=True, eq=False)
 class _Prefix:
     """Prefix sums over decoder blocks, so per-rank sums cost O(segments) per candidate."""

@@ -159,8 +159,9 @@ def _full_recompute_drops_input_ids(c: Ctx) -> bool:
 
 
 # Not a legality rule (no Megatron check behind it): the planner's own cut of a fine-grained offload that is not
-# needed. The step model charges offload no time (its PCIe copies run under compute), so a layout with offload is
-# never predicted faster than the same layout without it; it is kept only where that sibling is over HBM or
+# needed. Offload changes one step term only, steptime's "offload" (the host copies beyond the compute they run
+# under, >= 0, and the bubble that stage time stretches; factors are >= 0), so a layout with offload is never
+# predicted faster than the same layout without it: a dominated layout, kept only where that sibling is over HBM or
 # illegal. A stage may then search offload without doubling the layouts that fit anyway (planner.plan applies it).
 OFFLOAD_NOT_NEEDED = Rule(
     "plan.offload_not_needed",

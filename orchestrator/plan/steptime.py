@@ -44,6 +44,15 @@ Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's
                attention passes every block's K and V (params.kv_elems) round the CP ranks instead.
   pp_p2p       PP > 1: 2 x VPP boundary transfers of t x h x mHC streams x 2 B per microbatch;
                exposed fully without VPP (Megatron turns p2p overlap off), half with VPP.
+  offload      --offload-modules: the bytes the rank's blocks send to the host (memory.offloaded_elems, t / TP
+               tokens, experts' x skew) go out in the forward and come back in the backward over the host link
+               (hardware.host_link_gb_s x host_link_efficiency, one direction each). Megatron copies on side streams
+               (dev d98e8a64 megatron/core/pipeline_parallel/fine_grained_activation_offload.py:472-473 the d2h and
+               h2d streams; :1262-1269 a group's D2H starts once its forward ran, and the compute stream waits on it
+               only under a max-inflight cap, :1250-1260, unset by default; :1176-1192 the reload on h2d, :1303-1306
+               the group's backward waits for it): a copy hides under the compute of its own pass, so the offload
+               component is max(0, copy - pass), forward (compute / 3: backward ~ 2 x forward, the 3 x forward FLOPs
+               above) and backward (the rest) apart (offload_exposed).
 Per step (slowest rank r*, m microbatches):
   compute, a2a, cp_exchange, pp_p2p = m x (rank r*'s per-microbatch value)
   bubble     = m x T(r*) x f / (1 - f), f = pipeline.bubble(PP, m, VPP)  (= T (PP-1) / VPP)
@@ -69,7 +78,14 @@ from orchestrator.plan import pipeline, ranks
 from orchestrator.plan.argv import DEFAULT_RECIPE, overlaps
 from orchestrator.plan.flops import FP8_PRECISIONS, gemm_shapes, peak_tflops, profile, recompute_block
 from orchestrator.plan.layout import Groups, Layout
-from orchestrator.plan.memory import DEFAULT_ROUTING_SIGMA, WEIGHT_BYTES, block_activation_elems, optimizer_bytes
+from orchestrator.plan.memory import (
+    ACT_BYTES,
+    DEFAULT_ROUTING_SIGMA,
+    WEIGHT_BYTES,
+    block_activation_elems,
+    offloaded_elems,
+    optimizer_bytes,
+)
 from orchestrator.plan.params import (
     ModelKey,
     _Frozen,
@@ -85,8 +101,9 @@ from orchestrator.plan.pipeline import bubble as bubble_fraction
 from orchestrator.plan.pipeline import checked_split, cumulative
 from orchestrator.plan.recompute import FULL, redispatches
 
-COMPONENTS = ("compute", "a2a", "cp_exchange", "pp_p2p", "bubble", "grad_sync", "optimizer", "tp_comm")
-PER_MICROBATCH = ("compute", "a2a", "cp_exchange", "pp_p2p", "tp_comm")  # m x the slowest rank's: its stage time
+COMPONENTS = ("compute", "a2a", "cp_exchange", "pp_p2p", "bubble", "grad_sync", "optimizer", "tp_comm", "offload")
+# m x the slowest rank's: its stage time
+PER_MICROBATCH = ("compute", "a2a", "cp_exchange", "pp_p2p", "tp_comm", "offload")
 
 EXPERT_GEMM_HALF_TOKENS = 256.0  # tokens per expert at which grouped GEMM reaches half its efficiency
 # Short-K GEMMs: a GEMM with reduction width K runs at K / (K + GEMM_HALF_K) of its efficiency (short_k_efficiency).
@@ -122,7 +139,7 @@ class StepTime:
     slowest_stage: int = 0
     stage_times_s: tuple[float, ...] = ()  # per-microbatch time of each PP rank (compute + exposed comm)
     # what a one-GPU rank probe of the last rank times (its iteration lines: Megatron prints them on the last
-    # rank): its m microbatches' compute and the optimizer step, no collective; uncalibrated (no factors)
+    # rank): its m microbatches' compute (and offload copies) and the optimizer step, no collective; uncalibrated
     probe_s: float = 0.0
 
     def tokens_per_s(self, tokens_per_step: int) -> float:
@@ -217,6 +234,44 @@ def _time_prefix(key: ModelKey, n: int, seq: int, recompute: tuple[str, ...]) ->
         resid=cumulative(_residual_rows(m, recompute) for _ in range(n)),
         last_resid=depth * _residual_rows(m, recompute) if mb else 0.0,
     )
+
+
+@lru_cache(maxsize=512)
+def _offload_prefix(
+    key: ModelKey, n: int, recompute: tuple[str, ...], offload: tuple[str, ...], fp8: bool
+) -> tuple[tuple[float, ...], tuple[float, ...], float, float]:
+    """Cumulative over blocks, the (dense, expert) elements per token each block's offload sends to the host
+    (memory.offloaded_elems), and the MTP depths' (the last rank's)."""
+    m = _Frozen(key)
+    per = [offloaded_elems(m, r, is_moe_block(m, i), recompute, offload, fp8) for i, r in enumerate(block_ratios(m, n))]
+    pc = param_counts(m, n)
+    mtp = (0.0, 0.0)
+    if pc.mtp_block is not None:
+        mtp = offloaded_elems(m, pc.mtp_block.ratio, True, recompute, offload, fp8)
+    return cumulative(d for d, _ in per), cumulative(e for _, e in per), pc.mtp_layers * mtp[0], pc.mtp_layers * mtp[1]
+
+
+def _offloaded_per_rank(model: ModelConfig, n: int, layout: Layout, bps: tuple[int, ...]) -> list[tuple[float, float]]:
+    """Per PP rank, the (dense, expert) elements per token its blocks offload (all zero without offload)."""
+    if not layout.offload:
+        return [(0.0, 0.0)] * layout.pp
+    fp8 = layout.precision in FP8_PRECISIONS
+    dense, expert, mtp_d, mtp_e = _offload_prefix(
+        model_key(model), n, tuple(layout.recompute), tuple(layout.offload), fp8
+    )
+    out = [(float(d), float(e)) for d, e in pipeline.rank_sums((dense, expert), bps, layout.pp, layout.vpp)]
+    d, e = out[-1]
+    out[-1] = (d + mtp_d, e + mtp_e)
+    return out
+
+
+def offload_exposed(copy_s: float, compute_s: float) -> float:
+    """Seconds of one microbatch's offload copies (copy_s each way) left on the critical path: the D2H beyond its
+    forward's compute (compute_s / 3) plus the H2D beyond its backward's (the rest); see the module docstring."""
+    if copy_s <= 0:
+        return 0.0
+    fwd = compute_s / 3.0
+    return max(0.0, copy_s - fwd) + max(0.0, copy_s - (compute_s - fwd))
 
 
 def _residual_rows(model: ModelConfig, recompute: tuple[str, ...]) -> float:
@@ -403,6 +458,8 @@ def step_time(
     shared_rows = SHARED_ADD_ROWS if model.moe_shared_expert_intermediate_size else 0.0
     again = redispatches(layout.recompute)
     perm_rows = (src_rows + exp_rows * skew) * (3.0 if again else 2.0) + shared_rows * (2.0 if again else 1.0)
+    offloaded = _offloaded_per_rank(model, n, layout, bps)
+    host_bw = hw.host_link_gb_s * 1e9 * hw.host_link_efficiency
     for r, (g, ex, at, rc, cps, cpf, moe_layers, dense_p, routed_p, act, colls, resid) in enumerate(sums):
         head = px.last_head if r == pp - 1 else 0.0
         # one pass (forward, dgrad or wgrad: their mean) of the dense GEMMs and of the experts' grouped GEMMs, each
@@ -428,10 +485,12 @@ def step_time(
         if a2a_hidden:  # 1F1B A2A overlap: dispatch/combine run under the other microbatch's compute
             a2a = max(0.0, a2a - compute)
         cpx = 2 * ((cp - 1) / cp * b * S * cps + cpf) / cp_bw if cp > 1 else 0.0
-        per_rank.append((compute, a2a, cpx, p2p, colls * tp_coll))
+        off_d, off_e = offloaded[r]
+        copy_s = t / tp * (off_d + off_e * skew) * ACT_BYTES / host_bw
+        per_rank.append((compute, a2a, cpx, p2p, colls * tp_coll, offload_exposed(copy_s, compute)))
     totals = [sum(x) for x in per_rank]
     slow = max(range(pp), key=lambda i: (totals[i], -i))
-    c_compute, c_a2a, c_cp, c_p2p, c_tp = per_rank[slow]
+    c_compute, c_a2a, c_cp, c_p2p, c_tp, c_off = per_rank[slow]
     f = bubble_fraction(pp, m, vpp)
     # parameters per GPU on the rank holding the most: what grad sync and the optimizer step wait on
     dense, routed = max(((d / tp, e / (ep * etp)) for *_, d, e, _, _, _ in sums), key=sum)
@@ -444,8 +503,10 @@ def step_time(
         "grad_sync": _grad_sync(model, hw, stage, recipe, layout, dense, routed, d_a, d_e),
         "optimizer": _optimizer(model, hw, stage, recipe, layout, dense, routed, d_a, d_e),
         "tp_comm": m * c_tp,
+        "offload": m * c_off,
     }
-    probe = m * per_rank[pp - 1][0] + comp["optimizer"]
+    # a one-GPU probe runs the rank's offload copies too (the host link is its own)
+    probe = m * (per_rank[pp - 1][0] + per_rank[pp - 1][5]) + comp["optimizer"]
     raw = StepTime(
         total_s=sum(comp.values()), components=comp, slowest_stage=slow, stage_times_s=tuple(totals), probe_s=probe
     )

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 from orchestrator.plan.steptime import scaled
 
-MEASURED = ("compute", "optimizer")  # what a rank probe times (scaled by the probe, factor 1)
+MEASURED = ("compute", "optimizer", "offload")  # what a rank probe times (scaled by the probe, factor 1)
 
 
 def components(raw: Mapping[str, float], probe_scale: float | None) -> dict[str, float]:

@@ -84,8 +84,9 @@ class SampledSurface:
         import numpy as np
 
         rng = np.random.default_rng(seed)
-        comps = ("compute", "a2a", "cp_exchange", "pp_p2p", "bubble", "grad_sync", "optimizer", "tp_comm")
-        factors = {c: float(math.exp(rng.normal(0.0, COMPONENT_SD))) for c in comps}
+        from orchestrator.plan.steptime import COMPONENTS
+
+        factors = {c: float(math.exp(rng.normal(0.0, COMPONENT_SD))) for c in COMPONENTS}
         memory = float(math.exp(rng.normal(0.0, math.log1p(memfit.DEFAULT_BAND) / Z90)))
         return cls(seed, factors, memory)
 
