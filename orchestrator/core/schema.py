@@ -528,6 +528,17 @@ class FitProbesConfig:
 
 
 @dataclass
+class SiblingProbesConfig:
+    """Step `sibling_probes` (orchestrator/schedule/steps/sibling_probes.py): layouts whose nearest measurement
+    (orchestrator/search/nearest.py) and the absolute model disagree, probed then measured; convergence waits.
+    Not in the default steps (docs/search-log.md "Predicting from the nearest measurement"): list it after
+    fit_probes in policy.schedule.steps to turn it on."""
+
+    per_round: int = ranged(2, 0)  # rank probes a round of disputed layouts whose estimate beats the best
+    knobs: list[str] = field(default_factory=lambda: ["recompute"])  # the knob groups a neighbour may differ in
+
+
+@dataclass
 class Round0SpreadConfig:
     """Step `round0_spread` (orchestrator/schedule/steps/round0_spread.py): probe-led round 0's probes of the
     region the uncalibrated memory model prunes, spread over EP, PP, CP and recompute."""
@@ -574,6 +585,7 @@ class ScheduleConfig:
     probe_led: bool = True
     probe_first: ProbeFirstConfig = field(default_factory=ProbeFirstConfig)
     fit_probes: FitProbesConfig = field(default_factory=FitProbesConfig)
+    sibling_probes: SiblingProbesConfig = field(default_factory=SiblingProbesConfig)
     round0_spread: Round0SpreadConfig = field(default_factory=Round0SpreadConfig)
     coverage_probes: CoverageProbesConfig = field(default_factory=CoverageProbesConfig)
 

@@ -40,6 +40,7 @@ class Round:
     confirms: list[Proposal] = field(default_factory=list)
     props: list[Proposal] = field(default_factory=list)
     size: int = 0  # the round's slots for new proposals (step `propose`)
+    held: list[str] = field(default_factory=list)  # why the sweep may not converge yet (step `sibling_probes`)
 
     @property
     def best_step(self) -> float | None:

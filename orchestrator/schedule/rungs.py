@@ -60,7 +60,14 @@ class Schedule:
                 f"; warm-up {learned} iterations, learned from {len(inp.settled)} warm launches (settled after"
                 f" at most {max(inp.settled)}; configured warm_start.warmup_iters {env.stage.warm_start.warmup_iters})"
             )
-        return RoundPlan(proposals=props, fit=fit, reason=f"{why} ({searcher.name})", confirms=confirms, rate=rate)
+        return RoundPlan(
+            proposals=props,
+            fit=fit,
+            reason=f"{why} ({searcher.name})",
+            confirms=confirms,
+            rate=rate,
+            held=tuple(r.held),
+        )
 
     def waiting(self, inp: RoundInput, fit: Fit | None, rate: Rate = unrated) -> bool:
         """The sweep has not converged while a measurement it has already earned is still due: a screened

@@ -52,12 +52,8 @@ class PlanEnv:
         no more memory than a layout that ran, select.fit_dominated): evidence beats the model. Best first."""
         base = self.plan(factors, memory_factor)
         keys = {c.key for c in base}
-        hw = dataclasses.replace(self.hardware, hbm_gb=float("inf"))
-        res = planner.plan(
-            self.model, hw, self.stage, factors=factors or None, workload=self.workload, recipe=self.recipe
-        )
         extra = []
-        for c in res.candidates:
+        for c in self.legal(factors):
             if known_fit(c.layout):
                 cal = self.evaluate_unchecked(c.layout, factors, memory_factor)
                 if cal is not None and cal.key not in keys:
@@ -114,18 +110,23 @@ class PlanEnv:
         """The uncalibrated model prunes this layout (round 0 never saw it) but the calibrated one keeps it."""
         return not self.fits(raw_memory_gb) and self.fits(calibrated_memory_gb)
 
+    def legal(self, factors: dict[str, float] | None = None) -> list:
+        """Every legal layout whatever its memory (the HBM rule not applied), its step under `factors` and its
+        memory uncalibrated; best predicted step first."""
+        hw = dataclasses.replace(self.hardware, hbm_gb=float("inf"))
+        res = planner.plan(
+            self.model, hw, self.stage, factors=factors or None, workload=self.workload, recipe=self.recipe
+        )
+        return list(res.candidates)
+
     def memory_band(self, fit, factors: dict[str, float] | None = None) -> list:
         """Legal layouts whose heaviest stage the calibrated model cannot place on either side of HBM
         (calibrate.within_band): neither surely fits nor surely OOMs. Each Planned carries its calibrated
         prediction (feasible or not); best predicted step first. A fit probe, not the model, decides them."""
         from orchestrator.search.calibrate import memory_estimate, within_band
 
-        hw = dataclasses.replace(self.hardware, hbm_gb=float("inf"))
-        res = planner.plan(
-            self.model, hw, self.stage, factors=factors or None, workload=self.workload, recipe=self.recipe
-        )
         out = []
-        for c in res.candidates:
+        for c in self.legal(factors):
             est = memory_estimate(fit, c.prediction.memory_terms_by_stage, c.layout.recompute)
             if within_band(est, hbm_gb=self.hardware.hbm_gb, margin_gb=self.stage.memory_margin_gb):
                 mem = fit.memory_scale if fit is not None else 1.0

@@ -191,6 +191,7 @@ class RoundPlan:
     # measured candidates to run again at the full window (screened contenders): same key, new attempt
     confirms: list[Proposal] = field(default_factory=list)
     rate: Rate = unrated  # the searcher's rating this round (Policy.estimate): what a probed layout passes by
+    held: tuple[str, ...] = ()  # the steps' reasons the sweep may not converge yet (unmeasured disputed layouts)
 
 
 def prediction_dict(

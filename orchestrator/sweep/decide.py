@@ -74,7 +74,12 @@ def next_round(
         settled=history.settled(ledger, [sweep]),
     )
     plan = schedule.plan(policy, env, inp, source_stage=source_stage)
-    if policy.converged(obs, budget.converge_rounds) and not schedule.waiting(inp, plan.fit, plan.rate):
+    # a step may hold convergence (plan.held: a layout its nearest measurement says beats the best, unmeasured)
+    if (
+        policy.converged(obs, budget.converge_rounds)
+        and not schedule.waiting(inp, plan.fit, plan.rate)
+        and not plan.held
+    ):
         return policy.converged_reason(budget.converge_rounds)
     if plan.fit is not None and not any(cal.round == rnd for cal in ledger.evidence.calibrations(sweep.name)):
         f = plan.fit
@@ -130,6 +135,7 @@ def next_round(
                 "predicted_step_s": [p.predicted_step_s for p in plan.proposals],
                 "confirms": [p.key for p in plan.confirms],
                 "step_cv": cv,
+                "held": list(plan.held),  # what held convergence this round (a step's unmeasured disputed layouts)
             },
         ),
         # a split needs both halves: tests kill there (ORCH_FAULT=round-decision:kill) only in such a round
