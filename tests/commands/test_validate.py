@@ -34,6 +34,7 @@ FIELDS = {
 }
 
 
+@pytest.mark.long
 def test_every_published_row_names_its_source_release_model_and_system():
     data = yaml.safe_load(V.PUBLISHED.read_text())
     assert data["source"]["repository"] == "https://github.com/NVIDIA-NeMo/Megatron-Bridge"
@@ -82,6 +83,7 @@ def test_a_release_neither_fitted_nor_held_out_is_refused(tmp_path):
         V.load_rows(bad)
 
 
+@pytest.mark.long
 def test_a_v4_row_in_a_fit_release_is_refused(tmp_path):
     """V4's rows are held out always: a file that moves one into a fit release is one error naming the row."""
     data = yaml.safe_load(V.PUBLISHED.read_text())
@@ -205,6 +207,7 @@ def test_held_out_rows_are_reported_per_release(gb200_results):
         assert min(abs(r.calibrated_error) for r in rs) <= c <= max(abs(r.calibrated_error) for r in rs)
 
 
+@pytest.mark.long
 def test_the_held_out_v4_rows_have_their_own_line(gb200_results):
     """The table's V4 line: the held-out V4-Flash rows alone, their median |error| as the table prints it."""
     V.calibrate(gb200_results)

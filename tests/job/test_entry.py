@@ -136,6 +136,7 @@ def test_failure_surfaces_through_submitit_local_executor(tmp_path):
     assert "to stderr" in (tmp_path / "b" / "job" / "rank-3.err").read_text()
 
 
+@pytest.mark.long
 def test_in_process_workload_keeps_files_and_exit_code(tmp_path):
     """workload.in_process: the entry script runs inside the task (orchestrator.job.megatron_run) with the same
     rank env; its fd-level output still lands in the rank files and its exit code fails the task."""

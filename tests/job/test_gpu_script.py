@@ -313,6 +313,7 @@ def test_tier_b_dry_run_over_its_calls(tmp_path):
     assert summary["v4_step"]["memory_gb"][1] == run["predicted_memory_gb"] and summary["te"]["ok"] is False
 
 
+@pytest.mark.long
 def test_the_gpt_moe_argv_is_one_megatron_accepts():
     """Tier A's GPT-MoE flags at full size (hidden 7168, 6 local experts, top-6, --transformer-impl local)
     through Megatron's own parse_args + validate_args + optimizer setup (the installed megatron-core here;

@@ -103,6 +103,7 @@ def _surfaces(cfg, legal, surface, seed):
     ]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("surface", list(TwinSurface))
 def test_seed_moves_the_optimum(grid8k, surface):
     """twin.seed draws the surface's constants: the fastest layout that fits changes, not only the noise."""
@@ -117,6 +118,7 @@ def test_seed_moves_the_optimum(grid8k, surface):
     pytest.fail(f"surface {surface}: seeds 0-3 share one optimum")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("surface", list(TwinSurface))
 def test_truth_is_not_the_planner_times_a_constant(grid8k, surface):
     """Measured over predicted step time spreads widely across layouts (no global factor explains it), and
@@ -128,6 +130,7 @@ def test_truth_is_not_the_planner_times_a_constant(grid8k, surface):
     assert max(ratios) / min(ratios) > 2.0
 
 
+@pytest.mark.long
 def test_memory_surface_errs_per_component(grid8k):
     """On the memory surface the truth/planner memory ratio depends on the recompute set (activations are off
     per component, not by one factor), and some layout the planner calls over HBM fits."""
@@ -161,6 +164,7 @@ def _pairs(cfg, legal, surface, seed, module="moe_act"):
     return [(d[True], d[False]) for d in by.values() if len(d) == 2]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("surface", ["overcharged", "sibling"])
 def test_overcharged_recompute_saves_5_to_10x_less_than_the_planner_charges(grid8k, surface):
     """Issue 48: the planner charged 25-65 GB for dropping moe_act recompute where the truth was 4.7 GB. On these
@@ -181,6 +185,7 @@ def test_overcharged_recompute_saves_5_to_10x_less_than_the_planner_charges(grid
     assert statistics.median(charges("balanced")) < 2.0
 
 
+@pytest.mark.long
 def test_sibling_optimum_is_one_recompute_module_from_a_slower_sibling(grid8k):
     """On `sibling`'s held-out seeds (tests/bench/bench_search.py HELDOUT) the fastest layout that fits is
     over-charged by the planner (tens of GB), and its nearest sibling in the recompute knob (every other knob equal)
@@ -202,6 +207,7 @@ def test_sibling_optimum_is_one_recompute_module_from_a_slower_sibling(grid8k):
         assert 0.015 <= near <= 0.06, (seed, legal[b].layout.short(), near)
 
 
+@pytest.mark.long
 def test_deterministic_and_surfaces_disagree(grid8k):
     cfg, legal = grid8k
     c = legal[0]
@@ -227,6 +233,7 @@ def test_unknown_surface_is_one_error_line():
     assert all(s.value in lines[0] for s in TwinSurface)  # names the choices: the fix
 
 
+@pytest.mark.long
 def test_imbalance_surface_slows_one_stage_of_a_flop_balanced_split(grid8k):
     """The planner splits blocks to balance its FLOPs; on the imbalance surface block kinds and the head cost
     differently, so the slowest stage runs well above the mean (it paces every microbatch)."""

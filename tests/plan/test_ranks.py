@@ -82,6 +82,7 @@ def test_rank_groups_match_megatron_rank_generator(rank_generator, case):
         assert rank_groups(layout, world) == rank_groups(layout, world, expected_order)
 
 
+@pytest.mark.long
 @settings(max_examples=80, deadline=None)
 @given(layouts_and_worlds())
 def test_coords_invert_megatrons_dense_groups(rank_generator, case):
@@ -109,6 +110,7 @@ def test_coords_invert_megatrons_dense_groups(rank_generator, case):
         coords(layout, world, world)
 
 
+@pytest.mark.long
 def test_guide_config_a_groups(rank_generator):
     """Config A (1024 GPUs, TP1 PP8 CP1 EP64 ETP1): D_a = 128, D_e = 2, 16 EP groups per stage."""
     layout = Layout(tp=1, pp=8, cp=1, ep=64, etp=1)

@@ -101,6 +101,7 @@ def test_mxfp8_on_a_hopper_part_is_rejected_with_its_rule():
     )
 
 
+@pytest.mark.long
 def test_the_1k_plan_json_lists_the_recipe_knobs_where_legal():
     """`plan +stage=1k --format json --show-rejected` with the recipe's numerics declared wide (FP32 or BF16 state;
     BF16, FP8 blockwise or MXFP8 compute) on the default H200: legal layouts with BF16 optimizer state, with activation

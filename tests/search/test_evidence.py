@@ -93,6 +93,7 @@ def test_a_layout_dominated_by_a_measured_fit_is_never_pruned(setting):
     assert "known to fit" in p.reason
 
 
+@pytest.mark.long
 def test_a_layout_known_to_fit_is_not_fit_probed(setting):
     """A probe answers what no evidence covers: a layout the knob order already places under a measured fit
     gets none."""
@@ -104,6 +105,7 @@ def test_a_layout_known_to_fit_is_not_fit_probed(setting):
     assert pruned.key not in probed
 
 
+@pytest.mark.long
 def test_fit_probes_go_where_the_searcher_sees_promise(setting):
     """The schedule probes the pruned layouts its searcher rates best (Policy.estimate), not those the calibrated
     step alone rates best: on twin:overpredicted the optimum's calibrated step was 28% over the best measured
@@ -142,6 +144,7 @@ def test_fit_probes_go_where_the_searcher_sees_promise(setting):
     assert policy.estimate(inp, None)(slowest.layout, 50.0) == 50.0  # uncalibrated: the prediction as it is
 
 
+@pytest.mark.long
 def test_one_probe_per_memory_footprint(setting):
     """Layouts that differ only in the dispatcher run the same probe (a flex layout is probed with alltoall,
     argv.probe_argv), so a round probes one of them: the best rated."""
@@ -168,6 +171,7 @@ def test_one_probe_per_memory_footprint(setting):
     assert len(plain) > len(probed)
 
 
+@pytest.mark.long
 def test_round_0_probes_the_pruned_region_before_anything_ran(setting):
     """Before any run the memory model is least to be trusted where the fastest layouts lie (issue 19: 1.6-3x
     high), so round 0 also probes policy.schedule.round0_spread.probes of the layouts the uncalibrated model prunes
@@ -198,6 +202,7 @@ def test_round_0_probes_the_pruned_region_before_anything_ran(setting):
     assert [p.key for p in off.proposals] == [p.key for p in own]
 
 
+@pytest.mark.long
 def test_round_0_probes_first_and_the_best_composed_saves_the_seed(setting):
     """policy.schedule.probe_led: the cold launch that saves the seed (the stage's whole warm-up, ~7 warm
     launches' worth at 1k) is chosen on evidence. Round 0 rank-probes every layout before any launch at scale;
@@ -282,6 +287,7 @@ def test_a_promoted_stage_probes_its_promoted_mappings_before_any_launch_at_scal
     assert [p.fidelity for p in off.proposals if p.reason.startswith("promoted")] == ["full"] * len(promoted)
 
 
+@pytest.mark.long
 def test_a_knob_value_no_layout_ran_with_gets_a_coverage_probe(setting):
     """Step coverage_probes: a region no row of this stage ran in has only the calibrated model to speak for it,
     and the model's compute is wrong region by region (a CP or recompute level it never saw), so the best rated

@@ -70,6 +70,7 @@ def test_a_launch_costs_start_up_plus_its_iterations(bench):
     assert grid.exhaustive_gpu_hours == pytest.approx(grid.cost.sum() - saved + grid.first_extra.max())
 
 
+@pytest.mark.long
 def test_the_true_best_is_the_fastest_layout_that_fits(bench):
     cfg, target, grid, *_ = bench
     again = [target.launch(cfg, *x) for x in zip(grid.layouts, grid.patterns, grid.keys, strict=True)]
@@ -78,6 +79,7 @@ def test_the_true_best_is_the_fastest_layout_that_fits(bench):
     assert grid.best_s == min(fitting) and grid.launches[grid.best].fits
 
 
+@pytest.mark.long
 def test_random_search_accounting(bench):
     cfg, _, grid, rnd, *_ = bench
     to_goal = rnd.cost_to_goal
@@ -98,6 +100,7 @@ def test_random_search_accounting(bench):
     assert (rnd.gap[np.isfinite(rnd.gap)] >= 0).all()
 
 
+@pytest.mark.long
 def test_the_sweep_goes_through_the_ledger_and_its_gap_is_against_the_true_best(bench):
     cfg, target, grid, rnd, ledger, sweep = bench
     at_scale = [x for x in sweep.launches if x[5] != Fidelity.PROBE]  # probes use no run (max_runs 5)
