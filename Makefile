@@ -7,8 +7,9 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# pytest workers: the suite mostly waits on jobs, sweeps and Slurm, so more workers than cores still pays
-TEST_WORKERS ?= 3
+# pytest workers: the suite often waits on jobs, sweeps and Slurm, so more workers than cores still pays (docs/faults.md:
+# idle, 3 workers left 31% of the 2 cores idle and 4 about 12%)
+TEST_WORKERS ?= 4
 STAMP := $(VENV)/.installed-$(shell md5sum pyproject.toml | cut -c1-8)
 # each tier's last run (junit xml: wall time, per-test times), read by `make bench` (tests/bench/bench_suite.py)
 TIMES ?= .test-times
