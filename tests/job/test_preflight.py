@@ -96,6 +96,7 @@ def test_request_lists_every_kept_candidate_and_what_the_space_needs():
     assert muon.muon  # --optimizer muon asks preflight for the emerging-optimizers package
 
 
+@pytest.mark.long  # imports Megatron's own code
 def test_validate_candidate_reports_megatrons_own_message(monkeypatch):
     """The verdict is Megatron's: argparse's error for an unknown flag, validate_args' assertion for a bad layout."""
     from tests.megatron_env import as_hopper, import_megatron

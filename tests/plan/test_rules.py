@@ -286,6 +286,7 @@ def test_a_lifted_rule_is_not_checked_and_only_a_fix_can_lift_one():
 
 
 @pytest.mark.megatron
+@pytest.mark.long  # imports Megatron's own code
 @pytest.mark.parametrize(
     ("optimizer", "distributed", "optim"), [("sgd", True, "bf16"), ("adam", False, "bf16"), ("adam", True, "bf16")]
 )
