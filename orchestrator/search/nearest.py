@@ -139,6 +139,7 @@ def estimates(
             gb = r.measured_peak_gb + k_mem * (mc[0] - mr[0])
             step = max(1e-9, r.measured_step_s + k_step * (mc[1] - mr[1]))
             off = mc[1] > 0 and abs(step / mc[1] - 1.0) > step_margin
+            fits, model_fits = env.fits(gb), env.fits(mc[0])
             e = NearestEstimate(
                 key=c.key,
                 layout=c.layout,
@@ -149,9 +150,9 @@ def estimates(
                 optimistic_s=step * max(0.0, 1.0 - explore * sd),
                 model_memory_gb=mc[0],
                 model_step_s=mc[1],
-                fits=env.fits(gb),
-                model_fits=env.fits(mc[0]),
-                disputed=env.fits(gb) and (not env.fits(mc[0]) or off),
+                fits=fits,
+                model_fits=model_fits,
+                disputed=fits and (not model_fits or off),
             )
             found.append((abs(mc[0] - mr[0]), e))
         if found:  # the nearest: the smallest modelled memory delta, the one the model can miss least

@@ -94,6 +94,17 @@ def main_argv(argv: list) -> tuple:
     return keep, dropped
 
 
+def megatron_parse(arguments, argv: list):
+    """parse_args alone, as pretrain_hybrid.py would see `argv` (parse only: TE-version checks need a GPU)."""
+    saved = sys.argv
+    sys.argv = ["pretrain_hybrid.py", *argv]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return arguments.parse_args()
+    finally:
+        sys.argv = saved
+
+
 def megatron_validate(arguments, argv: list, world: int, rank: int = 0):
     """parse_args + validate_args exactly as pretrain does, with WORLD_SIZE = N (and RANK), on a pretend H100."""
     saved = (sys.argv, os.environ.get("WORLD_SIZE"), os.environ.get("RANK"))
@@ -267,13 +278,7 @@ def test_stage_variants_parse_in_megatron(megatron_args, changes):
     layout = Layout(tp=2, pp=4, cp=2, ep=32, mbs=1, precision=changes.pop("precision", "bf16"))
     stage = dataclasses.replace(STAGE_1K, **changes)
     keep, _ = main_argv(build(layout, stage))
-    saved = sys.argv
-    sys.argv = ["pretrain_hybrid.py", *keep]
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            args = megatron_args.parse_args()
-    finally:
-        sys.argv = saved
+    args = megatron_parse(megatron_args, keep)
     assert args.fp8 == (None if layout.precision == "bf16" else "e4m3")
     assert layout.precision == "bf16" or args.fp8_recipe == A.FP8_RECIPES[layout.precision]
     assert args.transformer_impl == ("transformer_engine" if stage.transformer_engine else "local")
@@ -658,13 +663,7 @@ def test_the_recipe_knobs_parse_in_megatron(megatron_args, knobs):
     BF16 optimizer state) are ones dev's parser takes, with the values the layout says."""
     layout = Layout(tp=1, pp=8, ep=64, mbs=1, recompute=("mhc", "mla_up_proj"), **knobs)
     keep, _ = main_argv(build(layout, STAGE_1K))
-    saved = sys.argv
-    sys.argv = ["pretrain_hybrid.py", *keep]
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            args = megatron_args.parse_args()
-    finally:
-        sys.argv = saved
+    args = megatron_parse(megatron_args, keep)
     assert args.fine_grained_activation_offloading and list(args.offload_modules) == list(layout.offload)
     assert args.fp8 == "e4m3" and args.fp8_recipe == A.FP8_RECIPES[layout.precision]
     assert bool(args.use_precision_aware_optimizer) == (layout.optim != "fp32")
