@@ -104,6 +104,7 @@ class Row:
     variant: str = "main"
     main_grads_dtype: str = "fp32"  # the model recipe's optimizer dtypes (the file's optimizer_dtypes)
     exp_avg_dtype: str = "fp32"
+    grad_reduce_in_bf16: bool = False  # the recipe's BF16 grad buffer (the file's grad_reduce_in_bf16)
     file: str = ""  # the table's file in the source repository (the file's source.file when empty)
     # the recipe's CUDA graphs: "none", per-layer ("local", "transformer_engine": cuda_graph_scope names what is
     # captured, [] the whole layer) or "full_iteration" (one graph per forward-backward, no host launches)
@@ -161,6 +162,7 @@ def load_rows(path: Path = PUBLISHED) -> list[Row]:
                 "them): move the row to a held-out release"
             )
         kw.update(dtypes.get(kw["model"], {}))
+        kw.setdefault("grad_reduce_in_bf16", bool(data.get("grad_reduce_in_bf16", False)))
         kw["file"] = kw.get("file") or src["file"]
         kw["source"] = f"{src['repository']}/blob/{src['commit'][:12]}/{kw['file']}#L{kw['line']}"
         rows.append(Row(**kw))
@@ -222,11 +224,13 @@ def row_stage(row: Row, model: ModelConfig, hw: HardwareConfig) -> StageConfig:
 
 def row_recipe(row: Row) -> RecipeConfig:
     """The training recipe's switches the row's performance recipe sets and the planner reads: EP all-to-all
-    overlap (Megatron-Bridge's moe_a2a_overlap -> --overlap-moe-expert-parallel-comm) and the optimizer's dtypes
-    (the precision-aware optimizer's BF16 grads and moments: memory and grad sync)."""
+    overlap (Megatron-Bridge's moe_a2a_overlap -> --overlap-moe-expert-parallel-comm), the optimizer's dtypes
+    (the precision-aware optimizer's BF16 grads and moments: memory and grad sync) and the grad buffer's
+    (ddp.grad_reduce_in_fp32 = False -> --grad-reduce-in-bf16: memory)."""
     return replace(
         DEFAULT_RECIPE,
         overlap_moe_expert_parallel_comm=row.a2a_overlap,
+        grad_reduce_in_bf16=row.grad_reduce_in_bf16,
         optim=[row.layout().optim],  # the one optimizer precision the row's recipe declares
         precision=[row.precision],  # and the one compute precision it ran
     )

@@ -734,6 +734,13 @@ class RecipeConfig:
     overlap_grad_reduce: bool = True  # :180
     # :181; needs the distributed optimizer and overlap_grad_reduce (megatron/training/arguments.py:1071-1079)
     overlap_param_gather: bool = True
+    # --grad-reduce-in-bf16: the DDP grad buffer (the main grads every microbatch's wgrad adds into, and what grad
+    # sync reduce-scatters) in BF16 with FP32 main grads. Megatron's default for --bf16 is an FP32 buffer
+    # (megatron/training/arguments.py:1213-1217 sets --accumulate-allreduce-grads-in-fp32 unless this is given; the
+    # buffer's dtype: megatron/core/distributed/param_and_grad_buffer.py:924). Numerics, off here as in dev's
+    # recipes; Megatron-Bridge's performance recipes set it (ddp.grad_reduce_in_fp32 = False). memory counts it; the
+    # step model does not (docs/validate.md "Eighth pass": tried, not kept).
+    grad_reduce_in_bf16: bool = False
     # EP all-to-all overlap (--overlap-moe-expert-parallel-comm --delay-wgrad-compute): one microbatch's dispatch
     # and combine run under another's compute. Off in the V4 recipe; Megatron-Bridge's H100 recipes turn it on.
     overlap_moe_expert_parallel_comm: bool = False

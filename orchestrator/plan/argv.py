@@ -433,6 +433,8 @@ def _optimizer(
         a.add("--main-params-dtype", params)
         a.add("--exp-avg-dtype", avg)
         a.add("--exp-avg-sq-dtype", avg_sq)
+    if r.grad_reduce_in_bf16:  # the BF16 grad buffer memory.optimizer_bytes counts
+        a.add("--grad-reduce-in-bf16")
     ov = overlaps(r, stage)
     if ov.grad_reduce:
         a.add("--overlap-grad-reduce")

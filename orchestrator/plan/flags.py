@@ -103,6 +103,7 @@ FLAGS: dict[str, tuple[str, type]] = {
     "--exp-avg-sq-dtype": (MAIN, str),
     "--overlap-grad-reduce": (MAIN, bool),
     "--overlap-param-gather": (MAIN, bool),
+    "--grad-reduce-in-bf16": (MAIN, bool),
     "--bf16": (MAIN, bool),
     "--fp8-format": (MAIN, str),
     "--fp8-recipe": (MAIN, str),

@@ -8,7 +8,8 @@ rank decides feasibility: heaviest.total + stage.memory_margin_gb <= hw.hbm_gb.
 
 Per GPU of PP rank r (blocks from its segments r, r+PP, ...):
   weights     BF16, 2 B/param: routed experts / (EP x ETP); everything else / TP
-  grads       FP32 main grads, 4 B/param, not sharded (the distributed optimizer is ZeRO-1)
+  grads       FP32 main grads, 4 B/param, not sharded (the distributed optimizer is ZeRO-1); 2 B with the recipe's
+              --grad-reduce-in-bf16 (a BF16 grad buffer, RecipeConfig.grad_reduce_in_bf16)
   optimizer   FP32 master + moments: Adam 12 B/param; Muon 8 B/param for matrices (embedding and head
               use Adam, Megatron's scalar optimizer). A layout's precision-aware optimizer (its `optim` knob,
               optimizer_bytes: Adam with the distributed optimizer) keeps its main grads and moments in their
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from orchestrator.core.knobs import OPTIM_DTYPES
-from orchestrator.core.schema import HardwareConfig, ModelConfig, StageConfig
+from orchestrator.core.schema import HardwareConfig, ModelConfig, RecipeConfig, StageConfig
 from orchestrator.plan import moe as moe_model
 from orchestrator.plan import pipeline
 from orchestrator.plan.flops import FP8_PRECISIONS
@@ -316,14 +317,25 @@ def precision_aware(model: ModelConfig, stage: StageConfig, optim: str = "fp32")
     return optim != "fp32" and str(model.optimizer).lower() == "adam" and bool(stage.use_distributed_optimizer)
 
 
-def optimizer_bytes(model: ModelConfig, stage: StageConfig, optim: str = "fp32") -> tuple[int, int]:
+def optimizer_bytes(
+    model: ModelConfig, stage: StageConfig, optim: str = "fp32", grad_reduce_bf16: bool = False
+) -> tuple[int, int]:
     """(main-grad bytes, optimizer-state bytes) per parameter: FP32 grads and Adam's 12 B (Muon's 8 B for
     matrices), or with the precision-aware optimizer the named dtypes: main grads, FP32 master, two moments
-    (dev's V4 recipe, "bf16": 2 B grads and 4 + 2 + 2 = 8 B of state)."""
+    (dev's V4 recipe, "bf16": 2 B grads and 4 + 2 + 2 = 8 B of state).
+
+    grad_reduce_bf16 (the recipe's --grad-reduce-in-bf16): the per-parameter grad buffer is the param dtype,
+    BF16, whatever the main grads' dtype (dev megatron/core/distributed/param_and_grad_buffer.py:924
+    `grad_dtype = torch.float if grad_reduce_in_fp32 else param.dtype`). FP32 main grads then exist only as the
+    optimizer's shard: a view of the buffer with the precision-aware optimizer, else an FP32 copy of the shard
+    made after backward (dev megatron/core/optimizer/distrib_optimizer.py:2784-2792), when the activations are
+    gone, so not at the peak this model sizes."""
     if precision_aware(model, stage, optim):
         grads, params, avg, avg_sq = OPTIM_DTYPES[optim]
-        return DTYPE_BYTES[grads], DTYPE_BYTES[params] + DTYPE_BYTES[avg] + DTYPE_BYTES[avg_sq]
-    return GRAD_BYTES, MUON_BYTES if str(model.optimizer).lower().endswith("muon") else ADAM_BYTES
+        g, state = DTYPE_BYTES[grads], DTYPE_BYTES[params] + DTYPE_BYTES[avg] + DTYPE_BYTES[avg_sq]
+    else:
+        g, state = GRAD_BYTES, MUON_BYTES if str(model.optimizer).lower().endswith("muon") else ADAM_BYTES
+    return (min(g, WEIGHT_BYTES) if grad_reduce_bf16 else g), state
 
 
 def stage_memory(
@@ -334,9 +346,11 @@ def stage_memory(
     groups: Groups,
     blocks_per_segment: Sequence[int],
     routing_sigma: float = DEFAULT_ROUTING_SIGMA,
+    recipe: RecipeConfig | None = None,
 ) -> list[StageMemory]:
     """Peak memory of one GPU on each PP rank (summing its virtual segments), decimal GB. The layout's optimizer
-    precision (its `optim` knob) sets the grad and state bytes (optimizer_bytes)."""
+    precision (its `optim` knob) and the recipe's grad buffer dtype set the grad and state bytes
+    (optimizer_bytes; recipe None: RecipeConfig's defaults)."""
     pp, vpp, tp, cp, ep, etp = layout.pp, layout.vpp, layout.tp, layout.cp, layout.ep, layout.etp
     bps, n = checked_split(model, stage, layout, blocks_per_segment)
     key = model_key(model)
@@ -347,7 +361,7 @@ def stage_memory(
     dist = bool(stage.use_distributed_optimizer)
     dense_shard = d_a * cp if dist else 1
     expert_shard = d_e if dist else 1
-    grad_b, ob = optimizer_bytes(model, stage, layout.optim)
+    grad_b, ob = optimizer_bytes(model, stage, layout.optim, bool(recipe and recipe.grad_reduce_in_bf16))
     adam = ob if precision_aware(model, stage, layout.optim) else ADAM_BYTES
     h, v = model.hidden_size, model.vocab_size
     skew = moe_model.rank_skew(routing_sigma, model.num_experts, ep, layout.capacity_factor)

@@ -298,6 +298,7 @@ class _Env:
                 g,
                 list(split),
                 routing_sigma=self.routing_sigma,
+                recipe=self.recipe,
             )
             hit = self._mem[key] = (mems, memory.heaviest(mems))
         return hit

@@ -449,6 +449,8 @@ def step_time(
     tp_bw = (nvl if tp <= stage.gpus_per_node else nic) * hw.allreduce_efficiency
     tp_coll = (tp - 1) / tp * b * S / cp * h * 2.0 / tp_bw if tp > 1 else 0.0
     # every microbatch's weight-gradient GEMMs add into the FP32 (or the layout's optim) main grads: read + write
+    # (the recipe's --grad-reduce-in-bf16 halves this traffic in Megatron; not counted here: tried, it raised the
+    # held-out calibrated median, docs/validate.md "Eighth pass"; memory counts the BF16 buffer)
     grad_rw = 2.0 * optimizer_bytes(model, stage, layout.optim)[0]
     k_dense, k_expert, k_head = _short_k(model_key(model), n)
     k_wgrad = short_k_extra(t)  # the dense and head wgrad GEMMs reduce over the microbatch's tokens on this GPU
@@ -630,7 +632,8 @@ def _grad_sync(
     per_byte = 1.0 / (hw.nic_gb_s * 1e9 if _dp_crosses_network(hw, stage, layout.pp) else hw.nvlink_gb_s * 1e9)
     ov = overlaps(recipe, stage)
     hidden = 1.0 - hw.grad_sync_overlap
-    grad_bytes = optimizer_bytes(model, stage, layout.optim)[0]  # FP32, or the layout's BF16 main grads
+    # FP32, or the layout's BF16 main grads (not the recipe's --grad-reduce-in-bf16: as grad_rw in step_time)
+    grad_bytes = optimizer_bytes(model, stage, layout.optim)[0]
     if stage.use_distributed_optimizer:  # reduce-scatter FP32 grads, then all-gather BF16 params
         per_param = grad_bytes * (hidden if ov.grad_reduce else 1.0) + WEIGHT_BYTES * (
             hidden if ov.param_gather else 1.0

@@ -218,3 +218,25 @@ def test_the_held_out_v4_rows_have_their_own_line(gb200_results):
     assert (n, u, c) == (len(v4), *V.median_errors(v4))
     line = f"held out, V4 rows ({n}): median |error| uncalibrated / calibrated: {u:.1%} / {c:.1%}"
     assert line in V.table(gb200_results, V.summarise(gb200_results, V.fit_factors(gb200_results)))
+
+
+def test_the_recipes_bf16_grad_buffer_fits_nvidias_layouts_in_hbm():
+    """Megatron-Bridge's performance recipes train with ddp.grad_reduce_in_fp32 = False (Megatron's
+    --grad-reduce-in-bf16: a BF16 grad buffer, the file's grad_reduce_in_bf16). With it NVIDIA's GPT-OSS-120B EP8
+    MBS4 layout on 64 B200 (26.04) and Qwen3-30B's PP2 VP24 MBS2 on 16 H100 (25.11) fit their parts, as they ran;
+    with Megatron's default FP32 buffer the memory model puts both over HBM."""
+    rows = {(r.release, r.model, r.system): r for r in V.load_rows()}
+    for key in (("26.04", "gpt_oss_120b", "b200"), ("25.11", "qwen3_30b_a3b", "h100")):
+        row = rows[key]
+        assert row.grad_reduce_in_bf16
+        model, hw = V._model(row.model), V._hardware(row.system)
+        stage, recipe = V.row_stage(row, model, hw), V.row_recipe(row)
+        assert recipe.grad_reduce_in_bf16
+
+        def fits(rec, row=row, model=model, hw=hw, stage=stage):
+            own = V.evaluate(model, hw, stage, row.layout(), check_memory=False, routing_sigma=0.0, recipe=rec)
+            assert not isinstance(own, V.Rejected)
+            return own.prediction.feasible
+
+        assert fits(recipe), key
+        assert not fits(replace(recipe, grad_reduce_in_bf16=False)), key

@@ -350,3 +350,32 @@ def test_the_output_head_runs_at_the_bf16_peak_in_an_fp8_stage():
 
     grow = {p: compute(2 * m.vocab_size, p) - compute(m.vocab_size, p) for p in ("bf16", "mxfp8")}
     assert grow["bf16"] > 0 and grow["mxfp8"] == pytest.approx(grow["bf16"], rel=1e-9)
+
+
+@pytest.mark.long
+@pytest.mark.megatron
+def test_a_bf16_grad_buffer_is_emitted_counted_and_parsed_as_megatron_parses_it():
+    """The recipe's --grad-reduce-in-bf16 (Megatron-Bridge's ddp.grad_reduce_in_fp32 = False): megatron-core 0.19.2
+    then keeps grads out of FP32 accumulation with FP32 main grads, and the memory model counts 2 B of grad buffer
+    per parameter (4 B without); the optimizer state is unchanged."""
+    import torch
+
+    from orchestrator.plan import memory
+
+    m, hw = model("qwen3_235b_a22b"), hardware("h100")
+    stage = _stage(gpus=256, global_batch=2048)
+    lay = Layout(tp=2, pp=8, vpp=4, ep=32)
+    on = replace(A.DEFAULT_RECIPE, grad_reduce_in_bf16=True)
+    assert memory.optimizer_bytes(m, stage, "fp32", True) == (2, memory.ADAM_BYTES)
+    assert memory.optimizer_bytes(m, stage, "bf16", True) == (2, 8)
+    base, bf16 = (evaluate(m, hw, stage, lay, check_memory=False, recipe=r) for r in (A.DEFAULT_RECIPE, on))
+    assert isinstance(base, Planned) and isinstance(bf16, Planned)
+    assert bf16.prediction.memory_gb < base.prediction.memory_gb - 1
+    argv = A.megatron_argv(m, stage, lay, recipe=on, layer_pattern=bf16.prediction.layer_pattern, train_iters=10)
+    assert "--grad-reduce-in-bf16" in argv
+    assert "--grad-reduce-in-bf16" not in A.megatron_argv(
+        m, stage, lay, layer_pattern=bf16.prediction.layer_pattern, train_iters=10
+    )
+    MC.import_megatron()
+    args = MC.validated_args(MC.for_parser(argv)[0], stage.gpus)
+    assert not args.accumulate_allreduce_grads_in_fp32 and args.main_grads_dtype == torch.float32
