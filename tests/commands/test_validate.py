@@ -220,6 +220,7 @@ def test_the_held_out_v4_rows_have_their_own_line(gb200_results):
     assert line in V.table(gb200_results, V.summarise(gb200_results, V.fit_factors(gb200_results)))
 
 
+@pytest.mark.long
 def test_the_recipes_bf16_grad_buffer_fits_nvidias_layouts_in_hbm():
     """Megatron-Bridge's performance recipes train with ddp.grad_reduce_in_fp32 = False (Megatron's
     --grad-reduce-in-bf16: a BF16 grad buffer, the file's grad_reduce_in_bf16). With it NVIDIA's GPT-OSS-120B EP8
