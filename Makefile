@@ -16,6 +16,10 @@ TIMES ?= .test-times
 # what `make check` leaves out: tests/conftest.py fails a test that reaches a service without its marker, and
 # `make bench` (tests/bench/bench_suite.py) names the check tier's tests that took long without the `long` marker
 CHECK_MARKERS := not slurm and not postgres and not chromium and not long
+# pytest and every process it starts (CLI calls, sweeps, jobs, Megatron's tree) write and reuse bytecode, whatever the
+# shell says: with PYTHONDONTWRITEBYTECODE set each of the suite's thousands of Python processes compiled the project
+# (and Megatron's tree) from source again (docs/faults.md). __pycache__/ is git-ignored.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
 
 .PHONY: install run check test lint bench services services-down clean
 
@@ -48,13 +52,13 @@ services-down:
 
 check: install
 	mkdir -p $(TIMES)
-	ORCH_TEST_TIER=check $(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup -m "$(CHECK_MARKERS)" \
+	ORCH_TEST_TIER=check $(PYTEST) tests -n $(TEST_WORKERS) --dist loadgroup -m "$(CHECK_MARKERS)" \
 		--junitxml=$(TIMES)/check.xml --durations=15; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 test: install services lint
 	mkdir -p $(TIMES)
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --junitxml=$(TIMES)/test.xml --durations=15; rc=$$?; \
+	$(PYTEST) tests -n $(TEST_WORKERS) --dist loadgroup --junitxml=$(TIMES)/test.xml --durations=15; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 lint: install
