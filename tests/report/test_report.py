@@ -95,7 +95,7 @@ def _fill(ledger: Ledger) -> None:
     ]
     rows = ledger.add_candidates("s1", items)
     for i, c in enumerate(rows):
-        a = ledger.new_attempt(c.id, job_id=str(1000 + i), job_dir=f"/tmp/j{i}", simulated=True)
+        a = ledger.new_attempt(c.id, job_id=str(1000 + i), job_dir=f"/nonexistent/j{i}", simulated=True)
         if i == 5:  # one OOM, shown in the failed table
             ledger.update_attempt(a.id, state="FAILED", failure_class="OOM", exit_code=1)
             ledger.set_candidate_status(c.id, "failed", "OOM")
