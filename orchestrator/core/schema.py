@@ -174,6 +174,12 @@ class BudgetConfig:
     # kept for `status` and the report; 0 (the default): no whole-sweep price. Off until it is fast and its range
     # holds the bench's actual totals (docs/search-log.md: 1 of 8 1k rows inside, minutes of simulation per dry run).
     price_samples: int = ranged(0, 0)
+    # The planner's known step error, the level of the price's drawn steps: measured / predicted step of NVIDIA's
+    # own layouts on `validate`'s fit rows (the 36 rows of 26.02 and 25.11, every system; the held-out rows never
+    # read): their geometric mean and log-sd (`validate` prints both; tests/commands/test_validate.py checks these).
+    # The planner runs fast. A cluster that measured its own sets them; 1.0 and 0.0 centre the price on the planner.
+    price_step_bias: float = ranged(1.41, gt=0)
+    price_step_sd: float = ranged(0.39, 0)
 
 
 @dataclass
