@@ -21,9 +21,14 @@ A stage that promotes from another (8k from 1k) simulates its source's sweep fir
 `sweep +stage=8k` follows `sweep +stage=1k`; only the stage's own spend is its price.
 
 A drawn surface on which no layout runs at scale is redrawn: a sweep there stops with nothing measured, and its
-few GPU-hours are no price of a decision. The range is a lognormal predictive interval of the sampled spends
-(mean and sd of their logs, Student's t quantile and sqrt(1 + 1/n) for the few samples a dry run affords); every draw is
-seeded, so the same config prints the same price.
+few GPU-hours are no price of a decision. The expected total is the mean of the sampled spends. The range is a
+lognormal predictive interval with two parts: the sweep's own path (which layouts it tries, when it stops), from
+the spends brought back to the bias's level (x bias / level: a launch's GPU-hours are its step's), mean and sd of
+their logs with Student's t quantile and sqrt(1 + 1/n) for the few samples a dry run affords; and the level's known
+log-sd (price_step_sd) at the normal's quantile, added in quadrature. Four samples estimate a spread badly, and
+the level's part is known, so it is not left to them (docs/search-log.md: four spends drawn across the level's band
+spread less than the level alone, the paths' differences cancelling it). Every draw is seeded, so the same config
+prints the same price.
 """
 
 from __future__ import annotations
@@ -160,13 +165,14 @@ class SampledSurface:
         return Launch(step, fits, times, max(own), own, cap, stages)
 
 
-def interval(spends: Sequence[float]) -> tuple[float, float]:
-    """A 90% lognormal predictive interval of the next spend, from a few sampled ones."""
+def interval(spends: Sequence[float], known_sd: float = 0.0) -> tuple[float, float]:
+    """A 90% lognormal predictive interval of the next spend, from a few sampled ones, widened by a known
+    log-sd of its own (the step level's: module docstring)."""
     logs = [math.log(max(s, 1e-9)) for s in spends]
     n = len(logs)
     mu = sum(logs) / n
     sd = math.sqrt(sum((x - mu) ** 2 for x in logs) / (n - 1)) if n > 1 else 0.0
-    half = T95.get(n - 1, Z90) * sd * math.sqrt(1.0 + 1.0 / n)
+    half = math.hypot(T95.get(n - 1, Z90) * sd * math.sqrt(1.0 + 1.0 / n), Z90 * known_sd)
     return math.exp(mu - half), math.exp(mu + half)
 
 
@@ -222,7 +228,8 @@ def price(
     temporary folder it removes."""
     st = cfg.required_stage()
     runs: list[SweepRun] = []
-    level = levels(st.budget.price_step_bias, st.budget.price_step_sd, samples)
+    bias, known_sd = st.budget.price_step_bias, st.budget.price_step_sd
+    level = levels(bias, known_sd, samples)
     with tempfile.TemporaryDirectory(prefix="sweep-price-") as tmp:
         for i in range(MAX_DRAWS * samples):  # a redrawn surface keeps the level it was drawn for
             run = simulate(cfg, config_yaml, source, _rng_seed(seed, i), Path(tmp), level[len(runs)])
@@ -233,6 +240,6 @@ def price(
     if not runs:  # no drawn surface let one layout run: the planner's own band says nothing fits
         return SweepPrice(0.0, 0.0, 0.0, 0.0, (), st.gpus)
     spends = tuple(r.gpu_hours for r in runs)
-    lo, hi = interval(spends)
+    lo, hi = interval([s * bias / lv for s, lv in zip(spends, level, strict=False)], known_sd)  # the k-th at level[k]
     hours = sum(r.decision_hours(st.gpus, cfg.cluster.probe_gpus) for r in runs) / len(runs)
     return SweepPrice(sum(spends) / len(spends), lo, hi, hours, spends, st.gpus)

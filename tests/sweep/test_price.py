@@ -34,6 +34,13 @@ def test_the_interval_is_a_point_without_spread_and_widens_with_it():
     lo2, hi2 = interval([80.0, 125.0])
     assert lo < lo2 < 80.0 and 125.0 < hi2 < hi
     assert interval([7.0]) == pytest.approx((7.0, 7.0))
+    # a known spread of its own widens it, also for samples that agree
+    lo3, hi3 = interval([100.0, 100.0], known_sd=0.4)
+    assert lo3 == pytest.approx(100.0 * math.exp(-1.6449 * 0.4)) and hi3 == pytest.approx(
+        100.0 * math.exp(1.6449 * 0.4)
+    )
+    lo4, hi4 = interval([50.0, 200.0], known_sd=0.4)
+    assert lo4 < lo and hi4 > hi
 
 
 def test_spend_is_said_against_the_stored_range():
