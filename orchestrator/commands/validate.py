@@ -29,6 +29,7 @@ changes neither.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -364,6 +365,33 @@ def fit_factors(results: Sequence[Result]) -> dict[str, float]:
     return {system: statistics.median(v) for system, v in sorted(ratios.items())}
 
 
+def step_bias(ratios: Sequence[float]) -> tuple[float, float]:
+    """(geometric mean, log-sd) of measured / predicted step over fit rows: the planner's known error, what the
+    whole sweep's price draws its step level from (stage.budget.price_step_bias, price_step_sd)."""
+    logs = [math.log(x) for x in ratios]
+    if not logs:  # no fit row: nothing known, the planner's own step
+        return 1.0, 0.0
+    return math.exp(statistics.mean(logs)), statistics.stdev(logs) if len(logs) > 1 else 0.0
+
+
+def fit_step_ratios(rows: Sequence[Row] | None = None) -> list[float]:
+    """Measured / predicted step of NVIDIA's layout on each fit row (predicted / measured tokens), from its own
+    evaluation alone (no rank: seconds, not minutes). Held-out rows are never read."""
+    out = []
+    for row in load_rows() if rows is None else rows:
+        if row.held_out:
+            continue
+        model, hw = _model(row.model), _hardware(row.system)
+        own = evaluate(
+            model, hw, row_stage(row, model, hw), row.layout(), check_memory=False, routing_sigma=FORCE_BALANCED,
+            recipe=row_recipe(row),
+        )  # fmt: skip
+        if isinstance(own, Rejected):
+            raise UserError(f"{row.source}: NVIDIA's layout {row.layout().short()} breaks {', '.join(own.rule_ids)}")
+        out.append(own.prediction.tokens_per_s / row.gpus / row.tokens)
+    return out
+
+
 def calibrate(results: Sequence[Result]) -> dict[str, float]:
     factors = fit_factors(results)
     for r in results:
@@ -481,6 +509,10 @@ def table(results: Sequence[Result], summary: Summary) -> str:
     lines += [
         f"per-system factors (fit on {', '.join(sorted({r.row.release for r in results if not r.row.held_out}))}): "
         + ", ".join(f"{k} {v:.3f}" for k, v in s.factors.items()),
+        "the planner's step on the fit rows, measured / predicted (the price's stage.budget.price_step_bias and "
+        "price_step_sd): geometric mean {:.2f}, log-sd {:.2f}".format(
+            *step_bias([r.predicted_tokens / r.row.tokens for r in results if not r.row.held_out])
+        ),
         f"median |error| uncalibrated: all {s.median_abs:.1%}, held out {s.held_out_median_abs:.1%}; "
         f"calibrated: all {s.median_abs_calibrated:.1%}, held out {s.held_out_median_abs_calibrated:.1%}",
         "held out by release, median |error| uncalibrated / calibrated: "

@@ -171,9 +171,15 @@ class BudgetConfig:
     startup_s: float = ranged(0.0, 0)
     # The whole sweep's price (orchestrator/sweep/price.py): the policy's own sweep simulated on this many surfaces
     # drawn from the planner's predictions and error bands, printed by the dry run and a sweep's first lines and
-    # kept for `status` and the report; 0 (the default): no whole-sweep price. Off until it is fast and its range
-    # holds the bench's actual totals (docs/search-log.md: 1 of 8 1k rows inside, minutes of simulation per dry run).
+    # kept for `status` and the report; 0 (the default): no whole-sweep price. Off by default: each sample is a
+    # whole simulated sweep (and at 8k its 1k source's), tens of CPU-seconds per dry run (docs/search-log.md).
     price_samples: int = ranged(0, 0)
+    # The planner's known step error, the level of the price's drawn steps: measured / predicted step of NVIDIA's
+    # own layouts on `validate`'s fit rows (the 36 rows of 26.02 and 25.11, every system; the held-out rows never
+    # read): their geometric mean and log-sd (`validate` prints both; tests/commands/test_validate.py checks these).
+    # The planner runs fast. A cluster that measured its own sets them; 1.0 and 0.0 centre the price on the planner.
+    price_step_bias: float = ranged(1.41, gt=0)
+    price_step_sd: float = ranged(0.39, 0)
 
 
 @dataclass

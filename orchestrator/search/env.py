@@ -7,8 +7,9 @@ predictions, and so the cost estimate (GPU-hours) lives in one place.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from orchestrator.core import cost
 from orchestrator.core.schema import HardwareConfig, ModelConfig, RecipeConfig, StageConfig
@@ -17,6 +18,8 @@ from orchestrator.plan import planner
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.memory import MemoryScale
 from orchestrator.search.types import Proposal, prediction_dict
+
+PLANS_KEPT = 4  # whole-stage plans a PlanEnv keeps (each thousands of Planned)
 
 
 @dataclass
@@ -28,19 +31,43 @@ class PlanEnv:
     # the workload's training recipe (None: its defaults): its overlaps and declared numerics (the optimizer
     # precisions the search may choose) are the planner's
     recipe: RecipeConfig | None = None
+    # the last few whole-stage plans by calibration: a round asks for the same one up to four times (propose,
+    # the evidence's revivals, fit and coverage probes), each a walk of every layout; a new env starts empty
+    _plans: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False, compare=False)
+    # (hardware, its copy without the HBM rule) for legal(): one copy, so its plans are shared too
+    _unbounded: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
+    def _stage_plan(self, hardware: HardwareConfig, factors: dict[str, float] | None, memory_factor: MemoryScale):
+        """planner.plan's candidates under this calibration, shared by the calls that ask for the same one (the
+        planner is deterministic in its inputs; callers get their own list, the Planned are never changed)."""
+        key = (
+            *(id(x) for x in (self.model, hardware, self.stage, self.recipe)),
+            self.workload,
+            repr(sorted((factors or {}).items())),
+            repr(sorted(memory_factor.items())) if isinstance(memory_factor, Mapping) else repr(memory_factor),
+        )
+        hit = self._plans.get(key)
+        if hit is None:
+            res = planner.plan(
+                self.model,
+                hardware,
+                self.stage,
+                factors=factors or None,
+                memory_factor=memory_factor,
+                workload=self.workload,
+                recipe=self.recipe,
+            )
+            # the inputs kept alive with it, so no other object takes their ids while it is kept
+            hit = self._plans[key] = ((self.model, hardware, self.stage, self.recipe), tuple(res.candidates))
+            while len(self._plans) > PLANS_KEPT:
+                self._plans.popitem(last=False)
+        else:
+            self._plans.move_to_end(key)
+        return hit[1]
 
     def plan(self, factors: dict[str, float] | None = None, memory_factor: MemoryScale = 1.0) -> list:
         """Feasible candidates (Planned), best predicted step time first."""
-        res = planner.plan(
-            self.model,
-            self.hardware,
-            self.stage,
-            factors=factors or None,
-            memory_factor=memory_factor,
-            workload=self.workload,
-            recipe=self.recipe,
-        )
-        return [c for c in res.candidates if c.prediction.feasible]
+        return [c for c in self._stage_plan(self.hardware, factors, memory_factor) if c.prediction.feasible]
 
     def plan_with_evidence(
         self,
@@ -113,11 +140,9 @@ class PlanEnv:
     def legal(self, factors: dict[str, float] | None = None) -> list:
         """Every legal layout whatever its memory (the HBM rule not applied), its step under `factors` and its
         memory uncalibrated; best predicted step first."""
-        hw = dataclasses.replace(self.hardware, hbm_gb=float("inf"))
-        res = planner.plan(
-            self.model, hw, self.stage, factors=factors or None, workload=self.workload, recipe=self.recipe
-        )
-        return list(res.candidates)
+        if self._unbounded is None or self._unbounded[0] is not self.hardware:
+            self._unbounded = (self.hardware, dataclasses.replace(self.hardware, hbm_gb=float("inf")))
+        return list(self._stage_plan(self._unbounded[1], factors, 1.0))
 
     def memory_band(self, fit, factors: dict[str, float] | None = None) -> list:
         """Legal layouts whose heaviest stage the calibrated model cannot place on either side of HBM

@@ -9,17 +9,26 @@ price:
 - memory: every stage's peak x one multiplier per surface, lognormal with the calibration's prior band
   (search/memfit.py DEFAULT_BAND, the uncalibrated model's relative half-width, read as a 90% half-width), each
   layout further off by the allocator jitter no band is narrower than (memfit.MIN_BAND);
-- step: each planner component (compute, a2a, cp, bubble, grad_sync ...) x one lognormal factor per surface
-  (COMPONENT_SD: the calibration's step factors move each component by tens of percent), each layout further off
-  by the residual the search allows an unseen layout (search/moves.py PRIOR_SD_FLOOR), each iteration by the
-  run-to-run noise (moves.NOISE_SD).
+- step: the planner's step x one level per surface, the planner's known error from outside truth: lognormal with
+  the geometric mean and log-sd of measured / predicted step on `validate`'s fit rows (stage.budget.price_step_bias,
+  price_step_sd: the planner runs fast on every published system; its held-out rows are never read). The samples'
+  levels are stratified, one at each of `samples` equal-probability quantiles, so a few samples span the band
+  instead of landing by chance. Each planner component but compute (a2a, cp, bubble, grad_sync ...) further x one
+  lognormal factor per surface relative to compute (COMPONENT_SD: the calibration's step factors move components
+  apart by tens of percent, which reorders layouts), each layout further off by the residual the search allows an
+  unseen layout (search/moves.py PRIOR_SD_FLOOR), each iteration by the run-to-run noise (moves.NOISE_SD).
 A stage that promotes from another (8k from 1k) simulates its source's sweep first on the same surface, as
 `sweep +stage=8k` follows `sweep +stage=1k`; only the stage's own spend is its price.
 
 A drawn surface on which no layout runs at scale is redrawn: a sweep there stops with nothing measured, and its
-few GPU-hours are no price of a decision. The range is a lognormal predictive interval of the sampled spends
-(mean and sd of their logs, Student's t quantile and sqrt(1 + 1/n) for the few samples a dry run affords); every draw is
-seeded, so the same config prints the same price.
+few GPU-hours are no price of a decision. The expected total is the mean of the sampled spends. The range is a
+lognormal predictive interval with two parts: the sweep's own path (which layouts it tries, when it stops), from
+the spends brought back to the bias's level (x bias / level: a launch's GPU-hours are its step's), mean and sd of
+their logs with Student's t quantile and sqrt(1 + 1/n) for the few samples a dry run affords; and the level's known
+log-sd (price_step_sd) at the normal's quantile, added in quadrature. Four samples estimate a spread badly, and
+the level's part is known, so it is not left to them (docs/search-log.md: four spends drawn across the level's band
+spread less than the level alone, the paths' differences cancelling it). Every draw is seeded, so the same config
+prints the same price.
 """
 
 from __future__ import annotations
@@ -39,8 +48,8 @@ from orchestrator.search import memfit, moves
 from orchestrator.sweep.simulate import Launch, SweepRun, run_sweep
 
 SEED = 0
-# log-sd of one step component's factor across surfaces: the calibration's factors move a component by tens of
-# percent, the compute factor up to 1.5-1.7x on the bench's surfaces (docs/search-log.md), inside this band's 90%
+# log-sd of one step component's factor relative to compute across surfaces: the calibration's factors move the
+# components apart by tens of percent (the step's level is the surface's own, from stage.budget.price_step_bias)
 COMPONENT_SD = 0.35
 # log-sd of one knob value's own factor (one per surface, shared by every layout with that value, at every stage):
 # the structured error no per-component calibration absorbs (a dispatcher's bandwidth, a recompute set's
@@ -75,20 +84,22 @@ class SampledSurface:
     A simulate.Surface: the driver's jobs run on it in-process."""
 
     seed: int
-    factors: dict[str, float]  # per step component
+    factors: dict[str, float]  # per step component, relative to compute (compute's is 1)
     memory: float  # every peak's multiplier
+    level: float = 1.0  # every step's multiplier: the planner's known error (module docstring)
     _cache: dict[tuple[str, str], tuple[float, float, tuple[float, ...], float]] = field(default_factory=dict)
 
     @classmethod
-    def draw(cls, seed: int) -> SampledSurface:
+    def draw(cls, seed: int, level: float = 1.0) -> SampledSurface:
         import numpy as np
 
         rng = np.random.default_rng(seed)
         from orchestrator.plan.steptime import COMPONENTS
 
         factors = {c: float(math.exp(rng.normal(0.0, COMPONENT_SD))) for c in COMPONENTS}
+        factors = {c: f / factors["compute"] for c, f in factors.items()}  # the level is the surface's own
         memory = float(math.exp(rng.normal(0.0, math.log1p(memfit.DEFAULT_BAND) / Z90)))
-        return cls(seed, factors, memory)
+        return cls(seed, factors, memory, level)
 
     def truth(self, cfg: RootConfig, layout) -> tuple[float, float, tuple[float, ...], float]:
         """(step s, compute-only probe step s, peak GB per PP stage, capacity GB) of `layout` on cfg's stage."""
@@ -110,6 +121,7 @@ class SampledSurface:
                 raw = sum(comps.values()) or 1.0
                 scale = sum(v * self.factors.get(k, 1.0) for k, v in comps.items()) / raw
                 off = float(math.exp(rng.normal(0.0, moves.PRIOR_SD_FLOOR))) * self._knobs(layout, STEP_KNOBS, KNOB_SD)
+                off *= self.level
                 step = p.step_time_s * scale * off
                 probe = (p.probe_step_s or p.step_time_s) * self.factors["compute"] * off
                 jitter = float(math.exp(rng.normal(0.0, memfit.MIN_BAND)))
@@ -153,13 +165,14 @@ class SampledSurface:
         return Launch(step, fits, times, max(own), own, cap, stages)
 
 
-def interval(spends: Sequence[float]) -> tuple[float, float]:
-    """A 90% lognormal predictive interval of the next spend, from a few sampled ones."""
+def interval(spends: Sequence[float], known_sd: float = 0.0) -> tuple[float, float]:
+    """A 90% lognormal predictive interval of the next spend, from a few sampled ones, widened by a known
+    log-sd of its own (the step level's: module docstring)."""
     logs = [math.log(max(s, 1e-9)) for s in spends]
     n = len(logs)
     mu = sum(logs) / n
     sd = math.sqrt(sum((x - mu) ** 2 for x in logs) / (n - 1)) if n > 1 else 0.0
-    half = T95.get(n - 1, Z90) * sd * math.sqrt(1.0 + 1.0 / n)
+    half = math.hypot(T95.get(n - 1, Z90) * sd * math.sqrt(1.0 + 1.0 / n), Z90 * known_sd)
     return math.exp(mu - half), math.exp(mu + half)
 
 
@@ -168,14 +181,27 @@ def measured(run: SweepRun) -> bool:
     return any(x[5] == "full" and x[3] is not None for x in run.launches)
 
 
+def levels(bias: float, sd: float, n: int) -> list[float]:
+    """The step levels of n samples: the lognormal(log bias, sd)'s quantiles at (k + 1/2) / n, lowest first."""
+    from statistics import NormalDist
+
+    return [bias * math.exp(sd * NormalDist().inv_cdf((k + 0.5) / n)) for k in range(n)]
+
+
 def simulate(
-    cfg: RootConfig, config_yaml: str, source: tuple[RootConfig, str] | None, seed: int, folder: Path
+    cfg: RootConfig,
+    config_yaml: str,
+    source: tuple[RootConfig, str] | None,
+    seed: int,
+    folder: Path,
+    level: float = 1.0,
 ) -> SweepRun:
-    """One whole sweep of `cfg` on one sampled surface (after its promotion source's, when given)."""
+    """One whole sweep of `cfg` on one sampled surface, its steps at `level` x the planner's (after its
+    promotion source's sweep on the same surface, when given)."""
     from orchestrator.ledger.ledger import Ledger
 
     st = cfg.required_stage()
-    surface = SampledSurface.draw(seed)
+    surface = SampledSurface.draw(seed, level)
     if st.promotes_from and source is None:  # no source to promote from: the stage runs on its own
         cfg = dataclasses.replace(cfg, stage=dataclasses.replace(st, promotes_from=None))
     led = Ledger.open(f"sqlite:///{folder / f'price-{seed}.sqlite'}", create_dir=True)
@@ -202,9 +228,11 @@ def price(
     temporary folder it removes."""
     st = cfg.required_stage()
     runs: list[SweepRun] = []
+    bias, known_sd = st.budget.price_step_bias, st.budget.price_step_sd
+    level = levels(bias, known_sd, samples)
     with tempfile.TemporaryDirectory(prefix="sweep-price-") as tmp:
-        for i in range(MAX_DRAWS * samples):
-            run = simulate(cfg, config_yaml, source, _rng_seed(seed, i), Path(tmp))
+        for i in range(MAX_DRAWS * samples):  # a redrawn surface keeps the level it was drawn for
+            run = simulate(cfg, config_yaml, source, _rng_seed(seed, i), Path(tmp), level[len(runs)])
             if measured(run):
                 runs.append(run)
             if len(runs) == samples:
@@ -212,6 +240,6 @@ def price(
     if not runs:  # no drawn surface let one layout run: the planner's own band says nothing fits
         return SweepPrice(0.0, 0.0, 0.0, 0.0, (), st.gpus)
     spends = tuple(r.gpu_hours for r in runs)
-    lo, hi = interval(spends)
+    lo, hi = interval([s * bias / lv for s, lv in zip(spends, level, strict=False)], known_sd)  # the k-th at level[k]
     hours = sum(r.decision_hours(st.gpus, cfg.cluster.probe_gpus) for r in runs) / len(runs)
     return SweepPrice(sum(spends) / len(spends), lo, hi, hours, spends, st.gpus)

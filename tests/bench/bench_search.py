@@ -153,6 +153,15 @@ def _gh(x: float) -> str:
     return "never" if not np.isfinite(x) else f"{x / 1000:,.1f}k"
 
 
+def _priced(composed) -> str:
+    """A config as the price reads it: the twin's hidden truth (workload.twin) is no input of the price."""
+    import yaml
+
+    d = yaml.safe_load(composed.to_yaml())
+    d.get("workload", {}).pop("twin", None)
+    return yaml.safe_dump(d, sort_keys=True)
+
+
 def run(
     targets=TARGETS,
     stages=STAGES,
@@ -180,6 +189,7 @@ def run(
     else:
         label_seed = True
     composed_at: dict[tuple[str, str], object] = {}  # (stage, policy) -> this target's composed config
+    prices: dict[tuple[str, str, int], object] = {}  # the price reads only the config: one per config, seeded
     for name, seed, extra in specs:
         target = lib.Target(name, seed=seed, extra=tuple(extra))
         name = spec_label(name, seed, extra, label_seed)
@@ -230,12 +240,15 @@ def run(
                     from orchestrator.sweep.price import price
 
                     src = composed_at.get((cfg.stage.promotes_from or "", policy)) if not extra else None
-                    pr = price(
-                        cfg,
-                        composed.to_yaml(),
-                        (src.cfg, src.to_yaml()) if src is not None else None,
-                        samples=price_samples,
-                    )
+                    key = (_priced(composed), _priced(src) if src is not None else "", price_samples)
+                    if key not in prices:
+                        prices[key] = price(
+                            cfg,
+                            composed.to_yaml(),
+                            (src.cfg, src.to_yaml()) if src is not None else None,
+                            samples=price_samples,
+                        )
+                    pr = prices[key]
                     row.price_lo, row.price_hi, row.price_mean = pr.lo, pr.hi, pr.gpu_hours
                     print(
                         f"   price: {pr.line()} [samples {', '.join(_gh(s) for s in pr.samples)}]; "

@@ -241,3 +241,18 @@ def test_the_recipes_bf16_grad_buffer_fits_nvidias_layouts_in_hbm():
 
         assert fits(recipe), key
         assert not fits(replace(recipe, grad_reduce_in_bf16=False)), key
+
+
+@pytest.mark.long
+def test_the_prices_step_bias_is_the_fit_rows_and_reads_no_held_out_row():
+    """stage.budget.price_step_bias and price_step_sd (the whole sweep's price) are what the fit rows say of the
+    planner's step, to two figures; a held-out row moved tenfold changes neither."""
+    from orchestrator.core.schema import BudgetConfig
+
+    rows = V.load_rows()
+    bias, sd = V.step_bias(V.fit_step_ratios(rows))
+    assert bias > 1.0  # the planner runs fast on the published rows
+    assert (round(bias, 2), round(sd, 2)) == (BudgetConfig.price_step_bias, BudgetConfig.price_step_sd)
+    held = next(i for i, r in enumerate(rows) if r.held_out)
+    moved = [replace(r, tokens=r.tokens * 10) if i == held else r for i, r in enumerate(rows)]
+    assert V.step_bias(V.fit_step_ratios(moved)) == (bias, sd)

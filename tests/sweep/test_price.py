@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.config import compose
 from orchestrator.core.price import SweepPrice, against
-from orchestrator.sweep.price import interval, price
+from orchestrator.sweep.price import SampledSurface, interval, levels, price
 
 SMALL_1K = ["+stage=1k", "stage.budget.max_runs=6", "stage.budget.max_rounds=3"]
 
@@ -34,6 +34,13 @@ def test_the_interval_is_a_point_without_spread_and_widens_with_it():
     lo2, hi2 = interval([80.0, 125.0])
     assert lo < lo2 < 80.0 and 125.0 < hi2 < hi
     assert interval([7.0]) == pytest.approx((7.0, 7.0))
+    # a known spread of its own widens it, also for samples that agree
+    lo3, hi3 = interval([100.0, 100.0], known_sd=0.4)
+    assert lo3 == pytest.approx(100.0 * math.exp(-1.6449 * 0.4)) and hi3 == pytest.approx(
+        100.0 * math.exp(1.6449 * 0.4)
+    )
+    lo4, hi4 = interval([50.0, 200.0], known_sd=0.4)
+    assert lo4 < lo and hi4 > hi
 
 
 def test_spend_is_said_against_the_stored_range():
@@ -46,3 +53,40 @@ def test_spend_is_said_against_the_stored_range():
     assert "over the range" in over and "200% of expected" in over and "90%: 600-1,800" in over
     assert against({}, 10.0) is None and against(None, 10.0) is None
     assert not math.isnan(p.gpu_hours)
+
+
+def test_the_step_levels_span_the_planners_known_error_around_its_bias():
+    got = levels(1.4, 0.4, 4)
+    assert got == sorted(got) and len(got) == 4
+    assert math.sqrt(got[0] * got[-1]) == pytest.approx(1.4) and math.sqrt(got[1] * got[2]) == pytest.approx(1.4)
+    assert got[0] < 1.0 < 1.4 < got[-1]  # the band reaches both sides of the planner's own step
+    assert levels(1.4, 0.0, 3) == pytest.approx([1.4] * 3)  # no spread: every surface at the bias
+
+
+def test_a_surfaces_level_scales_every_step_and_no_peak():
+    composed = compose(SMALL_1K)
+    cfg = composed.cfg
+    from orchestrator.search.env import PlanEnv
+
+    st = cfg.required_stage()
+    env = PlanEnv(cfg.model, cfg.hardware, st, cfg.workload.name, cfg.workload.recipe)
+    layout = env.plan()[0].layout
+    base, slow = SampledSurface.draw(7), SampledSurface.draw(7, level=2.0)
+    assert base.factors == slow.factors and base.factors["compute"] == 1.0  # the level is the surface's own
+    step, probe, gb, cap = base.truth(cfg, layout)
+    step2, probe2, gb2, cap2 = slow.truth(cfg, layout)
+    assert step2 == pytest.approx(2 * step) and probe2 == pytest.approx(2 * probe)
+    assert gb2 == gb and cap2 == cap
+
+
+@pytest.mark.long
+def test_the_price_moves_with_the_planners_known_bias():
+    """A planner known to run fast (measured / predicted step 2) prices the same sweep dearer than one taken at
+    its word, and a known spread widens the range."""
+    prices = {}
+    for bias, sd in ((1.0, 0.0), (2.0, 0.0), (1.0, 0.5)):
+        composed = compose([*SMALL_1K, f"stage.budget.price_step_bias={bias}", f"stage.budget.price_step_sd={sd}"])
+        prices[bias, sd] = price(composed.cfg, composed.to_yaml(), samples=2)
+    at_word, fast, spread = prices[1.0, 0.0], prices[2.0, 0.0], prices[1.0, 0.5]
+    assert fast.gpu_hours > 1.3 * at_word.gpu_hours and fast.lo > at_word.lo and fast.hi > at_word.hi
+    assert spread.hi / spread.lo > at_word.hi / at_word.lo
