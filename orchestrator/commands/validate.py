@@ -322,15 +322,27 @@ class Result:
         }
 
 
+def nvidias_layout(row: Row) -> Planned:
+    """NVIDIA's layout of the row predicted under forced balance (memory not checked: the row ran it); a rule
+    that rejects it is the table's or the planner's error, one line naming the row."""
+    model, hw = _model(row.model), _hardware(row.system)
+    lay = row.layout()
+    own = evaluate(
+        model, hw, row_stage(row, model, hw), lay, check_memory=False, routing_sigma=FORCE_BALANCED,
+        recipe=row_recipe(row),
+    )  # fmt: skip
+    if isinstance(own, Rejected):
+        raise UserError(f"{row.source}: NVIDIA's layout {lay.short()} breaks {', '.join(own.rule_ids)}")
+    return own
+
+
 def predict(row: Row) -> Result:
     """NVIDIA's layout predicted under forced balance, and its rank among every legal layout of the row."""
     model, hw = _model(row.model), _hardware(row.system)
     stage = row_stage(row, model, hw)
     lay = row.layout()
     recipe = row_recipe(row)
-    own = evaluate(model, hw, stage, lay, check_memory=False, routing_sigma=FORCE_BALANCED, recipe=recipe)
-    if isinstance(own, Rejected):
-        raise UserError(f"{row.source}: NVIDIA's layout {lay.short()} breaks {', '.join(own.rule_ids)}")
+    own = nvidias_layout(row)
     mem_ok = own.prediction.feasible
     result = plan(model, hw, stage, routing_sigma=FORCE_BALANCED, recipe=recipe)
     times = [p.prediction.step_time_s for p in result.candidates if p.layout != lay]
@@ -381,14 +393,7 @@ def fit_step_ratios(rows: Sequence[Row] | None = None) -> list[float]:
     for row in load_rows() if rows is None else rows:
         if row.held_out:
             continue
-        model, hw = _model(row.model), _hardware(row.system)
-        own = evaluate(
-            model, hw, row_stage(row, model, hw), row.layout(), check_memory=False, routing_sigma=FORCE_BALANCED,
-            recipe=row_recipe(row),
-        )  # fmt: skip
-        if isinstance(own, Rejected):
-            raise UserError(f"{row.source}: NVIDIA's layout {row.layout().short()} breaks {', '.join(own.rule_ids)}")
-        out.append(own.prediction.tokens_per_s / row.gpus / row.tokens)
+        out.append(nvidias_layout(row).prediction.tokens_per_s / row.gpus / row.tokens)
     return out
 
 
