@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 
 from orchestrator.core.knobs import Layout as Layout  # the knobs of one candidate: the registry owns them
 from orchestrator.core.prediction import Prediction as Prediction  # what the models say: a ledger record too
@@ -54,10 +55,12 @@ def groups(layout: Layout, n_gpus: int, global_batch: int) -> Groups:
     return Groups(n=n_gpus, per_stage=per_stage, d_a=d_a or None, d_e=d_e or None, m=m)
 
 
+@lru_cache(maxsize=1 << 16)
 def canonical_key(layout: Layout, *, model: str, stage: str, hardware: str, workload: str) -> str:
     """Stable identity of a candidate: sha256 of the normalized layout + model + stage + hardware + workload.
 
-    Used by the ledger's unique constraint so re-running a sweep is idempotent.
+    Used by the ledger's unique constraint so re-running a sweep is idempotent. Memoised: a sweep asks the key of
+    the same layouts round after round (a Layout is frozen, so its key never changes).
     """
     payload = {"layout": layout.to_dict(), "model": model, "stage": stage, "hardware": hardware, "workload": workload}
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))

@@ -427,8 +427,29 @@ def scaled_terms(terms: Mapping[str, float], scale: MemoryScale, recompute: Sequ
     activation term also takes its recompute set's multiplier when the scale has one."""
     if not isinstance(scale, Mapping):
         return sum(terms.values()) * scale
-    per_set = scale.get(f"activations@{recompute_key(recompute)}", scale.get("activations@*", 1.0))
+    per_set = _per_set(scale, recompute)
     return sum(scale.get(t, 1.0) * v * (per_set if t == "activations" else 1.0) for t, v in terms.items())
+
+
+def _per_set(scale: Mapping[str, float], recompute: Sequence[str]) -> float:
+    return scale.get(f"activations@{recompute_key(recompute)}", scale.get("activations@*", 1.0))
+
+
+def term_factors(scale: Mapping[str, float], recompute: Sequence[str] = ()) -> tuple[float, float, float, float]:
+    """scaled_terms' multipliers for one recompute set, (states, activations, the set's activations, buffers):
+    the planner resolves them once per set and calibration, not once per layout and rank (scaled_total)."""
+    return (
+        scale.get("states", 1.0),
+        scale.get("activations", 1.0),
+        _per_set(scale, recompute),
+        scale.get("buffers", 1.0),
+    )
+
+
+def scaled_total(terms: Mapping[str, float], f: tuple[float, float, float, float]) -> float:
+    """scaled_terms of StageMemory.terms() with term_factors' multipliers: the same products summed in the
+    same order (states, activations, buffers), so the same float."""
+    return f[0] * terms["states"] + f[1] * terms["activations"] * f[2] + f[3] * terms["buffers"]
 
 
 def heaviest(stages: Sequence[StageMemory]) -> StageMemory:

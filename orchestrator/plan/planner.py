@@ -137,6 +137,10 @@ class _Tables:
         self.terms: dict[int, tuple[dict[str, float], ...]] = {}  # id of a list held in mem -> its terms
         self.groups: dict[tuple[int, ...], Groups] = {}
         self.steps: dict[Layout, steptime.StepTime] = {}  # uncalibrated: the factors are applied per problem
+        # the stage's walk: its cut subtrees and, in walk order, each leaf's argv rejection or its _Leaf (a
+        # calibration re-plans only the memory phase and the predictions)
+        self.no_offload: dict[Layout, Layout] = {}
+        self.walk: tuple[_Walk, list[Any], list[_Leaf | Rejected], dict[Layout, _Leaf]] | None = None
 
 
 # The last few planning problems' tables, keyed by the repr of every input they depend on (a config changed in
@@ -185,6 +189,8 @@ class _Env:
         self._split, self._spans, self._moe, self._argv_memo = t.split, t.spans, t.moe, t.argv_memo
         self._flops, self._mem, self._terms, self._groups = t.flops, t.mem, t.terms, t.groups
         self._steps = t.steps
+        self._tables = t
+        self._factors_by_set: dict[tuple[str, ...], tuple[float, float, float, float]] = {}
         self.tokens = stage.global_batch * stage.seq_length
         self.ident = (model.name, stage.name, hw.name, workload)
 
@@ -283,6 +289,26 @@ class _Env:
                 bad.append(rule)
         return bad
 
+    def no_offload(self, layout: Layout) -> Layout:
+        """The layout without activation offload (memoised: every plan asks it of every offload layout)."""
+        hit = self._tables.no_offload.get(layout)
+        if hit is None:
+            hit = self._tables.no_offload[layout] = replace(layout, offload=())
+        return hit
+
+    def walked(self, values: dict[str, list[Any]]) -> tuple[_Walk, list[Any], list[_Leaf | Rejected]]:
+        """The stage's walk (its cut subtrees, then each leaf's argv verdict and raw memory), once per tables:
+        `values` follow from the stage and recipe, which key the tables."""
+        if self._tables.walk is None:
+            walk = _Walk(self, values)
+            late_rules, _ = _late_rules(self.rules)
+            leaves: list[_Leaf | Rejected] = []
+            cut = walk.run(lambda lay: leaves.append(self.legal_leaf(self.ctx(lay), late_rules)))
+            passed = {x.ctx.layout: x for x in leaves if isinstance(x, _Leaf)}
+            self._tables.walk = (walk, cut, leaves, passed)
+        walk, cut, leaves, _ = self._tables.walk
+        return walk, cut, leaves
+
     def memory(
         self, lay: Layout, g: Groups, split: tuple[int, ...]
     ) -> tuple[list[memory.StageMemory], memory.StageMemory]:
@@ -319,6 +345,10 @@ class _Env:
 
     def verdict(self, layout: Layout, *, check_memory: bool = True) -> Planned | Rejected:
         """Every rule for one layout (the cheap ones first), then its predictions if it is legal."""
+        walked = self._tables.walk
+        leaf = walked[3].get(layout) if walked is not None else None
+        if leaf is not None:  # the stage's walk passed it: only this calibration's memory phase is left
+            return self.predict(leaf, _late_rules(self.rules)[1], check_memory=check_memory)
         ctx = self.ctx(layout)
         bad = R.violations(ctx, [r for r in self.rules if r.phase in CHEAP_PHASES])
         if bad:
@@ -336,7 +366,14 @@ class _Env:
     ) -> Planned | Rejected:
         """Argv and memory phases, then every prediction, for a layout that passed the cheap rules.
         Without check_memory a layout over HBM is still predicted, marked not feasible."""
-        lay, g = ctx.layout, ctx.groups
+        leaf = self.legal_leaf(ctx, late_rules, memo_argv=memo_argv)
+        if isinstance(leaf, Rejected):
+            return leaf
+        return self.predict(leaf, mem_rules, check_memory=check_memory)
+
+    def legal_leaf(self, ctx: R.Ctx, late_rules: Sequence[R.Rule], *, memo_argv: bool = True) -> _Leaf | Rejected:
+        """The argv phase and the raw memory model: what no calibration changes (a walk keeps them, `_Tables.walk`)."""
+        lay = ctx.layout
         if late_rules:
             if memo_argv:
                 bad = self.argv_violations(ctx, late_rules)
@@ -345,23 +382,37 @@ class _Env:
                 bad = R.violations(ctx, late_rules)
             if bad:
                 return Rejected(lay, bad)
-        split, pattern = ctx.split, ctx.pattern
-        if split is None:  # cannot happen: the pattern rules passed
+        if ctx.split is None:  # cannot happen: the pattern rules passed
             raise ValueError(f"{lay.short()}: no pipeline split")
+        mems, heavy = self.memory(lay, ctx.groups, ctx.split)
+        return _Leaf(ctx, mems, heavy, self.terms(mems), tuple(s.total for s in mems))
+
+    def _term_factors(
+        self, scale: Mapping[str, float], recompute: tuple[str, ...]
+    ) -> tuple[float, float, float, float]:
+        """This calibration's per-term memory factors for one recompute set (memory.term_factors), once per set."""
+        hit = self._factors_by_set.get(recompute)
+        if hit is None:
+            hit = self._factors_by_set[recompute] = memory.term_factors(scale, recompute)
+        return hit
+
+    def predict(self, leaf: _Leaf, mem_rules: Sequence[R.Rule], *, check_memory: bool = True) -> Planned | Rejected:
+        """The memory phase and every prediction under this calibration, for a layout the argv phase passed."""
+        ctx, mems, heavy = leaf.ctx, leaf.mems, leaf.heavy
+        lay, g, split = ctx.layout, ctx.groups, ctx.split
         d_a, d_e, m = g.sizes()  # legal: the group rules passed
-        mems, heavy = self.memory(lay, g, split)
         scale = self.memory_factor
         if isinstance(scale, Mapping):  # per-term factors can change which rank is heaviest
-            totals = [s.scaled(scale, lay.recompute) for s in mems]
+            f = self._term_factors(scale, lay.recompute)
+            totals = [memory.scaled_total(t, f) for t in leaf.terms]
             top = max(range(len(mems)), key=lambda i: (totals[i], -i))
             heavy, ctx.memory_gb = mems[top], totals[top]
-            by_stage = tuple(totals)
         else:
             ctx.memory_gb = heavy.total * scale
-            by_stage = tuple(s.total * scale for s in mems)
         over = R.violations(ctx, mem_rules)
         if over and check_memory:
             return Rejected(lay, over, memory_gb=ctx.memory_gb)
+        by_stage = tuple(totals) if isinstance(scale, Mapping) else tuple(t * scale for t in leaf.totals)
         ep_nodes, cp_nodes, ep_domains, cp_domains = self.spans(lay)
         raw = self._steps.get(lay)
         if raw is None:
@@ -371,7 +422,7 @@ class _Env:
                 self.stage,
                 lay,
                 g,
-                list(split),
+                list(split or ()),
                 ep_nodes,
                 cp_nodes,
                 recipe=self.recipe,
@@ -396,7 +447,7 @@ class _Env:
             heaviest_stage=heavy.stage,
             memory_gb=ctx.memory_gb,
             memory_by_stage=by_stage,
-            memory_terms_by_stage=self.terms(mems),
+            memory_terms_by_stage=leaf.terms,
             feasible=not over,
             step_time_s=st.total_s,
             step_components=dict(st.components),
@@ -404,10 +455,21 @@ class _Env:
             recompute_flops_per_step=fl.recompute_flops,
             mfu=flops.mfu(fl.model_flops, st.total_s, self.stage.gpus, self.hw, lay.precision),
             tokens_per_s=self.tokens / st.total_s if st.total_s > 0 else 0.0,
-            layer_pattern=pattern or "",
+            layer_pattern=ctx.pattern or "",
             probe_step_s=st.probe_s,
         )
         return Planned(lay, pred, ident=self.ident)
+
+
+@dataclass
+class _Leaf:
+    """A layout every calibration-free rule passed, with its raw memory model (per rank, heaviest, terms)."""
+
+    ctx: R.Ctx
+    mems: list[StageMemory]
+    heavy: StageMemory
+    terms: tuple[dict[str, float], ...]
+    totals: tuple[float, ...]  # each rank's raw total (StageMemory.total), read by every calibration
 
 
 def _late_rules(rules: Sequence[R.Rule] = R.RULES) -> tuple[tuple[R.Rule, ...], tuple[R.Rule, ...]]:
@@ -528,7 +590,7 @@ def _offload_not_needed(env: _Env, layout: Layout, fits: set[Layout] | None = No
     the sibling is checked here (evaluate() and the walk give one verdict: tests/plan/test_planner.py)."""
     if not layout.offload:
         return False
-    sibling = replace(layout, offload=())
+    sibling = env.no_offload(layout)
     if fits is not None:
         return sibling in fits
     return isinstance(env.verdict(sibling), Planned)
@@ -564,19 +626,16 @@ def plan(
     t0 = time.perf_counter()
     env = _Env(model, hw, stage, factors, memory_factor, workload, recipe, routing_sigma)
     values = space.knob_values(stage.search, env.recipe)
-    walk = _Walk(env, values)
-    late_rules, mem_rules = _late_rules(env.rules)
+    walk, cut, leaves = env.walked(values)
+    _, mem_rules = _late_rules(env.rules)
     planned: list[Planned] = []
     late: list[Rejected] = []
-
-    def on_leaf(layout: Layout) -> None:
-        res = env.finish(env.ctx(layout), late_rules, mem_rules)
+    for leaf in leaves:
+        res = leaf if isinstance(leaf, Rejected) else env.predict(leaf, mem_rules)
         if isinstance(res, Planned):
             planned.append(res)
         else:
             late.append(res)
-
-    cut = walk.run(on_leaf)
     planned = _offload_where_needed(env, planned, late, every=() in values["offload"])
     planned.sort(key=lambda p: (p.prediction.step_time_s, p.prediction.memory_gb))  # stable: walk order on ties
     raw = space.raw_count(stage.search, env.recipe)

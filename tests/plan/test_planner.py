@@ -272,6 +272,38 @@ def test_a_calibrated_plan_after_an_uncalibrated_one_is_the_cold_plan(monkeypatc
     assert warm == cold and cold != _fingerprint(plan(c.model, c.hardware, c.stage))
 
 
+def test_evaluate_after_a_plan_reads_its_walk_and_gives_the_cold_verdict(monkeypatch):
+    """evaluate() of a layout the stage's walk passed reuses the walk's leaf (planner._Env.verdict): under a new
+    calibration, with and without the HBM rule, it gives what a cold evaluate gives, and its memory under per-term
+    factors is memory.scaled_terms' float."""
+    from orchestrator.plan import memory, planner
+
+    c = cfg("smoke")
+    factors, mem = {"compute": 1.3, "a2a": 0.7}, {"activations": 1.4, "states": 0.9, "activations@*": 1.1}
+    monkeypatch.setattr(planner, "_TABLES", type(planner._TABLES)())
+    layouts = [p.layout for p in plan(c.model, c.hardware, c.stage).candidates][:20]
+    assert layouts
+
+    def verdicts() -> list:
+        out = []
+        for lay in layouts:
+            for check in (True, False):
+                res = evaluate(
+                    c.model, c.hardware, c.stage, lay, factors=factors, memory_factor=mem, check_memory=check
+                )
+                out.append((lay, check, res.prediction if isinstance(res, Planned) else res.rule_ids))
+        return out
+
+    warm = verdicts()
+    assert planner._TABLES[next(iter(planner._TABLES))].walk is not None  # the plan above walked the stage
+    monkeypatch.setattr(planner, "_TABLES", type(planner._TABLES)())
+    assert verdicts() == warm
+    for _, _, pred in warm:
+        if not isinstance(pred, list):
+            for terms, gb in zip(pred.memory_terms_by_stage, pred.memory_by_stage, strict=True):
+                assert gb == memory.scaled_terms(terms, mem, ())  # the same float, not a close one
+
+
 def test_a_config_changed_in_place_reads_no_stale_table(monkeypatch):
     """The tables are keyed by the configs' contents: a stage whose sequence length changed in place plans anew."""
     from orchestrator.plan import planner
