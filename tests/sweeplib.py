@@ -47,6 +47,8 @@ def sweep_args(tmp_path: Path, name: str, *extra: str, stage: str = "smoke", clu
         "++cluster.poll_interval_s=0.3",
         "++ledger.lease_ttl_s=4",
         *FAST_TWIN,
+        # the whole sweep's price (schema default 4 samples, tens of CPU-seconds at 1k and 8k) is tested on its own
+        *([] if any("price_samples" in x for x in extra) else ["stage.budget.price_samples=0"]),
         *extra,
     ]
 

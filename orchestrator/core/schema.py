@@ -171,9 +171,10 @@ class BudgetConfig:
     startup_s: float = ranged(0.0, 0)
     # The whole sweep's price (orchestrator/sweep/price.py): the policy's own sweep simulated on this many surfaces
     # drawn from the planner's predictions and error bands, printed by the dry run and a sweep's first lines and
-    # kept for `status` and the report; 0 (the default): no whole-sweep price. Off by default: each sample is a
-    # whole simulated sweep (and at 8k its 1k source's), tens of CPU-seconds per dry run (docs/search-log.md).
-    price_samples: int = ranged(0, 0)
+    # kept for `status` and the report; 0: no whole-sweep price. Each sample is a whole simulated sweep (at 8k
+    # with its 1k source's): ~20 CPU-seconds for a 1k dry run, ~65 for an 8k one (docs/search.md); on the bench
+    # 4 samples' range held the actual spend on 19 of 19 rows (docs/search-log.md).
+    price_samples: int = ranged(4, 0)
     # The planner's known step error, the level of the price's drawn steps: measured / predicted step of NVIDIA's
     # own layouts on `validate`'s fit rows (the 36 rows of 26.02 and 25.11, every system; the held-out rows never
     # read): their geometric mean and log-sd (`validate` prints both; tests/commands/test_validate.py checks these).

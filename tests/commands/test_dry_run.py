@@ -118,6 +118,23 @@ def test_cfg_prints_the_resolved_config_as_yaml_with_overrides_applied(tmp_path)
 
 
 @pytest.mark.long
+def test_a_plain_8k_dry_run_prices_the_whole_sweep(tmp_path):
+    """Issue 48's check, as a user types it: `sweep +stage=8k --dry-run` with no price setting prints the whole
+    sweep's expected total and 90% range (the schema's default samples, the 1k source simulated first on each)."""
+    assert compose(["+stage=8k"]).cfg.stage.budget.price_samples > 0  # the default prices; no override below
+    got = cli("sweep", "+stage=8k", "--dry-run", timeout=600)
+    assert got.returncode == 0, got.stderr[-2000:]
+    priced = [x for x in got.stdout.splitlines() if x.startswith("whole sweep (simulated")]
+    assert len(priced) == 1, got.stdout[-3000:]
+    found = re.findall(
+        r"expected total ([\d.,]+) GPU-h \(90%: ([\d.,]+)-([\d.,]+)\), ([\d.,]+) cluster-hours on 8,192", priced[0]
+    )
+    assert found, priced[0]
+    mean, lo, hi, hours = (float(x.replace(",", "")) for x in found[0])
+    assert 0 < lo < mean < hi and hours > 0
+
+
+@pytest.mark.long
 def test_a_real_sweep_starts_with_the_same_block(tmp_path):
     args = sweep_args(
         tmp_path, "priced", "stage.budget.max_runs=2", "policy.schedule.round0_size=2", "stage.budget.price_samples=2"
