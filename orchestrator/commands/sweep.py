@@ -168,19 +168,26 @@ def report(outcome, args, cfg=None, overrides=()) -> int:
     return exit_status(outcome)
 
 
-def source_of(cfg, overrides):
-    """The config and YAML of the stage `cfg`'s stage promotes from, with this command's other overrides (as
-    `sweep +stage=1k ...` before `sweep +stage=8k ...`): the whole sweep's price simulates it first. None when
-    the stage promotes from none, or that config does not compose (the price then runs the stage on its own)."""
-    src = cfg.required_stage().promotes_from
-    if not src:
-        return None
+def sources_of(cfg, overrides) -> tuple:
+    """The configs and YAML of the stages `cfg`'s stage promotes from, root first (16k: 1k, then 8k), with this
+    command's other overrides (as `sweep +stage=1k ...` before `sweep +stage=8k ...`): the whole sweep's price
+    simulates them first. Empty when the stage promotes from none, or a config of the chain does not compose or
+    promotes in a circle (the price then runs the stage on its own)."""
     keep = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != "stage"]
-    try:
-        composed = compose([*keep, f"+stage={src}"])
-    except Exception:  # noqa: BLE001 - an override the source stage refuses: priced standalone
-        return None
-    return composed.cfg, composed.to_yaml()
+    chain: list = []
+    seen = {cfg.required_stage().name}
+    src = cfg.required_stage().promotes_from
+    while src:
+        if src in seen:
+            return ()
+        try:
+            composed = compose([*keep, f"+stage={src}"])
+        except Exception:  # noqa: BLE001 - an override the source stage refuses: priced standalone
+            return ()
+        chain.insert(0, (composed.cfg, composed.to_yaml()))
+        seen.add(src)
+        src = composed.cfg.required_stage().promotes_from
+    return tuple(chain)
 
 
 def run(args, overrides) -> int:
@@ -204,7 +211,7 @@ def run(args, overrides) -> int:
     default_name(cfg)  # an unsafe sweep name too: a refused sweep prints nothing but its error line
     # The price before the spend: a dry run prints it and stops; a sweep prints it first, once its ledger opens.
     n = stage.budget.price_samples
-    pv = preview(cfg, composed.to_yaml(), source_of(cfg, overrides) if n else None, samples=n)
+    pv = preview(cfg, composed.to_yaml(), sources_of(cfg, overrides) if n else (), samples=n)
     price = pv.lines()
     if getattr(args, "dry_run", False):
         from orchestrator.sweep.view import folded

@@ -12,7 +12,7 @@ again).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from orchestrator.core import cost
@@ -80,12 +80,12 @@ class Preview:
 def preview(
     cfg: RootConfig,
     config_yaml: str | None = None,
-    source: tuple[RootConfig, str] | None = None,
+    sources: Sequence[tuple[RootConfig, str]] = (),
     samples: int = 0,
 ) -> Preview:
     """What a new sweep of `cfg` would spend and launch first (nothing is launched or written); with `samples`
-    > 0 and its `config_yaml`, also the whole sweep's simulated price (sweep/price.py; `source`: the config of
-    the stage it promotes from, simulated first)."""
+    > 0 and its `config_yaml`, also the whole sweep's simulated price (sweep/price.py; `sources`: the configs of
+    the stages it promotes from, root first, simulated first)."""
     from orchestrator.ledger.engine import mask
 
     stage = cfg.required_stage()
@@ -122,7 +122,7 @@ def preview(
         if stage.promotes_from
         else ""
     )
-    whole = price(cfg, config_yaml, source, samples=samples) if samples > 0 and config_yaml is not None else None
+    whole = price(cfg, config_yaml, sources, samples=samples) if samples > 0 and config_yaml is not None else None
     # the gate runs once the search stops, on the best measured layouts: priced as the first of round 0's layouts
     # at scale, in the schedule's order (the best rated first)
     scale = after or [p for p in plan.proposals if p.fidelity != Fidelity.PROBE]

@@ -17,8 +17,9 @@ price:
   lognormal factor per surface relative to compute (COMPONENT_SD: the calibration's step factors move components
   apart by tens of percent, which reorders layouts), each layout further off by the residual the search allows an
   unseen layout (search/moves.py PRIOR_SD_FLOOR), each iteration by the run-to-run noise (moves.NOISE_SD).
-A stage that promotes from another (8k from 1k) simulates its source's sweep first on the same surface, as
-`sweep +stage=8k` follows `sweep +stage=1k`; only the stage's own spend is its price.
+A stage that promotes from another (8k from 1k) simulates its sources' sweeps first on the same surface, the
+whole chain root first (16k: 1k, then 8k), as `sweep +stage=8k` follows `sweep +stage=1k`; only the stage's own
+spend is its price.
 
 A drawn surface on which no layout runs at scale is redrawn: a sweep there stops with nothing measured, and its
 few GPU-hours are no price of a decision. The expected total is the mean of the sampled spends. The range is a
@@ -191,26 +192,26 @@ def levels(bias: float, sd: float, n: int) -> list[float]:
 def simulate(
     cfg: RootConfig,
     config_yaml: str,
-    source: tuple[RootConfig, str] | None,
+    sources: Sequence[tuple[RootConfig, str]],
     seed: int,
     folder: Path,
     level: float = 1.0,
 ) -> SweepRun:
-    """One whole sweep of `cfg` on one sampled surface, its steps at `level` x the planner's (after its
-    promotion source's sweep on the same surface, when given)."""
+    """One whole sweep of `cfg` on one sampled surface, its steps at `level` x the planner's, after its promotion
+    sources' sweeps on the same surface (`sources`: the chain of stages it promotes from, root first)."""
     from orchestrator.ledger.ledger import Ledger
 
     st = cfg.required_stage()
     surface = SampledSurface.draw(seed, level)
-    if st.promotes_from and source is None:  # no source to promote from: the stage runs on its own
+    if st.promotes_from and not sources:  # no source to promote from: the stage runs on its own
         cfg = dataclasses.replace(cfg, stage=dataclasses.replace(st, promotes_from=None))
     led = Ledger.open(f"sqlite:///{folder / f'price-{seed}.sqlite'}", create_dir=True)
     try:
-        if cfg.required_stage().promotes_from and source is not None:
-            src_cfg, src_yaml = source
-            src = run_sweep(led, src_cfg, src_yaml, surface, "price-source", src_cfg.required_stage().budget.startup_s)
+        for src_cfg, src_yaml in sources:
+            name = src_cfg.required_stage().name
+            src = run_sweep(led, src_cfg, src_yaml, surface, f"price-{name}", src_cfg.required_stage().budget.startup_s)
             if not measured(src):  # nothing to promote from on this surface: it is redrawn (price())
-                return SweepRun(policy=cfg.policy.name, reason="its source stage measured nothing")
+                return SweepRun(policy=cfg.policy.name, reason=f"its source stage {name} measured nothing")
         return run_sweep(led, cfg, config_yaml, surface, "price", st.budget.startup_s)
     finally:
         led.close()
@@ -219,7 +220,7 @@ def simulate(
 def price(
     cfg: RootConfig,
     config_yaml: str,
-    source: tuple[RootConfig, str] | None = None,
+    sources: Sequence[tuple[RootConfig, str]] = (),
     *,
     samples: int,
     seed: int = SEED,
@@ -232,7 +233,7 @@ def price(
     level = levels(bias, known_sd, samples)
     with tempfile.TemporaryDirectory(prefix="sweep-price-") as tmp:
         for i in range(MAX_DRAWS * samples):  # a redrawn surface keeps the level it was drawn for
-            run = simulate(cfg, config_yaml, source, _rng_seed(seed, i), Path(tmp), level[len(runs)])
+            run = simulate(cfg, config_yaml, sources, _rng_seed(seed, i), Path(tmp), level[len(runs)])
             if measured(run):
                 runs.append(run)
             if len(runs) == samples:

@@ -245,7 +245,7 @@ def run(
                         prices[key] = price(
                             cfg,
                             composed.to_yaml(),
-                            (src.cfg, src.to_yaml()) if src is not None else None,
+                            [(src.cfg, src.to_yaml())] if src is not None else [],
                             samples=price_samples,
                         )
                     pr = prices[key]

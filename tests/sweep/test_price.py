@@ -27,6 +27,21 @@ def test_the_range_holds_the_mean_of_the_simulated_sweeps():
     assert "simulated" in got.line() and f"{got.gpu_hours:,.0f} GPU-h" in got.line()
 
 
+def test_a_stage_two_promotions_deep_simulates_its_whole_chain_first():
+    """16k promotes from 8k, which promotes from 1k: the price simulates 1k, then 8k, then 16k on each surface (a
+    simulated 8k sweep alone finds no 1k sweep to promote from, so a default `sweep +stage=16k --dry-run` failed)."""
+    from orchestrator.commands.sweep import sources_of
+
+    small = ["stage.budget.max_runs=3", "stage.budget.max_rounds=2", "policy.schedule.round0_size=2"]
+    composed = compose(["+stage=16k", *small])
+    chain = sources_of(composed.cfg, ["+stage=16k", *small])
+    assert [c.stage.name for c, _ in chain] == ["1k", "8k"]  # root first
+    assert all(c.stage.budget.max_runs == 3 for c, _ in chain)  # the command's other overrides travel with it
+    got = price(composed.cfg, composed.to_yaml(), chain, samples=1)
+    assert got.gpus == 16384 and len(got.samples) == 1 and got.samples[0] > 0
+    assert sources_of(compose(["+stage=1k"]).cfg, ["+stage=1k"]) == ()
+
+
 def test_the_interval_is_a_point_without_spread_and_widens_with_it():
     assert interval([100.0, 100.0]) == pytest.approx((100.0, 100.0))
     lo, hi = interval([50.0, 200.0])
