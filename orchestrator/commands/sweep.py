@@ -209,25 +209,32 @@ def run(args, overrides) -> int:
         raise UserError(res.why_empty(stage))
     check_workload(cfg)  # a command that cannot start here (preflight-lite on cluster=local) is refused first
     default_name(cfg)  # an unsafe sweep name too: a refused sweep prints nothing but its error line
-    # The price before the spend: a dry run prints it and stops; a sweep prints it first, once its ledger opens.
+    # The price before the spend: a dry run prints it and stops; a sweep prints round 0's block once its ledger
+    # opens, and the whole sweep's simulated price once it knows the sweep is new and the cluster can run it.
     n = stage.budget.price_samples
-    pv = preview(cfg, composed.to_yaml(), sources_of(cfg, overrides) if n else (), samples=n)
-    price = pv.lines()
-    if getattr(args, "dry_run", False):
+    dry = getattr(args, "dry_run", False)
+    pv = preview(cfg, composed.to_yaml(), sources_of(cfg, overrides) if n and dry else (), samples=n if dry else 0)
+    if dry:
         from orchestrator.sweep.view import folded
 
-        print("\n".join(part for line in price for part in folded(line)))  # the lines a sweep starts with
+        print("\n".join(part for line in pv.lines() for part in folded(line)))  # the lines a sweep starts with
         print("dry run: nothing launched, nothing written (drop --dry-run to run the sweep)")
         return 0
+
+    def whole():
+        from orchestrator.sweep.price import price
+
+        return price(cfg, composed.to_yaml(), sources_of(cfg, overrides), samples=n) if n else None
+
     view = View(live=False) if args.plain else View()
     outcome = run_sweep(
         composed.cfg,
         composed.to_yaml(),
         options=options(args),
         view=view,
-        preface=price,
+        preface=pv.lines(),
         resume=lambda name: resume_command(name, overrides),
-        price=pv.whole.to_dict() if pv.whole is not None else None,
+        price=whole,
         runnable=lambda: runnable_fix(NAME, overrides),
     )
     return report(outcome, args, cfg, overrides)

@@ -27,6 +27,7 @@ from orchestrator.ledger.ledger import Ledger, SweepRow
 from orchestrator.runspec import check_workload
 from orchestrator.sweep.loop import Driver, Options, Outcome
 from orchestrator.sweep.preview import same_stage
+from orchestrator.sweep.price import SweepPrice
 from orchestrator.sweep.setup import default_name, preflight_gate, provenance
 from orchestrator.sweep.view import View
 
@@ -116,16 +117,17 @@ def run_sweep(
     launcher=None,
     preface: Sequence[str] = (),
     resume: Callable[[str], str] = plain_resume,
-    price: dict | None = None,
+    price: Callable[[], SweepPrice | None] | None = None,
     runnable: Callable[[], str] = lambda: "",
 ) -> Outcome:
     """Create the sweep (or continue the one with this name) and drive it to its end. `preface`: the lines said
     first, once the ledger is open (the price before the spend, orchestrator/sweep/preview.py), and for a new
     sweep what another sweep of its stage already spent (`preview.same_stage`). `resume(name)`: the command that
-    continues a sweep, with the ledger it was given (after a stop from outside: `carry_on`). `price`: the whole
-    sweep's simulated price (sweep/price.SweepPrice.to_dict), kept in a new sweep's provenance for `status` and
-    the report. `runnable()`: the command that runs where the cluster refuses the stage's size, asked only then
-    (orchestrator/config `runnable_fix`, with the command's overrides)."""
+    continues a sweep, with the ledger it was given (after a stop from outside: `carry_on`). `price()`: the whole
+    sweep's simulated price (sweep/price.py), asked only for a new sweep the cluster can run (tens of CPU-seconds:
+    a refused or continued sweep does not wait for it), said after the preface and kept in the sweep's provenance
+    for `status` and the report. `runnable()`: the command that runs where the cluster refuses the stage's size,
+    asked only then (orchestrator/config `runnable_fix`, with the command's overrides)."""
     if cfg.stage is None:
         raise UserError("no stage given: add +stage=NAME (e.g. +stage=1k)")
     view = view or View()
@@ -134,6 +136,7 @@ def run_sweep(
     with Ledger.from_config(cfg.ledger, create=True) as ledger, view:
         for line in preface:
             view.event(line)
+        whole = None
         if ledger.get_sweep(name) is None:  # a new sweep: one the cluster can never run is refused unwritten
             for line in same_stage(ledger, cfg, name, resume):
                 view.event(line)
@@ -143,6 +146,9 @@ def run_sweep(
             except Unrunnable as exc:
                 fix = runnable()
                 raise Unrunnable(f"{exc}; this runs there: {fix}" if fix else str(exc)) from None
+            whole = price() if price is not None else None
+            if whole is not None:
+                view.event(whole.line())
         sweep = ledger.create_or_get_sweep(
             name,
             stage=cfg.stage.name,
@@ -150,7 +156,7 @@ def run_sweep(
             model=cfg.model.name,
             hardware=cfg.hardware.name,
             workload=cfg.workload.name,
-            provenance={**provenance(cfg), **({"price": price} if price else {})},
+            provenance={**provenance(cfg), **({"price": whole.to_dict()} if whole is not None else {})},
         )
         view.event(
             f"sweep {name} (stage {cfg.stage.name}, N={cfg.stage.gpus}, model {cfg.model.name}, "
@@ -299,7 +305,6 @@ def resume_sweep(
     view: View | None = None,
     launcher=None,
     resume: Callable[[str], str] = plain_resume,
-    price: dict | None = None,
     runnable: Callable[[], str] = lambda: "",
 ) -> Outcome:
     """Take the lease and continue a sweep from its stored config and ledger rows (`overrides`: the command

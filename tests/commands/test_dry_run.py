@@ -82,6 +82,7 @@ def test_dry_run_at_8k_prices_the_parity_gate_on_by_default(tmp_path):
     from orchestrator.sweep import finalists
 
     args = ["+stage=8k", f"ledger.url={ledger_url(tmp_path)}", f"cluster.folder={tmp_path / 'runs'}"]
+    args.append("stage.budget.price_samples=0")  # the whole sweep's price: its own tests below
     got = cli("sweep", *args, "--dry-run", timeout=300)
     assert got.returncode == 0, got.stderr[-2000:]
     line = re.search(
@@ -122,7 +123,7 @@ def test_a_plain_8k_dry_run_prices_the_whole_sweep(tmp_path):
     """Issue 48's check, as a user types it: `sweep +stage=8k --dry-run` with no price setting prints the whole
     sweep's expected total and 90% range (the schema's default samples, the 1k source simulated first on each)."""
     assert compose(["+stage=8k"]).cfg.stage.budget.price_samples > 0  # the default prices; no override below
-    got = cli("sweep", "+stage=8k", "--dry-run", timeout=600)
+    got = cli("sweep", "+stage=8k", "--dry-run", timeout=1800)
     assert got.returncode == 0, got.stderr[-2000:]
     priced = [x for x in got.stdout.splitlines() if x.startswith("whole sweep (simulated")]
     assert len(priced) == 1, got.stdout[-3000:]
@@ -144,9 +145,13 @@ def test_a_real_sweep_starts_with_the_same_block(tmp_path):
     real = cli("sweep", *args, "--plain")
     assert real.returncode == 0, real.stderr[-2000:]
     block = dry.stdout.splitlines()[:-1]  # all but the dry run's last line
-    assert real.stdout.splitlines()[: len(block)] == block
     priced = [x for x in block if x.startswith("whole sweep (simulated")]
-    assert len(priced) == 1, block
+    assert len(priced) == 1 and block[-1] == priced[0], block
+    # the sweep says round 0's block first, then (once it knows the sweep is new and the cluster can run it, the
+    # cluster's line said) the same whole-sweep price, before it submits anything
+    lines = real.stdout.splitlines()
+    assert lines[: len(block) - 1] == block[:-1]
+    assert lines.index(priced[0]) < next(n for n, line in enumerate(lines) if line.startswith("submitted "))
     mean, lo, hi = (
         float(x.replace(",", ""))
         for x in re.findall(r"total ([\d.,]+) GPU-h \(90%: ([\d.,e-]+)-([\d.,e-]+)\)", priced[0])[0]

@@ -42,6 +42,35 @@ def test_a_stage_two_promotions_deep_simulates_its_whole_chain_first():
     assert sources_of(compose(["+stage=1k"]).cfg, ["+stage=1k"]) == ()
 
 
+@pytest.mark.long
+def test_a_sweep_prices_itself_once_when_it_is_new_and_runnable(tmp_path, capsys):
+    """A sweep's whole price (tens of CPU-seconds at scale) is asked once the sweep is known new and the cluster can
+    run it: said before anything is submitted and kept in its provenance; running the same sweep again (it
+    continues, already priced) does not simulate it again."""
+    from orchestrator.cli import main
+    from orchestrator.ledger.ledger import Ledger
+    from tests.sweeplib import UNCUT, ledger_url, sweep_args
+
+    args = sweep_args(
+        tmp_path,
+        "p",
+        "policy.schedule.round0_size=2",
+        "stage.budget.max_rounds=1",
+        UNCUT,
+        "stage.budget.price_samples=1",
+    )
+    assert main(["sweep", *args, "--plain"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    priced = [n for n, line in enumerate(out) if line.startswith("whole sweep (simulated")]
+    assert len(priced) == 1 and priced[0] < next(n for n, line in enumerate(out) if line.startswith("submitted "))
+    with Ledger.open(ledger_url(tmp_path)) as led:
+        stored = led.get_sweep("p").provenance["price"]
+    assert stored["gpu_hours"] > 0 and len(stored["samples"]) == 1
+    main(["sweep", *args, "--plain"])
+    again = capsys.readouterr().out
+    assert "sweep p " in again and "whole sweep (simulated" not in again, again[-2000:]
+
+
 def test_the_interval_is_a_point_without_spread_and_widens_with_it():
     assert interval([100.0, 100.0]) == pytest.approx((100.0, 100.0))
     lo, hi = interval([50.0, 200.0])
