@@ -463,7 +463,9 @@ class _Env:
 
 @dataclass
 class _Leaf:
-    """A layout every calibration-free rule passed, with its raw memory model (per rank, heaviest, terms)."""
+    """A layout every calibration-free rule passed, with its raw memory model (per rank, heaviest, terms). Kept
+    across plans: `predict` sets its ctx's memory_gb to the calibration at hand just before the memory rule reads
+    it (planning runs on one thread; the lease's heartbeat thread plans nothing)."""
 
     ctx: R.Ctx
     mems: list[StageMemory]
