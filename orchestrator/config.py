@@ -220,7 +220,9 @@ def register_schema() -> None:
     restates, and a YAML key the schema lacks fails at composition."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name=SCHEMA, node=RootConfig)
+    store = ConfigStore.instance()
+    if f"{SCHEMA}.yaml" not in store.repo:  # once a process: Hydra deep-copies the stored node on every load
+        store.store(name=SCHEMA, node=RootConfig)
 
 
 def compose(overrides: Sequence[str] = (), *, require_stage: bool = False, command: str = "plan") -> Composed:

@@ -16,14 +16,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, DBAPIError, NoSuchModuleError
@@ -31,9 +26,18 @@ from sqlalchemy.exc import ArgumentError, DatabaseError, DBAPIError, NoSuchModul
 from orchestrator.core.redact import redact
 from orchestrator.ledger.errors import LedgerError
 
+if TYPE_CHECKING:  # alembic is imported only to migrate or to read a ledger not at HEAD (HEAD below)
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
 log = logging.getLogger("db")
 HERE = Path(__file__).resolve().parent
 SUPPORTED = ("sqlite", "postgresql")
+# The revision orchestrator/ledger/migrations ends at. A ledger stored at it opens without importing alembic (a
+# fifth of a second in every CLI process and job, with mako and pygments); tests/ledger/test_db_migrations.py holds
+# it equal to alembic's own head, so a new migration that forgets it fails there.
+HEAD = "0013"
+VERSION_TABLE = "alembic_version"  # alembic's default, which migrations/env.py keeps
 ENV_PREFIX = "env:"
 
 
@@ -357,6 +361,8 @@ def write_engine(engine: Engine) -> Engine:
 def alembic_config(engine: Engine | None = None, connection: Connection | None = None) -> Config:
     """Config for orchestrator/ledger/alembic.ini; the engine travels in attributes so no URL goes through ini
     parsing."""
+    from alembic.config import Config
+
     cfg = Config(str(HERE / "alembic.ini"))
     cfg.set_main_option("script_location", str(HERE / "migrations"))
     cfg.attributes["engine"] = engine
@@ -365,6 +371,8 @@ def alembic_config(engine: Engine | None = None, connection: Connection | None =
 
 
 def script_directory() -> ScriptDirectory:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config())
 
 
@@ -391,12 +399,19 @@ class SchemaState:
 
 
 def schema_state(engine: Engine) -> SchemaState:
-    """Read the database's revision; raise LedgerError when it is newer than this code."""
+    """Read the database's revision; raise LedgerError when it is newer than this code. A ledger at HEAD is read
+    with one SELECT; any other revision (or none) is checked against alembic's scripts."""
     with connect(engine) as conn:
         try:
-            ctx = MigrationContext.configure(conn)
-            heads = ctx.get_current_heads()
-            has_tables = bool(inspect(conn).get_table_names())
+            names = inspect(conn).get_table_names()
+            if VERSION_TABLE in names:
+                stored = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+                if stored == [HEAD]:
+                    return SchemaState(current=HEAD, head=HEAD, has_tables=True)
+            from alembic.runtime.migration import MigrationContext
+
+            heads = MigrationContext.configure(conn).get_current_heads()
+            has_tables = bool(names)
         except DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
             detail = scrub(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc), engine.url)
             raise LedgerError(
@@ -452,6 +467,9 @@ def _migration_lock(engine: Engine) -> Iterator[None]:
 
 def upgrade(engine: Engine, revision: str = "head") -> SchemaState:
     """Upgrade to `revision` under a lock, so eight processes opening a fresh file do it once."""
+    from alembic import command
+    from alembic.util import CommandError
+
     with _migration_lock(engine):
         state = schema_state(engine)
         if state.current != revision and not (revision == "head" and state.up_to_date):

@@ -26,6 +26,37 @@ def test_at_least_two_revisions_in_a_line():
     assert len(revs) >= 2 and revs[-1] == E.head_revision()
 
 
+def test_the_fast_path_head_is_alembics_head():
+    """A new migration must move engine.HEAD with it: a ledger at the old HEAD would otherwise skip the check
+    against alembic's scripts and open without being upgraded."""
+    assert E.head_revision() == E.HEAD
+
+
+def test_a_ledger_at_head_opens_without_alembic_and_any_other_revision_with_it(ledger_url):
+    """Opening a ledger at HEAD reads its revision with one SELECT, in a fresh process with no alembic imported;
+    one a revision behind is found behind (alembic's check) and upgraded."""
+    import subprocess
+    import sys
+
+    eng = E.make_engine(ledger_url)
+    try:
+        previous = revisions()[-2]
+        E.upgrade(eng, previous)
+        behind = E.schema_state(eng)
+        assert (behind.current, behind.up_to_date, behind.has_tables) == (previous, False, True)
+        assert E.upgrade(eng).current == E.HEAD
+    finally:
+        eng.dispose()
+    probe = (
+        "import sys\n"
+        "from orchestrator.ledger import engine as E\n"
+        f"state = E.schema_state(E.make_engine({ledger_url!r}))\n"
+        "print(state.current, state.up_to_date, 'alembic' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == [E.HEAD, "True", "False"]
+
+
 def test_upgrade_from_previous_revision_keeps_data(ledger_url):
     previous = revisions()[-2]
     eng = E.make_engine(ledger_url)
