@@ -31,6 +31,9 @@ def make_spec(cfg, planned, job_dir: Path, **twin):
 
 def test_finished_job(smoke, tmp_path):
     cfg, (planned, *_) = smoke
+    # a warm-up past the twin's start-up transient (3x at iteration 1, +3.7% at 5, +0.5% at 7: truth.step_times),
+    # so where it settles depends on reading the warm-up's lines, not on the noise draw of iteration 5 or 6
+    cfg = dataclasses.replace(cfg, stage=dataclasses.replace(cfg.stage, warmup_iters=8))
     spec = make_spec(cfg, planned, tmp_path / "job")
     run_task(spec)
     res = collect(spec.job_dir, exit_code=0)
