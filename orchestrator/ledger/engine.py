@@ -33,9 +33,9 @@ if TYPE_CHECKING:  # alembic is imported only to migrate or to read a ledger not
 log = logging.getLogger("db")
 HERE = Path(__file__).resolve().parent
 SUPPORTED = ("sqlite", "postgresql")
-# The revision orchestrator/ledger/migrations ends at. A ledger stored at it opens without importing alembic (a
-# fifth of a second in every CLI process and job, with mako and pygments); tests/ledger/test_db_migrations.py holds
-# it equal to alembic's own head, so a new migration that forgets it fails there.
+# The revision orchestrator/ledger/migrations ends at. A ledger stored at it opens without importing alembic (and
+# mako and pygments with it) in every CLI process; tests/ledger/test_db_migrations.py holds it equal to alembic's
+# own head, so a new migration that forgets it fails there.
 HEAD = "0013"
 VERSION_TABLE = "alembic_version"  # alembic's default, which migrations/env.py keeps
 ENV_PREFIX = "env:"
