@@ -113,6 +113,11 @@ class Row:
     cuda_graph_scope: tuple[str, ...] = ()
     notes: str = ""  # what the recipe sets that the row's columns do not say
 
+    @property
+    def full_graph(self) -> bool:
+        """The row's step ran as one CUDA graph: no host wait per MoE layer (steptime.host_wait)."""
+        return self.cuda_graph_impl == "full_iteration"
+
     def layout(self) -> Layout:
         name, _, backend = self.dispatcher.partition(":")
         return Layout(
@@ -329,7 +334,7 @@ def nvidias_layout(row: Row) -> Planned:
     lay = row.layout()
     own = evaluate(
         model, hw, row_stage(row, model, hw), lay, check_memory=False, routing_sigma=FORCE_BALANCED,
-        recipe=row_recipe(row),
+        recipe=row_recipe(row), full_graph=row.full_graph,
     )  # fmt: skip
     if isinstance(own, Rejected):
         raise UserError(f"{row.source}: NVIDIA's layout {lay.short()} breaks {', '.join(own.rule_ids)}")
@@ -344,7 +349,7 @@ def predict(row: Row) -> Result:
     recipe = row_recipe(row)
     own = nvidias_layout(row)
     mem_ok = own.prediction.feasible
-    result = plan(model, hw, stage, routing_sigma=FORCE_BALANCED, recipe=recipe)
+    result = plan(model, hw, stage, routing_sigma=FORCE_BALANCED, recipe=recipe, full_graph=row.full_graph)
     times = [p.prediction.step_time_s for p in result.candidates if p.layout != lay]
     t = own.prediction.step_time_s
     best: Planned | None = result.candidates[0] if result.candidates else None

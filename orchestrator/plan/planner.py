@@ -150,9 +150,14 @@ _TABLES_KEPT = 4
 
 
 def _tables_for(
-    model: ModelConfig, hw: HardwareConfig, stage: StageConfig, recipe: RecipeConfig, routing_sigma: float
+    model: ModelConfig,
+    hw: HardwareConfig,
+    stage: StageConfig,
+    recipe: RecipeConfig,
+    routing_sigma: float,
+    full_graph: bool = False,
 ) -> _Tables:
-    key = (repr(model), repr(hw), repr(stage), repr(recipe), repr(routing_sigma))
+    key = (repr(model), repr(hw), repr(stage), repr(recipe), repr(routing_sigma), repr(full_graph))
     hit = _TABLES.get(key)
     if hit is None:
         hit = _TABLES[key] = _Tables()
@@ -177,15 +182,16 @@ class _Env:
         workload: str,
         recipe: RecipeConfig | None = None,
         routing_sigma: float = memory.DEFAULT_ROUTING_SIGMA,
+        full_graph: bool = False,
     ):
         self.model, self.hw, self.stage = model, hw, stage
-        self.routing_sigma = routing_sigma
+        self.routing_sigma, self.full_graph = routing_sigma, full_graph
         self.factors, self.memory_factor, self.workload = factors, memory_factor, workload
         self.recipe = recipe or argv_mod.DEFAULT_RECIPE
         self.rules = R.active(stage)  # every rule but those stage.lifted_rules lifts
         self.blocks = params.effective_layers(model, stage)
         self.domain = ranks.allocated_domain(hw.gpus_per_nvlink_domain, hw.gpus_per_node)
-        t = _tables_for(model, hw, stage, self.recipe, routing_sigma)
+        t = _tables_for(model, hw, stage, self.recipe, routing_sigma, full_graph)
         self._split, self._spans, self._moe, self._argv_memo = t.split, t.spans, t.moe, t.argv_memo
         self._flops, self._mem, self._terms, self._groups = t.flops, t.mem, t.terms, t.groups
         self._steps = t.steps
@@ -429,6 +435,7 @@ class _Env:
                 routing_sigma=self.routing_sigma,
                 ep_domains=ep_domains,
                 cp_domains=cp_domains,
+                full_graph=self.full_graph,
             )
         st = steptime.calibrated(raw, self.factors)
         fl = self.step_flops(lay)
@@ -490,6 +497,7 @@ def evaluate(
     check_memory: bool = True,
     recipe: RecipeConfig | None = None,
     routing_sigma: float = memory.DEFAULT_ROUTING_SIGMA,
+    full_graph: bool = False,
 ) -> Planned | Rejected:
     """Check one layout against every rule and, if legal, predict it. Used by the policy and the twin.
 
@@ -497,8 +505,9 @@ def evaluate(
     over HBM too); the Planned then says `feasible=False` when it does not fit. recipe: the workload's
     training recipe (None: its defaults); its flags and overlaps feed the argv rules and the step time.
     routing_sigma: the per-expert load spread the memory and step-time models assume (0: force-balanced routing,
-    as Megatron-Bridge's published benchmarks run)."""
-    env = _Env(model, hw, stage, factors, memory_factor, workload, recipe, routing_sigma)
+    as Megatron-Bridge's published benchmarks run). full_graph: the step runs as one CUDA graph (steptime.step_time:
+    validate's rows that ran one; argv never emits it)."""
+    env = _Env(model, hw, stage, factors, memory_factor, workload, recipe, routing_sigma, full_graph)
     res = env.verdict(layout, check_memory=check_memory)
     if check_memory and isinstance(res, Planned) and _offload_not_needed(env, layout):
         return Rejected(layout, [R.OFFLOAD_NOT_NEEDED], res.prediction.memory_gb)
@@ -622,11 +631,12 @@ def plan(
     workload: str = "",
     recipe: RecipeConfig | None = None,
     routing_sigma: float = memory.DEFAULT_ROUTING_SIGMA,
+    full_graph: bool = False,
 ) -> PlanResult:
-    """Every layout of stage.search: the feasible ones ranked, the rest rejected with rule ids. recipe and
-    routing_sigma: as in evaluate()."""
+    """Every layout of stage.search: the feasible ones ranked, the rest rejected with rule ids. recipe,
+    routing_sigma and full_graph: as in evaluate()."""
     t0 = time.perf_counter()
-    env = _Env(model, hw, stage, factors, memory_factor, workload, recipe, routing_sigma)
+    env = _Env(model, hw, stage, factors, memory_factor, workload, recipe, routing_sigma, full_graph)
     values = space.knob_values(stage.search, env.recipe)
     walk, cut, leaves = env.walked(values)
     _, mem_rules = _late_rules(env.rules)

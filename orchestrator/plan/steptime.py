@@ -38,6 +38,14 @@ Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's
                every token), / a2a_efficiency, x (1 - a2a_overlap); with the recipe's EP A2A overlap
                (--overlap-moe-expert-parallel-comm, argv.overlaps) only what outlasts the rank's compute,
                max(0, a2a - compute), stays exposed.
+               Plus, per dropless MoE layer and microbatch (twice when the MoE layer is recomputed, which
+               dispatches again), the dispatcher's host wait MOE_HOST_WAIT_S, which no overlap hides: a dropless
+               dispatcher sizes its buffers from token counts the host reads from the GPU, so the host stops at
+               each MoE layer and launches the rest of the layer while the GPU waits (dev d98e8a64
+               megatron/core/transformer/moe/token_dispatcher.py:1171-1175, tokens_per_expert.sum() "(CPU sync)";
+               the alltoall dispatcher's d2h copy of its splits). Nothing waits with a capacity factor (static
+               shapes) or with one CUDA graph per step (step_time's full_graph: validate's full-iteration rows;
+               argv never emits one).
   cp_exchange  CP > 1: each block gathers the other CP ranks' compressed KV (and CSA indexer keys)
                plus a window of boundary rows, fwd + bwd, over NVLink if the CP group stays in one NVLink
                domain (cp_domains; cp_nodes without domains) else the NIC; on the GPT path (mla, gqa) ring
@@ -110,6 +118,16 @@ EXPERT_GEMM_HALF_TOKENS = 256.0  # tokens per expert at which grouped GEMM reach
 # Fitted on DeepGEMM's dense FP8 table (tests/fixtures/kernel_tables.json, H800, the M 4,096 rows: least squares of
 # log TFLOP/s over K / (K + K0) with a free plateau gives K0 411; tests/plan/test_kernel_tables.py recomputes it).
 GEMM_HALF_K = 410.0
+# Exposed host seconds per dropless MoE layer per microbatch dispatch, by dispatcher (docs/validate.md "Ninth
+# pass": each derived from public measurements, none fitted; tests/plan/test_host_wait.py re-derives both).
+# alltoall (and allgather, which reads its counts with .cpu()): NVIDIA's pair of Qwen3-30B-A3B rows on 8 B200
+# (x86 hosts), EP8 MBS1, the same layout dropless with per-layer router graphs (25.11: 9,299 tokens/s/GPU)
+# and token-drop with whole-layer graphs (25.09: 18,066), the step's difference over 64 microbatches x 48 MoE
+# layers. flex (DeepEP, HybridEP): NVIDIA's DeepSeek-V3 GB200 guide (Megatron-LM eb0783b6
+# docs/discussions/deepseek-v3-gb200-optimization/deepseek-v3-gb200-optimization.md:228): removing the sync to
+# graph the whole step is worth "at least a 10% additional performance gain" on its 970 TFLOP/s run (HybridEP,
+# attention, router, preprocess and shared expert already graphed), 64 microbatches x 8 MoE layers per rank.
+MOE_HOST_WAIT_S = {"alltoall": 4.45e-3, "allgather": 4.45e-3, "flex": 1.56e-3}
 P2P_EXPOSED_WITH_VPP = 0.5  # share of PP p2p left on the critical path with interleaving (overlap on)
 # Memory-bound work a step cannot avoid (norms, activations, RoPE, permutations, casts): per activation element a
 # block keeps (memory.block_activation_elems) its producer writes it and its consumer reads it forward, backward
@@ -394,11 +412,14 @@ def step_time(
     recipe: RecipeConfig | None = None,
     ep_domains: int | None = None,
     cp_domains: int | None = None,
+    full_graph: bool = False,
 ) -> StepTime:
     """Predicted step time of `layout` (see the module docstring for every formula). recipe: the workload's
     training recipe (None: RecipeConfig's defaults), which decides what grad sync overlaps. ep_domains /
     cp_domains: NVLink domains one EP / CP group spans (ranks.domain_spans; None: as many as its nodes, a
-    HybridEP group that fits hardware.gpus_per_nvlink_domain counting as one)."""
+    HybridEP group that fits hardware.gpus_per_nvlink_domain counting as one). full_graph: the step runs as one
+    CUDA graph (Megatron's --cuda-graph-impl full_iteration, which validate's published rows name; argv never
+    emits it), so no host wait."""
     recipe = recipe or DEFAULT_RECIPE
     _check_factors(factors)
     pp, vpp, tp, cp, ep, etp, b = layout.pp, layout.vpp, layout.tp, layout.cp, layout.ep, layout.etp, layout.mbs
@@ -460,6 +481,7 @@ def step_time(
     shared_rows = SHARED_ADD_ROWS if model.moe_shared_expert_intermediate_size else 0.0
     again = redispatches(layout.recompute)
     perm_rows = (src_rows + exp_rows * skew) * (3.0 if again else 2.0) + shared_rows * (2.0 if again else 1.0)
+    host_waits = host_wait(layout, again, full_graph)
     offloaded = _offloaded_per_rank(model, n, layout, bps)
     host_bw = hw.host_link_gb_s * 1e9 * hw.host_link_efficiency
     for r, (g, ex, at, rc, cps, cpf, moe_layers, dense_p, routed_p, act, colls, resid) in enumerate(sums):
@@ -486,6 +508,7 @@ def step_time(
         a2a = moe_layers * a2a_layer
         if a2a_hidden:  # 1F1B A2A overlap: dispatch/combine run under the other microbatch's compute
             a2a = max(0.0, a2a - compute)
+        a2a += moe_layers * host_waits
         cpx = 2 * ((cp - 1) / cp * b * S * cps + cpf) / cp_bw if cp > 1 else 0.0
         off_d, off_e = offloaded[r]
         copy_s = t / tp * (off_d + off_e * skew) * ACT_BYTES / host_bw
@@ -513,6 +536,16 @@ def step_time(
         total_s=sum(comp.values()), components=comp, slowest_stage=slow, stage_times_s=tuple(totals), probe_s=probe
     )
     return calibrated(raw, factors)
+
+
+def host_wait(layout: Layout, again: bool, full_graph: bool = False) -> float:
+    """Exposed host seconds per MoE layer per microbatch: the dropless dispatcher's sync (MOE_HOST_WAIT_S), once
+    per dispatch (again: the recomputed MoE layer dispatches a second time); none with a capacity factor or one
+    CUDA graph per step. NCCL-EP runs with a rank capacity factor (argv emits --moe-expert-rank-capacity-factor
+    for it): a fixed receive buffer, static shapes (dev token_dispatcher.py:1486-1488), so no wait either."""
+    if layout.capacity_factor is not None or full_graph or layout.flex_backend == "ncclep":
+        return 0.0
+    return MOE_HOST_WAIT_S[layout.dispatcher] * (2.0 if again else 1.0)
 
 
 def _check_factors(factors: Mapping[str, float] | None) -> None:

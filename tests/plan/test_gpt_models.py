@@ -319,7 +319,7 @@ def test_every_microbatch_adds_its_weight_gradients_into_the_main_grads():
     # m = 256 microbatches, at most 12 of the 94 layers on a PP8 rank, 2 B less read and written per routed param
     routed_layer = m.num_experts * 3 * m.hidden_size * m.moe_ffn_hidden_size
     most = 256 * 12 * routed_layer * 4 / (hw.hbm_gb_s * 1e9)
-    assert most / 2 < saved <= most
+    assert most / 2 < saved <= most * (1 + 1e-12)  # equal to the bound where every routed param is local
     assert compute(ep32, "fp32") == compute(ep32, "bf16")
 
 

@@ -377,7 +377,9 @@ def test_unknown_factor_is_an_error():
 
 
 def test_step_time_reacts_to_the_guides_levers():
-    base = Layout(pp=8, ep=64, cp=4, recompute=("full",))
+    # the all-to-all's own levers, with the padded dispatcher: no host wait (steptime.host_wait; its own tests in
+    # tests/plan/test_host_wait.py), which no link or overlap changes
+    base = Layout(pp=8, ep=64, cp=4, recompute=("full",), capacity_factor=1.0)
     _, _, _, t = predict(base)
     # no CP: no CP exchange; CP>1: some
     assert predict(dataclasses.replace(base, cp=1))[3].components["cp_exchange"] == 0
