@@ -42,10 +42,10 @@ Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's
                dispatches again), the dispatcher's host wait MOE_HOST_WAIT_S, which no overlap hides: a dropless
                dispatcher sizes its buffers from token counts the host reads from the GPU, so the host stops at
                each MoE layer and launches the rest of the layer while the GPU waits (dev d98e8a64
-               megatron/core/transformer/moe/token_dispatcher.py:1171-1175, tokens_per_expert.sum() "(CPU sync)";
-               the alltoall dispatcher's d2h copy of its splits). Nothing waits with a capacity factor (static
-               shapes) or with one CUDA graph per step (step_time's full_graph: validate's full-iteration rows;
-               argv never emits one).
+               megatron/core/transformer/moe/token_dispatcher.py:1173-1178, tokens_per_expert.sum() "(CPU sync)";
+               the alltoall dispatcher waits on the d2h copy of its splits, :954-958). Nothing waits with a
+               capacity factor (static shapes), with NCCL-EP's fixed receive buffer or with one CUDA graph per
+               step (step_time's full_graph: validate's full-iteration rows; argv never emits one).
   cp_exchange  CP > 1: each block gathers the other CP ranks' compressed KV (and CSA indexer keys)
                plus a window of boundary rows, fwd + bwd, over NVLink if the CP group stays in one NVLink
                domain (cp_domains; cp_nodes without domains) else the NIC; on the GPT path (mla, gqa) ring
