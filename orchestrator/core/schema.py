@@ -179,8 +179,8 @@ class BudgetConfig:
     # own layouts on `validate`'s fit rows (the 36 rows of 26.02 and 25.11, every system; the held-out rows never
     # read): their geometric mean and log-sd (`validate` prints both; tests/commands/test_validate.py checks these).
     # The planner runs fast. A cluster that measured its own sets them; 1.0 and 0.0 centre the price on the planner.
-    price_step_bias: float = ranged(1.11, gt=0)
-    price_step_sd: float = ranged(0.26, 0)
+    price_step_bias: float = ranged(1.10, gt=0)
+    price_step_sd: float = ranged(0.25, 0)
 
 
 @dataclass

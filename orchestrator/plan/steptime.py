@@ -36,8 +36,8 @@ Per microbatch and GPU on PP rank r (t = b S / CP tokens; blocks from the rank's
                (1 - 1/ep_nodes) over the NIC; flex dispatchers send a token once per remote node;
                allgather moves the whole group's tokens; x skew (not for allgather: every rank gets
                every token), / a2a_efficiency, x (1 - a2a_overlap); with the recipe's EP A2A overlap
-               (--overlap-moe-expert-parallel-comm, argv.overlaps) only what outlasts the rank's compute,
-               max(0, a2a - compute), stays exposed.
+               (--overlap-moe-expert-parallel-comm, argv.overlaps) EP_OVERLAP_HIDDEN of it runs under the rank's
+               compute (at most all of the compute): a2a - min(compute, EP_OVERLAP_HIDDEN x a2a) stays exposed.
                Plus, per dropless MoE layer and microbatch (twice when the MoE layer is recomputed, which
                dispatches again), the dispatcher's host wait MOE_HOST_WAIT_S, which no overlap hides: a dropless
                dispatcher sizes its buffers from token counts the host reads from the GPU, so the host stops at
@@ -128,6 +128,11 @@ GEMM_HALF_K = 410.0
 # graph the whole step is worth "at least a 10% additional performance gain" on its 970 TFLOP/s run (HybridEP,
 # attention, router, preprocess and shared expert already graphed), 64 microbatches x 8 MoE layers per rank.
 MOE_HOST_WAIT_S = {"alltoall": 4.45e-3, "allgather": 4.45e-3, "flex": 1.56e-3}
+# Share of the EP communication that Megatron's 1F1B A2A overlap runs under compute: NVIDIA's matched Nsight
+# comparison (Megatron-Bridge 067f987d skills/nemo-mbridge-perf-expert-parallel-overlap/SKILL.md, "HybridEP
+# Production-Shape Benchmark": Qwen3-30B-A3B on 16 H100, EP16, HybridEP, MBS1, overlap on): 3,959 ms of
+# communication concurrent with GEMM and attention, 36.55% of it (0.11% with overlap off). Not fitted.
+EP_OVERLAP_HIDDEN = 0.3655
 P2P_EXPOSED_WITH_VPP = 0.5  # share of PP p2p left on the critical path with interleaving (overlap on)
 # Memory-bound work a step cannot avoid (norms, activations, RoPE, permutations, casts): per activation element a
 # block keeps (memory.block_activation_elems) its producer writes it and its consumer reads it forward, backward
@@ -506,8 +511,8 @@ def step_time(
             + max(0.0, routed_p / (ep * etp) * grad_rw / hbm - expert_pass)
         )
         a2a = moe_layers * a2a_layer
-        if a2a_hidden:  # 1F1B A2A overlap: dispatch/combine run under the other microbatch's compute
-            a2a = max(0.0, a2a - compute)
+        if a2a_hidden:  # 1F1B A2A overlap: a share of dispatch/combine runs under the other microbatch's compute
+            a2a -= min(compute, EP_OVERLAP_HIDDEN * a2a)
         a2a += moe_layers * host_waits
         cpx = 2 * ((cp - 1) / cp * b * S * cps + cpf) / cp_bw if cp > 1 else 0.0
         off_d, off_e = offloaded[r]

@@ -13,7 +13,7 @@ from orchestrator.config import compose
 from orchestrator.core.schema import StageConfig
 from orchestrator.job import megatron_check as MC
 from orchestrator.plan import argv as A
-from orchestrator.plan import flops, params, ranks
+from orchestrator.plan import flops, params, planner, ranks, steptime
 from orchestrator.plan.layout import Layout
 from orchestrator.plan.planner import Planned, Rejected, evaluate
 
@@ -204,14 +204,22 @@ def test_each_precision_runs_at_its_own_peak():
     assert isinstance(rejected, Rejected) and "mcore.precision_on_hardware" in rejected.rule_ids
 
 
-def test_ep_overlap_hides_the_all_to_all_up_to_the_compute_and_tp_costs_collectives():
+def test_ep_overlap_hides_its_measured_share_of_the_all_to_all_and_tp_costs_collectives(monkeypatch):
+    """With --overlap-moe-expert-parallel-comm, steptime.EP_OVERLAP_HIDDEN of the all-to-all runs under the compute
+    (NVIDIA's Nsight comparison), never more than the compute; the dropless host wait stays exposed (measured here
+    without it: steptime.MOE_HOST_WAIT_S at 0)."""
+    for d in list(steptime.MOE_HOST_WAIT_S):
+        monkeypatch.setitem(steptime.MOE_HOST_WAIT_S, d, 0.0)
+    monkeypatch.setattr(planner, "_TABLES", type(planner._TABLES)())  # no step a test before kept with the wait
     m, hw = model("dsv3"), hardware("h100")
     stage = _stage(gpus=1024, global_batch=8192)
-    lay = Layout(tp=2, ep=64, recompute=("mla_up_proj", "mlp"))  # one PP rank: exposed = max(0, a2a - compute)
+    lay = Layout(tp=2, ep=64, recompute=("mla_up_proj", "mlp"))  # one PP rank: its a2a and compute are the step's
     plain = evaluate(m, hw, stage, lay, check_memory=False).prediction.step_components
     recipe = replace(A.DEFAULT_RECIPE, overlap_moe_expert_parallel_comm=True)
     over = evaluate(m, hw, stage, lay, check_memory=False, recipe=recipe).prediction.step_components
-    assert over["a2a"] == pytest.approx(max(0.0, plain["a2a"] - plain["compute"]), rel=0.05)
+    hidden = min(plain["compute"], steptime.EP_OVERLAP_HIDDEN * plain["a2a"])
+    assert 0 < hidden < plain["a2a"]
+    assert over["a2a"] == pytest.approx(plain["a2a"] - hidden, rel=1e-6)
     assert over["compute"] == plain["compute"] and plain["tp_comm"] > 0
     tp1 = evaluate(m, hw, stage, replace(lay, tp=1), check_memory=False).prediction.step_components
     assert tp1["tp_comm"] == 0
