@@ -287,13 +287,19 @@ def _gpt_moe(a: _Argv, model: ModelConfig, stage: StageConfig, recipe: RecipeCon
         a.add("--delay-wgrad-compute")
 
 
+def fixed_receive_buffer(layout: Layout) -> bool:
+    """Whether the layout's dispatcher gets --moe-expert-rank-capacity-factor: dev's NCCL-EP sizes its receive
+    buffer with it and refuses None, so its shapes are static (the step model charges it no host wait)."""
+    return layout.dispatcher == "flex" and layout.flex_backend == "ncclep"
+
+
 def _dispatcher(a: _Argv, recipe: RecipeConfig, layout: Layout) -> None:
     _knob(a, layout, "dispatcher")
     if layout.dispatcher == "flex":
         if not layout.flex_backend:
             raise ValueError("dispatcher flex needs flex_backend (deepep | hybridep | ncclep)")
         _knob(a, layout, "flex_backend")  # never the deprecated --moe-enable-deepep
-        if layout.flex_backend == "ncclep":  # dev's ncclep sizes its receive buffer with it, and refuses None
+        if fixed_receive_buffer(layout):
             a.add("--moe-expert-rank-capacity-factor", recipe.ncclep_rank_capacity_factor)
     _knob(a, layout, "capacity_factor")
 

@@ -83,7 +83,7 @@ from functools import lru_cache
 from orchestrator.core.schema import HardwareConfig, ModelConfig, RecipeConfig, StageConfig
 from orchestrator.plan import moe as moe_model
 from orchestrator.plan import pipeline, ranks
-from orchestrator.plan.argv import DEFAULT_RECIPE, overlaps
+from orchestrator.plan.argv import DEFAULT_RECIPE, fixed_receive_buffer, overlaps
 from orchestrator.plan.flops import FP8_PRECISIONS, gemm_shapes, peak_tflops, profile, recompute_block
 from orchestrator.plan.layout import Groups, Layout
 from orchestrator.plan.memory import (
@@ -546,9 +546,9 @@ def step_time(
 def host_wait(layout: Layout, again: bool, full_graph: bool = False) -> float:
     """Exposed host seconds per MoE layer per microbatch: the dropless dispatcher's sync (MOE_HOST_WAIT_S), once
     per dispatch (again: the recomputed MoE layer dispatches a second time); none with a capacity factor or one
-    CUDA graph per step. NCCL-EP runs with a rank capacity factor (argv emits --moe-expert-rank-capacity-factor
-    for it): a fixed receive buffer, static shapes (dev token_dispatcher.py:1486-1488), so no wait either."""
-    if layout.capacity_factor is not None or full_graph or layout.flex_backend == "ncclep":
+    CUDA graph per step, nor where argv gives the dispatcher a rank capacity factor (argv.fixed_receive_buffer: a
+    fixed receive buffer, static shapes, dev token_dispatcher.py:1486-1488)."""
+    if layout.capacity_factor is not None or full_graph or fixed_receive_buffer(layout):
         return 0.0
     return MOE_HOST_WAIT_S[layout.dispatcher] * (2.0 if again else 1.0)
 

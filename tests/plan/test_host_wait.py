@@ -57,10 +57,11 @@ def test_the_wait_is_charged_where_megatron_waits(monkeypatch):
     base = Layout(pp=8, ep=64, cp=4)
     again = dataclasses.replace(base, recompute=("moe",))
     with_wait = [predict(lay)[3].components["a2a"] for lay in (base, again)]
+    wait = steptime.MOE_HOST_WAIT_S["alltoall"]
     monkeypatch.setitem(steptime.MOE_HOST_WAIT_S, "alltoall", 0.0)
     without = [predict(lay)[3].components["a2a"] for lay in (base, again)]
     g = predict(base)[0]
-    layers = (with_wait[0] - without[0]) / (g.m * 4.45e-3)  # MoE layers on the slowest rank
+    layers = (with_wait[0] - without[0]) / (g.m * wait)  # MoE layers on the slowest rank
     assert layers == pytest.approx(round(layers)) and round(layers) >= 1
     assert with_wait[1] - without[1] == pytest.approx(2 * (with_wait[0] - without[0]))
     flex = dataclasses.replace(base, dispatcher="flex", flex_backend="hybridep")
