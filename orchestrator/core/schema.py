@@ -482,8 +482,13 @@ class SearcherConfig:
     joint_moves: bool = True  # two-knob moves over coupled knobs (CP+PP, EP+dispatcher, recompute+mbs/PP)
     anchor_distance: int = ranged(1, 0)  # anchors differ from each other in at least this many of EP, PP, CP
     # skip moves (and fit probes, schedule/steps/fit_probes.py) whose optimistic estimate is this much slower than
-    # the best
-    max_predicted_loss: float = ranged(0.15, 0)
+    # the best. Tuned on tests/bench/bench_search.py's tune set (docs/search-log.md "Moves that cannot win"):
+    # 0.15 -> 0.08 spends less on screens of layouts that cannot beat the best; 0.05 missed a tune row at 8k
+    max_predicted_loss: float = ranged(0.08, 0)
+    # once the neighbourhood is exhausted, at most this many of the model's picks and ranking fill the round (they
+    # pass max_predicted_loss on their optimistic bound alone); 0 missed a held-out row, 2 kept every row and cut
+    # the means (docs/search-log.md "Moves that cannot win")
+    fill_per_round: int = ranged(2, 0)
 
 
 # The schedule's steps (orchestrator/schedule/steps/, one module each), in the order a round runs them: a

@@ -294,7 +294,7 @@ def test_a_cut_with_no_iterations_to_read_is_refused_naming_the_fix(tmp_path):
     from orchestrator.config import ConfigError, compose
 
     with pytest.raises(ConfigError, match=r"cut_warmup_iters=15 must be below stage.screen.cut_after=15.*=5$"):
-        compose(["+stage=1k", "stage.screen.cut_warmup_iters=15"])
+        compose(["+stage=8k", "stage.screen.cut_warmup_iters=15"])  # the schema's cut_after (1k's is 10)
     p = cli("sweep", *sweep_args(tmp_path, "badcut", "stage.screen.cut_warmup_iters=9", "stage.screen.cut_after=4"))
     assert p.returncode != 0 and "stage.screen.cut_warmup_iters=9 must be below" in p.stderr
     assert not (tmp_path / "ledger.sqlite").exists()
