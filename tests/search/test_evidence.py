@@ -66,8 +66,11 @@ def _ran(planned, *, step=1.0, peak=136.0) -> Observation:
 
 
 def _calibrated(cfg, env, row: Observation, slots: int = 100):
-    """calibrated_neighbours after one measured row: the policy, its round input and its calibration."""
-    policy = make_policy(dataclasses.replace(cfg.policy, name="calibrated_neighbours"))
+    """calibrated_neighbours after one measured row: the policy, its round input and its calibration. A round may
+    fill all its `slots` from the model's ranking (policy.search.fill_per_round), so a proposal asked of it is
+    every layout it would measure next."""
+    search = dataclasses.replace(cfg.policy.search, fill_per_round=slots)
+    policy = make_policy(dataclasses.replace(cfg.policy, name="calibrated_neighbours", search=search))
     inp = RoundInput(round=1, observations=[row], known_keys={row.key}, slots=slots, gpu_hours_left=1e12)
     return policy, inp, policy.fit(env, inp)
 
