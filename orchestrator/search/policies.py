@@ -350,11 +350,11 @@ class CalibratedNeighbours(Policy):
         picks += [t for t in model if t[0].key not in taken][: max(0, min(n_model, size - len(picks)))]
         picks = round_robin([picks, *per_anchor], size, key=lambda t: t[0].key)
         if len(picks) < size:  # neighbourhood exhausted: fall back to the model picks, then the ranking
-            size = min(size, len(picks) + self.cfg.search.fill_per_round)
+            filled = min(size, len(picks) + self.cfg.search.fill_per_round)  # the fill-up is capped, the round not
             taken = {t[0].key for t in picks}
             more = [t for t in model if t[0].key not in taken]
             more += [(c, "model-top", None, c.prediction.step_time_s, None) for c in cands if worth(bounds[c.key][0])]
-            picks = round_robin([picks, more], size, key=lambda t: t[0].key)
+            picks = round_robin([picks, more], filled, key=lambda t: t[0].key)
         return [
             mk(
                 c,
