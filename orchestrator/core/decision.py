@@ -25,8 +25,9 @@ from orchestrator.core.states import Fidelity
 class CutLine:
     """The early cut of one launch (stage.screen.cut*), stored in its candidate's decision (`cut`) so a resumed
     driver applies the same line: stop once iterations skip+1..after are run and their median step is above
-    `step_s` (the sweep's best full-window p50 x (1 + cut_margin) when the round was planned). What ran is a
-    screen of `after - skip` measured iterations after `skip` warm-up ones: it ranks, never decides a best."""
+    `step_s` (the sweep's best full-window p50 x (1 + cut_margin) when the round was planned; the driver lowers it
+    to the best it holds as the launch runs, core/windows.running_line). What ran is a screen of `after - skip`
+    measured iterations after `skip` warm-up ones: it ranks, never decides a best."""
 
     step_s: float
     after: int

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from orchestrator.core.decision import CutLine, Decision
 from orchestrator.core.schema import StageConfig
@@ -135,3 +136,16 @@ def cut_line(stage: StageConfig, best_step_s: float | None, decision: Decision) 
     if not sc.cut or best_step_s is None or f == Fidelity.PROBE or w + n <= sc.cut_after:
         return None
     return CutLine(best_step_s * (1.0 + sc.cut_margin), sc.cut_after, sc.cut_warmup_iters)
+
+
+def running_line(stage: StageConfig, decision: Decision, best_step_s: float | None) -> CutLine | None:
+    """The line a running launch is held to: its planned one (`decision.cut`), lowered to the best full-window
+    p50 the sweep holds now where that is lower. Why: a round's launches of a stage's whole cluster run one after
+    another, and a layout measured earlier in the round moves the best; a later launch of the same round held to
+    the line of when it was planned ran its whole window 5-45% over the best already measured (twin:wideband
+    s100 1k, docs/search-log.md "A running line"). A launch planned without a line keeps none."""
+    line = decision.cut
+    if line is None or best_step_s is None:
+        return line
+    now = best_step_s * (1.0 + stage.screen.cut_margin)
+    return replace(line, step_s=now) if now < line.step_s else line

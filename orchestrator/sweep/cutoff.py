@@ -1,6 +1,6 @@
 """The early cut, applied to running jobs: the driver reads a launch's iteration lines as it polls and stops
-it once its line (core/decision.CutLine, in its candidate's decision) says it is clearly slower than the
-sweep's best full-window step.
+it once its line (core/decision.CutLine, in its candidate's decision, lowered to the best the sweep holds as it
+runs: core/windows.running_line) says it is clearly slower than the sweep's best full-window step.
 
 Why in the driver and not on the compute node: the driver already polls every live job, reads job folders
 through evidence/ and cancels through the launcher; one scancel stops every rank of the job at once, where
@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 from orchestrator.core.decision import CutLine
 from orchestrator.core.paths import JobPaths, atomic_write
+from orchestrator.core.schema import StageConfig
 from orchestrator.core.states import EventKind, Fidelity
+from orchestrator.core.windows import running_line
 from orchestrator.evidence.collect import iteration_times, read_cut
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger
 
@@ -33,10 +35,11 @@ class Check:
     marked: bool = False  # its folder holds the mark already (an earlier poll, or a driver that died): cancel again
 
 
-def check(a: AttemptRow, c: CandidateRow) -> Check | None:
-    """The cut's verdict on a running measure attempt so far; None when it has no line (a probe, a launch planned
-    before the sweep had a best, cut disabled)."""
-    line = c.decision.cut
+def check(a: AttemptRow, c: CandidateRow, stage: StageConfig, best_s: float | None) -> Check | None:
+    """The cut's verdict on a running measure attempt so far, against its running line (core/windows.running_line:
+    its planned line, lowered to the sweep's best full-window p50 `best_s` now); None when it has no line (a
+    probe, a launch planned before the sweep had a best, cut disabled)."""
+    line = running_line(stage, c.decision, best_s)
     if line is None or a.fidelity not in (Fidelity.FULL, Fidelity.SCREEN) or not a.job_dir:
         return None
     if (marked := read_cut(a.job_dir)) is not None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from orchestrator import history
 from orchestrator.core.errors import Interrupted, UserError
 from orchestrator.core.failures import Failure
+from orchestrator.core.metrics import STEP_P50
 from orchestrator.core.paths import JobPaths, folder_writes
 from orchestrator.core.schema import RootConfig
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EventKind, Fidelity, SweepStatus
@@ -388,6 +389,8 @@ class Driver:
         states = self.launcher.poll([a.job_id for a in live if a.job_id])
         self.stats["polls"] += 1
         cands = {c.id: c for c in self._cands()}  # one read per poll, not one per job
+        best = history.best_of(self.ledger, self.name)  # the early cut's running line (cutoff.check), once a poll
+        best_s = float(best[STEP_P50]) if best and best.get(STEP_P50) else None
         for a in live:
             st = states.get(a.job_id) if a.job_id else None
             if st is None:
@@ -410,13 +413,14 @@ class Driver:
                     self.ledger.set_candidate_status(
                         c.id, CandidateStatus.RUNNING, f"job {a.job_id} on {st.node_list or '?'}"
                     )
-                self._cut(a, c)
+                self._cut(a, c, best_s)
 
-    def _cut(self, a: AttemptRow, c: CandidateRow) -> None:
-        """The early cut (sweep/cutoff.py): stop a running launch whose first iterations are over its line."""
+    def _cut(self, a: AttemptRow, c: CandidateRow, best_s: float | None) -> None:
+        """The early cut (sweep/cutoff.py): stop a running launch whose first iterations are over its line (as the
+        sweep's best full-window p50 `best_s` lowers it)."""
         if a.id in self._uncut:
             return
-        found = cutoff.check(a, c)
+        found = cutoff.check(a, c, self.stage, best_s)
         if found is None or found.done:
             self._uncut.add(a.id)
             return

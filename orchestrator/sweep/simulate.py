@@ -153,6 +153,7 @@ def run_sweep(ledger, cfg, config_yaml: str, target: Surface, name: str, startup
     from orchestrator import history
     from orchestrator.core.cost import rank_probe_gpu_hours
     from orchestrator.core.failures import Failure
+    from orchestrator.core.metrics import STEP_P50
     from orchestrator.core.paths import CheckpointPaths, JobPaths, atomic_write
     from orchestrator.core.result import JobResult, RankMemory
     from orchestrator.core.states import Fidelity
@@ -206,7 +207,9 @@ def run_sweep(ledger, cfg, config_yaml: str, target: Surface, name: str, startup
                     cost = rank_probe_gpu_hours(len(probed), startup_s, run.step_s, iters)
                 else:
                     run = target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(tried) + 1, window=win)
-                    line = c.decision.cut  # the early cut, as the driver applies it (sweep/cutoff)
+                    # the early cut, as the driver applies it (sweep/cutoff): its line lowered to the best so far
+                    now = history.best_of(ledger, name)
+                    line = fidelity.running_line(st, c.decision, now[STEP_P50] if now else None)
                     cut = line.due(run.times) if line and run.fits else None
                     if line and cut is not None:  # what ran is a screen of its first line.after iterations
                         fid, win = Fidelity.SCREEN, line.window

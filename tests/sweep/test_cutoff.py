@@ -68,6 +68,39 @@ def test_the_line_is_the_best_full_step_plus_the_margin_and_only_where_a_cut_sav
     assert Decision.from_dict({"fidelity": "full"}).cut is None and CutLine.from_dict(None) is None
 
 
+@given(planned=st.floats(1.0, 100.0), best=st.none() | st.floats(1.0, 100.0))
+def test_a_running_line_is_the_planned_one_lowered_to_the_best_held_now_never_raised(planned, best):
+    sc = STAGE.screen
+    d = Decision(fidelity=Fidelity.FULL, cut=CutLine(planned, sc.cut_after, sc.cut_warmup_iters))
+    got = fidelity.running_line(STAGE, d, best)
+    assert got is not None and (got.after, got.skip) == (sc.cut_after, sc.cut_warmup_iters)
+    now = best * (1 + sc.cut_margin) if best is not None else planned
+    assert got.step_s == min(planned, now)
+    assert fidelity.running_line(STAGE, Decision(fidelity=Fidelity.FULL), best) is None  # planned without a line
+
+
+def test_the_driver_cuts_at_the_best_it_holds_as_the_job_runs_not_the_one_it_was_planned_with(tmp_path):
+    """A launch planned against a 10 s best whose iterations run at 9 s: within its planned line (10.5 s), over
+    its running line once a layout measured at 8 s earlier in the round (8.4 s): cut, and the verdict names the
+    lowered line."""
+    from types import SimpleNamespace
+
+    from orchestrator.job.twin.text import iteration_line
+    from orchestrator.sweep import cutoff
+
+    sc = STAGE.screen
+    lines = [iteration_line(i, 50, i * 8, 9000.0, 100.0, 1e-4, 8, [("lm loss", 2.0)], 1.0) for i in range(1, 20)]
+    (tmp_path / "rank-7.out").write_text("\n".join(lines) + "\n")
+    planned = fidelity.cut_line(STAGE, 10.0, Decision(fidelity=Fidelity.FULL))
+    c = SimpleNamespace(decision=Decision(fidelity=Fidelity.FULL, cut=planned))
+    a = SimpleNamespace(fidelity=Fidelity.FULL, job_dir=str(tmp_path))
+    held = cutoff.check(a, c, STAGE, 10.0)
+    assert held is not None and held.median_s is None and held.done  # under its line: runs on
+    found = cutoff.check(a, c, STAGE, 8.0)
+    assert found is not None and found.median_s == pytest.approx(9.0)
+    assert found.line.step_s == pytest.approx(8.0 * (1 + sc.cut_margin))
+
+
 def test_a_running_jobs_iteration_times_stop_at_the_first_missing_iteration(tmp_path):
     """What the driver reads every poll: the evidence rank's iteration lines in order, up to the first gap (a
     coarser --log-interval never cuts), never another rank's node log."""
