@@ -143,7 +143,7 @@ def running_line(stage: StageConfig, decision: Decision, best_step_s: float | No
     p50 the sweep holds now where that is lower. Why: a round's launches of a stage's whole cluster run one after
     another, and a layout measured earlier in the round moves the best; a later launch of the same round held to
     the line of when it was planned ran its whole window 5-45% over the best already measured (twin:wideband
-    s100 1k, docs/search-log.md "A running line"). A launch planned without a line keeps none."""
+    s100 1k, docs/search-log.md "A running line and the probe's bias"). A launch planned without a line keeps none."""
     line = decision.cut
     if line is None or best_step_s is None:
         return line

@@ -190,6 +190,9 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
             probed = fidelity_of.get(c.id) == Fidelity.PROBE and bool(met) and c.id in rank_probed
             extra = margin if probed else 0.0  # a rank probe's peak + what it cannot see
             peaks = stage_peaks(ledger.evidence.rank_memory(attempt_of[c.id])) if met else {}
+            at_scale = bool(met) and fidelity_of.get(c.id) != Fidelity.PROBE and not probed
+            earlier = probes[c.id].step_p50_s if at_scale and c.id in rank_probed and c.id in probes else None
+            probe_now = c.id in probe_step and c.id in rank_probed
             out.append(
                 Observation(
                     key=c.key,
@@ -213,7 +216,8 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
                     probe_margin_gb=extra,
                     # a rank probe's compute-only step (a fit probe of old ran at full scale: no such step)
                     probe_step_s=probe_step.get(c.id) if c.id in rank_probed else None,
-                    raw_probe_s=_raw_probe(env, c, layout) if c.id in probe_step and c.id in rank_probed else None,
+                    raw_probe_s=_raw_probe(env, c, layout) if probe_now or earlier else None,
+                    earlier_probe_s=earlier or None,
                 )
             )
     return out

@@ -103,7 +103,7 @@ def rank_probe(env: PlanEnv, c: Planned, fit: Fit | None, why: str, best_step: f
 
 
 def passed(
-    policy: PolicyConfig, inp: RoundInput, fit: Fit | None, rate: Rate = unrated
+    policy: PolicyConfig, inp: RoundInput, fit: Fit | None, rate: Rate = unrated, *, holding: bool = False
 ) -> list[tuple[Observation, str]]:
     """Probed layouts due a measurement at scale (found to fit; probe-led, policy.schedule.probe_led, also those
     too close to HBM to call with the probe margin, Observation.probe_ran, which only a launch at scale settles,
@@ -114,7 +114,10 @@ def passed(
     measured elsewhere), is within policy.schedule.probe_pass of the best measured step, at most a round's worth.
     Why the rating: the composed step alone ran 16-22% over the truth for `mixed` optima (s175 1k: 77.5 s
     composed, 66.9 s true, cut 74.7 s), which were then never launched (docs/search-log.md, "A probed
-    layout passes as the searcher rates it"). A probe without its compute-only step (a fit probe of old) passes."""
+    layout passes as the searcher rates it"). A probe without its compute-only step (a fit probe of old) passes.
+    `holding`: those that hold the sweep open (Schedule.waiting), each composed step first lifted by how far the
+    layouts probed before it ran over theirs at scale (compose.scale_bias); a round that runs anyway measures every
+    one that passes as it is (the confirm step)."""
     cfg = policy.schedule
     rows = [r for r in inp.observations if (r.probe_ran if cfg.probe_led else r.probed_fit)]
     best = best_measured(inp.observations)
@@ -128,7 +131,8 @@ def passed(
     if fit is None or best is None:
         return [(r, "") for r in rows]
     cut = best.measured_step_s * (1.0 + cfg.probe_pass)
-    scored = sorted((rate(r.layout, s := fit.predict_row(r)), s, i, r) for i, r in enumerate(rows))
+    bias = compose.scale_bias(inp.observations, fit.predict) if holding else 1.0
+    scored = sorted((rate(r.layout, s := fit.predict_row(r) * bias), s, i, r) for i, r in enumerate(rows))
     out = [
         (
             r,

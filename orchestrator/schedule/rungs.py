@@ -76,7 +76,10 @@ class Schedule:
         the best (schedule/round.passed). Why the probed ones: a probe of the last rounds is evidence the search
         paid for, and a sweep that stopped on its stale rounds never measured it; on the bench that cost fresh
         twin:overpredicted s119 its 1k optimum (15.4% short) and the tune set's twin:imbalance its 8k one (12.6%
-        short), and no row was lost by waiting (docs/search-log.md "Probed layouts hold convergence")."""
+        short), and no row was lost by waiting (docs/search-log.md "Probed layouts hold convergence"). A probed layout
+        holds it as the probed layouts measured at scale before it say its composed step reads (round.passed
+        `holding`: three rounds more on held-out twin:mixed s114 1k, docs/search-log.md "A running line and the
+        probe's bias")."""
         if fidelity.contenders(inp.observations, inp.step_cv, 1):
             return True
-        return bool(passed(self.cfg, inp, fit, rate))
+        return bool(passed(self.cfg, inp, fit, rate, holding=True))

@@ -23,7 +23,7 @@ A probe is never a step measurement: it is no best, no full-window result, no ro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from orchestrator.plan.steptime import scaled
 
@@ -60,3 +60,20 @@ def calibrated(
 def step(factors: Mapping[str, float], raw: Mapping[str, float], probe_scale: float | None = None) -> float:
     """The composed step: the sum of `calibrated`."""
     return sum(calibrated(factors, raw, probe_scale).values())
+
+
+def scale_bias(rows: Iterable, predict: Callable[[dict[str, float], float | None], float]) -> float:
+    """How far under the step it then measured at scale the composed step of a probed layout ran: the least of
+    measured / composed over the layouts rank-probed and then measured (full window or screen, not partial;
+    Observation.earlier_probe_scale), never under 1; 1 before any was. What a one-GPU probe cannot see (the
+    communication's drag on compute at scale, stragglers) the composition misses for every layout of a stage alike:
+    on held-out twin:mixed s114 1k seven pairs read 1.34-1.53, and probed layouts whose composed step passed held the
+    sweep open three rounds more, then ran 36-94% over it (docs/search-log.md "A running line and the probe's bias").
+    The least ratio keeps the correction optimistic; under 1 (the composition over-prices) the searcher's rating
+    (Policy.estimate) already lowers what knob values measured faster, and both at once lost a held-out row."""
+    ratios = [
+        r.step_s / c
+        for r in rows
+        if r.ok and not r.partial and (k := r.earlier_probe_scale) and (c := predict(r.raw_components, k)) > 0
+    ]
+    return max(1.0, min(ratios)) if ratios else 1.0

@@ -59,6 +59,9 @@ class Observation:
     # (Prediction.probe_step_s). Never a step measurement.
     probe_step_s: float | None = None
     raw_probe_s: float | None = None
+    # a layout rank-probed and then measured at scale: its probe's compute-only p50 (`Evidence.probes`), so what
+    # its composed step was can be held against the step it measured (compose.scale_ratios)
+    earlier_probe_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fidelity", Fidelity(self.fidelity or Fidelity.FULL))
@@ -68,6 +71,13 @@ class Observation:
         """Measured / predicted compute-only step of its rank probe (compose.components), None unprobed."""
         if self.probe_step_s and self.raw_probe_s and self.probe_step_s > 0 and self.raw_probe_s > 0:
             return self.probe_step_s / self.raw_probe_s
+        return None
+
+    @property
+    def earlier_probe_scale(self) -> float | None:
+        """`probe_scale` of the rank probe that came before its measurement at scale (None: none came before)."""
+        if self.earlier_probe_s and self.raw_probe_s and self.earlier_probe_s > 0 and self.raw_probe_s > 0:
+            return self.earlier_probe_s / self.raw_probe_s
         return None
 
     @property

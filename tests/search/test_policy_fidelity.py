@@ -345,6 +345,9 @@ def test_a_layout_the_uncalibrated_model_prunes_is_probed_on_one_gpu_found_to_fi
             o = seen[c.key]
             assert o.fidelity == last.fidelity and o.step_s == pytest.approx(f["step_p50_s"])
             assert o.probe_step_s is None and o.probe_margin_gb == 0.0
+            # ... while its probe's compute-only p50 stays beside it: what its composed step was, against which the
+            # step at scale tells the composition's bias (compose.scale_bias)
+            assert o.earlier_probe_s == pytest.approx(p["step_p50_s"]) and o.earlier_probe_scale is not None
             gaps.append(f["peak_reserved_gb"] - p["peak_reserved_gb"])
         learned = history.probe_margin(led, sweeps, cfg.stage)
         assert learned >= max(gaps) and learned != cfg.stage.probe_margin_gb  # every probed pair, not the default
