@@ -60,7 +60,7 @@ class Observation:
     probe_step_s: float | None = None
     raw_probe_s: float | None = None
     # a layout rank-probed and then measured at scale: its probe's compute-only p50 (`Evidence.probes`), so what
-    # its composed step was can be held against the step it measured (compose.scale_ratios)
+    # its composed step was can be held against the step it measured (compose.scale_bias)
     earlier_probe_s: float | None = None
 
     def __post_init__(self) -> None:
