@@ -145,8 +145,7 @@ def running_line(stage: StageConfig, decision: Decision, best_step_s: float | No
     the line of when it was planned ran its whole window 33% over the best already measured (twin:wideband s100 1k
     round 1: 110.6 s against 83.0 s, docs/search-log.md "A running line and the probe's bias"). A launch planned
     without a line keeps none."""
-    line = decision.cut
-    if line is None or best_step_s is None:
+    line, now = decision.cut, cut_line(stage, best_step_s, decision)
+    if line is None or now is None or now.step_s >= line.step_s:
         return line
-    now = best_step_s * (1.0 + stage.screen.cut_margin)
-    return replace(line, step_s=now) if now < line.step_s else line
+    return replace(line, step_s=now.step_s)

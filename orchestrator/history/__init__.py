@@ -15,6 +15,7 @@ from orchestrator.history.cuts import cut_candidates
 from orchestrator.history.observations import (
     ProbeProvenance,
     best_of,
+    best_step_s,
     known_keys,
     observations,
     probe_margin,
@@ -34,6 +35,7 @@ __all__ = [
     "Spent",
     "attempt_cost",
     "best_of",
+    "best_step_s",
     "capacity_view",
     "cut_candidates",
     "effective_config",

@@ -190,7 +190,7 @@ def observations(ledger: Ledger, sweeps: list[SweepRow], env: PlanEnv) -> list[O
             probed = fidelity_of.get(c.id) == Fidelity.PROBE and bool(met) and c.id in rank_probed
             extra = margin if probed else 0.0  # a rank probe's peak + what it cannot see
             peaks = stage_peaks(ledger.evidence.rank_memory(attempt_of[c.id])) if met else {}
-            at_scale = bool(met) and fidelity_of.get(c.id) != Fidelity.PROBE and not probed
+            at_scale = bool(met) and fidelity_of.get(c.id) != Fidelity.PROBE
             earlier = probes[c.id].step_p50_s if at_scale and c.id in rank_probed and c.id in probes else None
             probe_now = c.id in probe_step and c.id in rank_probed
             out.append(
@@ -246,6 +246,12 @@ def settled(ledger: Ledger, sweeps: list[SweepRow]) -> tuple[int, ...]:
             if r.candidate_id in warm and r.fidelity != Fidelity.PROBE and r.metrics.settled_iters is not None:
                 out.append(r.metrics.settled_iters)
     return tuple(out)
+
+
+def best_step_s(ledger: Ledger, sweep: str) -> float | None:
+    """The p50 of `best_of` (None before a best): what the early cut's lines are drawn from."""
+    best = best_of(ledger, sweep)
+    return float(best[STEP_P50]) if best and best.get(STEP_P50) else None
 
 
 def best_of(ledger: Ledger, sweep: str) -> dict | None:

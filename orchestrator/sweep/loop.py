@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 from orchestrator import history
 from orchestrator.core.errors import Interrupted, UserError
 from orchestrator.core.failures import Failure
-from orchestrator.core.metrics import STEP_P50
 from orchestrator.core.paths import JobPaths, folder_writes
 from orchestrator.core.schema import RootConfig
 from orchestrator.core.states import AttemptRole, AttemptState, CandidateStatus, EventKind, Fidelity, SweepStatus
@@ -389,8 +388,9 @@ class Driver:
         states = self.launcher.poll([a.job_id for a in live if a.job_id])
         self.stats["polls"] += 1
         cands = {c.id: c for c in self._cands()}  # one read per poll, not one per job
-        best = history.best_of(self.ledger, self.name)  # the early cut's running line (cutoff.check), once a poll
-        best_s = float(best[STEP_P50]) if best and best.get(STEP_P50) else None
+        # the early cut's running line (cutoff.check): the best read once a poll, while a launch may still be cut
+        cuttable = any(a.measures and a.id not in self._uncut for a in live)
+        best_s = history.best_step_s(self.ledger, self.name) if cuttable else None
         for a in live:
             st = states.get(a.job_id) if a.job_id else None
             if st is None:

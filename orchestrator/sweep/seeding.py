@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from orchestrator import history
 from orchestrator.core.decision import Decision
-from orchestrator.core.metrics import STEP_P50
 from orchestrator.core.schema import StageConfig
 from orchestrator.core.states import CandidateStatus
 from orchestrator.ledger.ledger import Ledger, SweepRow
@@ -40,8 +39,7 @@ def waiting(ledger: Ledger, sweep: SweepRow, stage: StageConfig | None = None) -
         return set()
     seed = history.seed(ledger, sweep)
     if seed is not None:
-        best = history.best_of(ledger, sweep.name)
-        best_s = float(best[STEP_P50]) if best and best.get(STEP_P50) else None
+        best_s = history.best_step_s(ledger, sweep.name)
         for c in held:
             # released from its wait (`after_seed`), the launch names what it does instead
             d = _with_cut(c.decision.but(after_seed=False, warm_from=seed), stage, best_s)

@@ -153,7 +153,6 @@ def run_sweep(ledger, cfg, config_yaml: str, target: Surface, name: str, startup
     from orchestrator import history
     from orchestrator.core.cost import rank_probe_gpu_hours
     from orchestrator.core.failures import Failure
-    from orchestrator.core.metrics import STEP_P50
     from orchestrator.core.paths import CheckpointPaths, JobPaths, atomic_write
     from orchestrator.core.result import JobResult, RankMemory
     from orchestrator.core.states import Fidelity
@@ -208,8 +207,8 @@ def run_sweep(ledger, cfg, config_yaml: str, target: Surface, name: str, startup
                 else:
                     run = target.launch(cfg, lay, c.layer_pattern, c.key, attempt=len(tried) + 1, window=win)
                     # the early cut, as the driver applies it (sweep/cutoff): its line lowered to the best so far
-                    now = history.best_of(ledger, name)
-                    line = fidelity.running_line(st, c.decision, now[STEP_P50] if now else None)
+                    now = history.best_step_s(ledger, name) if c.decision.cut else None
+                    line = fidelity.running_line(st, c.decision, now)
                     cut = line.due(run.times) if line and run.fits else None
                     if line and cut is not None:  # what ran is a screen of its first line.after iterations
                         fid, win = Fidelity.SCREEN, line.window
