@@ -127,15 +127,23 @@ def use_screen(stage: StageConfig, cv: float | None, *, warm: bool = False) -> b
     return w + n < sum(window(stage, Fidelity.FULL, warm=warm))
 
 
-def cut_line(stage: StageConfig, best_step_s: float | None, decision: Decision) -> CutLine | None:
+def cut_line(
+    stage: StageConfig, best_step_s: float | None, decision: Decision, expected_s: float | None = None
+) -> CutLine | None:
     """The early cut of a launch of `decision` (its fidelity and window: `decision_window`), against the best
-    full-window p50: none for a rank probe (it measures compute, and is short), without a best, or where the
-    launch would end by stage.screen.cut_after anyway."""
+    full-window p50; before any best, the seed's launch against its own `expected_s` x (1 + seed_cut_margin): it
+    alone waits out the stage's warm-up, so a seed whose composed step was far too low cost a fresh 1k sweep most of
+    its GPU-hours (docs/search-log.md "The seed's own line"). None for a rank probe (it measures compute, and is
+    short), for other launches without a best, or where the launch would end by stage.screen.cut_after anyway."""
     sc = stage.screen
     f, (w, n) = decision_window(stage, decision)
-    if not sc.cut or best_step_s is None or f == Fidelity.PROBE or w + n <= sc.cut_after:
+    if not sc.cut or f == Fidelity.PROBE or w + n <= sc.cut_after:
         return None
-    return CutLine(best_step_s * (1.0 + sc.cut_margin), sc.cut_after, sc.cut_warmup_iters)
+    if best_step_s is not None:
+        return CutLine(best_step_s * (1.0 + sc.cut_margin), sc.cut_after, sc.cut_warmup_iters)
+    if decision.seed_save and expected_s:
+        return CutLine(expected_s * (1.0 + sc.seed_cut_margin), sc.cut_after, sc.cut_warmup_iters)
+    return None
 
 
 def running_line(stage: StageConfig, decision: Decision, best_step_s: float | None) -> CutLine | None:

@@ -254,6 +254,17 @@ def best_step_s(ledger: Ledger, sweep: str) -> float | None:
     return float(best[STEP_P50]) if best and best.get(STEP_P50) else None
 
 
+def fastest_at_scale_s(ledger: Ledger, sweep: str) -> float | None:
+    """The lowest p50 any launch at scale measured (a screen, a cut launch's screen, or a full window; not a rank
+    probe's compute-only step): what a launch that saves the seed after a cut one is held to (sweep/seeding)."""
+    steps = [
+        r.metrics.step_p50_s
+        for r in ledger.evidence.measured(sweep=sweep)
+        if r.fidelity != Fidelity.PROBE and r.metrics.step_p50_s
+    ]
+    return float(min(steps)) if steps else None
+
+
 def best_of(ledger: Ledger, sweep: str) -> dict | None:
     """The measured best of one sweep, as orchestrator.core.ranking decides it (the rows `best` ranks): for the
     live view, `status` and the sweep's last line."""

@@ -54,5 +54,9 @@ def waiting(ledger: Ledger, sweep: SweepRow, stage: StageConfig | None = None) -
         return set()
     first, rest = held[0], held[1:]
     why = "warm start: no seed was saved, this launch saves it"
-    ledger.redecide(first.id, first.decision.but(after_seed=False, seed_save=True), why)
+    saver = first.decision.but(after_seed=False, seed_save=True)
+    if stage is not None:  # the seed's launch before it was cut: this one is held to the fastest step run at scale
+        line = fidelity.cut_line(stage, history.fastest_at_scale_s(ledger, sweep.name), saver)
+        saver = saver.but(cut=line) if line else saver
+    ledger.redecide(first.id, saver, why)
     return {c.id for c in rest}

@@ -58,6 +58,13 @@ def test_the_line_is_the_best_full_step_plus_the_margin_and_only_where_a_cut_sav
         fidelity.cut_line(STAGE, 10.0, Decision(fidelity=Fidelity.SCREEN, measure_iters=10)) == line
     )  # 50 + 10 iterations
     assert fidelity.cut_line(STAGE, None, full) is None  # no full-window best yet
+    # before any best, the seed's launch alone is held to its own expected step (composed or predicted)
+    seed = Decision(fidelity=Fidelity.FULL, seed_save=True)
+    own = CutLine(20.0 * (1 + sc.seed_cut_margin), sc.cut_after, sc.cut_warmup_iters)
+    assert fidelity.cut_line(STAGE, None, seed, 20.0) == own
+    assert fidelity.cut_line(STAGE, None, seed) is None  # nothing expected: no line
+    assert fidelity.cut_line(STAGE, None, full, 20.0) is None  # only the seed's launch waits out the warm-up
+    assert fidelity.cut_line(STAGE, 10.0, seed, 20.0) == line  # once there is a best, the best's line
     assert (
         fidelity.cut_line(STAGE, 10.0, Decision(fidelity=Fidelity.PROBE)) is None
     )  # a probe measures compute: never cut
@@ -153,7 +160,7 @@ def test_an_in_process_sweep_cuts_slow_launches_and_never_reports_one(tmp_path):
     with led, led_off:
         cands = led.candidates("mf")
         r0 = [c for c in cands if c.round == 0]
-        assert not any(c.decision.cut for c in r0 if c.decision.seed_save)  # no best
+        assert all(c.decision.cut for c in r0 if c.decision.seed_save)  # no best: its own expected step's line
         waited = [c for c in r0 if c.decision.warm_from]  # released once the seed's launch measured
         assert waited and all(c.decision.cut for c in waited)
         lined = [c for c in cands if c.decision.cut]
@@ -162,7 +169,9 @@ def test_an_in_process_sweep_cuts_slow_launches_and_never_reports_one(tmp_path):
         cut = []
         for c in lined:
             line = c.decision.cut
-            assert line is not None and line.step_s >= best["step_p50_s"] * (1 + sc.cut_margin) * (1 - 1e-9)
+            assert line is not None
+            if not (c.round == 0 and c.decision.seed_save):  # planned before any best: its own line (test below)
+                assert line.step_s >= best["step_p50_s"] * (1 + sc.cut_margin) * (1 - 1e-9)
             for a in led.attempts(c.id):
                 res = led.evidence.result(a.id)
                 if res and res["measure_iters"] == sc.cut_after - sc.cut_warmup_iters and a.fidelity == "screen":
@@ -172,6 +181,38 @@ def test_an_in_process_sweep_cuts_slow_launches_and_never_reports_one(tmp_path):
         assert cut and best["key"] not in cut
         assert run.gpu_hours < run_off.gpu_hours
         assert not any(c.decision.cut for c in led_off.candidates("mf"))
+
+
+@pytest.mark.long
+def test_a_seed_launch_far_over_its_own_expected_step_is_cut_and_the_next_launch_saves_the_seed(tmp_path):
+    """twin:mixed seed 125 at 1k: round 0 gave the seed's launch (the one launch waiting out the stage's 300-iteration
+    warm-up) to the layout with the best composed step, which runs ~2.9x over it at scale; without a best to cut
+    against it ran its whole warm-up. Held to its own expected step x (1 + seed_cut_margin) it is cut after
+    cut_after iterations, kept as a screen, and the next waiting launch saves the seed (orchestrator/sweep/seeding),
+    held to the cut one's step: a saver slower than a layout already run at scale is cut too."""
+    from tests.bench import searchlib as lib
+
+    cfg, led, _ = _sweep(tmp_path, lib.Target("twin:mixed", seed=125), cut=True)
+    sc = cfg.stage.screen
+    with led:
+        cands = led.candidates("mf")
+        savers = [c for c in cands if c.decision.seed_save]
+        first = savers[0]
+        line = first.decision.cut
+        assert line is not None and first.round == 0
+        # its rank probe first (round 0 composes the step it is expected at), then its launch at scale: cut, a
+        # screen of the iterations its cut read
+        tried = [(a, led.evidence.result(a.id)) for a in led.attempts(first.id) if a.fidelity != Fidelity.PROBE]
+        assert [a.fidelity for a, _ in tried] == [Fidelity.SCREEN]
+        res = tried[0][1]
+        assert res is not None and res["measure_iters"] == sc.cut_after - sc.cut_warmup_iters
+        assert res["step_p50_s"] > line.step_s
+        seed = history.seed(led, led.get_sweep("mf"))
+        assert seed is not None and len(savers) > 1 and first.key not in seed  # a later launch saved it
+        # ... held to the fastest step measured at scale so far (the cut seed's), not left without a line
+        after = savers[1].decision.cut
+        assert after is not None and after.step_s == pytest.approx(res["step_p50_s"] * (1 + sc.cut_margin))
+        assert history.best_of(led, "mf")["key"] != first.key
 
 
 @pytest.fixture(scope="module")
