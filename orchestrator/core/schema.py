@@ -213,7 +213,8 @@ class ScreenConfig:
     cut_warmup_iters: int = ranged(5, 0)  # compile, allocator, NCCL set-up: out of the median, as in a screen
     # Before any best: the launch that saves the warm start's seed (the one launch that waits out the stage's own
     # warm-up) is cut where its median is over its own expected step (composed or predicted) x (1 + this); the
-    # next waiting launch saves the seed instead. Tuned on the bench (docs/search-log.md "The seed's own line").
+    # next waiting launch saves the seed instead. 1.5 over 1.0 on fresh bench seeds: 1.0 also cut a good layout
+    # 2x over its composed step (docs/search-log.md "The seed's own line").
     seed_cut_margin: float = ranged(1.5, gt=0)
 
 

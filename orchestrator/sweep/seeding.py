@@ -1,14 +1,14 @@
 """The warm start's order inside a round (stage.warm_start): which planned launches must wait for the seed.
 
-The warm_start step (orchestrator/schedule/steps/warm_start.py) plans a round without a seed as one launch that saves it
-(`seed_save`) and the others waiting for it (`after_seed`). Before each claim the driver (and the bench) asks
-`waiting`: once the seed is there (history.seed), every waiting launch is re-decided to load it
-(`warm_from`); while the launch that saves it is still queued or running, they wait; if it ended without a
-seed (an OOM, a crash), the first waiting launch saves one instead, at the stage's own warm-up, and the others
-wait for that; if it measured but left no checkpoint (a workload that does not honour --save), none waits
-again and the sweep runs cold (`history.seedless`, the re-decision's event says why). So a round never waits
-on nothing, and a resumed driver resolves the same wait the same way: the decision it launches under is in
-the ledger before the launch.
+The warm_start step (orchestrator/schedule/steps/warm_start.py) plans a round without a seed as one launch that
+saves it (`seed_save`) and the others waiting for it (`after_seed`). Before each claim the driver (and the bench)
+asks `waiting`: once the seed is there (history.seed), every waiting launch is re-decided to load it (`warm_from`);
+while the launch that saves it is still queued or running, they wait; if it ended without a seed (an OOM, a crash,
+an early cut), the first waiting launch saves one instead, at the stage's own warm-up and held to the fastest step
+any launch at scale has run, and the others wait for that; if it measured but left no checkpoint (a workload that
+does not honour --save), none waits again and the sweep runs cold (`history.seedless`, the re-decision's event says
+why). So a round never waits on nothing, and a resumed driver resolves the same wait the same way: the decision it
+launches under is in the ledger before the launch.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def waiting(ledger: Ledger, sweep: SweepRow, stage: StageConfig | None = None) -
     first, rest = held[0], held[1:]
     why = "warm start: no seed was saved, this launch saves it"
     saver = first.decision.but(after_seed=False, seed_save=True)
-    if stage is not None:  # the seed's launch before it was cut: this one is held to the fastest step run at scale
+    if stage is not None:  # a saver slower than a layout already run at scale is cut (as the one before it may be)
         line = fidelity.cut_line(stage, history.fastest_at_scale_s(ledger, sweep.name), saver)
         saver = saver.but(cut=line) if line else saver
     ledger.redecide(first.id, saver, why)
