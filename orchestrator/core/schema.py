@@ -509,6 +509,7 @@ SCHEDULE_STEPS = (
     "warm_start",
     "early_cut",
     "budget",
+    "neighbour_hold",
 )
 
 
