@@ -3,12 +3,11 @@ scale, a layout one knob from the best measured that the searcher rates (`Round.
 more than policy.search.converge_gain under the best (`Round.held`). It adds no launch: the round it keeps is the
 one the searcher and the other steps planned.
 
-Why: `converged` counts rounds without a gain, and it was read after the next round was planned, so a round that
-proposed the best's own one-knob neighbour, rated 6.5% faster, was dropped unlaunched; fresh twin:overpredicted
-s129 stopped 6.0% short at 1k that way, with its optimum (the best's dispatcher sibling) in that round
-(docs/search-log.md "A planned neighbour holds convergence"). A neighbour of the best is what a stale count
-cannot speak for: nothing measured says it is slower. Put last in policy.schedule.steps: it reads the round the
-other steps (the budget's included) leave."""
+Why: `converged` counts rounds without a gain and is read after the next round is planned, so a round proposing the
+best's own one-knob neighbour, rated faster than the best, was dropped unlaunched, and a fresh seed stopped short of
+its optimum, that neighbour (docs/search-log.md "A planned neighbour holds convergence"). A stale count cannot speak
+for a neighbour of the best: nothing measured says it is slower. Put last in policy.schedule.steps: it reads the
+round the other steps (the budget's included) leave."""
 
 from __future__ import annotations
 
