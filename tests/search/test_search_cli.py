@@ -42,6 +42,13 @@ class Judged:
     exhaustive: float  # GPU-hours of running every legal layout
     launched: list  # every launch: (candidate, attempt) through the CLI, SweepRun.launches in process
 
+    @classmethod
+    def on(cls, grid, true_s: float, cost: float, launched: list) -> Judged:
+        """A sweep that reported a layout of true step `true_s` for `cost` GPU-hours, judged on `grid` (the target's
+        truth) against random search's median cost to 2% over 500 orders."""
+        rnd = lib.random_search(grid, orders=500, seed=0)
+        return cls(grid.gap(true_s), cost, float(np.median(rnd.cost_to_goal)), grid.exhaustive_gpu_hours, launched)
+
     @property
     def met(self) -> bool:
         return self.gap <= lib.GOAL_GAP and self.cost <= self.random_median / 3 and self.cost <= 0.10 * self.exhaustive
@@ -79,7 +86,6 @@ def judged_cli_sweep(tmp_path: Path, target: lib.Target, name: str, stage: str, 
     truth = target.launch(cfg, reported, row.layer_pattern, row.key)
     assert truth.fits and best["metrics"]["step_p50_s"] == pytest.approx(truth.step_s, rel=0.02)
     grid = lib.build_grid(cfg, target, STARTUP_S)
-    rnd = lib.random_search(grid, orders=500, seed=0)
 
     def window(c, a):  # the window each attempt ran: a screen's or probe's (its first decision), else the full one
         d = c.decision if c.decision.fidelity == a.fidelity else c.decision.previous or c.decision
@@ -102,7 +108,7 @@ def judged_cli_sweep(tmp_path: Path, target: lib.Target, name: str, stage: str, 
     )
     assert result.gpu_hours == pytest.approx(cost)
     assert 0 < cost <= grid.exhaustive_gpu_hours and spent.gpu_hours > 0
-    return Judged(grid.gap(truth.step_s), cost, float(np.median(rnd.cost_to_goal)), grid.exhaustive_gpu_hours, launched)
+    return Judged.on(grid, truth.step_s, cost, launched)
 
 
 @pytest.mark.long
@@ -139,14 +145,7 @@ def test_an_unseen_stand_in_meets_the_goal_at_1k_then_8k(tmp_path):
             composed = compose([f"+stage={stage}", "cluster=local", *target.overrides()])
             run = lib.run_sweep(led, composed, target, f"plateau{stage}", STARTUP_S)
             grid = lib.build_grid(composed.cfg, target, STARTUP_S)
-            rnd = lib.random_search(grid, orders=500, seed=0)
-            judged = Judged(
-                grid.gap(run.reported_true_s),
-                run.gpu_hours,
-                float(np.median(rnd.cost_to_goal)),
-                grid.exhaustive_gpu_hours,
-                run.launches,
-            )
+            judged = Judged.on(grid, run.reported_true_s, run.gpu_hours, run.launches)
             print(judged.line(f"plateau @{stage}", via="in process"))
             assert judged.met, stage
 
