@@ -74,21 +74,28 @@ def pytest_configure(config):
 
 @pytest.mark.long
 def test_check_tier_fails_a_test_that_reaches_a_service_without_its_marker(tmp_path):
+    """While another suite's serial Slurm lane holds the cluster (its lock, in the probe suite's temporary folder),
+    the check tier waits for nothing: before, its unmarked `slurm_cluster` test queued behind `make test`'s lane."""
+    import fcntl
+
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_probes.py").write_text(PROBES)
-    env = {**os.environ, "ORCH_TEST_TIER": "check", "PYTHONPATH": str(ROOT)}
+    (tmp := tmp_path / "tmp").mkdir()
+    env = {**os.environ, "ORCH_TEST_TIER": "check", "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
     env.pop("ORCH_TRIPWIRE_BIN", None)  # this pytest (maybe itself under make check) must not lend its own
     env.pop("ORCH_TRIPWIRE_LOG", None)
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", str(tmp_path), "-p", "no:cacheprovider", "-p", "no:xdist", "-rA", "-q"]
-        + ["-m", "not slurm and not postgres and not chromium", "--rootdir", str(tmp_path)]
-        + ["--junitxml", str(tmp_path / "check.xml")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    with open(tmp / "orch-slurm-lanes.lock", "a") as held:  # tests/conftest.py's _ClusterLock, held as the serial lane
+        fcntl.flock(held, fcntl.LOCK_EX)
+        r = subprocess.run(
+            [sys.executable, "-m", "pytest", str(tmp_path), "-p", "no:cacheprovider", "-p", "no:xdist", "-rA", "-q"]
+            + ["-m", "not slurm and not postgres and not chromium", "--rootdir", str(tmp_path)]
+            + ["--junitxml", str(tmp_path / "check.xml")],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     out = r.stdout + r.stderr
     outcome = {name: state for state, name in re.findall(r"^(PASSED|FAILED|ERROR) test_probes\.py::(\w+)", out, re.M)}
     assert outcome == {

@@ -72,6 +72,32 @@ def _cpu_stand_ins(torch) -> None:
     torch.cuda.nvtx.range = lambda *a, **k: contextlib.nullcontext()
 
 
+def _memoize_rank_groups(ps) -> None:
+    """dev's rank enumeration (parallel_state.py:250 `generate_masked_orthogonal_rank_groups`) is a pure function
+    of (world, sizes, mask) that `initialize_model_parallel` recomputes in Python for every case: with the torch
+    version check `create_group` repeats for each of a 16k world's ~53,000 groups (parallel_state.py:230), over half
+    of a case's time. Each answer is kept and handed back as a fresh copy (`RankGenerator.get_ranks`,
+    parallel_state.py:503-509, offsets the lists in place); every `new_group` call still happens as in dev."""
+    enumerate_groups, min_version = ps.generate_masked_orthogonal_rank_groups, ps.is_torch_min_version
+    groups: dict[tuple, list[list[int]]] = {}
+    versions: dict[tuple, bool] = {}
+
+    def generate_masked_orthogonal_rank_groups(world_size, parallel_size, mask):
+        key = (world_size, tuple(parallel_size), tuple(mask))
+        if key not in groups:
+            groups[key] = enumerate_groups(world_size, list(parallel_size), list(mask))
+        return [list(g) for g in groups[key]]
+
+    def is_torch_min_version(version, check_equality=True):
+        key = (version, check_equality)
+        if key not in versions:
+            versions[key] = min_version(version, check_equality)
+        return versions[key]
+
+    ps.generate_masked_orthogonal_rank_groups = generate_masked_orthogonal_rank_groups
+    ps.is_torch_min_version = is_torch_min_version
+
+
 def _where(exc: BaseException, tree: Path) -> str:
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if str(tree) in f.filename]
     if not frames:
@@ -299,6 +325,9 @@ def main(tree: Path, cases_file: Path) -> dict:
     import torch
 
     _cpu_stand_ins(torch)
+    from megatron.core import parallel_state
+
+    _memoize_rank_groups(parallel_state)
     cases = json.loads(cases_file.read_text())
     out: dict = {
         "megatron": sys.modules["megatron.core"].__file__,
