@@ -26,33 +26,67 @@ class CutLine:
     """The early cut of one launch (stage.screen.cut*), stored in its candidate's decision (`cut`) so a resumed
     driver applies the same line: stop once iterations skip+1..after are run and their median step is above
     `step_s` (the sweep's best full-window p50 x (1 + cut_margin) when the round was planned; the driver lowers it
-    to the best it holds as the launch runs, core/windows.running_line). What ran is a screen of `after - skip`
-    measured iterations after `skip` warm-up ones: it ranks, never decides a best."""
+    to the best it holds as the launch runs, core/windows.running_line). What ran is a screen of the iterations
+    after `skip` that the verdict read: it ranks, never decides a best.
+
+    `split` (stage.screen.cut_split; 0: off): a window whose fastest iteration is more than `split` under its median
+    ran at two levels, a straggler's spikes over a fast step rather than a slow layout, so the verdict reads as many
+    iterations again (`reach`) before it cuts. Why: three spikes in five iterations cut held-out twin:overpredicted
+    s136's 1k optimum (median 59.7 s, its step 38.4 s) and the sweep never came back to it (docs/search-log.md "A
+    split window reads on")."""
 
     step_s: float
     after: int
     skip: int
+    split: float = 0.0
+
+    @property
+    def longest(self) -> int:
+        """The most iterations a verdict reads (a split first window's `reach`)."""
+        return 2 * self.after - self.skip if self.split > 0 else self.after
+
+    def reach(self, times: Sequence[float]) -> int:
+        """How many iterations (from iteration 1) the verdict on `times` reads: `after`, or `longest` where the
+        first window's median is over the line and its fastest iteration more than `split` under that median (so a
+        window under the line is never read on: the split only ever spares a launch)."""
+        if self.split > 0 and len(times) >= self.after:
+            first = times[self.skip : self.after]
+            med = statistics.median(first)
+            if med > self.step_s and min(first) * (1.0 + self.split) < med:
+                return self.longest
+        return self.after
+
+    def window_at(self, reach: int) -> tuple[int, int]:
+        """(warm-up, measured iterations) of the result a launch cut after `reach` iterations leaves."""
+        return self.skip, reach - self.skip
 
     @property
     def window(self) -> tuple[int, int]:
-        """(warm-up, measured iterations) of the result a cut launch leaves."""
-        return self.skip, self.after - self.skip
+        """(warm-up, measured iterations) of the result a launch cut on its first window leaves."""
+        return self.window_at(self.after)
 
     def due(self, times: Sequence[float]) -> float | None:
         """The median step that cuts the launch, given its per-iteration seconds from iteration 1 on; None while
-        fewer than `after` have run or when the median is at or under the line."""
-        if len(times) < self.after:
+        fewer than its `reach` have run or when their median is at or under the line."""
+        n = self.reach(times)
+        if len(times) < n:
             return None
-        med = statistics.median(times[self.skip : self.after])
+        med = statistics.median(times[self.skip : n])
         return med if med > self.step_s else None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if not self.split:  # a line without the split is stored as it always was
+            d.pop("split")
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> CutLine | None:
-        """A stored line (a decision's `cut`, a job folder's cut mark); None: never cut."""
-        return cls(float(d["step_s"]), int(d["after"]), int(d["skip"])) if d else None
+        """A stored line (a decision's `cut`, a job folder's cut mark); None: never cut. One stored before the
+        split has none."""
+        if not d:
+            return None
+        return cls(float(d["step_s"]), int(d["after"]), int(d["skip"]), float(d.get("split") or 0.0))
 
 
 # The keys every decision the search writes carries (null when unset), in the stored order.

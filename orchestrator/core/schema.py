@@ -211,6 +211,9 @@ class ScreenConfig:
     cut_margin: float = ranged(0.05, gt=0)  # 0.05 over 0.10: cheaper tune and held out, same gaps (docs/search-log.md)
     cut_after: int = ranged(15, 2)
     cut_warmup_iters: int = ranged(5, 0)  # compile, allocator, NCCL set-up: out of the median, as in a screen
+    # A cut window whose fastest iteration is more than this under its median (a straggler's spikes over a fast
+    # step, not a slow layout) reads as many iterations again before the cut (CutLine.split; 0: off)
+    cut_split: float = ranged(0.2, 0)
     # Before any best: the launch that saves the warm start's seed (the one launch that waits out the stage's own
     # warm-up) is cut where its median is over its own expected step (composed or predicted) x (1 + this); the
     # next waiting launch saves the seed instead. 1.5 over 1.0 on fresh bench seeds: 1.0 also cut a good layout

@@ -140,9 +140,9 @@ def cut_line(
     if not sc.cut or f == Fidelity.PROBE or w + n <= sc.cut_after:
         return None
     if best_step_s is not None:
-        return CutLine(best_step_s * (1.0 + sc.cut_margin), sc.cut_after, sc.cut_warmup_iters)
+        return CutLine(best_step_s * (1.0 + sc.cut_margin), sc.cut_after, sc.cut_warmup_iters, sc.cut_split)
     if decision.seed_save and expected_s:
-        return CutLine(expected_s * (1.0 + sc.seed_cut_margin), sc.cut_after, sc.cut_warmup_iters)
+        return CutLine(expected_s * (1.0 + sc.seed_cut_margin), sc.cut_after, sc.cut_warmup_iters, sc.cut_split)
     return None
 
 

@@ -33,6 +33,7 @@ class Check:
     median_s: float | None = None
     done: bool = False
     marked: bool = False  # its folder holds the mark already (an earlier poll, or a driver that died): cancel again
+    reach: int = 0  # the iterations the verdict read (CutLine.reach: its first window, or more where that split)
 
 
 def check(a: AttemptRow, c: CandidateRow, stage: StageConfig, best_s: float | None) -> Check | None:
@@ -44,15 +45,16 @@ def check(a: AttemptRow, c: CandidateRow, stage: StageConfig, best_s: float | No
         return None
     if (marked := read_cut(a.job_dir)) is not None:
         return Check(line, float(marked.get("median_s") or 0.0), marked=True)
-    times = iteration_times(a.job_dir, line.after)
-    med = line.due(times)
-    return Check(line, med, done=med is None and len(times) >= line.after)
+    times = iteration_times(a.job_dir, line.longest)
+    med, reach = line.due(times), line.reach(times)
+    return Check(line, med, done=med is None and len(times) >= reach, reach=reach)
 
 
 def mark(a: AttemptRow, found: Check) -> None:
     """Write the cut's mark into the job folder (before the cancel: see the module docstring)."""
     assert found.median_s is not None
-    warmup, measure = found.line.window  # the window collect reads the result over (evidence/collect.cut_window)
+    # the window collect reads the result over (evidence/collect.cut_window): the iterations the verdict read
+    warmup, measure = found.line.window_at(found.reach or found.line.after)
     body = {**found.line.to_dict(), "warmup_iters": warmup, "measure_iters": measure}
     body.update(median_s=found.median_s, job_id=a.job_id, token=a.launch_token)  # the launch it is of (ingest)
     atomic_write(JobPaths(a.job_dir).cut, json.dumps(body, indent=1))
@@ -72,8 +74,9 @@ def log(ledger: Ledger, sweep: str, candidate_id: int, job_id: str | None, mark:
     line = CutLine.from_dict(mark)
     assert line is not None
     median = float(mark.get("median_s") or 0.0)
+    last = line.skip + int(mark.get("measure_iters") or line.after - line.skip)
     why = (
-        f"cut early: median step {median:.4g}s over iterations {line.skip + 1}-{line.after}"
+        f"cut early: median step {median:.4g}s over iterations {line.skip + 1}-{last}"
         f" is above its line {line.step_s:.4g}s" + (f" ({how})" if how else "")
     )
     ledger.log_event(sweep, EventKind.CUT, why, candidate_id=candidate_id, data={"job_id": job_id, **line.to_dict()})

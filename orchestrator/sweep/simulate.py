@@ -210,9 +210,10 @@ def run_sweep(ledger, cfg, config_yaml: str, target: Surface, name: str, startup
                     now = history.best_step_s(ledger, name) if c.decision.cut else None
                     line = fidelity.running_line(st, c.decision, now)
                     cut = line.due(run.times) if line and run.fits else None
-                    if line and cut is not None:  # what ran is a screen of its first line.after iterations
-                        fid, win = Fidelity.SCREEN, line.window
-                        run = dataclasses.replace(run, times=run.times[: line.after])
+                    if line and cut is not None:  # what ran is a screen of the iterations its verdict read
+                        reach = line.reach(run.times)
+                        fid, win = Fidelity.SCREEN, line.window_at(reach)
+                        run = dataclasses.replace(run, times=run.times[:reach])
                     # a warm start's load / save (an OOM never gets to the save, nor does a cut launch)
                     extra = fidelity.startup_s(st, c.decision, measured=run.fits and cut is None) - st.budget.startup_s
                     cost = launch_gpu_hours(st.gpus, startup_s + extra, sum(win), run)

@@ -50,17 +50,83 @@ def test_a_cut_is_due_once_its_iterations_ran_and_their_median_is_over_the_line(
     assert CutLine.from_dict(cut.to_dict()) == cut
 
 
+# Held-out twin:overpredicted s136's 1k optimum (step 38.4 s) as its screen ran under a 54.3 s line: three straggler
+# spikes (x1.6) in iterations 6-10 put the median at 59.7 s (docs/search-log.md "A split window reads on").
+SPIKED = [116.5, 66.4, 46.7, 43.2, 39.2, 37.6, 59.8, 60.2, 40.0, 59.7]
+
+
+@given(times=st.lists(st.floats(0.5, 2.0), max_size=30), line=st.floats(0.5, 2.0), split=st.floats(0.0, 1.0))
+def test_the_split_only_ever_spares_a_launch_the_median_would_cut(times, line, split):
+    plain, read_on = CutLine(line, 10, 5), CutLine(line, 10, 5, split)
+    if read_on.due(times) is not None:
+        assert plain.due(times) is not None
+    if plain.due(times) is None:
+        assert read_on.reach(times) == 10  # under its line: decided on its first window
+
+
+def test_a_split_window_reads_as_many_iterations_again_before_it_cuts():
+    line = CutLine(54.3, 10, 5, 0.2)
+    assert line.reach(SPIKED) == line.longest == 15 and line.due(SPIKED) is None  # over the line, but it reads on
+    assert line.due([*SPIKED, 38.7, 37.6, 39.0, 38.2]) is None  # its reach not yet run
+    runs_on = [*SPIKED, 38.7, 37.6, 39.0, 38.2, 38.9]
+    assert line.due(runs_on) is None  # iterations 6-15 put it under the line: never cut
+    still = [*SPIKED, *([60.0] * 5)]
+    assert line.due(still) == statistics.median(still[5:15])  # slow over the longer window too: cut there
+    assert line.window_at(line.reach(still)) == (5, 10)
+    slow = [*SPIKED[:5], 59.8, 60.2, 58.9, 59.7, 61.0]  # slow throughout: cut on its first window, as ever
+    assert line.reach(slow) == 10 and line.due(slow) == 59.8 and line.window_at(line.reach(slow)) == line.window
+    assert CutLine(54.3, 10, 5).due(SPIKED) == 59.7  # without the split the spikes cut it
+    under = CutLine(60.5, 10, 5, 0.2)  # the same window under its line: decided on it, never read on
+    assert under.reach(SPIKED) == 10 and under.due(SPIKED) is None and under.due([*SPIKED, *([99.0] * 5)]) is None
+    assert CutLine.from_dict(line.to_dict()) == line
+    assert "split" not in CutLine(54.3, 10, 5).to_dict()  # a line without it is stored as before, and reads back
+    assert CutLine.from_dict({"step_s": 54.3, "after": 10, "skip": 5}) == CutLine(54.3, 10, 5)
+
+
+def test_the_driver_reads_a_split_window_on_and_marks_the_iterations_its_verdict_read(tmp_path):
+    """cutoff.check on a running job's folder: the spiked window is not due at iteration 10; once the slow
+    iterations 11-15 are in, it is cut, and the mark names the window collect reads (warm-up 5, 10 measured), as
+    does the ledger's cut event."""
+    from types import SimpleNamespace
+
+    from orchestrator.evidence.collect import cut_window, read_cut
+    from orchestrator.job.twin.text import iteration_line
+    from orchestrator.sweep import cutoff
+
+    def write(times: list[float]) -> None:
+        rows = [
+            iteration_line(i, 50, i * 8, t * 1000.0, 100.0, 1e-4, 8, [("lm loss", 2.0)], 1.0)
+            for i, t in enumerate(times, 1)
+        ]
+        (tmp_path / "rank-7.out").write_text("\n".join(rows) + "\n")
+
+    line = CutLine(54.3, 10, 5, 0.2)
+    c = SimpleNamespace(decision=Decision(fidelity=Fidelity.FULL, cut=line))
+    a = SimpleNamespace(fidelity=Fidelity.FULL, job_dir=str(tmp_path), job_id="j1", launch_token="t1")
+    write(SPIKED)
+    early = cutoff.check(a, c, STAGE, None)
+    assert early is not None and early.median_s is None and not early.done  # reads on
+    write([*SPIKED, *([60.0] * 5)])
+    found = cutoff.check(a, c, STAGE, None)
+    assert found is not None and found.median_s == pytest.approx(60.0) and found.reach == 15
+    cutoff.mark(a, found)
+    assert cut_window(read_cut(str(tmp_path))) == (5, 10)
+    led = Ledger.open(f"sqlite:///{tmp_path / 'l.sqlite'}")
+    led.create_or_get_sweep("s", stage="1k", config_yaml="{}", model="m", hardware="h", workload="w", provenance={})
+    assert "over iterations 6-15" in cutoff.log(led, "s", None, "j1", read_cut(str(tmp_path)))
+
+
 def test_the_line_is_the_best_full_step_plus_the_margin_and_only_where_a_cut_saves_something():
     full, sc = Decision(fidelity=Fidelity.FULL), STAGE.screen
     line = fidelity.cut_line(STAGE, 10.0, full)
-    assert line == CutLine(10.0 * (1 + sc.cut_margin), sc.cut_after, sc.cut_warmup_iters)
+    assert line == CutLine(10.0 * (1 + sc.cut_margin), sc.cut_after, sc.cut_warmup_iters, sc.cut_split)
     assert (
         fidelity.cut_line(STAGE, 10.0, Decision(fidelity=Fidelity.SCREEN, measure_iters=10)) == line
     )  # 50 + 10 iterations
     assert fidelity.cut_line(STAGE, None, full) is None  # no full-window best yet
     # before any best, the seed's launch alone is held to its own expected step (composed or predicted)
     seed = Decision(fidelity=Fidelity.FULL, seed_save=True)
-    own = CutLine(20.0 * (1 + sc.seed_cut_margin), sc.cut_after, sc.cut_warmup_iters)
+    own = CutLine(20.0 * (1 + sc.seed_cut_margin), sc.cut_after, sc.cut_warmup_iters, sc.cut_split)
     assert fidelity.cut_line(STAGE, None, seed, 20.0) == own
     assert fidelity.cut_line(STAGE, None, seed) is None  # nothing expected: no line
     assert fidelity.cut_line(STAGE, None, full, 20.0) is None  # only the seed's launch waits out the warm-up
