@@ -19,7 +19,7 @@ from orchestrator import history
 from orchestrator.core.decision import CutLine, Decision
 from orchestrator.core.schema import ScreenConfig, StageConfig
 from orchestrator.core.states import EventKind, Fidelity
-from orchestrator.evidence.collect import collect
+from orchestrator.evidence.collect import collect, cut_window, read_cut
 from orchestrator.job.entry import run_task
 from orchestrator.ledger.ledger import Ledger
 from orchestrator.schedule import fidelity
@@ -89,7 +89,6 @@ def test_the_driver_reads_a_split_window_on_and_marks_the_iterations_its_verdict
     does the ledger's cut event."""
     from types import SimpleNamespace
 
-    from orchestrator.evidence.collect import cut_window, read_cut
     from orchestrator.job.twin.text import iteration_line
     from orchestrator.sweep import cutoff
 
@@ -317,7 +316,11 @@ def test_the_driver_cuts_a_running_job_that_is_over_its_line(cut_sweep):
             (cut_att,) = [a for a in atts if a.job_id == e.data["job_id"]]
             assert cut_att.id == atts[-1].id and cut_att.fidelity == Fidelity.SCREEN, [a.fidelity for a in atts]
             res = led.evidence.result(cut_att.id)
-            assert res["step_p50_s"] and (res["warmup_iters"], res["measure_iters"]) == (1, 3)
+            # the iterations its verdict read, as its mark says: 2-4, or 2-7 where that window split (the twin's
+            # warm-up falls over iterations 2-4 with only one skipped: CutLine.reach)
+            mark = read_cut(cut_att.job_dir)
+            assert res["step_p50_s"] and (res["warmup_iters"], res["measure_iters"]) == cut_window(mark)
+            assert cut_window(mark) in ((1, 3), (1, 6))
             assert c.key != best["key"] and c.status == "done"
         measured = [m for m in led.evidence.measured(sweep="cut") if m.key == best["key"]]
         assert measured and measured[0].fidelity == Fidelity.FULL
@@ -376,8 +379,9 @@ def test_ingest_after_the_ledger_is_deleted_rebuilds_every_result_of_a_sweep_wit
     now = _recorded(ledger_url, "cut")
     assert now[0] == was[0]  # every attempt, row by row
     assert now[1:] == was[1:]
-    cut_rows = [v for v in now[0].values() if v[3] == "cut"]  # each a screen of the 3 iterations its cut read
-    assert len(cut_rows) == len(was[1]) and all(v[4] is None and v[5] and v[6] == 3 for v in cut_rows)
+    cut_rows = [v for v in now[0].values() if v[3] == "cut"]  # each a screen of the iterations its cut read: 3, or
+    # 6 where the first 3 split (CutLine.reach)
+    assert len(cut_rows) == len(was[1]) and all(v[4] is None and v[5] and v[6] in (3, 6) for v in cut_rows)
     folders = {p.parent for p in (tmp / "runs" / "cut").rglob("cut.json")}  # each mark names its own launch
     assert len(folders) == len(was[1])
     assert all(
