@@ -60,19 +60,19 @@ class CutLine:
         """(warm-up, measured iterations) of the result a launch cut after `reach` iterations leaves."""
         return self.skip, reach - self.skip
 
-    @property
-    def window(self) -> tuple[int, int]:
-        """(warm-up, measured iterations) of the result a launch cut on its first window leaves."""
-        return self.window_at(self.after)
-
-    def due(self, times: Sequence[float]) -> float | None:
-        """The median step that cuts the launch, given its per-iteration seconds from iteration 1 on; None while
-        fewer than its `reach` have run or when their median is at or under the line."""
+    def verdict(self, times: Sequence[float]) -> tuple[float | None, int]:
+        """(the median step that cuts the launch, or None; the iterations the verdict reads, `reach`), given its
+        per-iteration seconds from iteration 1 on: None while fewer than its reach have run or when their median is
+        at or under the line."""
         n = self.reach(times)
         if len(times) < n:
-            return None
+            return None, n
         med = statistics.median(times[self.skip : n])
-        return med if med > self.step_s else None
+        return (med if med > self.step_s else None), n
+
+    def due(self, times: Sequence[float]) -> float | None:
+        """The median step that cuts the launch (`verdict`), or None."""
+        return self.verdict(times)[0]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -121,7 +121,7 @@ def read_cut(job_dir: str | os.PathLike) -> dict | None:
 
 def cut_window(mark: dict | None) -> tuple[int, int] | None:
     """(warm-up, measured iterations) of a cut job's result, as its mark states them (the iterations its cut read:
-    core/decision.CutLine.window, written by sweep/cutoff.mark)."""
+    core/decision.CutLine.window_at, written by sweep/cutoff.mark)."""
     return (int(mark["warmup_iters"]), int(mark["measure_iters"])) if mark else None
 
 

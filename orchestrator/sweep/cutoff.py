@@ -20,7 +20,7 @@ from orchestrator.core.paths import JobPaths, atomic_write
 from orchestrator.core.schema import StageConfig
 from orchestrator.core.states import EventKind, Fidelity
 from orchestrator.core.windows import running_line
-from orchestrator.evidence.collect import iteration_times, read_cut
+from orchestrator.evidence.collect import cut_window, iteration_times, read_cut
 from orchestrator.ledger.ledger import AttemptRow, CandidateRow, Ledger
 
 
@@ -34,6 +34,7 @@ class Check:
     done: bool = False
     marked: bool = False  # its folder holds the mark already (an earlier poll, or a driver that died): cancel again
     reach: int = 0  # the iterations the verdict read (CutLine.reach: its first window, or more where that split)
+    mark: dict | None = None  # the mark its folder holds (`marked`)
 
 
 def check(a: AttemptRow, c: CandidateRow, stage: StageConfig, best_s: float | None) -> Check | None:
@@ -44,20 +45,21 @@ def check(a: AttemptRow, c: CandidateRow, stage: StageConfig, best_s: float | No
     if line is None or a.fidelity not in (Fidelity.FULL, Fidelity.SCREEN) or not a.job_dir:
         return None
     if (marked := read_cut(a.job_dir)) is not None:
-        return Check(line, float(marked.get("median_s") or 0.0), marked=True)
+        return Check(line, float(marked.get("median_s") or 0.0), marked=True, mark=marked)
     times = iteration_times(a.job_dir, line.longest)
-    med, reach = line.due(times), line.reach(times)
+    med, reach = line.verdict(times)
     return Check(line, med, done=med is None and len(times) >= reach, reach=reach)
 
 
-def mark(a: AttemptRow, found: Check) -> None:
-    """Write the cut's mark into the job folder (before the cancel: see the module docstring)."""
+def mark(a: AttemptRow, found: Check) -> dict:
+    """Write the cut's mark into the job folder (before the cancel: see the module docstring); the mark."""
     assert found.median_s is not None
     # the window collect reads the result over (evidence/collect.cut_window): the iterations the verdict read
     warmup, measure = found.line.window_at(found.reach or found.line.after)
     body = {**found.line.to_dict(), "warmup_iters": warmup, "measure_iters": measure}
     body.update(median_s=found.median_s, job_id=a.job_id, token=a.launch_token)  # the launch it is of (ingest)
     atomic_write(JobPaths(a.job_dir).cut, json.dumps(body, indent=1))
+    return body
 
 
 def settle(ledger: Ledger, a: AttemptRow) -> AttemptRow:
@@ -74,9 +76,11 @@ def log(ledger: Ledger, sweep: str, candidate_id: int, job_id: str | None, mark:
     line = CutLine.from_dict(mark)
     assert line is not None
     median = float(mark.get("median_s") or 0.0)
-    last = line.skip + int(mark.get("measure_iters") or line.after - line.skip)
+    window = cut_window(mark)  # the iterations the verdict read, as every mark states them (`mark`)
+    assert window is not None
+    warmup, measure = window
     why = (
-        f"cut early: median step {median:.4g}s over iterations {line.skip + 1}-{last}"
+        f"cut early: median step {median:.4g}s over iterations {warmup + 1}-{warmup + measure}"
         f" is above its line {line.step_s:.4g}s" + (f" ({how})" if how else "")
     )
     ledger.log_event(sweep, EventKind.CUT, why, candidate_id=candidate_id, data={"job_id": job_id, **line.to_dict()})

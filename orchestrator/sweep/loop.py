@@ -428,14 +428,16 @@ class Driver:
             return
         # Marked already: by this driver at an earlier poll (the job still runs: a scancel that did not take is
         # sent again, a second one is harmless) or by a driver that died before its cancel.
-        if not found.marked:
-            cutoff.mark(a, found)
+        if found.marked:
+            assert found.mark is not None
+            mark = found.mark
+        else:
+            mark = cutoff.mark(a, found)
             fault_point("cut-marked")
         self.launcher.cancel([str(a.job_id)])
         if a.id in self._cut_sent:
             return
         self._cut_sent.add(a.id)
-        mark = {**found.line.to_dict(), "median_s": found.median_s}
         why = cutoff.log(
             self.ledger, self.name, c.id, a.job_id, mark, how="marked before a restart" if found.marked else ""
         )

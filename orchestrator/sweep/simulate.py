@@ -209,9 +209,8 @@ def run_sweep(ledger, cfg, config_yaml: str, target: Surface, name: str, startup
                     # the early cut, as the driver applies it (sweep/cutoff): its line lowered to the best so far
                     now = history.best_step_s(ledger, name) if c.decision.cut else None
                     line = fidelity.running_line(st, c.decision, now)
-                    cut = line.due(run.times) if line and run.fits else None
+                    cut, reach = line.verdict(run.times) if line and run.fits else (None, 0)
                     if line and cut is not None:  # what ran is a screen of the iterations its verdict read
-                        reach = line.reach(run.times)
                         fid, win = Fidelity.SCREEN, line.window_at(reach)
                         run = dataclasses.replace(run, times=run.times[:reach])
                     # a warm start's load / save (an OOM never gets to the save, nor does a cut launch)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io
 import json
 import math
@@ -78,24 +79,17 @@ def _memoize_rank_groups(ps) -> None:
     version check `create_group` repeats for each of a 16k world's ~53,000 groups (parallel_state.py:230), over half
     of a case's time. Each answer is kept and handed back as a fresh copy (`RankGenerator.get_ranks`,
     parallel_state.py:503-509, offsets the lists in place); every `new_group` call still happens as in dev."""
-    enumerate_groups, min_version = ps.generate_masked_orthogonal_rank_groups, ps.is_torch_min_version
-    groups: dict[tuple, list[list[int]]] = {}
-    versions: dict[tuple, bool] = {}
+    enumerate_groups = ps.generate_masked_orthogonal_rank_groups
+
+    @functools.cache
+    def groups(world_size: int, parallel_size: tuple, mask: tuple) -> tuple[tuple[int, ...], ...]:
+        return tuple(map(tuple, enumerate_groups(world_size, list(parallel_size), list(mask))))
 
     def generate_masked_orthogonal_rank_groups(world_size, parallel_size, mask):
-        key = (world_size, tuple(parallel_size), tuple(mask))
-        if key not in groups:
-            groups[key] = enumerate_groups(world_size, list(parallel_size), list(mask))
-        return [list(g) for g in groups[key]]
-
-    def is_torch_min_version(version, check_equality=True):
-        key = (version, check_equality)
-        if key not in versions:
-            versions[key] = min_version(version, check_equality)
-        return versions[key]
+        return [list(g) for g in groups(world_size, tuple(parallel_size), tuple(mask))]
 
     ps.generate_masked_orthogonal_rank_groups = generate_masked_orthogonal_rank_groups
-    ps.is_torch_min_version = is_torch_min_version
+    ps.is_torch_min_version = functools.cache(ps.is_torch_min_version)
 
 
 def _where(exc: BaseException, tree: Path) -> str:

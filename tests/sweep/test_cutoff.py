@@ -46,7 +46,7 @@ def test_a_cut_is_due_once_its_iterations_ran_and_their_median_is_over_the_line(
     med = statistics.median(times[cut.skip : after])
     assert got == (med if med > line else None)
     assert cut.due([*times[:after], *([99.0] * 5)]) == got  # iterations past the line's do not move it
-    assert cut.window == (cut.skip, after - cut.skip)
+    assert cut.window_at(cut.reach(times)) == (cut.skip, after - cut.skip)
     assert CutLine.from_dict(cut.to_dict()) == cut
 
 
@@ -74,7 +74,7 @@ def test_a_split_window_reads_as_many_iterations_again_before_it_cuts():
     assert line.due(still) == statistics.median(still[5:15])  # slow over the longer window too: cut there
     assert line.window_at(line.reach(still)) == (5, 10)
     slow = [*SPIKED[:5], 59.8, 60.2, 58.9, 59.7, 61.0]  # slow throughout: cut on its first window, as ever
-    assert line.reach(slow) == 10 and line.due(slow) == 59.8 and line.window_at(line.reach(slow)) == line.window
+    assert line.reach(slow) == 10 and line.due(slow) == 59.8 and line.window_at(line.reach(slow)) == (5, 5)
     assert CutLine(54.3, 10, 5).due(SPIKED) == 59.7  # without the split the spikes cut it
     under = CutLine(60.5, 10, 5, 0.2)  # the same window under its line: decided on it, never read on
     assert under.reach(SPIKED) == 10 and under.due(SPIKED) is None and under.due([*SPIKED, *([99.0] * 5)]) is None
@@ -321,6 +321,8 @@ def test_the_driver_cuts_a_running_job_that_is_over_its_line(cut_sweep):
             mark = read_cut(cut_att.job_dir)
             assert res["step_p50_s"] and (res["warmup_iters"], res["measure_iters"]) == cut_window(mark)
             assert cut_window(mark) in ((1, 3), (1, 6))
+            w, n = cut_window(mark)
+            assert f"over iterations {w + 1}-{w + n} " in e.message, e.message  # the driver's event says so too
             assert c.key != best["key"] and c.status == "done"
         measured = [m for m in led.evidence.measured(sweep="cut") if m.key == best["key"]]
         assert measured and measured[0].fidelity == Fidelity.FULL
