@@ -32,9 +32,13 @@ class Check:
     line: CutLine
     median_s: float | None = None
     done: bool = False
-    marked: bool = False  # its folder holds the mark already (an earlier poll, or a driver that died): cancel again
     reach: int = 0  # the iterations the verdict read (CutLine.reach: its first window, or more where that split)
-    mark: dict | None = None  # the mark its folder holds (`marked`)
+    mark: dict | None = None  # the mark its folder holds already (an earlier poll, or a driver that died)
+
+    @property
+    def marked(self) -> bool:
+        """Its folder holds the mark already: cancel again."""
+        return self.mark is not None
 
 
 def check(a: AttemptRow, c: CandidateRow, stage: StageConfig, best_s: float | None) -> Check | None:
@@ -45,7 +49,7 @@ def check(a: AttemptRow, c: CandidateRow, stage: StageConfig, best_s: float | No
     if line is None or a.fidelity not in (Fidelity.FULL, Fidelity.SCREEN) or not a.job_dir:
         return None
     if (marked := read_cut(a.job_dir)) is not None:
-        return Check(line, float(marked.get("median_s") or 0.0), marked=True, mark=marked)
+        return Check(line, float(marked.get("median_s") or 0.0), mark=marked)
     times = iteration_times(a.job_dir, line.longest)
     med, reach = line.verdict(times)
     return Check(line, med, done=med is None and len(times) >= reach, reach=reach)

@@ -428,8 +428,7 @@ class Driver:
             return
         # Marked already: by this driver at an earlier poll (the job still runs: a scancel that did not take is
         # sent again, a second one is harmless) or by a driver that died before its cancel.
-        if found.marked:
-            assert found.mark is not None
+        if found.mark is not None:
             mark = found.mark
         else:
             mark = cutoff.mark(a, found)
